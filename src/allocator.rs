@@ -1,0 +1,783 @@
+//! The allocator: chooses a free IP for a pod and records the claim through the ledger.
+//!
+//! It keeps an in-memory index of held IPs as maximal runs of consecutive addresses, so "the
+//! lowest free IP of this list" costs one ordered-map lookup per range of the list, whatever
+//! the list's size or how full it is. An IP is marked held in memory before the ledger write
+//! starts, so two concurrent admissions in one process never choose the same IP; the ledger's
+//! create-if-absent settles races between processes.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::ipset::{Family, IpSet, ip_from_key, ip_key};
+use crate::ledger::{Claim, CreateOutcome, Ledger, LedgerError, Phase, PodRef, Source, unix_now};
+
+/// How many times one allocation may learn that its candidate was taken elsewhere.
+const MAX_CONTENDED_ATTEMPTS: usize = 64;
+/// How many holders an exhaustion message names.
+const HOLDERS_NAMED: usize = 10;
+
+/// Held addresses of one family as maximal runs `start -> end` (inclusive).
+#[derive(Debug, Default, Clone)]
+pub struct RunSet {
+    runs: BTreeMap<u128, u128>,
+}
+
+impl RunSet {
+    pub fn contains(&self, value: u128) -> bool {
+        self.runs
+            .range(..=value)
+            .next_back()
+            .is_some_and(|(_, &end)| end >= value)
+    }
+
+    pub fn insert(&mut self, value: u128) {
+        if self.contains(value) {
+            return;
+        }
+        let mut start = value;
+        let mut end = value;
+        if let Some((&s, &e)) = self.runs.range(..value).next_back()
+            && e.checked_add(1) == Some(value)
+        {
+            start = s;
+        }
+        if let Some(next) = value.checked_add(1)
+            && let Some(e) = self.runs.remove(&next)
+        {
+            end = e;
+        }
+        self.runs.insert(start, end);
+    }
+
+    pub fn remove(&mut self, value: u128) {
+        let Some((&start, &end)) = self.runs.range(..=value).next_back() else {
+            return;
+        };
+        if end < value {
+            return;
+        }
+        self.runs.remove(&start);
+        if start < value {
+            self.runs.insert(start, value - 1);
+        }
+        if value < end {
+            self.runs.insert(value + 1, end);
+        }
+    }
+
+    /// The lowest value in `start..=end` not held.
+    pub fn first_free(&self, start: u128, end: u128) -> Option<u128> {
+        let mut candidate = start;
+        if let Some((_, &run_end)) = self.runs.range(..=candidate).next_back()
+            && run_end >= candidate
+        {
+            if run_end >= end {
+                return None;
+            }
+            candidate = run_end + 1;
+        }
+        Some(candidate)
+    }
+
+    pub fn run_count(&self) -> usize {
+        self.runs.len()
+    }
+}
+
+/// What one pod asks for.
+#[derive(Debug, Clone)]
+pub struct AllocationRequest<'a> {
+    /// How the owner is named in messages: `app default/web` or `pool blue`.
+    pub scope: &'a str,
+    pub app: &'a str,
+    pub pool: Option<&'a str>,
+    pub pod: PodRef,
+    pub request_uid: &'a str,
+    pub candidates: &'a IpSet,
+    /// Ordinal of a StatefulSet pod (`web-3` → 3): prefers entry N of the list.
+    pub ordinal: Option<u64>,
+    pub dry_run: bool,
+}
+
+/// Why the IP was chosen (for logs and `explain`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    StatefulSetOrdinal,
+    PreviousHolder,
+    LowestFree,
+    /// A retried admission with the same request UID gets the claim it already made.
+    SameRequest,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Allocation {
+    pub ips: Vec<IpAddr>,
+    pub reasons: Vec<Reason>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AllocError {
+    #[error("{0}")]
+    Exhausted(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error(
+        "gave up after {MAX_CONTENDED_ATTEMPTS} attempts: every candidate was taken by another replica first; retry"
+    )]
+    Contention,
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+}
+
+#[derive(Default)]
+struct State {
+    held: HashMap<Family, RunSet>,
+    claims: HashMap<IpAddr, Claim>,
+    by_request: HashMap<String, Vec<IpAddr>>,
+    /// Last IPs of a pod name of an app: `(namespace, app, pod name)`.
+    history: HashMap<(String, String, String), Vec<IpAddr>>,
+    held_per_app: HashMap<(String, String), u64>,
+}
+
+impl State {
+    fn is_held(&self, ip: &IpAddr) -> bool {
+        let (family, value) = ip_key(ip);
+        self.held.get(&family).is_some_and(|r| r.contains(value))
+    }
+
+    fn hold(&mut self, claim: Claim) {
+        let (family, value) = ip_key(&claim.ip);
+        self.held.entry(family).or_default().insert(value);
+        self.by_request
+            .entry(claim.request_uid.clone())
+            .or_default()
+            .push(claim.ip);
+        *self
+            .held_per_app
+            .entry((claim.pod.namespace.clone(), claim.app.clone()))
+            .or_default() += 1;
+        if let Some(previous) = self.claims.insert(claim.ip, claim) {
+            self.forget_indexes(&previous);
+        }
+    }
+
+    fn forget_indexes(&mut self, claim: &Claim) {
+        if let Some(ips) = self.by_request.get_mut(&claim.request_uid) {
+            ips.retain(|ip| *ip != claim.ip);
+            if ips.is_empty() {
+                self.by_request.remove(&claim.request_uid);
+            }
+        }
+        if let Some(count) = self
+            .held_per_app
+            .get_mut(&(claim.pod.namespace.clone(), claim.app.clone()))
+        {
+            *count = count.saturating_sub(1);
+        }
+    }
+
+    /// Drop the claim on `ip` if it is `claim` (same pod and request).
+    fn unhold(&mut self, claim: &Claim) -> bool {
+        match self.claims.get(&claim.ip) {
+            Some(current)
+                if current.pod == claim.pod && current.request_uid == claim.request_uid => {}
+            _ => return false,
+        }
+        let removed = self.claims.remove(&claim.ip).expect("checked above");
+        self.forget_indexes(&removed);
+        let (family, value) = ip_key(&claim.ip);
+        if let Some(runs) = self.held.get_mut(&family) {
+            runs.remove(value);
+        }
+        true
+    }
+
+    fn remember(&mut self, claim: &Claim) {
+        if claim.pod.name.is_empty() {
+            return;
+        }
+        let key = (
+            claim.pod.namespace.clone(),
+            claim.app.clone(),
+            claim.pod.name.clone(),
+        );
+        let ips = self.history.entry(key).or_default();
+        ips.retain(|ip| Family::of(ip) != Family::of(&claim.ip));
+        ips.push(claim.ip);
+    }
+
+    fn choose(&self, request: &AllocationRequest<'_>, family: Family) -> Option<(IpAddr, Reason)> {
+        let set = request.candidates;
+        let free = |ip: &IpAddr| set.contains(ip) && !self.is_held(ip);
+        if let Some(ordinal) = request.ordinal
+            && let Some(ip) = set.nth(family, ordinal as u128)
+            && free(&ip)
+        {
+            return Some((ip, Reason::StatefulSetOrdinal));
+        }
+        if !request.pod.name.is_empty() {
+            let key = (
+                request.pod.namespace.clone(),
+                request.app.to_string(),
+                request.pod.name.clone(),
+            );
+            if let Some(ip) = self
+                .history
+                .get(&key)
+                .and_then(|ips| ips.iter().find(|ip| Family::of(ip) == family))
+                && free(ip)
+            {
+                return Some((*ip, Reason::PreviousHolder));
+            }
+        }
+        let runs = self.held.get(&family);
+        for range in set.family_ranges(family) {
+            let value = match runs {
+                Some(runs) => runs.first_free(range.start, range.end),
+                None => Some(range.start),
+            };
+            if let Some(value) = value {
+                return Some((ip_from_key(family, value), Reason::LowestFree));
+            }
+        }
+        None
+    }
+
+    fn exhausted_message(&self, request: &AllocationRequest<'_>, family: Family) -> String {
+        let set = request.candidates;
+        let dual = set.families().len() > 1;
+        let total: u128 = set.family_ranges(family).map(|r| r.len()).sum();
+        let mut holders = Vec::new();
+        let mut named = 0usize;
+        for ip in set.family_ranges(family).flat_map(|r| {
+            (0..r.len().min(HOLDERS_NAMED as u128)).map(move |i| ip_from_key(family, r.start + i))
+        }) {
+            if named == HOLDERS_NAMED {
+                break;
+            }
+            if let Some(claim) = self.claims.get(&ip) {
+                holders.push(format!("{ip} by {}", claim.pod.display()));
+                named += 1;
+            }
+        }
+        let mut list = holders.join(", ");
+        if total > named as u128 {
+            list.push_str(&format!(", and {} more", total - named as u128));
+        }
+        let family_word = if dual {
+            format!("{} ", family.name())
+        } else {
+            String::new()
+        };
+        let noun = if request.pool.is_some() {
+            ""
+        } else {
+            "allocatable "
+        };
+        format!(
+            "{}: all {total} {noun}{family_word}IPs are held ({list})",
+            request.scope
+        )
+    }
+}
+
+/// The allocator: one per process, shared by every request.
+pub struct Allocator {
+    ledger: Arc<dyn Ledger>,
+    state: Mutex<State>,
+}
+
+impl Allocator {
+    /// Build the index from what the ledger holds. No decision is made before this returns.
+    pub async fn new(ledger: Arc<dyn Ledger>) -> Result<Allocator, LedgerError> {
+        let mut state = State::default();
+        let mut claims = ledger.load().await?;
+        claims.sort_by_key(|c| c.updated_at);
+        for claim in claims {
+            if claim.is_held() {
+                state.hold(claim);
+            } else {
+                state.remember(&claim);
+            }
+        }
+        Ok(Allocator {
+            ledger,
+            state: Mutex::new(state),
+        })
+    }
+
+    pub fn ledger(&self) -> &Arc<dyn Ledger> {
+        &self.ledger
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves the index consistent (every mutation is a
+        // single insert/remove), so a poisoned lock is still safe to use.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Who holds `ip`, if anyone.
+    pub fn holder(&self, ip: &IpAddr) -> Option<Claim> {
+        self.lock().claims.get(ip).cloned()
+    }
+
+    /// Every held claim (for status and tests).
+    pub fn claims(&self) -> Vec<Claim> {
+        let mut claims: Vec<Claim> = self.lock().claims.values().cloned().collect();
+        claims.sort_by_key(|c| ip_key(&c.ip));
+        claims
+    }
+
+    /// How many IPs the app holds.
+    pub fn held_by_app(&self, namespace: &str, app: &str) -> u64 {
+        self.lock()
+            .held_per_app
+            .get(&(namespace.to_string(), app.to_string()))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Choose one IP per family of the candidate list, and (unless dry run) record the claims.
+    pub async fn allocate(
+        &self,
+        request: &AllocationRequest<'_>,
+    ) -> Result<Allocation, AllocError> {
+        if !request.dry_run
+            && let Some(existing) = self.same_request(request)
+        {
+            return Ok(existing);
+        }
+        let mut allocation = Allocation {
+            ips: Vec::new(),
+            reasons: Vec::new(),
+        };
+        let mut made: Vec<Claim> = Vec::new();
+        for family in request.candidates.families() {
+            match self.allocate_one(request, family).await {
+                Ok((claim, reason)) => {
+                    allocation.ips.push(claim.ip);
+                    allocation.reasons.push(reason);
+                    made.push(claim);
+                }
+                Err(error) => {
+                    for claim in &made {
+                        self.give_back(claim).await;
+                    }
+                    return Err(error);
+                }
+            }
+        }
+        Ok(allocation)
+    }
+
+    fn same_request(&self, request: &AllocationRequest<'_>) -> Option<Allocation> {
+        let state = self.lock();
+        let ips = state.by_request.get(request.request_uid)?;
+        let same_pod = ips
+            .iter()
+            .all(|ip| state.claims.get(ip).is_some_and(|c| c.pod == request.pod));
+        (same_pod && !ips.is_empty()).then(|| Allocation {
+            ips: ips.clone(),
+            reasons: vec![Reason::SameRequest; ips.len()],
+        })
+    }
+
+    async fn allocate_one(
+        &self,
+        request: &AllocationRequest<'_>,
+        family: Family,
+    ) -> Result<(Claim, Reason), AllocError> {
+        for _ in 0..MAX_CONTENDED_ATTEMPTS {
+            let (claim, reason) = {
+                let mut state = self.lock();
+                let Some((ip, reason)) = state.choose(request, family) else {
+                    return Err(AllocError::Exhausted(
+                        state.exhausted_message(request, family),
+                    ));
+                };
+                let claim = new_claim(ip, request, Source::Allocated);
+                if request.dry_run {
+                    return Ok((claim, reason));
+                }
+                state.hold(claim.clone());
+                (claim, reason)
+            };
+            match self.ledger.create(&claim).await {
+                Ok(CreateOutcome::Created) => return Ok((claim, reason)),
+                Ok(CreateOutcome::AlreadyHeld(holder)) => {
+                    let mut state = self.lock();
+                    state.unhold(&claim);
+                    state.hold(*holder);
+                }
+                Err(error) => {
+                    self.lock().unhold(&claim);
+                    return Err(error.into());
+                }
+            }
+        }
+        Err(AllocError::Contention)
+    }
+
+    /// Record IPs the user wrote on the pod by hand; refuse when another pod holds one.
+    pub async fn claim_static(
+        &self,
+        ips: &[IpAddr],
+        request: &AllocationRequest<'_>,
+    ) -> Result<(), AllocError> {
+        let mut made = Vec::new();
+        for ip in ips {
+            let step = {
+                let mut state = self.lock();
+                match state.claims.get(ip) {
+                    Some(holder) if holder.pod == request.pod => None,
+                    Some(holder) => Some(Err(AllocError::Conflict(conflict_message(
+                        ip,
+                        &request.pod,
+                        holder,
+                    )))),
+                    None if request.dry_run => None,
+                    None => {
+                        let claim = new_claim(*ip, request, Source::Static);
+                        state.hold(claim.clone());
+                        Some(Ok(claim))
+                    }
+                }
+            };
+            let failure = match step {
+                None => continue,
+                Some(Err(conflict)) => conflict,
+                Some(Ok(claim)) => match self.ledger.create(&claim).await {
+                    Ok(CreateOutcome::Created) => {
+                        made.push(claim);
+                        continue;
+                    }
+                    Ok(CreateOutcome::AlreadyHeld(holder)) => {
+                        let mut state = self.lock();
+                        state.unhold(&claim);
+                        let message = conflict_message(ip, &request.pod, &holder);
+                        state.hold(*holder);
+                        AllocError::Conflict(message)
+                    }
+                    Err(error) => {
+                        self.lock().unhold(&claim);
+                        error.into()
+                    }
+                },
+            };
+            for claim in &made {
+                self.give_back(claim).await;
+            }
+            return Err(failure);
+        }
+        Ok(())
+    }
+
+    /// Release the claims a deleted pod held on `ips`. Returns the IPs released.
+    pub async fn release_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: Option<&str>,
+        ips: &[IpAddr],
+    ) -> Result<Vec<IpAddr>, LedgerError> {
+        let mut released = Vec::new();
+        for ip in ips {
+            let claim = match self.lock().claims.get(ip) {
+                Some(claim) if claim.pod.matches(namespace, name, uid) => claim.clone(),
+                _ => continue,
+            };
+            if self.ledger.release(&claim).await? {
+                let mut state = self.lock();
+                state.unhold(&claim);
+                let mut named = claim.clone();
+                named.pod.name = name.to_string();
+                state.remember(&named);
+                released.push(*ip);
+            }
+        }
+        Ok(released)
+    }
+
+    async fn give_back(&self, claim: &Claim) {
+        if let Err(error) = self.ledger.release(claim).await {
+            tracing::warn!(ip = %claim.ip, %error, "could not roll back a partial claim");
+        }
+        self.lock().unhold(claim);
+    }
+}
+
+/// `static IP 10.16.0.15 requested by default/web-2 is already held by default/static-1`.
+pub fn conflict_message(ip: &IpAddr, requester: &PodRef, holder: &Claim) -> String {
+    let app = if holder.app.is_empty() {
+        String::new()
+    } else {
+        format!(" (app {})", holder.app_key())
+    };
+    format!(
+        "static IP {ip} requested by {} is already held by {}{app}",
+        requester.display(),
+        holder.pod.display()
+    )
+}
+
+fn new_claim(ip: IpAddr, request: &AllocationRequest<'_>, source: Source) -> Claim {
+    let now = unix_now();
+    Claim {
+        ip,
+        app: request.app.to_string(),
+        pool: request.pool.map(str::to_string),
+        pod: request.pod.clone(),
+        request_uid: request.request_uid.to_string(),
+        phase: Phase::Reserved,
+        source,
+        created_at: now,
+        updated_at: now,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ipset::parse_ip_spec;
+    use crate::ledger::MemoryLedger;
+    use proptest::prelude::*;
+
+    fn pod(name: &str) -> PodRef {
+        PodRef {
+            namespace: "default".into(),
+            name: name.into(),
+            ..Default::default()
+        }
+    }
+
+    fn request<'a>(set: &'a IpSet, pod_ref: PodRef, uid: &'a str) -> AllocationRequest<'a> {
+        AllocationRequest {
+            scope: "app default/web",
+            app: "web",
+            pool: None,
+            pod: pod_ref,
+            request_uid: uid,
+            candidates: set,
+            ordinal: None,
+            dry_run: false,
+        }
+    }
+
+    async fn allocator() -> Allocator {
+        Allocator::new(Arc::new(MemoryLedger::new())).await.unwrap()
+    }
+
+    #[test]
+    fn runset_merges_and_splits() {
+        let mut runs = RunSet::default();
+        for v in [5, 7, 6, 1] {
+            runs.insert(v);
+        }
+        assert_eq!(runs.run_count(), 2);
+        assert_eq!(runs.first_free(5, 10), Some(8));
+        assert_eq!(runs.first_free(5, 7), None);
+        assert_eq!(runs.first_free(0, 10), Some(0));
+        assert_eq!(runs.first_free(1, 10), Some(2));
+        runs.remove(6);
+        assert_eq!(runs.run_count(), 3);
+        assert_eq!(runs.first_free(5, 10), Some(6));
+        runs.insert(u128::MAX);
+        assert_eq!(
+            runs.first_free(u128::MAX - 1, u128::MAX),
+            Some(u128::MAX - 1)
+        );
+        runs.insert(u128::MAX - 1);
+        assert_eq!(runs.first_free(u128::MAX - 1, u128::MAX), None);
+    }
+
+    #[tokio::test]
+    async fn lowest_free_then_exhaustion_names_holders() {
+        let alloc = allocator().await;
+        let set = parse_ip_spec("10.0.0.10,10.0.0.11").unwrap();
+        let a = alloc
+            .allocate(&request(&set, pod("web-abc12"), "u1"))
+            .await
+            .unwrap();
+        let b = alloc
+            .allocate(&request(&set, pod("web-def34"), "u2"))
+            .await
+            .unwrap();
+        assert_eq!(a.ips, vec!["10.0.0.10".parse::<IpAddr>().unwrap()]);
+        assert_eq!(b.ips, vec!["10.0.0.11".parse::<IpAddr>().unwrap()]);
+        let err = alloc
+            .allocate(&request(&set, pod("web-x"), "u3"))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "app default/web: all 2 allocatable IPs are held (10.0.0.10 by default/web-abc12, 10.0.0.11 by default/web-def34)"
+        );
+        assert_eq!(alloc.held_by_app("default", "web"), 2);
+    }
+
+    #[tokio::test]
+    async fn retried_request_gets_the_same_ip() {
+        let alloc = allocator().await;
+        let set = parse_ip_spec("10.0.0.0/29").unwrap();
+        let first = alloc
+            .allocate(&request(&set, pod("p"), "same"))
+            .await
+            .unwrap();
+        let again = alloc
+            .allocate(&request(&set, pod("p"), "same"))
+            .await
+            .unwrap();
+        assert_eq!(first.ips, again.ips);
+        assert_eq!(again.reasons, vec![Reason::SameRequest]);
+        assert_eq!(alloc.claims().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn statefulset_ordinal_and_previous_holder_preferences() {
+        let alloc = allocator().await;
+        let set = parse_ip_spec("10.0.0.10-10.0.0.14").unwrap();
+        let mut req = request(&set, pod("db-3"), "u1");
+        req.ordinal = Some(3);
+        let got = alloc.allocate(&req).await.unwrap();
+        assert_eq!(got.ips[0].to_string(), "10.0.0.13");
+        assert_eq!(got.reasons, vec![Reason::StatefulSetOrdinal]);
+
+        let other = alloc
+            .allocate(&request(&set, pod("cache"), "u2"))
+            .await
+            .unwrap();
+        assert_eq!(other.ips[0].to_string(), "10.0.0.10");
+        let released = alloc
+            .release_pod("default", "cache", None, &other.ips)
+            .await
+            .unwrap();
+        assert_eq!(released, other.ips);
+        // someone else takes the lowest; "cache" comes back to its previous IP? It was taken,
+        // so the next-lowest is given instead.
+        alloc
+            .allocate(&request(&set, pod("other"), "u3"))
+            .await
+            .unwrap();
+        let back = alloc
+            .allocate(&request(&set, pod("cache"), "u4"))
+            .await
+            .unwrap();
+        assert_eq!(back.ips[0].to_string(), "10.0.0.11");
+        alloc
+            .release_pod("default", "cache", None, &back.ips)
+            .await
+            .unwrap();
+        let again = alloc
+            .allocate(&request(&set, pod("cache"), "u5"))
+            .await
+            .unwrap();
+        assert_eq!(again.ips[0].to_string(), "10.0.0.11");
+        assert_eq!(again.reasons, vec![Reason::PreviousHolder]);
+    }
+
+    #[tokio::test]
+    async fn dual_stack_takes_one_per_family_and_dry_run_records_nothing() {
+        let alloc = allocator().await;
+        let set = parse_ip_spec("10.0.0.10,fd00::10-fd00::11").unwrap();
+        let mut req = request(&set, pod("p"), "u1");
+        req.dry_run = true;
+        let dry = alloc.allocate(&req).await.unwrap();
+        assert_eq!(dry.ips.len(), 2);
+        assert!(alloc.claims().is_empty());
+        req.dry_run = false;
+        let real = alloc.allocate(&req).await.unwrap();
+        assert_eq!(real.ips, dry.ips);
+        // v4 exhausted: the v6 claim of the failed pod is rolled back
+        let err = alloc
+            .allocate(&request(&set, pod("q"), "u2"))
+            .await
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("all 1 allocatable IPv4 IPs are held"),
+            "{err}"
+        );
+        assert_eq!(alloc.claims().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn static_conflicts_name_both_pods() {
+        let alloc = allocator().await;
+        let set = parse_ip_spec("10.16.0.15").unwrap();
+        let ip: IpAddr = "10.16.0.15".parse().unwrap();
+        alloc
+            .claim_static(&[ip], &request(&set, pod("static-7584848b74-fw9dm"), "u1"))
+            .await
+            .unwrap();
+        let err = alloc
+            .claim_static(&[ip], &request(&set, pod("web-2"), "u2"))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "static IP 10.16.0.15 requested by default/web-2 is already held by default/static-7584848b74-fw9dm (app default/web)"
+        );
+        // the holder itself may repeat its claim
+        alloc
+            .claim_static(&[ip], &request(&set, pod("static-7584848b74-fw9dm"), "u3"))
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn large_list_nearly_full_finds_the_gap() {
+        let alloc = allocator().await;
+        let set = parse_ip_spec("10.8.0.0/16").unwrap();
+        {
+            let mut state = alloc.lock();
+            for ip in set.iter().filter(|ip| ip.to_string() != "10.8.200.7") {
+                let claim = new_claim(ip, &request(&set, pod("x"), "bulk"), Source::Allocated);
+                let (family, value) = ip_key(&claim.ip);
+                state.held.entry(family).or_default().insert(value);
+                state.claims.insert(claim.ip, claim);
+            }
+        }
+        let got = alloc.allocate(&request(&set, pod("y"), "u")).await.unwrap();
+        assert_eq!(got.ips[0].to_string(), "10.8.200.7");
+    }
+
+    proptest! {
+        /// Any interleaving of allocate and release keeps one holder per IP, and released IPs
+        /// become allocatable again.
+        #[test]
+        fn one_holder_per_ip(ops in proptest::collection::vec((0u8..3, 0usize..12), 1..80)) {
+            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            rt.block_on(async {
+                let alloc = allocator().await;
+                let set = parse_ip_spec("10.0.0.1-10.0.0.8").unwrap();
+                let mut live: HashMap<String, IpAddr> = HashMap::new();
+                for (step, (op, who)) in ops.into_iter().enumerate() {
+                    let name = format!("p{who}");
+                    let uid = format!("u{step}");
+                    if op < 2 && !live.contains_key(&name) {
+                        match alloc.allocate(&request(&set, pod(&name), &uid)).await {
+                            Ok(a) => { live.insert(name, a.ips[0]); }
+                            Err(AllocError::Exhausted(_)) => prop_assert_eq!(live.len(), 8),
+                            Err(e) => panic!("{e}"),
+                        }
+                    } else if let Some(ip) = live.remove(&name) {
+                        let released = alloc.release_pod("default", &name, None, &[ip]).await.unwrap();
+                        prop_assert_eq!(released, vec![ip]);
+                    }
+                    let mut seen = std::collections::HashSet::new();
+                    for ip in live.values() { prop_assert!(seen.insert(*ip), "IP {} twice", ip); }
+                    let claims = alloc.claims();
+                    prop_assert_eq!(claims.len(), live.len());
+                    for claim in claims {
+                        prop_assert_eq!(live.get(&claim.pod.name), Some(&claim.ip));
+                    }
+                }
+                Ok(())
+            })?;
+        }
+    }
+}

@@ -1,0 +1,163 @@
+//! The public names ip-webhook reads and writes, and the CNI annotations' formats.
+
+use std::net::IpAddr;
+
+use crate::ipset::{Family, parse_ip};
+
+pub const ALLOCATABLE_IPS: &str = "ip-webhook.io/allocatable-ips";
+pub const IP_POOL: &str = "ip-webhook.io/ip-pool";
+pub const FIXED_IP_LABEL: &str = "ip-webhook.io/fixed-ip";
+pub const ALLOCATED_IP_LABEL: &str = "ip-webhook.io/allocated-ip";
+pub const STATUS: &str = "ip-webhook.io/status";
+pub const STATUS_MUTATED: &str = "mutated";
+pub const CALICO_IP_ADDRS: &str = "cni.projectcalico.org/ipAddrs";
+pub const OVN_IP_ADDRESS: &str = "ovn.kubernetes.io/ip_address";
+
+/// Which CNI's annotation carries the IP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Default)]
+pub enum Cni {
+    #[default]
+    Calico,
+    #[value(name = "kube-ovn")]
+    KubeOvn,
+}
+
+impl Cni {
+    pub fn annotation(self) -> &'static str {
+        match self {
+            Cni::Calico => CALICO_IP_ADDRS,
+            Cni::KubeOvn => OVN_IP_ADDRESS,
+        }
+    }
+
+    /// The annotation value for `ips`: `["10.0.0.10","fd00::a"]` or `10.0.0.10,fd00::a`.
+    pub fn format(self, ips: &[IpAddr]) -> String {
+        match self {
+            Cni::Calico => {
+                serde_json::to_string(&ips.iter().map(|ip| ip.to_string()).collect::<Vec<_>>())
+                    .expect("strings serialize")
+            }
+            Cni::KubeOvn => ips
+                .iter()
+                .map(|ip| ip.to_string())
+                .collect::<Vec<_>>()
+                .join(","),
+        }
+    }
+}
+
+/// Parse `cni.projectcalico.org/ipAddrs`: a JSON array of IP strings, at most one per family.
+pub fn parse_calico_ip_addrs(value: &str) -> Result<Vec<IpAddr>, String> {
+    let items: Vec<String> = serde_json::from_str(value).map_err(|_| {
+        format!("{value:?} is not a JSON array of IP strings (example: [\"10.0.0.10\"])")
+    })?;
+    parse_one_per_family(items.iter().map(String::as_str), value)
+}
+
+/// Parse `ovn.kubernetes.io/ip_address`: `10.0.0.10` or `10.0.0.10,fd00::a`.
+pub fn parse_ovn_ip_address(value: &str) -> Result<Vec<IpAddr>, String> {
+    parse_one_per_family(value.split(','), value)
+}
+
+fn parse_one_per_family<'a>(
+    items: impl Iterator<Item = &'a str>,
+    whole: &str,
+) -> Result<Vec<IpAddr>, String> {
+    let mut ips: Vec<IpAddr> = Vec::new();
+    for item in items {
+        let ip = parse_ip(item).map_err(|e| e.to_string())?;
+        if let Some(other) = ips.iter().find(|o| Family::of(o) == Family::of(&ip)) {
+            return Err(format!(
+                "{whole:?} has two {} addresses ({other} and {ip}); a pod gets at most one per family",
+                Family::of(&ip).name()
+            ));
+        }
+        ips.push(ip);
+    }
+    if ips.is_empty() {
+        return Err(format!("{whole:?} names no IP"));
+    }
+    Ok(ips)
+}
+
+/// The static IPs a pod's annotations ask for, with the annotation that asked.
+pub fn static_ips(
+    annotations: Option<&std::collections::BTreeMap<String, String>>,
+) -> Result<Vec<(&'static str, Vec<IpAddr>)>, String> {
+    let mut out = Vec::new();
+    let Some(annotations) = annotations else {
+        return Ok(out);
+    };
+    if let Some(value) = annotations.get(CALICO_IP_ADDRS) {
+        let ips = parse_calico_ip_addrs(value)
+            .map_err(|e| format!("annotation {CALICO_IP_ADDRS}: {e}"))?;
+        out.push((CALICO_IP_ADDRS, ips));
+    }
+    if let Some(value) = annotations.get(OVN_IP_ADDRESS) {
+        let ips =
+            parse_ovn_ip_address(value).map_err(|e| format!("annotation {OVN_IP_ADDRESS}: {e}"))?;
+        out.push((OVN_IP_ADDRESS, ips));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ips(list: &[&str]) -> Vec<IpAddr> {
+        list.iter().map(|s| s.parse().unwrap()).collect()
+    }
+
+    #[test]
+    fn formats_per_cni() {
+        let both = ips(&["10.0.0.10", "fd00::a"]);
+        assert_eq!(Cni::Calico.format(&both), r#"["10.0.0.10","fd00::a"]"#);
+        assert_eq!(Cni::KubeOvn.format(&both), "10.0.0.10,fd00::a");
+    }
+
+    #[test]
+    fn parses_and_rejects_calico_values() {
+        assert_eq!(
+            parse_calico_ip_addrs(r#"["10.0.0.1","fd00::1"]"#).unwrap(),
+            ips(&["10.0.0.1", "fd00::1"])
+        );
+        let cases = [
+            (
+                "10.0.0.1",
+                "\"10.0.0.1\" is not a JSON array of IP strings (example: [\"10.0.0.10\"])",
+            ),
+            (
+                r#"["10.0.0.1","10.0.0.2"]"#,
+                "\"[\\\"10.0.0.1\\\",\\\"10.0.0.2\\\"]\" has two IPv4 addresses (10.0.0.1 and 10.0.0.2); a pod gets at most one per family",
+            ),
+            (r#"["10.0.0.300"]"#, "\"10.0.0.300\" is not an IP address"),
+            ("[]", "\"[]\" names no IP"),
+        ];
+        for (value, message) in cases {
+            assert_eq!(
+                parse_calico_ip_addrs(value).unwrap_err(),
+                message,
+                "{value}"
+            );
+        }
+    }
+
+    #[test]
+    fn parses_and_rejects_ovn_values() {
+        assert_eq!(
+            parse_ovn_ip_address("10.16.0.15").unwrap(),
+            ips(&["10.16.0.15"])
+        );
+        assert_eq!(
+            parse_ovn_ip_address("10.16.0.15,fd00::f").unwrap(),
+            ips(&["10.16.0.15", "fd00::f"])
+        );
+        assert!(
+            parse_ovn_ip_address("fd00::1,fd00::2")
+                .unwrap_err()
+                .contains("two IPv6")
+        );
+        assert!(parse_ovn_ip_address("x").unwrap_err().contains("not an IP"));
+    }
+}

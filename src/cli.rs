@@ -1,0 +1,214 @@
+//! The command line: `serve`, `review`, `crds`.
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::annotations::Cni;
+use crate::app;
+use crate::metrics::Endpoint;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "ip-webhook",
+    version,
+    about = "Kubernetes admission webhook that gives an app's pods fixed IPs and refuses IP conflicts",
+    long_about = None
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+    /// Log format.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve /mutate and /validate over HTTPS, and health and metrics over plain HTTP.
+    Serve(ServeArgs),
+    /// Run one AdmissionReview through the webhook offline and print the response review.
+    Review(ReviewArgs),
+    /// Print the IPPool and IPClaim CustomResourceDefinitions as YAML.
+    Crds,
+}
+
+/// What decides admissions: shared by `serve` and `review`.
+#[derive(Debug, Clone, Args)]
+pub struct WebhookArgs {
+    /// Directory of the embedded ledger (and of the self-signed CA).
+    #[arg(long, default_value = "./ip-webhook-state", value_name = "DIR")]
+    pub state_dir: PathBuf,
+    /// The pod label that names a pod's app (with its namespace).
+    #[arg(long, default_value = "app", value_name = "KEY")]
+    pub app_label: String,
+    /// Which CNI annotation carries the IP.
+    #[arg(long, value_enum, default_value_t = Cni::Calico)]
+    pub cni: Cni,
+    /// YAML list of IPPool objects that pods can name in ip-webhook.io/ip-pool.
+    #[arg(long, value_name = "FILE")]
+    pub pools_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// HTTPS address for POST /mutate and POST /validate.
+    #[arg(long, default_value = "0.0.0.0:8443", value_name = "ADDR")]
+    pub listen: SocketAddr,
+    /// Plain-HTTP address for GET /healthz, /readyz and /metrics.
+    #[arg(long, default_value = "0.0.0.0:8080", value_name = "ADDR")]
+    pub admin_listen: SocketAddr,
+    /// PEM certificate chain; reloaded when the file changes.
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "tls_key_file",
+        conflicts_with = "self_signed"
+    )]
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key for --tls-cert-file.
+    #[arg(long, value_name = "FILE", requires = "tls_cert_file")]
+    pub tls_key_file: Option<PathBuf>,
+    /// Generate a CA and serving certificate (the default when no certificate is given);
+    /// writes ca.crt into --state-dir and prints its base64 for the webhook's caBundle.
+    #[arg(long)]
+    pub self_signed: bool,
+    /// Extra DNS names for the self-signed certificate (repeatable).
+    #[arg(long = "dns-name", value_name = "NAME")]
+    pub dns_names: Vec<String>,
+    /// How often to re-read the certificate files even without a file event.
+    #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
+    pub tls_reload_interval: Duration,
+    /// Deadline for a client to send a request's head, and again its body.
+    #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
+    pub read_timeout: Duration,
+    /// How long SIGTERM waits for in-flight admissions before exiting.
+    #[arg(long, default_value = "25s", value_parser = parse_duration, value_name = "DURATION")]
+    pub shutdown_grace: Duration,
+    #[command(flatten)]
+    pub webhook: WebhookArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ReviewArgs {
+    /// Send the review to /validate instead of /mutate.
+    #[arg(long)]
+    pub validate: bool,
+    /// Set request.dryRun: decide, but record nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// The AdmissionReview JSON file, or - for standard input.
+    #[arg(value_name = "FILE|-")]
+    pub file: String,
+    #[command(flatten)]
+    pub webhook: WebhookArgs,
+}
+
+/// `500ms`, `10s`, `2m`, `1h`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration like 500ms, 10s, 2m or 1h"))?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(value)),
+        "s" | "" => Ok(Duration::from_secs(value)),
+        "m" => Ok(Duration::from_secs(value * 60)),
+        "h" => Ok(Duration::from_secs(value * 3600)),
+        _ => Err(format!(
+            "{text:?} has unknown unit {unit:?}; use ms, s, m or h"
+        )),
+    }
+}
+
+pub fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+}
+
+/// Run a parsed command line.
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    init_logging(cli.log_format);
+    match cli.command {
+        Command::Serve(args) => app::serve_until_signal(args).await,
+        Command::Review(args) => review(args).await,
+        Command::Crds => {
+            std::io::stdout().write_all(crate::crd::crds_yaml().as_bytes())?;
+            Ok(())
+        }
+    }
+}
+
+async fn review(args: ReviewArgs) -> anyhow::Result<()> {
+    let mut body = Vec::new();
+    if args.file == "-" {
+        std::io::stdin()
+            .read_to_end(&mut body)
+            .context("reading standard input")?;
+    } else {
+        body = std::fs::read(&args.file).with_context(|| format!("reading {}", args.file))?;
+    }
+    if args.dry_run {
+        let mut value: serde_json::Value =
+            serde_json::from_slice(&body).context("the review is not JSON")?;
+        match value.get_mut("request").and_then(|r| r.as_object_mut()) {
+            Some(request) => {
+                request.insert("dryRun".into(), serde_json::Value::Bool(true));
+            }
+            None => bail!("the review has no request object"),
+        }
+        body = serde_json::to_vec(&value)?;
+    }
+    let (webhook, ledger) = app::build_webhook(&args.webhook, Default::default()).await?;
+    let endpoint = if args.validate {
+        Endpoint::validate
+    } else {
+        Endpoint::mutate
+    };
+    let answer = webhook.review(endpoint, &body).await;
+    ledger.close().await;
+    let json = answer.map_err(|e| anyhow::anyhow!("HTTP 400: {e}"))?;
+    let value: serde_json::Value = serde_json::from_slice(&json)?;
+    println!("{}", serde_json::to_string_pretty(&value)?);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_duration("2 weeks").is_err());
+        assert!(parse_duration("5d").unwrap_err().contains("unknown unit"));
+    }
+
+    #[test]
+    fn cli_is_well_formed() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,568 @@
+//! IP specs: the one parser for lists, ranges and CIDRs, and the canonical set they denote.
+//!
+//! A spec is a comma-separated list of entries; each entry is an IP (`10.0.0.10`), an inclusive
+//! range (`10.0.0.20-10.0.0.29`), or a CIDR (`10.0.1.0/28`). IPv4 and IPv6 may be mixed. A CIDR
+//! entry stands for its usable addresses: for IPv4 prefixes shorter than /31 the network and
+//! broadcast addresses are left out (list them explicitly to include them).
+//!
+//! An [`IpSet`] keeps, per address family, sorted disjoint inclusive ranges of integers, so a
+//! /8 or a /64 costs one range, and the n-th address of a set is a binary search away.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::str::FromStr;
+
+use ipnet::IpNet;
+
+/// Address family of an IP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    pub fn of(ip: &IpAddr) -> Family {
+        match ip {
+            IpAddr::V4(_) => Family::V4,
+            IpAddr::V6(_) => Family::V6,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::V4 => "IPv4",
+            Family::V6 => "IPv6",
+        }
+    }
+
+    fn max(self) -> u128 {
+        match self {
+            Family::V4 => u32::MAX as u128,
+            Family::V6 => u128::MAX,
+        }
+    }
+}
+
+/// An IP as (family, integer): the key every index in this crate uses.
+pub fn ip_key(ip: &IpAddr) -> (Family, u128) {
+    match ip {
+        IpAddr::V4(v4) => (Family::V4, u32::from(*v4) as u128),
+        IpAddr::V6(v6) => (Family::V6, u128::from(*v6)),
+    }
+}
+
+pub fn ip_from_key(family: Family, value: u128) -> IpAddr {
+    match family {
+        Family::V4 => IpAddr::V4(Ipv4Addr::from(value as u32)),
+        Family::V6 => IpAddr::V6(Ipv6Addr::from(value)),
+    }
+}
+
+/// An IP in canonical form: IPv4-mapped IPv6 is not folded (it is a distinct address), but an
+/// IPv6 written two ways (`fd00::0a`, `fd00:0:0::a`) parses to one value, displayed once.
+pub fn parse_ip(text: &str) -> Result<IpAddr, IpSpecError> {
+    let trimmed = text.trim();
+    IpAddr::from_str(trimmed).map_err(|_| IpSpecError::InvalidIp(trimmed.to_string()))
+}
+
+/// The label value form of an IP (`ip-webhook.io/allocated-ip`): labels allow no `:`.
+pub fn ip_label_value(ip: &IpAddr) -> String {
+    ip.to_string().replace(':', "-")
+}
+
+/// Inverse of [`ip_label_value`].
+pub fn ip_from_label_value(value: &str) -> Option<IpAddr> {
+    if value.contains('.') {
+        value.parse().ok()
+    } else {
+        value.replace('-', ":").parse().ok()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IpSpecError {
+    #[error("{0:?} is not an IP address")]
+    InvalidIp(String),
+    #[error("the list is empty")]
+    Empty,
+    #[error("entry {index} {entry:?}: {reason}")]
+    Entry {
+        index: usize,
+        entry: String,
+        reason: String,
+    },
+    #[error("entry {index} {entry:?} overlaps entry {other_index} {other:?}")]
+    Overlap {
+        index: usize,
+        entry: String,
+        other_index: usize,
+        other: String,
+    },
+}
+
+/// One inclusive range of one family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct IpRange {
+    pub family: Family,
+    pub start: u128,
+    pub end: u128,
+}
+
+impl IpRange {
+    pub fn single(ip: IpAddr) -> IpRange {
+        let (family, value) = ip_key(&ip);
+        IpRange {
+            family,
+            start: value,
+            end: value,
+        }
+    }
+
+    pub fn len(&self) -> u128 {
+        (self.end - self.start).saturating_add(1)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    pub fn first(&self) -> IpAddr {
+        ip_from_key(self.family, self.start)
+    }
+
+    pub fn last(&self) -> IpAddr {
+        ip_from_key(self.family, self.end)
+    }
+
+    pub fn overlaps(&self, other: &IpRange) -> bool {
+        self.family == other.family && self.start <= other.end && other.start <= self.end
+    }
+
+    /// The usable addresses of a CIDR (see the module docs).
+    pub fn from_net(net: &IpNet) -> IpRange {
+        let family = Family::of(&net.network());
+        let (_, mut start) = ip_key(&net.network());
+        let (_, mut end) = ip_key(&net.broadcast());
+        if family == Family::V4 && net.prefix_len() < 31 {
+            start += 1;
+            end -= 1;
+        }
+        IpRange { family, start, end }
+    }
+
+    /// The whole CIDR, network and broadcast included.
+    pub fn from_net_all(net: &IpNet) -> IpRange {
+        let (family, start) = ip_key(&net.network());
+        let (_, end) = ip_key(&net.broadcast());
+        IpRange { family, start, end }
+    }
+}
+
+impl fmt::Display for IpRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.start == self.end {
+            write!(f, "{}", self.first())
+        } else {
+            write!(f, "{}-{}", self.first(), self.last())
+        }
+    }
+}
+
+/// A canonical set of IPs: sorted, disjoint, adjacent ranges merged.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct IpSet {
+    ranges: Vec<IpRange>,
+}
+
+/// How a spec writes ranges: `a-b` (annotations, IPPools) or `a..b` (Kube-OVN `excludeIps`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RangeSyntax {
+    Dash,
+    DotDot,
+}
+
+/// Parse a spec; overlapping or duplicate entries are an error that names both entries.
+pub fn parse_ip_spec(spec: &str) -> Result<IpSet, IpSpecError> {
+    parse_ip_spec_with(spec, RangeSyntax::Dash)
+}
+
+pub fn parse_ip_spec_with(spec: &str, syntax: RangeSyntax) -> Result<IpSet, IpSpecError> {
+    let mut entries: Vec<(IpRange, usize, &str)> = Vec::new();
+    for (position, raw) in spec
+        .split([',', '\n', ';'])
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .enumerate()
+    {
+        let index = position + 1;
+        let range = parse_entry(raw, syntax).map_err(|reason| IpSpecError::Entry {
+            index,
+            entry: raw.to_string(),
+            reason,
+        })?;
+        entries.push((range, index, raw));
+    }
+    if entries.is_empty() {
+        return Err(IpSpecError::Empty);
+    }
+    entries.sort_by_key(|(range, index, _)| (*range, *index));
+    for pair in entries.windows(2) {
+        let (a, a_index, a_text) = pair[0];
+        let (b, b_index, b_text) = pair[1];
+        if a.overlaps(&b) {
+            let ((index, entry), (other_index, other)) = if a_index > b_index {
+                ((a_index, a_text), (b_index, b_text))
+            } else {
+                ((b_index, b_text), (a_index, a_text))
+            };
+            return Err(IpSpecError::Overlap {
+                index,
+                entry: entry.to_string(),
+                other_index,
+                other: other.to_string(),
+            });
+        }
+    }
+    Ok(IpSet::from_ranges(entries.into_iter().map(|(r, _, _)| r)))
+}
+
+fn parse_entry(entry: &str, syntax: RangeSyntax) -> Result<IpRange, String> {
+    if entry.contains('/') {
+        let net = IpNet::from_str(entry).map_err(|_| "not a valid CIDR".to_string())?;
+        if net.trunc() != net {
+            return Err(format!("host bits are set; did you mean {}?", net.trunc()));
+        }
+        return Ok(IpRange::from_net(&net));
+    }
+    let separator = match syntax {
+        RangeSyntax::Dash => "-",
+        RangeSyntax::DotDot => "..",
+    };
+    if let Some((first, last)) = entry.split_once(separator) {
+        let first = parse_ip(first).map_err(|e| e.to_string())?;
+        let last = parse_ip(last).map_err(|e| e.to_string())?;
+        let (fa, start) = ip_key(&first);
+        let (fb, end) = ip_key(&last);
+        if fa != fb {
+            return Err("a range cannot mix IPv4 and IPv6".to_string());
+        }
+        if start > end {
+            return Err(format!("the range is reversed ({first} is after {last})"));
+        }
+        return Ok(IpRange {
+            family: fa,
+            start,
+            end,
+        });
+    }
+    parse_ip(entry)
+        .map(IpRange::single)
+        .map_err(|e| e.to_string())
+}
+
+impl IpSet {
+    /// Build from any ranges: sorts and merges overlapping or adjacent ones.
+    pub fn from_ranges(ranges: impl IntoIterator<Item = IpRange>) -> IpSet {
+        let mut ranges: Vec<IpRange> = ranges.into_iter().collect();
+        ranges.sort();
+        let mut merged: Vec<IpRange> = Vec::with_capacity(ranges.len());
+        for range in ranges {
+            match merged.last_mut() {
+                Some(last)
+                    if last.family == range.family && range.start <= last.end.saturating_add(1) =>
+                {
+                    last.end = last.end.max(range.end);
+                }
+                _ => merged.push(range),
+            }
+        }
+        IpSet { ranges: merged }
+    }
+
+    pub fn from_ips(ips: impl IntoIterator<Item = IpAddr>) -> IpSet {
+        IpSet::from_ranges(ips.into_iter().map(IpRange::single))
+    }
+
+    pub fn ranges(&self) -> &[IpRange] {
+        &self.ranges
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ranges.is_empty()
+    }
+
+    /// Number of IPs (saturating: an IPv6 /0 counts as u128::MAX).
+    pub fn len(&self) -> u128 {
+        self.ranges
+            .iter()
+            .fold(0u128, |acc, r| acc.saturating_add(r.len()))
+    }
+
+    pub fn family_ranges(&self, family: Family) -> impl Iterator<Item = &IpRange> {
+        self.ranges.iter().filter(move |r| r.family == family)
+    }
+
+    pub fn families(&self) -> Vec<Family> {
+        let mut out = Vec::new();
+        for f in [Family::V4, Family::V6] {
+            if self.ranges.iter().any(|r| r.family == f) {
+                out.push(f);
+            }
+        }
+        out
+    }
+
+    pub fn contains(&self, ip: &IpAddr) -> bool {
+        let (family, value) = ip_key(ip);
+        let probe = IpRange {
+            family,
+            start: value,
+            end: u128::MAX,
+        };
+        let idx = self.ranges.partition_point(|r| *r <= probe);
+        idx > 0 && {
+            let r = &self.ranges[idx - 1];
+            r.family == family && r.start <= value && value <= r.end
+        }
+    }
+
+    /// The `n`-th (0-based) IP of one family in ascending order.
+    pub fn nth(&self, family: Family, mut n: u128) -> Option<IpAddr> {
+        for range in self.family_ranges(family) {
+            if n < range.len() {
+                return Some(ip_from_key(family, range.start + n));
+            }
+            n -= range.len();
+        }
+        None
+    }
+
+    /// Iterate the IPs in ascending order (lazy: safe on huge sets when bounded with `take`).
+    pub fn iter(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.ranges.iter().flat_map(|r| {
+            let family = r.family;
+            RangeIter {
+                next: Some(r.start),
+                end: r.end,
+            }
+            .map(move |v| ip_from_key(family, v))
+        })
+    }
+
+    pub fn union(&self, other: &IpSet) -> IpSet {
+        IpSet::from_ranges(self.ranges.iter().chain(other.ranges.iter()).copied())
+    }
+
+    pub fn intersects(&self, other: &IpSet) -> bool {
+        self.ranges
+            .iter()
+            .any(|a| other.ranges.iter().any(|b| a.overlaps(b)))
+    }
+
+    /// `self` minus `other`.
+    pub fn subtract(&self, other: &IpSet) -> IpSet {
+        let mut out = Vec::new();
+        for range in &self.ranges {
+            let mut pieces = vec![*range];
+            for cut in other.ranges.iter().filter(|c| c.overlaps(range)) {
+                let mut next = Vec::new();
+                for piece in pieces {
+                    if !piece.overlaps(cut) {
+                        next.push(piece);
+                        continue;
+                    }
+                    if piece.start < cut.start {
+                        next.push(IpRange {
+                            end: cut.start - 1,
+                            ..piece
+                        });
+                    }
+                    if piece.end > cut.end {
+                        next.push(IpRange {
+                            start: cut.end + 1,
+                            ..piece
+                        });
+                    }
+                }
+                pieces = next;
+            }
+            out.extend(pieces);
+        }
+        IpSet::from_ranges(out)
+    }
+
+    /// Whether every IP of `self` lies in `other`.
+    pub fn is_subset_of(&self, other: &IpSet) -> bool {
+        self.subtract(other).is_empty()
+    }
+}
+
+struct RangeIter {
+    next: Option<u128>,
+    end: u128,
+}
+
+impl Iterator for RangeIter {
+    type Item = u128;
+    fn next(&mut self) -> Option<u128> {
+        let current = self.next?;
+        self.next = if current < self.end {
+            Some(current + 1)
+        } else {
+            None
+        };
+        Some(current)
+    }
+}
+
+impl fmt::Display for IpSet {
+    /// Canonical text: ranges joined by commas, single IPs bare.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, r) in self.ranges.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{r}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Whether `value` fits the family's integer range (used by fuzzers and property tests).
+pub fn fits(family: Family, value: u128) -> bool {
+    value <= family.max()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn parses_lists_ranges_and_cidrs_in_canonical_order() {
+        let set = parse_ip_spec(" 10.0.0.12, 10.0.0.10 ,10.0.0.20-10.0.0.22, 10.0.1.0/30").unwrap();
+        assert_eq!(
+            set.to_string(),
+            "10.0.0.10,10.0.0.12,10.0.0.20-10.0.0.22,10.0.1.1-10.0.1.2"
+        );
+        assert_eq!(set.len(), 7);
+        assert_eq!(set.nth(Family::V4, 0), Some(ip("10.0.0.10")));
+        assert_eq!(set.nth(Family::V4, 3), Some(ip("10.0.0.21")));
+        assert_eq!(set.nth(Family::V4, 7), None);
+    }
+
+    #[test]
+    fn ipv6_written_two_ways_is_one_ip() {
+        let err = parse_ip_spec("fd00::0a, fd00:0:0::a").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "entry 2 \"fd00:0:0::a\" overlaps entry 1 \"fd00::0a\""
+        );
+        let set = parse_ip_spec("fd00:0000::000a").unwrap();
+        assert_eq!(set.to_string(), "fd00::a");
+    }
+
+    #[test]
+    fn dual_stack_sets_keep_families_apart() {
+        let set = parse_ip_spec("10.0.0.10,fd00::10-fd00::11").unwrap();
+        assert_eq!(set.families(), vec![Family::V4, Family::V6]);
+        assert_eq!(set.nth(Family::V6, 1), Some(ip("fd00::11")));
+        assert!(set.contains(&ip("fd00::10")));
+        assert!(!set.contains(&ip("fd00::12")));
+        assert!(!set.contains(&ip("10.0.0.11")));
+    }
+
+    #[test]
+    fn rejects_bad_entries_with_their_position() {
+        let cases = [
+            (
+                "10.0.0.1,10.0.0.x",
+                "entry 2 \"10.0.0.x\": \"10.0.0.x\" is not an IP address",
+            ),
+            (
+                "10.0.0.9-10.0.0.1",
+                "entry 1 \"10.0.0.9-10.0.0.1\": the range is reversed (10.0.0.9 is after 10.0.0.1)",
+            ),
+            (
+                "10.0.0.1-fd00::1",
+                "entry 1 \"10.0.0.1-fd00::1\": a range cannot mix IPv4 and IPv6",
+            ),
+            (
+                "10.0.0.5/28",
+                "entry 1 \"10.0.0.5/28\": host bits are set; did you mean 10.0.0.0/28?",
+            ),
+            ("10.0.0.0/33", "entry 1 \"10.0.0.0/33\": not a valid CIDR"),
+            (" , ", "the list is empty"),
+            (
+                "10.0.0.0/29,10.0.0.3",
+                "entry 2 \"10.0.0.3\" overlaps entry 1 \"10.0.0.0/29\"",
+            ),
+        ];
+        for (spec, message) in cases {
+            assert_eq!(
+                parse_ip_spec(spec).unwrap_err().to_string(),
+                message,
+                "{spec}"
+            );
+        }
+    }
+
+    #[test]
+    fn cidr_usable_addresses() {
+        assert_eq!(
+            parse_ip_spec("10.0.0.0/30").unwrap().to_string(),
+            "10.0.0.1-10.0.0.2"
+        );
+        assert_eq!(
+            parse_ip_spec("10.0.0.0/31").unwrap().to_string(),
+            "10.0.0.0-10.0.0.1"
+        );
+        assert_eq!(
+            parse_ip_spec("10.0.0.7/32").unwrap().to_string(),
+            "10.0.0.7"
+        );
+        assert_eq!(parse_ip_spec("fd00::/126").unwrap().len(), 4);
+        // a /8 is one range, not 16 million entries
+        let big = parse_ip_spec("10.0.0.0/8").unwrap();
+        assert_eq!(big.ranges().len(), 1);
+        assert_eq!(big.len(), (1 << 24) - 2);
+        let huge = parse_ip_spec("fd00::/8").unwrap();
+        assert_eq!(huge.len(), 1u128 << 120);
+    }
+
+    #[test]
+    fn kube_ovn_dotdot_ranges() {
+        let set =
+            parse_ip_spec_with("10.16.0.1..10.16.0.10,10.16.0.20", RangeSyntax::DotDot).unwrap();
+        assert_eq!(set.len(), 11);
+    }
+
+    #[test]
+    fn set_algebra() {
+        let a = parse_ip_spec("10.0.0.0/28").unwrap();
+        let b = parse_ip_spec("10.0.0.5-10.0.0.7,10.0.0.14").unwrap();
+        let d = a.subtract(&b);
+        assert_eq!(d.to_string(), "10.0.0.1-10.0.0.4,10.0.0.8-10.0.0.13");
+        assert!(b.is_subset_of(&a));
+        assert!(!a.is_subset_of(&b));
+        assert!(a.intersects(&b));
+        assert_eq!(d.union(&b).to_string(), "10.0.0.1-10.0.0.14");
+        assert_eq!(
+            a.iter().take(2).collect::<Vec<_>>(),
+            vec![ip("10.0.0.1"), ip("10.0.0.2")]
+        );
+    }
+
+    #[test]
+    fn label_values_round_trip() {
+        for s in ["10.0.0.1", "fd00::a", "2001:db8::1:2"] {
+            let v = ip_label_value(&ip(s));
+            assert!(!v.contains(':'));
+            assert_eq!(ip_from_label_value(&v), Some(ip(s)));
+        }
+    }
+}

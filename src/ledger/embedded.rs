@@ -1,0 +1,360 @@
+//! The embedded ledger: one crash-safe redb file in `--state-dir`.
+//!
+//! Writes go to one writer thread that drains every request waiting and commits them in one
+//! transaction (group commit): under load, many admissions share one fsync, and no answer is
+//! sent before the commit that holds its claim has returned.
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::thread;
+
+use async_trait::async_trait;
+use prometheus_client::metrics::counter::Counter;
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use tokio::sync::{Mutex, oneshot};
+
+use super::{Claim, CreateOutcome, Ledger, LedgerError, Phase, unix_now};
+
+const CLAIMS: TableDefinition<&str, &[u8]> = TableDefinition::new("claims");
+const MAX_BATCH: usize = 4096;
+
+/// Counters the writer bumps; the metrics registry holds clones of the same counters.
+#[derive(Clone, Default, Debug)]
+pub struct CommitCounters {
+    /// Transactions committed (one fsync each).
+    pub commits: Counter,
+    /// Claim writes made durable.
+    pub writes: Counter,
+}
+
+enum Op {
+    Create(
+        Box<Claim>,
+        oneshot::Sender<Result<CreateOutcome, LedgerError>>,
+    ),
+    Release(Box<Claim>, oneshot::Sender<Result<bool, LedgerError>>),
+}
+
+pub struct EmbeddedLedger {
+    path: PathBuf,
+    db: std::sync::Arc<Database>,
+    sender: Mutex<Option<mpsc::Sender<Op>>>,
+    writer: std::sync::Mutex<Option<thread::JoinHandle<()>>>,
+}
+
+fn storage<E: std::fmt::Display>(context: &str) -> impl FnOnce(E) -> LedgerError + '_ {
+    move |e| LedgerError::Storage(format!("{context}: {e}"))
+}
+
+impl EmbeddedLedger {
+    /// Open (or create) `state_dir/ledger.redb`. Fails with a clear message when another
+    /// process has it open.
+    pub fn open(state_dir: &Path, counters: CommitCounters) -> Result<EmbeddedLedger, LedgerError> {
+        std::fs::create_dir_all(state_dir).map_err(|e| {
+            LedgerError::Storage(format!(
+                "cannot create state dir {}: {e}",
+                state_dir.display()
+            ))
+        })?;
+        let path = state_dir.join("ledger.redb");
+        let db = Database::create(&path).map_err(|e| {
+            LedgerError::Storage(format!(
+                "cannot open {} (is another ip-webhook using this --state-dir?): {e}",
+                path.display()
+            ))
+        })?;
+        {
+            let txn = db.begin_write().map_err(storage("begin"))?;
+            txn.open_table(CLAIMS).map_err(storage("open table"))?;
+            txn.commit().map_err(storage("commit"))?;
+        }
+        let db = std::sync::Arc::new(db);
+        let (sender, receiver) = mpsc::channel::<Op>();
+        let writer_db = db.clone();
+        let writer = thread::Builder::new()
+            .name("ledger-writer".into())
+            .spawn(move || writer_loop(&writer_db, receiver, counters))
+            .map_err(storage("spawn writer"))?;
+        Ok(EmbeddedLedger {
+            path,
+            db,
+            sender: Mutex::new(Some(sender)),
+            writer: std::sync::Mutex::new(Some(writer)),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    async fn send(&self, op: Op) -> Result<(), LedgerError> {
+        let guard = self.sender.lock().await;
+        let sender = guard.as_ref().ok_or(LedgerError::Closed)?;
+        sender.send(op).map_err(|_| LedgerError::Closed)
+    }
+}
+
+fn writer_loop(db: &Database, receiver: mpsc::Receiver<Op>, counters: CommitCounters) {
+    while let Ok(first) = receiver.recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match receiver.try_recv() {
+                Ok(op) => batch.push(op),
+                Err(_) => break,
+            }
+        }
+        commit_batch(db, batch, &counters);
+    }
+}
+
+enum Reply {
+    Create(
+        oneshot::Sender<Result<CreateOutcome, LedgerError>>,
+        CreateOutcome,
+    ),
+    Release(oneshot::Sender<Result<bool, LedgerError>>, bool),
+}
+
+fn commit_batch(db: &Database, batch: Vec<Op>, counters: &CommitCounters) {
+    let mut replies = Vec::with_capacity(batch.len());
+    let mut writes = 0u64;
+    let result = (|| -> Result<(), LedgerError> {
+        let txn = db.begin_write().map_err(storage("begin"))?;
+        {
+            let mut table = txn.open_table(CLAIMS).map_err(storage("open table"))?;
+            for op in batch {
+                match op {
+                    Op::Create(claim, reply) => {
+                        let key = claim.ip.to_string();
+                        let existing = match table.get(key.as_str()).map_err(storage("read"))? {
+                            Some(bytes) => Some(decode(&key, bytes.value())?),
+                            None => None,
+                        };
+                        let outcome = match existing {
+                            Some(held) if held.is_held() => {
+                                CreateOutcome::AlreadyHeld(Box::new(held))
+                            }
+                            _ => {
+                                let bytes =
+                                    serde_json::to_vec(&claim).map_err(storage("encode"))?;
+                                table
+                                    .insert(key.as_str(), bytes.as_slice())
+                                    .map_err(storage("write"))?;
+                                writes += 1;
+                                CreateOutcome::Created
+                            }
+                        };
+                        replies.push(Reply::Create(reply, outcome));
+                    }
+                    Op::Release(claim, reply) => {
+                        let key = claim.ip.to_string();
+                        let existing = match table.get(key.as_str()).map_err(storage("read"))? {
+                            Some(bytes) => Some(decode(&key, bytes.value())?),
+                            None => None,
+                        };
+                        let changed = match existing {
+                            Some(mut held)
+                                if held.is_held()
+                                    && held.pod == claim.pod
+                                    && held.request_uid == claim.request_uid =>
+                            {
+                                held.phase = Phase::Released;
+                                held.updated_at = unix_now();
+                                let bytes = serde_json::to_vec(&held).map_err(storage("encode"))?;
+                                table
+                                    .insert(key.as_str(), bytes.as_slice())
+                                    .map_err(storage("write"))?;
+                                writes += 1;
+                                true
+                            }
+                            _ => false,
+                        };
+                        replies.push(Reply::Release(reply, changed));
+                    }
+                }
+            }
+        }
+        if writes == 0 {
+            // nothing changed: no fsync for a batch of refusals
+            txn.abort().map_err(storage("abort"))?;
+        } else {
+            txn.commit().map_err(storage("commit"))?;
+            counters.commits.inc();
+        }
+        Ok(())
+    })();
+    match result {
+        Ok(()) => {
+            counters.writes.inc_by(writes);
+            for reply in replies {
+                match reply {
+                    Reply::Create(tx, outcome) => drop(tx.send(Ok(outcome))),
+                    Reply::Release(tx, changed) => drop(tx.send(Ok(changed))),
+                }
+            }
+        }
+        Err(error) => {
+            // Nothing of this batch is durable: every waiter hears the error; ops not yet
+            // reached in the batch were dropped, and their waiters see the channel close.
+            let message = error.to_string();
+            tracing::error!(%message, "ledger commit failed");
+            for reply in replies {
+                match reply {
+                    Reply::Create(tx, _) => {
+                        drop(tx.send(Err(LedgerError::Storage(message.clone()))))
+                    }
+                    Reply::Release(tx, _) => {
+                        drop(tx.send(Err(LedgerError::Storage(message.clone()))))
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn decode(key: &str, bytes: &[u8]) -> Result<Claim, LedgerError> {
+    serde_json::from_slice(bytes).map_err(|e| LedgerError::Corrupt {
+        ip: key.to_string(),
+        reason: e.to_string(),
+    })
+}
+
+#[async_trait]
+impl Ledger for EmbeddedLedger {
+    fn kind(&self) -> &'static str {
+        "embedded"
+    }
+
+    async fn load(&self) -> Result<Vec<Claim>, LedgerError> {
+        let db = self.db.clone();
+        tokio::task::spawn_blocking(move || {
+            let txn = db.begin_read().map_err(storage("begin read"))?;
+            let table = txn.open_table(CLAIMS).map_err(storage("open table"))?;
+            let mut claims = Vec::new();
+            for entry in table.iter().map_err(storage("iterate"))? {
+                let (key, value) = entry.map_err(storage("read"))?;
+                claims.push(decode(key.value(), value.value())?);
+            }
+            Ok(claims)
+        })
+        .await
+        .map_err(storage("load task"))?
+    }
+
+    async fn create(&self, claim: &Claim) -> Result<CreateOutcome, LedgerError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Op::Create(Box::new(claim.clone()), tx)).await?;
+        rx.await
+            .map_err(|_| LedgerError::Storage("ledger commit aborted".into()))?
+    }
+
+    async fn release(&self, claim: &Claim) -> Result<bool, LedgerError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Op::Release(Box::new(claim.clone()), tx)).await?;
+        rx.await
+            .map_err(|_| LedgerError::Storage("ledger commit aborted".into()))?
+    }
+
+    async fn close(&self) {
+        // Dropping the sender ends the writer after it has committed what it holds.
+        self.sender.lock().await.take();
+        let handle = self.writer.lock().ok().and_then(|mut w| w.take());
+        if let Some(handle) = handle {
+            let _ = tokio::task::spawn_blocking(move || handle.join()).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::{PodRef, Source};
+
+    fn claim(ip: &str, pod: &str) -> Claim {
+        Claim {
+            ip: ip.parse().unwrap(),
+            app: "web".into(),
+            pool: None,
+            pod: PodRef {
+                namespace: "default".into(),
+                name: pod.into(),
+                ..Default::default()
+            },
+            request_uid: format!("uid-{pod}"),
+            phase: Phase::Reserved,
+            source: Source::Allocated,
+            created_at: 1,
+            updated_at: 1,
+        }
+    }
+
+    #[tokio::test]
+    async fn claims_survive_reopen_and_conflicts_are_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let counters = CommitCounters::default();
+        let ledger = EmbeddedLedger::open(dir.path(), counters.clone()).unwrap();
+        assert_eq!(
+            ledger.create(&claim("10.0.0.1", "a")).await.unwrap(),
+            CreateOutcome::Created
+        );
+        match ledger.create(&claim("10.0.0.1", "b")).await.unwrap() {
+            CreateOutcome::AlreadyHeld(holder) => assert_eq!(holder.pod.name, "a"),
+            other => panic!("expected AlreadyHeld, got {other:?}"),
+        }
+        // release only by the holder
+        assert!(!ledger.release(&claim("10.0.0.1", "b")).await.unwrap());
+        assert!(ledger.release(&claim("10.0.0.1", "a")).await.unwrap());
+        assert_eq!(
+            ledger.create(&claim("10.0.0.1", "b")).await.unwrap(),
+            CreateOutcome::Created
+        );
+        ledger.close().await;
+        drop(ledger);
+
+        let reopened = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
+        let claims = reopened.load().await.unwrap();
+        assert_eq!(claims.len(), 1);
+        assert_eq!(claims[0].pod.name, "b");
+        assert!(claims[0].is_held());
+        assert_eq!(
+            counters.commits.get(),
+            3,
+            "one commit per sequential write; refusals commit nothing"
+        );
+    }
+
+    #[tokio::test]
+    async fn concurrent_creates_share_commits() {
+        let dir = tempfile::tempdir().unwrap();
+        let counters = CommitCounters::default();
+        let ledger =
+            std::sync::Arc::new(EmbeddedLedger::open(dir.path(), counters.clone()).unwrap());
+        let mut tasks = Vec::new();
+        for i in 0..400u32 {
+            let ledger = ledger.clone();
+            tasks.push(tokio::spawn(async move {
+                let ip = format!("10.1.{}.{}", i / 250, i % 250);
+                ledger.create(&claim(&ip, &format!("p{i}"))).await.unwrap()
+            }));
+        }
+        for t in tasks {
+            assert_eq!(t.await.unwrap(), CreateOutcome::Created);
+        }
+        assert_eq!(counters.writes.get(), 400);
+        assert!(
+            counters.commits.get() < 400,
+            "400 concurrent creates took {} commits",
+            counters.commits.get()
+        );
+    }
+
+    #[tokio::test]
+    async fn second_open_of_same_dir_is_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let _first = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
+        let err = EmbeddedLedger::open(dir.path(), CommitCounters::default())
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("another ip-webhook"), "{err}");
+    }
+}

@@ -1,0 +1,19 @@
+#![forbid(unsafe_code)]
+//! ip-webhook: a Kubernetes admission webhook that gives an app's pods fixed IPs from a list
+//! or pool, and refuses IP conflicts.
+
+pub mod admission;
+pub mod allocator;
+pub mod annotations;
+pub mod app;
+pub mod cli;
+pub mod crd;
+pub mod ipset;
+pub mod ledger;
+pub mod metrics;
+pub mod mutate;
+pub mod pools;
+pub mod server;
+pub mod tls;
+pub mod validate;
+pub mod webhook;

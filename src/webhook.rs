@@ -1,0 +1,233 @@
+//! The webhook: decodes a review, routes it to `/mutate` or `/validate`, encodes the answer.
+//! Transport-free, so the HTTPS server and the `review` command share it.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use arc_swap::ArcSwap;
+
+use crate::admission::{self, Incoming, Meta, ReviewError};
+use crate::allocator::Allocator;
+use crate::annotations::{ALLOCATABLE_IPS, Cni, IP_POOL};
+use crate::ipset::{IpSet, parse_ip_spec};
+use crate::ledger::PodRef;
+use crate::metrics::{Endpoint, Metrics, Outcome, RequestLabels, WebhookLabels};
+use crate::pools::PoolCatalog;
+use crate::{mutate, validate};
+
+/// Behaviour switches from the command line.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The label naming a pod's app (with its namespace).
+    pub app_label: String,
+    pub cni: Cni,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            app_label: "app".into(),
+            cni: Cni::Calico,
+        }
+    }
+}
+
+pub struct Webhook {
+    pub settings: Settings,
+    pub allocator: Arc<Allocator>,
+    pub pools: ArcSwap<PoolCatalog>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Webhook {
+    pub fn new(
+        settings: Settings,
+        allocator: Arc<Allocator>,
+        pools: PoolCatalog,
+        metrics: Arc<Metrics>,
+    ) -> Webhook {
+        Webhook {
+            settings,
+            allocator,
+            pools: ArcSwap::from_pointee(pools),
+            metrics,
+        }
+    }
+
+    /// Answer one AdmissionReview body. `Err` means the body was not a usable review (HTTP 400).
+    pub async fn review(&self, endpoint: Endpoint, body: &[u8]) -> Result<Vec<u8>, ReviewError> {
+        let started = Instant::now();
+        let labels = WebhookLabels {
+            webhook: endpoint.clone(),
+        };
+        let in_flight = self.metrics.in_flight.get_or_create_owned(&labels);
+        in_flight.inc();
+        let result = self.decide(endpoint.clone(), body).await;
+        in_flight.dec();
+        let outcome = match &result {
+            Ok(response) if response.allowed => Outcome::allowed,
+            Ok(_) => Outcome::denied,
+            Err(_) => Outcome::bad_request,
+        };
+        self.metrics
+            .latency
+            .get_or_create(&labels)
+            .observe(started.elapsed().as_secs_f64());
+        self.metrics
+            .requests
+            .get_or_create(&RequestLabels {
+                webhook: endpoint,
+                outcome,
+            })
+            .inc();
+        result.map(|response| response.to_json())
+    }
+
+    async fn decide(
+        &self,
+        endpoint: Endpoint,
+        body: &[u8],
+    ) -> Result<admission::Response, ReviewError> {
+        let incoming = admission::decode(body)?;
+        let response = match endpoint {
+            Endpoint::mutate => mutate::mutate(self, &incoming).await?,
+            Endpoint::validate => validate::validate(self, &incoming).await?,
+        };
+        if tracing::enabled!(tracing::Level::DEBUG) || !response.allowed {
+            tracing::info!(
+                uid = incoming.uid(),
+                namespace = incoming.namespace(),
+                operation = ?incoming.request.operation,
+                kind = %incoming.request.kind.kind,
+                allowed = response.allowed,
+                message = response.message.as_deref().unwrap_or(""),
+                "admission decision"
+            );
+        }
+        Ok(response)
+    }
+
+    /// The IPs a pod may get: its `allocatable-ips` list or its pool. `Ok(None)` when it asks
+    /// for neither; `Err` is a denial message.
+    pub fn candidates(&self, pod: &PodView<'_>) -> Result<Option<Candidates>, String> {
+        let list = pod.meta.annotation(ALLOCATABLE_IPS);
+        let pool = pod.meta.annotation(IP_POOL);
+        match (list, pool) {
+            (None, None) => Ok(None),
+            (Some(_), Some(_)) => Err(format!(
+                "pod {} sets both {ALLOCATABLE_IPS} and {IP_POOL}; use one",
+                pod.display()
+            )),
+            (Some(list), None) => {
+                let set = parse_ip_spec(list).map_err(|e| {
+                    format!("pod {}: annotation {ALLOCATABLE_IPS}: {e}", pod.display())
+                })?;
+                Ok(Some(Candidates {
+                    set: Arc::new(set),
+                    pool: None,
+                }))
+            }
+            (None, Some(name)) => {
+                let pools = self.pools.load();
+                let Some(found) = pools.get(name.trim()) else {
+                    let known = pools.names();
+                    let known = if known.is_empty() {
+                        "none are defined".to_string()
+                    } else {
+                        format!("known pools: {}", known.join(", "))
+                    };
+                    return Err(format!(
+                        "pod {} asks for IPPool {name:?} ({IP_POOL}), which does not exist; {known}",
+                        pod.display()
+                    ));
+                };
+                if let Some(reason) = found.refuses(&pod.namespace, pod.meta.labels.as_ref()) {
+                    return Err(format!(
+                        "pod {} may not draw from IPPool {name}: {reason}",
+                        pod.display()
+                    ));
+                }
+                Ok(Some(Candidates {
+                    set: found.usable.clone(),
+                    pool: Some(found.name.clone()),
+                }))
+            }
+        }
+    }
+}
+
+/// Where a pod's IPs come from.
+#[derive(Debug, Clone)]
+pub struct Candidates {
+    pub set: Arc<IpSet>,
+    pub pool: Option<String>,
+}
+
+/// A pod as admission sees it: its metadata plus the names it has at this point.
+pub struct PodView<'m> {
+    pub meta: &'m Meta,
+    pub namespace: String,
+    pub app: Option<&'m str>,
+}
+
+impl<'m> PodView<'m> {
+    pub fn new(meta: &'m Meta, incoming: &Incoming<'_>, settings: &Settings) -> PodView<'m> {
+        let namespace = meta
+            .namespace
+            .clone()
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| incoming.namespace().to_string());
+        PodView {
+            meta,
+            namespace,
+            app: meta.label(&settings.app_label).filter(|a| !a.is_empty()),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        self.meta.name.as_deref().unwrap_or("")
+    }
+
+    pub fn pod_ref(&self) -> PodRef {
+        PodRef {
+            namespace: self.namespace.clone(),
+            name: self.name().to_string(),
+            generate_name: self.meta.generate_name.clone().unwrap_or_default(),
+            uid: self.meta.uid.clone().filter(|u| !u.is_empty()),
+        }
+    }
+
+    pub fn display(&self) -> String {
+        self.pod_ref().display()
+    }
+
+    /// `namespace/app` or, for a pool pod, `pool NAME (app namespace/app)`.
+    pub fn scope(&self, candidates: &Candidates) -> String {
+        let app = format!("app {}/{}", self.namespace, self.app.unwrap_or(""));
+        match &candidates.pool {
+            Some(pool) => format!("IPPool {pool} ({app})"),
+            None => app,
+        }
+    }
+
+    /// The ordinal of a StatefulSet pod (`web-3` owned by StatefulSet `web` → 3).
+    pub fn statefulset_ordinal(&self) -> Option<u64> {
+        let owner = self
+            .meta
+            .owner_references
+            .as_ref()?
+            .iter()
+            .find(|o| o.kind == "StatefulSet" && o.controller.unwrap_or(false))?;
+        let suffix = self
+            .name()
+            .strip_prefix(owner.name.as_str())?
+            .strip_prefix('-')?;
+        if suffix.is_empty()
+            || !suffix.bytes().all(|b| b.is_ascii_digit())
+            || (suffix.len() > 1 && suffix.starts_with('0'))
+        {
+            return None;
+        }
+        suffix.parse().ok()
+    }
+}
