@@ -8,7 +8,7 @@ use anyhow::Context;
 use base64::Engine;
 
 use crate::allocator::Allocator;
-use crate::cli::{ServeArgs, WebhookArgs};
+use crate::cli::{LedgerKind, ServeArgs, WebhookArgs};
 use crate::ledger::embedded::CommitCounters;
 use crate::ledger::{EmbeddedLedger, Ledger};
 use crate::metrics::Metrics;
@@ -22,8 +22,7 @@ pub async fn build_webhook(
     args: &WebhookArgs,
     metrics: Arc<Metrics>,
 ) -> anyhow::Result<(Arc<Webhook>, Arc<dyn Ledger>)> {
-    let counters: CommitCounters = metrics.ledger.clone();
-    let ledger: Arc<dyn Ledger> = Arc::new(EmbeddedLedger::open(&args.state_dir, counters)?);
+    let ledger = open_ledger(args, metrics.ledger.clone()).await?;
     let allocator = Arc::new(
         Allocator::new(ledger.clone())
             .await
@@ -41,6 +40,17 @@ pub async fn build_webhook(
         Arc::new(Webhook::new(settings, allocator, pools, metrics)),
         ledger,
     ))
+}
+
+/// The ledger the options ask for.
+pub async fn open_ledger(
+    args: &WebhookArgs,
+    counters: CommitCounters,
+) -> anyhow::Result<Arc<dyn Ledger>> {
+    match args.ledger.unwrap_or(LedgerKind::Embedded) {
+        LedgerKind::Embedded => Ok(Arc::new(EmbeddedLedger::open(&args.state_dir, counters)?)),
+        other => anyhow::bail!("--ledger {other:?} is not available in this build yet"),
+    }
 }
 
 /// A started server and what it needs to stop cleanly.

@@ -43,9 +43,23 @@ pub enum Command {
     Crds,
 }
 
+/// Where claims are recorded.
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum LedgerKind {
+    /// One crash-safe file in --state-dir (the default off-cluster).
+    Embedded,
+    /// IPClaim objects through the API server (the default in a pod or with --kubeconfig).
+    Kubernetes,
+    /// Keys in etcd under --etcd-prefix.
+    Etcd,
+}
+
 /// What decides admissions: shared by `serve` and `review`.
 #[derive(Debug, Clone, Args)]
 pub struct WebhookArgs {
+    /// Where claims are recorded; default: kubernetes in a pod or with --kubeconfig, else embedded.
+    #[arg(long, value_enum, value_name = "KIND")]
+    pub ledger: Option<LedgerKind>,
     /// Directory of the embedded ledger (and of the self-signed CA).
     #[arg(long, default_value = "./ip-webhook-state", value_name = "DIR")]
     pub state_dir: PathBuf,

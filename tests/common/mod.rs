@@ -1,0 +1,367 @@
+//! Shared helpers for integration tests: a real HTTPS client over loopback, servers started
+//! in-process or as the real binary, and AdmissionReview builders.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use clap::Parser;
+use http_body_util::{BodyExt, Full};
+use hyper::StatusCode;
+use hyper_util::rt::TokioIo;
+use ip_webhook::app::{self, Launched};
+use ip_webhook::cli::{Cli, Command as CliCommand, ServeArgs};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use serde_json::{Value, json};
+
+pub fn client_config(ca_pem: &[u8]) -> Arc<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca_pem) {
+        roots
+            .add(cert.expect("CA PEM parses"))
+            .expect("CA is usable");
+    }
+    let config = rustls::ClientConfig::builder_with_provider(ip_webhook::tls::provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Arc::new(config)
+}
+
+/// An HTTPS client that trusts one CA and opens a fresh connection per request.
+#[derive(Clone)]
+pub struct HttpsClient {
+    pub addr: SocketAddr,
+    pub config: Arc<rustls::ClientConfig>,
+}
+
+pub struct Reply {
+    pub status: StatusCode,
+    pub body: Bytes,
+}
+
+impl Reply {
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "reply is not JSON ({e}): {}",
+                String::from_utf8_lossy(&self.body)
+            )
+        })
+    }
+
+    /// The `response` of an AdmissionReview reply, after checking it is a 200.
+    pub fn response(&self) -> Value {
+        assert_eq!(
+            self.status,
+            StatusCode::OK,
+            "{}",
+            String::from_utf8_lossy(&self.body)
+        );
+        self.json()["response"].clone()
+    }
+}
+
+impl HttpsClient {
+    pub fn new(addr: SocketAddr, ca_pem: &[u8]) -> HttpsClient {
+        HttpsClient {
+            addr,
+            config: client_config(ca_pem),
+        }
+    }
+
+    pub async fn post(&self, path: &str, body: impl Into<Bytes>) -> Result<Reply, String> {
+        self.request("POST", path, Some("application/json"), body.into())
+            .await
+    }
+
+    pub async fn request(
+        &self,
+        method: &str,
+        path: &str,
+        content_type: Option<&str>,
+        body: Bytes,
+    ) -> Result<Reply, String> {
+        let tcp = tokio::net::TcpStream::connect(self.addr)
+            .await
+            .map_err(|e| e.to_string())?;
+        let connector = tokio_rustls::TlsConnector::from(self.config.clone());
+        let name = ServerName::try_from("localhost").unwrap();
+        let tls = connector
+            .connect(name, tcp)
+            .await
+            .map_err(|e| format!("TLS: {e}"))?;
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+            .await
+            .map_err(|e| e.to_string())?;
+        tokio::spawn(connection);
+        let mut builder = hyper::Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", "localhost");
+        if let Some(content_type) = content_type {
+            builder = builder.header("content-type", content_type);
+        }
+        let response = sender
+            .send_request(builder.body(Full::new(body)).unwrap())
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = response.status();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        Ok(Reply { status, body })
+    }
+}
+
+pub fn serve_args(state_dir: &Path, extra: &[&str]) -> ServeArgs {
+    let mut argv = vec![
+        "ip-webhook".to_string(),
+        "serve".into(),
+        "--listen".into(),
+        "127.0.0.1:0".into(),
+        "--admin-listen".into(),
+        "127.0.0.1:0".into(),
+        "--state-dir".into(),
+        state_dir.display().to_string(),
+    ];
+    argv.extend(extra.iter().map(|s| s.to_string()));
+    match Cli::try_parse_from(argv)
+        .expect("test arguments parse")
+        .command
+    {
+        CliCommand::Serve(args) => args,
+        _ => unreachable!(),
+    }
+}
+
+/// A server running in this process with a self-signed certificate.
+pub struct TestServer {
+    pub launched: Launched,
+    pub client: HttpsClient,
+    pub state_dir: tempfile::TempDir,
+}
+
+impl TestServer {
+    pub async fn start(extra: &[&str]) -> TestServer {
+        let state_dir = tempfile::tempdir().unwrap();
+        let launched = app::launch(&serve_args(state_dir.path(), extra))
+            .await
+            .expect("server starts");
+        let ca = std::fs::read(state_dir.path().join("ca.crt")).unwrap();
+        let client = HttpsClient::new(launched.running.https_addr, &ca);
+        TestServer {
+            launched,
+            client,
+            state_dir,
+        }
+    }
+
+    pub async fn mutate(&self, review: &Value) -> Value {
+        self.client
+            .post("/mutate", review.to_string())
+            .await
+            .unwrap()
+            .response()
+    }
+
+    pub async fn validate(&self, review: &Value) -> Value {
+        self.client
+            .post("/validate", review.to_string())
+            .await
+            .unwrap()
+            .response()
+    }
+
+    pub async fn admin_get(&self, path: &str) -> (u16, String) {
+        http_get(self.launched.running.admin_addr, path).await
+    }
+}
+
+/// A plain-HTTP GET (the admin port).
+pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let response = sender
+        .send_request(
+            hyper::Request::get(path)
+                .header("host", "localhost")
+                .body(Full::new(Bytes::new()))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// The real binary, started with `args` after `serve`; waits for its "serving" line.
+pub struct BinaryServer {
+    pub child: Child,
+    pub https_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+}
+
+impl BinaryServer {
+    pub fn start(args: &[&str]) -> BinaryServer {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ip-webhook"))
+            .arg("serve")
+            .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("binary starts");
+        let stdout = child.stdout.take().unwrap();
+        let mut lines = BufReader::new(stdout).lines();
+        let line = lines
+            .next()
+            .expect("the server prints a serving line")
+            .expect("stdout is readable");
+        std::thread::spawn(move || for _ in lines {});
+        let https = between(&line, "https://", " ");
+        let admin = between(&line, "admin http://", ")");
+        BinaryServer {
+            child,
+            https_addr: https
+                .parse()
+                .unwrap_or_else(|_| panic!("address in {line:?}")),
+            admin_addr: admin
+                .parse()
+                .unwrap_or_else(|_| panic!("address in {line:?}")),
+        }
+    }
+
+    pub fn kill9(&mut self) {
+        self.child.kill().expect("SIGKILL");
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for BinaryServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn between<'a>(text: &'a str, start: &str, end: &str) -> &'a str {
+    let from = text
+        .find(start)
+        .map(|i| i + start.len())
+        .unwrap_or_else(|| panic!("{start:?} in {text:?}"));
+    let rest = &text[from..];
+    &rest[..rest.find(end).unwrap_or(rest.len())]
+}
+
+/// A Pod as a ReplicaSet would create it: `generateName`, app label, allocatable IPs.
+pub fn pod(namespace: &str, app: &str, generate_name: &str, allocatable: Option<&str>) -> Value {
+    let mut annotations = serde_json::Map::new();
+    if let Some(list) = allocatable {
+        annotations.insert("ip-webhook.io/allocatable-ips".into(), json!(list));
+    }
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "generateName": generate_name,
+            "namespace": namespace,
+            "labels": {"app": app},
+            "annotations": annotations,
+        },
+        "spec": {"containers": [{"name": "c", "image": "registry.example/app:1"}]},
+    })
+}
+
+/// An AdmissionReview for a Pod.
+pub fn review(
+    version: &str,
+    uid: &str,
+    operation: &str,
+    object: Option<Value>,
+    old: Option<Value>,
+    dry_run: bool,
+) -> Value {
+    let namespace = object
+        .as_ref()
+        .or(old.as_ref())
+        .and_then(|o| o["metadata"]["namespace"].as_str())
+        .unwrap_or("default")
+        .to_string();
+    json!({
+        "apiVersion": format!("admission.k8s.io/{version}"),
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": namespace,
+            "operation": operation,
+            "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller"},
+            "object": object,
+            "oldObject": old,
+            "dryRun": dry_run,
+        }
+    })
+}
+
+pub fn create(uid: &str, pod: Value) -> Value {
+    review("v1", uid, "CREATE", Some(pod), None, false)
+}
+
+/// Decode the base64 JSON Patch of a response.
+pub fn patch_of(response: &Value) -> Value {
+    use base64::Engine;
+    let encoded = response["patch"]
+        .as_str()
+        .expect("response has a base64 patch string");
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(encoded)
+        .expect("base64");
+    serde_json::from_slice(&bytes).expect("patch is JSON")
+}
+
+/// Apply a response's patch with an independent RFC 6902 implementation.
+pub fn apply(pod: &Value, response: &Value) -> Value {
+    let patch: json_patch::Patch =
+        serde_json::from_value(patch_of(response)).expect("RFC 6902 patch");
+    let mut patched = pod.clone();
+    json_patch::patch(&mut patched, &patch).expect("patch applies");
+    patched
+}
+
+pub fn allocated_ip(response: &Value) -> String {
+    patch_of(response)
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|op| op["path"] == "/metadata/labels/ip-webhook.io~1allocated-ip")
+        .and_then(|op| op["value"].as_str())
+        .expect("patch sets the allocated-ip label")
+        .to_string()
+}
+
+pub async fn wait_for<F: Fn() -> bool>(what: &str, timeout: Duration, check: F) {
+    let deadline = tokio::time::Instant::now() + timeout;
+    while !check() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
