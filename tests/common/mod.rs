@@ -27,11 +27,13 @@ pub fn client_config(ca_pem: &[u8]) -> Arc<rustls::ClientConfig> {
             .add(cert.expect("CA PEM parses"))
             .expect("CA is usable");
     }
-    let config = rustls::ClientConfig::builder_with_provider(ip_webhook::tls::provider())
+    let mut config = rustls::ClientConfig::builder_with_provider(ip_webhook::tls::provider())
         .with_safe_default_protocol_versions()
         .unwrap()
         .with_root_certificates(roots)
         .with_no_client_auth();
+    // every connection verifies the served certificate afresh (no session resumption)
+    config.resumption = rustls::client::Resumption::disabled();
     Arc::new(config)
 }
 

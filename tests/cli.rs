@@ -1,0 +1,89 @@
+//! The `review` and `crds` commands run the same code as the server, offline.
+
+use std::process::Command;
+
+fn ip_webhook(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_ip-webhook"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+const FIXTURE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/fixtures/pod-create-v1.json"
+);
+
+#[test]
+fn review_dry_run_answers_without_recording() {
+    let state = tempfile::tempdir().unwrap();
+    let dir = state.path().to_str().unwrap();
+    for _ in 0..2 {
+        let (ok, stdout, stderr) =
+            ip_webhook(&["review", "--dry-run", "--state-dir", dir, FIXTURE]);
+        assert!(ok, "{stderr}");
+        let review: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        assert_eq!(review["response"]["allowed"], true);
+        assert_eq!(review["response"]["patchType"], "JSONPatch");
+    }
+    // a real review records the claim, so the same review (same uid) gets the same answer and
+    // a validate of a pod that writes that IP by hand is refused
+    let (ok, first, _) = ip_webhook(&["review", "--state-dir", dir, FIXTURE]);
+    assert!(ok);
+    let (ok, again, _) = ip_webhook(&["review", "--state-dir", dir, FIXTURE]);
+    assert!(ok);
+    assert_eq!(first, again);
+    let conflicting = std::fs::read_to_string(FIXTURE).unwrap().replace(
+        "\"ip-webhook.io/allocatable-ips\"",
+        "\"cni.projectcalico.org/ipAddrs\": \"[\\\"10.0.0.10\\\"]\", \"ip-webhook.io/allocatable-ips\"",
+    );
+    let file = state.path().join("conflict.json");
+    std::fs::write(&file, conflicting).unwrap();
+    let (ok, stdout, stderr) = ip_webhook(&[
+        "review",
+        "--validate",
+        "--state-dir",
+        dir,
+        file.to_str().unwrap(),
+    ]);
+    assert!(ok, "{stderr}");
+    let review: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(review["response"]["allowed"], false);
+    assert!(
+        review["response"]["status"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("static IP 10.0.0.10 requested by default/web-7d4b9c8f6d-* is already held by default/web-7d4b9c8f6d-*"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn review_of_garbage_fails_with_the_reason() {
+    let state = tempfile::tempdir().unwrap();
+    let file = state.path().join("bad.json");
+    std::fs::write(&file, "{\"kind\":\"Pod\"}").unwrap();
+    let (ok, _, stderr) = ip_webhook(&[
+        "review",
+        "--state-dir",
+        state.path().to_str().unwrap(),
+        file.to_str().unwrap(),
+    ]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("HTTP 400: apiVersion \"\" is not supported"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn crds_command_prints_both_crds() {
+    let (ok, stdout, _) = ip_webhook(&["crds"]);
+    assert!(ok);
+    assert_eq!(stdout, ip_webhook::crd::crds_yaml());
+}
