@@ -35,6 +35,8 @@ pub async fn build_webhook(
     let settings = Settings {
         app_label: args.app_label.clone(),
         cni: args.cni,
+        check_kube_ovn_subnets: args.check_kube_ovn_subnets,
+        check_calico_pools: args.check_calico_ippools,
     };
     Ok((
         Arc::new(Webhook::new(settings, allocator, pools, metrics)),

@@ -72,6 +72,12 @@ pub struct WebhookArgs {
     /// YAML list of IPPool objects that pods can name in ip-webhook.io/ip-pool.
     #[arg(long, value_name = "FILE")]
     pub pools_file: Option<PathBuf>,
+    /// Refuse Kube-OVN Subnets (kubeovn.io) that overlap another Subnet of the same VPC.
+    #[arg(long)]
+    pub check_kube_ovn_subnets: bool,
+    /// Refuse Calico IPPools (crd.projectcalico.org) that overlap another Calico IPPool.
+    #[arg(long)]
+    pub check_calico_ippools: bool,
 }
 
 #[derive(Debug, Clone, Args)]

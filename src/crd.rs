@@ -32,7 +32,11 @@ pub struct IPPoolSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ips: Option<Vec<String>>,
     /// IPs never to hand out.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "excludeIPs",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub exclude_ips: Option<Vec<String>>,
     /// Namespaces whose pods may draw from this pool; empty means all.
     #[serde(default, skip_serializing_if = "Option::is_none")]

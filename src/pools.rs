@@ -11,6 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use crate::crd::IPPool;
 use crate::ipset::{IpRange, IpSet, IpSpecError, parse_ip_spec};
+use crate::overlap::RangeIndex;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PoolError {
@@ -172,40 +173,71 @@ pub fn selector_matches(
     labels_ok && expressions_ok
 }
 
-/// All pools by name.
+/// All pools by name, with an interval index of their CIDRs.
 #[derive(Debug, Clone, Default)]
 pub struct PoolCatalog {
     pools: HashMap<String, Arc<Pool>>,
+    cidrs: RangeIndex<String>,
 }
 
 impl PoolCatalog {
     /// Build a catalog, refusing invalid pools and overlapping CIDRs.
     pub fn new(resources: &[IPPool]) -> Result<PoolCatalog, PoolError> {
-        let mut pools: Vec<Pool> = resources
-            .iter()
-            .map(Pool::from_resource)
-            .collect::<Result<_, _>>()?;
-        pools.sort_by(|a, b| {
-            (a.cidr.network(), a.cidr.prefix_len()).cmp(&(b.cidr.network(), b.cidr.prefix_len()))
-        });
-        // Sorted by start, intervals are pairwise disjoint iff each ends before the next begins.
-        for pair in pools.windows(2) {
-            let (a, b) = (&pair[0], &pair[1]);
-            if IpRange::from_net_all(&a.cidr).overlaps(&IpRange::from_net_all(&b.cidr)) {
+        let mut catalog = PoolCatalog::default();
+        for resource in resources {
+            let pool = Pool::from_resource(resource)?;
+            if let Some(other) = catalog.overlapping(&pool) {
                 return Err(PoolError::Overlap {
-                    pool: b.name.clone(),
-                    cidr: b.cidr.to_string(),
-                    other: a.name.clone(),
-                    other_cidr: a.cidr.to_string(),
+                    pool: pool.name.clone(),
+                    cidr: pool.cidr.to_string(),
+                    other: other.name.clone(),
+                    other_cidr: other.cidr.to_string(),
                 });
             }
+            catalog.insert(pool);
         }
-        Ok(PoolCatalog {
-            pools: pools
-                .into_iter()
-                .map(|p| (p.name.clone(), Arc::new(p)))
-                .collect(),
-        })
+        Ok(catalog)
+    }
+
+    /// Add or replace a pool (no overlap check: see [`PoolCatalog::overlapping`]).
+    pub fn insert(&mut self, pool: Pool) {
+        self.cidrs.remove(&pool.name);
+        self.cidrs
+            .insert(IpRange::from_net_all(&pool.cidr), pool.name.clone());
+        self.pools.insert(pool.name.clone(), Arc::new(pool));
+    }
+
+    pub fn remove(&mut self, name: &str) {
+        self.cidrs.remove(&name.to_string());
+        self.pools.remove(name);
+    }
+
+    /// Another pool whose CIDR overlaps `pool`'s (a pool of the same name is not "another").
+    pub fn overlapping(&self, pool: &Pool) -> Option<&Arc<Pool>> {
+        let (_, name) = self
+            .cidrs
+            .first_overlap(&IpRange::from_net_all(&pool.cidr), Some(&pool.name))?;
+        self.pools.get(name)
+    }
+
+    /// Pools whose usable IPs intersect `set`.
+    pub fn intersecting<'a>(&'a self, set: &'a IpSet) -> impl Iterator<Item = &'a Arc<Pool>> + 'a {
+        let mut seen: Vec<&String> = Vec::new();
+        for range in set.ranges() {
+            let mut probe = *range;
+            while let Some((found, name)) = self.cidrs.first_overlap(&probe, None) {
+                if !seen.contains(&name) {
+                    seen.push(name);
+                }
+                if found.end >= probe.end {
+                    break;
+                }
+                probe.start = found.end + 1;
+            }
+        }
+        seen.into_iter()
+            .filter_map(|name| self.pools.get(name))
+            .filter(move |pool| pool.usable.intersects(set))
     }
 
     /// Load `--pools-file`: a YAML list of IPPool objects (or a multi-document stream).

@@ -9,10 +9,12 @@ use arc_swap::ArcSwap;
 use crate::admission::{self, Incoming, Meta, ReviewError};
 use crate::allocator::Allocator;
 use crate::annotations::{ALLOCATABLE_IPS, Cni, IP_POOL};
+use crate::cni_pools::NetworkRegistry;
 use crate::ipset::{IpSet, parse_ip_spec};
 use crate::ledger::PodRef;
 use crate::metrics::{Endpoint, Metrics, Outcome, RequestLabels, WebhookLabels};
 use crate::pools::PoolCatalog;
+use crate::workloads::WorkloadRegistry;
 use crate::{mutate, validate};
 
 /// Behaviour switches from the command line.
@@ -21,6 +23,10 @@ pub struct Settings {
     /// The label naming a pod's app (with its namespace).
     pub app_label: String,
     pub cni: Cni,
+    /// Refuse Kube-OVN Subnets that overlap another Subnet of the same VPC.
+    pub check_kube_ovn_subnets: bool,
+    /// Refuse Calico IPPools that overlap another Calico IPPool.
+    pub check_calico_pools: bool,
 }
 
 impl Default for Settings {
@@ -28,6 +34,8 @@ impl Default for Settings {
         Settings {
             app_label: "app".into(),
             cni: Cni::Calico,
+            check_kube_ovn_subnets: false,
+            check_calico_pools: false,
         }
     }
 }
@@ -37,6 +45,8 @@ pub struct Webhook {
     pub allocator: Arc<Allocator>,
     pub pools: ArcSwap<PoolCatalog>,
     pub metrics: Arc<Metrics>,
+    pub workloads: WorkloadRegistry,
+    pub networks: NetworkRegistry,
 }
 
 impl Webhook {
@@ -51,6 +61,8 @@ impl Webhook {
             allocator,
             pools: ArcSwap::from_pointee(pools),
             metrics,
+            workloads: WorkloadRegistry::default(),
+            networks: NetworkRegistry::default(),
         }
     }
 
@@ -122,6 +134,17 @@ impl Webhook {
                 let set = parse_ip_spec(list).map_err(|e| {
                     format!("pod {}: annotation {ALLOCATABLE_IPS}: {e}", pod.display())
                 })?;
+                let pools = self.pools.load();
+                for pool in pools.intersecting(&set) {
+                    if let Some(reason) = pool.refuses(&pod.namespace, pod.meta.labels.as_ref()) {
+                        let shared = set.subtract(&set.subtract(&pool.usable));
+                        return Err(format!(
+                            "pod {}: annotation {ALLOCATABLE_IPS} lists {shared} of IPPool {}, which this pod may not use: {reason}",
+                            pod.display(),
+                            pool.name
+                        ));
+                    }
+                }
                 Ok(Some(Candidates {
                     set: Arc::new(set),
                     pool: None,

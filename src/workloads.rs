@@ -1,0 +1,371 @@
+//! Workload checks: a Deployment, StatefulSet, ReplicaSet, DaemonSet, Job or CronJob whose pod
+//! template asks for fixed IPs is checked when it is written, before any pod exists.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+
+use serde::Deserialize;
+
+use crate::admission::{Incoming, Meta, Operation, Response, ReviewError};
+use crate::annotations::{ALLOCATABLE_IPS, IP_POOL};
+use crate::ipset::{Family, IpSet, parse_ip_spec};
+use crate::ledger::Claim;
+use crate::overlap::RangeIndex;
+use crate::webhook::Webhook;
+
+/// The workload kinds checked, as `(group, kind)`.
+pub const KINDS: [(&str, &str); 6] = [
+    ("apps", "Deployment"),
+    ("apps", "StatefulSet"),
+    ("apps", "ReplicaSet"),
+    ("apps", "DaemonSet"),
+    ("batch", "Job"),
+    ("batch", "CronJob"),
+];
+
+pub fn is_workload(group: &str, kind: &str) -> bool {
+    KINDS.iter().any(|(g, k)| *g == group && *k == kind)
+}
+
+#[derive(Debug, Deserialize, Default)]
+struct Workload {
+    #[serde(default)]
+    metadata: Meta,
+    #[serde(default)]
+    spec: WorkloadSpec,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct WorkloadSpec {
+    #[serde(default)]
+    replicas: Option<i64>,
+    #[serde(default)]
+    parallelism: Option<i64>,
+    #[serde(default)]
+    strategy: Option<Strategy>,
+    #[serde(default)]
+    template: Option<Template>,
+    #[serde(default)]
+    job_template: Option<Box<JobTemplate>>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct Strategy {
+    #[serde(default, rename = "type")]
+    kind: Option<String>,
+    #[serde(default)]
+    rolling_update: Option<RollingUpdate>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct RollingUpdate {
+    #[serde(default)]
+    max_surge: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+struct Template {
+    #[serde(default)]
+    metadata: Meta,
+}
+
+#[derive(Debug, Deserialize, Default)]
+struct JobTemplate {
+    #[serde(default)]
+    spec: WorkloadSpec,
+}
+
+/// Who a workload is, for messages and the registry.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct WorkloadId {
+    pub kind: String,
+    pub namespace: String,
+    pub name: String,
+}
+
+impl std::fmt::Display for WorkloadId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}/{}", self.kind, self.namespace, self.name)
+    }
+}
+
+/// The IP lists of the workloads this process has admitted, by app: so a second app cannot
+/// list IPs the first one lists. It learns from admissions (and forgets on DELETE reviews).
+#[derive(Default)]
+pub struct WorkloadRegistry {
+    inner: Mutex<RegistryState>,
+}
+
+#[derive(Default)]
+struct RegistryState {
+    index: RangeIndex<WorkloadId>,
+    apps: HashMap<WorkloadId, String>,
+}
+
+impl WorkloadRegistry {
+    fn lock(&self) -> std::sync::MutexGuard<'_, RegistryState> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn record(&self, id: WorkloadId, app_key: String, set: &IpSet) {
+        let mut state = self.lock();
+        state.index.remove(&id);
+        state.index.insert_set(set, id.clone());
+        state.apps.insert(id, app_key);
+    }
+
+    pub fn forget(&self, id: &WorkloadId) {
+        let mut state = self.lock();
+        state.index.remove(id);
+        state.apps.remove(id);
+    }
+
+    /// A workload of another app whose list overlaps `set`: (overlap, workload, its app).
+    pub fn other_app_listing(
+        &self,
+        set: &IpSet,
+        app_key: &str,
+    ) -> Option<(String, WorkloadId, String)> {
+        let state = self.lock();
+        for range in set.ranges() {
+            let mut probe = *range;
+            while let Some((found, id)) = state.index.first_overlap(&probe, None) {
+                let other_app = state.apps.get(id).cloned().unwrap_or_default();
+                if other_app != app_key {
+                    let shared = overlap_text(&IpSet::from_ranges([found]), set);
+                    return Some((shared, id.clone(), other_app));
+                }
+                if found.end >= probe.end {
+                    break;
+                }
+                probe.start = found.end + 1;
+            }
+        }
+        None
+    }
+}
+
+/// The IPs `a` and `b` share, as canonical text (shortened when long).
+fn overlap_text(a: &IpSet, b: &IpSet) -> String {
+    let text = a.subtract(&a.subtract(b)).to_string();
+    if text.len() > 120 {
+        format!("{}…", text.chars().take(120).collect::<String>())
+    } else {
+        text
+    }
+}
+
+/// `/validate` for a workload CREATE, UPDATE or DELETE.
+pub fn review(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Response, ReviewError> {
+    let response = incoming.respond();
+    let kind = incoming.request.kind.kind.clone();
+    if incoming.request.operation == Operation::Delete {
+        if !incoming.dry_run() {
+            let name = incoming.request.name.as_deref().unwrap_or("").to_string();
+            webhook.workloads.forget(&WorkloadId {
+                kind,
+                namespace: incoming.namespace().to_string(),
+                name,
+            });
+        }
+        return Ok(response);
+    }
+    if !matches!(
+        incoming.request.operation,
+        Operation::Create | Operation::Update
+    ) {
+        return Ok(response);
+    }
+    let Some(workload) = incoming.object::<Workload>(false)? else {
+        return Ok(response.deny(format!("a {kind} review must carry request.object")));
+    };
+    let id = WorkloadId {
+        kind: kind.clone(),
+        namespace: workload
+            .metadata
+            .namespace
+            .clone()
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| incoming.namespace().to_string()),
+        name: workload
+            .metadata
+            .name
+            .clone()
+            .or_else(|| incoming.request.name.as_deref().map(str::to_string))
+            .unwrap_or_default(),
+    };
+    let (template, path, replicas) = match (&workload.spec.template, &workload.spec.job_template) {
+        (Some(template), _) => (
+            &template.metadata,
+            "spec.template.metadata",
+            workload.spec.replicas.or(workload.spec.parallelism),
+        ),
+        (None, Some(job)) => match &job.spec.template {
+            Some(template) => (
+                &template.metadata,
+                "spec.jobTemplate.spec.template.metadata",
+                job.spec.parallelism,
+            ),
+            None => return Ok(response),
+        },
+        (None, None) => return Ok(response),
+    };
+    let list = template.annotation(ALLOCATABLE_IPS);
+    let pool_name = template.annotation(IP_POOL);
+    if list.is_none() && pool_name.is_none() {
+        return Ok(response);
+    }
+    let app_label = &webhook.settings.app_label;
+    let Some(app) = template.label(app_label).filter(|a| !a.is_empty()) else {
+        return Ok(response.deny(format!(
+            "{id}: the pod template asks for fixed IPs but {path}.labels has no {app_label:?} label; ip-webhook needs it (with the namespace) to know which app the IPs belong to"
+        )));
+    };
+    let app_key = format!("{}/{app}", id.namespace);
+    let (set, from_pool) = match (list, pool_name) {
+        (None, None) => return Ok(response),
+        (Some(_), Some(_)) => {
+            return Ok(response.deny(format!(
+                "{id}: {path}.annotations sets both {ALLOCATABLE_IPS} and {IP_POOL}; use one"
+            )));
+        }
+        (Some(list), None) => match parse_ip_spec(list) {
+            Ok(set) => (set, None),
+            Err(e) => {
+                return Ok(
+                    response.deny(format!("{id}: {path}.annotations[{ALLOCATABLE_IPS}]: {e}"))
+                );
+            }
+        },
+        (None, Some(name)) => {
+            let pools = webhook.pools.load();
+            let Some(pool) = pools.get(name.trim()) else {
+                return Ok(response.deny(format!(
+                    "{id}: {path}.annotations[{IP_POOL}] names IPPool {name:?}, which does not exist"
+                )));
+            };
+            if let Some(reason) = pool.refuses(&id.namespace, template.labels.as_ref()) {
+                return Ok(response.deny(format!("{id} may not draw from IPPool {name}: {reason}")));
+            }
+            ((*pool.usable).clone(), Some(pool.name.clone()))
+        }
+    };
+
+    if from_pool.is_none() {
+        let pools = webhook.pools.load();
+        if let Some(pool) = pools
+            .intersecting(&set)
+            .find(|p| p.refuses(&id.namespace, template.labels.as_ref()).is_some())
+        {
+            return Ok(response.deny(format!(
+                "{id}: {path}.annotations[{ALLOCATABLE_IPS}] lists {} of IPPool {}, which this workload may not use: {}",
+                overlap_text(&pool.usable, &set),
+                pool.name,
+                pool.refuses(&id.namespace, template.labels.as_ref()).unwrap_or_default()
+            )));
+        }
+        if let Some(claim) = held_by_other_app(webhook, &set, &app_key) {
+            return Ok(response.deny(format!(
+                "{id}: {path}.annotations[{ALLOCATABLE_IPS}] lists {}, which pod {} of app {} holds",
+                claim.ip,
+                claim.pod.display(),
+                claim.app_key()
+            )));
+        }
+        if let Some((shared, other, other_app)) =
+            webhook.workloads.other_app_listing(&set, &app_key)
+        {
+            return Ok(response.deny(format!(
+                "{id}: {path}.annotations[{ALLOCATABLE_IPS}] lists {shared}, which {other} (app {other_app}) already lists"
+            )));
+        }
+    }
+
+    let mut response = response;
+    for warning in capacity_warnings(&id, &workload.spec, replicas, &set, from_pool.as_deref()) {
+        response = response.warn(warning);
+    }
+    let owned_by_controller = workload
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.controller.unwrap_or(false));
+    if from_pool.is_none() && !incoming.dry_run() && !owned_by_controller && !id.name.is_empty() {
+        webhook.workloads.record(id, app_key, &set);
+    }
+    Ok(response)
+}
+
+fn held_by_other_app(webhook: &Webhook, set: &IpSet, app_key: &str) -> Option<Claim> {
+    webhook
+        .allocator
+        .claims()
+        .into_iter()
+        .find(|claim| set.contains(&claim.ip) && claim.app_key() != app_key)
+}
+
+fn capacity_warnings(
+    id: &WorkloadId,
+    spec: &WorkloadSpec,
+    replicas: Option<i64>,
+    set: &IpSet,
+    pool: Option<&str>,
+) -> Vec<String> {
+    let per_family: BTreeMap<Family, u128> = set
+        .families()
+        .into_iter()
+        .map(|f| (f, set.family_ranges(f).map(|r| r.len()).sum()))
+        .collect();
+    let available = per_family.values().copied().min().unwrap_or(0);
+    let source = match pool {
+        Some(pool) => format!("IPPool {pool} has {available} IPs"),
+        None => format!("its list has {available} IPs"),
+    };
+    let mut warnings = Vec::new();
+    if id.kind == "DaemonSet" {
+        warnings.push(format!(
+            "{id} runs one pod per node and {source}: pods on nodes beyond the first {available} will be refused"
+        ));
+        return warnings;
+    }
+    let wanted = replicas.unwrap_or(1).max(0) as u128;
+    if wanted > available {
+        warnings.push(format!(
+            "{id} asks for {wanted} replicas but {source}: pods beyond {available} will be refused"
+        ));
+    } else if id.kind == "Deployment" {
+        let surge = surge(spec, wanted);
+        if wanted + surge > available && surge > 0 {
+            warnings.push(format!(
+                "{id} asks for {wanted} replicas and a rolling update adds up to {surge} more, but {source}: surge pods will be refused until old pods release their IPs (consider maxSurge: 0)"
+            ));
+        }
+    }
+    warnings
+}
+
+/// A Deployment's maxSurge in pods (default 25%, rounded up), or 0 for Recreate.
+fn surge(spec: &WorkloadSpec, replicas: u128) -> u128 {
+    let strategy = spec.strategy.as_ref();
+    if strategy.and_then(|s| s.kind.as_deref()) == Some("Recreate") {
+        return 0;
+    }
+    let value = strategy
+        .and_then(|s| s.rolling_update.as_ref())
+        .and_then(|r| r.max_surge.clone())
+        .unwrap_or(serde_json::Value::String("25%".into()));
+    match value {
+        serde_json::Value::Number(n) => n.as_u64().unwrap_or(0) as u128,
+        serde_json::Value::String(s) => {
+            match s.strip_suffix('%').and_then(|p| p.parse::<u128>().ok()) {
+                Some(percent) => (replicas * percent).div_ceil(100),
+                None => s.parse().unwrap_or(0),
+            }
+        }
+        _ => 0,
+    }
+}
