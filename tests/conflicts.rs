@@ -6,6 +6,11 @@ mod common;
 use common::*;
 use serde_json::{Value, json};
 
+/// (group, version, kind)
+type Gvk = (&'static str, &'static str, &'static str);
+/// An object and its kind.
+type Manifest = (Value, Gvk);
+
 const POOLS: &str = r#"
 - apiVersion: ip-webhook.io/v1alpha1
   kind: IPPool
@@ -29,7 +34,7 @@ async fn server(extra: &[&str]) -> (TestServer, tempfile::TempDir) {
 }
 
 fn object_review(
-    gvk: (&str, &str, &str),
+    gvk: Gvk,
     operation: &str,
     object: Option<Value>,
     old: Option<Value>,
@@ -62,7 +67,7 @@ fn rand_suffix() -> u64 {
     NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
-const IPPOOL: (&str, &str, &str) = ("ip-webhook.io", "v1alpha1", "IPPool");
+const IPPOOL: Gvk = ("ip-webhook.io", "v1alpha1", "IPPool");
 
 fn ippool(name: &str, spec: Value) -> Value {
     json!({"apiVersion": "ip-webhook.io/v1alpha1", "kind": "IPPool", "metadata": {"name": name}, "spec": spec})
@@ -222,7 +227,7 @@ fn workload(
     app: &str,
     annotations: Value,
     spec_extra: Value,
-) -> (Value, (&'static str, &'static str, &'static str)) {
+) -> Manifest {
     let template = json!({"metadata": {"labels": {"app": app}, "annotations": annotations}, "spec": {"containers": [{"name": "c", "image": "i"}]}});
     let mut spec = match kind {
         "CronJob" => {
@@ -250,7 +255,7 @@ fn workload(
 
 async fn check_workload(
     server: &TestServer,
-    w: (Value, (&'static str, &'static str, &'static str)),
+    w: Manifest,
 ) -> Value {
     server
         .validate(&object_review(w.1, "CREATE", Some(w.0), None))
@@ -276,7 +281,7 @@ async fn workload_checks() {
     expect(&ok, None, "valid deployment");
     assert!(ok.get("warnings").is_none(), "{ok}");
 
-    let denied: Vec<(&str, (Value, (&str, &str, &str)), &str)> = vec![
+    let denied: Vec<(&str, Manifest, &str)> = vec![
         (
             "malformed",
             workload("Deployment", "bad", "bad", list("10.51.0.1,x"), json!({})),
@@ -441,7 +446,7 @@ async fn workload_lists_reserved_pools_and_held_ips() {
 async fn capacity_warnings() {
     let (server, _dir) = server(&[]).await;
     let list = |l: &str| json!({"ip-webhook.io/allocatable-ips": l});
-    let cases: Vec<(&str, (Value, (&str, &str, &str)), Option<&str>)> = vec![
+    let cases: Vec<(&str, Manifest, Option<&str>)> = vec![
         (
             "replicas beyond the list",
             workload(
@@ -532,8 +537,8 @@ async fn capacity_warnings() {
     }
 }
 
-const SUBNET: (&str, &str, &str) = ("kubeovn.io", "v1", "Subnet");
-const CALICO: (&str, &str, &str) = ("crd.projectcalico.org", "v1", "IPPool");
+const SUBNET: Gvk = ("kubeovn.io", "v1", "Subnet");
+const CALICO: Gvk = ("crd.projectcalico.org", "v1", "IPPool");
 
 fn subnet(name: &str, spec: Value) -> Value {
     json!({"apiVersion": "kubeovn.io/v1", "kind": "Subnet", "metadata": {"name": name}, "spec": spec})
@@ -543,7 +548,7 @@ fn subnet(name: &str, spec: Value) -> Value {
 async fn kube_ovn_subnets_and_calico_pools_when_switched_on() {
     let (off, _d1) = server(&[]).await;
     let (on, _d2) = server(&["--check-kube-ovn-subnets", "--check-calico-ippools"]).await;
-    let ordered: Vec<(&str, (&str, &str, &str), &str, Value, Option<&str>)> = vec![
+    let ordered: Vec<(&str, Gvk, &str, Value, Option<&str>)> = vec![
         (
             "subnet a",
             SUBNET,
