@@ -37,8 +37,15 @@ fn overlap(c: &mut Criterion) {
     for count in [100u32, 10_000] {
         let resources = pools(count);
         let catalog = PoolCatalog::new(&resources).unwrap();
-        let all: Vec<Pool> = resources.iter().map(|r| Pool::from_resource(r).unwrap()).collect();
-        let hit = probe(&format!("10.{}.{}.128/25", (count / 2) / 256, (count / 2) % 256));
+        let all: Vec<Pool> = resources
+            .iter()
+            .map(|r| Pool::from_resource(r).unwrap())
+            .collect();
+        let hit = probe(&format!(
+            "10.{}.{}.128/25",
+            (count / 2) / 256,
+            (count / 2) % 256
+        ));
         let miss = probe("172.16.0.0/24");
         group.bench_with_input(BenchmarkId::new("index_hit", count), &hit, |b, p| {
             b.iter(|| black_box(catalog.overlapping(black_box(p)).is_some()))
@@ -46,12 +53,19 @@ fn overlap(c: &mut Criterion) {
         group.bench_with_input(BenchmarkId::new("index_miss", count), &miss, |b, p| {
             b.iter(|| black_box(catalog.overlapping(black_box(p)).is_some()))
         });
-        group.bench_with_input(BenchmarkId::new("linear_scan_miss", count), &miss, |b, p| {
-            b.iter(|| {
-                let probe = IpRange::from_net_all(&p.cidr);
-                black_box(all.iter().any(|o| IpRange::from_net_all(&o.cidr).overlaps(&probe)))
-            })
-        });
+        group.bench_with_input(
+            BenchmarkId::new("linear_scan_miss", count),
+            &miss,
+            |b, p| {
+                b.iter(|| {
+                    let probe = IpRange::from_net_all(&p.cidr);
+                    black_box(
+                        all.iter()
+                            .any(|o| IpRange::from_net_all(&o.cidr).overlaps(&probe)),
+                    )
+                })
+            },
+        );
     }
     group.finish();
     c.bench_function("pool_catalog_build_10000", |b| {

@@ -6,7 +6,7 @@
 //! reviews); in-cluster they can also be seeded from a list.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::RwLock;
 
 use serde::Deserialize;
 
@@ -39,48 +39,240 @@ struct SubnetSpec {
 }
 
 #[derive(Debug, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
 struct CalicoPoolSpec {
     #[serde(default)]
     cidr: String,
+    #[serde(default)]
+    disabled: bool,
+    #[serde(default)]
+    allowed_uses: Option<Vec<String>>,
+    #[serde(default)]
+    node_selector: Option<String>,
 }
 
-/// The CIDRs of the Subnets (per VPC) and Calico IPPools known to this process.
+/// A Calico IPPool as far as fixed IPs care.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CalicoPool {
+    pub name: String,
+    pub cidr: IpRange,
+    pub disabled: bool,
+    /// `Workload`, `Tunnel`; Calico's default when unset is both.
+    pub allowed_uses: Vec<String>,
+    /// Calico's default is `all()`; `!all()` keeps automatic assignment away.
+    pub node_selector: String,
+}
+
+impl CalicoPool {
+    pub fn serves_workloads(&self) -> bool {
+        !self.disabled
+            && (self.allowed_uses.is_empty() || self.allowed_uses.iter().any(|u| u == "Workload"))
+    }
+
+    pub fn auto_assigns(&self) -> bool {
+        self.serves_workloads() && self.node_selector.replace(' ', "") != "!all()"
+    }
+
+    fn describe(&self) -> String {
+        let mut notes = Vec::new();
+        if self.disabled {
+            notes.push("disabled".to_string());
+        } else if !self.serves_workloads() {
+            notes.push(format!("allowedUses {}", self.allowed_uses.join(",")));
+        }
+        let notes = if notes.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", notes.join(", "))
+        };
+        format!("{} {}{notes}", self.name, cidr_text(self.cidr))
+    }
+}
+
+/// A Kube-OVN Subnet as far as fixed IPs care.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OvnSubnet {
+    pub name: String,
+    pub vpc: String,
+    pub cidrs: IpSet,
+    pub excluded: IpSet,
+}
+
+#[derive(Default)]
+struct NetworkState {
+    subnets: HashMap<String, OvnSubnet>,
+    subnet_index: HashMap<String, RangeIndex<String>>,
+    calico: HashMap<String, CalicoPool>,
+    calico_index: RangeIndex<String>,
+    /// IPs held by Calico IPReservations: automatic assignment skips them.
+    calico_reserved: IpSet,
+    /// Whether the Calico pools are known (a watch synced): only then are IPs checked.
+    calico_synced: bool,
+    ovn_synced: bool,
+}
+
+/// The Subnets (per VPC) and Calico IPPools known to this process: learned from admissions,
+/// and in-cluster filled by watches.
 #[derive(Default)]
 pub struct NetworkRegistry {
-    subnets: Mutex<HashMap<String, RangeIndex<String>>>,
-    calico: Mutex<RangeIndex<String>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
+    state: RwLock<NetworkState>,
 }
 
 impl NetworkRegistry {
-    pub fn record_subnet(&self, vpc: &str, name: &str, cidrs: &IpSet) {
-        let mut subnets = lock(&self.subnets);
-        for index in subnets.values_mut() {
-            index.remove(&name.to_string());
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, NetworkState> {
+        self.state.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, NetworkState> {
+        self.state.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn upsert_subnet(&self, subnet: OvnSubnet) {
+        let mut state = self.write();
+        for index in state.subnet_index.values_mut() {
+            index.remove(&subnet.name);
         }
-        subnets
-            .entry(vpc.to_string())
+        state
+            .subnet_index
+            .entry(subnet.vpc.clone())
             .or_default()
-            .insert_set(cidrs, name.to_string());
+            .insert_set(&subnet.cidrs, subnet.name.clone());
+        state.subnets.insert(subnet.name.clone(), subnet);
     }
 
     pub fn forget_subnet(&self, name: &str) {
-        for index in lock(&self.subnets).values_mut() {
+        let mut state = self.write();
+        for index in state.subnet_index.values_mut() {
             index.remove(&name.to_string());
         }
+        state.subnets.remove(name);
     }
 
-    pub fn record_calico_pool(&self, name: &str, cidr: IpRange) {
-        let mut calico = lock(&self.calico);
-        calico.remove(&name.to_string());
-        calico.insert(cidr, name.to_string());
+    pub fn upsert_calico_pool(&self, pool: CalicoPool) {
+        let mut state = self.write();
+        state.calico_index.remove(&pool.name);
+        state.calico_index.insert(pool.cidr, pool.name.clone());
+        state.calico.insert(pool.name.clone(), pool);
     }
 
     pub fn forget_calico_pool(&self, name: &str) {
-        lock(&self.calico).remove(&name.to_string());
+        let mut state = self.write();
+        state.calico_index.remove(&name.to_string());
+        state.calico.remove(name);
+    }
+
+    pub fn set_calico_reserved(&self, reserved: IpSet) {
+        self.write().calico_reserved = reserved;
+    }
+
+    /// Say whether the Calico pools are fully known (checks of fixed IPs run only then).
+    pub fn set_calico_synced(&self, synced: bool) {
+        self.write().calico_synced = synced;
+    }
+
+    pub fn set_ovn_synced(&self, synced: bool) {
+        self.write().ovn_synced = synced;
+    }
+
+    /// Fixed IPs against Calico's pools: `Err` names an IP no enabled Workload pool holds;
+    /// `Ok` carries warnings for IPs in pools Calico also hands out automatically.
+    pub fn calico_check(&self, ips: &IpSet, whose: &str) -> Result<Vec<String>, String> {
+        let state = self.read();
+        if !state.calico_synced || ips.is_empty() {
+            return Ok(Vec::new());
+        }
+        let usable = IpSet::from_ranges(
+            state
+                .calico
+                .values()
+                .filter(|p| p.serves_workloads())
+                .map(|p| p.cidr),
+        );
+        let outside = ips.subtract(&usable);
+        if let Some(first) = outside.ranges().first() {
+            let mut pools: Vec<&CalicoPool> = state.calico.values().collect();
+            pools.sort_by_key(|p| (p.cidr, p.name.clone()));
+            let known = if pools.is_empty() {
+                "there are no Calico IPPools".to_string()
+            } else {
+                format!(
+                    "Calico IPPools: {}",
+                    pools
+                        .iter()
+                        .map(|p| p.describe())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            };
+            return Err(format!(
+                "IP {first} of {whose} lies in no enabled Calico IPPool that allows Workload use, so Calico would fail the pod with \"The provided IP address is not in a configured pool\"; {known}"
+            ));
+        }
+        let mut warnings = Vec::new();
+        let mut pools: Vec<&CalicoPool> =
+            state.calico.values().filter(|p| p.auto_assigns()).collect();
+        pools.sort_by_key(|p| p.cidr);
+        for pool in pools {
+            let exposed = ips
+                .subtract(&ips.subtract(&IpSet::from_ranges([pool.cidr])))
+                .subtract(&state.calico_reserved);
+            if !exposed.is_empty() {
+                warnings.push(format!(
+                    "IPs {} of {whose} lie in Calico IPPool {}, which Calico also uses for automatic assignment: another pod may get them first (use a pool with nodeSelector: \"!all()\", or let ip-webhook keep a Calico IPReservation)",
+                    shorten(&exposed.to_string()),
+                    pool.name
+                ));
+            }
+        }
+        Ok(warnings)
+    }
+
+    /// Fixed IPs against Kube-OVN's Subnets: each must lie in a Subnet's cidrBlock and outside
+    /// its excludeIps.
+    pub fn ovn_check(&self, ips: &IpSet, whose: &str) -> Result<(), String> {
+        let state = self.read();
+        if !state.ovn_synced || ips.is_empty() {
+            return Ok(());
+        }
+        let mut subnets: Vec<&OvnSubnet> = state.subnets.values().collect();
+        subnets.sort_by(|a, b| a.name.cmp(&b.name));
+        for range in ips.ranges() {
+            let single = IpSet::from_ranges([*range]);
+            let mut rest = single.clone();
+            for subnet in &subnets {
+                let inside = rest.subtract(&rest.subtract(&subnet.cidrs));
+                if inside.is_empty() {
+                    continue;
+                }
+                let excluded = inside.subtract(&inside.subtract(&subnet.excluded));
+                if let Some(bad) = excluded.ranges().first() {
+                    return Err(format!(
+                        "IP {bad} of {whose} lies in excludeIps of Kube-OVN Subnet {}, so Kube-OVN will not assign it",
+                        subnet.name
+                    ));
+                }
+                rest = rest.subtract(&inside);
+            }
+            if let Some(bad) = rest.ranges().first() {
+                let known = subnets
+                    .iter()
+                    .map(|s| format!("{} {}", s.name, cidrs_text(&s.cidrs)))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                return Err(format!(
+                    "IP {bad} of {whose} lies in no Kube-OVN Subnet (Subnets: {known})"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn shorten(text: &str) -> String {
+    if text.len() > 120 {
+        format!("{}…", text.chars().take(120).collect::<String>())
+    } else {
+        text.to_string()
     }
 }
 
@@ -132,43 +324,25 @@ pub fn review_subnet(
         return Ok(response.deny("a Subnet review must carry request.object"));
     };
     let name = name_of(&subnet.metadata, incoming);
-    let cidrs = match cidr_block(&subnet.spec.cidr_block) {
-        Ok(cidrs) => cidrs,
-        Err(e) => return Ok(response.deny(format!("Subnet {name}: spec.cidrBlock {e}"))),
+    let subnet = match OvnSubnet::from_spec(&name, &subnet.spec) {
+        Ok(subnet) => subnet,
+        Err(message) => return Ok(response.deny(message)),
     };
-    if let Some(excluded) = subnet.spec.exclude_ips.as_ref().filter(|e| !e.is_empty()) {
-        match parse_ip_spec_with(&excluded.join(","), RangeSyntax::DotDot) {
-            Ok(set) if !set.is_subset_of(&cidrs) => {
-                return Ok(response.deny(format!(
-                    "Subnet {name}: spec.excludeIps {} lies outside spec.cidrBlock {}",
-                    set.subtract(&cidrs),
-                    subnet.spec.cidr_block
-                )));
-            }
-            Ok(_) => {}
-            Err(e) => return Ok(response.deny(format!("Subnet {name}: spec.excludeIps: {e}"))),
-        }
-    }
-    let vpc = subnet
-        .spec
-        .vpc
-        .clone()
-        .filter(|v| !v.is_empty())
-        .unwrap_or_else(|| DEFAULT_VPC.to_string());
+    if let Some((range, other)) = registry
+        .read()
+        .subnet_index
+        .get(&subnet.vpc)
+        .and_then(|index| index.first_overlap_set(&subnet.cidrs, Some(&name)))
     {
-        let subnets = lock(&registry.subnets);
-        if let Some(index) = subnets.get(&vpc)
-            && let Some((range, other)) = index.first_overlap_set(&cidrs, Some(&name))
-        {
-            return Ok(response.deny(format!(
-                "Subnet {name} ({}) overlaps Subnet {other} ({}) in VPC {vpc}",
-                subnet.spec.cidr_block,
-                cidr_text(range)
-            )));
-        }
+        return Ok(response.deny(format!(
+            "Subnet {name} ({}) overlaps Subnet {other} ({}) in VPC {}",
+            cidrs_text(&subnet.cidrs),
+            cidr_text(range),
+            subnet.vpc
+        )));
     }
     if !incoming.dry_run() {
-        registry.record_subnet(&vpc, &name, &cidrs);
+        registry.upsert_subnet(subnet);
     }
     Ok(response)
 }
@@ -193,24 +367,100 @@ pub fn review_calico_pool(
         return Ok(response.deny("a Calico IPPool review must carry request.object"));
     };
     let name = name_of(&pool.metadata, incoming);
-    let cidr = match cidr_block(&pool.spec.cidr) {
-        Ok(set) if set.ranges().len() == 1 => set.ranges()[0],
-        Ok(_) => {
-            return Ok(response.deny(format!("Calico IPPool {name}: spec.cidr must be one CIDR")));
-        }
-        Err(e) => return Ok(response.deny(format!("Calico IPPool {name}: spec.cidr {e}"))),
+    let pool = match CalicoPool::from_spec(&name, &pool.spec) {
+        Ok(pool) => pool,
+        Err(message) => return Ok(response.deny(message)),
     };
-    if let Some((range, other)) = lock(&registry.calico).first_overlap(&cidr, Some(&name)) {
+    if let Some((range, other)) = registry
+        .read()
+        .calico_index
+        .first_overlap(&pool.cidr, Some(&name))
+    {
         return Ok(response.deny(format!(
             "Calico IPPool {name} ({}) overlaps Calico IPPool {other} ({})",
-            pool.spec.cidr,
+            cidr_text(pool.cidr),
             cidr_text(range)
         )));
     }
     if !incoming.dry_run() {
-        registry.record_calico_pool(&name, cidr);
+        registry.upsert_calico_pool(pool);
     }
     Ok(response)
+}
+
+impl OvnSubnet {
+    /// From a Subnet object's JSON (as a watch delivers it).
+    pub fn from_json(name: &str, spec: &serde_json::Value) -> Result<OvnSubnet, String> {
+        let spec: SubnetSpec =
+            serde_json::from_value(spec.clone()).map_err(|e| format!("Subnet {name}: {e}"))?;
+        OvnSubnet::from_spec(name, &spec)
+    }
+
+    fn from_spec(name: &str, spec: &SubnetSpec) -> Result<OvnSubnet, String> {
+        let cidrs = cidr_block(&spec.cidr_block)
+            .map_err(|e| format!("Subnet {name}: spec.cidrBlock {e}"))?;
+        let excluded = match spec.exclude_ips.as_ref().filter(|e| !e.is_empty()) {
+            None => IpSet::default(),
+            Some(entries) => {
+                let set = parse_ip_spec_with(&entries.join(","), RangeSyntax::DotDot)
+                    .map_err(|e| format!("Subnet {name}: spec.excludeIps: {e}"))?;
+                if !set.is_subset_of(&cidrs) {
+                    return Err(format!(
+                        "Subnet {name}: spec.excludeIps {} lies outside spec.cidrBlock {}",
+                        set.subtract(&cidrs),
+                        spec.cidr_block
+                    ));
+                }
+                set
+            }
+        };
+        let vpc = spec
+            .vpc
+            .clone()
+            .filter(|v| !v.is_empty())
+            .unwrap_or_else(|| DEFAULT_VPC.to_string());
+        Ok(OvnSubnet {
+            name: name.to_string(),
+            vpc,
+            cidrs,
+            excluded,
+        })
+    }
+}
+
+impl CalicoPool {
+    /// From a Calico IPPool object's JSON (as a watch delivers it).
+    pub fn from_json(name: &str, spec: &serde_json::Value) -> Result<CalicoPool, String> {
+        let spec: CalicoPoolSpec = serde_json::from_value(spec.clone())
+            .map_err(|e| format!("Calico IPPool {name}: {e}"))?;
+        CalicoPool::from_spec(name, &spec)
+    }
+
+    fn from_spec(name: &str, spec: &CalicoPoolSpec) -> Result<CalicoPool, String> {
+        let cidr = match cidr_block(&spec.cidr) {
+            Ok(set) if set.ranges().len() == 1 => set.ranges()[0],
+            Ok(_) => return Err(format!("Calico IPPool {name}: spec.cidr must be one CIDR")),
+            Err(e) => return Err(format!("Calico IPPool {name}: spec.cidr {e}")),
+        };
+        Ok(CalicoPool {
+            name: name.to_string(),
+            cidr,
+            disabled: spec.disabled,
+            allowed_uses: spec.allowed_uses.clone().unwrap_or_default(),
+            node_selector: spec
+                .node_selector
+                .clone()
+                .unwrap_or_else(|| "all()".to_string()),
+        })
+    }
+}
+
+fn cidrs_text(set: &IpSet) -> String {
+    set.ranges()
+        .iter()
+        .map(|r| cidr_text(*r))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// A whole-network range back as CIDR text when it is one, else as a range.
@@ -224,5 +474,97 @@ fn cidr_text(range: IpRange) -> String {
         format!("{}/{}", range.first(), bits - size.trailing_zeros())
     } else {
         range.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ipset::parse_ip_spec;
+    use serde_json::json;
+
+    fn calico(name: &str, spec: serde_json::Value) -> CalicoPool {
+        CalicoPool::from_json(name, &spec).unwrap()
+    }
+
+    fn registry() -> NetworkRegistry {
+        let registry = NetworkRegistry::default();
+        registry.upsert_calico_pool(calico("default-ipv4", json!({"cidr": "192.168.0.0/16"})));
+        registry.upsert_calico_pool(calico(
+            "fixed",
+            json!({"cidr": "10.20.0.0/24", "nodeSelector": "!all()"}),
+        ));
+        registry.upsert_calico_pool(calico(
+            "off",
+            json!({"cidr": "10.30.0.0/24", "disabled": true}),
+        ));
+        registry.upsert_calico_pool(calico(
+            "tunnels",
+            json!({"cidr": "10.40.0.0/24", "allowedUses": ["Tunnel"]}),
+        ));
+        registry
+    }
+
+    #[test]
+    fn calico_checks_run_only_once_pools_are_known() {
+        let registry = registry();
+        let outside = parse_ip_spec("10.99.0.5").unwrap();
+        assert_eq!(
+            registry.calico_check(&outside, "app default/web"),
+            Ok(vec![])
+        );
+        registry.set_calico_synced(true);
+        let pools = "Calico IPPools: fixed 10.20.0.0/24, off 10.30.0.0/24 (disabled), tunnels 10.40.0.0/24 (allowedUses Tunnel), default-ipv4 192.168.0.0/16";
+        let cases: [(&str, Result<Vec<String>, String>); 5] = [
+            ("10.20.0.5-10.20.0.9", Ok(vec![])),
+            ("10.99.0.5", Err(format!("IP 10.99.0.5 of app default/web lies in no enabled Calico IPPool that allows Workload use, so Calico would fail the pod with \"The provided IP address is not in a configured pool\"; {pools}"))),
+            ("10.30.0.5", Err(format!("IP 10.30.0.5 of app default/web lies in no enabled Calico IPPool that allows Workload use, so Calico would fail the pod with \"The provided IP address is not in a configured pool\"; {pools}"))),
+            ("10.40.0.5", Err(format!("IP 10.40.0.5 of app default/web lies in no enabled Calico IPPool that allows Workload use, so Calico would fail the pod with \"The provided IP address is not in a configured pool\"; {pools}"))),
+            ("192.168.3.1-192.168.3.2", Ok(vec!["IPs 192.168.3.1-192.168.3.2 of app default/web lie in Calico IPPool default-ipv4, which Calico also uses for automatic assignment: another pod may get them first (use a pool with nodeSelector: \"!all()\", or let ip-webhook keep a Calico IPReservation)".to_string()])),
+        ];
+        for (ips, expected) in cases {
+            assert_eq!(
+                registry.calico_check(&parse_ip_spec(ips).unwrap(), "app default/web"),
+                expected,
+                "{ips}"
+            );
+        }
+        // reserved IPs are safe from automatic assignment: no warning
+        registry.set_calico_reserved(parse_ip_spec("192.168.3.0/24").unwrap());
+        assert_eq!(
+            registry.calico_check(&parse_ip_spec("192.168.3.1").unwrap(), "x"),
+            Ok(vec![])
+        );
+        // no pools at all
+        let empty = NetworkRegistry::default();
+        empty.set_calico_synced(true);
+        assert!(
+            empty
+                .calico_check(&parse_ip_spec("10.0.0.1").unwrap(), "x")
+                .unwrap_err()
+                .ends_with("there are no Calico IPPools")
+        );
+    }
+
+    #[test]
+    fn kube_ovn_subnet_and_exclude_checks() {
+        let registry = NetworkRegistry::default();
+        registry.upsert_subnet(OvnSubnet::from_json("ovn-default", &json!({"cidrBlock": "10.16.0.0/16,fd00:10:16::/64", "excludeIps": ["10.16.0.1..10.16.0.10"]})).unwrap());
+        registry.set_ovn_synced(true);
+        assert_eq!(
+            registry.ovn_check(
+                &parse_ip_spec("10.16.0.11-10.16.0.20,fd00:10:16::5").unwrap(),
+                "x"
+            ),
+            Ok(())
+        );
+        assert_eq!(
+            registry.ovn_check(&parse_ip_spec("10.16.0.8-10.16.0.12").unwrap(), "app default/web"),
+            Err("IP 10.16.0.8-10.16.0.10 of app default/web lies in excludeIps of Kube-OVN Subnet ovn-default, so Kube-OVN will not assign it".into())
+        );
+        assert_eq!(
+            registry.ovn_check(&parse_ip_spec("10.17.0.1").unwrap(), "app default/web"),
+            Err("IP 10.17.0.1 of app default/web lies in no Kube-OVN Subnet (Subnets: ovn-default 10.16.0.0/16,fd00:10:16::/64)".into())
+        );
     }
 }

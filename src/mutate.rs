@@ -5,7 +5,7 @@ use std::net::IpAddr;
 use crate::admission::{Incoming, MetaOnly, MetadataPatch, Operation, Response, ReviewError};
 use crate::allocator::{AllocError, AllocationRequest, Reason};
 use crate::annotations::{ALLOCATED_IP_LABEL, STATUS, STATUS_MUTATED, static_ips};
-use crate::ipset::{ip_from_label_value, ip_label_value};
+use crate::ipset::{IpSet, ip_from_label_value, ip_label_value};
 use crate::metrics::{AllocationOutcome, AppLabels};
 use crate::webhook::{Candidates, PodView, Webhook};
 
@@ -59,6 +59,16 @@ async fn create(
     };
     let chosen = candidates.as_ref().unwrap_or(&empty);
     let scope = view.scope(chosen);
+    let static_set = IpSet::from_ips(statics.iter().flat_map(|(_, ips)| ips.iter().copied()));
+    let checked = if statics.is_empty() {
+        &chosen.set
+    } else {
+        &static_set
+    };
+    // warnings are /validate's to give; here only a hard "no" matters
+    if let Err(message) = webhook.cni_check(checked, &scope) {
+        return Ok(refuse(webhook, response, message));
+    }
     let request = AllocationRequest {
         scope: &scope,
         app: view.app.unwrap_or(""),

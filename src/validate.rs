@@ -149,6 +149,25 @@ fn validate_pod(
     if candidates.is_some() && view.app.is_none() {
         return Ok(response.deny(no_app_label(&view, &webhook.settings.app_label)));
     }
+    let mut response = response;
+    let static_set = IpSet::from_ips(statics.iter().flat_map(|(_, ips)| ips.iter().copied()));
+    let whose = match &candidates {
+        Some(candidates) => view.scope(candidates),
+        None => format!("pod {}", view.display()),
+    };
+    for set in [Some(&static_set), candidates.as_ref().map(|c| &*c.set)]
+        .into_iter()
+        .flatten()
+    {
+        match webhook.cni_check(set, &whose) {
+            Ok(warnings) => {
+                for warning in warnings {
+                    response = response.warn(warning);
+                }
+            }
+            Err(message) => return Ok(response.deny(message)),
+        }
+    }
     if let [(first, a), (second, b), ..] = statics.as_slice()
         && a != b
     {

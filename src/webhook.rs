@@ -119,6 +119,15 @@ impl Webhook {
         Ok(response)
     }
 
+    /// Whether the CNI can use these fixed IPs (Calico pools / Kube-OVN subnets, when known):
+    /// `Err` is a denial, `Ok` carries warnings.
+    pub fn cni_check(&self, ips: &IpSet, whose: &str) -> Result<Vec<String>, String> {
+        match self.settings.cni {
+            Cni::Calico => self.networks.calico_check(ips, whose),
+            Cni::KubeOvn => self.networks.ovn_check(ips, whose).map(|()| Vec::new()),
+        }
+    }
+
     /// The IPs a pod may get: its `allocatable-ips` list or its pool. `Ok(None)` when it asks
     /// for neither; `Err` is a denial message.
     pub fn candidates(&self, pod: &PodView<'_>) -> Result<Option<Candidates>, String> {

@@ -285,6 +285,14 @@ pub fn review(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Response, Re
     }
 
     let mut response = response;
+    match webhook.cni_check(&set, &id.to_string()) {
+        Ok(warnings) => {
+            for warning in warnings {
+                response = response.warn(warning);
+            }
+        }
+        Err(message) => return Ok(response.deny(message)),
+    }
     for warning in capacity_warnings(&id, &workload.spec, replicas, &set, from_pool.as_deref()) {
         response = response.warn(warning);
     }

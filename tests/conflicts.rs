@@ -33,12 +33,7 @@ async fn server(extra: &[&str]) -> (TestServer, tempfile::TempDir) {
     (TestServer::start(&refs).await, dir)
 }
 
-fn object_review(
-    gvk: Gvk,
-    operation: &str,
-    object: Option<Value>,
-    old: Option<Value>,
-) -> Value {
+fn object_review(gvk: Gvk, operation: &str, object: Option<Value>, old: Option<Value>) -> Value {
     let (group, version, kind) = gvk;
     let meta = object
         .as_ref()
@@ -221,13 +216,7 @@ async fn ippool_updates_and_deletes_keep_held_ips() {
     expect(&response, None, "delete unused");
 }
 
-fn workload(
-    kind: &str,
-    name: &str,
-    app: &str,
-    annotations: Value,
-    spec_extra: Value,
-) -> Manifest {
+fn workload(kind: &str, name: &str, app: &str, annotations: Value, spec_extra: Value) -> Manifest {
     let template = json!({"metadata": {"labels": {"app": app}, "annotations": annotations}, "spec": {"containers": [{"name": "c", "image": "i"}]}});
     let mut spec = match kind {
         "CronJob" => {
@@ -253,10 +242,7 @@ fn workload(
     )
 }
 
-async fn check_workload(
-    server: &TestServer,
-    w: Manifest,
-) -> Value {
+async fn check_workload(server: &TestServer, w: Manifest) -> Value {
     server
         .validate(&object_review(w.1, "CREATE", Some(w.0), None))
         .await
