@@ -1,7 +1,8 @@
 //! An interval index over IP ranges: "does this range overlap anything stored, and what?"
 //! in O(log n) for the usual case of disjoint stored ranges, instead of all-pairs.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::hash::Hash;
 
 use crate::ipset::{Family, IpRange, IpSet};
 
@@ -9,6 +10,8 @@ use crate::ipset::{Family, IpRange, IpSet};
 #[derive(Debug, Clone)]
 pub struct RangeIndex<K> {
     by_start: BTreeMap<(Family, u128), Vec<(u128, K)>>,
+    /// Where each owner's ranges start, so removing an owner does not scan everything.
+    starts: HashMap<K, Vec<(Family, u128)>>,
     /// The largest range stored: a backwards walk never needs to look further than this.
     widest: u128,
 }
@@ -17,14 +20,19 @@ impl<K> Default for RangeIndex<K> {
     fn default() -> Self {
         RangeIndex {
             by_start: BTreeMap::new(),
+            starts: HashMap::new(),
             widest: 0,
         }
     }
 }
 
-impl<K: Clone + PartialEq> RangeIndex<K> {
+impl<K: Clone + Eq + Hash> RangeIndex<K> {
     pub fn insert(&mut self, range: IpRange, owner: K) {
         self.widest = self.widest.max(range.end - range.start);
+        self.starts
+            .entry(owner.clone())
+            .or_default()
+            .push((range.family, range.start));
         self.by_start
             .entry((range.family, range.start))
             .or_default()
@@ -39,10 +47,14 @@ impl<K: Clone + PartialEq> RangeIndex<K> {
 
     /// Remove every range of `owner`.
     pub fn remove(&mut self, owner: &K) {
-        self.by_start.retain(|_, entries| {
-            entries.retain(|(_, o)| o != owner);
-            !entries.is_empty()
-        });
+        for key in self.starts.remove(owner).unwrap_or_default() {
+            if let Some(entries) = self.by_start.get_mut(&key) {
+                entries.retain(|(_, o)| o != owner);
+                if entries.is_empty() {
+                    self.by_start.remove(&key);
+                }
+            }
+        }
     }
 
     pub fn len(&self) -> usize {
