@@ -1,8 +1,8 @@
 """Strict schema check of the custom resources a chart renders (kinds kubernetes-validate has
 no schema for), against pydantic models generated from the upstream CRDs (cloudcoil).
 
-Usage: validate_crs.py FILE   (multi-document YAML; other kinds are reported as SKIP)
-Prints one line per document: PASS/FAIL/SKIP kind/name [reason]; exits 1 on any FAIL.
+Usage: validate_crs.py FILE...   (multi-document YAML; other kinds are reported as SKIP)
+Prints one line per document: PASS/FAIL/SKIP FILE kind/name [reason]; exits 1 on any FAIL.
 Strict: a field the model does not know is a failure (pydantic itself would drop it)."""
 
 import sys
@@ -35,12 +35,12 @@ def unknown_fields(given, known, path=""):
     return missing
 
 
-def main(path):
+def check_file(path):
     failed = False
     with open(path) as f:
         documents = [d for d in yaml.safe_load_all(f) if d]
     for doc in documents:
-        name = f"{doc.get('kind')}/{doc.get('metadata', {}).get('name')}"
+        name = f"{path} {doc.get('kind')}/{doc.get('metadata', {}).get('name')}"
         model = MODELS.get((doc.get("apiVersion"), doc.get("kind")))
         if model is None:
             print(f"SKIP {name}")
@@ -58,8 +58,9 @@ def main(path):
             failed = True
         else:
             print(f"PASS {name}")
-    return 1 if failed else 0
+    return failed
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    results = [check_file(path) for path in sys.argv[1:]]
+    sys.exit(1 if any(results) else 0)
