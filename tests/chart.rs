@@ -467,6 +467,10 @@ fn defaults_render_the_documented_webhooks() {
     let workloads = webhook(validating, "workloads.validate.ip-webhook.io");
     assert_eq!(workloads["failurePolicy"], "Ignore");
     assert_eq!(
+        workloads["matchConditions"][0]["name"],
+        "template-asks-fixed-ips"
+    );
+    assert_eq!(
         rule_summary(workloads),
         summary(&[
             ("apps", "deployments", "CREATE,UPDATE"),
@@ -1254,12 +1258,20 @@ fn pod_cases() -> Vec<PodCase> {
 #[test]
 fn cel_match_conditions_select_the_right_pods_and_never_error() {
     let Some(helm) = helm() else { return };
-    let conditions = rendered_conditions(&helm);
-    let names: BTreeSet<&str> = conditions.iter().map(|(_, n, _)| n.as_str()).collect();
+    let all = rendered_conditions(&helm);
+    let names: BTreeSet<&str> = all.iter().map(|(_, n, _)| n.as_str()).collect();
     assert_eq!(
         names,
-        BTreeSet::from(["pod-wants-fixed-ip", "pod-holds-ip"])
+        BTreeSet::from([
+            "pod-wants-fixed-ip",
+            "pod-holds-ip",
+            "template-asks-fixed-ips"
+        ])
     );
+    let conditions: Vec<_> = all
+        .into_iter()
+        .filter(|(_, name, _)| name.starts_with("pod-"))
+        .collect();
     assert_eq!(
         conditions.len(),
         3,
@@ -1333,4 +1345,99 @@ fn dockerfile_builds_what_the_chart_runs() {
     let pod = &one(&docs, "Deployment")["spec"]["template"]["spec"];
     assert_eq!(pod["securityContext"]["runAsUser"], uid);
     assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+}
+
+/// Workloads as users write them, and whether their pod template asks for fixed IPs.
+fn workload_cases() -> Vec<(&'static str, Value, bool)> {
+    let with_template = |kind: &str, template_meta: Value| {
+        json!({"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": "w"},
+               "spec": {"replicas": 2, "template": {"metadata": template_meta, "spec": {}}}})
+    };
+    let cronjob = |template_meta: Value| {
+        json!({"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": "c"},
+               "spec": {"schedule": "* * * * *", "jobTemplate": {"spec": {"template": {"metadata": template_meta}}}}})
+    };
+    vec![
+        (
+            "Deployment without template annotations",
+            with_template("Deployment", json!({"labels": {"app": "web"}})),
+            false,
+        ),
+        (
+            "Deployment with an IP list",
+            with_template(
+                "Deployment",
+                json!({"annotations": {"ip-webhook.io/allocatable-ips": "10.0.0.10-10.0.0.12"}}),
+            ),
+            true,
+        ),
+        (
+            "StatefulSet drawing from a pool",
+            with_template(
+                "StatefulSet",
+                json!({"annotations": {"ip-webhook.io/ip-pool": "blue"}}),
+            ),
+            true,
+        ),
+        (
+            "annotation on the Deployment itself, not its template",
+            json!({"kind": "Deployment",
+                   "metadata": {"annotations": {"ip-webhook.io/allocatable-ips": "10.0.0.10"}},
+                   "spec": {"template": {"metadata": {}}}}),
+            false,
+        ),
+        (
+            "CronJob with an IP list",
+            cronjob(json!({"annotations": {"ip-webhook.io/allocatable-ips": "10.0.0.10"}})),
+            true,
+        ),
+        ("CronJob without", cronjob(json!({})), false),
+        (
+            "CronJob without a job template",
+            json!({"kind": "CronJob", "spec": {"schedule": "* * * * *"}}),
+            false,
+        ),
+        (
+            "no spec",
+            json!({"kind": "Deployment", "metadata": {}}),
+            false,
+        ),
+    ]
+}
+
+#[test]
+fn cel_workload_condition_sees_template_annotations_before_and_after_and_never_errors() {
+    let Some(helm) = helm() else { return };
+    let conditions: Vec<_> = rendered_conditions(&helm)
+        .into_iter()
+        .filter(|(_, name, _)| name == "template-asks-fixed-ips")
+        .collect();
+    assert_eq!(conditions.len(), 1);
+    let (entry, _, expression) = &conditions[0];
+    assert_eq!(entry, "workloads.validate.ip-webhook.io");
+    let null = Value::Null;
+    let plain = json!({"kind": "Deployment", "spec": {"template": {"metadata": {}}}});
+    for (name, workload, asks) in workload_cases() {
+        assert_eq!(
+            evaluate(expression, &workload, &null),
+            Ok(asks),
+            "{name}, CREATE"
+        );
+        assert_eq!(
+            evaluate(expression, &workload, &workload),
+            Ok(asks),
+            "{name}, UPDATE"
+        );
+        // An UPDATE that removes the annotations still reaches the server, which forgets.
+        assert_eq!(
+            evaluate(expression, &plain, &workload),
+            Ok(asks),
+            "{name}, UPDATE removing the annotations"
+        );
+        assert_eq!(
+            evaluate(expression, &null, &workload),
+            Ok(asks),
+            "{name}, DELETE shape"
+        );
+    }
 }

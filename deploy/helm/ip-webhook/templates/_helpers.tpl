@@ -144,3 +144,13 @@ objectSelector:
     - key: ip-webhook.io/fixed-ip
       operator: Exists
 {{- end }}
+
+{{/* CEL: a workload's pod template (spec.template, or a CronJob's
+     spec.jobTemplate.spec.template) carries an IP list or pool; argument: object or oldObject. */}}
+{{- define "ip-webhook.celWorkloadAsksIP" -}}
+{{- $o := . -}}
+{{- $asks := "('ip-webhook.io/allocatable-ips' in %s.metadata.annotations || 'ip-webhook.io/ip-pool' in %s.metadata.annotations)" -}}
+{{- $t := printf "%s.spec.template" $o -}}
+{{- $j := printf "%s.spec.jobTemplate.spec.template" $o -}}
+{{ $o }} != null && has({{ $o }}.spec) && ((has({{ $t }}) && has({{ $t }}.metadata) && has({{ $t }}.metadata.annotations) && {{ printf $asks $t $t }}) || (has({{ $o }}.spec.jobTemplate) && has({{ $o }}.spec.jobTemplate.spec) && has({{ $j }}) && has({{ $j }}.metadata) && has({{ $j }}.metadata.annotations) && {{ printf $asks $j $j }}))
+{{- end }}
