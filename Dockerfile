@@ -1,0 +1,24 @@
+# ip-webhook container image: a release build on the Rust image, copied into a distroless
+# base (glibc and CA roots, no shell, no package manager) that runs as the non-root user
+# 65532, the UID the Helm chart's securityContext expects.
+#
+#   docker build -t <registry>/ip-webhook:0.1.0 .
+#
+# Not built in CI: no container engine runs there. tests/chart.rs checks that the user and
+# entrypoint match what the chart assumes.
+
+FROM rust:1.90-bookworm AS build
+WORKDIR /src
+COPY . .
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --release --locked --bin ip-webhook \
+    && strip --strip-debug target/release/ip-webhook \
+    && cp target/release/ip-webhook /ip-webhook
+
+FROM gcr.io/distroless/cc-debian12:nonroot
+COPY --from=build /ip-webhook /ip-webhook
+USER 65532:65532
+EXPOSE 8443 8080
+ENTRYPOINT ["/ip-webhook"]
+CMD ["serve"]

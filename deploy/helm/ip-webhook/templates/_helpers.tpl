@@ -1,0 +1,156 @@
+{{/* Names */}}
+{{- define "ip-webhook.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "ip-webhook.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "ip-webhook.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "ip-webhook.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "ip-webhook.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "ip-webhook.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "ip-webhook.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "ip-webhook.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The fixed names of the serving certificate (documented: made outside the chart when
+     validatingWebhook.certificate.create is false). */}}
+{{- define "ip-webhook.certificateName" -}}
+{{- printf "%s-serving-cert" (include "ip-webhook.fullname" .) }}
+{{- end }}
+{{- define "ip-webhook.secretName" -}}
+{{- printf "%s-tls" (include "ip-webhook.fullname" .) }}
+{{- end }}
+{{- define "ip-webhook.issuerName" -}}
+{{- printf "%s-selfsigned-issuer" (include "ip-webhook.fullname" .) }}
+{{- end }}
+
+{{/* "true" when some webhook configuration is rendered, so the server and its certificate are. */}}
+{{- define "ip-webhook.serving" -}}
+{{- if or .Values.mutatingWebhook.enabled .Values.validatingWebhook.enabled }}true{{ end }}
+{{- end }}
+
+{{- define "ip-webhook.certManager" -}}
+{{- if and (include "ip-webhook.serving" .) (eq .Values.validatingWebhook.certificate.source "cert-manager") }}true{{ end }}
+{{- end }}
+
+{{/* The service's DNS names, shortest first: the certificate's SANs. */}}
+{{- define "ip-webhook.dnsNames" -}}
+{{- $svc := include "ip-webhook.fullname" . }}
+{{- $ns := .Release.Namespace }}
+- {{ $svc }}
+- {{ printf "%s.%s" $svc $ns }}
+- {{ printf "%s.%s.svc" $svc $ns }}
+- {{ printf "%s.%s.svc.%s" $svc $ns .Values.clusterDomain }}
+{{- end }}
+
+{{/* matchConditions are GA from Kubernetes 1.30; before that, an objectSelector on the label. */}}
+{{- define "ip-webhook.useMatchConditions" -}}
+{{- $mode := .Values.mutatingWebhook.podSelection }}
+{{- if or (eq $mode "matchConditions") (and (eq $mode "auto") (semverCompare ">=1.30.0-0" .Capabilities.KubeVersion.Version)) }}true{{ end }}
+{{- end }}
+
+{{/* The webhooks never see their own namespace, kube-system, or the listed ones. */}}
+{{- define "ip-webhook.namespaceSelector" -}}
+namespaceSelector:
+  matchExpressions:
+    - key: kubernetes.io/metadata.name
+      operator: NotIn
+      values:
+        {{- toYaml (concat (list .Release.Namespace "kube-system") .Values.excludeNamespaces | uniq) | nindent 8 }}
+{{- end }}
+
+{{/* Generated CA and certificate for certificate.source=helm: made once per render (cached in
+     the values tree, shared by the Secret and both webhook configurations) and kept across
+     upgrades by reading back the Secret already in the cluster. */}}
+{{- define "ip-webhook.helmTLS" -}}
+{{- if not (hasKey .Values "generatedTLS") }}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace (include "ip-webhook.secretName" .) }}
+{{- $tls := dict }}
+{{- if and $existing $existing.data (hasKey $existing.data "ca.crt") (hasKey $existing.data "tls.crt") (hasKey $existing.data "tls.key") }}
+{{- $tls = dict "ca" (index $existing.data "ca.crt" | b64dec) "cert" (index $existing.data "tls.crt" | b64dec) "key" (index $existing.data "tls.key" | b64dec) }}
+{{- else }}
+{{- $days := int .Values.validatingWebhook.certificate.validityDays }}
+{{- $ca := genCA (printf "%s-ca" (include "ip-webhook.fullname" .)) $days }}
+{{- $svc := printf "%s.%s.svc" (include "ip-webhook.fullname" .) .Release.Namespace }}
+{{- $cert := genSignedCert $svc nil (include "ip-webhook.dnsNames" . | fromYamlArray) $days $ca }}
+{{- $tls = dict "ca" $ca.Cert "cert" $cert.Cert "key" $cert.Key }}
+{{- end }}
+{{- $_ := set .Values "generatedTLS" $tls }}
+{{- end }}
+{{- toYaml .Values.generatedTLS }}
+{{- end }}
+
+{{/* metadata.annotations of a webhook configuration (cert-manager injects caBundle). */}}
+{{- define "ip-webhook.webhookAnnotations" -}}
+{{- if include "ip-webhook.certManager" . }}
+annotations:
+  cert-manager.io/inject-ca-from: {{ printf "%s/%s" .Release.Namespace (include "ip-webhook.certificateName" .) }}
+{{- end }}
+{{- end }}
+
+{{/* clientConfig for path (dict "root" $ "path" "/mutate"). */}}
+{{- define "ip-webhook.clientConfig" -}}
+{{- $ := .root -}}
+clientConfig:
+  service:
+    name: {{ include "ip-webhook.fullname" $ }}
+    namespace: {{ $.Release.Namespace }}
+    path: {{ .path }}
+    port: {{ $.Values.service.port }}
+  {{- if eq $.Values.validatingWebhook.certificate.source "helm" }}
+  caBundle: {{ (include "ip-webhook.helmTLS" $ | fromYaml).ca | b64enc }}
+  {{- end }}
+{{- end }}
+
+{{/* CEL: the pod asks for an IP from us (allocation list, pool, hand-written static IP, or
+     the opt-in label). Every step is guarded with has() so no pod can make it error. */}}
+{{- define "ip-webhook.celPodWantsIP" -}}
+{{- $o := . -}}
+{{ $o }} != null && has({{ $o }}.metadata) && ((has({{ $o }}.metadata.annotations) && ('ip-webhook.io/allocatable-ips' in {{ $o }}.metadata.annotations || 'ip-webhook.io/ip-pool' in {{ $o }}.metadata.annotations || 'cni.projectcalico.org/ipAddrs' in {{ $o }}.metadata.annotations || 'ovn.kubernetes.io/ip_address' in {{ $o }}.metadata.annotations)) || (has({{ $o }}.metadata.labels) && 'ip-webhook.io/fixed-ip' in {{ $o }}.metadata.labels))
+{{- end }}
+
+{{/* CEL: the deleted pod may hold an IP in our books (allocated label or a static IP). */}}
+{{- define "ip-webhook.celPodHoldsIP" -}}
+oldObject != null && has(oldObject.metadata) && ((has(oldObject.metadata.labels) && ('ip-webhook.io/allocated-ip' in oldObject.metadata.labels || 'ip-webhook.io/fixed-ip' in oldObject.metadata.labels)) || (has(oldObject.metadata.annotations) && ('cni.projectcalico.org/ipAddrs' in oldObject.metadata.annotations || 'ovn.kubernetes.io/ip_address' in oldObject.metadata.annotations)))
+{{- end }}
+
+{{- define "ip-webhook.objectSelector" -}}
+objectSelector:
+  matchExpressions:
+    - key: ip-webhook.io/fixed-ip
+      operator: Exists
+{{- end }}
+
+{{/* CEL: a workload's pod template (spec.template, or a CronJob's
+     spec.jobTemplate.spec.template) carries an IP list or pool; argument: object or oldObject. */}}
+{{- define "ip-webhook.celWorkloadAsksIP" -}}
+{{- $o := . -}}
+{{- $asks := "('ip-webhook.io/allocatable-ips' in %s.metadata.annotations || 'ip-webhook.io/ip-pool' in %s.metadata.annotations)" -}}
+{{- $t := printf "%s.spec.template" $o -}}
+{{- $j := printf "%s.spec.jobTemplate.spec.template" $o -}}
+{{ $o }} != null && has({{ $o }}.spec) && ((has({{ $t }}) && has({{ $t }}.metadata) && has({{ $t }}.metadata.annotations) && {{ printf $asks $t $t }}) || (has({{ $o }}.spec.jobTemplate) && has({{ $o }}.spec.jobTemplate.spec) && has({{ $j }}) && has({{ $j }}.metadata) && has({{ $j }}.metadata.annotations) && {{ printf $asks $j $j }}))
+{{- end }}

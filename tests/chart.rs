@@ -1,0 +1,1443 @@
+//! The Helm chart, checked with the real tools: `helm lint --strict` and `helm template` for
+//! each documented switch, every rendered document through `kubernetes-validate --strict`
+//! (cert-manager and prometheus-operator kinds through models generated from their CRDs),
+//! the rendered facts asserted, the CEL matchConditions evaluated on pod shapes, and the
+//! Deployment's flags, ports and paths compared with what `ip-webhook serve --help` accepts.
+//!
+//! The tools come from `scripts/install-test-deps.sh` (`.tools/helm`, `.tools/venv`); a test
+//! whose tool is missing prints why and returns.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use base64::Engine;
+use clap::Parser;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+const NAMESPACE: &str = "ip-webhook-system";
+const RELEASE: &str = "ip-webhook";
+const SERVICE_DNS: &str = "ip-webhook.ip-webhook-system.svc";
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn chart_dir() -> PathBuf {
+    repo().join("deploy/helm/ip-webhook")
+}
+
+fn helm() -> Option<PathBuf> {
+    let path = repo().join(".tools/helm");
+    if path.is_file() {
+        Some(path)
+    } else {
+        println!(
+            "SKIP: {} is missing; run scripts/install-test-deps.sh",
+            path.display()
+        );
+        None
+    }
+}
+
+fn venv_tool(name: &str) -> Option<PathBuf> {
+    let path = repo().join(".tools/venv/bin").join(name);
+    if path.is_file() {
+        Some(path)
+    } else {
+        println!(
+            "SKIP: {} is missing; run scripts/install-test-deps.sh",
+            path.display()
+        );
+        None
+    }
+}
+
+fn run(command: &mut Command) -> Output {
+    command
+        .output()
+        .unwrap_or_else(|e| panic!("running {command:?}: {e}"))
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// One documented way to install the chart.
+struct Case {
+    name: &'static str,
+    set: &'static [&'static str],
+}
+
+const CASES: &[Case] = &[
+    Case {
+        name: "defaults",
+        set: &[],
+    },
+    Case {
+        name: "validating-disabled",
+        set: &["validatingWebhook.enabled=false"],
+    },
+    Case {
+        name: "external-certificate",
+        set: &["validatingWebhook.certificate.create=false"],
+    },
+    Case {
+        name: "helm-certificate",
+        set: &["validatingWebhook.certificate.source=helm"],
+    },
+    Case {
+        name: "no-webhooks",
+        set: &[
+            "validatingWebhook.enabled=false",
+            "mutatingWebhook.enabled=false",
+        ],
+    },
+    Case {
+        name: "everything-on",
+        set: &[
+            "validatingWebhook.kubeOvnSubnets.enabled=true",
+            "validatingWebhook.calicoIPPools.enabled=true",
+            "metrics.serviceMonitor.enabled=true",
+            "excludeNamespaces={monitoring,kube-system}",
+            "server.extraArgs={--tls-reload-interval=5s}",
+        ],
+    },
+];
+
+const KUBE_VERSIONS: &[&str] = &["1.29.0", "1.31.0"];
+
+/// `helm template` output as YAML text, or the failure's stderr.
+fn template_text(helm: &Path, set: &[&str], kube_version: &str) -> Result<String, String> {
+    let mut command = Command::new(helm);
+    command
+        .arg("template")
+        .arg(RELEASE)
+        .arg(chart_dir())
+        .args(["--namespace", NAMESPACE, "--include-crds"])
+        .args(["--kube-version", kube_version]);
+    for s in set {
+        command.args(["--set", s]);
+    }
+    let output = run(&mut command);
+    if output.status.success() {
+        Ok(text(&output.stdout))
+    } else {
+        Err(text(&output.stderr))
+    }
+}
+
+fn parse_documents(yaml: &str) -> Vec<Value> {
+    serde_yaml::Deserializer::from_str(yaml)
+        .map(|doc| Value::deserialize(doc).expect("helm output is YAML"))
+        .filter(|doc| !doc.is_null())
+        .collect()
+}
+
+/// The rendered documents of `set` for Kubernetes `kube_version`.
+fn render(helm: &Path, set: &[&str], kube_version: &str) -> Vec<Value> {
+    let yaml = template_text(helm, set, kube_version)
+        .unwrap_or_else(|e| panic!("helm template {set:?} failed: {e}"));
+    parse_documents(&yaml)
+}
+
+fn of_kind<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    docs.iter().filter(|d| d["kind"] == kind).collect()
+}
+
+fn one<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
+    let found = of_kind(docs, kind);
+    assert_eq!(found.len(), 1, "expected one {kind}, got {}", found.len());
+    found[0]
+}
+
+fn kinds(docs: &[Value]) -> BTreeSet<String> {
+    docs.iter()
+        .map(|d| d["kind"].as_str().unwrap_or("?").to_string())
+        .collect()
+}
+
+fn webhook<'a>(config: &'a Value, name: &str) -> &'a Value {
+    config["webhooks"]
+        .as_array()
+        .expect("webhooks list")
+        .iter()
+        .find(|w| w["name"] == name)
+        .unwrap_or_else(|| panic!("no webhook entry {name} in {config:#}"))
+}
+
+fn webhook_names(config: &Value) -> Vec<String> {
+    config["webhooks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn container(docs: &[Value]) -> &Value {
+    &one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+}
+
+fn args(docs: &[Value]) -> Vec<String> {
+    container(docs)["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect()
+}
+
+fn container_port(docs: &[Value], name: &str) -> u16 {
+    container(docs)["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == name)
+        .and_then(|p| p["containerPort"].as_u64())
+        .unwrap_or_else(|| panic!("no container port {name}")) as u16
+}
+
+#[test]
+fn helm_lint_strict_passes_for_every_case_and_kubernetes_version() {
+    let Some(helm) = helm() else { return };
+    for case in CASES {
+        for kube_version in KUBE_VERSIONS {
+            let mut command = Command::new(&helm);
+            command
+                .args(["lint", "--strict", "--namespace", NAMESPACE])
+                .args(["--kube-version", kube_version])
+                .arg(chart_dir());
+            for s in case.set {
+                command.args(["--set", s]);
+            }
+            let output = run(&mut command);
+            assert!(
+                output.status.success(),
+                "helm lint --strict, case {} on {kube_version}:\n{}{}",
+                case.name,
+                text(&output.stdout),
+                text(&output.stderr)
+            );
+        }
+    }
+}
+
+/// Kinds kubernetes-validate has no schema for, and that validate_crs.py checks instead.
+const CUSTOM_KINDS: &[&str] = &["Certificate", "Issuer", "ServiceMonitor"];
+
+#[test]
+fn every_rendered_document_passes_strict_schema_validation() {
+    let Some(helm) = helm() else { return };
+    let Some(kubernetes_validate) = venv_tool("kubernetes-validate") else {
+        return;
+    };
+    let Some(python) = venv_tool("python") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    // file -> the (kind, name) of each rendered document
+    let mut rendered: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+    for kube_version in KUBE_VERSIONS {
+        let mut files = Vec::new();
+        for case in CASES {
+            let yaml = template_text(&helm, case.set, kube_version).unwrap();
+            let file = dir
+                .path()
+                .join(format!("{}-{kube_version}.yaml", case.name));
+            std::fs::write(&file, &yaml).unwrap();
+            let docs = parse_documents(&yaml);
+            assert!(!docs.is_empty(), "case {} renders nothing", case.name);
+            let names = docs
+                .iter()
+                .map(|d| {
+                    (
+                        d["kind"].as_str().unwrap().to_string(),
+                        d["metadata"]["name"].as_str().unwrap().to_string(),
+                    )
+                })
+                .collect();
+            rendered.insert(file.display().to_string(), names);
+            files.push(file);
+        }
+        let output = run(Command::new(&kubernetes_validate)
+            .args(["--strict", "-k", kube_version])
+            .args(&files));
+        let report = text(&output.stdout);
+        assert!(
+            output.status.success(),
+            "kubernetes-validate --strict -k {kube_version} failed:\n{report}{}",
+            text(&output.stderr)
+        );
+        let version = &kube_version[..4];
+        for file in files.iter().map(|f| f.display().to_string()) {
+            for (kind, name) in &rendered[&file] {
+                if CUSTOM_KINDS.contains(&kind.as_str()) {
+                    continue;
+                }
+                let key = format!("{}/{name}", kind.to_lowercase());
+                let pass =
+                    format!("INFO {file} passed for resource {key} against version {version}");
+                assert!(
+                    report.contains(&pass),
+                    "{file}: {key} did not pass kubernetes-validate {version}:\n{report}"
+                );
+            }
+        }
+        for line in report.lines().filter(|l| l.starts_with("WARN")) {
+            assert!(
+                CUSTOM_KINDS
+                    .iter()
+                    .any(|k| line.contains(&format!("for kind {k} with"))),
+                "unexpected warning: {line}"
+            );
+        }
+    }
+
+    // The kinds kubernetes-validate has no schema for (the same for every version).
+    let crs = run(Command::new(&python)
+        .arg(repo().join("tests/chart/validate_crs.py"))
+        .args(rendered.keys()));
+    let cr_report = text(&crs.stdout);
+    assert!(
+        crs.status.success(),
+        "validate_crs.py failed:\n{cr_report}{}",
+        text(&crs.stderr)
+    );
+    let mut custom_checked = 0;
+    for (file, docs) in &rendered {
+        for (kind, name) in docs {
+            if CUSTOM_KINDS.contains(&kind.as_str()) {
+                let pass = format!("PASS {file} {kind}/{name}");
+                assert!(
+                    cr_report.contains(&pass),
+                    "{file}: {kind}/{name} not checked by validate_crs.py:\n{cr_report}"
+                );
+                custom_checked += 1;
+            }
+        }
+    }
+    assert!(
+        custom_checked >= 3,
+        "Certificate, Issuer and ServiceMonitor were checked"
+    );
+}
+
+fn namespace_selector_values(entry: &Value) -> Vec<String> {
+    let expressions = entry["namespaceSelector"]["matchExpressions"]
+        .as_array()
+        .expect("namespaceSelector.matchExpressions");
+    assert_eq!(expressions.len(), 1);
+    assert_eq!(expressions[0]["key"], "kubernetes.io/metadata.name");
+    assert_eq!(expressions[0]["operator"], "NotIn");
+    expressions[0]["values"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect()
+}
+
+fn assert_common_entry(entry: &Value, path: &str) {
+    let name = &entry["name"];
+    assert_eq!(entry["sideEffects"], "NoneOnDryRun", "{name}");
+    assert_eq!(entry["matchPolicy"], "Equivalent", "{name}");
+    assert_eq!(entry["timeoutSeconds"], 5, "{name}");
+    assert_eq!(
+        entry["admissionReviewVersions"],
+        json!(["v1", "v1beta1"]),
+        "{name}"
+    );
+    let service = &entry["clientConfig"]["service"];
+    assert_eq!(service["name"], RELEASE, "{name}");
+    assert_eq!(service["namespace"], NAMESPACE, "{name}");
+    assert_eq!(service["path"], path, "{name}");
+    assert_eq!(service["port"], 443, "{name}");
+}
+
+fn rule_summary(entry: &Value) -> Vec<(String, String, String)> {
+    let mut summary = Vec::new();
+    for rule in entry["rules"].as_array().unwrap() {
+        for group in rule["apiGroups"].as_array().unwrap() {
+            for resource in rule["resources"].as_array().unwrap() {
+                let operations: Vec<&str> = rule["operations"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|o| o.as_str().unwrap())
+                    .collect();
+                summary.push((
+                    group.as_str().unwrap().to_string(),
+                    resource.as_str().unwrap().to_string(),
+                    operations.join(","),
+                ));
+            }
+        }
+    }
+    summary
+}
+
+fn summary(items: &[(&str, &str, &str)]) -> Vec<(String, String, String)> {
+    items
+        .iter()
+        .map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string()))
+        .collect()
+}
+
+#[test]
+fn defaults_render_the_documented_webhooks() {
+    let Some(helm) = helm() else { return };
+    let docs = render(&helm, &[], "1.31.0");
+    let inject = format!("{NAMESPACE}/ip-webhook-serving-cert");
+
+    let mutating = one(&docs, "MutatingWebhookConfiguration");
+    assert_eq!(
+        mutating["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+        inject
+    );
+    assert_eq!(
+        webhook_names(mutating),
+        [
+            "pods.mutate.ip-webhook.io",
+            "pod-deletes.mutate.ip-webhook.io"
+        ]
+    );
+    let create = webhook(mutating, "pods.mutate.ip-webhook.io");
+    assert_common_entry(create, "/mutate");
+    assert_eq!(create["failurePolicy"], "Fail");
+    assert_eq!(create["reinvocationPolicy"], "IfNeeded");
+    assert_eq!(rule_summary(create), summary(&[("", "pods", "CREATE")]));
+    assert_eq!(
+        namespace_selector_values(create),
+        [NAMESPACE, "kube-system"]
+    );
+    assert!(create["matchConditions"].is_array());
+    assert!(create.get("objectSelector").is_none());
+    let delete = webhook(mutating, "pod-deletes.mutate.ip-webhook.io");
+    assert_common_entry(delete, "/mutate");
+    assert_eq!(delete["failurePolicy"], "Ignore");
+    assert_eq!(rule_summary(delete), summary(&[("", "pods", "DELETE")]));
+    assert_eq!(
+        namespace_selector_values(delete),
+        [NAMESPACE, "kube-system"]
+    );
+    let delete_conditions = delete["matchConditions"].to_string();
+    assert!(delete_conditions.contains("oldObject"));
+    assert!(
+        !delete_conditions
+            .replace("oldObject", "")
+            .contains("object"),
+        "a DELETE condition reads request.object, which is null on DELETE: {delete_conditions}"
+    );
+
+    let validating = one(&docs, "ValidatingWebhookConfiguration");
+    assert_eq!(
+        validating["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+        inject
+    );
+    assert_eq!(
+        webhook_names(validating),
+        [
+            "pods.validate.ip-webhook.io",
+            "ippools.validate.ip-webhook.io",
+            "workloads.validate.ip-webhook.io",
+            "deletes.validate.ip-webhook.io"
+        ]
+    );
+    for entry in validating["webhooks"].as_array().unwrap() {
+        assert_common_entry(entry, "/validate");
+        assert!(entry.get("reinvocationPolicy").is_none());
+    }
+    let pods = webhook(validating, "pods.validate.ip-webhook.io");
+    assert_eq!(pods["failurePolicy"], "Ignore");
+    assert_eq!(
+        rule_summary(pods),
+        summary(&[("", "pods", "CREATE,UPDATE")])
+    );
+    assert_eq!(namespace_selector_values(pods), [NAMESPACE, "kube-system"]);
+    let pools = webhook(validating, "ippools.validate.ip-webhook.io");
+    assert_eq!(pools["failurePolicy"], "Fail");
+    assert_eq!(
+        rule_summary(pools),
+        summary(&[("ip-webhook.io", "ippools", "CREATE,UPDATE,DELETE")])
+    );
+    let workloads = webhook(validating, "workloads.validate.ip-webhook.io");
+    assert_eq!(workloads["failurePolicy"], "Ignore");
+    assert_eq!(
+        workloads["matchConditions"][0]["name"],
+        "template-asks-fixed-ips"
+    );
+    assert_eq!(
+        rule_summary(workloads),
+        summary(&[
+            ("apps", "deployments", "CREATE,UPDATE"),
+            ("apps", "statefulsets", "CREATE,UPDATE"),
+            ("apps", "replicasets", "CREATE,UPDATE"),
+            ("apps", "daemonsets", "CREATE,UPDATE"),
+            ("batch", "jobs", "CREATE,UPDATE"),
+            ("batch", "cronjobs", "CREATE,UPDATE"),
+        ])
+    );
+    // Deleting a workload only makes the server forget its list: never blocked.
+    let deletes = webhook(validating, "deletes.validate.ip-webhook.io");
+    assert_eq!(deletes["failurePolicy"], "Ignore");
+    assert_eq!(
+        rule_summary(deletes),
+        summary(&[
+            ("apps", "deployments", "DELETE"),
+            ("apps", "statefulsets", "DELETE"),
+            ("apps", "replicasets", "DELETE"),
+            ("apps", "daemonsets", "DELETE"),
+            ("batch", "jobs", "DELETE"),
+            ("batch", "cronjobs", "DELETE"),
+        ])
+    );
+    // The CNI pool kinds only when switched on.
+    let all_rules = format!("{:?}", rule_summary(pools)) + &validating.to_string();
+    assert!(!all_rules.contains("kubeovn.io") && !all_rules.contains("crd.projectcalico.org"));
+}
+
+#[test]
+fn defaults_render_the_cert_manager_certificate_and_a_hardened_deployment() {
+    let Some(helm) = helm() else { return };
+    let docs = render(&helm, &[], "1.31.0");
+
+    let issuer = one(&docs, "Issuer");
+    assert_eq!(issuer["metadata"]["namespace"], NAMESPACE);
+    assert_eq!(issuer["spec"], json!({"selfSigned": {}}));
+    let certificate = one(&docs, "Certificate");
+    assert_eq!(certificate["metadata"]["name"], "ip-webhook-serving-cert");
+    assert_eq!(certificate["metadata"]["namespace"], NAMESPACE);
+    assert_eq!(
+        certificate["spec"]["dnsNames"],
+        json!([
+            "ip-webhook",
+            "ip-webhook.ip-webhook-system",
+            "ip-webhook.ip-webhook-system.svc",
+            "ip-webhook.ip-webhook-system.svc.cluster.local"
+        ])
+    );
+    assert_eq!(
+        certificate["spec"]["issuerRef"],
+        json!({"group": "cert-manager.io", "kind": "Issuer", "name": issuer["metadata"]["name"]})
+    );
+    assert_eq!(certificate["spec"]["secretName"], "ip-webhook-tls");
+
+    let deployment = one(&docs, "Deployment");
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert_eq!(deployment["spec"]["replicas"], 2);
+    assert!(
+        pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+            .is_array()
+    );
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    let security = &pod["containers"][0]["securityContext"];
+    assert_eq!(security["allowPrivilegeEscalation"], false);
+    assert_eq!(security["readOnlyRootFilesystem"], true);
+    assert_eq!(security["capabilities"]["drop"], json!(["ALL"]));
+    let resources = &pod["containers"][0]["resources"];
+    assert!(resources["requests"]["cpu"].is_string() && resources["limits"]["memory"].is_string());
+    // The TLS Secret is mounted as a whole directory: subPath mounts never see a renewal.
+    let tls_volume = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["secret"]["secretName"] == "ip-webhook-tls")
+        .expect("a volume from the TLS Secret");
+    let mount = pod["containers"][0]["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == tls_volume["name"])
+        .expect("the TLS volume is mounted");
+    assert!(mount.get("subPath").is_none());
+    assert!(args(&docs).contains(&format!(
+        "--tls-cert-file={}/tls.crt",
+        mount["mountPath"].as_str().unwrap()
+    )));
+    // Graceful shutdown: the grace period covers preStop sleep and --shutdown-grace.
+    assert!(args(&docs).contains(&"--shutdown-grace=25s".to_string()));
+    assert_eq!(
+        pod["containers"][0]["lifecycle"]["preStop"]["sleep"]["seconds"],
+        5
+    );
+    assert_eq!(pod["terminationGracePeriodSeconds"], 25 + 5 + 5);
+    assert!(args(&docs).contains(&"--ledger=kubernetes".to_string()));
+
+    let pdb = one(&docs, "PodDisruptionBudget");
+    assert_eq!(pdb["spec"]["minAvailable"], 1);
+    assert_eq!(
+        pdb["spec"]["selector"]["matchLabels"],
+        deployment["spec"]["selector"]["matchLabels"]
+    );
+    let service = one(&docs, "Service");
+    assert_eq!(
+        service["spec"]["selector"],
+        deployment["spec"]["selector"]["matchLabels"]
+    );
+    assert!(of_kind(&docs, "ServiceMonitor").is_empty());
+    // CRDs are the ones `ip-webhook crds` prints.
+    let crd_names: BTreeSet<&str> = of_kind(&docs, "CustomResourceDefinition")
+        .iter()
+        .map(|c| c["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        crd_names,
+        BTreeSet::from(["ippools.ip-webhook.io", "ipclaims.ip-webhook.io"])
+    );
+}
+
+fn rules_of(role: &Value) -> Vec<(String, String, BTreeSet<String>)> {
+    let mut out = Vec::new();
+    for rule in role["rules"].as_array().unwrap() {
+        let verbs: BTreeSet<String> = rule["verbs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap().to_string())
+            .collect();
+        for group in rule["apiGroups"].as_array().unwrap() {
+            for resource in rule["resources"].as_array().unwrap() {
+                out.push((
+                    group.as_str().unwrap().to_string(),
+                    resource.as_str().unwrap().to_string(),
+                    verbs.clone(),
+                ));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn grant(group: &str, resource: &str, verbs: &str) -> (String, String, BTreeSet<String>) {
+    (
+        group.to_string(),
+        resource.to_string(),
+        verbs.split(',').map(str::to_string).collect(),
+    )
+}
+
+#[test]
+fn rbac_grants_what_the_server_needs_and_the_cni_extras_only_when_switched_on() {
+    let Some(helm) = helm() else { return };
+    let base = vec![
+        grant("", "events", "create,patch"),
+        grant("", "pods", "get,list,watch"),
+        grant("events.k8s.io", "events", "create,patch"),
+        grant(
+            "ip-webhook.io",
+            "ipclaims",
+            "get,list,watch,create,update,patch,delete",
+        ),
+        grant("ip-webhook.io", "ipclaims/status", "update,patch"),
+        grant("ip-webhook.io", "ippools", "get,list,watch"),
+        grant("ip-webhook.io", "ippools/status", "update,patch"),
+    ];
+    let docs = render(&helm, &[], "1.31.0");
+    let mut expected = base.clone();
+    expected.sort();
+    assert_eq!(rules_of(one(&docs, "ClusterRole")), expected);
+    let role = one(&docs, "Role");
+    assert_eq!(role["metadata"]["namespace"], NAMESPACE);
+    assert_eq!(
+        rules_of(role),
+        vec![grant("coordination.k8s.io", "leases", "get,create,update")]
+    );
+    for binding in ["ClusterRoleBinding", "RoleBinding"] {
+        let subjects = &one(&docs, binding)["subjects"];
+        assert_eq!(
+            subjects,
+            &json!([{"kind": "ServiceAccount", "name": "ip-webhook", "namespace": NAMESPACE}])
+        );
+    }
+    assert_eq!(
+        one(&docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"],
+        "ip-webhook"
+    );
+
+    let docs = render(&helm, &["rbac.calico=true", "rbac.kubeOvn=true"], "1.31.0");
+    let mut expected = base.clone();
+    expected.extend([
+        grant("crd.projectcalico.org", "ippools", "list,watch"),
+        grant(
+            "crd.projectcalico.org",
+            "ipreservations",
+            "get,list,watch,create,update,patch,delete",
+        ),
+        grant("kubeovn.io", "subnets", "list,watch"),
+    ]);
+    expected.sort();
+    assert_eq!(rules_of(one(&docs, "ClusterRole")), expected);
+}
+
+#[test]
+fn cni_pool_kinds_are_validated_when_switched_on() {
+    let Some(helm) = helm() else { return };
+    let docs = render(&helm, CASES[5].set, "1.31.0");
+    let validating = one(&docs, "ValidatingWebhookConfiguration");
+    let subnets = webhook(validating, "kubeovn-subnets.validate.ip-webhook.io");
+    assert_common_entry(subnets, "/validate");
+    assert_eq!(subnets["failurePolicy"], "Fail");
+    assert_eq!(
+        rule_summary(subnets),
+        summary(&[("kubeovn.io", "subnets", "CREATE,UPDATE")])
+    );
+    let calico = webhook(validating, "calico-ippools.validate.ip-webhook.io");
+    assert_common_entry(calico, "/validate");
+    assert_eq!(
+        rule_summary(calico),
+        summary(&[
+            ("crd.projectcalico.org", "ippools", "CREATE,UPDATE"),
+            ("projectcalico.org", "ippools", "CREATE,UPDATE"),
+        ])
+    );
+    let deletes = rule_summary(webhook(validating, "deletes.validate.ip-webhook.io"));
+    for (group, resource) in [
+        ("kubeovn.io", "subnets"),
+        ("crd.projectcalico.org", "ippools"),
+        ("projectcalico.org", "ippools"),
+        ("apps", "deployments"),
+    ] {
+        assert!(
+            deletes.contains(&(group.into(), resource.into(), "DELETE".into())),
+            "{group}/{resource} DELETE missing from {deletes:?}"
+        );
+    }
+    // The server checks them only when told to.
+    let flags = args(&docs);
+    assert!(flags.contains(&"--check-kube-ovn-subnets".to_string()));
+    assert!(flags.contains(&"--check-calico-ippools".to_string()));
+    let plain = render(&helm, &[], "1.31.0");
+    assert!(!args(&plain).iter().any(|a| a.starts_with("--check-")));
+    // Without workload checks or CNI pools there is nothing to forget.
+    let bare = render(
+        &helm,
+        &["validatingWebhook.workloads.enabled=false"],
+        "1.31.0",
+    );
+    assert_eq!(
+        webhook_names(one(&bare, "ValidatingWebhookConfiguration")),
+        [
+            "pods.validate.ip-webhook.io",
+            "ippools.validate.ip-webhook.io"
+        ]
+    );
+    // Validating them needs reading them: the RBAC extras follow the switches.
+    let grants = format!("{:?}", rules_of(one(&docs, "ClusterRole")));
+    assert!(grants.contains("kubeovn.io") && grants.contains("crd.projectcalico.org"));
+    // Extra excluded namespaces join the two fixed ones, without duplicates.
+    assert_eq!(
+        namespace_selector_values(webhook(validating, "pods.validate.ip-webhook.io")),
+        [NAMESPACE, "kube-system", "monitoring"]
+    );
+    let monitor = one(&docs, "ServiceMonitor");
+    assert_eq!(monitor["spec"]["endpoints"][0]["port"], "metrics");
+    assert_eq!(monitor["spec"]["endpoints"][0]["path"], "/metrics");
+    let service = one(&docs, "Service");
+    let metrics_port = service["spec"]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "metrics")
+        .expect("a metrics Service port");
+    assert_eq!(metrics_port["targetPort"], "admin");
+}
+
+#[test]
+fn kubernetes_before_1_30_selects_pods_by_label_instead_of_cel() {
+    let Some(helm) = helm() else { return };
+    let docs = render(&helm, &[], "1.29.0");
+    let mutating = one(&docs, "MutatingWebhookConfiguration");
+    for entry in mutating["webhooks"].as_array().unwrap() {
+        assert!(
+            entry.get("matchConditions").is_none(),
+            "{}: matchConditions on 1.29",
+            entry["name"]
+        );
+        assert_eq!(
+            entry["objectSelector"],
+            json!({"matchExpressions": [{"key": "ip-webhook.io/fixed-ip", "operator": "Exists"}]})
+        );
+    }
+    let validating = one(&docs, "ValidatingWebhookConfiguration");
+    assert!(validating.to_string().find("matchConditions").is_none());
+    // The preStop sleep action is beta (on by default) from 1.30.
+    let pod = &one(&docs, "Deployment")["spec"]["template"]["spec"];
+    assert!(pod["containers"][0].get("lifecycle").is_none());
+    assert_eq!(pod["terminationGracePeriodSeconds"], 25 + 5);
+
+    // Forcing either mode works on any version.
+    let forced = render(
+        &helm,
+        &["mutatingWebhook.podSelection=objectSelector"],
+        "1.31.0",
+    );
+    let entry = &one(&forced, "MutatingWebhookConfiguration")["webhooks"][0];
+    assert!(entry.get("matchConditions").is_none() && entry["objectSelector"].is_object());
+    let forced = render(
+        &helm,
+        &["mutatingWebhook.podSelection=matchConditions"],
+        "1.29.0",
+    );
+    let entry = &one(&forced, "MutatingWebhookConfiguration")["webhooks"][0];
+    assert!(entry["matchConditions"].is_array() && entry.get("objectSelector").is_none());
+}
+
+#[test]
+fn validating_webhook_disabled_means_no_validating_resources() {
+    let Some(helm) = helm() else { return };
+    let docs = render(&helm, &["validatingWebhook.enabled=false"], "1.31.0");
+    assert!(of_kind(&docs, "ValidatingWebhookConfiguration").is_empty());
+    // The one server still answers /mutate, with its certificate.
+    assert_eq!(of_kind(&docs, "MutatingWebhookConfiguration").len(), 1);
+    assert_eq!(of_kind(&docs, "Deployment").len(), 1);
+    assert_eq!(of_kind(&docs, "Certificate").len(), 1);
+
+    // With both webhooks off, no webhook resource at all, whatever certificate.create says.
+    for create in ["true", "false"] {
+        let create = format!("validatingWebhook.certificate.create={create}");
+        let docs = render(
+            &helm,
+            &[
+                "validatingWebhook.enabled=false",
+                "mutatingWebhook.enabled=false",
+                &create,
+            ],
+            "1.31.0",
+        );
+        let present = kinds(&docs);
+        for absent in [
+            "ValidatingWebhookConfiguration",
+            "MutatingWebhookConfiguration",
+            "Certificate",
+            "Issuer",
+            "Secret",
+            "Deployment",
+            "Service",
+            "PodDisruptionBudget",
+            "ServiceMonitor",
+        ] {
+            assert!(!present.contains(absent), "{absent} rendered with {create}");
+        }
+    }
+}
+
+#[test]
+fn external_certificate_keeps_the_documented_names_and_injection() {
+    let Some(helm) = helm() else { return };
+    let docs = render(
+        &helm,
+        &["validatingWebhook.certificate.create=false"],
+        "1.31.0",
+    );
+    assert!(of_kind(&docs, "Certificate").is_empty());
+    assert!(of_kind(&docs, "Issuer").is_empty());
+    assert!(of_kind(&docs, "Secret").is_empty());
+    let inject = format!("{NAMESPACE}/ip-webhook-serving-cert");
+    for kind in [
+        "MutatingWebhookConfiguration",
+        "ValidatingWebhookConfiguration",
+    ] {
+        let config = one(&docs, kind);
+        assert_eq!(
+            config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+            inject
+        );
+        for entry in config["webhooks"].as_array().unwrap() {
+            assert!(entry["clientConfig"].get("caBundle").is_none());
+        }
+    }
+    let volumes = &one(&docs, "Deployment")["spec"]["template"]["spec"]["volumes"];
+    assert!(
+        volumes
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v["secret"]["secretName"] == "ip-webhook-tls")
+    );
+    // The names docs/install.md tells people to create.
+    let guide = std::fs::read_to_string(repo().join("docs/install.md")).unwrap();
+    assert!(guide.contains("name: ip-webhook-serving-cert"));
+    assert!(guide.contains("secretName: ip-webhook-tls"));
+}
+
+fn decode(b64: &Value) -> Vec<u8> {
+    base64::engine::general_purpose::STANDARD
+        .decode(b64.as_str().expect("base64 string"))
+        .expect("valid base64")
+}
+
+#[tokio::test]
+async fn helm_generated_certificate_is_trusted_through_ca_bundle_for_the_service_name() {
+    let Some(helm) = helm() else { return };
+    let docs = render(
+        &helm,
+        &["validatingWebhook.certificate.source=helm"],
+        "1.31.0",
+    );
+    assert!(of_kind(&docs, "Certificate").is_empty());
+    assert!(of_kind(&docs, "Issuer").is_empty());
+    let secret = one(&docs, "Secret");
+    assert_eq!(secret["metadata"]["name"], "ip-webhook-tls");
+    assert_eq!(secret["type"], "kubernetes.io/tls");
+    let ca = decode(&secret["data"]["ca.crt"]);
+    let mut bundles = BTreeSet::new();
+    for kind in [
+        "MutatingWebhookConfiguration",
+        "ValidatingWebhookConfiguration",
+    ] {
+        let config = one(&docs, kind);
+        assert!(config["metadata"].get("annotations").is_none());
+        for entry in config["webhooks"].as_array().unwrap() {
+            bundles.insert(decode(&entry["clientConfig"]["caBundle"]));
+        }
+    }
+    assert_eq!(
+        bundles,
+        BTreeSet::from([ca.clone()]),
+        "every caBundle is the Secret's ca.crt"
+    );
+
+    // The real server loads the Secret's files, and a client that trusts only caBundle
+    // completes a handshake under the name the API server dials.
+    let dir = tempfile::tempdir().unwrap();
+    let cert = dir.path().join("tls.crt");
+    let key = dir.path().join("tls.key");
+    std::fs::write(&cert, decode(&secret["data"]["tls.crt"])).unwrap();
+    std::fs::write(&key, decode(&secret["data"]["tls.key"])).unwrap();
+    let args = common::serve_args(
+        dir.path(),
+        &[
+            "--tls-cert-file",
+            cert.to_str().unwrap(),
+            "--tls-key-file",
+            key.to_str().unwrap(),
+        ],
+    );
+    let launched = ip_webhook::app::launch(&args).await.expect("server starts");
+    let addr = launched.running.https_addr;
+    for name in [
+        "ip-webhook",
+        "ip-webhook.ip-webhook-system",
+        SERVICE_DNS,
+        "ip-webhook.ip-webhook-system.svc.cluster.local",
+    ] {
+        let status = https_post_status(addr, &ca, name, "/mutate").await;
+        assert_eq!(status, Ok(200), "as {name}");
+    }
+    let wrong = https_post_status(addr, &ca, "other.ip-webhook-system.svc", "/mutate").await;
+    assert!(
+        wrong.is_err(),
+        "a name outside the SANs must fail: {wrong:?}"
+    );
+    launched.shutdown().await;
+}
+
+/// POST an AdmissionReview over TLS with SNI `server_name`; the HTTP status or the TLS error.
+async fn https_post_status(
+    addr: std::net::SocketAddr,
+    ca_pem: &[u8],
+    server_name: &str,
+    path: &str,
+) -> Result<u16, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let config = common::client_config(ca_pem);
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    let name = rustls::pki_types::ServerName::try_from(server_name.to_string())
+        .map_err(|e| e.to_string())?;
+    let mut tls = tokio_rustls::TlsConnector::from(config)
+        .connect(name, tcp)
+        .await
+        .map_err(|e| format!("TLS: {e}"))?;
+    let body = common::create(
+        "0df28fbd-5f5f-11e8-bc74-36e6bb280816",
+        common::pod("default", "web", "web-", None),
+    )
+    .to_string();
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nHost: {server_name}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    tls.write_all(request.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut reply = Vec::new();
+    tls.read_to_end(&mut reply)
+        .await
+        .map_err(|e| e.to_string())?;
+    let reply = text(&reply);
+    let status = reply
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("no HTTP status in {reply:?}"))?;
+    Ok(status)
+}
+
+/// The long flags `ip-webhook serve --help` lists.
+fn serve_help() -> (String, BTreeSet<String>) {
+    let output = run(Command::new(env!("CARGO_BIN_EXE_ip-webhook")).args(["serve", "--help"]));
+    assert!(output.status.success());
+    let help = text(&output.stdout);
+    let flags = help
+        .split(|c: char| c.is_whitespace() || c == ',' || c == '[' || c == ']')
+        .filter(|word| word.starts_with("--") && word.len() > 2)
+        .map(|word| word.split('=').next().unwrap().to_string())
+        .collect();
+    (help, flags)
+}
+
+#[test]
+fn deployment_flags_ports_and_paths_match_what_serve_accepts() {
+    let Some(helm) = helm() else { return };
+    let (help, accepted) = serve_help();
+    assert!(accepted.contains("--listen") && accepted.contains("--tls-cert-file"));
+    for case in CASES.iter().filter(|c| c.name != "no-webhooks") {
+        let docs = render(&helm, case.set, "1.31.0");
+        let args = args(&docs);
+        assert_eq!(args[0], "serve", "case {}", case.name);
+        for arg in &args[1..] {
+            let flag = arg.split('=').next().unwrap();
+            assert!(
+                accepted.contains(flag),
+                "case {}: the Deployment passes {flag}, which `serve --help` does not list:\n{help}",
+                case.name
+            );
+        }
+        // The real parser takes the whole list, values included.
+        let argv = std::iter::once("ip-webhook".to_string()).chain(args.iter().cloned());
+        let cli = ip_webhook::cli::Cli::try_parse_from(argv)
+            .unwrap_or_else(|e| panic!("case {}: {args:?} does not parse: {e}", case.name));
+        let ip_webhook::cli::Command::Serve(serve) = cli.command else {
+            panic!("not a serve command")
+        };
+        assert_eq!(serve.listen.port(), container_port(&docs, "https"));
+        assert_eq!(serve.admin_listen.port(), container_port(&docs, "admin"));
+        assert_eq!(
+            serve.webhook.ledger,
+            Some(ip_webhook::cli::LedgerKind::Kubernetes)
+        );
+        if case.name == "everything-on" {
+            assert_eq!(serve.tls_reload_interval, std::time::Duration::from_secs(5));
+            assert!(serve.webhook.check_kube_ovn_subnets && serve.webhook.check_calico_ippools);
+        }
+
+        // Probes hit the admin port's paths; the Service routes 443 to the HTTPS port.
+        let container = container(&docs);
+        assert_eq!(container["livenessProbe"]["httpGet"]["port"], "admin");
+        assert_eq!(container["readinessProbe"]["httpGet"]["port"], "admin");
+        for probe in ["livenessProbe", "readinessProbe"] {
+            let path = container[probe]["httpGet"]["path"].as_str().unwrap();
+            assert!(
+                help.contains(path),
+                "{probe} path {path} not in serve --help"
+            );
+        }
+        let service = one(&docs, "Service");
+        let https = service["spec"]["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == "https")
+            .unwrap();
+        assert_eq!(https["targetPort"], "https");
+        assert_eq!(https["port"], 443);
+        for kind in [
+            "MutatingWebhookConfiguration",
+            "ValidatingWebhookConfiguration",
+        ] {
+            for config in of_kind(&docs, kind) {
+                for entry in config["webhooks"].as_array().unwrap() {
+                    let path = entry["clientConfig"]["service"]["path"].as_str().unwrap();
+                    assert!(
+                        help.contains(&format!("POST {path}")),
+                        "webhook path {path} not served according to serve --help"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn values_schema_refuses_typos_and_out_of_range_settings() {
+    let Some(helm) = helm() else { return };
+    for (set, names) in [
+        ("mutatingWebhook.timeoutSeconds=0", "timeoutSeconds"),
+        ("validatingWebhook.timeoutSeconds=31", "timeoutSeconds"),
+        ("validatingWebhook.certifcate.create=false", "certifcate"),
+        ("mutatingWebhook.failurePolicy=fail", "failurePolicy"),
+        ("validatingWebhook.certificate.source=vault", "source"),
+        ("server.cni=flannel", "cni"),
+    ] {
+        let error = template_text(&helm, &[set], "1.31.0")
+            .expect_err(&format!("--set {set} must be refused"));
+        assert!(
+            error.contains(names) && error.contains("schema"),
+            "--set {set}: the error should name {names}: {error}"
+        );
+    }
+    // Replicas with per-pod books would hand out the same IP twice.
+    let error = template_text(&helm, &["server.ledger=embedded"], "1.31.0")
+        .expect_err("embedded ledger with 2 replicas must be refused");
+    assert!(error.contains("server.ledger=embedded"), "{error}");
+    assert!(
+        template_text(
+            &helm,
+            &["server.ledger=embedded", "replicaCount=1"],
+            "1.31.0"
+        )
+        .is_ok()
+    );
+    let within = template_text(&helm, &["validatingWebhook.timeoutSeconds=30"], "1.31.0");
+    assert!(within.is_ok(), "{within:?}");
+}
+
+#[test]
+fn plain_manifest_is_the_chart_rendered_with_defaults() {
+    if helm().is_none() {
+        return;
+    }
+    let output = run(Command::new("bash")
+        .arg(repo().join("scripts/render-manifests.sh"))
+        .arg("-"));
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let shipped = std::fs::read_to_string(repo().join("deploy/manifests/ip-webhook.yaml"))
+        .expect("deploy/manifests/ip-webhook.yaml exists");
+    assert!(
+        shipped == text(&output.stdout),
+        "deploy/manifests/ip-webhook.yaml is stale; regenerate it with scripts/render-manifests.sh"
+    );
+    let docs = parse_documents(&shipped);
+    assert_eq!(docs[0]["kind"], "Namespace");
+    assert_eq!(docs[0]["metadata"]["name"], NAMESPACE);
+    assert!(docs[1..].iter().all(|d| {
+        d["metadata"].get("namespace").is_none() || d["metadata"]["namespace"] == NAMESPACE
+    }));
+}
+
+// ---- CEL ------------------------------------------------------------------------------
+
+/// The rendered CEL conditions, by entry name, on Kubernetes 1.31.
+fn rendered_conditions(helm: &Path) -> Vec<(String, String, String)> {
+    let docs = render(helm, &[], "1.31.0");
+    let mut out = Vec::new();
+    for kind in [
+        "MutatingWebhookConfiguration",
+        "ValidatingWebhookConfiguration",
+    ] {
+        for entry in one(&docs, kind)["webhooks"].as_array().unwrap() {
+            for condition in entry["matchConditions"].as_array().into_iter().flatten() {
+                out.push((
+                    entry["name"].as_str().unwrap().to_string(),
+                    condition["name"].as_str().unwrap().to_string(),
+                    condition["expression"].as_str().unwrap().to_string(),
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// Evaluate `expression` as the API server would for a request with these objects.
+fn evaluate(expression: &str, object: &Value, old_object: &Value) -> Result<bool, String> {
+    let program = cel::Program::compile(expression).map_err(|e| format!("compile: {e}"))?;
+    let mut context = cel::Context::default();
+    let request = json!({"operation": if object.is_null() { "DELETE" } else { "CREATE" }});
+    for (name, value) in [
+        ("object", object),
+        ("oldObject", old_object),
+        ("request", &request),
+    ] {
+        let value = cel::to_value(value).map_err(|e| format!("{name}: {e}"))?;
+        context.add_variable_from_value(name, value);
+    }
+    match program.execute(&context) {
+        Ok(cel::Value::Bool(b)) => Ok(b),
+        Ok(other) => Err(format!("not a bool: {other:?}")),
+        Err(e) => Err(format!("execution error: {e}")),
+    }
+}
+
+/// Pods as users write them, and what each condition must answer for them.
+struct PodCase {
+    name: &'static str,
+    pod: Value,
+    /// pod-wants-fixed-ip: the pod asks us for an IP.
+    wants_ip: bool,
+    /// pod-holds-ip: the pod may hold an IP in our books.
+    holds_ip: bool,
+}
+
+fn pod_cases() -> Vec<PodCase> {
+    let meta = |m: Value| json!({"apiVersion": "v1", "kind": "Pod", "metadata": m, "spec": {}});
+    vec![
+        PodCase {
+            name: "no metadata maps",
+            pod: meta(json!({"name": "plain", "namespace": "default"})),
+            wants_ip: false,
+            holds_ip: false,
+        },
+        PodCase {
+            name: "no metadata at all",
+            pod: json!({"apiVersion": "v1", "kind": "Pod"}),
+            wants_ip: false,
+            holds_ip: false,
+        },
+        PodCase {
+            name: "empty maps",
+            pod: meta(json!({"name": "e", "annotations": {}, "labels": {}})),
+            wants_ip: false,
+            holds_ip: false,
+        },
+        PodCase {
+            name: "unrelated annotations and labels",
+            pod: meta(json!({"annotations": {"a": "b"}, "labels": {"app": "web"}})),
+            wants_ip: false,
+            holds_ip: false,
+        },
+        PodCase {
+            name: "allocatable-ips annotation",
+            pod: meta(json!({"annotations": {"ip-webhook.io/allocatable-ips": "10.0.0.10"}})),
+            wants_ip: true,
+            holds_ip: false,
+        },
+        PodCase {
+            name: "ip-pool annotation, no labels",
+            pod: meta(json!({"annotations": {"ip-webhook.io/ip-pool": "blue"}})),
+            wants_ip: true,
+            holds_ip: false,
+        },
+        PodCase {
+            name: "fixed-ip label only",
+            pod: meta(json!({"labels": {"ip-webhook.io/fixed-ip": ""}})),
+            wants_ip: true,
+            holds_ip: true,
+        },
+        PodCase {
+            name: "hand-written Calico static IP",
+            pod: meta(json!({"annotations": {"cni.projectcalico.org/ipAddrs": "[\"10.0.0.9\"]"}})),
+            wants_ip: true,
+            holds_ip: true,
+        },
+        PodCase {
+            name: "hand-written Kube-OVN static IP",
+            pod: meta(json!({"annotations": {"ovn.kubernetes.io/ip_address": "10.16.0.15"}})),
+            wants_ip: true,
+            holds_ip: true,
+        },
+        PodCase {
+            name: "mutated pod",
+            pod: meta(json!({
+                "annotations": {
+                    "ip-webhook.io/allocatable-ips": "10.0.0.10",
+                    "ip-webhook.io/status": "mutated",
+                    "cni.projectcalico.org/ipAddrs": "[\"10.0.0.10\"]"
+                },
+                "labels": {"app": "web", "ip-webhook.io/allocated-ip": "10.0.0.10"}
+            })),
+            wants_ip: true,
+            holds_ip: true,
+        },
+        PodCase {
+            name: "allocated label without annotations",
+            pod: meta(json!({"labels": {"ip-webhook.io/allocated-ip": "fd00--a"}})),
+            wants_ip: false,
+            holds_ip: true,
+        },
+    ]
+}
+
+#[test]
+fn cel_match_conditions_select_the_right_pods_and_never_error() {
+    let Some(helm) = helm() else { return };
+    let all = rendered_conditions(&helm);
+    let names: BTreeSet<&str> = all.iter().map(|(_, n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        BTreeSet::from([
+            "pod-wants-fixed-ip",
+            "pod-holds-ip",
+            "template-asks-fixed-ips"
+        ])
+    );
+    let conditions: Vec<_> = all
+        .into_iter()
+        .filter(|(_, name, _)| name.starts_with("pod-"))
+        .collect();
+    assert_eq!(
+        conditions.len(),
+        3,
+        "CREATE, DELETE and validate-pods entries"
+    );
+    let null = Value::Null;
+    for (entry, condition, expression) in &conditions {
+        for case in pod_cases() {
+            let create = evaluate(expression, &case.pod, &null);
+            let update = evaluate(expression, &case.pod, &case.pod);
+            let delete = evaluate(expression, &null, &case.pod);
+            let (on_create, on_delete) = match condition.as_str() {
+                // Reads object: true for the pods that ask, false when object is null.
+                "pod-wants-fixed-ip" => (case.wants_ip, false),
+                // Reads oldObject only: false on CREATE, where oldObject is null.
+                "pod-holds-ip" => (false, case.holds_ip),
+                other => panic!("untested condition {other}"),
+            };
+            let on_update = on_create || on_delete;
+            let context = format!("{entry}/{condition} on pod '{}'", case.name);
+            assert_eq!(create, Ok(on_create), "{context}, CREATE");
+            assert_eq!(update, Ok(on_update), "{context}, UPDATE");
+            assert_eq!(delete, Ok(on_delete), "{context}, DELETE");
+        }
+    }
+}
+
+#[test]
+fn cel_evaluation_reports_errors_so_the_guards_are_what_keeps_conditions_safe() {
+    // The interpreter does error where the API server would: without the has() guards, a pod
+    // without annotations, or a null object, makes the unguarded expression fail.
+    let pod = json!({"metadata": {"name": "plain"}});
+    let unguarded = "'ip-webhook.io/ip-pool' in object.metadata.annotations";
+    assert!(evaluate(unguarded, &pod, &Value::Null).is_err());
+    assert!(evaluate("has(object.metadata.labels)", &Value::Null, &pod).is_err());
+}
+
+#[test]
+fn dockerfile_builds_what_the_chart_runs() {
+    let dockerfile = std::fs::read_to_string(repo().join("Dockerfile")).unwrap();
+    let stages: Vec<&str> = dockerfile
+        .lines()
+        .filter(|l| l.starts_with("FROM "))
+        .collect();
+    assert!(stages.len() >= 2, "multi-stage: {stages:?}");
+    assert!(
+        stages[stages.len() - 1].contains("distroless"),
+        "small runtime base: {stages:?}"
+    );
+    // The builder is the toolchain Cargo.toml asks for.
+    let manifest = std::fs::read_to_string(repo().join("Cargo.toml")).unwrap();
+    let rust_version = manifest
+        .lines()
+        .find_map(|l| l.strip_prefix("rust-version = "))
+        .unwrap()
+        .trim_matches('"');
+    assert!(
+        stages[0].starts_with(&format!("FROM rust:{rust_version}")),
+        "{stages:?} vs rust-version {rust_version}"
+    );
+    let final_stage = dockerfile.rsplit("\nFROM ").next().unwrap();
+    assert!(final_stage.contains("ENTRYPOINT [\"/ip-webhook\"]"));
+    let user = final_stage
+        .lines()
+        .find_map(|l| l.strip_prefix("USER "))
+        .expect("the image names its user");
+    let uid: u64 = user.split(':').next().unwrap().parse().unwrap();
+    assert_ne!(uid, 0, "non-root");
+    let Some(helm) = helm() else { return };
+    let docs = render(&helm, &[], "1.31.0");
+    let pod = &one(&docs, "Deployment")["spec"]["template"]["spec"];
+    assert_eq!(pod["securityContext"]["runAsUser"], uid);
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+}
+
+/// Workloads as users write them, and whether their pod template asks for fixed IPs.
+fn workload_cases() -> Vec<(&'static str, Value, bool)> {
+    let with_template = |kind: &str, template_meta: Value| {
+        json!({"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": "w"},
+               "spec": {"replicas": 2, "template": {"metadata": template_meta, "spec": {}}}})
+    };
+    let cronjob = |template_meta: Value| {
+        json!({"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": "c"},
+               "spec": {"schedule": "* * * * *", "jobTemplate": {"spec": {"template": {"metadata": template_meta}}}}})
+    };
+    vec![
+        (
+            "Deployment without template annotations",
+            with_template("Deployment", json!({"labels": {"app": "web"}})),
+            false,
+        ),
+        (
+            "Deployment with an IP list",
+            with_template(
+                "Deployment",
+                json!({"annotations": {"ip-webhook.io/allocatable-ips": "10.0.0.10-10.0.0.12"}}),
+            ),
+            true,
+        ),
+        (
+            "StatefulSet drawing from a pool",
+            with_template(
+                "StatefulSet",
+                json!({"annotations": {"ip-webhook.io/ip-pool": "blue"}}),
+            ),
+            true,
+        ),
+        (
+            "annotation on the Deployment itself, not its template",
+            json!({"kind": "Deployment",
+                   "metadata": {"annotations": {"ip-webhook.io/allocatable-ips": "10.0.0.10"}},
+                   "spec": {"template": {"metadata": {}}}}),
+            false,
+        ),
+        (
+            "CronJob with an IP list",
+            cronjob(json!({"annotations": {"ip-webhook.io/allocatable-ips": "10.0.0.10"}})),
+            true,
+        ),
+        ("CronJob without", cronjob(json!({})), false),
+        (
+            "CronJob without a job template",
+            json!({"kind": "CronJob", "spec": {"schedule": "* * * * *"}}),
+            false,
+        ),
+        (
+            "no spec",
+            json!({"kind": "Deployment", "metadata": {}}),
+            false,
+        ),
+    ]
+}
+
+#[test]
+fn cel_workload_condition_sees_template_annotations_before_and_after_and_never_errors() {
+    let Some(helm) = helm() else { return };
+    let conditions: Vec<_> = rendered_conditions(&helm)
+        .into_iter()
+        .filter(|(_, name, _)| name == "template-asks-fixed-ips")
+        .collect();
+    assert_eq!(conditions.len(), 1);
+    let (entry, _, expression) = &conditions[0];
+    assert_eq!(entry, "workloads.validate.ip-webhook.io");
+    let null = Value::Null;
+    let plain = json!({"kind": "Deployment", "spec": {"template": {"metadata": {}}}});
+    for (name, workload, asks) in workload_cases() {
+        assert_eq!(
+            evaluate(expression, &workload, &null),
+            Ok(asks),
+            "{name}, CREATE"
+        );
+        assert_eq!(
+            evaluate(expression, &workload, &workload),
+            Ok(asks),
+            "{name}, UPDATE"
+        );
+        // An UPDATE that removes the annotations still reaches the server, which forgets.
+        assert_eq!(
+            evaluate(expression, &plain, &workload),
+            Ok(asks),
+            "{name}, UPDATE removing the annotations"
+        );
+        assert_eq!(
+            evaluate(expression, &null, &workload),
+            Ok(asks),
+            "{name}, DELETE shape"
+        );
+    }
+}
