@@ -197,6 +197,13 @@ pub fn review(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Response, Re
             .or_else(|| incoming.request.name.as_deref().map(str::to_string))
             .unwrap_or_default(),
     };
+    // A workload that (no longer) asks for fixed IPs lists none: forget any list it had.
+    let lists_nothing = |response: Response| {
+        if !incoming.dry_run() {
+            webhook.workloads.forget(&id);
+        }
+        Ok(response)
+    };
     let (template, path, replicas) = match (&workload.spec.template, &workload.spec.job_template) {
         (Some(template), _) => (
             &template.metadata,
@@ -209,14 +216,14 @@ pub fn review(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Response, Re
                 "spec.jobTemplate.spec.template.metadata",
                 job.spec.parallelism,
             ),
-            None => return Ok(response),
+            None => return lists_nothing(response),
         },
-        (None, None) => return Ok(response),
+        (None, None) => return lists_nothing(response),
     };
     let list = template.annotation(ALLOCATABLE_IPS);
     let pool_name = template.annotation(IP_POOL);
     if list.is_none() && pool_name.is_none() {
-        return Ok(response);
+        return lists_nothing(response);
     }
     let app_label = &webhook.settings.app_label;
     let Some(app) = template.label(app_label).filter(|a| !a.is_empty()) else {
@@ -302,8 +309,12 @@ pub fn review(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Response, Re
         .iter()
         .flatten()
         .any(|o| o.controller.unwrap_or(false));
-    if from_pool.is_none() && !incoming.dry_run() && !owned_by_controller && !id.name.is_empty() {
-        webhook.workloads.record(id, app_key, &set);
+    if !incoming.dry_run() {
+        if from_pool.is_none() && !owned_by_controller && !id.name.is_empty() {
+            webhook.workloads.record(id, app_key, &set);
+        } else {
+            webhook.workloads.forget(&id);
+        }
     }
     Ok(response)
 }

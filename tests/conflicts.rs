@@ -347,6 +347,40 @@ async fn workload_checks() {
     )
     .await;
     expect(&same_app, None, "same app");
+    // once web stops listing its IPs, another app may list them
+    let (unlisted, gvk) = workload(
+        "Deployment",
+        "web",
+        "web",
+        json!({}),
+        json!({"replicas": 2}),
+    );
+    let (listed, _) = workload(
+        "Deployment",
+        "web",
+        "web",
+        list("10.50.0.1-10.50.0.4"),
+        json!({"replicas": 2}),
+    );
+    expect(
+        &server
+            .validate(&object_review(gvk, "UPDATE", Some(unlisted), Some(listed)))
+            .await,
+        None,
+        "unlist",
+    );
+    let db = check_workload(
+        &server,
+        workload(
+            "StatefulSet",
+            "db",
+            "db",
+            list("10.50.0.4-10.50.0.8"),
+            json!({"replicas": 1}),
+        ),
+    )
+    .await;
+    expect(&db, None, "listed by nobody now");
 }
 
 #[tokio::test]
