@@ -335,17 +335,15 @@ async fn workload_checks() {
         }
     }
     // the same app's ReplicaSet (made by the Deployment) may repeat the list
-    let same_app = check_workload(
-        &server,
-        workload(
-            "ReplicaSet",
-            "web-5d9c",
-            "web",
-            list("10.50.0.1-10.50.0.4"),
-            json!({"replicas": 2}),
-        ),
-    )
-    .await;
+    let (mut replica_set, gvk) = workload(
+        "ReplicaSet",
+        "web-5d9c",
+        "web",
+        list("10.50.0.1-10.50.0.4"),
+        json!({"replicas": 2}),
+    );
+    replica_set["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "uid": "u", "controller": true}]);
+    let same_app = check_workload(&server, (replica_set, gvk)).await;
     expect(&same_app, None, "same app");
     // once web stops listing its IPs, another app may list them
     let (unlisted, gvk) = workload(
