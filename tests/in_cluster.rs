@@ -52,7 +52,9 @@ impl FakeApi {
         {
             Ok(child) => child,
             Err(error) => {
-                println!("SKIP: cannot run python3 ({error}); in-cluster integration tests need it");
+                println!(
+                    "SKIP: cannot run python3 ({error}); in-cluster integration tests need it"
+                );
                 return None;
             }
         };
@@ -61,7 +63,10 @@ impl FakeApi {
         std::fs::write(fake.kubeconfig(), fake.kubeconfig_yaml()).unwrap();
         let deadline = Instant::now() + Duration::from_secs(20);
         while fake.raw("GET", "/version").is_err() {
-            assert!(Instant::now() < deadline, "fakeapi.py did not start on port {port}");
+            assert!(
+                Instant::now() < deadline,
+                "fakeapi.py did not start on port {port}"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         Some(fake)
@@ -159,7 +164,10 @@ where
 }
 
 fn message(response: &Value) -> String {
-    response["status"]["message"].as_str().unwrap_or("").to_string()
+    response["status"]["message"]
+        .as_str()
+        .unwrap_or("")
+        .to_string()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -172,14 +180,24 @@ async fn two_replicas_racing_for_the_last_ip_one_wins_the_other_is_denied() {
     for round in 0..6 {
         let ip = format!("10.77.0.{}", round + 1);
         let app = format!("race{round}");
-        let review_a = create(&format!("a-{round}"), pod("default", &app, &format!("{app}-"), Some(&ip)));
-        let review_b = create(&format!("b-{round}"), pod("default", &app, &format!("{app}-"), Some(&ip)));
+        let review_a = create(
+            &format!("a-{round}"),
+            pod("default", &app, &format!("{app}-"), Some(&ip)),
+        );
+        let review_b = create(
+            &format!("b-{round}"),
+            pod("default", &app, &format!("{app}-"), Some(&ip)),
+        );
         let (from_a, from_b) = tokio::join!(a.mutate(&review_a), b.mutate(&review_b));
         let allowed: Vec<&Value> = [&from_a, &from_b]
             .into_iter()
             .filter(|r| r["allowed"] == true)
             .collect();
-        assert_eq!(allowed.len(), 1, "round {round}: exactly one wins: {from_a} {from_b}");
+        assert_eq!(
+            allowed.len(),
+            1,
+            "round {round}: exactly one wins: {from_a} {from_b}"
+        );
         let (winner_uid, loser) = if from_a["allowed"] == true {
             (format!("a-{round}"), &from_b)
         } else {
@@ -226,7 +244,10 @@ async fn a_restarted_replica_rebuilds_its_books_from_ipclaims() {
         .mutate(&create("r-3", pod("default", "db", "db-", Some(list))))
         .await;
     assert_eq!(response["allowed"], false);
-    assert!(message(&response).contains("all 2 allocatable IPs are held"), "{response}");
+    assert!(
+        message(&response).contains("all 2 allocatable IPs are held"),
+        "{response}"
+    );
 }
 
 /// Create the pod the API server would persist after admission: the patched object, named.
@@ -300,10 +321,14 @@ async fn the_reconciler_binds_reclaims_expires_and_counts() {
 
     // The pod is deleted and no admission DELETE reaches the webhook: the reconciler frees
     // the IP (the pod UID is gone) and says so in an Event.
-    pods.delete("web-x7k2p", &DeleteParams::default()).await.unwrap();
-    eventually("the claim to be reclaimed", Duration::from_secs(15), || async {
-        claims.get_opt(&ip).await.ok()?.is_none().then_some(())
-    })
+    pods.delete("web-x7k2p", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        "the claim to be reclaimed",
+        Duration::from_secs(15),
+        || async { claims.get_opt(&ip).await.ok()?.is_none().then_some(()) },
+    )
     .await;
     let reclaimed = eventually("an IPReclaimed event", Duration::from_secs(10), || async {
         let found = events_with_reason(&events, "IPReclaimed").await;
@@ -311,24 +336,45 @@ async fn the_reconciler_binds_reclaims_expires_and_counts() {
     })
     .await;
     assert!(
-        reclaimed[0].note.as_deref().unwrap_or("").contains(&format!("default/web-x7k2p (uid {uid})")),
+        reclaimed[0]
+            .note
+            .as_deref()
+            .unwrap_or("")
+            .contains(&format!("default/web-x7k2p (uid {uid})")),
         "{:?}",
         reclaimed[0].note
     );
     assert!(
-        server.launched.webhook.allocator.holder(&ip.parse().unwrap()).is_none(),
+        server
+            .launched
+            .webhook
+            .allocator
+            .holder(&ip.parse().unwrap())
+            .is_none(),
         "the replica's index follows the delete"
     );
 
     // An admission whose pod never appears: the reservation expires after --reservation-ttl.
     let response = server
-        .mutate(&create("never-1", pod("default", "job", "job-", Some("10.79.8.1"))))
+        .mutate(&create(
+            "never-1",
+            pod("default", "job", "job-", Some("10.79.8.1")),
+        ))
         .await;
     assert_eq!(response["allowed"], true, "{response}");
     assert!(claims.get_opt("10.79.8.1").await.unwrap().is_some());
-    eventually("the reservation to expire", Duration::from_secs(20), || async {
-        claims.get_opt("10.79.8.1").await.ok()?.is_none().then_some(())
-    })
+    eventually(
+        "the reservation to expire",
+        Duration::from_secs(20),
+        || async {
+            claims
+                .get_opt("10.79.8.1")
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        },
+    )
     .await;
     let expired = events_with_reason(&events, "ReservationExpired").await;
     assert_eq!(expired.len(), 1, "{expired:?}");
