@@ -101,6 +101,24 @@ impl FakeApi {
             .ok_or_else(|| std::io::Error::other(format!("no status line in {reply:?}")))
     }
 
+    /// POST a JSON body to a /fake/* control hook.
+    fn control(&self, path: &str, body: Value) {
+        let body = body.to_string();
+        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        write!(
+            stream,
+            "POST {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut reply = String::new();
+        stream.read_to_string(&mut reply).unwrap();
+        assert!(
+            reply.starts_with("HTTP/1.0 200") || reply.starts_with("HTTP/1.1 200"),
+            "{reply}"
+        );
+    }
+
     async fn client(&self) -> Client {
         ip_webhook::app::kube_client(Some(&self.kubeconfig()))
             .await
@@ -376,6 +394,130 @@ async fn the_reconciler_binds_reclaims_expires_and_counts() {
         },
     )
     .await;
-    let expired = events_with_reason(&events, "ReservationExpired").await;
+    // The Event is published right after the delete.
+    let expired = eventually(
+        "a ReservationExpired event",
+        Duration::from_secs(10),
+        || async {
+            let found = events_with_reason(&events, "ReservationExpired").await;
+            (!found.is_empty()).then_some(found)
+        },
+    )
+    .await;
     assert_eq!(expired.len(), 1, "{expired:?}");
+    assert!(
+        expired[0]
+            .note
+            .as_deref()
+            .unwrap_or("")
+            .contains("IP 10.79.8.1 returned to the pool: reserved for default/job-*"),
+        "{:?}",
+        expired[0].note
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_waits_for_the_watches_to_sync() {
+    let Some(fake) = FakeApi::start() else { return };
+    fake.install_crds().await;
+    // Listing pods fails until cleared: the pod cache cannot sync.
+    fake.control(
+        "/fake/fail",
+        json!({"method": "GET", "path": "^/api/v1/pods$", "code": 500, "count": 1_000_000}),
+    );
+    let kubeconfig = fake.kubeconfig().display().to_string();
+    let server = TestServer::start(&["--ledger", "kubernetes", "--kubeconfig", &kubeconfig]).await;
+    let until = Instant::now() + Duration::from_millis(1500);
+    while Instant::now() < until {
+        let (code, body) = server.admin_get("/readyz").await;
+        assert_eq!(code, 503, "ready before the pod cache synced: {body}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    fake.control("/fake/fail", json!({"clear": true}));
+    wait_ready(&server).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statefulset_pod_gets_its_ip_back_within_the_sticky_grace() {
+    let Some(fake) = FakeApi::start() else { return };
+    let client = fake.install_crds().await;
+    let server = fake
+        .replica(&[
+            "--sticky-grace",
+            "60s",
+            "--lease-duration",
+            "2s",
+            "--lease-renew-interval",
+            "200ms",
+        ])
+        .await;
+    let claims: Api<IPClaim> = Api::all(client.clone());
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let list = "10.80.0.1-10.80.0.3";
+    let web0 = |uid: &str| {
+        let mut object = pod("default", "web", "", Some(list));
+        object["metadata"]["name"] = json!("web-0");
+        object["metadata"]["ownerReferences"] = json!([{
+            "apiVersion": "apps/v1", "kind": "StatefulSet", "name": "web",
+            "uid": uid, "controller": true, "blockOwnerDeletion": true,
+        }]);
+        object
+    };
+    let object = web0("sts-uid");
+    let response = server.mutate(&create("web-0-first", object.clone())).await;
+    assert_eq!(common::allocated_ip(&response), "10.80.0.1");
+    persist(&pods, apply(&object, &response), "web-0").await;
+    let bound = eventually(
+        "web-0's claim to be bound",
+        Duration::from_secs(15),
+        || async {
+            let claim = claims.get("10.80.0.1").await.ok()?;
+            (claim.status.as_ref()?.phase == "Bound").then_some(claim)
+        },
+    )
+    .await;
+    assert!(bound.spec.sticky, "a StatefulSet pod's claim is sticky");
+
+    pods.delete("web-0", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        "the claim to be kept as Released",
+        Duration::from_secs(15),
+        || async {
+            let claim = claims.get("10.80.0.1").await.ok()?;
+            (claim.status.as_ref()?.phase == "Released").then_some(())
+        },
+    )
+    .await;
+    eventually(
+        "the replica to see the kept claim",
+        Duration::from_secs(5),
+        || async {
+            server
+                .launched
+                .webhook
+                .allocator
+                .holder(&"10.80.0.1".parse().unwrap())
+                .filter(|c| c.phase == ip_webhook::ledger::Phase::Released)
+        },
+    )
+    .await;
+
+    // Another pod of the app does not get the kept IP...
+    let response = server
+        .mutate(&create(
+            "other-1",
+            pod("default", "web", "other-", Some(list)),
+        ))
+        .await;
+    assert_eq!(common::allocated_ip(&response), "10.80.0.2");
+    // ...the recreated web-0 does.
+    let response = server
+        .mutate(&create("web-0-second", web0("sts-uid")))
+        .await;
+    assert_eq!(response["allowed"], true, "{response}");
+    assert_eq!(common::allocated_ip(&response), "10.80.0.1");
+    let record = claims.get("10.80.0.1").await.unwrap();
+    assert_eq!(record.spec.request_uid, "web-0-second");
 }
