@@ -521,3 +521,53 @@ async fn a_statefulset_pod_gets_its_ip_back_within_the_sticky_grace() {
     let record = claims.get("10.80.0.1").await.unwrap();
     assert_eq!(record.spec.request_uid, "web-0-second");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_the_leader_goes_another_replica_takes_over_the_reconciler() {
+    let Some(fake) = FakeApi::start() else { return };
+    let client = fake.install_crds().await;
+    let fast = ["--lease-duration", "2s", "--lease-renew-interval", "200ms"];
+    let first = fake.replica(&fast).await;
+    let leads = |server: &TestServer| *server.launched.cluster.as_ref().unwrap().leading.borrow();
+    eventually(
+        "the first replica to lead",
+        Duration::from_secs(10),
+        || async { leads(&first).then_some(()) },
+    )
+    .await;
+    let second = fake.replica(&fast).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(!leads(&second), "one leader at a time");
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), "default");
+    let holder = |lease: k8s_openapi::api::coordination::v1::Lease| {
+        let spec = lease.spec.unwrap_or_default();
+        (
+            spec.holder_identity.unwrap_or_default(),
+            spec.lease_transitions.unwrap_or(0),
+        )
+    };
+    let (first_holder, _) = holder(leases.get("ip-webhook-reconciler").await.unwrap());
+
+    // The leader stops without giving the Lease back (as if its node died).
+    first.launched.shutdown().await;
+    let claims: Api<IPClaim> = Api::all(client.clone());
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let object = pod("default", "svc", "svc-", Some("10.81.0.1"));
+    let response = second.mutate(&create("svc-1", object.clone())).await;
+    assert_eq!(common::allocated_ip(&response), "10.81.0.1");
+    persist(&pods, apply(&object, &response), "svc-abcde").await;
+    eventually(
+        "the new leader to bind the claim",
+        Duration::from_secs(20),
+        || async {
+            let claim = claims.get("10.81.0.1").await.ok()?;
+            (claim.status.as_ref()?.phase == "Bound").then_some(())
+        },
+    )
+    .await;
+    assert!(leads(&second));
+    let (second_holder, transitions) = holder(leases.get("ip-webhook-reconciler").await.unwrap());
+    assert_ne!(second_holder, first_holder);
+    assert_eq!(transitions, 1);
+}
