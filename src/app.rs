@@ -87,7 +87,7 @@ pub async fn build(args: &WebhookArgs, metrics: Arc<Metrics>) -> anyhow::Result<
 
 /// A client for `kubeconfig`, or inferred (in-cluster service account, $KUBECONFIG, ~/.kube).
 pub async fn kube_client(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> {
-    let config = match kubeconfig {
+    let mut config = match kubeconfig {
         Some(path) => {
             let file = kube::config::Kubeconfig::read_from(path)
                 .with_context(|| format!("reading kubeconfig {}", path.display()))?;
@@ -99,6 +99,11 @@ pub async fn kube_client(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Clie
             .await
             .context("finding the API server (in-cluster service account or kubeconfig)")?,
     };
+    // Named in the API server's audit log and request metrics.
+    config.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_static(concat!("ip-webhook/", env!("CARGO_PKG_VERSION"))),
+    ));
     kube::Client::try_from(config).context("building the Kubernetes client")
 }
 

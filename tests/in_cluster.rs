@@ -119,10 +119,27 @@ impl FakeApi {
         );
     }
 
+    /// GET a JSON document (a /fake/* hook).
+    fn get_json(&self, path: &str) -> Value {
+        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
+        let mut reply = String::new();
+        stream.read_to_string(&mut reply).unwrap();
+        let body = reply.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+        serde_json::from_str(body).unwrap_or_else(|e| panic!("{path}: {e}: {reply:.200}"))
+    }
+
+    /// The test's own client (a User-Agent of its own, so the RBAC check can tell it apart).
     async fn client(&self) -> Client {
-        ip_webhook::app::kube_client(Some(&self.kubeconfig()))
+        let file = kube::config::Kubeconfig::read_from(self.kubeconfig()).unwrap();
+        let mut config = kube::Config::from_custom_kubeconfig(file, &Default::default())
             .await
-            .unwrap()
+            .unwrap();
+        config.headers.push((
+            http::header::USER_AGENT,
+            http::HeaderValue::from_static("in-cluster-test"),
+        ));
+        Client::try_from(config).unwrap()
     }
 
     /// Install the CRDs as `ip-webhook crds` prints them.
@@ -151,6 +168,92 @@ impl Drop for FakeApi {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// (apiGroup, resource[/subresource], verb) of one API request, as RBAC sees it.
+fn rbac_request(method: &str, path: &str, query: &str) -> Option<(String, String, String)> {
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (group, rest) = match segments.as_slice() {
+        ["api", _version, rest @ ..] => ("", rest),
+        ["apis", group, _version, rest @ ..] => (*group, rest),
+        _ => return None,
+    };
+    let rest = match rest {
+        ["namespaces", _, tail @ ..] if !tail.is_empty() => tail,
+        other => other,
+    };
+    let (resource, named) = match rest {
+        [resource] => (resource.to_string(), false),
+        [resource, _name] => (resource.to_string(), true),
+        [resource, _name, sub] => (format!("{resource}/{sub}"), true),
+        _ => return None,
+    };
+    let watch = query
+        .split('&')
+        .any(|p| p == "watch=true" || p == "watch=1");
+    let verb = match (method, named) {
+        ("GET", true) => "get",
+        ("GET", false) if watch => "watch",
+        ("GET", false) => "list",
+        ("POST", _) => "create",
+        ("PUT", _) => "update",
+        ("PATCH", _) => "patch",
+        ("DELETE", true) => "delete",
+        ("DELETE", false) => "deletecollection",
+        _ => return None,
+    };
+    Some((group.to_string(), resource, verb.to_string()))
+}
+
+/// Every request the webhook made (its User-Agent) is allowed by `deploy/rbac.yaml`.
+fn assert_rbac_covers(fake: &FakeApi) {
+    let manifest =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/rbac.yaml"))
+            .unwrap();
+    let mut granted = std::collections::HashSet::new();
+    for document in serde_yaml::Deserializer::from_str(&manifest) {
+        let value: Value = serde::Deserialize::deserialize(document).unwrap();
+        if !matches!(value["kind"].as_str(), Some("ClusterRole" | "Role")) {
+            continue;
+        }
+        for rule in value["rules"].as_array().unwrap() {
+            for group in rule["apiGroups"].as_array().unwrap() {
+                for resource in rule["resources"].as_array().unwrap() {
+                    for verb in rule["verbs"].as_array().unwrap() {
+                        granted.insert((
+                            group.as_str().unwrap().to_string(),
+                            resource.as_str().unwrap().to_string(),
+                            verb.as_str().unwrap().to_string(),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    let log = fake.get_json("/fake/requests");
+    let mut used = std::collections::BTreeSet::new();
+    for request in log["requests"].as_array().unwrap() {
+        if !request["ua"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("ip-webhook/")
+        {
+            continue;
+        }
+        let method = request["method"].as_str().unwrap();
+        let path = request["path"].as_str().unwrap();
+        let query = request["query"].as_str().unwrap_or("");
+        if let Some(needed) = rbac_request(method, path, query) {
+            used.insert(needed);
+        }
+    }
+    assert!(
+        !used.is_empty(),
+        "the request log shows the webhook's requests"
+    );
+    let missing: Vec<_> = used.iter().filter(|u| !granted.contains(*u)).collect();
+    assert!(missing.is_empty(), "deploy/rbac.yaml lacks {missing:?}");
+    println!("RBAC used by the webhook: {used:?}");
 }
 
 async fn wait_ready(server: &TestServer) {
@@ -405,6 +508,7 @@ async fn the_reconciler_binds_reclaims_expires_and_counts() {
     )
     .await;
     assert_eq!(expired.len(), 1, "{expired:?}");
+    assert_rbac_covers(&fake);
     assert!(
         expired[0]
             .note
@@ -570,4 +674,5 @@ async fn when_the_leader_goes_another_replica_takes_over_the_reconciler() {
     let (second_holder, transitions) = holder(leases.get("ip-webhook-reconciler").await.unwrap());
     assert_ne!(second_holder, first_holder);
     assert_eq!(transitions, 1);
+    assert_rbac_covers(&fake);
 }
