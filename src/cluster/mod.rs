@@ -526,3 +526,80 @@ async fn sleep_until(at: Option<tokio::time::Instant>) {
         None => std::future::pending().await,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(value: serde_json::Value) -> ObjectMeta {
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn pod_info_keeps_only_what_the_reconciler_needs() {
+        let info = pod_info(
+            &meta(serde_json::json!({
+                "name": "web-0", "namespace": "prod", "uid": "u-1",
+                "creationTimestamp": "2026-01-01T00:00:00Z",
+                "labels": {"app": "web", "ip-webhook.io/allocated-ip": "fd00--a"},
+                "annotations": {"cni.projectcalico.org/ipAddrs": "[\"10.0.0.7\",\"fd00::a\"]", "big": "x"},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "web", "uid": "s", "controller": true}],
+                "managedFields": [{"manager": "kubectl", "operation": "Update"}],
+            })),
+            "app",
+        )
+        .unwrap();
+        assert_eq!(
+            info,
+            PodInfo {
+                namespace: "prod".into(),
+                name: "web-0".into(),
+                uid: "u-1".into(),
+                ips: vec!["10.0.0.7".parse().unwrap(), "fd00::a".parse().unwrap()],
+                created_at: 1_767_225_600,
+                terminating: false,
+                stateful: true,
+                app: "web".into(),
+            }
+        );
+    }
+
+    #[test]
+    fn pods_without_ips_are_not_cached() {
+        let plain = meta(
+            serde_json::json!({"name": "x", "namespace": "d", "uid": "u", "labels": {"app": "x"}}),
+        );
+        assert_eq!(pod_info(&plain, "app"), None);
+        let replicaset = meta(serde_json::json!({
+            "name": "x", "namespace": "d", "uid": "u",
+            "labels": {"ip-webhook.io/allocated-ip": "10.0.0.1"},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "x", "uid": "r", "controller": true}],
+        }));
+        assert!(!pod_info(&replicaset, "app").unwrap().stateful);
+    }
+
+    #[test]
+    fn a_bad_or_overlapping_pool_is_left_out_not_the_whole_catalog() {
+        let pool = |name: &str, cidr: &str, created: &str| -> IPPool {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "ip-webhook.io/v1alpha1", "kind": "IPPool",
+                "metadata": {"name": name, "creationTimestamp": created},
+                "spec": {"cidr": cidr},
+            }))
+            .unwrap()
+        };
+        let pools: BTreeMap<String, IPPool> = [
+            pool("a-newer", "10.0.0.0/25", "2026-01-02T00:00:00Z"),
+            pool("b-older", "10.0.0.0/24", "2026-01-01T00:00:00Z"),
+            pool("c-broken", "10.1.0.7/24", "2026-01-01T00:00:00Z"),
+            pool("d-fine", "10.2.0.0/28", "2026-01-03T00:00:00Z"),
+        ]
+        .into_iter()
+        .map(|p| (p.metadata.name.clone().unwrap(), p))
+        .collect();
+        let catalog = tolerant_catalog(&pools);
+        let mut names = catalog.names();
+        names.sort();
+        assert_eq!(names, ["b-older", "d-fine"]);
+    }
+}
