@@ -183,7 +183,7 @@ impl Launched {
             reloader.abort();
         }
         if let Some(cluster) = &self.cluster {
-            cluster.stop();
+            cluster.shutdown().await;
         }
         self.ledger.close().await;
     }

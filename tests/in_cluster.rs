@@ -654,7 +654,7 @@ async fn when_the_leader_goes_another_replica_takes_over_the_reconciler() {
     let (first_holder, _) = holder(leases.get("ip-webhook-reconciler").await.unwrap());
 
     // The leader stops without giving the Lease back (as if its node died).
-    first.launched.shutdown().await;
+    first.launched.cluster.as_ref().unwrap().stop();
     let claims: Api<IPClaim> = Api::all(client.clone());
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     let object = pod("default", "svc", "svc-", Some("10.81.0.1"));
@@ -675,4 +675,41 @@ async fn when_the_leader_goes_another_replica_takes_over_the_reconciler() {
     assert_ne!(second_holder, first_holder);
     assert_eq!(transitions, 1);
     assert_rbac_covers(&fake);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_shutting_down_hands_the_lease_over_at_once() {
+    let Some(fake) = FakeApi::start() else { return };
+    let client = fake.install_crds().await;
+    // A long lease: without the hand-over the second replica would wait 60s.
+    let slow = ["--lease-duration", "60s", "--lease-renew-interval", "200ms"];
+    let first = fake.replica(&slow).await;
+    let leads = |server: &TestServer| *server.launched.cluster.as_ref().unwrap().leading.borrow();
+    eventually(
+        "the first replica to lead",
+        Duration::from_secs(10),
+        || async { leads(&first).then_some(()) },
+    )
+    .await;
+    let second = fake.replica(&slow).await;
+    first.launched.shutdown().await;
+    eventually(
+        "the second replica to lead",
+        Duration::from_secs(5),
+        || async { leads(&second).then_some(()) },
+    )
+    .await;
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(client, "default");
+    let spec = leases
+        .get("ip-webhook-reconciler")
+        .await
+        .unwrap()
+        .spec
+        .unwrap();
+    assert_eq!(
+        spec.lease_duration_seconds,
+        Some(60),
+        "the new holder writes its own duration"
+    );
+    assert_eq!(spec.lease_transitions, Some(1));
 }

@@ -156,6 +156,30 @@ impl Elector {
     }
 }
 
+/// Give the lease up if we hold it (graceful shutdown), so another replica takes over at its
+/// next round instead of waiting out the lease. Returns whether we held it.
+pub async fn release(api: &Api<Lease>, settings: &LeaseSettings) -> Result<bool, kube::Error> {
+    let Some(mut lease) = api.get_opt(&settings.name).await? else {
+        return Ok(false);
+    };
+    let mut spec = lease.spec.clone().unwrap_or_default();
+    if spec.holder_identity.as_deref() != Some(settings.identity.as_str()) {
+        return Ok(false);
+    }
+    spec.holder_identity = None;
+    spec.lease_duration_seconds = Some(1);
+    spec.renew_time = Some(MicroTime(Timestamp::now()));
+    lease.spec = Some(spec);
+    match api
+        .replace(&settings.name, &PostParams::default(), &lease)
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(error) if is_status(&error, 409) => Ok(false),
+        Err(error) => Err(error),
+    }
+}
+
 /// Run rounds forever, publishing whether we lead.
 pub async fn run(mut elector: Elector, leading: watch::Sender<bool>) {
     let every = elector.settings.renew_every;

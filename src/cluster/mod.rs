@@ -337,13 +337,30 @@ pub async fn watch_pools(api: Api<IPPool>, caches: Arc<Caches>, webhook: Arc<Web
 pub struct ClusterHandle {
     pub caches: Arc<Caches>,
     pub leading: watch::Receiver<bool>,
+    leases: Api<Lease>,
+    lease: lease::LeaseSettings,
     tasks: Vec<JoinHandle<()>>,
 }
 
 impl ClusterHandle {
+    /// Stop every task at once (the Lease is left to expire).
     pub fn stop(&self) {
         for task in &self.tasks {
             task.abort();
+        }
+    }
+
+    /// Stop, and hand the Lease back if we lead so another replica takes over at once.
+    pub async fn shutdown(&self) {
+        self.stop();
+        if !*self.leading.borrow() {
+            return;
+        }
+        let release = lease::release(&self.leases, &self.lease);
+        match tokio::time::timeout(Duration::from_secs(2), release).await {
+            Ok(Ok(_)) => tracing::info!("lease released"),
+            Ok(Err(error)) => tracing::warn!(%error, "could not release the lease"),
+            Err(_) => tracing::warn!("releasing the lease timed out"),
         }
     }
 }
@@ -380,11 +397,10 @@ pub fn start(
             webhook.clone(),
         )),
     ];
-    let elector = lease::Elector::new(
-        Api::<Lease>::namespaced(client.clone(), &options.lease.namespace),
-        options.lease.clone(),
-    );
+    let leases = Api::<Lease>::namespaced(client.clone(), &options.lease.namespace);
+    let elector = lease::Elector::new(leases.clone(), options.lease.clone());
     tasks.push(tokio::spawn(lease::run(elector, leading_tx)));
+    let lease = options.lease.clone();
     let reconciler = Reconciler {
         client: client.clone(),
         caches: caches.clone(),
@@ -407,6 +423,8 @@ pub fn start(
     ClusterHandle {
         caches,
         leading,
+        leases,
+        lease,
         tasks,
     }
 }
