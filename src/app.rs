@@ -39,14 +39,15 @@ pub struct Built {
 /// Open the ledger, rebuild the allocator's index from it, load pools (in kubernetes mode:
 /// list the IPClaims and IPPools before any decision).
 pub async fn build(args: &WebhookArgs, metrics: Arc<Metrics>) -> anyhow::Result<Built> {
-    let client = match args.ledger_kind() {
-        LedgerKind::Kubernetes => Some(kube_client(args.kubeconfig.as_deref()).await?),
+    let clients = match args.ledger_kind() {
+        LedgerKind::Kubernetes => Some(kube_clients(args.kubeconfig.as_deref()).await?),
         _ => None,
     };
-    let ledger: Arc<dyn Ledger> = match &client {
-        Some(client) => Arc::new(KubeLedger::new(client.clone())),
+    let ledger: Arc<dyn Ledger> = match &clients {
+        Some((_, admission)) => Arc::new(KubeLedger::new(admission.clone())),
         None => open_ledger(args, metrics.ledger.clone()).await?,
     };
+    let client = clients.map(|(watches, _)| watches);
     let allocator = Arc::new(
         Allocator::new(ledger.clone())
             .await
@@ -87,6 +88,18 @@ pub async fn build(args: &WebhookArgs, metrics: Arc<Metrics>) -> anyhow::Result<
 
 /// A client for `kubeconfig`, or inferred (in-cluster service account, $KUBECONFIG, ~/.kube).
 pub async fn kube_client(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> {
+    Ok(kube_clients(kubeconfig).await?.0)
+}
+
+/// How long one IPClaim request on the admission path may take: well inside the API server's
+/// webhook timeout (10s by default), so a stuck API server gets a clear denial, not a timeout.
+pub const ADMISSION_API_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Two clients for one API server: one for watches (long reads), one for the admission path
+/// (reads cut at [`ADMISSION_API_TIMEOUT`]).
+pub async fn kube_clients(
+    kubeconfig: Option<&Path>,
+) -> anyhow::Result<(kube::Client, kube::Client)> {
     let mut config = match kubeconfig {
         Some(path) => {
             let file = kube::config::Kubeconfig::read_from(path)
@@ -104,7 +117,14 @@ pub async fn kube_client(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Clie
         http::header::USER_AGENT,
         http::HeaderValue::from_static(concat!("ip-webhook/", env!("CARGO_PKG_VERSION"))),
     ));
-    kube::Client::try_from(config).context("building the Kubernetes client")
+    let mut admission = config.clone();
+    admission.read_timeout = Some(ADMISSION_API_TIMEOUT);
+    admission.write_timeout = Some(ADMISSION_API_TIMEOUT);
+    admission.connect_timeout = Some(ADMISSION_API_TIMEOUT);
+    Ok((
+        kube::Client::try_from(config).context("building the Kubernetes client")?,
+        kube::Client::try_from(admission).context("building the Kubernetes client")?,
+    ))
 }
 
 /// The ledger the options ask for (off-cluster kinds; kubernetes is opened by [`build`]).
@@ -115,8 +135,8 @@ pub async fn open_ledger(
     match args.ledger_kind() {
         LedgerKind::Embedded => Ok(Arc::new(EmbeddedLedger::open(&args.state_dir, counters)?)),
         LedgerKind::Kubernetes => {
-            let client = kube_client(args.kubeconfig.as_deref()).await?;
-            Ok(Arc::new(KubeLedger::new(client)))
+            let (_, admission) = kube_clients(args.kubeconfig.as_deref()).await?;
+            Ok(Arc::new(KubeLedger::new(admission)))
         }
         other => anyhow::bail!("--ledger {other:?} is not available in this build yet"),
     }

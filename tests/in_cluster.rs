@@ -713,3 +713,36 @@ async fn a_leader_shutting_down_hands_the_lease_over_at_once() {
     );
     assert_eq!(spec.lease_transitions, Some(1));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_server_error_on_the_claim_is_a_clear_denial_and_leaves_no_hold() {
+    let Some(fake) = FakeApi::start() else { return };
+    fake.install_crds().await;
+    let server = fake.replica(&[]).await;
+    fake.control(
+        "/fake/fail",
+        json!({"method": "POST", "path": "/ipclaims$", "code": 500, "count": 1}),
+    );
+    let response = server
+        .mutate(&create(
+            "e-1",
+            pod("default", "api", "api-", Some("10.82.0.1")),
+        ))
+        .await;
+    assert_eq!(response["allowed"], false, "{response}");
+    let text = message(&response);
+    assert!(
+        text.starts_with(
+            "ip-webhook could not record the IP claim, so the pod is not admitted (retry)"
+        ) && text.contains("creating IPClaim 10.82.0.1"),
+        "{text}"
+    );
+    // The failed attempt held nothing: the retry gets the same IP.
+    let response = server
+        .mutate(&create(
+            "e-2",
+            pod("default", "api", "api-", Some("10.82.0.1")),
+        ))
+        .await;
+    assert_eq!(common::allocated_ip(&response), "10.82.0.1");
+}
