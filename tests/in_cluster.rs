@@ -746,3 +746,37 @@ async fn an_api_server_error_on_the_claim_is_a_clear_denial_and_leaves_no_hold()
         .await;
     assert_eq!(common::allocated_ip(&response), "10.82.0.1");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_serves_with_the_kubernetes_ledger() {
+    let Some(fake) = FakeApi::start() else { return };
+    let client = fake.install_crds().await;
+    let state = tempfile::tempdir().unwrap();
+    let dir = state.path().display().to_string();
+    let kubeconfig = fake.kubeconfig().display().to_string();
+    // No --ledger: --kubeconfig selects the kubernetes ledger.
+    let server = common::BinaryServer::start(&["--state-dir", &dir, "--kubeconfig", &kubeconfig]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while common::http_get(server.admin_addr, "/readyz").await.0 != 200 {
+        assert!(Instant::now() < deadline, "the binary never became ready");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let ca = std::fs::read(state.path().join("ca.crt")).unwrap();
+    let https = common::HttpsClient::new(server.https_addr, &ca);
+    let review = create("bin-1", pod("default", "bin", "bin-", Some("10.83.0.1")));
+    let response = https
+        .post("/mutate", review.to_string())
+        .await
+        .unwrap()
+        .response();
+    assert_eq!(common::allocated_ip(&response), "10.83.0.1");
+    let claims: Api<IPClaim> = Api::all(client);
+    assert_eq!(
+        claims.get("10.83.0.1").await.unwrap().spec.request_uid,
+        "bin-1"
+    );
+    assert!(
+        !state.path().join("ledger.redb").exists(),
+        "no embedded ledger was opened"
+    );
+}
