@@ -404,7 +404,7 @@ async fn the_reconciler_binds_reclaims_expires_and_counts() {
     let server = fake
         .replica(&[
             "--reservation-ttl",
-            "3s",
+            "5s",
             "--lease-duration",
             "2s",
             "--lease-renew-interval",

@@ -96,6 +96,10 @@ impl Plan {
     }
 }
 
+/// Seconds a pod's creationTimestamp may precede its claim's: API server replicas' clocks
+/// differ a little. An older pod of the same name carrying the IP is not the claim's pod.
+const CLOCK_SLACK: u64 = 5;
+
 fn name_matches(claim: &PodRef, pod: &PodInfo) -> bool {
     if !claim.name.is_empty() {
         claim.name == pod.name
@@ -167,7 +171,7 @@ pub fn plan(
                         pod.namespace == claim.pod.namespace
                             && !pod.terminating
                             && pod.ips.contains(&claim.ip)
-                            && pod.created_at >= claim.created_at
+                            && pod.created_at + CLOCK_SLACK >= claim.created_at
                             && !bound_uids.contains(pod.uid.as_str())
                             && name_matches(&claim.pod, pod)
                     })
