@@ -772,3 +772,94 @@ async fn a_leader_that_cannot_renew_steps_down_before_the_lease_runs_out() {
     assert!(!elector.step().await, "16s without renewal: stepped down");
     server.await.unwrap();
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_pass_expires_old_reservations_and_keeps_a_gone_statefulset_pods_ip() {
+    let (client, handle) = mock_client();
+    let now = unix_now();
+    // Admitted 121s ago (TTL 120s), no pod ever appeared.
+    let mut stale = claim("10.0.0.20", "", "req-20");
+    stale.pod.generate_name = "job-".into();
+    stale.created_at = now - 121;
+    // Admitted 60s ago: still within the TTL.
+    let mut young = claim("10.0.0.21", "", "req-21");
+    young.pod.generate_name = "job-".into();
+    young.created_at = now - 60;
+    // web-0 (StatefulSet) is gone.
+    let mut sticky = claim("10.0.0.22", "web-0", "req-22");
+    sticky.phase = Phase::Bound;
+    sticky.pod.uid = Some("uid-web-0".into());
+    let mut sticky_value = stored(&sticky, 70);
+    sticky_value["spec"]["sticky"] = json!(true);
+    // Released 301s ago: the 300s grace is over.
+    let mut done = claim("10.0.0.23", "web-1", "req-23");
+    done.phase = Phase::Released;
+    done.updated_at = now - 301;
+    let mut done_value = stored(&done, 71);
+    done_value["spec"]["sticky"] = json!(true);
+
+    let server = script(
+        handle,
+        vec![
+            step(
+                "DELETE",
+                format!("{CLAIMS}/10.0.0.20"),
+                200,
+                stored(&stale, 60),
+            ),
+            step(
+                "POST",
+                "/apis/events.k8s.io/v1/namespaces/default/events",
+                201,
+                json!({}),
+            ),
+            step(
+                "PATCH",
+                format!("{CLAIMS}/10.0.0.22/status"),
+                200,
+                sticky_value.clone(),
+            ),
+            step(
+                "DELETE",
+                format!("{CLAIMS}/10.0.0.23"),
+                200,
+                done_value.clone(),
+            ),
+        ],
+    );
+    let caches = Arc::new(Caches::default());
+    for value in [
+        stored(&stale, 60),
+        stored(&young, 61),
+        sticky_value,
+        done_value,
+    ] {
+        let resource = resource(value);
+        caches
+            .claims
+            .lock()
+            .unwrap()
+            .insert(resource.metadata.name.clone().unwrap(), resource);
+    }
+    let reconciler = Reconciler {
+        client: client.clone(),
+        caches,
+        allocator: Arc::new(
+            Allocator::new(Arc::new(ip_webhook::ledger::MemoryLedger::new()))
+                .await
+                .unwrap(),
+        ),
+        executor: executor(&client),
+        options: options(),
+    };
+    let next = reconciler.pass(false, true).await;
+    let seen = server.await.unwrap();
+    assert_eq!(seen[1].body["reason"], "ReservationExpired");
+    assert_eq!(seen[2].body["status"]["phase"], "Released");
+    // The young reservation is due at its expiry (60s from now), not before.
+    let due = next.expect("a wake-up for the young reservation") - tokio::time::Instant::now();
+    assert!(
+        due > Duration::from_secs(58) && due <= Duration::from_secs(61),
+        "{due:?}"
+    );
+}
