@@ -208,9 +208,22 @@ impl State {
         ips.push(claim.ip);
     }
 
+    /// A `Released` record still in the ledger (in-cluster: a StatefulSet pod's IP during the
+    /// sticky grace) that the same pod name of the same app may take back.
+    fn kept_for(&self, ip: &IpAddr, request: &AllocationRequest<'_>) -> bool {
+        self.claims.get(ip).is_some_and(|held| {
+            held.phase == Phase::Released
+                && !request.pod.name.is_empty()
+                && held.pod.namespace == request.pod.namespace
+                && held.pod.name == request.pod.name
+                && held.app == request.app
+        })
+    }
+
     fn choose(&self, request: &AllocationRequest<'_>, family: Family) -> Option<(IpAddr, Reason)> {
         let set = request.candidates;
-        let free = |ip: &IpAddr| set.contains(ip) && !self.is_held(ip);
+        let free =
+            |ip: &IpAddr| set.contains(ip) && (!self.is_held(ip) || self.kept_for(ip, request));
         if let Some(ordinal) = request.ordinal
             && let Some(ip) = set.nth(family, ordinal as u128)
             && free(&ip)
@@ -318,6 +331,42 @@ impl Allocator {
         self.state
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// In-cluster: a claim record seen in the shared store (made by any replica, or changed by
+    /// the reconciler). A record locks its IP for as long as it exists, whatever its phase.
+    pub fn apply_external(&self, claim: Claim) {
+        let mut state = self.lock();
+        state.remember(&claim);
+        state.hold(claim);
+    }
+
+    /// In-cluster: the record of `claim` is gone from the shared store. Only the record made
+    /// by the same admission request is dropped, so a stale event cannot free a newer claim.
+    pub fn forget_external(&self, claim: &Claim) -> bool {
+        let mut state = self.lock();
+        let current = match state.claims.get(&claim.ip) {
+            Some(current) if current.request_uid == claim.request_uid => current.clone(),
+            _ => return false,
+        };
+        state.remember(&current);
+        state.unhold(&current)
+    }
+
+    /// In-cluster: rebuild the index from a complete list of records (watch start, resync).
+    /// Name history is kept. Claims being recorded right now may drop out of the index until
+    /// their watch event arrives; the shared store's create-if-absent still refuses doubles.
+    pub fn replace_all(&self, claims: Vec<Claim>) {
+        let mut state = self.lock();
+        let history = std::mem::take(&mut state.history);
+        *state = State {
+            history,
+            ..State::default()
+        };
+        for claim in claims {
+            state.remember(&claim);
+            state.hold(claim);
+        }
     }
 
     /// Who holds `ip`, if anyone.
@@ -569,6 +618,72 @@ mod tests {
 
     async fn allocator() -> Allocator {
         Allocator::new(Arc::new(MemoryLedger::new())).await.unwrap()
+    }
+
+    fn external(ip: &str, name: &str, uid: &str, phase: Phase) -> Claim {
+        Claim {
+            ip: ip.parse().unwrap(),
+            app: "web".into(),
+            pool: None,
+            pod: pod(name),
+            request_uid: uid.into(),
+            phase,
+            source: Source::Allocated,
+            created_at: 1,
+            updated_at: 1,
+        }
+    }
+
+    #[tokio::test]
+    async fn external_records_lock_ips_and_only_their_own_delete_frees_them() {
+        let allocator = allocator().await;
+        let set = parse_ip_spec("10.0.0.1-10.0.0.3").unwrap();
+        allocator.apply_external(external("10.0.0.1", "web-a", "r-a", Phase::Bound));
+        let got = allocator
+            .allocate(&request(&set, pod("web-b"), "r-b"))
+            .await
+            .unwrap();
+        assert_eq!(got.ips, vec!["10.0.0.2".parse::<IpAddr>().unwrap()]);
+        // A stale delete of an older record on 10.0.0.1 leaves the current one alone.
+        assert!(!allocator.forget_external(&external("10.0.0.1", "web-a", "r-old", Phase::Bound)));
+        assert!(allocator.holder(&"10.0.0.1".parse().unwrap()).is_some());
+        assert!(allocator.forget_external(&external("10.0.0.1", "web-a", "r-a", Phase::Bound)));
+        assert!(allocator.holder(&"10.0.0.1".parse().unwrap()).is_none());
+    }
+
+    #[tokio::test]
+    async fn a_kept_released_record_is_free_only_for_the_same_pod_name() {
+        let allocator = allocator().await;
+        let set = parse_ip_spec("10.0.0.1-10.0.0.3").unwrap();
+        allocator.replace_all(vec![
+            external("10.0.0.1", "web-0", "r-0", Phase::Released),
+            external("10.0.0.2", "web-9", "r-9", Phase::Bound),
+        ]);
+        let other = allocator
+            .allocate(&request(&set, pod("web-1"), "r-1"))
+            .await
+            .unwrap();
+        assert_eq!(other.ips, vec!["10.0.0.3".parse::<IpAddr>().unwrap()]);
+        let same = allocator
+            .allocate(&request(&set, pod("web-0"), "r-0b"))
+            .await
+            .unwrap();
+        assert_eq!(same.ips, vec!["10.0.0.1".parse::<IpAddr>().unwrap()]);
+        assert_eq!(same.reasons, vec![Reason::PreviousHolder]);
+    }
+
+    #[tokio::test]
+    async fn replace_all_drops_records_missing_from_the_list() {
+        let allocator = allocator().await;
+        allocator.apply_external(external("10.0.0.1", "a", "r-a", Phase::Bound));
+        allocator.replace_all(vec![external("10.0.0.2", "b", "r-b", Phase::Reserved)]);
+        let held: Vec<String> = allocator
+            .claims()
+            .iter()
+            .map(|c| c.ip.to_string())
+            .collect();
+        assert_eq!(held, ["10.0.0.2"]);
+        assert_eq!(allocator.held_by_app("default", "web"), 1);
     }
 
     #[test]

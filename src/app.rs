@@ -9,8 +9,11 @@ use base64::Engine;
 
 use crate::allocator::Allocator;
 use crate::cli::{LedgerKind, ServeArgs, WebhookArgs};
+use crate::cluster::lease::LeaseSettings;
+use crate::cluster::{ClusterHandle, ClusterOptions, Rules};
+use crate::crd::IPPool;
 use crate::ledger::embedded::CommitCounters;
-use crate::ledger::{EmbeddedLedger, Ledger};
+use crate::ledger::{EmbeddedLedger, KubeLedger, Ledger};
 use crate::metrics::Metrics;
 use crate::pools::PoolCatalog;
 use crate::server::{self, Limits, Running};
@@ -22,15 +25,53 @@ pub async fn build_webhook(
     args: &WebhookArgs,
     metrics: Arc<Metrics>,
 ) -> anyhow::Result<(Arc<Webhook>, Arc<dyn Ledger>)> {
-    let ledger = open_ledger(args, metrics.ledger.clone()).await?;
+    let built = build(args, metrics).await?;
+    Ok((built.webhook, built.ledger))
+}
+
+/// What [`build`] made; `client` is set in kubernetes mode.
+pub struct Built {
+    pub webhook: Arc<Webhook>,
+    pub ledger: Arc<dyn Ledger>,
+    pub client: Option<kube::Client>,
+}
+
+/// Open the ledger, rebuild the allocator's index from it, load pools (in kubernetes mode:
+/// list the IPClaims and IPPools before any decision).
+pub async fn build(args: &WebhookArgs, metrics: Arc<Metrics>) -> anyhow::Result<Built> {
+    let clients = match args.ledger_kind() {
+        LedgerKind::Kubernetes => Some(kube_clients(args.kubeconfig.as_deref()).await?),
+        _ => None,
+    };
+    let ledger: Arc<dyn Ledger> = match &clients {
+        Some((_, admission)) => Arc::new(KubeLedger::new(admission.clone())),
+        None => open_ledger(args, metrics.ledger.clone()).await?,
+    };
+    let client = clients.map(|(watches, _)| watches);
     let allocator = Arc::new(
         Allocator::new(ledger.clone())
             .await
             .context("loading the ledger")?,
     );
-    let pools = match &args.pools_file {
-        Some(path) => PoolCatalog::from_file(path)?,
-        None => PoolCatalog::default(),
+    let pools = match (&args.pools_file, &client) {
+        (Some(_), Some(_)) => anyhow::bail!(
+            "--pools-file is for off-cluster use; with the kubernetes ledger, pools are IPPool objects"
+        ),
+        (Some(path), None) => PoolCatalog::from_file(path)?,
+        (None, Some(client)) => {
+            let list = kube::Api::<IPPool>::all(client.clone())
+                .list(&Default::default())
+                .await
+                .context("listing IPPools")?;
+            crate::cluster::tolerant_catalog(
+                &list
+                    .items
+                    .into_iter()
+                    .map(|p| (p.metadata.name.clone().unwrap_or_default(), p))
+                    .collect(),
+            )
+        }
+        (None, None) => PoolCatalog::default(),
     };
     let settings = Settings {
         app_label: args.app_label.clone(),
@@ -38,20 +79,105 @@ pub async fn build_webhook(
         check_kube_ovn_subnets: args.check_kube_ovn_subnets,
         check_calico_pools: args.check_calico_ippools,
     };
-    Ok((
-        Arc::new(Webhook::new(settings, allocator, pools, metrics)),
+    Ok(Built {
+        webhook: Arc::new(Webhook::new(settings, allocator, pools, metrics)),
         ledger,
+        client,
+    })
+}
+
+/// A client for `kubeconfig`, or inferred (in-cluster service account, $KUBECONFIG, ~/.kube).
+pub async fn kube_client(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> {
+    Ok(kube_clients(kubeconfig).await?.0)
+}
+
+/// How long one IPClaim request on the admission path may take: well inside the API server's
+/// webhook timeout (10s by default), so a stuck API server gets a clear denial, not a timeout.
+pub const ADMISSION_API_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Two clients for one API server: one for watches (long reads), one for the admission path
+/// (reads cut at [`ADMISSION_API_TIMEOUT`]).
+pub async fn kube_clients(
+    kubeconfig: Option<&Path>,
+) -> anyhow::Result<(kube::Client, kube::Client)> {
+    let mut config = match kubeconfig {
+        Some(path) => {
+            let file = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(file, &Default::default())
+                .await
+                .with_context(|| format!("using kubeconfig {}", path.display()))?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("finding the API server (in-cluster service account or kubeconfig)")?,
+    };
+    // Named in the API server's audit log and request metrics.
+    config.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_static(concat!("ip-webhook/", env!("CARGO_PKG_VERSION"))),
+    ));
+    let mut admission = config.clone();
+    admission.read_timeout = Some(ADMISSION_API_TIMEOUT);
+    admission.write_timeout = Some(ADMISSION_API_TIMEOUT);
+    admission.connect_timeout = Some(ADMISSION_API_TIMEOUT);
+    Ok((
+        kube::Client::try_from(config).context("building the Kubernetes client")?,
+        kube::Client::try_from(admission).context("building the Kubernetes client")?,
     ))
 }
 
-/// The ledger the options ask for.
+/// The ledger the options ask for (off-cluster kinds; kubernetes is opened by [`build`]).
 pub async fn open_ledger(
     args: &WebhookArgs,
     counters: CommitCounters,
 ) -> anyhow::Result<Arc<dyn Ledger>> {
-    match args.ledger.unwrap_or(LedgerKind::Embedded) {
+    match args.ledger_kind() {
         LedgerKind::Embedded => Ok(Arc::new(EmbeddedLedger::open(&args.state_dir, counters)?)),
+        LedgerKind::Kubernetes => {
+            let (_, admission) = kube_clients(args.kubeconfig.as_deref()).await?;
+            Ok(Arc::new(KubeLedger::new(admission)))
+        }
         other => anyhow::bail!("--ledger {other:?} is not available in this build yet"),
+    }
+}
+
+/// The reconciler's settings from the command line.
+pub fn cluster_options(args: &ServeArgs) -> ClusterOptions {
+    let cluster = &args.cluster;
+    let namespace = cluster.lease_namespace.clone().unwrap_or_else(|| {
+        std::env::var("POD_NAMESPACE")
+            .ok()
+            .filter(|n| !n.is_empty())
+            .or_else(|| {
+                std::fs::read_to_string("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+                    .ok()
+                    .map(|n| n.trim().to_string())
+                    .filter(|n| !n.is_empty())
+            })
+            .unwrap_or_else(|| "default".into())
+    });
+    let host = std::env::var("POD_NAME")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| "ip-webhook".into());
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    ClusterOptions {
+        rules: Rules {
+            reservation_ttl: cluster.reservation_ttl.as_secs(),
+            sticky_grace: cluster.sticky_grace.as_secs(),
+        },
+        resync_period: cluster.resync_period.max(std::time::Duration::from_secs(1)),
+        lease: LeaseSettings {
+            name: cluster.lease_name.clone(),
+            namespace,
+            identity: format!("{host}_{:08x}{:x}", nanos, std::process::id()),
+            duration: cluster.lease_duration,
+            renew_every: cluster.lease_renew_interval,
+        },
+        app_label: args.webhook.app_label.clone(),
     }
 }
 
@@ -62,6 +188,10 @@ pub struct Launched {
     pub ledger: Arc<dyn Ledger>,
     /// base64 of the CA that signed the serving certificate, when self-signed.
     pub ca_bundle: Option<String>,
+    /// The watches and the reconciler, in kubernetes mode.
+    pub cluster: Option<ClusterHandle>,
+    /// `/readyz` answers 200 once this is set.
+    pub ready: Arc<AtomicBool>,
     reloader: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -72,13 +202,20 @@ impl Launched {
         if let Some(reloader) = self.reloader {
             reloader.abort();
         }
+        if let Some(cluster) = &self.cluster {
+            cluster.shutdown().await;
+        }
         self.ledger.close().await;
     }
 }
 
 pub async fn launch(args: &ServeArgs) -> anyhow::Result<Launched> {
     let metrics = Arc::new(Metrics::new());
-    let (webhook, ledger) = build_webhook(&args.webhook, metrics.clone()).await?;
+    let Built {
+        webhook,
+        ledger,
+        client,
+    } = build(&args.webhook, metrics.clone()).await?;
     let (resolver, reloader, ca_bundle) = match (&args.tls_cert_file, &args.tls_key_file) {
         (Some(cert), Some(key)) => {
             let files = CertFiles {
@@ -124,15 +261,30 @@ pub async fn launch(args: &ServeArgs) -> anyhow::Result<Launched> {
         args.listen,
         args.admin_listen,
         limits,
-        ready,
+        ready.clone(),
     )
     .await
     .with_context(|| format!("binding {} and {}", args.listen, args.admin_listen))?;
+    let cluster = match client {
+        // Ready once the watches have synced.
+        Some(client) => Some(crate::cluster::start(
+            client,
+            webhook.clone(),
+            ready.clone(),
+            cluster_options(args),
+        )),
+        None => {
+            ready.store(true, std::sync::atomic::Ordering::SeqCst);
+            None
+        }
+    };
     Ok(Launched {
         running,
         webhook,
         ledger,
         ca_bundle,
+        cluster,
+        ready,
         reloader,
     })
 }

@@ -33,6 +33,8 @@ pub enum LogFormat {
     Json,
 }
 
+// Parsed once per process; boxing the large variant would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve /mutate and /validate over HTTPS, and health and metrics over plain HTTP.
@@ -78,6 +80,55 @@ pub struct WebhookArgs {
     /// Refuse Calico IPPools (crd.projectcalico.org) that overlap another Calico IPPool.
     #[arg(long)]
     pub check_calico_ippools: bool,
+    /// Talk to the API server described by this kubeconfig (selects --ledger kubernetes).
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+impl WebhookArgs {
+    /// The ledger to use: --ledger if given; else kubernetes in a pod (KUBERNETES_SERVICE_HOST
+    /// set) or with --kubeconfig; else embedded.
+    pub fn ledger_kind(&self) -> LedgerKind {
+        choose_ledger(
+            self.ledger,
+            self.kubeconfig.is_some(),
+            std::env::var_os("KUBERNETES_SERVICE_HOST").is_some_and(|v| !v.is_empty()),
+        )
+    }
+}
+
+pub fn choose_ledger(given: Option<LedgerKind>, kubeconfig: bool, in_pod: bool) -> LedgerKind {
+    match given {
+        Some(kind) => kind,
+        None if kubeconfig || in_pod => LedgerKind::Kubernetes,
+        None => LedgerKind::Embedded,
+    }
+}
+
+/// In-cluster mode: the reconciler and its leader election.
+#[derive(Debug, Clone, Args)]
+pub struct ClusterArgs {
+    /// Drop a Reserved IPClaim that no pod took up within this time.
+    #[arg(long, default_value = "2m", value_parser = parse_duration, value_name = "DURATION")]
+    pub reservation_ttl: Duration,
+    /// Keep a gone StatefulSet pod's IP this long for the pod of the same name.
+    #[arg(long, default_value = "5m", value_parser = parse_duration, value_name = "DURATION")]
+    pub sticky_grace: Duration,
+    /// Re-list IPClaims and pods from the API server this often (and on start).
+    #[arg(long, default_value = "5m", value_parser = parse_duration, value_name = "DURATION")]
+    pub resync_period: Duration,
+    /// The coordination.k8s.io Lease that elects the reconciler.
+    #[arg(long, default_value = "ip-webhook-reconciler", value_name = "NAME")]
+    pub lease_name: String,
+    /// Namespace of the Lease; default: POD_NAMESPACE, else the service account's namespace.
+    #[arg(long, value_name = "NAMESPACE")]
+    pub lease_namespace: Option<String>,
+    /// How long a leader's Lease lasts without renewal before another replica takes over.
+    #[arg(long, default_value = "15s", value_parser = parse_duration, value_name = "DURATION")]
+    pub lease_duration: Duration,
+    /// How often the leader renews (and candidates check) the Lease.
+    #[arg(long, default_value = "5s", value_parser = parse_duration, value_name = "DURATION")]
+    pub lease_renew_interval: Duration,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -117,6 +168,8 @@ pub struct ServeArgs {
     pub shutdown_grace: Duration,
     #[command(flatten)]
     pub webhook: WebhookArgs,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -224,6 +277,16 @@ mod tests {
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert!(parse_duration("2 weeks").is_err());
         assert!(parse_duration("5d").unwrap_err().contains("unknown unit"));
+    }
+
+    #[test]
+    fn ledger_selection() {
+        use LedgerKind::*;
+        assert_eq!(choose_ledger(None, false, false), Embedded);
+        assert_eq!(choose_ledger(None, true, false), Kubernetes);
+        assert_eq!(choose_ledger(None, false, true), Kubernetes);
+        assert_eq!(choose_ledger(Some(Embedded), true, true), Embedded);
+        assert_eq!(choose_ledger(Some(Kubernetes), false, false), Kubernetes);
     }
 
     #[test]

@@ -89,15 +89,23 @@ pub struct IPClaimSpec {
     /// `Allocated` (chosen by ip-webhook) or `Static` (written on the pod by hand).
     #[serde(default)]
     pub source: String,
+    /// Set when the claim is bound to a StatefulSet pod: once the pod is gone the claim stays
+    /// (phase `Released`) for `--sticky-grace`, so the recreated pod of the same name gets the
+    /// IP back.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub sticky: bool,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct IPClaimStatus {
-    /// `Reserved`, `Bound` or `Released`.
+    /// `Reserved`, `Bound` or `Released`. A claim without status is `Reserved`: the API server
+    /// drops `status` on create, so admission creates the claim without one.
     pub phase: String,
+    /// RFC 3339; when admission reserved the IP (absent: `metadata.creationTimestamp`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reserved_at: Option<String>,
+    /// RFC 3339; the last phase change (for `Released`: when the pod went).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub updated_at: Option<String>,
 }

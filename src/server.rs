@@ -6,7 +6,7 @@
 //! AdmissionReview, 500 (counted) if a handler panics. Slow clients are cut off: the TLS
 //! handshake, the request head and the body each have a deadline.
 //!
-//! Admin: `GET /healthz`, `GET /readyz` (200 only once serving), `GET /metrics`.
+//! Admin: `GET /healthz`, `GET /readyz` (200 once the caller marks `ready`), `GET /metrics`.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -105,7 +105,6 @@ pub async fn start(
         limits,
         signal,
     ));
-    ready.store(true, Ordering::SeqCst);
     Ok(Running {
         https_addr,
         admin_addr,

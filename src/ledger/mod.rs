@@ -10,9 +10,11 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 pub mod embedded;
+pub mod kubernetes;
 pub mod memory;
 
 pub use embedded::EmbeddedLedger;
+pub use kubernetes::KubeLedger;
 pub use memory::MemoryLedger;
 
 /// Lifecycle of a claim.

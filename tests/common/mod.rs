@@ -137,6 +137,13 @@ pub fn serve_args(state_dir: &Path, extra: &[&str]) -> ServeArgs {
         "--state-dir".into(),
         state_dir.display().to_string(),
     ];
+    // Off-cluster unless a test asks otherwise, even when the suite itself runs in a pod.
+    if !extra
+        .iter()
+        .any(|a| *a == "--ledger" || *a == "--kubeconfig")
+    {
+        argv.extend(["--ledger".to_string(), "embedded".to_string()]);
+    }
     argv.extend(extra.iter().map(|s| s.to_string()));
     match Cli::try_parse_from(argv)
         .expect("test arguments parse")
@@ -224,6 +231,7 @@ impl BinaryServer {
             .arg("serve")
             .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
             .args(args)
+            .env_remove("KUBERNETES_SERVICE_HOST")
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()

@@ -1,0 +1,662 @@
+//! The reconciler's decisions, as a pure function of what the caches hold and the time, so
+//! every rule is testable without an API server; and the executor that carries them out.
+
+use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder};
+use kube::{Api, Resource};
+
+use crate::crd::{IPClaim, IPPool, IPPoolStatus};
+use crate::ledger::kubernetes::{claim_name, from_resource, is_status, status_now, to_resource};
+use crate::ledger::{Claim, Phase, PodRef, Source, unix_now};
+use crate::pools::PoolCatalog;
+
+use super::ClusterError;
+
+/// What the reconciler needs to know about a pod; everything else is dropped on arrival.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodInfo {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    /// The IPs the pod carries (`allocated-ip` label, CNI annotations).
+    pub ips: Vec<IpAddr>,
+    /// Unix seconds.
+    pub created_at: u64,
+    pub terminating: bool,
+    /// Controlled by a StatefulSet: its IP is kept for the same name after it goes.
+    pub stateful: bool,
+    /// The app label's value, empty if none.
+    pub app: String,
+}
+
+/// The reconciler's timing rules.
+#[derive(Debug, Clone, Copy)]
+pub struct Rules {
+    /// A `Reserved` claim no pod took up within this many seconds is dropped.
+    pub reservation_ttl: u64,
+    /// A released StatefulSet claim is kept this many seconds for the same pod name.
+    pub sticky_grace: u64,
+}
+
+/// Why a claim record is deleted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DropReason {
+    /// Its pod (by UID) no longer exists and no admission DELETE released it: a leak.
+    PodGone,
+    /// Admitted but never picked up by a pod within the reservation TTL: a leak.
+    ReservationExpired,
+    /// Released, and the sticky grace is over (or it was never sticky).
+    ReleaseDone,
+}
+
+impl DropReason {
+    /// Whether this reclaims an IP that would otherwise have leaked (worth an Event).
+    pub fn is_leak(self) -> bool {
+        matches!(self, DropReason::PodGone | DropReason::ReservationExpired)
+    }
+
+    pub fn event_reason(self) -> &'static str {
+        match self {
+            DropReason::PodGone => "IPReclaimed",
+            DropReason::ReservationExpired => "ReservationExpired",
+            DropReason::ReleaseDone => "IPReleased",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub enum Action {
+    /// Tie the claim to this pod (its final name and UID); phase `Bound`.
+    Bind { claim: Arc<IPClaim>, pod: PodInfo },
+    /// The StatefulSet pod is gone: keep the record, phase `Released`, for the sticky grace.
+    Keep { claim: Arc<IPClaim> },
+    /// Delete the record: the IP is free again.
+    Drop {
+        claim: Arc<IPClaim>,
+        reason: DropReason,
+    },
+    /// A live pod carries an IP that has no record (its admission's record was lost): record it.
+    Adopt { ip: IpAddr, pod: PodInfo },
+}
+
+/// The plan for one pass, and when the next time-driven change falls due (unix seconds).
+#[derive(Debug, Default)]
+pub struct Plan {
+    pub actions: Vec<Action>,
+    pub next_due: Option<u64>,
+}
+
+impl Plan {
+    fn due(&mut self, at: u64) {
+        self.next_due = Some(self.next_due.map_or(at, |due| due.min(at)));
+    }
+}
+
+/// Seconds a pod's creationTimestamp may precede its claim's: API server replicas' clocks
+/// differ a little. An older pod of the same name carrying the IP is not the claim's pod.
+const CLOCK_SLACK: u64 = 5;
+
+fn name_matches(claim: &PodRef, pod: &PodInfo) -> bool {
+    if !claim.name.is_empty() {
+        claim.name == pod.name
+    } else {
+        !claim.generate_name.is_empty() && pod.name.starts_with(&claim.generate_name)
+    }
+}
+
+/// Decide what to do. `pods` is keyed by pod UID.
+pub fn plan(
+    claims: &[Arc<IPClaim>],
+    pods: &HashMap<String, PodInfo>,
+    now: u64,
+    rules: Rules,
+) -> Plan {
+    let mut plan = Plan::default();
+    let mut recorded: HashSet<IpAddr> = HashSet::new();
+    let mut bound_uids: HashSet<&str> = HashSet::new();
+    let mut parsed = Vec::with_capacity(claims.len());
+    for resource in claims {
+        match from_resource(resource) {
+            Ok(claim) => {
+                recorded.insert(claim.ip);
+                parsed.push((resource, claim));
+            }
+            Err(error) => tracing::warn!(%error, "the reconciler skips an IPClaim"),
+        }
+    }
+    for (_, claim) in &parsed {
+        if let Some(uid) = claim.pod.uid.as_deref() {
+            bound_uids.insert(uid);
+        }
+    }
+    for (resource, claim) in &parsed {
+        let resource = Arc::clone(resource);
+        match (claim.phase, claim.pod.uid.as_deref()) {
+            (Phase::Released, _) => {
+                let until = claim.updated_at + rules.sticky_grace;
+                if resource.spec.sticky && now < until {
+                    plan.due(until);
+                } else {
+                    plan.actions.push(Action::Drop {
+                        claim: resource,
+                        reason: DropReason::ReleaseDone,
+                    });
+                }
+            }
+            (phase, Some(uid)) => match pods.get(uid) {
+                Some(pod) if phase == Phase::Reserved => plan.actions.push(Action::Bind {
+                    claim: resource,
+                    pod: pod.clone(),
+                }),
+                Some(_) => {}
+                None if phase == Phase::Reserved
+                    && now < claim.created_at + rules.reservation_ttl =>
+                {
+                    plan.due(claim.created_at + rules.reservation_ttl);
+                }
+                None if resource.spec.sticky => plan.actions.push(Action::Keep { claim: resource }),
+                None => plan.actions.push(Action::Drop {
+                    claim: resource,
+                    reason: DropReason::PodGone,
+                }),
+            },
+            (_, None) => {
+                let taker = pods
+                    .values()
+                    .filter(|pod| {
+                        pod.namespace == claim.pod.namespace
+                            && !pod.terminating
+                            && pod.ips.contains(&claim.ip)
+                            && pod.created_at + CLOCK_SLACK >= claim.created_at
+                            && !bound_uids.contains(pod.uid.as_str())
+                            && name_matches(&claim.pod, pod)
+                    })
+                    .min_by_key(|pod| (pod.created_at, pod.uid.clone()));
+                match taker {
+                    Some(pod) => plan.actions.push(Action::Bind {
+                        claim: resource,
+                        pod: pod.clone(),
+                    }),
+                    None if now >= claim.created_at + rules.reservation_ttl => {
+                        plan.actions.push(Action::Drop {
+                            claim: resource,
+                            reason: DropReason::ReservationExpired,
+                        })
+                    }
+                    None => plan.due(claim.created_at + rules.reservation_ttl),
+                }
+            }
+        }
+    }
+    let mut adopted: HashSet<IpAddr> = HashSet::new();
+    let mut live: Vec<&PodInfo> = pods.values().filter(|p| !p.terminating).collect();
+    live.sort_by_key(|pod| (pod.created_at, pod.uid.clone()));
+    for pod in live {
+        for ip in &pod.ips {
+            if !recorded.contains(ip) && adopted.insert(*ip) {
+                plan.actions.push(Action::Adopt {
+                    ip: *ip,
+                    pod: pod.clone(),
+                });
+            }
+        }
+    }
+    plan
+}
+
+/// `IPPool.status` from the records: IPs of the pool held by any record.
+pub fn pool_statuses(
+    catalog: &PoolCatalog,
+    claims: &[Arc<IPClaim>],
+) -> Vec<(String, IPPoolStatus)> {
+    let ips: Vec<IpAddr> = claims
+        .iter()
+        .filter_map(|c| c.spec.ip.parse().ok())
+        .collect();
+    let mut out = Vec::new();
+    for name in catalog.names() {
+        let Some(pool) = catalog.get(name) else {
+            continue;
+        };
+        let total = u64::try_from(pool.usable.len()).unwrap_or(u64::MAX);
+        let held = ips.iter().filter(|ip| pool.usable.contains(ip)).count() as u64;
+        out.push((
+            name.to_string(),
+            IPPoolStatus {
+                total,
+                held,
+                free: total.saturating_sub(held),
+            },
+        ));
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+/// Carries out plans against the API server.
+pub struct Executor {
+    pub claims: Api<IPClaim>,
+    pub pools: Api<IPPool>,
+    pub pods: Api<k8s_openapi::api::core::v1::Pod>,
+    pub recorder: Recorder,
+}
+
+fn exact(resource: &IPClaim) -> Preconditions {
+    Preconditions {
+        uid: resource.metadata.uid.clone(),
+        resource_version: resource.metadata.resource_version.clone(),
+    }
+}
+
+fn name_of(resource: &IPClaim) -> String {
+    resource.metadata.name.clone().unwrap_or_default()
+}
+
+impl Executor {
+    /// Run every action; one failing (conflict, gone) does not stop the others.
+    /// Returns how many actions changed something.
+    pub async fn run(&self, plan: &Plan) -> usize {
+        let mut done = 0;
+        for action in &plan.actions {
+            match self.act(action).await {
+                Ok(true) => done += 1,
+                Ok(false) => {}
+                Err(error) => tracing::warn!(%error, ?action, "reconcile action failed"),
+            }
+        }
+        done
+    }
+
+    async fn act(&self, action: &Action) -> Result<bool, ClusterError> {
+        match action {
+            Action::Bind { claim, pod } => self.bind(claim, pod).await,
+            Action::Keep { claim } => self.set_phase(claim, Phase::Released).await,
+            Action::Drop { claim, reason } => self.drop_claim(claim, *reason).await,
+            Action::Adopt { ip, pod } => self.adopt(*ip, pod).await,
+        }
+    }
+
+    async fn bind(&self, claim: &IPClaim, pod: &PodInfo) -> Result<bool, ClusterError> {
+        let name = name_of(claim);
+        let patch = serde_json::json!({
+            "metadata": {"resourceVersion": claim.metadata.resource_version},
+            "spec": {"podUid": pod.uid, "podName": pod.name, "sticky": pod.stateful},
+        });
+        let updated = match self
+            .claims
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(updated) => updated,
+            Err(error) if is_status(&error, 404) || is_status(&error, 409) => return Ok(false),
+            Err(error) => return Err(ClusterError::api("binding IPClaim", &name, error)),
+        };
+        self.set_phase(&updated, Phase::Bound).await?;
+        tracing::info!(ip = %claim.spec.ip, pod = %format!("{}/{}", pod.namespace, pod.name), uid = %pod.uid, "claim bound");
+        Ok(true)
+    }
+
+    async fn set_phase(&self, claim: &IPClaim, phase: Phase) -> Result<bool, ClusterError> {
+        let name = name_of(claim);
+        let patch = serde_json::json!({
+            "metadata": {"resourceVersion": claim.metadata.resource_version},
+            "status": status_now(claim, phase),
+        });
+        match self
+            .claims
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(error) if is_status(&error, 404) || is_status(&error, 409) => Ok(false),
+            Err(error) => Err(ClusterError::api(
+                "updating the status of IPClaim",
+                &name,
+                error,
+            )),
+        }
+    }
+
+    async fn drop_claim(&self, claim: &IPClaim, reason: DropReason) -> Result<bool, ClusterError> {
+        let name = name_of(claim);
+        if reason == DropReason::PodGone
+            && let Some(uid) = claim.spec.pod_uid.as_deref()
+        {
+            // The cache said the pod is gone; ask the API server before freeing its IP.
+            let pods: Api<k8s_openapi::api::core::v1::Pod> =
+                Api::namespaced(self.pods.clone().into_client(), &claim.spec.namespace);
+            match pods.get_metadata_opt(&claim.spec.pod_name).await {
+                Ok(Some(live)) if live.metadata.uid.as_deref() == Some(uid) => return Ok(false),
+                Ok(_) => {}
+                Err(error) => {
+                    return Err(ClusterError::api(
+                        "reading pod",
+                        &claim.spec.pod_name,
+                        error,
+                    ));
+                }
+            }
+        }
+        let params = DeleteParams {
+            preconditions: Some(exact(claim)),
+            ..DeleteParams::default()
+        };
+        match self.claims.delete(&name, &params).await {
+            Ok(_) => {}
+            Err(error) if is_status(&error, 404) || is_status(&error, 409) => return Ok(false),
+            Err(error) => return Err(ClusterError::api("deleting IPClaim", &name, error)),
+        }
+        let pod = if claim.spec.pod_name.is_empty() {
+            format!("{}/{}*", claim.spec.namespace, claim.spec.generate_name)
+        } else {
+            format!("{}/{}", claim.spec.namespace, claim.spec.pod_name)
+        };
+        tracing::info!(ip = %claim.spec.ip, %pod, reason = reason.event_reason(), "claim dropped");
+        if reason.is_leak() {
+            let note = match reason {
+                DropReason::PodGone => format!(
+                    "IP {} returned to the pool: pod {pod} (uid {}) is gone and its release was missed",
+                    claim.spec.ip,
+                    claim.spec.pod_uid.as_deref().unwrap_or("?")
+                ),
+                _ => format!(
+                    "IP {} returned to the pool: reserved for {pod} at admission, but no such pod appeared",
+                    claim.spec.ip
+                ),
+            };
+            self.event(claim, reason.event_reason(), note).await;
+        }
+        Ok(true)
+    }
+
+    async fn adopt(&self, ip: IpAddr, pod: &PodInfo) -> Result<bool, ClusterError> {
+        let claim = Claim {
+            ip,
+            app: pod.app.clone(),
+            pool: None,
+            pod: PodRef {
+                namespace: pod.namespace.clone(),
+                name: pod.name.clone(),
+                generate_name: String::new(),
+                uid: Some(pod.uid.clone()),
+            },
+            request_uid: format!("adopted-{}", pod.uid),
+            phase: Phase::Bound,
+            source: Source::Static,
+            created_at: unix_now(),
+            updated_at: unix_now(),
+        };
+        let mut resource = to_resource(&claim);
+        resource.spec.sticky = pod.stateful;
+        let created = match self.claims.create(&PostParams::default(), &resource).await {
+            Ok(created) => created,
+            Err(error) if is_status(&error, 409) => return Ok(false),
+            Err(error) => {
+                return Err(ClusterError::api(
+                    "creating IPClaim",
+                    &claim_name(&ip),
+                    error,
+                ));
+            }
+        };
+        self.set_phase(&created, Phase::Bound).await?;
+        let note = format!(
+            "pod {}/{} carries IP {ip} without a claim; recorded it so it is not handed out again",
+            pod.namespace, pod.name
+        );
+        self.event(&created, "IPAdopted", note).await;
+        Ok(true)
+    }
+
+    async fn event(&self, claim: &IPClaim, reason: &str, note: String) {
+        let event = KubeEvent {
+            type_: EventType::Normal,
+            reason: reason.to_string(),
+            note: Some(note),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(error) = self.recorder.publish(&event, &claim.object_ref(&())).await {
+            tracing::warn!(%error, reason, "could not publish an Event");
+        }
+    }
+
+    /// Write `IPPool.status` where it changed.
+    pub async fn write_pool_statuses(&self, pools: &[IPPool], statuses: &[(String, IPPoolStatus)]) {
+        for (name, status) in statuses {
+            let current = pools
+                .iter()
+                .find(|p| p.metadata.name.as_deref() == Some(name))
+                .and_then(|p| p.status.as_ref());
+            if current == Some(status) {
+                continue;
+            }
+            let patch = serde_json::json!({ "status": status });
+            if let Err(error) = self
+                .pools
+                .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                tracing::warn!(%error, pool = %name, "could not write IPPool status");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::IPClaimStatus;
+    use crate::ledger::kubernetes::rfc3339;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use k8s_openapi::jiff::Timestamp;
+
+    const T0: u64 = 1_700_000_000;
+    const RULES: Rules = Rules {
+        reservation_ttl: 120,
+        sticky_grace: 300,
+    };
+
+    fn reserved(ip: &str, ns: &str, name: &str, generate_name: &str, at: u64) -> IPClaim {
+        let mut resource = to_resource(&Claim {
+            ip: ip.parse().unwrap(),
+            app: "web".into(),
+            pool: None,
+            pod: PodRef {
+                namespace: ns.into(),
+                name: name.into(),
+                generate_name: generate_name.into(),
+                uid: None,
+            },
+            request_uid: format!("req-{ip}-{at}"),
+            phase: Phase::Reserved,
+            source: Source::Allocated,
+            created_at: at,
+            updated_at: at,
+        });
+        resource.metadata.creation_timestamp =
+            Some(Time(Timestamp::from_second(at as i64).unwrap()));
+        resource.metadata.uid = Some(format!("claim-{ip}-{at}"));
+        resource.metadata.resource_version = Some("1".into());
+        resource
+    }
+
+    fn bound(mut resource: IPClaim, pod: &PodInfo, at: u64) -> IPClaim {
+        resource.spec.pod_uid = Some(pod.uid.clone());
+        resource.spec.pod_name = pod.name.clone();
+        resource.spec.sticky = pod.stateful;
+        resource.status = Some(IPClaimStatus {
+            phase: "Bound".into(),
+            reserved_at: None,
+            updated_at: Some(rfc3339(at)),
+        });
+        resource
+    }
+
+    fn released(mut resource: IPClaim, at: u64) -> IPClaim {
+        resource.status = Some(IPClaimStatus {
+            phase: "Released".into(),
+            reserved_at: None,
+            updated_at: Some(rfc3339(at)),
+        });
+        resource
+    }
+
+    fn pod(ns: &str, name: &str, uid: &str, ip: &str, at: u64) -> PodInfo {
+        PodInfo {
+            namespace: ns.into(),
+            name: name.into(),
+            uid: uid.into(),
+            ips: vec![ip.parse().unwrap()],
+            created_at: at,
+            terminating: false,
+            stateful: false,
+            app: "web".into(),
+        }
+    }
+
+    fn pods(list: &[PodInfo]) -> HashMap<String, PodInfo> {
+        list.iter().map(|p| (p.uid.clone(), p.clone())).collect()
+    }
+
+    fn arcs(list: Vec<IPClaim>) -> Vec<Arc<IPClaim>> {
+        list.into_iter().map(Arc::new).collect()
+    }
+
+    fn summary(plan: &Plan) -> Vec<String> {
+        plan.actions
+            .iter()
+            .map(|a| match a {
+                Action::Bind { claim, pod } => format!("bind {} {}", claim.spec.ip, pod.uid),
+                Action::Keep { claim } => format!("keep {}", claim.spec.ip),
+                Action::Drop { claim, reason } => format!("drop {} {reason:?}", claim.spec.ip),
+                Action::Adopt { ip, pod } => format!("adopt {ip} {}", pod.uid),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn binds_a_generate_name_pod_once_it_appears() {
+        let claims = arcs(vec![reserved("10.0.0.1", "default", "", "web-7d9f-", T0)]);
+        let before = plan(&claims, &pods(&[]), T0 + 5, RULES);
+        assert!(before.actions.is_empty());
+        assert_eq!(before.next_due, Some(T0 + 120), "wake up at expiry");
+
+        let appeared = pods(&[pod(
+            "default",
+            "web-7d9f-abcde",
+            "uid-1",
+            "10.0.0.1",
+            T0 + 1,
+        )]);
+        assert_eq!(
+            summary(&plan(&claims, &appeared, T0 + 5, RULES)),
+            ["bind 10.0.0.1 uid-1"]
+        );
+    }
+
+    #[test]
+    fn does_not_bind_a_pod_of_another_namespace_ip_or_an_older_pod() {
+        let claims = arcs(vec![reserved("10.0.0.1", "default", "web-0", "", T0)]);
+        let others = pods(&[
+            pod("other", "web-0", "uid-ns", "10.0.0.1", T0 + 1),
+            pod("default", "web-0", "uid-ip", "10.0.0.2", T0 + 1),
+            // The old web-0 that still carries the IP: created before the reservation.
+            pod("default", "web-0", "uid-old", "10.0.0.1", T0 - 600),
+        ]);
+        let result = plan(&claims, &others, T0 + 5, RULES);
+        assert!(
+            !summary(&result).iter().any(|s| s.starts_with("bind")),
+            "{:?}",
+            summary(&result)
+        );
+    }
+
+    #[test]
+    fn releases_by_uid_and_a_same_name_recreate_is_not_the_old_pod() {
+        let old = pod("default", "api-1", "uid-old", "10.0.0.7", T0);
+        let claims = arcs(vec![bound(
+            reserved("10.0.0.7", "default", "api-1", "", T0),
+            &old,
+            T0,
+        )]);
+        // Still there: nothing to do.
+        assert!(
+            plan(&claims, &pods(std::slice::from_ref(&old)), T0 + 60, RULES)
+                .actions
+                .is_empty()
+        );
+        // A new pod of the same name (other UID) carrying the same IP label: the old one is gone.
+        let recreated = pod("default", "api-1", "uid-new", "10.0.0.7", T0 + 70);
+        assert_eq!(
+            summary(&plan(&claims, &pods(&[recreated]), T0 + 80, RULES)),
+            ["drop 10.0.0.7 PodGone"]
+        );
+    }
+
+    #[test]
+    fn reservations_expire_after_the_ttl() {
+        let claims = arcs(vec![reserved("10.0.0.3", "default", "", "job-", T0)]);
+        assert!(
+            plan(&claims, &pods(&[]), T0 + 119, RULES)
+                .actions
+                .is_empty()
+        );
+        assert_eq!(
+            summary(&plan(&claims, &pods(&[]), T0 + 120, RULES)),
+            ["drop 10.0.0.3 ReservationExpired"]
+        );
+    }
+
+    #[test]
+    fn statefulset_claims_are_kept_for_the_grace_then_dropped() {
+        let mut web0 = pod("default", "web-0", "uid-a", "10.0.0.9", T0);
+        web0.stateful = true;
+        let claim = bound(reserved("10.0.0.9", "default", "web-0", "", T0), &web0, T0);
+        assert_eq!(
+            summary(&plan(
+                &arcs(vec![claim.clone()]),
+                &pods(&[]),
+                T0 + 10,
+                RULES
+            )),
+            ["keep 10.0.0.9"]
+        );
+        let kept = arcs(vec![released(claim, T0 + 10)]);
+        let during = plan(&kept, &pods(&[]), T0 + 309, RULES);
+        assert!(during.actions.is_empty());
+        assert_eq!(during.next_due, Some(T0 + 310));
+        assert_eq!(
+            summary(&plan(&kept, &pods(&[]), T0 + 310, RULES)),
+            ["drop 10.0.0.9 ReleaseDone"]
+        );
+    }
+
+    #[test]
+    fn a_released_claim_that_is_not_sticky_goes_at_once() {
+        let claims = arcs(vec![released(
+            reserved("10.0.0.4", "default", "x", "", T0),
+            T0 + 1,
+        )]);
+        assert_eq!(
+            summary(&plan(&claims, &pods(&[]), T0 + 2, RULES)),
+            ["drop 10.0.0.4 ReleaseDone"]
+        );
+    }
+
+    #[test]
+    fn a_pod_carrying_an_unrecorded_ip_is_adopted_once() {
+        let a = pod("default", "a", "uid-a", "10.0.0.5", T0);
+        let b = pod("default", "b", "uid-b", "10.0.0.5", T0 + 1);
+        let mut gone = pod("default", "c", "uid-c", "10.0.0.6", T0);
+        gone.terminating = true;
+        assert_eq!(
+            summary(&plan(&[], &pods(&[b, a, gone]), T0 + 2, RULES)),
+            ["adopt 10.0.0.5 uid-a"]
+        );
+    }
+}

@@ -1,0 +1,455 @@
+//! The Kubernetes ledger: one `IPClaim` object per IP in use, through the API server.
+//!
+//! Creating the object named after the IP is the lock: the API server (etcd behind it) lets
+//! exactly one create of a name succeed, and answers every other with `409 AlreadyExists`.
+//! Every replica serves admissions; none needs to be the leader to claim an IP.
+//!
+//! Object names: an IPv4 address is already a valid DNS-1123 subdomain (`10.0.0.5`). An IPv6
+//! address is written as `v6-` and its eight groups in lowercase hex without leading zeros,
+//! joined by `-` (`fd00::a` → `v6-fd00-0-0-0-0-0-0-a`): one name per address, always a valid
+//! name (no `::`, never ends in `-`) and reversible.
+
+use std::net::{IpAddr, Ipv6Addr};
+
+use async_trait::async_trait;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, ListParams, PostParams, Preconditions};
+use kube::{Api, Client};
+
+use super::{Claim, CreateOutcome, Ledger, LedgerError, Phase, PodRef, Source, unix_now};
+use crate::crd::{IPClaim, IPClaimSpec, IPClaimStatus};
+
+/// How many times `create` retries when the record it collided with vanished meanwhile.
+const CREATE_ATTEMPTS: usize = 4;
+
+/// The `IPClaim` name for an IP.
+pub fn claim_name(ip: &IpAddr) -> String {
+    match ip {
+        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V6(v6) => {
+            let groups: Vec<String> = v6.segments().iter().map(|g| format!("{g:x}")).collect();
+            format!("v6-{}", groups.join("-"))
+        }
+    }
+}
+
+/// The IP an `IPClaim` name stands for; `None` for a name no IP encodes to.
+pub fn ip_from_claim_name(name: &str) -> Option<IpAddr> {
+    if let Some(groups) = name.strip_prefix("v6-") {
+        let parts: Vec<&str> = groups.split('-').collect();
+        if parts.len() != 8 {
+            return None;
+        }
+        let mut segments = [0u16; 8];
+        for (slot, part) in segments.iter_mut().zip(parts) {
+            if part.is_empty() || part.len() > 4 || part != part.to_ascii_lowercase() {
+                return None;
+            }
+            *slot = u16::from_str_radix(part, 16).ok()?;
+        }
+        let ip = IpAddr::V6(Ipv6Addr::from(segments));
+        return (claim_name(&ip) == name).then_some(ip);
+    }
+    let ip: IpAddr = name.parse().ok()?;
+    (ip.is_ipv4() && claim_name(&ip) == name).then_some(ip)
+}
+
+pub fn phase_name(phase: Phase) -> &'static str {
+    match phase {
+        Phase::Reserved => "Reserved",
+        Phase::Bound => "Bound",
+        Phase::Released => "Released",
+    }
+}
+
+fn parse_phase(text: &str) -> Phase {
+    match text {
+        "Bound" => Phase::Bound,
+        "Released" => Phase::Released,
+        _ => Phase::Reserved,
+    }
+}
+
+fn source_name(source: Source) -> &'static str {
+    match source {
+        Source::Allocated => "Allocated",
+        Source::Static => "Static",
+    }
+}
+
+/// RFC 3339 for unix seconds.
+pub fn rfc3339(unix_seconds: u64) -> String {
+    Timestamp::from_second(unix_seconds as i64)
+        .map(|t| t.to_string())
+        .unwrap_or_default()
+}
+
+fn unix_seconds(text: &str) -> Option<u64> {
+    text.parse::<Timestamp>()
+        .ok()
+        .and_then(|t| u64::try_from(t.as_second()).ok())
+}
+
+/// The object admission creates for `claim` (no status: the API server would drop it).
+pub fn to_resource(claim: &Claim) -> IPClaim {
+    let mut resource = IPClaim::new(
+        &claim_name(&claim.ip),
+        IPClaimSpec {
+            ip: claim.ip.to_string(),
+            namespace: claim.pod.namespace.clone(),
+            app: claim.app.clone(),
+            pool: claim.pool.clone(),
+            pod_name: claim.pod.name.clone(),
+            generate_name: claim.pod.generate_name.clone(),
+            pod_uid: claim.pod.uid.clone(),
+            request_uid: claim.request_uid.clone(),
+            source: source_name(claim.source).to_string(),
+            sticky: false,
+        },
+    );
+    resource.metadata = ObjectMeta {
+        name: Some(claim_name(&claim.ip)),
+        labels: Some(
+            [(
+                "app.kubernetes.io/managed-by".to_string(),
+                "ip-webhook".to_string(),
+            )]
+            .into(),
+        ),
+        ..ObjectMeta::default()
+    };
+    resource
+}
+
+/// The claim an `IPClaim` object records. `Err` names what is wrong with it.
+pub fn from_resource(resource: &IPClaim) -> Result<Claim, LedgerError> {
+    let name = resource.metadata.name.clone().unwrap_or_default();
+    let corrupt = |reason: String| LedgerError::Corrupt {
+        ip: name.clone(),
+        reason,
+    };
+    let ip: IpAddr = resource
+        .spec
+        .ip
+        .parse()
+        .map_err(|_| corrupt(format!("spec.ip {:?} is not an IP", resource.spec.ip)))?;
+    if ip_from_claim_name(&name) != Some(ip) {
+        return Err(corrupt(format!(
+            "the name does not encode spec.ip {ip} (expected {})",
+            claim_name(&ip)
+        )));
+    }
+    let created_at = resource
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .and_then(|Time(t)| u64::try_from(t.as_second()).ok())
+        .unwrap_or_else(unix_now);
+    let status = resource.status.clone().unwrap_or_default();
+    let reserved_at = status
+        .reserved_at
+        .as_deref()
+        .and_then(unix_seconds)
+        .unwrap_or(created_at);
+    let updated_at = status
+        .updated_at
+        .as_deref()
+        .and_then(unix_seconds)
+        .unwrap_or(reserved_at);
+    let spec = &resource.spec;
+    Ok(Claim {
+        ip,
+        app: spec.app.clone(),
+        pool: spec.pool.clone(),
+        pod: PodRef {
+            namespace: spec.namespace.clone(),
+            name: spec.pod_name.clone(),
+            generate_name: spec.generate_name.clone(),
+            uid: spec.pod_uid.clone().filter(|u| !u.is_empty()),
+        },
+        request_uid: spec.request_uid.clone(),
+        phase: parse_phase(&status.phase),
+        source: if spec.source == "Static" {
+            Source::Static
+        } else {
+            Source::Allocated
+        },
+        created_at: reserved_at,
+        updated_at,
+    })
+}
+
+/// The status the reconciler writes for a phase change now.
+pub fn status_now(resource: &IPClaim, phase: Phase) -> IPClaimStatus {
+    let now = rfc3339(unix_now());
+    let reserved_at = resource
+        .status
+        .as_ref()
+        .and_then(|s| s.reserved_at.clone())
+        .or_else(|| {
+            resource
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map(|Time(t)| t.to_string())
+        });
+    IPClaimStatus {
+        phase: phase_name(phase).to_string(),
+        reserved_at,
+        updated_at: Some(now),
+    }
+}
+
+pub(crate) fn is_status(error: &kube::Error, code: u16) -> bool {
+    matches!(error, kube::Error::Api(status) if status.code == code)
+}
+
+fn storage(what: &str, error: kube::Error) -> LedgerError {
+    LedgerError::Storage(format!("{what}: {error}"))
+}
+
+pub struct KubeLedger {
+    api: Api<IPClaim>,
+}
+
+impl KubeLedger {
+    pub fn new(client: Client) -> KubeLedger {
+        KubeLedger {
+            api: Api::all(client),
+        }
+    }
+
+    pub fn api(&self) -> &Api<IPClaim> {
+        &self.api
+    }
+
+    /// Delete `existing` only if it is still that very object (uid and resourceVersion).
+    async fn delete_exact(&self, existing: &IPClaim) -> Result<bool, LedgerError> {
+        let name = existing.metadata.name.clone().unwrap_or_default();
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: existing.metadata.uid.clone(),
+                resource_version: existing.metadata.resource_version.clone(),
+            }),
+            ..DeleteParams::default()
+        };
+        match self.api.delete(&name, &params).await {
+            Ok(_) => Ok(true),
+            Err(error) if is_status(&error, 404) || is_status(&error, 409) => Ok(false),
+            Err(error) => Err(storage(&format!("deleting IPClaim {name}"), error)),
+        }
+    }
+}
+
+/// Whether the admission of `claim` may take over the record `existing`: the same pod name of
+/// the same app coming back for an IP kept for it after its pod went (sticky grace).
+fn may_take_over(existing: &Claim, claim: &Claim) -> bool {
+    existing.phase == Phase::Released
+        && !claim.pod.name.is_empty()
+        && existing.pod.namespace == claim.pod.namespace
+        && existing.pod.name == claim.pod.name
+        && existing.app == claim.app
+}
+
+#[async_trait]
+impl Ledger for KubeLedger {
+    fn kind(&self) -> &'static str {
+        "kubernetes"
+    }
+
+    async fn load(&self) -> Result<Vec<Claim>, LedgerError> {
+        let list = self
+            .api
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| storage("listing IPClaims", e))?;
+        let mut claims = Vec::with_capacity(list.items.len());
+        for resource in &list.items {
+            match from_resource(resource) {
+                Ok(claim) => claims.push(claim),
+                Err(error) => tracing::warn!(%error, "skipping an IPClaim"),
+            }
+        }
+        Ok(claims)
+    }
+
+    async fn create(&self, claim: &Claim) -> Result<CreateOutcome, LedgerError> {
+        let name = claim_name(&claim.ip);
+        let resource = to_resource(claim);
+        for _ in 0..CREATE_ATTEMPTS {
+            let error = match self.api.create(&PostParams::default(), &resource).await {
+                Ok(_) => return Ok(CreateOutcome::Created),
+                Err(error) if is_status(&error, 409) => error,
+                Err(error) => return Err(storage(&format!("creating IPClaim {name}"), error)),
+            };
+            tracing::debug!(%error, ip = %claim.ip, "IPClaim exists");
+            let existing = match self.api.get_opt(&name).await {
+                Ok(Some(existing)) => existing,
+                // Deleted between our create and get: try again.
+                Ok(None) => continue,
+                Err(error) => return Err(storage(&format!("reading IPClaim {name}"), error)),
+            };
+            let held = from_resource(&existing)?;
+            if held.request_uid == claim.request_uid && held.pod.namespace == claim.pod.namespace {
+                return Ok(CreateOutcome::Created);
+            }
+            if may_take_over(&held, claim) {
+                self.delete_exact(&existing).await?;
+                continue;
+            }
+            return Ok(CreateOutcome::AlreadyHeld(Box::new(held)));
+        }
+        Err(LedgerError::Storage(format!(
+            "IPClaim {name} kept changing under {CREATE_ATTEMPTS} create attempts"
+        )))
+    }
+
+    async fn release(&self, claim: &Claim) -> Result<bool, LedgerError> {
+        let name = claim_name(&claim.ip);
+        let existing = match self.api.get_opt(&name).await {
+            Ok(Some(existing)) => existing,
+            Ok(None) => return Ok(false),
+            Err(error) => return Err(storage(&format!("reading IPClaim {name}"), error)),
+        };
+        let held = from_resource(&existing)?;
+        if held.request_uid != claim.request_uid || held.pod.namespace != claim.pod.namespace {
+            return Ok(false);
+        }
+        if existing.spec.sticky && held.phase != Phase::Released {
+            let status = serde_json::json!({
+                "metadata": {"resourceVersion": existing.metadata.resource_version},
+                "status": status_now(&existing, Phase::Released),
+            });
+            return match self
+                .api
+                .patch_status(
+                    &name,
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(&status),
+                )
+                .await
+            {
+                Ok(_) => Ok(true),
+                Err(error) if is_status(&error, 404) || is_status(&error, 409) => Ok(false),
+                Err(error) => Err(storage(&format!("releasing IPClaim {name}"), error)),
+            };
+        }
+        self.delete_exact(&existing).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn is_dns_subdomain(name: &str) -> bool {
+        name.len() <= 253
+            && name.split('.').all(|label| {
+                !label.is_empty()
+                    && label.len() <= 63
+                    && label
+                        .bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                    && !label.starts_with('-')
+                    && !label.ends_with('-')
+            })
+    }
+
+    #[test]
+    fn names_are_valid_and_reversible() {
+        for text in [
+            "10.0.0.5",
+            "0.0.0.0",
+            "255.255.255.255",
+            "fd00::a",
+            "::",
+            "::1",
+            "fd00::",
+            "2001:db8:ffff:ffff:ffff:ffff:ffff:ffff",
+            "::ffff:10.0.0.1",
+        ] {
+            let ip: IpAddr = text.parse().unwrap();
+            let name = claim_name(&ip);
+            assert!(is_dns_subdomain(&name), "{text} → {name}");
+            assert_eq!(ip_from_claim_name(&name), Some(ip), "{name}");
+        }
+        assert_eq!(
+            claim_name(&"fd00::a".parse().unwrap()),
+            "v6-fd00-0-0-0-0-0-0-a"
+        );
+    }
+
+    #[test]
+    fn foreign_names_decode_to_nothing() {
+        for name in [
+            "web",
+            "010.0.0.5",
+            "v6-fd00-0-0-0-0-0-a",
+            "v6-fd00-0-0-0-0-0-0-0a",
+            "v6-FD00-0-0-0-0-0-0-a",
+            "v6-fd00--0-0-0-0-0-a",
+        ] {
+            assert_eq!(ip_from_claim_name(name), None, "{name}");
+        }
+    }
+
+    #[test]
+    fn claim_round_trips_through_the_resource() {
+        let claim = Claim {
+            ip: "fd00::a".parse().unwrap(),
+            app: "web".into(),
+            pool: Some("blue".into()),
+            pod: PodRef {
+                namespace: "default".into(),
+                name: String::new(),
+                generate_name: "web-7d9f-".into(),
+                uid: None,
+            },
+            request_uid: "req-1".into(),
+            phase: Phase::Reserved,
+            source: Source::Static,
+            created_at: 1_700_000_000,
+            updated_at: 1_700_000_000,
+        };
+        let mut resource = to_resource(&claim);
+        assert_eq!(
+            resource.metadata.name.as_deref(),
+            Some("v6-fd00-0-0-0-0-0-0-a")
+        );
+        assert!(resource.status.is_none(), "admission writes no status");
+        resource.metadata.creation_timestamp =
+            Some(Time(Timestamp::from_second(1_700_000_000).unwrap()));
+        assert_eq!(from_resource(&resource).unwrap(), claim);
+
+        resource.status = Some(IPClaimStatus {
+            phase: "Released".into(),
+            reserved_at: Some(rfc3339(1_700_000_000)),
+            updated_at: Some(rfc3339(1_700_000_300)),
+        });
+        let released = from_resource(&resource).unwrap();
+        assert_eq!(released.phase, Phase::Released);
+        assert_eq!(released.updated_at, 1_700_000_300);
+    }
+
+    #[test]
+    fn a_name_that_does_not_match_the_ip_is_corrupt() {
+        let mut resource = to_resource(&Claim {
+            ip: "10.0.0.5".parse().unwrap(),
+            app: "web".into(),
+            pool: None,
+            pod: PodRef::default(),
+            request_uid: "r".into(),
+            phase: Phase::Reserved,
+            source: Source::Allocated,
+            created_at: 0,
+            updated_at: 0,
+        });
+        resource.spec.ip = "10.0.0.6".into();
+        let error = from_resource(&resource).unwrap_err().to_string();
+        assert!(
+            error.contains("does not encode spec.ip 10.0.0.6"),
+            "{error}"
+        );
+    }
+}

@@ -1,0 +1,782 @@
+//! In-cluster mode end to end against `fakeapi.py`, a small in-memory Kubernetes API server
+//! (`<repo>/../shared/tools/fakeapi.py`): webhook replicas with `--ledger kubernetes
+//! --kubeconfig`, racing for the last IP, rebuilding state on restart, and the reconciler
+//! binding, reclaiming and expiring claims and writing IPPool status.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{TestServer, apply, create, pod};
+use ip_webhook::crd::{IPClaim, IPPool};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::{Api, Client, CustomResourceExt};
+use serde_json::{Value, json};
+
+/// A running fakeapi.py and a kubeconfig that points at it.
+struct FakeApi {
+    child: Child,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl FakeApi {
+    /// `None` (after printing why) when fakeapi.py or python3 is not there.
+    fn start() -> Option<FakeApi> {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/tools/fakeapi.py");
+        if !script.exists() {
+            println!(
+                "SKIP: {} not found; in-cluster integration tests need the shared fakeapi.py",
+                script.display()
+            );
+            return None;
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = match Command::new("python3")
+            .arg(&script)
+            .arg(port.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+        {
+            Ok(child) => child,
+            Err(error) => {
+                println!(
+                    "SKIP: cannot run python3 ({error}); in-cluster integration tests need it"
+                );
+                return None;
+            }
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let fake = FakeApi { child, port, dir };
+        std::fs::write(fake.kubeconfig(), fake.kubeconfig_yaml()).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while fake.raw("GET", "/version").is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "fakeapi.py did not start on port {port}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Some(fake)
+    }
+
+    fn kubeconfig(&self) -> PathBuf {
+        self.dir.path().join("kubeconfig")
+    }
+
+    fn kubeconfig_yaml(&self) -> String {
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://127.0.0.1:{}\n\
+             contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n\
+             current-context: fake\nusers:\n- name: fake\n  user: {{}}\n",
+            self.port
+        )
+    }
+
+    /// A plain HTTP/1.0 request; the status line's code.
+    fn raw(&self, method: &str, path: &str) -> std::io::Result<u16> {
+        let mut stream = TcpStream::connect(("127.0.0.1", self.port))?;
+        write!(
+            stream,
+            "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n"
+        )?;
+        let mut reply = String::new();
+        stream.read_to_string(&mut reply)?;
+        reply
+            .split_whitespace()
+            .nth(1)
+            .and_then(|code| code.parse().ok())
+            .ok_or_else(|| std::io::Error::other(format!("no status line in {reply:?}")))
+    }
+
+    /// POST a JSON body to a /fake/* control hook.
+    fn control(&self, path: &str, body: Value) {
+        let body = body.to_string();
+        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        write!(
+            stream,
+            "POST {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut reply = String::new();
+        stream.read_to_string(&mut reply).unwrap();
+        assert!(
+            reply.starts_with("HTTP/1.0 200") || reply.starts_with("HTTP/1.1 200"),
+            "{reply}"
+        );
+    }
+
+    /// GET a JSON document (a /fake/* hook).
+    fn get_json(&self, path: &str) -> Value {
+        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
+        let mut reply = String::new();
+        stream.read_to_string(&mut reply).unwrap();
+        let body = reply.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+        serde_json::from_str(body).unwrap_or_else(|e| panic!("{path}: {e}: {reply:.200}"))
+    }
+
+    /// The test's own client (a User-Agent of its own, so the RBAC check can tell it apart).
+    async fn client(&self) -> Client {
+        let file = kube::config::Kubeconfig::read_from(self.kubeconfig()).unwrap();
+        let mut config = kube::Config::from_custom_kubeconfig(file, &Default::default())
+            .await
+            .unwrap();
+        config.headers.push((
+            http::header::USER_AGENT,
+            http::HeaderValue::from_static("in-cluster-test"),
+        ));
+        Client::try_from(config).unwrap()
+    }
+
+    /// Install the CRDs as `ip-webhook crds` prints them.
+    async fn install_crds(&self) -> Client {
+        let client = self.client().await;
+        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+        for crd in [IPPool::crd(), IPClaim::crd()] {
+            crds.create(&PostParams::default(), &crd).await.unwrap();
+        }
+        client
+    }
+
+    /// Start a webhook replica against this API server.
+    async fn replica(&self, extra: &[&str]) -> TestServer {
+        let kubeconfig = self.kubeconfig().display().to_string();
+        let mut args = vec!["--ledger", "kubernetes", "--kubeconfig", &kubeconfig];
+        args.extend_from_slice(extra);
+        let server = TestServer::start(&args).await;
+        wait_ready(&server).await;
+        server
+    }
+}
+
+impl Drop for FakeApi {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// (apiGroup, resource[/subresource], verb) of one API request, as RBAC sees it.
+fn rbac_request(method: &str, path: &str, query: &str) -> Option<(String, String, String)> {
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (group, rest) = match segments.as_slice() {
+        ["api", _version, rest @ ..] => ("", rest),
+        ["apis", group, _version, rest @ ..] => (*group, rest),
+        _ => return None,
+    };
+    let rest = match rest {
+        ["namespaces", _, tail @ ..] if !tail.is_empty() => tail,
+        other => other,
+    };
+    let (resource, named) = match rest {
+        [resource] => (resource.to_string(), false),
+        [resource, _name] => (resource.to_string(), true),
+        [resource, _name, sub] => (format!("{resource}/{sub}"), true),
+        _ => return None,
+    };
+    let watch = query
+        .split('&')
+        .any(|p| p == "watch=true" || p == "watch=1");
+    let verb = match (method, named) {
+        ("GET", true) => "get",
+        ("GET", false) if watch => "watch",
+        ("GET", false) => "list",
+        ("POST", _) => "create",
+        ("PUT", _) => "update",
+        ("PATCH", _) => "patch",
+        ("DELETE", true) => "delete",
+        ("DELETE", false) => "deletecollection",
+        _ => return None,
+    };
+    Some((group.to_string(), resource, verb.to_string()))
+}
+
+/// Every request the webhook made (its User-Agent) is allowed by `deploy/rbac.yaml`.
+fn assert_rbac_covers(fake: &FakeApi) {
+    let manifest =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/rbac.yaml"))
+            .unwrap();
+    let mut granted = std::collections::HashSet::new();
+    for document in serde_yaml::Deserializer::from_str(&manifest) {
+        let value: Value = serde::Deserialize::deserialize(document).unwrap();
+        if !matches!(value["kind"].as_str(), Some("ClusterRole" | "Role")) {
+            continue;
+        }
+        for rule in value["rules"].as_array().unwrap() {
+            for group in rule["apiGroups"].as_array().unwrap() {
+                for resource in rule["resources"].as_array().unwrap() {
+                    for verb in rule["verbs"].as_array().unwrap() {
+                        granted.insert((
+                            group.as_str().unwrap().to_string(),
+                            resource.as_str().unwrap().to_string(),
+                            verb.as_str().unwrap().to_string(),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    let log = fake.get_json("/fake/requests");
+    let mut used = std::collections::BTreeSet::new();
+    for request in log["requests"].as_array().unwrap() {
+        if !request["ua"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("ip-webhook/")
+        {
+            continue;
+        }
+        let method = request["method"].as_str().unwrap();
+        let path = request["path"].as_str().unwrap();
+        let query = request["query"].as_str().unwrap_or("");
+        if let Some(needed) = rbac_request(method, path, query) {
+            used.insert(needed);
+        }
+    }
+    assert!(
+        !used.is_empty(),
+        "the request log shows the webhook's requests"
+    );
+    let missing: Vec<_> = used.iter().filter(|u| !granted.contains(*u)).collect();
+    assert!(missing.is_empty(), "deploy/rbac.yaml lacks {missing:?}");
+    println!("RBAC used by the webhook: {used:?}");
+}
+
+async fn wait_ready(server: &TestServer) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (code, _) = server.admin_get("/readyz").await;
+        if code == 200 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "replica never became ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Poll `check` until it returns `Some`, for up to `timeout`.
+async fn eventually<T, F, Fut>(what: &str, timeout: Duration, check: F) -> T
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn message(response: &Value) -> String {
+    response["status"]["message"]
+        .as_str()
+        .unwrap_or("")
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_racing_for_the_last_ip_one_wins_the_other_is_denied() {
+    let Some(fake) = FakeApi::start() else { return };
+    let client = fake.install_crds().await;
+    let a = fake.replica(&[]).await;
+    let b = fake.replica(&[]).await;
+    let claims: Api<IPClaim> = Api::all(client);
+    for round in 0..6 {
+        let ip = format!("10.77.0.{}", round + 1);
+        let app = format!("race{round}");
+        let review_a = create(
+            &format!("a-{round}"),
+            pod("default", &app, &format!("{app}-"), Some(&ip)),
+        );
+        let review_b = create(
+            &format!("b-{round}"),
+            pod("default", &app, &format!("{app}-"), Some(&ip)),
+        );
+        let (from_a, from_b) = tokio::join!(a.mutate(&review_a), b.mutate(&review_b));
+        let allowed: Vec<&Value> = [&from_a, &from_b]
+            .into_iter()
+            .filter(|r| r["allowed"] == true)
+            .collect();
+        assert_eq!(
+            allowed.len(),
+            1,
+            "round {round}: exactly one wins: {from_a} {from_b}"
+        );
+        let (winner_uid, loser) = if from_a["allowed"] == true {
+            (format!("a-{round}"), &from_b)
+        } else {
+            (format!("b-{round}"), &from_a)
+        };
+        assert_eq!(
+            message(loser),
+            format!("app default/{app}: all 1 allocatable IPs are held ({ip} by default/{app}-*)"),
+            "round {round}"
+        );
+        let record = claims.get(&ip).await.unwrap();
+        assert_eq!(record.spec.request_uid, winner_uid, "round {round}");
+    }
+    let all = claims.list(&ListParams::default()).await.unwrap();
+    assert_eq!(all.items.len(), 6, "one record per IP, nothing else");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_replica_rebuilds_its_books_from_ipclaims() {
+    let Some(fake) = FakeApi::start() else { return };
+    fake.install_crds().await;
+    let list = "10.78.0.1-10.78.0.2";
+    let first = fake.replica(&[]).await;
+    let response = first
+        .mutate(&create("r-1", pod("default", "db", "db-", Some(list))))
+        .await;
+    assert_eq!(response["allowed"], true, "{response}");
+    assert_eq!(common::allocated_ip(&response), "10.78.0.1");
+    first.launched.shutdown().await;
+
+    let second = fake.replica(&[]).await;
+    let holder = second
+        .launched
+        .webhook
+        .allocator
+        .holder(&"10.78.0.1".parse().unwrap())
+        .expect("the claim made by the first process is known");
+    assert_eq!(holder.request_uid, "r-1");
+    let response = second
+        .mutate(&create("r-2", pod("default", "db", "db-", Some(list))))
+        .await;
+    assert_eq!(common::allocated_ip(&response), "10.78.0.2");
+    let response = second
+        .mutate(&create("r-3", pod("default", "db", "db-", Some(list))))
+        .await;
+    assert_eq!(response["allowed"], false);
+    assert!(
+        message(&response).contains("all 2 allocatable IPs are held"),
+        "{response}"
+    );
+}
+
+/// Create the pod the API server would persist after admission: the patched object, named.
+async fn persist(pods: &Api<Pod>, mut object: Value, name: &str) -> Pod {
+    object["metadata"]["name"] = json!(name);
+    let pod: Pod = serde_json::from_value(object).unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap()
+}
+
+async fn events_with_reason(events: &Api<Event>, reason: &str) -> Vec<Event> {
+    events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reconciler_binds_reclaims_expires_and_counts() {
+    let Some(fake) = FakeApi::start() else { return };
+    let client = fake.install_crds().await;
+    let pools: Api<IPPool> = Api::all(client.clone());
+    let blue: IPPool = serde_json::from_value(json!({
+        "apiVersion": "ip-webhook.io/v1alpha1", "kind": "IPPool",
+        "metadata": {"name": "blue"},
+        "spec": {"cidr": "10.79.0.0/29"},
+    }))
+    .unwrap();
+    pools.create(&PostParams::default(), &blue).await.unwrap();
+    let server = fake
+        .replica(&[
+            "--reservation-ttl",
+            "5s",
+            "--lease-duration",
+            "2s",
+            "--lease-renew-interval",
+            "200ms",
+        ])
+        .await;
+    let claims: Api<IPClaim> = Api::all(client.clone());
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+
+    // A pod of pool blue is admitted, then persisted under its generated name: bound by UID.
+    let mut object = pod("default", "web", "web-", None);
+    object["metadata"]["annotations"]["ip-webhook.io/ip-pool"] = json!("blue");
+    let response = server.mutate(&create("bind-1", object.clone())).await;
+    assert_eq!(response["allowed"], true, "{response}");
+    let ip = common::allocated_ip(&response);
+    assert_eq!(ip, "10.79.0.1");
+    let live = persist(&pods, apply(&object, &response), "web-x7k2p").await;
+    let uid = live.metadata.uid.clone().unwrap();
+    let bound = eventually("the claim to be bound", Duration::from_secs(15), || async {
+        let claim = claims.get(&ip).await.ok()?;
+        (claim.status.as_ref().map(|s| s.phase.as_str()) == Some("Bound")).then_some(claim)
+    })
+    .await;
+    assert_eq!(bound.spec.pod_uid.as_deref(), Some(uid.as_str()));
+    assert_eq!(bound.spec.pod_name, "web-x7k2p");
+
+    // IPPool status counts it.
+    let status = eventually("IPPool status", Duration::from_secs(15), || async {
+        let pool = pools.get("blue").await.ok()?;
+        pool.status.filter(|s| s.held == 1)
+    })
+    .await;
+    assert_eq!((status.total, status.held, status.free), (6, 1, 5));
+
+    // The pod is deleted and no admission DELETE reaches the webhook: the reconciler frees
+    // the IP (the pod UID is gone) and says so in an Event.
+    pods.delete("web-x7k2p", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        "the claim to be reclaimed",
+        Duration::from_secs(15),
+        || async { claims.get_opt(&ip).await.ok()?.is_none().then_some(()) },
+    )
+    .await;
+    let reclaimed = eventually("an IPReclaimed event", Duration::from_secs(10), || async {
+        let found = events_with_reason(&events, "IPReclaimed").await;
+        (!found.is_empty()).then_some(found)
+    })
+    .await;
+    assert!(
+        reclaimed[0]
+            .note
+            .as_deref()
+            .unwrap_or("")
+            .contains(&format!("default/web-x7k2p (uid {uid})")),
+        "{:?}",
+        reclaimed[0].note
+    );
+    assert!(
+        server
+            .launched
+            .webhook
+            .allocator
+            .holder(&ip.parse().unwrap())
+            .is_none(),
+        "the replica's index follows the delete"
+    );
+
+    // An admission whose pod never appears: the reservation expires after --reservation-ttl.
+    let response = server
+        .mutate(&create(
+            "never-1",
+            pod("default", "job", "job-", Some("10.79.8.1")),
+        ))
+        .await;
+    assert_eq!(response["allowed"], true, "{response}");
+    assert!(claims.get_opt("10.79.8.1").await.unwrap().is_some());
+    eventually(
+        "the reservation to expire",
+        Duration::from_secs(20),
+        || async {
+            claims
+                .get_opt("10.79.8.1")
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        },
+    )
+    .await;
+    // The Event is published right after the delete.
+    let expired = eventually(
+        "a ReservationExpired event",
+        Duration::from_secs(10),
+        || async {
+            let found = events_with_reason(&events, "ReservationExpired").await;
+            (!found.is_empty()).then_some(found)
+        },
+    )
+    .await;
+    assert_eq!(expired.len(), 1, "{expired:?}");
+    assert_rbac_covers(&fake);
+    assert!(
+        expired[0]
+            .note
+            .as_deref()
+            .unwrap_or("")
+            .contains("IP 10.79.8.1 returned to the pool: reserved for default/job-*"),
+        "{:?}",
+        expired[0].note
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_waits_for_the_watches_to_sync() {
+    let Some(fake) = FakeApi::start() else { return };
+    fake.install_crds().await;
+    // Listing pods fails until cleared: the pod cache cannot sync.
+    fake.control(
+        "/fake/fail",
+        json!({"method": "GET", "path": "^/api/v1/pods$", "code": 500, "count": 1_000_000}),
+    );
+    let kubeconfig = fake.kubeconfig().display().to_string();
+    let server = TestServer::start(&["--ledger", "kubernetes", "--kubeconfig", &kubeconfig]).await;
+    let until = Instant::now() + Duration::from_millis(1500);
+    while Instant::now() < until {
+        let (code, body) = server.admin_get("/readyz").await;
+        assert_eq!(code, 503, "ready before the pod cache synced: {body}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    fake.control("/fake/fail", json!({"clear": true}));
+    wait_ready(&server).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statefulset_pod_gets_its_ip_back_within_the_sticky_grace() {
+    let Some(fake) = FakeApi::start() else { return };
+    let client = fake.install_crds().await;
+    let server = fake
+        .replica(&[
+            "--sticky-grace",
+            "60s",
+            "--lease-duration",
+            "2s",
+            "--lease-renew-interval",
+            "200ms",
+        ])
+        .await;
+    let claims: Api<IPClaim> = Api::all(client.clone());
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let list = "10.80.0.1-10.80.0.3";
+    let web0 = |uid: &str| {
+        let mut object = pod("default", "web", "", Some(list));
+        object["metadata"]["name"] = json!("web-0");
+        object["metadata"]["ownerReferences"] = json!([{
+            "apiVersion": "apps/v1", "kind": "StatefulSet", "name": "web",
+            "uid": uid, "controller": true, "blockOwnerDeletion": true,
+        }]);
+        object
+    };
+    let object = web0("sts-uid");
+    let response = server.mutate(&create("web-0-first", object.clone())).await;
+    assert_eq!(common::allocated_ip(&response), "10.80.0.1");
+    persist(&pods, apply(&object, &response), "web-0").await;
+    let bound = eventually(
+        "web-0's claim to be bound",
+        Duration::from_secs(15),
+        || async {
+            let claim = claims.get("10.80.0.1").await.ok()?;
+            (claim.status.as_ref()?.phase == "Bound").then_some(claim)
+        },
+    )
+    .await;
+    assert!(bound.spec.sticky, "a StatefulSet pod's claim is sticky");
+
+    pods.delete("web-0", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        "the claim to be kept as Released",
+        Duration::from_secs(15),
+        || async {
+            let claim = claims.get("10.80.0.1").await.ok()?;
+            (claim.status.as_ref()?.phase == "Released").then_some(())
+        },
+    )
+    .await;
+    eventually(
+        "the replica to see the kept claim",
+        Duration::from_secs(5),
+        || async {
+            server
+                .launched
+                .webhook
+                .allocator
+                .holder(&"10.80.0.1".parse().unwrap())
+                .filter(|c| c.phase == ip_webhook::ledger::Phase::Released)
+        },
+    )
+    .await;
+
+    // Another pod of the app does not get the kept IP...
+    let response = server
+        .mutate(&create(
+            "other-1",
+            pod("default", "web", "other-", Some(list)),
+        ))
+        .await;
+    assert_eq!(common::allocated_ip(&response), "10.80.0.2");
+    // ...the recreated web-0 does.
+    let response = server
+        .mutate(&create("web-0-second", web0("sts-uid")))
+        .await;
+    assert_eq!(response["allowed"], true, "{response}");
+    assert_eq!(common::allocated_ip(&response), "10.80.0.1");
+    let record = claims.get("10.80.0.1").await.unwrap();
+    assert_eq!(record.spec.request_uid, "web-0-second");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_the_leader_goes_another_replica_takes_over_the_reconciler() {
+    let Some(fake) = FakeApi::start() else { return };
+    let client = fake.install_crds().await;
+    let fast = ["--lease-duration", "2s", "--lease-renew-interval", "200ms"];
+    let first = fake.replica(&fast).await;
+    let leads = |server: &TestServer| *server.launched.cluster.as_ref().unwrap().leading.borrow();
+    eventually(
+        "the first replica to lead",
+        Duration::from_secs(10),
+        || async { leads(&first).then_some(()) },
+    )
+    .await;
+    let second = fake.replica(&fast).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(!leads(&second), "one leader at a time");
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), "default");
+    let holder = |lease: k8s_openapi::api::coordination::v1::Lease| {
+        let spec = lease.spec.unwrap_or_default();
+        (
+            spec.holder_identity.unwrap_or_default(),
+            spec.lease_transitions.unwrap_or(0),
+        )
+    };
+    let (first_holder, _) = holder(leases.get("ip-webhook-reconciler").await.unwrap());
+
+    // The leader stops without giving the Lease back (as if its node died).
+    first.launched.cluster.as_ref().unwrap().stop();
+    let claims: Api<IPClaim> = Api::all(client.clone());
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let object = pod("default", "svc", "svc-", Some("10.81.0.1"));
+    let response = second.mutate(&create("svc-1", object.clone())).await;
+    assert_eq!(common::allocated_ip(&response), "10.81.0.1");
+    persist(&pods, apply(&object, &response), "svc-abcde").await;
+    eventually(
+        "the new leader to bind the claim",
+        Duration::from_secs(20),
+        || async {
+            let claim = claims.get("10.81.0.1").await.ok()?;
+            (claim.status.as_ref()?.phase == "Bound").then_some(())
+        },
+    )
+    .await;
+    assert!(leads(&second));
+    let (second_holder, transitions) = holder(leases.get("ip-webhook-reconciler").await.unwrap());
+    assert_ne!(second_holder, first_holder);
+    assert_eq!(transitions, 1);
+    assert_rbac_covers(&fake);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_shutting_down_hands_the_lease_over_at_once() {
+    let Some(fake) = FakeApi::start() else { return };
+    let client = fake.install_crds().await;
+    // A long lease: without the hand-over the second replica would wait 60s.
+    let slow = ["--lease-duration", "60s", "--lease-renew-interval", "200ms"];
+    let first = fake.replica(&slow).await;
+    let leads = |server: &TestServer| *server.launched.cluster.as_ref().unwrap().leading.borrow();
+    eventually(
+        "the first replica to lead",
+        Duration::from_secs(10),
+        || async { leads(&first).then_some(()) },
+    )
+    .await;
+    let second = fake.replica(&slow).await;
+    first.launched.shutdown().await;
+    eventually(
+        "the second replica to lead",
+        Duration::from_secs(5),
+        || async { leads(&second).then_some(()) },
+    )
+    .await;
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(client, "default");
+    let spec = leases
+        .get("ip-webhook-reconciler")
+        .await
+        .unwrap()
+        .spec
+        .unwrap();
+    assert_eq!(
+        spec.lease_duration_seconds,
+        Some(60),
+        "the new holder writes its own duration"
+    );
+    assert_eq!(spec.lease_transitions, Some(1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_server_error_on_the_claim_is_a_clear_denial_and_leaves_no_hold() {
+    let Some(fake) = FakeApi::start() else { return };
+    fake.install_crds().await;
+    let server = fake.replica(&[]).await;
+    fake.control(
+        "/fake/fail",
+        json!({"method": "POST", "path": "/ipclaims$", "code": 500, "count": 1}),
+    );
+    let response = server
+        .mutate(&create(
+            "e-1",
+            pod("default", "api", "api-", Some("10.82.0.1")),
+        ))
+        .await;
+    assert_eq!(response["allowed"], false, "{response}");
+    let text = message(&response);
+    assert!(
+        text.starts_with(
+            "ip-webhook could not record the IP claim, so the pod is not admitted (retry)"
+        ) && text.contains("creating IPClaim 10.82.0.1"),
+        "{text}"
+    );
+    // The failed attempt held nothing: the retry gets the same IP.
+    let response = server
+        .mutate(&create(
+            "e-2",
+            pod("default", "api", "api-", Some("10.82.0.1")),
+        ))
+        .await;
+    assert_eq!(common::allocated_ip(&response), "10.82.0.1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_serves_with_the_kubernetes_ledger() {
+    let Some(fake) = FakeApi::start() else { return };
+    let client = fake.install_crds().await;
+    let state = tempfile::tempdir().unwrap();
+    let dir = state.path().display().to_string();
+    let kubeconfig = fake.kubeconfig().display().to_string();
+    // No --ledger: --kubeconfig selects the kubernetes ledger.
+    let server = common::BinaryServer::start(&["--state-dir", &dir, "--kubeconfig", &kubeconfig]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while common::http_get(server.admin_addr, "/readyz").await.0 != 200 {
+        assert!(Instant::now() < deadline, "the binary never became ready");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let ca = std::fs::read(state.path().join("ca.crt")).unwrap();
+    let https = common::HttpsClient::new(server.https_addr, &ca);
+    let review = create("bin-1", pod("default", "bin", "bin-", Some("10.83.0.1")));
+    let response = https
+        .post("/mutate", review.to_string())
+        .await
+        .unwrap()
+        .response();
+    assert_eq!(common::allocated_ip(&response), "10.83.0.1");
+    let claims: Api<IPClaim> = Api::all(client);
+    assert_eq!(
+        claims.get("10.83.0.1").await.unwrap().spec.request_uid,
+        "bin-1"
+    );
+    assert!(
+        !state.path().join("ledger.redb").exists(),
+        "no embedded ledger was opened"
+    );
+}
