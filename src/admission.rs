@@ -8,7 +8,7 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use base64::Engine;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::value::RawValue;
 
 pub const V1: &str = "admission.k8s.io/v1";
@@ -125,6 +125,26 @@ impl<'a> Incoming<'a> {
         }
     }
 
+    /// The `metadata` of `object` (or `oldObject`): what [`Incoming::object`]`::<MetaOnly>`
+    /// returns, without parsing the rest of the object. The object was validated as JSON when
+    /// the review was decoded, so its members are located by a byte scan and only the metadata
+    /// fields the webhook reads go through serde; anything unusual (a field of the wrong type,
+    /// a `null` metadata) takes the full serde path, which also gives the error message.
+    pub fn metadata(&self, old: bool) -> Result<Option<MetaOnly>, ReviewError> {
+        let raw = if old {
+            self.request.old_object
+        } else {
+            self.request.object
+        };
+        match raw.map(|raw| raw.get()) {
+            None | Some("null") => Ok(None),
+            Some(text) => match metadata_fast(text) {
+                Some(meta) => Ok(Some(MetaOnly { metadata: meta })),
+                None => self.object::<MetaOnly>(old),
+            },
+        }
+    }
+
     /// A response for this request (uid and version copied, so they cannot be forgotten).
     pub fn respond(&self) -> Response {
         Response {
@@ -192,66 +212,53 @@ impl Response {
         self
     }
 
-    /// Serialize as an AdmissionReview.
+    /// Serialize as an AdmissionReview (written directly: this runs on every request).
     pub fn to_json(&self) -> Vec<u8> {
-        #[derive(Serialize)]
-        #[serde(rename_all = "camelCase")]
-        struct Status<'s> {
-            code: u16,
-            message: &'s str,
-            reason: &'static str,
+        let engine = &base64::engine::general_purpose::STANDARD;
+        let patch_len = self.patch.as_ref().map_or(0, |p| p.len().div_ceil(3) * 4);
+        let message_len = self.message.as_ref().map_or(0, String::len);
+        let mut out = Vec::with_capacity(160 + self.uid.len() + patch_len + message_len);
+        out.extend_from_slice(br#"{"apiVersion":""#);
+        out.extend_from_slice(self.api_version.as_bytes());
+        out.extend_from_slice(br#"","kind":"AdmissionReview","response":{"uid":"#);
+        write_json_string(&mut out, &self.uid);
+        out.extend_from_slice(if self.allowed {
+            br#","allowed":true"#
+        } else {
+            br#","allowed":false"#
+        });
+        if let (Some(message), false) = (&self.message, self.allowed) {
+            out.extend_from_slice(br#","status":{"code":403,"message":"#);
+            write_json_string(&mut out, message);
+            out.extend_from_slice(br#","reason":"Forbidden"}"#);
         }
-        #[derive(Serialize)]
-        #[serde(rename_all = "camelCase")]
-        struct Inner<'s> {
-            uid: &'s str,
-            allowed: bool,
-            #[serde(skip_serializing_if = "Option::is_none")]
-            status: Option<Status<'s>>,
-            #[serde(skip_serializing_if = "Option::is_none")]
-            patch_type: Option<&'static str>,
-            #[serde(skip_serializing_if = "Option::is_none")]
-            patch: Option<String>,
-            #[serde(skip_serializing_if = "<[String]>::is_empty")]
-            warnings: &'s [String],
+        if let Some(patch) = &self.patch {
+            out.extend_from_slice(br#","patchType":"JSONPatch","patch":""#);
+            let start = out.len();
+            out.resize(start + patch_len, 0);
+            let written = engine
+                .encode_slice(patch, &mut out[start..])
+                .expect("buffer sized for base64");
+            out.truncate(start + written);
+            out.push(b'"');
         }
-        #[derive(Serialize)]
-        #[serde(rename_all = "camelCase")]
-        struct Outer<'s> {
-            api_version: &'static str,
-            kind: &'static str,
-            response: Inner<'s>,
+        if !self.warnings.is_empty() {
+            out.extend_from_slice(br#","warnings":["#);
+            for (i, warning) in self.warnings.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_json_string(&mut out, warning);
+            }
+            out.push(b']');
         }
-        let status = match (&self.message, self.allowed) {
-            (Some(message), false) => Some(Status {
-                code: 403,
-                message,
-                reason: "Forbidden",
-            }),
-            _ => None,
-        };
-        let patch = self
-            .patch
-            .as_ref()
-            .map(|p| base64::engine::general_purpose::STANDARD.encode(p));
-        let review = Outer {
-            api_version: self.api_version,
-            kind: "AdmissionReview",
-            response: Inner {
-                uid: &self.uid,
-                allowed: self.allowed,
-                status,
-                patch_type: patch.as_ref().map(|_| "JSONPatch"),
-                patch,
-                warnings: &self.warnings,
-            },
-        };
-        serde_json::to_vec(&review).expect("a response always serializes")
+        out.extend_from_slice(b"}}");
+        out
     }
 }
 
 /// The parts of an object's metadata the webhook reads.
-#[derive(Debug, Deserialize, Default, Clone)]
+#[derive(Debug, Deserialize, Default, Clone, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct Meta {
     #[serde(default)]
@@ -280,7 +287,7 @@ impl Meta {
     }
 }
 
-#[derive(Debug, Deserialize, Default, Clone)]
+#[derive(Debug, Deserialize, Default, Clone, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct OwnerRef {
     #[serde(default)]
@@ -292,10 +299,128 @@ pub struct OwnerRef {
 }
 
 /// An object of which only `metadata` is read (the rest is skipped while parsing).
-#[derive(Debug, Deserialize, Default, Clone)]
+#[derive(Debug, Deserialize, Default, Clone, PartialEq, Eq)]
 pub struct MetaOnly {
     #[serde(default)]
     pub metadata: Meta,
+}
+
+/// `Meta` of the JSON object `object` (valid JSON), or `None` when the serde path must decide.
+fn metadata_fast(object: &str) -> Option<Meta> {
+    let mut meta = Meta::default();
+    let mut metadata = None;
+    for (key, value) in json_members(object)? {
+        match key {
+            "metadata" if metadata.is_none() => metadata = Some(value),
+            "metadata" => return None, // duplicate: serde refuses it
+            _ if key.contains('\\') => return None,
+            _ => {}
+        }
+    }
+    let Some(text) = metadata else {
+        return Some(meta);
+    };
+    for (key, value) in json_members(text)? {
+        match key {
+            "name" => meta.name = serde_json::from_str(value).ok()?,
+            "generateName" => meta.generate_name = serde_json::from_str(value).ok()?,
+            "namespace" => meta.namespace = serde_json::from_str(value).ok()?,
+            "uid" => meta.uid = serde_json::from_str(value).ok()?,
+            "labels" => meta.labels = serde_json::from_str(value).ok()?,
+            "annotations" => meta.annotations = serde_json::from_str(value).ok()?,
+            "ownerReferences" => meta.owner_references = serde_json::from_str(value).ok()?,
+            // an escaped key may spell a field name: let serde decide
+            _ if key.contains('\\') => return None,
+            _ => {}
+        }
+    }
+    Some(meta)
+}
+
+/// The members of a JSON object as (raw key without quotes, raw value) pairs, by a byte scan.
+/// `text` must be valid JSON (a `RawValue`); `None` when it is not an object.
+fn json_members(text: &str) -> Option<impl Iterator<Item = (&str, &str)>> {
+    let bytes = text.as_bytes();
+    let mut at = skip_whitespace(bytes, 0);
+    if bytes.get(at) != Some(&b'{') {
+        return None;
+    }
+    at += 1;
+    Some(std::iter::from_fn(move || {
+        at = skip_whitespace(bytes, at);
+        if bytes.get(at) != Some(&b'"') {
+            return None; // `}`: the end
+        }
+        let key_end = skip_string(bytes, at);
+        let key = &text[at + 1..key_end - 1];
+        at = skip_whitespace(bytes, key_end) + 1; // past `:`
+        let value_start = skip_whitespace(bytes, at);
+        let value_end = skip_value(bytes, value_start);
+        at = skip_whitespace(bytes, value_end);
+        if bytes.get(at) == Some(&b',') {
+            at += 1;
+        }
+        Some((key, &text[value_start..value_end]))
+    }))
+}
+
+fn skip_whitespace(bytes: &[u8], mut at: usize) -> usize {
+    while bytes
+        .get(at)
+        .is_some_and(|b| matches!(b, b' ' | b'\n' | b'\r' | b'\t'))
+    {
+        at += 1;
+    }
+    at
+}
+
+/// `bytes[at]` is the opening `"`; returns the index after the closing one.
+fn skip_string(bytes: &[u8], at: usize) -> usize {
+    let mut at = at + 1;
+    while let Some(found) = memchr::memchr2(b'"', b'\\', &bytes[at..]) {
+        if bytes[at + found] == b'"' {
+            return at + found + 1;
+        }
+        at += found + 2; // a backslash and the character it escapes
+    }
+    bytes.len()
+}
+
+/// The index after the JSON value starting at `bytes[at]`.
+fn skip_value(bytes: &[u8], mut at: usize) -> usize {
+    match bytes.get(at) {
+        Some(b'"') => skip_string(bytes, at),
+        Some(b'{' | b'[') => {
+            let mut depth = 0usize;
+            while let Some(&b) = bytes.get(at) {
+                match b {
+                    b'"' => {
+                        at = skip_string(bytes, at);
+                        continue;
+                    }
+                    b'{' | b'[' => depth += 1,
+                    b'}' | b']' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            return at + 1;
+                        }
+                    }
+                    _ => {}
+                }
+                at += 1;
+            }
+            at
+        }
+        _ => {
+            while bytes
+                .get(at)
+                .is_some_and(|b| !matches!(b, b',' | b'}' | b']' | b' ' | b'\n' | b'\r' | b'\t'))
+            {
+                at += 1;
+            }
+            at
+        }
+    }
 }
 
 /// Escape a key for a JSON Pointer (RFC 6901): `~` → `~0`, `/` → `~1`.
@@ -328,28 +453,59 @@ impl MetadataPatch {
     }
 
     pub fn to_json(&self) -> Vec<u8> {
-        let mut out = String::with_capacity(64 + self.ops.len() * 96);
-        out.push('[');
+        let mut out = Vec::with_capacity(2 + self.ops.len() * 96);
+        out.push(b'[');
         for (i, (map, key, value)) in self.ops.iter().enumerate() {
             if i > 0 {
-                out.push(',');
+                out.push(b',');
             }
+            out.extend_from_slice(br#"{"op":"add","path":"/metadata/"#);
+            out.extend_from_slice(map.as_bytes());
             if key.is_empty() {
-                out.push_str(&format!(
-                    r#"{{"op":"add","path":"/metadata/{map}","value":{{}}}}"#
-                ));
+                out.extend_from_slice(br#"","value":{}}"#);
             } else {
-                let path = format!("/metadata/{map}/{}", escape_pointer(key));
-                out.push_str(r#"{"op":"add","path":"#);
-                out.push_str(&serde_json::to_string(&path).expect("string"));
-                out.push_str(r#","value":"#);
-                out.push_str(&serde_json::to_string(value).expect("string"));
-                out.push('}');
+                out.push(b'/');
+                write_pointer_token(&mut out, key);
+                out.extend_from_slice(br#"","value":"#);
+                write_json_string(&mut out, value);
+                out.push(b'}');
             }
         }
-        out.push(']');
-        out.into_bytes()
+        out.push(b']');
+        out
     }
+}
+
+/// Append `key` escaped as a JSON Pointer token and then as JSON string content.
+fn write_pointer_token(out: &mut Vec<u8>, key: &str) {
+    let mut rest = key;
+    while let Some(at) = rest.find(['~', '/']) {
+        write_json_string_content(out, &rest[..at]);
+        out.extend_from_slice(if rest.as_bytes()[at] == b'~' {
+            b"~0"
+        } else {
+            b"~1"
+        });
+        rest = &rest[at + 1..];
+    }
+    write_json_string_content(out, rest);
+}
+
+fn write_json_string(out: &mut Vec<u8>, value: &str) {
+    out.push(b'"');
+    write_json_string_content(out, value);
+    out.push(b'"');
+}
+
+fn write_json_string_content(out: &mut Vec<u8>, value: &str) {
+    let escape = |b: u8| b < 0x20 || b == b'"' || b == b'\\';
+    if !value.bytes().any(escape) {
+        out.extend_from_slice(value.as_bytes());
+        return;
+    }
+    let mut quoted = serde_json::to_vec(value).expect("a string serializes");
+    quoted.pop();
+    out.extend_from_slice(&quoted[1..]);
 }
 
 #[cfg(test)]
@@ -423,6 +579,134 @@ mod tests {
         assert!(v["response"].get("patch").is_none());
     }
 
+    /// `metadata()` (byte scan) and `object::<MetaOnly>()` (serde) agree on `object`.
+    fn assert_metadata_agrees(object: &str) {
+        let body = format!(
+            r#"{{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{{"uid":"u","operation":"CREATE","object":{object}}}}}"#
+        );
+        let incoming = decode(body.as_bytes()).unwrap();
+        let fast = incoming.metadata(false);
+        let serde = incoming.object::<MetaOnly>(false);
+        assert_eq!(fast, serde, "object: {object}");
+    }
+
+    #[test]
+    fn metadata_scan_agrees_with_serde() {
+        let fixture: serde_json::Value = serde_json::from_str(REVIEW).unwrap();
+        let pod = &fixture["request"]["object"];
+        assert_metadata_agrees(&pod.to_string());
+        assert_metadata_agrees(&serde_json::to_string_pretty(pod).unwrap());
+        let ours = decode(REVIEW.as_bytes())
+            .unwrap()
+            .metadata(false)
+            .unwrap()
+            .unwrap();
+        assert_eq!(ours.metadata.label("app"), Some("web"));
+        assert_eq!(
+            ours.metadata.generate_name.as_deref(),
+            Some("web-7d4b9c8f6d-")
+        );
+        for object in [
+            "{}",
+            "null",
+            "[]",
+            "5",
+            r#"{"metadata":null}"#,
+            r#"{"metadata":{}}"#,
+            r#"{"metadata":[]}"#,
+            r#"{"metadata":{"labels":null,"annotations":{}}}"#,
+            r#"{"metadata":{"labels":5}}"#,
+            r#"{"metadata":{"labels":{"a":1}}}"#,
+            r#"{"metadata":{"name":"a"},"metadata":{"name":"b"}}"#,
+            r#"{"metad\u0061ta":{"name":"escaped key"}}"#,
+            r#"{"metadata":{"n\u0061me":"escaped field"}}"#,
+            r#"{"spec":{"x":"}]\"{[","y":[{"z":"\\"}],"n":-1.5e3,"t":true,"f":null},"metadata":{"name":"after-spec"}}"#,
+            r#" { "metadata" : { "name" : "spaced" , "labels" : { "a" : "b" } } , "status" : { } } "#,
+            r#"{"metadata":{"ownerReferences":[{"kind":"StatefulSet","name":"web","controller":true,"uid":"x"}],"annotations":{"k/\"q\"":"v\n\u00e9"}}}"#,
+            r#"{"metadata":{"managedFields":[{"fieldsV1":{"f:metadata":{"k:{\"uid\":\"x\"}":{}}}}],"uid":"the-uid","namespace":"ns"}}"#,
+        ] {
+            assert_metadata_agrees(object);
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn metadata_scan_agrees_with_serde_on_generated_objects(
+            labels in proptest::collection::btree_map("[a-z/.~\"\\\\ \\n{}\\[\\]:,]{0,8}", "[ -~\\n]{0,8}", 0..4),
+            noise in proptest::collection::vec(("[a-zA-Z\"{}:,]{1,6}", "[ -~]{0,12}"), 0..4),
+            name in proptest::option::of("[a-z0-9-]{1,12}"),
+            pretty in proptest::bool::ANY,
+        ) {
+            let mut metadata = serde_json::json!({ "labels": labels, "annotations": { "a": "b" } });
+            if let Some(name) = name {
+                metadata["name"] = name.into();
+            }
+            let mut object = serde_json::json!({ "metadata": metadata, "spec": { "containers": [] } });
+            for (key, value) in noise {
+                object["spec"][key.clone()] = serde_json::json!([value.clone(), { "k": value }]);
+                object["metadata"]["managedFields"] = serde_json::json!([{ key: value }]);
+            }
+            let text = if pretty {
+                serde_json::to_string_pretty(&object).unwrap()
+            } else {
+                object.to_string()
+            };
+            assert_metadata_agrees(&text);
+        }
+    }
+
+    #[test]
+    fn responses_are_the_documented_json() {
+        let incoming = decode(REVIEW.as_bytes()).unwrap();
+        let allowed = incoming
+            .respond()
+            .with_patch(br#"[{"op":"add"}]"#.to_vec())
+            .warn("careful \"quoted\"\n")
+            .warn("second");
+        let v: serde_json::Value = serde_json::from_slice(&allowed.to_json()).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({
+                "apiVersion": V1,
+                "kind": "AdmissionReview",
+                "response": {
+                    "uid": incoming.uid(),
+                    "allowed": true,
+                    "patchType": "JSONPatch",
+                    "patch": "W3sib3AiOiJhZGQifV0=",
+                    "warnings": ["careful \"quoted\"\n", "second"],
+                }
+            })
+        );
+        let denied = incoming.respond().deny("no \\ way\u{1}");
+        let v: serde_json::Value = serde_json::from_slice(&denied.to_json()).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({
+                "apiVersion": V1,
+                "kind": "AdmissionReview",
+                "response": {
+                    "uid": incoming.uid(),
+                    "allowed": false,
+                    "status": {"code": 403, "message": "no \\ way\u{1}", "reason": "Forbidden"},
+                }
+            })
+        );
+        // every patch length pads correctly
+        for len in 0..8 {
+            let patch = vec![b'x'; len];
+            let json = incoming.respond().with_patch(patch.clone()).to_json();
+            let v: serde_json::Value = serde_json::from_slice(&json).unwrap();
+            let encoded = v["response"]["patch"].as_str().unwrap();
+            assert_eq!(
+                base64::engine::general_purpose::STANDARD
+                    .decode(encoded)
+                    .unwrap(),
+                patch
+            );
+        }
+    }
+
     #[test]
     fn patch_escapes_keys_and_creates_maps_once() {
         let mut patch = MetadataPatch::default();
@@ -434,6 +718,7 @@ mod tests {
         );
         patch.add("annotations", false, "a~b", "x");
         patch.add("labels", true, "ip-webhook.io/allocated-ip", "10.0.0.1");
+        patch.add("labels", true, "q\"/\\~\u{7}", "v\"\\\u{1f}");
         let ops: serde_json::Value = serde_json::from_slice(&patch.to_json()).unwrap();
         assert_eq!(
             ops,
@@ -442,6 +727,7 @@ mod tests {
                 {"op":"add","path":"/metadata/annotations/cni.projectcalico.org~1ipAddrs","value":"[\"10.0.0.1\"]"},
                 {"op":"add","path":"/metadata/annotations/a~0b","value":"x"},
                 {"op":"add","path":"/metadata/labels/ip-webhook.io~1allocated-ip","value":"10.0.0.1"},
+                {"op":"add","path":"/metadata/labels/q\"~1\\~0\u{7}","value":"v\"\\\u{1f}"},
             ])
         );
     }

@@ -8,9 +8,11 @@
 //! An [`IpSet`] keeps, per address family, sorted disjoint inclusive ranges of integers, so a
 //! /8 or a /64 costs one range, and the n-th address of a set is a binary search away.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
+use std::sync::{Arc, Mutex};
 
 use ipnet::IpNet;
 
@@ -185,6 +187,57 @@ pub enum RangeSyntax {
 /// Parse a spec; overlapping or duplicate entries are an error that names both entries.
 pub fn parse_ip_spec(spec: &str) -> Result<IpSet, IpSpecError> {
     parse_ip_spec_with(spec, RangeSyntax::Dash)
+}
+
+/// Parsed specs by their text: every pod of an app carries the same `allocatable-ips`
+/// annotation, so each admission would otherwise parse the same list again. Bounded: when full
+/// it starts over (specs are few; a flood of distinct ones only costs re-parsing).
+#[derive(Debug)]
+pub struct SpecCache {
+    parsed: Mutex<HashMap<String, Arc<IpSet>>>,
+    capacity: usize,
+}
+
+impl Default for SpecCache {
+    fn default() -> Self {
+        SpecCache::with_capacity(1024)
+    }
+}
+
+impl SpecCache {
+    pub fn with_capacity(capacity: usize) -> SpecCache {
+        SpecCache {
+            parsed: Mutex::new(HashMap::new()),
+            capacity: capacity.max(1),
+        }
+    }
+
+    /// [`parse_ip_spec`], remembered. Errors are not cached (they are the rare path).
+    pub fn parse(&self, spec: &str) -> Result<Arc<IpSet>, IpSpecError> {
+        if let Some(set) = self.lock().get(spec) {
+            return Ok(set.clone());
+        }
+        let set = Arc::new(parse_ip_spec(spec)?);
+        let mut parsed = self.lock();
+        if parsed.len() >= self.capacity {
+            parsed.clear();
+        }
+        parsed.insert(spec.to_string(), set.clone());
+        Ok(set)
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<IpSet>>> {
+        // the map is always consistent (single inserts), so a poisoned lock is still usable
+        self.parsed.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 pub fn parse_ip_spec_with(spec: &str, syntax: RangeSyntax) -> Result<IpSet, IpSpecError> {
@@ -436,6 +489,27 @@ pub fn fits(family: Family, value: u128) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn spec_cache_returns_what_the_parser_returns_and_stays_bounded() {
+        let cache = SpecCache::with_capacity(2);
+        let spec = "10.0.0.10,10.0.0.20-10.0.0.29";
+        let first = cache.parse(spec).unwrap();
+        assert_eq!(*first, parse_ip_spec(spec).unwrap());
+        assert!(
+            Arc::ptr_eq(&first, &cache.parse(spec).unwrap()),
+            "second parse is a hit"
+        );
+        assert_eq!(
+            cache.parse("10.0.0.300").unwrap_err(),
+            parse_ip_spec("10.0.0.300").unwrap_err()
+        );
+        assert_eq!(cache.len(), 1, "errors are not cached");
+        cache.parse("10.0.1.0/30").unwrap();
+        cache.parse("fd00::1").unwrap();
+        assert!(cache.len() <= 2, "bounded: {}", cache.len());
+        assert_eq!(*cache.parse(spec).unwrap(), parse_ip_spec(spec).unwrap());
+    }
+
     use super::*;
 
     fn ip(s: &str) -> IpAddr {

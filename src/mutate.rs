@@ -2,7 +2,7 @@
 
 use std::net::IpAddr;
 
-use crate::admission::{Incoming, MetaOnly, MetadataPatch, Operation, Response, ReviewError};
+use crate::admission::{Incoming, MetadataPatch, Operation, Response, ReviewError};
 use crate::allocator::{AllocError, AllocationRequest, Reason};
 use crate::annotations::{ALLOCATED_IP_LABEL, STATUS, STATUS_MUTATED, static_ips};
 use crate::ipset::{IpSet, ip_from_label_value, ip_label_value};
@@ -30,7 +30,7 @@ async fn create(
     incoming: &Incoming<'_>,
     response: Response,
 ) -> Result<Response, ReviewError> {
-    let Some(pod) = incoming.object::<MetaOnly>(false)? else {
+    let Some(pod) = incoming.metadata(false)? else {
         return Ok(response.deny("a Pod CREATE review must carry request.object"));
     };
     let meta = &pod.metadata;
@@ -210,7 +210,7 @@ async fn delete(
     if incoming.dry_run() {
         return Ok(response);
     }
-    let Some(pod) = incoming.object::<MetaOnly>(true)? else {
+    let Some(pod) = incoming.metadata(true)? else {
         return Ok(response);
     };
     let meta = &pod.metadata;

@@ -4,7 +4,7 @@
 
 use std::net::IpAddr;
 
-use crate::admission::{Incoming, MetaOnly, Operation, Response, ReviewError};
+use crate::admission::{Incoming, Operation, Response, ReviewError};
 use crate::allocator::conflict_message;
 use crate::annotations::static_ips;
 use crate::crd::{self, IPPool};
@@ -133,7 +133,7 @@ fn validate_pod(
     incoming: &Incoming<'_>,
     response: Response,
 ) -> Result<Response, ReviewError> {
-    let Some(pod) = incoming.object::<MetaOnly>(false)? else {
+    let Some(pod) = incoming.metadata(false)? else {
         return Ok(response.deny("a Pod review must carry request.object"));
     };
     let meta = &pod.metadata;

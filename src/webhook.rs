@@ -10,7 +10,7 @@ use crate::admission::{self, Incoming, Meta, ReviewError};
 use crate::allocator::Allocator;
 use crate::annotations::{ALLOCATABLE_IPS, Cni, IP_POOL};
 use crate::cni_pools::NetworkRegistry;
-use crate::ipset::{IpSet, parse_ip_spec};
+use crate::ipset::{IpSet, SpecCache};
 use crate::ledger::PodRef;
 use crate::metrics::{Endpoint, Metrics, Outcome, RequestLabels, WebhookLabels};
 use crate::pools::PoolCatalog;
@@ -47,6 +47,8 @@ pub struct Webhook {
     pub metrics: Arc<Metrics>,
     pub workloads: WorkloadRegistry,
     pub networks: NetworkRegistry,
+    /// Parsed `allocatable-ips` lists, so an app's pods do not re-parse the same list.
+    specs: SpecCache,
 }
 
 impl Webhook {
@@ -63,6 +65,7 @@ impl Webhook {
             metrics,
             workloads: WorkloadRegistry::default(),
             networks: NetworkRegistry::default(),
+            specs: SpecCache::default(),
         }
     }
 
@@ -140,7 +143,7 @@ impl Webhook {
                 pod.display()
             )),
             (Some(list), None) => {
-                let set = parse_ip_spec(list).map_err(|e| {
+                let set = self.specs.parse(list).map_err(|e| {
                     format!("pod {}: annotation {ALLOCATABLE_IPS}: {e}", pod.display())
                 })?;
                 let pools = self.pools.load();
@@ -154,10 +157,7 @@ impl Webhook {
                         ));
                     }
                 }
-                Ok(Some(Candidates {
-                    set: Arc::new(set),
-                    pool: None,
-                }))
+                Ok(Some(Candidates { set, pool: None }))
             }
             (None, Some(name)) => {
                 let pools = self.pools.load();

@@ -1,0 +1,73 @@
+//! Embedded ledger (redb) commits: `batch` concurrent creates, which the writer thread gathers
+//! into as few transactions (fsyncs) as it can. Time per batch; throughput in claims.
+//!
+//! `cargo bench --bench ledger`
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use ip_webhook::ledger::embedded::CommitCounters;
+use ip_webhook::ledger::{Claim, CreateOutcome, EmbeddedLedger, Ledger, Phase, PodRef, Source};
+
+fn claim(n: u32) -> Claim {
+    Claim {
+        ip: IpAddr::V4(Ipv4Addr::from(u32::from_be_bytes([10, 0, 0, 0]) + n)),
+        app: "web".into(),
+        pool: None,
+        pod: PodRef {
+            namespace: "default".into(),
+            generate_name: "web-7d4b9c8f6d-".into(),
+            ..Default::default()
+        },
+        request_uid: format!("uid-{n}"),
+        phase: Phase::Reserved,
+        source: Source::Allocated,
+        created_at: 1,
+        updated_at: 1,
+    }
+}
+
+fn commits(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .expect("runtime");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let counters = CommitCounters::default();
+    let ledger =
+        Arc::new(EmbeddedLedger::open(dir.path(), counters.clone()).expect("ledger opens"));
+    let next = AtomicU32::new(0);
+    let mut group = c.benchmark_group("ledger_commit");
+    group.sample_size(20);
+    for batch in [1u32, 16, 256] {
+        group.throughput(Throughput::Elements(u64::from(batch)));
+        group.bench_function(BenchmarkId::new("embedded", batch), |b| {
+            b.to_async(&runtime).iter(|| async {
+                let first = next.fetch_add(batch, Ordering::Relaxed);
+                let creates = (first..first + batch).map(|n| {
+                    let ledger = ledger.clone();
+                    tokio::spawn(async move { ledger.create(&claim(n)).await })
+                });
+                for created in futures::future::join_all(creates).await {
+                    assert_eq!(
+                        created.expect("task").expect("durable"),
+                        CreateOutcome::Created
+                    );
+                }
+            })
+        });
+    }
+    group.finish();
+    eprintln!(
+        "embedded ledger: {} claims in {} commits ({:.3} fsyncs per claim)",
+        counters.writes.get(),
+        counters.commits.get(),
+        counters.commits.get() as f64 / counters.writes.get().max(1) as f64
+    );
+    runtime.block_on(ledger.close());
+}
+
+criterion_group!(benches, commits);
+criterion_main!(benches);

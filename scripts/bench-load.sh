@@ -1,0 +1,226 @@
+#!/usr/bin/env bash
+# Load benchmark: ip-webhook side by side with a bare HTTPS floor (examples/bench_floor.rs) and a
+# kube-rs-style axum + DynamicObject webhook (examples/bench_kube_baseline.rs), all on the same
+# TLS stack, all with self-signed certificates generated at start, on loopback.
+#
+# The servers run pinned to one core and wrk to another, so server CPU per request (from
+# /proc/<pid>/stat utime+stime) means something. Prints req/s, p50, p99, server CPU µs per request,
+# the CPU ratio to the floor, the throughput ratio to the kube-rs-style baseline and, for durable
+# allocations, fsyncs per allocation (ledger commits / allocations, from the admin /metrics).
+#
+#   scripts/bench-load.sh
+#
+# Environment: BENCH_DURATION (seconds per measured run, default 8), BENCH_WARMUP (seconds,
+# default 1), BENCH_CONNECTIONS (default "1 16 64"), BENCH_SERVER_CPU / BENCH_LOAD_CPU (default
+# 0 / 1), BENCH_SCENARIOS (default "floor kube mutate-dry-run validate mutate-durable").
+# A benchmark, not a test: it never fails on a number.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+
+duration=${BENCH_DURATION:-8}
+warmup=${BENCH_WARMUP:-1}
+connections=${BENCH_CONNECTIONS:-"1 16 64"}
+server_cpu=${BENCH_SERVER_CPU:-0}
+load_cpu=${BENCH_LOAD_CPU:-1}
+scenarios=${BENCH_SCENARIOS:-"floor kube mutate-dry-run validate mutate-durable"}
+fixture="$root/tests/fixtures/pod-create-v1.json"
+lua="$root/scripts/bench-load.lua"
+
+if ! command -v wrk >/dev/null; then
+  echo "wrk is missing; installing it (Debian package wrk)" >&2
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && apt-get install -y -qq wrk >/dev/null
+  else
+    sudo apt-get update -qq && sudo apt-get install -y -qq wrk >/dev/null
+  fi
+fi
+for tool in taskset curl awk; do
+  command -v "$tool" >/dev/null || { echo "$tool is required" >&2; exit 1; }
+done
+
+echo "building (release): ip-webhook, examples bench_floor and bench_kube_baseline" >&2
+cargo build --release --quiet --bin ip-webhook --example bench_floor --example bench_kube_baseline
+target_dir=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+bin="$target_dir/release"
+
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+clk_tck=$(getconf CLK_TCK)
+
+# start_server NAME CMD... : starts CMD on the server core; sets $server_pid, $server_addr,
+# and $admin_addr (ip-webhook only).
+start_server() {
+  local name=$1
+  shift
+  local log="$work/$name.log"
+  taskset -c "$server_cpu" "$@" >"$log" 2>&1 &
+  server_pid=$!
+  pids+=("$server_pid")
+  for _ in $(seq 1 200); do
+    if grep -q 'serving https://' "$log"; then break; fi
+    if ! kill -0 "$server_pid" 2>/dev/null; then
+      echo "$name did not start:" >&2
+      cat "$log" >&2
+      exit 1
+    fi
+    sleep 0.05
+  done
+  server_addr=$(sed -n 's|.*serving https://\([0-9.:]*\).*|\1|p' "$log" | head -1)
+  admin_addr=$(sed -n 's|.*(admin http://\([0-9.:]*\)).*|\1|p' "$log" | head -1)
+  [ -n "$server_addr" ] || { echo "$name printed no address:" >&2; cat "$log" >&2; exit 1; }
+}
+
+stop_server() {
+  kill "$1" 2>/dev/null || true
+  wait "$1" 2>/dev/null || true
+}
+
+# Server CPU time in clock ticks (utime + stime, all threads).
+cpu_ticks() {
+  sed 's/^.*) //' "/proc/$1/stat" | awk '{ print $12 + $13 }'
+}
+
+# Sum of a counter family from the admin /metrics, optionally filtered by a label text.
+metric() {
+  curl -sf "http://$admin_addr/metrics" |
+    awk -v name="$1" -v filter="${2:-}" '$1 ~ "^"name"(\\{|$)" && index($1, filter) { sum += $2 } END { print sum + 0 }'
+}
+
+# wrk's latency in µs from "1.23ms", "456.00us", "1.02s".
+to_us() {
+  awk -v v="$1" 'BEGIN {
+    if (v ~ /us$/) { sub(/us$/, "", v); print v + 0 }
+    else if (v ~ /ms$/) { sub(/ms$/, "", v); print v * 1000 }
+    else if (v ~ /s$/) { sub(/s$/, "", v); print v * 1000000 }
+    else print "nan" }'
+}
+
+results="$work/results.tsv"
+: >"$results"
+run_counter=0
+
+# measure SCENARIO CONNS PATH MODE PID
+measure() {
+  local scenario=$1 conns=$2 path=$3 mode=$4 pid=$5
+  local url="https://$server_addr$path"
+  run_counter=$((run_counter + 1))
+  if [ "$warmup" != 0 ]; then
+    taskset -c "$load_cpu" wrk -t1 -c"$conns" -d"${warmup}s" -s "$lua" "$url" -- "$fixture" "$mode" "w$run_counter" >/dev/null
+  fi
+  local commits0=0 allocated0=0
+  if [ "$mode" = durable ]; then
+    commits0=$(metric ip_webhook_ledger_commits_total)
+    allocated0=$(metric ip_webhook_allocations_total 'outcome="allocated"')
+  fi
+  local before after
+  before=$(cpu_ticks "$pid")
+  local out="$work/wrk-$scenario-$conns.txt"
+  taskset -c "$load_cpu" wrk -t1 -c"$conns" -d"${duration}s" --latency -s "$lua" "$url" -- "$fixture" "$mode" "r$run_counter" >"$out"
+  after=$(cpu_ticks "$pid")
+  local requests rps p50 p99 bad
+  requests=$(awk '/requests in/ { print $1 }' "$out")
+  rps=$(awk '/^Requests\/sec:/ { print $2 }' "$out")
+  p50=$(to_us "$(awk '$1 == "50%" { print $2 }' "$out")")
+  p99=$(to_us "$(awk '$1 == "99%" { print $2 }' "$out")")
+  bad=$(awk '/Non-2xx or 3xx responses:/ { print $5 }' "$out")
+  if grep -q 'Socket errors' "$out"; then
+    echo "warning: $scenario c=$conns: $(grep 'Socket errors' "$out")" >&2
+  fi
+  if [ -n "$bad" ]; then
+    echo "warning: $scenario c=$conns: $bad responses were not 2xx" >&2
+  fi
+  local cpu_us
+  cpu_us=$(awk -v d="$((after - before))" -v t="$clk_tck" -v n="$requests" 'BEGIN { printf "%.1f", d * 1000000 / t / n }')
+  local fsyncs="-"
+  if [ "$mode" = durable ]; then
+    local commits allocated
+    commits=$(($(metric ip_webhook_ledger_commits_total) - commits0))
+    allocated=$(($(metric ip_webhook_allocations_total 'outcome="allocated"') - allocated0))
+    fsyncs=$(awk -v c="$commits" -v a="$allocated" 'BEGIN { if (a > 0) printf "%.3f", c / a; else print "nan" }')
+    # every request of the measured run is a new allocation, unless some were denied
+    if [ "$allocated" -lt "$requests" ]; then
+      echo "warning: $scenario c=$conns: $allocated allocations for $requests requests" >&2
+    fi
+  fi
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$scenario" "$conns" "$rps" "$p50" "$p99" "$cpu_us" "$fsyncs" >>"$results"
+  printf '  %-15s c=%-3s %10s req/s  p50 %8s µs  p99 %8s µs  cpu %7s µs/req  fsync/alloc %s\n' \
+    "$scenario" "$conns" "$rps" "$p50" "$p99" "$cpu_us" "$fsyncs" >&2
+}
+
+has() { [[ " $scenarios " == *" $1 "* ]]; }
+
+echo "machine: $(nproc) cores, $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1), $(uname -r)" >&2
+echo "server on core $server_cpu, wrk (1 thread) on core $load_cpu; ${duration}s per run after ${warmup}s warm-up" >&2
+
+if has floor; then
+  start_server floor "$bin/examples/bench_floor" 127.0.0.1:0
+  floor_pid=$server_pid floor_addr=$server_addr
+fi
+if has kube; then
+  start_server kube "$bin/examples/bench_kube_baseline" 127.0.0.1:0
+  kube_pid=$server_pid kube_addr=$server_addr
+fi
+if has mutate-dry-run || has validate; then
+  start_server ip-webhook "$bin/ip-webhook" serve --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 --state-dir "$work/decide-state"
+  decide_pid=$server_pid decide_addr=$server_addr decide_admin=$admin_addr
+fi
+
+for conns in $connections; do
+  echo "connections: $conns" >&2
+  if has floor; then
+    server_addr=$floor_addr
+    measure floor "$conns" /mutate as-is "$floor_pid"
+  fi
+  if has kube; then
+    server_addr=$kube_addr
+    measure kube "$conns" /mutate as-is "$kube_pid"
+  fi
+  if has mutate-dry-run; then
+    server_addr=$decide_addr admin_addr=$decide_admin
+    measure mutate-dry-run "$conns" /mutate dry-run "$decide_pid"
+  fi
+  if has validate; then
+    server_addr=$decide_addr admin_addr=$decide_admin
+    measure validate "$conns" /validate as-is "$decide_pid"
+  fi
+  if has mutate-durable; then
+    # a fresh ledger per run, so every run starts from the same state
+    start_server ip-webhook-durable-"$conns" "$bin/ip-webhook" serve --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 --state-dir "$work/durable-state-$conns"
+    measure mutate-durable "$conns" /mutate durable "$server_pid"
+    stop_server "$server_pid"
+  fi
+done
+
+echo
+echo "ip-webhook load benchmark ($(date -u '+%Y-%m-%d %H:%M UTC'), $(git rev-parse --short HEAD 2>/dev/null || echo unknown))"
+echo "machine: $(nproc) cores, $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1); server pinned to core $server_cpu, wrk -t1 to core $load_cpu; ${duration}s runs"
+awk -F'\t' '
+  { key = $1 SUBSEP $2; rps[key] = $3; p50[key] = $4; p99[key] = $5; cpu[key] = $6; fs[key] = $7
+    if (!($1 in seen)) { seen[$1] = 1; order[++n] = $1 }
+    if (!($2 in cseen)) { cseen[$2] = 1; corder[++m] = $2 } }
+  END {
+    printf "%-15s %5s %10s %9s %9s %10s %9s %9s %12s\n", "scenario", "conns", "req/s", "p50 µs", "p99 µs", "cpu µs/req", "cpu/floor", "rps/kube", "fsync/alloc"
+    for (j = 1; j <= m; j++) for (i = 1; i <= n; i++) {
+      c = corder[j]; s = order[i]; k = s SUBSEP c
+      if (!(k in rps)) continue
+      f = (("floor" SUBSEP c) in cpu) ? sprintf("%.2f", cpu[k] / cpu["floor" SUBSEP c]) : "-"
+      b = (("kube" SUBSEP c) in rps) ? sprintf("%.2f", rps[k] / rps["kube" SUBSEP c]) : "-"
+      printf "%-15s %5s %10.0f %9.0f %9.0f %10s %9s %9s %12s\n", s, c, rps[k], p50[k], p99[k], cpu[k], f, b, fs[k]
+    }
+    print ""
+    print "targets (issue 5), at 16 connections:"
+    k = "mutate-dry-run" SUBSEP 16; fl = "floor" SUBSEP 16; kb = "kube" SUBSEP 16; d = "mutate-durable" SUBSEP 16; v = "validate" SUBSEP 16
+    if ((k in cpu) && (fl in cpu)) printf "  /mutate dry-run CPU/request <= 1.5x floor: %.2fx %s\n", cpu[k] / cpu[fl], (cpu[k] / cpu[fl] <= 1.5 ? "met" : "NOT met")
+    if ((v in cpu) && (fl in cpu)) printf "  /validate CPU/request <= 1.5x floor:       %.2fx %s\n", cpu[v] / cpu[fl], (cpu[v] / cpu[fl] <= 1.5 ? "met" : "NOT met")
+    if ((d in rps) && (kb in rps)) printf "  durable /mutate >= 5x kube-style req/s:    %.2fx %s\n", rps[d] / rps[kb], (rps[d] / rps[kb] >= 5 ? "met" : "NOT met")
+    if (d in fs) printf "  fsyncs per allocation <= 0.25:             %s %s\n", fs[d], (fs[d] <= 0.25 ? "met" : "NOT met")
+    if (d in p99) printf "  durable p99 <= 2 ms:                       %.2f ms %s\n", p99[d] / 1000, (p99[d] <= 2000 ? "met" : "NOT met")
+  }' "$results"
