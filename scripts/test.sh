@@ -7,4 +7,4 @@ cd "$(dirname "$0")/.."
 bash scripts/install-test-deps.sh
 cargo fmt --all -- --check
 cargo clippy --all-targets -- -D warnings
-cargo test --all-targets
+cargo test --all-targets --no-fail-fast
