@@ -11,7 +11,9 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::ipset::{Family, IpSet, ip_from_key, ip_key};
-use crate::ledger::{Claim, CreateOutcome, Ledger, LedgerError, Phase, PodRef, Source, unix_now};
+use crate::ledger::{
+    Claim, CreateOutcome, Ledger, LedgerError, ObservedChange, Phase, PodRef, Source, unix_now,
+};
 
 /// How many times one allocation may learn that its candidate was taken elsewhere.
 const MAX_CONTENDED_ATTEMPTS: usize = 64;
@@ -549,6 +551,32 @@ impl Allocator {
             }
         }
         Ok(released)
+    }
+
+    /// Bring the index up to date with a change another process made in a shared ledger
+    /// (seen through the etcd watch). Safety never depends on this: the ledger's
+    /// create-if-absent refuses a taken IP anyway. It keeps choices fresh and lets IPs that
+    /// other replicas released be chosen here again.
+    pub fn apply_observed(&self, change: ObservedChange) {
+        let mut state = self.lock();
+        match change {
+            ObservedChange::Held(claim) => {
+                let same = state.claims.get(&claim.ip).is_some_and(|current| {
+                    current.pod == claim.pod && current.request_uid == claim.request_uid
+                });
+                if !same {
+                    if let Some(current) = state.claims.get(&claim.ip).cloned() {
+                        state.unhold(&current);
+                    }
+                    state.hold(claim);
+                }
+            }
+            ObservedChange::Released(claim) => {
+                if state.unhold(&claim) {
+                    state.remember(&claim);
+                }
+            }
+        }
     }
 
     async fn give_back(&self, claim: &Claim) {
