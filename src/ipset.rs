@@ -578,11 +578,6 @@ mod tests {
             message.contains(&format!("… ({} bytes)", huge.len())),
             "{message}"
         );
-        let overlap = format!(
-            "10.0.0.0/24,{}",
-            "10.0.0.5 ".repeat(1) + &" ".repeat(100_000)
-        );
-        assert!(parse_ip_spec(&overlap).unwrap_err().to_string().len() < 400);
         assert_eq!(excerpt("10.0.0.1"), "10.0.0.1");
         // a cut never splits a character
         assert!(excerpt(&"é".repeat(100)).starts_with(&"é".repeat(64)));

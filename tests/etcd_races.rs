@@ -284,10 +284,7 @@ async fn killed_replica_and_stopped_etcd_member_lose_nothing_and_duplicate_nothi
         held.len()
     );
     // the survivors still answer after the storm
-    let after = load::send(
-        &slots[0].read().unwrap().clone(),
-        &load::app_review("late", "10.99.0.1", "late-1"),
-    )
-    .await;
+    let survivor = slots[0].read().unwrap().clone();
+    let after = load::send(&survivor, &load::app_review("late", "10.99.0.1", "late-1")).await;
     assert_eq!(after, load::Outcome::Granted("10.99.0.1".parse().unwrap()));
 }
