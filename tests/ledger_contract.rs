@@ -262,3 +262,65 @@ proptest! {
         block_on(run(Backend::Etcd { endpoint, prefix }, ops))?;
     }
 }
+
+/// Two replicas on one etcd: each one's index learns the other's claims and releases through
+/// the watch, without having to collide with them first.
+#[test]
+fn etcd_watch_keeps_another_replicas_index_fresh() {
+    let Some(endpoint) = shared_etcd() else {
+        return;
+    };
+    block_on(async {
+        let set = parse_ip_spec(LIST).unwrap();
+        let mut replicas = Vec::new();
+        for _ in 0..2 {
+            // as `app` wires it: one ledger serves the allocator and feeds it the watch
+            let etcd = Arc::new(
+                EtcdLedger::connect(&EtcdOptions {
+                    endpoints: vec![endpoint.clone()],
+                    prefix: "/watch-test/".into(),
+                    ..EtcdOptions::default()
+                })
+                .await
+                .unwrap(),
+            );
+            let allocator = Arc::new(Allocator::new(etcd.clone()).await.unwrap());
+            let weak = Arc::downgrade(&allocator);
+            tokio::spawn(async move {
+                etcd.watch(|change| {
+                    if let Some(allocator) = weak.upgrade() {
+                        allocator.apply_observed(change);
+                    }
+                })
+                .await
+            });
+            replicas.push(allocator);
+        }
+        let (a, b) = (&replicas[0], &replicas[1]);
+        let got = a.allocate(&request(&set, 1, "w1")).await.unwrap();
+        let ip = got.ips[0];
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while b.holder(&ip).is_none() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "replica b never saw {ip} claimed"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(b.holder(&ip).unwrap().request_uid, "w1");
+        // b's next choice skips the IP without a collision
+        let next = b.allocate(&request(&set, 2, "w2")).await.unwrap();
+        assert_ne!(next.ips[0], ip);
+        a.release_pod("default", "p1", None, &[ip]).await.unwrap();
+        while b.holder(&ip).is_some() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "replica b never saw {ip} released"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // and b hands the released IP out again
+        let again = b.allocate(&request(&set, 3, "w3")).await.unwrap();
+        assert_eq!(again.ips[0], ip);
+    });
+}
