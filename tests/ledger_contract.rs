@@ -12,7 +12,7 @@ mod etcd_cluster;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use ip_webhook::allocator::{AllocError, AllocationRequest, Allocator};
@@ -239,27 +239,35 @@ proptest! {
     }
 }
 
-/// One etcd member for every etcd case of this test binary.
-fn shared_etcd() -> Option<String> {
-    static ETCD: OnceLock<Option<(etcd_cluster::EtcdCluster, String)>> = OnceLock::new();
-    ETCD.get_or_init(|| {
-        let binary = etcd_cluster::etcd_binary("etcd_ledger_keeps_the_contract")?;
-        let cluster = etcd_cluster::EtcdCluster::start(&binary, 1);
-        let endpoint = cluster.endpoints()[0].clone();
-        Some((cluster, endpoint))
-    })
-    .as_ref()
-    .map(|(_, endpoint)| endpoint.clone())
+/// A one-member etcd for one test; stopped when the test ends (dropped), so no member
+/// outlives the test process.
+fn etcd_member(test: &str) -> Option<(etcd_cluster::EtcdCluster, String)> {
+    let binary = etcd_cluster::etcd_binary(test)?;
+    let cluster = etcd_cluster::EtcdCluster::start(&binary, 1);
+    let endpoint = cluster.endpoints()[0].clone();
+    Some((cluster, endpoint))
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(16))]
-    #[test]
-    fn etcd_ledger_keeps_the_contract(ops in proptest::collection::vec(op(), 1..40)) {
-        let Some(endpoint) = shared_etcd() else { return Ok(()) };
-        static CASE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let prefix = format!("/contract/{}/", CASE.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
-        block_on(run(Backend::Etcd { endpoint, prefix }, ops))?;
+#[test]
+fn etcd_ledger_keeps_the_contract() {
+    let Some((_member, endpoint)) = etcd_member("etcd_ledger_keeps_the_contract") else {
+        return;
+    };
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(16));
+    let case = std::cell::Cell::new(0usize);
+    let result = runner.run(&proptest::collection::vec(op(), 1..40), |ops| {
+        case.set(case.get() + 1);
+        let prefix = format!("/contract/{}/", case.get());
+        block_on(run(
+            Backend::Etcd {
+                endpoint: endpoint.clone(),
+                prefix,
+            },
+            ops,
+        ))
+    });
+    if let Err(failure) = result {
+        panic!("{failure}");
     }
 }
 
@@ -267,7 +275,8 @@ proptest! {
 /// the watch, without having to collide with them first.
 #[test]
 fn etcd_watch_keeps_another_replicas_index_fresh() {
-    let Some(endpoint) = shared_etcd() else {
+    let Some((_member, endpoint)) = etcd_member("etcd_watch_keeps_another_replicas_index_fresh")
+    else {
         return;
     };
     block_on(async {
