@@ -8,8 +8,12 @@ command -v python3 >/dev/null || need_apt+=(python3)
 python3 -c 'import ensurepip, venv' 2>/dev/null || need_apt+=(python3-venv)
 command -v unzip >/dev/null || need_apt+=(unzip)
 command -v openssl >/dev/null || need_apt+=(openssl)
+# protoc: etcd-client compiles etcd's protobuf API at build time
+command -v protoc >/dev/null || need_apt+=(protobuf-compiler)
+# etcd: the etcd-ledger race and crash tests start real 3-member clusters on loopback
+command -v etcd >/dev/null || need_apt+=(etcd-server)
 if [ ${#need_apt[@]} -gt 0 ]; then
-  apt-get update -qq && apt-get install -y -qq "${need_apt[@]}"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
 fi
 
 # --- Helm chart checks (tests/chart.rs) ---------------------------------------------------

@@ -11,7 +11,9 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::ipset::{Family, IpSet, ip_from_key, ip_key};
-use crate::ledger::{Claim, CreateOutcome, Ledger, LedgerError, Phase, PodRef, Source, unix_now};
+use crate::ledger::{
+    Claim, CreateOutcome, Ledger, LedgerError, ObservedChange, Phase, PodRef, Source, unix_now,
+};
 
 /// How many times one allocation may learn that its candidate was taken elsewhere.
 const MAX_CONTENDED_ATTEMPTS: usize = 64;
@@ -148,6 +150,11 @@ impl State {
     }
 
     fn hold(&mut self, claim: Claim) {
+        // forget what the IP's previous record indexed before indexing the new one: the two
+        // may share a request (the same claim learned twice)
+        if let Some(previous) = self.claims.remove(&claim.ip) {
+            self.forget_indexes(&previous);
+        }
         let (family, value) = ip_key(&claim.ip);
         self.held.entry(family).or_default().insert(value);
         self.by_request
@@ -158,9 +165,7 @@ impl State {
             .held_per_app
             .entry((claim.pod.namespace.clone(), claim.app.clone()))
             .or_default() += 1;
-        if let Some(previous) = self.claims.insert(claim.ip, claim) {
-            self.forget_indexes(&previous);
-        }
+        self.claims.insert(claim.ip, claim);
     }
 
     fn forget_indexes(&mut self, claim: &Claim) {
@@ -551,6 +556,32 @@ impl Allocator {
         Ok(released)
     }
 
+    /// Bring the index up to date with a change another process made in a shared ledger
+    /// (seen through the etcd watch). Safety never depends on this: the ledger's
+    /// create-if-absent refuses a taken IP anyway. It keeps choices fresh and lets IPs that
+    /// other replicas released be chosen here again.
+    pub fn apply_observed(&self, change: ObservedChange) {
+        let mut state = self.lock();
+        match change {
+            ObservedChange::Held(claim) => {
+                let same = state.claims.get(&claim.ip).is_some_and(|current| {
+                    current.pod == claim.pod && current.request_uid == claim.request_uid
+                });
+                if !same {
+                    if let Some(current) = state.claims.get(&claim.ip).cloned() {
+                        state.unhold(&current);
+                    }
+                    state.hold(claim);
+                }
+            }
+            ObservedChange::Released(claim) => {
+                if state.unhold(&claim) {
+                    state.remember(&claim);
+                }
+            }
+        }
+    }
+
     async fn give_back(&self, claim: &Claim) {
         if let Err(error) = self.ledger.release(claim).await {
             tracing::warn!(ip = %claim.ip, %error, "could not roll back a partial claim");
@@ -858,6 +889,70 @@ mod tests {
         }
         let got = alloc.allocate(&request(&set, pod("y"), "u")).await.unwrap();
         assert_eq!(got.ips[0].to_string(), "10.8.200.7");
+    }
+
+    #[tokio::test]
+    async fn a_claim_learned_twice_keeps_its_request_index() {
+        // regression: holding a record the index already had dropped its request from the
+        // by-request index, so a retried admission of that request got a second IP
+        let alloc = allocator().await;
+        let set = parse_ip_spec("10.0.0.1-10.0.0.4").unwrap();
+        let first = alloc
+            .allocate(&request(&set, pod("a"), "u1"))
+            .await
+            .unwrap();
+        let claim = alloc.holder(&first.ips[0]).unwrap();
+        {
+            let mut state = alloc.lock();
+            state.hold(claim.clone());
+            state.hold(claim);
+        }
+        assert_eq!(alloc.held_by_app("default", "web"), 1);
+        let retried = alloc
+            .allocate(&request(&set, pod("a"), "u1"))
+            .await
+            .unwrap();
+        assert_eq!(retried.ips, first.ips);
+        assert_eq!(retried.reasons, vec![Reason::SameRequest]);
+        assert_eq!(alloc.claims().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn observed_claims_and_releases_update_the_index() {
+        let alloc = allocator().await;
+        let set = parse_ip_spec("10.0.0.1-10.0.0.2").unwrap();
+        let elsewhere = new_claim(
+            "10.0.0.1".parse().unwrap(),
+            &request(&set, pod("other"), "x1"),
+            Source::Allocated,
+        );
+        alloc.apply_observed(ObservedChange::Held(elsewhere.clone()));
+        let got = alloc
+            .allocate(&request(&set, pod("b"), "u1"))
+            .await
+            .unwrap();
+        assert_eq!(
+            got.ips[0].to_string(),
+            "10.0.0.2",
+            "the observed claim is skipped"
+        );
+        alloc.apply_observed(ObservedChange::Released(elsewhere));
+        let again = alloc
+            .allocate(&request(&set, pod("c"), "u2"))
+            .await
+            .unwrap();
+        assert_eq!(
+            again.ips[0].to_string(),
+            "10.0.0.1",
+            "the observed release frees the IP"
+        );
+        // a release of a claim the index does not hold as such changes nothing
+        alloc.apply_observed(ObservedChange::Released(new_claim(
+            "10.0.0.2".parse().unwrap(),
+            &request(&set, pod("stranger"), "zz"),
+            Source::Allocated,
+        )));
+        assert_eq!(alloc.claims().len(), 2);
     }
 
     proptest! {

@@ -2,7 +2,7 @@
 
 use std::net::IpAddr;
 
-use crate::ipset::{Family, parse_ip};
+use crate::ipset::{Family, excerpt, parse_ip};
 
 pub const ALLOCATABLE_IPS: &str = "ip-webhook.io/allocatable-ips";
 pub const IP_POOL: &str = "ip-webhook.io/ip-pool";
@@ -49,7 +49,10 @@ impl Cni {
 /// Parse `cni.projectcalico.org/ipAddrs`: a JSON array of IP strings, at most one per family.
 pub fn parse_calico_ip_addrs(value: &str) -> Result<Vec<IpAddr>, String> {
     let items: Vec<String> = serde_json::from_str(value).map_err(|_| {
-        format!("{value:?} is not a JSON array of IP strings (example: [\"10.0.0.10\"])")
+        format!(
+            "{:?} is not a JSON array of IP strings (example: [\"10.0.0.10\"])",
+            excerpt(value)
+        )
     })?;
     parse_one_per_family(items.iter().map(String::as_str), value)
 }
@@ -68,14 +71,15 @@ fn parse_one_per_family<'a>(
         let ip = parse_ip(item).map_err(|e| e.to_string())?;
         if let Some(other) = ips.iter().find(|o| Family::of(o) == Family::of(&ip)) {
             return Err(format!(
-                "{whole:?} has two {} addresses ({other} and {ip}); a pod gets at most one per family",
+                "{:?} has two {} addresses ({other} and {ip}); a pod gets at most one per family",
+                excerpt(whole),
                 Family::of(&ip).name()
             ));
         }
         ips.push(ip);
     }
     if ips.is_empty() {
-        return Err(format!("{whole:?} names no IP"));
+        return Err(format!("{:?} names no IP", excerpt(whole)));
     }
     Ok(ips)
 }
@@ -140,6 +144,19 @@ mod tests {
                 message,
                 "{value}"
             );
+        }
+    }
+
+    #[test]
+    fn errors_about_huge_values_stay_short() {
+        let huge = format!("[{}]", "\"1\",".repeat(200_000));
+        for message in [
+            parse_calico_ip_addrs(&"x".repeat(1 << 20)).unwrap_err(),
+            parse_calico_ip_addrs(&huge).unwrap_err(),
+            parse_ovn_ip_address(&"1".repeat(1 << 20)).unwrap_err(),
+            parse_ovn_ip_address(&format!("10.0.0.1,10.0.0.2{}", " ".repeat(1 << 20))).unwrap_err(),
+        ] {
+            assert!(message.len() < 400, "a {}-byte message", message.len());
         }
     }
 

@@ -13,7 +13,7 @@ use crate::cluster::lease::LeaseSettings;
 use crate::cluster::{ClusterHandle, ClusterOptions, Rules};
 use crate::crd::IPPool;
 use crate::ledger::embedded::CommitCounters;
-use crate::ledger::{EmbeddedLedger, KubeLedger, Ledger};
+use crate::ledger::{EmbeddedLedger, EtcdLedger, KubeLedger, Ledger};
 use crate::metrics::Metrics;
 use crate::pools::PoolCatalog;
 use crate::server::{self, Limits, Running};
@@ -43,8 +43,14 @@ pub async fn build(args: &WebhookArgs, metrics: Arc<Metrics>) -> anyhow::Result<
         LedgerKind::Kubernetes => Some(kube_clients(args.kubeconfig.as_deref()).await?),
         _ => None,
     };
+    let mut etcd = None;
     let ledger: Arc<dyn Ledger> = match &clients {
         Some((_, admission)) => Arc::new(KubeLedger::new(admission.clone())),
+        None if args.ledger_kind() == LedgerKind::Etcd => {
+            let opened = open_etcd(args).await?;
+            etcd = Some(opened.clone());
+            opened
+        }
         None => open_ledger(args, metrics.ledger.clone()).await?,
     };
     let client = clients.map(|(watches, _)| watches);
@@ -53,6 +59,9 @@ pub async fn build(args: &WebhookArgs, metrics: Arc<Metrics>) -> anyhow::Result<
             .await
             .context("loading the ledger")?,
     );
+    if let Some(etcd) = etcd {
+        spawn_etcd_watch(etcd, Arc::downgrade(&allocator));
+    }
     let pools = match (&args.pools_file, &client) {
         (Some(_), Some(_)) => anyhow::bail!(
             "--pools-file is for off-cluster use; with the kubernetes ledger, pools are IPPool objects"
@@ -138,7 +147,7 @@ pub async fn open_ledger(
             let (_, admission) = kube_clients(args.kubeconfig.as_deref()).await?;
             Ok(Arc::new(KubeLedger::new(admission)))
         }
-        other => anyhow::bail!("--ledger {other:?} is not available in this build yet"),
+        LedgerKind::Etcd => Ok(open_etcd(args).await?),
     }
 }
 
@@ -179,6 +188,28 @@ pub fn cluster_options(args: &ServeArgs) -> ClusterOptions {
         },
         app_label: args.webhook.app_label.clone(),
     }
+}
+
+async fn open_etcd(args: &WebhookArgs) -> anyhow::Result<Arc<EtcdLedger>> {
+    let options = args.etcd.options();
+    let ledger = EtcdLedger::connect(&options)
+        .await
+        .with_context(|| format!("opening the etcd ledger at {:?}", options.endpoints))?;
+    Ok(Arc::new(ledger))
+}
+
+/// Keep the allocator's index in step with claims other replicas make and release in etcd.
+/// Ends when the ledger is closed or the allocator is gone.
+fn spawn_etcd_watch(ledger: Arc<EtcdLedger>, allocator: std::sync::Weak<Allocator>) {
+    tokio::spawn(async move {
+        ledger
+            .watch(|change| {
+                if let Some(allocator) = allocator.upgrade() {
+                    allocator.apply_observed(change);
+                }
+            })
+            .await;
+    });
 }
 
 /// A started server and what it needs to stop cleanly.

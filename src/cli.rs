@@ -83,6 +83,8 @@ pub struct WebhookArgs {
     /// Talk to the API server described by this kubeconfig (selects --ledger kubernetes).
     #[arg(long, value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
 }
 
 impl WebhookArgs {
@@ -129,6 +131,47 @@ pub struct ClusterArgs {
     /// How often the leader renews (and candidates check) the Lease.
     #[arg(long, default_value = "5s", value_parser = parse_duration, value_name = "DURATION")]
     pub lease_renew_interval: Duration,
+}
+
+/// How to reach etcd for `--ledger etcd`.
+#[derive(Debug, Clone, Args)]
+pub struct EtcdArgs {
+    /// etcd client URLs, comma-separated (`https://10.0.0.1:2379,https://10.0.0.2:2379`).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "http://127.0.0.1:2379",
+        value_name = "URLS"
+    )]
+    pub etcd_endpoints: Vec<String>,
+    /// Key prefix under which claims are kept, one key per IP.
+    #[arg(long, default_value = "/ip-webhook/", value_name = "PREFIX")]
+    pub etcd_prefix: String,
+    /// PEM CA bundle that signed the etcd server certificates.
+    #[arg(long, value_name = "FILE")]
+    pub etcd_ca_file: Option<PathBuf>,
+    /// PEM client certificate for etcd (with --etcd-key-file).
+    #[arg(long, value_name = "FILE", requires = "etcd_key_file")]
+    pub etcd_cert_file: Option<PathBuf>,
+    /// PEM private key of --etcd-cert-file.
+    #[arg(long, value_name = "FILE", requires = "etcd_cert_file")]
+    pub etcd_key_file: Option<PathBuf>,
+    /// Deadline of one etcd request, and of the retries of one ledger write.
+    #[arg(long, default_value = "5s", value_parser = parse_duration, value_name = "DURATION")]
+    pub etcd_timeout: Duration,
+}
+
+impl EtcdArgs {
+    pub fn options(&self) -> crate::ledger::EtcdOptions {
+        crate::ledger::EtcdOptions {
+            endpoints: self.etcd_endpoints.clone(),
+            prefix: self.etcd_prefix.clone(),
+            ca_file: self.etcd_ca_file.clone(),
+            cert_file: self.etcd_cert_file.clone(),
+            key_file: self.etcd_key_file.clone(),
+            timeout: self.etcd_timeout,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Args)]

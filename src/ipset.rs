@@ -61,11 +61,23 @@ pub fn ip_from_key(family: Family, value: u128) -> IpAddr {
     }
 }
 
+/// How much of a user's text an error message quotes.
+const QUOTED_CHARS: usize = 64;
+
+/// `text` as an error message quotes it: whole when short, else its start and its size, so a
+/// megabyte of garbage in an annotation gives a message of a line, not a megabyte.
+pub fn excerpt(text: &str) -> String {
+    match text.char_indices().nth(QUOTED_CHARS) {
+        None => text.to_string(),
+        Some((cut, _)) => format!("{}… ({} bytes)", &text[..cut], text.len()),
+    }
+}
+
 /// An IP in canonical form: IPv4-mapped IPv6 is not folded (it is a distinct address), but an
 /// IPv6 written two ways (`fd00::0a`, `fd00:0:0::a`) parses to one value, displayed once.
 pub fn parse_ip(text: &str) -> Result<IpAddr, IpSpecError> {
     let trimmed = text.trim();
-    IpAddr::from_str(trimmed).map_err(|_| IpSpecError::InvalidIp(trimmed.to_string()))
+    IpAddr::from_str(trimmed).map_err(|_| IpSpecError::InvalidIp(excerpt(trimmed)))
 }
 
 /// The label value form of an IP (`ip-webhook.io/allocated-ip`): labels allow no `:`.
@@ -251,7 +263,7 @@ pub fn parse_ip_spec_with(spec: &str, syntax: RangeSyntax) -> Result<IpSet, IpSp
         let index = position + 1;
         let range = parse_entry(raw, syntax).map_err(|reason| IpSpecError::Entry {
             index,
-            entry: raw.to_string(),
+            entry: excerpt(raw),
             reason,
         })?;
         entries.push((range, index, raw));
@@ -271,9 +283,9 @@ pub fn parse_ip_spec_with(spec: &str, syntax: RangeSyntax) -> Result<IpSet, IpSp
             };
             return Err(IpSpecError::Overlap {
                 index,
-                entry: entry.to_string(),
+                entry: excerpt(entry),
                 other_index,
-                other: other.to_string(),
+                other: excerpt(other),
             });
         }
     }
@@ -629,6 +641,20 @@ mod tests {
             a.iter().take(2).collect::<Vec<_>>(),
             vec![ip("10.0.0.1"), ip("10.0.0.2")]
         );
+    }
+
+    #[test]
+    fn errors_quote_an_excerpt_of_huge_input() {
+        let huge = "1".repeat(1 << 20);
+        let message = parse_ip_spec(&huge).unwrap_err().to_string();
+        assert!(message.len() < 400, "a {}-byte message", message.len());
+        assert!(
+            message.contains(&format!("… ({} bytes)", huge.len())),
+            "{message}"
+        );
+        assert_eq!(excerpt("10.0.0.1"), "10.0.0.1");
+        // a cut never splits a character
+        assert!(excerpt(&"é".repeat(100)).starts_with(&"é".repeat(64)));
     }
 
     #[test]

@@ -10,10 +10,12 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 pub mod embedded;
+pub mod etcd;
 pub mod kubernetes;
 pub mod memory;
 
 pub use embedded::EmbeddedLedger;
+pub use etcd::{EtcdLedger, EtcdOptions};
 pub use kubernetes::KubeLedger;
 pub use memory::MemoryLedger;
 
@@ -127,6 +129,16 @@ pub enum LedgerError {
     Closed,
     #[error("ledger record for {ip} is corrupt: {reason}")]
     Corrupt { ip: String, reason: String },
+}
+
+/// A change to a claim that this process learned by watching a shared ledger (another replica
+/// wrote it), as opposed to the answers of its own calls.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ObservedChange {
+    /// The claim is held.
+    Held(Claim),
+    /// The claim was released, or its record deleted.
+    Released(Claim),
 }
 
 /// The contract every state backend keeps.

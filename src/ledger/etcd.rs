@@ -1,0 +1,437 @@
+//! The etcd ledger: one key per IP under a prefix (`/ip-webhook/10.0.0.10`), its value the
+//! claim as JSON.
+//!
+//! A claim is taken with a transaction that writes only if the key does not exist
+//! (`create_revision == 0`), or, when the key holds a released claim, only if it is unchanged
+//! since it was read (`mod_revision == seen`). A release rewrites the claim as released under
+//! the same compare. etcd answers a transaction after a quorum has made it durable, so several
+//! webhook replicas can share one cluster without a leader.
+//!
+//! Calls that fail in transit (a member restarting, a leader election) are retried until
+//! `--etcd-timeout` has passed. A retried create may find the claim it made itself on the
+//! first attempt: the same pod and request count as created, so retries are idempotent.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse,
+};
+
+use tonic::Code as tonic_code;
+
+use super::{Claim, CreateOutcome, Ledger, LedgerError, ObservedChange, Phase, unix_now};
+
+/// How many compare failures one create or release tolerates (other replicas writing the same
+/// key between our read and our write) before reporting contention.
+const MAX_COMPARE_ATTEMPTS: usize = 32;
+
+/// Where the etcd cluster is and how to talk to it.
+#[derive(Debug, Clone)]
+pub struct EtcdOptions {
+    /// `http://host:2379` or `https://host:2379` (a bare `host:port` means http).
+    pub endpoints: Vec<String>,
+    /// Key prefix; `/` is appended when missing.
+    pub prefix: String,
+    pub ca_file: Option<PathBuf>,
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+    /// Deadline of one etcd request, and of the retries of one ledger call.
+    pub timeout: Duration,
+}
+
+impl Default for EtcdOptions {
+    fn default() -> EtcdOptions {
+        EtcdOptions {
+            endpoints: vec!["http://127.0.0.1:2379".into()],
+            prefix: "/ip-webhook/".into(),
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
+            timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+pub struct EtcdLedger {
+    client: Client,
+    prefix: String,
+    timeout: Duration,
+    /// Set by `close`; the watch loop waits on it too.
+    closed: tokio::sync::watch::Sender<bool>,
+    /// The etcd revision `load` read at: a watch starts just after it.
+    loaded_revision: AtomicI64,
+    /// The newest revision this process wrote or read per key; older watch events are stale.
+    seen: Mutex<HashMap<String, i64>>,
+}
+
+fn storage(context: &str, error: impl std::fmt::Display) -> LedgerError {
+    LedgerError::Storage(format!("etcd {context}: {error}"))
+}
+
+/// Errors worth a retry: the request may not have reached a quorum.
+fn is_transient(error: &etcd_client::Error) -> bool {
+    use etcd_client::Error;
+    match error {
+        Error::TransportError(_) | Error::IoError(_) => true,
+        Error::GRpcStatus(status) => matches!(
+            status.code(),
+            tonic_code::Unavailable
+                | tonic_code::DeadlineExceeded
+                | tonic_code::Unknown
+                | tonic_code::Aborted
+                | tonic_code::Internal
+                | tonic_code::Cancelled
+        ),
+        _ => false,
+    }
+}
+
+fn read_file(path: &PathBuf, what: &str) -> Result<Vec<u8>, LedgerError> {
+    std::fs::read(path).map_err(|e| {
+        LedgerError::Storage(format!("cannot read etcd {what} {}: {e}", path.display()))
+    })
+}
+
+impl EtcdLedger {
+    /// Connect, and check the cluster answers within the timeout.
+    pub async fn connect(options: &EtcdOptions) -> Result<EtcdLedger, LedgerError> {
+        if options.endpoints.is_empty() {
+            return Err(LedgerError::Storage(
+                "--etcd-endpoints names no endpoint".into(),
+            ));
+        }
+        let mut connect = ConnectOptions::new()
+            .with_timeout(options.timeout)
+            .with_connect_timeout(options.timeout)
+            .with_keep_alive(Duration::from_secs(10), options.timeout)
+            .with_require_leader(true);
+        if options.ca_file.is_some() || options.cert_file.is_some() {
+            let mut tls = etcd_client::TlsOptions::new();
+            if let Some(ca) = &options.ca_file {
+                tls = tls.ca_certificate(etcd_client::Certificate::from_pem(read_file(
+                    ca, "CA file",
+                )?));
+            }
+            match (&options.cert_file, &options.key_file) {
+                (Some(cert), Some(key)) => {
+                    tls = tls.identity(etcd_client::Identity::from_pem(
+                        read_file(cert, "client certificate")?,
+                        read_file(key, "client key")?,
+                    ));
+                }
+                (None, None) => {}
+                _ => {
+                    return Err(LedgerError::Storage(
+                        "--etcd-cert-file and --etcd-key-file go together".into(),
+                    ));
+                }
+            }
+            connect = connect.with_tls(tls);
+        }
+        let client = Client::connect(&options.endpoints, Some(connect))
+            .await
+            .map_err(|e| storage(&format!("connect to {:?}", options.endpoints), e))?;
+        let mut prefix = options.prefix.clone();
+        if !prefix.ends_with('/') {
+            prefix.push('/');
+        }
+        let ledger = EtcdLedger {
+            client,
+            prefix,
+            timeout: options.timeout,
+            closed: tokio::sync::watch::Sender::new(false),
+            loaded_revision: AtomicI64::new(0),
+            seen: Mutex::new(HashMap::new()),
+        };
+        // fail at start, with the endpoints in the message, rather than at the first admission
+        ledger
+            .retrying("status", |mut client| async move { client.status().await })
+            .await
+            .map_err(|e| {
+                LedgerError::Storage(format!("{e} (endpoints {:?})", options.endpoints))
+            })?;
+        Ok(ledger)
+    }
+
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    fn key(&self, claim: &Claim) -> String {
+        format!("{}{}", self.prefix, claim.ip)
+    }
+
+    fn note_seen(&self, key: &str, revision: i64) {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = seen.entry(key.to_string()).or_insert(revision);
+        *entry = (*entry).max(revision);
+    }
+
+    /// Run `call` with a fresh client handle, retrying transient failures until the timeout.
+    async fn retrying<T, F, Fut>(&self, what: &str, call: F) -> Result<T, LedgerError>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    {
+        if *self.closed.borrow() {
+            return Err(LedgerError::Closed);
+        }
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let mut pause = Duration::from_millis(20);
+        loop {
+            match call(self.client.clone()).await {
+                Ok(value) => return Ok(value),
+                Err(error) if is_transient(&error) && tokio::time::Instant::now() < deadline => {
+                    tracing::debug!(%error, what, "etcd call failed; retrying");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(500));
+                }
+                Err(error) => return Err(storage(what, error)),
+            }
+        }
+    }
+
+    /// Write `value` at `key` if the key is as last seen: absent (`None`) or at `mod_revision`.
+    /// On a compare failure, returns the key's current record.
+    async fn write_if(
+        &self,
+        key: &str,
+        expected: Option<i64>,
+        value: &[u8],
+    ) -> Result<Result<i64, Option<KeyValue>>, LedgerError> {
+        let compare = match expected {
+            None => Compare::create_revision(key, CompareOp::Equal, 0),
+            Some(revision) => Compare::mod_revision(key, CompareOp::Equal, revision),
+        };
+        let txn = Txn::new()
+            .when([compare])
+            .and_then([TxnOp::put(key, value, None)])
+            .or_else([TxnOp::get(key, None)]);
+        let response = self
+            .retrying("transaction", |mut client| {
+                let txn = txn.clone();
+                async move { client.txn(txn).await }
+            })
+            .await?;
+        if response.succeeded() {
+            let revision = response.header().map(|h| h.revision()).unwrap_or(0);
+            return Ok(Ok(revision));
+        }
+        let current = response.op_responses().into_iter().find_map(|op| match op {
+            TxnOpResponse::Get(get) => get.kvs().first().cloned(),
+            _ => None,
+        });
+        Ok(Err(current))
+    }
+
+    fn decode(&self, kv: &KeyValue) -> Result<Claim, LedgerError> {
+        let key = String::from_utf8_lossy(kv.key()).into_owned();
+        serde_json::from_slice(kv.value()).map_err(|e| LedgerError::Corrupt {
+            ip: key,
+            reason: e.to_string(),
+        })
+    }
+
+    async fn read(&self, key: &str) -> Result<Option<KeyValue>, LedgerError> {
+        let response = self
+            .retrying("get", |mut client| {
+                let key = key.to_string();
+                async move { client.get(key, None).await }
+            })
+            .await?;
+        Ok(response.kvs().first().cloned())
+    }
+
+    /// Follow every change under the prefix after what `load` read, and hand changes made by
+    /// other processes to `apply` (in etcd's order). Runs until the ledger is closed;
+    /// reconnects after errors, resuming at the next revision not yet seen.
+    pub async fn watch(&self, apply: impl Fn(ObservedChange) + Send) {
+        use etcd_client::{EventType, WatchOptions};
+        let mut next = self.loaded_revision.load(Ordering::Acquire) + 1;
+        let mut closed = self.closed.subscribe();
+        while !*closed.borrow_and_update() {
+            let options = WatchOptions::new()
+                .with_prefix()
+                .with_prev_key()
+                .with_start_revision(next);
+            let mut stream = match self
+                .client
+                .clone()
+                .watch(self.prefix.clone(), Some(options))
+                .await
+            {
+                Ok(stream) => stream,
+                Err(error) => {
+                    tracing::warn!(%error, "etcd watch failed to start; retrying");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    continue;
+                }
+            };
+            loop {
+                let message = tokio::select! {
+                    _ = closed.wait_for(|closed| *closed) => return,
+                    message = stream.message() => message,
+                };
+                let message = match message {
+                    Ok(Some(message)) => message,
+                    Ok(None) => break,
+                    Err(error) => {
+                        tracing::warn!(%error, "etcd watch broke; resuming");
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        break;
+                    }
+                };
+                if message.compact_revision() > 0 && message.compact_revision() >= next {
+                    // history before this was compacted away: skip to what is left. Claims
+                    // missed here are still settled by create-if-absent.
+                    tracing::warn!(
+                        from = next,
+                        to = message.compact_revision(),
+                        "etcd compacted revisions the watch had not seen"
+                    );
+                    next = message.compact_revision();
+                    break;
+                }
+                if message.canceled() {
+                    break;
+                }
+                for event in message.events() {
+                    let Some(kv) = event.kv() else { continue };
+                    next = next.max(kv.mod_revision() + 1);
+                    let key = String::from_utf8_lossy(kv.key()).into_owned();
+                    let fresh = {
+                        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+                        let last = seen.entry(key.clone()).or_insert(0);
+                        let fresh = kv.mod_revision() > *last;
+                        *last = (*last).max(kv.mod_revision());
+                        fresh
+                    };
+                    if !fresh {
+                        continue;
+                    }
+                    let change = match event.event_type() {
+                        EventType::Put => match self.decode(kv) {
+                            Ok(claim) if claim.is_held() => ObservedChange::Held(claim),
+                            Ok(claim) => ObservedChange::Released(claim),
+                            Err(error) => {
+                                tracing::warn!(%error, "ignoring an undecodable etcd record");
+                                continue;
+                            }
+                        },
+                        EventType::Delete => match event.prev_kv().map(|kv| self.decode(kv)) {
+                            Some(Ok(claim)) => ObservedChange::Released(claim),
+                            _ => continue,
+                        },
+                    };
+                    apply(change);
+                }
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Ledger for EtcdLedger {
+    fn kind(&self) -> &'static str {
+        "etcd"
+    }
+
+    async fn load(&self) -> Result<Vec<Claim>, LedgerError> {
+        let prefix = self.prefix.clone();
+        let response = self
+            .retrying("list", |mut client| {
+                let prefix = prefix.clone();
+                async move {
+                    client
+                        .get(prefix, Some(GetOptions::new().with_prefix()))
+                        .await
+                }
+            })
+            .await?;
+        if let Some(header) = response.header() {
+            self.loaded_revision
+                .store(header.revision(), Ordering::Release);
+        }
+        let mut claims = Vec::with_capacity(response.kvs().len());
+        for kv in response.kvs() {
+            self.note_seen(&String::from_utf8_lossy(kv.key()), kv.mod_revision());
+            claims.push(self.decode(kv)?);
+        }
+        Ok(claims)
+    }
+
+    async fn create(&self, claim: &Claim) -> Result<CreateOutcome, LedgerError> {
+        let key = self.key(claim);
+        let value = serde_json::to_vec(claim).map_err(|e| storage("encode", e))?;
+        let mut expected = None;
+        for _ in 0..MAX_COMPARE_ATTEMPTS {
+            match self.write_if(&key, expected, &value).await? {
+                Ok(revision) => {
+                    self.note_seen(&key, revision);
+                    return Ok(CreateOutcome::Created);
+                }
+                Err(None) => expected = None,
+                Err(Some(kv)) => {
+                    self.note_seen(&key, kv.mod_revision());
+                    let current = self.decode(&kv)?;
+                    if !current.is_held() {
+                        expected = Some(kv.mod_revision());
+                        continue;
+                    }
+                    if current.pod == claim.pod && current.request_uid == claim.request_uid {
+                        // our own earlier attempt reached etcd before its answer was lost
+                        return Ok(CreateOutcome::Created);
+                    }
+                    return Ok(CreateOutcome::AlreadyHeld(Box::new(current)));
+                }
+            }
+        }
+        Err(LedgerError::Storage(format!(
+            "etcd key {key} changed under {MAX_COMPARE_ATTEMPTS} attempts in a row"
+        )))
+    }
+
+    async fn release(&self, claim: &Claim) -> Result<bool, LedgerError> {
+        let key = self.key(claim);
+        let mut current = self.read(&key).await?;
+        let mut attempted = false;
+        for _ in 0..MAX_COMPARE_ATTEMPTS {
+            let Some(kv) = current else {
+                return Ok(false);
+            };
+            let mut held = self.decode(&kv)?;
+            let same = held.pod == claim.pod && held.request_uid == claim.request_uid;
+            if attempted && same && !held.is_held() {
+                // our earlier attempt reached etcd before its answer was lost
+                return Ok(true);
+            }
+            if !(held.is_held() && same) {
+                return Ok(false);
+            }
+            attempted = true;
+            held.phase = Phase::Released;
+            held.updated_at = unix_now();
+            let value = serde_json::to_vec(&held).map_err(|e| storage("encode", e))?;
+            match self.write_if(&key, Some(kv.mod_revision()), &value).await? {
+                Ok(revision) => {
+                    self.note_seen(&key, revision);
+                    return Ok(true);
+                }
+                Err(now) => current = now,
+            }
+        }
+        Err(LedgerError::Storage(format!(
+            "etcd key {key} changed under {MAX_COMPARE_ATTEMPTS} attempts in a row"
+        )))
+    }
+
+    async fn close(&self) {
+        // every acknowledged write is already durable in etcd; only refuse new calls
+        self.closed.send_replace(true);
+    }
+}
