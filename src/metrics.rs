@@ -5,7 +5,7 @@ use std::sync::{Arc, OnceLock};
 use arc_swap::ArcSwap;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{
-    DescriptorEncoder, EncodeLabelSet, EncodeLabelValue, EncodeMetric,
+    DescriptorEncoder, EncodeGaugeValue, EncodeLabelSet, EncodeLabelValue, EncodeMetric,
 };
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -152,25 +152,6 @@ impl Collector for CapacityCollector {
         let report = source
             .allocator
             .with_claims(|claims| Report::build(claims, &pools, false));
-        let gauge = |encoder: &mut DescriptorEncoder,
-                     name: &str,
-                     help: &str,
-                     rows: Vec<(PoolOrApp, f64)>|
-         -> Result<(), std::fmt::Error> {
-            if rows.is_empty() {
-                return Ok(());
-            }
-            let metric = ConstGauge::new(0.0f64);
-            let mut family = encoder.encode_descriptor(name, help, None, metric.metric_type())?;
-            for (labels, value) in rows {
-                let metric = ConstGauge::new(value);
-                match labels {
-                    PoolOrApp::Pool(l) => metric.encode(family.encode_family(&l)?)?,
-                    PoolOrApp::App(l) => metric.encode(family.encode_family(&l)?)?,
-                }
-            }
-            Ok(())
-        };
         let pool = |p: &crate::status::PoolStatus| {
             PoolOrApp::Pool(PoolLabels {
                 pool: p.name.clone(),
@@ -182,12 +163,13 @@ impl Collector for CapacityCollector {
                 app: a.app.clone(),
             })
         };
-        let sized = |size: Option<u64>| size.map(|s| s as f64);
+        let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        let sized = |size: Option<u64>| size.map(count);
         let ratio =
             |held: u64, size: Option<u64>| size.filter(|s| *s > 0).map(|s| held as f64 / s as f64);
         let p = &report.pools;
         let a = &report.apps;
-        gauge(
+        encode_gauges(
             &mut encoder,
             "pool_size_ips",
             "Usable IPs of each IPPool",
@@ -195,19 +177,19 @@ impl Collector for CapacityCollector {
                 .filter_map(|x| Some((pool(x), sized(x.size)?)))
                 .collect(),
         )?;
-        gauge(
+        encode_gauges(
             &mut encoder,
             "pool_held_ips",
             "IPs of each IPPool held (reserved or bound)",
-            p.iter().map(|x| (pool(x), x.held as f64)).collect(),
+            p.iter().map(|x| (pool(x), count(x.held))).collect(),
         )?;
-        gauge(
+        encode_gauges(
             &mut encoder,
             "pool_reserved_ips",
             "IPs of each IPPool reserved at admission, no pod seen yet",
-            p.iter().map(|x| (pool(x), x.reserved as f64)).collect(),
+            p.iter().map(|x| (pool(x), count(x.reserved))).collect(),
         )?;
-        gauge(
+        encode_gauges(
             &mut encoder,
             "pool_utilization_ratio",
             "Held / usable IPs of each IPPool (1 = exhausted)",
@@ -215,7 +197,7 @@ impl Collector for CapacityCollector {
                 .filter_map(|x| Some((pool(x), ratio(x.held, x.size)?)))
                 .collect(),
         )?;
-        gauge(
+        encode_gauges(
             &mut encoder,
             "app_size_ips",
             "IPs of each app's list (or its pool's)",
@@ -223,13 +205,13 @@ impl Collector for CapacityCollector {
                 .filter_map(|x| Some((app(x), sized(x.size)?)))
                 .collect(),
         )?;
-        gauge(
+        encode_gauges(
             &mut encoder,
             "app_held_ips",
             "IPs held per app",
-            a.iter().map(|x| (app(x), x.held as f64)).collect(),
+            a.iter().map(|x| (app(x), count(x.held))).collect(),
         )?;
-        gauge(
+        encode_gauges(
             &mut encoder,
             "app_free_ips",
             "IPs each app could still get",
@@ -237,7 +219,7 @@ impl Collector for CapacityCollector {
                 .filter_map(|x| Some((app(x), sized(x.free)?)))
                 .collect(),
         )?;
-        gauge(
+        encode_gauges(
             &mut encoder,
             "app_utilization_ratio",
             "Held / size of each app's list (1 = the next pod is refused)",
@@ -253,6 +235,28 @@ impl Collector for CapacityCollector {
 enum PoolOrApp {
     Pool(PoolLabels),
     App(AppLabels),
+}
+
+/// One gauge family with a sample per row (nothing when there are no rows).
+fn encode_gauges<N: EncodeGaugeValue + Copy>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    rows: Vec<(PoolOrApp, N)>,
+) -> Result<(), std::fmt::Error> {
+    let Some((_, first)) = rows.first() else {
+        return Ok(());
+    };
+    let metric_type = ConstGauge::new(*first).metric_type();
+    let mut family = encoder.encode_descriptor(name, help, None, metric_type)?;
+    for (labels, value) in rows {
+        let metric = ConstGauge::new(value);
+        match labels {
+            PoolOrApp::Pool(l) => metric.encode(family.encode_family(&l)?)?,
+            PoolOrApp::App(l) => metric.encode(family.encode_family(&l)?)?,
+        }
+    }
+    Ok(())
 }
 
 impl Default for Metrics {
