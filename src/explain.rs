@@ -41,6 +41,8 @@ pub struct ReplicaOutcome {
     pub ips: Vec<IpAddr>,
     /// Why each IP was chosen, in the order of `ips`.
     pub why: Vec<String>,
+    /// The replica's pod exists already and holds `ips` (nothing was run for it).
+    pub existing: bool,
     /// The denial message when refused.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub refused: Option<String>,
@@ -309,7 +311,30 @@ pub async fn explain(
                 });
             }
         };
+        let existing = existing_pods(webhook, &pods, &template, &namespace);
         for replica in 0..count {
+            if let Some(claims) = pods.existing(&existing, replica) {
+                let first = &claims[0];
+                outcome.replicas.push(ReplicaOutcome {
+                    replica,
+                    pod: first.pod.display(),
+                    allowed: true,
+                    ips: claims.iter().map(|c| c.ip).collect(),
+                    why: claims
+                        .iter()
+                        .map(|c| {
+                            format!(
+                                "already holds it ({:?} since {})",
+                                c.phase,
+                                crate::status::rfc3339(c.created_at)
+                            )
+                        })
+                        .collect(),
+                    existing: true,
+                    refused: None,
+                });
+                continue;
+            }
             let pod = pods.pod(&template, replica, &namespace);
             let uid = format!("explain-{index}-{replica}");
             let pod_name = pod["metadata"]["name"].as_str().map(str::to_string);
@@ -355,6 +380,7 @@ pub async fn explain(
                 allowed,
                 ips,
                 why,
+                existing: false,
                 refused: (!allowed).then(|| {
                     response["status"]["message"]
                         .as_str()
@@ -366,6 +392,54 @@ pub async fn explain(
         outcomes.push(outcome);
     }
     Ok(outcomes)
+}
+
+/// The held claims of the object's pods that exist already, one entry per pod (its IPs): for
+/// a StatefulSet by ordinal name, for a Pod by its name, for other workloads every pod whose
+/// name starts with `owner-`, in IP order.
+fn existing_pods(
+    webhook: &Webhook,
+    naming: &PodNaming,
+    template: &Value,
+    namespace: &str,
+) -> Vec<(String, Vec<Claim>)> {
+    let app = template["metadata"]["labels"][webhook.settings.app_label.as_str()]
+        .as_str()
+        .unwrap_or("");
+    let (exact, prefix): (Option<&str>, Option<String>) = match naming {
+        PodNaming::AsIs => (template["metadata"]["name"].as_str(), None),
+        PodNaming::Ordinal { owner } => (None, Some(format!("{owner}-"))),
+        PodNaming::Generated { owner, .. } => (None, Some(format!("{owner}-"))),
+    };
+    let mut pods: Vec<(String, Vec<Claim>)> = Vec::new();
+    for claim in webhook.allocator.claims() {
+        let pod = &claim.pod;
+        let name = if pod.name.is_empty() {
+            &pod.generate_name
+        } else {
+            &pod.name
+        };
+        let belongs = pod.namespace == namespace
+            && claim.app == app
+            && match (exact, &prefix) {
+                (Some(exact), _) => !exact.is_empty() && pod.name == exact,
+                (None, Some(prefix)) => name.starts_with(prefix.as_str()),
+                (None, None) => false,
+            };
+        if !belongs {
+            continue;
+        }
+        let key = if pod.name.is_empty() {
+            claim.request_uid.clone()
+        } else {
+            pod.name.clone()
+        };
+        match pods.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, claims)) => claims.push(claim),
+            None => pods.push((key, vec![claim])),
+        }
+    }
+    pods
 }
 
 /// How a workload's pods are named.
@@ -383,6 +457,19 @@ enum PodNaming {
 }
 
 impl PodNaming {
+    /// The claims of replica `replica` if its pod exists already.
+    fn existing<'e>(&self, pods: &'e [(String, Vec<Claim>)], replica: u64) -> Option<&'e [Claim]> {
+        let found = match self {
+            PodNaming::Ordinal { owner } => {
+                let name = format!("{owner}-{replica}");
+                pods.iter().find(|(key, _)| *key == name)
+            }
+            PodNaming::AsIs => pods.first(),
+            PodNaming::Generated { .. } => pods.get(usize::try_from(replica).ok()?),
+        };
+        found.map(|(_, claims)| claims.as_slice())
+    }
+
     fn pod(&self, template: &Value, replica: u64, namespace: &str) -> Value {
         let mut pod = json!({
             "apiVersion": "v1",

@@ -260,13 +260,22 @@ async fn explain_walks_replicas_through_mutate_without_recording() {
     };
     assert_eq!(outcomes[0]["object"], "Deployment default/web");
     assert_eq!(
+        outcomes[0]["warnings"][0],
+        "Deployment default/web asks for 5 replicas but its list has 4 IPs: pods beyond 4 will be refused"
+    );
+    // the two pods that hold IPs already count as replicas 0 and 1
+    assert_eq!(
         summary(&outcomes[0]),
         [
+            "default/web-7d4b9c8f6d-abcde 10.0.0.10 (already holds it (Bound since 2025-11-29T07:06:40Z))",
+            "default/web-7d4b9c8f6d-* 10.0.0.11 (already holds it (Reserved since 2025-11-29T07:07:40Z))",
             "default/web-* 10.0.0.12 (lowest free IP of the list)",
             "default/web-* 10.0.0.13 (lowest free IP of the list)",
             "default/web-* refused: app default/web: all 4 allocatable IPs are held (10.0.0.10 by default/web-7d4b9c8f6d-abcde, 10.0.0.11 by default/web-7d4b9c8f6d-*, 10.0.0.12 by default/web-*, 10.0.0.13 by default/web-*)",
         ]
     );
+    assert_eq!(outcomes[0]["replicas"][0]["existing"], true);
+    assert_eq!(outcomes[0]["replicas"][2]["existing"], false);
     assert_eq!(
         outcomes[1]["warnings"][0],
         "StatefulSet prod/db asks for 4 replicas but its list has 3 IPs: pods beyond 3 will be refused"
