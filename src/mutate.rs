@@ -83,7 +83,11 @@ async fn create(
     };
     // warnings are /validate's to give; here only a hard "no" matters
     if let Err(message) = webhook.cni_check(checked, &scope) {
-        return Ok(refuse(&refusal(webhook, incoming, &view), response, message));
+        return Ok(refuse(
+            &refusal(webhook, incoming, &view),
+            response,
+            message,
+        ));
     }
     let request = AllocationRequest {
         scope: &scope,
