@@ -47,13 +47,17 @@ pub enum Command {
     /// Show who holds which IP, per IPPool and per app: size, held, reserved, free, holders.
     #[command(visible_alias = "pools")]
     Status(StatusArgs),
-    /// Show which IP each replica of a Pod or workload would get and why, or why it would be
-    /// refused (the /mutate code path over a copy of the ledger; nothing is recorded).
+    /// Show which IP each replica of a Pod or workload would get and why, or why refused.
+    ///
+    /// Each replica's Pod CREATE runs through /mutate over an in-memory copy of the ledger:
+    /// replica N sees replicas 0..N-1 holding their IPs, and nothing is recorded.
     Explain(ExplainArgs),
     /// Free the claim on an IP whose pod is gone (a leaked IP); refuses while the pod runs.
     Release(ReleaseArgs),
-    /// Check a running install: reachable, certificate and caBundle, expiry, readiness,
-    /// capacity, leader. Exits non-zero when a check fails.
+    /// Check a running install: reachability, certificate, readiness, capacity, leader.
+    ///
+    /// Verifies the served certificate against the caBundle and its expiry, posts a harmless
+    /// dry-run review, reads /readyz and /metrics. Exits non-zero when a check fails.
     Check(CheckArgs),
 }
 
