@@ -2,9 +2,7 @@
 
 use std::net::IpAddr;
 
-use crate::admission::{
-    Incoming, MetadataPatch, Operation, OwnerRef, Response, ReviewError,
-};
+use crate::admission::{Incoming, MetadataPatch, Operation, OwnerRef, Response, ReviewError};
 use crate::allocator::{AllocError, AllocationRequest, Reason};
 use crate::annotations::{ALLOCATED_IP_LABEL, STATUS, STATUS_MUTATED, static_ips};
 use crate::events::{Assigned, Refused};
