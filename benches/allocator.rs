@@ -52,6 +52,7 @@ async fn allocator_holding(held: u32) -> Allocator {
             source: Source::Allocated,
             created_at: 1,
             updated_at: 1,
+            list_size: None,
         };
         ledger.create(&claim).await.expect("memory ledger");
     }

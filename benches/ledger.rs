@@ -26,6 +26,7 @@ fn claim(n: u32) -> Claim {
         source: Source::Allocated,
         created_at: 1,
         updated_at: 1,
+        list_size: None,
     }
 }
 

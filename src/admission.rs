@@ -291,7 +291,11 @@ impl Meta {
 #[serde(rename_all = "camelCase")]
 pub struct OwnerRef {
     #[serde(default)]
+    pub api_version: String,
+    #[serde(default)]
     pub kind: String,
+    #[serde(default)]
+    pub uid: String,
     #[serde(default)]
     pub name: String,
     #[serde(default)]

@@ -386,6 +386,12 @@ impl Allocator {
         claims
     }
 
+    /// Run `f` over every held claim without copying them (metrics scrapes, status).
+    pub fn with_claims<R>(&self, f: impl FnOnce(&mut dyn Iterator<Item = &Claim>) -> R) -> R {
+        let state = self.lock();
+        f(&mut state.claims.values())
+    }
+
     /// How many IPs the app holds.
     pub fn held_by_app(&self, namespace: &str, app: &str) -> u64 {
         self.lock()
@@ -616,6 +622,8 @@ fn new_claim(ip: IpAddr, request: &AllocationRequest<'_>, source: Source) -> Cla
         source,
         created_at: now,
         updated_at: now,
+        list_size: (!request.candidates.is_empty())
+            .then(|| u64::try_from(request.candidates.len()).unwrap_or(u64::MAX)),
     }
 }
 
@@ -662,6 +670,7 @@ mod tests {
             source: Source::Allocated,
             created_at: 1,
             updated_at: 1,
+            list_size: None,
         }
     }
 

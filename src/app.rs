@@ -13,7 +13,7 @@ use crate::cluster::lease::LeaseSettings;
 use crate::cluster::{ClusterHandle, ClusterOptions, Rules};
 use crate::crd::IPPool;
 use crate::ledger::embedded::CommitCounters;
-use crate::ledger::{EmbeddedLedger, EtcdLedger, KubeLedger, Ledger};
+use crate::ledger::{EmbeddedLedger, EtcdLedger, KubeLedger, Ledger, TimedLedger};
 use crate::metrics::Metrics;
 use crate::pools::PoolCatalog;
 use crate::server::{self, Limits, Running};
@@ -53,6 +53,7 @@ pub async fn build(args: &WebhookArgs, metrics: Arc<Metrics>) -> anyhow::Result<
         }
         None => open_ledger(args, metrics.ledger.clone()).await?,
     };
+    let ledger = TimedLedger::wrap(ledger, metrics.ledger_latency.clone());
     let client = clients.map(|(watches, _)| watches);
     let allocator = Arc::new(
         Allocator::new(ledger.clone())
@@ -254,6 +255,9 @@ pub async fn launch(args: &ServeArgs) -> anyhow::Result<Launched> {
                 key: key.clone(),
             };
             let (certified, fingerprint) = files.load()?;
+            if let Some(leaf) = certified.cert.first() {
+                metrics.served_certificate(leaf);
+            }
             let resolver = Arc::new(CertResolver::new(certified));
             let reloader = tls::spawn_reloader(
                 resolver.clone(),
@@ -273,6 +277,9 @@ pub async fn launch(args: &ServeArgs) -> anyhow::Result<Launched> {
                 "generated certificate",
                 "generated key",
             )?;
+            if let Some(leaf) = certified.cert.first() {
+                metrics.served_certificate(leaf);
+            }
             let bundle =
                 base64::engine::general_purpose::STANDARD.encode(generated.ca_pem.as_bytes());
             (Arc::new(CertResolver::new(certified)), None, Some(bundle))

@@ -1,4 +1,5 @@
-//! The command line: `serve`, `review`, `crds`.
+//! The command line: `serve`, `review`, `crds`, and the operator's commands `status`,
+//! `explain`, `release` and `check`.
 
 use std::io::{Read, Write};
 use std::net::SocketAddr;
@@ -33,7 +34,7 @@ pub enum LogFormat {
     Json,
 }
 
-// Parsed once per process; boxing the large variant would buy nothing.
+// Parsed once per process; boxing the large variants would buy nothing.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
@@ -43,6 +44,104 @@ pub enum Command {
     Review(ReviewArgs),
     /// Print the IPPool and IPClaim CustomResourceDefinitions as YAML.
     Crds,
+    /// Show who holds which IP, per IPPool and per app: size, held, reserved, free, holders.
+    #[command(visible_alias = "pools")]
+    Status(StatusArgs),
+    /// Show which IP each replica of a Pod or workload would get and why, or why refused.
+    ///
+    /// Each replica's Pod CREATE runs through /mutate over an in-memory copy of the ledger:
+    /// replica N sees replicas 0..N-1 holding their IPs, and nothing is recorded.
+    Explain(ExplainArgs),
+    /// Free the claim on an IP whose pod is gone (a leaked IP); refuses while the pod runs.
+    Release(ReleaseArgs),
+    /// Check a running install: reachability, certificate, readiness, capacity, leader.
+    ///
+    /// Verifies the served certificate against the caBundle and its expiry, posts a harmless
+    /// dry-run review, reads /readyz and /metrics. Exits non-zero when a check fails.
+    Check(CheckArgs),
+}
+
+/// How to print a result.
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum OutputFormat {
+    /// Text for people.
+    Table,
+    Json,
+    Yaml,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct StatusArgs {
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t = OutputFormat::Table)]
+    pub output: OutputFormat,
+    /// Only this app (namespace/app) and its pool.
+    #[arg(long, value_name = "NAMESPACE/APP")]
+    pub app: Option<String>,
+    /// Only this IPPool and the apps drawing from it.
+    #[arg(long, value_name = "NAME")]
+    pub pool: Option<String>,
+    #[command(flatten)]
+    pub webhook: WebhookArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ExplainArgs {
+    /// YAML or JSON with Pods, Deployments, StatefulSets, ReplicaSets, DaemonSets, Jobs or
+    /// CronJobs (several documents allowed), or - for standard input.
+    #[arg(short = 'f', long = "filename", value_name = "FILE|-")]
+    pub file: String,
+    /// Namespace of objects that name none.
+    #[arg(short, long, default_value = "default", value_name = "NAMESPACE")]
+    pub namespace: String,
+    /// Replicas to explain per workload, instead of spec.replicas (e.g. a DaemonSet's node count).
+    #[arg(long, value_name = "N")]
+    pub replicas: Option<u64>,
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t = OutputFormat::Table)]
+    pub output: OutputFormat,
+    #[command(flatten)]
+    pub webhook: WebhookArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ReleaseArgs {
+    /// The IP to free.
+    #[arg(value_name = "IP")]
+    pub ip: std::net::IpAddr,
+    /// Release even when the pod still runs or cannot be checked (off-cluster it never can).
+    #[arg(long)]
+    pub force: bool,
+    #[command(flatten)]
+    pub webhook: WebhookArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct CheckArgs {
+    /// The webhook's HTTPS address, https://HOST:PORT (a path replaces /mutate).
+    #[arg(long, value_name = "URL")]
+    pub url: String,
+    /// PEM file of the CA in the webhook configuration's caBundle.
+    #[arg(long, value_name = "FILE", conflicts_with = "ca_bundle")]
+    pub ca_file: Option<PathBuf>,
+    /// The caBundle itself (base64 of PEM), as in the webhook configuration.
+    #[arg(long, value_name = "BASE64")]
+    pub ca_bundle: Option<String>,
+    /// The admin address, http://HOST:PORT, for /readyz and /metrics.
+    #[arg(long, value_name = "URL")]
+    pub admin_url: Option<String>,
+    /// Fail when the certificate expires in fewer days than this (warn under 30).
+    #[arg(long, default_value_t = 7, value_name = "DAYS")]
+    pub min_days: i64,
+    /// Warn about pools and apps with at least this share of their IPs held.
+    #[arg(long, default_value_t = 0.9, value_name = "RATIO")]
+    pub exhaustion_threshold: f64,
+    /// Deadline for each connection and request.
+    #[arg(long, default_value = "5s", value_parser = parse_duration, value_name = "DURATION")]
+    pub timeout: Duration,
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t = OutputFormat::Table)]
+    pub output: OutputFormat,
 }
 
 /// Where claims are recorded.
@@ -273,6 +372,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             std::io::stdout().write_all(crate::crd::crds_yaml().as_bytes())?;
             Ok(())
         }
+        Command::Status(args) => crate::commands::status(args).await,
+        Command::Explain(args) => crate::commands::explain(args).await,
+        Command::Release(args) => crate::commands::release(args).await,
+        Command::Check(args) => crate::commands::check(args).await,
     }
 }
 
@@ -336,5 +439,38 @@ mod tests {
     fn cli_is_well_formed() {
         use clap::CommandFactory;
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn every_command_and_flag_is_documented() {
+        use clap::CommandFactory;
+        let cli = Cli::command();
+        let mut undocumented = Vec::new();
+        for command in cli.get_subcommands() {
+            let about = command
+                .get_about()
+                .map(|a| a.to_string())
+                .unwrap_or_default();
+            if about.len() < 20 {
+                undocumented.push(format!("{}: no about line", command.get_name()));
+            }
+            for arg in command.get_arguments() {
+                let id = arg.get_id().as_str();
+                if id == "help" || id == "version" {
+                    continue;
+                }
+                let help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
+                if help.len() < 3 {
+                    undocumented.push(format!("{} --{id}: no help", command.get_name()));
+                }
+            }
+        }
+        assert!(undocumented.is_empty(), "{undocumented:#?}");
+        let names: Vec<&str> = cli.get_subcommands().map(|c| c.get_name()).collect();
+        for wanted in [
+            "serve", "review", "crds", "status", "explain", "release", "check",
+        ] {
+            assert!(names.contains(&wanted), "{wanted} missing from {names:?}");
+        }
     }
 }

@@ -2,11 +2,13 @@
 
 use std::net::IpAddr;
 
-use crate::admission::{Incoming, MetadataPatch, Operation, Response, ReviewError};
+use crate::admission::{Incoming, MetadataPatch, Operation, OwnerRef, Response, ReviewError};
 use crate::allocator::{AllocError, AllocationRequest, Reason};
 use crate::annotations::{ALLOCATED_IP_LABEL, STATUS, STATUS_MUTATED, static_ips};
+use crate::events::{Assigned, Refused};
 use crate::ipset::{IpSet, ip_from_label_value, ip_label_value};
-use crate::metrics::{AllocationOutcome, AppLabels};
+use crate::ledger::PodRef;
+use crate::metrics::AllocationOutcome;
 use crate::webhook::{Candidates, PodView, Webhook};
 
 pub async fn mutate(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Response, ReviewError> {
@@ -44,14 +46,24 @@ async fn create(
     };
     let candidates = match webhook.candidates(&view) {
         Ok(candidates) => candidates,
-        Err(message) => return Ok(refuse(webhook, response, message)),
+        Err(message) => {
+            return Ok(refuse(
+                &refusal(webhook, incoming, &view),
+                response,
+                message,
+            ));
+        }
     };
     if candidates.is_none() && statics.is_empty() {
         return Ok(response);
     }
     if candidates.is_some() && view.app.is_none() {
         let message = no_app_label(&view, &webhook.settings.app_label);
-        return Ok(refuse(webhook, response, message));
+        return Ok(refuse(
+            &refusal(webhook, incoming, &view),
+            response,
+            message,
+        ));
     }
     let empty = Candidates {
         set: Default::default(),
@@ -59,6 +71,8 @@ async fn create(
     };
     let chosen = candidates.as_ref().unwrap_or(&empty);
     let scope = view.scope(chosen);
+    let app_key = format!("{}/{}", view.namespace, view.app.unwrap_or(""));
+    tracing::Span::current().record("app", app_key.as_str());
     let static_set = IpSet::from_ips(statics.iter().flat_map(|(_, ips)| ips.iter().copied()));
     let checked = if statics.is_empty() {
         &chosen.set
@@ -67,7 +81,11 @@ async fn create(
     };
     // warnings are /validate's to give; here only a hard "no" matters
     if let Err(message) = webhook.cni_check(checked, &scope) {
-        return Ok(refuse(webhook, response, message));
+        return Ok(refuse(
+            &refusal(webhook, incoming, &view),
+            response,
+            message,
+        ));
     }
     let request = AllocationRequest {
         scope: &scope,
@@ -91,7 +109,7 @@ async fn create(
             && let Some(outside) = ips.iter().find(|ip| !candidates.set.contains(ip))
         {
             return Ok(refuse(
-                webhook,
+                &refusal(webhook, incoming, &view),
                 response,
                 outside_list(&view, outside, &scope),
             ));
@@ -101,9 +119,18 @@ async fn create(
                 webhook
                     .metrics
                     .allocation(AllocationOutcome::static_recorded);
+                tracing::Span::current().record("ip", tracing::field::display(IpList(&ips)));
+                webhook.events.assigned(&Assigned {
+                    request_uid: incoming.uid(),
+                    pod: &request.pod,
+                    app: &app_key,
+                    ips: &ips,
+                    reasons: &[],
+                    dry_run: request.dry_run,
+                });
                 response
             }
-            Err(error) => alloc_failure(webhook, response, error),
+            Err(error) => alloc_failure(&refusal(webhook, incoming, &view), response, error),
         });
     }
 
@@ -117,13 +144,30 @@ async fn create(
                 AllocationOutcome::allocated
             };
             webhook.metrics.allocation(outcome);
-            if !request.dry_run {
-                record_app_gauges(webhook, &view, chosen);
-            }
-            tracing::debug!(uid = incoming.uid(), pod = %view.display(), ips = ?allocation.ips, reasons = ?allocation.reasons, "allocated");
+            tracing::Span::current().record("ip", tracing::field::display(IpList(&allocation.ips)));
+            tracing::debug!(pod = %view.display(), reasons = ?allocation.reasons, "allocated");
+            webhook.events.assigned(&Assigned {
+                request_uid: incoming.uid(),
+                pod: &request.pod,
+                app: &app_key,
+                ips: &allocation.ips,
+                reasons: &allocation.reasons,
+                dry_run: request.dry_run,
+            });
             Ok(response.with_patch(patch_for(webhook, meta, &allocation.ips)))
         }
-        Err(error) => Ok(alloc_failure(webhook, response, error)),
+        Err(error) => {
+            if matches!(error, AllocError::Exhausted(_)) {
+                webhook
+                    .metrics
+                    .exhausted(&view.namespace, view.app.unwrap_or(""), request.pool);
+            }
+            Ok(alloc_failure(
+                &refusal(webhook, incoming, &view),
+                response,
+                error,
+            ))
+        }
     }
 }
 
@@ -148,32 +192,58 @@ pub fn patch_for(webhook: &Webhook, meta: &crate::admission::Meta, ips: &[IpAddr
     patch.to_json()
 }
 
-fn record_app_gauges(webhook: &Webhook, view: &PodView<'_>, candidates: &Candidates) {
-    let app = view.app.unwrap_or("").to_string();
-    let held = webhook.allocator.held_by_app(&view.namespace, &app);
-    let total = u64::try_from(candidates.set.len()).unwrap_or(u64::MAX);
-    let labels = AppLabels {
-        namespace: view.namespace.clone(),
-        app,
-    };
-    webhook
-        .metrics
-        .app_held
-        .get_or_create(&labels)
-        .set(held as i64);
-    webhook
-        .metrics
-        .app_free
-        .get_or_create(&labels)
-        .set(total.saturating_sub(held).min(i64::MAX as u64) as i64);
+/// What a refusal is reported with (besides its message and outcome).
+struct RefusalContext<'a> {
+    webhook: &'a Webhook,
+    request_uid: &'a str,
+    pod: PodRef,
+    app: String,
+    owners: &'a [OwnerRef],
+    dry_run: bool,
 }
 
-fn refuse(webhook: &Webhook, response: Response, message: String) -> Response {
-    webhook.metrics.allocation(AllocationOutcome::refused);
+fn refusal<'a>(
+    webhook: &'a Webhook,
+    incoming: &'a Incoming<'_>,
+    view: &'a PodView<'_>,
+) -> RefusalContext<'a> {
+    RefusalContext {
+        webhook,
+        request_uid: incoming.uid(),
+        pod: view.pod_ref(),
+        app: view
+            .app
+            .map(|app| format!("{}/{app}", view.namespace))
+            .unwrap_or_default(),
+        owners: view.meta.owner_references.as_deref().unwrap_or(&[]),
+        dry_run: incoming.dry_run(),
+    }
+}
+
+fn deny(
+    context: &RefusalContext<'_>,
+    response: Response,
+    outcome: AllocationOutcome,
+    message: String,
+) -> Response {
+    context.webhook.metrics.allocation(outcome.clone());
+    context.webhook.events.refused(&Refused {
+        request_uid: context.request_uid,
+        pod: &context.pod,
+        app: &context.app,
+        owners: context.owners,
+        outcome,
+        message: &message,
+        dry_run: context.dry_run,
+    });
     response.deny(message)
 }
 
-fn alloc_failure(webhook: &Webhook, response: Response, error: AllocError) -> Response {
+fn refuse(context: &RefusalContext<'_>, response: Response, message: String) -> Response {
+    deny(context, response, AllocationOutcome::refused, message)
+}
+
+fn alloc_failure(context: &RefusalContext<'_>, response: Response, error: AllocError) -> Response {
     let (outcome, message) = match error {
         AllocError::Exhausted(message) => (AllocationOutcome::exhausted, message),
         AllocError::Conflict(message) => (AllocationOutcome::conflict, message),
@@ -184,8 +254,22 @@ fn alloc_failure(webhook: &Webhook, response: Response, error: AllocError) -> Re
             ),
         ),
     };
-    webhook.metrics.allocation(outcome);
-    response.deny(message)
+    deny(context, response, outcome, message)
+}
+
+/// IPs as `10.0.0.1,fd00::1`, formatted only when a log line is written.
+struct IpList<'a>(&'a [IpAddr]);
+
+impl std::fmt::Display for IpList<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, ip) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{ip}")?;
+        }
+        Ok(())
+    }
 }
 
 pub fn no_app_label(view: &PodView<'_>, app_label: &str) -> String {

@@ -71,6 +71,12 @@ pub fn certified_key(
     })
 }
 
+/// notAfter of a DER certificate, unix seconds.
+pub fn not_after(der: &[u8]) -> Option<i64> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    Some(cert.validity().not_after.timestamp())
+}
+
 /// Serves whichever certificate was stored last; each handshake costs one atomic load.
 pub struct CertResolver {
     current: ArcSwap<CertifiedKey>,
@@ -208,6 +214,9 @@ pub fn spawn_reloader(
             let loaded = tokio::task::spawn_blocking(move || files.load()).await;
             match loaded {
                 Ok(Ok((key, print))) if print != last => {
+                    if let Some(leaf) = key.cert.first() {
+                        metrics.served_certificate(leaf);
+                    }
                     resolver.store(key);
                     last = print;
                     metrics

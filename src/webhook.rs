@@ -5,11 +5,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
+use tracing::Instrument;
 
 use crate::admission::{self, Incoming, Meta, ReviewError};
 use crate::allocator::Allocator;
 use crate::annotations::{ALLOCATABLE_IPS, Cni, IP_POOL};
 use crate::cni_pools::NetworkRegistry;
+use crate::events::{EventSink, NoEvents};
 use crate::ipset::{IpSet, SpecCache};
 use crate::ledger::PodRef;
 use crate::metrics::{Endpoint, Metrics, Outcome, RequestLabels, WebhookLabels};
@@ -43,12 +45,14 @@ impl Default for Settings {
 pub struct Webhook {
     pub settings: Settings,
     pub allocator: Arc<Allocator>,
-    pub pools: ArcSwap<PoolCatalog>,
+    pub pools: Arc<ArcSwap<PoolCatalog>>,
     pub metrics: Arc<Metrics>,
     pub workloads: WorkloadRegistry,
     pub networks: NetworkRegistry,
     /// Parsed `allocatable-ips` lists, so an app's pods do not re-parse the same list.
     specs: SpecCache,
+    /// Told about every Pod CREATE decision (Kubernetes Events in-cluster; `explain`).
+    pub events: Arc<dyn EventSink>,
 }
 
 impl Webhook {
@@ -58,15 +62,24 @@ impl Webhook {
         pools: PoolCatalog,
         metrics: Arc<Metrics>,
     ) -> Webhook {
+        let pools = Arc::new(ArcSwap::from_pointee(pools));
+        metrics.watch_capacity(allocator.clone(), pools.clone());
         Webhook {
             settings,
             allocator,
-            pools: ArcSwap::from_pointee(pools),
+            pools,
             metrics,
             workloads: WorkloadRegistry::default(),
             networks: NetworkRegistry::default(),
             specs: SpecCache::default(),
+            events: Arc::new(NoEvents),
         }
+    }
+
+    /// Send Pod CREATE outcomes to `events` instead of nowhere.
+    pub fn with_events(mut self, events: Arc<dyn EventSink>) -> Webhook {
+        self.events = events;
+        self
     }
 
     /// Answer one AdmissionReview body. `Err` means the body was not a usable review (HTTP 400).
@@ -77,7 +90,7 @@ impl Webhook {
         };
         let in_flight = self.metrics.in_flight.get_or_create_owned(&labels);
         in_flight.inc();
-        let result = self.decide(endpoint.clone(), body).await;
+        let result = self.decide(endpoint.clone(), body, started).await;
         in_flight.dec();
         let outcome = match &result {
             Ok(response) if response.allowed => Outcome::allowed,
@@ -102,23 +115,48 @@ impl Webhook {
         &self,
         endpoint: Endpoint,
         body: &[u8],
+        started: Instant,
     ) -> Result<admission::Response, ReviewError> {
-        let incoming = admission::decode(body)?;
-        let response = match endpoint {
-            Endpoint::mutate => mutate::mutate(self, &incoming).await?,
-            Endpoint::validate => validate::validate(self, &incoming).await?,
+        let incoming = match admission::decode(body) {
+            Ok(incoming) => incoming,
+            Err(error) => {
+                tracing::info!(webhook = ?endpoint, outcome = "bad_request", %error, latency_us = started.elapsed().as_micros() as u64, "admission decision");
+                return Err(error);
+            }
         };
-        if tracing::enabled!(tracing::Level::DEBUG) || !response.allowed {
+        // mutate fills `app` and `ip` in once it knows them (a no-op when INFO is off).
+        let span = tracing::info_span!(
+            "admission",
+            uid = incoming.uid(),
+            namespace = incoming.namespace(),
+            app = tracing::field::Empty,
+            ip = tracing::field::Empty,
+        );
+        let response = match endpoint {
+            Endpoint::mutate => {
+                mutate::mutate(self, &incoming)
+                    .instrument(span.clone())
+                    .await?
+            }
+            Endpoint::validate => {
+                validate::validate(self, &incoming)
+                    .instrument(span.clone())
+                    .await?
+            }
+        };
+        span.in_scope(|| {
             tracing::info!(
-                uid = incoming.uid(),
-                namespace = incoming.namespace(),
+                webhook = ?endpoint,
                 operation = ?incoming.request.operation,
                 kind = %incoming.request.kind.kind,
-                allowed = response.allowed,
-                message = response.message.as_deref().unwrap_or(""),
+                name = incoming.request.name.as_deref().unwrap_or(""),
+                outcome = if response.allowed { "allowed" } else { "denied" },
+                dry_run = incoming.dry_run(),
+                latency_us = started.elapsed().as_micros() as u64,
+                reason = response.message.as_deref().unwrap_or(""),
                 "admission decision"
-            );
-        }
+            )
+        });
         Ok(response)
     }
 

@@ -73,6 +73,7 @@ fn claim(ip: &str) -> Claim {
         source: Source::Allocated,
         created_at: 1,
         updated_at: 1,
+        list_size: None,
     }
 }
 

@@ -130,6 +130,7 @@ fn claim(ip: &str, pod: &str, request: &str) -> Claim {
         source: Source::Allocated,
         created_at: unix_now(),
         updated_at: unix_now(),
+        list_size: None,
     }
 }
 

@@ -389,6 +389,7 @@ impl Executor {
             source: Source::Static,
             created_at: unix_now(),
             updated_at: unix_now(),
+            list_size: None,
         };
         let mut resource = to_resource(&claim);
         resource.spec.sticky = pod.stateful;
@@ -477,6 +478,7 @@ mod tests {
             source: Source::Allocated,
             created_at: at,
             updated_at: at,
+            list_size: None,
         });
         resource.metadata.creation_timestamp =
             Some(Time(Timestamp::from_second(at as i64).unwrap()));

@@ -285,6 +285,7 @@ mod tests {
             source: Source::Allocated,
             created_at: 1,
             updated_at: 1,
+            list_size: None,
         }
     }
 

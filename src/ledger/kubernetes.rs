@@ -177,6 +177,7 @@ pub fn from_resource(resource: &IPClaim) -> Result<Claim, LedgerError> {
         },
         created_at: reserved_at,
         updated_at,
+        list_size: None,
     })
 }
 
@@ -411,6 +412,7 @@ mod tests {
             source: Source::Static,
             created_at: 1_700_000_000,
             updated_at: 1_700_000_000,
+            list_size: None,
         };
         let mut resource = to_resource(&claim);
         assert_eq!(
@@ -444,6 +446,7 @@ mod tests {
             source: Source::Allocated,
             created_at: 0,
             updated_at: 0,
+            list_size: None,
         });
         resource.spec.ip = "10.0.0.6".into();
         let error = from_resource(&resource).unwrap_err().to_string();

@@ -13,11 +13,13 @@ pub mod embedded;
 pub mod etcd;
 pub mod kubernetes;
 pub mod memory;
+pub mod timed;
 
 pub use embedded::EmbeddedLedger;
 pub use etcd::{EtcdLedger, EtcdOptions};
 pub use kubernetes::KubeLedger;
 pub use memory::MemoryLedger;
+pub use timed::TimedLedger;
 
 /// Lifecycle of a claim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Hash)]
@@ -93,6 +95,11 @@ pub struct Claim {
     /// Unix seconds.
     pub created_at: u64,
     pub updated_at: u64,
+    /// How many IPs the app's list (or the pool) had when this claim was made, all families
+    /// counted (saturating): what `status` reports as the app's size. Absent in records
+    /// written before it existed and for static IPs outside any list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub list_size: Option<u64>,
 }
 
 impl Claim {

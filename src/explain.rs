@@ -1,0 +1,552 @@
+//! `explain`: which IP each replica of a Pod, Deployment or StatefulSet would get, and why —
+//! or why it would be refused. Every replica's Pod CREATE goes through the same
+//! [`Webhook::review`] as `/mutate`, over a copy of the ledger in memory, so replica N sees
+//! replicas 0..N-1 holding their IPs and nothing is recorded for real.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::allocator::{Allocator, Reason};
+use crate::events::{Assigned, EventSink, Refused};
+use crate::ledger::{Claim, CreateOutcome, Ledger, LedgerError, MemoryLedger};
+use crate::metrics::{Endpoint, Metrics};
+use crate::pools::PoolCatalog;
+use crate::webhook::{Settings, Webhook};
+use crate::workloads;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ExplainError {
+    #[error("document {index}: {reason}")]
+    Document { index: usize, reason: String },
+    #[error("the input holds no objects")]
+    Empty,
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    #[error("the webhook answered HTTP 400 for {what}: {reason}")]
+    Review { what: String, reason: String },
+}
+
+/// What one replica would get.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicaOutcome {
+    pub replica: u64,
+    /// `namespace/name`, or `namespace/generateName*`.
+    pub pod: String,
+    pub allowed: bool,
+    pub ips: Vec<IpAddr>,
+    /// Why each IP was chosen, in the order of `ips`.
+    pub why: Vec<String>,
+    /// The replica's pod exists already and holds `ips` (nothing was run for it).
+    pub existing: bool,
+    /// The denial message when refused.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
+}
+
+/// One object of the input.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectOutcome {
+    /// `Deployment prod/web`.
+    pub object: String,
+    /// Warnings (and a denial) from the workload check `/validate` runs when the object is written.
+    pub warnings: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub denied: Option<String>,
+    pub replicas: Vec<ReplicaOutcome>,
+}
+
+/// The IPs one admission assigned, and why each.
+type Choice = (Vec<IpAddr>, Vec<Reason>);
+
+/// Records what each admission assigned, by request uid.
+#[derive(Default)]
+pub struct Recorder {
+    assigned: Mutex<HashMap<String, Choice>>,
+}
+
+impl EventSink for Recorder {
+    fn assigned(&self, assigned: &Assigned<'_>) {
+        self.assigned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(
+                assigned.request_uid.to_string(),
+                (assigned.ips.to_vec(), assigned.reasons.to_vec()),
+            );
+    }
+
+    fn refused(&self, _refused: &Refused<'_>) {}
+}
+
+/// Why, in words.
+pub fn reason_text(reason: Option<&Reason>, ordinal: Option<u64>) -> String {
+    match reason {
+        Some(Reason::StatefulSetOrdinal) => format!(
+            "StatefulSet ordinal {}: entry {} of the list (ascending)",
+            ordinal.unwrap_or(0),
+            ordinal.unwrap_or(0)
+        ),
+        Some(Reason::PreviousHolder) => "this pod name held it last".into(),
+        Some(Reason::LowestFree) => "lowest free IP of the list".into(),
+        Some(Reason::SameRequest) => "same admission request as an earlier answer".into(),
+        None => "static IP written on the pod; recorded".into(),
+    }
+}
+
+/// A webhook deciding over an in-memory copy of `claims` (held and released, so name history
+/// counts), with the same settings and pools as the real one.
+pub async fn sandbox(
+    claims: Vec<Claim>,
+    settings: Settings,
+    pools: PoolCatalog,
+) -> Result<(Webhook, Arc<Recorder>), ExplainError> {
+    let memory = MemoryLedger::new();
+    for claim in claims {
+        if let CreateOutcome::AlreadyHeld(_) = memory.create(&claim).await? {
+            tracing::warn!(ip = %claim.ip, "two held records for one IP in the ledger; explain keeps the first");
+        }
+    }
+    let allocator = Arc::new(Allocator::new(Arc::new(memory)).await?);
+    let recorder = Arc::new(Recorder::default());
+    let webhook = Webhook::new(settings, allocator, pools, Arc::new(Metrics::new()))
+        .with_events(recorder.clone());
+    Ok((webhook, recorder))
+}
+
+#[derive(Debug, Deserialize, Default)]
+struct Object {
+    #[serde(default, rename = "apiVersion")]
+    api_version: String,
+    #[serde(default)]
+    kind: String,
+    #[serde(default)]
+    metadata: Value,
+    #[serde(default)]
+    spec: Value,
+}
+
+/// Split YAML or JSON text (multi-document, `List` objects) into objects.
+pub fn parse_objects(text: &str) -> Result<Vec<Value>, ExplainError> {
+    let mut objects = Vec::new();
+    for (index, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
+        let value = Value::deserialize(document).map_err(|e| ExplainError::Document {
+            index,
+            reason: e.to_string(),
+        })?;
+        match value {
+            Value::Null => {}
+            Value::Object(ref map) if map.get("kind").and_then(Value::as_str) == Some("List") => {
+                objects.extend(
+                    map.get("items")
+                        .and_then(Value::as_array)
+                        .cloned()
+                        .unwrap_or_default(),
+                );
+            }
+            other => objects.push(other),
+        }
+    }
+    if objects.is_empty() {
+        return Err(ExplainError::Empty);
+    }
+    Ok(objects)
+}
+
+fn review(
+    uid: &str,
+    kind: (&str, &str, &str),
+    namespace: &str,
+    name: Option<&str>,
+    object: &Value,
+) -> Vec<u8> {
+    let (group, version, kind) = kind;
+    let mut request = json!({
+        "uid": uid,
+        "kind": {"group": group, "version": version, "kind": kind},
+        "namespace": namespace,
+        "operation": "CREATE",
+        "object": object,
+        "dryRun": false,
+    });
+    if let Some(name) = name {
+        request["name"] = json!(name);
+    }
+    serde_json::to_vec(&json!({
+        "apiVersion": crate::admission::V1,
+        "kind": "AdmissionReview",
+        "request": request,
+    }))
+    .expect("a JSON value serializes")
+}
+
+fn answer(bytes: &[u8]) -> Value {
+    serde_json::from_slice::<Value>(bytes).unwrap_or_default()["response"].take()
+}
+
+fn strings(value: &Value) -> Vec<String> {
+    value
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|w| w.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Explain every object, in order, on one sandbox: later objects see earlier ones' IPs.
+/// `replicas` overrides the replica count of workloads (a DaemonSet's is the node count).
+pub async fn explain(
+    webhook: &Webhook,
+    recorder: &Recorder,
+    objects: &[Value],
+    default_namespace: &str,
+    replicas: Option<u64>,
+) -> Result<Vec<ObjectOutcome>, ExplainError> {
+    let mut outcomes = Vec::new();
+    for (index, value) in objects.iter().enumerate() {
+        let object: Object =
+            serde_json::from_value(value.clone()).map_err(|e| ExplainError::Document {
+                index,
+                reason: e.to_string(),
+            })?;
+        let meta = &object.metadata;
+        let name = meta["name"].as_str().unwrap_or("").to_string();
+        let namespace = meta["namespace"]
+            .as_str()
+            .filter(|n| !n.is_empty())
+            .unwrap_or(default_namespace)
+            .to_string();
+        let group = object
+            .api_version
+            .rsplit_once('/')
+            .map(|(g, _)| g)
+            .unwrap_or("");
+        let version = object.api_version.rsplit('/').next().unwrap_or("v1");
+        let label = format!(
+            "{} {namespace}/{}",
+            object.kind,
+            if name.is_empty() {
+                meta["generateName"]
+                    .as_str()
+                    .map(|g| format!("{g}*"))
+                    .unwrap_or_default()
+            } else {
+                name.clone()
+            }
+        );
+        let mut outcome = ObjectOutcome {
+            object: label.clone(),
+            warnings: Vec::new(),
+            denied: None,
+            replicas: Vec::new(),
+        };
+        let (template, count, pods): (Value, u64, PodNaming) = match (group, object.kind.as_str()) {
+            ("", "Pod") => (value.clone(), 1, PodNaming::AsIs),
+            (group, kind) if workloads::is_workload(group, kind) => {
+                let body = review(
+                    &format!("explain-{index}"),
+                    (group, version, kind),
+                    &namespace,
+                    Some(&name),
+                    value,
+                );
+                let response = webhook
+                    .review(Endpoint::validate, &body)
+                    .await
+                    .map_err(|e| ExplainError::Review {
+                        what: label.clone(),
+                        reason: e.to_string(),
+                    })?;
+                let response = answer(&response);
+                outcome.warnings = strings(&response["warnings"]);
+                if response["allowed"] == json!(false) {
+                    outcome.denied = response["status"]["message"].as_str().map(str::to_string);
+                }
+                let spec = &object.spec;
+                let (template, default_count) = match kind {
+                    "CronJob" => (
+                        spec["jobTemplate"]["spec"]["template"].clone(),
+                        spec["jobTemplate"]["spec"]["parallelism"]
+                            .as_u64()
+                            .unwrap_or(1),
+                    ),
+                    "Job" => (
+                        spec["template"].clone(),
+                        spec["parallelism"].as_u64().unwrap_or(1),
+                    ),
+                    _ => (
+                        spec["template"].clone(),
+                        spec["replicas"].as_u64().unwrap_or(1),
+                    ),
+                };
+                let naming = match kind {
+                    "StatefulSet" => PodNaming::Ordinal {
+                        owner: name.clone(),
+                    },
+                    _ => PodNaming::Generated {
+                        owner_kind: match kind {
+                            "Deployment" => "ReplicaSet".to_string(),
+                            "CronJob" => "Job".to_string(),
+                            other => other.to_string(),
+                        },
+                        owner: name.clone(),
+                    },
+                };
+                (template, replicas.unwrap_or(default_count), naming)
+            }
+            (_, kind) => {
+                return Err(ExplainError::Document {
+                    index,
+                    reason: format!(
+                        "{kind:?} ({}) is not a Pod or a workload (Deployment, StatefulSet, ReplicaSet, DaemonSet, Job, CronJob)",
+                        object.api_version
+                    ),
+                });
+            }
+        };
+        let existing = existing_pods(webhook, &pods, &template, &namespace);
+        for replica in 0..count {
+            if let Some(claims) = pods.existing(&existing, replica) {
+                let first = &claims[0];
+                outcome.replicas.push(ReplicaOutcome {
+                    replica,
+                    pod: first.pod.display(),
+                    allowed: true,
+                    ips: claims.iter().map(|c| c.ip).collect(),
+                    why: claims
+                        .iter()
+                        .map(|c| {
+                            format!(
+                                "already holds it ({:?} since {})",
+                                c.phase,
+                                crate::status::rfc3339(c.created_at)
+                            )
+                        })
+                        .collect(),
+                    existing: true,
+                    refused: None,
+                });
+                continue;
+            }
+            let pod = pods.pod(&template, replica, &namespace);
+            let uid = format!("explain-{index}-{replica}");
+            let pod_name = pod["metadata"]["name"].as_str().map(str::to_string);
+            let body = review(
+                &uid,
+                ("", "v1", "Pod"),
+                &namespace,
+                pod_name.as_deref(),
+                &pod,
+            );
+            let response = webhook.review(Endpoint::mutate, &body).await.map_err(|e| {
+                ExplainError::Review {
+                    what: format!("{label} replica {replica}"),
+                    reason: e.to_string(),
+                }
+            })?;
+            let response = answer(&response);
+            let display = match &pod_name {
+                Some(name) if !name.is_empty() => format!("{namespace}/{name}"),
+                _ => format!(
+                    "{namespace}/{}*",
+                    pod["metadata"]["generateName"].as_str().unwrap_or("")
+                ),
+            };
+            let allowed = response["allowed"] == json!(true);
+            let (ips, reasons) = recorder
+                .assigned
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&uid)
+                .unwrap_or_default();
+            let ordinal = matches!(pods, PodNaming::Ordinal { .. }).then_some(replica);
+            let why = if ips.is_empty() && allowed {
+                vec!["asks for no fixed IP (no ip-webhook.io/allocatable-ips or ip-webhook.io/ip-pool), or is already mutated".to_string()]
+            } else {
+                (0..ips.len())
+                    .map(|i| reason_text(reasons.get(i), ordinal))
+                    .collect()
+            };
+            outcome.replicas.push(ReplicaOutcome {
+                replica,
+                pod: display,
+                allowed,
+                ips,
+                why,
+                existing: false,
+                refused: (!allowed).then(|| {
+                    response["status"]["message"]
+                        .as_str()
+                        .unwrap_or("")
+                        .to_string()
+                }),
+            });
+        }
+        outcomes.push(outcome);
+    }
+    Ok(outcomes)
+}
+
+/// The held claims of the object's pods that exist already, one entry per pod (its IPs): for
+/// a StatefulSet by ordinal name, for a Pod by its name, for other workloads every pod whose
+/// name starts with `owner-`, in IP order.
+fn existing_pods(
+    webhook: &Webhook,
+    naming: &PodNaming,
+    template: &Value,
+    namespace: &str,
+) -> Vec<(String, Vec<Claim>)> {
+    let app = template["metadata"]["labels"][webhook.settings.app_label.as_str()]
+        .as_str()
+        .unwrap_or("");
+    let (exact, prefix): (Option<&str>, Option<String>) = match naming {
+        PodNaming::AsIs => (template["metadata"]["name"].as_str(), None),
+        PodNaming::Ordinal { owner } => (None, Some(format!("{owner}-"))),
+        PodNaming::Generated { owner, .. } => (None, Some(format!("{owner}-"))),
+    };
+    let mut pods: Vec<(String, Vec<Claim>)> = Vec::new();
+    for claim in webhook.allocator.claims() {
+        let pod = &claim.pod;
+        let name = if pod.name.is_empty() {
+            &pod.generate_name
+        } else {
+            &pod.name
+        };
+        let belongs = pod.namespace == namespace
+            && claim.app == app
+            && match (exact, &prefix) {
+                (Some(exact), _) => !exact.is_empty() && pod.name == exact,
+                (None, Some(prefix)) => name.starts_with(prefix.as_str()),
+                (None, None) => false,
+            };
+        if !belongs {
+            continue;
+        }
+        let key = if pod.name.is_empty() {
+            claim.request_uid.clone()
+        } else {
+            pod.name.clone()
+        };
+        match pods.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, claims)) => claims.push(claim),
+            None => pods.push((key, vec![claim])),
+        }
+    }
+    pods
+}
+
+/// How a workload's pods are named.
+enum PodNaming {
+    AsIs,
+    /// `owner-N`, owned by the StatefulSet.
+    Ordinal {
+        owner: String,
+    },
+    /// `generateName: owner-`.
+    Generated {
+        owner_kind: String,
+        owner: String,
+    },
+}
+
+impl PodNaming {
+    /// The claims of replica `replica` if its pod exists already.
+    fn existing<'e>(&self, pods: &'e [(String, Vec<Claim>)], replica: u64) -> Option<&'e [Claim]> {
+        let found = match self {
+            PodNaming::Ordinal { owner } => {
+                let name = format!("{owner}-{replica}");
+                pods.iter().find(|(key, _)| *key == name)
+            }
+            PodNaming::AsIs => pods.first(),
+            PodNaming::Generated { .. } => pods.get(usize::try_from(replica).ok()?),
+        };
+        found.map(|(_, claims)| claims.as_slice())
+    }
+
+    fn pod(&self, template: &Value, replica: u64, namespace: &str) -> Value {
+        let mut pod = json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": template.get("metadata").cloned().unwrap_or_else(|| json!({})),
+            "spec": template.get("spec").cloned().unwrap_or_else(|| json!({})),
+        });
+        if !pod["metadata"].is_object() {
+            pod["metadata"] = json!({});
+        }
+        let meta = &mut pod["metadata"];
+        meta["namespace"] = json!(namespace);
+        match self {
+            PodNaming::AsIs => {
+                if let Some(object) = template.get("metadata") {
+                    pod["metadata"] = object.clone();
+                    pod["metadata"]["namespace"] = json!(namespace);
+                }
+            }
+            PodNaming::Ordinal { owner } => {
+                meta["name"] = json!(format!("{owner}-{replica}"));
+                meta["ownerReferences"] = json!([{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": owner, "controller": true}]);
+            }
+            PodNaming::Generated { owner_kind, owner } => {
+                meta["generateName"] = json!(format!("{owner}-"));
+                meta["ownerReferences"] =
+                    json!([{"kind": owner_kind, "name": owner, "controller": true}]);
+            }
+        }
+        pod
+    }
+}
+
+/// Text for people: one block per object.
+pub fn to_text(outcomes: &[ObjectOutcome]) -> String {
+    let mut out = String::new();
+    for (i, outcome) in outcomes.iter().enumerate() {
+        if i > 0 {
+            out.push('\n');
+        }
+        out.push_str(&outcome.object);
+        out.push('\n');
+        if let Some(denied) = &outcome.denied {
+            out.push_str(&format!("  DENIED when written: {denied}\n"));
+        }
+        for warning in &outcome.warnings {
+            out.push_str(&format!("  warning: {warning}\n"));
+        }
+        let rows: Vec<Vec<String>> = outcome
+            .replicas
+            .iter()
+            .map(|r| {
+                let ips = if r.allowed {
+                    if r.ips.is_empty() {
+                        "-".to_string()
+                    } else {
+                        r.ips
+                            .iter()
+                            .map(IpAddr::to_string)
+                            .collect::<Vec<_>>()
+                            .join(",")
+                    }
+                } else {
+                    "REFUSED".to_string()
+                };
+                let why = match &r.refused {
+                    Some(message) => message.clone(),
+                    None => r.why.join("; "),
+                };
+                vec![format!("#{}", r.replica), r.pod.clone(), ips, why]
+            })
+            .collect();
+        for line in crate::status::table(&["REPLICA", "POD", "IP", "WHY"], &rows).lines() {
+            out.push_str("  ");
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}

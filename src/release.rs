@@ -1,0 +1,217 @@
+//! `release`: free a leaked claim, safely. A claim whose pod still runs is never freed unless
+//! forced; when the pods cannot be listed (off-cluster) it must be forced too, and says so.
+
+use std::net::IpAddr;
+
+use async_trait::async_trait;
+
+use crate::ledger::{Claim, Ledger, LedgerError, PodRef};
+
+/// Whether the pod of a claim still exists.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PodState {
+    Live,
+    Gone,
+    /// The pods cannot be listed from here; why.
+    Unknown(String),
+}
+
+/// Looks pods up (in-cluster: a GET of the pod, compared by UID).
+#[async_trait]
+pub trait PodLookup: Send + Sync {
+    async fn state(&self, pod: &PodRef) -> PodState;
+}
+
+/// Off-cluster: nothing to ask.
+pub struct NoPodList(pub String);
+
+#[async_trait]
+impl PodLookup for NoPodList {
+    async fn state(&self, _pod: &PodRef) -> PodState {
+        PodState::Unknown(self.0.clone())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Freed; `forced` when the pod was live or could not be checked.
+    Released { claim: Box<Claim>, forced: bool },
+    /// No held claim on the IP.
+    NotHeld,
+    /// The pod still runs; not freed.
+    PodLive(Box<Claim>),
+    /// The pod could not be checked; not freed.
+    Unchecked { claim: Box<Claim>, why: String },
+    /// The claim changed while we looked (another admission or the reconciler); not freed.
+    Changed(Box<Claim>),
+}
+
+impl Outcome {
+    /// What happened, for people.
+    pub fn message(&self, ip: &IpAddr) -> String {
+        let about = |c: &Claim| {
+            let app = if c.app.is_empty() {
+                String::new()
+            } else {
+                format!(" of app {}", c.app_key())
+            };
+            format!(
+                "{ip} ({:?}, held by pod {}{app} since {})",
+                c.phase,
+                c.pod.display(),
+                crate::status::rfc3339(c.created_at)
+            )
+        };
+        match self {
+            Outcome::Released { claim, forced } => format!(
+                "released {}{}; it can be allocated again",
+                about(claim),
+                if *forced { " (forced)" } else { "" }
+            ),
+            Outcome::NotHeld => format!("nothing to release: no claim holds {ip}"),
+            Outcome::PodLive(claim) => format!(
+                "refused: pod {} still exists and holds {}; delete the pod instead, or pass --force to free the IP under it (it could then be given twice)",
+                claim.pod.display(),
+                about(claim)
+            ),
+            Outcome::Unchecked { claim, why } => format!(
+                "refused: cannot tell whether pod {} still runs ({why}); if you know it is gone, rerun with --force to release {}",
+                claim.pod.display(),
+                about(claim)
+            ),
+            Outcome::Changed(claim) => format!(
+                "not released: the claim on {} changed while releasing it; look again with `ip-webhook status`",
+                about(claim)
+            ),
+        }
+    }
+
+    pub fn released(&self) -> bool {
+        matches!(self, Outcome::Released { .. })
+    }
+}
+
+/// Release the held claim on `ip`, if its pod is gone (or `force`).
+pub async fn release(
+    ledger: &dyn Ledger,
+    pods: &dyn PodLookup,
+    ip: IpAddr,
+    force: bool,
+) -> Result<Outcome, LedgerError> {
+    let Some(claim) = ledger
+        .load()
+        .await?
+        .into_iter()
+        .find(|c| c.ip == ip && c.is_held())
+    else {
+        return Ok(Outcome::NotHeld);
+    };
+    let forced = match pods.state(&claim.pod).await {
+        PodState::Gone => false,
+        PodState::Live if force => true,
+        PodState::Live => return Ok(Outcome::PodLive(Box::new(claim))),
+        PodState::Unknown(_) if force => true,
+        PodState::Unknown(why) => {
+            return Ok(Outcome::Unchecked {
+                claim: Box::new(claim),
+                why,
+            });
+        }
+    };
+    if ledger.release(&claim).await? {
+        Ok(Outcome::Released {
+            claim: Box::new(claim),
+            forced,
+        })
+    } else {
+        Ok(Outcome::Changed(Box::new(claim)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::{CreateOutcome, MemoryLedger, Phase, Source};
+
+    struct Fixed(PodState);
+
+    #[async_trait]
+    impl PodLookup for Fixed {
+        async fn state(&self, _pod: &PodRef) -> PodState {
+            self.0.clone()
+        }
+    }
+
+    async fn ledger_with(ip: &str) -> MemoryLedger {
+        let ledger = MemoryLedger::new();
+        let claim = Claim {
+            ip: ip.parse().unwrap(),
+            app: "web".into(),
+            pool: None,
+            pod: PodRef {
+                namespace: "default".into(),
+                name: "web-0".into(),
+                ..Default::default()
+            },
+            request_uid: "r".into(),
+            phase: Phase::Bound,
+            source: Source::Allocated,
+            created_at: 0,
+            updated_at: 0,
+            list_size: Some(2),
+        };
+        assert_eq!(ledger.create(&claim).await.unwrap(), CreateOutcome::Created);
+        ledger
+    }
+
+    fn held(ledger_claims: &[Claim]) -> usize {
+        ledger_claims.iter().filter(|c| c.is_held()).count()
+    }
+
+    #[tokio::test]
+    async fn a_live_or_unknown_pod_needs_force() {
+        let ip: IpAddr = "10.0.0.1".parse().unwrap();
+        let ledger = ledger_with("10.0.0.1").await;
+        let live = release(&ledger, &Fixed(PodState::Live), ip, false)
+            .await
+            .unwrap();
+        assert!(matches!(live, Outcome::PodLive(_)), "{live:?}");
+        let unknown = release(&ledger, &NoPodList("off-cluster".into()), ip, false)
+            .await
+            .unwrap();
+        assert!(
+            unknown
+                .message(&ip)
+                .contains("(off-cluster); if you know it is gone, rerun with --force"),
+            "{}",
+            unknown.message(&ip)
+        );
+        assert_eq!(held(&ledger.load().await.unwrap()), 1);
+        let forced = release(&ledger, &NoPodList("off-cluster".into()), ip, true)
+            .await
+            .unwrap();
+        assert_eq!(
+            forced.message(&ip),
+            "released 10.0.0.1 (Bound, held by pod default/web-0 of app default/web since 1970-01-01T00:00:00Z) (forced); it can be allocated again"
+        );
+        assert_eq!(held(&ledger.load().await.unwrap()), 0);
+        let again = release(&ledger, &Fixed(PodState::Gone), ip, false)
+            .await
+            .unwrap();
+        assert_eq!(again, Outcome::NotHeld);
+    }
+
+    #[tokio::test]
+    async fn a_gone_pod_is_released_without_force() {
+        let ip: IpAddr = "10.0.0.2".parse().unwrap();
+        let ledger = ledger_with("10.0.0.2").await;
+        let outcome = release(&ledger, &Fixed(PodState::Gone), ip, false)
+            .await
+            .unwrap();
+        assert!(
+            matches!(outcome, Outcome::Released { forced: false, .. }),
+            "{outcome:?}"
+        );
+        assert_eq!(held(&ledger.load().await.unwrap()), 0);
+    }
+}

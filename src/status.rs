@@ -1,0 +1,412 @@
+//! `status`: who holds which IP, per pool and per app, from the claims of any ledger.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use serde::Serialize;
+
+use crate::ipset::ip_key;
+use crate::ledger::{Claim, Phase, Source};
+use crate::pools::PoolCatalog;
+
+/// One IP and who holds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Holder {
+    pub ip: IpAddr,
+    /// `namespace/name`, or `namespace/generateName*` before the pod has its name.
+    pub pod: String,
+    /// The node the pod runs on, when the caller knows it (in-cluster).
+    pub node: Option<String>,
+    /// `namespace/app`.
+    pub app: String,
+    pub pool: Option<String>,
+    pub phase: Phase,
+    pub source: Source,
+    /// When the IP was claimed (RFC 3339, UTC).
+    pub since: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolStatus {
+    pub name: String,
+    /// `None` for a pool that claims name but that is not defined (any more).
+    pub cidr: Option<String>,
+    pub size: Option<u64>,
+    /// Reserved plus bound.
+    pub held: u64,
+    /// Admitted, no pod seen yet.
+    pub reserved: u64,
+    pub free: Option<u64>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub holders: Vec<Holder>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AppStatus {
+    pub namespace: String,
+    /// Empty for static IPs of pods without an app label.
+    pub app: String,
+    /// The IPPool the app draws from; `None` for an `allocatable-ips` list.
+    pub pool: Option<String>,
+    /// The list's size (for a pool app: the pool's), from the app's newest claim.
+    pub size: Option<u64>,
+    pub held: u64,
+    pub reserved: u64,
+    /// IPs the app could still get (for a pool app: the pool's free IPs).
+    pub free: Option<u64>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub holders: Vec<Holder>,
+}
+
+impl AppStatus {
+    /// `namespace/app`.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.app)
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Report {
+    pub pools: Vec<PoolStatus>,
+    pub apps: Vec<AppStatus>,
+}
+
+#[derive(Default)]
+struct Tally {
+    held: u64,
+    reserved: u64,
+    /// (created_at, list_size) of the newest claim that carried a size.
+    newest_size: Option<(u64, u64)>,
+    pool: Option<String>,
+    holders: Vec<Holder>,
+}
+
+impl Tally {
+    fn add(&mut self, claim: &Claim, holder: Option<Holder>) {
+        self.held += 1;
+        if claim.phase == Phase::Reserved {
+            self.reserved += 1;
+        }
+        if let Some(size) = claim.list_size
+            && self
+                .newest_size
+                .is_none_or(|(at, _)| claim.created_at >= at)
+        {
+            self.newest_size = Some((claim.created_at, size));
+        }
+        if claim.pool.is_some() {
+            self.pool = claim.pool.clone();
+        }
+        if let Some(holder) = holder {
+            self.holders.push(holder);
+        }
+    }
+}
+
+/// RFC 3339 (UTC, seconds) for unix seconds.
+pub fn rfc3339(unix_seconds: u64) -> String {
+    k8s_openapi::jiff::Timestamp::from_second(unix_seconds as i64)
+        .map(|t| t.to_string())
+        .unwrap_or_else(|_| unix_seconds.to_string())
+}
+
+fn holder(claim: &Claim) -> Holder {
+    Holder {
+        ip: claim.ip,
+        pod: claim.pod.display(),
+        node: None,
+        app: claim.app_key(),
+        pool: claim.pool.clone(),
+        phase: claim.phase,
+        source: claim.source,
+        since: rfc3339(claim.created_at),
+    }
+}
+
+impl Report {
+    /// Count the held claims per pool and per app. Every pool of `pools` is listed, used or
+    /// not; `holders` says whether to list each IP (metrics only need the counts).
+    pub fn build<'a>(
+        claims: impl IntoIterator<Item = &'a Claim>,
+        pools: &PoolCatalog,
+        holders: bool,
+    ) -> Report {
+        let mut by_pool: BTreeMap<String, Tally> = pools
+            .names()
+            .into_iter()
+            .map(|name| (name.to_string(), Tally::default()))
+            .collect();
+        let mut by_app: BTreeMap<(String, String), Tally> = BTreeMap::new();
+        for claim in claims.into_iter().filter(|c| c.is_held()) {
+            let made = |wanted: bool| wanted.then(|| holder(claim));
+            if let Some(pool) = &claim.pool {
+                by_pool
+                    .entry(pool.clone())
+                    .or_default()
+                    .add(claim, made(holders));
+            }
+            by_app
+                .entry((claim.pod.namespace.clone(), claim.app.clone()))
+                .or_default()
+                .add(claim, made(holders));
+        }
+        let pool_list: Vec<PoolStatus> = by_pool
+            .into_iter()
+            .map(|(name, tally)| {
+                let defined = pools.get(&name);
+                let size = match defined {
+                    Some(pool) => Some(u64::try_from(pool.usable.len()).unwrap_or(u64::MAX)),
+                    None => tally.newest_size.map(|(_, size)| size),
+                };
+                PoolStatus {
+                    cidr: defined.map(|p| p.cidr.to_string()),
+                    size,
+                    held: tally.held,
+                    reserved: tally.reserved,
+                    free: size.map(|s| s.saturating_sub(tally.held)),
+                    holders: sorted(tally.holders),
+                    name,
+                }
+            })
+            .collect();
+        let apps = by_app
+            .into_iter()
+            .map(|((namespace, app), tally)| {
+                let pool = tally
+                    .pool
+                    .as_ref()
+                    .and_then(|name| pool_list.iter().find(|p| &p.name == name));
+                let (size, free) = match pool {
+                    Some(pool) => (pool.size, pool.free),
+                    None => {
+                        let size = tally.newest_size.map(|(_, size)| size);
+                        (size, size.map(|s| s.saturating_sub(tally.held)))
+                    }
+                };
+                AppStatus {
+                    namespace,
+                    app,
+                    pool: tally.pool,
+                    size,
+                    held: tally.held,
+                    reserved: tally.reserved,
+                    free,
+                    holders: sorted(tally.holders),
+                }
+            })
+            .collect();
+        Report {
+            pools: pool_list,
+            apps,
+        }
+    }
+
+    /// Keep only this app (`namespace/app`) and/or this pool.
+    pub fn retain(&mut self, app: Option<&str>, pool: Option<&str>) {
+        if let Some(app) = app {
+            self.apps.retain(|a| a.key() == app);
+            self.pools
+                .retain(|p| self.apps.iter().any(|a| a.pool.as_ref() == Some(&p.name)));
+        }
+        if let Some(pool) = pool {
+            self.pools.retain(|p| p.name == pool);
+            self.apps.retain(|a| a.pool.as_deref() == Some(pool));
+        }
+    }
+
+    /// Fill in each holder's node from `node_of(pod)` (in-cluster: the pod's spec.nodeName).
+    pub fn fill_nodes(&mut self, node_of: impl Fn(&str) -> Option<String>) {
+        let pools = self.pools.iter_mut().flat_map(|p| p.holders.iter_mut());
+        let apps = self.apps.iter_mut().flat_map(|a| a.holders.iter_mut());
+        for holder in pools.chain(apps) {
+            holder.node = node_of(&holder.pod);
+        }
+    }
+
+    /// The kubectl-style text: a pool table, an app table and a holder table.
+    pub fn to_table(&self) -> String {
+        let mut out = String::new();
+        let count = |n: Option<u64>| n.map_or_else(|| "?".to_string(), |n| n.to_string());
+        if !self.pools.is_empty() {
+            let rows = self
+                .pools
+                .iter()
+                .map(|p| {
+                    vec![
+                        p.name.clone(),
+                        p.cidr.clone().unwrap_or_else(|| "(undefined)".into()),
+                        count(p.size),
+                        p.held.to_string(),
+                        p.reserved.to_string(),
+                        count(p.free),
+                        used(p.held, p.size),
+                    ]
+                })
+                .collect::<Vec<_>>();
+            out.push_str(&table(
+                &["POOL", "CIDR", "SIZE", "HELD", "RESERVED", "FREE", "USED"],
+                &rows,
+            ));
+        }
+        if !self.apps.is_empty() {
+            if !out.is_empty() {
+                out.push('\n');
+            }
+            let rows = self
+                .apps
+                .iter()
+                .map(|a| {
+                    vec![
+                        app_name(a),
+                        a.pool.clone().unwrap_or_else(|| "-".into()),
+                        count(a.size),
+                        a.held.to_string(),
+                        a.reserved.to_string(),
+                        count(a.free),
+                        used(a.held, a.size),
+                    ]
+                })
+                .collect::<Vec<_>>();
+            out.push_str(&table(
+                &["APP", "POOL", "SIZE", "HELD", "RESERVED", "FREE", "USED"],
+                &rows,
+            ));
+            let holders: Vec<&Holder> = self.apps.iter().flat_map(|a| &a.holders).collect();
+            if !holders.is_empty() {
+                out.push('\n');
+                let rows = holders
+                    .iter()
+                    .map(|h| {
+                        vec![
+                            h.ip.to_string(),
+                            if h.app.ends_with('/') {
+                                "-".to_string()
+                            } else {
+                                h.app.clone()
+                            },
+                            h.pod.clone(),
+                            h.node.clone().unwrap_or_else(|| "-".into()),
+                            format!("{:?}", h.phase),
+                            format!("{:?}", h.source),
+                            h.since.clone(),
+                        ]
+                    })
+                    .collect::<Vec<_>>();
+                out.push_str(&table(
+                    &["IP", "APP", "POD", "NODE", "PHASE", "SOURCE", "SINCE"],
+                    &rows,
+                ));
+            }
+        }
+        if out.is_empty() {
+            out.push_str("No IPs are held and no IPPools are defined.\n");
+        }
+        out
+    }
+}
+
+fn app_name(app: &AppStatus) -> String {
+    if app.app.is_empty() {
+        format!("{}/- (static)", app.namespace)
+    } else {
+        app.key()
+    }
+}
+
+fn used(held: u64, size: Option<u64>) -> String {
+    match size {
+        Some(0) | None => "?".into(),
+        Some(size) => format!("{}%", (held as u128 * 100 / size as u128)),
+    }
+}
+
+fn sorted(mut holders: Vec<Holder>) -> Vec<Holder> {
+    holders.sort_by_key(|h| ip_key(&h.ip));
+    holders
+}
+
+/// Left-aligned columns three spaces apart, like kubectl.
+pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let header: Vec<String> = headers.iter().map(|h| h.to_string()).collect();
+    for row in std::iter::once(&header).chain(rows) {
+        let mut line = String::new();
+        for (i, (cell, width)) in row.iter().zip(&widths).enumerate() {
+            if i + 1 == row.len() {
+                line.push_str(cell);
+            } else {
+                line.push_str(&format!("{cell:<width$}   "));
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::PodRef;
+
+    fn claim(ip: &str, app: &str, pod: &str, phase: Phase, size: Option<u64>) -> Claim {
+        Claim {
+            ip: ip.parse().unwrap(),
+            app: app.into(),
+            pool: None,
+            pod: PodRef {
+                namespace: "default".into(),
+                name: pod.into(),
+                ..Default::default()
+            },
+            request_uid: format!("r-{pod}"),
+            phase,
+            source: Source::Allocated,
+            created_at: 1_700_000_000,
+            updated_at: 1_700_000_000,
+            list_size: size,
+        }
+    }
+
+    #[test]
+    fn counts_held_and_reserved_and_ignores_released() {
+        let claims = [
+            claim("10.0.0.11", "web", "web-b", Phase::Reserved, Some(4)),
+            claim("10.0.0.10", "web", "web-a", Phase::Bound, Some(4)),
+            claim("10.0.0.12", "web", "web-c", Phase::Released, Some(4)),
+            claim("10.0.0.20", "old", "old-a", Phase::Bound, None),
+        ];
+        let report = Report::build(&claims, &PoolCatalog::default(), true);
+        assert_eq!(report.apps.len(), 2);
+        let web = &report.apps[1];
+        assert_eq!(
+            (web.key().as_str(), web.held, web.reserved),
+            ("default/web", 2, 1)
+        );
+        assert_eq!((web.size, web.free), (Some(4), Some(2)));
+        let ips: Vec<String> = web.holders.iter().map(|h| h.ip.to_string()).collect();
+        assert_eq!(ips, ["10.0.0.10", "10.0.0.11"]);
+        let old = &report.apps[0];
+        assert_eq!((old.size, old.free), (None, None));
+        assert!(
+            report
+                .to_table()
+                .contains("default/old   -      ?      1      0          ?      ?")
+        );
+    }
+
+    #[test]
+    fn table_aligns_columns() {
+        let text = table(&["A", "LONGER"], &[vec!["wide cell".into(), "x".into()]]);
+        assert_eq!(text, "A           LONGER\nwide cell   x\n");
+    }
+}

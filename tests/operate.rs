@@ -1,0 +1,585 @@
+//! The operator's commands over a ledger with known content: `status` (golden table, JSON,
+//! YAML), `explain`, `release`, `check`, and the monitoring files against the real metrics.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use ip_webhook::ledger::{Claim, EmbeddedLedger, Ledger, Phase, PodRef, Source};
+use serde_json::Value;
+
+fn ip_webhook(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_ip-webhook"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn fixture(name: &str) -> String {
+    format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// 2025-11-29T07:06:40Z
+const T0: u64 = 1_764_400_000;
+
+#[allow(clippy::too_many_arguments)]
+fn claim(
+    ip: &str,
+    namespace: &str,
+    app: &str,
+    pool: Option<&str>,
+    name: &str,
+    generate_name: &str,
+    phase: Phase,
+    source: Source,
+    at: u64,
+    list_size: Option<u64>,
+) -> Claim {
+    Claim {
+        ip: ip.parse().unwrap(),
+        app: app.into(),
+        pool: pool.map(str::to_string),
+        pod: PodRef {
+            namespace: namespace.into(),
+            name: name.into(),
+            generate_name: generate_name.into(),
+            uid: None,
+        },
+        request_uid: format!("req-{ip}"),
+        phase,
+        source,
+        created_at: at,
+        updated_at: at,
+        list_size,
+    }
+}
+
+/// The known content: web holds two of its four IPs (one only reserved), api holds one IP of
+/// pool blue, a static pod without an app holds one, and one released record is history.
+async fn seed(dir: &Path) {
+    let ledger = EmbeddedLedger::open(dir, Default::default()).unwrap();
+    let claims = [
+        claim(
+            "10.0.0.10",
+            "default",
+            "web",
+            None,
+            "web-7d4b9c8f6d-abcde",
+            "web-7d4b9c8f6d-",
+            Phase::Bound,
+            Source::Allocated,
+            T0,
+            Some(4),
+        ),
+        claim(
+            "10.0.0.11",
+            "default",
+            "web",
+            None,
+            "",
+            "web-7d4b9c8f6d-",
+            Phase::Reserved,
+            Source::Allocated,
+            T0 + 60,
+            Some(4),
+        ),
+        claim(
+            "10.0.0.12",
+            "default",
+            "web",
+            None,
+            "web-7d4b9c8f6d-zzzzz",
+            "",
+            Phase::Bound,
+            Source::Allocated,
+            T0 - 600,
+            Some(4),
+        ),
+        claim(
+            "10.20.0.1",
+            "prod",
+            "api",
+            Some("blue"),
+            "api-0",
+            "",
+            Phase::Bound,
+            Source::Allocated,
+            T0 + 120,
+            Some(254),
+        ),
+        claim(
+            "10.0.0.50",
+            "default",
+            "",
+            None,
+            "legacy",
+            "",
+            Phase::Bound,
+            Source::Static,
+            T0 + 180,
+            None,
+        ),
+    ];
+    for claim in &claims {
+        ledger.create(claim).await.unwrap();
+    }
+    ledger.release(&claims[2]).await.unwrap();
+    ledger.close().await;
+}
+
+fn check_golden(name: &str, actual: &str) {
+    let path = fixture(name);
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::write(&path, actual).unwrap();
+    }
+    let expected = std::fs::read_to_string(&path).unwrap_or_default();
+    assert_eq!(
+        actual, expected,
+        "{name} differs (UPDATE_GOLDEN=1 rewrites it after review)"
+    );
+}
+
+#[tokio::test]
+async fn status_prints_pools_apps_and_holders() {
+    let state = tempfile::tempdir().unwrap();
+    seed(state.path()).await;
+    let dir = state.path().to_str().unwrap();
+    let pools = fixture("status-pools.yaml");
+    let (ok, table, stderr) = ip_webhook(&["status", "--state-dir", dir, "--pools-file", &pools]);
+    assert!(ok, "{stderr}");
+    check_golden("status.txt", &table);
+
+    let (ok, json, stderr) = ip_webhook(&[
+        "pools",
+        "--state-dir",
+        dir,
+        "--pools-file",
+        &pools,
+        "-o",
+        "json",
+    ]);
+    assert!(ok, "{stderr}");
+    let report: Value = serde_json::from_str(&json).unwrap();
+    let blue = &report["pools"][0];
+    assert_eq!(
+        (
+            blue["name"].as_str(),
+            blue["size"].as_u64(),
+            blue["held"].as_u64(),
+            blue["free"].as_u64()
+        ),
+        (Some("blue"), Some(254), Some(1), Some(253))
+    );
+    assert_eq!(
+        report["pools"][1]["held"], 0,
+        "green is listed though unused"
+    );
+    let web = report["apps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["app"] == "web")
+        .unwrap();
+    assert_eq!(
+        (
+            web["size"].as_u64(),
+            web["held"].as_u64(),
+            web["reserved"].as_u64(),
+            web["free"].as_u64()
+        ),
+        (Some(4), Some(2), Some(1), Some(2))
+    );
+    let holders: Vec<&str> = web["holders"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["pod"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        holders,
+        ["default/web-7d4b9c8f6d-abcde", "default/web-7d4b9c8f6d-*"],
+        "the released record is not a holder"
+    );
+    assert_eq!(web["holders"][0]["since"], "2025-11-29T07:06:40Z");
+
+    let (ok, yaml, stderr) = ip_webhook(&[
+        "status",
+        "--state-dir",
+        dir,
+        "-o",
+        "yaml",
+        "--app",
+        "prod/api",
+    ]);
+    assert!(ok, "{stderr}");
+    let report: Value = serde_yaml::from_str(&yaml).unwrap();
+    assert_eq!(report["apps"].as_array().unwrap().len(), 1);
+    assert_eq!(report["apps"][0]["pool"], "blue");
+    assert_eq!(report["apps"][0]["holders"][0]["ip"], "10.20.0.1");
+}
+
+#[tokio::test]
+async fn explain_walks_replicas_through_mutate_without_recording() {
+    let state = tempfile::tempdir().unwrap();
+    seed(state.path()).await;
+    let dir = state.path().to_str().unwrap();
+    let pools = fixture("status-pools.yaml");
+    let args = [
+        "explain",
+        "-f",
+        &fixture("explain.yaml"),
+        "--state-dir",
+        dir,
+        "--pools-file",
+        &pools,
+    ];
+    let (ok, json, stderr) = ip_webhook(&[&args[..], &["-o", "json"]].concat());
+    assert!(ok, "{stderr}");
+    let outcomes: Value = serde_json::from_str(&json).unwrap();
+    let summary = |object: &Value| -> Vec<String> {
+        object["replicas"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| match r["refused"].as_str() {
+                Some(message) => format!("{} refused: {message}", r["pod"].as_str().unwrap()),
+                None => format!(
+                    "{} {} ({})",
+                    r["pod"].as_str().unwrap(),
+                    r["ips"][0].as_str().unwrap_or("-"),
+                    r["why"][0].as_str().unwrap_or("")
+                ),
+            })
+            .collect()
+    };
+    assert_eq!(outcomes[0]["object"], "Deployment default/web");
+    assert_eq!(
+        outcomes[0]["warnings"][0],
+        "Deployment default/web asks for 5 replicas but its list has 4 IPs: pods beyond 4 will be refused"
+    );
+    // the two pods that hold IPs already count as replicas 0 and 1
+    assert_eq!(
+        summary(&outcomes[0]),
+        [
+            "default/web-7d4b9c8f6d-abcde 10.0.0.10 (already holds it (Bound since 2025-11-29T07:06:40Z))",
+            "default/web-7d4b9c8f6d-* 10.0.0.11 (already holds it (Reserved since 2025-11-29T07:07:40Z))",
+            "default/web-* 10.0.0.12 (lowest free IP of the list)",
+            "default/web-* 10.0.0.13 (lowest free IP of the list)",
+            "default/web-* refused: app default/web: all 4 allocatable IPs are held (10.0.0.10 by default/web-7d4b9c8f6d-abcde, 10.0.0.11 by default/web-7d4b9c8f6d-*, 10.0.0.12 by default/web-*, 10.0.0.13 by default/web-*)",
+        ]
+    );
+    assert_eq!(outcomes[0]["replicas"][0]["existing"], true);
+    assert_eq!(outcomes[0]["replicas"][2]["existing"], false);
+    assert_eq!(
+        outcomes[1]["warnings"][0],
+        "StatefulSet prod/db asks for 4 replicas but its list has 3 IPs: pods beyond 3 will be refused"
+    );
+    assert_eq!(
+        summary(&outcomes[1]),
+        [
+            "prod/db-0 10.40.0.1 (StatefulSet ordinal 0: entry 0 of the list (ascending))",
+            "prod/db-1 10.40.0.2 (StatefulSet ordinal 1: entry 1 of the list (ascending))",
+            "prod/db-2 10.40.0.3 (StatefulSet ordinal 2: entry 2 of the list (ascending))",
+            "prod/db-3 refused: app prod/db: all 3 allocatable IPs are held (10.40.0.1 by prod/db-0, 10.40.0.2 by prod/db-1, 10.40.0.3 by prod/db-2)",
+        ]
+    );
+    assert_eq!(
+        summary(&outcomes[2]),
+        ["prod/api-1 10.20.0.2 (lowest free IP of the list)"]
+    );
+
+    let (ok, text, stderr) = ip_webhook(&args);
+    assert!(ok, "{stderr}");
+    assert!(
+        text.contains("StatefulSet prod/db\n  warning: StatefulSet prod/db asks for 4 replicas"),
+        "{text}"
+    );
+    assert!(text.contains("#3        prod/db-3   REFUSED"), "{text}");
+
+    // nothing was recorded: the ledger still holds the seeded four
+    let (ok, json, _) = ip_webhook(&["status", "--state-dir", dir, "-o", "json"]);
+    assert!(ok);
+    let report: Value = serde_json::from_str(&json).unwrap();
+    let held: u64 = report["apps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["held"].as_u64().unwrap())
+        .sum();
+    assert_eq!(held, 4);
+}
+
+#[test]
+fn explain_names_the_document_it_cannot_use() {
+    let state = tempfile::tempdir().unwrap();
+    let file = state.path().join("svc.yaml");
+    std::fs::write(
+        &file,
+        "apiVersion: v1\nkind: Service\nmetadata: {name: s}\n",
+    )
+    .unwrap();
+    let dir = state.path().join("state");
+    let (ok, _, stderr) = ip_webhook(&[
+        "explain",
+        "-f",
+        file.to_str().unwrap(),
+        "--state-dir",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("document 0: \"Service\" (v1) is not a Pod or a workload"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn release_needs_force_off_cluster_and_says_what_it_did() {
+    let state = tempfile::tempdir().unwrap();
+    seed(state.path()).await;
+    let dir = state.path().to_str().unwrap();
+    let (ok, _, stderr) = ip_webhook(&["release", "10.0.0.10", "--state-dir", dir]);
+    assert!(!ok);
+    assert!(stderr.contains("refused: cannot tell whether pod default/web-7d4b9c8f6d-abcde still runs (the embedded ledger has no pod list"), "{stderr}");
+    assert!(stderr.contains("rerun with --force"), "{stderr}");
+
+    let (ok, stdout, stderr) = ip_webhook(&["release", "10.0.0.10", "--force", "--state-dir", dir]);
+    assert!(ok, "{stderr}");
+    assert_eq!(
+        stdout,
+        "released 10.0.0.10 (Bound, held by pod default/web-7d4b9c8f6d-abcde of app default/web since 2025-11-29T07:06:40Z) (forced); it can be allocated again\n"
+    );
+
+    let (ok, _, stderr) = ip_webhook(&["release", "10.0.0.10", "--force", "--state-dir", dir]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("nothing to release: no claim holds 10.0.0.10"),
+        "{stderr}"
+    );
+
+    let (ok, json, _) = ip_webhook(&[
+        "status",
+        "--state-dir",
+        dir,
+        "-o",
+        "json",
+        "--app",
+        "default/web",
+    ]);
+    assert!(ok);
+    let report: Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(report["apps"][0]["held"], 1);
+    assert_eq!(report["apps"][0]["free"], 3);
+}
+
+/// Every `ip_webhook_*` series the dashboard and the alerts use is one the server exposes.
+fn assert_monitoring_uses_real_metrics(exposition: &str) {
+    let dir = format!("{}/deploy/monitoring", env!("CARGO_MANIFEST_DIR"));
+    let dashboard = std::fs::read_to_string(format!("{dir}/grafana-dashboard.json")).unwrap();
+    let rules = std::fs::read_to_string(format!("{dir}/prometheusrule.yaml")).unwrap();
+    let _: Value = serde_json::from_str(&dashboard).expect("the dashboard is JSON");
+    let parsed: Value = serde_yaml::from_str(&rules).expect("the rules are YAML");
+    assert_eq!(parsed["kind"], "PrometheusRule");
+    let mut missing = Vec::new();
+    for text in [&dashboard, &rules] {
+        for (start, _) in text.match_indices("ip_webhook_") {
+            let name: String = text[start..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            let base = ["_bucket", "_count", "_sum"]
+                .iter()
+                .fold(name.as_str(), |n, s| n.strip_suffix(s).unwrap_or(n));
+            let exposed = exposition.lines().any(|line| {
+                line.strip_prefix("# TYPE ")
+                    .and_then(|l| l.split_whitespace().next())
+                    .is_some_and(|family| {
+                        base == family || base.strip_suffix("_total") == Some(family)
+                    })
+            });
+            if !exposed {
+                missing.push(name);
+            }
+        }
+    }
+    missing.dedup();
+    assert!(missing.is_empty(), "not exposed: {missing:?}\n{exposition}");
+}
+
+#[tokio::test]
+async fn check_reports_each_part_of_a_running_install() {
+    use ip_webhook::doctor::{self, Status};
+    let pools = fixture("status-pools.yaml");
+    let server = common::TestServer::start(&["--pools-file", &pools]).await;
+    // one app with one IP, now used up: capacity warns
+    let pod = common::pod("default", "solo", "solo-", Some("10.0.0.99"));
+    let response = server.mutate(&common::create("u-solo", pod.clone())).await;
+    assert_eq!(response["allowed"], true);
+    let refused = server.mutate(&common::create("u-solo-2", pod)).await;
+    assert_eq!(refused["allowed"], false);
+
+    let ca = std::fs::read(server.state_dir.path().join("ca.crt")).unwrap();
+    let options = doctor::Options {
+        url: format!(
+            "https://localhost:{}",
+            server.launched.running.https_addr.port()
+        ),
+        ca_pem: Some(ca),
+        admin_url: Some(format!("http://{}", server.launched.running.admin_addr)),
+        min_days: 7,
+        exhaustion_ratio: 0.9,
+        timeout: std::time::Duration::from_secs(5),
+    };
+    let checks = doctor::run(&options).await;
+    let verdicts: Vec<(&str, Status)> = checks.iter().map(|c| (c.name, c.status)).collect();
+    assert_eq!(
+        verdicts,
+        [
+            ("reachable", Status::Ok),
+            ("certificate", Status::Ok),
+            ("expiry", Status::Ok),
+            ("admission", Status::Ok),
+            ("ready", Status::Ok),
+            ("capacity", Status::Warn),
+            ("leader", Status::Skip),
+        ],
+        "{checks:#?}"
+    );
+    let capacity = &checks[5].detail;
+    assert_eq!(
+        capacity,
+        "app default/solo 100% held; exhausted since start: default/solo refused 1 pods"
+    );
+
+    // a caBundle of another CA: the API server would refuse the certificate
+    let other = ip_webhook::tls::self_signed(&[]).unwrap();
+    let other_ca = server.state_dir.path().join("other-ca.crt");
+    std::fs::write(&other_ca, &other.ca_pem).unwrap();
+    let url = options.url.clone();
+    let admin = options.admin_url.clone().unwrap();
+    let (ok, stdout, stderr) = tokio::task::spawn_blocking(move || {
+        ip_webhook(&[
+            "check",
+            "--url",
+            &url,
+            "--ca-file",
+            other_ca.to_str().unwrap(),
+            "--admin-url",
+            &admin,
+        ])
+    })
+    .await
+    .unwrap();
+    assert!(!ok, "{stdout}");
+    // same CA name, other key: webpki finds the issuer by name and the signature fails
+    assert!(stdout.contains("FAIL     certificate   the API server would refuse it: invalid peer certificate: BadSignature"), "{stdout}");
+    assert!(stdout.contains("OK       admission"), "{stdout}");
+    assert!(stderr.contains("1 of 7 checks failed"), "{stderr}");
+
+    // nothing listens: reachable fails, and says where it tried
+    let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let down = doctor::run(&doctor::Options {
+        url: format!("https://127.0.0.1:{port}"),
+        admin_url: None,
+        ..options.clone()
+    })
+    .await;
+    assert_eq!(down[0].status, Status::Fail);
+    assert!(
+        down[0]
+            .detail
+            .starts_with(&format!("cannot connect to 127.0.0.1:{port}")),
+        "{down:#?}"
+    );
+
+    let (_, mut metrics) = server.admin_get("/metrics").await;
+    // the Lease gauge exists only in-cluster, once the Lease code sets it
+    let in_cluster = ip_webhook::metrics::Metrics::new();
+    in_cluster
+        .leader
+        .get_or_create(&ip_webhook::metrics::LeaseLabels {
+            lease: "ip-webhook".into(),
+        })
+        .set(1);
+    metrics.push_str(&in_cluster.encode());
+    assert_monitoring_uses_real_metrics(&metrics);
+    server.launched.shutdown().await;
+}
+
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn one_json_log_line_per_decision() {
+    use ip_webhook::metrics::Endpoint;
+    use std::sync::Arc;
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .json()
+        .with_max_level(tracing::Level::INFO)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let allocator = Arc::new(
+        ip_webhook::allocator::Allocator::new(Arc::new(ip_webhook::ledger::MemoryLedger::new()))
+            .await
+            .unwrap(),
+    );
+    let webhook = ip_webhook::webhook::Webhook::new(
+        Default::default(),
+        allocator,
+        Default::default(),
+        Arc::new(ip_webhook::metrics::Metrics::new()),
+    );
+    let pod = common::pod("default", "web", "web-", Some("10.0.0.10"));
+    for uid in ["uid-1", "uid-2"] {
+        let body = common::create(uid, pod.clone()).to_string();
+        webhook
+            .review(Endpoint::mutate, body.as_bytes())
+            .await
+            .unwrap();
+    }
+    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let decisions: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|l| l["fields"]["message"] == "admission decision")
+        .collect();
+    assert_eq!(decisions.len(), 2, "{text}");
+    let first = &decisions[0];
+    assert_eq!(first["span"]["uid"], "uid-1");
+    assert_eq!(first["span"]["namespace"], "default");
+    assert_eq!(first["span"]["app"], "default/web");
+    assert_eq!(first["span"]["ip"], "10.0.0.10");
+    assert_eq!(first["fields"]["outcome"], "allowed");
+    assert!(first["fields"]["latency_us"].as_u64().is_some(), "{first}");
+    let second = &decisions[1];
+    assert_eq!(second["fields"]["outcome"], "denied");
+    assert!(second["span"].get("ip").is_none(), "{second}");
+    assert!(
+        second["fields"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("all 1 allocatable IPs are held"),
+        "{second}"
+    );
+}
