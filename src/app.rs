@@ -188,6 +188,8 @@ pub fn cluster_options(args: &ServeArgs) -> ClusterOptions {
             renew_every: cluster.lease_renew_interval,
         },
         app_label: args.webhook.app_label.clone(),
+        cni: args.webhook.cni,
+        calico_reservation: cluster.calico_reservation,
     }
 }
 

@@ -230,6 +230,10 @@ pub struct ClusterArgs {
     /// How often the leader renews (and candidates check) the Lease.
     #[arg(long, default_value = "5s", value_parser = parse_duration, value_name = "DURATION")]
     pub lease_renew_interval: Duration,
+    /// With --cni calico: keep a Calico IPReservation (ip-webhook-fixed-ips) of every IP
+    /// ip-webhook may hand out, so Calico's automatic assignment skips them.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub calico_reservation: bool,
 }
 
 /// How to reach etcd for `--ledger etcd`.

@@ -38,6 +38,14 @@ impl Family {
         }
     }
 
+    /// Address width in bits.
+    pub fn bits(self) -> u32 {
+        match self {
+            Family::V4 => 32,
+            Family::V6 => 128,
+        }
+    }
+
     fn max(self) -> u128 {
         match self {
             Family::V4 => u32::MAX as u128,
@@ -494,6 +502,51 @@ impl fmt::Display for IpSet {
     }
 }
 
+impl IpRange {
+    /// The fewest CIDRs that cover exactly this range (e.g. for Calico's `reservedCIDRs`).
+    pub fn to_cidrs(&self) -> Vec<IpNet> {
+        let bits = self.family.bits();
+        let mut out = Vec::new();
+        let mut start = self.start;
+        loop {
+            // The largest block that starts at `start` (aligned) and does not pass `end`.
+            let mut size_log = if start == 0 {
+                bits
+            } else {
+                start.trailing_zeros().min(bits)
+            };
+            while size_log > 0 && block_last(start, size_log) > self.end {
+                size_log -= 1;
+            }
+            let prefix = u8::try_from(bits - size_log).unwrap_or(0);
+            let net = IpNet::new(ip_from_key(self.family, start), prefix)
+                .expect("prefix length fits the family");
+            out.push(net);
+            let last = block_last(start, size_log);
+            if last >= self.end {
+                return out;
+            }
+            start = last + 1;
+        }
+    }
+}
+
+/// The last value of the aligned block of 2^`size_log` values that starts at `start`.
+fn block_last(start: u128, size_log: u32) -> u128 {
+    if size_log >= 128 {
+        u128::MAX
+    } else {
+        start + ((1u128 << size_log) - 1)
+    }
+}
+
+impl IpSet {
+    /// The set as the fewest CIDRs, IPv4 first.
+    pub fn to_cidrs(&self) -> Vec<IpNet> {
+        self.ranges.iter().flat_map(IpRange::to_cidrs).collect()
+    }
+}
+
 /// Whether `value` fits the family's integer range (used by fuzzers and property tests).
 pub fn fits(family: Family, value: u128) -> bool {
     value <= family.max()
@@ -526,6 +579,61 @@ mod tests {
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn ranges_split_into_the_fewest_cidrs() {
+        let cidrs = |spec: &str| -> Vec<String> {
+            parse_ip_spec(spec)
+                .unwrap()
+                .to_cidrs()
+                .iter()
+                .map(|n| n.to_string())
+                .collect()
+        };
+        assert_eq!(cidrs("10.0.0.7"), ["10.0.0.7/32"]);
+        assert_eq!(
+            cidrs("10.0.0.1-10.0.0.254"),
+            [
+                "10.0.0.1/32",
+                "10.0.0.2/31",
+                "10.0.0.4/30",
+                "10.0.0.8/29",
+                "10.0.0.16/28",
+                "10.0.0.32/27",
+                "10.0.0.64/26",
+                "10.0.0.128/26",
+                "10.0.0.192/27",
+                "10.0.0.224/28",
+                "10.0.0.240/29",
+                "10.0.0.248/30",
+                "10.0.0.252/31",
+                "10.0.0.254/32",
+            ]
+        );
+        assert_eq!(cidrs("10.0.0.0-10.0.1.255"), ["10.0.0.0/23"]);
+        assert_eq!(cidrs("fd00::1-fd00::3"), ["fd00::1/128", "fd00::2/127"]);
+        assert_eq!(cidrs("0.0.0.0-255.255.255.255"), ["0.0.0.0/0"]);
+        assert_eq!(
+            cidrs("::-ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"),
+            ["::/0"]
+        );
+        assert_eq!(
+            cidrs("255.255.255.254-255.255.255.255"),
+            ["255.255.255.254/31"]
+        );
+    }
+
+    #[test]
+    fn cidrs_cover_exactly_the_set() {
+        let set =
+            parse_ip_spec("10.0.0.3-10.0.0.77,10.0.1.9,10.0.2.0-10.0.3.128,fd00::5-fd00::1:2")
+                .unwrap();
+        let back = IpSet::from_ranges(set.to_cidrs().iter().map(IpRange::from_net_all));
+        assert_eq!(back, set);
+        for net in set.to_cidrs() {
+            assert_eq!(net.trunc(), net, "{net} is aligned");
+        }
     }
 
     #[test]

@@ -103,6 +103,7 @@ pub struct WorkloadRegistry {
 struct RegistryState {
     index: RangeIndex<WorkloadId>,
     apps: HashMap<WorkloadId, String>,
+    lists: HashMap<WorkloadId, IpSet>,
 }
 
 impl WorkloadRegistry {
@@ -114,6 +115,7 @@ impl WorkloadRegistry {
         let mut state = self.lock();
         state.index.remove(&id);
         state.index.insert_set(set, id.clone());
+        state.lists.insert(id.clone(), set.clone());
         state.apps.insert(id, app_key);
     }
 
@@ -121,6 +123,16 @@ impl WorkloadRegistry {
         let mut state = self.lock();
         state.index.remove(id);
         state.apps.remove(id);
+        state.lists.remove(id);
+    }
+
+    /// Every IP some admitted workload lists.
+    pub fn listed(&self) -> IpSet {
+        let state = self.lock();
+        state
+            .lists
+            .values()
+            .fold(IpSet::default(), |all, set| all.union(set))
     }
 
     /// A workload of another app whose list overlaps `set`: (overlap, workload, its app).

@@ -666,7 +666,7 @@ fn rbac_grants_what_the_server_needs_and_the_cni_extras_only_when_switched_on() 
         grant(
             "crd.projectcalico.org",
             "ipreservations",
-            "get,list,watch,create,update,patch,delete",
+            "list,watch,create,patch",
         ),
         grant("kubeovn.io", "subnets", "list,watch"),
     ]);

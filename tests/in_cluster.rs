@@ -11,12 +11,15 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{TestServer, apply, create, pod};
+use common::{TestServer, allocated_ip, apply, create, pod};
+use ip_webhook::cluster::cni::{
+    RESERVATION_NAME, calico_ippools, calico_reservations, kube_ovn_subnets,
+};
 use ip_webhook::crd::{IPClaim, IPPool};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, PostParams};
 use kube::{Api, Client, CustomResourceExt};
 use serde_json::{Value, json};
 
@@ -779,4 +782,402 @@ async fn the_binary_serves_with_the_kubernetes_ledger() {
         !state.path().join("ledger.redb").exists(),
         "no embedded ledger was opened"
     );
+}
+
+/// A minimal cluster-scoped CRD that keeps any spec (as Calico's and Kube-OVN's own CRDs would).
+fn foreign_crd(group: &str, kind: &str, plural: &str) -> CustomResourceDefinition {
+    serde_json::from_value(json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": format!("{plural}.{group}")},
+        "spec": {
+            "group": group,
+            "scope": "Cluster",
+            "names": {"kind": kind, "plural": plural, "singular": kind.to_lowercase(), "listKind": format!("{kind}List")},
+            "versions": [{
+                "name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
+            }],
+        },
+    }))
+    .unwrap()
+}
+
+async fn install_foreign_crds(client: &Client, crds: &[(&str, &str, &str)]) {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for (group, kind, plural) in crds {
+        api.create(&PostParams::default(), &foreign_crd(group, kind, plural))
+            .await
+            .unwrap();
+    }
+}
+
+async fn create_dynamic(api: &Api<DynamicObject>, resource: &ApiResource, name: &str, spec: Value) {
+    let object = DynamicObject::new(name, resource).data(json!({ "spec": spec }));
+    api.create(&PostParams::default(), &object).await.unwrap();
+}
+
+/// A review of a Deployment in namespace prod listing `ips`.
+fn deployment_review(operation: &str, name: &str, ips: &str) -> Value {
+    let deployment = json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "namespace": "prod"},
+        "spec": {"replicas": 1, "template": {
+            "metadata": {"labels": {"app": name}, "annotations": {"ip-webhook.io/allocatable-ips": ips}},
+            "spec": {"containers": [{"name": "c", "image": "i"}]},
+        }},
+    });
+    let (object, old) = match operation {
+        "DELETE" => (None, Some(deployment)),
+        _ => (Some(deployment), None),
+    };
+    json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": format!("deploy-{name}-{operation}"),
+            "kind": {"group": "apps", "version": "v1", "kind": "Deployment"},
+            "resource": {"group": "apps", "version": "v1", "resource": "deployments"},
+            "name": name,
+            "namespace": "prod",
+            "operation": operation,
+            "object": object,
+            "oldObject": old,
+        }
+    })
+}
+
+fn calico_warnings(response: &Value) -> Vec<String> {
+    response["warnings"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|w| w.as_str())
+        .filter(|w| w.contains("Calico"))
+        .map(str::to_string)
+        .collect()
+}
+
+async fn reserved_cidrs(reservations: &Api<DynamicObject>) -> Option<Vec<String>> {
+    let object = reservations.get_opt(RESERVATION_NAME).await.unwrap()?;
+    Some(
+        object.data["spec"]["reservedCIDRs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c.as_str().unwrap().to_string())
+            .collect(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calico_pools_gate_fixed_ips_and_the_reservation_follows_pools_and_workloads() {
+    let Some(fake) = FakeApi::start() else { return };
+    let client = fake.install_crds().await;
+    install_foreign_crds(
+        &client,
+        &[
+            ("crd.projectcalico.org", "IPPool", "ippools"),
+            ("crd.projectcalico.org", "IPReservation", "ipreservations"),
+        ],
+    )
+    .await;
+    let calico_pools: Api<DynamicObject> = Api::all_with(client.clone(), &calico_ippools());
+    let reservations: Api<DynamicObject> = Api::all_with(client.clone(), &calico_reservations());
+    for (name, spec) in [
+        (
+            "fixed",
+            json!({"cidr": "10.10.0.0/24", "nodeSelector": "!all()"}),
+        ),
+        ("auto", json!({"cidr": "10.20.0.0/24"})),
+        ("off", json!({"cidr": "10.30.0.0/24", "disabled": true})),
+        (
+            "tunnel",
+            json!({"cidr": "10.40.0.0/24", "allowedUses": ["Tunnel"]}),
+        ),
+    ] {
+        create_dynamic(&calico_pools, &calico_ippools(), name, spec).await;
+    }
+    let server = fake.replica(&[]).await;
+    let ask = |n: u32, list: &str| {
+        create(
+            &format!("calico-{n}"),
+            pod("prod", &format!("app{n}"), "web-", Some(list)),
+        )
+    };
+
+    // Outside every pool: denied (once the Calico watch has synced), naming the IP and pools.
+    let denied = eventually(
+        "the Calico pools to be known",
+        Duration::from_secs(20),
+        || {
+            let server = &server;
+            let review = ask(1, "10.99.0.5");
+            async move {
+                let response = server.mutate(&review).await;
+                (response["allowed"] == false).then_some(response)
+            }
+        },
+    )
+    .await;
+    let text = message(&denied);
+    assert!(
+        text.contains("IP 10.99.0.5 of")
+            && text.contains("lies in no enabled Calico IPPool that allows Workload use")
+            && text.contains("The provided IP address is not in a configured pool"),
+        "{text}"
+    );
+    for pool in [
+        "fixed 10.10.0.0/24",
+        "auto 10.20.0.0/24",
+        "off 10.30.0.0/24 (disabled)",
+        "tunnel 10.40.0.0/24 (allowedUses Tunnel)",
+    ] {
+        assert!(text.contains(pool), "{pool:?} in {text}");
+    }
+    // In a disabled pool, and in a pool that allows only Tunnel use: denied.
+    for (n, ip) in [(2, "10.30.0.5"), (3, "10.40.0.5")] {
+        let response = server.mutate(&ask(n, ip)).await;
+        assert_eq!(response["allowed"], false, "{ip}: {response}");
+        assert!(
+            message(&response).contains(&format!("IP {ip} of")),
+            "{response}"
+        );
+    }
+    // In the dedicated pool: allocated.
+    let response = server.mutate(&ask(4, "10.10.0.5")).await;
+    assert_eq!(response["allowed"], true, "{response}");
+    assert_eq!(allocated_ip(&response), "10.10.0.5");
+
+    // In a pool Calico also assigns from: allowed with a warning, until the reservation
+    // (which now holds the workload's list) covers the IPs.
+    let response = server
+        .validate(&deployment_review("CREATE", "web", "10.20.0.7-10.20.0.8"))
+        .await;
+    assert_eq!(response["allowed"], true, "{response}");
+    let warnings = calico_warnings(&response);
+    assert_eq!(warnings.len(), 1, "{response}");
+    assert!(
+        warnings[0].contains("IPs 10.20.0.7-10.20.0.8 of Deployment prod/web")
+            && warnings[0].contains("Calico IPPool auto"),
+        "{warnings:?}"
+    );
+    let created = eventually(
+        "the IPReservation to be created",
+        Duration::from_secs(20),
+        || {
+            let reservations = &reservations;
+            async move { reserved_cidrs(reservations).await }
+        },
+    )
+    .await;
+    assert_eq!(created, ["10.20.0.7/32", "10.20.0.8/32"]);
+    let again = eventually(
+        "the reservation to silence the warning",
+        Duration::from_secs(20),
+        || {
+            let server = &server;
+            async move {
+                let response = server
+                    .validate(&deployment_review("UPDATE", "web", "10.20.0.7-10.20.0.8"))
+                    .await;
+                calico_warnings(&response).is_empty().then_some(response)
+            }
+        },
+    )
+    .await;
+    assert_eq!(again["allowed"], true, "{again}");
+
+    // An ip-webhook IPPool's usable IPs join the reservation...
+    let pools: Api<IPPool> = Api::all(client.clone());
+    let blue: IPPool = serde_json::from_value(json!({
+        "apiVersion": "ip-webhook.io/v1alpha1", "kind": "IPPool",
+        "metadata": {"name": "blue"}, "spec": {"cidr": "10.20.0.16/29"},
+    }))
+    .unwrap();
+    pools.create(&PostParams::default(), &blue).await.unwrap();
+    let expected = [
+        "10.20.0.7/32",
+        "10.20.0.8/32",
+        "10.20.0.17/32",
+        "10.20.0.18/31",
+        "10.20.0.20/31",
+        "10.20.0.22/32",
+    ];
+    eventually("the reservation to grow", Duration::from_secs(20), || {
+        let reservations = &reservations;
+        async move { (reserved_cidrs(reservations).await? == expected).then_some(()) }
+    })
+    .await;
+    // ... and leave it as the workload and the pool go.
+    let response = server
+        .validate(&deployment_review("DELETE", "web", "10.20.0.7-10.20.0.8"))
+        .await;
+    assert_eq!(response["allowed"], true, "{response}");
+    eventually("the reservation to shrink", Duration::from_secs(20), || {
+        let reservations = &reservations;
+        async move { (reserved_cidrs(reservations).await? == expected[2..]).then_some(()) }
+    })
+    .await;
+    pools
+        .delete("blue", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the reservation to empty", Duration::from_secs(20), || {
+        let reservations = &reservations;
+        async move { reserved_cidrs(reservations).await?.is_empty().then_some(()) }
+    })
+    .await;
+
+    // A pool deleted through the watch stops admitting its IPs.
+    calico_pools
+        .delete("fixed", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        "the deleted Calico pool to be forgotten",
+        Duration::from_secs(20),
+        || {
+            let server = &server;
+            let review = ask(5, "10.10.0.6");
+            async move {
+                let response = server.mutate(&review).await;
+                (response["allowed"] == false).then_some(())
+            }
+        },
+    )
+    .await;
+    assert_rbac_covers(&fake);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_calico_reservation_off_no_ipreservation_is_written() {
+    let Some(fake) = FakeApi::start() else { return };
+    let client = fake.install_crds().await;
+    install_foreign_crds(
+        &client,
+        &[
+            ("crd.projectcalico.org", "IPPool", "ippools"),
+            ("crd.projectcalico.org", "IPReservation", "ipreservations"),
+        ],
+    )
+    .await;
+    let calico_pools: Api<DynamicObject> = Api::all_with(client.clone(), &calico_ippools());
+    create_dynamic(
+        &calico_pools,
+        &calico_ippools(),
+        "auto",
+        json!({"cidr": "10.20.0.0/24"}),
+    )
+    .await;
+    let server = fake.replica(&["--calico-reservation=false"]).await;
+    // The warning shows the Calico pools are known, and stays: nothing reserves the IPs.
+    eventually(
+        "the Calico pools to be known",
+        Duration::from_secs(20),
+        || {
+            let server = &server;
+            async move {
+                let response = server
+                    .validate(&deployment_review("CREATE", "web", "10.20.0.7"))
+                    .await;
+                (!calico_warnings(&response).is_empty()).then_some(())
+            }
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let reservations: Api<DynamicObject> = Api::all_with(client, &calico_reservations());
+    assert!(reserved_cidrs(&reservations).await.is_none());
+    let response = server
+        .validate(&deployment_review("UPDATE", "web", "10.20.0.7"))
+        .await;
+    assert_eq!(calico_warnings(&response).len(), 1, "{response}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kube_ovn_subnets_and_exclude_ips_gate_fixed_ips_through_the_watch() {
+    let Some(fake) = FakeApi::start() else { return };
+    let client = fake.install_crds().await;
+    install_foreign_crds(&client, &[("kubeovn.io", "Subnet", "subnets")]).await;
+    let subnets: Api<DynamicObject> = Api::all_with(client.clone(), &kube_ovn_subnets());
+    create_dynamic(
+        &subnets,
+        &kube_ovn_subnets(),
+        "net1",
+        json!({"cidrBlock": "10.16.0.0/16", "excludeIps": ["10.16.0.1..10.16.0.10"]}),
+    )
+    .await;
+    let server = fake.replica(&["--cni", "kube-ovn"]).await;
+    let ask = |n: u32, list: &str| {
+        create(
+            &format!("ovn-{n}"),
+            pod("prod", &format!("app{n}"), "web-", Some(list)),
+        )
+    };
+    let denied = eventually("the Subnets to be known", Duration::from_secs(20), || {
+        let server = &server;
+        let review = ask(1, "10.17.0.5");
+        async move {
+            let response = server.mutate(&review).await;
+            (response["allowed"] == false).then_some(response)
+        }
+    })
+    .await;
+    let text = message(&denied);
+    assert!(
+        text.contains("IP 10.17.0.5 of")
+            && text.contains("lies in no Kube-OVN Subnet (Subnets: net1 10.16.0.0/16)"),
+        "{text}"
+    );
+    let response = server.mutate(&ask(2, "10.16.0.5")).await;
+    assert_eq!(response["allowed"], false, "{response}");
+    assert!(
+        message(&response).contains("IP 10.16.0.5 of")
+            && message(&response).contains("excludeIps of Kube-OVN Subnet net1"),
+        "{response}"
+    );
+    let response = server.mutate(&ask(3, "10.16.0.50")).await;
+    assert_eq!(response["allowed"], true, "{response}");
+    assert_eq!(allocated_ip(&response), "10.16.0.50");
+
+    // A Subnet added, then deleted, through the watch.
+    create_dynamic(
+        &subnets,
+        &kube_ovn_subnets(),
+        "net2",
+        json!({"cidrBlock": "10.17.0.0/24"}),
+    )
+    .await;
+    eventually(
+        "the new Subnet to be known",
+        Duration::from_secs(20),
+        || {
+            let server = &server;
+            let review = ask(4, "10.17.0.5");
+            async move {
+                let response = server.mutate(&review).await;
+                (response["allowed"] == true).then_some(())
+            }
+        },
+    )
+    .await;
+    subnets
+        .delete("net2", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        "the deleted Subnet to be forgotten",
+        Duration::from_secs(20),
+        || {
+            let server = &server;
+            let review = ask(5, "10.17.0.6");
+            async move {
+                let response = server.mutate(&review).await;
+                (response["allowed"] == false).then_some(())
+            }
+        },
+    )
+    .await;
+    assert_rbac_covers(&fake);
 }

@@ -482,6 +482,8 @@ fn options() -> ClusterOptions {
             renew_every: Duration::from_secs(5),
         },
         app_label: "app".into(),
+        cni: ip_webhook::annotations::Cni::Calico,
+        calico_reservation: true,
     }
 }
 

@@ -20,7 +20,7 @@ use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
 use crate::allocator::Allocator;
-use crate::annotations::{ALLOCATED_IP_LABEL, static_ips};
+use crate::annotations::{ALLOCATED_IP_LABEL, Cni, static_ips};
 use crate::crd::{IPClaim, IPPool};
 use crate::ipset::ip_from_label_value;
 use crate::ledger::kubernetes::from_resource;
@@ -28,6 +28,7 @@ use crate::ledger::unix_now;
 use crate::pools::PoolCatalog;
 use crate::webhook::Webhook;
 
+pub mod cni;
 pub mod lease;
 pub mod reconcile;
 
@@ -60,6 +61,10 @@ pub struct ClusterOptions {
     pub resync_period: Duration,
     pub lease: lease::LeaseSettings,
     pub app_label: String,
+    /// Which CNI's objects to watch (Calico IPPools and IPReservations, or Kube-OVN Subnets).
+    pub cni: Cni,
+    /// With Calico: keep the IPReservation [`cni::RESERVATION_NAME`] (leader only).
+    pub calico_reservation: bool,
 }
 
 /// What the watches hold. Pods are kept as [`PodInfo`] only, and only pods that carry an IP.
@@ -371,6 +376,9 @@ impl Drop for ClusterHandle {
     }
 }
 
+/// How often the leader compares the Calico IPReservation with what it should hold.
+const RESERVATION_CHECK: Duration = Duration::from_secs(1);
+
 /// Start the watches, readiness, the lease and the reconciler.
 pub fn start(
     client: Client,
@@ -397,6 +405,35 @@ pub fn start(
             webhook.clone(),
         )),
     ];
+    match options.cni {
+        Cni::Calico => {
+            let reservations = Api::all_with(client.clone(), &cni::calico_reservations());
+            let state = Arc::new(cni::ReservationState::default());
+            tasks.push(tokio::spawn(cni::watch_calico_pools(
+                Api::all_with(client.clone(), &cni::calico_ippools()),
+                webhook.clone(),
+            )));
+            tasks.push(tokio::spawn(cni::watch_calico_reservations(
+                reservations.clone(),
+                webhook.clone(),
+                state.clone(),
+            )));
+            if options.calico_reservation {
+                tasks.push(tokio::spawn(cni::keep_reservation(
+                    reservations,
+                    webhook.clone(),
+                    caches.clone(),
+                    state,
+                    leading.clone(),
+                    RESERVATION_CHECK,
+                )));
+            }
+        }
+        Cni::KubeOvn => tasks.push(tokio::spawn(cni::watch_subnets(
+            Api::all_with(client.clone(), &cni::kube_ovn_subnets()),
+            webhook.clone(),
+        ))),
+    }
     let leases = Api::<Lease>::namespaced(client.clone(), &options.lease.namespace);
     let elector = lease::Elector::new(leases.clone(), options.lease.clone());
     tasks.push(tokio::spawn(lease::run(elector, leading_tx)));
