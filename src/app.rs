@@ -89,8 +89,16 @@ pub async fn build(args: &WebhookArgs, metrics: Arc<Metrics>) -> anyhow::Result<
         check_kube_ovn_subnets: args.check_kube_ovn_subnets,
         check_calico_pools: args.check_calico_ippools,
     };
+    let mut webhook = Webhook::new(settings, allocator, pools, metrics);
+    if let Some(client) = &client {
+        let instance = std::env::var("POD_NAME").ok();
+        webhook = webhook.with_events(Arc::new(crate::cluster::events::KubeEvents::new(
+            client.clone(),
+            instance,
+        )));
+    }
     Ok(Built {
-        webhook: Arc::new(Webhook::new(settings, allocator, pools, metrics)),
+        webhook: Arc::new(webhook),
         ledger,
         client,
     })

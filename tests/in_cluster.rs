@@ -511,6 +511,51 @@ async fn the_reconciler_binds_reclaims_expires_and_counts() {
     )
     .await;
     assert_eq!(expired.len(), 1, "{expired:?}");
+    let metrics = &server.launched.webhook.metrics;
+    assert_eq!(metrics.leaks_reclaimed.get(), 1);
+    assert_eq!(metrics.reservations_expired.get(), 1);
+    let (_, exposition) = server.admin_get("/metrics").await;
+    assert!(
+        exposition
+            .lines()
+            .any(|l| l.starts_with("ip_webhook_leader{") && l.ends_with(" 1")),
+        "the only replica leads and says so:\n{exposition}"
+    );
+
+    // A pod refused for exhaustion: a Warning Event on its owner says why pods are missing.
+    let first = server
+        .mutate(&create(
+            "full-1",
+            pod("default", "api", "api-", Some("10.79.9.1")),
+        ))
+        .await;
+    assert_eq!(first["allowed"], true, "{first}");
+    let mut second = pod("default", "api", "api-", Some("10.79.9.1"));
+    second["metadata"]["ownerReferences"] = json!([{
+        "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "api-5d9c",
+        "uid": "0f6c3a1e-0000-4000-8000-000000000001", "controller": true,
+    }]);
+    let refused = server.mutate(&create("full-2", second)).await;
+    assert_eq!(refused["allowed"], false, "{refused}");
+    let exhausted = eventually("an IPExhausted event", Duration::from_secs(10), || async {
+        let found = events_with_reason(&events, "IPExhausted").await;
+        (!found.is_empty()).then_some(found)
+    })
+    .await;
+    assert_eq!(exhausted[0].type_.as_deref(), Some("Warning"));
+    let regarding = exhausted[0]
+        .regarding
+        .as_ref()
+        .expect("the Event names its object");
+    assert_eq!(regarding.kind.as_deref(), Some("ReplicaSet"));
+    assert_eq!(regarding.name.as_deref(), Some("api-5d9c"));
+    assert!(
+        exhausted[0].note.as_deref().unwrap_or("").starts_with(
+            "app default/api: all 1 allocatable IPs are held (10.79.9.1 by default/api-*)"
+        ),
+        "{:?}",
+        exhausted[0].note
+    );
     assert_rbac_covers(&fake);
     assert!(
         expired[0]

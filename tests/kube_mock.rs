@@ -366,6 +366,7 @@ fn executor(client: &Client) -> Executor {
                 instance: Some("test".into()),
             },
         ),
+        metrics: Arc::new(ip_webhook::metrics::Metrics::new()),
     }
 }
 
@@ -453,6 +454,12 @@ async fn release_is_by_uid_a_recreated_pod_of_the_same_name_does_not_keep_the_ol
     let executor = executor(&client);
     assert_eq!(executor.run(&plan).await, 1);
     assert_eq!(executor.run(&plan).await, 0, "a live UID is never released");
+    assert_eq!(
+        executor.metrics.leaks_reclaimed.get(),
+        1,
+        "one leak reclaimed, counted once"
+    );
+    assert_eq!(executor.metrics.reservations_expired.get(), 0);
     let seen = server.await.unwrap();
     assert_eq!(seen[1].body["preconditions"]["uid"], "uid-10.0.0.6-20");
     assert_eq!(seen[2].body["reason"], "IPReclaimed");

@@ -25,10 +25,12 @@ use crate::crd::{IPClaim, IPPool};
 use crate::ipset::ip_from_label_value;
 use crate::ledger::kubernetes::from_resource;
 use crate::ledger::unix_now;
+use crate::metrics::{LeaseLabels, Metrics};
 use crate::pools::PoolCatalog;
 use crate::webhook::Webhook;
 
 pub mod cni;
+pub mod events;
 pub mod lease;
 pub mod reconcile;
 
@@ -437,6 +439,11 @@ pub fn start(
     let leases = Api::<Lease>::namespaced(client.clone(), &options.lease.namespace);
     let elector = lease::Elector::new(leases.clone(), options.lease.clone());
     tasks.push(tokio::spawn(lease::run(elector, leading_tx)));
+    tasks.push(tokio::spawn(export_leadership(
+        leading.clone(),
+        webhook.metrics.clone(),
+        options.lease.name.clone(),
+    )));
     let lease = options.lease.clone();
     let reconciler = Reconciler {
         client: client.clone(),
@@ -453,6 +460,7 @@ pub fn start(
                     instance: Some(options.lease.identity.clone()),
                 },
             ),
+            metrics: webhook.metrics.clone(),
         },
         options,
     };
@@ -463,6 +471,21 @@ pub fn start(
         leases,
         lease,
         tasks,
+    }
+}
+
+/// Keep the `ip_webhook_leader{lease}` gauge equal to this replica's leadership.
+async fn export_leadership(
+    mut leading: watch::Receiver<bool>,
+    metrics: Arc<Metrics>,
+    lease: String,
+) {
+    let gauge = metrics.leader.get_or_create_owned(&LeaseLabels { lease });
+    loop {
+        gauge.set(i64::from(*leading.borrow_and_update()));
+        if leading.changed().await.is_err() {
+            return;
+        }
     }
 }
 

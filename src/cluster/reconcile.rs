@@ -12,6 +12,7 @@ use kube::{Api, Resource};
 use crate::crd::{IPClaim, IPPool, IPPoolStatus};
 use crate::ledger::kubernetes::{claim_name, from_resource, is_status, status_now, to_resource};
 use crate::ledger::{Claim, Phase, PodRef, Source, unix_now};
+use crate::metrics::Metrics;
 use crate::pools::PoolCatalog;
 
 use super::ClusterError;
@@ -243,6 +244,8 @@ pub struct Executor {
     pub pools: Api<IPPool>,
     pub pods: Api<k8s_openapi::api::core::v1::Pod>,
     pub recorder: Recorder,
+    /// Counts reclaimed leaks and expired reservations.
+    pub metrics: Arc<Metrics>,
 }
 
 fn exact(resource: &IPClaim) -> Preconditions {
@@ -356,6 +359,15 @@ impl Executor {
             format!("{}/{}", claim.spec.namespace, claim.spec.pod_name)
         };
         tracing::info!(ip = %claim.spec.ip, %pod, reason = reason.event_reason(), "claim dropped");
+        match reason {
+            DropReason::PodGone => {
+                self.metrics.leaks_reclaimed.inc();
+            }
+            DropReason::ReservationExpired => {
+                self.metrics.reservations_expired.inc();
+            }
+            DropReason::ReleaseDone => {}
+        }
         if reason.is_leak() {
             let note = match reason {
                 DropReason::PodGone => format!(
