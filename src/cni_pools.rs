@@ -304,27 +304,51 @@ fn name_of(meta: &Meta, incoming: &Incoming<'_>) -> String {
         .unwrap_or_default()
 }
 
+/// A CREATE/UPDATE's object (name and spec), or the answer already given: DELETE forgets the
+/// object (unless dry run), CONNECT passes.
+enum Written<S> {
+    Object(String, S),
+    Answered(Response),
+}
+
+fn written<'a, S: Deserialize<'a> + Default>(
+    incoming: &Incoming<'a>,
+    what: &str,
+    forget: impl FnOnce(&str),
+) -> Result<Written<S>, ReviewError> {
+    let response = incoming.respond();
+    match incoming.request.operation {
+        Operation::Delete => {
+            if !incoming.dry_run() {
+                forget(incoming.request.name.as_deref().unwrap_or(""));
+            }
+            return Ok(Written::Answered(response));
+        }
+        Operation::Create | Operation::Update => {}
+        Operation::Connect => return Ok(Written::Answered(response)),
+    }
+    let Some(object) = incoming.object::<Object<S>>(false)? else {
+        let message = format!("a {what} review must carry request.object");
+        return Ok(Written::Answered(response.deny(message)));
+    };
+    Ok(Written::Object(
+        name_of(&object.metadata, incoming),
+        object.spec,
+    ))
+}
+
 /// `/validate` for a Kube-OVN Subnet.
 pub fn review_subnet(
     registry: &NetworkRegistry,
     incoming: &Incoming<'_>,
 ) -> Result<Response, ReviewError> {
+    let (name, spec) =
+        match written::<SubnetSpec>(incoming, "Subnet", |name| registry.forget_subnet(name))? {
+            Written::Object(name, spec) => (name, spec),
+            Written::Answered(response) => return Ok(response),
+        };
     let response = incoming.respond();
-    match incoming.request.operation {
-        Operation::Delete => {
-            if !incoming.dry_run() {
-                registry.forget_subnet(incoming.request.name.as_deref().unwrap_or(""));
-            }
-            return Ok(response);
-        }
-        Operation::Create | Operation::Update => {}
-        Operation::Connect => return Ok(response),
-    }
-    let Some(subnet) = incoming.object::<Object<SubnetSpec>>(false)? else {
-        return Ok(response.deny("a Subnet review must carry request.object"));
-    };
-    let name = name_of(&subnet.metadata, incoming);
-    let subnet = match OvnSubnet::from_spec(&name, &subnet.spec) {
+    let subnet = match OvnSubnet::from_spec(&name, &spec) {
         Ok(subnet) => subnet,
         Err(message) => return Ok(response.deny(message)),
     };
@@ -352,22 +376,14 @@ pub fn review_calico_pool(
     registry: &NetworkRegistry,
     incoming: &Incoming<'_>,
 ) -> Result<Response, ReviewError> {
-    let response = incoming.respond();
-    match incoming.request.operation {
-        Operation::Delete => {
-            if !incoming.dry_run() {
-                registry.forget_calico_pool(incoming.request.name.as_deref().unwrap_or(""));
-            }
-            return Ok(response);
-        }
-        Operation::Create | Operation::Update => {}
-        Operation::Connect => return Ok(response),
-    }
-    let Some(pool) = incoming.object::<Object<CalicoPoolSpec>>(false)? else {
-        return Ok(response.deny("a Calico IPPool review must carry request.object"));
+    let (name, spec) = match written::<CalicoPoolSpec>(incoming, "Calico IPPool", |name| {
+        registry.forget_calico_pool(name)
+    })? {
+        Written::Object(name, spec) => (name, spec),
+        Written::Answered(response) => return Ok(response),
     };
-    let name = name_of(&pool.metadata, incoming);
-    let pool = match CalicoPool::from_spec(&name, &pool.spec) {
+    let response = incoming.respond();
+    let pool = match CalicoPool::from_spec(&name, &spec) {
         Ok(pool) => pool,
         Err(message) => return Ok(response.deny(message)),
     };
