@@ -32,17 +32,22 @@ impl Cni {
 
     /// The annotation value for `ips`: `["10.0.0.10","fd00::a"]` or `10.0.0.10,fd00::a`.
     pub fn format(self, ips: &[IpAddr]) -> String {
-        match self {
-            Cni::Calico => {
-                serde_json::to_string(&ips.iter().map(|ip| ip.to_string()).collect::<Vec<_>>())
-                    .expect("strings serialize")
+        use std::fmt::Write;
+        // IPs print without characters JSON would escape
+        let (open, separator, close) = match self {
+            Cni::Calico => ("[\"", "\",\"", "\"]"),
+            Cni::KubeOvn => ("", ",", ""),
+        };
+        let mut text = String::with_capacity(2 + ips.len() * 42);
+        text.push_str(open);
+        for (i, ip) in ips.iter().enumerate() {
+            if i > 0 {
+                text.push_str(separator);
             }
-            Cni::KubeOvn => ips
-                .iter()
-                .map(|ip| ip.to_string())
-                .collect::<Vec<_>>()
-                .join(","),
+            let _ = write!(text, "{ip}");
         }
+        text.push_str(close);
+        text
     }
 }
 

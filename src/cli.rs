@@ -354,21 +354,9 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     }
 }
 
-pub fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = match format {
-        LogFormat::Json => builder.json().try_init(),
-        LogFormat::Text => builder.try_init(),
-    };
-}
-
 /// Run a parsed command line.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
-    init_logging(cli.log_format);
+    let _logs = crate::logging::init(cli.log_format);
     match cli.command {
         Command::Serve(args) => app::serve_until_signal(args).await,
         Command::Review(args) => review(args).await,

@@ -90,7 +90,10 @@ pub fn parse_ip(text: &str) -> Result<IpAddr, IpSpecError> {
 
 /// The label value form of an IP (`ip-webhook.io/allocated-ip`): labels allow no `:`.
 pub fn ip_label_value(ip: &IpAddr) -> String {
-    ip.to_string().replace(':', "-")
+    match ip {
+        IpAddr::V4(_) => ip.to_string(),
+        IpAddr::V6(_) => ip.to_string().replace(':', "-"),
+    }
 }
 
 /// Inverse of [`ip_label_value`].

@@ -16,6 +16,7 @@ pub mod events;
 pub mod explain;
 pub mod ipset;
 pub mod ledger;
+pub mod logging;
 pub mod metrics;
 pub mod mutate;
 pub mod overlap;

@@ -25,6 +25,15 @@ pub enum Endpoint {
     validate,
 }
 
+impl Endpoint {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Endpoint::mutate => "mutate",
+            Endpoint::validate => "validate",
+        }
+    }
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
 #[allow(non_camel_case_types)]
 pub enum Outcome {

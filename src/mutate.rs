@@ -9,9 +9,13 @@ use crate::events::{Assigned, Refused};
 use crate::ipset::{IpSet, ip_from_label_value, ip_label_value};
 use crate::ledger::PodRef;
 use crate::metrics::AllocationOutcome;
-use crate::webhook::{Candidates, PodView, Webhook};
+use crate::webhook::{Candidates, Noted, PodView, Webhook};
 
-pub async fn mutate(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Response, ReviewError> {
+pub async fn mutate(
+    webhook: &Webhook,
+    incoming: &Incoming<'_>,
+    noted: &mut Noted,
+) -> Result<Response, ReviewError> {
     let response = incoming.respond();
     let request = &incoming.request;
     if request.kind.kind != "Pod"
@@ -21,7 +25,7 @@ pub async fn mutate(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Respon
         return Ok(response);
     }
     match request.operation {
-        Operation::Create => create(webhook, incoming, response).await,
+        Operation::Create => create(webhook, incoming, response, noted).await,
         Operation::Delete => delete(webhook, incoming, response).await,
         _ => Ok(response),
     }
@@ -31,6 +35,7 @@ async fn create(
     webhook: &Webhook,
     incoming: &Incoming<'_>,
     response: Response,
+    noted: &mut Noted,
 ) -> Result<Response, ReviewError> {
     let Some(pod) = incoming.metadata(false)? else {
         return Ok(response.deny("a Pod CREATE review must carry request.object"));
@@ -72,7 +77,7 @@ async fn create(
     let chosen = candidates.as_ref().unwrap_or(&empty);
     let scope = view.scope(chosen);
     let app_key = format!("{}/{}", view.namespace, view.app.unwrap_or(""));
-    tracing::Span::current().record("app", app_key.as_str());
+    noted.app = Some(app_key.clone());
     let static_set = IpSet::from_ips(statics.iter().flat_map(|(_, ips)| ips.iter().copied()));
     let checked = if statics.is_empty() {
         &chosen.set
@@ -119,7 +124,7 @@ async fn create(
                 webhook
                     .metrics
                     .allocation(AllocationOutcome::static_recorded);
-                tracing::Span::current().record("ip", tracing::field::display(IpList(&ips)));
+                noted.ips(&ips);
                 webhook.events.assigned(&Assigned {
                     request_uid: incoming.uid(),
                     pod: &request.pod,
@@ -144,7 +149,7 @@ async fn create(
                 AllocationOutcome::allocated
             };
             webhook.metrics.allocation(outcome);
-            tracing::Span::current().record("ip", tracing::field::display(IpList(&allocation.ips)));
+            noted.ips(&allocation.ips);
             tracing::debug!(pod = %view.display(), reasons = ?allocation.reasons, "allocated");
             webhook.events.assigned(&Assigned {
                 request_uid: incoming.uid(),
@@ -258,20 +263,6 @@ fn alloc_failure(context: &RefusalContext<'_>, response: Response, error: AllocE
 }
 
 /// IPs as `10.0.0.1,fd00::1`, formatted only when a log line is written.
-struct IpList<'a>(&'a [IpAddr]);
-
-impl std::fmt::Display for IpList<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        for (i, ip) in self.0.iter().enumerate() {
-            if i > 0 {
-                f.write_str(",")?;
-            }
-            write!(f, "{ip}")?;
-        }
-        Ok(())
-    }
-}
-
 pub fn no_app_label(view: &PodView<'_>, app_label: &str) -> String {
     format!(
         "pod {} asks for fixed IPs but has no {app_label:?} label; ip-webhook needs it (with the namespace) to know which app the IPs belong to",

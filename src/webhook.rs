@@ -1,11 +1,11 @@
 //! The webhook: decodes a review, routes it to `/mutate` or `/validate`, encodes the answer.
 //! Transport-free, so the HTTPS server and the `review` command share it.
 
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
-use tracing::Instrument;
 
 use crate::admission::{self, Incoming, Meta, ReviewError};
 use crate::allocator::Allocator;
@@ -18,6 +18,28 @@ use crate::metrics::{Endpoint, Metrics, Outcome, RequestLabels, WebhookLabels};
 use crate::pools::PoolCatalog;
 use crate::workloads::WorkloadRegistry;
 use crate::{mutate, validate};
+
+/// What the decision's log line names besides the answer, filled in by `/mutate` as it learns it.
+#[derive(Debug, Default)]
+pub struct Noted {
+    /// `namespace/app`.
+    pub app: Option<String>,
+    /// The IPs given, comma-separated.
+    pub ips: String,
+}
+
+impl Noted {
+    pub fn ips(&mut self, ips: &[IpAddr]) {
+        use std::fmt::Write;
+        self.ips.clear();
+        for (i, ip) in ips.iter().enumerate() {
+            if i > 0 {
+                self.ips.push(',');
+            }
+            let _ = write!(self.ips, "{ip}");
+        }
+    }
+}
 
 /// Behaviour switches from the command line.
 #[derive(Debug, Clone)]
@@ -120,43 +142,35 @@ impl Webhook {
         let incoming = match admission::decode(body) {
             Ok(incoming) => incoming,
             Err(error) => {
-                tracing::info!(webhook = ?endpoint, outcome = "bad_request", %error, latency_us = started.elapsed().as_micros() as u64, "admission decision");
+                tracing::info!(webhook = endpoint.as_str(), outcome = "bad_request", %error, latency_us = started.elapsed().as_micros() as u64, "admission decision");
                 return Err(error);
             }
         };
-        // mutate fills `app` and `ip` in once it knows them (a no-op when INFO is off).
-        let span = tracing::info_span!(
-            "admission",
+        let mut noted = Noted::default();
+        let response = match endpoint {
+            Endpoint::mutate => mutate::mutate(self, &incoming, &mut noted).await?,
+            Endpoint::validate => validate::validate(self, &incoming).await?,
+        };
+        // One line per decision, with plain fields and no span: this runs on every request.
+        tracing::info!(
             uid = incoming.uid(),
             namespace = incoming.namespace(),
-            app = tracing::field::Empty,
-            ip = tracing::field::Empty,
+            app = noted.app.as_deref().unwrap_or(""),
+            ip = noted.ips.as_str(),
+            webhook = endpoint.as_str(),
+            operation = incoming.request.operation.as_str(),
+            kind = incoming.request.kind.kind.as_str(),
+            name = incoming.request.name.as_deref().unwrap_or(""),
+            outcome = if response.allowed {
+                "allowed"
+            } else {
+                "denied"
+            },
+            dry_run = incoming.dry_run(),
+            latency_us = started.elapsed().as_micros() as u64,
+            reason = response.message.as_deref().unwrap_or(""),
+            "admission decision"
         );
-        let response = match endpoint {
-            Endpoint::mutate => {
-                mutate::mutate(self, &incoming)
-                    .instrument(span.clone())
-                    .await?
-            }
-            Endpoint::validate => {
-                validate::validate(self, &incoming)
-                    .instrument(span.clone())
-                    .await?
-            }
-        };
-        span.in_scope(|| {
-            tracing::info!(
-                webhook = ?endpoint,
-                operation = ?incoming.request.operation,
-                kind = %incoming.request.kind.kind,
-                name = incoming.request.name.as_deref().unwrap_or(""),
-                outcome = if response.allowed { "allowed" } else { "denied" },
-                dry_run = incoming.dry_run(),
-                latency_us = started.elapsed().as_micros() as u64,
-                reason = response.message.as_deref().unwrap_or(""),
-                "admission decision"
-            )
-        });
         Ok(response)
     }
 

@@ -1,8 +1,12 @@
 //! The AdmissionReview wire protocol (`admission.k8s.io/v1` and `v1beta1`).
 //!
-//! Decoding borrows the object as raw JSON and reads only what a decision needs, so a 6 KB
-//! pod is parsed once and its `spec` is skipped without allocation. Responses echo the
-//! request's `apiVersion` and `uid`, and carry the patch as the base64 string the API documents.
+//! Decoding is one pass over the body ([`scan`]) that checks it is JSON, borrows the object as
+//! raw JSON and reads only what a decision needs, so a 6 KB pod's `spec` is skipped without
+//! allocation; anything unusual goes to the serde derive below, which decides and words the
+//! errors. Responses echo the request's `apiVersion` and `uid`, and carry the patch as the
+//! base64 string the API documents.
+
+mod scan;
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -77,11 +81,54 @@ pub struct Request<'a> {
     pub namespace: Option<Cow<'a, str>>,
     pub operation: Operation,
     #[serde(borrow, default)]
-    pub object: Option<&'a RawValue>,
+    pub object: Option<RawJson<'a>>,
     #[serde(borrow, default)]
-    pub old_object: Option<&'a RawValue>,
+    pub old_object: Option<RawJson<'a>>,
     #[serde(default)]
     pub dry_run: Option<bool>,
+    /// `object.metadata` as the scan read it (the serde path leaves it `NotScanned`).
+    #[serde(skip)]
+    pub object_metadata: ScannedMetadata,
+    #[serde(skip)]
+    pub old_object_metadata: ScannedMetadata,
+}
+
+/// A JSON value's text, borrowed from the body (checked as JSON when the review was decoded).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawJson<'a>(&'a str);
+
+impl<'a> RawJson<'a> {
+    pub fn get(&self) -> &'a str {
+        self.0
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for RawJson<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        <&'de RawValue>::deserialize(deserializer).map(|raw| RawJson(raw.get()))
+    }
+}
+
+/// What the scan made of an embedded object's `metadata`.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub enum ScannedMetadata {
+    /// Not read, or not plain: read the object with serde.
+    #[default]
+    NotScanned,
+    /// The object is a JSON object without `metadata`.
+    Absent,
+    Read(MetaOnly),
+}
+
+impl Operation {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Operation::Create => "CREATE",
+            Operation::Update => "UPDATE",
+            Operation::Delete => "DELETE",
+            Operation::Connect => "CONNECT",
+        }
+    }
 }
 
 /// A decoded review whose version and uid were checked.
@@ -130,18 +177,19 @@ impl<'a> Incoming<'a> {
     /// the review was decoded, so its members are located by a byte scan and only the metadata
     /// fields the webhook reads go through serde; anything unusual (a field of the wrong type,
     /// a `null` metadata) takes the full serde path, which also gives the error message.
-    pub fn metadata(&self, old: bool) -> Result<Option<MetaOnly>, ReviewError> {
-        let raw = if old {
-            self.request.old_object
+    pub fn metadata(&self, old: bool) -> Result<Option<Cow<'_, MetaOnly>>, ReviewError> {
+        let (raw, scanned) = if old {
+            (self.request.old_object, &self.request.old_object_metadata)
         } else {
-            self.request.object
+            (self.request.object, &self.request.object_metadata)
         };
-        match raw.map(|raw| raw.get()) {
-            None | Some("null") => Ok(None),
-            Some(text) => match metadata_fast(text) {
-                Some(meta) => Ok(Some(MetaOnly { metadata: meta })),
-                None => self.object::<MetaOnly>(old),
-            },
+        match (raw.map(|raw| raw.get()), scanned) {
+            (None | Some("null"), _) => Ok(None),
+            (Some(_), ScannedMetadata::Absent) => Ok(Some(Cow::Owned(MetaOnly::default()))),
+            (Some(_), ScannedMetadata::Read(metadata)) => Ok(Some(Cow::Borrowed(metadata))),
+            (Some(_), ScannedMetadata::NotScanned) => {
+                Ok(self.object::<MetaOnly>(old)?.map(Cow::Owned))
+            }
         }
     }
 
@@ -160,8 +208,19 @@ impl<'a> Incoming<'a> {
 
 /// Decode and check a review body.
 pub fn decode(body: &[u8]) -> Result<Incoming<'_>, ReviewError> {
-    let review: Review<'_> =
-        serde_json::from_slice(body).map_err(|e| ReviewError::NotAReview(e.to_string()))?;
+    let review = match scan::review(body) {
+        Ok(review) => review,
+        Err(scan::Unusual) => decode_with_serde(body)?,
+    };
+    check(review)
+}
+
+/// The reference decoder: what the scan must agree with, and what words the errors.
+fn decode_with_serde(body: &[u8]) -> Result<Review<'_>, ReviewError> {
+    serde_json::from_slice(body).map_err(|e| ReviewError::NotAReview(e.to_string()))
+}
+
+fn check(review: Review<'_>) -> Result<Incoming<'_>, ReviewError> {
     let api_version = match review.api_version.as_deref() {
         Some(V1) => V1,
         Some(V1BETA1) => V1BETA1,
@@ -309,124 +368,6 @@ pub struct MetaOnly {
     pub metadata: Meta,
 }
 
-/// `Meta` of the JSON object `object` (valid JSON), or `None` when the serde path must decide.
-fn metadata_fast(object: &str) -> Option<Meta> {
-    let mut meta = Meta::default();
-    let mut metadata = None;
-    for (key, value) in json_members(object)? {
-        match key {
-            "metadata" if metadata.is_none() => metadata = Some(value),
-            "metadata" => return None, // duplicate: serde refuses it
-            _ if key.contains('\\') => return None,
-            _ => {}
-        }
-    }
-    let Some(text) = metadata else {
-        return Some(meta);
-    };
-    for (key, value) in json_members(text)? {
-        match key {
-            "name" => meta.name = serde_json::from_str(value).ok()?,
-            "generateName" => meta.generate_name = serde_json::from_str(value).ok()?,
-            "namespace" => meta.namespace = serde_json::from_str(value).ok()?,
-            "uid" => meta.uid = serde_json::from_str(value).ok()?,
-            "labels" => meta.labels = serde_json::from_str(value).ok()?,
-            "annotations" => meta.annotations = serde_json::from_str(value).ok()?,
-            "ownerReferences" => meta.owner_references = serde_json::from_str(value).ok()?,
-            // an escaped key may spell a field name: let serde decide
-            _ if key.contains('\\') => return None,
-            _ => {}
-        }
-    }
-    Some(meta)
-}
-
-/// The members of a JSON object as (raw key without quotes, raw value) pairs, by a byte scan.
-/// `text` must be valid JSON (a `RawValue`); `None` when it is not an object.
-fn json_members(text: &str) -> Option<impl Iterator<Item = (&str, &str)>> {
-    let bytes = text.as_bytes();
-    let mut at = skip_whitespace(bytes, 0);
-    if bytes.get(at) != Some(&b'{') {
-        return None;
-    }
-    at += 1;
-    Some(std::iter::from_fn(move || {
-        at = skip_whitespace(bytes, at);
-        if bytes.get(at) != Some(&b'"') {
-            return None; // `}`: the end
-        }
-        let key_end = skip_string(bytes, at);
-        let key = &text[at + 1..key_end - 1];
-        at = skip_whitespace(bytes, key_end) + 1; // past `:`
-        let value_start = skip_whitespace(bytes, at);
-        let value_end = skip_value(bytes, value_start);
-        at = skip_whitespace(bytes, value_end);
-        if bytes.get(at) == Some(&b',') {
-            at += 1;
-        }
-        Some((key, &text[value_start..value_end]))
-    }))
-}
-
-fn skip_whitespace(bytes: &[u8], mut at: usize) -> usize {
-    while bytes
-        .get(at)
-        .is_some_and(|b| matches!(b, b' ' | b'\n' | b'\r' | b'\t'))
-    {
-        at += 1;
-    }
-    at
-}
-
-/// `bytes[at]` is the opening `"`; returns the index after the closing one.
-fn skip_string(bytes: &[u8], at: usize) -> usize {
-    let mut at = at + 1;
-    while let Some(found) = memchr::memchr2(b'"', b'\\', &bytes[at..]) {
-        if bytes[at + found] == b'"' {
-            return at + found + 1;
-        }
-        at += found + 2; // a backslash and the character it escapes
-    }
-    bytes.len()
-}
-
-/// The index after the JSON value starting at `bytes[at]`.
-fn skip_value(bytes: &[u8], mut at: usize) -> usize {
-    match bytes.get(at) {
-        Some(b'"') => skip_string(bytes, at),
-        Some(b'{' | b'[') => {
-            let mut depth = 0usize;
-            while let Some(&b) = bytes.get(at) {
-                match b {
-                    b'"' => {
-                        at = skip_string(bytes, at);
-                        continue;
-                    }
-                    b'{' | b'[' => depth += 1,
-                    b'}' | b']' => {
-                        depth -= 1;
-                        if depth == 0 {
-                            return at + 1;
-                        }
-                    }
-                    _ => {}
-                }
-                at += 1;
-            }
-            at
-        }
-        _ => {
-            while bytes
-                .get(at)
-                .is_some_and(|b| !matches!(b, b',' | b'}' | b']' | b' ' | b'\n' | b'\r' | b'\t'))
-            {
-                at += 1;
-            }
-            at
-        }
-    }
-}
-
 /// Escape a key for a JSON Pointer (RFC 6901): `~` → `~0`, `/` → `~1`.
 pub fn escape_pointer(key: &str) -> Cow<'_, str> {
     if key.contains(['~', '/']) {
@@ -516,7 +457,7 @@ fn write_json_string_content(out: &mut Vec<u8>, value: &str) {
 mod tests {
     use super::*;
 
-    const REVIEW: &str = include_str!("../tests/fixtures/pod-create-v1.json");
+    const REVIEW: &str = include_str!("../../tests/fixtures/pod-create-v1.json");
 
     #[test]
     fn decodes_what_kube_core_decodes() {
@@ -589,7 +530,7 @@ mod tests {
             r#"{{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{{"uid":"u","operation":"CREATE","object":{object}}}}}"#
         );
         let incoming = decode(body.as_bytes()).unwrap();
-        let fast = incoming.metadata(false);
+        let fast = incoming.metadata(false).map(|m| m.map(Cow::into_owned));
         let serde = incoming.object::<MetaOnly>(false);
         assert_eq!(fast, serde, "object: {object}");
     }
@@ -600,11 +541,8 @@ mod tests {
         let pod = &fixture["request"]["object"];
         assert_metadata_agrees(&pod.to_string());
         assert_metadata_agrees(&serde_json::to_string_pretty(pod).unwrap());
-        let ours = decode(REVIEW.as_bytes())
-            .unwrap()
-            .metadata(false)
-            .unwrap()
-            .unwrap();
+        let incoming = decode(REVIEW.as_bytes()).unwrap();
+        let ours = incoming.metadata(false).unwrap().unwrap();
         assert_eq!(ours.metadata.label("app"), Some("web"));
         assert_eq!(
             ours.metadata.generate_name.as_deref(),
@@ -633,7 +571,151 @@ mod tests {
         }
     }
 
+    /// The scan either gives up or decodes what serde decodes; where serde refuses the body, the
+    /// scan gives up (so the answer and its error message are serde's).
+    fn assert_scan_agrees(body: &[u8]) {
+        fn comparable(mut review: Review<'_>) -> String {
+            if let Some(request) = &mut review.request {
+                request.object_metadata = ScannedMetadata::NotScanned;
+                request.old_object_metadata = ScannedMetadata::NotScanned;
+            }
+            format!("{review:?}")
+        }
+        let shown = String::from_utf8_lossy(body);
+        match (scan::review(body), decode_with_serde(body)) {
+            (Ok(fast), Ok(serde)) => assert_eq!(comparable(fast), comparable(serde), "{shown}"),
+            (Ok(fast), Err(error)) => {
+                panic!("the scan accepted what serde refuses ({error}): {fast:?}\n{shown}")
+            }
+            (Err(scan::Unusual), _) => {}
+        }
+    }
+
+    fn compact_fixture() -> String {
+        serde_json::from_str::<serde_json::Value>(REVIEW)
+            .unwrap()
+            .to_string()
+    }
+
+    #[test]
+    fn scan_decodes_the_fixture_in_one_pass() {
+        for body in [REVIEW.to_string(), compact_fixture()] {
+            let review = scan::review(body.as_bytes()).expect("a plain review takes the fast path");
+            let request = review.request.as_ref().unwrap();
+            assert_eq!(request.operation, Operation::Create);
+            assert_eq!(request.dry_run, Some(false));
+            assert!(
+                matches!(&request.object_metadata, ScannedMetadata::Read(pod) if pod.metadata.generate_name.as_deref() == Some("web-7d4b9c8f6d-")),
+                "{:?}",
+                request.object_metadata
+            );
+            assert_eq!(request.old_object, None);
+            assert_scan_agrees(body.as_bytes());
+        }
+    }
+
+    #[test]
+    fn scan_gives_up_where_serde_must_decide() {
+        let good = r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u","operation":"CREATE","object":{"metadata":{"name":"a"},"spec":SPEC}}}"#;
+        for spec in [
+            "01",
+            "1.",
+            "-",
+            "1e",
+            "1e+",
+            "--1",
+            "nul",
+            "truex",
+            "[1,]",
+            "{\"a\":1,}",
+            "[1 2]",
+            "{\"a\" 1}",
+            "{1:2}",
+            "\"tab\tin\"",
+            "\"bad \\x escape\"",
+            "\"\\ud800\"",
+            "'single'",
+            "NaN",
+            "Infinity",
+            "[",
+            "{",
+        ] {
+            let body = good.replace("SPEC", &spec.replace("\\t", "\t"));
+            assert_eq!(
+                scan::review(body.as_bytes()).map(drop),
+                Err(scan::Unusual),
+                "{body}"
+            );
+            assert_scan_agrees(body.as_bytes());
+        }
+        for spec in [
+            "0",
+            "-0.5e-3",
+            "1E9",
+            "[]",
+            "{}",
+            "[[],{}]",
+            "\"\\\"\\\\/\\n\"",
+            "true",
+            "null",
+        ] {
+            let body = good.replace("SPEC", spec);
+            assert!(scan::review(body.as_bytes()).is_ok(), "{body}");
+            assert_scan_agrees(body.as_bytes());
+        }
+        for body in [
+            // duplicates, escaped keys, wrong types, trailing bytes, deep nesting
+            r#"{"apiVersion":"admission.k8s.io/v1","apiVersion":"x","kind":"AdmissionReview"}"#,
+            r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u","uid":"v","operation":"CREATE"}}"#,
+            r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"u\u0069d":"u","operation":"CREATE"}}"#,
+            r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":5,"operation":"CREATE"}}"#,
+            r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u","operation":"PATCH"}}"#,
+            r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u"}}"#,
+            r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u","operation":"CREATE","dryRun":"yes"}} x"#,
+            r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u","operation":"CREATE","kind":{"kind":null}}}"#,
+        ] {
+            assert_eq!(
+                scan::review(body.as_bytes()).map(drop),
+                Err(scan::Unusual),
+                "{body}"
+            );
+            assert_scan_agrees(body.as_bytes());
+        }
+        let deep = good.replace("SPEC", &format!("{}{}", "[".repeat(120), "]".repeat(120)));
+        assert_eq!(scan::review(deep.as_bytes()).map(drop), Err(scan::Unusual));
+        assert_scan_agrees(deep.as_bytes());
+        let mut invalid_utf8 = good.replace("SPEC", "\"\u{e9}\"").into_bytes();
+        let at = invalid_utf8.iter().position(|&b| b == 0xc3).unwrap();
+        invalid_utf8[at + 1] = 0x28;
+        assert_eq!(scan::review(&invalid_utf8).map(drop), Err(scan::Unusual));
+        // escaped values it does decode
+        let escaped = r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"a\"b\\c\/d\n","name":null,"operation":"DELETE","oldObject":{"metadata":{"name":"x"}},"object":null}}"#;
+        let review = scan::review(escaped.as_bytes()).expect("simple escapes take the fast path");
+        assert_eq!(review.request.as_ref().unwrap().uid, "a\"b\\c/d\n");
+        assert_scan_agrees(escaped.as_bytes());
+    }
+
     proptest::proptest! {
+        #[test]
+        fn scan_agrees_with_serde_on_damaged_reviews(
+            edits in proptest::collection::vec((0.0..1.0f64, proptest::sample::select(vec![
+                "", "\"", "\\", "{", "}", "[", "]", ",", ":", "0", "-", ".", "e", "n", "t", " ", "\n", "\u{1}", "\u{e9}", "null", "\\u00e9",
+            ])), 1..4),
+            compact in proptest::bool::ANY,
+        ) {
+            let mut body = if compact { compact_fixture() } else { REVIEW.to_string() };
+            for (at, text) in edits {
+                let mut at = (at * body.len() as f64) as usize;
+                while !body.is_char_boundary(at) {
+                    at -= 1;
+                }
+                let end = (at + 1).min(body.len());
+                let end = if body.is_char_boundary(end) { end } else { at };
+                body.replace_range(at..end, text);
+            }
+            assert_scan_agrees(body.as_bytes());
+        }
+
         #[test]
         fn metadata_scan_agrees_with_serde_on_generated_objects(
             labels in proptest::collection::btree_map("[a-z/.~\"\\\\ \\n{}\\[\\]:,]{0,8}", "[ -~\\n]{0,8}", 0..4),

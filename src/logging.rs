@@ -1,0 +1,379 @@
+//! Logging: `tracing` to stderr, as text or JSON, at the level `RUST_LOG` names (default info).
+//!
+//! Every admission decision logs a line, so lines cost little: the text format is written
+//! directly ([`Text`]), and lines are buffered and written every 50 ms, or as soon as 64 KiB
+//! wait, instead of one write(2) each. Warnings and errors go out at once (after what is
+//! buffered, so the order holds), and dropping the [`LogGuard`] writes what is left.
+
+use std::fmt::Debug;
+use std::io::Write;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use tracing::field::{Field, Visit};
+use tracing::{Event, Level, Subscriber};
+use tracing_subscriber::fmt::format::{FormatEvent, FormatFields, Writer};
+use tracing_subscriber::fmt::{FmtContext, MakeWriter};
+use tracing_subscriber::registry::LookupSpan;
+
+use crate::cli::LogFormat;
+
+const FLUSH_EVERY: Duration = Duration::from_millis(50);
+const FLUSH_AT_BYTES: usize = 64 * 1024;
+
+/// Install the global subscriber. Keep the guard until the process ends.
+pub fn init(format: LogFormat) -> LogGuard {
+    let (writer, guard) = buffered(Box::new(std::io::stderr()));
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(writer);
+    let _ = match format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => builder.event_format(Text).try_init(),
+    };
+    guard
+}
+
+/// The text format: `2026-11-30T00:52:05.418119Z  INFO ip_webhook::webhook: admission decision
+/// uid="…" latency_us=41 …`, the shape of tracing-subscriber's default without colours or span
+/// context (ip-webhook opens no spans).
+pub struct Text;
+
+impl<S, N> FormatEvent<S, N> for Text
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        _: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> std::fmt::Result {
+        let meta = event.metadata();
+        let level = match *meta.level() {
+            Level::ERROR => "ERROR",
+            Level::WARN => " WARN",
+            Level::INFO => " INFO",
+            Level::DEBUG => "DEBUG",
+            Level::TRACE => "TRACE",
+        };
+        write!(
+            writer,
+            "{:.6} {level} {}:",
+            jiff::Timestamp::now(),
+            meta.target()
+        )?;
+        let mut fields = TextFields {
+            writer: &mut writer,
+            result: Ok(()),
+        };
+        event.record(&mut fields);
+        fields.result?;
+        writer.write_char('\n')
+    }
+}
+
+/// ` name=value` per field; strings quoted, the message as it is.
+struct TextFields<'a, 'w> {
+    writer: &'a mut Writer<'w>,
+    result: std::fmt::Result,
+}
+
+impl TextFields<'_, '_> {
+    fn field(&mut self, field: &Field, value: impl FnOnce(&mut Writer<'_>) -> std::fmt::Result) {
+        if self.result.is_ok() {
+            self.result = if field.name() == "message" {
+                self.writer
+                    .write_char(' ')
+                    .and_then(|()| value(self.writer))
+            } else {
+                write!(self.writer, " {}=", field.name()).and_then(|()| value(self.writer))
+            };
+        }
+    }
+}
+
+impl Visit for TextFields<'_, '_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        let message = field.name() == "message";
+        self.field(field, |writer| {
+            let plain = !value.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\');
+            match (message, plain) {
+                (true, _) => writer.write_str(value),
+                (false, true) => write!(writer, "\"{value}\""),
+                (false, false) => write!(writer, "{value:?}"),
+            }
+        });
+    }
+
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.field(field, |writer| write!(writer, "{value}"));
+    }
+
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.field(field, |writer| write!(writer, "{value}"));
+    }
+
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.field(field, |writer| {
+            writer.write_str(if value { "true" } else { "false" })
+        });
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn Debug) {
+        self.field(field, |writer| write!(writer, "{value:?}"));
+    }
+}
+
+/// A writer for the subscriber that buffers into `sink`, and the guard that flushes it.
+pub fn buffered(sink: Box<dyn Write + Send>) -> (BufferedWriter, LogGuard) {
+    let shared = Arc::new(Shared {
+        state: Mutex::new(State {
+            pending: Vec::new(),
+            sink,
+            stopping: false,
+        }),
+        wake: Condvar::new(),
+    });
+    let flusher = {
+        let shared = shared.clone();
+        std::thread::Builder::new()
+            .name("log-flusher".into())
+            .spawn(move || shared.flush_periodically())
+            .ok()
+    };
+    (
+        BufferedWriter {
+            shared: shared.clone(),
+        },
+        LogGuard { shared, flusher },
+    )
+}
+
+struct Shared {
+    state: Mutex<State>,
+    wake: Condvar,
+}
+
+struct State {
+    pending: Vec<u8>,
+    sink: Box<dyn Write + Send>,
+    stopping: bool,
+}
+
+impl State {
+    fn flush(&mut self) {
+        if !self.pending.is_empty() {
+            // Nowhere to report a failed log write; the lines are dropped, the webhook goes on.
+            let _ = self.sink.write_all(&self.pending);
+            let _ = self.sink.flush();
+            self.pending.clear();
+        }
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn flush_periodically(&self) {
+        let mut state = self.lock();
+        while !state.stopping {
+            state.flush();
+            state = self
+                .wake
+                .wait_timeout(state, FLUSH_EVERY)
+                .map(|(state, _)| state)
+                .unwrap_or_else(|poisoned| poisoned.into_inner().0);
+        }
+        state.flush();
+    }
+}
+
+/// Flushes the log buffer when dropped.
+pub struct LogGuard {
+    shared: Arc<Shared>,
+    flusher: Option<JoinHandle<()>>,
+}
+
+impl Drop for LogGuard {
+    fn drop(&mut self) {
+        self.shared.lock().stopping = true;
+        self.shared.wake.notify_all();
+        if let Some(flusher) = self.flusher.take() {
+            let _ = flusher.join();
+        }
+        self.shared.lock().flush();
+    }
+}
+
+#[derive(Clone)]
+pub struct BufferedWriter {
+    shared: Arc<Shared>,
+}
+
+/// One log line on its way: buffered, or written at once (warnings and errors).
+pub struct LineWriter<'a> {
+    shared: &'a Shared,
+    at_once: bool,
+}
+
+impl Write for LineWriter<'_> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        let mut state = self.shared.lock();
+        state.pending.extend_from_slice(bytes);
+        if self.at_once || state.pending.len() >= FLUSH_AT_BYTES || state.stopping {
+            state.flush();
+        }
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> MakeWriter<'a> for BufferedWriter {
+    type Writer = LineWriter<'a>;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        LineWriter {
+            shared: &self.shared,
+            at_once: false,
+        }
+    }
+
+    fn make_writer_for(&'a self, meta: &tracing::Metadata<'_>) -> Self::Writer {
+        LineWriter {
+            shared: &self.shared,
+            at_once: *meta.level() <= Level::WARN,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Clone, Default)]
+    struct Sink(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Sink {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Sink {
+        fn text(&self) -> String {
+            String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+        }
+    }
+
+    #[test]
+    fn info_waits_for_the_flusher_warnings_go_at_once_in_order() {
+        let sink = Sink::default();
+        let (writer, guard) = buffered(Box::new(sink.clone()));
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .without_time()
+            .with_writer(writer)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::info!("first");
+            tracing::info!("second");
+            // the flusher may have run in between; what is written is always whole lines in order
+            tracing::warn!("third");
+        });
+        let text = sink.text();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines.len(),
+            3,
+            "a warning writes what waits before it: {text}"
+        );
+        assert!(
+            lines[0].ends_with("first") && lines[2].ends_with("third"),
+            "{text}"
+        );
+
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .without_time()
+            .with_writer(BufferedWriter {
+                shared: guard.shared.clone(),
+            })
+            .finish();
+        tracing::subscriber::with_default(subscriber, || tracing::info!("fourth"));
+        drop(guard);
+        assert!(
+            sink.text().ends_with("fourth\n"),
+            "dropping the guard flushes"
+        );
+    }
+
+    #[test]
+    fn text_lines_name_every_field() {
+        let sink = Sink::default();
+        let (writer, guard) = buffered(Box::new(sink.clone()));
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(writer)
+            .event_format(Text)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::info!(
+                uid = "u-1",
+                latency_us = 41u64,
+                dry_run = false,
+                reason = "pod \"a\"\nb",
+                delta = -3i64,
+                "admission decision"
+            );
+            tracing::error!(error = %"disk full", "ledger commit failed for {}", "10.0.0.1");
+        });
+        drop(guard);
+        let text = sink.text();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        let (time, rest) = lines[0].split_once(' ').unwrap();
+        assert!(
+            time.parse::<jiff::Timestamp>().is_ok() && time.ends_with('Z') && time.len() == 27,
+            "an RFC 3339 UTC time with microseconds: {time}"
+        );
+        assert_eq!(
+            rest,
+            r#" INFO ip_webhook::logging::tests: admission decision uid="u-1" latency_us=41 dry_run=false reason="pod \"a\"\nb" delta=-3"#
+        );
+        assert!(
+            lines[1].ends_with("ERROR ip_webhook::logging::tests: ledger commit failed for 10.0.0.1 error=disk full"),
+            "{}",
+            lines[1]
+        );
+    }
+
+    #[test]
+    fn the_flusher_writes_within_its_period() {
+        let sink = Sink::default();
+        let (writer, _guard) = buffered(Box::new(sink.clone()));
+        let mut line = writer.make_writer();
+        line.write_all(b"waiting\n").unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while sink.text().is_empty() {
+            assert!(std::time::Instant::now() < deadline, "never flushed");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(sink.text(), "waiting\n");
+    }
+}
