@@ -12,10 +12,14 @@ use crate::ipset::IpSet;
 use crate::ledger::Claim;
 use crate::mutate::{no_app_label, outside_list};
 use crate::pools::{Pool, PoolError};
-use crate::webhook::{PodView, Webhook};
+use crate::webhook::{Noted, PodView, Webhook};
 use crate::{cni_pools, workloads};
 
-pub async fn validate(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Response, ReviewError> {
+pub async fn validate(
+    webhook: &Webhook,
+    incoming: &Incoming<'_>,
+    noted: &mut Noted,
+) -> Result<Response, ReviewError> {
     let request = &incoming.request;
     if request.sub_resource.is_some() {
         return Ok(incoming.respond());
@@ -24,7 +28,7 @@ pub async fn validate(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Resp
     let (group, kind) = (request.kind.group.as_str(), request.kind.kind.as_str());
     match (group, kind) {
         ("", "Pod") if matches!(request.operation, Operation::Create | Operation::Update) => {
-            validate_pod(webhook, incoming, incoming.respond())
+            validate_pod(webhook, incoming, incoming.respond(), noted)
         }
         (crd::GROUP, "IPPool") => validate_ippool(webhook, incoming),
         (group, kind) if workloads::is_workload(group, kind) => {
@@ -132,12 +136,16 @@ fn validate_pod(
     webhook: &Webhook,
     incoming: &Incoming<'_>,
     response: Response,
+    noted: &mut Noted,
 ) -> Result<Response, ReviewError> {
     let Some(pod) = incoming.metadata(false)? else {
         return Ok(response.deny("a Pod review must carry request.object"));
     };
     let meta = &pod.metadata;
     let view = PodView::new(meta, incoming, &webhook.settings);
+    if let Some(app) = view.app {
+        noted.app = Some(format!("{}/{app}", view.namespace));
+    }
     let statics = match static_ips(meta.annotations.as_ref()) {
         Ok(statics) => statics,
         Err(message) => return Ok(response.deny(format!("pod {}: {message}", view.display()))),

@@ -149,7 +149,7 @@ impl Webhook {
         let mut noted = Noted::default();
         let response = match endpoint {
             Endpoint::mutate => mutate::mutate(self, &incoming, &mut noted).await?,
-            Endpoint::validate => validate::validate(self, &incoming).await?,
+            Endpoint::validate => validate::validate(self, &incoming, &mut noted).await?,
         };
         // One line per decision, with plain fields and no span: this runs on every request.
         tracing::info!(

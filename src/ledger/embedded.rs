@@ -11,7 +11,7 @@ use std::thread;
 use async_trait::async_trait;
 use prometheus_client::metrics::counter::Counter;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
-use tokio::sync::{Mutex, oneshot};
+use tokio::sync::oneshot;
 
 use super::{Claim, CreateOutcome, Ledger, LedgerError, Phase, unix_now};
 
@@ -38,7 +38,7 @@ enum Op {
 pub struct EmbeddedLedger {
     path: PathBuf,
     db: std::sync::Arc<Database>,
-    sender: Mutex<Option<mpsc::Sender<Op>>>,
+    sender: std::sync::Mutex<Option<mpsc::Sender<Op>>>,
     writer: std::sync::Mutex<Option<thread::JoinHandle<()>>>,
 }
 
@@ -78,7 +78,7 @@ impl EmbeddedLedger {
         Ok(EmbeddedLedger {
             path,
             db,
-            sender: Mutex::new(Some(sender)),
+            sender: std::sync::Mutex::new(Some(sender)),
             writer: std::sync::Mutex::new(Some(writer)),
         })
     }
@@ -87,8 +87,8 @@ impl EmbeddedLedger {
         &self.path
     }
 
-    async fn send(&self, op: Op) -> Result<(), LedgerError> {
-        let guard = self.sender.lock().await;
+    fn send(&self, op: Op) -> Result<(), LedgerError> {
+        let guard = self.sender.lock().map_err(|_| LedgerError::Closed)?;
         let sender = guard.as_ref().ok_or(LedgerError::Closed)?;
         sender.send(op).map_err(|_| LedgerError::Closed)
     }
@@ -246,21 +246,23 @@ impl Ledger for EmbeddedLedger {
 
     async fn create(&self, claim: &Claim) -> Result<CreateOutcome, LedgerError> {
         let (tx, rx) = oneshot::channel();
-        self.send(Op::Create(Box::new(claim.clone()), tx)).await?;
+        self.send(Op::Create(Box::new(claim.clone()), tx))?;
         rx.await
             .map_err(|_| LedgerError::Storage("ledger commit aborted".into()))?
     }
 
     async fn release(&self, claim: &Claim) -> Result<bool, LedgerError> {
         let (tx, rx) = oneshot::channel();
-        self.send(Op::Release(Box::new(claim.clone()), tx)).await?;
+        self.send(Op::Release(Box::new(claim.clone()), tx))?;
         rx.await
             .map_err(|_| LedgerError::Storage("ledger commit aborted".into()))?
     }
 
     async fn close(&self) {
         // Dropping the sender ends the writer after it has committed what it holds.
-        self.sender.lock().await.take();
+        if let Ok(mut sender) = self.sender.lock() {
+            sender.take();
+        }
         let handle = self.writer.lock().ok().and_then(|mut w| w.take());
         if let Some(handle) = handle {
             let _ = tokio::task::spawn_blocking(move || handle.join()).await;
