@@ -22,6 +22,10 @@ use ip_webhook::webhook::{Settings, Webhook};
 
 const REVIEW: &str = include_str!("../tests/fixtures/pod-create-v1.json");
 
+// as the `ip-webhook` binary does
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[inline(never)]
 fn measured(
     runtime: &tokio::runtime::Runtime,

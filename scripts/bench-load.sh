@@ -10,15 +10,18 @@
 #
 #   scripts/bench-load.sh
 #
-# Environment: BENCH_DURATION (seconds per measured run, default 8), BENCH_WARMUP (seconds,
-# default 1), BENCH_CONNECTIONS (default "1 16 64"), BENCH_SERVER_CPU / BENCH_LOAD_CPU (default
-# 0 / 1), BENCH_SCENARIOS (default "floor kube mutate-dry-run validate mutate-durable").
+# Environment: BENCH_DURATION (seconds per measured run, default 5), BENCH_REPEAT (measured runs
+# per cell, default 3; the run with the median CPU per request is reported, as shared machines
+# are noisy), BENCH_WARMUP (seconds, default 1), BENCH_CONNECTIONS (default "1 16 64"),
+# BENCH_SERVER_CPU / BENCH_LOAD_CPU (default 0 / 1), BENCH_SCENARIOS (default "floor kube
+# mutate-dry-run validate mutate-durable").
 # A benchmark, not a test: it never fails on a number.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 
-duration=${BENCH_DURATION:-8}
+duration=${BENCH_DURATION:-5}
+repeat=${BENCH_REPEAT:-3}
 warmup=${BENCH_WARMUP:-1}
 connections=${BENCH_CONNECTIONS:-"1 16 64"}
 server_cpu=${BENCH_SERVER_CPU:-0}
@@ -115,41 +118,45 @@ measure() {
   if [ "$warmup" != 0 ]; then
     taskset -c "$load_cpu" wrk -t1 -c"$conns" -d"${warmup}s" -s "$lua" "$url" -- "$fixture" "$mode" "w$run_counter" >/dev/null
   fi
-  local commits0=0 allocated0=0
-  if [ "$mode" = durable ]; then
-    commits0=$(metric ip_webhook_ledger_commits_total)
-    allocated0=$(metric ip_webhook_allocations_total 'outcome="allocated"')
-  fi
-  local before after
-  before=$(cpu_ticks "$pid")
-  local out="$work/wrk-$scenario-$conns.txt"
-  taskset -c "$load_cpu" wrk -t1 -c"$conns" -d"${duration}s" --latency -s "$lua" "$url" -- "$fixture" "$mode" "r$run_counter" >"$out"
-  after=$(cpu_ticks "$pid")
-  local requests rps p50 p99 bad
-  requests=$(awk '/requests in/ { print $1 }' "$out")
-  rps=$(awk '/^Requests\/sec:/ { print $2 }' "$out")
-  p50=$(to_us "$(awk '$1 == "50%" { print $2 }' "$out")")
-  p99=$(to_us "$(awk '$1 == "99%" { print $2 }' "$out")")
-  bad=$(awk '/Non-2xx or 3xx responses:/ { print $5 }' "$out")
-  if grep -q 'Socket errors' "$out"; then
-    echo "warning: $scenario c=$conns: $(grep 'Socket errors' "$out")" >&2
-  fi
-  if [ -n "$bad" ]; then
-    echo "warning: $scenario c=$conns: $bad responses were not 2xx" >&2
-  fi
-  local cpu_us
-  cpu_us=$(awk -v d="$((after - before))" -v t="$clk_tck" -v n="$requests" 'BEGIN { printf "%.1f", d * 1000000 / t / n }')
-  local fsyncs="-"
-  if [ "$mode" = durable ]; then
-    local commits allocated
-    commits=$(($(metric ip_webhook_ledger_commits_total) - commits0))
-    allocated=$(($(metric ip_webhook_allocations_total 'outcome="allocated"') - allocated0))
-    fsyncs=$(awk -v c="$commits" -v a="$allocated" 'BEGIN { if (a > 0) printf "%.3f", c / a; else print "nan" }')
-    # every request of the measured run is a new allocation, unless some were denied
-    if [ "$allocated" -lt "$requests" ]; then
-      echo "warning: $scenario c=$conns: $allocated allocations for $requests requests" >&2
+  # BENCH_REPEAT measured runs; the one with the median CPU per request is reported
+  local reps="$work/reps-$scenario-$conns.txt"
+  : >"$reps"
+  local rep commits0 allocated0 before after out requests rps p50 p99 bad cpu_us fsyncs commits allocated
+  for rep in $(seq 1 "$repeat"); do
+    commits0=0 allocated0=0
+    if [ "$mode" = durable ]; then
+      commits0=$(metric ip_webhook_ledger_commits_total)
+      allocated0=$(metric ip_webhook_allocations_total 'outcome="allocated"')
     fi
-  fi
+    before=$(cpu_ticks "$pid")
+    out="$work/wrk-$scenario-$conns-$rep.txt"
+    taskset -c "$load_cpu" wrk -t1 -c"$conns" -d"${duration}s" --latency -s "$lua" "$url" -- "$fixture" "$mode" "r$run_counter-$rep" >"$out"
+    after=$(cpu_ticks "$pid")
+    requests=$(awk '/requests in/ { print $1 }' "$out")
+    rps=$(awk '/^Requests\/sec:/ { print $2 }' "$out")
+    p50=$(to_us "$(awk '$1 == "50%" { print $2 }' "$out")")
+    p99=$(to_us "$(awk '$1 == "99%" { print $2 }' "$out")")
+    bad=$(awk '/Non-2xx or 3xx responses:/ { print $5 }' "$out")
+    if grep -q 'Socket errors' "$out"; then
+      echo "warning: $scenario c=$conns: $(grep 'Socket errors' "$out")" >&2
+    fi
+    if [ -n "$bad" ]; then
+      echo "warning: $scenario c=$conns: $bad responses were not 2xx" >&2
+    fi
+    cpu_us=$(awk -v d="$((after - before))" -v t="$clk_tck" -v n="$requests" 'BEGIN { printf "%.1f", d * 1000000 / t / n }')
+    fsyncs="-"
+    if [ "$mode" = durable ]; then
+      commits=$(($(metric ip_webhook_ledger_commits_total) - commits0))
+      allocated=$(($(metric ip_webhook_allocations_total 'outcome="allocated"') - allocated0))
+      fsyncs=$(awk -v c="$commits" -v a="$allocated" 'BEGIN { if (a > 0) printf "%.3f", c / a; else print "nan" }')
+      # every request of the measured run is a new allocation, unless some were denied
+      if [ "$allocated" -lt "$requests" ]; then
+        echo "warning: $scenario c=$conns: $allocated allocations for $requests requests" >&2
+      fi
+    fi
+    printf '%s %s %s %s %s\n' "$cpu_us" "$rps" "$p50" "$p99" "$fsyncs" >>"$reps"
+  done
+  read -r cpu_us rps p50 p99 fsyncs < <(sort -n -k1,1 "$reps" | sed -n "$(((repeat + 1) / 2))p")
   printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$scenario" "$conns" "$rps" "$p50" "$p99" "$cpu_us" "$fsyncs" >>"$results"
   printf '  %-15s c=%-3s %10s req/s  p50 %8s µs  p99 %8s µs  cpu %7s µs/req  fsync/alloc %s\n' \
     "$scenario" "$conns" "$rps" "$p50" "$p99" "$cpu_us" "$fsyncs" >&2
@@ -158,7 +165,7 @@ measure() {
 has() { [[ " $scenarios " == *" $1 "* ]]; }
 
 echo "machine: $(nproc) cores, $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1), $(uname -r)" >&2
-echo "server on core $server_cpu, wrk (1 thread) on core $load_cpu; ${duration}s per run after ${warmup}s warm-up" >&2
+echo "server on core $server_cpu, wrk (1 thread) on core $load_cpu; median of $repeat runs of ${duration}s after ${warmup}s warm-up" >&2
 
 if has floor; then
   start_server floor "$bin/examples/bench_floor" 127.0.0.1:0
@@ -201,7 +208,7 @@ done
 
 echo
 echo "ip-webhook load benchmark ($(date -u '+%Y-%m-%d %H:%M UTC'), $(git rev-parse --short HEAD 2>/dev/null || echo unknown))"
-echo "machine: $(nproc) cores, $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1); server pinned to core $server_cpu, wrk -t1 to core $load_cpu; ${duration}s runs"
+echo "machine: $(nproc) cores, $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1); server pinned to core $server_cpu, wrk -t1 to core $load_cpu; median of $repeat runs of ${duration}s"
 awk -F'\t' '
   { key = $1 SUBSEP $2; rps[key] = $3; p50[key] = $4; p99[key] = $5; cpu[key] = $6; fs[key] = $7
     if (!($1 in seen)) { seen[$1] = 1; order[++n] = $1 }

@@ -32,7 +32,6 @@ impl Cni {
 
     /// The annotation value for `ips`: `["10.0.0.10","fd00::a"]` or `10.0.0.10,fd00::a`.
     pub fn format(self, ips: &[IpAddr]) -> String {
-        use std::fmt::Write;
         // IPs print without characters JSON would escape
         let (open, separator, close) = match self {
             Cni::Calico => ("[\"", "\",\"", "\"]"),
@@ -44,7 +43,7 @@ impl Cni {
             if i > 0 {
                 text.push_str(separator);
             }
-            let _ = write!(text, "{ip}");
+            crate::ipset::push_ip(&mut text, ip);
         }
         text.push_str(close);
         text

@@ -90,9 +90,36 @@ pub fn parse_ip(text: &str) -> Result<IpAddr, IpSpecError> {
 
 /// The label value form of an IP (`ip-webhook.io/allocated-ip`): labels allow no `:`.
 pub fn ip_label_value(ip: &IpAddr) -> String {
+    let mut text = String::with_capacity(15);
+    push_ip(&mut text, ip);
+    if ip.is_ipv6() {
+        text = text.replace(':', "-");
+    }
+    text
+}
+
+/// Append `ip` as `Display` writes it, IPv4 without the formatting machinery: an admission
+/// writes its IP several times (CNI annotation, label, log line).
+pub fn push_ip(out: &mut String, ip: &IpAddr) {
     match ip {
-        IpAddr::V4(_) => ip.to_string(),
-        IpAddr::V6(_) => ip.to_string().replace(':', "-"),
+        IpAddr::V4(v4) => {
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    out.push('.');
+                }
+                if octet >= 100 {
+                    out.push(char::from(b'0' + octet / 100));
+                }
+                if octet >= 10 {
+                    out.push(char::from(b'0' + octet / 10 % 10));
+                }
+                out.push(char::from(b'0' + octet % 10));
+            }
+        }
+        IpAddr::V6(_) => {
+            use std::fmt::Write;
+            let _ = write!(out, "{ip}");
+        }
     }
 }
 
@@ -557,6 +584,20 @@ pub fn fits(family: Family, value: u128) -> bool {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn push_ip_writes_what_display_writes() {
+        for octet in 0..=255u8 {
+            for ip in [
+                std::net::Ipv4Addr::new(octet, 0, 9, octet),
+                std::net::Ipv4Addr::new(10, octet, 255, 100),
+            ] {
+                let mut text = String::from("x");
+                push_ip(&mut text, &IpAddr::V4(ip));
+                assert_eq!(text, format!("x{ip}"));
+            }
+        }
+    }
     #[test]
     fn spec_cache_returns_what_the_parser_returns_and_stays_bounded() {
         let cache = SpecCache::with_capacity(2);
@@ -772,6 +813,9 @@ mod tests {
     fn label_values_round_trip() {
         for s in ["10.0.0.1", "fd00::a", "2001:db8::1:2"] {
             let v = ip_label_value(&ip(s));
+            let mut pushed = String::new();
+            push_ip(&mut pushed, &ip(s));
+            assert_eq!(pushed, ip(s).to_string());
             assert!(!v.contains(':'));
             assert_eq!(ip_from_label_value(&v), Some(ip(s)));
         }

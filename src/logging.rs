@@ -87,13 +87,13 @@ struct TextFields<'a, 'w> {
 impl TextFields<'_, '_> {
     fn field(&mut self, field: &Field, value: impl FnOnce(&mut Writer<'_>) -> std::fmt::Result) {
         if self.result.is_ok() {
-            self.result = if field.name() == "message" {
-                self.writer
-                    .write_char(' ')
-                    .and_then(|()| value(self.writer))
-            } else {
-                write!(self.writer, " {}=", field.name()).and_then(|()| value(self.writer))
-            };
+            self.result = self.writer.write_char(' ').and_then(|()| {
+                if field.name() != "message" {
+                    self.writer.write_str(field.name())?;
+                    self.writer.write_char('=')?;
+                }
+                value(self.writer)
+            });
         }
     }
 }
@@ -105,7 +105,11 @@ impl Visit for TextFields<'_, '_> {
             let plain = !value.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\');
             match (message, plain) {
                 (true, _) => writer.write_str(value),
-                (false, true) => write!(writer, "\"{value}\""),
+                (false, true) => {
+                    writer.write_char('"')?;
+                    writer.write_str(value)?;
+                    writer.write_char('"')
+                }
                 (false, false) => write!(writer, "{value:?}"),
             }
         });

@@ -30,13 +30,12 @@ pub struct Noted {
 
 impl Noted {
     pub fn ips(&mut self, ips: &[IpAddr]) {
-        use std::fmt::Write;
         self.ips.clear();
         for (i, ip) in ips.iter().enumerate() {
             if i > 0 {
                 self.ips.push(',');
             }
-            let _ = write!(self.ips, "{ip}");
+            crate::ipset::push_ip(&mut self.ips, ip);
         }
     }
 }

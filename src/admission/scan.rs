@@ -219,6 +219,7 @@ impl<'a> Scanner<'a> {
     }
 
     /// The next byte that is not whitespace (the scanner stops on it).
+    #[inline(always)]
     fn peek(&mut self) -> Option<u8> {
         let bytes = self.bytes();
         let mut at = self.at;
@@ -287,18 +288,27 @@ impl<'a> Scanner<'a> {
     /// A string's text between its quotes, checked, and whether it holds escapes.
     /// `\u` escapes (rare; their surrogate rules are subtle) go to serde.
     fn raw_string(&mut self) -> Scan<(&'a str, bool)> {
-        self.eat(b'"')?;
+        if self.peek() != Some(b'"') {
+            return Err(Unusual);
+        }
+        let start = self.at + 1;
+        let escaped = self.skip_string()?;
+        Ok((&self.text[start..self.at - 1], escaped))
+    }
+
+    /// Past the string whose opening quote is at `self.at`; whether it holds escapes.
+    #[inline(always)]
+    fn skip_string(&mut self) -> Scan<bool> {
         let bytes = self.bytes();
-        let start = self.at;
-        let mut at = start;
+        let mut at = self.at + 1;
         let mut escaped = false;
         loop {
             let stop = string_stop(bytes, at).ok_or(Unusual)?;
+            if bytes[stop] == b'"' {
+                self.at = stop + 1;
+                return Ok(escaped);
+            }
             match (bytes[stop], bytes.get(stop + 1)) {
-                (b'"', _) => {
-                    self.at = stop + 1;
-                    return Ok((&self.text[start..stop], escaped));
-                }
                 (b'\\', Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't')) => {
                     at = stop + 2;
                     escaped = true;
@@ -368,7 +378,7 @@ impl<'a> Scanner<'a> {
         loop {
             // a value
             match self.peek().ok_or(Unusual)? {
-                b'"' => drop(self.raw_string()?),
+                b'"' => drop(self.skip_string()?),
                 container @ (b'{' | b'[') => {
                     if depth + nesting >= MAX_DEPTH {
                         return Err(Unusual);
@@ -419,7 +429,10 @@ impl<'a> Scanner<'a> {
 
     /// An object member's key and its colon.
     fn key(&mut self) -> Scan<()> {
-        self.raw_string()?;
+        if self.peek() != Some(b'"') {
+            return Err(Unusual);
+        }
+        self.skip_string()?;
         self.eat(b':')
     }
 
@@ -465,6 +478,7 @@ impl<'a> Scanner<'a> {
 }
 
 /// The index of the first `"`, `\\` or control character in `bytes[at..]`, eight bytes at a time.
+#[inline(always)]
 fn string_stop(bytes: &[u8], mut at: usize) -> Option<usize> {
     const HIGHS: u64 = 0x8080_8080_8080_8080;
     // High bit set in each zero byte of `word`. Borrows can flag bytes above a zero byte too,
