@@ -1,9 +1,10 @@
 //! Logging: `tracing` to stderr, as text or JSON, at the level `RUST_LOG` names (default info).
 //!
 //! Every admission decision logs a line, so lines cost little: the text format is written
-//! directly ([`Text`]), and lines are buffered and written every 50 ms, or as soon as 64 KiB
-//! wait, instead of one write(2) each. Warnings and errors go out at once (after what is
-//! buffered, so the order holds), and dropping the [`LogGuard`] writes what is left.
+//! directly ([`Text`]), and lines are buffered and written by a flusher thread every 50 ms, or
+//! as soon as 64 KiB wait, instead of one write(2) each from the request thread. Warnings and
+//! errors go out at once (after what is buffered, so the order holds), and dropping the
+//! [`LogGuard`] writes what is left.
 
 use std::fmt::Debug;
 use std::io::Write;
@@ -137,11 +138,8 @@ impl Visit for TextFields<'_, '_> {
 /// A writer for the subscriber that buffers into `sink`, and the guard that flushes it.
 pub fn buffered(sink: Box<dyn Write + Send>) -> (BufferedWriter, LogGuard) {
     let shared = Arc::new(Shared {
-        state: Mutex::new(State {
-            pending: Vec::new(),
-            sink,
-            stopping: false,
-        }),
+        pending: Mutex::new(Pending::default()),
+        sink: Mutex::new(sink),
         wake: Condvar::new(),
     });
     let flusher = {
@@ -159,46 +157,56 @@ pub fn buffered(sink: Box<dyn Write + Send>) -> (BufferedWriter, LogGuard) {
     )
 }
 
+/// Request threads only ever take `pending`, briefly: the disk is written under `sink`, so a
+/// slow write (say, while the ledger fsyncs) never holds up an admission.
 struct Shared {
-    state: Mutex<State>,
+    pending: Mutex<Pending>,
+    sink: Mutex<Box<dyn Write + Send>>,
     wake: Condvar,
 }
 
-struct State {
-    pending: Vec<u8>,
-    sink: Box<dyn Write + Send>,
+#[derive(Default)]
+struct Pending {
+    lines: Vec<u8>,
     stopping: bool,
 }
 
-impl State {
-    fn flush(&mut self) {
-        if !self.pending.is_empty() {
-            // Nowhere to report a failed log write; the lines are dropped, the webhook goes on.
-            let _ = self.sink.write_all(&self.pending);
-            let _ = self.sink.flush();
-            self.pending.clear();
-        }
-    }
+/// Past this much waiting, a writer writes the buffer itself (back-pressure, not loss).
+const BLOCK_AT_BYTES: usize = 4 * 1024 * 1024;
+
+fn relock<T>(result: Result<T, std::sync::PoisonError<T>>) -> T {
+    result.unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl Shared {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    fn pending(&self) -> MutexGuard<'_, Pending> {
+        relock(self.pending.lock())
+    }
+
+    /// Write what waits. Lines leave `pending` while `sink` is held, so they reach the sink in
+    /// the order they were logged, whoever writes them.
+    fn flush(&self) {
+        let mut sink = relock(self.sink.lock());
+        let lines = std::mem::take(&mut self.pending().lines);
+        if !lines.is_empty() {
+            // Nowhere to report a failed log write; the lines are dropped, the webhook goes on.
+            let _ = sink.write_all(&lines);
+            let _ = sink.flush();
+        }
     }
 
     fn flush_periodically(&self) {
-        let mut state = self.lock();
-        while !state.stopping {
-            state.flush();
-            state = self
-                .wake
-                .wait_timeout(state, FLUSH_EVERY)
-                .map(|(state, _)| state)
-                .unwrap_or_else(|poisoned| poisoned.into_inner().0);
+        loop {
+            let stopping = {
+                let pending = self.pending();
+                let (pending, _) = relock(self.wake.wait_timeout(pending, FLUSH_EVERY));
+                pending.stopping
+            };
+            self.flush();
+            if stopping {
+                return;
+            }
         }
-        state.flush();
     }
 }
 
@@ -210,12 +218,12 @@ pub struct LogGuard {
 
 impl Drop for LogGuard {
     fn drop(&mut self) {
-        self.shared.lock().stopping = true;
+        self.shared.pending().stopping = true;
         self.shared.wake.notify_all();
         if let Some(flusher) = self.flusher.take() {
             let _ = flusher.join();
         }
-        self.shared.lock().flush();
+        self.shared.flush();
     }
 }
 
@@ -232,10 +240,19 @@ pub struct LineWriter<'a> {
 
 impl Write for LineWriter<'_> {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        let mut state = self.shared.lock();
-        state.pending.extend_from_slice(bytes);
-        if self.at_once || state.pending.len() >= FLUSH_AT_BYTES || state.stopping {
-            state.flush();
+        let waiting = {
+            let mut pending = self.shared.pending();
+            pending.lines.extend_from_slice(bytes);
+            if pending.stopping {
+                BLOCK_AT_BYTES
+            } else {
+                pending.lines.len()
+            }
+        };
+        if self.at_once || waiting >= BLOCK_AT_BYTES {
+            self.shared.flush();
+        } else if waiting >= FLUSH_AT_BYTES {
+            self.shared.wake.notify_one();
         }
         Ok(bytes.len())
     }
@@ -365,6 +382,55 @@ mod tests {
             "{}",
             lines[1]
         );
+    }
+
+    /// A sink whose writes wait until the test lets them go.
+    struct StuckSink {
+        entered: std::sync::mpsc::Sender<()>,
+        release: Arc<(Mutex<bool>, Condvar)>,
+        written: Sink,
+    }
+
+    impl Write for StuckSink {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            let _ = self.entered.send(());
+            let (released, wake) = &*self.release;
+            let mut released = released.lock().unwrap();
+            while !*released {
+                released = wake.wait(released).unwrap();
+            }
+            self.written.write(bytes)
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_stuck_sink_does_not_hold_up_the_lines_behind_it() {
+        let (entered, inside) = std::sync::mpsc::channel();
+        let release = Arc::new((Mutex::new(false), Condvar::new()));
+        let written = Sink::default();
+        let (writer, guard) = buffered(Box::new(StuckSink {
+            entered,
+            release: release.clone(),
+            written: written.clone(),
+        }));
+        writer.make_writer().write_all(b"first\n").unwrap();
+        inside
+            .recv_timeout(Duration::from_secs(5))
+            .expect("the flusher writes within its period");
+        // the flusher is stuck in the sink: lines still go into the buffer at once
+        for _ in 0..1000 {
+            writer.make_writer().write_all(b"queued\n").unwrap();
+        }
+        assert!(written.text().is_empty());
+        *release.0.lock().unwrap() = true;
+        release.1.notify_all();
+        drop(guard);
+        let text = written.text();
+        assert!(text.starts_with("first\nqueued\n"), "{}", &text[..20]);
+        assert_eq!(text.lines().count(), 1001);
     }
 
     #[test]
