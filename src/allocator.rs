@@ -338,24 +338,32 @@ impl Allocator {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// In-cluster: a claim record seen in the shared store (made by any replica, or changed by
-    /// the reconciler). A record locks its IP for as long as it exists, whatever its phase.
-    pub fn apply_external(&self, claim: Claim) {
+    /// Bring the index up to date with a change made elsewhere in a shared ledger: by another
+    /// replica or the reconciler, seen through the IPClaim watch (in-cluster) or the etcd
+    /// watch. Safety never depends on this (the ledger's create-if-absent refuses a taken IP
+    /// anyway); it keeps choices fresh and lets IPs released elsewhere be chosen here again.
+    ///
+    /// `Held` indexes the record as it now is (in-cluster, a record locks its IP for as long as
+    /// it exists, whatever its phase). `Released` frees the IP only when the record there was
+    /// made by the same admission request, so a stale event cannot free a newer claim; it
+    /// returns whether it did.
+    pub fn apply_observed(&self, change: ObservedChange) -> bool {
         let mut state = self.lock();
-        state.remember(&claim);
-        state.hold(claim);
-    }
-
-    /// In-cluster: the record of `claim` is gone from the shared store. Only the record made
-    /// by the same admission request is dropped, so a stale event cannot free a newer claim.
-    pub fn forget_external(&self, claim: &Claim) -> bool {
-        let mut state = self.lock();
-        let current = match state.claims.get(&claim.ip) {
-            Some(current) if current.request_uid == claim.request_uid => current.clone(),
-            _ => return false,
-        };
-        state.remember(&current);
-        state.unhold(&current)
+        match change {
+            ObservedChange::Held(claim) => {
+                state.remember(&claim);
+                state.hold(claim);
+                true
+            }
+            ObservedChange::Released(claim) => {
+                let current = match state.claims.get(&claim.ip) {
+                    Some(current) if current.request_uid == claim.request_uid => current.clone(),
+                    _ => return false,
+                };
+                state.remember(&current);
+                state.unhold(&current)
+            }
+        }
     }
 
     /// In-cluster: rebuild the index from a complete list of records (watch start, resync).
@@ -562,32 +570,6 @@ impl Allocator {
         Ok(released)
     }
 
-    /// Bring the index up to date with a change another process made in a shared ledger
-    /// (seen through the etcd watch). Safety never depends on this: the ledger's
-    /// create-if-absent refuses a taken IP anyway. It keeps choices fresh and lets IPs that
-    /// other replicas released be chosen here again.
-    pub fn apply_observed(&self, change: ObservedChange) {
-        let mut state = self.lock();
-        match change {
-            ObservedChange::Held(claim) => {
-                let same = state.claims.get(&claim.ip).is_some_and(|current| {
-                    current.pod == claim.pod && current.request_uid == claim.request_uid
-                });
-                if !same {
-                    if let Some(current) = state.claims.get(&claim.ip).cloned() {
-                        state.unhold(&current);
-                    }
-                    state.hold(claim);
-                }
-            }
-            ObservedChange::Released(claim) => {
-                if state.unhold(&claim) {
-                    state.remember(&claim);
-                }
-            }
-        }
-    }
-
     async fn give_back(&self, claim: &Claim) {
         if let Err(error) = self.ledger.release(claim).await {
             tracing::warn!(ip = %claim.ip, %error, "could not roll back a partial claim");
@@ -678,16 +660,31 @@ mod tests {
     async fn external_records_lock_ips_and_only_their_own_delete_frees_them() {
         let allocator = allocator().await;
         let set = parse_ip_spec("10.0.0.1-10.0.0.3").unwrap();
-        allocator.apply_external(external("10.0.0.1", "web-a", "r-a", Phase::Bound));
+        allocator.apply_observed(ObservedChange::Held(external(
+            "10.0.0.1",
+            "web-a",
+            "r-a",
+            Phase::Bound,
+        )));
         let got = allocator
             .allocate(&request(&set, pod("web-b"), "r-b"))
             .await
             .unwrap();
         assert_eq!(got.ips, vec!["10.0.0.2".parse::<IpAddr>().unwrap()]);
         // A stale delete of an older record on 10.0.0.1 leaves the current one alone.
-        assert!(!allocator.forget_external(&external("10.0.0.1", "web-a", "r-old", Phase::Bound)));
+        assert!(!allocator.apply_observed(ObservedChange::Released(external(
+            "10.0.0.1",
+            "web-a",
+            "r-old",
+            Phase::Bound
+        ))));
         assert!(allocator.holder(&"10.0.0.1".parse().unwrap()).is_some());
-        assert!(allocator.forget_external(&external("10.0.0.1", "web-a", "r-a", Phase::Bound)));
+        assert!(allocator.apply_observed(ObservedChange::Released(external(
+            "10.0.0.1",
+            "web-a",
+            "r-a",
+            Phase::Bound
+        ))));
         assert!(allocator.holder(&"10.0.0.1".parse().unwrap()).is_none());
     }
 
@@ -715,7 +712,12 @@ mod tests {
     #[tokio::test]
     async fn replace_all_drops_records_missing_from_the_list() {
         let allocator = allocator().await;
-        allocator.apply_external(external("10.0.0.1", "a", "r-a", Phase::Bound));
+        allocator.apply_observed(ObservedChange::Held(external(
+            "10.0.0.1",
+            "a",
+            "r-a",
+            Phase::Bound,
+        )));
         allocator.replace_all(vec![external("10.0.0.2", "b", "r-b", Phase::Reserved)]);
         let held: Vec<String> = allocator
             .claims()

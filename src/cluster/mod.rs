@@ -24,7 +24,7 @@ use crate::annotations::{ALLOCATED_IP_LABEL, Cni, static_ips};
 use crate::crd::{IPClaim, IPPool};
 use crate::ipset::ip_from_label_value;
 use crate::ledger::kubernetes::from_resource;
-use crate::ledger::unix_now;
+use crate::ledger::{ObservedChange, unix_now};
 use crate::metrics::{LeaseLabels, Metrics};
 use crate::pools::PoolCatalog;
 use crate::webhook::Webhook;
@@ -258,7 +258,9 @@ pub async fn watch_claims(api: Api<IPClaim>, caches: Arc<Caches>, allocator: Arc
         match change {
             Change::Upsert(name, claim) => {
                 match from_resource(&claim) {
-                    Ok(parsed) => allocator.apply_external(parsed),
+                    Ok(parsed) => {
+                        allocator.apply_observed(ObservedChange::Held(parsed));
+                    }
                     Err(error) => tracing::warn!(%error, "ignoring an IPClaim"),
                 }
                 claims.insert(name, claim);
@@ -267,7 +269,7 @@ pub async fn watch_claims(api: Api<IPClaim>, caches: Arc<Caches>, allocator: Arc
                 if let Some(gone) = claims.remove(&name)
                     && let Ok(parsed) = from_resource(&gone)
                 {
-                    allocator.forget_external(&parsed);
+                    allocator.apply_observed(ObservedChange::Released(parsed));
                 }
             }
             Change::Replace(all) => {
