@@ -18,7 +18,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use ip_webhook::server::MAX_BODY_BYTES;
-use ip_webhook::tls::{CertResolver, certified_key, self_signed, server_config};
+use ip_webhook::tls::{CertResolver, self_signed, server_config};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
@@ -46,13 +46,7 @@ async fn main() -> anyhow::Result<()> {
         .nth(1)
         .unwrap_or_else(|| "127.0.0.1:9443".into())
         .parse()?;
-    let generated = self_signed(&[])?;
-    let key = certified_key(
-        generated.cert_pem.as_bytes(),
-        generated.key_pem.as_bytes(),
-        "generated certificate",
-        "generated key",
-    )?;
+    let key = self_signed(&[])?.certified_key()?;
     let acceptor = TlsAcceptor::from(Arc::new(server_config(Arc::new(CertResolver::new(key)))));
     let listener = TcpListener::bind(listen).await?;
     println!("bench_floor serving https://{}", listener.local_addr()?);

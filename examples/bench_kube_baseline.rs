@@ -16,7 +16,7 @@ use axum::routing::post;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
-use ip_webhook::tls::{CertResolver, certified_key, self_signed, server_config};
+use ip_webhook::tls::{CertResolver, self_signed, server_config};
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
 use serde_json::json;
@@ -59,13 +59,7 @@ async fn main() -> anyhow::Result<()> {
         .nth(1)
         .unwrap_or_else(|| "127.0.0.1:9444".into())
         .parse()?;
-    let generated = self_signed(&[])?;
-    let key = certified_key(
-        generated.cert_pem.as_bytes(),
-        generated.key_pem.as_bytes(),
-        "generated certificate",
-        "generated key",
-    )?;
+    let key = self_signed(&[])?.certified_key()?;
     let acceptor = TlsAcceptor::from(Arc::new(server_config(Arc::new(CertResolver::new(key)))));
     let router = Router::new().route("/mutate", post(mutate));
     let listener = TcpListener::bind(listen).await?;

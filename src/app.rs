@@ -281,12 +281,7 @@ pub async fn launch(args: &ServeArgs) -> anyhow::Result<Launched> {
         _ => {
             let generated = tls::self_signed(&args.dns_names)?;
             write_ca(&args.webhook.state_dir, &generated.ca_pem)?;
-            let certified = tls::certified_key(
-                generated.cert_pem.as_bytes(),
-                generated.key_pem.as_bytes(),
-                "generated certificate",
-                "generated key",
-            )?;
+            let certified = generated.certified_key()?;
             if let Some(leaf) = certified.cert.first() {
                 metrics.served_certificate(leaf);
             }

@@ -229,21 +229,17 @@ impl Report {
     /// The kubectl-style text: a pool table, an app table and a holder table.
     pub fn to_table(&self) -> String {
         let mut out = String::new();
-        let count = |n: Option<u64>| n.map_or_else(|| "?".to_string(), |n| n.to_string());
         if !self.pools.is_empty() {
             let rows = self
                 .pools
                 .iter()
                 .map(|p| {
-                    vec![
+                    let mut row = vec![
                         p.name.clone(),
                         p.cidr.clone().unwrap_or_else(|| "(undefined)".into()),
-                        count(p.size),
-                        p.held.to_string(),
-                        p.reserved.to_string(),
-                        count(p.free),
-                        used(p.held, p.size),
-                    ]
+                    ];
+                    row.extend(capacity_columns(p.size, p.held, p.reserved, p.free));
+                    row
                 })
                 .collect::<Vec<_>>();
             out.push_str(&table(
@@ -259,15 +255,9 @@ impl Report {
                 .apps
                 .iter()
                 .map(|a| {
-                    vec![
-                        app_name(a),
-                        a.pool.clone().unwrap_or_else(|| "-".into()),
-                        count(a.size),
-                        a.held.to_string(),
-                        a.reserved.to_string(),
-                        count(a.free),
-                        used(a.held, a.size),
-                    ]
+                    let mut row = vec![app_name(a), a.pool.clone().unwrap_or_else(|| "-".into())];
+                    row.extend(capacity_columns(a.size, a.held, a.reserved, a.free));
+                    row
                 })
                 .collect::<Vec<_>>();
             out.push_str(&table(
@@ -314,6 +304,18 @@ fn app_name(app: &AppStatus) -> String {
     } else {
         app.key()
     }
+}
+
+/// SIZE, HELD, RESERVED, FREE and USED: the columns the pool and app tables share.
+fn capacity_columns(size: Option<u64>, held: u64, reserved: u64, free: Option<u64>) -> [String; 5] {
+    let count = |n: Option<u64>| n.map_or_else(|| "?".to_string(), |n| n.to_string());
+    [
+        count(size),
+        held.to_string(),
+        reserved.to_string(),
+        count(free),
+        used(held, size),
+    ]
 }
 
 fn used(held: u64, size: Option<u64>) -> String {

@@ -246,6 +246,18 @@ pub struct SelfSigned {
     pub key_pem: String,
 }
 
+impl SelfSigned {
+    /// The serving certificate and its key, ready to serve.
+    pub fn certified_key(&self) -> Result<CertifiedKey, TlsError> {
+        certified_key(
+            self.cert_pem.as_bytes(),
+            self.key_pem.as_bytes(),
+            "generated certificate",
+            "generated key",
+        )
+    }
+}
+
 /// Generate a CA and a serving certificate for `localhost`, `127.0.0.1`, `::1` and `dns_names`.
 pub fn self_signed(dns_names: &[String]) -> Result<SelfSigned, TlsError> {
     use rcgen::{
