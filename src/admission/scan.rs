@@ -428,6 +428,7 @@ impl<'a> Scanner<'a> {
     }
 
     /// An object member's key and its colon.
+    #[inline(always)]
     fn key(&mut self) -> Scan<()> {
         if self.peek() != Some(b'"') {
             return Err(Unusual);
