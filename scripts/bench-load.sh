@@ -64,6 +64,7 @@ start_server() {
   local name=$1
   shift
   local log="$work/$name.log"
+  : >"$log" # exists before the server starts writing, so the wait below can read it
   taskset -c "$server_cpu" "$@" >"$log" 2>&1 &
   server_pid=$!
   pids+=("$server_pid")

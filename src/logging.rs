@@ -30,7 +30,6 @@ pub fn init(format: LogFormat) -> LogGuard {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(writer);
     let _ = match format {
         LogFormat::Json => builder.json().try_init(),

@@ -76,7 +76,7 @@ async fn create(
     };
     let chosen = candidates.as_ref().unwrap_or(&empty);
     let scope = view.scope(chosen);
-    let app_key = format!("{}/{}", view.namespace, view.app.unwrap_or(""));
+    let app_key = view.app_key();
     noted.app = Some(app_key.clone());
     let static_set = IpSet::from_ips(statics.iter().flat_map(|(_, ips)| ips.iter().copied()));
     let checked = if statics.is_empty() {

@@ -143,8 +143,8 @@ fn validate_pod(
     };
     let meta = &pod.metadata;
     let view = PodView::new(meta, incoming, &webhook.settings);
-    if let Some(app) = view.app {
-        noted.app = Some(format!("{}/{app}", view.namespace));
+    if view.app.is_some() {
+        noted.app = Some(view.app_key());
     }
     let statics = match static_ips(meta.annotations.as_ref()) {
         Ok(statics) => statics,

@@ -280,6 +280,11 @@ impl<'m> PodView<'m> {
         }
     }
 
+    /// `namespace/app`, as claims and Events name an app (`namespace/` without an app label).
+    pub fn app_key(&self) -> String {
+        format!("{}/{}", self.namespace, self.app.unwrap_or(""))
+    }
+
     pub fn display(&self) -> String {
         self.pod_ref().display()
     }

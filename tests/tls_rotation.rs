@@ -60,24 +60,6 @@ impl SecretVolume {
     }
 }
 
-fn trusting(cas: &[&str]) -> Arc<rustls::ClientConfig> {
-    let mut roots = rustls::RootCertStore::empty();
-    for ca in cas {
-        for cert in CertificateDer::pem_slice_iter(ca.as_bytes()) {
-            roots.add(cert.unwrap()).unwrap();
-        }
-    }
-    let mut config = rustls::ClientConfig::builder_with_provider(ip_webhook::tls::provider())
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    // a resumed session reports the certificate of the session it resumes; every handshake
-    // here must be a full one to see which certificate is served now
-    config.resumption = rustls::client::Resumption::disabled();
-    Arc::new(config)
-}
-
 fn leaf_der(pem: &str) -> Vec<u8> {
     CertificateDer::pem_slice_iter(pem.as_bytes())
         .next()
@@ -149,7 +131,8 @@ async fn symlink_swap_rotation_drops_nothing_and_serves_the_new_cert_within_the_
     .await
     .unwrap();
     let addr = launched.running.https_addr;
-    let config = trusting(&[&first.ca_pem, &second.ca_pem]);
+    // both CAs, so the client accepts the certificate before and after the swap
+    let config = common::client_config(format!("{}{}", first.ca_pem, second.ca_pem).as_bytes());
     let (old_leaf, new_leaf) = (leaf_der(&first.cert_pem), leaf_der(&second.cert_pem));
 
     // a connection opened before the swap keeps working after it
