@@ -12,9 +12,9 @@ WORKDIR /src
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked --bin ip-webhook \
-    && strip --strip-debug target/release/ip-webhook \
-    && cp target/release/ip-webhook /ip-webhook
+    cargo build --profile dist --locked --bin ip-webhook \
+    && strip --strip-debug target/dist/ip-webhook \
+    && cp target/dist/ip-webhook /ip-webhook
 
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /ip-webhook /ip-webhook

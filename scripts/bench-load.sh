@@ -42,10 +42,10 @@ for tool in taskset curl awk; do
   command -v "$tool" >/dev/null || { echo "$tool is required" >&2; exit 1; }
 done
 
-echo "building (release): ip-webhook, examples bench_floor and bench_kube_baseline" >&2
-cargo build --release --quiet --bin ip-webhook --example bench_floor --example bench_kube_baseline
+echo "building (profile dist, as shipped; ~10 min cold): ip-webhook, examples bench_floor and bench_kube_baseline" >&2
+cargo build --profile dist --quiet --bin ip-webhook --example bench_floor --example bench_kube_baseline
 target_dir=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
-bin="$target_dir/release"
+bin="$target_dir/dist"
 
 work=$(mktemp -d)
 pids=()

@@ -1,6 +1,7 @@
 //! The operator's commands (`status`, `explain`, `release`, `check`), wired from the command
-//! line to the library. Every ledger kind goes through [`app::build_webhook`], so each
-//! command works with whichever ledger the flags select.
+//! line to the library. Every ledger kind goes through the adapters `serve` uses
+//! ([`app::build`], [`app::open_ledger`]), so each command works with whichever ledger the
+//! flags select.
 
 use std::io::Read;
 use std::sync::Arc;
@@ -10,8 +11,11 @@ use base64::Engine;
 use serde::Serialize;
 
 use crate::app;
-use crate::cli::{CheckArgs, ExplainArgs, OutputFormat, ReleaseArgs, StatusArgs};
+use crate::cli::{CheckArgs, ExplainArgs, LedgerKind, OutputFormat, ReleaseArgs, StatusArgs};
+use crate::cluster::pods::PodDirectory;
+use crate::ledger::Claim;
 use crate::metrics::Metrics;
+use crate::release::{NoPodList, PodLookup};
 use crate::status::Report;
 
 fn print<T: Serialize>(
@@ -28,15 +32,32 @@ fn print<T: Serialize>(
     Ok(())
 }
 
-/// `status`: the report over the held claims and the pools the flags give.
+/// `status`: the report over the held claims and the pools the flags give; in-cluster, with
+/// the node of each holder's pod.
 pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
-    let (webhook, ledger) = app::build_webhook(&args.webhook, Arc::new(Metrics::new())).await?;
+    let app::Built {
+        webhook,
+        ledger,
+        client,
+    } = app::build(&args.webhook, Arc::new(Metrics::new())).await?;
     ledger.close().await;
     let pools = webhook.pools.load();
     let mut report = webhook
         .allocator
         .with_claims(|claims| Report::build(claims, &pools, true));
     report.retain(args.app.as_deref(), args.pool.as_deref());
+    if let Some(client) = client {
+        let shown = report.holder_ips();
+        let claims: Vec<Claim> = webhook
+            .allocator
+            .with_claims(|claims| claims.filter(|c| shown.contains(&c.ip)).cloned().collect());
+        let directory = PodDirectory::new(client, &args.webhook.app_label);
+        let (nodes, failures) = directory.nodes(&claims).await;
+        for failure in failures {
+            eprintln!("warning: {failure}; NODE is left empty for its pods");
+        }
+        report.fill_nodes(&nodes);
+    }
     print(args.output, &report, || report.to_table())
 }
 
@@ -79,11 +100,19 @@ pub async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
 /// `release`: free a leaked claim.
 pub async fn release(args: ReleaseArgs) -> anyhow::Result<()> {
     let ledger = app::open_ledger(&args.webhook, Default::default()).await?;
-    let pods = crate::release::NoPodList(format!(
-        "the {} ledger has no pod list; off-cluster nothing can confirm the pod is gone",
-        ledger.kind()
-    ));
-    let outcome = crate::release::release(ledger.as_ref(), &pods, args.ip, args.force).await;
+    let in_cluster =
+        args.webhook.ledger_kind() == LedgerKind::Kubernetes || args.webhook.kubeconfig.is_some();
+    let pods: Box<dyn PodLookup> = if in_cluster {
+        let client = app::kube_client(args.webhook.kubeconfig.as_deref()).await?;
+        Box::new(PodDirectory::new(client, &args.webhook.app_label))
+    } else {
+        Box::new(NoPodList(format!(
+            "the {} ledger has no pod list; off-cluster nothing can confirm the pod is gone",
+            ledger.kind()
+        )))
+    };
+    let outcome =
+        crate::release::release(ledger.as_ref(), pods.as_ref(), args.ip, args.force).await;
     ledger.close().await;
     let outcome = outcome.context("releasing")?;
     let message = outcome.message(&args.ip);

@@ -5,7 +5,7 @@ use std::net::IpAddr;
 
 use async_trait::async_trait;
 
-use crate::ledger::{Claim, Ledger, LedgerError, PodRef};
+use crate::ledger::{Claim, Ledger, LedgerError};
 
 /// Whether the pod of a claim still exists.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -16,10 +16,10 @@ pub enum PodState {
     Unknown(String),
 }
 
-/// Looks pods up (in-cluster: a GET of the pod, compared by UID).
+/// Looks up the pod that holds a claim (in-cluster: [`crate::cluster::pods::PodDirectory`]).
 #[async_trait]
 pub trait PodLookup: Send + Sync {
-    async fn state(&self, pod: &PodRef) -> PodState;
+    async fn state(&self, claim: &Claim) -> PodState;
 }
 
 /// Off-cluster: nothing to ask.
@@ -27,7 +27,7 @@ pub struct NoPodList(pub String);
 
 #[async_trait]
 impl PodLookup for NoPodList {
-    async fn state(&self, _pod: &PodRef) -> PodState {
+    async fn state(&self, _claim: &Claim) -> PodState {
         PodState::Unknown(self.0.clone())
     }
 }
@@ -106,7 +106,7 @@ pub async fn release(
     else {
         return Ok(Outcome::NotHeld);
     };
-    let forced = match pods.state(&claim.pod).await {
+    let forced = match pods.state(&claim).await {
         PodState::Gone => false,
         PodState::Live if force => true,
         PodState::Live => return Ok(Outcome::PodLive(Box::new(claim))),
@@ -131,13 +131,13 @@ pub async fn release(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::{CreateOutcome, MemoryLedger, Phase, Source};
+    use crate::ledger::{CreateOutcome, MemoryLedger, Phase, PodRef, Source};
 
     struct Fixed(PodState);
 
     #[async_trait]
     impl PodLookup for Fixed {
-        async fn state(&self, _pod: &PodRef) -> PodState {
+        async fn state(&self, _claim: &Claim) -> PodState {
             self.0.clone()
         }
     }

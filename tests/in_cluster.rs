@@ -33,6 +33,11 @@ struct FakeApi {
 impl FakeApi {
     /// `None` (after printing why) when fakeapi.py or python3 is not there.
     fn start() -> Option<FakeApi> {
+        FakeApi::start_with(&[])
+    }
+
+    /// [`FakeApi::start`] with more fakeapi.py flags.
+    fn start_with(flags: &[&str]) -> Option<FakeApi> {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/tools/fakeapi.py");
         if !script.exists() {
             println!(
@@ -49,6 +54,7 @@ impl FakeApi {
         let child = match Command::new("python3")
             .arg(&script)
             .arg(port.to_string())
+            .args(flags)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -566,6 +572,123 @@ async fn the_reconciler_binds_reclaims_expires_and_counts() {
         "{:?}",
         expired[0].note
     );
+}
+
+/// Run the `ip-webhook` binary (an operator command) off the async workers.
+async fn command(args: &[&str]) -> (bool, String, String) {
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    tokio::task::spawn_blocking(move || {
+        let out = Command::new(env!("CARGO_BIN_EXE_ip-webhook"))
+            .args(&args)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_and_status_look_up_the_pods_behind_the_claims() {
+    // The fake kubelet takes its time to finish a deleted pod: long enough to see it terminate.
+    let Some(fake) = FakeApi::start_with(&["--kubelet-delay", "120"]) else {
+        return;
+    };
+    let client = fake.install_crds().await;
+    let kubeconfig = fake.kubeconfig().display().to_string();
+    let state = tempfile::tempdir().unwrap();
+    let dir = state.path().display().to_string();
+    let server = fake.replica(&[]).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let claims: Api<IPClaim> = Api::all(client.clone());
+    let list = "10.77.0.1-10.77.0.3";
+
+    // 10.77.0.1: admitted and persisted, scheduled on node-a. 10.77.0.2: admitted, no pod came.
+    let object = pod("default", "web", "web-", Some(list));
+    let response = server.mutate(&create("rel-1", object.clone())).await;
+    assert_eq!(allocated_ip(&response), "10.77.0.1");
+    let mut persisted = apply(&object, &response);
+    persisted["spec"]["nodeName"] = json!("node-a");
+    persist(&pods, persisted, "web-live").await;
+    let response = server.mutate(&create("rel-2", object.clone())).await;
+    assert_eq!(allocated_ip(&response), "10.77.0.2");
+    let cli = |verb: &'static str, ip: Option<&'static str>| {
+        let mut args = vec![verb];
+        args.extend(ip);
+        args.extend([
+            "--kubeconfig",
+            kubeconfig.as_str(),
+            "--state-dir",
+            dir.as_str(),
+        ]);
+        args.into_iter().map(str::to_string).collect::<Vec<_>>()
+    };
+    let run = |args: Vec<String>| async move {
+        command(&args.iter().map(String::as_str).collect::<Vec<_>>()).await
+    };
+
+    let mut args = cli("status", None);
+    args.extend(["-o".to_string(), "json".to_string()]);
+    let (ok, json, stderr) = run(args).await;
+    assert!(ok, "{stderr}");
+    let report: Value = serde_json::from_str(&json).unwrap();
+    let holders = report["apps"][0]["holders"].as_array().unwrap();
+    let node_of = |ip: &str| {
+        holders
+            .iter()
+            .find(|h| h["ip"] == ip)
+            .map(|h| h["node"].clone())
+    };
+    assert_eq!(node_of("10.77.0.1"), Some(json!("node-a")), "{json}");
+    assert_eq!(node_of("10.77.0.2"), Some(Value::Null), "{json}");
+
+    // The pod holding 10.77.0.1 exists: refused without --force.
+    let (ok, _, stderr) = run(cli("release", Some("10.77.0.1"))).await;
+    assert!(!ok);
+    assert!(
+        stderr.contains("refused: pod default/web-") && stderr.contains("still exists"),
+        "{stderr}"
+    );
+    assert!(claims.get_opt("10.77.0.1").await.unwrap().is_some());
+
+    // No pod took 10.77.0.2 up: released, and not forced.
+    let (ok, stdout, stderr) = run(cli("release", Some("10.77.0.2"))).await;
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.starts_with("released 10.77.0.2 (Reserved, held by pod default/web-*")
+            && !stdout.contains("forced"),
+        "{stdout}"
+    );
+    assert!(claims.get_opt("10.77.0.2").await.unwrap().is_none());
+
+    // With the webhook (and its reconciler) stopped, the pod is deleted. While it terminates
+    // (the kubelet has not finished it) it still holds the IP; once it is gone, release frees it.
+    server.launched.shutdown().await;
+    let terminating = pods
+        .delete("web-live", &DeleteParams::default())
+        .await
+        .unwrap();
+    assert!(
+        terminating.is_left(),
+        "a scheduled pod is deleted gracefully"
+    );
+    let (ok, _, stderr) = run(cli("release", Some("10.77.0.1"))).await;
+    assert!(!ok && stderr.contains("still exists"), "{stderr}");
+    pods.delete("web-live", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    assert!(pods.get_opt("web-live").await.unwrap().is_none());
+    let (ok, stdout, stderr) = run(cli("release", Some("10.77.0.1"))).await;
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.starts_with("released 10.77.0.1") && !stdout.contains("forced"),
+        "{stdout}"
+    );
+    assert!(claims.get_opt("10.77.0.1").await.unwrap().is_none());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -32,6 +32,7 @@ use crate::webhook::Webhook;
 pub mod cni;
 pub mod events;
 pub mod lease;
+pub mod pods;
 pub mod reconcile;
 
 pub use reconcile::{PodInfo, Rules};

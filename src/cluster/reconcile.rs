@@ -99,7 +99,7 @@ impl Plan {
 
 /// Seconds a pod's creationTimestamp may precede its claim's: API server replicas' clocks
 /// differ a little. An older pod of the same name carrying the IP is not the claim's pod.
-const CLOCK_SLACK: u64 = 5;
+pub(crate) const CLOCK_SLACK: u64 = 5;
 
 fn name_matches(claim: &PodRef, pod: &PodInfo) -> bool {
     if !claim.name.is_empty() {

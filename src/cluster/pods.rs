@@ -1,0 +1,182 @@
+//! The pods behind claims, for the operator's commands: `release` asks whether a claim's pod
+//! still exists, `status` which node it runs on. One list of the namespace's pods through the
+//! API server, matched to each claim the way the reconciler matches them.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::ListParams;
+use kube::{Api, Client};
+
+use crate::ledger::Claim;
+use crate::release::{PodLookup, PodState};
+
+use super::pod_info;
+use super::reconcile::CLOCK_SLACK;
+
+/// Lists pods through the API server (the operator's kubeconfig, or the service account).
+pub struct PodDirectory {
+    client: Client,
+    app_label: String,
+}
+
+impl PodDirectory {
+    pub fn new(client: Client, app_label: impl Into<String>) -> PodDirectory {
+        PodDirectory {
+            client,
+            app_label: app_label.into(),
+        }
+    }
+
+    async fn list(&self, namespace: &str) -> Result<Vec<Pod>, String> {
+        Api::<Pod>::namespaced(self.client.clone(), namespace)
+            .list(&ListParams::default())
+            .await
+            .map(|list| list.items)
+            .map_err(|error| format!("listing the pods of namespace {namespace:?} failed: {error}"))
+    }
+
+    /// The node of each claim's pod, by IP, for the claims whose pod exists and is scheduled.
+    /// A namespace whose pods cannot be listed is left out, and named in the second value.
+    pub async fn nodes(&self, claims: &[Claim]) -> (BTreeMap<IpAddr, String>, Vec<String>) {
+        let mut by_namespace: HashMap<&str, Vec<&Claim>> = HashMap::new();
+        for claim in claims.iter().filter(|c| c.is_held()) {
+            by_namespace
+                .entry(claim.pod.namespace.as_str())
+                .or_default()
+                .push(claim);
+        }
+        let mut nodes = BTreeMap::new();
+        let mut failures = Vec::new();
+        for (namespace, claims) in by_namespace {
+            let pods = match self.list(namespace).await {
+                Ok(pods) => pods,
+                Err(why) => {
+                    failures.push(why);
+                    continue;
+                }
+            };
+            for claim in claims {
+                let node = holder(&pods, claim, &self.app_label)
+                    .and_then(|pod| pod.spec.as_ref()?.node_name.clone());
+                if let Some(node) = node {
+                    nodes.insert(claim.ip, node);
+                }
+            }
+        }
+        failures.sort();
+        (nodes, failures)
+    }
+}
+
+#[async_trait]
+impl PodLookup for PodDirectory {
+    async fn state(&self, claim: &Claim) -> PodState {
+        match self.list(&claim.pod.namespace).await {
+            Ok(pods) if holder(&pods, claim, &self.app_label).is_some() => PodState::Live,
+            Ok(_) => PodState::Gone,
+            Err(why) => PodState::Unknown(why),
+        }
+    }
+}
+
+/// The pod among `pods` that holds `claim`: the one with its UID once it is bound; before
+/// that (a reservation), one that carries its IP, matches its name (or generateName) and was
+/// created after it. A terminating pod still holds its IP.
+pub fn holder<'a>(pods: &'a [Pod], claim: &Claim, app_label: &str) -> Option<&'a Pod> {
+    if let Some(uid) = claim.pod.uid.as_deref() {
+        return pods.iter().find(|pod| {
+            pod.metadata.namespace.as_deref() == Some(claim.pod.namespace.as_str())
+                && pod.metadata.uid.as_deref() == Some(uid)
+        });
+    }
+    pods.iter()
+        .filter(|pod| {
+            pod_info(&pod.metadata, app_label).is_some_and(|info| {
+                info.ips.contains(&claim.ip)
+                    && info.created_at + CLOCK_SLACK >= claim.created_at
+                    && claim.pod.matches(&info.namespace, &info.name, None)
+            })
+        })
+        .min_by_key(|pod| pod.metadata.creation_timestamp.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::{Phase, PodRef, Source};
+    use serde_json::json;
+
+    const AT: u64 = 1_764_400_000;
+
+    fn claim(ip: &str, name: &str, generate_name: &str, uid: Option<&str>) -> Claim {
+        Claim {
+            ip: ip.parse().unwrap(),
+            app: "web".into(),
+            pool: None,
+            pod: PodRef {
+                namespace: "default".into(),
+                name: name.into(),
+                generate_name: generate_name.into(),
+                uid: uid.map(str::to_string),
+            },
+            request_uid: "r-1".into(),
+            phase: if uid.is_some() {
+                Phase::Bound
+            } else {
+                Phase::Reserved
+            },
+            source: Source::Allocated,
+            created_at: AT,
+            updated_at: AT,
+            list_size: None,
+        }
+    }
+
+    fn pod(namespace: &str, name: &str, uid: &str, ip: &str, created_at: u64) -> Pod {
+        let created = k8s_openapi::jiff::Timestamp::from_second(created_at as i64).unwrap();
+        serde_json::from_value(json!({
+            "metadata": {
+                "namespace": namespace,
+                "name": name,
+                "uid": uid,
+                "creationTimestamp": created.to_string(),
+                "labels": {"app": "web", "ip-webhook.io/allocated-ip": ip},
+            },
+            "spec": {"containers": [], "nodeName": format!("node-{name}")},
+        }))
+        .unwrap()
+    }
+
+    fn name_of(pod: Option<&Pod>) -> Option<&str> {
+        pod.and_then(|p| p.metadata.name.as_deref())
+    }
+
+    #[test]
+    fn a_bound_claim_is_held_by_the_pod_with_its_uid_only() {
+        let bound = claim("10.0.0.10", "web-a", "web-", Some("uid-a"));
+        let pods = [
+            pod("default", "web-a", "uid-recreated", "10.0.0.10", AT + 60),
+            pod("other", "web-a", "uid-a", "10.0.0.10", AT),
+        ];
+        assert_eq!(name_of(holder(&pods, &bound, "app")), None);
+        let pods = [pod("default", "web-a", "uid-a", "10.0.0.99", AT)];
+        assert_eq!(name_of(holder(&pods, &bound, "app")), Some("web-a"));
+    }
+
+    #[test]
+    fn a_reservation_is_held_by_a_newer_pod_of_its_name_carrying_its_ip() {
+        let reserved = claim("10.0.0.10", "", "web-", None);
+        let pods = [
+            pod("default", "web-old", "u1", "10.0.0.10", AT - 3600),
+            pod("default", "db-x", "u2", "10.0.0.10", AT + 1),
+            pod("default", "web-y", "u3", "10.0.0.11", AT + 1),
+        ];
+        assert_eq!(name_of(holder(&pods, &reserved, "app")), None);
+        let mut pods = pods.to_vec();
+        pods.push(pod("default", "web-z", "u4", "10.0.0.10", AT + 2));
+        assert_eq!(name_of(holder(&pods, &reserved, "app")), Some("web-z"));
+    }
+}
