@@ -230,7 +230,8 @@ pub struct Launched {
     pub ledger: Arc<dyn Ledger>,
     /// base64 of the CA that signed the serving certificate, when self-signed.
     pub ca_bundle: Option<String>,
-    /// The watches and the reconciler, in kubernetes mode.
+    /// The watches and the reconciler, in kubernetes mode; the leak sweeper with another
+    /// ledger when there is an API server.
     pub cluster: Option<ClusterHandle>,
     /// `/readyz` answers 200 once this is set.
     pub ready: Arc<AtomicBool>,
@@ -318,7 +319,17 @@ pub async fn launch(args: &ServeArgs) -> anyhow::Result<Launched> {
         )),
         None => {
             ready.store(true, std::sync::atomic::Ordering::SeqCst);
-            None
+            // etcd or embedded ledger: with an API server to ask, free the IPs of gone pods
+            if args.webhook.has_api_server() {
+                let client = kube_client(args.webhook.kubeconfig.as_deref()).await?;
+                Some(crate::cluster::start_sweeper(
+                    client,
+                    webhook.clone(),
+                    cluster_options(args),
+                ))
+            } else {
+                None
+            }
         }
     };
     Ok(Launched {

@@ -179,7 +179,8 @@ pub struct WebhookArgs {
     /// Refuse Calico IPPools (crd.projectcalico.org) that overlap another Calico IPPool.
     #[arg(long)]
     pub check_calico_ippools: bool,
-    /// Talk to the API server described by this kubeconfig (selects --ledger kubernetes).
+    /// Talk to the API server described by this kubeconfig (selects --ledger kubernetes unless
+    /// --ledger is given; with etcd or embedded, pods are looked up there to free leaked IPs).
     #[arg(long, value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
     #[command(flatten)]
@@ -190,12 +191,17 @@ impl WebhookArgs {
     /// The ledger to use: --ledger if given; else kubernetes in a pod (KUBERNETES_SERVICE_HOST
     /// set) or with --kubeconfig; else embedded.
     pub fn ledger_kind(&self) -> LedgerKind {
-        choose_ledger(
-            self.ledger,
-            self.kubeconfig.is_some(),
-            std::env::var_os("KUBERNETES_SERVICE_HOST").is_some_and(|v| !v.is_empty()),
-        )
+        choose_ledger(self.ledger, self.kubeconfig.is_some(), in_pod())
     }
+
+    /// Whether there is an API server to ask about pods: in a pod, or given --kubeconfig.
+    pub fn has_api_server(&self) -> bool {
+        self.kubeconfig.is_some() || in_pod()
+    }
+}
+
+fn in_pod() -> bool {
+    std::env::var_os("KUBERNETES_SERVICE_HOST").is_some_and(|v| !v.is_empty())
 }
 
 pub fn choose_ledger(given: Option<LedgerKind>, kubeconfig: bool, in_pod: bool) -> LedgerKind {

@@ -11,7 +11,7 @@ use base64::Engine;
 use serde::Serialize;
 
 use crate::app;
-use crate::cli::{CheckArgs, ExplainArgs, LedgerKind, OutputFormat, ReleaseArgs, StatusArgs};
+use crate::cli::{CheckArgs, ExplainArgs, OutputFormat, ReleaseArgs, StatusArgs};
 use crate::cluster::pods::PodDirectory;
 use crate::ledger::Claim;
 use crate::metrics::Metrics;
@@ -100,9 +100,7 @@ pub async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
 /// `release`: free a leaked claim.
 pub async fn release(args: ReleaseArgs) -> anyhow::Result<()> {
     let ledger = app::open_ledger(&args.webhook, Default::default()).await?;
-    let in_cluster =
-        args.webhook.ledger_kind() == LedgerKind::Kubernetes || args.webhook.kubeconfig.is_some();
-    let pods: Box<dyn PodLookup> = if in_cluster {
+    let pods: Box<dyn PodLookup> = if args.webhook.has_api_server() {
         let client = app::kube_client(args.webhook.kubeconfig.as_deref()).await?;
         Box::new(PodDirectory::new(client, &args.webhook.app_label))
     } else {

@@ -123,7 +123,8 @@ pub struct Metrics {
     pub releases: Counter,
     /// Reservations no pod picked up, dropped by the reconciler.
     pub reservations_expired: Counter,
-    /// Claims of pods that went without a release (missed DELETE), reclaimed by the reconciler.
+    /// Claims of pods that went without a release (missed DELETE), reclaimed by the reconciler;
+    /// with etcd or embedded, every claim the leak sweeper frees.
     pub leaks_reclaimed: Counter,
     pub ledger: CommitCounters,
     /// Time of each ledger call, by ledger and operation.
@@ -325,7 +326,7 @@ impl Metrics {
         let leaks_reclaimed = Counter::default();
         registry.register(
             "leaks_reclaimed",
-            "Claims of pods gone without a release, reclaimed by the reconciler",
+            "Claims of pods gone without a release, reclaimed by the reconciler (or the leak sweeper)",
             leaks_reclaimed.clone(),
         );
         // 50 µs .. ~13 s

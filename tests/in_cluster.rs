@@ -4,6 +4,8 @@
 //! binding, reclaiming and expiring claims and writing IPPool status.
 
 mod common;
+#[path = "common/etcd_cluster.rs"]
+mod etcd_cluster;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -689,6 +691,93 @@ async fn release_and_status_look_up_the_pods_behind_the_claims() {
         "{stdout}"
     );
     assert!(claims.get_opt("10.77.0.1").await.unwrap().is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_etcd_ledger_the_leak_sweeper_frees_the_ips_no_pod_holds() {
+    let test = "with_the_etcd_ledger_the_leak_sweeper_frees_the_ips_no_pod_holds";
+    let Some(binary) = etcd_cluster::etcd_binary(test) else {
+        return;
+    };
+    let Some(fake) = FakeApi::start() else { return };
+    let etcd = etcd_cluster::EtcdCluster::start(&binary, 1);
+    let client = fake.client().await;
+    let kubeconfig = fake.kubeconfig().display().to_string();
+    let endpoints = etcd.endpoints_flag();
+    let server = TestServer::start(&[
+        "--ledger",
+        "etcd",
+        "--etcd-endpoints",
+        &endpoints,
+        "--kubeconfig",
+        &kubeconfig,
+        // claims' times are whole seconds: 2s is at least 1s after the admission
+        "--reservation-ttl",
+        "2s",
+        "--sticky-grace",
+        "4s",
+        "--resync-period",
+        "300ms",
+        "--lease-namespace",
+        "default",
+        "--lease-duration",
+        "2s",
+        "--lease-renew-interval",
+        "200ms",
+    ])
+    .await;
+    wait_ready(&server).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let list = "10.76.0.1-10.76.0.9";
+    let admit = |uid: &'static str, object: Value| {
+        let server = &server;
+        async move {
+            let response = server.mutate(&create(uid, object.clone())).await;
+            assert_eq!(response["allowed"], true, "{response}");
+            (apply(&object, &response), allocated_ip(&response))
+        }
+    };
+    let web = pod("default", "web", "web-", Some(list));
+    let mut db_0 = pod("default", "db", "", Some(list));
+    db_0["metadata"]["name"] = json!("db-0");
+
+    // live: persisted and running. gone: persisted, then deleted with no admission DELETE.
+    // never: admitted, no pod came. db-0: a fixed name, deleted; its IP waits the sticky grace.
+    let (object, live) = admit("s-live", web.clone()).await;
+    persist(&pods, object, "web-live").await;
+    let (object, gone) = admit("s-gone", web.clone()).await;
+    persist(&pods, object, "web-gone").await;
+    let (_, never) = admit("s-never", web.clone()).await;
+    let (object, sticky) = admit("s-db-0", db_0.clone()).await;
+    persist(&pods, object, "db-0").await;
+    for name in ["web-gone", "db-0"] {
+        pods.delete(name, &DeleteParams::default().grace_period(0))
+            .await
+            .unwrap();
+    }
+    let allocator = server.launched.webhook.allocator.clone();
+    let held = |ip: &str| allocator.holder(&ip.parse().unwrap()).is_some();
+    eventually(
+        "the sweep to free gone and never",
+        Duration::from_secs(20),
+        || async { (!held(&gone) && !held(&never)).then_some(()) },
+    )
+    .await;
+    assert!(held(&sticky), "db-0's IP is kept for the sticky grace");
+    assert!(held(&live));
+    eventually(
+        "the sweep to free db-0 after the grace",
+        Duration::from_secs(20),
+        || async { (!held(&sticky)).then_some(()) },
+    )
+    .await;
+    assert!(held(&live), "a running pod's IP is never freed");
+    assert_eq!(server.launched.webhook.metrics.leaks_reclaimed.get(), 3);
+
+    // etcd has the releases too: a new pod of web gets the lowest freed IP.
+    let (_, next) = admit("s-next", web.clone()).await;
+    assert_eq!(next, gone.min(never), "freed IPs are handed out again");
+    assert_rbac_covers(&fake);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

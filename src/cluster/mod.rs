@@ -34,6 +34,7 @@ pub mod events;
 pub mod lease;
 pub mod pods;
 pub mod reconcile;
+pub mod sweep;
 
 pub use reconcile::{PodInfo, Rules};
 
@@ -343,7 +344,8 @@ pub async fn watch_pools(api: Api<IPPool>, caches: Arc<Caches>, webhook: Arc<Web
     .await
 }
 
-/// Every task of in-cluster mode; dropped or [`ClusterHandle::stop`]ped, they end.
+/// Every task of in-cluster mode (or of the leak sweeper); dropped or
+/// [`ClusterHandle::stop`]ped, they end.
 pub struct ClusterHandle {
     pub caches: Arc<Caches>,
     pub leading: watch::Receiver<bool>,
@@ -473,6 +475,41 @@ pub fn start(
         leading,
         leases,
         lease,
+        tasks,
+    }
+}
+
+/// With a ledger other than IPClaims (etcd, embedded) and an API server: the Lease election and
+/// the leak sweeper ([`sweep`]). There are no watches: `caches` stays empty.
+pub fn start_sweeper(
+    client: Client,
+    webhook: Arc<Webhook>,
+    options: ClusterOptions,
+) -> ClusterHandle {
+    let (leading_tx, leading) = watch::channel(false);
+    let leases = Api::<Lease>::namespaced(client.clone(), &options.lease.namespace);
+    let elector = lease::Elector::new(leases.clone(), options.lease.clone());
+    let sweeper = sweep::Sweeper::new(
+        webhook.allocator.clone(),
+        pods::PodDirectory::new(client, &options.app_label),
+        options.rules,
+        options.resync_period,
+        webhook.metrics.clone(),
+    );
+    let tasks = vec![
+        tokio::spawn(lease::run(elector, leading_tx)),
+        tokio::spawn(export_leadership(
+            leading.clone(),
+            webhook.metrics.clone(),
+            options.lease.name.clone(),
+        )),
+        tokio::spawn(sweeper.run(leading.clone())),
+    ];
+    ClusterHandle {
+        caches: Arc::new(Caches::default()),
+        leading,
+        leases,
+        lease: options.lease,
         tasks,
     }
 }

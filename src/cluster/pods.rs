@@ -30,12 +30,18 @@ impl PodDirectory {
         }
     }
 
-    async fn list(&self, namespace: &str) -> Result<Vec<Pod>, String> {
+    /// Every pod of `namespace`; the error says which list failed and why.
+    pub async fn list(&self, namespace: &str) -> Result<Vec<Pod>, String> {
         Api::<Pod>::namespaced(self.client.clone(), namespace)
             .list(&ListParams::default())
             .await
             .map(|list| list.items)
             .map_err(|error| format!("listing the pods of namespace {namespace:?} failed: {error}"))
+    }
+
+    /// The pod among `pods` (of the claim's namespace) that holds `claim`.
+    pub fn holder<'a>(&self, pods: &'a [Pod], claim: &Claim) -> Option<&'a Pod> {
+        holder(pods, claim, &self.app_label)
     }
 
     /// The node of each claim's pod, by IP, for the claims whose pod exists and is scheduled.
@@ -59,7 +65,8 @@ impl PodDirectory {
                 }
             };
             for claim in claims {
-                let node = holder(&pods, claim, &self.app_label)
+                let node = self
+                    .holder(&pods, claim)
                     .and_then(|pod| pod.spec.as_ref()?.node_name.clone());
                 if let Some(node) = node {
                     nodes.insert(claim.ip, node);
@@ -75,7 +82,7 @@ impl PodDirectory {
 impl PodLookup for PodDirectory {
     async fn state(&self, claim: &Claim) -> PodState {
         match self.list(&claim.pod.namespace).await {
-            Ok(pods) if holder(&pods, claim, &self.app_label).is_some() => PodState::Live,
+            Ok(pods) if self.holder(&pods, claim).is_some() => PodState::Live,
             Ok(_) => PodState::Gone,
             Err(why) => PodState::Unknown(why),
         }

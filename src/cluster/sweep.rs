@@ -1,0 +1,155 @@
+//! Leaks outside the IPClaim books. With the etcd (or embedded) ledger and an API server to
+//! ask, the Lease holder frees the claims no pod holds any more: a pod deleted while no
+//! admission DELETE reached the webhook, or a reservation whose pod never came. The in-cluster
+//! reconciler does this for IPClaims; these ledgers do not bind claims to pod UIDs, so a claim's
+//! pod is found as `release` finds it ([`super::pods::holder`]: a pod created after the claim
+//! that carries its IP and matches its name or generateName).
+//!
+//! A claim is only looked at once it is older than the reservation TTL; a claim made for a
+//! fixed pod name (a StatefulSet's) is freed only after no pod held it for the sticky grace,
+//! so a pod being recreated keeps its IP. Each release is conditional on the record being the
+//! one read, so a sweep racing an admission or another replica frees nothing it should not.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::allocator::Allocator;
+use crate::ledger::{Claim, ObservedChange, unix_now};
+use crate::metrics::Metrics;
+
+use super::pods::PodDirectory;
+use super::reconcile::Rules;
+
+pub struct Sweeper {
+    pub allocator: Arc<Allocator>,
+    pub pods: PodDirectory,
+    pub rules: Rules,
+    pub period: Duration,
+    pub metrics: Arc<Metrics>,
+    /// Since when (unix seconds) no pod has held the claim on an IP, by the claim's request.
+    unheld_since: HashMap<IpAddr, (String, u64)>,
+}
+
+impl Sweeper {
+    pub fn new(
+        allocator: Arc<Allocator>,
+        pods: PodDirectory,
+        rules: Rules,
+        period: Duration,
+        metrics: Arc<Metrics>,
+    ) -> Sweeper {
+        Sweeper {
+            allocator,
+            pods,
+            rules,
+            period,
+            metrics,
+            unheld_since: HashMap::new(),
+        }
+    }
+
+    /// Sweep every `period` while `leading` says this replica holds the Lease.
+    pub async fn run(mut self, mut leading: watch::Receiver<bool>) {
+        loop {
+            if *leading.borrow_and_update() {
+                self.sweep(unix_now()).await;
+            } else {
+                // a new leader starts its own count of how long claims went unheld
+                self.unheld_since.clear();
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(self.period) => {}
+                changed = leading.changed() => if changed.is_err() { return },
+            }
+        }
+    }
+
+    /// One pass at `now` (unix seconds); the IPs freed.
+    pub async fn sweep(&mut self, now: u64) -> Vec<IpAddr> {
+        let claims = match self.allocator.ledger().load().await {
+            Ok(claims) => claims,
+            Err(error) => {
+                tracing::warn!(%error, "leak sweep: cannot read the ledger; trying again next period");
+                return Vec::new();
+            }
+        };
+        let mut due: BTreeMap<String, Vec<Claim>> = BTreeMap::new();
+        for claim in claims {
+            if claim.is_held() && now >= claim.created_at + self.rules.reservation_ttl {
+                due.entry(claim.pod.namespace.clone())
+                    .or_default()
+                    .push(claim);
+            }
+        }
+        let mut looked_at: HashMap<IpAddr, String> = HashMap::new();
+        let mut freed = Vec::new();
+        for (namespace, claims) in due {
+            let pods = match self.pods.list(&namespace).await {
+                Ok(pods) => pods,
+                Err(why) => {
+                    tracing::warn!(%namespace, "leak sweep: {why}; its claims wait for the next period");
+                    for claim in &claims {
+                        looked_at.insert(claim.ip, claim.request_uid.clone());
+                    }
+                    continue;
+                }
+            };
+            for claim in claims {
+                looked_at.insert(claim.ip, claim.request_uid.clone());
+                if self.pods.holder(&pods, &claim).is_some() {
+                    self.unheld_since.remove(&claim.ip);
+                    continue;
+                }
+                let since = match self.unheld_since.get(&claim.ip) {
+                    Some((request, since)) if *request == claim.request_uid => *since,
+                    _ => {
+                        self.unheld_since
+                            .insert(claim.ip, (claim.request_uid.clone(), now));
+                        now
+                    }
+                };
+                let grace = if claim.pod.name.is_empty() {
+                    0
+                } else {
+                    self.rules.sticky_grace
+                };
+                if now < since + grace {
+                    continue;
+                }
+                if self.free(&claim).await {
+                    self.unheld_since.remove(&claim.ip);
+                    freed.push(claim.ip);
+                }
+            }
+        }
+        self.unheld_since
+            .retain(|ip, (request, _)| looked_at.get(ip) == Some(request));
+        freed
+    }
+
+    async fn free(&self, claim: &Claim) -> bool {
+        match self.allocator.ledger().release(claim).await {
+            Ok(true) => {
+                self.allocator
+                    .apply_observed(ObservedChange::Released(claim.clone()));
+                self.metrics.leaks_reclaimed.inc();
+                tracing::warn!(
+                    ip = %claim.ip,
+                    pod = %claim.pod.display(),
+                    app = %claim.app_key(),
+                    "freed an IP no pod holds (its pod is gone without an admission DELETE, or never came)"
+                );
+                true
+            }
+            Ok(false) => false,
+            Err(error) => {
+                tracing::warn!(ip = %claim.ip, %error, "leak sweep: the release failed; trying again next period");
+                false
+            }
+        }
+    }
+}
