@@ -1,6 +1,7 @@
-//! The pods behind claims, for the operator's commands: `release` asks whether a claim's pod
-//! still exists, `status` which node it runs on. One list of the namespace's pods through the
-//! API server, matched to each claim the way the reconciler matches them.
+//! The pods behind claims: `release` asks whether a claim's pod still exists, `status` which
+//! node it runs on, the leak sweeper ([`super::sweep`]) which claims no pod holds. One list of
+//! the namespace's pods through the API server, matched to each claim the way the reconciler
+//! matches them.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;

@@ -25,11 +25,11 @@ use super::pods::PodDirectory;
 use super::reconcile::Rules;
 
 pub struct Sweeper {
-    pub allocator: Arc<Allocator>,
-    pub pods: PodDirectory,
-    pub rules: Rules,
-    pub period: Duration,
-    pub metrics: Arc<Metrics>,
+    allocator: Arc<Allocator>,
+    pods: PodDirectory,
+    rules: Rules,
+    period: Duration,
+    metrics: Arc<Metrics>,
     /// Since when (unix seconds) no pod has held the claim on an IP, by the claim's request.
     unheld_since: HashMap<IpAddr, (String, u64)>,
 }
