@@ -244,6 +244,7 @@ impl<'a> Scanner<'a> {
         }
     }
 
+    #[inline(always)]
     fn eat(&mut self, byte: u8) -> Scan<()> {
         if self.peek() != Some(byte) {
             return Err(Unusual);
