@@ -3,7 +3,7 @@
 //! admission DELETE reached the webhook, or a reservation whose pod never came. The in-cluster
 //! reconciler does this for IPClaims; these ledgers do not bind claims to pod UIDs, so a claim's
 //! pod is found as `release` finds it ([`super::pods::holder`]: a pod created after the claim
-//! that carries its IP and matches its name or generateName).
+//! that carries its IP and matches its name or generateName), in a metadata-only pod list.
 //!
 //! A claim is only looked at once it is older than the reservation TTL; a claim made for a
 //! fixed pod name (a StatefulSet's) is freed only after no pod held it for the sticky grace,
@@ -88,7 +88,7 @@ impl Sweeper {
         let mut looked_at: HashMap<IpAddr, String> = HashMap::new();
         let mut freed = Vec::new();
         for (namespace, claims) in due {
-            let pods = match self.pods.list(&namespace).await {
+            let pods = match self.pods.list_metadata(&namespace).await {
                 Ok(pods) => pods,
                 Err(why) => {
                     tracing::warn!(%namespace, "leak sweep: {why}; its claims wait for the next period");
