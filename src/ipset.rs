@@ -584,6 +584,7 @@ pub fn fits(family: Family, value: u128) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
 
     #[test]
     fn push_ip_writes_what_display_writes() {
@@ -618,8 +619,6 @@ mod tests {
         assert!(cache.len() <= 2, "bounded: {}", cache.len());
         assert_eq!(*cache.parse(spec).unwrap(), parse_ip_spec(spec).unwrap());
     }
-
-    use super::*;
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()

@@ -577,8 +577,7 @@ async fn the_reconciler_binds_reclaims_expires_and_counts() {
 }
 
 /// Run the `ip-webhook` binary (an operator command) off the async workers.
-async fn command(args: &[&str]) -> (bool, String, String) {
-    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+async fn command(args: Vec<String>) -> (bool, String, String) {
     tokio::task::spawn_blocking(move || {
         let out = Command::new(env!("CARGO_BIN_EXE_ip-webhook"))
             .args(&args)
@@ -618,24 +617,14 @@ async fn release_and_status_look_up_the_pods_behind_the_claims() {
     persist(&pods, persisted, "web-live").await;
     let response = server.mutate(&create("rel-2", object.clone())).await;
     assert_eq!(allocated_ip(&response), "10.77.0.2");
-    let cli = |verb: &'static str, ip: Option<&'static str>| {
-        let mut args = vec![verb];
-        args.extend(ip);
-        args.extend([
-            "--kubeconfig",
-            kubeconfig.as_str(),
-            "--state-dir",
-            dir.as_str(),
-        ]);
-        args.into_iter().map(str::to_string).collect::<Vec<_>>()
-    };
-    let run = |args: Vec<String>| async move {
-        command(&args.iter().map(String::as_str).collect::<Vec<_>>()).await
+    // an operator command against this API server
+    let operator = |args: &[&str]| {
+        let mut all: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        all.extend(["--kubeconfig", &kubeconfig, "--state-dir", &dir].map(str::to_string));
+        command(all)
     };
 
-    let mut args = cli("status", None);
-    args.extend(["-o".to_string(), "json".to_string()]);
-    let (ok, json, stderr) = run(args).await;
+    let (ok, json, stderr) = operator(&["status", "-o", "json"]).await;
     assert!(ok, "{stderr}");
     let report: Value = serde_json::from_str(&json).unwrap();
     let holders = report["apps"][0]["holders"].as_array().unwrap();
@@ -649,7 +638,7 @@ async fn release_and_status_look_up_the_pods_behind_the_claims() {
     assert_eq!(node_of("10.77.0.2"), Some(Value::Null), "{json}");
 
     // The pod holding 10.77.0.1 exists: refused without --force.
-    let (ok, _, stderr) = run(cli("release", Some("10.77.0.1"))).await;
+    let (ok, _, stderr) = operator(&["release", "10.77.0.1"]).await;
     assert!(!ok);
     assert!(
         stderr.contains("refused: pod default/web-") && stderr.contains("still exists"),
@@ -658,7 +647,7 @@ async fn release_and_status_look_up_the_pods_behind_the_claims() {
     assert!(claims.get_opt("10.77.0.1").await.unwrap().is_some());
 
     // No pod took 10.77.0.2 up: released, and not forced.
-    let (ok, stdout, stderr) = run(cli("release", Some("10.77.0.2"))).await;
+    let (ok, stdout, stderr) = operator(&["release", "10.77.0.2"]).await;
     assert!(ok, "{stderr}");
     assert!(
         stdout.starts_with("released 10.77.0.2 (Reserved, held by pod default/web-*")
@@ -678,13 +667,13 @@ async fn release_and_status_look_up_the_pods_behind_the_claims() {
         terminating.is_left(),
         "a scheduled pod is deleted gracefully"
     );
-    let (ok, _, stderr) = run(cli("release", Some("10.77.0.1"))).await;
+    let (ok, _, stderr) = operator(&["release", "10.77.0.1"]).await;
     assert!(!ok && stderr.contains("still exists"), "{stderr}");
     pods.delete("web-live", &DeleteParams::default().grace_period(0))
         .await
         .unwrap();
     assert!(pods.get_opt("web-live").await.unwrap().is_none());
-    let (ok, stdout, stderr) = run(cli("release", Some("10.77.0.1"))).await;
+    let (ok, stdout, stderr) = operator(&["release", "10.77.0.1"]).await;
     assert!(ok, "{stderr}");
     assert!(
         stdout.starts_with("released 10.77.0.1") && !stdout.contains("forced"),
