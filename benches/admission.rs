@@ -4,11 +4,11 @@
 //! `cargo bench --bench admission`
 
 use std::hint::black_box;
-use std::net::IpAddr;
 use std::sync::Arc;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use ip_webhook::admission::{self, MetaOnly};
+use ip_webhook::allocator::Allocation;
 use ip_webhook::allocator::Allocator;
 use ip_webhook::ledger::MemoryLedger;
 use ip_webhook::metrics::{Endpoint, Metrics};
@@ -102,7 +102,11 @@ fn encode(c: &mut Criterion) {
     let webhook = webhook(&runtime);
     let incoming = admission::decode(REVIEW.as_bytes()).expect("decodes");
     let pod: MetaOnly = incoming.object(false).expect("pod").expect("present");
-    let ips: Vec<IpAddr> = vec!["10.0.0.10".parse().unwrap()];
+    let ips = Allocation {
+        ips: vec!["10.0.0.10".parse().unwrap()],
+        reasons: Vec::new(),
+        token: "0123456789abcdef0123456789abcdef".into(),
+    };
     let mut group = c.benchmark_group("encode");
     group.bench_function("patch", |b| {
         b.iter(|| black_box(patch_for(&webhook, black_box(&pod.metadata), &ips)))

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use ip_webhook::allocator::{AllocationRequest, Allocator};
 use ip_webhook::ipset::{Family, IpRange, IpSet};
+use ip_webhook::ledger::claim::PodIdentity;
 use ip_webhook::ledger::{Claim, Ledger, MemoryLedger, Phase, PodRef, Source};
 
 const BASE: u32 = u32::from_be_bytes([10, 0, 0, 0]);
@@ -53,6 +54,9 @@ async fn allocator_holding(held: u32) -> Allocator {
             created_at: 1,
             updated_at: 1,
             list_size: None,
+            token: String::new(),
+            release_at: None,
+            sticky: false,
         };
         ledger.create(&claim).await.expect("memory ledger");
     }
@@ -75,6 +79,7 @@ fn allocation(c: &mut Criterion) {
                 pool: None,
                 pod: pod("web-7d4b9c8f6d-"),
                 request_uid: "bench",
+                token: "0123456789abcdef0123456789abcdef",
                 candidates: &set,
                 ordinal: None,
                 dry_run: true,
@@ -95,8 +100,14 @@ fn allocation(c: &mut Criterion) {
             group.bench_function(BenchmarkId::new("claim_and_release", &id), |b| {
                 b.to_async(&runtime).iter(|| async {
                     let made = allocator.allocate(&durable).await.expect("free");
+                    let pod = PodIdentity {
+                        namespace: "default",
+                        name: "web-7d4b9c8f6d-x",
+                        uid: None,
+                        token: Some(&made.token),
+                    };
                     let released = allocator
-                        .release_pod("default", "web-7d4b9c8f6d-x", None, &made.ips)
+                        .release_held(&pod, &made.ips)
                         .await
                         .expect("memory ledger");
                     assert_eq!(released, made.ips);

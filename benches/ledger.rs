@@ -27,6 +27,9 @@ fn claim(n: u32) -> Claim {
         created_at: 1,
         updated_at: 1,
         list_size: None,
+        token: String::new(),
+        release_at: None,
+        sticky: false,
     }
 }
 

@@ -11,9 +11,13 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::ipset::{Family, IpSet, ip_from_key, ip_key};
+use crate::ledger::claim::{
+    self, DueStep, PodIdentity, PodPresence, held_by, may_take_over, same_admission, same_grant,
+};
 use crate::ledger::{
     Claim, CreateOutcome, Ledger, LedgerError, ObservedChange, Phase, PodRef, Source, unix_now,
 };
+use crate::release::PodLookup;
 
 /// How many times one allocation may learn that its candidate was taken elsewhere.
 const MAX_CONTENDED_ATTEMPTS: usize = 64;
@@ -97,6 +101,9 @@ pub struct AllocationRequest<'a> {
     pub pool: Option<&'a str>,
     pub pod: PodRef,
     pub request_uid: &'a str,
+    /// The claim token for this pod (a fresh one from [`claim::new_token`]); a retried
+    /// admission is answered with the token its first attempt recorded instead.
+    pub token: &'a str,
     pub candidates: &'a IpSet,
     /// Ordinal of a StatefulSet pod (`web-3` → 3): prefers entry N of the list.
     pub ordinal: Option<u64>,
@@ -117,6 +124,8 @@ pub enum Reason {
 pub struct Allocation {
     pub ips: Vec<IpAddr>,
     pub reasons: Vec<Reason>,
+    /// The token the pod must carry (`ip-webhook.io/claim`).
+    pub token: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -165,6 +174,7 @@ impl State {
             .held_per_app
             .entry((claim.pod.namespace.clone(), claim.app.clone()))
             .or_default() += 1;
+        self.remember(&claim);
         self.claims.insert(claim.ip, claim);
     }
 
@@ -183,11 +193,10 @@ impl State {
         }
     }
 
-    /// Drop the claim on `ip` if it is `claim` (same pod and request).
+    /// Drop the claim on `ip` if it is `claim`'s grant (same request and token).
     fn unhold(&mut self, claim: &Claim) -> bool {
         match self.claims.get(&claim.ip) {
-            Some(current)
-                if current.pod == claim.pod && current.request_uid == claim.request_uid => {}
+            Some(current) if same_grant(current, claim) => {}
             _ => return false,
         }
         let removed = self.claims.remove(&claim.ip).expect("checked above");
@@ -213,16 +222,14 @@ impl State {
         ips.push(claim.ip);
     }
 
-    /// A `Released` record still in the ledger (in-cluster: a StatefulSet pod's IP during the
-    /// sticky grace) that the same pod name of the same app may take back.
+    /// A record the same pod name of the same app may take over ([`claim::may_take_over`]):
+    /// a reservation whose pod was never created, a terminating pod's claim, or a released
+    /// one kept for the name.
     fn kept_for(&self, ip: &IpAddr, request: &AllocationRequest<'_>) -> bool {
-        self.claims.get(ip).is_some_and(|held| {
-            held.phase == Phase::Released
-                && !request.pod.name.is_empty()
-                && held.pod.namespace == request.pod.namespace
-                && held.pod.name == request.pod.name
-                && held.app == request.app
-        })
+        !request.pod.name.is_empty()
+            && self.claims.get(ip).is_some_and(|held| {
+                may_take_over(held, &new_claim(*ip, request, Source::Allocated))
+            })
     }
 
     fn choose(&self, request: &AllocationRequest<'_>, family: Family) -> Option<(IpAddr, Reason)> {
@@ -314,7 +321,7 @@ impl Allocator {
         let mut claims = ledger.load().await?;
         claims.sort_by_key(|c| c.updated_at);
         for claim in claims {
-            if claim.is_held() {
+            if claim.locks_ip() {
                 state.hold(claim);
             } else {
                 state.remember(&claim);
@@ -414,14 +421,13 @@ impl Allocator {
         &self,
         request: &AllocationRequest<'_>,
     ) -> Result<Allocation, AllocError> {
-        if !request.dry_run
-            && let Some(existing) = self.same_request(request)
-        {
+        if let Some(existing) = self.same_request(request) {
             return Ok(existing);
         }
         let mut allocation = Allocation {
             ips: Vec::new(),
             reasons: Vec::new(),
+            token: request.token.to_string(),
         };
         let mut made: Vec<Claim> = Vec::new();
         for family in request.candidates.families() {
@@ -429,6 +435,9 @@ impl Allocator {
                 Ok((claim, reason)) => {
                     allocation.ips.push(claim.ip);
                     allocation.reasons.push(reason);
+                    if made.is_empty() {
+                        allocation.token = claim.token.clone();
+                    }
                     made.push(claim);
                 }
                 Err(error) => {
@@ -442,15 +451,19 @@ impl Allocator {
         Ok(allocation)
     }
 
+    /// What a retried admission (same request UID, same namespace) was given, dry run or not.
     fn same_request(&self, request: &AllocationRequest<'_>) -> Option<Allocation> {
         let state = self.lock();
         let ips = state.by_request.get(request.request_uid)?;
-        let same_pod = ips
-            .iter()
-            .all(|ip| state.claims.get(ip).is_some_and(|c| c.pod == request.pod));
+        let claims: Vec<&Claim> = ips.iter().filter_map(|ip| state.claims.get(ip)).collect();
+        let same_pod = claims.len() == ips.len()
+            && claims.iter().all(|c| {
+                c.is_held() && c.pod.namespace == request.pod.namespace && c.pod.uid.is_none()
+            });
         (same_pod && !ips.is_empty()).then(|| Allocation {
             ips: ips.clone(),
             reasons: vec![Reason::SameRequest; ips.len()],
+            token: claims[0].token.clone(),
         })
     }
 
@@ -474,66 +487,88 @@ impl Allocator {
                 state.hold(claim.clone());
                 (claim, reason)
             };
-            match self.ledger.create(&claim).await {
-                Ok(CreateOutcome::Created) => return Ok((claim, reason)),
-                Ok(CreateOutcome::AlreadyHeld(holder)) => {
-                    let mut state = self.lock();
-                    state.unhold(&claim);
-                    state.hold(*holder);
-                }
-                Err(error) => {
-                    self.lock().unhold(&claim);
-                    return Err(error.into());
-                }
+            match self.record(&claim).await? {
+                Recorded::Ours(claim) => return Ok((*claim, reason)),
+                Recorded::HeldBy(_) => {}
             }
         }
         Err(AllocError::Contention)
     }
 
+    /// Make `claim` (already held in the index) durable. On a refusal the index learns the
+    /// holder instead; on an error the claim is dropped from the index.
+    async fn record(&self, claim: &Claim) -> Result<Recorded, AllocError> {
+        match self.ledger.create(claim).await {
+            Ok(CreateOutcome::Created) => Ok(Recorded::Ours(Box::new(claim.clone()))),
+            Ok(CreateOutcome::Existing(existing)) => {
+                let mut state = self.lock();
+                state.unhold(claim);
+                state.hold((*existing).clone());
+                Ok(Recorded::Ours(existing))
+            }
+            Ok(CreateOutcome::AlreadyHeld(holder)) => {
+                let mut state = self.lock();
+                state.unhold(claim);
+                state.hold((*holder).clone());
+                Ok(Recorded::HeldBy(holder))
+            }
+            Err(error) => {
+                self.lock().unhold(claim);
+                Err(error.into())
+            }
+        }
+    }
+
     /// Record IPs the user wrote on the pod by hand; refuse when another pod holds one.
+    /// A retried admission gets its first attempt's claims back; a fixed-name pod takes over
+    /// its own earlier claim ([`claim::may_take_over`]).
     pub async fn claim_static(
         &self,
         ips: &[IpAddr],
         request: &AllocationRequest<'_>,
-    ) -> Result<(), AllocError> {
+    ) -> Result<Allocation, AllocError> {
+        let mut allocation = Allocation {
+            ips: ips.to_vec(),
+            reasons: Vec::new(),
+            token: request.token.to_string(),
+        };
         let mut made = Vec::new();
         for ip in ips {
+            let probe = new_claim(*ip, request, Source::Static);
             let step = {
                 let mut state = self.lock();
                 match state.claims.get(ip) {
-                    Some(holder) if holder.pod == request.pod => None,
-                    Some(holder) => Some(Err(AllocError::Conflict(conflict_message(
-                        ip,
-                        &request.pod,
-                        holder,
-                    )))),
-                    None if request.dry_run => None,
-                    None => {
-                        let claim = new_claim(*ip, request, Source::Static);
-                        state.hold(claim.clone());
-                        Some(Ok(claim))
+                    Some(holder) if holder.is_held() && same_admission(holder, &probe) => {
+                        allocation.token = holder.token.clone();
+                        None
+                    }
+                    Some(holder) if holder.locks_ip() && !may_take_over(holder, &probe) => {
+                        Some(Err(AllocError::Conflict(conflict_message(
+                            ip,
+                            &request.pod,
+                            holder,
+                        ))))
+                    }
+                    _ if request.dry_run => None,
+                    _ => {
+                        state.hold(probe.clone());
+                        Some(Ok(probe))
                     }
                 }
             };
             let failure = match step {
                 None => continue,
                 Some(Err(conflict)) => conflict,
-                Some(Ok(claim)) => match self.ledger.create(&claim).await {
-                    Ok(CreateOutcome::Created) => {
-                        made.push(claim);
+                Some(Ok(claim)) => match self.record(&claim).await {
+                    Ok(Recorded::Ours(claim)) => {
+                        allocation.token = claim.token.clone();
+                        made.push(*claim);
                         continue;
                     }
-                    Ok(CreateOutcome::AlreadyHeld(holder)) => {
-                        let mut state = self.lock();
-                        state.unhold(&claim);
-                        let message = conflict_message(ip, &request.pod, &holder);
-                        state.hold(*holder);
-                        AllocError::Conflict(message)
+                    Ok(Recorded::HeldBy(holder)) => {
+                        AllocError::Conflict(conflict_message(ip, &request.pod, &holder))
                     }
-                    Err(error) => {
-                        self.lock().unhold(&claim);
-                        error.into()
-                    }
+                    Err(error) => error,
                 },
             };
             for claim in &made {
@@ -541,33 +576,172 @@ impl Allocator {
             }
             return Err(failure);
         }
-        Ok(())
+        Ok(allocation)
     }
 
-    /// Release the claims a deleted pod held on `ips`. Returns the IPs released.
-    pub async fn release_pod(
+    /// The claims `pod` holds on `ips` ([`claim::held_by`]).
+    pub fn held_by(&self, pod: &PodIdentity<'_>, ips: &[IpAddr]) -> Vec<Claim> {
+        let state = self.lock();
+        ips.iter()
+            .filter_map(|ip| state.claims.get(ip))
+            .filter(|c| c.is_held() && held_by(c, pod))
+            .cloned()
+            .collect()
+    }
+
+    /// Step the claims on `ips` that `pod` holds to `next(claim)`'s phase, through the ledger
+    /// ([`claim::may_step`] decides). Returns the claims changed, as they now are.
+    async fn step(
         &self,
-        namespace: &str,
-        name: &str,
-        uid: Option<&str>,
+        pod: &PodIdentity<'_>,
+        ips: &[IpAddr],
+        next: impl Fn(&Claim) -> Option<Claim>,
+    ) -> Result<Vec<Claim>, LedgerError> {
+        let mut changed = Vec::new();
+        for current in self.held_by(pod, ips) {
+            let Some(next) = next(&current) else { continue };
+            if self.ledger.transition(&current, &next).await? {
+                let mut state = self.lock();
+                if state.unhold(&current) {
+                    state.hold(next.clone());
+                }
+                changed.push(next);
+            }
+        }
+        Ok(changed)
+    }
+
+    /// `/validate`: tie the pod's reservations to its final name and UID (phase `Bound`), so
+    /// from now on only that UID holds them.
+    pub async fn bind(
+        &self,
+        pod: &PodIdentity<'_>,
+        ips: &[IpAddr],
+        sticky: bool,
+    ) -> Result<Vec<Claim>, LedgerError> {
+        let Some(uid) = pod.uid else {
+            return Ok(Vec::new());
+        };
+        let now = unix_now();
+        self.step(pod, ips, |current| {
+            (current.phase == Phase::Reserved).then(|| {
+                let mut next = claim::bound(current, pod.name, uid, now);
+                next.sticky = sticky;
+                next
+            })
+        })
+        .await
+    }
+
+    /// A Pod DELETE was admitted: the pod's claims on `ips` turn `Terminating` until
+    /// `release_at` (unix seconds). The IPs stay held; [`Allocator::release_due`] frees them
+    /// once the time has come and the pod is gone. A deletion already seen changes nothing.
+    pub async fn terminate(
+        &self,
+        pod: &PodIdentity<'_>,
+        ips: &[IpAddr],
+        release_at: u64,
+    ) -> Result<Vec<Claim>, LedgerError> {
+        let now = unix_now();
+        self.step(pod, ips, |current| {
+            matches!(current.phase, Phase::Reserved | Phase::Bound)
+                .then(|| claim::terminating(current, pod, release_at, now))
+        })
+        .await
+    }
+
+    /// `Terminating` claims whose release time has passed at `now`.
+    pub fn due(&self, now: u64) -> Vec<Claim> {
+        let state = self.lock();
+        let mut due: Vec<Claim> = state
+            .claims
+            .values()
+            .filter(|c| c.phase == Phase::Terminating && c.release_at.is_some_and(|at| at <= now))
+            .cloned()
+            .collect();
+        due.sort_by_key(|c| (c.release_at, ip_key(&c.ip)));
+        due
+    }
+
+    /// Free the `Terminating` claims that are due, once `pods` confirms each pod is gone
+    /// (`None`: no API server to ask, so the timer alone decides). A pod that still runs
+    /// keeps its IP (back to `Bound`). Returns what happened to each claim looked at.
+    pub async fn release_due(
+        &self,
+        now: u64,
+        pods: Option<&dyn PodLookup>,
+    ) -> Vec<(Claim, DueStep)> {
+        let mut done = Vec::new();
+        for current in self.due(now) {
+            let presence = match pods {
+                Some(pods) => pods.presence(&current).await,
+                None => PodPresence::Gone,
+            };
+            let step = claim::due_step(&presence);
+            let result = match step {
+                DueStep::Release => self.release_claim(&current).await.map(|_| ()),
+                DueStep::KeepBound => {
+                    let uid = current.pod.uid.clone().unwrap_or_default();
+                    let next = claim::bound(&current, &current.pod.name, &uid, now);
+                    match self.ledger.transition(&current, &next).await {
+                        Ok(true) => {
+                            let mut state = self.lock();
+                            if state.unhold(&current) {
+                                state.hold(next);
+                            }
+                            tracing::warn!(
+                                ip = %current.ip,
+                                pod = %current.pod.display(),
+                                "the pod's DELETE was admitted but the pod still runs after its grace period; it keeps its IP"
+                            );
+                            Ok(())
+                        }
+                        Ok(false) => Ok(()),
+                        Err(error) => Err(error),
+                    }
+                }
+                DueStep::Wait => {
+                    if let PodPresence::Unknown(why) = &presence {
+                        tracing::warn!(ip = %current.ip, pod = %current.pod.display(), %why, "cannot check whether a terminating pod is gone; its IP stays held");
+                    }
+                    Ok(())
+                }
+            };
+            match result {
+                Ok(()) => done.push((current, step)),
+                Err(error) => {
+                    tracing::warn!(ip = %current.ip, %error, "releasing a terminating claim failed; trying again")
+                }
+            }
+        }
+        done
+    }
+
+    /// Release at once the claims `pod` holds on `ips`, with no grace: for a pod known to be
+    /// gone. Returns the IPs released.
+    pub async fn release_held(
+        &self,
+        pod: &PodIdentity<'_>,
         ips: &[IpAddr],
     ) -> Result<Vec<IpAddr>, LedgerError> {
         let mut released = Vec::new();
-        for ip in ips {
-            let claim = match self.lock().claims.get(ip) {
-                Some(claim) if claim.pod.matches(namespace, name, uid) => claim.clone(),
-                _ => continue,
-            };
-            if self.ledger.release(&claim).await? {
-                let mut state = self.lock();
-                state.unhold(&claim);
-                let mut named = claim.clone();
-                named.pod.name = name.to_string();
-                state.remember(&named);
-                released.push(*ip);
+        for claim in self.held_by(pod, ips) {
+            if self.release_claim(&claim).await? {
+                released.push(claim.ip);
             }
         }
         Ok(released)
+    }
+
+    /// Release one claim now (its grant as recorded). Returns whether the ledger changed.
+    pub async fn release_claim(&self, claim: &Claim) -> Result<bool, LedgerError> {
+        if !self.ledger.release(claim).await? {
+            return Ok(false);
+        }
+        let mut state = self.lock();
+        state.unhold(claim);
+        state.remember(claim);
+        Ok(true)
     }
 
     async fn give_back(&self, claim: &Claim) {
@@ -576,6 +750,13 @@ impl Allocator {
         }
         self.lock().unhold(claim);
     }
+}
+
+/// What recording a claim came to.
+enum Recorded {
+    /// Ours: the claim as recorded (a retried admission's first record, maybe).
+    Ours(Box<Claim>),
+    HeldBy(Box<Claim>),
 }
 
 /// `static IP 10.16.0.15 requested by default/web-2 is already held by default/static-1`.
@@ -606,6 +787,9 @@ fn new_claim(ip: IpAddr, request: &AllocationRequest<'_>, source: Source) -> Cla
         updated_at: now,
         list_size: (!request.candidates.is_empty())
             .then(|| u64::try_from(request.candidates.len()).unwrap_or(u64::MAX)),
+        token: request.token.to_string(),
+        release_at: None,
+        sticky: false,
     }
 }
 
@@ -631,9 +815,19 @@ mod tests {
             pool: None,
             pod: pod_ref,
             request_uid: uid,
+            token: uid,
             candidates: set,
             ordinal: None,
             dry_run: false,
+        }
+    }
+
+    fn identity<'a>(name: &'a str, token: &'a str) -> PodIdentity<'a> {
+        PodIdentity {
+            namespace: "default",
+            name,
+            uid: None,
+            token: Some(token),
         }
     }
 
@@ -653,6 +847,9 @@ mod tests {
             created_at: 1,
             updated_at: 1,
             list_size: None,
+            token: String::new(),
+            release_at: None,
+            sticky: false,
         }
     }
 
@@ -809,7 +1006,7 @@ mod tests {
             .unwrap();
         assert_eq!(other.ips[0].to_string(), "10.0.0.10");
         let released = alloc
-            .release_pod("default", "cache", None, &other.ips)
+            .release_held(&identity("cache", "u2"), &other.ips)
             .await
             .unwrap();
         assert_eq!(released, other.ips);
@@ -825,7 +1022,7 @@ mod tests {
             .unwrap();
         assert_eq!(back.ips[0].to_string(), "10.0.0.11");
         alloc
-            .release_pod("default", "cache", None, &back.ips)
+            .release_held(&identity("cache", "u4"), &back.ips)
             .await
             .unwrap();
         let again = alloc
@@ -975,26 +1172,26 @@ mod tests {
             rt.block_on(async {
                 let alloc = allocator().await;
                 let set = parse_ip_spec("10.0.0.1-10.0.0.8").unwrap();
-                let mut live: HashMap<String, IpAddr> = HashMap::new();
+                let mut live: HashMap<String, (IpAddr, String)> = HashMap::new();
                 for (step, (op, who)) in ops.into_iter().enumerate() {
                     let name = format!("p{who}");
                     let uid = format!("u{step}");
                     if op < 2 && !live.contains_key(&name) {
                         match alloc.allocate(&request(&set, pod(&name), &uid)).await {
-                            Ok(a) => { live.insert(name, a.ips[0]); }
+                            Ok(a) => { live.insert(name, (a.ips[0], uid)); }
                             Err(AllocError::Exhausted(_)) => prop_assert_eq!(live.len(), 8),
                             Err(e) => panic!("{e}"),
                         }
-                    } else if let Some(ip) = live.remove(&name) {
-                        let released = alloc.release_pod("default", &name, None, &[ip]).await.unwrap();
+                    } else if let Some((ip, token)) = live.remove(&name) {
+                        let released = alloc.release_held(&identity(&name, &token), &[ip]).await.unwrap();
                         prop_assert_eq!(released, vec![ip]);
                     }
                     let mut seen = std::collections::HashSet::new();
-                    for ip in live.values() { prop_assert!(seen.insert(*ip), "IP {} twice", ip); }
+                    for (ip, _) in live.values() { prop_assert!(seen.insert(*ip), "IP {} twice", ip); }
                     let claims = alloc.claims();
                     prop_assert_eq!(claims.len(), live.len());
                     for claim in claims {
-                        prop_assert_eq!(live.get(&claim.pod.name), Some(&claim.ip));
+                        prop_assert_eq!(live.get(&claim.pod.name).map(|(ip, _)| ip), Some(&claim.ip));
                     }
                 }
                 Ok(())

@@ -10,6 +10,9 @@ pub const FIXED_IP_LABEL: &str = "ip-webhook.io/fixed-ip";
 pub const ALLOCATED_IP_LABEL: &str = "ip-webhook.io/allocated-ip";
 pub const STATUS: &str = "ip-webhook.io/status";
 pub const STATUS_MUTATED: &str = "mutated";
+/// The claim token ip-webhook writes on a pod it gave IPs to: the claim's identity until the
+/// pod's UID is known ([`crate::ledger::claim`]).
+pub const CLAIM_TOKEN: &str = "ip-webhook.io/claim";
 pub const CALICO_IP_ADDRS: &str = "cni.projectcalico.org/ipAddrs";
 pub const OVN_IP_ADDRESS: &str = "ovn.kubernetes.io/ip_address";
 
@@ -107,6 +110,28 @@ pub fn static_ips(
         out.push((OVN_IP_ADDRESS, ips));
     }
     Ok(out)
+}
+
+/// Every IP a pod carries: its CNI annotations' IPs, and the `allocated-ip` label's IP when
+/// no CNI annotation names one (what a pod shows to `/validate`, a DELETE and the watches).
+/// Malformed annotations count as carrying nothing (`/validate` refuses them on their own).
+pub fn carried_ips(
+    labels: Option<&std::collections::BTreeMap<String, String>>,
+    annotations: Option<&std::collections::BTreeMap<String, String>>,
+) -> Vec<IpAddr> {
+    let mut ips: Vec<IpAddr> = static_ips(annotations)
+        .map(|statics| statics.into_iter().flat_map(|(_, ips)| ips).collect())
+        .unwrap_or_default();
+    if let Some(ip) = labels
+        .and_then(|l| l.get(ALLOCATED_IP_LABEL))
+        .and_then(|v| crate::ipset::ip_from_label_value(v))
+        && !ips.iter().any(|held| Family::of(held) == Family::of(&ip))
+    {
+        ips.push(ip);
+    }
+    ips.sort();
+    ips.dedup();
+    ips
 }
 
 #[cfg(test)]

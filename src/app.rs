@@ -10,6 +10,7 @@ use base64::Engine;
 use crate::allocator::Allocator;
 use crate::cli::{LedgerKind, ServeArgs, WebhookArgs};
 use crate::cluster::lease::LeaseSettings;
+use crate::cluster::pods::PodDirectory;
 use crate::cluster::{ClusterHandle, ClusterOptions, Rules};
 use crate::crd::IPPool;
 use crate::ledger::embedded::CommitCounters;
@@ -88,6 +89,7 @@ pub async fn build(args: &WebhookArgs, metrics: Arc<Metrics>) -> anyhow::Result<
         cni: args.cni,
         check_kube_ovn_subnets: args.check_kube_ovn_subnets,
         check_calico_pools: args.check_calico_ippools,
+        release_delay: args.release_delay,
     };
     let mut webhook = Webhook::new(settings, allocator, pools, metrics);
     if let Some(client) = &client {
@@ -236,12 +238,14 @@ pub struct Launched {
     /// `/readyz` answers 200 once this is set.
     pub ready: Arc<AtomicBool>,
     reloader: Option<tokio::task::JoinHandle<()>>,
+    release_timer: tokio::task::JoinHandle<()>,
 }
 
 impl Launched {
     /// Stop accepting, finish in-flight admissions, flush the ledger.
     pub async fn shutdown(self) {
         self.running.shutdown().await;
+        self.release_timer.abort();
         if let Some(reloader) = self.reloader {
             reloader.abort();
         }
@@ -309,6 +313,23 @@ pub async fn launch(args: &ServeArgs) -> anyhow::Result<Launched> {
     )
     .await
     .with_context(|| format!("binding {} and {}", args.listen, args.admin_listen))?;
+    let pod_lookup: Option<Arc<dyn crate::release::PodLookup>> = match &client {
+        Some(client) => Some(Arc::new(PodDirectory::new(
+            client.clone(),
+            args.webhook.app_label.clone(),
+        ))),
+        None if args.webhook.has_api_server() => Some(Arc::new(PodDirectory::new(
+            kube_client(args.webhook.kubeconfig.as_deref()).await?,
+            args.webhook.app_label.clone(),
+        ))),
+        None => None,
+    };
+    let release_timer = tokio::spawn(crate::release_timer::run(
+        webhook.allocator.clone(),
+        pod_lookup,
+        webhook.metrics.clone(),
+        crate::release_timer::PERIOD,
+    ));
     let cluster = match client {
         // Ready once the watches have synced.
         Some(client) => Some(crate::cluster::start(
@@ -340,6 +361,7 @@ pub async fn launch(args: &ServeArgs) -> anyhow::Result<Launched> {
         cluster,
         ready,
         reloader,
+        release_timer,
     })
 }
 

@@ -179,6 +179,10 @@ pub struct WebhookArgs {
     /// Refuse Calico IPPools (crd.projectcalico.org) that overlap another Calico IPPool.
     #[arg(long)]
     pub check_calico_ippools: bool,
+    /// After a pod's DELETE, its IP stays held for its grace period plus this long; then it
+    /// is released once the pod is verified gone (with an API server), or at once (without).
+    #[arg(long, default_value = "5s", value_parser = parse_duration, value_name = "DURATION")]
+    pub release_delay: Duration,
     /// Talk to the API server described by this kubeconfig (selects --ledger kubernetes unless
     /// --ledger is given; with etcd or embedded, pods are looked up there to free leaked IPs).
     #[arg(long, value_name = "FILE")]

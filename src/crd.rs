@@ -94,14 +94,22 @@ pub struct IPClaimSpec {
     /// IP back.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub sticky: bool,
+    /// The claim's identity, which its pod carries as the `ip-webhook.io/claim` annotation
+    /// (absent in claims made before it existed).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub token: String,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct IPClaimStatus {
-    /// `Reserved`, `Bound` or `Released`. A claim without status is `Reserved`: the API server
-    /// drops `status` on create, so admission creates the claim without one.
+    /// `Reserved`, `Bound`, `Terminating` or `Released`. A claim without status is `Reserved`:
+    /// the API server drops `status` on create, so admission creates the claim without one.
     pub phase: String,
+    /// RFC 3339; `Terminating`: when the IP may be released (the pod's grace period plus
+    /// `--release-delay` after its DELETE), once its pod is verified gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release_at: Option<String>,
     /// RFC 3339; when admission reserved the IP (absent: `metadata.creationTimestamp`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reserved_at: Option<String>,

@@ -323,11 +323,19 @@ pub async fn explain(
                     why: claims
                         .iter()
                         .map(|c| {
-                            format!(
-                                "already holds it ({:?} since {})",
-                                c.phase,
-                                crate::status::rfc3339(c.created_at)
-                            )
+                            match c.release_at {
+                                Some(at) => format!(
+                                    "already holds it ({:?} since {}; released at {} once the pod is gone)",
+                                    c.phase,
+                                    crate::status::rfc3339(c.created_at),
+                                    crate::status::rfc3339(at)
+                                ),
+                                None => format!(
+                                    "already holds it ({:?} since {})",
+                                    c.phase,
+                                    crate::status::rfc3339(c.created_at)
+                                ),
+                            }
                         })
                         .collect(),
                     existing: true,

@@ -3,7 +3,9 @@
 //! A spec is a comma-separated list of entries; each entry is an IP (`10.0.0.10`), an inclusive
 //! range (`10.0.0.20-10.0.0.29`), or a CIDR (`10.0.1.0/28`). IPv4 and IPv6 may be mixed. A CIDR
 //! entry stands for its usable addresses: for IPv4 prefixes shorter than /31 the network and
-//! broadcast addresses are left out (list them explicitly to include them).
+//! broadcast addresses are left out, for IPv6 prefixes shorter than /127 the subnet-router
+//! anycast address (the first) is (list them explicitly to include them). IPv4-mapped IPv6
+//! addresses (`::ffff:10.0.0.1`) are refused: the CNI would treat them as IPv4.
 //!
 //! An [`IpSet`] keeps, per address family, sorted disjoint inclusive ranges of integers, so a
 //! /8 or a /64 costs one range, and the n-th address of a set is a binary search away.
@@ -88,12 +90,18 @@ pub fn parse_ip(text: &str) -> Result<IpAddr, IpSpecError> {
     IpAddr::from_str(trimmed).map_err(|_| IpSpecError::InvalidIp(excerpt(trimmed)))
 }
 
-/// The label value form of an IP (`ip-webhook.io/allocated-ip`): labels allow no `:`.
+/// The label value form of an IP (`ip-webhook.io/allocated-ip`). Labels allow no `:` and must
+/// start and end with an alphanumeric, so IPv6 is written with `-` for `:` (`fd00--a`), or, when
+/// that form would start or end with `-` (`fd00:10::` → `fd00-10--`, `::1`), as its 32 hex
+/// digits (`fd000010000000000000000000000000`). Always a valid label value of at most 39 bytes.
 pub fn ip_label_value(ip: &IpAddr) -> String {
     let mut text = String::with_capacity(15);
     push_ip(&mut text, ip);
-    if ip.is_ipv6() {
+    if let IpAddr::V6(v6) = ip {
         text = text.replace(':', "-");
+        if text.starts_with('-') || text.ends_with('-') || text.contains('.') {
+            text = format!("{:032x}", u128::from(*v6));
+        }
     }
     text
 }
@@ -123,13 +131,33 @@ pub fn push_ip(out: &mut String, ip: &IpAddr) {
     }
 }
 
-/// Inverse of [`ip_label_value`].
+/// Inverse of [`ip_label_value`]; also reads the older forms (`--1`, `fd00-10--`).
 pub fn ip_from_label_value(value: &str) -> Option<IpAddr> {
-    if value.contains('.') {
+    if value.len() == 32 && value.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return u128::from_str_radix(value, 16)
+            .ok()
+            .map(|v| IpAddr::V6(std::net::Ipv6Addr::from(v)));
+    }
+    if value.contains('.') && !value.contains('-') {
         value.parse().ok()
     } else {
         value.replace('-', ":").parse().ok()
     }
+}
+
+/// Whether `value` is a valid Kubernetes label value: at most 63 characters, alphanumerics,
+/// `-`, `_` and `.`, starting and ending with an alphanumeric (or empty).
+pub fn is_label_value(value: &str) -> bool {
+    let bytes = value.as_bytes();
+    if bytes.is_empty() {
+        return true;
+    }
+    bytes.len() <= 63
+        && bytes[0].is_ascii_alphanumeric()
+        && bytes[bytes.len() - 1].is_ascii_alphanumeric()
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -196,9 +224,14 @@ impl IpRange {
         let family = Family::of(&net.network());
         let (_, mut start) = ip_key(&net.network());
         let (_, mut end) = ip_key(&net.broadcast());
-        if family == Family::V4 && net.prefix_len() < 31 {
-            start += 1;
-            end -= 1;
+        match family {
+            Family::V4 if net.prefix_len() < 31 => {
+                start += 1;
+                end -= 1;
+            }
+            // the subnet-router anycast address (RFC 4291 2.6.1); /127 links use both (RFC 6164)
+            Family::V6 if net.prefix_len() < 127 => start += 1,
+            _ => {}
         }
         IpRange { family, start, end }
     }
@@ -327,10 +360,37 @@ pub fn parse_ip_spec_with(spec: &str, syntax: RangeSyntax) -> Result<IpSet, IpSp
             });
         }
     }
-    Ok(IpSet::from_ranges(entries.into_iter().map(|(r, _, _)| r)))
+    let set = IpSet::from_ranges(entries.into_iter().map(|(r, _, _)| r));
+    let mapped = IpSet::from_ranges([IpRange {
+        family: Family::V6,
+        start: V4_MAPPED.0,
+        end: V4_MAPPED.1,
+    }]);
+    Ok(if set.intersects(&mapped) {
+        set.subtract(&mapped)
+    } else {
+        set
+    })
 }
 
+/// `::ffff:0.0.0.0/96`: IPv4-mapped IPv6 addresses.
+const V4_MAPPED: (u128, u128) = (0xffff_0000_0000, 0xffff_ffff_ffff);
+
 fn parse_entry(entry: &str, syntax: RangeSyntax) -> Result<IpRange, String> {
+    let range = parse_entry_range(entry, syntax)?;
+    let overlaps = range.start <= V4_MAPPED.1 && V4_MAPPED.0 <= range.end;
+    let spans = range.start < V4_MAPPED.0 && V4_MAPPED.1 < range.end;
+    // a wider CIDR or range around them (`::/0`) just leaves them out
+    if range.family == Family::V6 && overlaps && !spans {
+        return Err(
+            "IPv4-mapped IPv6 addresses (::ffff:a.b.c.d) cannot be given to pods; write the IPv4 address instead"
+                .to_string(),
+        );
+    }
+    Ok(range)
+}
+
+fn parse_entry_range(entry: &str, syntax: RangeSyntax) -> Result<IpRange, String> {
     if entry.contains('/') {
         let net = IpNet::from_str(entry).map_err(|_| "not a valid CIDR".to_string())?;
         if net.trunc() != net {
@@ -658,8 +718,8 @@ mod tests {
         assert_eq!(cidrs("fd00::1-fd00::3"), ["fd00::1/128", "fd00::2/127"]);
         assert_eq!(cidrs("0.0.0.0-255.255.255.255"), ["0.0.0.0/0"]);
         assert_eq!(
-            cidrs("::-ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"),
-            ["::/0"]
+            cidrs("8000::-ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"),
+            ["8000::/1"]
         );
         assert_eq!(
             cidrs("255.255.255.254-255.255.255.255"),
@@ -762,13 +822,19 @@ mod tests {
             parse_ip_spec("10.0.0.7/32").unwrap().to_string(),
             "10.0.0.7"
         );
-        assert_eq!(parse_ip_spec("fd00::/126").unwrap().len(), 4);
+        assert_eq!(
+            parse_ip_spec("fd00:10::/126").unwrap().to_string(),
+            "fd00:10::1-fd00:10::3",
+            "the subnet-router anycast address is left out"
+        );
+        assert_eq!(parse_ip_spec("fd00::/127").unwrap().len(), 2);
+        assert_eq!(parse_ip_spec("fd00::5/128").unwrap().len(), 1);
         // a /8 is one range, not 16 million entries
         let big = parse_ip_spec("10.0.0.0/8").unwrap();
         assert_eq!(big.ranges().len(), 1);
         assert_eq!(big.len(), (1 << 24) - 2);
         let huge = parse_ip_spec("fd00::/8").unwrap();
-        assert_eq!(huge.len(), 1u128 << 120);
+        assert_eq!(huge.len(), (1u128 << 120) - 1);
     }
 
     #[test]
@@ -809,14 +875,48 @@ mod tests {
     }
 
     #[test]
-    fn label_values_round_trip() {
-        for s in ["10.0.0.1", "fd00::a", "2001:db8::1:2"] {
+    fn label_values_round_trip_and_are_always_valid() {
+        for s in [
+            "10.0.0.1",
+            "fd00::a",
+            "2001:db8::1:2",
+            "fd00:10::",
+            "::1",
+            "::",
+            "::ffff:10.9.9.9",
+            "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
+        ] {
             let v = ip_label_value(&ip(s));
             let mut pushed = String::new();
             push_ip(&mut pushed, &ip(s));
             assert_eq!(pushed, ip(s).to_string());
-            assert!(!v.contains(':'));
-            assert_eq!(ip_from_label_value(&v), Some(ip(s)));
+            assert!(is_label_value(&v), "{s} -> {v:?} is not a label value");
+            assert_eq!(ip_from_label_value(&v), Some(ip(s)), "{v}");
+        }
+        assert_eq!(
+            ip_label_value(&ip("fd00:10::")),
+            "fd000010000000000000000000000000"
+        );
+        assert_eq!(ip_label_value(&ip("fd00::a")), "fd00--a");
+        // values written before the 32-digit form existed still read back
+        assert_eq!(ip_from_label_value("fd00-10--"), Some(ip("fd00:10::")));
+        assert_eq!(
+            ip_from_label_value("--ffff-10.9.9.9"),
+            Some(ip("::ffff:10.9.9.9"))
+        );
+        assert!(!is_label_value("fd00-10--"));
+        assert!(!is_label_value(&"a".repeat(64)));
+    }
+
+    #[test]
+    fn ipv4_mapped_ipv6_is_refused_with_its_reason() {
+        for spec in [
+            "::ffff:10.9.9.9",
+            "::ffff:10.0.0.0/120",
+            "::ffff:10.0.0.1-::ffff:10.0.0.9",
+        ] {
+            let message = parse_ip_spec(spec).unwrap_err().to_string();
+            assert!(message.contains("IPv4-mapped"), "{spec}: {message}");
         }
     }
 }

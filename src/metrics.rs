@@ -121,6 +121,8 @@ pub struct Metrics {
     /// Pods refused because every IP of their list or pool was held.
     pub exhausted_refusals: Family<ExhaustedLabels, Counter>,
     pub releases: Counter,
+    /// Admitted pod DELETEs whose pod still ran when its grace ended: the IP was kept.
+    pub releases_refused: Counter,
     /// Reservations no pod picked up, dropped by the reconciler.
     pub reservations_expired: Counter,
     /// Claims of pods that went without a release (missed DELETE), reclaimed by the reconciler;
@@ -358,6 +360,12 @@ impl Metrics {
             "Claims released (pod deleted)",
             releases.clone(),
         );
+        let releases_refused = Counter::default();
+        registry.register(
+            "releases_refused",
+            "Pod DELETEs admitted whose pod still ran when its grace period ended: its IP was kept",
+            releases_refused.clone(),
+        );
         let ledger = CommitCounters::default();
         registry.register(
             "ledger_commits",
@@ -384,6 +392,7 @@ impl Metrics {
             allocations,
             exhausted_refusals,
             releases,
+            releases_refused,
             reservations_expired,
             leaks_reclaimed,
             ledger,

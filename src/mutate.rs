@@ -3,11 +3,15 @@
 use std::net::IpAddr;
 
 use crate::admission::{Incoming, MetadataPatch, Operation, OwnerRef, Response, ReviewError};
-use crate::allocator::{AllocError, AllocationRequest, Reason};
-use crate::annotations::{ALLOCATED_IP_LABEL, STATUS, STATUS_MUTATED, static_ips};
+use crate::allocator::{AllocError, Allocation, AllocationRequest, Reason};
+use crate::annotations::{
+    ALLOCATED_IP_LABEL, CLAIM_TOKEN, STATUS, STATUS_MUTATED, carried_ips, static_ips,
+};
+use crate::assess::{Denial, assess};
 use crate::events::{Assigned, Refused};
-use crate::ipset::{IpSet, ip_from_label_value, ip_label_value};
-use crate::ledger::PodRef;
+use crate::ipset::ip_label_value;
+use crate::ledger::claim::{PodIdentity, is_token, new_token};
+use crate::ledger::{PodRef, unix_now};
 use crate::metrics::AllocationOutcome;
 use crate::webhook::{Candidates, Noted, PodView, Webhook};
 
@@ -41,116 +45,68 @@ async fn create(
         return Ok(response.deny("a Pod CREATE review must carry request.object"));
     };
     let meta = &pod.metadata;
-    if meta.annotation(STATUS) == Some(STATUS_MUTATED) {
-        return Ok(response);
-    }
     let view = PodView::new(meta, incoming, &webhook.settings);
-    let statics = match static_ips(meta.annotations.as_ref()) {
-        Ok(statics) => statics,
-        Err(message) => return Ok(response.deny(format!("pod {}: {message}", view.display()))),
+    let context = refusal(webhook, incoming, &view);
+    let ask = match assess(webhook, view) {
+        Ok(ask) => ask,
+        Err(denial) => return Ok(deny(&context, response, denial)),
     };
-    let candidates = match webhook.candidates(&view) {
-        Ok(candidates) => candidates,
-        Err(message) => {
-            return Ok(refuse(
-                &refusal(webhook, incoming, &view),
-                response,
-                message,
-            ));
-        }
-    };
-    if candidates.is_none() && statics.is_empty() {
+    if ask.is_unrelated() {
         return Ok(response);
     }
-    if candidates.is_some() && view.app.is_none() {
-        let message = no_app_label(&view, &webhook.settings.app_label);
-        return Ok(refuse(
-            &refusal(webhook, incoming, &view),
-            response,
-            message,
-        ));
+    // Our own patch seen again (reinvocation, a retried call): the marker and the token are
+    // worth something only when the ledger says this token holds every IP the pod carries.
+    if ask.marked
+        && !ask.carried.is_empty()
+        && webhook
+            .allocator
+            .held_by(&ask.identity(), &ask.carried)
+            .len()
+            == ask.carried.len()
+    {
+        noted.ips(&ask.carried);
+        return Ok(response);
     }
+    let app_key = ask.view.app_key();
+    noted.app = Some(app_key.clone());
+    let scope = ask.scope();
     let empty = Candidates {
         set: Default::default(),
         pool: None,
     };
-    let chosen = candidates.as_ref().unwrap_or(&empty);
-    let scope = view.scope(chosen);
-    let app_key = view.app_key();
-    noted.app = Some(app_key.clone());
-    let static_set = IpSet::from_ips(statics.iter().flat_map(|(_, ips)| ips.iter().copied()));
-    let checked = if statics.is_empty() {
-        &chosen.set
-    } else {
-        &static_set
-    };
-    // warnings are /validate's to give; here only a hard "no" matters
-    if let Err(message) = webhook.cni_check(checked, &scope) {
-        return Ok(refuse(
-            &refusal(webhook, incoming, &view),
-            response,
-            message,
-        ));
-    }
+    let chosen = ask.candidates.as_ref().unwrap_or(&empty);
+    let token = new_token(incoming.uid());
     let request = AllocationRequest {
         scope: &scope,
-        app: view.app.unwrap_or(""),
+        app: ask.view.app.unwrap_or(""),
         pool: chosen.pool.as_deref(),
-        pod: view.pod_ref(),
+        pod: ask.view.pod_ref(),
         request_uid: incoming.uid(),
+        token: &token,
         candidates: &chosen.set,
-        ordinal: view.statefulset_ordinal(),
+        ordinal: ask.view.statefulset_ordinal(),
         dry_run: incoming.dry_run(),
     };
-
-    if !statics.is_empty() {
-        let mut ips: Vec<IpAddr> = statics
-            .iter()
-            .flat_map(|(_, ips)| ips.iter().copied())
-            .collect();
-        ips.sort();
-        ips.dedup();
-        if let Some(candidates) = &candidates
-            && let Some(outside) = ips.iter().find(|ip| !candidates.set.contains(ip))
-        {
-            return Ok(refuse(
-                &refusal(webhook, incoming, &view),
-                response,
-                outside_list(&view, outside, &scope),
-            ));
-        }
-        return Ok(match webhook.allocator.claim_static(&ips, &request).await {
-            Ok(()) => {
-                webhook
-                    .metrics
-                    .allocation(AllocationOutcome::static_recorded);
-                noted.ips(&ips);
-                webhook.events.assigned(&Assigned {
-                    request_uid: incoming.uid(),
-                    pod: &request.pod,
-                    app: &app_key,
-                    ips: &ips,
-                    reasons: &[],
-                    dry_run: request.dry_run,
-                });
-                response
-            }
-            Err(error) => alloc_failure(&refusal(webhook, incoming, &view), response, error),
-        });
-    }
-
-    match webhook.allocator.allocate(&request).await {
+    let result = if ask.carried.is_empty() {
+        webhook.allocator.allocate(&request).await
+    } else {
+        // IPs the pod carries without a claim of its own: asked for as static IPs
+        webhook.allocator.claim_static(&ask.carried, &request).await
+    };
+    match result {
         Ok(allocation) => {
             let outcome = if request.dry_run {
                 AllocationOutcome::dry_run
             } else if allocation.reasons.contains(&Reason::SameRequest) {
                 AllocationOutcome::reused
-            } else {
+            } else if ask.carried.is_empty() {
                 AllocationOutcome::allocated
+            } else {
+                AllocationOutcome::static_recorded
             };
             webhook.metrics.allocation(outcome);
             noted.ips(&allocation.ips);
-            tracing::debug!(pod = %view.display(), reasons = ?allocation.reasons, "allocated");
+            tracing::debug!(pod = %ask.view.display(), reasons = ?allocation.reasons, "allocated");
             webhook.events.assigned(&Assigned {
                 request_uid: incoming.uid(),
                 pod: &request.pod,
@@ -159,41 +115,58 @@ async fn create(
                 reasons: &allocation.reasons,
                 dry_run: request.dry_run,
             });
-            Ok(response.with_patch(patch_for(webhook, meta, &allocation.ips)))
+            Ok(response.with_patch(patch_for(webhook, meta, &allocation)))
         }
         Err(error) => {
             if matches!(error, AllocError::Exhausted(_)) {
-                webhook
-                    .metrics
-                    .exhausted(&view.namespace, view.app.unwrap_or(""), request.pool);
+                webhook.metrics.exhausted(
+                    &ask.view.namespace,
+                    ask.view.app.unwrap_or(""),
+                    request.pool,
+                );
             }
-            Ok(alloc_failure(
-                &refusal(webhook, incoming, &view),
-                response,
-                error,
-            ))
+            Ok(deny(&context, response, alloc_denial(error)))
         }
     }
 }
 
-/// The JSON patch that hands `ips` to the CNI and marks the pod as done.
-pub fn patch_for(webhook: &Webhook, meta: &crate::admission::Meta, ips: &[IpAddr]) -> Vec<u8> {
+/// The JSON patch that hands the allocation's IPs to the CNI (unless the pod names them
+/// already: a static IP is never overwritten), marks the pod as done, and gives it its claim
+/// token.
+pub fn patch_for(
+    webhook: &Webhook,
+    meta: &crate::admission::Meta,
+    allocation: &Allocation,
+) -> Vec<u8> {
     let cni = webhook.settings.cni;
     let has_annotations = meta.annotations.is_some();
     let mut patch = MetadataPatch::default();
-    patch.add(
-        "annotations",
-        has_annotations,
-        cni.annotation(),
-        &cni.format(ips),
-    );
-    patch.add("annotations", has_annotations, STATUS, STATUS_MUTATED);
-    patch.add(
-        "labels",
-        meta.labels.is_some(),
-        ALLOCATED_IP_LABEL,
-        &ip_label_value(&ips[0]),
-    );
+    let mut annotations_present = has_annotations;
+    if static_ips(meta.annotations.as_ref()).is_ok_and(|statics| statics.is_empty()) {
+        patch.add(
+            "annotations",
+            annotations_present,
+            cni.annotation(),
+            &cni.format(&allocation.ips),
+        );
+        annotations_present = true;
+    }
+    if meta.annotation(STATUS) != Some(STATUS_MUTATED) {
+        patch.add("annotations", annotations_present, STATUS, STATUS_MUTATED);
+        annotations_present = true;
+    }
+    if meta.annotation(CLAIM_TOKEN) != Some(allocation.token.as_str()) {
+        patch.add(
+            "annotations",
+            annotations_present,
+            CLAIM_TOKEN,
+            &allocation.token,
+        );
+    }
+    let label = ip_label_value(&allocation.ips[0]);
+    if meta.label(ALLOCATED_IP_LABEL) != Some(label.as_str()) {
+        patch.add("labels", meta.labels.is_some(), ALLOCATED_IP_LABEL, &label);
+    }
     patch.to_json()
 }
 
@@ -210,7 +183,7 @@ struct RefusalContext<'a> {
 fn refusal<'a>(
     webhook: &'a Webhook,
     incoming: &'a Incoming<'_>,
-    view: &'a PodView<'_>,
+    view: &PodView<'a>,
 ) -> RefusalContext<'a> {
     RefusalContext {
         webhook,
@@ -225,12 +198,9 @@ fn refusal<'a>(
     }
 }
 
-fn deny(
-    context: &RefusalContext<'_>,
-    response: Response,
-    outcome: AllocationOutcome,
-    message: String,
-) -> Response {
+fn deny(context: &RefusalContext<'_>, response: Response, denial: Denial) -> Response {
+    let outcome = denial.outcome();
+    let message = denial.to_string();
     context.webhook.metrics.allocation(outcome.clone());
     context.webhook.events.refused(&Refused {
         request_uid: context.request_uid,
@@ -244,39 +214,17 @@ fn deny(
     response.deny(message)
 }
 
-fn refuse(context: &RefusalContext<'_>, response: Response, message: String) -> Response {
-    deny(context, response, AllocationOutcome::refused, message)
+pub fn alloc_denial(error: AllocError) -> Denial {
+    match error {
+        AllocError::Exhausted(message) => Denial::Exhausted(message),
+        AllocError::Conflict(message) => Denial::Conflict(message),
+        other => Denial::Ledger(other.to_string()),
+    }
 }
 
-fn alloc_failure(context: &RefusalContext<'_>, response: Response, error: AllocError) -> Response {
-    let (outcome, message) = match error {
-        AllocError::Exhausted(message) => (AllocationOutcome::exhausted, message),
-        AllocError::Conflict(message) => (AllocationOutcome::conflict, message),
-        other => (
-            AllocationOutcome::error,
-            format!(
-                "ip-webhook could not record the IP claim, so the pod is not admitted (retry): {other}"
-            ),
-        ),
-    };
-    deny(context, response, outcome, message)
-}
-
-/// IPs as `10.0.0.1,fd00::1`, formatted only when a log line is written.
-pub fn no_app_label(view: &PodView<'_>, app_label: &str) -> String {
-    format!(
-        "pod {} asks for fixed IPs but has no {app_label:?} label; ip-webhook needs it (with the namespace) to know which app the IPs belong to",
-        view.display()
-    )
-}
-
-pub fn outside_list(view: &PodView<'_>, ip: &IpAddr, scope: &str) -> String {
-    format!(
-        "static IP {ip} requested by {} is not one of the IPs of {scope}",
-        view.display()
-    )
-}
-
+/// A Pod DELETE review: the pod may run on for its grace period, so its claims turn
+/// `Terminating` and are released only after that (plus `--release-delay`), once the pod is
+/// gone. Only the pod's own claims are touched: by UID, else by claim token.
 async fn delete(
     webhook: &Webhook,
     incoming: &Incoming<'_>,
@@ -290,16 +238,7 @@ async fn delete(
     };
     let meta = &pod.metadata;
     let view = PodView::new(meta, incoming, &webhook.settings);
-    let mut ips: Vec<IpAddr> = meta
-        .label(ALLOCATED_IP_LABEL)
-        .and_then(ip_from_label_value)
-        .into_iter()
-        .collect();
-    if let Ok(statics) = static_ips(meta.annotations.as_ref()) {
-        ips.extend(statics.into_iter().flat_map(|(_, ips)| ips));
-    }
-    ips.sort();
-    ips.dedup();
+    let ips = carried_ips(meta.labels.as_ref(), meta.annotations.as_ref());
     if ips.is_empty() {
         return Ok(response);
     }
@@ -307,19 +246,30 @@ async fn delete(
         "" => incoming.request.name.as_deref().unwrap_or(""),
         name => name,
     };
+    let identity = PodIdentity {
+        namespace: &view.namespace,
+        name,
+        uid: meta.uid.as_deref().filter(|u| !u.is_empty()),
+        token: meta.annotation(CLAIM_TOKEN).filter(|t| is_token(t)),
+    };
+    let release_at = unix_now()
+        .saturating_add(incoming.deletion_grace_seconds())
+        .saturating_add(webhook.settings.release_delay.as_secs());
     match webhook
         .allocator
-        .release_pod(&view.namespace, name, view.meta.uid.as_deref(), &ips)
+        .terminate(&identity, &ips, release_at)
         .await
     {
-        Ok(released) => {
-            webhook.metrics.releases.inc_by(released.len() as u64);
-            if !released.is_empty() {
-                tracing::info!(pod = %format!("{}/{name}", view.namespace), ips = ?released, "released");
+        Ok(terminating) => {
+            if !terminating.is_empty() {
+                let ips: Vec<IpAddr> = terminating.iter().map(|c| c.ip).collect();
+                tracing::info!(pod = %format!("{}/{name}", view.namespace), ips = ?ips, release_at, "terminating: the IPs are released once the grace period is over and the pod is gone");
             }
         }
-        // A DELETE is never blocked on our books; the reconciler (in-cluster) catches up.
-        Err(error) => tracing::warn!(%error, pod = name, "could not release the pod's claims"),
+        // A DELETE is never blocked on our books; the release timer and reconciler catch up.
+        Err(error) => {
+            tracing::warn!(%error, pod = name, "could not mark the pod's claims terminating")
+        }
     }
     Ok(response)
 }

@@ -5,6 +5,7 @@ use std::net::IpAddr;
 
 use async_trait::async_trait;
 
+use crate::ledger::claim::PodPresence;
 use crate::ledger::{Claim, Ledger, LedgerError};
 
 /// Whether the pod of a claim still exists.
@@ -20,6 +21,22 @@ pub enum PodState {
 #[async_trait]
 pub trait PodLookup: Send + Sync {
     async fn state(&self, claim: &Claim) -> PodState;
+
+    /// Where the pod of a `Terminating` claim is (its namespace/name, and its UID when the
+    /// claim has one): gone, still terminating, or running as if never deleted.
+    async fn presence(&self, claim: &Claim) -> PodPresence {
+        self.state(claim).await.into()
+    }
+}
+
+impl From<PodState> for PodPresence {
+    fn from(state: PodState) -> PodPresence {
+        match state {
+            PodState::Live => PodPresence::Running,
+            PodState::Gone => PodPresence::Gone,
+            PodState::Unknown(why) => PodPresence::Unknown(why),
+        }
+    }
 }
 
 /// Off-cluster: nothing to ask.
@@ -159,6 +176,9 @@ mod tests {
             created_at: 0,
             updated_at: 0,
             list_size: Some(2),
+            token: String::new(),
+            release_at: None,
+            sticky: false,
         };
         assert_eq!(ledger.create(&claim).await.unwrap(), CreateOutcome::Created);
         ledger

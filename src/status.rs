@@ -25,6 +25,9 @@ pub struct Holder {
     pub source: Source,
     /// When the IP was claimed (RFC 3339, UTC).
     pub since: String,
+    /// `Terminating`: when the IP is released, once the pod is gone (RFC 3339, UTC).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub release_at: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -123,6 +126,7 @@ fn holder(claim: &Claim) -> Holder {
         phase: claim.phase,
         source: claim.source,
         since: rfc3339(claim.created_at),
+        release_at: claim.release_at.map(rfc3339),
     }
 }
 
@@ -286,7 +290,10 @@ impl Report {
                             },
                             h.pod.clone(),
                             h.node.clone().unwrap_or_else(|| "-".into()),
-                            format!("{:?}", h.phase),
+                            match &h.release_at {
+                                Some(at) => format!("{:?} (release {at})", h.phase),
+                                None => format!("{:?}", h.phase),
+                            },
                             format!("{:?}", h.source),
                             h.since.clone(),
                         ]
@@ -383,6 +390,9 @@ mod tests {
             created_at: 1_700_000_000,
             updated_at: 1_700_000_000,
             list_size: size,
+            token: String::new(),
+            release_at: None,
+            sticky: false,
         }
     }
 

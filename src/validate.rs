@@ -2,17 +2,16 @@
 //! overlapping IPPools, conflicting workload templates, and (when switched on) overlapping
 //! Kube-OVN Subnets and Calico IPPools.
 
-use std::net::IpAddr;
-
 use crate::admission::{Incoming, Operation, Response, ReviewError};
-use crate::allocator::conflict_message;
-use crate::annotations::static_ips;
+use crate::allocator::{AllocationRequest, conflict_message};
+use crate::assess::{Denial, assess};
 use crate::crd::{self, IPPool};
 use crate::ipset::IpSet;
 use crate::ledger::Claim;
-use crate::mutate::{no_app_label, outside_list};
+use crate::ledger::claim::{PodIdentity, new_token};
+use crate::mutate::alloc_denial;
 use crate::pools::{Pool, PoolError};
-use crate::webhook::{Noted, PodView, Webhook};
+use crate::webhook::{Candidates, Noted, PodView, Webhook};
 use crate::{cni_pools, workloads};
 
 pub async fn validate(
@@ -28,7 +27,7 @@ pub async fn validate(
     let (group, kind) = (request.kind.group.as_str(), request.kind.kind.as_str());
     match (group, kind) {
         ("", "Pod") if matches!(request.operation, Operation::Create | Operation::Update) => {
-            validate_pod(webhook, incoming, incoming.respond(), noted)
+            validate_pod(webhook, incoming, incoming.respond(), noted).await
         }
         (crd::GROUP, "IPPool") => validate_ippool(webhook, incoming),
         (group, kind) if workloads::is_workload(group, kind) => {
@@ -132,7 +131,11 @@ fn validate_ippool(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Respons
     Ok(response)
 }
 
-fn validate_pod(
+/// Pod CREATE/UPDATE: the pod's IP annotations, list and pool are sound, and every IP it
+/// carries is its own: its claim (by UID once bound, else by token), or free — then recorded
+/// for it now. A CREATE that holds reservations binds them to its UID, so a copy of the pod
+/// (same token) is refused from then on.
+async fn validate_pod(
     webhook: &Webhook,
     incoming: &Incoming<'_>,
     response: Response,
@@ -146,67 +149,84 @@ fn validate_pod(
     if view.app.is_some() {
         noted.app = Some(view.app_key());
     }
-    let statics = match static_ips(meta.annotations.as_ref()) {
-        Ok(statics) => statics,
-        Err(message) => return Ok(response.deny(format!("pod {}: {message}", view.display()))),
+    let ask = match assess(webhook, view) {
+        Ok(ask) => ask,
+        Err(denial) => return Ok(response.deny(denial.to_string())),
     };
-    let candidates = match webhook.candidates(&view) {
-        Ok(candidates) => candidates,
-        Err(message) => return Ok(response.deny(message)),
-    };
-    if candidates.is_some() && view.app.is_none() {
-        return Ok(response.deny(no_app_label(&view, &webhook.settings.app_label)));
-    }
     let mut response = response;
-    let static_set = IpSet::from_ips(statics.iter().flat_map(|(_, ips)| ips.iter().copied()));
-    let whose = match &candidates {
-        Some(candidates) => view.scope(candidates),
-        None => format!("pod {}", view.display()),
-    };
-    for set in [Some(&static_set), candidates.as_ref().map(|c| &*c.set)]
-        .into_iter()
-        .flatten()
-    {
-        match webhook.cni_check(set, &whose) {
-            Ok(warnings) => {
-                for warning in warnings {
-                    response = response.warn(warning);
-                }
+    for warning in &ask.warnings {
+        response = response.warn(warning.clone());
+    }
+    if ask.carried.is_empty() {
+        return Ok(response);
+    }
+    noted.ips(&ask.carried);
+    let identity = ask.identity();
+    let pod_ref = ask.view.pod_ref();
+    let mine = webhook.allocator.held_by(&identity, &ask.carried);
+    let mut unrecorded = Vec::new();
+    for ip in &ask.carried {
+        if mine.iter().any(|c| c.ip == *ip) {
+            continue;
+        }
+        match webhook.allocator.holder(ip) {
+            Some(holder) if holder.locks_ip() => {
+                return Ok(response.deny(conflict_message(ip, &pod_ref, &holder)));
             }
-            Err(message) => return Ok(response.deny(message)),
+            _ => unrecorded.push(*ip),
         }
     }
-    if let [(first, a), (second, b), ..] = statics.as_slice()
-        && a != b
+    if incoming.dry_run() || incoming.request.operation != Operation::Create {
+        return Ok(response);
+    }
+    // IPs no claim covers (the pod skipped /mutate: a webhook outage with `Ignore`, a selector
+    // gap): recorded for it now as static IPs, so the next pod cannot be given them.
+    if !unrecorded.is_empty() {
+        let empty = Candidates {
+            set: Default::default(),
+            pool: None,
+        };
+        let chosen = ask.candidates.as_ref().unwrap_or(&empty);
+        let scope = ask.scope();
+        let token = identity
+            .token
+            .map(str::to_string)
+            .unwrap_or_else(|| new_token(incoming.uid()));
+        let request = AllocationRequest {
+            scope: &scope,
+            app: ask.view.app.unwrap_or(""),
+            pool: chosen.pool.as_deref(),
+            pod: pod_ref.clone(),
+            request_uid: incoming.uid(),
+            token: &token,
+            candidates: &chosen.set,
+            ordinal: None,
+            dry_run: false,
+        };
+        if let Err(error) = webhook.allocator.claim_static(&unrecorded, &request).await {
+            return Ok(response.deny(alloc_denial(error).to_string()));
+        }
+        let recorded = PodIdentity {
+            token: Some(&token),
+            ..identity
+        };
+        if let Err(error) = webhook
+            .allocator
+            .bind(&recorded, &unrecorded, ask.view.is_stateful())
+            .await
+        {
+            tracing::warn!(%error, pod = %ask.view.display(), "could not bind the recorded claims");
+        }
+    }
+    if mine.iter().any(|c| c.pod.uid.is_none())
+        && let Err(error) = webhook
+            .allocator
+            .bind(&identity, &ask.carried, ask.view.is_stateful())
+            .await
     {
-        return Ok(response.deny(format!(
-            "pod {}: annotations {first} and {second} name different IPs ({} vs {})",
-            view.display(),
-            join(a),
-            join(b)
-        )));
-    }
-    let pod_ref = view.pod_ref();
-    for ip in statics.iter().flat_map(|(_, ips)| ips.iter()) {
-        if let Some(candidates) = &candidates
-            && !candidates.set.contains(ip)
-        {
-            return Ok(response.deny(outside_list(&view, ip, &view.scope(candidates))));
-        }
-        if let Some(holder) = webhook.allocator.holder(ip)
-            && !holder
-                .pod
-                .matches(&view.namespace, view.name(), meta.uid.as_deref())
-        {
-            return Ok(response.deny(conflict_message(ip, &pod_ref, &holder)));
-        }
+        return Ok(response.deny(
+            Denial::Ledger(format!("binding the claims to the pod's UID: {error}")).to_string(),
+        ));
     }
     Ok(response)
-}
-
-fn join(ips: &[IpAddr]) -> String {
-    ips.iter()
-        .map(|ip| ip.to_string())
-        .collect::<Vec<_>>()
-        .join(",")
 }

@@ -50,6 +50,8 @@ pub struct Settings {
     pub check_kube_ovn_subnets: bool,
     /// Refuse Calico IPPools that overlap another Calico IPPool.
     pub check_calico_pools: bool,
+    /// Added to a deleted pod's grace period before its IP is released.
+    pub release_delay: std::time::Duration,
 }
 
 impl Default for Settings {
@@ -59,6 +61,7 @@ impl Default for Settings {
             cni: Cni::Calico,
             check_kube_ovn_subnets: false,
             check_calico_pools: false,
+            release_delay: std::time::Duration::from_secs(5),
         }
     }
 }
@@ -296,6 +299,15 @@ impl<'m> PodView<'m> {
             Some(pool) => format!("IPPool {pool} ({app})"),
             None => app,
         }
+    }
+
+    /// Whether a StatefulSet controls the pod (its IP is kept for its name after it goes).
+    pub fn is_stateful(&self) -> bool {
+        self.meta.owner_references.as_ref().is_some_and(|owners| {
+            owners
+                .iter()
+                .any(|o| o.kind == "StatefulSet" && o.controller.unwrap_or(false))
+        })
     }
 
     /// The ordinal of a StatefulSet pod (`web-3` owned by StatefulSet `web` → 3).

@@ -104,10 +104,7 @@ async fn ledger_claims(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_replicas_grant_each_ip_once_and_refuse_the_rest_clearly() {
-    let Some(etcd) = etcd_binary("three_replicas_grant_each_ip_once_and_refuse_the_rest_clearly")
-    else {
-        return;
-    };
+    let etcd = etcd_binary("three_replicas_grant_each_ip_once_and_refuse_the_rest_clearly");
     const APPS: usize = 8;
     const LIST: usize = 150;
     const PER_APP: usize = 250;
@@ -168,11 +165,8 @@ async fn three_replicas_grant_each_ip_once_and_refuse_the_rest_clearly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_replica_and_stopped_etcd_member_lose_nothing_and_duplicate_nothing() {
-    let Some(etcd) =
-        etcd_binary("killed_replica_and_stopped_etcd_member_lose_nothing_and_duplicate_nothing")
-    else {
-        return;
-    };
+    let etcd =
+        etcd_binary("killed_replica_and_stopped_etcd_member_lose_nothing_and_duplicate_nothing");
     const APPS: usize = 4;
     const LIST: usize = 200;
     const PER_APP: usize = 300;

@@ -74,14 +74,15 @@ fn claim(ip: &str) -> Claim {
         created_at: 1,
         updated_at: 1,
         list_size: None,
+        token: String::new(),
+        release_at: None,
+        sticky: false,
     }
 }
 
 #[tokio::test]
 async fn etcd_ledger_speaks_tls_with_a_client_certificate() {
-    let Some(etcd) = etcd_binary("etcd_ledger_speaks_tls_with_a_client_certificate") else {
-        return;
-    };
+    let etcd = etcd_binary("etcd_ledger_speaks_tls_with_a_client_certificate");
     let files = tempfile::tempdir().unwrap();
     let pki = Pki::new("test etcd CA");
     let (server_cert, server_key) = pki.leaf(

@@ -148,9 +148,24 @@ async fn dry_run_answers_the_same_patch_and_records_nothing() {
         ledger_claims.is_empty(),
         "dry run wrote to the ledger: {ledger_claims:?}"
     );
-    let real = server.mutate(&create("real-1", p)).await;
-    assert_eq!(patch_of(&real), patch_of(&dry));
+    let real = server.mutate(&create("real-1", p.clone())).await;
+    // the same patch, but for the claim token: a dry run makes no claim to name
+    let without_token = |response: &Value| -> Vec<Value> {
+        patch_of(response)
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|op| op["path"] != "/metadata/annotations/ip-webhook.io~1claim")
+            .cloned()
+            .collect()
+    };
+    assert_eq!(without_token(&real), without_token(&dry));
     assert_eq!(server.launched.ledger.load().await.unwrap().len(), 1);
+    // a dry run of a request that holds a claim answers with that claim
+    let dry_again = server
+        .mutate(&review("v1", "real-1", "CREATE", Some(p), None, true))
+        .await;
+    assert_eq!(patch_of(&dry_again), patch_of(&real));
 }
 
 #[tokio::test]
@@ -194,16 +209,26 @@ async fn two_hundred_concurrent_creates_get_two_hundred_distinct_ips() {
 #[tokio::test]
 async fn reinvocation_and_unrelated_pods_pass_untouched() {
     let server = TestServer::start(&[]).await;
-    let mut done = pod("default", "web", "web-", Some("10.8.0.1"));
-    done["metadata"]["annotations"]["ip-webhook.io/status"] = json!("mutated");
-    let response = server.mutate(&create("u-1", done)).await;
-    assert_eq!(response["allowed"], true);
-    assert!(response.get("patch").is_none());
     let plain = pod("default", "web", "web-", None);
     let response = server.mutate(&create("u-2", plain)).await;
     assert_eq!(response["allowed"], true);
     assert!(response.get("patch").is_none());
     assert!(server.launched.webhook.allocator.claims().is_empty());
+
+    // our own patch seen again: left as it is
+    let web = pod("default", "web", "web-", Some("10.8.0.1-10.8.0.2"));
+    let first = server.mutate(&create("u-3", web.clone())).await;
+    let reinvoked = server.mutate(&create("u-4", apply(&web, &first))).await;
+    assert_eq!(reinvoked["allowed"], true);
+    assert!(reinvoked.get("patch").is_none(), "{reinvoked}");
+    assert_eq!(server.launched.webhook.allocator.claims().len(), 1);
+
+    // a marker no claim stands behind is not trusted: the pod is given an IP like any other
+    let mut forged = pod("default", "web", "web-", Some("10.8.0.1-10.8.0.2"));
+    forged["metadata"]["annotations"]["ip-webhook.io/status"] = json!("mutated");
+    let response = server.mutate(&create("u-1", forged)).await;
+    assert_eq!(response["allowed"], true);
+    assert_eq!(allocated_ip(&response), "10.8.0.2");
 }
 
 #[tokio::test]
@@ -214,12 +239,19 @@ async fn static_ips_are_recorded_never_overwritten_and_conflicts_name_both_pods(
     holder["metadata"]["annotations"]["cni.projectcalico.org/ipAddrs"] = json!(r#"["10.16.0.15"]"#);
     let response = server.mutate(&create("u-1", holder.clone())).await;
     assert_eq!(response["allowed"], true);
+    let ops = patch_of(&response);
     assert!(
-        response.get("patch").is_none(),
-        "a static IP is not overwritten"
+        !ops.to_string().contains("ipAddrs"),
+        "a static IP is not overwritten: {ops}"
     );
+    let mut stored = apply(&holder, &response);
+    assert!(
+        stored["metadata"]["annotations"]["ip-webhook.io/claim"].is_string(),
+        "the static IP is a claim the pod carries"
+    );
+    stored["metadata"]["uid"] = json!("uid-static");
     assert_eq!(
-        server.validate(&create("v-1", holder)).await["allowed"],
+        server.validate(&create("v-1", stored)).await["allowed"],
         true,
         "its own IP"
     );
@@ -303,7 +335,7 @@ async fn malformed_ip_annotations_are_denied_with_the_reason() {
 
 #[tokio::test]
 async fn delete_releases_and_the_same_pod_name_gets_its_ip_back() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start(&["--release-delay", "0s"]).await;
     let list = "10.9.0.1-10.9.0.5";
     let named = |name: &str| {
         let mut p = pod("default", "db", "", Some(list));
@@ -313,14 +345,16 @@ async fn delete_releases_and_the_same_pod_name_gets_its_ip_back() {
     let delete = |pod: &Value, response: &Value, uid: &str| {
         let mut stored = apply(pod, response);
         stored["metadata"]["uid"] = json!(uid);
-        review(
+        let mut review = review(
             "v1",
             &format!("d-{uid}"),
             "DELETE",
             None,
             Some(stored),
             false,
-        )
+        );
+        review["request"]["options"] = json!({"gracePeriodSeconds": 0});
+        review
     };
     let other = server.mutate(&create("u-1", named("other"))).await;
     let cache = server.mutate(&create("u-2", named("cache"))).await;
@@ -333,8 +367,14 @@ async fn delete_releases_and_the_same_pod_name_gets_its_ip_back() {
         let answer = server.mutate(&delete(&pod, response, uid)).await;
         assert_eq!(answer["allowed"], true);
     }
+    // held while terminating; released by the timer once the grace (0 s here) has passed
+    assert_eq!(server.launched.webhook.allocator.claims().len(), 2);
+    let metrics = server.launched.webhook.metrics.clone();
+    wait_for("both releases", Duration::from_secs(10), || {
+        metrics.releases.get() == 2
+    })
+    .await;
     assert!(server.launched.webhook.allocator.claims().is_empty());
-    assert_eq!(server.launched.webhook.metrics.releases.get(), 2);
 
     // 10.9.0.1 is the lowest free IP, but the recreated "cache" gets the IP it held before
     let again = server.mutate(&create("u-3", named("cache"))).await;

@@ -6,14 +6,15 @@
 mod common;
 #[path = "common/etcd_cluster.rs"]
 mod etcd_cluster;
+#[path = "common/fakeapi.rs"]
+mod fakeapi;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{TestServer, allocated_ip, apply, create, pod};
+use fakeapi::{FakeApi, wait_ready};
 use ip_webhook::cluster::cni::{
     RESERVATION_NAME, calico_ippools, calico_reservations, kube_ovn_subnets,
 };
@@ -22,164 +23,8 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, PostParams};
-use kube::{Api, Client, CustomResourceExt};
+use kube::{Api, Client};
 use serde_json::{Value, json};
-
-/// A running fakeapi.py and a kubeconfig that points at it.
-struct FakeApi {
-    child: Child,
-    port: u16,
-    dir: tempfile::TempDir,
-}
-
-impl FakeApi {
-    /// `None` (after printing why) when fakeapi.py or python3 is not there.
-    fn start() -> Option<FakeApi> {
-        FakeApi::start_with(&[])
-    }
-
-    /// [`FakeApi::start`] with more fakeapi.py flags.
-    fn start_with(flags: &[&str]) -> Option<FakeApi> {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/tools/fakeapi.py");
-        if !script.exists() {
-            println!(
-                "SKIP: {} not found; in-cluster integration tests need the shared fakeapi.py",
-                script.display()
-            );
-            return None;
-        }
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let child = match Command::new("python3")
-            .arg(&script)
-            .arg(port.to_string())
-            .args(flags)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-        {
-            Ok(child) => child,
-            Err(error) => {
-                println!(
-                    "SKIP: cannot run python3 ({error}); in-cluster integration tests need it"
-                );
-                return None;
-            }
-        };
-        let dir = tempfile::tempdir().unwrap();
-        let fake = FakeApi { child, port, dir };
-        std::fs::write(fake.kubeconfig(), fake.kubeconfig_yaml()).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while fake.raw("GET", "/version").is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "fakeapi.py did not start on port {port}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Some(fake)
-    }
-
-    fn kubeconfig(&self) -> PathBuf {
-        self.dir.path().join("kubeconfig")
-    }
-
-    fn kubeconfig_yaml(&self) -> String {
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://127.0.0.1:{}\n\
-             contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n\
-             current-context: fake\nusers:\n- name: fake\n  user: {{}}\n",
-            self.port
-        )
-    }
-
-    /// A plain HTTP/1.0 request; the status line's code.
-    fn raw(&self, method: &str, path: &str) -> std::io::Result<u16> {
-        let mut stream = TcpStream::connect(("127.0.0.1", self.port))?;
-        write!(
-            stream,
-            "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n"
-        )?;
-        let mut reply = String::new();
-        stream.read_to_string(&mut reply)?;
-        reply
-            .split_whitespace()
-            .nth(1)
-            .and_then(|code| code.parse().ok())
-            .ok_or_else(|| std::io::Error::other(format!("no status line in {reply:?}")))
-    }
-
-    /// POST a JSON body to a /fake/* control hook.
-    fn control(&self, path: &str, body: Value) {
-        let body = body.to_string();
-        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
-        write!(
-            stream,
-            "POST {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        )
-        .unwrap();
-        let mut reply = String::new();
-        stream.read_to_string(&mut reply).unwrap();
-        assert!(
-            reply.starts_with("HTTP/1.0 200") || reply.starts_with("HTTP/1.1 200"),
-            "{reply}"
-        );
-    }
-
-    /// GET a JSON document (a /fake/* hook).
-    fn get_json(&self, path: &str) -> Value {
-        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
-        write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
-        let mut reply = String::new();
-        stream.read_to_string(&mut reply).unwrap();
-        let body = reply.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
-        serde_json::from_str(body).unwrap_or_else(|e| panic!("{path}: {e}: {reply:.200}"))
-    }
-
-    /// The test's own client (a User-Agent of its own, so the RBAC check can tell it apart).
-    async fn client(&self) -> Client {
-        let file = kube::config::Kubeconfig::read_from(self.kubeconfig()).unwrap();
-        let mut config = kube::Config::from_custom_kubeconfig(file, &Default::default())
-            .await
-            .unwrap();
-        config.headers.push((
-            http::header::USER_AGENT,
-            http::HeaderValue::from_static("in-cluster-test"),
-        ));
-        Client::try_from(config).unwrap()
-    }
-
-    /// Install the CRDs as `ip-webhook crds` prints them.
-    async fn install_crds(&self) -> Client {
-        let client = self.client().await;
-        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-        for crd in [IPPool::crd(), IPClaim::crd()] {
-            crds.create(&PostParams::default(), &crd).await.unwrap();
-        }
-        client
-    }
-
-    /// Start a webhook replica against this API server.
-    async fn replica(&self, extra: &[&str]) -> TestServer {
-        let kubeconfig = self.kubeconfig().display().to_string();
-        let mut args = vec!["--ledger", "kubernetes", "--kubeconfig", &kubeconfig];
-        args.extend_from_slice(extra);
-        let server = TestServer::start(&args).await;
-        wait_ready(&server).await;
-        server
-    }
-}
-
-impl Drop for FakeApi {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// (apiGroup, resource[/subresource], verb) of one API request, as RBAC sees it.
 fn rbac_request(method: &str, path: &str, query: &str) -> Option<(String, String, String)> {
@@ -267,18 +112,6 @@ fn assert_rbac_covers(fake: &FakeApi) {
     println!("RBAC used by the webhook: {used:?}");
 }
 
-async fn wait_ready(server: &TestServer) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let (code, _) = server.admin_get("/readyz").await;
-        if code == 200 {
-            return;
-        }
-        assert!(Instant::now() < deadline, "replica never became ready");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// Poll `check` until it returns `Some`, for up to `timeout`.
 async fn eventually<T, F, Fut>(what: &str, timeout: Duration, check: F) -> T
 where
@@ -304,7 +137,7 @@ fn message(response: &Value) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_racing_for_the_last_ip_one_wins_the_other_is_denied() {
-    let Some(fake) = FakeApi::start() else { return };
+    let fake = FakeApi::start();
     let client = fake.install_crds().await;
     let a = fake.replica(&[]).await;
     let b = fake.replica(&[]).await;
@@ -349,7 +182,7 @@ async fn two_replicas_racing_for_the_last_ip_one_wins_the_other_is_denied() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_replica_rebuilds_its_books_from_ipclaims() {
-    let Some(fake) = FakeApi::start() else { return };
+    let fake = FakeApi::start();
     fake.install_crds().await;
     let list = "10.78.0.1-10.78.0.2";
     let first = fake.replica(&[]).await;
@@ -402,7 +235,7 @@ async fn events_with_reason(events: &Api<Event>, reason: &str) -> Vec<Event> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_reconciler_binds_reclaims_expires_and_counts() {
-    let Some(fake) = FakeApi::start() else { return };
+    let fake = FakeApi::start();
     let client = fake.install_crds().await;
     let pools: Api<IPPool> = Api::all(client.clone());
     let blue: IPPool = serde_json::from_value(json!({
@@ -596,9 +429,7 @@ async fn command(args: Vec<String>) -> (bool, String, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_and_status_look_up_the_pods_behind_the_claims() {
     // The fake kubelet takes its time to finish a deleted pod: long enough to see it terminate.
-    let Some(fake) = FakeApi::start_with(&["--kubelet-delay", "120"]) else {
-        return;
-    };
+    let fake = FakeApi::start_with(&["--kubelet-delay", "120"]);
     let client = fake.install_crds().await;
     let kubeconfig = fake.kubeconfig().display().to_string();
     let state = tempfile::tempdir().unwrap();
@@ -685,10 +516,8 @@ async fn release_and_status_look_up_the_pods_behind_the_claims() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_etcd_ledger_the_leak_sweeper_frees_the_ips_no_pod_holds() {
     let test = "with_the_etcd_ledger_the_leak_sweeper_frees_the_ips_no_pod_holds";
-    let Some(binary) = etcd_cluster::etcd_binary(test) else {
-        return;
-    };
-    let Some(fake) = FakeApi::start() else { return };
+    let binary = etcd_cluster::etcd_binary(test);
+    let fake = FakeApi::start();
     let etcd = etcd_cluster::EtcdCluster::start(&binary, 1);
     let client = fake.client().await;
     let kubeconfig = fake.kubeconfig().display().to_string();
@@ -771,7 +600,7 @@ async fn with_the_etcd_ledger_the_leak_sweeper_frees_the_ips_no_pod_holds() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readiness_waits_for_the_watches_to_sync() {
-    let Some(fake) = FakeApi::start() else { return };
+    let fake = FakeApi::start();
     fake.install_crds().await;
     // Listing pods fails until cleared: the pod cache cannot sync.
     fake.control(
@@ -792,7 +621,7 @@ async fn readiness_waits_for_the_watches_to_sync() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_statefulset_pod_gets_its_ip_back_within_the_sticky_grace() {
-    let Some(fake) = FakeApi::start() else { return };
+    let fake = FakeApi::start();
     let client = fake.install_crds().await;
     let server = fake
         .replica(&[
@@ -877,7 +706,7 @@ async fn a_statefulset_pod_gets_its_ip_back_within_the_sticky_grace() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn when_the_leader_goes_another_replica_takes_over_the_reconciler() {
-    let Some(fake) = FakeApi::start() else { return };
+    let fake = FakeApi::start();
     let client = fake.install_crds().await;
     let fast = ["--lease-duration", "2s", "--lease-renew-interval", "200ms"];
     let first = fake.replica(&fast).await;
@@ -928,7 +757,7 @@ async fn when_the_leader_goes_another_replica_takes_over_the_reconciler() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_shutting_down_hands_the_lease_over_at_once() {
-    let Some(fake) = FakeApi::start() else { return };
+    let fake = FakeApi::start();
     let client = fake.install_crds().await;
     // A long lease: without the hand-over the second replica would wait 60s.
     let slow = ["--lease-duration", "60s", "--lease-renew-interval", "200ms"];
@@ -965,7 +794,7 @@ async fn a_leader_shutting_down_hands_the_lease_over_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_api_server_error_on_the_claim_is_a_clear_denial_and_leaves_no_hold() {
-    let Some(fake) = FakeApi::start() else { return };
+    let fake = FakeApi::start();
     fake.install_crds().await;
     let server = fake.replica(&[]).await;
     fake.control(
@@ -998,7 +827,7 @@ async fn an_api_server_error_on_the_claim_is_a_clear_denial_and_leaves_no_hold()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_binary_serves_with_the_kubernetes_ledger() {
-    let Some(fake) = FakeApi::start() else { return };
+    let fake = FakeApi::start();
     let client = fake.install_crds().await;
     let state = tempfile::tempdir().unwrap();
     let dir = state.path().display().to_string();
@@ -1118,7 +947,7 @@ async fn reserved_cidrs(reservations: &Api<DynamicObject>) -> Option<Vec<String>
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calico_pools_gate_fixed_ips_and_the_reservation_follows_pools_and_workloads() {
-    let Some(fake) = FakeApi::start() else { return };
+    let fake = FakeApi::start();
     let client = fake.install_crds().await;
     install_foreign_crds(
         &client,
@@ -1298,7 +1127,7 @@ async fn calico_pools_gate_fixed_ips_and_the_reservation_follows_pools_and_workl
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_calico_reservation_off_no_ipreservation_is_written() {
-    let Some(fake) = FakeApi::start() else { return };
+    let fake = FakeApi::start();
     let client = fake.install_crds().await;
     install_foreign_crds(
         &client,
@@ -1343,7 +1172,7 @@ async fn with_calico_reservation_off_no_ipreservation_is_written() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kube_ovn_subnets_and_exclude_ips_gate_fixed_ips_through_the_watch() {
-    let Some(fake) = FakeApi::start() else { return };
+    let fake = FakeApi::start();
     let client = fake.install_crds().await;
     install_foreign_crds(&client, &[("kubeovn.io", "Subnet", "subnets")]).await;
     let subnets: Api<DynamicObject> = Api::all_with(client.clone(), &kube_ovn_subnets());
@@ -1425,5 +1254,106 @@ async fn kube_ovn_subnets_and_exclude_ips_gate_fixed_ips_through_the_watch() {
         },
     )
     .await;
+    assert_rbac_covers(&fake);
+}
+
+/// A Pod DELETE review, as the API server sends it when the pod's deletion starts.
+fn delete_review(pod: &Pod, grace: i64) -> Value {
+    let object = serde_json::to_value(pod).unwrap();
+    let mut review = common::review(
+        "v1",
+        &format!("delete-{}", pod.metadata.uid.as_deref().unwrap_or("x")),
+        "DELETE",
+        None,
+        Some(object),
+        false,
+    );
+    review["request"]["name"] = json!(pod.metadata.name);
+    review["request"]["options"] = json!({"gracePeriodSeconds": grace});
+    review
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_review_frees_the_ip_only_once_the_pod_is_verified_gone() {
+    let fake = FakeApi::start();
+    let client = fake.install_crds().await;
+    let server = fake.replica(&["--release-delay", "0s"]).await;
+    let claims: Api<IPClaim> = Api::all(client.clone());
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let object = pod("default", "api", "api-", Some("10.82.0.1"));
+    let response = server.mutate(&create("api-1", object.clone())).await;
+    assert_eq!(allocated_ip(&response), "10.82.0.1");
+    let running = persist(&pods, apply(&object, &response), "api-abcde").await;
+    let phase = |claim: Option<IPClaim>| claim.and_then(|c| c.status).map(|s| s.phase);
+    eventually("the claim to be bound", Duration::from_secs(15), || async {
+        (phase(claims.get_opt("10.82.0.1").await.ok()?).as_deref() == Some("Bound")).then_some(())
+    })
+    .await;
+
+    // A forged DELETE review for the running pod (grace 0): the claim turns Terminating, but
+    // the pod is still there when the grace ends, so it keeps its IP.
+    let answer = server.mutate(&delete_review(&running, 0)).await;
+    assert_eq!(answer["allowed"], true);
+    eventually(
+        "the release to be refused",
+        Duration::from_secs(15),
+        || async {
+            let (_, metrics) = server.admin_get("/metrics").await;
+            metrics
+                .contains("ip_webhook_releases_refused_total 1")
+                .then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        phase(claims.get_opt("10.82.0.1").await.unwrap()).as_deref(),
+        Some("Bound")
+    );
+    let refused = server
+        .mutate(&create(
+            "api-2",
+            pod("default", "api", "api-", Some("10.82.0.1")),
+        ))
+        .await;
+    assert_eq!(refused["allowed"], false);
+    assert!(
+        message(&refused).contains("10.82.0.1 by default/api-abcde"),
+        "{refused}"
+    );
+
+    // The real deletion: the pod goes, its DELETE review comes, and the IP is free again.
+    let answer = server.mutate(&delete_review(&running, 0)).await;
+    assert_eq!(answer["allowed"], true);
+    pods.delete("api-abcde", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        "the claim to be released",
+        Duration::from_secs(15),
+        || async {
+            claims
+                .get_opt("10.82.0.1")
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        },
+    )
+    .await;
+    let next = eventually(
+        "the IP to be given again",
+        Duration::from_secs(10),
+        || async {
+            let response = server
+                .mutate(&create(
+                    "api-3",
+                    pod("default", "api", "api-", Some("10.82.0.1")),
+                ))
+                .await;
+            (response["allowed"] == true).then(|| allocated_ip(&response))
+        },
+    )
+    .await;
+    assert_eq!(next, "10.82.0.1");
     assert_rbac_covers(&fake);
 }

@@ -131,6 +131,9 @@ fn claim(ip: &str, pod: &str, request: &str) -> Claim {
         created_at: unix_now(),
         updated_at: unix_now(),
         list_size: None,
+        token: String::new(),
+        release_at: None,
+        sticky: false,
     }
 }
 
@@ -155,6 +158,7 @@ fn phase(claim: &Claim) -> &'static str {
     match claim.phase {
         Phase::Reserved => "Reserved",
         Phase::Bound => "Bound",
+        Phase::Terminating => "Terminating",
         Phase::Released => "Released",
     }
 }
@@ -190,6 +194,7 @@ async fn create_conflict_learns_the_holder_and_takes_the_next_ip() {
         pool: None,
         pod: claim("10.0.0.2", "web-me", "req-me").pod,
         request_uid: "req-me",
+        token: "",
         candidates: &set,
         ordinal: None,
         dry_run: false,
@@ -351,6 +356,7 @@ fn pod_info(name: &str, uid: &str, ip: &str) -> PodInfo {
         terminating: false,
         stateful: false,
         app: "web".into(),
+        token: None,
     }
 }
 

@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use ip_webhook::allocator::{AllocError, AllocationRequest, Allocator};
 use ip_webhook::ipset::{IpSet, parse_ip_spec};
+use ip_webhook::ledger::claim::PodIdentity;
 use ip_webhook::ledger::embedded::CommitCounters;
 use ip_webhook::ledger::{
     Claim, EmbeddedLedger, EtcdLedger, EtcdOptions, Ledger, MemoryLedger, ObservedChange, PodRef,
@@ -97,9 +98,19 @@ fn request<'a>(set: &'a IpSet, n: u8, uid: &'a str) -> AllocationRequest<'a> {
         pool: None,
         pod: pod(n),
         request_uid: uid,
+        token: uid,
         candidates: set,
         ordinal: None,
         dry_run: false,
+    }
+}
+
+fn identity<'a>(name: &'a str, token: &'a str) -> PodIdentity<'a> {
+    PodIdentity {
+        namespace: "default",
+        name,
+        uid: None,
+        token: Some(token),
     }
 }
 
@@ -183,9 +194,10 @@ async fn run(backend: Backend, ops: Vec<Op>) -> Result<(), TestCaseError> {
             // the pod holds an IP already; its name is not admitted twice
             Op::Claim(_) => {}
             Op::Release(n) => {
-                if let Some((ip, _)) = model.remove(&n) {
+                if let Some((ip, uid)) = model.remove(&n) {
+                    let name = format!("p{n}");
                     let released = allocator
-                        .release_pod("default", &format!("p{n}"), None, &[ip])
+                        .release_held(&identity(&name, &uid), &[ip])
                         .await
                         .unwrap();
                     prop_assert_eq!(released, vec![ip]);
@@ -241,18 +253,16 @@ proptest! {
 
 /// A one-member etcd for one test; stopped when the test ends (dropped), so no member
 /// outlives the test process.
-fn etcd_member(test: &str) -> Option<(etcd_cluster::EtcdCluster, String)> {
-    let binary = etcd_cluster::etcd_binary(test)?;
+fn etcd_member(test: &str) -> (etcd_cluster::EtcdCluster, String) {
+    let binary = etcd_cluster::etcd_binary(test);
     let cluster = etcd_cluster::EtcdCluster::start(&binary, 1);
     let endpoint = cluster.endpoints()[0].clone();
-    Some((cluster, endpoint))
+    (cluster, endpoint)
 }
 
 #[test]
 fn etcd_ledger_keeps_the_contract() {
-    let Some((_member, endpoint)) = etcd_member("etcd_ledger_keeps_the_contract") else {
-        return;
-    };
+    let (_member, endpoint) = etcd_member("etcd_ledger_keeps_the_contract");
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(16));
     let case = std::cell::Cell::new(0usize);
     let result = runner.run(&proptest::collection::vec(op(), 1..40), |ops| {
@@ -275,10 +285,7 @@ fn etcd_ledger_keeps_the_contract() {
 /// the watch, without having to collide with them first.
 #[test]
 fn etcd_watch_keeps_another_replicas_index_fresh() {
-    let Some((_member, endpoint)) = etcd_member("etcd_watch_keeps_another_replicas_index_fresh")
-    else {
-        return;
-    };
+    let (_member, endpoint) = etcd_member("etcd_watch_keeps_another_replicas_index_fresh");
     block_on(async {
         let set = parse_ip_spec(LIST).unwrap();
         let mut replicas = Vec::new();
@@ -320,7 +327,7 @@ fn etcd_watch_keeps_another_replicas_index_fresh() {
         // b's next choice skips the IP without a collision
         let next = b.allocate(&request(&set, 2, "w2")).await.unwrap();
         assert_ne!(next.ips[0], ip);
-        a.release_pod("default", "p1", None, &[ip]).await.unwrap();
+        a.release_held(&identity("p1", "w1"), &[ip]).await.unwrap();
         while b.holder(&ip).is_some() {
             assert!(
                 tokio::time::Instant::now() < deadline,

@@ -57,6 +57,9 @@ fn claim(
         created_at: at,
         updated_at: at,
         list_size,
+        token: String::new(),
+        release_at: None,
+        sticky: false,
     }
 }
 

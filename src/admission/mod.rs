@@ -86,6 +86,9 @@ pub struct Request<'a> {
     pub old_object: Option<RawJson<'a>>,
     #[serde(default)]
     pub dry_run: Option<bool>,
+    /// `CreateOptions`, `DeleteOptions`…, as raw JSON (read only for a Pod DELETE's grace).
+    #[serde(borrow, default)]
+    pub options: Option<RawJson<'a>>,
     /// `object.metadata` as the scan read it (the serde path leaves it `NotScanned`).
     #[serde(skip)]
     pub object_metadata: ScannedMetadata,
@@ -193,6 +196,40 @@ impl<'a> Incoming<'a> {
         }
     }
 
+    /// How long a deleted pod may run on (seconds): the DELETE's
+    /// `options.gracePeriodSeconds`, else the pod's `spec.terminationGracePeriodSeconds`,
+    /// else Kubernetes' default of 30. Negative or unreadable values count as absent.
+    pub fn deletion_grace_seconds(&self) -> u64 {
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Options {
+            grace_period_seconds: Option<i64>,
+        }
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct PodSpec {
+            termination_grace_period_seconds: Option<i64>,
+        }
+        #[derive(Deserialize)]
+        struct Pod {
+            spec: Option<PodSpec>,
+        }
+        let seconds = |value: Option<i64>| value.and_then(|v| u64::try_from(v).ok());
+        let from_options = self
+            .request
+            .options
+            .and_then(|raw| serde_json::from_str::<Options>(raw.get()).ok())
+            .and_then(|o| seconds(o.grace_period_seconds));
+        from_options
+            .or_else(|| {
+                self.object::<Pod>(true)
+                    .ok()
+                    .flatten()
+                    .and_then(|pod| seconds(pod.spec?.termination_grace_period_seconds))
+            })
+            .unwrap_or(DEFAULT_GRACE_SECONDS)
+    }
+
     /// A response for this request (uid and version copied, so they cannot be forgotten).
     pub fn respond(&self) -> Response {
         Response {
@@ -205,6 +242,9 @@ impl<'a> Incoming<'a> {
         }
     }
 }
+
+/// Kubernetes' default `terminationGracePeriodSeconds`.
+pub const DEFAULT_GRACE_SECONDS: u64 = 30;
 
 /// Decode and check a review body.
 pub fn decode(body: &[u8]) -> Result<Incoming<'_>, ReviewError> {

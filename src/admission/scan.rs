@@ -91,6 +91,7 @@ fn request<'a>(s: &mut Scanner<'a>) -> Scan<Request<'a>> {
     let mut object = (None, ScannedMetadata::Absent);
     let mut old_object = (None, ScannedMetadata::Absent);
     let mut dry_run = None;
+    let mut options = None;
     let mut seen = Seen::default();
     s.object(|s, key, escaped| {
         if escaped {
@@ -106,6 +107,7 @@ fn request<'a>(s: &mut Scanner<'a>) -> Scan<Request<'a>> {
             "object" => object = seen.first(6, embedded(s))?,
             "oldObject" => old_object = seen.first(7, embedded(s))?,
             "dryRun" => dry_run = seen.first(8, s.nullable(Scanner::boolean))?,
+            "options" => options = seen.first(9, embedded(s))?.0,
             _ => s.skip_value(2)?,
         }
         Ok(())
@@ -120,6 +122,7 @@ fn request<'a>(s: &mut Scanner<'a>) -> Scan<Request<'a>> {
         object: object.0,
         old_object: old_object.0,
         dry_run,
+        options,
         object_metadata: object.1,
         old_object_metadata: old_object.1,
     })

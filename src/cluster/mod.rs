@@ -3,7 +3,6 @@
 //! reconciler that keeps the `IPClaim` books true.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -20,9 +19,9 @@ use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
 use crate::allocator::Allocator;
-use crate::annotations::{ALLOCATED_IP_LABEL, Cni, static_ips};
+use crate::annotations::{CLAIM_TOKEN, Cni, carried_ips};
 use crate::crd::{IPClaim, IPPool};
-use crate::ipset::ip_from_label_value;
+use crate::ledger::claim::is_token;
 use crate::ledger::kubernetes::from_resource;
 use crate::ledger::{ObservedChange, unix_now};
 use crate::metrics::{LeaseLabels, Metrics};
@@ -113,18 +112,7 @@ fn unix(time: Option<&Time>) -> u64 {
 
 /// The compact record of a pod, or `None` when the pod carries no IP we track.
 pub fn pod_info(meta: &ObjectMeta, app_label: &str) -> Option<PodInfo> {
-    let mut ips: Vec<IpAddr> = meta
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(ALLOCATED_IP_LABEL))
-        .and_then(|v| ip_from_label_value(v))
-        .into_iter()
-        .collect();
-    if let Ok(statics) = static_ips(meta.annotations.as_ref()) {
-        ips.extend(statics.into_iter().flat_map(|(_, ips)| ips));
-    }
-    ips.sort();
-    ips.dedup();
+    let ips = carried_ips(meta.labels.as_ref(), meta.annotations.as_ref());
     if ips.is_empty() {
         return None;
     }
@@ -146,6 +134,12 @@ pub fn pod_info(meta: &ObjectMeta, app_label: &str) -> Option<PodInfo> {
             .and_then(|l| l.get(app_label))
             .cloned()
             .unwrap_or_default(),
+        token: meta
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(CLAIM_TOKEN))
+            .filter(|t| is_token(t))
+            .cloned(),
     })
 }
 
@@ -660,7 +654,8 @@ mod tests {
                 "name": "web-0", "namespace": "prod", "uid": "u-1",
                 "creationTimestamp": "2026-01-01T00:00:00Z",
                 "labels": {"app": "web", "ip-webhook.io/allocated-ip": "fd00--a"},
-                "annotations": {"cni.projectcalico.org/ipAddrs": "[\"10.0.0.7\",\"fd00::a\"]", "big": "x"},
+                "annotations": {"cni.projectcalico.org/ipAddrs": "[\"10.0.0.7\",\"fd00::a\"]", "big": "x",
+                                "ip-webhook.io/claim": "0123456789abcdef0123456789abcdef"},
                 "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "web", "uid": "s", "controller": true}],
                 "managedFields": [{"manager": "kubectl", "operation": "Update"}],
             })),
@@ -678,6 +673,7 @@ mod tests {
                 terminating: false,
                 stateful: true,
                 app: "web".into(),
+                token: Some("0123456789abcdef0123456789abcdef".into()),
             }
         );
     }

@@ -12,10 +12,11 @@ use kube::api::{ListParams, PartialObjectMeta};
 use kube::{Api, Client, Resource};
 
 use crate::ledger::Claim;
+use crate::ledger::claim::PodPresence;
 use crate::release::{PodLookup, PodState};
 
 use super::pod_info;
-use super::reconcile::CLOCK_SLACK;
+use super::reconcile::takes_up;
 
 /// Lists pods through the API server (the operator's kubeconfig, or the service account).
 pub struct PodDirectory {
@@ -106,11 +107,40 @@ impl PodLookup for PodDirectory {
             Err(why) => PodState::Unknown(why),
         }
     }
+
+    async fn presence(&self, claim: &Claim) -> PodPresence {
+        if claim.pod.name.is_empty() {
+            return self.state(claim).await.into();
+        }
+        match self
+            .api(&claim.pod.namespace)
+            .get_metadata_opt(&claim.pod.name)
+            .await
+        {
+            Ok(None) => PodPresence::Gone,
+            Ok(Some(pod)) => {
+                let same = claim
+                    .pod
+                    .uid
+                    .as_deref()
+                    .is_none_or(|uid| pod.metadata.uid.as_deref() == Some(uid));
+                match (same, pod.metadata.deletion_timestamp.is_some()) {
+                    (false, _) => PodPresence::Gone,
+                    (true, true) => PodPresence::Terminating,
+                    (true, false) => PodPresence::Running,
+                }
+            }
+            Err(error) => PodPresence::Unknown(format!(
+                "reading pod {}/{} failed: {error}",
+                claim.pod.namespace, claim.pod.name
+            )),
+        }
+    }
 }
 
 /// The pod among `pods` that holds `claim`: the one with its UID once it is bound; before
-/// that (a reservation), one that carries its IP, matches its name (or generateName) and was
-/// created after it. A terminating pod still holds its IP.
+/// that (a reservation), one that carries its IP and its claim token
+/// ([`super::reconcile::takes_up`]). A terminating pod still holds its IP.
 pub fn holder<'a, P: Resource>(pods: &'a [P], claim: &Claim, app_label: &str) -> Option<&'a P> {
     if let Some(uid) = claim.pod.uid.as_deref() {
         return pods.iter().find(|pod| {
@@ -119,13 +149,7 @@ pub fn holder<'a, P: Resource>(pods: &'a [P], claim: &Claim, app_label: &str) ->
         });
     }
     pods.iter()
-        .filter(|pod| {
-            pod_info(pod.meta(), app_label).is_some_and(|info| {
-                info.ips.contains(&claim.ip)
-                    && info.created_at + CLOCK_SLACK >= claim.created_at
-                    && claim.pod.matches(&info.namespace, &info.name, None)
-            })
-        })
+        .filter(|pod| pod_info(pod.meta(), app_label).is_some_and(|info| takes_up(claim, &info)))
         .min_by_key(|pod| pod.meta().creation_timestamp.clone())
 }
 
@@ -162,6 +186,9 @@ mod tests {
             created_at: AT,
             updated_at: AT,
             list_size: None,
+            token: String::new(),
+            release_at: None,
+            sticky: false,
         }
     }
 
@@ -196,17 +223,50 @@ mod tests {
         assert_eq!(name_of(holder(&pods, &bound, "app")), Some("web-a"));
     }
 
+    fn with_token(mut pod: Pod, token: &str) -> Pod {
+        pod.metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(crate::annotations::CLAIM_TOKEN.into(), token.into());
+        pod
+    }
+
     #[test]
-    fn a_reservation_is_held_by_a_newer_pod_of_its_name_carrying_its_ip() {
-        let reserved = claim("10.0.0.10", "", "web-", None);
+    fn a_reservation_is_held_by_the_pod_carrying_its_ip_and_token() {
+        const TOKEN: &str = "0123456789abcdef0123456789abcdef";
+        let mut reserved = claim("10.0.0.10", "", "web-", None);
+        reserved.token = TOKEN.into();
         let pods = [
-            pod("default", "web-old", "u1", "10.0.0.10", AT - 3600),
-            pod("default", "db-x", "u2", "10.0.0.10", AT + 1),
-            pod("default", "web-y", "u3", "10.0.0.11", AT + 1),
+            // a pod of the same generateName carrying the IP, but not the token
+            pod("default", "web-old", "u1", "10.0.0.10", AT + 1),
+            with_token(pod("default", "web-y", "u3", "10.0.0.11", AT + 1), TOKEN),
+            with_token(pod("other", "web-w", "u5", "10.0.0.10", AT + 1), TOKEN),
         ];
         assert_eq!(name_of(holder(&pods, &reserved, "app")), None);
         let mut pods = pods.to_vec();
-        pods.push(pod("default", "web-z", "u4", "10.0.0.10", AT + 2));
+        pods.push(with_token(
+            pod("default", "web-z", "u4", "10.0.0.10", AT + 2),
+            TOKEN,
+        ));
         assert_eq!(name_of(holder(&pods, &reserved, "app")), Some("web-z"));
+    }
+
+    #[test]
+    fn a_reservation_from_before_tokens_is_held_by_a_newer_pod_of_its_exact_name() {
+        let legacy = claim("10.0.0.10", "db-0", "", None);
+        let pods = [
+            pod("default", "db-0", "u-old", "10.0.0.10", AT - 3600),
+            pod("default", "db-01", "u2", "10.0.0.10", AT + 1),
+        ];
+        assert_eq!(name_of(holder(&pods, &legacy, "app")), None);
+        let mut pods = pods.to_vec();
+        pods.push(pod("default", "db-0", "u-new", "10.0.0.10", AT + 2));
+        assert_eq!(name_of(holder(&pods, &legacy, "app")), Some("db-0"));
+        let generated = claim("10.0.0.10", "", "db-", None);
+        assert_eq!(
+            name_of(holder(&pods, &generated, "app")),
+            None,
+            "a generateName prefix identifies no pod"
+        );
     }
 }

@@ -10,6 +10,7 @@ use kube::runtime::events::{Event as KubeEvent, EventType, Recorder};
 use kube::{Api, Resource};
 
 use crate::crd::{IPClaim, IPPool, IPPoolStatus};
+use crate::ledger::claim::{PodIdentity, held_by};
 use crate::ledger::kubernetes::{claim_name, from_resource, is_status, status_now, to_resource};
 use crate::ledger::{Claim, Phase, PodRef, Source, unix_now};
 use crate::metrics::Metrics;
@@ -32,6 +33,19 @@ pub struct PodInfo {
     pub stateful: bool,
     /// The app label's value, empty if none.
     pub app: String,
+    /// The claim token it carries (`ip-webhook.io/claim`), if any.
+    pub token: Option<String>,
+}
+
+impl PodInfo {
+    pub fn identity(&self) -> PodIdentity<'_> {
+        PodIdentity {
+            namespace: &self.namespace,
+            name: &self.name,
+            uid: Some(&self.uid),
+            token: self.token.as_deref(),
+        }
+    }
 }
 
 /// The reconciler's timing rules.
@@ -98,15 +112,16 @@ impl Plan {
 }
 
 /// Seconds a pod's creationTimestamp may precede its claim's: API server replicas' clocks
-/// differ a little. An older pod of the same name carrying the IP is not the claim's pod.
+/// differ a little. For records written before claim tokens, an older pod of the same name
+/// carrying the IP is not the claim's pod.
 pub(crate) const CLOCK_SLACK: u64 = 5;
 
-fn name_matches(claim: &PodRef, pod: &PodInfo) -> bool {
-    if !claim.name.is_empty() {
-        claim.name == pod.name
-    } else {
-        !claim.generate_name.is_empty() && pod.name.starts_with(&claim.generate_name)
-    }
+/// Whether `pod` is the one a not-yet-bound `claim` was made for: it carries the IP and the
+/// claim's token ([`held_by`]); a record without a token, its exact name and a later birth.
+pub(crate) fn takes_up(claim: &Claim, pod: &PodInfo) -> bool {
+    pod.ips.contains(&claim.ip)
+        && held_by(claim, &pod.identity())
+        && (!claim.token.is_empty() || pod.created_at + CLOCK_SLACK >= claim.created_at)
 }
 
 /// Decide what to do. `pods` is keyed by pod UID.
@@ -160,6 +175,11 @@ pub fn plan(
                     plan.due(claim.created_at + rules.reservation_ttl);
                 }
                 None if resource.spec.sticky => plan.actions.push(Action::Keep { claim: resource }),
+                // its DELETE was admitted and the pod is gone: an ordinary release
+                None if phase == Phase::Terminating => plan.actions.push(Action::Drop {
+                    claim: resource,
+                    reason: DropReason::ReleaseDone,
+                }),
                 None => plan.actions.push(Action::Drop {
                     claim: resource,
                     reason: DropReason::PodGone,
@@ -169,12 +189,9 @@ pub fn plan(
                 let taker = pods
                     .values()
                     .filter(|pod| {
-                        pod.namespace == claim.pod.namespace
-                            && !pod.terminating
-                            && pod.ips.contains(&claim.ip)
-                            && pod.created_at + CLOCK_SLACK >= claim.created_at
+                        !pod.terminating
                             && !bound_uids.contains(pod.uid.as_str())
-                            && name_matches(&claim.pod, pod)
+                            && takes_up(claim, pod)
                     })
                     .min_by_key(|pod| (pod.created_at, pod.uid.clone()));
                 match taker {
@@ -402,6 +419,9 @@ impl Executor {
             created_at: unix_now(),
             updated_at: unix_now(),
             list_size: None,
+            token: pod.token.clone().unwrap_or_default(),
+            release_at: None,
+            sticky: pod.stateful,
         };
         let mut resource = to_resource(&claim);
         resource.spec.sticky = pod.stateful;
@@ -469,6 +489,7 @@ mod tests {
     use k8s_openapi::jiff::Timestamp;
 
     const T0: u64 = 1_700_000_000;
+    const TOKEN: &str = "0123456789abcdef0123456789abcdef";
     const RULES: Rules = Rules {
         reservation_ttl: 120,
         sticky_grace: 300,
@@ -491,6 +512,9 @@ mod tests {
             created_at: at,
             updated_at: at,
             list_size: None,
+            token: TOKEN.into(),
+            release_at: None,
+            sticky: false,
         });
         resource.metadata.creation_timestamp =
             Some(Time(Timestamp::from_second(at as i64).unwrap()));
@@ -507,6 +531,7 @@ mod tests {
             phase: "Bound".into(),
             reserved_at: None,
             updated_at: Some(rfc3339(at)),
+            release_at: None,
         });
         resource
     }
@@ -516,6 +541,7 @@ mod tests {
             phase: "Released".into(),
             reserved_at: None,
             updated_at: Some(rfc3339(at)),
+            release_at: None,
         });
         resource
     }
@@ -530,6 +556,7 @@ mod tests {
             terminating: false,
             stateful: false,
             app: "web".into(),
+            token: None,
         }
     }
 
@@ -560,15 +587,24 @@ mod tests {
         assert!(before.actions.is_empty());
         assert_eq!(before.next_due, Some(T0 + 120), "wake up at expiry");
 
-        let appeared = pods(&[pod(
-            "default",
-            "web-7d9f-abcde",
-            "uid-1",
-            "10.0.0.1",
-            T0 + 1,
-        )]);
+        // a pod of the same generateName carrying the IP but not the claim's token (the
+        // final DELETE's pod, a squatter) is not the claim's pod
+        let mut stranger = pod("default", "web-7d9f-zzzzz", "uid-0", "10.0.0.1", T0 + 1);
+        stranger.token = Some("ffffffffffffffffffffffffffffffff".into());
+        let without = pods(&[
+            stranger.clone(),
+            pod("default", "web-7d9f-yyyyy", "uid-2", "10.0.0.1", T0 + 1),
+        ]);
+        assert!(
+            !summary(&plan(&claims, &without, T0 + 5, RULES))
+                .iter()
+                .any(|s| s.starts_with("bind")),
+        );
+
+        let mut appeared = pod("default", "web-7d9f-abcde", "uid-1", "10.0.0.1", T0 + 1);
+        appeared.token = Some(TOKEN.into());
         assert_eq!(
-            summary(&plan(&claims, &appeared, T0 + 5, RULES)),
+            summary(&plan(&claims, &pods(&[stranger, appeared]), T0 + 5, RULES)),
             ["bind 10.0.0.1 uid-1"]
         );
     }

@@ -13,6 +13,7 @@ use prometheus_client::metrics::counter::Counter;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::oneshot;
 
+use super::claim::{CreateRule, create_rule, may_step, same_grant};
 use super::{Claim, CreateOutcome, Ledger, LedgerError, Phase, unix_now};
 
 const CLAIMS: TableDefinition<&str, &[u8]> = TableDefinition::new("claims");
@@ -33,6 +34,11 @@ enum Op {
         oneshot::Sender<Result<CreateOutcome, LedgerError>>,
     ),
     Release(Box<Claim>, oneshot::Sender<Result<bool, LedgerError>>),
+    /// `(current, next)`: a phase change.
+    Transition(
+        Box<(Claim, Claim)>,
+        oneshot::Sender<Result<bool, LedgerError>>,
+    ),
 }
 
 pub struct EmbeddedLedger {
@@ -115,7 +121,7 @@ enum Reply {
         oneshot::Sender<Result<CreateOutcome, LedgerError>>,
         CreateOutcome,
     ),
-    Release(oneshot::Sender<Result<bool, LedgerError>>, bool),
+    Changed(oneshot::Sender<Result<bool, LedgerError>>, bool),
 }
 
 fn commit_batch(db: &Database, batch: Vec<Op>, counters: &CommitCounters) {
@@ -129,50 +135,50 @@ fn commit_batch(db: &Database, batch: Vec<Op>, counters: &CommitCounters) {
                 match op {
                     Op::Create(claim, reply) => {
                         let key = claim.ip.to_string();
-                        let existing = match table.get(key.as_str()).map_err(storage("read"))? {
-                            Some(bytes) => Some(decode(&key, bytes.value())?),
-                            None => None,
-                        };
-                        let outcome = match existing {
-                            Some(held) if held.is_held() => {
-                                CreateOutcome::AlreadyHeld(Box::new(held))
-                            }
-                            _ => {
-                                let bytes =
-                                    serde_json::to_vec(&claim).map_err(storage("encode"))?;
-                                table
-                                    .insert(key.as_str(), bytes.as_slice())
-                                    .map_err(storage("write"))?;
+                        let existing = read(&table, &key)?;
+                        let outcome = match create_rule(existing.as_ref(), &claim) {
+                            CreateRule::Write => {
+                                write(&mut table, &key, &claim)?;
                                 writes += 1;
                                 CreateOutcome::Created
                             }
+                            CreateRule::Existing => CreateOutcome::Existing(Box::new(
+                                existing.expect("a rule about an existing record"),
+                            )),
+                            CreateRule::Held => CreateOutcome::AlreadyHeld(Box::new(
+                                existing.expect("a rule about an existing record"),
+                            )),
                         };
                         replies.push(Reply::Create(reply, outcome));
                     }
                     Op::Release(claim, reply) => {
                         let key = claim.ip.to_string();
-                        let existing = match table.get(key.as_str()).map_err(storage("read"))? {
-                            Some(bytes) => Some(decode(&key, bytes.value())?),
-                            None => None,
-                        };
-                        let changed = match existing {
-                            Some(mut held)
-                                if held.is_held()
-                                    && held.pod == claim.pod
-                                    && held.request_uid == claim.request_uid =>
-                            {
+                        let changed = match read(&table, &key)? {
+                            Some(mut held) if held.is_held() && same_grant(&held, &claim) => {
                                 held.phase = Phase::Released;
+                                held.release_at = None;
+                                held.sticky = false;
                                 held.updated_at = unix_now();
-                                let bytes = serde_json::to_vec(&held).map_err(storage("encode"))?;
-                                table
-                                    .insert(key.as_str(), bytes.as_slice())
-                                    .map_err(storage("write"))?;
+                                write(&mut table, &key, &held)?;
                                 writes += 1;
                                 true
                             }
                             _ => false,
                         };
-                        replies.push(Reply::Release(reply, changed));
+                        replies.push(Reply::Changed(reply, changed));
+                    }
+                    Op::Transition(pair, reply) => {
+                        let (current, next) = *pair;
+                        let key = next.ip.to_string();
+                        let changed = match read(&table, &key)? {
+                            Some(record) if may_step(&record, &current, &next) => {
+                                write(&mut table, &key, &next)?;
+                                writes += 1;
+                                true
+                            }
+                            _ => false,
+                        };
+                        replies.push(Reply::Changed(reply, changed));
                     }
                 }
             }
@@ -192,7 +198,7 @@ fn commit_batch(db: &Database, batch: Vec<Op>, counters: &CommitCounters) {
             for reply in replies {
                 match reply {
                     Reply::Create(tx, outcome) => drop(tx.send(Ok(outcome))),
-                    Reply::Release(tx, changed) => drop(tx.send(Ok(changed))),
+                    Reply::Changed(tx, changed) => drop(tx.send(Ok(changed))),
                 }
             }
         }
@@ -206,13 +212,32 @@ fn commit_batch(db: &Database, batch: Vec<Op>, counters: &CommitCounters) {
                     Reply::Create(tx, _) => {
                         drop(tx.send(Err(LedgerError::Storage(message.clone()))))
                     }
-                    Reply::Release(tx, _) => {
+                    Reply::Changed(tx, _) => {
                         drop(tx.send(Err(LedgerError::Storage(message.clone()))))
                     }
                 }
             }
         }
     }
+}
+
+fn read(table: &redb::Table<&str, &[u8]>, key: &str) -> Result<Option<Claim>, LedgerError> {
+    match table.get(key).map_err(storage("read"))? {
+        Some(bytes) => decode(key, bytes.value()).map(Some),
+        None => Ok(None),
+    }
+}
+
+fn write(
+    table: &mut redb::Table<&str, &[u8]>,
+    key: &str,
+    claim: &Claim,
+) -> Result<(), LedgerError> {
+    let bytes = serde_json::to_vec(claim).map_err(storage("encode"))?;
+    table
+        .insert(key, bytes.as_slice())
+        .map_err(storage("write"))?;
+    Ok(())
 }
 
 fn decode(key: &str, bytes: &[u8]) -> Result<Claim, LedgerError> {
@@ -258,6 +283,16 @@ impl Ledger for EmbeddedLedger {
             .map_err(|_| LedgerError::Storage("ledger commit aborted".into()))?
     }
 
+    async fn transition(&self, current: &Claim, next: &Claim) -> Result<bool, LedgerError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Op::Transition(
+            Box::new((current.clone(), next.clone())),
+            tx,
+        ))?;
+        rx.await
+            .map_err(|_| LedgerError::Storage("ledger commit aborted".into()))?
+    }
+
     async fn close(&self) {
         // Dropping the sender ends the writer after it has committed what it holds.
         if let Ok(mut sender) = self.sender.lock() {
@@ -291,6 +326,9 @@ mod tests {
             created_at: 1,
             updated_at: 1,
             list_size: None,
+            token: String::new(),
+            release_at: None,
+            sticky: false,
         }
     }
 

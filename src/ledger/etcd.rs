@@ -24,6 +24,7 @@ use etcd_client::{
 
 use tonic::Code as tonic_code;
 
+use super::claim::{CreateRule, create_rule, may_step, same_grant};
 use super::{Claim, CreateOutcome, Ledger, LedgerError, ObservedChange, Phase, unix_now};
 
 /// How many compare failures one create or release tolerates (other replicas writing the same
@@ -379,15 +380,22 @@ impl Ledger for EtcdLedger {
                 Err(Some(kv)) => {
                     self.note_seen(&key, kv.mod_revision());
                     let current = self.decode(&kv)?;
-                    if !current.is_held() {
-                        expected = Some(kv.mod_revision());
-                        continue;
-                    }
-                    if current.pod == claim.pod && current.request_uid == claim.request_uid {
+                    match create_rule(Some(&current), claim) {
+                        CreateRule::Write => {
+                            expected = Some(kv.mod_revision());
+                            continue;
+                        }
                         // our own earlier attempt reached etcd before its answer was lost
-                        return Ok(CreateOutcome::Created);
+                        CreateRule::Existing if current == *claim => {
+                            return Ok(CreateOutcome::Created);
+                        }
+                        CreateRule::Existing => {
+                            return Ok(CreateOutcome::Existing(Box::new(current)));
+                        }
+                        CreateRule::Held => {
+                            return Ok(CreateOutcome::AlreadyHeld(Box::new(current)));
+                        }
                     }
-                    return Ok(CreateOutcome::AlreadyHeld(Box::new(current)));
                 }
             }
         }
@@ -405,7 +413,7 @@ impl Ledger for EtcdLedger {
                 return Ok(false);
             };
             let mut held = self.decode(&kv)?;
-            let same = held.pod == claim.pod && held.request_uid == claim.request_uid;
+            let same = same_grant(&held, claim);
             if attempted && same && !held.is_held() {
                 // our earlier attempt reached etcd before its answer was lost
                 return Ok(true);
@@ -415,6 +423,8 @@ impl Ledger for EtcdLedger {
             }
             attempted = true;
             held.phase = Phase::Released;
+            held.release_at = None;
+            held.sticky = false;
             held.updated_at = unix_now();
             let value = serde_json::to_vec(&held).map_err(|e| storage("encode", e))?;
             match self.write_if(&key, Some(kv.mod_revision()), &value).await? {
@@ -423,6 +433,37 @@ impl Ledger for EtcdLedger {
                     return Ok(true);
                 }
                 Err(now) => current = now,
+            }
+        }
+        Err(LedgerError::Storage(format!(
+            "etcd key {key} changed under {MAX_COMPARE_ATTEMPTS} attempts in a row"
+        )))
+    }
+
+    async fn transition(&self, current: &Claim, next: &Claim) -> Result<bool, LedgerError> {
+        let key = self.key(next);
+        let value = serde_json::to_vec(next).map_err(|e| storage("encode", e))?;
+        let mut record = self.read(&key).await?;
+        let mut attempted = false;
+        for _ in 0..MAX_COMPARE_ATTEMPTS {
+            let Some(kv) = record else {
+                return Ok(false);
+            };
+            let held = self.decode(&kv)?;
+            if attempted && held == *next {
+                // our earlier attempt reached etcd before its answer was lost
+                return Ok(true);
+            }
+            if !may_step(&held, current, next) {
+                return Ok(false);
+            }
+            attempted = true;
+            match self.write_if(&key, Some(kv.mod_revision()), &value).await? {
+                Ok(revision) => {
+                    self.note_seen(&key, revision);
+                    return Ok(true);
+                }
+                Err(now) => record = now,
             }
         }
         Err(LedgerError::Storage(format!(

@@ -17,6 +17,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, PostParams, Preconditions};
 use kube::{Api, Client};
 
+use super::claim::{CreateRule, create_rule, may_step, same_grant};
 use super::{Claim, CreateOutcome, Ledger, LedgerError, Phase, PodRef, Source, unix_now};
 use crate::crd::{IPClaim, IPClaimSpec, IPClaimStatus};
 
@@ -59,6 +60,7 @@ pub fn phase_name(phase: Phase) -> &'static str {
     match phase {
         Phase::Reserved => "Reserved",
         Phase::Bound => "Bound",
+        Phase::Terminating => "Terminating",
         Phase::Released => "Released",
     }
 }
@@ -66,6 +68,7 @@ pub fn phase_name(phase: Phase) -> &'static str {
 fn parse_phase(text: &str) -> Phase {
     match text {
         "Bound" => Phase::Bound,
+        "Terminating" => Phase::Terminating,
         "Released" => Phase::Released,
         _ => Phase::Reserved,
     }
@@ -105,7 +108,8 @@ pub fn to_resource(claim: &Claim) -> IPClaim {
             pod_uid: claim.pod.uid.clone(),
             request_uid: claim.request_uid.clone(),
             source: source_name(claim.source).to_string(),
-            sticky: false,
+            sticky: claim.sticky,
+            token: claim.token.clone(),
         },
     );
     resource.metadata = ObjectMeta {
@@ -178,6 +182,9 @@ pub fn from_resource(resource: &IPClaim) -> Result<Claim, LedgerError> {
         created_at: reserved_at,
         updated_at,
         list_size: None,
+        token: spec.token.clone(),
+        release_at: status.release_at.as_deref().and_then(unix_seconds),
+        sticky: spec.sticky,
     })
 }
 
@@ -199,6 +206,7 @@ pub fn status_now(resource: &IPClaim, phase: Phase) -> IPClaimStatus {
         phase: phase_name(phase).to_string(),
         reserved_at,
         updated_at: Some(now),
+        release_at: None,
     }
 }
 
@@ -243,16 +251,6 @@ impl KubeLedger {
     }
 }
 
-/// Whether the admission of `claim` may take over the record `existing`: the same pod name of
-/// the same app coming back for an IP kept for it after its pod went (sticky grace).
-fn may_take_over(existing: &Claim, claim: &Claim) -> bool {
-    existing.phase == Phase::Released
-        && !claim.pod.name.is_empty()
-        && existing.pod.namespace == claim.pod.namespace
-        && existing.pod.name == claim.pod.name
-        && existing.app == claim.app
-}
-
 #[async_trait]
 impl Ledger for KubeLedger {
     fn kind(&self) -> &'static str {
@@ -292,14 +290,18 @@ impl Ledger for KubeLedger {
                 Err(error) => return Err(storage(&format!("reading IPClaim {name}"), error)),
             };
             let held = from_resource(&existing)?;
-            if held.request_uid == claim.request_uid && held.pod.namespace == claim.pod.namespace {
-                return Ok(CreateOutcome::Created);
+            match create_rule(Some(&held), claim) {
+                CreateRule::Write => {
+                    self.delete_exact(&existing).await?;
+                    continue;
+                }
+                // our own earlier attempt reached the API server before its answer was lost
+                CreateRule::Existing if held.token == claim.token => {
+                    return Ok(CreateOutcome::Created);
+                }
+                CreateRule::Existing => return Ok(CreateOutcome::Existing(Box::new(held))),
+                CreateRule::Held => return Ok(CreateOutcome::AlreadyHeld(Box::new(held))),
             }
-            if may_take_over(&held, claim) {
-                self.delete_exact(&existing).await?;
-                continue;
-            }
-            return Ok(CreateOutcome::AlreadyHeld(Box::new(held)));
         }
         Err(LedgerError::Storage(format!(
             "IPClaim {name} kept changing under {CREATE_ATTEMPTS} create attempts"
@@ -314,7 +316,7 @@ impl Ledger for KubeLedger {
             Err(error) => return Err(storage(&format!("reading IPClaim {name}"), error)),
         };
         let held = from_resource(&existing)?;
-        if held.request_uid != claim.request_uid || held.pod.namespace != claim.pod.namespace {
+        if !held.is_held() || !same_grant(&held, claim) {
             return Ok(false);
         }
         if existing.spec.sticky && held.phase != Phase::Released {
@@ -337,6 +339,61 @@ impl Ledger for KubeLedger {
             };
         }
         self.delete_exact(&existing).await
+    }
+
+    async fn transition(&self, current: &Claim, next: &Claim) -> Result<bool, LedgerError> {
+        let name = claim_name(&next.ip);
+        let existing = match self.api.get_opt(&name).await {
+            Ok(Some(existing)) => existing,
+            Ok(None) => return Ok(false),
+            Err(error) => return Err(storage(&format!("reading IPClaim {name}"), error)),
+        };
+        let held = from_resource(&existing)?;
+        if !may_step(&held, current, next) {
+            return Ok(false);
+        }
+        let params = kube::api::PatchParams::default();
+        let mut resource_version = existing.metadata.resource_version.clone();
+        if held.pod.uid != next.pod.uid
+            || held.pod.name != next.pod.name
+            || held.sticky != next.sticky
+        {
+            let spec = serde_json::json!({
+                "metadata": {"resourceVersion": resource_version},
+                "spec": {"podUid": next.pod.uid, "podName": next.pod.name, "sticky": next.sticky},
+            });
+            match self
+                .api
+                .patch(&name, &params, &kube::api::Patch::Merge(&spec))
+                .await
+            {
+                Ok(updated) => resource_version = updated.metadata.resource_version,
+                Err(error) if is_status(&error, 404) || is_status(&error, 409) => {
+                    return Ok(false);
+                }
+                Err(error) => return Err(storage(&format!("updating IPClaim {name}"), error)),
+            }
+        }
+        let mut status = serde_json::to_value(status_now(&existing, next.phase))
+            .map_err(|e| LedgerError::Storage(format!("encoding a status: {e}")))?;
+        // null removes a release time a merge patch would otherwise keep
+        status["releaseAt"] = next.release_at.map(rfc3339).into();
+        let patch = serde_json::json!({
+            "metadata": {"resourceVersion": resource_version},
+            "status": status,
+        });
+        match self
+            .api
+            .patch_status(&name, &params, &kube::api::Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(error) if is_status(&error, 404) || is_status(&error, 409) => Ok(false),
+            Err(error) => Err(storage(
+                &format!("updating the status of IPClaim {name}"),
+                error,
+            )),
+        }
     }
 }
 
@@ -413,6 +470,9 @@ mod tests {
             created_at: 1_700_000_000,
             updated_at: 1_700_000_000,
             list_size: None,
+            token: String::new(),
+            release_at: None,
+            sticky: false,
         };
         let mut resource = to_resource(&claim);
         assert_eq!(
@@ -428,6 +488,7 @@ mod tests {
             phase: "Released".into(),
             reserved_at: Some(rfc3339(1_700_000_000)),
             updated_at: Some(rfc3339(1_700_000_300)),
+            release_at: None,
         });
         let released = from_resource(&resource).unwrap();
         assert_eq!(released.phase, Phase::Released);
@@ -447,6 +508,9 @@ mod tests {
             created_at: 0,
             updated_at: 0,
             list_size: None,
+            token: String::new(),
+            release_at: None,
+            sticky: false,
         });
         resource.spec.ip = "10.0.0.6".into();
         let error = from_resource(&resource).unwrap_err().to_string();

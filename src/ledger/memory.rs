@@ -6,6 +6,7 @@ use std::net::IpAddr;
 use async_trait::async_trait;
 use tokio::sync::Mutex;
 
+use super::claim::{CreateRule, create_rule, may_step, same_grant};
 use super::{Claim, CreateOutcome, Ledger, LedgerError, Phase, unix_now};
 
 #[derive(Default)]
@@ -31,22 +32,39 @@ impl Ledger for MemoryLedger {
 
     async fn create(&self, claim: &Claim) -> Result<CreateOutcome, LedgerError> {
         let mut claims = self.claims.lock().await;
-        if let Some(held) = claims.get(&claim.ip).filter(|c| c.is_held()) {
-            return Ok(CreateOutcome::AlreadyHeld(Box::new(held.clone())));
+        let existing = claims.get(&claim.ip);
+        match create_rule(existing, claim) {
+            CreateRule::Write => {
+                claims.insert(claim.ip, claim.clone());
+                Ok(CreateOutcome::Created)
+            }
+            CreateRule::Existing => Ok(CreateOutcome::Existing(Box::new(
+                existing.cloned().expect("a rule about an existing record"),
+            ))),
+            CreateRule::Held => Ok(CreateOutcome::AlreadyHeld(Box::new(
+                existing.cloned().expect("a rule about an existing record"),
+            ))),
         }
-        claims.insert(claim.ip, claim.clone());
-        Ok(CreateOutcome::Created)
+    }
+
+    async fn transition(&self, current: &Claim, next: &Claim) -> Result<bool, LedgerError> {
+        let mut claims = self.claims.lock().await;
+        match claims.get_mut(&next.ip) {
+            Some(record) if may_step(record, current, next) => {
+                *record = next.clone();
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
     }
 
     async fn release(&self, claim: &Claim) -> Result<bool, LedgerError> {
         let mut claims = self.claims.lock().await;
         match claims.get_mut(&claim.ip) {
-            Some(held)
-                if held.is_held()
-                    && held.pod == claim.pod
-                    && held.request_uid == claim.request_uid =>
-            {
+            Some(held) if held.is_held() && same_grant(held, claim) => {
                 held.phase = Phase::Released;
+                held.release_at = None;
+                held.sticky = false;
                 held.updated_at = unix_now();
                 Ok(true)
             }

@@ -9,6 +9,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+pub mod claim;
 pub mod embedded;
 pub mod etcd;
 pub mod kubernetes;
@@ -21,14 +22,18 @@ pub use kubernetes::KubeLedger;
 pub use memory::MemoryLedger;
 pub use timed::TimedLedger;
 
-/// Lifecycle of a claim.
+/// Lifecycle of a claim: `Reserved → Bound → Terminating → Released` (rules in [`claim`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Hash)]
 pub enum Phase {
     /// Recorded at admission; no pod seen yet.
     Reserved,
     /// Tied to a pod UID.
     Bound,
-    /// Given back; kept only as history (which pod name held which IP last).
+    /// Its pod's DELETE was admitted: the pod may still run for its grace period, so the IP
+    /// stays held (`release_at` says until when) and only the same pod name may take it over.
+    Terminating,
+    /// Given back; kept only as history (which pod name held which IP last), or, when
+    /// `sticky`, kept for the same pod name during the sticky grace (a StatefulSet pod).
     Released,
 }
 
@@ -41,7 +46,8 @@ pub enum Source {
     Static,
 }
 
-/// The pod a claim belongs to. At admission a `generateName` pod has no name and no UID yet.
+/// The pod a claim belongs to. At admission a `generateName` pod has no name and no UID yet;
+/// the claim's `token`, which the pod carries, is what ties the two until the UID is known.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default, Hash)]
 pub struct PodRef {
     pub namespace: String,
@@ -54,20 +60,6 @@ pub struct PodRef {
 }
 
 impl PodRef {
-    /// Whether a pod seen later (with its final name and maybe its UID) is this one.
-    pub fn matches(&self, namespace: &str, name: &str, uid: Option<&str>) -> bool {
-        if self.namespace != namespace {
-            return false;
-        }
-        if let (Some(mine), Some(theirs)) = (self.uid.as_deref(), uid) {
-            return mine == theirs;
-        }
-        if !self.name.is_empty() {
-            return self.name == name;
-        }
-        !self.generate_name.is_empty() && name.starts_with(&self.generate_name)
-    }
-
     /// `namespace/name`, or `namespace/generateName*` before the name exists.
     pub fn display(&self) -> String {
         if self.name.is_empty() {
@@ -100,11 +92,27 @@ pub struct Claim {
     /// written before it existed and for static IPs outside any list.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub list_size: Option<u64>,
+    /// The claim's identity, written on the pod as `ip-webhook.io/claim`: unique per admitted
+    /// pod (its IPv4 and IPv6 claims share it). Empty in records written before it existed.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub token: String,
+    /// `Terminating`: when (unix seconds) the IP may be released.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release_at: Option<u64>,
+    /// Kept for the same pod name after its pod went (a StatefulSet pod, in-cluster).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub sticky: bool,
 }
 
 impl Claim {
+    /// Whether a pod holds the IP (any phase but `Released`).
     pub fn is_held(&self) -> bool {
         self.phase != Phase::Released
+    }
+
+    /// Whether no other pod may be given the IP: held, or released but kept for its pod name.
+    pub fn locks_ip(&self) -> bool {
+        self.is_held() || self.sticky
     }
 
     /// `namespace/app`.
@@ -124,6 +132,9 @@ pub fn unix_now() -> u64 {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CreateOutcome {
     Created,
+    /// The same grant is already recorded (a retried admission whose first answer was lost,
+    /// possibly made by another replica): the caller answers with this record.
+    Existing(Box<Claim>),
     /// Someone else holds the IP (another replica, or a record the index did not know).
     AlreadyHeld(Box<Claim>),
 }
@@ -160,9 +171,14 @@ pub trait Ledger: Send + Sync + 'static {
     /// Make `claim` durable unless its IP is held already. Returns only once durable.
     async fn create(&self, claim: &Claim) -> Result<CreateOutcome, LedgerError>;
 
-    /// Mark the claim on `claim.ip` released, if it is still the one given (same pod and
-    /// request). Returns whether a record changed.
+    /// Mark the claim on `claim.ip` released, if it is still the one given (same grant:
+    /// request and token). Returns whether a record changed.
     async fn release(&self, claim: &Claim) -> Result<bool, LedgerError>;
+
+    /// Replace the record on `next.ip` by `next` (a phase change: bind, terminate, keep) if
+    /// the record there is still `current`'s grant and the step is one [`claim::may_step`]
+    /// allows. Returns whether a record changed.
+    async fn transition(&self, current: &Claim, next: &Claim) -> Result<bool, LedgerError>;
 
     /// Flush and stop; later calls fail with [`LedgerError::Closed`].
     async fn close(&self) {}

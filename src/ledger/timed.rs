@@ -61,6 +61,13 @@ impl Ledger for TimedLedger {
         result
     }
 
+    async fn transition(&self, current: &Claim, next: &Claim) -> Result<bool, LedgerError> {
+        let started = Instant::now();
+        let result = self.inner.transition(current, next).await;
+        self.observe("transition", started);
+        result
+    }
+
     async fn close(&self) {
         self.inner.close().await
     }
@@ -88,6 +95,9 @@ mod tests {
             created_at: 0,
             updated_at: 0,
             list_size: None,
+            token: String::new(),
+            release_at: None,
+            sticky: false,
         };
         ledger.create(&claim).await.unwrap();
         ledger.create(&claim).await.unwrap();

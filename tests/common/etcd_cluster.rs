@@ -7,8 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The etcd binary (`$ETCD_BIN` or `etcd` on PATH), or `None` with a printed skip message.
-pub fn etcd_binary(test: &str) -> Option<PathBuf> {
+/// The etcd binary (`$ETCD_BIN` or `etcd` on PATH). A test that needs etcd fails without
+/// it, saying what to install: no test passes by skipping.
+pub fn etcd_binary(test: &str) -> PathBuf {
     let candidate = std::env::var_os("ETCD_BIN").map(PathBuf::from).or_else(|| {
         std::env::var_os("PATH").and_then(|paths| {
             std::env::split_paths(&paths)
@@ -16,12 +17,11 @@ pub fn etcd_binary(test: &str) -> Option<PathBuf> {
                 .find(|path| path.is_file())
         })
     });
-    if candidate.is_none() {
-        eprintln!(
-            "SKIPPED {test}: no etcd binary on PATH (install Debian etcd-server: scripts/install-test-deps.sh)"
-        );
-    }
-    candidate
+    candidate.unwrap_or_else(|| {
+        panic!(
+            "{test} needs etcd: no etcd binary on PATH or in $ETCD_BIN (install Debian etcd-server, as scripts/install-test-deps.sh does)"
+        )
+    })
 }
 
 fn free_port() -> u16 {

@@ -1,0 +1,205 @@
+//! One assessment of a Pod for `/mutate` and `/validate`: what it asks for (its app, its list
+//! or pool, the IPs it already carries, its claim token), checked once, and the typed denials
+//! both endpoints answer with.
+
+use std::fmt;
+use std::net::IpAddr;
+
+use crate::annotations::{CLAIM_TOKEN, STATUS, STATUS_MUTATED, carried_ips, static_ips};
+use crate::ipset::IpSet;
+use crate::ledger::claim::{PodIdentity, is_token};
+use crate::metrics::AllocationOutcome;
+use crate::webhook::{Candidates, PodView, Webhook};
+
+/// Why a pod is refused. `Display` is the message the API server shows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Denial {
+    /// The review has no object to judge.
+    MissingObject(&'static str),
+    /// An IP annotation cannot be read.
+    Malformed {
+        pod: String,
+        message: String,
+    },
+    /// The list or pool cannot be used (unknown pool, bad list, a pool the pod may not use).
+    Candidates(String),
+    NoAppLabel {
+        pod: String,
+        app_label: String,
+    },
+    /// A carried IP is not one of the app's.
+    OutsideList {
+        ip: IpAddr,
+        pod: String,
+        scope: String,
+    },
+    /// Two IP annotations name different IPs.
+    AnnotationsDisagree {
+        pod: String,
+        first: &'static str,
+        second: &'static str,
+        a: String,
+        b: String,
+    },
+    /// The CNI's own pools or subnets refuse the IPs.
+    Cni(String),
+    /// Every IP of the list or pool is held.
+    Exhausted(String),
+    /// Another pod holds the IP.
+    Conflict(String),
+    /// The ledger failed; nothing was recorded.
+    Ledger(String),
+}
+
+impl Denial {
+    /// How the refusal is counted in `ip_webhook_allocations_total`.
+    pub fn outcome(&self) -> AllocationOutcome {
+        match self {
+            Denial::Exhausted(_) => AllocationOutcome::exhausted,
+            Denial::Conflict(_) => AllocationOutcome::conflict,
+            Denial::Ledger(_) => AllocationOutcome::error,
+            _ => AllocationOutcome::refused,
+        }
+    }
+}
+
+impl fmt::Display for Denial {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Denial::MissingObject(what) => write!(f, "{what}"),
+            Denial::Malformed { pod, message } => write!(f, "pod {pod}: {message}"),
+            Denial::Candidates(message) | Denial::Cni(message) => write!(f, "{message}"),
+            Denial::NoAppLabel { pod, app_label } => write!(
+                f,
+                "pod {pod} asks for fixed IPs but has no {app_label:?} label; ip-webhook needs it (with the namespace) to know which app the IPs belong to"
+            ),
+            Denial::OutsideList { ip, pod, scope } => write!(
+                f,
+                "static IP {ip} requested by {pod} is not one of the IPs of {scope}"
+            ),
+            Denial::AnnotationsDisagree {
+                pod,
+                first,
+                second,
+                a,
+                b,
+            } => write!(
+                f,
+                "pod {pod}: annotations {first} and {second} name different IPs ({a} vs {b})"
+            ),
+            Denial::Exhausted(message) | Denial::Conflict(message) => write!(f, "{message}"),
+            Denial::Ledger(reason) => write!(
+                f,
+                "ip-webhook could not record the IP claim, so the pod is not admitted (retry): {reason}"
+            ),
+        }
+    }
+}
+
+/// What a pod asks for, read and checked.
+pub struct PodAsk<'m> {
+    pub view: PodView<'m>,
+    /// IPs the pod already carries (CNI annotations, else the `allocated-ip` label): asked
+    /// for as static IPs unless they are its own verified claims.
+    pub carried: Vec<IpAddr>,
+    /// Its list or pool, if it names one.
+    pub candidates: Option<Candidates>,
+    /// The claim token it carries (only a well-formed one counts).
+    pub token: Option<&'m str>,
+    /// Whether it carries ip-webhook's `status: mutated` marker.
+    pub marked: bool,
+    /// Warnings from the CNI checks (for `/validate`).
+    pub warnings: Vec<String>,
+}
+
+impl PodAsk<'_> {
+    /// Whether ip-webhook has nothing to do with this pod.
+    pub fn is_unrelated(&self) -> bool {
+        self.candidates.is_none() && self.carried.is_empty()
+    }
+
+    /// The pod as the claim rules see it.
+    pub fn identity(&self) -> PodIdentity<'_> {
+        PodIdentity {
+            namespace: &self.view.namespace,
+            name: self.view.name(),
+            uid: self.view.meta.uid.as_deref().filter(|u| !u.is_empty()),
+            token: self.token,
+        }
+    }
+
+    /// `app namespace/app`, `IPPool NAME (app …)`, or `pod namespace/name` without a list.
+    pub fn scope(&self) -> String {
+        match &self.candidates {
+            Some(candidates) => self.view.scope(candidates),
+            None => format!("pod {}", self.view.display()),
+        }
+    }
+}
+
+/// Read and check what `view` asks for: its IP annotations, its list or pool, its app label,
+/// that its carried IPs are in its list, and what the CNI's pools say about them.
+pub fn assess<'m>(webhook: &Webhook, view: PodView<'m>) -> Result<PodAsk<'m>, Denial> {
+    let meta = view.meta;
+    let statics = static_ips(meta.annotations.as_ref()).map_err(|message| Denial::Malformed {
+        pod: view.display(),
+        message,
+    })?;
+    if let [(first, a), (second, b), ..] = statics.as_slice()
+        && a != b
+    {
+        return Err(Denial::AnnotationsDisagree {
+            pod: view.display(),
+            first,
+            second,
+            a: join(a),
+            b: join(b),
+        });
+    }
+    let carried = carried_ips(meta.labels.as_ref(), meta.annotations.as_ref());
+    let candidates = webhook.candidates(&view).map_err(Denial::Candidates)?;
+    if candidates.is_some() && view.app.is_none() {
+        return Err(Denial::NoAppLabel {
+            pod: view.display(),
+            app_label: webhook.settings.app_label.clone(),
+        });
+    }
+    let mut ask = PodAsk {
+        token: meta.annotation(CLAIM_TOKEN).filter(|t| is_token(t)),
+        marked: meta.annotation(STATUS) == Some(STATUS_MUTATED),
+        view,
+        carried,
+        candidates,
+        warnings: Vec::new(),
+    };
+    if ask.is_unrelated() {
+        return Ok(ask);
+    }
+    if let Some(candidates) = &ask.candidates
+        && let Some(outside) = ask.carried.iter().find(|ip| !candidates.set.contains(ip))
+    {
+        return Err(Denial::OutsideList {
+            ip: *outside,
+            pod: ask.view.display(),
+            scope: ask.view.scope(candidates),
+        });
+    }
+    let whose = ask.scope();
+    let carried_set = IpSet::from_ips(ask.carried.iter().copied());
+    let sets = [
+        (!ask.carried.is_empty()).then_some(&carried_set),
+        ask.candidates.as_ref().map(|c| &*c.set),
+    ];
+    for set in sets.into_iter().flatten() {
+        let warnings = webhook.cni_check(set, &whose).map_err(Denial::Cni)?;
+        ask.warnings.extend(warnings);
+    }
+    Ok(ask)
+}
+
+fn join(ips: &[IpAddr]) -> String {
+    ips.iter()
+        .map(|ip| ip.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}

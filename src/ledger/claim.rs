@@ -1,0 +1,367 @@
+//! The claim rules, in one place: which pod holds a claim, when a create may write over a
+//! record, and which phase changes are allowed. Every ledger adapter and the allocator call
+//! these, so no two of them can disagree.
+//!
+//! A claim's identity is its **token** (`ip-webhook.io/claim` on the pod, unique per admitted
+//! pod) until the pod's UID is known, and the UID after that. Names are compared only for
+//! fixed names (a StatefulSet's `db-0`); a `generateName` prefix never identifies a pod.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use sha2::{Digest, Sha256};
+
+use super::{Claim, Phase};
+
+/// A pod as a review, a watch or a lookup shows it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PodIdentity<'a> {
+    pub namespace: &'a str,
+    /// Empty while a `generateName` pod is being mutated.
+    pub name: &'a str,
+    /// Absent at mutation; set by the API server before validation.
+    pub uid: Option<&'a str>,
+    /// The claim token the pod carries, if any.
+    pub token: Option<&'a str>,
+}
+
+/// Whether `pod` is the pod that holds `claim`.
+///
+/// - Once the claim knows its pod's UID, only that UID matches: a pod without one (being
+///   mutated, or a forged review) or with another (a copy, a recreated pod) does not.
+/// - Before that, the pod must carry the claim's token; a claim made for a fixed name also
+///   needs that name (a copy of the pod under another name does not match).
+/// - A record written before tokens existed matches its exact, non-empty pod name only.
+pub fn held_by(claim: &Claim, pod: &PodIdentity<'_>) -> bool {
+    if claim.pod.namespace != pod.namespace {
+        return false;
+    }
+    match (claim.pod.uid.as_deref(), pod.uid) {
+        (Some(mine), Some(theirs)) => return mine == theirs,
+        (Some(_), None) => return false,
+        (None, _) => {}
+    }
+    let name_fits = claim.pod.name.is_empty() || pod.name.is_empty() || claim.pod.name == pod.name;
+    if !claim.token.is_empty() {
+        return pod.token == Some(claim.token.as_str()) && name_fits;
+    }
+    !claim.pod.name.is_empty() && claim.pod.name == pod.name
+}
+
+/// Whether two records come from one admission request (a retry whose answer was lost).
+pub fn same_admission(a: &Claim, b: &Claim) -> bool {
+    !a.request_uid.is_empty()
+        && a.request_uid == b.request_uid
+        && a.pod.namespace == b.pod.namespace
+}
+
+/// Whether `record` is still the grant `given` was (same admission, same token): the
+/// condition for releasing it or changing its phase.
+pub fn same_grant(record: &Claim, given: &Claim) -> bool {
+    same_admission(record, given) && record.token == given.token
+}
+
+/// Whether an admission of a fixed-name pod may take over `existing`: a claim of the same
+/// namespace, pod name and app that no live pod of that name can still be using as its own —
+/// a reservation whose create failed (quota, another webhook), a pod whose deletion was
+/// admitted, or a released record. The API server allows one pod per name, so the new pod is
+/// the only one that can carry it from now on.
+pub fn may_take_over(existing: &Claim, new: &Claim) -> bool {
+    !new.pod.name.is_empty()
+        && existing.pod.namespace == new.pod.namespace
+        && existing.pod.name == new.pod.name
+        && existing.app == new.app
+        && matches!(
+            existing.phase,
+            Phase::Reserved | Phase::Terminating | Phase::Released
+        )
+}
+
+/// What a ledger does with `create(new)` given the record it holds on that IP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CreateRule {
+    /// Write `new` (no record, a released one, or a takeover).
+    Write,
+    /// The same admission already holds it: answer with the record, write nothing.
+    Existing,
+    /// Another pod holds it.
+    Held,
+}
+
+pub fn create_rule(existing: Option<&Claim>, new: &Claim) -> CreateRule {
+    match existing {
+        None => CreateRule::Write,
+        Some(existing) if existing.is_held() && same_admission(existing, new) => {
+            CreateRule::Existing
+        }
+        Some(existing) if !existing.locks_ip() => CreateRule::Write,
+        Some(existing) if may_take_over(existing, new) => CreateRule::Write,
+        Some(_) => CreateRule::Held,
+    }
+}
+
+/// Whether `record` may be replaced by `next` in a phase change made by the holder of
+/// `given`: the record must still be that grant, and the step one of
+/// `Reserved → Bound`, `Reserved|Bound → Terminating`, `Terminating → Bound` (a deletion that
+/// did not happen). A deletion already seen is not applied twice.
+pub fn may_step(record: &Claim, given: &Claim, next: &Claim) -> bool {
+    let step_allowed = matches!(
+        (record.phase, next.phase),
+        (Phase::Reserved, Phase::Bound)
+            | (Phase::Reserved, Phase::Terminating)
+            | (Phase::Bound, Phase::Terminating)
+            | (Phase::Terminating, Phase::Bound)
+    );
+    step_allowed
+        && same_grant(record, given)
+        && next.ip == record.ip
+        && same_grant(record, next)
+        && record
+            .pod
+            .uid
+            .as_ref()
+            .is_none_or(|uid| next.pod.uid.as_ref() == Some(uid))
+}
+
+/// `claim` tied to the pod's final name and UID.
+pub fn bound(claim: &Claim, name: &str, uid: &str, now: u64) -> Claim {
+    let mut next = claim.clone();
+    next.phase = Phase::Bound;
+    if next.pod.name.is_empty() {
+        next.pod.name = name.to_string();
+    }
+    next.pod.uid = Some(uid.to_string());
+    next.release_at = None;
+    next.updated_at = now;
+    next
+}
+
+/// `claim` once its pod's DELETE is admitted: held until `release_at`.
+pub fn terminating(claim: &Claim, pod: &PodIdentity<'_>, release_at: u64, now: u64) -> Claim {
+    let mut next = claim.clone();
+    next.phase = Phase::Terminating;
+    if next.pod.name.is_empty() {
+        next.pod.name = pod.name.to_string();
+    }
+    if next.pod.uid.is_none() {
+        next.pod.uid = pod.uid.map(str::to_string);
+    }
+    next.release_at = Some(release_at);
+    next.updated_at = now;
+    next
+}
+
+/// Where a `Terminating` claim's pod is, when its release falls due.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PodPresence {
+    /// No pod of that namespace/name, or one with another UID.
+    Gone,
+    /// Still there, with its deletion under way (a long grace, a finalizer).
+    Terminating,
+    /// Still there and not being deleted: the deletion was refused after the webhook
+    /// admitted it, or the DELETE review was forged.
+    Running,
+    /// The lookup failed.
+    Unknown(String),
+}
+
+/// What to do with a `Terminating` claim whose release time has come.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DueStep {
+    Release,
+    /// Back to `Bound`: the pod still runs, so it keeps its IP.
+    KeepBound,
+    /// Look again later.
+    Wait,
+}
+
+pub fn due_step(presence: &PodPresence) -> DueStep {
+    match presence {
+        PodPresence::Gone => DueStep::Release,
+        PodPresence::Running => DueStep::KeepBound,
+        PodPresence::Terminating | PodPresence::Unknown(_) => DueStep::Wait,
+    }
+}
+
+/// A fresh claim token: 32 hex digits, unique per call (a hash of the admission request's
+/// UID, the time, the process and a counter; not a secret, only an identity).
+pub fn new_token(request_uid: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut hasher = Sha256::new();
+    hasher.update(request_uid.as_bytes());
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    hasher.update(nanos.to_le_bytes());
+    hasher.update(std::process::id().to_le_bytes());
+    hasher.update(COUNTER.fetch_add(1, Ordering::Relaxed).to_le_bytes());
+    let digest = hasher.finalize();
+    digest[..16].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Whether `text` is shaped like a token we issue (so a pod cannot smuggle megabytes in it).
+pub fn is_token(text: &str) -> bool {
+    text.len() == 32 && text.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::{PodRef, Source};
+
+    fn claim(name: &str, uid: Option<&str>, token: &str, phase: Phase) -> Claim {
+        Claim {
+            ip: "10.0.0.1".parse().unwrap(),
+            app: "web".into(),
+            pool: None,
+            pod: PodRef {
+                namespace: "default".into(),
+                name: name.into(),
+                generate_name: "web-7d4b9c-".into(),
+                uid: uid.map(str::to_string),
+            },
+            request_uid: "req-1".into(),
+            phase,
+            source: Source::Allocated,
+            created_at: 1,
+            updated_at: 1,
+            list_size: None,
+            token: token.into(),
+            release_at: None,
+            sticky: false,
+        }
+    }
+
+    fn pod<'a>(name: &'a str, uid: Option<&'a str>, token: Option<&'a str>) -> PodIdentity<'a> {
+        PodIdentity {
+            namespace: "default",
+            name,
+            uid,
+            token,
+        }
+    }
+
+    #[test]
+    fn a_bound_claim_is_held_by_its_uid_only() {
+        let c = claim("web-7d4b9c-abcde", Some("u1"), "t1", Phase::Bound);
+        assert!(held_by(
+            &c,
+            &pod("web-7d4b9c-abcde", Some("u1"), Some("t1"))
+        ));
+        assert!(!held_by(
+            &c,
+            &pod("web-7d4b9c-abcde", Some("u2"), Some("t1"))
+        ));
+        // a DELETE review without a UID, or a copy being mutated, is not its pod
+        assert!(!held_by(&c, &pod("web-7d4b9c-abcde", None, Some("t1"))));
+    }
+
+    #[test]
+    fn before_the_uid_the_token_decides_never_the_generate_name() {
+        let c = claim("", None, "t1", Phase::Reserved);
+        assert!(held_by(&c, &pod("", None, Some("t1"))));
+        assert!(held_by(
+            &c,
+            &pod("web-7d4b9c-zzzzz", Some("u9"), Some("t1"))
+        ));
+        assert!(!held_by(&c, &pod("web-7d4b9c-zzzzz", Some("u9"), None)));
+        assert!(!held_by(&c, &pod("web-7d4b9c-zzzzz", None, Some("t2"))));
+        let other_namespace = PodIdentity {
+            namespace: "evil",
+            ..pod("", None, Some("t1"))
+        };
+        assert!(!held_by(&c, &other_namespace));
+        // a fixed-name claim also needs the name
+        let named = claim("db-0", None, "t1", Phase::Reserved);
+        assert!(!held_by(&named, &pod("db-copy", None, Some("t1"))));
+    }
+
+    #[test]
+    fn records_without_a_token_match_their_exact_name_only() {
+        let legacy = claim("db-0", None, "", Phase::Reserved);
+        assert!(held_by(&legacy, &pod("db-0", Some("u"), None)));
+        assert!(!held_by(&legacy, &pod("db-01", Some("u"), None)));
+        let legacy_generated = claim("", None, "", Phase::Reserved);
+        assert!(!held_by(
+            &legacy_generated,
+            &pod("web-7d4b9c-abcde", Some("u"), None)
+        ));
+    }
+
+    #[test]
+    fn creates_write_retry_take_over_or_are_refused() {
+        let mut new = claim("", None, "t2", Phase::Reserved);
+        new.request_uid = "req-2".into();
+        assert_eq!(create_rule(None, &new), CreateRule::Write);
+        let held = claim("", None, "t1", Phase::Reserved);
+        assert_eq!(create_rule(Some(&held), &new), CreateRule::Held);
+        let retry = claim("", None, "t-other-replica", Phase::Reserved);
+        assert_eq!(create_rule(Some(&held), &retry), CreateRule::Existing);
+        let released = claim("", None, "t1", Phase::Released);
+        assert_eq!(create_rule(Some(&released), &new), CreateRule::Write);
+        let mut kept = released.clone();
+        kept.sticky = true;
+        assert_eq!(create_rule(Some(&kept), &new), CreateRule::Held);
+
+        // a fixed name takes over its own Reserved/Terminating/kept claim, never a Bound one
+        let mut db0 = claim("db-0", None, "t3", Phase::Reserved);
+        db0.request_uid = "req-3".into();
+        for phase in [Phase::Reserved, Phase::Terminating, Phase::Released] {
+            let mut old = claim("db-0", Some("u-old"), "t1", phase);
+            old.sticky = true;
+            assert_eq!(
+                create_rule(Some(&old), &db0),
+                CreateRule::Write,
+                "{phase:?}"
+            );
+        }
+        let running = claim("db-0", Some("u-old"), "t1", Phase::Bound);
+        assert_eq!(create_rule(Some(&running), &db0), CreateRule::Held);
+        let mut other_app = claim("db-0", None, "t1", Phase::Reserved);
+        other_app.app = "cache".into();
+        assert_eq!(create_rule(Some(&other_app), &db0), CreateRule::Held);
+    }
+
+    #[test]
+    fn phase_steps_follow_the_lifecycle_and_happen_once() {
+        let reserved = claim("", None, "t1", Phase::Reserved);
+        let bound_claim = bound(&reserved, "web-x", "u1", 5);
+        assert!(may_step(&reserved, &reserved, &bound_claim));
+        let pod = pod("web-x", Some("u1"), Some("t1"));
+        let ending = terminating(&bound_claim, &pod, 40, 6);
+        assert_eq!(ending.release_at, Some(40));
+        assert!(may_step(&bound_claim, &bound_claim, &ending));
+        assert!(
+            !may_step(&ending, &ending, &ending),
+            "a deletion seen twice"
+        );
+        let back = bound(&ending, "web-x", "u1", 41);
+        assert!(may_step(&ending, &ending, &back));
+        // a stale view of another grant changes nothing
+        let mut stale = reserved.clone();
+        stale.token = "t0".into();
+        assert!(!may_step(&reserved, &stale, &bound_claim));
+        // a bound claim is never rebound to another UID
+        let rebind = terminating(&bound(&reserved, "web-x", "u2", 5), &pod, 40, 6);
+        assert!(!may_step(&bound_claim, &bound_claim, &rebind));
+    }
+
+    #[test]
+    fn tokens_are_unique_and_shaped() {
+        let a = new_token("r");
+        let b = new_token("r");
+        assert_ne!(a, b);
+        assert!(is_token(&a) && is_token(&b));
+        assert!(!is_token("x"));
+        assert!(!is_token(&"g".repeat(32)));
+    }
+
+    #[test]
+    fn due_releases_wait_for_the_pod_to_be_gone() {
+        assert_eq!(due_step(&PodPresence::Gone), DueStep::Release);
+        assert_eq!(due_step(&PodPresence::Running), DueStep::KeepBound);
+        assert_eq!(due_step(&PodPresence::Terminating), DueStep::Wait);
+        assert_eq!(due_step(&PodPresence::Unknown("x".into())), DueStep::Wait);
+    }
+}

@@ -1,0 +1,176 @@
+//! A running `tests/support/fakeapi.py` (an in-memory Kubernetes API server, this project's
+//! own test tool) and a kubeconfig that points at it. Include with
+//! `#[path = "common/fakeapi.rs"] mod fakeapi;` next to `mod common;`.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ip_webhook::crd::{IPClaim, IPPool};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::PostParams;
+use kube::{Api, Client, CustomResourceExt};
+use serde_json::Value;
+
+use super::common::TestServer;
+
+/// A running fakeapi.py and a kubeconfig that points at it.
+pub struct FakeApi {
+    child: Child,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl FakeApi {
+    /// Start `tests/support/fakeapi.py` (this project's own test API server, stdlib Python).
+    /// Fails the test, saying what is missing, when python3 cannot run it.
+    pub fn start() -> FakeApi {
+        FakeApi::start_with(&[])
+    }
+
+    /// [`FakeApi::start`] with more fakeapi.py flags.
+    pub fn start_with(flags: &[&str]) -> FakeApi {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/fakeapi.py");
+        assert!(script.exists(), "{} is missing", script.display());
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new("python3")
+            .arg(&script)
+            .arg(port.to_string())
+            .args(flags)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|error| {
+                panic!("cannot run python3 ({error}); the fake API server tests need it")
+            });
+        let dir = tempfile::tempdir().unwrap();
+        let fake = FakeApi { child, port, dir };
+        std::fs::write(fake.kubeconfig(), fake.kubeconfig_yaml()).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while fake.raw("GET", "/version").is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "fakeapi.py did not start on port {port}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        fake
+    }
+
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.dir.path().join("kubeconfig")
+    }
+
+    pub fn kubeconfig_yaml(&self) -> String {
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://127.0.0.1:{}\n\
+             contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n\
+             current-context: fake\nusers:\n- name: fake\n  user: {{}}\n",
+            self.port
+        )
+    }
+
+    /// A plain HTTP/1.0 request; the status line's code.
+    pub fn raw(&self, method: &str, path: &str) -> std::io::Result<u16> {
+        let mut stream = TcpStream::connect(("127.0.0.1", self.port))?;
+        write!(
+            stream,
+            "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n"
+        )?;
+        let mut reply = String::new();
+        stream.read_to_string(&mut reply)?;
+        reply
+            .split_whitespace()
+            .nth(1)
+            .and_then(|code| code.parse().ok())
+            .ok_or_else(|| std::io::Error::other(format!("no status line in {reply:?}")))
+    }
+
+    /// POST a JSON body to a /fake/* control hook.
+    pub fn control(&self, path: &str, body: Value) {
+        let body = body.to_string();
+        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        write!(
+            stream,
+            "POST {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut reply = String::new();
+        stream.read_to_string(&mut reply).unwrap();
+        assert!(
+            reply.starts_with("HTTP/1.0 200") || reply.starts_with("HTTP/1.1 200"),
+            "{reply}"
+        );
+    }
+
+    /// GET a JSON document (a /fake/* hook).
+    pub fn get_json(&self, path: &str) -> Value {
+        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
+        let mut reply = String::new();
+        stream.read_to_string(&mut reply).unwrap();
+        let body = reply.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+        serde_json::from_str(body).unwrap_or_else(|e| panic!("{path}: {e}: {reply:.200}"))
+    }
+
+    /// The test's own client (a User-Agent of its own, so the RBAC check can tell it apart).
+    pub async fn client(&self) -> Client {
+        let file = kube::config::Kubeconfig::read_from(self.kubeconfig()).unwrap();
+        let mut config = kube::Config::from_custom_kubeconfig(file, &Default::default())
+            .await
+            .unwrap();
+        config.headers.push((
+            http::header::USER_AGENT,
+            http::HeaderValue::from_static("in-cluster-test"),
+        ));
+        Client::try_from(config).unwrap()
+    }
+
+    /// Install the CRDs as `ip-webhook crds` prints them.
+    pub async fn install_crds(&self) -> Client {
+        let client = self.client().await;
+        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+        for crd in [IPPool::crd(), IPClaim::crd()] {
+            crds.create(&PostParams::default(), &crd).await.unwrap();
+        }
+        client
+    }
+
+    /// Start a webhook replica against this API server.
+    pub async fn replica(&self, extra: &[&str]) -> TestServer {
+        let kubeconfig = self.kubeconfig().display().to_string();
+        let mut args = vec!["--ledger", "kubernetes", "--kubeconfig", &kubeconfig];
+        args.extend_from_slice(extra);
+        let server = TestServer::start(&args).await;
+        wait_ready(&server).await;
+        server
+    }
+}
+
+impl Drop for FakeApi {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Wait until the replica's `/readyz` answers 200.
+pub async fn wait_ready(server: &TestServer) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (code, _) = server.admin_get("/readyz").await;
+        if code == 200 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "replica never became ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
