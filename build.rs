@@ -12,7 +12,13 @@ fn main() {
     let commit = std::env::var("IP_WEBHOOK_GIT_COMMIT")
         .ok()
         .map(|c| c.trim().to_string())
-        .filter(|c| !c.is_empty())
+        // It becomes a label value and a line of cargo's protocol: a plain word only.
+        .filter(|c| {
+            !c.is_empty()
+                && c.len() <= 64
+                && c.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"._-+".contains(&b))
+        })
         .or_else(git_commit)
         .unwrap_or_else(|| "unknown".to_string());
     println!("cargo:rustc-env=IP_WEBHOOK_GIT_COMMIT={commit}");

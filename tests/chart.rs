@@ -1365,6 +1365,30 @@ fn embedded_ledger_needs_one_replica_and_a_persistent_volume() {
     // One replica: a PDB with minAvailable 1 would block every drain.
     assert!(of_kind(&docs, "PodDisruptionBudget").is_empty());
 
+    // Any ledger: a claim that mounts on one node cannot serve several replicas.
+    let error = template_text(&helm, &["persistence.enabled=true"], "1.31.0")
+        .expect_err("2 replicas on a ReadWriteOnce claim must be refused");
+    assert!(
+        error.contains("persistence.enabled with replicaCount=2 needs persistence.accessModes with ReadWriteMany"),
+        "{error}"
+    );
+    let shared = render(
+        &helm,
+        &[
+            "persistence.enabled=true",
+            "persistence.accessModes={ReadWriteMany}",
+        ],
+        "1.31.0",
+    );
+    assert_eq!(
+        one(&shared, "Deployment")["spec"]["strategy"]["type"],
+        "RollingUpdate"
+    );
+    assert_eq!(
+        one(&shared, "PersistentVolumeClaim")["spec"]["accessModes"],
+        json!(["ReadWriteMany"])
+    );
+
     // An existing claim is used, not made.
     let mut set = case("embedded-ledger").set.to_vec();
     set.push("persistence.existingClaim=books");

@@ -181,4 +181,18 @@ objectSelector:
 {{- fail "server.ledger=embedded needs persistence.enabled=true: on the default emptyDir the books vanish with the pod, and the next pod hands out IPs that running pods still hold. Set persistence.enabled=true (and persistence.storageClass or persistence.existingClaim)" }}
 {{- end }}
 {{- end }}
+{{- if and .Values.persistence.enabled (not (include "ip-webhook.sharedClaim" .)) (gt (int .Values.replicaCount) 1) }}
+{{- fail (printf "persistence.enabled with replicaCount=%d needs persistence.accessModes with ReadWriteMany: a %s claim mounts on one node only, so the other replicas would never start" (int .Values.replicaCount) (join "," .Values.persistence.accessModes)) }}
+{{- end }}
+{{- end }}
+
+{{/* "true" when the state claim can be mounted by pods on several nodes at once. */}}
+{{- define "ip-webhook.sharedClaim" -}}
+{{- if has "ReadWriteMany" .Values.persistence.accessModes }}true{{ end }}
+{{- end }}
+
+{{/* Recreate when one pod at a time may hold the state: the embedded ledger's books, or a
+     claim that mounts on one node only. */}}
+{{- define "ip-webhook.recreate" -}}
+{{- if or (eq .Values.server.ledger "embedded") (and .Values.persistence.enabled (not (include "ip-webhook.sharedClaim" .))) }}true{{ end }}
 {{- end }}
