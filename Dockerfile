@@ -2,13 +2,18 @@
 # base (glibc and CA roots, no shell, no package manager) that runs as the non-root user
 # 65532, the UID the Helm chart's securityContext expects.
 #
-#   docker build -t <registry>/ip-webhook:0.1.0 .
+#   docker build -t <registry>/ip-webhook:0.1.0 \
+#     --build-arg IP_WEBHOOK_GIT_COMMIT=$(git rev-parse --short=12 HEAD) .
+#
+# (.git stays out of the build context: the commit that ip_webhook_build_info reports comes
+# from the build argument, else it is "unknown".)
 #
 # Not built in CI: no container engine runs there. tests/chart.rs checks that the user and
 # entrypoint match what the chart assumes.
 
 FROM rust:1.90-bookworm AS build
 WORKDIR /src
+ARG IP_WEBHOOK_GIT_COMMIT
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \

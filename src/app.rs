@@ -373,19 +373,43 @@ fn write_ca(state_dir: &Path, ca_pem: &str) -> anyhow::Result<()> {
 
 /// `serve`: run until SIGTERM or SIGINT, then drain and flush.
 pub async fn serve_until_signal(args: ServeArgs) -> anyhow::Result<()> {
-    let mut launched = launch(&args).await?;
-    println!(
-        "ip-webhook serving https://{} (admin http://{}), ledger {} in {}",
-        launched.running.https_addr,
-        launched.running.admin_addr,
-        launched.ledger.kind(),
-        args.webhook.state_dir.display()
-    );
-    if let Some(bundle) = &launched.ca_bundle {
-        println!(
-            "self-signed CA written to {}; caBundle: {bundle}",
-            args.webhook.state_dir.join("ca.crt").display()
+    let mut launched = match launch(&args).await {
+        Ok(launched) => launched,
+        Err(error) if crate::logging::json() => {
+            tracing::error!(error = format!("{error:#}"), "ip-webhook cannot start");
+            return Err(error);
+        }
+        Err(error) => return Err(error),
+    };
+    let ca_file = args.webhook.state_dir.join("ca.crt");
+    if crate::logging::json() {
+        // Collectors read one format: the startup lines are log events too.
+        tracing::info!(
+            https = %launched.running.https_addr,
+            admin = %launched.running.admin_addr,
+            ledger = launched.ledger.kind(),
+            state_dir = %args.webhook.state_dir.display(),
+            version = env!("CARGO_PKG_VERSION"),
+            commit = crate::metrics::COMMIT,
+            "ip-webhook serving"
         );
+        if let Some(bundle) = &launched.ca_bundle {
+            tracing::info!(ca_file = %ca_file.display(), ca_bundle = %bundle, "self-signed CA written");
+        }
+    } else {
+        println!(
+            "ip-webhook serving https://{} (admin http://{}), ledger {} in {}",
+            launched.running.https_addr,
+            launched.running.admin_addr,
+            launched.ledger.kind(),
+            args.webhook.state_dir.display()
+        );
+        if let Some(bundle) = &launched.ca_bundle {
+            println!(
+                "self-signed CA written to {}; caBundle: {bundle}",
+                ca_file.display()
+            );
+        }
     }
     use std::io::Write;
     let _ = std::io::stdout().flush();

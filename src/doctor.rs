@@ -552,7 +552,7 @@ pub fn capacity_check(metrics: &str, ratio: f64) -> Check {
         if value >= ratio {
             near.push(format!(
                 "app {}/{} {:.0}% held",
-                label(labels, "namespace"),
+                label(labels, "app_namespace"),
                 label(labels, "app"),
                 value * 100.0
             ));
@@ -564,7 +564,7 @@ pub fn capacity_check(metrics: &str, ratio: f64) -> Check {
         .map(|(labels, v)| {
             format!(
                 "{}/{} refused {v} pods",
-                label(labels, "namespace"),
+                label(labels, "app_namespace"),
                 label(labels, "app")
             )
         })
@@ -645,7 +645,7 @@ mod tests {
 
     #[test]
     fn capacity_reads_the_ratios_and_refusals() {
-        let text = "# HELP x\nip_webhook_pool_utilization_ratio{pool=\"blue\"} 0.95\nip_webhook_pool_utilization_ratio{pool=\"red\"} 0.5\nip_webhook_app_utilization_ratio{namespace=\"prod\",app=\"web\"} 1.0\nip_webhook_exhausted_refusals_total{namespace=\"prod\",app=\"web\",pool=\"\"} 3\n";
+        let text = "# HELP x\nip_webhook_pool_utilization_ratio{pool=\"blue\"} 0.95\nip_webhook_pool_utilization_ratio{pool=\"red\"} 0.5\nip_webhook_app_utilization_ratio{app_namespace=\"prod\",app=\"web\"} 1.0\nip_webhook_exhausted_refusals_total{app_namespace=\"prod\",app=\"web\",pool=\"\"} 3\n";
         let result = capacity_check(text, 0.9);
         assert_eq!(result.status, Status::Warn);
         assert_eq!(

@@ -23,8 +23,21 @@ use crate::cli::LogFormat;
 const FLUSH_EVERY: Duration = Duration::from_millis(50);
 const FLUSH_AT_BYTES: usize = 64 * 1024;
 
+/// Whether `init` chose JSON: then the process writes nothing but JSON lines, so what it would
+/// print as plain text at startup (the serving line) goes out as a log event instead.
+static JSON: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// True when the logs are JSON (`--log-format json`).
+pub fn json() -> bool {
+    JSON.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Install the global subscriber. Keep the guard until the process ends.
 pub fn init(format: LogFormat) -> LogGuard {
+    JSON.store(
+        matches!(format, LogFormat::Json),
+        std::sync::atomic::Ordering::Relaxed,
+    );
     let (writer, guard) = buffered(Box::new(std::io::stderr()));
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));

@@ -1,4 +1,13 @@
 //! Prometheus metrics, registered once and encoded on `GET /metrics`.
+//!
+//! The webhook's own metrics are named `ip_webhook_*`; the process metrics keep their usual
+//! names (`process_resident_memory_bytes`, ...). Labels that name a pod's namespace are called
+//! `app_namespace`: Prometheus gives every target a `namespace` label of its own (the
+//! webhook's), and would rename ours to `exported_namespace`.
+
+mod process;
+
+pub use process::{ProcessCollector, Sample as ProcessSample};
 
 use std::sync::{Arc, OnceLock};
 
@@ -76,13 +85,14 @@ pub struct AllocationLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AppLabels {
-    pub namespace: String,
+    /// The app's namespace (not `namespace`, which Prometheus sets to the webhook's).
+    pub app_namespace: String,
     pub app: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ExhaustedLabels {
-    pub namespace: String,
+    pub app_namespace: String,
     pub app: String,
     /// Empty for an `allocatable-ips` list.
     pub pool: String,
@@ -105,6 +115,15 @@ pub struct LedgerLabels {
     /// `create`, `release`, `load`.
     pub operation: &'static str,
 }
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildLabels {
+    pub version: &'static str,
+    pub commit: &'static str,
+}
+
+/// The commit the binary was built from (`build.rs`), or "unknown".
+pub const COMMIT: &str = env!("IP_WEBHOOK_GIT_COMMIT");
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
@@ -171,7 +190,7 @@ impl Collector for CapacityCollector {
         };
         let app = |a: &crate::status::AppStatus| {
             PoolOrApp::App(AppLabels {
-                namespace: a.namespace.clone(),
+                app_namespace: a.namespace.clone(),
                 app: a.app.clone(),
             })
         };
@@ -231,17 +250,25 @@ impl Collector for CapacityCollector {
                 .filter_map(|x| Some((app(x), sized(x.free)?)))
                 .collect(),
         )?;
+        // Lists and pools alike: 1 always means the app's next pod is refused.
         encode_gauges(
             &mut encoder,
             "app_utilization_ratio",
-            "Held / size of each app's list (1 = the next pod is refused)",
+            "Taken / usable IPs of each app's list or pool (1 = the next pod is refused)",
             a.iter()
-                .filter(|x| x.pool.is_none())
-                .filter_map(|x| Some((app(x), ratio(x.held, x.size)?)))
+                .filter_map(|x| Some((app(x), app_utilization(x)?)))
                 .collect(),
         )?;
         Ok(())
     }
+}
+
+/// Taken / usable IPs of what the app draws from: its own list (taken = held by the app), or
+/// its pool (taken = held by any app of the pool). `None` when the size is unknown or 0.
+pub fn app_utilization(app: &crate::status::AppStatus) -> Option<f64> {
+    let size = app.size.filter(|s| *s > 0)?;
+    let taken = size.saturating_sub(app.free?);
+    Some(taken as f64 / size as f64)
 }
 
 enum PoolOrApp {
@@ -279,7 +306,21 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Metrics {
-        let mut registry = Registry::with_prefix("ip_webhook");
+        let mut root = Registry::default();
+        root.register_collector(Box::new(ProcessCollector));
+        let registry = root.sub_registry_with_prefix("ip_webhook");
+        let build_info = Family::<BuildLabels, Gauge>::default();
+        build_info
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION"),
+                commit: COMMIT,
+            })
+            .set(1);
+        registry.register(
+            "build_info",
+            "Always 1; the version and git commit of the running binary",
+            build_info,
+        );
         let requests = Family::<RequestLabels, Counter>::default();
         registry.register(
             "requests",
@@ -384,7 +425,7 @@ impl Metrics {
             tls_reloads.clone(),
         );
         Metrics {
-            registry,
+            registry: root,
             requests,
             latency,
             in_flight,
@@ -413,7 +454,7 @@ impl Metrics {
     pub fn exhausted(&self, namespace: &str, app: &str, pool: Option<&str>) {
         self.exhausted_refusals
             .get_or_create(&ExhaustedLabels {
-                namespace: namespace.to_string(),
+                app_namespace: namespace.to_string(),
                 app: app.to_string(),
                 pool: pool.unwrap_or("").to_string(),
             })
@@ -441,5 +482,156 @@ impl Metrics {
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
             .expect("writing to a String");
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::status::AppStatus;
+
+    /// The value of the one sample of `name` whose labels contain `labels`.
+    fn sample(text: &str, name: &str, labels: &str) -> Option<f64> {
+        text.lines()
+            .filter(|l| !l.starts_with('#'))
+            .find(|l| {
+                l.strip_prefix(name)
+                    .is_some_and(|rest| rest.starts_with(['{', ' ']) && rest.contains(labels))
+            })
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+    }
+
+    #[test]
+    fn build_info_names_the_version_and_the_commit() {
+        let text = Metrics::new().encode();
+        let line = format!(
+            "ip_webhook_build_info{{version=\"{}\",commit=\"{COMMIT}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        );
+        assert!(text.contains(&line), "no {line:?} in\n{text}");
+        assert!(text.contains("# TYPE ip_webhook_build_info gauge"));
+        // From build.rs: a short hex commit, or "unknown" outside a git checkout.
+        assert!(
+            COMMIT == "unknown"
+                || (COMMIT.len() == 12 && COMMIT.bytes().all(|b| b.is_ascii_hexdigit())),
+            "{COMMIT:?}"
+        );
+        let head = std::process::Command::new("git")
+            .args(["rev-parse", "HEAD"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+        if let Some(head) = head
+            && std::env::var_os("IP_WEBHOOK_GIT_COMMIT").is_none()
+        {
+            assert!(
+                head.starts_with(COMMIT),
+                "built from {COMMIT}, HEAD is {head}"
+            );
+        }
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn process_metrics_report_this_process() {
+        // Burn a little CPU so the tick-granular counter has moved.
+        let started = std::time::Instant::now();
+        let mut x = 0u64;
+        while started.elapsed() < std::time::Duration::from_millis(60) {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+        }
+        let metrics = Metrics::new();
+        let before = metrics.encode();
+        let cpu = sample(&before, "process_cpu_seconds_total", "").expect("cpu counter");
+        assert!(cpu > 0.0, "{cpu}");
+        assert!(before.contains("# TYPE process_cpu_seconds counter"));
+        let rss = sample(&before, "process_resident_memory_bytes", "").unwrap();
+        let vsize = sample(&before, "process_virtual_memory_bytes", "").unwrap();
+        assert!(
+            rss > 1_000_000.0 && vsize >= rss,
+            "rss {rss}, vsize {vsize}"
+        );
+        let fds = sample(&before, "process_open_fds", "").unwrap();
+        let max = sample(&before, "process_max_fds", "").unwrap();
+        assert!(fds >= 3.0 && fds < max, "{fds} of {max}");
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+        let start = sample(&before, "process_start_time_seconds", "").unwrap();
+        assert!(
+            start <= now + 1.0 && start > now - 86_400.0,
+            "{start} vs {now}"
+        );
+        assert!(sample(&before, "process_threads", "").unwrap() >= 1.0);
+        // Not prefixed: the usual names, which dashboards and alerts expect.
+        assert!(!before.contains("ip_webhook_process_"));
+
+        // Open files are counted (other tests of this process may close some meanwhile).
+        let files: Vec<std::fs::File> = (0..200)
+            .map(|_| std::fs::File::open(env!("CARGO_MANIFEST_DIR")).unwrap())
+            .collect();
+        let more = sample(&metrics.encode(), "process_open_fds", "").unwrap();
+        assert!(more >= fds + 100.0, "{fds} then {more} with 200 more files");
+        drop(files);
+    }
+
+    #[test]
+    fn app_metrics_label_the_apps_namespace_app_namespace() {
+        let metrics = Metrics::new();
+        metrics.exhausted("prod", "web", Some("blue"));
+        metrics.exhausted("default", "web", None);
+        let text = metrics.encode();
+        assert!(
+            text.contains(
+                "ip_webhook_exhausted_refusals_total{app_namespace=\"prod\",app=\"web\",pool=\"blue\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(text.contains(
+            "ip_webhook_exhausted_refusals_total{app_namespace=\"default\",app=\"web\",pool=\"\"} 1"
+        ));
+        // No label of ours is called namespace: Prometheus would rename it.
+        assert!(
+            !text.contains("{namespace=") && !text.contains(",namespace="),
+            "{text}"
+        );
+    }
+
+    fn app(pool: Option<&str>, size: Option<u64>, held: u64, free: Option<u64>) -> AppStatus {
+        AppStatus {
+            namespace: "prod".into(),
+            app: "web".into(),
+            pool: pool.map(str::to_string),
+            size,
+            held,
+            reserved: 0,
+            free,
+            holders: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn app_utilization_covers_lists_and_pools() {
+        // A list of 4 with 1 held.
+        assert_eq!(app_utilization(&app(None, Some(4), 1, Some(3))), Some(0.25));
+        // A pool of 10 IPs: this app holds 2, other apps 6 more; 2 are free.
+        assert_eq!(
+            app_utilization(&app(Some("blue"), Some(10), 2, Some(2))),
+            Some(0.8)
+        );
+        // A full pool refuses this app's next pod, whoever holds the IPs.
+        assert_eq!(
+            app_utilization(&app(Some("blue"), Some(10), 1, Some(0))),
+            Some(1.0)
+        );
+        // Unknown or empty sizes give no sample.
+        assert_eq!(app_utilization(&app(None, None, 1, None)), None);
+        assert_eq!(
+            app_utilization(&app(Some("blue"), Some(0), 0, Some(0))),
+            None
+        );
     }
 }

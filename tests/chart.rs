@@ -106,7 +106,46 @@ const CASES: &[Case] = &[
             "server.extraArgs={--tls-reload-interval=5s}",
         ],
     },
+    Case {
+        name: "monitoring",
+        set: &[
+            "metrics.serviceMonitor.enabled=true",
+            "metrics.prometheusRule.enabled=true",
+            "metrics.prometheusRule.labels.release=prometheus",
+            "metrics.dashboards.enabled=true",
+        ],
+    },
+    Case {
+        name: "embedded-ledger",
+        set: &[
+            "server.ledger=embedded",
+            "replicaCount=1",
+            "persistence.enabled=true",
+            "persistence.storageClass=fast",
+            "persistence.size=2Gi",
+        ],
+    },
+    Case {
+        name: "host-network-and-extra-volumes",
+        set: &[
+            "hostNetwork=true",
+            "server.port=10260",
+            "server.adminPort=10261",
+            "extraVolumes[0].name=etcd-client",
+            "extraVolumes[0].secret.secretName=etcd-client-tls",
+            "extraVolumeMounts[0].name=etcd-client",
+            "extraVolumeMounts[0].mountPath=/etc/etcd",
+            "extraVolumeMounts[0].readOnly=true",
+        ],
+    },
 ];
+
+fn case(name: &str) -> &'static Case {
+    CASES
+        .iter()
+        .find(|c| c.name == name)
+        .unwrap_or_else(|| panic!("no case {name}"))
+}
 
 const KUBE_VERSIONS: &[&str] = &["1.29.0", "1.31.0"];
 
@@ -227,7 +266,7 @@ fn helm_lint_strict_passes_for_every_case_and_kubernetes_version() {
 }
 
 /// Kinds kubernetes-validate has no schema for, and that validate_crs.py checks instead.
-const CUSTOM_KINDS: &[&str] = &["Certificate", "Issuer", "ServiceMonitor"];
+const CUSTOM_KINDS: &[&str] = &["Certificate", "Issuer", "ServiceMonitor", "PrometheusRule"];
 
 #[test]
 fn every_rendered_document_passes_strict_schema_validation() {
@@ -321,8 +360,8 @@ fn every_rendered_document_passes_strict_schema_validation() {
         }
     }
     assert!(
-        custom_checked >= 3,
-        "Certificate, Issuer and ServiceMonitor were checked"
+        custom_checked >= 4,
+        "Certificate, Issuer, ServiceMonitor and PrometheusRule were checked"
     );
 }
 
@@ -481,9 +520,18 @@ fn defaults_render_the_documented_webhooks() {
             ("batch", "cronjobs", "CREATE,UPDATE"),
         ])
     );
-    // Deleting a workload only makes the server forget its list: never blocked.
+    // Deleting a workload only makes the server forget its list: never blocked, and only
+    // sent for workloads whose template asked for fixed IPs.
     let deletes = webhook(validating, "deletes.validate.ip-webhook.io");
     assert_eq!(deletes["failurePolicy"], "Ignore");
+    assert_eq!(
+        deletes["matchConditions"][0]["name"],
+        "template-asked-fixed-ips"
+    );
+    assert_eq!(
+        namespace_selector_values(deletes),
+        [NAMESPACE, "kube-system"]
+    );
     assert_eq!(
         rule_summary(deletes),
         summary(&[
@@ -567,6 +615,17 @@ fn defaults_render_the_cert_manager_certificate_and_a_hardened_deployment() {
     assert_eq!(pod["terminationGracePeriodSeconds"], 25 + 5 + 5);
     assert!(args(&docs).contains(&"--ledger=kubernetes".to_string()));
 
+    assert!(pod.get("hostNetwork").is_none() && pod.get("dnsPolicy").is_none());
+    assert_eq!(deployment["spec"]["strategy"]["type"], "RollingUpdate");
+    let state = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "state")
+        .expect("a state volume");
+    assert!(state["emptyDir"].is_object(), "{state}");
+    assert!(of_kind(&docs, "PersistentVolumeClaim").is_empty());
+
     let pdb = one(&docs, "PodDisruptionBudget");
     assert_eq!(pdb["spec"]["minAvailable"], 1);
     assert_eq!(
@@ -637,10 +696,30 @@ fn rbac_grants_what_the_server_needs_and_the_cni_extras_only_when_switched_on() 
         grant("ip-webhook.io", "ippools", "get,list,watch"),
         grant("ip-webhook.io", "ippools/status", "update,patch"),
     ];
+    let calico = [
+        grant("crd.projectcalico.org", "ippools", "list,watch"),
+        grant(
+            "crd.projectcalico.org",
+            "ipreservations",
+            "list,watch,create,patch",
+        ),
+    ];
+    let kube_ovn = grant("kubeovn.io", "subnets", "list,watch");
+    // server.cni=calico is the default, and rbac.calico follows it unless set.
     let docs = render(&helm, &[], "1.31.0");
     let mut expected = base.clone();
+    expected.extend(calico.clone());
     expected.sort();
     assert_eq!(rules_of(one(&docs, "ClusterRole")), expected);
+    let mut plain = base.clone();
+    plain.sort();
+    let off = render(&helm, &["rbac.calico=false"], "1.31.0");
+    assert_eq!(rules_of(one(&off, "ClusterRole")), plain);
+    let ovn = render(&helm, &["server.cni=kube-ovn"], "1.31.0");
+    let mut expected_ovn = base.clone();
+    expected_ovn.push(kube_ovn.clone());
+    expected_ovn.sort();
+    assert_eq!(rules_of(one(&ovn, "ClusterRole")), expected_ovn);
     let role = one(&docs, "Role");
     assert_eq!(role["metadata"]["namespace"], NAMESPACE);
     assert_eq!(
@@ -659,17 +738,18 @@ fn rbac_grants_what_the_server_needs_and_the_cni_extras_only_when_switched_on() 
         "ip-webhook"
     );
 
-    let docs = render(&helm, &["rbac.calico=true", "rbac.kubeOvn=true"], "1.31.0");
+    let docs = render(
+        &helm,
+        &[
+            "server.cni=kube-ovn",
+            "rbac.calico=true",
+            "rbac.kubeOvn=true",
+        ],
+        "1.31.0",
+    );
     let mut expected = base.clone();
-    expected.extend([
-        grant("crd.projectcalico.org", "ippools", "list,watch"),
-        grant(
-            "crd.projectcalico.org",
-            "ipreservations",
-            "list,watch,create,patch",
-        ),
-        grant("kubeovn.io", "subnets", "list,watch"),
-    ]);
+    expected.extend(calico);
+    expected.push(kube_ovn);
     expected.sort();
     assert_eq!(rules_of(one(&docs, "ClusterRole")), expected);
 }
@@ -695,18 +775,27 @@ fn cni_pool_kinds_are_validated_when_switched_on() {
             ("projectcalico.org", "ippools", "CREATE,UPDATE"),
         ])
     );
+    // Deleting a CNI pool is sent whatever its labels; deleting a workload only when its
+    // template asked for fixed IPs: two entries.
+    let pool_deletes = webhook(validating, "cni-pool-deletes.validate.ip-webhook.io");
+    assert_common_entry(pool_deletes, "/validate");
+    assert_eq!(pool_deletes["failurePolicy"], "Ignore");
+    assert!(pool_deletes.get("matchConditions").is_none());
+    assert!(pool_deletes.get("objectSelector").is_none());
+    assert_eq!(
+        rule_summary(pool_deletes),
+        summary(&[
+            ("kubeovn.io", "subnets", "DELETE"),
+            ("crd.projectcalico.org", "ippools", "DELETE"),
+            ("projectcalico.org", "ippools", "DELETE"),
+        ])
+    );
     let deletes = rule_summary(webhook(validating, "deletes.validate.ip-webhook.io"));
-    for (group, resource) in [
-        ("kubeovn.io", "subnets"),
-        ("crd.projectcalico.org", "ippools"),
-        ("projectcalico.org", "ippools"),
-        ("apps", "deployments"),
-    ] {
-        assert!(
-            deletes.contains(&(group.into(), resource.into(), "DELETE".into())),
-            "{group}/{resource} DELETE missing from {deletes:?}"
-        );
-    }
+    assert!(
+        deletes
+            .iter()
+            .all(|(group, _, _)| group == "apps" || group == "batch")
+    );
     // The server checks them only when told to.
     let flags = args(&docs);
     assert!(flags.contains(&"--check-kube-ovn-subnets".to_string()));
@@ -714,6 +803,23 @@ fn cni_pool_kinds_are_validated_when_switched_on() {
     let plain = render(&helm, &[], "1.31.0");
     assert!(!args(&plain).iter().any(|a| a.starts_with("--check-")));
     // Without workload checks or CNI pools there is nothing to forget.
+    let only_pools = render(
+        &helm,
+        &[
+            "validatingWebhook.workloads.enabled=false",
+            "validatingWebhook.calicoIPPools.enabled=true",
+        ],
+        "1.31.0",
+    );
+    assert_eq!(
+        webhook_names(one(&only_pools, "ValidatingWebhookConfiguration")),
+        [
+            "pods.validate.ip-webhook.io",
+            "ippools.validate.ip-webhook.io",
+            "calico-ippools.validate.ip-webhook.io",
+            "cni-pool-deletes.validate.ip-webhook.io"
+        ]
+    );
     let bare = render(
         &helm,
         &["validatingWebhook.workloads.enabled=false"],
@@ -765,6 +871,51 @@ fn kubernetes_before_1_30_selects_pods_by_label_instead_of_cel() {
     }
     let validating = one(&docs, "ValidatingWebhookConfiguration");
     assert!(validating.to_string().find("matchConditions").is_none());
+    // Every pod and workload entry selects by the label too: without it every pod and
+    // workload CREATE/UPDATE/DELETE of the cluster would be sent to the webhook.
+    let label_selector =
+        json!({"matchExpressions": [{"key": "ip-webhook.io/fixed-ip", "operator": "Exists"}]});
+    for name in [
+        "pods.validate.ip-webhook.io",
+        "workloads.validate.ip-webhook.io",
+        "deletes.validate.ip-webhook.io",
+    ] {
+        assert_eq!(
+            webhook(validating, name)["objectSelector"],
+            label_selector,
+            "{name} on 1.29"
+        );
+    }
+    // Pools are cluster-scoped objects of ours: every one matters.
+    assert!(
+        webhook(validating, "ippools.validate.ip-webhook.io")
+            .get("objectSelector")
+            .is_none()
+    );
+    for entry in validating["webhooks"].as_array().unwrap() {
+        let sends_pods_or_workloads = rule_summary(entry)
+            .iter()
+            .any(|(group, _, _)| group.is_empty() || group == "apps" || group == "batch");
+        assert_eq!(
+            entry["objectSelector"].is_object(),
+            sends_pods_or_workloads,
+            "{}",
+            entry["name"]
+        );
+    }
+    // And CNI pool deletes keep coming, whatever labels the CNI's objects carry.
+    let everything = render(&helm, case("everything-on").set, "1.29.0");
+    let validating = one(&everything, "ValidatingWebhookConfiguration");
+    for name in [
+        "kubeovn-subnets.validate.ip-webhook.io",
+        "calico-ippools.validate.ip-webhook.io",
+        "cni-pool-deletes.validate.ip-webhook.io",
+    ] {
+        assert!(
+            webhook(validating, name).get("objectSelector").is_none(),
+            "{name}"
+        );
+    }
     // The preStop sleep action is beta (on by default) from 1.30.
     let pod = &one(&docs, "Deployment")["spec"]["template"]["spec"];
     assert!(pod["containers"][0].get("lifecycle").is_none());
@@ -778,6 +929,18 @@ fn kubernetes_before_1_30_selects_pods_by_label_instead_of_cel() {
     );
     let entry = &one(&forced, "MutatingWebhookConfiguration")["webhooks"][0];
     assert!(entry.get("matchConditions").is_none() && entry["objectSelector"].is_object());
+    let validating = one(&forced, "ValidatingWebhookConfiguration");
+    for name in [
+        "pods.validate.ip-webhook.io",
+        "workloads.validate.ip-webhook.io",
+        "deletes.validate.ip-webhook.io",
+    ] {
+        let entry = webhook(validating, name);
+        assert!(
+            entry.get("matchConditions").is_none() && entry["objectSelector"].is_object(),
+            "{name}"
+        );
+    }
     let forced = render(
         &helm,
         &["mutatingWebhook.podSelection=matchConditions"],
@@ -805,6 +968,10 @@ fn validating_webhook_disabled_means_no_validating_resources() {
             &[
                 "validatingWebhook.enabled=false",
                 "mutatingWebhook.enabled=false",
+                "metrics.serviceMonitor.enabled=true",
+                "metrics.prometheusRule.enabled=true",
+                "metrics.dashboards.enabled=true",
+                "persistence.enabled=true",
                 &create,
             ],
             "1.31.0",
@@ -820,6 +987,9 @@ fn validating_webhook_disabled_means_no_validating_resources() {
             "Service",
             "PodDisruptionBudget",
             "ServiceMonitor",
+            "PrometheusRule",
+            "ConfigMap",
+            "PersistentVolumeClaim",
         ] {
             assert!(!present.contains(absent), "{absent} rendered with {create}");
         }
@@ -1020,10 +1190,12 @@ fn deployment_flags_ports_and_paths_match_what_serve_accepts() {
         };
         assert_eq!(serve.listen.port(), container_port(&docs, "https"));
         assert_eq!(serve.admin_listen.port(), container_port(&docs, "admin"));
-        assert_eq!(
-            serve.webhook.ledger,
-            Some(ip_webhook::cli::LedgerKind::Kubernetes)
-        );
+        let ledger = if case.name == "embedded-ledger" {
+            ip_webhook::cli::LedgerKind::Embedded
+        } else {
+            ip_webhook::cli::LedgerKind::Kubernetes
+        };
+        assert_eq!(serve.webhook.ledger, Some(ledger), "case {}", case.name);
         if case.name == "everything-on" {
             assert_eq!(serve.tls_reload_interval, std::time::Duration::from_secs(5));
             assert!(serve.webhook.check_kube_ovn_subnets && serve.webhook.check_calico_ippools);
@@ -1084,20 +1256,207 @@ fn values_schema_refuses_typos_and_out_of_range_settings() {
             "--set {set}: the error should name {names}: {error}"
         );
     }
-    // Replicas with per-pod books would hand out the same IP twice.
-    let error = template_text(&helm, &["server.ledger=embedded"], "1.31.0")
-        .expect_err("embedded ledger with 2 replicas must be refused");
-    assert!(error.contains("server.ledger=embedded"), "{error}");
-    assert!(
-        template_text(
-            &helm,
-            &["server.ledger=embedded", "replicaCount=1"],
-            "1.31.0"
-        )
-        .is_ok()
-    );
+    // Go-style durations, as `serve` takes them.
+    for set in [
+        "server.reservationTTL=1m30s",
+        "server.stickyGrace=1.5s",
+        "server.resyncPeriod=2h45m",
+        "metrics.serviceMonitor.scrapeTimeout=2.5s",
+    ] {
+        let rendered = template_text(&helm, &[set], "1.31.0");
+        assert!(rendered.is_ok(), "--set {set}: {rendered:?}");
+    }
+    for (set, name) in [
+        ("server.reservationTTL=2 minutes", "reservationTTL"),
+        ("server.stickyGrace=5", "stickyGrace"),
+        ("server.resyncPeriod=1d", "resyncPeriod"),
+        ("persistence.size=lots", "size"),
+        ("dnsPolicy=ClusterLast", "dnsPolicy"),
+        ("rbac.calico=maybe", "calico"),
+    ] {
+        let error = template_text(&helm, &[set], "1.31.0")
+            .expect_err(&format!("--set {set} must be refused"));
+        assert!(
+            error.contains(name) && error.contains("schema"),
+            "--set {set}: {error}"
+        );
+    }
     let within = template_text(&helm, &["validatingWebhook.timeoutSeconds=30"], "1.31.0");
     assert!(within.is_ok(), "{within:?}");
+}
+
+#[test]
+fn embedded_ledger_needs_one_replica_and_a_persistent_volume() {
+    let Some(helm) = helm() else { return };
+    // Replicas with per-pod books would hand out the same IP twice; books on an emptyDir
+    // vanish with the pod. Each refusal says why and what to set.
+    for (set, reason) in [
+        (
+            &["server.ledger=embedded", "persistence.enabled=true"][..],
+            "server.ledger=embedded needs replicaCount=1 (got 2)",
+        ),
+        (
+            &[
+                "server.ledger=embedded",
+                "persistence.enabled=true",
+                "replicaCount=3",
+            ][..],
+            "server.ledger=embedded needs replicaCount=1 (got 3)",
+        ),
+        (
+            &["server.ledger=embedded", "replicaCount=1"][..],
+            "server.ledger=embedded needs persistence.enabled=true",
+        ),
+        (
+            &[
+                "server.ledger=embedded",
+                "replicaCount=0",
+                "persistence.enabled=true",
+            ][..],
+            "server.ledger=embedded needs replicaCount=1 (got 0)",
+        ),
+    ] {
+        let error =
+            template_text(&helm, set, "1.31.0").expect_err(&format!("{set:?} must be refused"));
+        assert!(error.contains(reason), "{set:?}: {error}");
+        assert!(
+            error.contains("same IPs") || error.contains("vanish"),
+            "{error}"
+        );
+    }
+
+    // One replica on a claim: the chart makes it, mounts it, and never runs two pods on it.
+    let docs = render(&helm, case("embedded-ledger").set, "1.31.0");
+    let claim = one(&docs, "PersistentVolumeClaim");
+    assert_eq!(claim["metadata"]["name"], "ip-webhook-state");
+    assert_eq!(claim["metadata"]["namespace"], NAMESPACE);
+    assert_eq!(
+        claim["metadata"]["annotations"]["helm.sh/resource-policy"],
+        "keep"
+    );
+    assert_eq!(claim["spec"]["accessModes"], json!(["ReadWriteOnce"]));
+    assert_eq!(claim["spec"]["storageClassName"], "fast");
+    assert_eq!(claim["spec"]["resources"]["requests"]["storage"], "2Gi");
+    let deployment = one(&docs, "Deployment");
+    assert_eq!(deployment["spec"]["replicas"], 1);
+    assert_eq!(deployment["spec"]["strategy"], json!({"type": "Recreate"}));
+    let pod = &deployment["spec"]["template"]["spec"];
+    let state = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "state")
+        .unwrap();
+    assert_eq!(
+        state,
+        &json!({"name": "state", "persistentVolumeClaim": {"claimName": "ip-webhook-state"}})
+    );
+    let mount = pod["containers"][0]["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "state")
+        .unwrap();
+    assert!(args(&docs).contains(&format!(
+        "--state-dir={}",
+        mount["mountPath"].as_str().unwrap()
+    )));
+    assert!(args(&docs).contains(&"--ledger=embedded".to_string()));
+    // One replica: a PDB with minAvailable 1 would block every drain.
+    assert!(of_kind(&docs, "PodDisruptionBudget").is_empty());
+
+    // Any ledger: a claim that mounts on one node cannot serve several replicas.
+    let error = template_text(&helm, &["persistence.enabled=true"], "1.31.0")
+        .expect_err("2 replicas on a ReadWriteOnce claim must be refused");
+    assert!(
+        error.contains("persistence.enabled with replicaCount=2 needs persistence.accessModes with ReadWriteMany"),
+        "{error}"
+    );
+    let shared = render(
+        &helm,
+        &[
+            "persistence.enabled=true",
+            "persistence.accessModes={ReadWriteMany}",
+        ],
+        "1.31.0",
+    );
+    assert_eq!(
+        one(&shared, "Deployment")["spec"]["strategy"]["type"],
+        "RollingUpdate"
+    );
+    assert_eq!(
+        one(&shared, "PersistentVolumeClaim")["spec"]["accessModes"],
+        json!(["ReadWriteMany"])
+    );
+
+    // An existing claim is used, not made.
+    let mut set = case("embedded-ledger").set.to_vec();
+    set.push("persistence.existingClaim=books");
+    let docs = render(&helm, &set, "1.31.0");
+    assert!(of_kind(&docs, "PersistentVolumeClaim").is_empty());
+    let volumes = one(&docs, "Deployment")["spec"]["template"]["spec"]["volumes"].to_string();
+    assert!(volumes.contains(r#"{"claimName":"books"}"#), "{volumes}");
+}
+
+#[test]
+fn pdb_only_with_more_than_one_replica() {
+    let Some(helm) = helm() else { return };
+    for (replicas, pdb) in [("0", false), ("1", false), ("2", true), ("3", true)] {
+        let set = format!("replicaCount={replicas}");
+        let docs = render(&helm, &[&set], "1.31.0");
+        assert_eq!(
+            of_kind(&docs, "PodDisruptionBudget").len(),
+            usize::from(pdb),
+            "{set}"
+        );
+    }
+    let docs = render(&helm, &["podDisruptionBudget.enabled=false"], "1.31.0");
+    assert!(of_kind(&docs, "PodDisruptionBudget").is_empty());
+}
+
+#[test]
+fn host_network_and_extra_volumes_reach_the_pod() {
+    let Some(helm) = helm() else { return };
+    let docs = render(&helm, case("host-network-and-extra-volumes").set, "1.31.0");
+    let pod = &one(&docs, "Deployment")["spec"]["template"]["spec"];
+    assert_eq!(pod["hostNetwork"], true);
+    assert_eq!(pod["dnsPolicy"], "ClusterFirstWithHostNet");
+    // On the node's network the port must be free there: the flag, the port and the Service
+    // follow server.port.
+    assert_eq!(container_port(&docs, "https"), 10260);
+    assert_eq!(container_port(&docs, "admin"), 10261);
+    assert!(args(&docs).contains(&"--listen=0.0.0.0:10260".to_string()));
+    let volume = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "etcd-client")
+        .expect("the extra volume");
+    assert_eq!(volume["secret"]["secretName"], "etcd-client-tls");
+    let mount = pod["containers"][0]["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "etcd-client")
+        .expect("the extra mount");
+    assert_eq!(mount["mountPath"], "/etc/etcd");
+    assert_eq!(mount["readOnly"], true);
+    // The chart's own volumes stay.
+    for name in ["tls", "state"] {
+        assert!(pod["volumes"].to_string().contains(&format!("\"{name}\"")));
+    }
+    // An explicit dnsPolicy wins; without hostNetwork none is set.
+    let mut set = case("host-network-and-extra-volumes").set.to_vec();
+    set.push("dnsPolicy=Default");
+    let docs = render(&helm, &set, "1.31.0");
+    assert_eq!(
+        one(&docs, "Deployment")["spec"]["template"]["spec"]["dnsPolicy"],
+        "Default"
+    );
+    let docs = render(&helm, &["dnsPolicy=ClusterFirst"], "1.31.0");
+    let pod = &one(&docs, "Deployment")["spec"]["template"]["spec"];
+    assert!(pod.get("hostNetwork").is_none());
+    assert_eq!(pod["dnsPolicy"], "ClusterFirst");
 }
 
 #[test]
@@ -1265,7 +1624,8 @@ fn cel_match_conditions_select_the_right_pods_and_never_error() {
         BTreeSet::from([
             "pod-wants-fixed-ip",
             "pod-holds-ip",
-            "template-asks-fixed-ips"
+            "template-asks-fixed-ips",
+            "template-asked-fixed-ips"
         ])
     );
     let conditions: Vec<_> = all
@@ -1440,4 +1800,344 @@ fn cel_workload_condition_sees_template_annotations_before_and_after_and_never_e
             "{name}, DELETE shape"
         );
     }
+
+    // The deletes entry: on DELETE only oldObject is set; a workload whose template asked for
+    // fixed IPs is sent, others are not.
+    let deletes: Vec<_> = rendered_conditions(&helm)
+        .into_iter()
+        .filter(|(_, name, _)| name == "template-asked-fixed-ips")
+        .collect();
+    assert_eq!(deletes.len(), 1);
+    let (entry, _, expression) = &deletes[0];
+    assert_eq!(entry, "deletes.validate.ip-webhook.io");
+    let mut sent = 0;
+    for (name, workload, asks) in workload_cases() {
+        assert_eq!(
+            evaluate(expression, &null, &workload),
+            Ok(asks),
+            "{name}, DELETE"
+        );
+        sent += usize::from(asks);
+    }
+    assert!(sent >= 2, "both outcomes are exercised");
+}
+
+// ---- Monitoring -----------------------------------------------------------------------
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(repo().join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+#[test]
+fn chart_copies_of_the_monitoring_files_are_identical() {
+    // Helm packages no symlink target outside the chart, so the chart has copies.
+    for file in ["prometheusrule.yaml", "grafana-dashboard.json"] {
+        assert!(
+            read(&format!("deploy/monitoring/{file}"))
+                == read(&format!("deploy/helm/ip-webhook/files/{file}")),
+            "deploy/helm/ip-webhook/files/{file} differs from deploy/monitoring/{file}: copy it"
+        );
+    }
+}
+
+/// `text` with the substitutions the chart makes for a release.
+fn rules_for_release(text: &str, job: &str, namespace: &str, timeout: u32) -> Value {
+    // Helm's divf prints 4 and 2.5, as Rust's f64 Display does.
+    let half = (f64::from(timeout) / 2.0).to_string();
+    let text = text
+        .replace(
+            "job=\"ip-webhook\"",
+            &format!("job=\"{job}\",namespace=\"{namespace}\""),
+        )
+        .replace(
+            "timeoutSeconds (5 s)",
+            &format!("timeoutSeconds ({timeout} s)"),
+        )
+        .replace(
+            "rate(ip_webhook_webhook_latency_seconds_bucket[5m]))) > 2.5",
+            &format!("rate(ip_webhook_webhook_latency_seconds_bucket[5m]))) > {half}"),
+        );
+    serde_yaml::from_str(&text).unwrap()
+}
+
+fn alert<'a>(rule: &'a Value, name: &str) -> &'a Value {
+    rule["spec"]["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_array().unwrap())
+        .find(|r| r["alert"] == name)
+        .unwrap_or_else(|| panic!("no alert {name}"))
+}
+
+#[test]
+fn prometheus_rule_and_dashboard_render_from_the_shipped_files() {
+    let Some(helm) = helm() else { return };
+    let defaults = render(&helm, &[], "1.31.0");
+    assert!(of_kind(&defaults, "PrometheusRule").is_empty());
+    assert!(of_kind(&defaults, "ConfigMap").is_empty());
+
+    let docs = render(&helm, case("monitoring").set, "1.31.0");
+    let rule = one(&docs, "PrometheusRule");
+    assert_eq!(rule["metadata"]["name"], RELEASE);
+    assert_eq!(rule["metadata"]["namespace"], NAMESPACE);
+    assert_eq!(rule["metadata"]["labels"]["release"], "prometheus");
+    // The job Prometheus gives the targets: the ServiceMonitor sets no jobLabel, so it is
+    // the Service's name.
+    let service = one(&docs, "Service")["metadata"]["name"].as_str().unwrap();
+    assert!(
+        one(&docs, "ServiceMonitor")["spec"]
+            .get("jobLabel")
+            .is_none()
+    );
+    let file = read("deploy/monitoring/prometheusrule.yaml");
+    let expected = rules_for_release(&file, service, NAMESPACE, 5);
+    assert_eq!(rule["spec"], expected["spec"]);
+    // The file is a PrometheusRule of its own, applied as is outside the chart.
+    let standalone: Value = serde_yaml::from_str(&file).unwrap();
+    assert_eq!(standalone["kind"], "PrometheusRule");
+    assert!(file.contains("metrics.prometheusRule.enabled"));
+
+    // The alert that matters most with failurePolicy: Fail.
+    let down = alert(rule, "IPWebhookDown");
+    assert_eq!(
+        down["expr"],
+        format!("absent(up{{job=\"{service}\",namespace=\"{NAMESPACE}\"}} == 1)")
+    );
+    assert_eq!(down["labels"]["severity"], "critical");
+    // Timeouts in the texts are the chart's: every webhook entry has 5 s.
+    for kind in [
+        "MutatingWebhookConfiguration",
+        "ValidatingWebhookConfiguration",
+    ] {
+        for entry in one(&docs, kind)["webhooks"].as_array().unwrap() {
+            assert_eq!(entry["timeoutSeconds"], 5);
+        }
+    }
+    let texts = rule["spec"].to_string();
+    assert!(texts.contains("timeoutSeconds (5 s)"), "{texts}");
+    assert!(!texts.contains("10 s"), "{texts}");
+    // ...and follow them when they change.
+    let mut set = case("monitoring").set.to_vec();
+    set.extend([
+        "mutatingWebhook.timeoutSeconds=8",
+        "validatingWebhook.timeoutSeconds=9",
+    ]);
+    let slower = render(&helm, &set, "1.31.0");
+    let rule = one(&slower, "PrometheusRule");
+    assert_eq!(
+        rule["spec"],
+        rules_for_release(&file, service, NAMESPACE, 8)["spec"]
+    );
+    assert_eq!(
+        alert(rule, "IPWebhookAdmissionSlow")["expr"]
+            .as_str()
+            .unwrap()
+            .rsplit(' ')
+            .next(),
+        Some("4")
+    );
+    assert!(
+        alert(rule, "IPWebhookLedgerSlow")["annotations"]["description"]
+            .as_str()
+            .unwrap()
+            .contains("timeoutSeconds (8 s)")
+    );
+
+    // The dashboard, for Grafana's sidecar.
+    let dashboard = one(&docs, "ConfigMap");
+    assert_eq!(dashboard["metadata"]["name"], "ip-webhook-dashboard");
+    assert_eq!(dashboard["metadata"]["namespace"], NAMESPACE);
+    assert_eq!(dashboard["metadata"]["labels"]["grafana_dashboard"], "1");
+    let json_text = dashboard["data"]["ip-webhook.json"].as_str().unwrap();
+    assert_eq!(json_text, read("deploy/monitoring/grafana-dashboard.json"));
+    let parsed: Value = serde_json::from_str(json_text).unwrap();
+    assert_eq!(parsed["uid"], "ip-webhook");
+    let elsewhere = render(
+        &helm,
+        &[
+            "metrics.dashboards.enabled=true",
+            "metrics.dashboards.namespace=monitoring",
+            "metrics.dashboards.annotations.grafana_folder=Network",
+        ],
+        "1.31.0",
+    );
+    let dashboard = one(&elsewhere, "ConfigMap");
+    assert_eq!(dashboard["metadata"]["namespace"], "monitoring");
+    assert_eq!(
+        dashboard["metadata"]["annotations"]["grafana_folder"],
+        "Network"
+    );
+}
+
+/// Every PromQL expression of the alerts and the dashboard, with its legend or texts.
+fn monitoring_queries() -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let rule: Value = serde_yaml::from_str(&read("deploy/monitoring/prometheusrule.yaml")).unwrap();
+    for group in rule["spec"]["groups"].as_array().unwrap() {
+        for r in group["rules"].as_array().unwrap() {
+            out.push((
+                r["expr"].as_str().unwrap().to_string(),
+                r["annotations"].to_string(),
+            ));
+        }
+    }
+    let dashboard: Value =
+        serde_json::from_str(&read("deploy/monitoring/grafana-dashboard.json")).unwrap();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            out.push((
+                target["expr"].as_str().unwrap().to_string(),
+                target["legendFormat"].as_str().unwrap_or("").to_string(),
+            ));
+        }
+    }
+    out
+}
+
+/// Label names inside `by (...)`, `on (...)` and `group_left (...)` clauses.
+fn grouping_labels(expr: &str) -> Vec<String> {
+    let mut labels = Vec::new();
+    for keyword in ["by (", "on (", "group_left ("] {
+        for (at, _) in expr.match_indices(keyword) {
+            let rest = &expr[at + keyword.len()..];
+            let inner = &rest[..rest.find(')').unwrap()];
+            labels.extend(inner.split(',').map(|l| l.trim().to_string()));
+        }
+    }
+    labels
+}
+
+/// Names in `{{ $labels.x }}` and legend `{{x}}` templates.
+fn template_labels(text: &str) -> Vec<String> {
+    let mut labels = Vec::new();
+    for (at, _) in text.match_indices("{{") {
+        let inner = &text[at + 2..];
+        let inner = inner[..inner.find("}}").unwrap()].trim();
+        if let Some(name) = inner.strip_prefix("$labels.") {
+            labels.push(name.to_string());
+        } else if !inner.starts_with('$') {
+            labels.push(inner.to_string());
+        }
+    }
+    labels
+}
+
+/// The metric names (families and samples) and the label names of a /metrics text.
+fn exported(text: &str) -> (BTreeSet<String>, BTreeSet<String>) {
+    let mut names = BTreeSet::new();
+    let mut labels = BTreeSet::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            names.insert(rest.split(' ').next().unwrap().to_string());
+            continue;
+        }
+        if line.starts_with('#') || line.is_empty() {
+            continue;
+        }
+        let name_end = line.find(['{', ' ']).unwrap();
+        names.insert(line[..name_end].to_string());
+        if line[name_end..].starts_with('{') {
+            let mut rest = &line[name_end + 1..];
+            while let Some(eq) = rest.find("=\"") {
+                labels.insert(rest[..eq].trim_start_matches(',').to_string());
+                // skip the quoted value (values here hold no escaped quotes)
+                let after = &rest[eq + 2..];
+                rest = &after[after.find('"').unwrap() + 1..];
+                if rest.starts_with('}') {
+                    break;
+                }
+            }
+        }
+    }
+    (names, labels)
+}
+
+#[tokio::test]
+async fn alerts_and_dashboard_query_the_metrics_and_labels_the_server_exports() {
+    use ip_webhook::metrics::{Endpoint, Metrics};
+    // A webhook with a pool app, a list app and a refusal, so every family has samples.
+    let dir = tempfile::tempdir().unwrap();
+    let pools = repo().join("tests/fixtures/status-pools.yaml");
+    let args = common::serve_args(dir.path(), &["--pools-file", pools.to_str().unwrap()]);
+    let metrics = std::sync::Arc::new(Metrics::new());
+    let (webhook, ledger) = ip_webhook::app::build_webhook(&args.webhook, metrics.clone())
+        .await
+        .expect("webhook builds");
+    let mut pooled = common::pod("prod", "api", "api-", None);
+    pooled["metadata"]["annotations"]["ip-webhook.io/ip-pool"] = json!("blue");
+    let listed = common::pod("default", "web", "web-", Some("10.0.0.10"));
+    for (uid, pod) in [("u-1", pooled), ("u-2", listed.clone()), ("u-3", listed)] {
+        let body = common::create(uid, pod).to_string();
+        webhook
+            .review(Endpoint::mutate, body.as_bytes())
+            .await
+            .expect("a review");
+    }
+    ledger.close().await;
+    // In a cluster the Lease code sets it; off-cluster there is no Lease.
+    metrics
+        .leader
+        .get_or_create(&ip_webhook::metrics::LeaseLabels {
+            lease: "ip-webhook".into(),
+        })
+        .set(1);
+    let text = metrics.encode();
+    let (names, labels) = exported(&text);
+    assert!(
+        labels.contains("app_namespace") && !labels.contains("namespace"),
+        "{labels:?}"
+    );
+
+    // What Prometheus adds to every target (prometheus-operator's ServiceMonitor), and
+    // histogram buckets' le.
+    let target_labels = [
+        "job",
+        "instance",
+        "pod",
+        "namespace",
+        "service",
+        "container",
+        "le",
+    ];
+    let queries = monitoring_queries();
+    assert!(queries.len() > 15);
+    let mut families = 0;
+    for (expr, texts) in &queries {
+        for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+            if !(word.starts_with("ip_webhook_") || word.starts_with("process_")) {
+                continue;
+            }
+            families += 1;
+            let base = ["_bucket", "_total", "_sum", "_count"]
+                .iter()
+                .find_map(|suffix| word.strip_suffix(suffix))
+                .unwrap_or(word);
+            assert!(
+                names.contains(word) || names.contains(base),
+                "{expr}: the server exports no {word}:\n{text}"
+            );
+        }
+        for label in grouping_labels(expr)
+            .into_iter()
+            .chain(template_labels(texts))
+        {
+            // Grouping app metrics by the target's namespace would merge default/web with
+            // prod/web under the webhook's namespace.
+            if label == "namespace" {
+                panic!("{expr} ({texts}) uses the target's namespace label; use app_namespace");
+            }
+            assert!(
+                labels.contains(&label) || target_labels.contains(&label.as_str()),
+                "{expr} ({texts}): no label {label} on the server's metrics"
+            );
+        }
+    }
+    assert!(families > 20, "{families}");
+    // The webhook-down alert and the process panels are there.
+    let all: String = queries.iter().map(|(e, _)| e.as_str()).collect();
+    assert!(all.contains("absent(up{job=\"ip-webhook\"} == 1)"));
+    assert!(
+        all.contains("process_resident_memory_bytes") && all.contains("process_cpu_seconds_total")
+    );
 }

@@ -416,9 +416,23 @@ async fn pools_file_pods_draw_from_their_pool() {
         allocated_ip(&server.mutate(&create("u-1", p.clone())).await),
         "10.20.0.1"
     );
+    // A pool app has its utilization gauge too: the pool's share taken.
+    let (_, metrics) = server.admin_get("/metrics").await;
+    for needle in [
+        "ip_webhook_app_utilization_ratio{app_namespace=\"prod\",app=\"api\"} 0.5\n",
+        "ip_webhook_pool_utilization_ratio{pool=\"blue\"} 0.5\n",
+    ] {
+        assert!(metrics.contains(needle), "missing {needle:?} in\n{metrics}");
+    }
     assert_eq!(
         allocated_ip(&server.mutate(&create("u-2", p.clone())).await),
         "10.20.0.2"
+    );
+    let (_, metrics) = server.admin_get("/metrics").await;
+    let full_ratio = "ip_webhook_app_utilization_ratio{app_namespace=\"prod\",app=\"api\"} 1.0\n";
+    assert!(
+        metrics.contains(full_ratio),
+        "missing {full_ratio:?} in\n{metrics}"
     );
     let full = server.mutate(&create("u-3", p.clone())).await;
     assert_eq!(
@@ -535,8 +549,8 @@ async fn admin_port_reports_health_readiness_and_metrics() {
     for needle in [
         "ip_webhook_requests_total{webhook=\"mutate\",outcome=\"allowed\"} 1",
         "ip_webhook_allocations_total{outcome=\"allocated\"} 1",
-        "ip_webhook_app_held_ips{namespace=\"default\",app=\"web\"} 1",
-        "ip_webhook_app_free_ips{namespace=\"default\",app=\"web\"} 11",
+        "ip_webhook_app_held_ips{app_namespace=\"default\",app=\"web\"} 1",
+        "ip_webhook_app_free_ips{app_namespace=\"default\",app=\"web\"} 11",
         "ip_webhook_webhook_latency_seconds_bucket{le=\"0.00001\",webhook=\"mutate\"}",
         "ip_webhook_ledger_commits_total 1",
     ] {

@@ -16,6 +16,7 @@ MODELS = {
     ("cert-manager.io/v1", "Issuer"): cert_manager_v1.Issuer,
     ("cert-manager.io/v1", "ClusterIssuer"): cert_manager_v1.ClusterIssuer,
     ("monitoring.coreos.com/v1", "ServiceMonitor"): prometheus_v1.ServiceMonitor,
+    ("monitoring.coreos.com/v1", "PrometheusRule"): prometheus_v1.PrometheusRule,
 }
 
 

@@ -67,7 +67,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - {{ printf "%s.%s.svc.%s" $svc $ns .Values.clusterDomain }}
 {{- end }}
 
-{{/* matchConditions are GA from Kubernetes 1.30; before that, an objectSelector on the label. */}}
+{{/* matchConditions are GA from Kubernetes 1.30; before that, an objectSelector on the label.
+     One switch for every pod and workload entry of both webhooks. */}}
 {{- define "ip-webhook.useMatchConditions" -}}
 {{- $mode := .Values.mutatingWebhook.podSelection }}
 {{- if or (eq $mode "matchConditions") (and (eq $mode "auto") (semverCompare ">=1.30.0-0" .Capabilities.KubeVersion.Version)) }}true{{ end }}
@@ -153,4 +154,45 @@ objectSelector:
 {{- $t := printf "%s.spec.template" $o -}}
 {{- $j := printf "%s.spec.jobTemplate.spec.template" $o -}}
 {{ $o }} != null && has({{ $o }}.spec) && ((has({{ $t }}) && has({{ $t }}.metadata) && has({{ $t }}.metadata.annotations) && {{ printf $asks $t $t }}) || (has({{ $o }}.spec.jobTemplate) && has({{ $o }}.spec.jobTemplate.spec) && has({{ $j }}) && has({{ $j }}.metadata) && has({{ $j }}.metadata.annotations) && {{ printf $asks $j $j }}))
+{{- end }}
+
+{{/* rbac.calico / rbac.kubeOvn: unset (null) follows server.cni; the CNI pool checks need it too. */}}
+{{- define "ip-webhook.rbacCalico" -}}
+{{- $set := .Values.rbac.calico }}
+{{- if or .Values.validatingWebhook.calicoIPPools.enabled (ternary (eq .Values.server.cni "calico") $set (kindIs "invalid" $set)) }}true{{ end }}
+{{- end }}
+{{- define "ip-webhook.rbacKubeOvn" -}}
+{{- $set := .Values.rbac.kubeOvn }}
+{{- if or .Values.validatingWebhook.kubeOvnSubnets.enabled (ternary (eq .Values.server.cni "kube-ovn") $set (kindIs "invalid" $set)) }}true{{ end }}
+{{- end }}
+
+{{/* The state volume's claim: the existing one, or the one the chart makes. */}}
+{{- define "ip-webhook.claimName" -}}
+{{- default (printf "%s-state" (include "ip-webhook.fullname" .)) .Values.persistence.existingClaim }}
+{{- end }}
+
+{{/* Refuse settings that would hand out an IP twice, saying why. */}}
+{{- define "ip-webhook.checkValues" -}}
+{{- if eq .Values.server.ledger "embedded" }}
+{{- if ne (int .Values.replicaCount) 1 }}
+{{- fail (printf "server.ledger=embedded needs replicaCount=1 (got %d): each pod keeps its own books in its own volume, so several replicas would hand out the same IPs. Use server.ledger=kubernetes (or etcd) for several replicas" (int .Values.replicaCount)) }}
+{{- end }}
+{{- if not .Values.persistence.enabled }}
+{{- fail "server.ledger=embedded needs persistence.enabled=true: on the default emptyDir the books vanish with the pod, and the next pod hands out IPs that running pods still hold. Set persistence.enabled=true (and persistence.storageClass or persistence.existingClaim)" }}
+{{- end }}
+{{- end }}
+{{- if and .Values.persistence.enabled (not (include "ip-webhook.sharedClaim" .)) (gt (int .Values.replicaCount) 1) }}
+{{- fail (printf "persistence.enabled with replicaCount=%d needs persistence.accessModes with ReadWriteMany: a %s claim mounts on one node only, so the other replicas would never start" (int .Values.replicaCount) (join "," .Values.persistence.accessModes)) }}
+{{- end }}
+{{- end }}
+
+{{/* "true" when the state claim can be mounted by pods on several nodes at once. */}}
+{{- define "ip-webhook.sharedClaim" -}}
+{{- if has "ReadWriteMany" .Values.persistence.accessModes }}true{{ end }}
+{{- end }}
+
+{{/* Recreate when one pod at a time may hold the state: the embedded ledger's books, or a
+     claim that mounts on one node only. */}}
+{{- define "ip-webhook.recreate" -}}
+{{- if or (eq .Values.server.ledger "embedded") (and .Values.persistence.enabled (not (include "ip-webhook.sharedClaim" .))) }}true{{ end }}
 {{- end }}
