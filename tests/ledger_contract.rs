@@ -1,13 +1,19 @@
-//! The allocator and ledger contract, as a property over any interleaving of claim, release,
-//! expire (a release made elsewhere, e.g. by a reconciler or another replica), retry and
-//! restart, run against every ledger adapter that runs in-process: memory, embedded (redb
-//! in a temp dir) and etcd (a real single-member etcd on loopback; skipped when absent).
+//! The ledger contract, two ways:
 //!
-//! After every step: one holder per IP; the allocator's view, the ledger's records and the
-//! model agree; a released or expired IP can be allocated again.
+//! - the claim rules ([`ip_webhook::ledger::claim`]) step by step through all four adapters —
+//!   memory, embedded (redb in a temp dir), etcd (a real single-member etcd on loopback) and
+//!   kubernetes (IPClaims through `tests/support/fakeapi.py`) — which must give the same
+//!   answers for retry, takeover, release, grace and expiry;
+//! - the allocator over any interleaving of claim, release, expire (a release made elsewhere),
+//!   retry and restart, as a property, against the in-process adapters (memory, embedded,
+//!   etcd). After every step: one holder per IP; the allocator's view, the ledger's records
+//!   and the model agree; a released or expired IP can be allocated again.
 
+mod common;
 #[path = "common/etcd_cluster.rs"]
 mod etcd_cluster;
+#[path = "common/fakeapi.rs"]
+mod fakeapi;
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -18,9 +24,11 @@ use std::time::Duration;
 use ip_webhook::allocator::{AllocError, AllocationRequest, Allocator};
 use ip_webhook::ipset::{IpSet, parse_ip_spec};
 use ip_webhook::ledger::claim::PodIdentity;
+use ip_webhook::ledger::claim::{self as rules, PodIdentity as Identity};
 use ip_webhook::ledger::embedded::CommitCounters;
 use ip_webhook::ledger::{
-    Claim, EmbeddedLedger, EtcdLedger, EtcdOptions, Ledger, MemoryLedger, ObservedChange, PodRef,
+    Claim, CreateOutcome, EmbeddedLedger, EtcdLedger, EtcdOptions, KubeLedger, Ledger,
+    MemoryLedger, ObservedChange, Phase, PodRef, Source,
 };
 use proptest::prelude::*;
 
@@ -339,4 +347,271 @@ fn etcd_watch_keeps_another_replicas_index_fresh() {
         let again = b.allocate(&request(&set, 3, "w3")).await.unwrap();
         assert_eq!(again.ips[0], ip);
     });
+}
+
+/// A claim as admission makes it.
+fn reserved(ip: &str, name: &str, request: &str, token: &str) -> Claim {
+    Claim {
+        ip: ip.parse().unwrap(),
+        app: "db".into(),
+        pool: None,
+        pod: PodRef {
+            namespace: "default".into(),
+            name: name.into(),
+            generate_name: if name.is_empty() {
+                "db-7d4b9c-".into()
+            } else {
+                String::new()
+            },
+            uid: None,
+        },
+        request_uid: request.into(),
+        phase: Phase::Reserved,
+        source: Source::Allocated,
+        created_at: 1_764_400_000,
+        updated_at: 1_764_400_000,
+        list_size: None,
+        token: token.into(),
+        release_at: None,
+        sticky: false,
+    }
+}
+
+fn outcome(result: CreateOutcome) -> String {
+    match result {
+        CreateOutcome::Created => "created".into(),
+        CreateOutcome::Existing(c) => format!("existing {}", c.request_uid),
+        CreateOutcome::AlreadyHeld(c) => format!("held by {}", c.request_uid),
+    }
+}
+
+/// The record on `ip`, as `phase request uid`, or `none`.
+async fn record(ledger: &dyn Ledger, ip: &str) -> String {
+    let ip: IpAddr = ip.parse().unwrap();
+    ledger
+        .load()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|c| c.ip == ip && c.is_held())
+        .map(|c| {
+            format!(
+                "{:?} {} {}",
+                c.phase,
+                c.request_uid,
+                c.pod.uid.as_deref().unwrap_or("-")
+            )
+        })
+        .unwrap_or_else(|| "none".into())
+}
+
+/// Every rule once, through `ledger`; the transcript of its answers.
+async fn claim_rules_transcript(ledger: &dyn Ledger) -> Vec<String> {
+    let mut out = Vec::new();
+    let a = reserved("10.60.0.1", "", "req-a", "tok-a");
+    out.push(format!(
+        "create a: {}",
+        outcome(ledger.create(&a).await.unwrap())
+    ));
+    out.push(format!(
+        "retry a: {}",
+        outcome(ledger.create(&a).await.unwrap())
+    ));
+    let mut a_elsewhere = a.clone();
+    a_elsewhere.token = "tok-a2".into();
+    out.push(format!(
+        "a on another replica: {}",
+        outcome(ledger.create(&a_elsewhere).await.unwrap())
+    ));
+    let b = reserved("10.60.0.1", "", "req-b", "tok-b");
+    out.push(format!(
+        "create b: {}",
+        outcome(ledger.create(&b).await.unwrap())
+    ));
+
+    // Reserved -> Bound, once; a stale grant changes nothing
+    let bound = rules::bound(&a, "db-7d4b9c-x", "uid-a", 1_764_400_010);
+    out.push(format!(
+        "bind a: {}",
+        ledger.transition(&a, &bound).await.unwrap()
+    ));
+    out.push(format!(
+        "bind a again: {}",
+        ledger.transition(&a, &bound).await.unwrap()
+    ));
+    let mut stale = a.clone();
+    stale.token = "tok-old".into();
+    let stale_end = rules::terminating(&bound, &Identity::default(), 1, 1);
+    out.push(format!(
+        "stale grant terminates: {}",
+        ledger.transition(&stale, &stale_end).await.unwrap()
+    ));
+    out.push(format!("record: {}", record(ledger, "10.60.0.1").await));
+
+    // Bound -> Terminating once, -> Bound again (the pod still ran), -> released
+    let pod = Identity {
+        namespace: "default",
+        name: "db-7d4b9c-x",
+        uid: Some("uid-a"),
+        token: Some("tok-a"),
+    };
+    let ending = rules::terminating(&bound, &pod, 1_764_400_050, 1_764_400_020);
+    out.push(format!(
+        "terminate a: {}",
+        ledger.transition(&bound, &ending).await.unwrap()
+    ));
+    out.push(format!(
+        "terminate a again: {}",
+        ledger.transition(&bound, &ending).await.unwrap()
+    ));
+    out.push(format!(
+        "create b while terminating: {}",
+        outcome(ledger.create(&b).await.unwrap())
+    ));
+    let kept = rules::bound(&ending, "db-7d4b9c-x", "uid-a", 1_764_400_060);
+    out.push(format!(
+        "keep a: {}",
+        ledger.transition(&ending, &kept).await.unwrap()
+    ));
+    out.push(format!("record: {}", record(ledger, "10.60.0.1").await));
+    out.push(format!(
+        "release with a stale grant: {}",
+        ledger.release(&stale).await.unwrap()
+    ));
+    out.push(format!(
+        "release a: {}",
+        ledger.release(&kept).await.unwrap()
+    ));
+    out.push(format!(
+        "release a again: {}",
+        ledger.release(&kept).await.unwrap()
+    ));
+    out.push(format!(
+        "create b after the release: {}",
+        outcome(ledger.create(&b).await.unwrap())
+    ));
+
+    // a fixed name takes its reservation (a failed create) and its terminating claim over
+    let db0 = reserved("10.60.0.2", "db-0", "req-db0-1", "tok-d1");
+    out.push(format!(
+        "create db-0: {}",
+        outcome(ledger.create(&db0).await.unwrap())
+    ));
+    let retried = reserved("10.60.0.2", "db-0", "req-db0-2", "tok-d2");
+    out.push(format!(
+        "db-0 retried: {}",
+        outcome(ledger.create(&retried).await.unwrap())
+    ));
+    let other = reserved("10.60.0.2", "db-1", "req-db1", "tok-e");
+    out.push(format!(
+        "db-1 on db-0's IP: {}",
+        outcome(ledger.create(&other).await.unwrap())
+    ));
+    let running = rules::bound(&retried, "db-0", "uid-d", 1_764_400_070);
+    out.push(format!(
+        "bind db-0: {}",
+        ledger.transition(&retried, &running).await.unwrap()
+    ));
+    let again = reserved("10.60.0.2", "db-0", "req-db0-3", "tok-d3");
+    out.push(format!(
+        "db-0 while it runs: {}",
+        outcome(ledger.create(&again).await.unwrap())
+    ));
+    let db0_pod = Identity {
+        namespace: "default",
+        name: "db-0",
+        uid: Some("uid-d"),
+        token: Some("tok-d2"),
+    };
+    let db0_ending = rules::terminating(&running, &db0_pod, 1_764_400_100, 1_764_400_080);
+    out.push(format!(
+        "terminate db-0: {}",
+        ledger.transition(&running, &db0_ending).await.unwrap()
+    ));
+    out.push(format!(
+        "db-0 recreated: {}",
+        outcome(ledger.create(&again).await.unwrap())
+    ));
+    out.push(format!("record: {}", record(ledger, "10.60.0.2").await));
+    // the old pod's late release does not free the new pod's claim
+    out.push(format!(
+        "old db-0 released: {}",
+        ledger.release(&db0_ending).await.unwrap()
+    ));
+    out.push(format!("record: {}", record(ledger, "10.60.0.2").await));
+    out
+}
+
+const EXPECTED_TRANSCRIPT: &[&str] = &[
+    "create a: created",
+    "retry a: created",
+    "a on another replica: existing req-a",
+    "create b: held by req-a",
+    "bind a: true",
+    "bind a again: false",
+    "stale grant terminates: false",
+    "record: Bound req-a uid-a",
+    "terminate a: true",
+    "terminate a again: false",
+    "create b while terminating: held by req-a",
+    "keep a: true",
+    "record: Bound req-a uid-a",
+    "release with a stale grant: false",
+    "release a: true",
+    "release a again: false",
+    "create b after the release: created",
+    "create db-0: created",
+    "db-0 retried: created",
+    "db-1 on db-0's IP: held by req-db0-2",
+    "bind db-0: true",
+    "db-0 while it runs: held by req-db0-2",
+    "terminate db-0: true",
+    "db-0 recreated: created",
+    "record: Reserved req-db0-3 -",
+    "old db-0 released: false",
+    "record: Reserved req-db0-3 -",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_adapter_keeps_the_claim_rules() {
+    let memory = MemoryLedger::new();
+    assert_eq!(
+        claim_rules_transcript(&memory).await,
+        EXPECTED_TRANSCRIPT,
+        "memory"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let embedded = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
+    assert_eq!(
+        claim_rules_transcript(&embedded).await,
+        EXPECTED_TRANSCRIPT,
+        "embedded"
+    );
+    embedded.close().await;
+
+    let (_member, endpoint) = etcd_member("every_adapter_keeps_the_claim_rules");
+    let etcd = EtcdLedger::connect(&EtcdOptions {
+        endpoints: vec![endpoint],
+        prefix: "/rules/".into(),
+        timeout: Duration::from_secs(10),
+        ..EtcdOptions::default()
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        claim_rules_transcript(&etcd).await,
+        EXPECTED_TRANSCRIPT,
+        "etcd"
+    );
+    etcd.close().await;
+
+    let fake = fakeapi::FakeApi::start();
+    let client = fake.install_crds().await;
+    let kube = KubeLedger::new(client);
+    assert_eq!(
+        claim_rules_transcript(&kube).await,
+        EXPECTED_TRANSCRIPT,
+        "kubernetes"
+    );
 }

@@ -142,9 +142,10 @@ fn commit_batch(db: &Database, batch: Vec<Op>, counters: &CommitCounters) {
                                 writes += 1;
                                 CreateOutcome::Created
                             }
-                            CreateRule::Existing => CreateOutcome::Existing(Box::new(
+                            CreateRule::Existing => CreateOutcome::for_existing(
                                 existing.expect("a rule about an existing record"),
-                            )),
+                                &claim,
+                            ),
                             CreateRule::Held => CreateOutcome::AlreadyHeld(Box::new(
                                 existing.expect("a rule about an existing record"),
                             )),

@@ -385,12 +385,8 @@ impl Ledger for EtcdLedger {
                             expected = Some(kv.mod_revision());
                             continue;
                         }
-                        // our own earlier attempt reached etcd before its answer was lost
-                        CreateRule::Existing if current == *claim => {
-                            return Ok(CreateOutcome::Created);
-                        }
                         CreateRule::Existing => {
-                            return Ok(CreateOutcome::Existing(Box::new(current)));
+                            return Ok(CreateOutcome::for_existing(current, claim));
                         }
                         CreateRule::Held => {
                             return Ok(CreateOutcome::AlreadyHeld(Box::new(current)));

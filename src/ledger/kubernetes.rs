@@ -295,11 +295,7 @@ impl Ledger for KubeLedger {
                     self.delete_exact(&existing).await?;
                     continue;
                 }
-                // our own earlier attempt reached the API server before its answer was lost
-                CreateRule::Existing if held.token == claim.token => {
-                    return Ok(CreateOutcome::Created);
-                }
-                CreateRule::Existing => return Ok(CreateOutcome::Existing(Box::new(held))),
+                CreateRule::Existing => return Ok(CreateOutcome::for_existing(held, claim)),
                 CreateRule::Held => return Ok(CreateOutcome::AlreadyHeld(Box::new(held))),
             }
         }

@@ -38,9 +38,10 @@ impl Ledger for MemoryLedger {
                 claims.insert(claim.ip, claim.clone());
                 Ok(CreateOutcome::Created)
             }
-            CreateRule::Existing => Ok(CreateOutcome::Existing(Box::new(
+            CreateRule::Existing => Ok(CreateOutcome::for_existing(
                 existing.cloned().expect("a rule about an existing record"),
-            ))),
+                claim,
+            )),
             CreateRule::Held => Ok(CreateOutcome::AlreadyHeld(Box::new(
                 existing.cloned().expect("a rule about an existing record"),
             ))),

@@ -139,6 +139,19 @@ pub enum CreateOutcome {
     AlreadyHeld(Box<Claim>),
 }
 
+impl CreateOutcome {
+    /// The answer to a create that found the same admission's record: `Created` when it is
+    /// this very claim (the same token: an earlier attempt's answer was lost), else
+    /// `Existing` (another replica recorded the admission first). Every adapter answers so.
+    pub fn for_existing(existing: Claim, new: &Claim) -> CreateOutcome {
+        if existing.token == new.token {
+            CreateOutcome::Created
+        } else {
+            CreateOutcome::Existing(Box::new(existing))
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum LedgerError {
     #[error("ledger storage error: {0}")]
