@@ -5,6 +5,8 @@
 use std::fmt;
 use std::net::IpAddr;
 
+use crate::admission::Response;
+use crate::allocator::AllocError;
 use crate::annotations::{CLAIM_TOKEN, STATUS, STATUS_MUTATED, carried_ips, static_ips};
 use crate::ipset::IpSet;
 use crate::ledger::claim::{PodIdentity, is_token};
@@ -49,6 +51,36 @@ pub enum Denial {
     Conflict(String),
     /// The ledger failed; nothing was recorded.
     Ledger(String),
+}
+
+impl From<AllocError> for Denial {
+    fn from(error: AllocError) -> Denial {
+        match error {
+            AllocError::Exhausted(message) => Denial::Exhausted(message),
+            AllocError::Conflict(message) => Denial::Conflict(message),
+            other => Denial::Ledger(other.to_string()),
+        }
+    }
+}
+
+/// An endpoint's answer, with what its decision log line names besides the response.
+#[derive(Debug)]
+pub struct Answer {
+    pub response: Response,
+    /// `namespace/app`, when the review was about an app's pod.
+    pub app: Option<String>,
+    /// The IPs the decision concerns (granted, or carried by the pod validated).
+    pub ips: Vec<IpAddr>,
+}
+
+impl From<Response> for Answer {
+    fn from(response: Response) -> Answer {
+        Answer {
+            response,
+            app: None,
+            ips: Vec::new(),
+        }
+    }
 }
 
 impl Denial {

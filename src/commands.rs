@@ -78,20 +78,14 @@ pub async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
     let claims = ledger.load().await;
     ledger.close().await;
     let claims = claims.context("loading the ledger")?;
-    let (sandbox, recorder) = crate::explain::sandbox(
+    let sandbox = crate::explain::sandbox(
         claims,
         webhook.settings.clone(),
         (**webhook.pools.load()).clone(),
     )
     .await?;
-    let outcomes = crate::explain::explain(
-        &sandbox,
-        &recorder,
-        &objects,
-        &args.namespace,
-        args.replicas,
-    )
-    .await?;
+    let outcomes =
+        crate::explain::explain(&sandbox, &objects, &args.namespace, args.replicas).await?;
     print(args.output, &outcomes, || {
         crate::explain::to_text(&outcomes)
     })

@@ -3,20 +3,20 @@
 //! [`Webhook::review`] as `/mutate`, over a copy of the ledger in memory, so replica N sees
 //! replicas 0..N-1 holding their IPs and nothing is recorded for real.
 
-use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use crate::admission::{self, ReviewError};
 use crate::allocator::{Allocator, Reason};
-use crate::events::{Assigned, EventSink, Refused};
 use crate::ledger::{Claim, CreateOutcome, Ledger, LedgerError, MemoryLedger};
-use crate::metrics::{Endpoint, Metrics};
+use crate::metrics::Metrics;
+use crate::mutate::{self, PodDecision};
 use crate::pools::PoolCatalog;
 use crate::webhook::{Settings, Webhook};
-use crate::workloads;
+use crate::{validate, workloads};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ExplainError {
@@ -61,29 +61,6 @@ pub struct ObjectOutcome {
     pub replicas: Vec<ReplicaOutcome>,
 }
 
-/// The IPs one admission assigned, and why each.
-type Choice = (Vec<IpAddr>, Vec<Reason>);
-
-/// Records what each admission assigned, by request uid.
-#[derive(Default)]
-pub struct Recorder {
-    assigned: Mutex<HashMap<String, Choice>>,
-}
-
-impl EventSink for Recorder {
-    fn assigned(&self, assigned: &Assigned<'_>) {
-        self.assigned
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(
-                assigned.request_uid.to_string(),
-                (assigned.ips.to_vec(), assigned.reasons.to_vec()),
-            );
-    }
-
-    fn refused(&self, _refused: &Refused<'_>) {}
-}
-
 /// Why, in words.
 pub fn reason_text(reason: Option<&Reason>, ordinal: Option<u64>) -> String {
     match reason {
@@ -105,7 +82,7 @@ pub async fn sandbox(
     claims: Vec<Claim>,
     settings: Settings,
     pools: PoolCatalog,
-) -> Result<(Webhook, Arc<Recorder>), ExplainError> {
+) -> Result<Webhook, ExplainError> {
     let memory = MemoryLedger::new();
     for claim in claims {
         if let CreateOutcome::AlreadyHeld(_) = memory.create(&claim).await? {
@@ -113,10 +90,12 @@ pub async fn sandbox(
         }
     }
     let allocator = Arc::new(Allocator::new(Arc::new(memory)).await?);
-    let recorder = Arc::new(Recorder::default());
-    let webhook = Webhook::new(settings, allocator, pools, Arc::new(Metrics::new()))
-        .with_events(recorder.clone());
-    Ok((webhook, recorder))
+    Ok(Webhook::new(
+        settings,
+        allocator,
+        pools,
+        Arc::new(Metrics::new()),
+    ))
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -185,26 +164,10 @@ fn review(
     .expect("a JSON value serializes")
 }
 
-fn answer(bytes: &[u8]) -> Value {
-    serde_json::from_slice::<Value>(bytes).unwrap_or_default()["response"].take()
-}
-
-fn strings(value: &Value) -> Vec<String> {
-    value
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|w| w.as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 /// Explain every object, in order, on one sandbox: later objects see earlier ones' IPs.
 /// `replicas` overrides the replica count of workloads (a DaemonSet's is the node count).
 pub async fn explain(
     webhook: &Webhook,
-    recorder: &Recorder,
     objects: &[Value],
     default_namespace: &str,
     replicas: Option<u64>,
@@ -257,17 +220,18 @@ pub async fn explain(
                     Some(&name),
                     value,
                 );
-                let response = webhook
-                    .review(Endpoint::validate, &body)
+                let failed = |e: ReviewError| ExplainError::Review {
+                    what: label.clone(),
+                    reason: e.to_string(),
+                };
+                let incoming = admission::decode(&body).map_err(failed)?;
+                let response = validate::validate(webhook, &incoming)
                     .await
-                    .map_err(|e| ExplainError::Review {
-                        what: label.clone(),
-                        reason: e.to_string(),
-                    })?;
-                let response = answer(&response);
-                outcome.warnings = strings(&response["warnings"]);
-                if response["allowed"] == json!(false) {
-                    outcome.denied = response["status"]["message"].as_str().map(str::to_string);
+                    .map_err(failed)?
+                    .response;
+                outcome.warnings = response.warnings;
+                if !response.allowed {
+                    outcome.denied = response.message;
                 }
                 let spec = &object.spec;
                 let (template, default_count) = match kind {
@@ -353,13 +317,14 @@ pub async fn explain(
                 pod_name.as_deref(),
                 &pod,
             );
-            let response = webhook.review(Endpoint::mutate, &body).await.map_err(|e| {
-                ExplainError::Review {
-                    what: format!("{label} replica {replica}"),
-                    reason: e.to_string(),
-                }
-            })?;
-            let response = answer(&response);
+            let failed = |e: ReviewError| ExplainError::Review {
+                what: format!("{label} replica {replica}"),
+                reason: e.to_string(),
+            };
+            let incoming = admission::decode(&body).map_err(failed)?;
+            let decision = mutate::decide_create(webhook, &incoming)
+                .await
+                .map_err(failed)?;
             let display = match &pod_name {
                 Some(name) if !name.is_empty() => format!("{namespace}/{name}"),
                 _ => format!(
@@ -367,20 +332,27 @@ pub async fn explain(
                     pod["metadata"]["generateName"].as_str().unwrap_or("")
                 ),
             };
-            let allowed = response["allowed"] == json!(true);
-            let (ips, reasons) = recorder
-                .assigned
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&uid)
-                .unwrap_or_default();
             let ordinal = matches!(pods, PodNaming::Ordinal { .. }).then_some(replica);
-            let why = if ips.is_empty() && allowed {
-                vec!["asks for no fixed IP (no ip-webhook.io/allocatable-ips or ip-webhook.io/ip-pool), or is already mutated".to_string()]
-            } else {
-                (0..ips.len())
-                    .map(|i| reason_text(reasons.get(i), ordinal))
-                    .collect()
+            let (allowed, ips, why, refused) = match decision {
+                PodDecision::Unrelated => (
+                    true,
+                    Vec::new(),
+                    vec!["asks for no fixed IP (no ip-webhook.io/allocatable-ips or ip-webhook.io/ip-pool)".to_string()],
+                    None,
+                ),
+                PodDecision::AlreadyHeld(ips) => {
+                    let why = vec!["already holds it (its claim token and IPs match the ledger)".to_string(); ips.len()];
+                    (true, ips, why, None)
+                }
+                PodDecision::Granted { allocation, .. } => {
+                    let why = (0..allocation.ips.len())
+                        .map(|i| reason_text(allocation.reasons.get(i), ordinal))
+                        .collect();
+                    (true, allocation.ips, why, None)
+                }
+                PodDecision::Denied { denial, .. } => {
+                    (false, Vec::new(), Vec::new(), Some(denial.to_string()))
+                }
             };
             outcome.replicas.push(ReplicaOutcome {
                 replica,
@@ -389,12 +361,7 @@ pub async fn explain(
                 ips,
                 why,
                 existing: false,
-                refused: (!allowed).then(|| {
-                    response["status"]["message"]
-                        .as_str()
-                        .unwrap_or("")
-                        .to_string()
-                }),
+                refused,
             });
         }
         outcomes.push(outcome);

@@ -12,6 +12,7 @@ pub mod cluster;
 pub mod cni_pools;
 pub mod commands;
 pub mod crd;
+pub mod dispatch;
 pub mod doctor;
 pub mod events;
 pub mod explain;

@@ -7,52 +7,102 @@ use crate::allocator::{AllocError, Allocation, AllocationRequest, Reason};
 use crate::annotations::{
     ALLOCATED_IP_LABEL, CLAIM_TOKEN, STATUS, STATUS_MUTATED, carried_ips, static_ips,
 };
-use crate::assess::{Denial, assess};
+use crate::assess::{Answer, Denial, assess};
 use crate::events::{Assigned, Refused};
 use crate::ipset::ip_label_value;
 use crate::ledger::claim::{PodIdentity, is_token, new_token};
 use crate::ledger::{PodRef, unix_now};
 use crate::metrics::AllocationOutcome;
-use crate::webhook::{Candidates, Noted, PodView, Webhook};
+use crate::webhook::{Candidates, PodView, Webhook};
 
-pub async fn mutate(
-    webhook: &Webhook,
-    incoming: &Incoming<'_>,
-    noted: &mut Noted,
-) -> Result<Response, ReviewError> {
+/// What `/mutate` decided for a Pod CREATE: the typed result that the response, the decision
+/// log line and `explain` are all made from.
+#[derive(Debug)]
+pub enum PodDecision {
+    /// The pod asks for no fixed IP and carries none.
+    Unrelated,
+    /// Our own patch seen again (reinvocation): the pod's token holds every IP it carries.
+    AlreadyHeld(Vec<IpAddr>),
+    /// IPs granted (allocated from the list or pool, or the pod's static IPs recorded).
+    Granted {
+        app: String,
+        allocation: Allocation,
+        patch: Vec<u8>,
+    },
+    Denied {
+        app: Option<String>,
+        denial: Denial,
+    },
+}
+
+impl PodDecision {
+    /// `namespace/app`, once known.
+    pub fn app(&self) -> Option<&str> {
+        match self {
+            PodDecision::Granted { app, .. } => Some(app),
+            PodDecision::Denied { app, .. } => app.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// The IPs the pod holds after this decision.
+    pub fn ips(&self) -> &[IpAddr] {
+        match self {
+            PodDecision::AlreadyHeld(ips) => ips,
+            PodDecision::Granted { allocation, .. } => &allocation.ips,
+            _ => &[],
+        }
+    }
+
+    fn respond(self, response: Response) -> Answer {
+        let app = self.app().map(str::to_string);
+        let ips = self.ips().to_vec();
+        let response = match self {
+            PodDecision::Granted { patch, .. } => response.with_patch(patch),
+            PodDecision::Denied { denial, .. } => response.deny(denial.to_string()),
+            PodDecision::Unrelated | PodDecision::AlreadyHeld(_) => response,
+        };
+        Answer { response, app, ips }
+    }
+}
+
+pub async fn mutate(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Answer, ReviewError> {
     let response = incoming.respond();
     let request = &incoming.request;
     if request.kind.kind != "Pod"
         || !request.kind.group.is_empty()
         || request.sub_resource.is_some()
     {
-        return Ok(response);
+        return Ok(Answer::from(response));
     }
     match request.operation {
-        Operation::Create => create(webhook, incoming, response, noted).await,
-        Operation::Delete => delete(webhook, incoming, response).await,
-        _ => Ok(response),
+        Operation::Create => Ok(decide_create(webhook, incoming).await?.respond(response)),
+        Operation::Delete => delete(webhook, incoming, response).await.map(Answer::from),
+        _ => Ok(Answer::from(response)),
     }
 }
 
-async fn create(
+/// Decide a Pod CREATE: assess it, then grant (allocate or record its static IPs) or deny.
+/// Records the claims (unless dry run), counts the outcome and reports it to the event sink.
+pub async fn decide_create(
     webhook: &Webhook,
     incoming: &Incoming<'_>,
-    response: Response,
-    noted: &mut Noted,
-) -> Result<Response, ReviewError> {
+) -> Result<PodDecision, ReviewError> {
     let Some(pod) = incoming.metadata(false)? else {
-        return Ok(response.deny("a Pod CREATE review must carry request.object"));
+        return Ok(PodDecision::Denied {
+            app: None,
+            denial: Denial::MissingObject("a Pod CREATE review must carry request.object"),
+        });
     };
     let meta = &pod.metadata;
     let view = PodView::new(meta, incoming, &webhook.settings);
     let context = refusal(webhook, incoming, &view);
     let ask = match assess(webhook, view) {
         Ok(ask) => ask,
-        Err(denial) => return Ok(deny(&context, response, denial)),
+        Err(denial) => return Ok(refused(&context, None, denial)),
     };
     if ask.is_unrelated() {
-        return Ok(response);
+        return Ok(PodDecision::Unrelated);
     }
     // Our own patch seen again (reinvocation, a retried call): the marker and the token are
     // worth something only when the ledger says this token holds every IP the pod carries.
@@ -64,11 +114,9 @@ async fn create(
             .len()
             == ask.carried.len()
     {
-        noted.ips(&ask.carried);
-        return Ok(response);
+        return Ok(PodDecision::AlreadyHeld(ask.carried));
     }
     let app_key = ask.view.app_key();
-    noted.app = Some(app_key.clone());
     let scope = ask.scope();
     let empty = Candidates {
         set: Default::default(),
@@ -105,7 +153,6 @@ async fn create(
                 AllocationOutcome::static_recorded
             };
             webhook.metrics.allocation(outcome);
-            noted.ips(&allocation.ips);
             tracing::debug!(pod = %ask.view.display(), reasons = ?allocation.reasons, "allocated");
             webhook.events.assigned(&Assigned {
                 request_uid: incoming.uid(),
@@ -115,7 +162,12 @@ async fn create(
                 reasons: &allocation.reasons,
                 dry_run: request.dry_run,
             });
-            Ok(response.with_patch(patch_for(webhook, meta, &allocation)))
+            let patch = patch_for(webhook, meta, &allocation);
+            Ok(PodDecision::Granted {
+                app: app_key,
+                allocation,
+                patch,
+            })
         }
         Err(error) => {
             if matches!(error, AllocError::Exhausted(_)) {
@@ -125,7 +177,7 @@ async fn create(
                     request.pool,
                 );
             }
-            Ok(deny(&context, response, alloc_denial(error)))
+            Ok(refused(&context, Some(app_key), Denial::from(error)))
         }
     }
 }
@@ -198,7 +250,8 @@ fn refusal<'a>(
     }
 }
 
-fn deny(context: &RefusalContext<'_>, response: Response, denial: Denial) -> Response {
+/// Count and report a refusal.
+fn refused(context: &RefusalContext<'_>, app: Option<String>, denial: Denial) -> PodDecision {
     let outcome = denial.outcome();
     let message = denial.to_string();
     context.webhook.metrics.allocation(outcome.clone());
@@ -211,15 +264,7 @@ fn deny(context: &RefusalContext<'_>, response: Response, denial: Denial) -> Res
         message: &message,
         dry_run: context.dry_run,
     });
-    response.deny(message)
-}
-
-pub fn alloc_denial(error: AllocError) -> Denial {
-    match error {
-        AllocError::Exhausted(message) => Denial::Exhausted(message),
-        AllocError::Conflict(message) => Denial::Conflict(message),
-        other => Denial::Ledger(other.to_string()),
-    }
+    PodDecision::Denied { app, denial }
 }
 
 /// A Pod DELETE review: the pod may run on for its grace period, so its claims turn

@@ -4,30 +4,25 @@
 
 use crate::admission::{Incoming, Operation, Response, ReviewError};
 use crate::allocator::{AllocationRequest, conflict_message};
-use crate::assess::{Denial, assess};
+use crate::assess::{Answer, Denial, PodAsk, assess};
 use crate::crd::{self, IPPool};
 use crate::ipset::IpSet;
 use crate::ledger::Claim;
 use crate::ledger::claim::{PodIdentity, new_token};
-use crate::mutate::alloc_denial;
 use crate::pools::{Pool, PoolError};
-use crate::webhook::{Candidates, Noted, PodView, Webhook};
+use crate::webhook::{Candidates, PodView, Webhook};
 use crate::{cni_pools, workloads};
 
-pub async fn validate(
-    webhook: &Webhook,
-    incoming: &Incoming<'_>,
-    noted: &mut Noted,
-) -> Result<Response, ReviewError> {
+pub async fn validate(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Answer, ReviewError> {
     let request = &incoming.request;
     if request.sub_resource.is_some() {
-        return Ok(incoming.respond());
+        return Ok(Answer::from(incoming.respond()));
     }
     let settings = &webhook.settings;
     let (group, kind) = (request.kind.group.as_str(), request.kind.kind.as_str());
-    match (group, kind) {
+    let response = match (group, kind) {
         ("", "Pod") if matches!(request.operation, Operation::Create | Operation::Update) => {
-            validate_pod(webhook, incoming, incoming.respond(), noted).await
+            return validate_pod(webhook, incoming, incoming.respond()).await;
         }
         (crd::GROUP, "IPPool") => validate_ippool(webhook, incoming),
         (group, kind) if workloads::is_workload(group, kind) => {
@@ -42,7 +37,8 @@ pub async fn validate(
             cni_pools::review_calico_pool(&webhook.networks, incoming)
         }
         _ => Ok(incoming.respond()),
-    }
+    };
+    response.map(Answer::from)
 }
 
 /// How many holders a message names before "and N more".
@@ -139,28 +135,44 @@ async fn validate_pod(
     webhook: &Webhook,
     incoming: &Incoming<'_>,
     response: Response,
-    noted: &mut Noted,
-) -> Result<Response, ReviewError> {
+) -> Result<Answer, ReviewError> {
     let Some(pod) = incoming.metadata(false)? else {
-        return Ok(response.deny("a Pod review must carry request.object"));
+        return Ok(Answer::from(
+            response.deny("a Pod review must carry request.object"),
+        ));
     };
     let meta = &pod.metadata;
     let view = PodView::new(meta, incoming, &webhook.settings);
-    if view.app.is_some() {
-        noted.app = Some(view.app_key());
-    }
-    let ask = match assess(webhook, view) {
-        Ok(ask) => ask,
-        Err(denial) => return Ok(response.deny(denial.to_string())),
+    let mut answer = Answer {
+        app: view.app.is_some().then(|| view.app_key()),
+        ips: Vec::new(),
+        response,
     };
+    match assess(webhook, view) {
+        Ok(ask) => {
+            answer.ips = ask.carried.clone();
+            answer.response = pod_verdict(webhook, incoming, ask, answer.response).await;
+        }
+        Err(denial) => answer.response = answer.response.deny(denial.to_string()),
+    }
+    Ok(answer)
+}
+
+/// The answer for an assessed pod: warnings, conflicts with other pods' claims, and (CREATE,
+/// not dry run) the claims recorded or bound for it.
+async fn pod_verdict(
+    webhook: &Webhook,
+    incoming: &Incoming<'_>,
+    ask: PodAsk<'_>,
+    response: Response,
+) -> Response {
     let mut response = response;
     for warning in &ask.warnings {
         response = response.warn(warning.clone());
     }
     if ask.carried.is_empty() {
-        return Ok(response);
+        return response;
     }
-    noted.ips(&ask.carried);
     let identity = ask.identity();
     let pod_ref = ask.view.pod_ref();
     let mine = webhook.allocator.held_by(&identity, &ask.carried);
@@ -171,13 +183,13 @@ async fn validate_pod(
         }
         match webhook.allocator.holder(ip) {
             Some(holder) if holder.locks_ip() => {
-                return Ok(response.deny(conflict_message(ip, &pod_ref, &holder)));
+                return response.deny(conflict_message(ip, &pod_ref, &holder));
             }
             _ => unrecorded.push(*ip),
         }
     }
     if incoming.dry_run() || incoming.request.operation != Operation::Create {
-        return Ok(response);
+        return response;
     }
     // IPs no claim covers (the pod skipped /mutate: a webhook outage with `Ignore`, a selector
     // gap): recorded for it now as static IPs, so the next pod cannot be given them.
@@ -204,7 +216,7 @@ async fn validate_pod(
             dry_run: false,
         };
         if let Err(error) = webhook.allocator.claim_static(&unrecorded, &request).await {
-            return Ok(response.deny(alloc_denial(error).to_string()));
+            return response.deny(Denial::from(error).to_string());
         }
         let recorded = PodIdentity {
             token: Some(&token),
@@ -224,9 +236,9 @@ async fn validate_pod(
             .bind(&identity, &ask.carried, ask.view.is_stateful())
             .await
     {
-        return Ok(response.deny(
+        return response.deny(
             Denial::Ledger(format!("binding the claims to the pod's UID: {error}")).to_string(),
-        ));
+        );
     }
-    Ok(response)
+    response
 }

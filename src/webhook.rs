@@ -1,44 +1,21 @@
-//! The webhook: decodes a review, routes it to `/mutate` or `/validate`, encodes the answer.
-//! Transport-free, so the HTTPS server and the `review` command share it.
+//! The webhook: what every admission decision shares — settings, the allocator, pools,
+//! metrics, the CNI networks — and the pod view and candidate IPs both endpoints read.
+//! Routing a review to `/mutate` or `/validate` is [`crate::dispatch`]'s.
 
-use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::Instant;
 
 use arc_swap::ArcSwap;
 
-use crate::admission::{self, Incoming, Meta, ReviewError};
+use crate::admission::{Incoming, Meta};
 use crate::allocator::Allocator;
 use crate::annotations::{ALLOCATABLE_IPS, Cni, IP_POOL};
 use crate::cni_pools::NetworkRegistry;
 use crate::events::{EventSink, NoEvents};
 use crate::ipset::{IpSet, SpecCache};
 use crate::ledger::PodRef;
-use crate::metrics::{Endpoint, Metrics, Outcome, RequestLabels, WebhookLabels};
+use crate::metrics::Metrics;
 use crate::pools::PoolCatalog;
 use crate::workloads::WorkloadRegistry;
-use crate::{mutate, validate};
-
-/// What the decision's log line names besides the answer, filled in by `/mutate` as it learns it.
-#[derive(Debug, Default)]
-pub struct Noted {
-    /// `namespace/app`.
-    pub app: Option<String>,
-    /// The IPs given, comma-separated.
-    pub ips: String,
-}
-
-impl Noted {
-    pub fn ips(&mut self, ips: &[IpAddr]) {
-        self.ips.clear();
-        for (i, ip) in ips.iter().enumerate() {
-            if i > 0 {
-                self.ips.push(',');
-            }
-            crate::ipset::push_ip(&mut self.ips, ip);
-        }
-    }
-}
 
 /// Behaviour switches from the command line.
 #[derive(Debug, Clone)]
@@ -104,76 +81,6 @@ impl Webhook {
     pub fn with_events(mut self, events: Arc<dyn EventSink>) -> Webhook {
         self.events = events;
         self
-    }
-
-    /// Answer one AdmissionReview body. `Err` means the body was not a usable review (HTTP 400).
-    pub async fn review(&self, endpoint: Endpoint, body: &[u8]) -> Result<Vec<u8>, ReviewError> {
-        let started = Instant::now();
-        let labels = WebhookLabels {
-            webhook: endpoint.clone(),
-        };
-        let in_flight = self.metrics.in_flight.get_or_create_owned(&labels);
-        in_flight.inc();
-        let result = self.decide(endpoint.clone(), body, started).await;
-        in_flight.dec();
-        let outcome = match &result {
-            Ok(response) if response.allowed => Outcome::allowed,
-            Ok(_) => Outcome::denied,
-            Err(_) => Outcome::bad_request,
-        };
-        self.metrics
-            .latency
-            .get_or_create(&labels)
-            .observe(started.elapsed().as_secs_f64());
-        self.metrics
-            .requests
-            .get_or_create(&RequestLabels {
-                webhook: endpoint,
-                outcome,
-            })
-            .inc();
-        result.map(|response| response.to_json())
-    }
-
-    async fn decide(
-        &self,
-        endpoint: Endpoint,
-        body: &[u8],
-        started: Instant,
-    ) -> Result<admission::Response, ReviewError> {
-        let incoming = match admission::decode(body) {
-            Ok(incoming) => incoming,
-            Err(error) => {
-                tracing::info!(webhook = endpoint.as_str(), outcome = "bad_request", %error, latency_us = started.elapsed().as_micros() as u64, "admission decision");
-                return Err(error);
-            }
-        };
-        let mut noted = Noted::default();
-        let response = match endpoint {
-            Endpoint::mutate => mutate::mutate(self, &incoming, &mut noted).await?,
-            Endpoint::validate => validate::validate(self, &incoming, &mut noted).await?,
-        };
-        // One line per decision, with plain fields and no span: this runs on every request.
-        tracing::info!(
-            uid = incoming.uid(),
-            namespace = incoming.namespace(),
-            app = noted.app.as_deref().unwrap_or(""),
-            ip = noted.ips.as_str(),
-            webhook = endpoint.as_str(),
-            operation = incoming.request.operation.as_str(),
-            kind = incoming.request.kind.kind.as_str(),
-            name = incoming.request.name.as_deref().unwrap_or(""),
-            outcome = if response.allowed {
-                "allowed"
-            } else {
-                "denied"
-            },
-            dry_run = incoming.dry_run(),
-            latency_us = started.elapsed().as_micros() as u64,
-            reason = response.message.as_deref().unwrap_or(""),
-            "admission decision"
-        );
-        Ok(response)
     }
 
     /// Whether the CNI can use these fixed IPs (Calico pools / Kube-OVN subnets, when known):

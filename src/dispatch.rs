@@ -1,0 +1,90 @@
+//! Routing: decodes a review, hands it to `/mutate` or `/validate`, counts it, writes its one
+//! decision log line and encodes the answer. Transport-free, so the HTTPS server and the
+//! `review` command share it.
+
+use std::time::Instant;
+
+use crate::admission::{self, ReviewError};
+use crate::assess::Answer;
+use crate::ipset::push_ip;
+use crate::metrics::{Endpoint, Outcome, RequestLabels, WebhookLabels};
+use crate::webhook::Webhook;
+use crate::{mutate, validate};
+
+impl Webhook {
+    /// Answer one AdmissionReview body. `Err` means the body was not a usable review (HTTP 400).
+    pub async fn review(&self, endpoint: Endpoint, body: &[u8]) -> Result<Vec<u8>, ReviewError> {
+        let started = Instant::now();
+        let labels = WebhookLabels {
+            webhook: endpoint.clone(),
+        };
+        let in_flight = self.metrics.in_flight.get_or_create_owned(&labels);
+        in_flight.inc();
+        let result = self.decide(endpoint.clone(), body, started).await;
+        in_flight.dec();
+        let outcome = match &result {
+            Ok(response) if response.allowed => Outcome::allowed,
+            Ok(_) => Outcome::denied,
+            Err(_) => Outcome::bad_request,
+        };
+        self.metrics
+            .latency
+            .get_or_create(&labels)
+            .observe(started.elapsed().as_secs_f64());
+        self.metrics
+            .requests
+            .get_or_create(&RequestLabels {
+                webhook: endpoint,
+                outcome,
+            })
+            .inc();
+        result.map(|response| response.to_json())
+    }
+
+    async fn decide(
+        &self,
+        endpoint: Endpoint,
+        body: &[u8],
+        started: Instant,
+    ) -> Result<admission::Response, ReviewError> {
+        let incoming = match admission::decode(body) {
+            Ok(incoming) => incoming,
+            Err(error) => {
+                tracing::info!(webhook = endpoint.as_str(), outcome = "bad_request", %error, latency_us = started.elapsed().as_micros() as u64, "admission decision");
+                return Err(error);
+            }
+        };
+        let Answer { response, app, ips } = match endpoint {
+            Endpoint::mutate => mutate::mutate(self, &incoming).await?,
+            Endpoint::validate => validate::validate(self, &incoming).await?,
+        };
+        let mut ip_text = String::new();
+        for (i, ip) in ips.iter().enumerate() {
+            if i > 0 {
+                ip_text.push(',');
+            }
+            push_ip(&mut ip_text, ip);
+        }
+        // One line per decision, with plain fields and no span: this runs on every request.
+        tracing::info!(
+            uid = incoming.uid(),
+            namespace = incoming.namespace(),
+            app = app.as_deref().unwrap_or(""),
+            ip = ip_text.as_str(),
+            webhook = endpoint.as_str(),
+            operation = incoming.request.operation.as_str(),
+            kind = incoming.request.kind.kind.as_str(),
+            name = incoming.request.name.as_deref().unwrap_or(""),
+            outcome = if response.allowed {
+                "allowed"
+            } else {
+                "denied"
+            },
+            dry_run = incoming.dry_run(),
+            latency_us = started.elapsed().as_micros() as u64,
+            reason = response.message.as_deref().unwrap_or(""),
+            "admission decision"
+        );
+        Ok(response)
+    }
+}
