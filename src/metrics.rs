@@ -124,8 +124,9 @@ pub struct Metrics {
     /// Exhaustion refusals that got no per-app series: the app holds no IP (so the names
     /// came only from the request), or `--metrics-max-apps` series exist already.
     pub exhausted_unattributed: Counter,
-    /// Per-app series refused because `--metrics-max-apps` was reached (refusals, and apps
-    /// left out of a scrape's capacity gauges).
+    /// Exhaustion refusals of apps that hold IPs that got no series of their own because
+    /// `--metrics-max-apps` series exist (the per-app gauges report what they leave out in
+    /// `metrics_apps_left_out`).
     pub app_series_overflow: Counter,
     /// TLS handshakes refused for the client certificate, by reason.
     pub client_cert_refusals: Family<ReasonLabels, Counter>,
@@ -173,7 +174,6 @@ struct CapacitySource {
 struct CapacityCollector {
     source: Arc<OnceLock<CapacitySource>>,
     max_apps: Arc<AtomicUsize>,
-    overflow: Counter,
 }
 
 impl std::fmt::Debug for CapacityCollector {
@@ -193,10 +193,16 @@ impl Collector for CapacityCollector {
             .with_claims(|claims| Report::build(claims, &pools, false));
         // Every app here holds an IP; past the cap, the rest are left out and counted.
         let max_apps = self.max_apps.load(Ordering::Relaxed);
-        if report.apps.len() > max_apps {
-            self.overflow.inc_by((report.apps.len() - max_apps) as u64);
-            report.apps.truncate(max_apps);
-        }
+        let left_out = report.apps.len().saturating_sub(max_apps);
+        report.apps.truncate(max_apps);
+        let gauge = ConstGauge::new(i64::try_from(left_out).unwrap_or(i64::MAX));
+        let family = encoder.encode_descriptor(
+            "metrics_apps_left_out",
+            "Apps holding IPs left out of the per-app gauges by --metrics-max-apps",
+            None,
+            gauge.metric_type(),
+        )?;
+        gauge.encode(family)?;
         let pool = |p: &crate::status::PoolStatus| {
             PoolOrApp::Pool(PoolLabels {
                 pool: p.name.clone(),
@@ -420,7 +426,6 @@ impl Metrics {
         registry.register_collector(Box::new(CapacityCollector {
             source: capacity.clone(),
             max_apps: max_apps.clone(),
-            overflow: app_series_overflow.clone(),
         }));
         let releases = Counter::default();
         registry.register(
