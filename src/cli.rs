@@ -382,7 +382,11 @@ pub fn parse_size(text: &str) -> Result<usize, String> {
         "Ki" => 1 << 10,
         "Mi" => 1 << 20,
         "Gi" => 1 << 30,
-        _ => return Err(format!("{text:?} has unknown unit {unit:?}; use Ki, Mi or Gi")),
+        _ => {
+            return Err(format!(
+                "{text:?} has unknown unit {unit:?}; use Ki, Mi or Gi"
+            ));
+        }
     };
     value
         .checked_mul(scale)

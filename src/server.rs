@@ -21,8 +21,8 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -299,10 +299,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
         Pin::new(&mut self.inner).poll_flush(cx)
     }
 
-    fn poll_shutdown(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<std::io::Result<()>> {
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 
@@ -323,9 +320,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
 fn client_refusal(error: &std::io::Error) -> Option<&'static str> {
     match error.get_ref()?.downcast_ref::<rustls::Error>()? {
         rustls::Error::NoCertificatesPresented => Some("missing"),
-        rustls::Error::InvalidCertificate(rustls::CertificateError::ApplicationVerificationFailure) => {
-            Some("name")
-        }
+        rustls::Error::InvalidCertificate(
+            rustls::CertificateError::ApplicationVerificationFailure,
+        ) => Some("name"),
         rustls::Error::InvalidCertificate(_) => Some("untrusted"),
         _ => None,
     }

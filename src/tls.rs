@@ -18,15 +18,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use rustls::client::danger::HandshakeSignatureValid;
 use rustls::crypto::CryptoProvider;
+use rustls::pki_types::UnixTime;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use rustls::client::danger::HandshakeSignatureValid;
-use rustls::pki_types::UnixTime;
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
-use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
 use rustls::sign::CertifiedKey;
+use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
 use sha2::{Digest, Sha256};
 
 use crate::metrics::{Metrics, ResultLabels};
@@ -145,10 +145,7 @@ pub fn server_config_with_clients(
 }
 
 /// rustls' WebPKI client verifier for one CA bundle (PEM).
-pub fn client_ca_verifier(
-    pem: &[u8],
-    name: &str,
-) -> Result<Arc<dyn ClientCertVerifier>, TlsError> {
+pub fn client_ca_verifier(pem: &[u8], name: &str) -> Result<Arc<dyn ClientCertVerifier>, TlsError> {
     let bad = |reason: String| TlsError::ClientCa {
         path: name.to_string(),
         reason,
@@ -222,9 +219,7 @@ impl ClientVerifier {
                     .general_names
                     .iter()
                     .filter_map(|name| match name {
-                        x509_parser::extensions::GeneralName::DNSName(dns) => {
-                            Some(dns.to_string())
-                        }
+                        x509_parser::extensions::GeneralName::DNSName(dns) => Some(dns.to_string()),
                         _ => None,
                     })
                     .collect::<Vec<_>>()
@@ -301,9 +296,7 @@ impl CertFiles {
     /// Read and parse both files, returning the key and the digest the reloader compares.
     pub fn load(&self) -> Result<(CertifiedKey, [u8; 32]), TlsError> {
         let (contents, fingerprint) = read_all(&[self.cert.clone(), self.key.clone()]);
-        let [cert, key]: [Vec<u8>; 2] = contents?
-            .try_into()
-            .expect("two files read, two contents");
+        let [cert, key]: [Vec<u8>; 2] = contents?.try_into().expect("two files read, two contents");
         let parsed = certified_key(
             &cert,
             &key,

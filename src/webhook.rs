@@ -147,7 +147,13 @@ impl Webhook {
         };
         if let Err(refused) = admission::bounds::check(&incoming, &self.settings.app_label) {
             // One line, naming the field: the review's own names stay out of logs and metrics.
-            tracing::info!(webhook = endpoint.as_str(), outcome = "denied", field = refused.field.as_str(), latency_us = started.elapsed().as_micros() as u64, "admission decision: a name is out of bounds");
+            tracing::info!(
+                webhook = endpoint.as_str(),
+                outcome = "denied",
+                field = refused.field.as_str(),
+                latency_us = started.elapsed().as_micros() as u64,
+                "admission decision: a name is out of bounds"
+            );
             return Ok(incoming.respond().deny(refused.to_string()));
         }
         let mut noted = Noted::default();

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::{BinaryServer, HttpsClient, TestServer, create, pod};
-use http_body_util::{BodyExt, Full};
+use http_body_util::BodyExt;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::pki_types::ServerName;
 use serde_json::{Value, json};
@@ -35,7 +35,9 @@ fn rss_kib(pid: u32) -> u64 {
 }
 
 fn open_fds(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count()
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count()
 }
 
 fn with_alpn(config: &Arc<rustls::ClientConfig>, alpn: &[&[u8]]) -> Arc<rustls::ClientConfig> {
@@ -94,7 +96,10 @@ async fn oversized_names_are_denied_and_stored_nowhere() {
     let size = || std::fs::metadata(&ledger).map(|m| m.len()).unwrap_or(0);
     // a real allocation first, so the ledger file exists at its working size
     let granted = server
-        .mutate(&create("ok", pod("team", "web", "web-", Some("10.90.0.0/28"))))
+        .mutate(&create(
+            "ok",
+            pod("team", "web", "web-", Some("10.90.0.0/28")),
+        ))
         .await;
     assert_eq!(granted["allowed"], true, "{granted}");
     let ledger_before = size();
@@ -110,7 +115,11 @@ async fn oversized_names_are_denied_and_stored_nowhere() {
             _ => uid = big.clone(),
         }
         let review = create(&uid, p);
-        let reply = server.client.post("/mutate", review.to_string()).await.unwrap();
+        let reply = server
+            .client
+            .post("/mutate", review.to_string())
+            .await
+            .unwrap();
         let response = reply.response();
         assert_eq!(response["allowed"], false, "{field}");
         let message = response["status"]["message"].as_str().unwrap();
@@ -175,10 +184,7 @@ async fn denied_requests_make_no_metrics_series_and_apps_are_capped() {
     }
     // app one/web is exhausted: its own refusal is labelled
     let response = server
-        .mutate(&create(
-            "own",
-            pod("one", "web", "web-", Some("10.91.0.1")),
-        ))
+        .mutate(&create("own", pod("one", "web", "web-", Some("10.91.0.1"))))
         .await;
     assert_eq!(response["allowed"], false, "{response}");
     // 50 forged apps in fresh namespaces ask for one/web's list
@@ -192,7 +198,10 @@ async fn denied_requests_make_no_metrics_series_and_apps_are_capped() {
         assert_eq!(response["allowed"], false, "{response}");
     }
     let text = metrics_text(&server).await;
-    assert!(!text.contains("evil-"), "a denied request's namespace is a label");
+    assert!(
+        !text.contains("evil-"),
+        "a denied request's namespace is a label"
+    );
     assert_eq!(
         metric(
             &text,
@@ -210,7 +219,11 @@ async fn denied_requests_make_no_metrics_series_and_apps_are_capped() {
         .filter(|l| l.starts_with("ip_webhook_app_held_ips{"))
         .count();
     assert_eq!(app_rows, 2, "three apps hold IPs, the cap is 2: {text}");
-    assert_eq!(metric(&text, "ip_webhook_metrics_apps_left_out"), 1.0, "{text}");
+    assert_eq!(
+        metric(&text, "ip_webhook_metrics_apps_left_out"),
+        1.0,
+        "{text}"
+    );
     // the cap holds for refusal series too: one/web has one, two/web gets the second,
     // three/web's refusal is counted without a series
     for (i, namespace) in ["two", "three"].iter().enumerate() {
@@ -229,7 +242,10 @@ async fn denied_requests_make_no_metrics_series_and_apps_are_capped() {
         .filter(|l| l.starts_with("ip_webhook_exhausted_refusals_total{"))
         .count();
     assert_eq!(series, 2, "{text}");
-    assert_eq!(metric(&text, "ip_webhook_metrics_app_series_overflow_total"), 1.0);
+    assert_eq!(
+        metric(&text, "ip_webhook_metrics_app_series_overflow_total"),
+        1.0
+    );
     assert_eq!(
         metric(&text, "ip_webhook_exhausted_refusals_unattributed_total"),
         51.0
@@ -240,7 +256,11 @@ async fn denied_requests_make_no_metrics_series_and_apps_are_capped() {
 /// One connection of the slow-body attack: the head declares `Content-Length: 7340022` and
 /// all but the last byte of the body follows. Returns the status the server answered, if it
 /// answered within `wait`.
-async fn slow_body(addr: SocketAddr, config: Arc<rustls::ClientConfig>, wait: Duration) -> Option<u16> {
+async fn slow_body(
+    addr: SocketAddr,
+    config: Arc<rustls::ClientConfig>,
+    wait: Duration,
+) -> Option<u16> {
     const LENGTH: usize = 7_340_022;
     let stream = tls(addr, config).await.ok()?;
     let (mut reader, mut writer) = tokio::io::split(stream);
@@ -337,7 +357,10 @@ async fn slow_body_attack_keeps_memory_bounded() {
         during < idle + 128 * 1024,
         "RSS grew from {idle} KiB to {during} KiB"
     );
-    assert!(after < idle + 128 * 1024, "RSS after the attack {after} KiB");
+    assert!(
+        after < idle + 128 * 1024,
+        "RSS after the attack {after} KiB"
+    );
     // still serving
     let fine = client.post("/mutate", FIXTURE).await.unwrap().response();
     assert_eq!(fine["allowed"], true);
@@ -366,7 +389,11 @@ async fn silent_and_idle_connections_are_closed_on_time() {
     let mut silent = Vec::new();
     for alpn in [&[][..], &[&b"http/1.1"[..]][..], &[&b"h2"[..]][..]] {
         let stream = tls(addr, with_alpn(&base, alpn)).await.unwrap();
-        silent.push((alpn.first().map(|p| String::from_utf8_lossy(p).into_owned()), stream));
+        silent.push((
+            alpn.first()
+                .map(|p| String::from_utf8_lossy(p).into_owned()),
+            stream,
+        ));
     }
     let started = Instant::now();
     let mut preface = tls(addr, with_alpn(&base, &[b"h2"])).await.unwrap();
@@ -420,8 +447,13 @@ async fn silent_and_idle_connections_are_closed_on_time() {
     let fds_held = open_fds(pid);
     tokio::time::sleep(Duration::from_secs(3)).await;
     let fds_after = open_fds(pid);
-    eprintln!("descriptors: idle {fds_idle}, 200 silent connections {fds_held}, after 3 s {fds_after}");
-    assert!(fds_held >= fds_idle + 150, "the connections were not held: {fds_held}");
+    eprintln!(
+        "descriptors: idle {fds_idle}, 200 silent connections {fds_held}, after 3 s {fds_after}"
+    );
+    assert!(
+        fds_held >= fds_idle + 150,
+        "the connections were not held: {fds_held}"
+    );
     assert!(
         fds_after <= fds_idle + 5,
         "silent connections keep their descriptors: {fds_idle} -> {fds_after}"
@@ -441,9 +473,18 @@ async fn connections_past_the_limit_are_refused_at_accept() {
         held.push(tls(addr, config.clone()).await.unwrap());
     }
     let refused = server.client.post("/mutate", FIXTURE).await;
-    assert!(refused.is_err(), "a fourth connection was served: {:?}", refused.map(|r| r.status));
+    assert!(
+        refused.is_err(),
+        "a fourth connection was served: {:?}",
+        refused.map(|r| r.status)
+    );
     let text = metrics_text(&server).await;
-    assert!(metric(&text, "ip_webhook_load_refusals_total{reason=\"max_connections\"}") >= 1.0);
+    assert!(
+        metric(
+            &text,
+            "ip_webhook_load_refusals_total{reason=\"max_connections\"}"
+        ) >= 1.0
+    );
     drop(held);
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
@@ -465,7 +506,10 @@ fn late_body(
     total: usize,
     delay: Duration,
 ) -> http_body_util::StreamBody<
-    futures::stream::BoxStream<'static, Result<hyper::body::Frame<Bytes>, std::convert::Infallible>>,
+    futures::stream::BoxStream<
+        'static,
+        Result<hyper::body::Frame<Bytes>, std::convert::Infallible>,
+    >,
 > {
     use futures::StreamExt;
     let chunk = Bytes::from(vec![b' '; 64 * 1024]);
@@ -611,4 +655,3 @@ async fn http2_early_answers_end_the_stream_without_a_reset() {
         }
     }
 }
-

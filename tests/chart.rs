@@ -1087,7 +1087,11 @@ fn hardened_install_renders_the_network_policy_and_the_client_ca() {
     // off by default
     let defaults = render(&helm, &[], "1.31.0");
     assert!(of_kind(&defaults, "NetworkPolicy").is_empty());
-    assert!(!args(&defaults).iter().any(|a| a.starts_with("--client-ca-file")));
+    assert!(
+        !args(&defaults)
+            .iter()
+            .any(|a| a.starts_with("--client-ca-file"))
+    );
 
     let docs = render(&helm, HARDENED, "1.31.0");
     let policy = one(&docs, "NetworkPolicy");
@@ -1141,7 +1145,10 @@ fn hardened_install_renders_the_network_policy_and_the_client_ca() {
         .expect("the client CA is mounted");
     assert_eq!(mount["mountPath"], "/etc/ip-webhook/client-ca");
     assert_eq!(mount["readOnly"], true);
-    assert!(mount.get("subPath").is_none(), "a subPath mount never sees a new CA");
+    assert!(
+        mount.get("subPath").is_none(),
+        "a subPath mount never sees a new CA"
+    );
     let deployment = one(&docs, "Deployment");
     let volume = deployment["spec"]["template"]["spec"]["volumes"]
         .as_array()
@@ -1161,8 +1168,14 @@ fn hardened_install_renders_the_network_policy_and_the_client_ca() {
         ],
         "1.31.0",
     );
-    assert!(args(&docs).contains(&"--client-ca-file=/etc/ip-webhook/client-ca/tls.crt".to_string()));
-    assert!(!args(&docs).iter().any(|a| a.starts_with("--client-allowed-names")));
+    assert!(
+        args(&docs).contains(&"--client-ca-file=/etc/ip-webhook/client-ca/tls.crt".to_string())
+    );
+    assert!(
+        !args(&docs)
+            .iter()
+            .any(|a| a.starts_with("--client-allowed-names"))
+    );
     let volume = one(&docs, "Deployment")["spec"]["template"]["spec"]["volumes"]
         .as_array()
         .unwrap()
@@ -1174,8 +1187,14 @@ fn hardened_install_renders_the_network_policy_and_the_client_ca() {
 
     // the chart refuses a half-configured hardening
     for (set, says) in [
-        (&["networkPolicy.enabled=true"][..], "networkPolicy.webhookFrom"),
-        (&["clientAuth.enabled=true"][..], "exactly one of clientAuth.caSecret"),
+        (
+            &["networkPolicy.enabled=true"][..],
+            "networkPolicy.webhookFrom",
+        ),
+        (
+            &["clientAuth.enabled=true"][..],
+            "exactly one of clientAuth.caSecret",
+        ),
         (
             &[
                 "clientAuth.enabled=true",
@@ -1200,7 +1219,10 @@ fn values_schema_refuses_typos_and_out_of_range_settings() {
         ("mutatingWebhook.failurePolicy=fail", "failurePolicy"),
         ("validatingWebhook.certificate.source=vault", "source"),
         ("server.cni=flannel", "cni"),
-        ("networkPolicy.webhookFrom[0].ipblock.cidr=10.0.0.0/8", "ipblock"),
+        (
+            "networkPolicy.webhookFrom[0].ipblock.cidr=10.0.0.0/8",
+            "ipblock",
+        ),
         ("clientAuth.allowedNames={a,}", "allowedNames"),
     ] {
         let error = template_text(&helm, &[set], "1.31.0")

@@ -11,8 +11,8 @@ use std::time::Duration;
 use common::{HttpsClient, TestServer};
 use ip_webhook::metrics::ReasonLabels;
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose,
-    IsCa, Issuer, KeyPair, KeyUsagePurpose,
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose,
 };
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -165,7 +165,10 @@ async fn only_clients_with_an_allowed_certificate_are_served() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(!served(&client).await, "the old CA still admits its clients");
+    assert!(
+        !served(&client).await,
+        "the old CA still admits its clients"
+    );
 
     // a broken CA file keeps the current one
     write(&ca_file, "not a certificate");
@@ -193,7 +196,9 @@ async fn an_unusable_client_ca_file_stops_the_start() {
     );
     let error = ip_webhook::app::launch(&args).await.err().expect("refused");
     assert!(
-        error.to_string().contains("is not a usable client CA bundle"),
+        error
+            .to_string()
+            .contains("is not a usable client CA bundle"),
         "{error}"
     );
 }

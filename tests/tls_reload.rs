@@ -151,7 +151,10 @@ async fn reload_checks_are_bounded_and_a_broken_pair_is_reported_once() {
     std::fs::write(&key, "not a key").unwrap();
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(reloads(&launched, "failure"), 1, "one report per change");
-    assert!(handshakes(&client).await, "the old certificate keeps serving");
+    assert!(
+        handshakes(&client).await,
+        "the old certificate keeps serving"
+    );
     let checks = launched.webhook.metrics.tls_checks.get();
     assert!(checks <= 12, "{checks} reads in 6 s at a 1 s poll");
 

@@ -231,7 +231,10 @@ mod tests {
         })))
         .unwrap();
         // empty values are what absent fields look like
-        checked(pod_request(serde_json::json!({"name": "", "labels": {"app": ""}}))).unwrap();
+        checked(pod_request(
+            serde_json::json!({"name": "", "labels": {"app": ""}}),
+        ))
+        .unwrap();
     }
 
     #[test]
