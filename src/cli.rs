@@ -130,6 +130,12 @@ pub struct CheckArgs {
     /// The admin address, http://HOST:PORT, for /readyz and /metrics.
     #[arg(long, value_name = "URL")]
     pub admin_url: Option<String>,
+    /// PEM client certificate to present, when the webhook requires one (--client-ca-file).
+    #[arg(long, value_name = "FILE", requires = "client_key_file")]
+    pub client_cert_file: Option<PathBuf>,
+    /// PEM private key of --client-cert-file.
+    #[arg(long, value_name = "FILE", requires = "client_cert_file")]
+    pub client_key_file: Option<PathBuf>,
     /// Fail when the certificate expires in fewer days than this (warn under 30).
     #[arg(long, default_value_t = 7, value_name = "DAYS")]
     pub min_days: i64,

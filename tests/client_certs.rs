@@ -100,13 +100,13 @@ fn refusals(server: &TestServer, reason: &'static str) -> u64 {
         .get()
 }
 
-/// The server counts a refusal after the client has seen it fail: wait for exactly one.
-async fn refused(server: &TestServer, reason: &'static str) {
+/// The server counts a refusal after the client has seen it fail: wait for exactly `count`.
+async fn refused(server: &TestServer, reason: &'static str, count: u64) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
-    while refusals(server, reason) == 0 && tokio::time::Instant::now() < deadline {
+    while refusals(server, reason) < count && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert_eq!(refusals(server, reason), 1, "refusals for {reason}");
+    assert_eq!(refusals(server, reason), count, "refusals for {reason}");
 }
 
 fn write(path: &Path, text: &str) {
@@ -133,10 +133,50 @@ async fn only_clients_with_an_allowed_certificate_are_served() {
 
     // no certificate: refused, counted
     assert!(!served(&client_with(&server, None)).await);
-    refused(&server, "missing").await;
+    refused(&server, "missing", 1).await;
+
+    // `ip-webhook check` with and without the API server's certificate
+    let apiserver = client_cert(&first, "kube-apiserver", &[]);
+    let serving_ca = std::fs::read(server.state_dir.path().join("ca.crt")).unwrap();
+    let mut options = ip_webhook::doctor::Options {
+        url: format!(
+            "https://localhost:{}",
+            server.launched.running.https_addr.port()
+        ),
+        ca_pem: Some(serving_ca),
+        admin_url: None,
+        min_days: 7,
+        exhaustion_ratio: 0.9,
+        timeout: Duration::from_secs(5),
+        client_pem: None,
+    };
+    let admission = |checks: &[ip_webhook::doctor::Check]| {
+        checks
+            .iter()
+            .find(|c| c.name == "admission")
+            .map(|c| (c.status, c.detail.clone()))
+    };
+    let without = ip_webhook::doctor::run(&options).await;
+    assert!(
+        matches!(
+            admission(&without),
+            Some((ip_webhook::doctor::Status::Fail, _)) | None
+        ),
+        "{without:#?}"
+    );
+    options.client_pem = Some((
+        apiserver.0.clone().into_bytes(),
+        apiserver.1.clone().into_bytes(),
+    ));
+    let with = ip_webhook::doctor::run(&options).await;
+    assert_eq!(
+        admission(&with).map(|(status, _)| status),
+        Some(ip_webhook::doctor::Status::Ok),
+        "{with:#?}"
+    );
+    refused(&server, "missing", 2).await; // the check without a certificate
 
     // the API server's certificate (allowed CN): served, again and again
-    let apiserver = client_cert(&first, "kube-apiserver", &[]);
     let client = client_with(&server, Some(&apiserver));
     assert!(served(&client).await);
     assert!(served(&client).await);
@@ -147,13 +187,13 @@ async fn only_clients_with_an_allowed_certificate_are_served() {
     // the right CA, a name not allowed
     let intruder = client_cert(&first, "intruder", &["intruder.example"]);
     assert!(!served(&client_with(&server, Some(&intruder))).await);
-    refused(&server, "name").await;
+    refused(&server, "name", 1).await;
 
     // another CA, an allowed name
     let other = ca("someone else's CA");
     let forged = client_cert(&other, "kube-apiserver", &[]);
     assert!(!served(&client_with(&server, Some(&forged))).await);
-    refused(&server, "untrusted").await;
+    refused(&server, "untrusted", 1).await;
 
     // the CA file replaced: the new CA's clients are served, the old one's refused
     write(&ca_file, &other.pem);
@@ -178,7 +218,7 @@ async fn only_clients_with_an_allowed_certificate_are_served() {
     // the refusals are on /metrics
     let (_, text) = server.admin_get("/metrics").await;
     assert!(
-        text.contains("ip_webhook_tls_client_refusals_total{reason=\"missing\"} 1"),
+        text.contains("ip_webhook_tls_client_refusals_total{reason=\"missing\"} 2"),
         "{text}"
     );
     server.launched.shutdown().await;
