@@ -376,7 +376,14 @@ impl Metrics {
             "TLS handshakes refused for the client certificate (missing, untrusted, name)",
             client_cert_refusals.clone(),
         );
+        // every reason starts at 0, so alerts on increase() see the series from the start
+        for reason in ["missing", "untrusted", "name"] {
+            client_cert_refusals.get_or_create(&ReasonLabels { reason });
+        }
         let load_refusals = Family::<ReasonLabels, Counter>::default();
+        for reason in ["max_connections", "max_inflight_bytes"] {
+            load_refusals.get_or_create(&ReasonLabels { reason });
+        }
         registry.register(
             "load_refusals",
             "Connections (max_connections) and requests (max_inflight_bytes) refused by the load limits",

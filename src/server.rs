@@ -75,7 +75,6 @@ const H1_MAX_BUF: usize = 64 * 1024;
 /// connection (hyper's default is 1 MB each).
 const H2_STREAM_WINDOW: u32 = 256 * 1024;
 const H2_CONNECTION_WINDOW: u32 = 512 * 1024;
-const H2_MAX_STREAMS: u32 = 64;
 const H2_MAX_HEADER_LIST: u32 = 64 * 1024;
 
 impl Default for Limits {
@@ -390,7 +389,6 @@ async fn serve_connection(
         .keep_alive_timeout(limits.header_read.min(Duration::from_secs(20)))
         .initial_stream_window_size(H2_STREAM_WINDOW)
         .initial_connection_window_size(H2_CONNECTION_WINDOW)
-        .max_concurrent_streams(H2_MAX_STREAMS)
         .max_header_list_size(H2_MAX_HEADER_LIST);
     let connection = builder.serve_connection(TokioIo::new(io), service);
     tokio::pin!(connection);
