@@ -378,11 +378,11 @@ impl Metrics {
         );
         // every reason starts at 0, so alerts on increase() see the series from the start
         for reason in ["missing", "untrusted", "name"] {
-            client_cert_refusals.get_or_create(&ReasonLabels { reason });
+            drop(client_cert_refusals.get_or_create(&ReasonLabels { reason }));
         }
         let load_refusals = Family::<ReasonLabels, Counter>::default();
         for reason in ["max_connections", "max_inflight_bytes"] {
-            load_refusals.get_or_create(&ReasonLabels { reason });
+            drop(load_refusals.get_or_create(&ReasonLabels { reason }));
         }
         registry.register(
             "load_refusals",
