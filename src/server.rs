@@ -771,6 +771,74 @@ mod tests {
     }
 
     #[test]
+    fn a_connection_expires_without_a_first_request_and_when_idle() {
+        let limits = Limits {
+            header_read: Duration::from_secs(10),
+            idle: Duration::from_secs(90),
+            ..Limits::default()
+        };
+        let activity = Arc::new(Activity::new());
+        let at = |secs| activity.opened + Duration::from_secs(secs);
+        assert_eq!(activity.expired(at(9), &limits), None);
+        assert_eq!(
+            activity.expired(at(10), &limits),
+            Some("no request head or HTTP/2 preface within the read timeout")
+        );
+        // the HTTP/2 preface and SETTINGS arrived: idle rules from then on
+        activity
+            .bytes_read
+            .store(H2_PREFACE_AND_SETTINGS, Ordering::Relaxed);
+        assert_eq!(activity.expired(at(89), &limits), None);
+        assert_eq!(activity.expired(at(90), &limits), Some("idle"));
+        // an open request is never idle; its end starts the idle clock again
+        let open = activity.begin();
+        assert_eq!(activity.expired(at(500), &limits), None);
+        drop(open);
+        let ended = activity.opened.elapsed().as_secs();
+        assert_eq!(activity.expired(at(ended + 89), &limits), None);
+        assert_eq!(activity.expired(at(ended + 91), &limits), Some("idle"));
+    }
+
+    #[test]
+    fn the_budget_is_taken_whole_or_not_at_all() {
+        let budget = Semaphore::new(100);
+        let mut first = Held::default();
+        assert!(first.take(&budget, 60));
+        assert!(first.take(&budget, 30));
+        assert_eq!(first.bytes, 90);
+        let mut second = Held::default();
+        assert!(!second.take(&budget, 11), "more than is left");
+        assert!(second.take(&budget, 10));
+        assert_eq!(budget.available_permits(), 0);
+        drop(first);
+        assert_eq!(budget.available_permits(), 90);
+        assert!(second.take(&budget, 0));
+    }
+
+    #[test]
+    fn handshake_errors_name_the_client_certificate_reason() {
+        let io = |e: rustls::Error| std::io::Error::new(std::io::ErrorKind::InvalidData, e);
+        assert_eq!(
+            client_refusal(&io(rustls::Error::NoCertificatesPresented)),
+            Some("missing")
+        );
+        assert_eq!(
+            client_refusal(&io(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::UnknownIssuer
+            ))),
+            Some("untrusted")
+        );
+        assert_eq!(
+            client_refusal(&io(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::ApplicationVerificationFailure
+            ))),
+            Some("name")
+        );
+        assert_eq!(client_refusal(&io(rustls::Error::DecryptError)), None);
+        assert_eq!(client_refusal(&std::io::Error::other("reset")), None);
+    }
+
+    #[test]
     fn content_types() {
         let mut headers = http::HeaderMap::new();
         assert!(

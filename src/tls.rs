@@ -540,6 +540,42 @@ mod tests {
     use super::*;
 
     #[test]
+    fn our_own_reads_are_not_changes() {
+        use notify::event::{AccessKind, AccessMode, CreateKind, ModifyKind};
+        let event = |kind| Ok(notify::Event::new(kind));
+        assert!(!is_change(&event(notify::EventKind::Access(
+            AccessKind::Open(AccessMode::Read)
+        ))));
+        assert!(!is_change(&event(notify::EventKind::Access(
+            AccessKind::Close(AccessMode::Read)
+        ))));
+        assert!(is_change(&event(notify::EventKind::Create(
+            CreateKind::File
+        ))));
+        assert!(is_change(&event(notify::EventKind::Modify(
+            ModifyKind::Any
+        ))));
+        assert!(is_change(&Err(notify::Error::generic("queue overflow"))));
+    }
+
+    #[test]
+    fn digests_follow_contents_and_read_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("ca.crt");
+        std::fs::write(&file, "a").unwrap();
+        let paths = [file.clone()];
+        let (first, digest) = read_all(&paths);
+        assert_eq!(first.unwrap(), [b"a".to_vec()]);
+        assert_eq!(read_all(&paths).1, digest, "same bytes, same digest");
+        std::fs::write(&file, "b").unwrap();
+        assert_ne!(read_all(&paths).1, digest);
+        std::fs::remove_file(&file).unwrap();
+        let (missing, gone) = read_all(&paths);
+        assert!(missing.is_err());
+        assert_eq!(read_all(&paths).1, gone, "one missing file, one digest");
+    }
+
+    #[test]
     fn self_signed_pair_parses_and_mismatch_is_refused() {
         let a = self_signed(&["svc.ns.svc".into()]).unwrap();
         let b = self_signed(&[]).unwrap();
