@@ -237,7 +237,7 @@ pub struct Launched {
     pub cluster: Option<ClusterHandle>,
     /// `/readyz` answers 200 once this is set.
     pub ready: Arc<AtomicBool>,
-    reloader: Option<tokio::task::JoinHandle<()>>,
+    reloaders: Vec<tokio::task::JoinHandle<()>>,
     release_timer: tokio::task::JoinHandle<()>,
 }
 
@@ -246,7 +246,7 @@ impl Launched {
     pub async fn shutdown(self) {
         self.running.shutdown().await;
         self.release_timer.abort();
-        if let Some(reloader) = self.reloader {
+        for reloader in self.reloaders {
             reloader.abort();
         }
         if let Some(cluster) = &self.cluster {
@@ -257,7 +257,18 @@ impl Launched {
 }
 
 pub async fn launch(args: &ServeArgs) -> anyhow::Result<Launched> {
+    if args.max_inflight_bytes < server::MAX_BODY_BYTES {
+        anyhow::bail!(
+            "--max-inflight-bytes {} is less than one largest review ({} bytes, 7Mi): such a review could never be read",
+            args.max_inflight_bytes,
+            server::MAX_BODY_BYTES
+        );
+    }
+    if args.max_connections == 0 {
+        anyhow::bail!("--max-connections must be at least 1");
+    }
     let metrics = Arc::new(Metrics::new());
+    metrics.set_max_apps(args.metrics_max_apps);
     let Built {
         webhook,
         ledger,
@@ -295,11 +306,34 @@ pub async fn launch(args: &ServeArgs) -> anyhow::Result<Launched> {
             (Arc::new(CertResolver::new(certified)), None, Some(bundle))
         }
     };
-    let tls_config = Arc::new(tls::server_config(resolver));
+    let mut reloaders: Vec<tokio::task::JoinHandle<()>> = reloader.into_iter().collect();
+    let clients = match &args.client_ca_file {
+        Some(path) => {
+            let (contents, digest) = tls::read_all(std::slice::from_ref(path));
+            let pem = contents?.remove(0);
+            let verifier = Arc::new(tls::ClientVerifier::new(
+                tls::client_ca_verifier(&pem, &path.display().to_string())?,
+                args.client_allowed_names.clone(),
+            ));
+            reloaders.push(tls::spawn_client_ca_reloader(
+                verifier.clone(),
+                path.clone(),
+                digest,
+                args.tls_reload_interval,
+                webhook.metrics.clone(),
+            ));
+            Some(verifier)
+        }
+        None => None,
+    };
+    let tls_config = Arc::new(tls::server_config_with_clients(resolver, clients));
     let limits = Limits {
         header_read: args.read_timeout,
         body_read: args.read_timeout,
         drain: args.shutdown_grace,
+        idle: args.idle_timeout,
+        max_connections: args.max_connections,
+        max_inflight_bytes: args.max_inflight_bytes,
         ..Limits::default()
     };
     let ready = Arc::new(AtomicBool::new(false));
@@ -360,7 +394,7 @@ pub async fn launch(args: &ServeArgs) -> anyhow::Result<Launched> {
         ca_bundle,
         cluster,
         ready,
-        reloader,
+        reloaders,
         release_timer,
     })
 }

@@ -130,6 +130,12 @@ pub struct CheckArgs {
     /// The admin address, http://HOST:PORT, for /readyz and /metrics.
     #[arg(long, value_name = "URL")]
     pub admin_url: Option<String>,
+    /// PEM client certificate to present, when the webhook requires one (--client-ca-file).
+    #[arg(long, value_name = "FILE", requires = "client_key_file")]
+    pub client_cert_file: Option<PathBuf>,
+    /// PEM private key of --client-cert-file.
+    #[arg(long, value_name = "FILE", requires = "client_cert_file")]
+    pub client_key_file: Option<PathBuf>,
     /// Fail when the certificate expires in fewer days than this (warn under 30).
     #[arg(long, default_value_t = 7, value_name = "DAYS")]
     pub min_days: i64,
@@ -316,9 +322,37 @@ pub struct ServeArgs {
     /// How often to re-read the certificate files even without a file event.
     #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
     pub tls_reload_interval: Duration,
-    /// Deadline for a client to send a request's head, and again its body.
+    /// Deadline for a client to send a request's head (after TLS: the first head or the
+    /// HTTP/2 preface), and again its body.
     #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
     pub read_timeout: Duration,
+    /// Close a connection with no request open for this long (HTTP/1 keep-alive, or HTTP/2
+    /// without a stream).
+    #[arg(long, default_value = "90s", value_parser = parse_duration, value_name = "DURATION")]
+    pub idle_timeout: Duration,
+    /// HTTPS connections served at once; more are closed as they are accepted.
+    #[arg(long, default_value_t = crate::server::DEFAULT_MAX_CONNECTIONS, value_name = "N")]
+    pub max_connections: usize,
+    /// Request body bytes held at once (declared lengths count whole); past it, 503 before
+    /// reading. At least 7Mi (one largest review). Suffixes Ki, Mi, Gi.
+    #[arg(long, default_value = "64Mi", value_parser = parse_size, value_name = "BYTES")]
+    pub max_inflight_bytes: usize,
+    /// At most this many apps get per-app metrics series; the rest are counted in
+    /// ip_webhook_metrics_app_series_overflow_total.
+    #[arg(long, default_value_t = crate::metrics::DEFAULT_MAX_APPS, value_name = "N")]
+    pub metrics_max_apps: usize,
+    /// PEM CA bundle: HTTPS then requires a client certificate that chains to it (the API
+    /// server's, see docs/security.md); reloaded when the file changes.
+    #[arg(long, value_name = "FILE")]
+    pub client_ca_file: Option<PathBuf>,
+    /// With --client-ca-file: the client certificate's CN or a DNS SAN must be one of these.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        requires = "client_ca_file",
+        value_name = "NAMES"
+    )]
+    pub client_allowed_names: Vec<String>,
     /// How long SIGTERM waits for in-flight admissions before exiting.
     #[arg(long, default_value = "25s", value_parser = parse_duration, value_name = "DURATION")]
     pub shutdown_grace: Duration,
@@ -341,6 +375,32 @@ pub struct ReviewArgs {
     pub file: String,
     #[command(flatten)]
     pub webhook: WebhookArgs,
+}
+
+/// `65536`, `64Ki`, `64Mi`, `1Gi`.
+pub fn parse_size(text: &str) -> Result<usize, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: usize = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size like 65536, 64Ki, 64Mi or 1Gi"))?;
+    let scale: usize = match unit {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        _ => {
+            return Err(format!(
+                "{text:?} has unknown unit {unit:?}; use Ki, Mi or Gi"
+            ));
+        }
+    };
+    value
+        .checked_mul(scale)
+        .ok_or_else(|| format!("{text:?} is too large"))
 }
 
 /// `500ms`, `10s`, `2m`, `1h`.
@@ -425,6 +485,15 @@ mod tests {
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert!(parse_duration("2 weeks").is_err());
         assert!(parse_duration("5d").unwrap_err().contains("unknown unit"));
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("64Mi"), Ok(64 * 1024 * 1024));
+        assert_eq!(parse_size("7340032"), Ok(7340032));
+        assert_eq!(parse_size("1Gi"), Ok(1 << 30));
+        assert!(parse_size("64MB").unwrap_err().contains("unknown unit"));
+        assert!(parse_size("lots").is_err());
     }
 
     #[test]

@@ -129,7 +129,15 @@ pub async fn check(args: CheckArgs) -> anyhow::Result<()> {
         ),
         (None, None) => None,
     };
+    let client_pem = match (&args.client_cert_file, &args.client_key_file) {
+        (Some(cert), Some(key)) => Some((
+            std::fs::read(cert).with_context(|| format!("reading {}", cert.display()))?,
+            std::fs::read(key).with_context(|| format!("reading {}", key.display()))?,
+        )),
+        _ => None,
+    };
     let options = crate::doctor::Options {
+        client_pem,
         url: args.url.clone(),
         ca_pem,
         admin_url: args.admin_url.clone(),

@@ -54,6 +54,17 @@ impl Webhook {
                 return Err(error);
             }
         };
+        if let Err(refused) = admission::bounds::check(&incoming, &self.settings.app_label) {
+            // One line, naming the field: the review's own names stay out of logs and metrics.
+            tracing::info!(
+                webhook = endpoint.as_str(),
+                outcome = "denied",
+                field = refused.field.as_str(),
+                latency_us = started.elapsed().as_micros() as u64,
+                "admission decision: a name is out of bounds"
+            );
+            return Ok(incoming.respond().deny(refused.to_string()));
+        }
         let Answer { response, app, ips } = match endpoint {
             Endpoint::mutate => mutate::mutate(self, &incoming).await?,
             Endpoint::validate => validate::validate(self, &incoming).await?,

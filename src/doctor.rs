@@ -63,6 +63,8 @@ pub struct Options {
     /// Pools and apps at or above this share of held IPs are reported.
     pub exhaustion_ratio: f64,
     pub timeout: Duration,
+    /// PEM chain and key to present when the webhook requires client certificates.
+    pub client_pem: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -279,12 +281,40 @@ async fn webhook_checks(options: &Options, checks: &mut Vec<Check>) {
         seen: Mutex::new(None),
         schemes: provider.signature_verification_algorithms,
     });
-    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
         .expect("ring supports TLS 1.2 and 1.3")
         .dangerous()
-        .with_custom_certificate_verifier(inspector.clone())
-        .with_no_client_auth();
+        .with_custom_certificate_verifier(inspector.clone());
+    let mut config = match &options.client_pem {
+        None => builder.with_no_client_auth(),
+        Some((chain, key)) => {
+            use rustls::pki_types::pem::PemObject;
+            let chain: Result<Vec<_>, _> =
+                rustls::pki_types::CertificateDer::pem_slice_iter(chain).collect();
+            let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(key);
+            let identity = match (chain, key) {
+                (Ok(chain), Ok(key)) if !chain.is_empty() => builder
+                    .with_client_auth_cert(chain, key)
+                    .map_err(|e| e.to_string()),
+                (Ok(_), Ok(_)) => {
+                    Err("the client certificate file holds no PEM certificate".into())
+                }
+                (Err(e), _) => Err(format!("the client certificate file: {e}")),
+                (_, Err(e)) => Err(format!("the client key file: {e}")),
+            };
+            match identity {
+                Ok(config) => config,
+                Err(e) => {
+                    return checks.push(check(
+                        "webhook",
+                        Status::Fail,
+                        format!("cannot use the client certificate: {e}"),
+                    ));
+                }
+            }
+        }
+    };
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     let server_name = match ServerName::try_from(host.clone()) {
         Ok(name) => name,

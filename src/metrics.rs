@@ -9,6 +9,7 @@ mod process;
 
 pub use process::{ProcessCollector, Sample as ProcessSample};
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use arc_swap::ArcSwap;
@@ -139,6 +140,19 @@ pub struct Metrics {
     pub allocations: Family<AllocationLabels, Counter>,
     /// Pods refused because every IP of their list or pool was held.
     pub exhausted_refusals: Family<ExhaustedLabels, Counter>,
+    /// Exhaustion refusals that got no per-app series: the app holds no IP (so the names
+    /// came only from the request), or `--metrics-max-apps` series exist already.
+    pub exhausted_unattributed: Counter,
+    /// Exhaustion refusals of apps that hold IPs that got no series of their own because
+    /// `--metrics-max-apps` series exist (the per-app gauges report what they leave out in
+    /// `metrics_apps_left_out`).
+    pub app_series_overflow: Counter,
+    /// TLS handshakes refused for the client certificate, by reason.
+    pub client_cert_refusals: Family<ReasonLabels, Counter>,
+    /// Connections and requests refused by the connection and in-flight byte limits.
+    pub load_refusals: Family<ReasonLabels, Counter>,
+    /// Times the certificate files were read and compared (events and polls).
+    pub tls_checks: Counter,
     pub releases: Counter,
     /// Admitted pod DELETEs whose pod still ran when its grace ended: the IP was kept.
     pub releases_refused: Counter,
@@ -157,6 +171,18 @@ pub struct Metrics {
     /// Lease code sets it: `leader.get_or_create(&LeaseLabels { lease }).set(1)`).
     pub leader: Family<LeaseLabels, Gauge>,
     capacity: Arc<OnceLock<CapacitySource>>,
+    /// At most this many apps get per-app series (`--metrics-max-apps`).
+    max_apps: Arc<AtomicUsize>,
+    /// Series in `exhausted_refusals`.
+    exhausted_series: AtomicUsize,
+}
+
+/// The default of `--metrics-max-apps`.
+pub const DEFAULT_MAX_APPS: usize = 10_000;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: &'static str,
 }
 
 /// Where the per-pool and per-app gauges are computed from at each scrape.
@@ -166,7 +192,10 @@ struct CapacitySource {
 }
 
 #[derive(Clone)]
-struct CapacityCollector(Arc<OnceLock<CapacitySource>>);
+struct CapacityCollector {
+    source: Arc<OnceLock<CapacitySource>>,
+    max_apps: Arc<AtomicUsize>,
+}
 
 impl std::fmt::Debug for CapacityCollector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -176,13 +205,25 @@ impl std::fmt::Debug for CapacityCollector {
 
 impl Collector for CapacityCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let Some(source) = self.0.get() else {
+        let Some(source) = self.source.get() else {
             return Ok(());
         };
         let pools = source.pools.load();
-        let report = source
+        let mut report = source
             .allocator
             .with_claims(|claims| Report::build(claims, &pools, false));
+        // Every app here holds an IP; past the cap, the rest are left out and counted.
+        let max_apps = self.max_apps.load(Ordering::Relaxed);
+        let left_out = report.apps.len().saturating_sub(max_apps);
+        report.apps.truncate(max_apps);
+        let gauge = ConstGauge::new(i64::try_from(left_out).unwrap_or(i64::MAX));
+        let family = encoder.encode_descriptor(
+            "metrics_apps_left_out",
+            "Apps holding IPs left out of the per-app gauges by --metrics-max-apps",
+            None,
+            gauge.metric_type(),
+        )?;
+        gauge.encode(family)?;
         let pool = |p: &crate::status::PoolStatus| {
             PoolOrApp::Pool(PoolLabels {
                 pool: p.name.clone(),
@@ -357,8 +398,45 @@ impl Metrics {
         let exhausted_refusals = Family::<ExhaustedLabels, Counter>::default();
         registry.register(
             "exhausted_refusals",
-            "Pods refused because every IP of their list or pool was held",
+            "Pods refused because every IP of their list or pool was held (apps that hold IPs)",
             exhausted_refusals.clone(),
+        );
+        let exhausted_unattributed = Counter::default();
+        registry.register(
+            "exhausted_refusals_unattributed",
+            "Exhaustion refusals of apps that hold no IP, or past --metrics-max-apps (no per-app series)",
+            exhausted_unattributed.clone(),
+        );
+        let app_series_overflow = Counter::default();
+        registry.register(
+            "metrics_app_series_overflow",
+            "Per-app series not created because --metrics-max-apps apps have series",
+            app_series_overflow.clone(),
+        );
+        let client_cert_refusals = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "tls_client_refusals",
+            "TLS handshakes refused for the client certificate (missing, untrusted, name)",
+            client_cert_refusals.clone(),
+        );
+        // every reason starts at 0, so alerts on increase() see the series from the start
+        for reason in ["missing", "untrusted", "name"] {
+            drop(client_cert_refusals.get_or_create(&ReasonLabels { reason }));
+        }
+        let load_refusals = Family::<ReasonLabels, Counter>::default();
+        for reason in ["max_connections", "max_inflight_bytes"] {
+            drop(load_refusals.get_or_create(&ReasonLabels { reason }));
+        }
+        registry.register(
+            "load_refusals",
+            "Connections (max_connections) and requests (max_inflight_bytes) refused by the load limits",
+            load_refusals.clone(),
+        );
+        let tls_checks = Counter::default();
+        registry.register(
+            "tls_reload_checks",
+            "Times the certificate files were read and compared (file events and polls)",
+            tls_checks.clone(),
         );
         let reservations_expired = Counter::default();
         registry.register(
@@ -394,7 +472,11 @@ impl Metrics {
             leader.clone(),
         );
         let capacity = Arc::new(OnceLock::new());
-        registry.register_collector(Box::new(CapacityCollector(capacity.clone())));
+        let max_apps = Arc::new(AtomicUsize::new(DEFAULT_MAX_APPS));
+        registry.register_collector(Box::new(CapacityCollector {
+            source: capacity.clone(),
+            max_apps: max_apps.clone(),
+        }));
         let releases = Counter::default();
         registry.register(
             "releases",
@@ -432,6 +514,11 @@ impl Metrics {
             panics,
             allocations,
             exhausted_refusals,
+            exhausted_unattributed,
+            app_series_overflow,
+            client_cert_refusals,
+            load_refusals,
+            tls_checks,
             releases,
             releases_refused,
             reservations_expired,
@@ -442,7 +529,14 @@ impl Metrics {
             certificate_expiry,
             leader,
             capacity,
+            max_apps,
+            exhausted_series: AtomicUsize::new(0),
         }
+    }
+
+    /// At most `max` apps get per-app series (`--metrics-max-apps`).
+    pub fn set_max_apps(&self, max: usize) {
+        self.max_apps.store(max, Ordering::Relaxed);
     }
 
     /// Compute the pool and app gauges from this allocator and catalog at each scrape
@@ -451,14 +545,41 @@ impl Metrics {
         let _ = self.capacity.set(CapacitySource { allocator, pools });
     }
 
+    /// Count a refusal for exhaustion. Its names come from the refused request, so they get
+    /// a series only when the app already holds IPs (the names were admitted before) and
+    /// fewer than `--metrics-max-apps` apps have one; otherwise one unlabelled counter.
     pub fn exhausted(&self, namespace: &str, app: &str, pool: Option<&str>) {
-        self.exhausted_refusals
-            .get_or_create(&ExhaustedLabels {
-                app_namespace: namespace.to_string(),
-                app: app.to_string(),
-                pool: pool.unwrap_or("").to_string(),
-            })
-            .inc();
+        let labels = ExhaustedLabels {
+            app_namespace: namespace.to_string(),
+            app: app.to_string(),
+            pool: pool.unwrap_or("").to_string(),
+        };
+        let holds_ips = self
+            .capacity
+            .get()
+            .is_some_and(|source| source.allocator.held_by_app(namespace, app) > 0);
+        if !holds_ips {
+            self.exhausted_unattributed.inc();
+            return;
+        }
+        // an existing series is always counted; a new one only below the cap
+        let known = {
+            let existing = self.exhausted_refusals.get(&labels);
+            existing.map(|counter| counter.inc()).is_some()
+        };
+        if known {
+            return;
+        }
+        // two threads adding the same new series both count it: the cap errs low, never high
+        if self.exhausted_series.fetch_add(1, Ordering::Relaxed)
+            >= self.max_apps.load(Ordering::Relaxed)
+        {
+            self.exhausted_series.fetch_sub(1, Ordering::Relaxed);
+            self.app_series_overflow.inc();
+            self.exhausted_unattributed.inc();
+            return;
+        }
+        self.exhausted_refusals.get_or_create(&labels).inc();
     }
 
     /// Record the notAfter of the certificate now served (DER of the leaf).

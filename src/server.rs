@@ -6,30 +6,42 @@
 //! AdmissionReview, 500 (counted) if a handler panics. Slow clients are cut off: the TLS
 //! handshake, the request head and the body each have a deadline.
 //!
+//! Load is bounded before it is buffered: at most `max_connections` connections (more are
+//! closed at accept), at most `max_inflight_bytes` of request bodies held at once (a request
+//! past it gets a 503 before its body is read: a declared `Content-Length` is reserved whole
+//! up front). A connection that has done its TLS handshake must send a request head (or the
+//! HTTP/2 preface and SETTINGS) within the read timeout, and one with no request open for
+//! `idle` is closed; HTTP/2 peers are pinged. Over HTTP/2 an early answer (404, 405, 413,
+//! 415, 503) is sent whole while the rest of the body is read and dropped, so the client gets
+//! the answer rather than a stream reset.
+//!
 //! Admin: `GET /healthz`, `GET /readyz` (200 once the caller marks `ready`), `GET /metrics`.
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures::FutureExt;
 use http::{Method, Request, Response, StatusCode, header};
-use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::Incoming;
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Body, Incoming};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{Semaphore, SemaphorePermit, watch};
+use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
-use crate::metrics::{Endpoint, Metrics, Outcome, RequestLabels};
+use crate::metrics::{Endpoint, Metrics, Outcome, ReasonLabels, RequestLabels};
 use crate::webhook::Webhook;
 
 /// controller-runtime's limit: the API server never sends more.
@@ -43,7 +55,27 @@ pub struct Limits {
     pub body_read: Duration,
     /// How long shutdown waits for in-flight admissions.
     pub drain: Duration,
+    /// A connection with no request open this long is closed (`--idle-timeout`).
+    pub idle: Duration,
+    /// Connections served at once (`--max-connections`); more are closed at accept.
+    pub max_connections: usize,
+    /// Request body bytes held at once (`--max-inflight-bytes`); past it, 503.
+    pub max_inflight_bytes: usize,
 }
+
+/// The default of `--max-inflight-bytes`: 64 MiB.
+pub const DEFAULT_MAX_INFLIGHT_BYTES: usize = 64 * 1024 * 1024;
+/// The default of `--max-connections`.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+/// The HTTP/2 preface (24 bytes) and the header of the SETTINGS frame that must follow it.
+const H2_PREFACE_AND_SETTINGS: u64 = 24 + 9;
+/// hyper's HTTP/1 read buffer per connection (its default is about 400 KB).
+const H1_MAX_BUF: usize = 64 * 1024;
+/// HTTP/2 flow-control windows: what a peer may send before we read it, per stream and per
+/// connection (hyper's default is 1 MB each).
+const H2_STREAM_WINDOW: u32 = 256 * 1024;
+const H2_CONNECTION_WINDOW: u32 = 512 * 1024;
+const H2_MAX_HEADER_LIST: u32 = 64 * 1024;
 
 impl Default for Limits {
     fn default() -> Self {
@@ -52,6 +84,9 @@ impl Default for Limits {
             header_read: Duration::from_secs(10),
             body_read: Duration::from_secs(10),
             drain: Duration::from_secs(25),
+            idle: Duration::from_secs(90),
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_inflight_bytes: DEFAULT_MAX_INFLIGHT_BYTES,
         }
     }
 }
@@ -121,7 +156,11 @@ async fn serve_https(
     limits: Limits,
     mut signal: watch::Receiver<bool>,
 ) {
-    let graceful = GracefulShutdown::new();
+    let max_connections = limits.max_connections.clamp(1, u32::MAX as usize);
+    let connections = Arc::new(Semaphore::new(max_connections));
+    let budget = Arc::new(Semaphore::new(
+        limits.max_inflight_bytes.min(Semaphore::MAX_PERMITS),
+    ));
     loop {
         let (tcp, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -134,40 +173,32 @@ async fn serve_https(
             },
             _ = signal.changed() => break,
         };
+        let Ok(permit) = connections.clone().try_acquire_owned() else {
+            // closed at once: nothing of it is buffered, and the kernel's queue stays short
+            webhook
+                .metrics
+                .load_refusals
+                .get_or_create(&ReasonLabels {
+                    reason: "max_connections",
+                })
+                .inc();
+            drop(tcp);
+            continue;
+        };
         let _ = tcp.set_nodelay(true);
         let acceptor = acceptor.clone();
         let webhook = webhook.clone();
-        let watcher = graceful.watcher();
+        let budget = budget.clone();
+        let signal = signal.clone();
         tokio::spawn(async move {
-            let stream = match tokio::time::timeout(limits.handshake, acceptor.accept(tcp)).await {
-                Ok(Ok(stream)) => stream,
-                Ok(Err(error)) => {
-                    tracing::debug!(%peer, %error, "TLS handshake failed");
-                    return;
-                }
-                Err(_) => {
-                    tracing::debug!(%peer, "TLS handshake timed out");
-                    return;
-                }
-            };
-            let service = service_fn(move |request| {
-                let webhook = webhook.clone();
-                async move { Ok::<_, Infallible>(admission(&webhook, request, limits).await) }
-            });
-            let mut builder = auto::Builder::new(TokioExecutor::new());
-            builder
-                .http1()
-                .timer(TokioTimer::new())
-                .header_read_timeout(limits.header_read);
-            builder.http2().timer(TokioTimer::new());
-            let connection = builder.serve_connection(TokioIo::new(stream), service);
-            if let Err(error) = watcher.watch(connection.into_owned()).await {
-                tracing::debug!(%peer, %error, "connection ended with an error");
-            }
+            serve_connection(tcp, peer, acceptor, webhook, limits, budget, signal).await;
+            drop(permit);
         });
     }
     drop(listener);
-    if tokio::time::timeout(limits.drain, graceful.shutdown())
+    // every connection holds a permit until it ends; all of them back means all are done
+    let all = u32::try_from(max_connections).unwrap_or(u32::MAX);
+    if tokio::time::timeout(limits.drain, connections.acquire_many(all))
         .await
         .is_err()
     {
@@ -175,22 +206,248 @@ async fn serve_https(
     }
 }
 
+/// What a connection has done, for its deadlines.
+struct Activity {
+    opened: Instant,
+    bytes_read: AtomicU64,
+    requests: AtomicU64,
+    open_requests: AtomicUsize,
+    /// Milliseconds after `opened` when the last open request ended.
+    idle_since_ms: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Activity {
+        Activity {
+            opened: Instant::now(),
+            bytes_read: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
+            open_requests: AtomicUsize::new(0),
+            idle_since_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn begin(self: &Arc<Self>) -> RequestOpen {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.open_requests.fetch_add(1, Ordering::SeqCst);
+        RequestOpen(self.clone())
+    }
+
+    /// Why the connection should be closed now, if it should.
+    fn expired(&self, now: Instant, limits: &Limits) -> Option<&'static str> {
+        let age = now.saturating_duration_since(self.opened);
+        if self.requests.load(Ordering::Relaxed) == 0
+            && self.bytes_read.load(Ordering::Relaxed) < H2_PREFACE_AND_SETTINGS
+            && age >= limits.header_read
+        {
+            return Some("no request head or HTTP/2 preface within the read timeout");
+        }
+        if self.open_requests.load(Ordering::SeqCst) == 0 {
+            let idle_since = Duration::from_millis(self.idle_since_ms.load(Ordering::SeqCst));
+            if age.saturating_sub(idle_since) >= limits.idle {
+                return Some("idle");
+            }
+        }
+        None
+    }
+}
+
+/// An open request; the connection counts as idle again when the last one is dropped.
+struct RequestOpen(Arc<Activity>);
+
+impl Drop for RequestOpen {
+    fn drop(&mut self) {
+        let since = u64::try_from(self.0.opened.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.0.idle_since_ms.store(since, Ordering::SeqCst);
+        self.0.open_requests.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The TLS stream, counting the bytes read from it.
+struct Counted<S> {
+    inner: S,
+    activity: Arc<Activity>,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Counted<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        let read = buf.filled().len().saturating_sub(before) as u64;
+        if read > 0 {
+            self.activity.bytes_read.fetch_add(read, Ordering::Relaxed);
+        }
+        polled
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+/// Why a TLS handshake failed, when the client certificate is the reason.
+fn client_refusal(error: &std::io::Error) -> Option<&'static str> {
+    match error.get_ref()?.downcast_ref::<rustls::Error>()? {
+        rustls::Error::NoCertificatesPresented => Some("missing"),
+        rustls::Error::InvalidCertificate(
+            rustls::CertificateError::ApplicationVerificationFailure,
+        ) => Some("name"),
+        rustls::Error::InvalidCertificate(_) => Some("untrusted"),
+        _ => None,
+    }
+}
+
+async fn serve_connection(
+    tcp: tokio::net::TcpStream,
+    peer: SocketAddr,
+    acceptor: TlsAcceptor,
+    webhook: Arc<Webhook>,
+    limits: Limits,
+    budget: Arc<Semaphore>,
+    mut signal: watch::Receiver<bool>,
+) {
+    let stream = match tokio::time::timeout(limits.handshake, acceptor.accept(tcp)).await {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(error)) => {
+            if let Some(reason) = client_refusal(&error) {
+                webhook
+                    .metrics
+                    .client_cert_refusals
+                    .get_or_create(&ReasonLabels { reason })
+                    .inc();
+            }
+            tracing::debug!(%peer, %error, "TLS handshake failed");
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(%peer, "TLS handshake timed out");
+            return;
+        }
+    };
+    let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
+    let activity = Arc::new(Activity::new());
+    let io = Counted {
+        inner: stream,
+        activity: activity.clone(),
+    };
+    let service = {
+        let activity = activity.clone();
+        service_fn(move |request| {
+            let webhook = webhook.clone();
+            let budget = budget.clone();
+            let open = activity.begin();
+            async move {
+                let response = admission(&webhook, request, limits, &budget).await;
+                drop(open);
+                Ok::<_, Infallible>(response)
+            }
+        })
+    };
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    if h2 {
+        builder = builder.http2_only();
+    }
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read)
+        .max_buf_size(H1_MAX_BUF);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(Some(limits.idle.min(Duration::from_secs(30))))
+        .keep_alive_timeout(limits.header_read.min(Duration::from_secs(20)))
+        .initial_stream_window_size(H2_STREAM_WINDOW)
+        .initial_connection_window_size(H2_CONNECTION_WINDOW)
+        .max_header_list_size(H2_MAX_HEADER_LIST);
+    let connection = builder.serve_connection(TokioIo::new(io), service);
+    tokio::pin!(connection);
+    let tick = (limits.header_read.min(limits.idle) / 4)
+        .clamp(Duration::from_millis(10), Duration::from_secs(1));
+    let mut ticker = tokio::time::interval(tick);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let closing = loop {
+        tokio::select! {
+            result = connection.as_mut() => {
+                if let Err(error) = result {
+                    tracing::debug!(%peer, %error, "connection ended with an error");
+                }
+                return;
+            }
+            _ = signal.changed() => break "shutting down",
+            _ = ticker.tick() => {
+                if let Some(reason) = activity.expired(Instant::now(), &limits) {
+                    break reason;
+                }
+            }
+        }
+    };
+    tracing::debug!(%peer, reason = closing, "closing the connection");
+    connection.as_mut().graceful_shutdown();
+    // in-flight requests finish (shutdown bounds this by the drain period); a peer that
+    // never answers an HTTP/2 GOAWAY is dropped
+    let patience = if closing == "shutting down" {
+        limits.drain
+    } else {
+        limits.header_read.min(Duration::from_secs(5))
+    };
+    let _ = tokio::time::timeout(patience, connection).await;
+}
+
 /// Route and answer one HTTPS request.
 async fn admission(
     webhook: &Webhook,
     request: Request<Incoming>,
     limits: Limits,
+    budget: &Semaphore,
 ) -> Response<Full<Bytes>> {
-    let endpoint = match request.uri().path() {
+    let (parts, body) = request.into_parts();
+    let h2 = parts.version == http::Version::HTTP_2;
+    // An answer given before the body is read: over HTTP/2 the rest of the body is read and
+    // dropped in the background, so the stream ends cleanly and the answer arrives whole.
+    let early = |response: Response<Full<Bytes>>, body: Incoming| {
+        if h2 && !body.is_end_stream() {
+            tokio::spawn(discard(body, limits.body_read));
+        }
+        response
+    };
+    let endpoint = match parts.uri.path() {
         "/mutate" => Endpoint::mutate,
         "/validate" => Endpoint::validate,
         path => {
-            return status(
-                StatusCode::NOT_FOUND,
-                &format!(
-                    "no such path {path:?}; ip-webhook serves POST /mutate and POST /validate"
-                ),
-            );
+            let message =
+                format!("no such path {path:?}; ip-webhook serves POST /mutate and POST /validate");
+            return early(status(StatusCode::NOT_FOUND, &message), body);
         }
     };
     let count = |outcome| {
@@ -203,38 +460,48 @@ async fn admission(
             })
             .inc();
     };
-    if request.method() != Method::POST {
+    if parts.method != Method::POST {
         count(Outcome::bad_request);
-        return status(
-            StatusCode::METHOD_NOT_ALLOWED,
-            &format!("{} is not allowed; send POST", request.method()),
-        );
+        let message = format!("{} is not allowed; send POST", parts.method);
+        return early(status(StatusCode::METHOD_NOT_ALLOWED, &message), body);
     }
-    if let Err(message) = check_content_type(request.headers()) {
+    if let Err(message) = check_content_type(&parts.headers) {
         count(Outcome::bad_request);
-        return status(StatusCode::UNSUPPORTED_MEDIA_TYPE, &message);
+        return early(status(StatusCode::UNSUPPORTED_MEDIA_TYPE, &message), body);
     }
-    let declared = request
-        .headers()
+    let declared = parts
+        .headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|len| len > MAX_BODY_BYTES as u64) {
         count(Outcome::bad_request);
-        return too_large();
+        return early(too_large(), body);
     }
-    let body = match tokio::time::timeout(
-        limits.body_read,
-        Limited::new(request.into_body(), MAX_BODY_BYTES).collect(),
-    )
-    .await
+    let declared = declared.map(|len| len as usize);
+    let mut held = Held::default();
+    if let Some(len) = declared
+        && !held.take(budget, len)
     {
-        Ok(Ok(collected)) => collected.to_bytes(),
-        Ok(Err(error)) if error.is::<http_body_util::LengthLimitError>() => {
+        count(Outcome::bad_request);
+        return early(busy(webhook, limits), body);
+    }
+    let collected = tokio::time::timeout(
+        limits.body_read,
+        read_body(body, declared, budget, &mut held),
+    )
+    .await;
+    let body = match collected {
+        Ok(Ok(bytes)) => bytes,
+        Ok(Err(BodyError::TooLarge(body))) => {
             count(Outcome::bad_request);
-            return too_large();
+            return early(too_large(), body);
         }
-        Ok(Err(error)) => {
+        Ok(Err(BodyError::Busy(body))) => {
+            count(Outcome::bad_request);
+            return early(busy(webhook, limits), body);
+        }
+        Ok(Err(BodyError::Read(error))) => {
             count(Outcome::bad_request);
             return status(
                 StatusCode::BAD_REQUEST,
@@ -253,6 +520,8 @@ async fn admission(
         }
     };
     let answer = recover(webhook.review(endpoint.clone(), &body)).await;
+    drop(body);
+    drop(held);
     match answer {
         Ok(Ok(json)) => json_response(StatusCode::OK, json),
         Ok(Err(error)) => status(StatusCode::BAD_REQUEST, &error.to_string()),
@@ -268,6 +537,104 @@ async fn admission(
             )
         }
     }
+}
+
+/// Bytes of the in-flight budget held by one request.
+#[derive(Default)]
+struct Held<'a> {
+    permits: Option<SemaphorePermit<'a>>,
+    bytes: usize,
+}
+
+impl<'a> Held<'a> {
+    /// Take `bytes` more of the budget, or nothing (false) when it is spent.
+    fn take(&mut self, budget: &'a Semaphore, bytes: usize) -> bool {
+        if bytes == 0 {
+            return true;
+        }
+        let Ok(wanted) = u32::try_from(bytes) else {
+            return false;
+        };
+        match budget.try_acquire_many(wanted) {
+            Ok(permit) => {
+                match &mut self.permits {
+                    Some(held) => held.merge(permit),
+                    None => self.permits = Some(permit),
+                }
+                self.bytes += bytes;
+                true
+            }
+            Err(_) => false,
+        }
+    }
+}
+
+enum BodyError {
+    TooLarge(Incoming),
+    Busy(Incoming),
+    Read(hyper::Error),
+}
+
+/// Read the body into one buffer, taking from the budget what the declared length did not
+/// reserve; never more than [`MAX_BODY_BYTES`].
+async fn read_body<'a>(
+    mut body: Incoming,
+    declared: Option<usize>,
+    budget: &'a Semaphore,
+    held: &mut Held<'a>,
+) -> Result<Bytes, BodyError> {
+    let mut buffer = bytes::BytesMut::with_capacity(declared.unwrap_or(0));
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(BodyError::Read)?;
+        let Ok(data) = frame.into_data() else {
+            continue; // trailers
+        };
+        let total = buffer.len() + data.len();
+        if total > MAX_BODY_BYTES {
+            return Err(BodyError::TooLarge(body));
+        }
+        if total > held.bytes && !held.take(budget, total - held.bytes) {
+            return Err(BodyError::Busy(body));
+        }
+        buffer.extend_from_slice(&data);
+    }
+    Ok(buffer.freeze())
+}
+
+/// Read and drop the rest of a body answered early (at most twice the body limit, within
+/// `within`), so an HTTP/2 stream ends cleanly instead of being reset.
+async fn discard(mut body: Incoming, within: Duration) {
+    let _ = tokio::time::timeout(within, async {
+        let mut seen = 0usize;
+        while let Some(Ok(frame)) = body.frame().await {
+            seen += frame.data_ref().map_or(0, Bytes::len);
+            if seen > 2 * MAX_BODY_BYTES {
+                break;
+            }
+        }
+    })
+    .await;
+}
+
+fn busy(webhook: &Webhook, limits: Limits) -> Response<Full<Bytes>> {
+    webhook
+        .metrics
+        .load_refusals
+        .get_or_create(&ReasonLabels {
+            reason: "max_inflight_bytes",
+        })
+        .inc();
+    let mut response = status(
+        StatusCode::SERVICE_UNAVAILABLE,
+        &format!(
+            "ip-webhook is busy: {} bytes of request bodies are already in flight (--max-inflight-bytes); retry",
+            limits.max_inflight_bytes
+        ),
+    );
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, http::HeaderValue::from_static("1"));
+    response
 }
 
 /// Run a future; a panic inside becomes `Err(message)` instead of tearing down the connection.
@@ -401,6 +768,74 @@ mod tests {
         let caught = recover(async { panic!("boom at {}", 42) }).await;
         assert_eq!(caught, Err::<(), _>("boom at 42".to_string()));
         assert_eq!(recover(async { 7 }).await, Ok(7));
+    }
+
+    #[test]
+    fn a_connection_expires_without_a_first_request_and_when_idle() {
+        let limits = Limits {
+            header_read: Duration::from_secs(10),
+            idle: Duration::from_secs(90),
+            ..Limits::default()
+        };
+        let activity = Arc::new(Activity::new());
+        let at = |secs| activity.opened + Duration::from_secs(secs);
+        assert_eq!(activity.expired(at(9), &limits), None);
+        assert_eq!(
+            activity.expired(at(10), &limits),
+            Some("no request head or HTTP/2 preface within the read timeout")
+        );
+        // the HTTP/2 preface and SETTINGS arrived: idle rules from then on
+        activity
+            .bytes_read
+            .store(H2_PREFACE_AND_SETTINGS, Ordering::Relaxed);
+        assert_eq!(activity.expired(at(89), &limits), None);
+        assert_eq!(activity.expired(at(90), &limits), Some("idle"));
+        // an open request is never idle; its end starts the idle clock again
+        let open = activity.begin();
+        assert_eq!(activity.expired(at(500), &limits), None);
+        drop(open);
+        let ended = activity.opened.elapsed().as_secs();
+        assert_eq!(activity.expired(at(ended + 89), &limits), None);
+        assert_eq!(activity.expired(at(ended + 91), &limits), Some("idle"));
+    }
+
+    #[test]
+    fn the_budget_is_taken_whole_or_not_at_all() {
+        let budget = Semaphore::new(100);
+        let mut first = Held::default();
+        assert!(first.take(&budget, 60));
+        assert!(first.take(&budget, 30));
+        assert_eq!(first.bytes, 90);
+        let mut second = Held::default();
+        assert!(!second.take(&budget, 11), "more than is left");
+        assert!(second.take(&budget, 10));
+        assert_eq!(budget.available_permits(), 0);
+        drop(first);
+        assert_eq!(budget.available_permits(), 90);
+        assert!(second.take(&budget, 0));
+    }
+
+    #[test]
+    fn handshake_errors_name_the_client_certificate_reason() {
+        let io = |e: rustls::Error| std::io::Error::new(std::io::ErrorKind::InvalidData, e);
+        assert_eq!(
+            client_refusal(&io(rustls::Error::NoCertificatesPresented)),
+            Some("missing")
+        );
+        assert_eq!(
+            client_refusal(&io(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::UnknownIssuer
+            ))),
+            Some("untrusted")
+        );
+        assert_eq!(
+            client_refusal(&io(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::ApplicationVerificationFailure
+            ))),
+            Some("name")
+        );
+        assert_eq!(client_refusal(&io(rustls::Error::DecryptError)), None);
+        assert_eq!(client_refusal(&std::io::Error::other("reset")), None);
     }
 
     #[test]

@@ -2,9 +2,15 @@
 //! self-signed CA + serving certificate for running without a cluster.
 //!
 //! cert-manager (like any Secret volume) updates the mounted directory by swapping a `..data`
-//! symlink, so the watcher watches the directories, re-reads both files on any event, and polls
-//! as a backstop. A new pair that does not parse or does not match is ignored (the old
-//! certificate keeps serving); existing connections are never touched.
+//! symlink, so the watcher watches the directories, re-reads the files on any change event
+//! (not on the access events its own reads cause), and polls as a backstop. Only a change of
+//! the files' digest is acted on: a new pair that does not parse or does not match is logged
+//! once and ignored (the old certificate keeps serving); existing connections are never
+//! touched.
+//!
+//! With `--client-ca-file`, a client certificate chaining to that CA is required (rustls'
+//! `WebPkiClientVerifier` behind the same kind of swap, reloaded the same way), and with
+//! `--client-allowed-names` its CN or a DNS SAN must be one of the names.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -12,11 +18,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use rustls::client::danger::HandshakeSignatureValid;
 use rustls::crypto::CryptoProvider;
+use rustls::pki_types::UnixTime;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
+use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
 use sha2::{Digest, Sha256};
 
 use crate::metrics::{Metrics, ResultLabels};
@@ -37,6 +47,8 @@ pub enum TlsError {
     },
     #[error("cannot generate a certificate: {0}")]
     Generate(String),
+    #[error("{path} is not a usable client CA bundle: {reason}")]
+    ClientCa { path: String, reason: String },
 }
 
 pub fn provider() -> Arc<CryptoProvider> {
@@ -112,13 +124,165 @@ impl ResolvesServerCert for CertResolver {
 
 /// TLS 1.2 and 1.3 only (rustls has nothing older), HTTP/2 and HTTP/1.1 by ALPN.
 pub fn server_config(resolver: Arc<CertResolver>) -> rustls::ServerConfig {
-    let mut config = rustls::ServerConfig::builder_with_provider(provider())
+    server_config_with_clients(resolver, None)
+}
+
+/// [`server_config`], requiring a client certificate that `clients` accepts when given.
+pub fn server_config_with_clients(
+    resolver: Arc<CertResolver>,
+    clients: Option<Arc<ClientVerifier>>,
+) -> rustls::ServerConfig {
+    let builder = rustls::ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-        .expect("ring supports TLS 1.2 and 1.3")
-        .with_no_client_auth()
-        .with_cert_resolver(resolver);
+        .expect("ring supports TLS 1.2 and 1.3");
+    let mut config = match clients {
+        Some(verifier) => builder.with_client_cert_verifier(verifier),
+        None => builder.with_no_client_auth(),
+    }
+    .with_cert_resolver(resolver);
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     config
+}
+
+/// rustls' WebPKI client verifier for one CA bundle (PEM).
+pub fn client_ca_verifier(pem: &[u8], name: &str) -> Result<Arc<dyn ClientCertVerifier>, TlsError> {
+    let bad = |reason: String| TlsError::ClientCa {
+        path: name.to_string(),
+        reason,
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(pem) {
+        let cert = cert.map_err(|e| bad(e.to_string()))?;
+        roots.add(cert).map_err(|e| bad(e.to_string()))?;
+    }
+    if roots.is_empty() {
+        return Err(bad("it holds no PEM certificate".into()));
+    }
+    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+        .build()
+        .map_err(|e| bad(e.to_string()))
+}
+
+/// Requires a client certificate: chaining to the current CA (swapped on reload), and with
+/// allowed names, naming one of them as its CN or a DNS SAN.
+pub struct ClientVerifier {
+    current: ArcSwap<Arc<dyn ClientCertVerifier>>,
+    allowed: Vec<String>,
+}
+
+impl fmt::Debug for ClientVerifier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientVerifier")
+            .field("allowed", &self.allowed)
+            .finish()
+    }
+}
+
+impl ClientVerifier {
+    pub fn new(verifier: Arc<dyn ClientCertVerifier>, allowed: Vec<String>) -> ClientVerifier {
+        ClientVerifier {
+            current: ArcSwap::from_pointee(verifier),
+            allowed: allowed
+                .into_iter()
+                .map(|n| n.trim().to_string())
+                .filter(|n| !n.is_empty())
+                .collect(),
+        }
+    }
+
+    pub fn store(&self, verifier: Arc<dyn ClientCertVerifier>) {
+        self.current.store(Arc::new(verifier));
+    }
+
+    fn inner(&self) -> Arc<Arc<dyn ClientCertVerifier>> {
+        self.current.load_full()
+    }
+
+    /// Whether the certificate's CN or one of its DNS SANs is allowed (any, with no list).
+    fn name_allowed(&self, der: &[u8]) -> bool {
+        if self.allowed.is_empty() {
+            return true;
+        }
+        let Ok((_, cert)) = x509_parser::parse_x509_certificate(der) else {
+            return false;
+        };
+        let common_names = cert
+            .subject()
+            .iter_common_name()
+            .filter_map(|cn| cn.as_str().ok().map(str::to_string));
+        let dns_names = cert
+            .subject_alternative_name()
+            .ok()
+            .flatten()
+            .map(|san| {
+                san.value
+                    .general_names
+                    .iter()
+                    .filter_map(|name| match name {
+                        x509_parser::extensions::GeneralName::DNSName(dns) => Some(dns.to_string()),
+                        _ => None,
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default();
+        common_names
+            .chain(dns_names)
+            .any(|name| self.allowed.iter().any(|a| a.eq_ignore_ascii_case(&name)))
+    }
+}
+
+impl ClientCertVerifier for ClientVerifier {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        true
+    }
+
+    /// No hints: the CA can change under us, and clients send their one certificate anyway.
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        &[]
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        let verified = self
+            .inner()
+            .verify_client_cert(end_entity, intermediates, now)?;
+        if !self.name_allowed(end_entity) {
+            return Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::ApplicationVerificationFailure,
+            ));
+        }
+        Ok(verified)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner().verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner().verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner().supported_verify_schemes()
+    }
 }
 
 /// Certificate files to serve and watch.
@@ -129,20 +293,10 @@ pub struct CertFiles {
 }
 
 impl CertFiles {
-    fn read(&self) -> Result<(Vec<u8>, Vec<u8>), TlsError> {
-        let read = |path: &Path| {
-            std::fs::read(path).map_err(|e| TlsError::Read {
-                path: path.display().to_string(),
-                reason: e.to_string(),
-            })
-        };
-        Ok((read(&self.cert)?, read(&self.key)?))
-    }
-
-    /// Read and parse both files, returning the key and a fingerprint of the bytes.
+    /// Read and parse both files, returning the key and the digest the reloader compares.
     pub fn load(&self) -> Result<(CertifiedKey, [u8; 32]), TlsError> {
-        let (cert, key) = self.read()?;
-        let fingerprint = fingerprint(&cert, &key);
+        let (contents, fingerprint) = read_all(&[self.cert.clone(), self.key.clone()]);
+        let [cert, key]: [Vec<u8>; 2] = contents?.try_into().expect("two files read, two contents");
         let parsed = certified_key(
             &cert,
             &key,
@@ -151,14 +305,6 @@ impl CertFiles {
         )?;
         Ok((parsed, fingerprint))
     }
-}
-
-fn fingerprint(cert: &[u8], key: &[u8]) -> [u8; 32] {
-    let mut hasher = Sha256::new();
-    hasher.update(cert);
-    hasher.update([0]);
-    hasher.update(key);
-    hasher.finalize().into()
 }
 
 /// Watch the certificate files' directories and poll every `poll`; swap in a new pair when
@@ -170,16 +316,106 @@ pub fn spawn_reloader(
     poll: Duration,
     metrics: Arc<Metrics>,
 ) -> tokio::task::JoinHandle<()> {
+    let names = (
+        files.cert.display().to_string(),
+        files.key.display().to_string(),
+    );
+    let served = metrics.clone();
+    spawn_watch(
+        vec![files.cert, files.key],
+        initial,
+        poll,
+        metrics,
+        "serving certificate",
+        move |contents| {
+            let key = certified_key(&contents[0], &contents[1], &names.0, &names.1)?;
+            if let Some(leaf) = key.cert.first() {
+                served.served_certificate(leaf);
+            }
+            resolver.store(key);
+            Ok(())
+        },
+    )
+}
+
+/// Watch the client CA bundle like the serving certificate; swap in a new verifier when its
+/// bytes change and it parses.
+pub fn spawn_client_ca_reloader(
+    verifier: Arc<ClientVerifier>,
+    file: PathBuf,
+    initial: [u8; 32],
+    poll: Duration,
+    metrics: Arc<Metrics>,
+) -> tokio::task::JoinHandle<()> {
+    let name = file.display().to_string();
+    spawn_watch(
+        vec![file],
+        initial,
+        poll,
+        metrics,
+        "client CA",
+        move |contents| {
+            verifier.store(client_ca_verifier(&contents[0], &name)?);
+            Ok(())
+        },
+    )
+}
+
+/// Read `paths`; the digest covers their bytes, or the error when one cannot be read.
+pub fn read_all(paths: &[PathBuf]) -> (Result<Vec<Vec<u8>>, TlsError>, [u8; 32]) {
+    let mut hasher = Sha256::new();
+    let mut contents = Vec::with_capacity(paths.len());
+    for path in paths {
+        match std::fs::read(path) {
+            Ok(bytes) => {
+                hasher.update((bytes.len() as u64).to_le_bytes());
+                hasher.update(&bytes);
+                contents.push(bytes);
+            }
+            Err(e) => {
+                let error = TlsError::Read {
+                    path: path.display().to_string(),
+                    reason: e.to_string(),
+                };
+                hasher.update(b"error");
+                hasher.update(error.to_string().as_bytes());
+                return (Err(error), hasher.finalize().into());
+            }
+        }
+    }
+    (Ok(contents), hasher.finalize().into())
+}
+
+/// Whether a file event can mean new contents (our own reads cause access events).
+fn is_change(event: &notify::Result<notify::Event>) -> bool {
+    match event {
+        Ok(event) => !matches!(event.kind, notify::EventKind::Access(_)),
+        Err(_) => true,
+    }
+}
+
+/// Watch the directories of `paths` and poll every `poll`; call `apply` with the files'
+/// bytes whenever their digest differs from the last one seen (starting from `initial`).
+/// A failure is counted and logged once per change of contents.
+fn spawn_watch(
+    paths: Vec<PathBuf>,
+    initial: [u8; 32],
+    poll: Duration,
+    metrics: Arc<Metrics>,
+    what: &'static str,
+    apply: impl Fn(&[Vec<u8>]) -> Result<(), TlsError> + Send + 'static,
+) -> tokio::task::JoinHandle<()> {
     let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(1);
     let watcher = {
         use notify::Watcher;
-        let tx = tx.clone();
         let mut watcher =
-            notify::recommended_watcher(move |_event: notify::Result<notify::Event>| {
-                let _ = tx.try_send(());
+            notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+                if is_change(&event) {
+                    let _ = tx.try_send(());
+                }
             });
         if let Ok(w) = watcher.as_mut() {
-            let mut dirs: Vec<PathBuf> = [&files.cert, &files.key]
+            let mut dirs: Vec<PathBuf> = paths
                 .iter()
                 .map(|p| {
                     p.parent()
@@ -188,10 +424,11 @@ pub fn spawn_reloader(
                         .unwrap_or_else(|| PathBuf::from("."))
                 })
                 .collect();
+            dirs.sort();
             dirs.dedup();
             for dir in dirs {
                 if let Err(error) = w.watch(&dir, notify::RecursiveMode::NonRecursive) {
-                    tracing::warn!(dir = %dir.display(), %error, "cannot watch certificate directory; polling only");
+                    tracing::warn!(dir = %dir.display(), %error, "cannot watch {what} directory; polling only");
                 }
             }
         }
@@ -210,30 +447,33 @@ pub fn spawn_reloader(
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             }
-            let files = files.clone();
-            let loaded = tokio::task::spawn_blocking(move || files.load()).await;
-            match loaded {
-                Ok(Ok((key, print))) if print != last => {
-                    if let Some(leaf) = key.cert.first() {
-                        metrics.served_certificate(leaf);
-                    }
-                    resolver.store(key);
-                    last = print;
+            let paths = paths.clone();
+            let Ok((contents, digest)) =
+                tokio::task::spawn_blocking(move || read_all(&paths)).await
+            else {
+                tracing::warn!("{what} reload task failed");
+                continue;
+            };
+            metrics.tls_checks.inc();
+            if digest == last {
+                continue;
+            }
+            last = digest;
+            match contents.and_then(|contents| apply(&contents)) {
+                Ok(()) => {
                     metrics
                         .tls_reloads
                         .get_or_create(&ResultLabels { result: "success" })
                         .inc();
-                    tracing::info!("serving a new TLS certificate");
+                    tracing::info!("serving with a new {what}");
                 }
-                Ok(Ok(_)) => {}
-                Ok(Err(error)) => {
+                Err(error) => {
                     metrics
                         .tls_reloads
                         .get_or_create(&ResultLabels { result: "failure" })
                         .inc();
-                    tracing::warn!(%error, "new certificate files are not usable; keeping the current certificate");
+                    tracing::warn!(%error, "the new {what} files are not usable; keeping the current one");
                 }
-                Err(error) => tracing::warn!(%error, "certificate reload task failed"),
             }
         }
     })
@@ -298,6 +538,42 @@ pub fn self_signed(dns_names: &[String]) -> Result<SelfSigned, TlsError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn our_own_reads_are_not_changes() {
+        use notify::event::{AccessKind, AccessMode, CreateKind, ModifyKind};
+        let event = |kind| Ok(notify::Event::new(kind));
+        assert!(!is_change(&event(notify::EventKind::Access(
+            AccessKind::Open(AccessMode::Read)
+        ))));
+        assert!(!is_change(&event(notify::EventKind::Access(
+            AccessKind::Close(AccessMode::Read)
+        ))));
+        assert!(is_change(&event(notify::EventKind::Create(
+            CreateKind::File
+        ))));
+        assert!(is_change(&event(notify::EventKind::Modify(
+            ModifyKind::Any
+        ))));
+        assert!(is_change(&Err(notify::Error::generic("queue overflow"))));
+    }
+
+    #[test]
+    fn digests_follow_contents_and_read_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("ca.crt");
+        std::fs::write(&file, "a").unwrap();
+        let paths = [file.clone()];
+        let (first, digest) = read_all(&paths);
+        assert_eq!(first.unwrap(), [b"a".to_vec()]);
+        assert_eq!(read_all(&paths).1, digest, "same bytes, same digest");
+        std::fs::write(&file, "b").unwrap();
+        assert_ne!(read_all(&paths).1, digest);
+        std::fs::remove_file(&file).unwrap();
+        let (missing, gone) = read_all(&paths);
+        assert!(missing.is_err());
+        assert_eq!(read_all(&paths).1, gone, "one missing file, one digest");
+    }
 
     #[test]
     fn self_signed_pair_parses_and_mismatch_is_refused() {

@@ -138,6 +138,21 @@ const CASES: &[Case] = &[
             "extraVolumeMounts[0].readOnly=true",
         ],
     },
+    Case {
+        name: "hardened",
+        set: HARDENED,
+    },
+];
+
+/// Client certificates (CA from a ConfigMap) and the NetworkPolicy, as docs/security.md says.
+const HARDENED: &[&str] = &[
+    "clientAuth.enabled=true",
+    "clientAuth.caConfigMap=apiserver-client-ca",
+    "clientAuth.allowedNames={kube-apiserver,apiserver.example}",
+    "networkPolicy.enabled=true",
+    "networkPolicy.webhookFrom[0].ipBlock.cidr=10.0.0.0/24",
+    "networkPolicy.webhookFrom[1].ipBlock.cidr=192.168.10.5/32",
+    "networkPolicy.metricsFrom[0].ipBlock.cidr=10.1.0.0/16",
 ];
 
 fn case(name: &str) -> &'static Case {
@@ -1239,6 +1254,134 @@ fn deployment_flags_ports_and_paths_match_what_serve_accepts() {
 }
 
 #[test]
+fn hardened_install_renders_the_network_policy_and_the_client_ca() {
+    let Some(helm) = helm() else { return };
+    // off by default
+    let defaults = render(&helm, &[], "1.31.0");
+    assert!(of_kind(&defaults, "NetworkPolicy").is_empty());
+    assert!(
+        !args(&defaults)
+            .iter()
+            .any(|a| a.starts_with("--client-ca-file"))
+    );
+
+    let docs = render(&helm, HARDENED, "1.31.0");
+    let policy = one(&docs, "NetworkPolicy");
+    assert_eq!(policy["metadata"]["namespace"], NAMESPACE);
+    assert_eq!(
+        policy["spec"]["podSelector"]["matchLabels"],
+        one(&docs, "Deployment")["spec"]["selector"]["matchLabels"]
+    );
+    assert_eq!(policy["spec"]["policyTypes"], json!(["Ingress"]));
+    let https = container_port(&docs, "https");
+    let admin = container_port(&docs, "admin");
+    assert_eq!(
+        policy["spec"]["ingress"],
+        json!([
+            {
+                "ports": [{"port": https, "protocol": "TCP"}],
+                "from": [
+                    {"ipBlock": {"cidr": "10.0.0.0/24"}},
+                    {"ipBlock": {"cidr": "192.168.10.5/32"}},
+                ],
+            },
+            {
+                "ports": [{"port": admin, "protocol": "TCP"}],
+                "from": [
+                    {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}},
+                    {"ipBlock": {"cidr": "10.1.0.0/16"}},
+                ],
+            },
+        ])
+    );
+
+    // the CA from the ConfigMap, mounted as a directory, named by the flags the server parses
+    let flags = args(&docs);
+    let argv = std::iter::once("ip-webhook".to_string()).chain(flags.iter().cloned());
+    let cli = ip_webhook::cli::Cli::try_parse_from(argv).expect("the Deployment's flags parse");
+    let ip_webhook::cli::Command::Serve(serve) = cli.command else {
+        panic!("not a serve command")
+    };
+    let ca_file = serve.client_ca_file.expect("--client-ca-file is passed");
+    assert_eq!(ca_file, Path::new("/etc/ip-webhook/client-ca/ca.crt"));
+    assert_eq!(
+        serve.client_allowed_names,
+        ["kube-apiserver", "apiserver.example"]
+    );
+    let container = container(&docs);
+    let mount = container["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "client-ca")
+        .expect("the client CA is mounted");
+    assert_eq!(mount["mountPath"], "/etc/ip-webhook/client-ca");
+    assert_eq!(mount["readOnly"], true);
+    assert!(
+        mount.get("subPath").is_none(),
+        "a subPath mount never sees a new CA"
+    );
+    let deployment = one(&docs, "Deployment");
+    let volume = deployment["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "client-ca")
+        .unwrap();
+    assert_eq!(volume["configMap"]["name"], "apiserver-client-ca");
+
+    // from a Secret, with another key
+    let docs = render(
+        &helm,
+        &[
+            "clientAuth.enabled=true",
+            "clientAuth.caSecret=front-proxy-ca",
+            "clientAuth.caKey=tls.crt",
+        ],
+        "1.31.0",
+    );
+    assert!(
+        args(&docs).contains(&"--client-ca-file=/etc/ip-webhook/client-ca/tls.crt".to_string())
+    );
+    assert!(
+        !args(&docs)
+            .iter()
+            .any(|a| a.starts_with("--client-allowed-names"))
+    );
+    let volume = one(&docs, "Deployment")["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "client-ca")
+        .cloned()
+        .unwrap();
+    assert_eq!(volume["secret"]["secretName"], "front-proxy-ca");
+
+    // the chart refuses a half-configured hardening
+    for (set, says) in [
+        (
+            &["networkPolicy.enabled=true"][..],
+            "networkPolicy.webhookFrom",
+        ),
+        (
+            &["clientAuth.enabled=true"][..],
+            "exactly one of clientAuth.caSecret",
+        ),
+        (
+            &[
+                "clientAuth.enabled=true",
+                "clientAuth.caSecret=a",
+                "clientAuth.caConfigMap=b",
+            ][..],
+            "exactly one of clientAuth.caSecret",
+        ),
+    ] {
+        let error = template_text(&helm, set, "1.31.0").expect_err("refused");
+        assert!(error.contains(says), "{set:?}: {error}");
+    }
+}
+
+#[test]
 fn values_schema_refuses_typos_and_out_of_range_settings() {
     let Some(helm) = helm() else { return };
     for (set, names) in [
@@ -1248,6 +1391,11 @@ fn values_schema_refuses_typos_and_out_of_range_settings() {
         ("mutatingWebhook.failurePolicy=fail", "failurePolicy"),
         ("validatingWebhook.certificate.source=vault", "source"),
         ("server.cni=flannel", "cni"),
+        (
+            "networkPolicy.webhookFrom[0].ipblock.cidr=10.0.0.0/8",
+            "ipblock",
+        ),
+        ("clientAuth.allowedNames={a,}", "allowedNames"),
     ] {
         let error = template_text(&helm, &[set], "1.31.0")
             .expect_err(&format!("--set {set} must be refused"));

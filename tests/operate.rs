@@ -438,6 +438,7 @@ async fn check_reports_each_part_of_a_running_install() {
         min_days: 7,
         exhaustion_ratio: 0.9,
         timeout: std::time::Duration::from_secs(5),
+        client_pem: None,
     };
     let checks = doctor::run(&options).await;
     let verdicts: Vec<(&str, Status)> = checks.iter().map(|c| (c.name, c.status)).collect();

@@ -102,3 +102,66 @@ async fn swapped_certificate_is_served_without_restart() {
     );
     launched.shutdown().await;
 }
+
+fn reloads(launched: &ip_webhook::app::Launched, result: &'static str) -> u64 {
+    launched
+        .webhook
+        .metrics
+        .tls_reloads
+        .get_or_create(&ip_webhook::metrics::ResultLabels { result })
+        .get()
+}
+
+/// Plain files with a 1 s poll: our own reads do not trigger more reads (the finding was 60
+/// reads in 3 s, forever), and a broken pair is counted (and logged) once per change, not
+/// at every event or poll.
+#[tokio::test]
+async fn reload_checks_are_bounded_and_a_broken_pair_is_reported_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let pair = self_signed(&[]).unwrap();
+    let cert = dir.path().join("tls.crt");
+    let key = dir.path().join("tls.key");
+    std::fs::write(&cert, &pair.cert_pem).unwrap();
+    std::fs::write(&key, &pair.key_pem).unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let args = serve_args(
+        state.path(),
+        &[
+            "--tls-cert-file",
+            cert.to_str().unwrap(),
+            "--tls-key-file",
+            key.to_str().unwrap(),
+            "--tls-reload-interval",
+            "1s",
+        ],
+    );
+    let launched = ip_webhook::app::launch(&args).await.unwrap();
+    let client = HttpsClient::new(launched.running.https_addr, pair.ca_pem.as_bytes());
+    assert!(handshakes(&client).await);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let checks = launched.webhook.metrics.tls_checks.get();
+    assert!(
+        (1..=5).contains(&checks),
+        "{checks} reads of unchanged files in 3 s at a 1 s poll"
+    );
+    assert_eq!(reloads(&launched, "success"), 0);
+    assert_eq!(reloads(&launched, "failure"), 0);
+
+    // a broken key: reported once over several polls and file events
+    std::fs::write(&key, "not a key").unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(reloads(&launched, "failure"), 1, "one report per change");
+    assert!(
+        handshakes(&client).await,
+        "the old certificate keeps serving"
+    );
+    let checks = launched.webhook.metrics.tls_checks.get();
+    assert!(checks <= 12, "{checks} reads in 6 s at a 1 s poll");
+
+    // the good key back: one success
+    std::fs::write(&key, &pair.key_pem).unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(reloads(&launched, "success"), 1);
+    assert_eq!(reloads(&launched, "failure"), 1);
+    launched.shutdown().await;
+}

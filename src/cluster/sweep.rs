@@ -10,7 +10,7 @@
 //! so a pod being recreated keeps its IP. Each release is conditional on the record being the
 //! one read, so a sweep racing an admission or another replica frees nothing it should not.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,6 +32,9 @@ pub struct Sweeper {
     metrics: Arc<Metrics>,
     /// Since when (unix seconds) no pod has held the claim on an IP, by the claim's request.
     unheld_since: HashMap<IpAddr, (String, u64)>,
+    /// Releases that failed with an error (a timeout, say) but may have been written: counted
+    /// when a later sweep finds the claim released.
+    uncertain: HashSet<(IpAddr, String)>,
 }
 
 impl Sweeper {
@@ -49,6 +52,7 @@ impl Sweeper {
             period,
             metrics,
             unheld_since: HashMap::new(),
+            uncertain: HashSet::new(),
         }
     }
 
@@ -78,6 +82,21 @@ impl Sweeper {
             }
         };
         let mut due: BTreeMap<String, Vec<Claim>> = BTreeMap::new();
+        for claim in &claims {
+            if !claim.is_held()
+                && self
+                    .uncertain
+                    .remove(&(claim.ip, claim.request_uid.clone()))
+            {
+                // an earlier release whose answer was lost did reach the ledger
+                self.metrics.leaks_reclaimed.inc();
+            }
+        }
+        self.uncertain.retain(|(ip, request)| {
+            claims
+                .iter()
+                .any(|c| c.ip == *ip && c.request_uid == *request)
+        });
         for claim in claims {
             if claim.is_held() && now >= claim.created_at + self.rules.reservation_ttl {
                 due.entry(claim.pod.namespace.clone())
@@ -131,7 +150,7 @@ impl Sweeper {
         freed
     }
 
-    async fn free(&self, claim: &Claim) -> bool {
+    async fn free(&mut self, claim: &Claim) -> bool {
         match self.allocator.ledger().release(claim).await {
             Ok(true) => {
                 self.allocator
@@ -148,6 +167,7 @@ impl Sweeper {
             Ok(false) => false,
             Err(error) => {
                 tracing::warn!(ip = %claim.ip, %error, "leak sweep: the release failed; trying again next period");
+                self.uncertain.insert((claim.ip, claim.request_uid.clone()));
                 false
             }
         }

@@ -226,8 +226,12 @@ pub struct BinaryServer {
 }
 
 impl BinaryServer {
+    /// `IP_WEBHOOK_TEST_BINARY` runs another build instead (to measure a finding before and
+    /// after a change).
     pub fn start(args: &[&str]) -> BinaryServer {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ip-webhook"))
+        let binary = std::env::var_os("IP_WEBHOOK_TEST_BINARY")
+            .unwrap_or_else(|| env!("CARGO_BIN_EXE_ip-webhook").into());
+        let mut child = Command::new(binary)
             .arg("serve")
             .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
             .args(args)
