@@ -23,11 +23,15 @@ use crate::cli::LogFormat;
 const FLUSH_EVERY: Duration = Duration::from_millis(50);
 const FLUSH_AT_BYTES: usize = 64 * 1024;
 
-/// Install the global subscriber. Keep the guard until the process ends.
-pub fn init(format: LogFormat) -> LogGuard {
+/// Install the global subscriber. Keep the guard until the process ends. `level`, when given,
+/// replaces `RUST_LOG` (the operator commands: `warn` unless `-v`).
+pub fn init(format: LogFormat, level: Option<&str>) -> LogGuard {
     let (writer, guard) = buffered(Box::new(std::io::stderr()));
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let filter = match level {
+        Some(level) => tracing_subscriber::EnvFilter::new(level),
+        None => tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+    };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(writer);

@@ -10,12 +10,14 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 pub mod embedded;
+#[cfg(feature = "etcd")]
 pub mod etcd;
 pub mod kubernetes;
 pub mod memory;
 pub mod timed;
 
 pub use embedded::EmbeddedLedger;
+#[cfg(feature = "etcd")]
 pub use etcd::{EtcdLedger, EtcdOptions};
 pub use kubernetes::KubeLedger;
 pub use memory::MemoryLedger;
