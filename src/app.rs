@@ -337,8 +337,13 @@ pub async fn launch(args: &ServeArgs) -> anyhow::Result<Launched> {
             (resolver, Some(reloader), None)
         }
         _ => {
-            let generated = tls::self_signed(&args.dns_names)?;
-            write_ca(&args.webhook.state_dir, &generated.ca_pem)?;
+            let (generated, kept) = tls::self_signed_in(&args.webhook.state_dir, &args.dns_names)?;
+            tracing::info!(
+                new_ca = kept.new_ca,
+                new_certificate = kept.new_cert,
+                "self-signed TLS from {}",
+                args.webhook.state_dir.display()
+            );
             let certified = generated.certified_key()?;
             if let Some(leaf) = certified.cert.first() {
                 metrics.served_certificate(leaf);
@@ -404,12 +409,6 @@ pub async fn launch(args: &ServeArgs) -> anyhow::Result<Launched> {
     })
 }
 
-fn write_ca(state_dir: &Path, ca_pem: &str) -> anyhow::Result<()> {
-    std::fs::create_dir_all(state_dir)?;
-    let path = state_dir.join("ca.crt");
-    std::fs::write(&path, ca_pem).with_context(|| format!("writing {}", path.display()))
-}
-
 /// `serve`: run until SIGTERM or SIGINT, then drain and flush.
 pub async fn serve_until_signal(args: ServeArgs) -> anyhow::Result<()> {
     let mut launched = launch(&args).await?;
@@ -422,7 +421,7 @@ pub async fn serve_until_signal(args: ServeArgs) -> anyhow::Result<()> {
     );
     if let Some(bundle) = &launched.ca_bundle {
         println!(
-            "self-signed CA written to {}; caBundle: {bundle}",
+            "self-signed CA in {} (kept across restarts); caBundle: {bundle}",
             args.webhook.state_dir.join("ca.crt").display()
         );
     }

@@ -820,8 +820,184 @@ mod tests {
     fn durations() {
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("10"), Ok(Duration::from_secs(10)));
         assert!(parse_duration("2 weeks").is_err());
         assert!(parse_duration("5d").unwrap_err().contains("unknown unit"));
+    }
+
+    /// The values Go's time.ParseDuration takes (and the chart's schema allows).
+    #[test]
+    fn go_durations() {
+        let ok = |text: &str, nanos: u64| {
+            assert_eq!(parse_duration(text), Ok(Duration::from_nanos(nanos)), "{text}")
+        };
+        ok("1m30s", 90_000_000_000);
+        ok("1.5s", 1_500_000_000);
+        ok("2h45m", 9_900_000_000_000);
+        ok("1h1m1s1ms1us1ns", 3_661_001_001_001);
+        ok("300µs", 300_000);
+        ok("0.5m", 30_000_000_000);
+        ok(".5s", 500_000_000);
+        ok("1.0000000001s", 1_000_000_000);
+        ok("0", 0);
+        for bad in ["", "s", "1.2.3s", "1m30", "1x", "-1s", "1s 2s", "99999999999999999999h"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} accepted");
+        }
+        assert!(parse_duration("1m30").unwrap_err().contains("30 has no unit"));
+    }
+
+    #[test]
+    fn listen_addresses() {
+        let addr = |text: &str| parse_listen(text).map(|a| a.to_string());
+        assert_eq!(addr(":8443"), Ok("0.0.0.0:8443".into()));
+        assert_eq!(addr("127.0.0.1:8443"), Ok("127.0.0.1:8443".into()));
+        assert_eq!(addr("[::]:8443"), Ok("[::]:8443".into()));
+        assert_eq!(addr("localhost:8080"), Ok("127.0.0.1:8080".into()));
+        assert!(addr(":http").unwrap_err().contains("bad port"));
+        assert!(addr("example.com:80").unwrap_err().contains("IP address or localhost"));
+        assert!(addr("8443").is_err());
+    }
+
+    #[test]
+    fn apps_are_namespace_slash_name() {
+        assert_eq!(parse_app("prod/web"), Ok("prod/web".into()));
+        assert!(parse_app("web").unwrap_err().contains("e.g. default/web"));
+        for bad in ["/web", "prod/", "a/b/c", ""] {
+            assert!(parse_app(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_cluster_is_found_in_kubectls_order() {
+        let home = tempfile::tempdir().unwrap();
+        let flag = Path::new("/etc/kc");
+        let env = || Some("/env/kc".to_string());
+        let h = || Some(home.path().to_path_buf());
+        assert_eq!(
+            find_cluster_in(Some(flag), env(), h(), true),
+            Some(ClusterSource::Flag(flag.into()))
+        );
+        assert_eq!(
+            find_cluster_in(None, env(), h(), true),
+            Some(ClusterSource::Env("/env/kc".into()))
+        );
+        // no ~/.kube/config yet: the service account, else nothing
+        assert_eq!(
+            find_cluster_in(None, Some(String::new()), h(), true),
+            Some(ClusterSource::InCluster)
+        );
+        assert_eq!(find_cluster_in(None, None, h(), false), None);
+        let config = home.path().join(".kube/config");
+        std::fs::create_dir_all(config.parent().unwrap()).unwrap();
+        std::fs::write(&config, "apiVersion: v1\nkind: Config\n").unwrap();
+        assert_eq!(
+            find_cluster_in(None, None, h(), true),
+            Some(ClusterSource::Home(config))
+        );
+    }
+
+    #[test]
+    fn operator_ledger_choice() {
+        let source = |ledger: Option<LedgerKind>, state_dir: Option<&str>| {
+            let mut args = vec!["ip-webhook", "status"];
+            if let Some(dir) = state_dir {
+                args.extend(["--state-dir", dir]);
+            }
+            let kind;
+            if let Some(k) = ledger {
+                kind = format!("{k:?}").to_lowercase();
+                args.extend(["--ledger", kind.as_str()]);
+            }
+            match Cli::try_parse_from(args).unwrap().command {
+                Command::Status(status) => status.source,
+                _ => unreachable!(),
+            }
+        };
+        let cluster = Some(ClusterSource::InCluster);
+        assert_eq!(
+            choose_books(&source(None, Some("s")), cluster.clone()),
+            Ok(Books::Embedded("s".into()))
+        );
+        assert_eq!(
+            choose_books(&source(None, None), cluster.clone()),
+            Ok(Books::Kubernetes(ClusterSource::InCluster))
+        );
+        assert_eq!(
+            choose_books(&source(Some(LedgerKind::Embedded), None), cluster.clone()),
+            Ok(Books::Embedded(DEFAULT_STATE_DIR.into()))
+        );
+        assert_eq!(
+            choose_books(&source(Some(LedgerKind::Etcd), None), None),
+            Ok(Books::Etcd)
+        );
+        let error = choose_books(&source(None, None), None).unwrap_err();
+        assert!(error.starts_with("no cluster found: no --kubeconfig, $KUBECONFIG is unset, ~/.kube/config does not exist"), "{error}");
+        assert!(choose_books(&source(Some(LedgerKind::Kubernetes), None), None).is_err());
+    }
+
+    #[test]
+    fn an_error_is_one_line_without_repeated_causes() {
+        let root = std::io::Error::other("connection refused");
+        let error = anyhow::Error::new(root)
+            .context("client error (Connect): connection refused")
+            .context("reading IPClaims");
+        assert_eq!(
+            error_line(&error),
+            "reading IPClaims: client error (Connect): connection refused"
+        );
+        assert_eq!(exit_code(&error), 1);
+        let no = anyhow::Error::new(AnswerIsNo("2 of 7 checks failed".into())).context("check");
+        assert_eq!(exit_code(&no), 3);
+        assert_eq!(error_line(&no), "check: 2 of 7 checks failed");
+    }
+
+    /// Each command's help lists its own flags: the serve-only ones stay out of the operator
+    /// commands.
+    #[test]
+    fn each_command_lists_only_its_own_flags() {
+        use clap::CommandFactory;
+        let cli = Cli::command();
+        let flags = |name: &str| -> Vec<String> {
+            cli.find_subcommand(name)
+                .unwrap()
+                .get_arguments()
+                .filter_map(|a| a.get_long().map(str::to_string))
+                .collect()
+        };
+        let serve_only = [
+            "check-calico-ippools",
+            "check-kube-ovn-subnets",
+            "tls-cert-file",
+            "self-signed",
+            "reservation-ttl",
+            "lease-name",
+            "calico-reservation",
+            "listen",
+        ];
+        for command in ["status", "explain", "release"] {
+            let flags = flags(command);
+            for flag in serve_only {
+                assert!(!flags.iter().any(|f| f == flag), "{command} lists --{flag}");
+            }
+            for flag in ["kubeconfig", "context", "state-dir", "ledger", "verbose"] {
+                assert!(flags.iter().any(|f| f == flag), "{command} lacks --{flag}");
+            }
+        }
+        let release = flags("release");
+        for flag in ["pools-file", "cni", "output"] {
+            assert!(!release.iter().any(|f| f == flag), "release lists --{flag}");
+        }
+        let check = flags("check");
+        for flag in ["state-dir", "ledger", "etcd-endpoints", "pools-file"] {
+            assert!(!check.iter().any(|f| f == flag), "check lists --{flag}");
+        }
+        for flag in ["tls-server-name", "kubeconfig", "context", "webhook-configuration"] {
+            assert!(check.iter().any(|f| f == flag), "check lacks --{flag}");
+        }
+        let serve = flags("serve");
+        for flag in serve_only {
+            assert!(serve.iter().any(|f| f == flag), "serve lacks --{flag}");
+        }
     }
 
     #[test]

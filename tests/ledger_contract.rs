@@ -6,6 +6,8 @@
 //! After every step: one holder per IP; the allocator's view, the ledger's records and the
 //! model agree; a released or expired IP can be allocated again.
 
+// The etcd cases need the `etcd` feature; scripts/test.sh builds with --all-features.
+#[cfg(feature = "etcd")]
 #[path = "common/etcd_cluster.rs"]
 mod etcd_cluster;
 
@@ -18,9 +20,9 @@ use std::time::Duration;
 use ip_webhook::allocator::{AllocError, AllocationRequest, Allocator};
 use ip_webhook::ipset::{IpSet, parse_ip_spec};
 use ip_webhook::ledger::embedded::CommitCounters;
-use ip_webhook::ledger::{
-    Claim, EmbeddedLedger, EtcdLedger, EtcdOptions, Ledger, MemoryLedger, ObservedChange, PodRef,
-};
+#[cfg(feature = "etcd")]
+use ip_webhook::ledger::{EtcdLedger, EtcdOptions};
+use ip_webhook::ledger::{Claim, EmbeddedLedger, Ledger, MemoryLedger, ObservedChange, PodRef};
 use proptest::prelude::*;
 
 const LIST: &str = "10.0.0.1-10.0.0.6";
@@ -48,6 +50,7 @@ fn op() -> impl Strategy<Value = Op> {
 enum Backend {
     Memory,
     Embedded(PathBuf),
+    #[cfg(feature = "etcd")]
     Etcd { endpoint: String, prefix: String },
 }
 
@@ -63,6 +66,7 @@ impl Backend {
                 }
                 Arc::new(EmbeddedLedger::open(dir, CommitCounters::default()).unwrap())
             }
+            #[cfg(feature = "etcd")]
             Backend::Etcd { endpoint, prefix } => {
                 if let Some(previous) = previous {
                     previous.close().await;
@@ -241,6 +245,7 @@ proptest! {
 
 /// A one-member etcd for one test; stopped when the test ends (dropped), so no member
 /// outlives the test process.
+#[cfg(feature = "etcd")]
 fn etcd_member(test: &str) -> Option<(etcd_cluster::EtcdCluster, String)> {
     let binary = etcd_cluster::etcd_binary(test)?;
     let cluster = etcd_cluster::EtcdCluster::start(&binary, 1);
@@ -248,6 +253,7 @@ fn etcd_member(test: &str) -> Option<(etcd_cluster::EtcdCluster, String)> {
     Some((cluster, endpoint))
 }
 
+#[cfg(feature = "etcd")]
 #[test]
 fn etcd_ledger_keeps_the_contract() {
     let Some((_member, endpoint)) = etcd_member("etcd_ledger_keeps_the_contract") else {
@@ -273,6 +279,7 @@ fn etcd_ledger_keeps_the_contract() {
 
 /// Two replicas on one etcd: each one's index learns the other's claims and releases through
 /// the watch, without having to collide with them first.
+#[cfg(feature = "etcd")]
 #[test]
 fn etcd_watch_keeps_another_replicas_index_fresh() {
     let Some((_member, endpoint)) = etcd_member("etcd_watch_keeps_another_replicas_index_fresh")

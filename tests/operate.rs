@@ -431,6 +431,8 @@ async fn check_reports_each_part_of_a_running_install() {
             server.launched.running.https_addr.port()
         ),
         ca_pem: Some(ca),
+        server_name: None,
+        cluster_bundles: None,
         admin_url: Some(format!("http://{}", server.launched.running.admin_addr)),
         min_days: 7,
         exhaustion_ratio: 0.9,
