@@ -251,7 +251,6 @@ pub fn cluster_options(args: &ServeArgs) -> ClusterOptions {
 }
 
 /// What `--ledger etcd` says in a build without the `etcd` feature.
-#[cfg(not(feature = "etcd"))]
 pub fn no_etcd() -> anyhow::Error {
     anyhow::anyhow!("this build has no etcd support; rebuild with --features etcd")
 }
