@@ -442,7 +442,7 @@ fn defaults_render_the_documented_webhooks() {
         webhook_names(validating),
         [
             "pods.validate.ip-webhook.io",
-            "ippools.validate.ip-webhook.io",
+            "fixedippools.validate.ip-webhook.io",
             "workloads.validate.ip-webhook.io",
             "deletes.validate.ip-webhook.io"
         ]
@@ -458,11 +458,11 @@ fn defaults_render_the_documented_webhooks() {
         summary(&[("", "pods", "CREATE,UPDATE")])
     );
     assert_eq!(namespace_selector_values(pods), [NAMESPACE, "kube-system"]);
-    let pools = webhook(validating, "ippools.validate.ip-webhook.io");
+    let pools = webhook(validating, "fixedippools.validate.ip-webhook.io");
     assert_eq!(pools["failurePolicy"], "Fail");
     assert_eq!(
         rule_summary(pools),
-        summary(&[("ip-webhook.io", "ippools", "CREATE,UPDATE,DELETE")])
+        summary(&[("ip-webhook.io", "fixedippools", "CREATE,UPDATE,DELETE")])
     );
     let workloads = webhook(validating, "workloads.validate.ip-webhook.io");
     assert_eq!(workloads["failurePolicy"], "Ignore");
@@ -586,7 +586,7 @@ fn defaults_render_the_cert_manager_certificate_and_a_hardened_deployment() {
         .collect();
     assert_eq!(
         crd_names,
-        BTreeSet::from(["ippools.ip-webhook.io", "ipclaims.ip-webhook.io"])
+        BTreeSet::from(["fixedippools.ip-webhook.io", "ipclaims.ip-webhook.io"])
     );
 }
 
@@ -634,8 +634,8 @@ fn rbac_grants_what_the_server_needs_and_the_cni_extras_only_when_switched_on() 
             "get,list,watch,create,update,patch,delete",
         ),
         grant("ip-webhook.io", "ipclaims/status", "update,patch"),
-        grant("ip-webhook.io", "ippools", "get,list,watch"),
-        grant("ip-webhook.io", "ippools/status", "update,patch"),
+        grant("ip-webhook.io", "fixedippools", "get,list,watch"),
+        grant("ip-webhook.io", "fixedippools/status", "update,patch"),
     ];
     let docs = render(&helm, &[], "1.31.0");
     let mut expected = base.clone();
@@ -723,7 +723,7 @@ fn cni_pool_kinds_are_validated_when_switched_on() {
         webhook_names(one(&bare, "ValidatingWebhookConfiguration")),
         [
             "pods.validate.ip-webhook.io",
-            "ippools.validate.ip-webhook.io"
+            "fixedippools.validate.ip-webhook.io"
         ]
     );
     // Validating them needs reading them: the RBAC extras follow the switches.
@@ -1438,6 +1438,50 @@ fn cel_workload_condition_sees_template_annotations_before_and_after_and_never_e
             evaluate(expression, &null, &workload),
             Ok(asks),
             "{name}, DELETE shape"
+        );
+    }
+}
+
+/// Go durations pass the values schema and the real flag parser; other spellings are refused.
+#[test]
+fn duration_values_are_go_durations() {
+    let Some(helm) = helm() else { return };
+    let docs = render(
+        &helm,
+        &[
+            "server.reservationTTL=1m30s",
+            "server.stickyGrace=1.5h",
+            "server.resyncPeriod=300s",
+        ],
+        "1.31.0",
+    );
+    let args = args(&docs);
+    for wanted in [
+        "--reservation-ttl=1m30s",
+        "--sticky-grace=1.5h",
+        "--resync-period=300s",
+    ] {
+        assert!(args.iter().any(|a| a == wanted), "{wanted} not in {args:?}");
+    }
+    let argv = std::iter::once("ip-webhook".to_string()).chain(args.iter().cloned());
+    let cli = ip_webhook::cli::Cli::try_parse_from(argv).unwrap();
+    let ip_webhook::cli::Command::Serve(serve) = cli.command else {
+        panic!("not a serve command")
+    };
+    assert_eq!(
+        serve.cluster.reservation_ttl,
+        std::time::Duration::from_secs(90)
+    );
+    assert_eq!(
+        serve.cluster.sticky_grace,
+        std::time::Duration::from_secs(5400)
+    );
+    for bad in ["5 minutes", "5", "1m30"] {
+        let error = template_text(&helm, &[&format!("server.stickyGrace={bad}")], "1.31.0")
+            .expect_err(bad);
+        assert!(
+            error.contains("stickyGrace") && error.contains("schema"),
+            "{bad}: {error}"
         );
     }
 }
