@@ -691,6 +691,16 @@ pub fn exit_code(error: &anyhow::Error) -> u8 {
     }
 }
 
+/// Write a command's output to stdout. A reader that went away (`| head`) ends the output
+/// quietly, as for any Unix tool, instead of a panic.
+pub fn emit(text: &str) -> anyhow::Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    match stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
+    }
+}
+
 /// An error as one line: each cause after the last, `: `-separated, leaving out a cause whose
 /// text the line already holds (client libraries often repeat their source in their message).
 pub fn error_line(error: &anyhow::Error) -> String {
@@ -736,10 +746,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => app::serve_until_signal(args).await,
         Command::Review(args) => review(args).await,
-        Command::Crds => {
-            std::io::stdout().write_all(crate::crd::crds_yaml().as_bytes())?;
-            Ok(())
-        }
+        Command::Crds => emit(&crate::crd::crds_yaml()),
         Command::Status(args) => crate::commands::status(args).await,
         Command::Explain(args) => crate::commands::explain(args).await,
         Command::Release(args) => crate::commands::release(args).await,
@@ -808,8 +815,7 @@ async fn review(args: ReviewArgs) -> anyhow::Result<()> {
     ledger.close().await;
     let json = answer.map_err(|e| anyhow::anyhow!("HTTP 400: {e}"))?;
     let value: serde_json::Value = serde_json::from_slice(&json)?;
-    println!("{}", serde_json::to_string_pretty(&value)?);
-    Ok(())
+    emit(&(serde_json::to_string_pretty(&value)? + "\n"))
 }
 
 #[cfg(test)]

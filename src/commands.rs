@@ -37,8 +37,7 @@ fn print<T: Serialize>(
         OutputFormat::Json => serde_json::to_string_pretty(value)? + "\n",
         OutputFormat::Yaml => serde_yaml::to_string(value)?,
     };
-    print!("{text}");
-    Ok(())
+    crate::cli::emit(&text)
 }
 
 /// The ledger an operator command found, and the API server behind it.
@@ -317,8 +316,7 @@ pub async fn release(args: ReleaseArgs) -> anyhow::Result<()> {
     };
     let message = outcome.message(&args.ip);
     if outcome.released() {
-        println!("{message}");
-        Ok(())
+        crate::cli::emit(&format!("{message}\n"))
     } else {
         Err(AnswerIsNo(message).into())
     }

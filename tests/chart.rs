@@ -1332,6 +1332,14 @@ fn dockerfile_builds_what_the_chart_runs() {
         stages[0].starts_with(&format!("FROM rust:{rust_version}")),
         "{stages:?} vs rust-version {rust_version}"
     );
+    // The shipped image has the etcd ledger (the chart offers ledger=etcd), and with it the
+    // protoc that etcd-client's build script needs.
+    let build = dockerfile
+        .lines()
+        .find(|l| l.contains("cargo build"))
+        .expect("the image is built with cargo");
+    assert!(build.contains("--features etcd"), "{build}");
+    assert!(dockerfile.contains("protobuf-compiler"));
     let final_stage = dockerfile.rsplit("\nFROM ").next().unwrap();
     assert!(final_stage.contains("ENTRYPOINT [\"/ip-webhook\"]"));
     let user = final_stage

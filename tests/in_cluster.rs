@@ -603,8 +603,6 @@ async fn release_and_status_look_up_the_pods_behind_the_claims() {
     };
     let client = fake.install_crds().await;
     let kubeconfig = fake.kubeconfig().display().to_string();
-    let state = tempfile::tempdir().unwrap();
-    let dir = state.path().display().to_string();
     let server = fake.replica(&[]).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     let claims: Api<IPClaim> = Api::all(client.clone());
@@ -619,10 +617,11 @@ async fn release_and_status_look_up_the_pods_behind_the_claims() {
     persist(&pods, persisted, "web-live").await;
     let response = server.mutate(&create("rel-2", object.clone())).await;
     assert_eq!(allocated_ip(&response), "10.77.0.2");
-    // an operator command against this API server
+    // an operator command against this API server (its IPClaims; --state-dir would select
+    // an embedded ledger instead)
     let operator = |args: &[&str]| {
         let mut all: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-        all.extend(["--kubeconfig", &kubeconfig, "--state-dir", &dir].map(str::to_string));
+        all.extend(["--kubeconfig", &kubeconfig].map(str::to_string));
         command(all)
     };
 
