@@ -12,9 +12,9 @@ use crate::cli::{LedgerKind, ServeArgs, WebhookArgs};
 use crate::cluster::lease::LeaseSettings;
 use crate::cluster::{ClusterHandle, ClusterOptions, Rules};
 use crate::crd::FixedIPPool;
-use crate::ledger::embedded::CommitCounters;
 #[cfg(feature = "etcd")]
 use crate::ledger::EtcdLedger;
+use crate::ledger::embedded::CommitCounters;
 use crate::ledger::{EmbeddedLedger, KubeLedger, Ledger, TimedLedger};
 use crate::metrics::Metrics;
 use crate::pools::PoolCatalog;
@@ -52,9 +52,9 @@ pub async fn build_with(
     ledger: Option<Arc<dyn Ledger>>,
 ) -> anyhow::Result<Built> {
     let clients = match args.ledger_kind() {
-        LedgerKind::Kubernetes => Some(
-            kube_clients(args.kubeconfig.as_deref(), args.context.as_deref()).await?,
-        ),
+        LedgerKind::Kubernetes => {
+            Some(kube_clients(args.kubeconfig.as_deref(), args.context.as_deref()).await?)
+        }
         _ => None,
     };
     #[cfg(feature = "etcd")]

@@ -12,8 +12,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::annotations::Cni;
 use crate::app;
 use crate::ledger::{Ledger, MemoryLedger};
-use std::sync::Arc;
 use crate::metrics::Endpoint;
+use std::sync::Arc;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -582,12 +582,18 @@ pub struct ReviewArgs {
 /// `--app`: `NAMESPACE/APP`.
 pub fn parse_app(text: &str) -> Result<String, String> {
     match text.split_once('/') {
-        Some((namespace, app)) if !namespace.is_empty() && !app.is_empty() && !app.contains('/') => {
+        Some((namespace, app))
+            if !namespace.is_empty() && !app.is_empty() && !app.contains('/') =>
+        {
             Ok(text.to_string())
         }
         _ => Err(format!(
             "{text:?} is not NAMESPACE/APP (an app is its namespace and its app label, e.g. default/{})",
-            if text.is_empty() || text.contains('/') { "web" } else { text }
+            if text.is_empty() || text.contains('/') {
+                "web"
+            } else {
+                text
+            }
         )),
     }
 }
@@ -595,7 +601,9 @@ pub fn parse_app(text: &str) -> Result<String, String> {
 /// A listen address: `HOST:PORT` with an IP address (IPv6 in brackets) or `localhost`, or
 /// Go's `:PORT` for every IPv4 address.
 pub fn parse_listen(text: &str) -> Result<SocketAddr, String> {
-    let bad = |why: &str| format!("{text:?} is not a listen address like :8443, 0.0.0.0:8443 or [::]:8443 ({why})");
+    let bad = |why: &str| {
+        format!("{text:?} is not a listen address like :8443, 0.0.0.0:8443 or [::]:8443 ({why})")
+    };
     if let Some(port) = text.strip_prefix(':') {
         let port: u16 = port.parse().map_err(|_| bad("bad port"))?;
         return Ok(SocketAddr::from(([0, 0, 0, 0], port)));
@@ -636,7 +644,9 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         rest = after;
         let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
         if (whole.is_empty() && fraction.is_empty()) || fraction.contains('.') {
-            return Err(format!("{text:?} is not {hint}: {number:?} is not a number"));
+            return Err(format!(
+                "{text:?} is not {hint}: {number:?} is not a number"
+            ));
         }
         let per_unit: u128 = match unit {
             "ns" => 1,
@@ -695,7 +705,10 @@ pub fn exit_code(error: &anyhow::Error) -> u8 {
 /// quietly, as for any Unix tool, instead of a panic.
 pub fn emit(text: &str) -> anyhow::Result<()> {
     let mut stdout = std::io::stdout().lock();
-    match stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
         _ => Ok(()),
     }
@@ -835,7 +848,11 @@ mod tests {
     #[test]
     fn go_durations() {
         let ok = |text: &str, nanos: u64| {
-            assert_eq!(parse_duration(text), Ok(Duration::from_nanos(nanos)), "{text}")
+            assert_eq!(
+                parse_duration(text),
+                Ok(Duration::from_nanos(nanos)),
+                "{text}"
+            )
         };
         ok("1m30s", 90_000_000_000);
         ok("1.5s", 1_500_000_000);
@@ -846,10 +863,23 @@ mod tests {
         ok(".5s", 500_000_000);
         ok("1.0000000001s", 1_000_000_000);
         ok("0", 0);
-        for bad in ["", "s", "1.2.3s", "1m30", "1x", "-1s", "1s 2s", "99999999999999999999h"] {
+        for bad in [
+            "",
+            "s",
+            "1.2.3s",
+            "1m30",
+            "1x",
+            "-1s",
+            "1s 2s",
+            "99999999999999999999h",
+        ] {
             assert!(parse_duration(bad).is_err(), "{bad:?} accepted");
         }
-        assert!(parse_duration("1m30").unwrap_err().contains("30 has no unit"));
+        assert!(
+            parse_duration("1m30")
+                .unwrap_err()
+                .contains("30 has no unit")
+        );
     }
 
     #[test]
@@ -860,7 +890,11 @@ mod tests {
         assert_eq!(addr("[::]:8443"), Ok("[::]:8443".into()));
         assert_eq!(addr("localhost:8080"), Ok("127.0.0.1:8080".into()));
         assert!(addr(":http").unwrap_err().contains("bad port"));
-        assert!(addr("example.com:80").unwrap_err().contains("IP address or localhost"));
+        assert!(
+            addr("example.com:80")
+                .unwrap_err()
+                .contains("IP address or localhost")
+        );
         assert!(addr("8443").is_err());
     }
 
@@ -997,7 +1031,12 @@ mod tests {
         for flag in ["state-dir", "ledger", "etcd-endpoints", "pools-file"] {
             assert!(!check.iter().any(|f| f == flag), "check lists --{flag}");
         }
-        for flag in ["tls-server-name", "kubeconfig", "context", "webhook-configuration"] {
+        for flag in [
+            "tls-server-name",
+            "kubeconfig",
+            "context",
+            "webhook-configuration",
+        ] {
             assert!(check.iter().any(|f| f == flag), "check lacks --{flag}");
         }
         let serve = flags("serve");

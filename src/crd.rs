@@ -154,6 +154,7 @@ mod tests {
     /// Calico `libcalico-go/config/crd` and `api/config/crd` (crd.projectcalico.org,
     /// projectcalico.org), Kube-OVN `charts/kube-ovn/templates/kube-ovn-crd.yaml`, Spiderpool
     /// `charts/spiderpool/crds` (read 2026-11-30).
+    #[rustfmt::skip]
     const THEIRS: &[&str] = &[
         // Calico
         "BGPConfiguration", "bgpconfigurations", "bgpconfig", "bgpconfigs", "BGPFilter",

@@ -265,7 +265,9 @@ fn generate(e: rcgen::Error) -> TlsError {
 /// The self-signed CA's parameters. Always the same: a leaf issued later by the CA's kept key
 /// names the same issuer as the first one.
 fn ca_params(valid_until: Option<jiff::Timestamp>) -> Result<rcgen::CertificateParams, TlsError> {
-    use rcgen::{BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, KeyUsagePurpose};
+    use rcgen::{
+        BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, KeyUsagePurpose,
+    };
     let mut params = CertificateParams::new(Vec::<String>::new()).map_err(generate)?;
     params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
@@ -371,10 +373,17 @@ pub fn self_signed_in(dir: &Path, dns_names: &[String]) -> Result<(SelfSigned, K
         dir.join("tls.crt"),
         dir.join("tls.key"),
     );
-    let kept_ca = match (std::fs::read_to_string(&ca_crt), std::fs::read_to_string(&ca_key)) {
+    let kept_ca = match (
+        std::fs::read_to_string(&ca_crt),
+        std::fs::read_to_string(&ca_key),
+    ) {
         (Ok(cert), Ok(key)) => rcgen::KeyPair::from_pem(&key)
             .ok()
-            .filter(|_| CertificateDer::pem_slice_iter(cert.as_bytes()).next().is_some())
+            .filter(|_| {
+                CertificateDer::pem_slice_iter(cert.as_bytes())
+                    .next()
+                    .is_some()
+            })
             .map(|key| (cert, key)),
         _ => None,
     };
@@ -412,8 +421,11 @@ pub fn self_signed_in(dir: &Path, dns_names: &[String]) -> Result<(SelfSigned, K
         ),
         None => {
             let issuer = rcgen::Issuer::new(ca_params(None)?, ca_key_pair);
-            let (cert, key) =
-                issue_leaf(&issuer, dns_names, Some(now + days(SELF_SIGNED_VALIDITY_DAYS)))?;
+            let (cert, key) = issue_leaf(
+                &issuer,
+                dns_names,
+                Some(now + days(SELF_SIGNED_VALIDITY_DAYS)),
+            )?;
             write_secret(&tls_key, &key)?;
             std::fs::write(&tls_crt, &cert).map_err(io(&tls_crt))?;
             (cert, key)
@@ -465,11 +477,10 @@ fn leaf_still_good(
     let mut roots = rustls::RootCertStore::empty();
     let (added, _) = roots
         .add_parsable_certificates(CertificateDer::pem_slice_iter(ca_pem).filter_map(Result::ok));
-    let Ok(verifier) = rustls::client::WebPkiServerVerifier::builder_with_provider(
-        Arc::new(roots),
-        provider(),
-    )
-    .build() else {
+    let Ok(verifier) =
+        rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider())
+            .build()
+    else {
         return false;
     };
     let Ok(at) = u64::try_from(until.as_second()) else {
@@ -531,7 +542,10 @@ mod tests {
         );
         use std::os::unix::fs::PermissionsExt;
         for key in ["ca.key", "tls.key"] {
-            let mode = std::fs::metadata(dir.path().join(key)).unwrap().permissions().mode();
+            let mode = std::fs::metadata(dir.path().join(key))
+                .unwrap()
+                .permissions()
+                .mode();
             assert_eq!(mode & 0o777, 0o600, "{key}");
         }
         let leaf = first.certified_key().unwrap();
@@ -574,10 +588,8 @@ mod tests {
         // close to its end: issued again
         let issuer = rcgen::Issuer::new(
             ca_params(None).unwrap(),
-            rcgen::KeyPair::from_pem(
-                &std::fs::read_to_string(dir.path().join("ca.key")).unwrap(),
-            )
-            .unwrap(),
+            rcgen::KeyPair::from_pem(&std::fs::read_to_string(dir.path().join("ca.key")).unwrap())
+                .unwrap(),
         );
         let soon = jiff::Timestamp::now() + jiff::SignedDuration::from_hours(24 * 10);
         let (cert, key) = issue_leaf(&issuer, &names, Some(soon)).unwrap();

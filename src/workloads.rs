@@ -267,7 +267,9 @@ pub fn review(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Response, Re
                 )));
             };
             if let Some(reason) = pool.refuses(&id.namespace, template.labels.as_ref()) {
-                return Ok(response.deny(format!("{id} may not draw from FixedIPPool {name}: {reason}")));
+                return Ok(response.deny(format!(
+                    "{id} may not draw from FixedIPPool {name}: {reason}"
+                )));
             }
             ((*pool.usable).clone(), Some(pool.name.clone()))
         }

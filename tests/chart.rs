@@ -1485,8 +1485,8 @@ fn duration_values_are_go_durations() {
         std::time::Duration::from_secs(5400)
     );
     for bad in ["5 minutes", "5", "1m30"] {
-        let error = template_text(&helm, &[&format!("server.stickyGrace={bad}")], "1.31.0")
-            .expect_err(bad);
+        let error =
+            template_text(&helm, &[&format!("server.stickyGrace={bad}")], "1.31.0").expect_err(bad);
         assert!(
             error.contains("stickyGrace") && error.contains("schema"),
             "{bad}: {error}"

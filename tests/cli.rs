@@ -115,19 +115,29 @@ fn serve_takes_a_port_only_listen_and_go_durations() {
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let first = lines.next().unwrap().unwrap();
     assert!(
-        first.starts_with(&format!("ip-webhook serving https://0.0.0.0:{https} (admin http://127.0.0.1:{admin})")),
+        first.starts_with(&format!(
+            "ip-webhook serving https://0.0.0.0:{https} (admin http://127.0.0.1:{admin})"
+        )),
         "{first}"
     );
     let mut stream = std::net::TcpStream::connect(("127.0.0.1", admin)).unwrap();
     write!(stream, "GET /readyz HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
     let mut reply = String::new();
     stream.read_to_string(&mut reply).unwrap();
-    assert!(reply.starts_with("HTTP/1.0 200") || reply.starts_with("HTTP/1.1 200"), "{reply}");
+    assert!(
+        reply.starts_with("HTTP/1.0 200") || reply.starts_with("HTTP/1.1 200"),
+        "{reply}"
+    );
     assert!(std::net::TcpStream::connect(("127.0.0.1", https)).is_ok());
     let _ = child.kill();
     let _ = child.wait();
 
     let (ok, _, stderr) = ip_webhook(&["serve", "--read-timeout", "1m30"]);
     assert!(!ok);
-    assert!(stderr.contains("\"1m30\" is not a duration like 500ms, 10s, 1m30s, 1.5s or 2h: 30 has no unit"), "{stderr}");
+    assert!(
+        stderr.contains(
+            "\"1m30\" is not a duration like 500ms, 10s, 1m30s, 1.5s or 2h: 30 has no unit"
+        ),
+        "{stderr}"
+    );
 }

@@ -104,7 +104,9 @@ async fn ippool_checks() {
         (
             "host bits",
             ippool("x", json!({"cidr": "10.22.0.7/24"})),
-            Some("FixedIPPool x: spec.cidr 10.22.0.7/24 has host bits set; did you mean 10.22.0.0/24?"),
+            Some(
+                "FixedIPPool x: spec.cidr 10.22.0.7/24 has host bits set; did you mean 10.22.0.0/24?",
+            ),
         ),
         (
             "ips outside",
@@ -202,7 +204,9 @@ async fn ippool_updates_and_deletes_keep_held_ips() {
         .await;
     expect(
         &response,
-        Some("FixedIPPool blue cannot be deleted while 1 of its IPs are held: 10.20.0.1 by prod/api-*"),
+        Some(
+            "FixedIPPool blue cannot be deleted while 1 of its IPs are held: 10.20.0.1 by prod/api-*",
+        ),
         "delete held",
     );
     let response = server

@@ -20,9 +20,9 @@ use std::time::Duration;
 use ip_webhook::allocator::{AllocError, AllocationRequest, Allocator};
 use ip_webhook::ipset::{IpSet, parse_ip_spec};
 use ip_webhook::ledger::embedded::CommitCounters;
+use ip_webhook::ledger::{Claim, EmbeddedLedger, Ledger, MemoryLedger, ObservedChange, PodRef};
 #[cfg(feature = "etcd")]
 use ip_webhook::ledger::{EtcdLedger, EtcdOptions};
-use ip_webhook::ledger::{Claim, EmbeddedLedger, Ledger, MemoryLedger, ObservedChange, PodRef};
 use proptest::prelude::*;
 
 const LIST: &str = "10.0.0.1-10.0.0.6";
@@ -51,7 +51,10 @@ enum Backend {
     Memory,
     Embedded(PathBuf),
     #[cfg(feature = "etcd")]
-    Etcd { endpoint: String, prefix: String },
+    Etcd {
+        endpoint: String,
+        prefix: String,
+    },
 }
 
 impl Backend {

@@ -630,7 +630,14 @@ fn is_empty_dir(dir: &Path) -> bool {
     std::fs::read_dir(dir).unwrap().next().is_none()
 }
 
-fn api_claim(ip: &str, namespace: &str, app: &str, pool: Option<&str>, pod: &str, uid: &str) -> Claim {
+fn api_claim(
+    ip: &str,
+    namespace: &str,
+    app: &str,
+    pool: Option<&str>,
+    pod: &str,
+    uid: &str,
+) -> Claim {
     let mut claim = claim(
         ip,
         namespace,
@@ -700,11 +707,25 @@ async fn operator_commands_read_the_cluster_of_kubeconfig_and_create_nothing() {
     let uid = pod.metadata.uid.unwrap();
     let ledger = KubeLedger::new(client.clone());
     ledger
-        .create(&api_claim("10.20.0.1", "prod", "api", Some("blue"), "api-0", &uid))
+        .create(&api_claim(
+            "10.20.0.1",
+            "prod",
+            "api",
+            Some("blue"),
+            "api-0",
+            &uid,
+        ))
         .await
         .unwrap();
     ledger
-        .create(&api_claim("10.0.0.10", "default", "web", None, "web-0", "gone-uid"))
+        .create(&api_claim(
+            "10.0.0.10",
+            "default",
+            "web",
+            None,
+            "web-0",
+            "gone-uid",
+        ))
         .await
         .unwrap();
 
@@ -750,32 +771,52 @@ async fn operator_commands_read_the_cluster_of_kubeconfig_and_create_nothing() {
     // release asks the API server whether the pod behind the claim still runs
     let (code, _, stderr) = run(&["release", "10.20.0.1"]);
     assert_eq!(code, 3);
-    assert_one_error_line(&stderr, "refused: pod prod/api-0 still exists and holds 10.20.0.1");
+    assert_one_error_line(
+        &stderr,
+        "refused: pod prod/api-0 still exists and holds 10.20.0.1",
+    );
     let (code, stdout, stderr) = run(&["release", "10.0.0.10"]);
     assert_eq!(code, 0, "{stderr}");
     // (the API server drops status on create: the claim is Reserved)
     assert!(
-        stdout.starts_with("released 10.0.0.10 (Reserved, held by pod default/web-0 of app default/web since "),
+        stdout.starts_with(
+            "released 10.0.0.10 (Reserved, held by pod default/web-0 of app default/web since "
+        ),
         "{stdout}"
     );
     let (_, json, _) = run(&["status", "-o", "json", "--app", "default/web"]);
     let report: Value = serde_json::from_str(&json).unwrap_or_default();
-    assert!(report["apps"].as_array().is_none_or(|a| a.is_empty() || a[0]["held"] == 0), "{json}");
+    assert!(
+        report["apps"]
+            .as_array()
+            .is_none_or(|a| a.is_empty() || a[0]["held"] == 0),
+        "{json}"
+    );
 
     // --kubeconfig beats $KUBECONFIG, --context picks the cluster
     let dead = fakeapi::closed_port();
     let two = cwd.path().join("../two-contexts.yaml");
-    std::fs::write(&two, fakeapi::kubeconfig_yaml(&[("fake", fake.port), ("dead", dead)])).unwrap();
+    std::fs::write(
+        &two,
+        fakeapi::kubeconfig_yaml(&[("fake", fake.port), ("dead", dead)]),
+    )
+    .unwrap();
     let other = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(other.path(), fakeapi::kubeconfig_yaml(&[("dead", dead)])).unwrap();
     let two = two.to_str().unwrap();
-    let (code, _, stderr) = operator(&["status", "--kubeconfig", two], Some(other.path()), cwd.path());
+    let (code, _, stderr) = operator(
+        &["status", "--kubeconfig", two],
+        Some(other.path()),
+        cwd.path(),
+    );
     assert_eq!((code, stderr.as_str()), (0, ""));
     let (code, _, stderr) = run(&["status", "--kubeconfig", two, "--context", "dead"]);
     assert_eq!(code, 1);
     assert_one_error_line(
         &stderr,
-        &format!("reading IPClaims from the API server http://127.0.0.1:{dead}/ (from --kubeconfig {two})"),
+        &format!(
+            "reading IPClaims from the API server http://127.0.0.1:{dead}/ (from --kubeconfig {two})"
+        ),
     );
     let (code, _, stderr) = run(&["status", "--context", "nosuch"]);
     assert_eq!(code, 1);
@@ -783,7 +824,10 @@ async fn operator_commands_read_the_cluster_of_kubeconfig_and_create_nothing() {
     assert!(stderr.contains("nosuch"), "{stderr}");
     std::fs::remove_file(two).unwrap();
 
-    assert!(is_empty_dir(cwd.path()), "an operator command wrote into the working directory");
+    assert!(
+        is_empty_dir(cwd.path()),
+        "an operator command wrote into the working directory"
+    );
 }
 
 #[tokio::test]
@@ -794,13 +838,24 @@ async fn errors_are_one_line_with_an_exit_code_and_never_a_backtrace() {
     // $KUBECONFIG names a dead API server: an error naming it, and no state created
     let port = fakeapi::closed_port();
     let kubeconfig = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(kubeconfig.path(), fakeapi::kubeconfig_yaml(&[("dead", port)])).unwrap();
+    std::fs::write(
+        kubeconfig.path(),
+        fakeapi::kubeconfig_yaml(&[("dead", port)]),
+    )
+    .unwrap();
     for command in ["status", "release"] {
-        let args: &[&str] = if command == "release" { &["release", "10.0.0.1"] } else { &["status"] };
+        let args: &[&str] = if command == "release" {
+            &["release", "10.0.0.1"]
+        } else {
+            &["status"]
+        };
         let (code, stdout, stderr) = operator(args, Some(kubeconfig.path()), dir);
         assert_eq!((code, stdout.as_str()), (1, ""), "{command}: {stderr}");
         assert!(
-            stderr.contains(&format!("the API server http://127.0.0.1:{port}/ (from $KUBECONFIG ({}))", kubeconfig.path().display())),
+            stderr.contains(&format!(
+                "the API server http://127.0.0.1:{port}/ (from $KUBECONFIG ({}))",
+                kubeconfig.path().display()
+            )),
             "{stderr}"
         );
         assert_one_error_line(&stderr, "");
@@ -816,40 +871,118 @@ async fn errors_are_one_line_with_an_exit_code_and_never_a_backtrace() {
 
     // a missing state dir is named, and not created
     let missing = dir.join("state");
-    let (code, _, stderr) = operator(&["explain", "-f", &fixture("explain.yaml"), "--state-dir", missing.to_str().unwrap()], None, dir);
+    let (code, _, stderr) = operator(
+        &[
+            "explain",
+            "-f",
+            &fixture("explain.yaml"),
+            "--state-dir",
+            missing.to_str().unwrap(),
+        ],
+        None,
+        dir,
+    );
     assert_eq!(code, 1);
-    assert_one_error_line(&stderr, &format!("no embedded ledger: {} does not exist", missing.display()));
+    assert_one_error_line(
+        &stderr,
+        &format!("no embedded ledger: {} does not exist", missing.display()),
+    );
     std::fs::create_dir(&missing).unwrap();
-    let (code, _, stderr) = operator(&["status", "--state-dir", missing.to_str().unwrap()], None, dir);
+    let (code, _, stderr) = operator(
+        &["status", "--state-dir", missing.to_str().unwrap()],
+        None,
+        dir,
+    );
     assert_eq!(code, 1);
-    assert_one_error_line(&stderr, &format!("no embedded ledger: {}/ledger.redb does not exist", missing.display()));
-    let (code, _, stderr) = operator(&["release", "10.0.0.1", "--force", "--state-dir", missing.to_str().unwrap()], None, dir);
+    assert_one_error_line(
+        &stderr,
+        &format!(
+            "no embedded ledger: {}/ledger.redb does not exist",
+            missing.display()
+        ),
+    );
+    let (code, _, stderr) = operator(
+        &[
+            "release",
+            "10.0.0.1",
+            "--force",
+            "--state-dir",
+            missing.to_str().unwrap(),
+        ],
+        None,
+        dir,
+    );
     assert_eq!(code, 1);
     assert_one_error_line(&stderr, "no embedded ledger:");
-    assert!(is_empty_dir(&missing), "a command created state in {}", missing.display());
+    assert!(
+        is_empty_dir(&missing),
+        "a command created state in {}",
+        missing.display()
+    );
     std::fs::remove_dir(&missing).unwrap();
 
-    let (code, _, stderr) = operator(&["explain", "-f", "missing.yaml", "--state-dir", "x"], None, dir);
+    let (code, _, stderr) = operator(
+        &["explain", "-f", "missing.yaml", "--state-dir", "x"],
+        None,
+        dir,
+    );
     assert_eq!(code, 1);
     assert_one_error_line(&stderr, "reading missing.yaml: No such file or directory");
 
-    let (code, _, stderr) = operator(&["check", "--url", "https://127.0.0.1:1", "--ca-file", "/nonexistent/ca.crt"], None, dir);
+    let (code, _, stderr) = operator(
+        &[
+            "check",
+            "--url",
+            "https://127.0.0.1:1",
+            "--ca-file",
+            "/nonexistent/ca.crt",
+        ],
+        None,
+        dir,
+    );
     assert_eq!(code, 1);
-    assert_one_error_line(&stderr, "reading /nonexistent/ca.crt: No such file or directory");
-    let (code, stdout, stderr) = operator(&["check", "--url", &format!("https://127.0.0.1:{port}")], None, dir);
+    assert_one_error_line(
+        &stderr,
+        "reading /nonexistent/ca.crt: No such file or directory",
+    );
+    let (code, stdout, stderr) = operator(
+        &["check", "--url", &format!("https://127.0.0.1:{port}")],
+        None,
+        dir,
+    );
     assert_eq!(code, 3, "{stdout}");
-    assert!(stdout.contains(&format!("FAIL     reachable   cannot connect to 127.0.0.1:{port}")), "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "FAIL     reachable   cannot connect to 127.0.0.1:{port}"
+        )),
+        "{stdout}"
+    );
     assert_one_error_line(&stderr, "");
 
     // a refused release (off-cluster, not forced) exits 3
     let state = dir.join("seeded");
     seed(&state).await;
-    let (code, _, stderr) = operator(&["release", "10.0.0.10", "--state-dir", state.to_str().unwrap()], None, dir);
+    let (code, _, stderr) = operator(
+        &[
+            "release",
+            "10.0.0.10",
+            "--state-dir",
+            state.to_str().unwrap(),
+        ],
+        None,
+        dir,
+    );
     assert_eq!(code, 3);
-    assert_one_error_line(&stderr, "refused: cannot tell whether pod default/web-7d4b9c8f6d-abcde still runs");
+    assert_one_error_line(
+        &stderr,
+        "refused: cannot tell whether pod default/web-7d4b9c8f6d-abcde still runs",
+    );
     std::fs::remove_dir_all(&state).unwrap();
 
-    assert!(is_empty_dir(dir), "state was created in the working directory");
+    assert!(
+        is_empty_dir(dir),
+        "state was created in the working directory"
+    );
 }
 
 /// Without the `etcd` feature, `--ledger etcd` says so in one line. (scripts/test.sh builds
@@ -860,7 +993,10 @@ fn a_build_without_etcd_says_how_to_get_it() {
     let cwd = tempfile::tempdir().unwrap();
     let (code, _, stderr) = operator(&["status", "--ledger", "etcd"], None, cwd.path());
     assert_eq!(code, 1);
-    assert_one_error_line(&stderr, "this build has no etcd support; rebuild with --features etcd");
+    assert_one_error_line(
+        &stderr,
+        "this build has no etcd support; rebuild with --features etcd",
+    );
 }
 
 #[test]
@@ -889,22 +1025,62 @@ async fn a_running_servers_ledger_is_read_and_its_ca_kept() {
         .response();
     assert_eq!(reply["allowed"], true);
     let cwd = tempfile::tempdir().unwrap();
-    let (code, json, stderr) = operator(&["status", "--state-dir", dir, "-o", "json"], None, cwd.path());
+    let (code, json, stderr) = operator(
+        &["status", "--state-dir", dir, "-o", "json"],
+        None,
+        cwd.path(),
+    );
     assert_eq!((code, stderr.as_str()), (0, ""));
     let report: Value = serde_json::from_str(&json).unwrap();
     assert_eq!(report["apps"][0]["holders"][0]["ip"], "10.0.0.10", "{json}");
-    let (code, _, stderr) = operator(&["explain", "-f", &fixture("explain.yaml"), "--state-dir", dir], None, cwd.path());
+    let (code, _, stderr) = operator(
+        &[
+            "explain",
+            "-f",
+            &fixture("explain.yaml"),
+            "--state-dir",
+            dir,
+        ],
+        None,
+        cwd.path(),
+    );
     assert_eq!((code, stderr.as_str()), (0, ""));
-    let (code, json, stderr) = operator(&["review", "--dry-run", "--state-dir", dir, &fixture("pod-create-v1.json")], None, cwd.path());
+    let (code, json, stderr) = operator(
+        &[
+            "review",
+            "--dry-run",
+            "--state-dir",
+            dir,
+            &fixture("pod-create-v1.json"),
+        ],
+        None,
+        cwd.path(),
+    );
     assert_eq!((code, stderr.as_str()), (0, ""));
-    assert_eq!(serde_json::from_str::<Value>(&json).unwrap()["response"]["allowed"], true);
-    let (code, _, stderr) = operator(&["review", "--state-dir", dir, &fixture("pod-create-v1.json")], None, cwd.path());
+    assert_eq!(
+        serde_json::from_str::<Value>(&json).unwrap()["response"]["allowed"],
+        true
+    );
+    let (code, _, stderr) = operator(
+        &["review", "--state-dir", dir, &fixture("pod-create-v1.json")],
+        None,
+        cwd.path(),
+    );
     assert_eq!(code, 1);
-    assert_one_error_line(&stderr, &format!("opening the embedded ledger in {dir} to record the review's claim (with --dry-run it is only read, also while `serve` runs)"));
+    assert_one_error_line(
+        &stderr,
+        &format!(
+            "opening the embedded ledger in {dir} to record the review's claim (with --dry-run it is only read, also while `serve` runs)"
+        ),
+    );
 
     server.kill9();
     let server = common::BinaryServer::start(&["--state-dir", dir]);
-    assert_eq!(std::fs::read(state.path().join("ca.crt")).unwrap(), ca, "the CA changed on restart");
+    assert_eq!(
+        std::fs::read(state.path().join("ca.crt")).unwrap(),
+        ca,
+        "the CA changed on restart"
+    );
     let client = common::HttpsClient::new(server.https_addr, &ca);
     let pod = common::pod("default", "web", "web-", Some("10.0.0.10,10.0.0.11"));
     let reply = client
@@ -920,15 +1096,18 @@ async fn a_running_servers_ledger_is_read_and_its_ca_kept() {
 /// webhook configurations' caBundles with the served chain.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_verifies_the_service_name_and_the_clusters_ca_bundles() {
+    use base64::Engine;
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     use kube::api::{Api, ApiResource, DynamicObject, PostParams};
-    use base64::Engine;
 
     let service = "ip-webhook.ip-webhook-system.svc";
     let server = common::TestServer::start(&["--dns-name", service]).await;
     let ca_file = server.state_dir.path().join("ca.crt");
     let ca = std::fs::read(&ca_file).unwrap();
-    let url = format!("https://127.0.0.1:{}", server.launched.running.https_addr.port());
+    let url = format!(
+        "https://127.0.0.1:{}",
+        server.launched.running.https_addr.port()
+    );
     let cwd = tempfile::tempdir().unwrap();
     let check = |extra: &[&str], kubeconfig: Option<&Path>| {
         let mut args = vec!["check", "--url", &url];
@@ -946,8 +1125,21 @@ async fn check_verifies_the_service_name_and_the_clusters_ca_bundles() {
     let ca_path = ca_file.to_str().unwrap();
     let (code, stdout, stderr) = check(&["--ca-file", ca_path, "--tls-server-name", service], None);
     assert_eq!(code, 0, "{stdout}{stderr}");
-    assert!(stdout.contains(&format!("OK       certificate   valid for {service} and signed by the caBundle")), "{stdout}");
-    let (code, stdout, _) = check(&["--ca-file", ca_path, "--tls-server-name", "other.example.svc"], None);
+    assert!(
+        stdout.contains(&format!(
+            "OK       certificate   valid for {service} and signed by the caBundle"
+        )),
+        "{stdout}"
+    );
+    let (code, stdout, _) = check(
+        &[
+            "--ca-file",
+            ca_path,
+            "--tls-server-name",
+            "other.example.svc",
+        ],
+        None,
+    );
     assert_eq!(code, 3);
     assert!(stdout.contains("FAIL     certificate   the API server would refuse it: invalid peer certificate: certificate not valid for name \"other.example.svc\""), "{stdout}");
 
@@ -960,8 +1152,14 @@ async fn check_verifies_the_service_name_and_the_clusters_ca_bundles() {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     let mut resources = Vec::new();
     for (kind, plural) in [
-        ("MutatingWebhookConfiguration", "mutatingwebhookconfigurations"),
-        ("ValidatingWebhookConfiguration", "validatingwebhookconfigurations"),
+        (
+            "MutatingWebhookConfiguration",
+            "mutatingwebhookconfigurations",
+        ),
+        (
+            "ValidatingWebhookConfiguration",
+            "validatingwebhookconfigurations",
+        ),
     ] {
         let crd: CustomResourceDefinition = serde_json::from_value(serde_json::json!({
             "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
@@ -996,11 +1194,17 @@ async fn check_verifies_the_service_name_and_the_clusters_ca_bundles() {
     let mutating = Api::<DynamicObject>::all_with(client.clone(), &resources[0]);
     let validating = Api::<DynamicObject>::all_with(client.clone(), &resources[1]);
     mutating
-        .create(&PostParams::default(), &configuration(&resources[0], "pods.mutate.ip-webhook.io", &bundle))
+        .create(
+            &PostParams::default(),
+            &configuration(&resources[0], "pods.mutate.ip-webhook.io", &bundle),
+        )
         .await
         .unwrap();
     validating
-        .create(&PostParams::default(), &configuration(&resources[1], "pods.validate.ip-webhook.io", &bundle))
+        .create(
+            &PostParams::default(),
+            &configuration(&resources[1], "pods.validate.ip-webhook.io", &bundle),
+        )
         .await
         .unwrap();
     let kubeconfig = fake.kubeconfig();
@@ -1017,13 +1221,23 @@ async fn check_verifies_the_service_name_and_the_clusters_ca_bundles() {
         .unwrap();
     let kubeconfig_flag = kubeconfig.to_str().unwrap();
     let (code, stdout, stderr) = check(
-        &["--tls-server-name", service, "--ca-file", ca_path, "--kubeconfig", kubeconfig_flag],
+        &[
+            "--tls-server-name",
+            service,
+            "--ca-file",
+            ca_path,
+            "--kubeconfig",
+            kubeconfig_flag,
+        ],
         None,
     );
     assert_eq!(code, 3, "{stdout}");
     assert!(stdout.contains("OK       certificate"), "{stdout}");
     assert!(stdout.contains("FAIL     cabundle      the API server would refuse the served certificate: ValidatingWebhookConfiguration ip-webhook webhook pods.validate.ip-webhook.io: invalid peer certificate: BadSignature"), "{stdout}");
-    assert!(!stdout.contains("MutatingWebhookConfiguration ip-webhook webhook"), "{stdout}");
+    assert!(
+        !stdout.contains("MutatingWebhookConfiguration ip-webhook webhook"),
+        "{stdout}"
+    );
     assert_one_error_line(&stderr, "1 of 8 checks failed");
 
     let (code, stdout, _) = check(&["--webhook-configuration", "nosuch"], Some(&kubeconfig));

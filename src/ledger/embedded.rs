@@ -63,11 +63,11 @@ impl EmbeddedLedger {
             .set_concurrency_mode(ConcurrencyMode::SingleWriter)
             .create(&path)
             .map_err(|e| {
-            LedgerError::Storage(format!(
-                "cannot open {} (is another ip-webhook using this --state-dir?): {e}",
-                path.display()
-            ))
-        })?;
+                LedgerError::Storage(format!(
+                    "cannot open {} (is another ip-webhook using this --state-dir?): {e}",
+                    path.display()
+                ))
+            })?;
         {
             let txn = db.begin_write().map_err(storage("begin"))?;
             txn.open_table(CLAIMS).map_err(storage("open table"))?;

@@ -76,7 +76,10 @@ impl FakeApi {
         std::fs::write(fake.kubeconfig(), kubeconfig_yaml(&[("fake", port)])).unwrap();
         let deadline = Instant::now() + Duration::from_secs(20);
         while !fake.answers() {
-            assert!(Instant::now() < deadline, "fakeapi.py did not start on {port}");
+            assert!(
+                Instant::now() < deadline,
+                "fakeapi.py did not start on {port}"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         Some(fake)
