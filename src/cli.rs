@@ -147,9 +147,10 @@ pub struct StatusArgs {
     #[arg(long, value_name = "FILE")]
     pub pools_file: Option<PathBuf>,
     #[command(flatten)]
-    pub source: LedgerSource,
-    #[command(flatten)]
     pub verbosity: Verbosity,
+    // Last: it ends with the etcd flags under their own help heading.
+    #[command(flatten)]
+    pub source: LedgerSource,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -177,9 +178,10 @@ pub struct ExplainArgs {
     #[arg(long, value_name = "FILE")]
     pub pools_file: Option<PathBuf>,
     #[command(flatten)]
-    pub source: LedgerSource,
-    #[command(flatten)]
     pub verbosity: Verbosity,
+    // Last: it ends with the etcd flags under their own help heading.
+    #[command(flatten)]
+    pub source: LedgerSource,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -194,9 +196,10 @@ pub struct ReleaseArgs {
     #[arg(long, default_value = "app", value_name = "KEY")]
     pub app_label: String,
     #[command(flatten)]
-    pub source: LedgerSource,
-    #[command(flatten)]
     pub verbosity: Verbosity,
+    // Last: it ends with the etcd flags under their own help heading.
+    #[command(flatten)]
+    pub source: LedgerSource,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -214,8 +217,9 @@ pub struct CheckArgs {
     /// ip-webhook.ip-webhook-system.svc through a port-forward; default: the URL's host.
     #[arg(long, value_name = "NAME")]
     pub tls_server_name: Option<String>,
-    /// Read the caBundles of these webhook configurations from the cluster (found as kubectl
-    /// finds it; also when neither --ca-file nor --ca-bundle is given).
+    /// The MutatingWebhookConfiguration and ValidatingWebhookConfiguration whose caBundles to
+    /// read from the cluster (found as kubectl finds it; read with --kubeconfig or --context,
+    /// or when neither --ca-file nor --ca-bundle is given).
     #[arg(long, value_name = "NAME", default_value = "ip-webhook")]
     pub webhook_configuration: String,
     #[command(flatten)]
@@ -296,31 +300,6 @@ impl WebhookArgs {
     pub fn has_api_server(&self) -> bool {
         self.kubeconfig.is_some() || in_pod()
     }
-
-    /// Decision settings with an operator command's ledger: what [`crate::app::build`] takes.
-    pub fn for_operator(
-        source: &LedgerSource,
-        ledger: LedgerKind,
-        app_label: &str,
-        cni: Cni,
-        pools_file: Option<PathBuf>,
-    ) -> WebhookArgs {
-        WebhookArgs {
-            ledger: Some(ledger),
-            state_dir: source
-                .state_dir
-                .clone()
-                .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR)),
-            app_label: app_label.to_string(),
-            cni,
-            pools_file,
-            check_kube_ovn_subnets: false,
-            check_calico_ippools: false,
-            kubeconfig: source.cluster.kubeconfig.clone(),
-            context: source.cluster.context.clone(),
-            etcd: source.etcd.clone(),
-        }
-    }
 }
 
 /// `serve`'s default --state-dir.
@@ -358,17 +337,6 @@ impl std::fmt::Display for ClusterSource {
             ClusterSource::Env(value) => write!(f, "$KUBECONFIG ({value})"),
             ClusterSource::Home(path) => write!(f, "{}", path.display()),
             ClusterSource::InCluster => f.write_str("the in-cluster service account"),
-        }
-    }
-}
-
-impl ClusterSource {
-    /// The kubeconfig file to read, when one was named on the command line; `None` lets the
-    /// kube client read $KUBECONFIG or ~/.kube/config itself (or use the service account).
-    pub fn flag_path(&self) -> Option<&Path> {
-        match self {
-            ClusterSource::Flag(path) => Some(path),
-            _ => None,
         }
     }
 }
@@ -449,6 +417,7 @@ pub fn choose_books(
 
 /// In-cluster mode: the reconciler and its leader election.
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "In-cluster: reconciler, leak sweeper and leader election")]
 pub struct ClusterArgs {
     /// Drop a Reserved IPClaim that no pod took up within this time.
     #[arg(long, default_value = "2m", value_parser = parse_duration, value_name = "DURATION")]
@@ -574,9 +543,9 @@ pub struct ReviewArgs {
     #[arg(value_name = "FILE|-")]
     pub file: String,
     #[command(flatten)]
-    pub webhook: WebhookArgs,
-    #[command(flatten)]
     pub verbosity: Verbosity,
+    #[command(flatten)]
+    pub webhook: WebhookArgs,
 }
 
 /// `--app`: `NAMESPACE/APP`.
