@@ -328,7 +328,7 @@ async fn cluster_bundles(
     client: kube::Client,
     name: &str,
     server: &str,
-) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
+) -> anyhow::Result<crate::doctor::CaBundles> {
     use k8s_openapi::api::admissionregistration::v1::{
         MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
     };

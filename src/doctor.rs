@@ -50,6 +50,9 @@ fn check(name: &'static str, status: Status, detail: impl Into<String>) -> Check
     }
 }
 
+/// caBundles (PEM), each with the webhook it belongs to.
+pub type CaBundles = Vec<(String, Vec<u8>)>;
+
 #[derive(Debug, Clone)]
 pub struct Options {
     /// `https://host:port` (a path, if any, replaces `/mutate`).
@@ -61,7 +64,7 @@ pub struct Options {
     pub server_name: Option<String>,
     /// The caBundles of the webhook configurations read from the cluster, each with where it
     /// came from, or why they could not be read; `None` when the cluster was not asked.
-    pub cluster_bundles: Option<Result<Vec<(String, Vec<u8>)>, String>>,
+    pub cluster_bundles: Option<Result<CaBundles, String>>,
     /// `http://host:port` of the admin port.
     pub admin_url: Option<String>,
     /// Fewer days than this before the certificate expires is a failure (a warning below 30).
@@ -457,7 +460,7 @@ fn verify_with_bundle(pem: &[u8], chain: &[Vec<u8>], name: &str) -> Result<(), S
 /// The webhook configurations' caBundles against the served chain: OK when every one of them
 /// signs it (the API server checks each webhook with its own caBundle).
 pub fn cluster_bundle_check(
-    bundles: &Result<Vec<(String, Vec<u8>)>, String>,
+    bundles: &Result<CaBundles, String>,
     chain: &[Vec<u8>],
     name: &str,
 ) -> Check {
