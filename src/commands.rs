@@ -147,6 +147,7 @@ async fn read(
                 );
             }
             let admission = access.admission.clone().expect("kubernetes has a client");
+            installed(&admission, &access.server).await?;
             let claims = KubeLedger::new(admission.clone())
                 .load()
                 .await
@@ -170,6 +171,21 @@ async fn read(
             ledger.close().await;
             Ok((claims.context("reading the etcd ledger")?, from_file()?))
         }
+    }
+}
+
+/// Whether the API server serves ip-webhook's IPClaims at all: a cluster without them (no
+/// ip-webhook installed, or the wrong context) gets a sentence, not a 404 Status dump.
+async fn installed(client: &kube::Client, server: &str) -> anyhow::Result<()> {
+    let probe = kube::Api::<crate::crd::IPClaim>::all(client.clone())
+        .list_metadata(&kube::api::ListParams::default().limit(1))
+        .await;
+    match probe {
+        Err(kube::Error::Api(status)) if status.code == 404 => bail!(
+            "{server} serves no IPClaims (ipclaims.ip-webhook.io): ip-webhook is not installed there (wrong --context?)"
+        ),
+        Err(error) => Err(error).with_context(|| format!("reading IPClaims from {server}")),
+        Ok(_) => Ok(()),
     }
 }
 
@@ -293,9 +309,11 @@ pub async fn release(args: ReleaseArgs) -> anyhow::Result<()> {
                 )?,
             )
         }
-        Books::Kubernetes(_) => Arc::new(KubeLedger::new(
-            access.admission.clone().expect("kubernetes has a client"),
-        )),
+        Books::Kubernetes(_) => {
+            let admission = access.admission.clone().expect("kubernetes has a client");
+            installed(&admission, &access.server).await?;
+            Arc::new(KubeLedger::new(admission))
+        }
         Books::Etcd => open_etcd(&args.source).await?,
     };
     let pods: Box<dyn PodLookup> = match access.client.clone() {

@@ -666,15 +666,28 @@ async fn operator_commands_read_the_cluster_of_kubeconfig_and_create_nothing() {
     let Some(fake) = fakeapi::FakeApi::start() else {
         return;
     };
+    let cwd = tempfile::tempdir().unwrap();
+    let kubeconfig = fake.kubeconfig();
+    let kc = Some(kubeconfig.as_path());
+    let run = |args: &[&str]| operator(args, kc, cwd.path());
+
+    // a cluster without ip-webhook: said in a sentence
+    let (code, _, stderr) = run(&["status"]);
+    assert_eq!(code, 1);
+    assert_one_error_line(
+        &stderr,
+        &format!(
+            "the API server http://127.0.0.1:{}/ (from $KUBECONFIG ({})) serves no IPClaims (ipclaims.ip-webhook.io): ip-webhook is not installed there (wrong --context?)",
+            fake.port,
+            kubeconfig.display()
+        ),
+    );
+
     let client = fake.client().await;
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     for crd in [FixedIPPool::crd(), IPClaim::crd()] {
         crds.create(&PostParams::default(), &crd).await.unwrap();
     }
-    let cwd = tempfile::tempdir().unwrap();
-    let kubeconfig = fake.kubeconfig();
-    let kc = Some(kubeconfig.as_path());
-    let run = |args: &[&str]| operator(args, kc, cwd.path());
 
     let (code, stdout, stderr) = run(&["status"]);
     assert_eq!((code, stderr.as_str()), (0, ""));
