@@ -12,12 +12,17 @@
 # entrypoint match what the chart assumes.
 
 FROM rust:1.90-bookworm AS build
+# protoc: the shipped image has the etcd ledger (the `etcd` cargo feature), whose etcd-client
+# compiles etcd's protobuf API at build time. A build without it needs only the Rust toolchain.
+RUN apt-get update \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends protobuf-compiler \
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 ARG IP_WEBHOOK_GIT_COMMIT
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --profile dist --locked --bin ip-webhook \
+    cargo build --profile dist --locked --features etcd --bin ip-webhook \
     && strip --strip-debug target/dist/ip-webhook \
     && cp target/dist/ip-webhook /ip-webhook
 

@@ -3,16 +3,16 @@
 use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use ip_webhook::crd::{IPPool, IPPoolSpec};
+use ip_webhook::crd::{FixedIPPool, FixedIPPoolSpec};
 use ip_webhook::ipset::IpRange;
 use ip_webhook::pools::{Pool, PoolCatalog};
 
-fn pools(count: u32) -> Vec<IPPool> {
+fn pools(count: u32) -> Vec<FixedIPPool> {
     (0..count)
         .map(|i| {
-            IPPool::new(
+            FixedIPPool::new(
                 &format!("pool-{i}"),
-                IPPoolSpec {
+                FixedIPPoolSpec {
                     cidr: format!("10.{}.{}.0/24", i / 256, i % 256),
                     ..Default::default()
                 },
@@ -22,9 +22,9 @@ fn pools(count: u32) -> Vec<IPPool> {
 }
 
 fn probe(cidr: &str) -> Pool {
-    Pool::from_resource(&IPPool::new(
+    Pool::from_resource(&FixedIPPool::new(
         "probe",
-        IPPoolSpec {
+        FixedIPPoolSpec {
             cidr: cidr.into(),
             ..Default::default()
         },

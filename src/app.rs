@@ -12,9 +12,11 @@ use crate::cli::{LedgerKind, ServeArgs, WebhookArgs};
 use crate::cluster::lease::LeaseSettings;
 use crate::cluster::pods::PodDirectory;
 use crate::cluster::{ClusterHandle, ClusterOptions, Rules};
-use crate::crd::IPPool;
+use crate::crd::FixedIPPool;
+#[cfg(feature = "etcd")]
+use crate::ledger::EtcdLedger;
 use crate::ledger::embedded::CommitCounters;
-use crate::ledger::{EmbeddedLedger, EtcdLedger, KubeLedger, Ledger, TimedLedger};
+use crate::ledger::{EmbeddedLedger, KubeLedger, Ledger, TimedLedger};
 use crate::metrics::Metrics;
 use crate::pools::PoolCatalog;
 use crate::server::{self, Limits, Running};
@@ -38,21 +40,36 @@ pub struct Built {
 }
 
 /// Open the ledger, rebuild the allocator's index from it, load pools (in kubernetes mode:
-/// list the IPClaims and IPPools before any decision).
+/// list the IPClaims and FixedIPPools before any decision).
 pub async fn build(args: &WebhookArgs, metrics: Arc<Metrics>) -> anyhow::Result<Built> {
+    build_with(args, metrics, None).await
+}
+
+/// [`build`], deciding over `ledger` instead of the one the options name (the API server is
+/// still asked for pools in kubernetes mode): `review --dry-run` over a read-only copy.
+pub async fn build_with(
+    args: &WebhookArgs,
+    metrics: Arc<Metrics>,
+    ledger: Option<Arc<dyn Ledger>>,
+) -> anyhow::Result<Built> {
     let clients = match args.ledger_kind() {
-        LedgerKind::Kubernetes => Some(kube_clients(args.kubeconfig.as_deref()).await?),
+        LedgerKind::Kubernetes => {
+            Some(kube_clients(args.kubeconfig.as_deref(), args.context.as_deref()).await?)
+        }
         _ => None,
     };
+    #[cfg(feature = "etcd")]
     let mut etcd = None;
-    let ledger: Arc<dyn Ledger> = match &clients {
-        Some((_, admission)) => Arc::new(KubeLedger::new(admission.clone())),
-        None if args.ledger_kind() == LedgerKind::Etcd => {
+    let ledger: Arc<dyn Ledger> = match (ledger, &clients) {
+        (Some(given), _) => given,
+        (None, Some((_, admission))) => Arc::new(KubeLedger::new(admission.clone())),
+        #[cfg(feature = "etcd")]
+        (None, None) if args.ledger_kind() == LedgerKind::Etcd => {
             let opened = open_etcd(args).await?;
             etcd = Some(opened.clone());
             opened
         }
-        None => open_ledger(args, metrics.ledger.clone()).await?,
+        (None, None) => open_ledger(args, metrics.ledger.clone()).await?,
     };
     let ledger = TimedLedger::wrap(ledger, metrics.ledger_latency.clone());
     let client = clients.map(|(watches, _)| watches);
@@ -61,19 +78,20 @@ pub async fn build(args: &WebhookArgs, metrics: Arc<Metrics>) -> anyhow::Result<
             .await
             .context("loading the ledger")?,
     );
+    #[cfg(feature = "etcd")]
     if let Some(etcd) = etcd {
         spawn_etcd_watch(etcd, Arc::downgrade(&allocator));
     }
     let pools = match (&args.pools_file, &client) {
         (Some(_), Some(_)) => anyhow::bail!(
-            "--pools-file is for off-cluster use; with the kubernetes ledger, pools are IPPool objects"
+            "--pools-file is for off-cluster use; with the kubernetes ledger, pools are FixedIPPool objects"
         ),
         (Some(path), None) => PoolCatalog::from_file(path)?,
         (None, Some(client)) => {
-            let list = kube::Api::<IPPool>::all(client.clone())
+            let list = kube::Api::<FixedIPPool>::all(client.clone())
                 .list(&Default::default())
                 .await
-                .context("listing IPPools")?;
+                .context("listing FixedIPPools")?;
             crate::cluster::tolerant_catalog(
                 &list
                     .items
@@ -106,32 +124,59 @@ pub async fn build(args: &WebhookArgs, metrics: Arc<Metrics>) -> anyhow::Result<
     })
 }
 
-/// A client for `kubeconfig`, or inferred (in-cluster service account, $KUBECONFIG, ~/.kube).
-pub async fn kube_client(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> {
-    Ok(kube_clients(kubeconfig).await?.0)
+/// A client for `kubeconfig`, or inferred ($KUBECONFIG, ~/.kube/config, in-cluster service
+/// account), with `context` if given.
+pub async fn kube_client(
+    kubeconfig: Option<&Path>,
+    context: Option<&str>,
+) -> anyhow::Result<kube::Client> {
+    Ok(kube_clients(kubeconfig, context).await?.0)
 }
 
 /// How long one IPClaim request on the admission path may take: well inside the API server's
 /// webhook timeout (10s by default), so a stuck API server gets a clear denial, not a timeout.
 pub const ADMISSION_API_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// The client configuration for `kubeconfig` (else $KUBECONFIG or ~/.kube/config, else the
+/// in-cluster service account, as kubectl finds it), with `context` if given.
+pub async fn kube_config(
+    kubeconfig: Option<&Path>,
+    context: Option<&str>,
+) -> anyhow::Result<kube::Config> {
+    let options = kube::config::KubeConfigOptions {
+        context: context.map(str::to_string),
+        ..Default::default()
+    };
+    Ok(match (kubeconfig, context) {
+        (Some(path), _) => {
+            let file = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(file, &options)
+                .await
+                .with_context(|| format!("using kubeconfig {}", path.display()))?
+        }
+        (None, Some(context)) => kube::Config::from_kubeconfig(&options)
+            .await
+            .with_context(|| {
+                format!("using context {context:?} of $KUBECONFIG or ~/.kube/config")
+            })?,
+        (None, None) => kube::Config::infer()
+            .await
+            .context("finding the API server ($KUBECONFIG, ~/.kube/config or the in-cluster service account)")?,
+    })
+}
+
 /// Two clients for one API server: one for watches (long reads), one for the admission path
 /// (reads cut at [`ADMISSION_API_TIMEOUT`]).
 pub async fn kube_clients(
     kubeconfig: Option<&Path>,
+    context: Option<&str>,
 ) -> anyhow::Result<(kube::Client, kube::Client)> {
-    let mut config = match kubeconfig {
-        Some(path) => {
-            let file = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(file, &Default::default())
-                .await
-                .with_context(|| format!("using kubeconfig {}", path.display()))?
-        }
-        None => kube::Config::infer()
-            .await
-            .context("finding the API server (in-cluster service account or kubeconfig)")?,
-    };
+    clients_from(kube_config(kubeconfig, context).await?)
+}
+
+/// [`kube_clients`] for a configuration already read.
+pub fn clients_from(mut config: kube::Config) -> anyhow::Result<(kube::Client, kube::Client)> {
     // Named in the API server's audit log and request metrics.
     config.headers.push((
         http::header::USER_AGENT,
@@ -155,10 +200,14 @@ pub async fn open_ledger(
     match args.ledger_kind() {
         LedgerKind::Embedded => Ok(Arc::new(EmbeddedLedger::open(&args.state_dir, counters)?)),
         LedgerKind::Kubernetes => {
-            let (_, admission) = kube_clients(args.kubeconfig.as_deref()).await?;
+            let (_, admission) =
+                kube_clients(args.kubeconfig.as_deref(), args.context.as_deref()).await?;
             Ok(Arc::new(KubeLedger::new(admission)))
         }
+        #[cfg(feature = "etcd")]
         LedgerKind::Etcd => Ok(open_etcd(args).await?),
+        #[cfg(not(feature = "etcd"))]
+        LedgerKind::Etcd => Err(no_etcd()),
     }
 }
 
@@ -203,6 +252,12 @@ pub fn cluster_options(args: &ServeArgs) -> ClusterOptions {
     }
 }
 
+/// What `--ledger etcd` says in a build without the `etcd` feature.
+pub fn no_etcd() -> anyhow::Error {
+    anyhow::anyhow!("this build has no etcd support; rebuild with --features etcd")
+}
+
+#[cfg(feature = "etcd")]
 async fn open_etcd(args: &WebhookArgs) -> anyhow::Result<Arc<EtcdLedger>> {
     let options = args.etcd.options();
     let ledger = EtcdLedger::connect(&options)
@@ -213,6 +268,7 @@ async fn open_etcd(args: &WebhookArgs) -> anyhow::Result<Arc<EtcdLedger>> {
 
 /// Keep the allocator's index in step with claims other replicas make and release in etcd.
 /// Ends when the ledger is closed or the allocator is gone.
+#[cfg(feature = "etcd")]
 fn spawn_etcd_watch(ledger: Arc<EtcdLedger>, allocator: std::sync::Weak<Allocator>) {
     tokio::spawn(async move {
         ledger
@@ -295,8 +351,13 @@ pub async fn launch(args: &ServeArgs) -> anyhow::Result<Launched> {
             (resolver, Some(reloader), None)
         }
         _ => {
-            let generated = tls::self_signed(&args.dns_names)?;
-            write_ca(&args.webhook.state_dir, &generated.ca_pem)?;
+            let (generated, kept) = tls::self_signed_in(&args.webhook.state_dir, &args.dns_names)?;
+            tracing::info!(
+                new_ca = kept.new_ca,
+                new_certificate = kept.new_cert,
+                "self-signed TLS from {}",
+                args.webhook.state_dir.display()
+            );
             let certified = generated.certified_key()?;
             if let Some(leaf) = certified.cert.first() {
                 metrics.served_certificate(leaf);
@@ -353,7 +414,11 @@ pub async fn launch(args: &ServeArgs) -> anyhow::Result<Launched> {
             args.webhook.app_label.clone(),
         ))),
         None if args.webhook.has_api_server() => Some(Arc::new(PodDirectory::new(
-            kube_client(args.webhook.kubeconfig.as_deref()).await?,
+            kube_client(
+                args.webhook.kubeconfig.as_deref(),
+                args.webhook.context.as_deref(),
+            )
+            .await?,
             args.webhook.app_label.clone(),
         ))),
         None => None,
@@ -376,7 +441,11 @@ pub async fn launch(args: &ServeArgs) -> anyhow::Result<Launched> {
             ready.store(true, std::sync::atomic::Ordering::SeqCst);
             // etcd or embedded ledger: with an API server to ask, free the IPs of gone pods
             if args.webhook.has_api_server() {
-                let client = kube_client(args.webhook.kubeconfig.as_deref()).await?;
+                let client = kube_client(
+                    args.webhook.kubeconfig.as_deref(),
+                    args.webhook.context.as_deref(),
+                )
+                .await?;
                 Some(crate::cluster::start_sweeper(
                     client,
                     webhook.clone(),
@@ -397,12 +466,6 @@ pub async fn launch(args: &ServeArgs) -> anyhow::Result<Launched> {
         reloaders,
         release_timer,
     })
-}
-
-fn write_ca(state_dir: &Path, ca_pem: &str) -> anyhow::Result<()> {
-    std::fs::create_dir_all(state_dir)?;
-    let path = state_dir.join("ca.crt");
-    std::fs::write(&path, ca_pem).with_context(|| format!("writing {}", path.display()))
 }
 
 /// `serve`: run until SIGTERM or SIGINT, then drain and flush.
@@ -440,7 +503,7 @@ pub async fn serve_until_signal(args: ServeArgs) -> anyhow::Result<()> {
         );
         if let Some(bundle) = &launched.ca_bundle {
             println!(
-                "self-signed CA written to {}; caBundle: {bundle}",
+                "self-signed CA in {} (kept across restarts); caBundle: {bundle}",
                 ca_file.display()
             );
         }

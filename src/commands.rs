@@ -1,20 +1,29 @@
 //! The operator's commands (`status`, `explain`, `release`, `check`), wired from the command
-//! line to the library. Every ledger kind goes through the adapters `serve` uses
-//! ([`app::build`], [`app::open_ledger`]), so each command works with whichever ledger the
-//! flags select.
+//! line to the library.
+//!
+//! They find their ledger as kubectl finds a cluster ([`crate::cli::find_cluster`]): the
+//! IPClaims behind `--kubeconfig`, else `$KUBECONFIG`, else `~/.kube/config`, else the
+//! in-cluster service account; `--state-dir` reads an embedded ledger instead. `status` and
+//! `explain` only read: they create nothing, and read an embedded ledger that a running
+//! server holds.
 
 use std::io::Read;
+use std::path::Path;
 use std::sync::Arc;
 
-use anyhow::{Context, bail};
+use anyhow::{Context, anyhow, bail};
 use base64::Engine;
 use serde::Serialize;
 
 use crate::app;
-use crate::cli::{CheckArgs, ExplainArgs, OutputFormat, ReleaseArgs, StatusArgs};
+use crate::cli::{
+    AnswerIsNo, Books, CheckArgs, ClusterSource, ExplainArgs, LedgerSource, OutputFormat,
+    ReleaseArgs, StatusArgs, choose_books, find_cluster, in_pod,
+};
 use crate::cluster::pods::PodDirectory;
-use crate::ledger::Claim;
-use crate::metrics::Metrics;
+use crate::crd::FixedIPPool;
+use crate::ledger::{Claim, KubeLedger, Ledger};
+use crate::pools::PoolCatalog;
 use crate::release::{NoPodList, PodLookup};
 use crate::status::Report;
 
@@ -28,31 +37,218 @@ fn print<T: Serialize>(
         OutputFormat::Json => serde_json::to_string_pretty(value)? + "\n",
         OutputFormat::Yaml => serde_yaml::to_string(value)?,
     };
-    print!("{text}");
+    crate::cli::emit(&text)
+}
+
+/// The ledger an operator command found, and the API server behind it.
+struct Access {
+    books: Books,
+    /// For watches and pod lookups (no read timeout).
+    client: Option<kube::Client>,
+    /// For IPClaim reads and writes (the admission path's timeouts).
+    admission: Option<kube::Client>,
+    /// `the API server https://… (from $KUBECONFIG (…))`, for error messages.
+    server: String,
+}
+
+/// Find the ledger (and the API server) the flags and the environment name.
+async fn connect(source: &LedgerSource) -> anyhow::Result<Access> {
+    let explicit = source.cluster.kubeconfig.is_some() || source.cluster.context.is_some();
+    let found = find_cluster(&source.cluster);
+    let books = choose_books(source, found.clone()).map_err(|e| anyhow!(e))?;
+    // With another ledger, pods are looked up where the flags point (or in a pod).
+    let cluster = match &books {
+        Books::Kubernetes(cluster) => Some(cluster.clone()),
+        _ if explicit || in_pod() => found,
+        _ => None,
+    };
+    let Some(cluster) = cluster else {
+        return Ok(Access {
+            books,
+            client: None,
+            admission: None,
+            server: String::new(),
+        });
+    };
+    let config = cluster_config(&cluster, source.cluster.context.as_deref()).await?;
+    let server = format!("the API server {} (from {cluster})", config.cluster_url);
+    let (client, admission) = app::clients_from(config)?;
+    Ok(Access {
+        books,
+        client: Some(client),
+        admission: Some(admission),
+        server,
+    })
+}
+
+/// The client configuration from where [`find_cluster`] found the cluster.
+async fn cluster_config(
+    cluster: &ClusterSource,
+    context: Option<&str>,
+) -> anyhow::Result<kube::Config> {
+    let options = kube::config::KubeConfigOptions {
+        context: context.map(str::to_string),
+        ..Default::default()
+    };
+    let config = match cluster {
+        ClusterSource::Flag(path) => app::kube_config(Some(path), context).await,
+        ClusterSource::Env(_) | ClusterSource::Home(_) => kube::Config::from_kubeconfig(&options)
+            .await
+            .map_err(anyhow::Error::from),
+        ClusterSource::InCluster if context.is_some() => {
+            Err(anyhow!("--context needs a kubeconfig"))
+        }
+        ClusterSource::InCluster => kube::Config::incluster().map_err(anyhow::Error::from),
+    };
+    config.with_context(|| format!("finding the API server through {cluster}"))
+}
+
+/// Check that `dir` is a state dir with a ledger, without creating anything.
+fn existing_ledger(dir: &Path) -> anyhow::Result<()> {
+    if !dir.is_dir() {
+        bail!(
+            "no embedded ledger: {} does not exist (give the --state-dir of `ip-webhook serve`)",
+            dir.display()
+        );
+    }
+    let file = dir.join("ledger.redb");
+    if !file.is_file() {
+        bail!(
+            "no embedded ledger: {} does not exist (is {} the --state-dir of `ip-webhook serve`?)",
+            file.display(),
+            dir.display()
+        );
+    }
     Ok(())
 }
 
-/// `status`: the report over the held claims and the pools the flags give; in-cluster, with
-/// the node of each holder's pod.
+/// Every claim and pool, read without writing anything.
+async fn read(
+    access: &Access,
+    source: &LedgerSource,
+    pools_file: Option<&Path>,
+) -> anyhow::Result<(Vec<Claim>, PoolCatalog)> {
+    let from_file = || -> anyhow::Result<PoolCatalog> {
+        Ok(match pools_file {
+            Some(path) => PoolCatalog::from_file(path)?,
+            None => PoolCatalog::default(),
+        })
+    };
+    match &access.books {
+        Books::Embedded(dir) => {
+            existing_ledger(dir)?;
+            let claims = crate::ledger::embedded::read_claims(dir)?;
+            Ok((claims, from_file()?))
+        }
+        Books::Kubernetes(_) => {
+            if pools_file.is_some() {
+                bail!(
+                    "--pools-file is for off-cluster use; with the kubernetes ledger, pools are FixedIPPool objects"
+                );
+            }
+            let admission = access.admission.clone().expect("kubernetes has a client");
+            installed(&admission, &access.server).await?;
+            let claims = KubeLedger::new(admission.clone())
+                .load()
+                .await
+                .with_context(|| format!("reading IPClaims from {}", access.server))?;
+            let list = kube::Api::<FixedIPPool>::all(admission)
+                .list(&Default::default())
+                .await
+                .with_context(|| format!("listing FixedIPPools from {}", access.server))?;
+            let pools = crate::cluster::tolerant_catalog(
+                &list
+                    .items
+                    .into_iter()
+                    .map(|p| (p.metadata.name.clone().unwrap_or_default(), p))
+                    .collect(),
+            );
+            Ok((claims, pools))
+        }
+        Books::Etcd => {
+            let ledger = open_etcd(source).await?;
+            let claims = ledger.load().await;
+            ledger.close().await;
+            Ok((claims.context("reading the etcd ledger")?, from_file()?))
+        }
+    }
+}
+
+/// Whether the API server serves ip-webhook's IPClaims at all: a cluster without them (no
+/// ip-webhook installed, or the wrong context) gets a sentence, not a 404 Status dump.
+async fn installed(client: &kube::Client, server: &str) -> anyhow::Result<()> {
+    let probe = kube::Api::<crate::crd::IPClaim>::all(client.clone())
+        .list_metadata(&kube::api::ListParams::default().limit(1))
+        .await;
+    match probe {
+        Err(kube::Error::Api(status)) if status.code == 404 => bail!(
+            "{server} serves no IPClaims (ipclaims.ip-webhook.io): ip-webhook is not installed there (wrong --context?)"
+        ),
+        Err(error) => Err(error).with_context(|| format!("reading IPClaims from {server}")),
+        Ok(_) => Ok(()),
+    }
+}
+
+#[cfg(feature = "etcd")]
+async fn open_etcd(source: &LedgerSource) -> anyhow::Result<Arc<dyn Ledger>> {
+    let options = source.etcd.options();
+    let ledger = crate::ledger::EtcdLedger::connect(&options)
+        .await
+        .with_context(|| format!("opening the etcd ledger at {:?}", options.endpoints))?;
+    Ok(Arc::new(ledger))
+}
+
+#[cfg(not(feature = "etcd"))]
+async fn open_etcd(_: &LedgerSource) -> anyhow::Result<Arc<dyn Ledger>> {
+    Err(app::no_etcd())
+}
+
+/// `status`: the report over the held claims and the pools; in-cluster, with the node of each
+/// holder's pod.
 pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
-    let app::Built {
-        webhook,
-        ledger,
-        client,
-    } = app::build(&args.webhook, Arc::new(Metrics::new())).await?;
-    ledger.close().await;
-    let pools = webhook.pools.load();
-    let mut report = webhook
-        .allocator
-        .with_claims(|claims| Report::build(claims, &pools, true));
+    let access = connect(&args.source).await?;
+    let (claims, pools) = read(&access, &args.source, args.pools_file.as_deref()).await?;
+    let mut report = Report::build(&claims, &pools, true);
+    let known_apps: Vec<String> = report.apps.iter().map(|a| a.key()).collect();
+    let known_pools: Vec<String> = report.pools.iter().map(|p| p.name.clone()).collect();
     report.retain(args.app.as_deref(), args.pool.as_deref());
-    if let Some(client) = client {
+    let list = |names: &[String]| {
+        if names.is_empty() {
+            "none".to_string()
+        } else {
+            names.join(", ")
+        }
+    };
+    if let Some(app) = &args.app
+        && report.apps.is_empty()
+    {
+        return Err(AnswerIsNo(format!(
+            "no app {app} holds an IP (apps holding IPs: {})",
+            list(&known_apps)
+        ))
+        .into());
+    }
+    if let Some(pool) = &args.pool
+        && report.pools.is_empty()
+    {
+        return Err(if known_pools.contains(pool) {
+            AnswerIsNo(format!("FixedIPPool {pool} serves no app that matches"))
+        } else {
+            AnswerIsNo(format!(
+                "no FixedIPPool {pool} (known: {})",
+                list(&known_pools)
+            ))
+        }
+        .into());
+    }
+    if let Some(client) = access.client {
         let shown = report.holder_ips();
-        let claims: Vec<Claim> = webhook
-            .allocator
-            .with_claims(|claims| claims.filter(|c| shown.contains(&c.ip)).cloned().collect());
-        let directory = PodDirectory::new(client, &args.webhook.app_label);
-        let (nodes, failures) = directory.nodes(&claims).await;
+        let held: Vec<Claim> = claims
+            .into_iter()
+            .filter(|c| c.is_held() && shown.contains(&c.ip))
+            .collect();
+        let directory = PodDirectory::new(client, &args.app_label);
+        let (nodes, failures) = directory.nodes(&held).await;
         for failure in failures {
             eprintln!("warning: {failure}; NODE is left empty for its pods");
         }
@@ -74,16 +270,16 @@ pub async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
     };
     let objects =
         crate::explain::parse_objects(&text).with_context(|| format!("reading {}", args.file))?;
-    let (webhook, ledger) = app::build_webhook(&args.webhook, Arc::new(Metrics::new())).await?;
-    let claims = ledger.load().await;
-    ledger.close().await;
-    let claims = claims.context("loading the ledger")?;
-    let sandbox = crate::explain::sandbox(
-        claims,
-        webhook.settings.clone(),
-        (**webhook.pools.load()).clone(),
-    )
-    .await?;
+    let access = connect(&args.source).await?;
+    let (claims, pools) = read(&access, &args.source, args.pools_file.as_deref()).await?;
+    let settings = crate::webhook::Settings {
+        app_label: args.app_label.clone(),
+        cni: args.cni,
+        check_kube_ovn_subnets: false,
+        check_calico_pools: false,
+        ..crate::webhook::Settings::default()
+    };
+    let sandbox = crate::explain::sandbox(claims, settings, pools).await?;
     let outcomes =
         crate::explain::explain(&sandbox, &objects, &args.namespace, args.replicas).await?;
     print(args.output, &outcomes, || {
@@ -93,27 +289,95 @@ pub async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
 
 /// `release`: free a leaked claim.
 pub async fn release(args: ReleaseArgs) -> anyhow::Result<()> {
-    let ledger = app::open_ledger(&args.webhook, Default::default()).await?;
-    let pods: Box<dyn PodLookup> = if args.webhook.has_api_server() {
-        let client = app::kube_client(args.webhook.kubeconfig.as_deref()).await?;
-        Box::new(PodDirectory::new(client, &args.webhook.app_label))
-    } else {
-        Box::new(NoPodList(format!(
+    let access = connect(&args.source).await?;
+    let ledger: Arc<dyn Ledger> = match &access.books {
+        Books::Embedded(dir) => {
+            existing_ledger(dir)?;
+            Arc::new(
+                crate::ledger::EmbeddedLedger::open(dir, Default::default()).with_context(
+                    || {
+                        format!(
+                            "release writes the embedded ledger and needs it to itself: stop the `ip-webhook serve` that uses {} first",
+                            dir.display()
+                        )
+                    },
+                )?,
+            )
+        }
+        Books::Kubernetes(_) => {
+            let admission = access.admission.clone().expect("kubernetes has a client");
+            installed(&admission, &access.server).await?;
+            Arc::new(KubeLedger::new(admission))
+        }
+        Books::Etcd => open_etcd(&args.source).await?,
+    };
+    let pods: Box<dyn PodLookup> = match access.client.clone() {
+        Some(client) => Box::new(PodDirectory::new(client, &args.app_label)),
+        None => Box::new(NoPodList(format!(
             "the {} ledger has no pod list; off-cluster nothing can confirm the pod is gone",
             ledger.kind()
-        )))
+        ))),
     };
     let outcome =
         crate::release::release(ledger.as_ref(), pods.as_ref(), args.ip, args.force).await;
     ledger.close().await;
-    let outcome = outcome.context("releasing")?;
+    let outcome = match (&access.books, outcome) {
+        (Books::Kubernetes(_), Err(e)) => {
+            Err(e).with_context(|| format!("releasing through {}", access.server))?
+        }
+        (_, outcome) => outcome.context("releasing")?,
+    };
     let message = outcome.message(&args.ip);
     if outcome.released() {
-        println!("{message}");
-        Ok(())
+        crate::cli::emit(&format!("{message}\n"))
     } else {
-        bail!("{message}")
+        Err(AnswerIsNo(message).into())
     }
+}
+
+/// The caBundles of the webhooks in the webhook configurations named `name`, each with where
+/// it came from.
+async fn cluster_bundles(
+    client: kube::Client,
+    name: &str,
+    server: &str,
+) -> anyhow::Result<crate::doctor::CaBundles> {
+    use k8s_openapi::api::admissionregistration::v1::{
+        MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+    };
+    let mutating = kube::Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .get_opt(name)
+        .await
+        .with_context(|| format!("reading MutatingWebhookConfiguration {name} from {server}"))?;
+    let validating = kube::Api::<ValidatingWebhookConfiguration>::all(client)
+        .get_opt(name)
+        .await
+        .with_context(|| format!("reading ValidatingWebhookConfiguration {name} from {server}"))?;
+    if mutating.is_none() && validating.is_none() {
+        bail!(
+            "{server} has no MutatingWebhookConfiguration or ValidatingWebhookConfiguration named {name} (--webhook-configuration)"
+        );
+    }
+    let mut bundles = Vec::new();
+    let mut add = |kind: &str, webhook: &str, bundle: Option<&k8s_openapi::ByteString>| {
+        let source = format!("{kind} {name} webhook {webhook}");
+        bundles.push((source, bundle.map(|b| b.0.clone()).unwrap_or_default()));
+    };
+    for webhook in mutating.iter().flat_map(|c| c.webhooks.iter().flatten()) {
+        add(
+            "MutatingWebhookConfiguration",
+            &webhook.name,
+            webhook.client_config.ca_bundle.as_ref(),
+        );
+    }
+    for webhook in validating.iter().flat_map(|c| c.webhooks.iter().flatten()) {
+        add(
+            "ValidatingWebhookConfiguration",
+            &webhook.name,
+            webhook.client_config.ca_bundle.as_ref(),
+        );
+    }
+    Ok(bundles)
 }
 
 /// `check`: the doctor.
@@ -136,10 +400,32 @@ pub async fn check(args: CheckArgs) -> anyhow::Result<()> {
         )),
         _ => None,
     };
+    // The cluster's caBundles: when asked for (--kubeconfig, --context), or when no CA was
+    // given and kubectl would find a cluster.
+    let explicit = args.cluster.kubeconfig.is_some() || args.cluster.context.is_some();
+    let cluster: Option<ClusterSource> = if explicit || ca_pem.is_none() {
+        find_cluster(&args.cluster)
+    } else {
+        None
+    };
+    let cluster_bundles = match cluster {
+        None => None,
+        Some(cluster) => {
+            let read = async {
+                let config = cluster_config(&cluster, args.cluster.context.as_deref()).await?;
+                let server = format!("the API server {} (from {cluster})", config.cluster_url);
+                let (_, client) = app::clients_from(config)?;
+                cluster_bundles(client, &args.webhook_configuration, &server).await
+            };
+            Some(read.await.map_err(|e| format!("{e:#}")))
+        }
+    };
     let options = crate::doctor::Options {
         client_pem,
         url: args.url.clone(),
         ca_pem,
+        server_name: args.tls_server_name.clone(),
+        cluster_bundles,
         admin_url: args.admin_url.clone(),
         min_days: args.min_days,
         exhaustion_ratio: args.exhaustion_threshold,
@@ -152,7 +438,7 @@ pub async fn check(args: CheckArgs) -> anyhow::Result<()> {
         .filter(|c| c.status == crate::doctor::Status::Fail)
         .count();
     if failed > 0 {
-        bail!("{failed} of {} checks failed", checks.len());
+        return Err(AnswerIsNo(format!("{failed} of {} checks failed", checks.len())).into());
     }
     Ok(())
 }

@@ -1,4 +1,11 @@
-//! The `ip-webhook.io/v1alpha1` custom resources, defined once here: `IPPool` and `IPClaim`.
+//! The `ip-webhook.io/v1alpha1` custom resources, defined once here: `FixedIPPool` and
+//! `IPClaim`.
+//!
+//! Names: no kind, plural or short name of ours is one that Calico (`crd.projectcalico.org`,
+//! `projectcalico.org`), Kube-OVN (`kubeovn.io`) or Spiderpool (`spiderpool.spidernet.io`)
+//! uses, so `kubectl get fixedippools` (or `fipp`) is never ambiguous in the clusters we run
+//! in (the test below lists theirs). The pool kind was `IPPool` (`ippools.ip-webhook.io`)
+//! before 0.2, which collided with Calico's and Kube-OVN's `ippools`.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::CustomResource;
@@ -13,10 +20,10 @@ pub const VERSION: &str = "v1alpha1";
 #[kube(
     group = "ip-webhook.io",
     version = "v1alpha1",
-    kind = "IPPool",
-    plural = "ippools",
-    shortname = "ipp",
-    status = "IPPoolStatus",
+    kind = "FixedIPPool",
+    plural = "fixedippools",
+    shortname = "fipp",
+    status = "FixedIPPoolStatus",
     printcolumn = r#"{"name":"CIDR","type":"string","jsonPath":".spec.cidr"}"#,
     printcolumn = r#"{"name":"Total","type":"integer","jsonPath":".status.total"}"#,
     printcolumn = r#"{"name":"Held","type":"integer","jsonPath":".status.held"}"#,
@@ -24,7 +31,7 @@ pub const VERSION: &str = "v1alpha1";
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
-pub struct IPPoolSpec {
+pub struct FixedIPPoolSpec {
     /// The pool's network, e.g. `10.20.0.0/24` or `fd00:20::/120`.
     pub cidr: String,
     /// The IPs to hand out (list, `a-b` ranges, CIDRs), a subset of `cidr`. Default: every
@@ -48,11 +55,16 @@ pub struct IPPoolSpec {
 
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct IPPoolStatus {
+pub struct FixedIPPoolStatus {
     pub total: u64,
     pub held: u64,
     pub free: u64,
 }
+
+/// The Rust names the pool types had while the kind was `IPPool`, for code not yet renamed.
+pub type IPPool = FixedIPPool;
+pub type IPPoolSpec = FixedIPPoolSpec;
+pub type IPPoolStatus = FixedIPPoolStatus;
 
 /// One IP in use. Named after the IP, so creating it is the lock.
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
@@ -122,7 +134,7 @@ pub struct IPClaimStatus {
 pub fn crds_yaml() -> String {
     use kube::CustomResourceExt;
     let mut out = String::new();
-    for crd in [IPPool::crd(), IPClaim::crd()] {
+    for crd in [FixedIPPool::crd(), IPClaim::crd()] {
         out.push_str("---\n");
         out.push_str(&serde_yaml::to_string(&crd).expect("CRDs serialize"));
     }
@@ -137,12 +149,77 @@ mod tests {
     fn crds_are_cluster_scoped_with_status() {
         let yaml = crds_yaml();
         assert_eq!(yaml.matches("scope: Cluster").count(), 2);
-        assert!(yaml.contains("name: ippools.ip-webhook.io"));
+        assert!(yaml.contains("name: fixedippools.ip-webhook.io"));
         assert!(yaml.contains("name: ipclaims.ip-webhook.io"));
         assert_eq!(
             yaml.matches("status: {}").count(),
             2,
             "status subresource on both"
         );
+    }
+
+    /// Kinds, plurals and short names of the CNIs we run next to, from their CRDs:
+    /// Calico `libcalico-go/config/crd` and `api/config/crd` (crd.projectcalico.org,
+    /// projectcalico.org), Kube-OVN `charts/kube-ovn/templates/kube-ovn-crd.yaml`, Spiderpool
+    /// `charts/spiderpool/crds` (read 2026-11-30).
+    #[rustfmt::skip]
+    const THEIRS: &[&str] = &[
+        // Calico
+        "BGPConfiguration", "bgpconfigurations", "bgpconfig", "bgpconfigs", "BGPFilter",
+        "bgpfilters", "BGPPeer", "bgppeers", "BlockAffinity", "blockaffinities", "affinity",
+        "affinities", "CalicoNodeStatus", "caliconodestatuses", "ClusterInformation",
+        "clusterinformations", "clusterinfo", "clusterinfos", "FelixConfiguration",
+        "felixconfigurations", "GlobalNetworkPolicy", "globalnetworkpolicies", "gnp", "cgnp",
+        "GlobalNetworkSet", "globalnetworksets", "gns", "HostEndpoint", "hostendpoints", "hep",
+        "heps", "IPAMBlock", "ipamblocks", "IPAMConfig", "ipamconfigs", "IPAMConfiguration",
+        "ipamconfigurations", "ipamconfig", "IPAMHandle", "ipamhandles", "IPPool", "ippools",
+        "IPReservation", "ipreservations", "KubeControllersConfiguration",
+        "kubecontrollersconfigurations", "kcc", "kccs", "NetworkPolicy", "networkpolicies",
+        "cnp", "caliconetworkpolicy", "NetworkSet", "networksets", "StagedGlobalNetworkPolicy",
+        "stagedglobalnetworkpolicies", "sgnp", "StagedKubernetesNetworkPolicy",
+        "stagedkubernetesnetworkpolicies", "sknp", "StagedNetworkPolicy",
+        "stagednetworkpolicies", "scnp", "snp", "Tier", "tiers", "QoSPolicy", "qospolicies",
+        // Kube-OVN
+        "IP", "ips", "ip", "ippool", "Subnet", "subnets", "subnet", "Vpc", "vpcs", "vpc", "Vlan",
+        "vlans", "vlan", "Vip", "vips", "vip", "ProviderNetwork", "provider-networks", "pn",
+        "SecurityGroup", "security-groups", "sg", "QoSPolicy", "qos-policies", "qos",
+        "IptablesEIP", "iptables-eips", "eip", "IptablesFIPRule", "iptables-fip-rules", "fip",
+        "IptablesDnatRule", "iptables-dnat-rules", "dnat", "IptablesSnatRule",
+        "iptables-snat-rules", "snat", "OvnEip", "ovn-eips", "oeip", "OvnFip", "ovn-fips",
+        "ofip", "OvnSnatRule", "ovn-snat-rules", "osnat", "OvnDnatRule", "ovn-dnat-rules",
+        "odnat", "SwitchLBRule", "switch-lb-rules", "slr", "RouterLBRule", "router-lb-rules",
+        "rlr", "VpcDns", "vpc-dnses", "vpc-dns", "VpcNatGateway", "vpc-nat-gateways",
+        "vpc-nat-gw", "VpcEgressGateway", "vpc-egress-gateways", "vpc-egress-gw", "veg",
+        "DNSNameResolver", "dnsnameresolvers", "dnr", "BgpConf", "bgp-confs", "EvpnConf",
+        "evpn-confs",
+        // Spiderpool
+        "SpiderIPPool", "spiderippools", "sp", "SpiderSubnet", "spidersubnets", "ss",
+        "SpiderEndpoint", "spiderendpoints", "se", "SpiderReservedIP", "spiderreservedips", "sr",
+        "SpiderMultusConfig", "spidermultusconfigs", "smc", "SpiderCoordinator",
+        "spidercoordinators", "scc",
+    ];
+
+    #[test]
+    fn no_kind_plural_or_short_name_is_a_cnis() {
+        use kube::CustomResourceExt;
+        for crd in [FixedIPPool::crd(), IPClaim::crd()] {
+            let names = &crd.spec.names;
+            let ours: Vec<&str> = [names.kind.as_str(), names.plural.as_str()]
+                .into_iter()
+                .chain(names.singular.as_deref())
+                .chain(names.short_names.iter().flatten().map(String::as_str))
+                .collect();
+            assert!(ours.len() >= 4, "{ours:?}");
+            for name in ours {
+                assert!(
+                    !THEIRS.iter().any(|t| t.eq_ignore_ascii_case(name)),
+                    "{name} is also a Calico, Kube-OVN or Spiderpool name"
+                );
+            }
+        }
+        let pool = FixedIPPool::crd();
+        assert_eq!(pool.spec.names.kind, "FixedIPPool");
+        assert_eq!(pool.spec.names.plural, "fixedippools");
+        assert_eq!(pool.spec.names.short_names, Some(vec!["fipp".to_string()]));
     }
 }

@@ -50,12 +50,21 @@ fn check(name: &'static str, status: Status, detail: impl Into<String>) -> Check
     }
 }
 
+/// caBundles (PEM), each with the webhook it belongs to.
+pub type CaBundles = Vec<(String, Vec<u8>)>;
+
 #[derive(Debug, Clone)]
 pub struct Options {
     /// `https://host:port` (a path, if any, replaces `/mutate`).
     pub url: String,
     /// PEM of the CA the API server trusts (the webhook configuration's caBundle).
     pub ca_pem: Option<Vec<u8>>,
+    /// The name to verify the certificate for and send as SNI (through a port-forward: the
+    /// Service's `<svc>.<namespace>.svc`); default: the URL's host.
+    pub server_name: Option<String>,
+    /// The caBundles of the webhook configurations read from the cluster, each with where it
+    /// came from, or why they could not be read; `None` when the cluster was not asked.
+    pub cluster_bundles: Option<Result<CaBundles, String>>,
     /// `http://host:port` of the admin port.
     pub admin_url: Option<String>,
     /// Fewer days than this before the certificate expires is a failure (a warning below 30).
@@ -105,8 +114,8 @@ pub fn split_url(url: &str, scheme: &'static str) -> Result<(String, u16, String
     Ok((host, port, path.to_string()))
 }
 
-/// The leaf certificate (DER) and what the verifier said of it.
-type Seen = (Vec<u8>, Result<(), String>);
+/// The served chain (DER, leaf first) and what the verifier said of it.
+type Seen = (Vec<Vec<u8>>, Result<(), String>);
 
 /// Accepts any certificate but remembers the leaf and what the real verifier said of it, so
 /// one handshake both inspects and judges the certificate.
@@ -131,10 +140,13 @@ impl ServerCertVerifier for Inspector {
                 .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
                 .map(|_| ())
                 .map_err(|e| e.to_string()),
-            None => Err("not verified: no --ca-file or --ca-bundle given".to_string()),
+            None => Err("not verified: no --ca-file, --ca-bundle or cluster given".to_string()),
         };
-        *self.seen.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some((end_entity.as_ref().to_vec(), verdict));
+        let chain = std::iter::once(end_entity)
+            .chain(intermediates)
+            .map(|c| c.as_ref().to_vec())
+            .collect();
+        *self.seen.lock().unwrap_or_else(|p| p.into_inner()) = Some((chain, verdict));
         Ok(ServerCertVerified::assertion())
     }
 
@@ -316,13 +328,14 @@ async fn webhook_checks(options: &Options, checks: &mut Vec<Check>) {
         }
     };
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let server_name = match ServerName::try_from(host.clone()) {
+    let name = options.server_name.clone().unwrap_or_else(|| host.clone());
+    let server_name = match ServerName::try_from(name.clone()) {
         Ok(name) => name,
         Err(e) => {
             return checks.push(check(
                 "webhook",
                 Status::Fail,
-                format!("{host:?} is not a host name: {e}"),
+                format!("{name:?} is not a host name: {e}"),
             ));
         }
     };
@@ -372,12 +385,18 @@ async fn webhook_checks(options: &Options, checks: &mut Vec<Check>) {
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .take();
-    if let Some((leaf, verdict)) = seen {
+    if let Some((chain, verdict)) = seen {
+        let leaf = chain.first().cloned().unwrap_or_default();
         checks.push(match verdict {
             Ok(()) => check(
                 "certificate",
                 Status::Ok,
-                format!("valid for {host} and signed by the caBundle"),
+                format!("valid for {name} and signed by the caBundle"),
+            ),
+            Err(_) if options.ca_pem.is_none() && options.cluster_bundles.is_some() => check(
+                "certificate",
+                Status::Skip,
+                "no --ca-file or --ca-bundle: judged by the cluster's caBundles (cabundle)",
             ),
             Err(reason) if options.ca_pem.is_none() => check("certificate", Status::Warn, reason),
             Err(reason) => check(
@@ -386,6 +405,9 @@ async fn webhook_checks(options: &Options, checks: &mut Vec<Check>) {
                 format!("the API server would refuse it: {reason}"),
             ),
         });
+        if let Some(bundles) = &options.cluster_bundles {
+            checks.push(cluster_bundle_check(bundles, &chain, &name));
+        }
         checks.push(expiry_check(
             &leaf,
             options.min_days,
@@ -433,6 +455,86 @@ async fn webhook_checks(options: &Options, checks: &mut Vec<Check>) {
             }
         }
     });
+}
+
+/// Whether `pem` (a caBundle) signs `chain` (leaf first) for `name`, as the API server would
+/// check it.
+fn verify_with_bundle(pem: &[u8], chain: &[Vec<u8>], name: &str) -> Result<(), String> {
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(pem)
+        .filter_map(Result::ok)
+        .collect();
+    let mut roots = rustls::RootCertStore::empty();
+    let (added, _) = roots.add_parsable_certificates(certs);
+    if added == 0 {
+        return Err("it holds no PEM certificate".into());
+    }
+    let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
+        Arc::new(roots),
+        crate::tls::provider(),
+    )
+    .build()
+    .map_err(|e| format!("it is not usable: {e}"))?;
+    let (leaf, intermediates) = chain.split_first().ok_or("no certificate was served")?;
+    let leaf = CertificateDer::from(leaf.clone());
+    let intermediates: Vec<CertificateDer<'_>> = intermediates
+        .iter()
+        .map(|c| CertificateDer::from(c.clone()))
+        .collect();
+    let server_name = ServerName::try_from(name.to_string()).map_err(|e| e.to_string())?;
+    verifier
+        .verify_server_cert(&leaf, &intermediates, &server_name, &[], UnixTime::now())
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+/// The webhook configurations' caBundles against the served chain: OK when every one of them
+/// signs it (the API server checks each webhook with its own caBundle).
+pub fn cluster_bundle_check(
+    bundles: &Result<CaBundles, String>,
+    chain: &[Vec<u8>],
+    name: &str,
+) -> Check {
+    let bundles = match bundles {
+        Ok(bundles) => bundles,
+        Err(why) => return check("cabundle", Status::Fail, why.clone()),
+    };
+    if bundles.is_empty() {
+        return check(
+            "cabundle",
+            Status::Fail,
+            "the webhook configurations hold no webhooks",
+        );
+    }
+    let refused: Vec<String> = bundles
+        .iter()
+        .filter_map(|(source, pem)| {
+            let verdict = if pem.is_empty() {
+                Err("it has no caBundle".to_string())
+            } else {
+                verify_with_bundle(pem, chain, name)
+            };
+            verdict.err().map(|why| format!("{source}: {why}"))
+        })
+        .collect();
+    if refused.is_empty() {
+        check(
+            "cabundle",
+            Status::Ok,
+            format!(
+                "the caBundle of each of the {} webhooks signs the served certificate for {name}",
+                bundles.len()
+            ),
+        )
+    } else {
+        check(
+            "cabundle",
+            Status::Fail,
+            format!(
+                "the API server would refuse the served certificate: {}",
+                refused.join("; ")
+            ),
+        )
+    }
 }
 
 /// Days left on the certificate: FAIL under `min_days` (or expired), WARN under 30.
@@ -572,7 +674,7 @@ pub fn capacity_check(metrics: &str, ratio: f64) -> Check {
     for (labels, value) in samples(metrics, "ip_webhook_pool_utilization_ratio") {
         if value >= ratio {
             near.push(format!(
-                "IPPool {} {:.0}% held",
+                "FixedIPPool {} {:.0}% held",
                 label(labels, "pool"),
                 value * 100.0
             ));
@@ -680,7 +782,7 @@ mod tests {
         assert_eq!(result.status, Status::Warn);
         assert_eq!(
             result.detail,
-            "IPPool blue 95% held, app prod/web 100% held; exhausted since start: prod/web refused 3 pods"
+            "FixedIPPool blue 95% held, app prod/web 100% held; exhausted since start: prod/web refused 3 pods"
         );
         assert_eq!(
             capacity_check("ip_webhook_pool_utilization_ratio{pool=\"red\"} 0.5\n", 0.9).status,

@@ -32,15 +32,19 @@ pub fn json() -> bool {
     JSON.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-/// Install the global subscriber. Keep the guard until the process ends.
-pub fn init(format: LogFormat) -> LogGuard {
+/// Install the global subscriber. Keep the guard until the process ends. `level`, when given,
+/// replaces `RUST_LOG` (the operator commands: `warn` unless `-v`).
+pub fn init(format: LogFormat, level: Option<&str>) -> LogGuard {
     JSON.store(
         matches!(format, LogFormat::Json),
         std::sync::atomic::Ordering::Relaxed,
     );
     let (writer, guard) = buffered(Box::new(std::io::stderr()));
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let filter = match level {
+        Some(level) => tracing_subscriber::EnvFilter::new(level),
+        None => tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+    };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(writer);

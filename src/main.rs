@@ -1,5 +1,7 @@
 #![forbid(unsafe_code)]
 
+use std::process::ExitCode;
+
 use clap::Parser;
 
 // Every admission allocates a few dozen small strings and maps; mimalloc frees them for about a
@@ -7,7 +9,15 @@ use clap::Parser;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// Errors end as one `Error: …` line with their causes (never a backtrace, whatever
+/// RUST_BACKTRACE says) and the exit status of [`ip_webhook::cli::exit_code`].
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    ip_webhook::cli::run(ip_webhook::cli::Cli::parse()).await
+async fn main() -> ExitCode {
+    match ip_webhook::cli::run(ip_webhook::cli::Cli::parse()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("Error: {}", ip_webhook::cli::error_line(&error));
+            ExitCode::from(ip_webhook::cli::exit_code(&error))
+        }
+    }
 }

@@ -244,7 +244,7 @@ impl Collector for CapacityCollector {
         encode_gauges(
             &mut encoder,
             "pool_size_ips",
-            "Usable IPs of each IPPool",
+            "Usable IPs of each FixedIPPool",
             p.iter()
                 .filter_map(|x| Some((pool(x), sized(x.size)?)))
                 .collect(),
@@ -252,19 +252,19 @@ impl Collector for CapacityCollector {
         encode_gauges(
             &mut encoder,
             "pool_held_ips",
-            "IPs of each IPPool held (reserved or bound)",
+            "IPs of each FixedIPPool held (reserved or bound)",
             p.iter().map(|x| (pool(x), count(x.held))).collect(),
         )?;
         encode_gauges(
             &mut encoder,
             "pool_reserved_ips",
-            "IPs of each IPPool reserved at admission, no pod seen yet",
+            "IPs of each FixedIPPool reserved at admission, no pod seen yet",
             p.iter().map(|x| (pool(x), count(x.reserved))).collect(),
         )?;
         encode_gauges(
             &mut encoder,
             "pool_utilization_ratio",
-            "Held / usable IPs of each IPPool (1 = exhausted)",
+            "Held / usable IPs of each FixedIPPool (1 = exhausted)",
             p.iter()
                 .filter_map(|x| Some((pool(x), ratio(x.held, x.size)?)))
                 .collect(),

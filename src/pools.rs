@@ -1,4 +1,4 @@
-//! IP pools: `IPPool` objects turned into the usable IP sets the allocator draws from, and the
+//! IP pools: `FixedIPPool` objects turned into the usable IP sets the allocator draws from, and the
 //! rules that say which pods may draw from which pool.
 
 use std::collections::{BTreeMap, HashMap};
@@ -9,38 +9,38 @@ use std::sync::Arc;
 use ipnet::IpNet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
-use crate::crd::IPPool;
+use crate::crd::FixedIPPool;
 use crate::ipset::{IpRange, IpSet, IpSpecError, parse_ip_spec};
 use crate::overlap::RangeIndex;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PoolError {
-    #[error("IPPool {pool}: spec.cidr {cidr:?} is not a valid CIDR")]
+    #[error("FixedIPPool {pool}: spec.cidr {cidr:?} is not a valid CIDR")]
     BadCidr { pool: String, cidr: String },
-    #[error("IPPool {pool}: spec.cidr {cidr} has host bits set; did you mean {truncated}?")]
+    #[error("FixedIPPool {pool}: spec.cidr {cidr} has host bits set; did you mean {truncated}?")]
     HostBits {
         pool: String,
         cidr: String,
         truncated: String,
     },
-    #[error("IPPool {pool}: spec.{field}: {source}")]
+    #[error("FixedIPPool {pool}: spec.{field}: {source}")]
     BadList {
         pool: String,
         field: &'static str,
         source: IpSpecError,
     },
-    #[error("IPPool {pool}: spec.{field} {outside} lies outside spec.cidr {cidr}")]
+    #[error("FixedIPPool {pool}: spec.{field} {outside} lies outside spec.cidr {cidr}")]
     Outside {
         pool: String,
         field: &'static str,
         outside: String,
         cidr: String,
     },
-    #[error("IPPool {pool}: no usable IPs are left after spec.excludeIPs")]
+    #[error("FixedIPPool {pool}: no usable IPs are left after spec.excludeIPs")]
     Empty { pool: String },
-    #[error("IPPool {pool}: metadata.name is empty")]
+    #[error("FixedIPPool {pool}: metadata.name is empty")]
     NoName { pool: String },
-    #[error("IPPool {pool} ({cidr}) overlaps IPPool {other} ({other_cidr})")]
+    #[error("FixedIPPool {pool} ({cidr}) overlaps FixedIPPool {other} ({other_cidr})")]
     Overlap {
         pool: String,
         cidr: String,
@@ -62,7 +62,7 @@ pub struct Pool {
 }
 
 impl Pool {
-    pub fn from_resource(resource: &IPPool) -> Result<Pool, PoolError> {
+    pub fn from_resource(resource: &FixedIPPool) -> Result<Pool, PoolError> {
         let name = resource.metadata.name.clone().unwrap_or_default();
         if name.is_empty() {
             return Err(PoolError::NoName {
@@ -130,7 +130,7 @@ impl Pool {
     ) -> Option<String> {
         if !self.namespaces.is_empty() && !self.namespaces.iter().any(|n| n == namespace) {
             return Some(format!(
-                "IPPool {} serves namespaces [{}], not {namespace}",
+                "FixedIPPool {} serves namespaces [{}], not {namespace}",
                 self.name,
                 self.namespaces.join(", ")
             ));
@@ -139,7 +139,7 @@ impl Pool {
             && !selector_matches(selector, labels)
         {
             return Some(format!(
-                "IPPool {}'s podSelector does not select this pod",
+                "FixedIPPool {}'s podSelector does not select this pod",
                 self.name
             ));
         }
@@ -182,7 +182,7 @@ pub struct PoolCatalog {
 
 impl PoolCatalog {
     /// Build a catalog, refusing invalid pools and overlapping CIDRs.
-    pub fn new(resources: &[IPPool]) -> Result<PoolCatalog, PoolError> {
+    pub fn new(resources: &[FixedIPPool]) -> Result<PoolCatalog, PoolError> {
         let mut catalog = PoolCatalog::default();
         for resource in resources {
             let pool = Pool::from_resource(resource)?;
@@ -240,21 +240,21 @@ impl PoolCatalog {
             .filter(move |pool| pool.usable.intersects(set))
     }
 
-    /// Load `--pools-file`: a YAML list of IPPool objects (or a multi-document stream).
+    /// Load `--pools-file`: a YAML list of FixedIPPool objects (or a multi-document stream).
     pub fn from_file(path: &Path) -> Result<PoolCatalog, PoolError> {
         let file_error = |reason: String| PoolError::File {
             path: path.display().to_string(),
             reason,
         };
         let text = std::fs::read_to_string(path).map_err(|e| file_error(e.to_string()))?;
-        let mut resources: Vec<IPPool> = Vec::new();
+        let mut resources: Vec<FixedIPPool> = Vec::new();
         for document in serde_yaml::Deserializer::from_str(&text) {
             let value =
                 serde_yaml::Value::deserialize(document).map_err(|e| file_error(e.to_string()))?;
             match value {
                 serde_yaml::Value::Null => {}
                 serde_yaml::Value::Sequence(_) => {
-                    let list: Vec<IPPool> =
+                    let list: Vec<FixedIPPool> =
                         serde_yaml::from_value(value).map_err(|e| file_error(e.to_string()))?;
                     resources.extend(list);
                 }
@@ -287,8 +287,8 @@ mod tests {
     use super::*;
     use crate::crd::IPPoolSpec;
 
-    fn pool(name: &str, cidr: &str) -> IPPool {
-        IPPool::new(
+    fn pool(name: &str, cidr: &str) -> FixedIPPool {
+        FixedIPPool::new(
             name,
             IPPoolSpec {
                 cidr: cidr.into(),
@@ -317,19 +317,19 @@ mod tests {
         p.spec.ips = Some(vec!["10.21.0.1".into()]);
         assert_eq!(
             Pool::from_resource(&p).unwrap_err().to_string(),
-            "IPPool blue: spec.ips 10.21.0.1 lies outside spec.cidr 10.20.0.0/24"
+            "FixedIPPool blue: spec.ips 10.21.0.1 lies outside spec.cidr 10.20.0.0/24"
         );
         assert_eq!(
             Pool::from_resource(&pool("x", "10.0.0.1/24"))
                 .unwrap_err()
                 .to_string(),
-            "IPPool x: spec.cidr 10.0.0.1/24 has host bits set; did you mean 10.0.0.0/24?"
+            "FixedIPPool x: spec.cidr 10.0.0.1/24 has host bits set; did you mean 10.0.0.0/24?"
         );
         assert_eq!(
             Pool::from_resource(&pool("x", "banana"))
                 .unwrap_err()
                 .to_string(),
-            "IPPool x: spec.cidr \"banana\" is not a valid CIDR"
+            "FixedIPPool x: spec.cidr \"banana\" is not a valid CIDR"
         );
     }
 
@@ -343,7 +343,7 @@ mod tests {
         .unwrap_err();
         assert_eq!(
             err.to_string(),
-            "IPPool b (10.0.4.0/24) overlaps IPPool a (10.0.0.0/16)"
+            "FixedIPPool b (10.0.4.0/24) overlaps FixedIPPool a (10.0.0.0/16)"
         );
         assert!(
             PoolCatalog::new(&[
@@ -368,11 +368,11 @@ mod tests {
         assert_eq!(built.refuses("prod", Some(&db)), None);
         assert_eq!(
             built.refuses("dev", Some(&db)).unwrap(),
-            "IPPool blue serves namespaces [prod], not dev"
+            "FixedIPPool blue serves namespaces [prod], not dev"
         );
         assert_eq!(
             built.refuses("prod", None).unwrap(),
-            "IPPool blue's podSelector does not select this pod"
+            "FixedIPPool blue's podSelector does not select this pod"
         );
     }
 }

@@ -52,7 +52,7 @@ pub struct AppStatus {
     pub namespace: String,
     /// Empty for static IPs of pods without an app label.
     pub app: String,
-    /// The IPPool the app draws from; `None` for an `allocatable-ips` list.
+    /// The FixedIPPool the app draws from; `None` for an `allocatable-ips` list.
     pub pool: Option<String>,
     /// The list's size (for a pool app: the pool's), from the app's newest claim.
     pub size: Option<u64>,
@@ -306,7 +306,7 @@ impl Report {
             }
         }
         if out.is_empty() {
-            out.push_str("No IPs are held and no IPPools are defined.\n");
+            out.push_str("No IPs are held and no FixedIPPools are defined.\n");
         }
         out
     }

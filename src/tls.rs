@@ -498,41 +498,244 @@ impl SelfSigned {
     }
 }
 
-/// Generate a CA and a serving certificate for `localhost`, `127.0.0.1`, `::1` and `dns_names`.
-pub fn self_signed(dns_names: &[String]) -> Result<SelfSigned, TlsError> {
+fn generate(e: rcgen::Error) -> TlsError {
+    TlsError::Generate(e.to_string())
+}
+
+/// The self-signed CA's parameters. Always the same: a leaf issued later by the CA's kept key
+/// names the same issuer as the first one.
+fn ca_params(valid_until: Option<jiff::Timestamp>) -> Result<rcgen::CertificateParams, TlsError> {
     use rcgen::{
-        BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, Issuer, KeyPair,
-        KeyUsagePurpose,
+        BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, KeyUsagePurpose,
     };
-    let generate = |e: rcgen::Error| TlsError::Generate(e.to_string());
-    let ca_key = KeyPair::generate().map_err(generate)?;
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).map_err(generate)?;
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let mut params = CertificateParams::new(Vec::<String>::new()).map_err(generate)?;
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
     let mut dn = DistinguishedName::new();
     dn.push(DnType::CommonName, "ip-webhook self-signed CA");
-    ca_params.distinguished_name = dn;
-    let ca_cert = ca_params.self_signed(&ca_key).map_err(generate)?;
+    params.distinguished_name = dn;
+    if let Some(until) = valid_until {
+        let (year, month, day) = ymd(until);
+        params.not_after = rcgen::date_time_ymd(year, month, day);
+    }
+    Ok(params)
+}
 
+/// (year, month, day) of `at` in UTC, for [`rcgen::date_time_ymd`].
+fn ymd(at: jiff::Timestamp) -> (i32, u8, u8) {
+    let date = at.to_zoned(jiff::tz::TimeZone::UTC).date();
+    (i32::from(date.year()), date.month() as u8, date.day() as u8)
+}
+
+/// The serving certificate for `localhost`, `127.0.0.1`, `::1` and `dns_names`, signed by
+/// `issuer`; valid until `valid_until` (`None`: rcgen's default, the year 4096).
+fn issue_leaf(
+    issuer: &rcgen::Issuer<'_, rcgen::KeyPair>,
+    dns_names: &[String],
+    valid_until: Option<jiff::Timestamp>,
+) -> Result<(String, String), TlsError> {
+    use rcgen::{CertificateParams, DistinguishedName, DnType, KeyPair};
+    let key = KeyPair::generate().map_err(generate)?;
+    let mut params = CertificateParams::new(serving_names(dns_names)).map_err(generate)?;
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, "ip-webhook");
+    params.distinguished_name = dn;
+    if let Some(until) = valid_until {
+        let (year, month, day) = ymd(until);
+        params.not_after = rcgen::date_time_ymd(year, month, day);
+    }
+    let cert = params.signed_by(&key, issuer).map_err(generate)?;
+    Ok((cert.pem(), key.serialize_pem()))
+}
+
+fn serving_names(dns_names: &[String]) -> Vec<String> {
     let mut names = vec![
         "localhost".to_string(),
         "127.0.0.1".to_string(),
         "::1".to_string(),
     ];
-    names.extend(dns_names.iter().cloned());
-    names.dedup();
-    let key = KeyPair::generate().map_err(generate)?;
-    let mut params = CertificateParams::new(names).map_err(generate)?;
-    let mut dn = DistinguishedName::new();
-    dn.push(DnType::CommonName, "ip-webhook");
-    params.distinguished_name = dn;
-    let issuer = Issuer::new(ca_params, ca_key);
-    let cert = params.signed_by(&key, &issuer).map_err(generate)?;
+    for name in dns_names {
+        if !names.contains(name) {
+            names.push(name.clone());
+        }
+    }
+    names
+}
+
+/// Generate a CA and a serving certificate for `localhost`, `127.0.0.1`, `::1` and `dns_names`.
+pub fn self_signed(dns_names: &[String]) -> Result<SelfSigned, TlsError> {
+    let ca_key = rcgen::KeyPair::generate().map_err(generate)?;
+    let params = ca_params(None)?;
+    let ca_cert = params.self_signed(&ca_key).map_err(generate)?;
+    let issuer = rcgen::Issuer::new(params, ca_key);
+    let (cert_pem, key_pem) = issue_leaf(&issuer, dns_names, None)?;
     Ok(SelfSigned {
         ca_pem: ca_cert.pem(),
-        cert_pem: cert.pem(),
-        key_pem: key.serialize_pem(),
+        cert_pem,
+        key_pem,
     })
+}
+
+/// How long a self-signed serving certificate is valid, and how long before its end `serve`
+/// issues a new one (from the same CA) on start.
+pub const SELF_SIGNED_VALIDITY_DAYS: i64 = 365;
+pub const SELF_SIGNED_RENEW_DAYS: i64 = 30;
+const SELF_SIGNED_CA_DAYS: i64 = 3650;
+
+/// What [`self_signed_in`] did with the files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Kept {
+    /// The CA was made now (none was kept, or it was unusable).
+    pub new_ca: bool,
+    /// The serving certificate was issued now.
+    pub new_cert: bool,
+}
+
+/// The self-signed CA and serving certificate kept in `dir` (`ca.crt`, `ca.key`, `tls.crt`,
+/// `tls.key`; keys mode 0600). The CA is made once and kept, so a caBundle copied from
+/// `ca.crt` keeps working across restarts; the serving certificate is kept too, and issued
+/// again by the same CA when it is missing, does not cover `dns_names`, is not the CA's, or
+/// has fewer than [`SELF_SIGNED_RENEW_DAYS`] left.
+pub fn self_signed_in(dir: &Path, dns_names: &[String]) -> Result<(SelfSigned, Kept), TlsError> {
+    let now = jiff::Timestamp::now();
+    let days = |n: i64| jiff::SignedDuration::from_hours(24 * n);
+    let io = |path: &Path| {
+        let path = path.display().to_string();
+        move |e: std::io::Error| TlsError::Read {
+            path,
+            reason: e.to_string(),
+        }
+    };
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    let (ca_crt, ca_key, tls_crt, tls_key) = (
+        dir.join("ca.crt"),
+        dir.join("ca.key"),
+        dir.join("tls.crt"),
+        dir.join("tls.key"),
+    );
+    let kept_ca = match (
+        std::fs::read_to_string(&ca_crt),
+        std::fs::read_to_string(&ca_key),
+    ) {
+        (Ok(cert), Ok(key)) => rcgen::KeyPair::from_pem(&key)
+            .ok()
+            .filter(|_| {
+                CertificateDer::pem_slice_iter(cert.as_bytes())
+                    .next()
+                    .is_some()
+            })
+            .map(|key| (cert, key)),
+        _ => None,
+    };
+    let new_ca = kept_ca.is_none();
+    let (ca_pem, ca_key_pair) = match kept_ca {
+        Some(kept) => kept,
+        None => {
+            let key = rcgen::KeyPair::generate().map_err(generate)?;
+            let cert = ca_params(Some(now + days(SELF_SIGNED_CA_DAYS)))?
+                .self_signed(&key)
+                .map_err(generate)?;
+            write_secret(&ca_key, &key.serialize_pem())?;
+            std::fs::write(&ca_crt, cert.pem()).map_err(io(&ca_crt))?;
+            (cert.pem(), key)
+        }
+    };
+    let kept_leaf = match (std::fs::read(&tls_crt), std::fs::read(&tls_key)) {
+        (Ok(cert), Ok(key)) if !new_ca => Some((cert, key)),
+        _ => None,
+    }
+    .filter(|(cert, key)| {
+        leaf_still_good(
+            cert,
+            key,
+            ca_pem.as_bytes(),
+            dns_names,
+            now + days(SELF_SIGNED_RENEW_DAYS),
+        )
+    });
+    let new_cert = kept_leaf.is_none();
+    let (cert_pem, key_pem) = match kept_leaf {
+        Some((cert, key)) => (
+            String::from_utf8_lossy(&cert).into_owned(),
+            String::from_utf8_lossy(&key).into_owned(),
+        ),
+        None => {
+            let issuer = rcgen::Issuer::new(ca_params(None)?, ca_key_pair);
+            let (cert, key) = issue_leaf(
+                &issuer,
+                dns_names,
+                Some(now + days(SELF_SIGNED_VALIDITY_DAYS)),
+            )?;
+            write_secret(&tls_key, &key)?;
+            std::fs::write(&tls_crt, &cert).map_err(io(&tls_crt))?;
+            (cert, key)
+        }
+    };
+    Ok((
+        SelfSigned {
+            ca_pem,
+            cert_pem,
+            key_pem,
+        },
+        Kept { new_ca, new_cert },
+    ))
+}
+
+/// Write a private key readable by its owner only.
+fn write_secret(path: &Path, text: &str) -> Result<(), TlsError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let error = |e: std::io::Error| TlsError::Read {
+        path: path.display().to_string(),
+        reason: e.to_string(),
+    };
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(error)?;
+    file.write_all(text.as_bytes()).map_err(error)
+}
+
+/// Whether a kept serving certificate may be served again: it matches its key, the CA signed
+/// it for every name wanted, and it is still valid at `until`.
+fn leaf_still_good(
+    cert_pem: &[u8],
+    key_pem: &[u8],
+    ca_pem: &[u8],
+    dns_names: &[String],
+    until: jiff::Timestamp,
+) -> bool {
+    let Ok(certified) = certified_key(cert_pem, key_pem, "tls.crt", "tls.key") else {
+        return false;
+    };
+    let Some(leaf) = certified.cert.first() else {
+        return false;
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    let (added, _) = roots
+        .add_parsable_certificates(CertificateDer::pem_slice_iter(ca_pem).filter_map(Result::ok));
+    let Ok(verifier) =
+        rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider())
+            .build()
+    else {
+        return false;
+    };
+    let Ok(at) = u64::try_from(until.as_second()) else {
+        return false;
+    };
+    let at = rustls::pki_types::UnixTime::since_unix_epoch(Duration::from_secs(at));
+    added > 0
+        && serving_names(dns_names).iter().all(|name| {
+            rustls::pki_types::ServerName::try_from(name.as_str()).is_ok_and(|name| {
+                use rustls::client::danger::ServerCertVerifier;
+                verifier
+                    .verify_server_cert(leaf, &[], &name, &[], at)
+                    .is_ok()
+            })
+        })
 }
 
 #[cfg(test)]
@@ -600,5 +803,83 @@ mod tests {
         );
         let err = certified_key(b"junk", a.key_pem.as_bytes(), "x.crt", "a.key").unwrap_err();
         assert_eq!(err.to_string(), "x.crt holds no PEM certificate");
+    }
+
+    #[test]
+    fn self_signed_files_keep_the_ca_and_renew_the_certificate_only_when_needed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (first, kept) = self_signed_in(dir.path(), &[]).unwrap();
+        assert_eq!(
+            kept,
+            Kept {
+                new_ca: true,
+                new_cert: true
+            }
+        );
+        use std::os::unix::fs::PermissionsExt;
+        for key in ["ca.key", "tls.key"] {
+            let mode = std::fs::metadata(dir.path().join(key))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o600, "{key}");
+        }
+        let leaf = first.certified_key().unwrap();
+        let days_left = (not_after(leaf.cert[0].as_ref()).unwrap()
+            - jiff::Timestamp::now().as_second())
+            / 86_400;
+        assert!((363..=366).contains(&days_left), "{days_left}");
+
+        // a restart: the same CA and the same certificate
+        let (again, kept) = self_signed_in(dir.path(), &[]).unwrap();
+        assert_eq!(
+            kept,
+            Kept {
+                new_ca: false,
+                new_cert: false
+            }
+        );
+        assert_eq!(again.ca_pem, first.ca_pem);
+        assert_eq!(again.cert_pem, first.cert_pem);
+
+        // a new name: same CA, a new certificate that the CA signed for it
+        let names = ["ip-webhook.ip-webhook-system.svc".to_string()];
+        let (renamed, kept) = self_signed_in(dir.path(), &names).unwrap();
+        assert_eq!(
+            kept,
+            Kept {
+                new_ca: false,
+                new_cert: true
+            }
+        );
+        assert_eq!(renamed.ca_pem, first.ca_pem);
+        assert!(leaf_still_good(
+            renamed.cert_pem.as_bytes(),
+            renamed.key_pem.as_bytes(),
+            first.ca_pem.as_bytes(),
+            &names,
+            jiff::Timestamp::now()
+        ));
+
+        // close to its end: issued again
+        let issuer = rcgen::Issuer::new(
+            ca_params(None).unwrap(),
+            rcgen::KeyPair::from_pem(&std::fs::read_to_string(dir.path().join("ca.key")).unwrap())
+                .unwrap(),
+        );
+        let soon = jiff::Timestamp::now() + jiff::SignedDuration::from_hours(24 * 10);
+        let (cert, key) = issue_leaf(&issuer, &names, Some(soon)).unwrap();
+        std::fs::write(dir.path().join("tls.crt"), &cert).unwrap();
+        std::fs::write(dir.path().join("tls.key"), &key).unwrap();
+        let (_, kept) = self_signed_in(dir.path(), &names).unwrap();
+        assert!(kept.new_cert && !kept.new_ca, "{kept:?}");
+
+        // a certificate of another CA is not served
+        let other = self_signed(&names).unwrap();
+        std::fs::write(dir.path().join("tls.crt"), &other.cert_pem).unwrap();
+        std::fs::write(dir.path().join("tls.key"), &other.key_pem).unwrap();
+        let (served, kept) = self_signed_in(dir.path(), &names).unwrap();
+        assert!(kept.new_cert, "{kept:?}");
+        assert_ne!(served.cert_pem, other.cert_pem);
     }
 }

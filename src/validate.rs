@@ -24,7 +24,7 @@ pub async fn validate(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Answ
         ("", "Pod") if matches!(request.operation, Operation::Create | Operation::Update) => {
             return validate_pod(webhook, incoming, incoming.respond()).await;
         }
-        (crd::GROUP, "IPPool") => validate_ippool(webhook, incoming),
+        (crd::GROUP, "FixedIPPool") => validate_ippool(webhook, incoming),
         (group, kind) if workloads::is_workload(group, kind) => {
             workloads::review(webhook, incoming)
         }
@@ -84,7 +84,7 @@ fn validate_ippool(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Respons
             return Ok(response);
         }
         return Ok(response.deny(format!(
-            "IPPool {name} cannot be deleted while {} of its IPs are held: {}",
+            "FixedIPPool {name} cannot be deleted while {} of its IPs are held: {}",
             held.len(),
             holders_text(&held)
         )));
@@ -94,8 +94,8 @@ fn validate_ippool(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Respons
     }
     let resource: IPPool = match incoming.object(false) {
         Ok(Some(resource)) => resource,
-        Ok(None) => return Ok(response.deny("an IPPool review must carry request.object")),
-        Err(e) => return Ok(response.deny(format!("IPPool cannot be read: {e}"))),
+        Ok(None) => return Ok(response.deny("a FixedIPPool review must carry request.object")),
+        Err(e) => return Ok(response.deny(format!("FixedIPPool cannot be read: {e}"))),
     };
     let pool = match Pool::from_resource(&resource) {
         Ok(pool) => pool,
@@ -117,7 +117,7 @@ fn validate_ippool(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Respons
             .collect();
         if !removed.is_empty() {
             return Ok(response.deny(format!(
-                "IPPool {}: the update removes {} IPs that are held: {}",
+                "FixedIPPool {}: the update removes {} IPs that are held: {}",
                 pool.name,
                 removed.len(),
                 holders_text(&removed)

@@ -112,7 +112,7 @@ impl Webhook {
                     if let Some(reason) = pool.refuses(&pod.namespace, pod.meta.labels.as_ref()) {
                         let shared = set.subtract(&set.subtract(&pool.usable));
                         return Err(format!(
-                            "pod {}: annotation {ALLOCATABLE_IPS} lists {shared} of IPPool {}, which this pod may not use: {reason}",
+                            "pod {}: annotation {ALLOCATABLE_IPS} lists {shared} of FixedIPPool {}, which this pod may not use: {reason}",
                             pod.display(),
                             pool.name
                         ));
@@ -130,13 +130,13 @@ impl Webhook {
                         format!("known pools: {}", known.join(", "))
                     };
                     return Err(format!(
-                        "pod {} asks for IPPool {name:?} ({IP_POOL}), which does not exist; {known}",
+                        "pod {} asks for FixedIPPool {name:?} ({IP_POOL}), which does not exist; {known}",
                         pod.display()
                     ));
                 };
                 if let Some(reason) = found.refuses(&pod.namespace, pod.meta.labels.as_ref()) {
                     return Err(format!(
-                        "pod {} may not draw from IPPool {name}: {reason}",
+                        "pod {} may not draw from FixedIPPool {name}: {reason}",
                         pod.display()
                     ));
                 }
@@ -203,7 +203,7 @@ impl<'m> PodView<'m> {
     pub fn scope(&self, candidates: &Candidates) -> String {
         let app = format!("app {}/{}", self.namespace, self.app.unwrap_or(""));
         match &candidates.pool {
-            Some(pool) => format!("IPPool {pool} ({app})"),
+            Some(pool) => format!("FixedIPPool {pool} ({app})"),
             None => app,
         }
     }

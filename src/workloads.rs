@@ -263,11 +263,13 @@ pub fn review(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Response, Re
             let pools = webhook.pools.load();
             let Some(pool) = pools.get(name.trim()) else {
                 return Ok(response.deny(format!(
-                    "{id}: {path}.annotations[{IP_POOL}] names IPPool {name:?}, which does not exist"
+                    "{id}: {path}.annotations[{IP_POOL}] names FixedIPPool {name:?}, which does not exist"
                 )));
             };
             if let Some(reason) = pool.refuses(&id.namespace, template.labels.as_ref()) {
-                return Ok(response.deny(format!("{id} may not draw from IPPool {name}: {reason}")));
+                return Ok(response.deny(format!(
+                    "{id} may not draw from FixedIPPool {name}: {reason}"
+                )));
             }
             ((*pool.usable).clone(), Some(pool.name.clone()))
         }
@@ -280,7 +282,7 @@ pub fn review(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Response, Re
             .find(|p| p.refuses(&id.namespace, template.labels.as_ref()).is_some())
         {
             return Ok(response.deny(format!(
-                "{id}: {path}.annotations[{ALLOCATABLE_IPS}] lists {} of IPPool {}, which this workload may not use: {}",
+                "{id}: {path}.annotations[{ALLOCATABLE_IPS}] lists {} of FixedIPPool {}, which this workload may not use: {}",
                 overlap_text(&pool.usable, &set),
                 pool.name,
                 pool.refuses(&id.namespace, template.labels.as_ref()).unwrap_or_default()
@@ -353,7 +355,7 @@ fn capacity_warnings(
         .collect();
     let available = per_family.values().copied().min().unwrap_or(0);
     let source = match pool {
-        Some(pool) => format!("IPPool {pool} has {available} IPs"),
+        Some(pool) => format!("FixedIPPool {pool} has {available} IPs"),
         None => format!("its list has {available} IPs"),
     };
     let mut warnings = Vec::new();

@@ -496,7 +496,7 @@ fn defaults_render_the_documented_webhooks() {
         webhook_names(validating),
         [
             "pods.validate.ip-webhook.io",
-            "ippools.validate.ip-webhook.io",
+            "fixedippools.validate.ip-webhook.io",
             "workloads.validate.ip-webhook.io",
             "deletes.validate.ip-webhook.io"
         ]
@@ -512,11 +512,11 @@ fn defaults_render_the_documented_webhooks() {
         summary(&[("", "pods", "CREATE,UPDATE")])
     );
     assert_eq!(namespace_selector_values(pods), [NAMESPACE, "kube-system"]);
-    let pools = webhook(validating, "ippools.validate.ip-webhook.io");
+    let pools = webhook(validating, "fixedippools.validate.ip-webhook.io");
     assert_eq!(pools["failurePolicy"], "Fail");
     assert_eq!(
         rule_summary(pools),
-        summary(&[("ip-webhook.io", "ippools", "CREATE,UPDATE,DELETE")])
+        summary(&[("ip-webhook.io", "fixedippools", "CREATE,UPDATE,DELETE")])
     );
     let workloads = webhook(validating, "workloads.validate.ip-webhook.io");
     assert_eq!(workloads["failurePolicy"], "Ignore");
@@ -660,7 +660,7 @@ fn defaults_render_the_cert_manager_certificate_and_a_hardened_deployment() {
         .collect();
     assert_eq!(
         crd_names,
-        BTreeSet::from(["ippools.ip-webhook.io", "ipclaims.ip-webhook.io"])
+        BTreeSet::from(["fixedippools.ip-webhook.io", "ipclaims.ip-webhook.io"])
     );
 }
 
@@ -708,8 +708,8 @@ fn rbac_grants_what_the_server_needs_and_the_cni_extras_only_when_switched_on() 
             "get,list,watch,create,update,patch,delete",
         ),
         grant("ip-webhook.io", "ipclaims/status", "update,patch"),
-        grant("ip-webhook.io", "ippools", "get,list,watch"),
-        grant("ip-webhook.io", "ippools/status", "update,patch"),
+        grant("ip-webhook.io", "fixedippools", "get,list,watch"),
+        grant("ip-webhook.io", "fixedippools/status", "update,patch"),
     ];
     let calico = [
         grant("crd.projectcalico.org", "ippools", "list,watch"),
@@ -844,7 +844,7 @@ fn cni_pool_kinds_are_validated_when_switched_on() {
         webhook_names(one(&bare, "ValidatingWebhookConfiguration")),
         [
             "pods.validate.ip-webhook.io",
-            "ippools.validate.ip-webhook.io"
+            "fixedippools.validate.ip-webhook.io"
         ]
     );
     // Validating them needs reading them: the RBAC extras follow the switches.
@@ -1840,6 +1840,14 @@ fn dockerfile_builds_what_the_chart_runs() {
         stages[0].starts_with(&format!("FROM rust:{rust_version}")),
         "{stages:?} vs rust-version {rust_version}"
     );
+    // The shipped image has the etcd ledger (the chart offers ledger=etcd), and with it the
+    // protoc that etcd-client's build script needs.
+    let build = dockerfile
+        .lines()
+        .find(|l| l.contains("cargo build"))
+        .expect("the image is built with cargo");
+    assert!(build.contains("--features etcd"), "{build}");
+    assert!(dockerfile.contains("protobuf-compiler"));
     let final_stage = dockerfile.rsplit("\nFROM ").next().unwrap();
     assert!(final_stage.contains("ENTRYPOINT [\"/ip-webhook\"]"));
     let user = final_stage
@@ -2288,4 +2296,48 @@ async fn alerts_and_dashboard_query_the_metrics_and_labels_the_server_exports() 
     assert!(
         all.contains("process_resident_memory_bytes") && all.contains("process_cpu_seconds_total")
     );
+}
+
+/// Go durations pass the values schema and the real flag parser; other spellings are refused.
+#[test]
+fn duration_values_are_go_durations() {
+    let Some(helm) = helm() else { return };
+    let docs = render(
+        &helm,
+        &[
+            "server.reservationTTL=1m30s",
+            "server.stickyGrace=1.5h",
+            "server.resyncPeriod=300s",
+        ],
+        "1.31.0",
+    );
+    let args = args(&docs);
+    for wanted in [
+        "--reservation-ttl=1m30s",
+        "--sticky-grace=1.5h",
+        "--resync-period=300s",
+    ] {
+        assert!(args.iter().any(|a| a == wanted), "{wanted} not in {args:?}");
+    }
+    let argv = std::iter::once("ip-webhook".to_string()).chain(args.iter().cloned());
+    let cli = ip_webhook::cli::Cli::try_parse_from(argv).unwrap();
+    let ip_webhook::cli::Command::Serve(serve) = cli.command else {
+        panic!("not a serve command")
+    };
+    assert_eq!(
+        serve.cluster.reservation_ttl,
+        std::time::Duration::from_secs(90)
+    );
+    assert_eq!(
+        serve.cluster.sticky_grace,
+        std::time::Duration::from_secs(5400)
+    );
+    for bad in ["5 minutes", "5", "1m30"] {
+        let error =
+            template_text(&helm, &[&format!("server.stickyGrace={bad}")], "1.31.0").expect_err(bad);
+        assert!(
+            error.contains("stickyGrace") && error.contains("schema"),
+            "{bad}: {error}"
+        );
+    }
 }

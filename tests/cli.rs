@@ -87,3 +87,57 @@ fn crds_command_prints_both_crds() {
     assert!(ok);
     assert_eq!(stdout, ip_webhook::crd::crds_yaml());
 }
+
+/// `--listen :PORT` as Go programs take it, and Go durations in the flags.
+#[test]
+fn serve_takes_a_port_only_listen_and_go_durations() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let free = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    };
+    let (https, admin) = (free(), free());
+    let state = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ip-webhook"))
+        .args(["serve", "--listen", &format!(":{https}")])
+        .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
+        .args(["--read-timeout", "1m30s", "--shutdown-grace", "1.5s"])
+        .args(["--tls-reload-interval", "500ms", "--ledger", "embedded"])
+        .args(["--state-dir", state.path().to_str().unwrap()])
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    assert!(
+        first.starts_with(&format!(
+            "ip-webhook serving https://0.0.0.0:{https} (admin http://127.0.0.1:{admin})"
+        )),
+        "{first}"
+    );
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", admin)).unwrap();
+    write!(stream, "GET /readyz HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).unwrap();
+    assert!(
+        reply.starts_with("HTTP/1.0 200") || reply.starts_with("HTTP/1.1 200"),
+        "{reply}"
+    );
+    assert!(std::net::TcpStream::connect(("127.0.0.1", https)).is_ok());
+    let _ = child.kill();
+    let _ = child.wait();
+
+    let (ok, _, stderr) = ip_webhook(&["serve", "--read-timeout", "1m30"]);
+    assert!(!ok);
+    assert!(
+        stderr.contains(
+            "\"1m30\" is not a duration like 500ms, 10s, 1m30s, 1.5s or 2h: 30 has no unit"
+        ),
+        "{stderr}"
+    );
+}

@@ -149,6 +149,8 @@ async fn only_clients_with_an_allowed_certificate_are_served() {
         exhaustion_ratio: 0.9,
         timeout: Duration::from_secs(5),
         client_pem: None,
+        server_name: None,
+        cluster_bundles: None,
     };
     let admission = |checks: &[ip_webhook::doctor::Check]| {
         checks

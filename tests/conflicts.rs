@@ -13,11 +13,11 @@ type Manifest = (Value, Gvk);
 
 const POOLS: &str = r#"
 - apiVersion: ip-webhook.io/v1alpha1
-  kind: IPPool
+  kind: FixedIPPool
   metadata: {name: blue}
   spec: {cidr: 10.20.0.0/24, namespaces: [prod]}
 - apiVersion: ip-webhook.io/v1alpha1
-  kind: IPPool
+  kind: FixedIPPool
   metadata: {name: v6}
   spec: {cidr: "fd00:20::/120"}
 "#;
@@ -62,10 +62,10 @@ fn rand_suffix() -> u64 {
     NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
-const IPPOOL: Gvk = ("ip-webhook.io", "v1alpha1", "IPPool");
+const IPPOOL: Gvk = ("ip-webhook.io", "v1alpha1", "FixedIPPool");
 
 fn ippool(name: &str, spec: Value) -> Value {
-    json!({"apiVersion": "ip-webhook.io/v1alpha1", "kind": "IPPool", "metadata": {"name": name}, "spec": spec})
+    json!({"apiVersion": "ip-webhook.io/v1alpha1", "kind": "FixedIPPool", "metadata": {"name": name}, "spec": spec})
 }
 
 /// Assert allowed (`None`) or denied with exactly `message`.
@@ -99,12 +99,14 @@ async fn ippool_checks() {
         (
             "bad CIDR",
             ippool("x", json!({"cidr": "10.0.0.0/33"})),
-            Some("IPPool x: spec.cidr \"10.0.0.0/33\" is not a valid CIDR"),
+            Some("FixedIPPool x: spec.cidr \"10.0.0.0/33\" is not a valid CIDR"),
         ),
         (
             "host bits",
             ippool("x", json!({"cidr": "10.22.0.7/24"})),
-            Some("IPPool x: spec.cidr 10.22.0.7/24 has host bits set; did you mean 10.22.0.0/24?"),
+            Some(
+                "FixedIPPool x: spec.cidr 10.22.0.7/24 has host bits set; did you mean 10.22.0.0/24?",
+            ),
         ),
         (
             "ips outside",
@@ -112,7 +114,7 @@ async fn ippool_checks() {
                 "x",
                 json!({"cidr": "10.22.0.0/24", "ips": ["10.22.0.10-10.22.1.2"]}),
             ),
-            Some("IPPool x: spec.ips 10.22.1.0-10.22.1.2 lies outside spec.cidr 10.22.0.0/24"),
+            Some("FixedIPPool x: spec.ips 10.22.1.0-10.22.1.2 lies outside spec.cidr 10.22.0.0/24"),
         ),
         (
             "excludeIPs outside",
@@ -120,7 +122,7 @@ async fn ippool_checks() {
                 "x",
                 json!({"cidr": "fd00:22::/120", "excludeIPs": ["fd00:23::1"]}),
             ),
-            Some("IPPool x: spec.excludeIPs fd00:23::1 lies outside spec.cidr fd00:22::/120"),
+            Some("FixedIPPool x: spec.excludeIPs fd00:23::1 lies outside spec.cidr fd00:22::/120"),
         ),
         (
             "malformed ips",
@@ -128,17 +130,17 @@ async fn ippool_checks() {
                 "x",
                 json!({"cidr": "10.22.0.0/24", "ips": ["10.22.0.1", "10.22.0.1"]}),
             ),
-            Some("IPPool x: spec.ips: entry 2 \"10.22.0.1\" overlaps entry 1 \"10.22.0.1\""),
+            Some("FixedIPPool x: spec.ips: entry 2 \"10.22.0.1\" overlaps entry 1 \"10.22.0.1\""),
         ),
         (
             "overlap",
             ippool("teal", json!({"cidr": "10.20.0.128/25"})),
-            Some("IPPool teal (10.20.0.128/25) overlaps IPPool blue (10.20.0.0/24)"),
+            Some("FixedIPPool teal (10.20.0.128/25) overlaps FixedIPPool blue (10.20.0.0/24)"),
         ),
         (
             "overlap IPv6",
             ippool("teal6", json!({"cidr": "fd00:20::/64"})),
-            Some("IPPool teal6 (fd00:20::/64) overlaps IPPool v6 (fd00:20::/120)"),
+            Some("FixedIPPool teal6 (fd00:20::/64) overlaps FixedIPPool v6 (fd00:20::/120)"),
         ),
         (
             "update of itself is no overlap",
@@ -185,7 +187,7 @@ async fn ippool_updates_and_deletes_keep_held_ips() {
         .await;
     expect(
         &response,
-        Some("IPPool blue: the update removes 1 IPs that are held: 10.20.0.1 by prod/api-*"),
+        Some("FixedIPPool blue: the update removes 1 IPs that are held: 10.20.0.1 by prod/api-*"),
         "shrink",
     );
     let response = server
@@ -202,7 +204,9 @@ async fn ippool_updates_and_deletes_keep_held_ips() {
         .await;
     expect(
         &response,
-        Some("IPPool blue cannot be deleted while 1 of its IPs are held: 10.20.0.1 by prod/api-*"),
+        Some(
+            "FixedIPPool blue cannot be deleted while 1 of its IPs are held: 10.20.0.1 by prod/api-*",
+        ),
         "delete held",
     );
     let response = server
@@ -309,7 +313,7 @@ async fn workload_checks() {
                 json!({"ip-webhook.io/ip-pool": "nope"}),
                 json!({}),
             ),
-            "Deployment prod/p: spec.template.metadata.annotations[ip-webhook.io/ip-pool] names IPPool \"nope\", which does not exist",
+            "Deployment prod/p: spec.template.metadata.annotations[ip-webhook.io/ip-pool] names FixedIPPool \"nope\", which does not exist",
         ),
         (
             "list inside a pool of others",
@@ -399,7 +403,7 @@ async fn workload_lists_reserved_pools_and_held_ips() {
     expect(
         &response,
         Some(
-            "Deployment dev/intruder: spec.template.metadata.annotations[ip-webhook.io/allocatable-ips] lists 10.20.0.5-10.20.0.6 of IPPool blue, which this workload may not use: IPPool blue serves namespaces [prod], not dev",
+            "Deployment dev/intruder: spec.template.metadata.annotations[ip-webhook.io/allocatable-ips] lists 10.20.0.5-10.20.0.6 of FixedIPPool blue, which this workload may not use: FixedIPPool blue serves namespaces [prod], not dev",
         ),
         "reserved pool",
     );
@@ -410,7 +414,7 @@ async fn workload_lists_reserved_pools_and_held_ips() {
     expect(
         &response,
         Some(
-            "pod dev/intruder-1: annotation ip-webhook.io/allocatable-ips lists 10.20.0.5 of IPPool blue, which this pod may not use: IPPool blue serves namespaces [prod], not dev",
+            "pod dev/intruder-1: annotation ip-webhook.io/allocatable-ips lists 10.20.0.5 of FixedIPPool blue, which this pod may not use: FixedIPPool blue serves namespaces [prod], not dev",
         ),
         "reserved pool, pod",
     );
@@ -454,7 +458,7 @@ async fn workload_lists_reserved_pools_and_held_ips() {
     expect(
         &response,
         Some(
-            "StatefulSet dev/s may not draw from IPPool blue: IPPool blue serves namespaces [prod], not dev",
+            "StatefulSet dev/s may not draw from FixedIPPool blue: FixedIPPool blue serves namespaces [prod], not dev",
         ),
         "pool namespaces",
     );
@@ -538,7 +542,7 @@ async fn capacity_warnings() {
                 json!({"replicas": 300}),
             ),
             Some(
-                "Deployment prod/f asks for 300 replicas but IPPool blue has 254 IPs: pods beyond 254 will be refused",
+                "Deployment prod/f asks for 300 replicas but FixedIPPool blue has 254 IPs: pods beyond 254 will be refused",
             ),
         ),
     ];

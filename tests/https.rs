@@ -406,7 +406,7 @@ async fn pools_file_pods_draw_from_their_pool() {
     let pools = dir.path().join("pools.yaml");
     std::fs::write(
         &pools,
-        "- apiVersion: ip-webhook.io/v1alpha1\n  kind: IPPool\n  metadata: {name: blue}\n  spec:\n    cidr: 10.20.0.0/30\n    namespaces: [prod]\n",
+        "- apiVersion: ip-webhook.io/v1alpha1\n  kind: FixedIPPool\n  metadata: {name: blue}\n  spec:\n    cidr: 10.20.0.0/30\n    namespaces: [prod]\n",
     )
     .unwrap();
     let server = TestServer::start(&["--pools-file", pools.to_str().unwrap()]).await;
@@ -437,20 +437,20 @@ async fn pools_file_pods_draw_from_their_pool() {
     let full = server.mutate(&create("u-3", p.clone())).await;
     assert_eq!(
         full["status"]["message"],
-        "IPPool blue (app prod/api): all 2 IPs are held (10.20.0.1 by prod/api-*, 10.20.0.2 by prod/api-*)"
+        "FixedIPPool blue (app prod/api): all 2 IPs are held (10.20.0.1 by prod/api-*, 10.20.0.2 by prod/api-*)"
     );
     let mut elsewhere = p.clone();
     elsewhere["metadata"]["namespace"] = json!("dev");
     let refused = server.mutate(&create("u-4", elsewhere)).await;
     assert_eq!(
         refused["status"]["message"],
-        "pod dev/api-* may not draw from IPPool blue: IPPool blue serves namespaces [prod], not dev"
+        "pod dev/api-* may not draw from FixedIPPool blue: FixedIPPool blue serves namespaces [prod], not dev"
     );
     p["metadata"]["annotations"]["ip-webhook.io/ip-pool"] = json!("green");
     let unknown = server.mutate(&create("u-5", p)).await;
     assert_eq!(
         unknown["status"]["message"],
-        "pod prod/api-* asks for IPPool \"green\" (ip-webhook.io/ip-pool), which does not exist; known pools: blue"
+        "pod prod/api-* asks for FixedIPPool \"green\" (ip-webhook.io/ip-pool), which does not exist; known pools: blue"
     );
 }
 

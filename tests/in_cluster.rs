@@ -1,9 +1,11 @@
 //! In-cluster mode end to end against `fakeapi.py`, a small in-memory Kubernetes API server
 //! (`<repo>/../shared/tools/fakeapi.py`): webhook replicas with `--ledger kubernetes
 //! --kubeconfig`, racing for the last IP, rebuilding state on restart, and the reconciler
-//! binding, reclaiming and expiring claims and writing IPPool status.
+//! binding, reclaiming and expiring claims and writing FixedIPPool status.
 
 mod common;
+// The etcd case needs the `etcd` feature; scripts/test.sh builds with --all-features.
+#[cfg(feature = "etcd")]
 #[path = "common/etcd_cluster.rs"]
 mod etcd_cluster;
 #[path = "common/fakeapi.rs"]
@@ -18,7 +20,7 @@ use fakeapi::{FakeApi, wait_ready};
 use ip_webhook::cluster::cni::{
     RESERVATION_NAME, calico_ippools, calico_reservations, kube_ovn_subnets,
 };
-use ip_webhook::crd::{IPClaim, IPPool};
+use ip_webhook::crd::{FixedIPPool, IPClaim};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -237,9 +239,9 @@ async fn events_with_reason(events: &Api<Event>, reason: &str) -> Vec<Event> {
 async fn the_reconciler_binds_reclaims_expires_and_counts() {
     let fake = FakeApi::start();
     let client = fake.install_crds().await;
-    let pools: Api<IPPool> = Api::all(client.clone());
-    let blue: IPPool = serde_json::from_value(json!({
-        "apiVersion": "ip-webhook.io/v1alpha1", "kind": "IPPool",
+    let pools: Api<FixedIPPool> = Api::all(client.clone());
+    let blue: FixedIPPool = serde_json::from_value(json!({
+        "apiVersion": "ip-webhook.io/v1alpha1", "kind": "FixedIPPool",
         "metadata": {"name": "blue"},
         "spec": {"cidr": "10.79.0.0/29"},
     }))
@@ -276,8 +278,8 @@ async fn the_reconciler_binds_reclaims_expires_and_counts() {
     assert_eq!(bound.spec.pod_uid.as_deref(), Some(uid.as_str()));
     assert_eq!(bound.spec.pod_name, "web-x7k2p");
 
-    // IPPool status counts it.
-    let status = eventually("IPPool status", Duration::from_secs(15), || async {
+    // FixedIPPool status counts it.
+    let status = eventually("FixedIPPool status", Duration::from_secs(15), || async {
         let pool = pools.get("blue").await.ok()?;
         pool.status.filter(|s| s.held == 1)
     })
@@ -432,8 +434,6 @@ async fn release_and_status_look_up_the_pods_behind_the_claims() {
     let fake = FakeApi::start_with(&["--kubelet-delay", "120"]);
     let client = fake.install_crds().await;
     let kubeconfig = fake.kubeconfig().display().to_string();
-    let state = tempfile::tempdir().unwrap();
-    let dir = state.path().display().to_string();
     let server = fake.replica(&[]).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     let claims: Api<IPClaim> = Api::all(client.clone());
@@ -448,10 +448,11 @@ async fn release_and_status_look_up_the_pods_behind_the_claims() {
     persist(&pods, persisted, "web-live").await;
     let response = server.mutate(&create("rel-2", object.clone())).await;
     assert_eq!(allocated_ip(&response), "10.77.0.2");
-    // an operator command against this API server
+    // an operator command against this API server (its IPClaims; --state-dir would select
+    // an embedded ledger instead)
     let operator = |args: &[&str]| {
         let mut all: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-        all.extend(["--kubeconfig", &kubeconfig, "--state-dir", &dir].map(str::to_string));
+        all.extend(["--kubeconfig", &kubeconfig].map(str::to_string));
         command(all)
     };
 
@@ -513,6 +514,7 @@ async fn release_and_status_look_up_the_pods_behind_the_claims() {
     assert!(claims.get_opt("10.77.0.1").await.unwrap().is_none());
 }
 
+#[cfg(feature = "etcd")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_etcd_ledger_the_leak_sweeper_frees_the_ips_no_pod_holds() {
     let test = "with_the_etcd_ledger_the_leak_sweeper_frees_the_ips_no_pod_holds";
@@ -1063,10 +1065,10 @@ async fn calico_pools_gate_fixed_ips_and_the_reservation_follows_pools_and_workl
     .await;
     assert_eq!(again["allowed"], true, "{again}");
 
-    // An ip-webhook IPPool's usable IPs join the reservation...
-    let pools: Api<IPPool> = Api::all(client.clone());
-    let blue: IPPool = serde_json::from_value(json!({
-        "apiVersion": "ip-webhook.io/v1alpha1", "kind": "IPPool",
+    // A FixedIPPool's usable IPs join the reservation...
+    let pools: Api<FixedIPPool> = Api::all(client.clone());
+    let blue: FixedIPPool = serde_json::from_value(json!({
+        "apiVersion": "ip-webhook.io/v1alpha1", "kind": "FixedIPPool",
         "metadata": {"name": "blue"}, "spec": {"cidr": "10.20.0.16/29"},
     }))
     .unwrap();

@@ -2,6 +2,8 @@
 //! YAML), `explain`, `release`, `check`, and the monitoring files against the real metrics.
 
 mod common;
+#[path = "common/fakeapi.rs"]
+mod fakeapi;
 
 use std::path::Path;
 use std::process::Command;
@@ -318,8 +320,8 @@ async fn explain_walks_replicas_through_mutate_without_recording() {
     assert_eq!(held, 4);
 }
 
-#[test]
-fn explain_names_the_document_it_cannot_use() {
+#[tokio::test]
+async fn explain_names_the_document_it_cannot_use() {
     let state = tempfile::tempdir().unwrap();
     let file = state.path().join("svc.yaml");
     std::fs::write(
@@ -328,6 +330,7 @@ fn explain_names_the_document_it_cannot_use() {
     )
     .unwrap();
     let dir = state.path().join("state");
+    seed(&dir).await;
     let (ok, _, stderr) = ip_webhook(&[
         "explain",
         "-f",
@@ -434,6 +437,8 @@ async fn check_reports_each_part_of_a_running_install() {
             server.launched.running.https_addr.port()
         ),
         ca_pem: Some(ca),
+        server_name: None,
+        cluster_bundles: None,
         admin_url: Some(format!("http://{}", server.launched.running.admin_addr)),
         min_days: 7,
         exhaustion_ratio: 0.9,
@@ -586,4 +591,669 @@ async fn one_json_log_line_per_decision() {
             .contains("all 1 allocatable IPs are held"),
         "{second}"
     );
+}
+
+// ---- the operator commands as kubectl users run them --------------------------------------
+
+/// Run the binary as from a fresh shell: no $KUBECONFIG unless given, an empty $HOME (no
+/// ~/.kube/config), not in a pod, RUST_BACKTRACE=1 (as many shells have it), in `cwd`.
+fn operator(args: &[&str], kubeconfig: Option<&Path>, cwd: &Path) -> (i32, String, String) {
+    let home = tempfile::tempdir().unwrap();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ip-webhook"));
+    command
+        .args(args)
+        .current_dir(cwd)
+        .env_remove("KUBECONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("RUST_LOG")
+        .env("HOME", home.path())
+        .env("RUST_BACKTRACE", "1");
+    if let Some(path) = kubeconfig {
+        command.env("KUBECONFIG", path);
+    }
+    let out = command.output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// An error as the binary must print it: exactly one `Error: …` line, no backtrace.
+fn assert_one_error_line(stderr: &str, starts: &str) {
+    assert!(
+        stderr.starts_with(&format!("Error: {starts}")) && stderr.lines().count() == 1,
+        "not one Error line starting with {starts:?}:\n{stderr}"
+    );
+    for word in ["backtrace", "Caused by", "panicked"] {
+        assert!(!stderr.contains(word), "{word} in {stderr}");
+    }
+}
+
+fn is_empty_dir(dir: &Path) -> bool {
+    std::fs::read_dir(dir).unwrap().next().is_none()
+}
+
+fn api_claim(
+    ip: &str,
+    namespace: &str,
+    app: &str,
+    pool: Option<&str>,
+    pod: &str,
+    uid: &str,
+) -> Claim {
+    let mut claim = claim(
+        ip,
+        namespace,
+        app,
+        pool,
+        pod,
+        "",
+        Phase::Bound,
+        Source::Allocated,
+        T0,
+        Some(4),
+    );
+    claim.pod.uid = Some(uid.to_string());
+    claim
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_commands_read_the_cluster_of_kubeconfig_and_create_nothing() {
+    use ip_webhook::crd::{FixedIPPool, IPClaim};
+    use ip_webhook::ledger::KubeLedger;
+    use k8s_openapi::api::core::v1::Pod;
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::CustomResourceExt;
+    use kube::api::{Api, PostParams};
+
+    let fake = fakeapi::FakeApi::start();
+    let cwd = tempfile::tempdir().unwrap();
+    let kubeconfig = fake.kubeconfig();
+    let kc = Some(kubeconfig.as_path());
+    let run = |args: &[&str]| operator(args, kc, cwd.path());
+
+    // a cluster without ip-webhook: said in a sentence
+    let (code, _, stderr) = run(&["status"]);
+    assert_eq!(code, 1);
+    assert_one_error_line(
+        &stderr,
+        &format!(
+            "the API server http://127.0.0.1:{}/ (from $KUBECONFIG ({})) serves no IPClaims (ipclaims.ip-webhook.io): ip-webhook is not installed there (wrong --context?)",
+            fake.port,
+            kubeconfig.display()
+        ),
+    );
+
+    let client = fake.client().await;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in [FixedIPPool::crd(), IPClaim::crd()] {
+        crds.create(&PostParams::default(), &crd).await.unwrap();
+    }
+
+    let (code, stdout, stderr) = run(&["status"]);
+    assert_eq!((code, stderr.as_str()), (0, ""));
+    assert_eq!(stdout, "No IPs are held and no FixedIPPools are defined.\n");
+
+    // a pool, a live pod holding one of its IPs, and the claim of a pod that is gone
+    let pools: Api<FixedIPPool> = Api::all(client.clone());
+    let blue: FixedIPPool = serde_json::from_value(serde_json::json!({
+        "apiVersion": "ip-webhook.io/v1alpha1", "kind": "FixedIPPool",
+        "metadata": {"name": "blue"}, "spec": {"cidr": "10.20.0.0/24"}
+    }))
+    .unwrap();
+    pools.create(&PostParams::default(), &blue).await.unwrap();
+    let namespace: k8s_openapi::api::core::v1::Namespace =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "prod"}})).unwrap();
+    Api::all(client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+        .unwrap();
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "api-0", "namespace": "prod", "labels": {"app": "api"}},
+        "spec": {"containers": [{"name": "c", "image": "i"}]}
+    }))
+    .unwrap();
+    let pod = Api::<Pod>::namespaced(client.clone(), "prod")
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap();
+    let uid = pod.metadata.uid.unwrap();
+    let ledger = KubeLedger::new(client.clone());
+    ledger
+        .create(&api_claim(
+            "10.20.0.1",
+            "prod",
+            "api",
+            Some("blue"),
+            "api-0",
+            &uid,
+        ))
+        .await
+        .unwrap();
+    ledger
+        .create(&api_claim(
+            "10.0.0.10",
+            "default",
+            "web",
+            None,
+            "web-0",
+            "gone-uid",
+        ))
+        .await
+        .unwrap();
+
+    let (code, json, stderr) = run(&["status", "-o", "json"]);
+    assert_eq!(code, 0, "{stderr}");
+    let report: Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(report["pools"][0]["name"], "blue");
+    assert_eq!(report["pools"][0]["held"], 1);
+    let apps: Vec<&str> = report["apps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["app"].as_str().unwrap())
+        .collect();
+    assert_eq!(apps, ["web", "api"], "{json}");
+
+    // filters that match nothing say so, and exit 3
+    let (code, stdout, stderr) = run(&["status", "--app", "nope/nope"]);
+    assert_eq!((code, stdout.as_str()), (3, ""));
+    assert_one_error_line(
+        &stderr,
+        "no app nope/nope holds an IP (apps holding IPs: default/web, prod/api)",
+    );
+    let (code, _, stderr) = run(&["status", "--pool", "nosuch"]);
+    assert_eq!(code, 3);
+    assert_one_error_line(&stderr, "no FixedIPPool nosuch (known: blue)");
+    let (code, _, stderr) = run(&["status", "--app", "web"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("\"web\" is not NAMESPACE/APP"), "{stderr}");
+
+    // explain decides over the cluster's claims and pools, and prints only its own output
+    let explain = ["explain", "-f", &fixture("explain.yaml"), "-o", "json"];
+    let (code, json, stderr) = run(&explain);
+    assert_eq!((code, stderr.as_str()), (0, ""));
+    let outcomes: Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(outcomes[2]["object"], "Pod prod/api-1");
+    assert_eq!(outcomes[2]["replicas"][0]["ips"][0], "10.20.0.2", "{json}");
+    let (code, verbose_json, stderr) = run(&[&explain[..], &["-v"]].concat());
+    assert_eq!(code, 0);
+    assert_eq!(verbose_json, json);
+    assert!(stderr.contains("admission decision"), "{stderr}");
+
+    // release asks the API server whether the pod behind the claim still runs
+    let (code, _, stderr) = run(&["release", "10.20.0.1"]);
+    assert_eq!(code, 3);
+    assert_one_error_line(
+        &stderr,
+        "refused: pod prod/api-0 still exists and holds 10.20.0.1",
+    );
+    let (code, stdout, stderr) = run(&["release", "10.0.0.10"]);
+    assert_eq!(code, 0, "{stderr}");
+    // (the API server drops status on create: the claim is Reserved)
+    assert!(
+        stdout.starts_with(
+            "released 10.0.0.10 (Reserved, held by pod default/web-0 of app default/web since "
+        ),
+        "{stdout}"
+    );
+    let (_, json, _) = run(&["status", "-o", "json", "--app", "default/web"]);
+    let report: Value = serde_json::from_str(&json).unwrap_or_default();
+    assert!(
+        report["apps"]
+            .as_array()
+            .is_none_or(|a| a.is_empty() || a[0]["held"] == 0),
+        "{json}"
+    );
+
+    // --kubeconfig beats $KUBECONFIG, --context picks the cluster
+    let dead = fakeapi::closed_port();
+    let two = cwd.path().join("../two-contexts.yaml");
+    std::fs::write(
+        &two,
+        fakeapi::kubeconfig_yaml(&[("fake", fake.port), ("dead", dead)]),
+    )
+    .unwrap();
+    let other = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(other.path(), fakeapi::kubeconfig_yaml(&[("dead", dead)])).unwrap();
+    let two = two.to_str().unwrap();
+    let (code, _, stderr) = operator(
+        &["status", "--kubeconfig", two],
+        Some(other.path()),
+        cwd.path(),
+    );
+    assert_eq!((code, stderr.as_str()), (0, ""));
+    let (code, _, stderr) = run(&["status", "--kubeconfig", two, "--context", "dead"]);
+    assert_eq!(code, 1);
+    assert_one_error_line(
+        &stderr,
+        &format!(
+            "reading IPClaims from the API server http://127.0.0.1:{dead}/ (from --kubeconfig {two})"
+        ),
+    );
+    let (code, _, stderr) = run(&["status", "--context", "nosuch"]);
+    assert_eq!(code, 1);
+    assert_one_error_line(&stderr, "finding the API server through $KUBECONFIG (");
+    assert!(stderr.contains("nosuch"), "{stderr}");
+    std::fs::remove_file(two).unwrap();
+
+    assert!(
+        is_empty_dir(cwd.path()),
+        "an operator command wrote into the working directory"
+    );
+}
+
+#[tokio::test]
+async fn errors_are_one_line_with_an_exit_code_and_never_a_backtrace() {
+    let cwd = tempfile::tempdir().unwrap();
+    let dir = cwd.path();
+
+    // $KUBECONFIG names a dead API server: an error naming it, and no state created
+    let port = fakeapi::closed_port();
+    let kubeconfig = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        kubeconfig.path(),
+        fakeapi::kubeconfig_yaml(&[("dead", port)]),
+    )
+    .unwrap();
+    for command in ["status", "release"] {
+        let args: &[&str] = if command == "release" {
+            &["release", "10.0.0.1"]
+        } else {
+            &["status"]
+        };
+        let (code, stdout, stderr) = operator(args, Some(kubeconfig.path()), dir);
+        assert_eq!((code, stdout.as_str()), (1, ""), "{command}: {stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "the API server http://127.0.0.1:{port}/ (from $KUBECONFIG ({}))",
+                kubeconfig.path().display()
+            )),
+            "{stderr}"
+        );
+        assert_one_error_line(&stderr, "");
+    }
+
+    // no cluster anywhere
+    let (code, _, stderr) = operator(&["status"], None, dir);
+    assert_eq!(code, 1);
+    assert_one_error_line(
+        &stderr,
+        "no cluster found: no --kubeconfig, $KUBECONFIG is unset, ~/.kube/config does not exist and this is not a pod; give --kubeconfig FILE, or --state-dir DIR",
+    );
+
+    // a missing state dir is named, and not created
+    let missing = dir.join("state");
+    let (code, _, stderr) = operator(
+        &[
+            "explain",
+            "-f",
+            &fixture("explain.yaml"),
+            "--state-dir",
+            missing.to_str().unwrap(),
+        ],
+        None,
+        dir,
+    );
+    assert_eq!(code, 1);
+    assert_one_error_line(
+        &stderr,
+        &format!("no embedded ledger: {} does not exist", missing.display()),
+    );
+    std::fs::create_dir(&missing).unwrap();
+    let (code, _, stderr) = operator(
+        &["status", "--state-dir", missing.to_str().unwrap()],
+        None,
+        dir,
+    );
+    assert_eq!(code, 1);
+    assert_one_error_line(
+        &stderr,
+        &format!(
+            "no embedded ledger: {}/ledger.redb does not exist",
+            missing.display()
+        ),
+    );
+    let (code, _, stderr) = operator(
+        &[
+            "release",
+            "10.0.0.1",
+            "--force",
+            "--state-dir",
+            missing.to_str().unwrap(),
+        ],
+        None,
+        dir,
+    );
+    assert_eq!(code, 1);
+    assert_one_error_line(&stderr, "no embedded ledger:");
+    assert!(
+        is_empty_dir(&missing),
+        "a command created state in {}",
+        missing.display()
+    );
+    std::fs::remove_dir(&missing).unwrap();
+
+    let (code, _, stderr) = operator(
+        &["explain", "-f", "missing.yaml", "--state-dir", "x"],
+        None,
+        dir,
+    );
+    assert_eq!(code, 1);
+    assert_one_error_line(&stderr, "reading missing.yaml: No such file or directory");
+
+    let (code, _, stderr) = operator(
+        &[
+            "check",
+            "--url",
+            "https://127.0.0.1:1",
+            "--ca-file",
+            "/nonexistent/ca.crt",
+        ],
+        None,
+        dir,
+    );
+    assert_eq!(code, 1);
+    assert_one_error_line(
+        &stderr,
+        "reading /nonexistent/ca.crt: No such file or directory",
+    );
+    let (code, stdout, stderr) = operator(
+        &["check", "--url", &format!("https://127.0.0.1:{port}")],
+        None,
+        dir,
+    );
+    assert_eq!(code, 3, "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "FAIL     reachable   cannot connect to 127.0.0.1:{port}"
+        )),
+        "{stdout}"
+    );
+    assert_one_error_line(&stderr, "");
+
+    // a refused release (off-cluster, not forced) exits 3
+    let state = dir.join("seeded");
+    seed(&state).await;
+    let (code, _, stderr) = operator(
+        &[
+            "release",
+            "10.0.0.10",
+            "--state-dir",
+            state.to_str().unwrap(),
+        ],
+        None,
+        dir,
+    );
+    assert_eq!(code, 3);
+    assert_one_error_line(
+        &stderr,
+        "refused: cannot tell whether pod default/web-7d4b9c8f6d-abcde still runs",
+    );
+    std::fs::remove_dir_all(&state).unwrap();
+
+    assert!(
+        is_empty_dir(dir),
+        "state was created in the working directory"
+    );
+}
+
+/// Without the `etcd` feature, `--ledger etcd` says so in one line. (scripts/test.sh builds
+/// with --all-features; `no_etcd`'s text is checked in every build below.)
+#[cfg(not(feature = "etcd"))]
+#[test]
+fn a_build_without_etcd_says_how_to_get_it() {
+    let cwd = tempfile::tempdir().unwrap();
+    let (code, _, stderr) = operator(&["status", "--ledger", "etcd"], None, cwd.path());
+    assert_eq!(code, 1);
+    assert_one_error_line(
+        &stderr,
+        "this build has no etcd support; rebuild with --features etcd",
+    );
+}
+
+#[test]
+fn the_no_etcd_error_names_the_feature() {
+    assert_eq!(
+        ip_webhook::app::no_etcd().to_string(),
+        "this build has no etcd support; rebuild with --features etcd"
+    );
+}
+
+/// `status`, `explain` and `review --dry-run` read the embedded ledger while the server that
+/// writes it runs; `review` that records says what to do. The self-signed CA survives a
+/// restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_servers_ledger_is_read_and_its_ca_kept() {
+    let state = tempfile::tempdir().unwrap();
+    let dir = state.path().to_str().unwrap();
+    let mut server = common::BinaryServer::start(&["--state-dir", dir]);
+    let ca = std::fs::read(state.path().join("ca.crt")).unwrap();
+    let client = common::HttpsClient::new(server.https_addr, &ca);
+    let pod = common::pod("default", "web", "web-", Some("10.0.0.10,10.0.0.11"));
+    let reply = client
+        .post("/mutate", common::create("u-1", pod).to_string())
+        .await
+        .unwrap()
+        .response();
+    assert_eq!(reply["allowed"], true);
+    let cwd = tempfile::tempdir().unwrap();
+    let (code, json, stderr) = operator(
+        &["status", "--state-dir", dir, "-o", "json"],
+        None,
+        cwd.path(),
+    );
+    assert_eq!((code, stderr.as_str()), (0, ""));
+    let report: Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(report["apps"][0]["holders"][0]["ip"], "10.0.0.10", "{json}");
+    let (code, _, stderr) = operator(
+        &[
+            "explain",
+            "-f",
+            &fixture("explain.yaml"),
+            "--state-dir",
+            dir,
+        ],
+        None,
+        cwd.path(),
+    );
+    assert_eq!((code, stderr.as_str()), (0, ""));
+    let (code, json, stderr) = operator(
+        &[
+            "review",
+            "--dry-run",
+            "--state-dir",
+            dir,
+            &fixture("pod-create-v1.json"),
+        ],
+        None,
+        cwd.path(),
+    );
+    assert_eq!((code, stderr.as_str()), (0, ""));
+    assert_eq!(
+        serde_json::from_str::<Value>(&json).unwrap()["response"]["allowed"],
+        true
+    );
+    let (code, _, stderr) = operator(
+        &["review", "--state-dir", dir, &fixture("pod-create-v1.json")],
+        None,
+        cwd.path(),
+    );
+    assert_eq!(code, 1);
+    assert_one_error_line(
+        &stderr,
+        &format!(
+            "opening the embedded ledger in {dir} to record the review's claim (with --dry-run it is only read, also while `serve` runs)"
+        ),
+    );
+
+    server.kill9();
+    let server = common::BinaryServer::start(&["--state-dir", dir]);
+    assert_eq!(
+        std::fs::read(state.path().join("ca.crt")).unwrap(),
+        ca,
+        "the CA changed on restart"
+    );
+    let client = common::HttpsClient::new(server.https_addr, &ca);
+    let pod = common::pod("default", "web", "web-", Some("10.0.0.10,10.0.0.11"));
+    let reply = client
+        .post("/mutate", common::create("u-2", pod).to_string())
+        .await
+        .expect("the kept CA still verifies the server")
+        .response();
+    assert_eq!(reply["allowed"], true);
+    assert!(is_empty_dir(cwd.path()));
+}
+
+/// `check --tls-server-name` (a port-forward) and `check --kubeconfig`, which compares the
+/// webhook configurations' caBundles with the served chain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_verifies_the_service_name_and_the_clusters_ca_bundles() {
+    use base64::Engine;
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::api::{Api, ApiResource, DynamicObject, PostParams};
+
+    let service = "ip-webhook.ip-webhook-system.svc";
+    let server = common::TestServer::start(&["--dns-name", service]).await;
+    let ca_file = server.state_dir.path().join("ca.crt");
+    let ca = std::fs::read(&ca_file).unwrap();
+    let url = format!(
+        "https://127.0.0.1:{}",
+        server.launched.running.https_addr.port()
+    );
+    let cwd = tempfile::tempdir().unwrap();
+    let check = |extra: &[&str], kubeconfig: Option<&Path>| {
+        let mut args = vec!["check", "--url", &url];
+        args.extend_from_slice(extra);
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let kubeconfig = kubeconfig.map(Path::to_path_buf);
+        let cwd = cwd.path().to_path_buf();
+        std::thread::spawn(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            operator(&args, kubeconfig.as_deref(), &cwd)
+        })
+        .join()
+        .unwrap()
+    };
+    let ca_path = ca_file.to_str().unwrap();
+    let (code, stdout, stderr) = check(&["--ca-file", ca_path, "--tls-server-name", service], None);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(
+        stdout.contains(&format!(
+            "OK       certificate   valid for {service} and signed by the caBundle"
+        )),
+        "{stdout}"
+    );
+    let (code, stdout, _) = check(
+        &[
+            "--ca-file",
+            ca_path,
+            "--tls-server-name",
+            "other.example.svc",
+        ],
+        None,
+    );
+    assert_eq!(code, 3);
+    assert!(stdout.contains("FAIL     certificate   the API server would refuse it: invalid peer certificate: certificate not valid for name \"other.example.svc\""), "{stdout}");
+
+    let fake = fakeapi::FakeApi::start();
+    // fakeapi.py serves no admissionregistration.k8s.io: CRDs of the same shape stand in
+    let client = fake.client().await;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let mut resources = Vec::new();
+    for (kind, plural) in [
+        (
+            "MutatingWebhookConfiguration",
+            "mutatingwebhookconfigurations",
+        ),
+        (
+            "ValidatingWebhookConfiguration",
+            "validatingwebhookconfigurations",
+        ),
+    ] {
+        let crd: CustomResourceDefinition = serde_json::from_value(serde_json::json!({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": format!("{plural}.admissionregistration.k8s.io"),
+                         "annotations": {"api-approved.kubernetes.io": "unapproved, test only"}},
+            "spec": {"group": "admissionregistration.k8s.io", "scope": "Cluster",
+                     "names": {"kind": kind, "plural": plural, "singular": kind.to_lowercase()},
+                     "versions": [{"name": "v1", "served": true, "storage": true,
+                                   "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}
+        }))
+        .unwrap();
+        crds.create(&PostParams::default(), &crd).await.unwrap();
+        resources.push(ApiResource {
+            group: "admissionregistration.k8s.io".into(),
+            version: "v1".into(),
+            api_version: "admissionregistration.k8s.io/v1".into(),
+            kind: kind.into(),
+            plural: plural.into(),
+        });
+    }
+    let bundle = base64::engine::general_purpose::STANDARD.encode(&ca);
+    let other_bundle = base64::engine::general_purpose::STANDARD
+        .encode(ip_webhook::tls::self_signed(&[]).unwrap().ca_pem);
+    let configuration = |resource: &ApiResource, webhook: &str, bundle: &str| -> DynamicObject {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": resource.kind,
+            "metadata": {"name": "ip-webhook"},
+            "webhooks": [{"name": webhook, "clientConfig": {"caBundle": bundle}}]
+        }))
+        .unwrap()
+    };
+    let mutating = Api::<DynamicObject>::all_with(client.clone(), &resources[0]);
+    let validating = Api::<DynamicObject>::all_with(client.clone(), &resources[1]);
+    mutating
+        .create(
+            &PostParams::default(),
+            &configuration(&resources[0], "pods.mutate.ip-webhook.io", &bundle),
+        )
+        .await
+        .unwrap();
+    validating
+        .create(
+            &PostParams::default(),
+            &configuration(&resources[1], "pods.validate.ip-webhook.io", &bundle),
+        )
+        .await
+        .unwrap();
+    let kubeconfig = fake.kubeconfig();
+    let (code, stdout, stderr) = check(&["--tls-server-name", service], Some(&kubeconfig));
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.contains(&format!("OK       cabundle      the caBundle of each of the 2 webhooks signs the served certificate for {service}")), "{stdout}");
+    assert!(stdout.contains("SKIP     certificate"), "{stdout}");
+
+    let mut stale = validating.get("ip-webhook").await.unwrap();
+    stale.data["webhooks"][0]["clientConfig"]["caBundle"] = other_bundle.into();
+    validating
+        .replace("ip-webhook", &PostParams::default(), &stale)
+        .await
+        .unwrap();
+    let kubeconfig_flag = kubeconfig.to_str().unwrap();
+    let (code, stdout, stderr) = check(
+        &[
+            "--tls-server-name",
+            service,
+            "--ca-file",
+            ca_path,
+            "--kubeconfig",
+            kubeconfig_flag,
+        ],
+        None,
+    );
+    assert_eq!(code, 3, "{stdout}");
+    assert!(stdout.contains("OK       certificate"), "{stdout}");
+    assert!(stdout.contains("FAIL     cabundle      the API server would refuse the served certificate: ValidatingWebhookConfiguration ip-webhook webhook pods.validate.ip-webhook.io: invalid peer certificate: BadSignature"), "{stdout}");
+    assert!(
+        !stdout.contains("MutatingWebhookConfiguration ip-webhook webhook"),
+        "{stdout}"
+    );
+    assert_one_error_line(&stderr, "1 of 8 checks failed");
+
+    let (code, stdout, _) = check(&["--webhook-configuration", "nosuch"], Some(&kubeconfig));
+    assert_eq!(code, 3);
+    assert!(stdout.contains(&format!("FAIL     cabundle      the API server http://127.0.0.1:{}/ (from $KUBECONFIG ({})) has no MutatingWebhookConfiguration or ValidatingWebhookConfiguration named nosuch (--webhook-configuration)", fake.port, kubeconfig.display())), "{stdout}");
+    server.launched.shutdown().await;
 }

@@ -10,7 +10,7 @@ use std::thread;
 
 use async_trait::async_trait;
 use prometheus_client::metrics::counter::Counter;
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{ConcurrencyMode, Database, ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::oneshot;
 
 use super::claim::{CreateRule, create_rule, may_step, same_grant};
@@ -63,12 +63,17 @@ impl EmbeddedLedger {
             ))
         })?;
         let path = state_dir.join("ledger.redb");
-        let db = Database::create(&path).map_err(|e| {
-            LedgerError::Storage(format!(
-                "cannot open {} (is another ip-webhook using this --state-dir?): {e}",
-                path.display()
-            ))
-        })?;
+        // SingleWriter: one writing process, and `status`, `explain` and `review --dry-run`
+        // may read the file meanwhile ([`read_claims`]); a second writer is still refused.
+        let db = Database::builder()
+            .set_concurrency_mode(ConcurrencyMode::SingleWriter)
+            .create(&path)
+            .map_err(|e| {
+                LedgerError::Storage(format!(
+                    "cannot open {} (is another ip-webhook using this --state-dir?): {e}",
+                    path.display()
+                ))
+            })?;
         {
             let txn = db.begin_write().map_err(storage("begin"))?;
             txn.open_table(CLAIMS).map_err(storage("open table"))?;
@@ -241,6 +246,42 @@ fn write(
     Ok(())
 }
 
+/// Every claim in `state_dir/ledger.redb`, read without creating or changing anything, also
+/// while a server has the file open (it writes in SingleWriter mode, which admits readers).
+pub fn read_claims(state_dir: &Path) -> Result<Vec<Claim>, LedgerError> {
+    let path = state_dir.join("ledger.redb");
+    let db = redb::Builder::new()
+        .set_concurrency_mode(ConcurrencyMode::SingleWriter)
+        .open_read_only(&path)
+        .map_err(|e| {
+            let what = match e {
+                redb::DatabaseError::DatabaseAlreadyOpen => format!(
+                    "{} is held by a process that does not share it (an older ip-webhook?); stop it and retry",
+                    path.display()
+                ),
+                redb::DatabaseError::RepairAborted => format!(
+                    "{} was not closed cleanly and needs a repair, which only a writer makes: start `ip-webhook serve --state-dir {}` once",
+                    path.display(),
+                    state_dir.display()
+                ),
+                other => format!("cannot read {}: {other}", path.display()),
+            };
+            LedgerError::Storage(what)
+        })?;
+    let txn = db.begin_read().map_err(storage("begin read"))?;
+    let table = match txn.open_table(CLAIMS) {
+        Ok(table) => table,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+        Err(e) => return Err(storage("open table")(e)),
+    };
+    let mut claims = Vec::new();
+    for entry in table.iter().map_err(storage("iterate"))? {
+        let (key, value) = entry.map_err(storage("read"))?;
+        claims.push(decode(key.value(), value.value())?);
+    }
+    Ok(claims)
+}
+
 fn decode(key: &str, bytes: &[u8]) -> Result<Claim, LedgerError> {
     serde_json::from_slice(bytes).map_err(|e| LedgerError::Corrupt {
         ip: key.to_string(),
@@ -391,6 +432,25 @@ mod tests {
             "400 concurrent creates took {} commits",
             counters.commits.get()
         );
+    }
+
+    #[tokio::test]
+    async fn a_reader_sees_the_commits_of_an_open_writer_and_writes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
+        assert!(read_claims(dir.path()).unwrap().is_empty());
+        ledger.create(&claim("10.0.0.1", "a")).await.unwrap();
+        let seen = read_claims(dir.path()).unwrap();
+        assert_eq!(seen.len(), 1);
+        assert_eq!(seen[0].pod.name, "a");
+        ledger.create(&claim("10.0.0.2", "b")).await.unwrap();
+        assert_eq!(read_claims(dir.path()).unwrap().len(), 2);
+        ledger.close().await;
+
+        let missing = dir.path().join("nothing-here");
+        let err = read_claims(&missing).unwrap_err().to_string();
+        assert!(err.contains("nothing-here/ledger.redb"), "{err}");
+        assert!(!missing.exists(), "a read created {}", missing.display());
     }
 
     #[tokio::test]

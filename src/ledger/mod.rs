@@ -11,12 +11,14 @@ use serde::{Deserialize, Serialize};
 
 pub mod claim;
 pub mod embedded;
+#[cfg(feature = "etcd")]
 pub mod etcd;
 pub mod kubernetes;
 pub mod memory;
 pub mod timed;
 
 pub use embedded::EmbeddedLedger;
+#[cfg(feature = "etcd")]
 pub use etcd::{EtcdLedger, EtcdOptions};
 pub use kubernetes::KubeLedger;
 pub use memory::MemoryLedger;

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ip_webhook::crd::{IPClaim, IPPool};
+use ip_webhook::crd::{FixedIPPool, IPClaim};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::PostParams;
 use kube::{Api, Client, CustomResourceExt};
@@ -20,8 +20,33 @@ use super::common::TestServer;
 /// A running fakeapi.py and a kubeconfig that points at it.
 pub struct FakeApi {
     child: Child,
-    port: u16,
+    pub port: u16,
     dir: tempfile::TempDir,
+}
+
+/// A kubeconfig for `http://127.0.0.1:PORT` per context; the first is the current one.
+pub fn kubeconfig_yaml(contexts: &[(&str, u16)]) -> String {
+    let mut clusters = String::new();
+    let mut named = String::new();
+    for (name, port) in contexts {
+        clusters.push_str(&format!(
+            "- name: {name}\n  cluster:\n    server: http://127.0.0.1:{port}\n"
+        ));
+        named.push_str(&format!(
+            "- name: {name}\n  context:\n    cluster: {name}\n    user: fake\n"
+        ));
+    }
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n{clusters}contexts:\n{named}current-context: {}\n\
+         users:\n- name: fake\n  user: {{}}\n",
+        contexts[0].0
+    )
+}
+
+/// A loopback port nothing listens on.
+pub fn closed_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
 }
 
 impl FakeApi {
@@ -69,12 +94,7 @@ impl FakeApi {
     }
 
     pub fn kubeconfig_yaml(&self) -> String {
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://127.0.0.1:{}\n\
-             contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n\
-             current-context: fake\nusers:\n- name: fake\n  user: {{}}\n",
-            self.port
-        )
+        kubeconfig_yaml(&[("fake", self.port)])
     }
 
     /// A plain HTTP/1.0 request; the status line's code.
@@ -138,7 +158,7 @@ impl FakeApi {
     pub async fn install_crds(&self) -> Client {
         let client = self.client().await;
         let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-        for crd in [IPPool::crd(), IPClaim::crd()] {
+        for crd in [FixedIPPool::crd(), IPClaim::crd()] {
             crds.create(&PostParams::default(), &crd).await.unwrap();
         }
         client
