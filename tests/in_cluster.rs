@@ -1,5 +1,5 @@
 //! In-cluster mode end to end against `fakeapi.py`, a small in-memory Kubernetes API server
-//! (`<repo>/../shared/tools/fakeapi.py`): webhook replicas with `--ledger kubernetes
+//! (`tests/support/fakeapi.py`, this project's own test tool): webhook replicas with `--ledger kubernetes
 //! --kubeconfig`, racing for the last IP, rebuilding state on restart, and the reconciler
 //! binding, reclaiming and expiring claims and writing FixedIPPool status.
 

@@ -151,6 +151,17 @@ pub fn terminating(claim: &Claim, pod: &PodIdentity<'_>, release_at: u64, now: u
     next
 }
 
+/// `claim` given back: history of which pod name held the IP last. (The kubernetes ledger
+/// deletes the record instead, or keeps a sticky one for its pod name.)
+pub fn released(claim: &Claim, now: u64) -> Claim {
+    let mut next = claim.clone();
+    next.phase = Phase::Released;
+    next.release_at = None;
+    next.sticky = false;
+    next.updated_at = now;
+    next
+}
+
 /// Where a `Terminating` claim's pod is, when its release falls due.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PodPresence {

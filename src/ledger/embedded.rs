@@ -13,8 +13,8 @@ use prometheus_client::metrics::counter::Counter;
 use redb::{ConcurrencyMode, Database, ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::oneshot;
 
-use super::claim::{CreateRule, create_rule, may_step, same_grant};
-use super::{Claim, CreateOutcome, Ledger, LedgerError, Phase, unix_now};
+use super::claim::{CreateRule, create_rule, may_step, released, same_grant};
+use super::{Claim, CreateOutcome, Ledger, LedgerError, unix_now};
 
 const CLAIMS: TableDefinition<&str, &[u8]> = TableDefinition::new("claims");
 const MAX_BATCH: usize = 4096;
@@ -160,12 +160,8 @@ fn commit_batch(db: &Database, batch: Vec<Op>, counters: &CommitCounters) {
                     Op::Release(claim, reply) => {
                         let key = claim.ip.to_string();
                         let changed = match read(&table, &key)? {
-                            Some(mut held) if held.is_held() && same_grant(&held, &claim) => {
-                                held.phase = Phase::Released;
-                                held.release_at = None;
-                                held.sticky = false;
-                                held.updated_at = unix_now();
-                                write(&mut table, &key, &held)?;
+                            Some(held) if held.is_held() && same_grant(&held, &claim) => {
+                                write(&mut table, &key, &released(&held, unix_now()))?;
                                 writes += 1;
                                 true
                             }
@@ -350,7 +346,7 @@ impl Ledger for EmbeddedLedger {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::{PodRef, Source};
+    use crate::ledger::{Phase, PodRef, Source};
 
     fn claim(ip: &str, pod: &str) -> Claim {
         Claim {

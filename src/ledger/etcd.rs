@@ -24,8 +24,8 @@ use etcd_client::{
 
 use tonic::Code as tonic_code;
 
-use super::claim::{CreateRule, create_rule, may_step, same_grant};
-use super::{Claim, CreateOutcome, Ledger, LedgerError, ObservedChange, Phase, unix_now};
+use super::claim::{CreateRule, create_rule, may_step, released, same_grant};
+use super::{Claim, CreateOutcome, Ledger, LedgerError, ObservedChange, unix_now};
 
 /// How many compare failures one create or release tolerates (other replicas writing the same
 /// key between our read and our write) before reporting contention.
@@ -230,6 +230,43 @@ impl EtcdLedger {
         Ok(Err(current))
     }
 
+    /// Replace the record at `key` by `change(record)` (`None`: leave it, answer `false`),
+    /// compared on its revision and retried while it moves under us. `written(record)` says
+    /// whether a record is our own earlier attempt, whose answer was lost.
+    async fn update(
+        &self,
+        key: &str,
+        change: impl Fn(&Claim) -> Option<Claim>,
+        written: impl Fn(&Claim) -> bool,
+    ) -> Result<bool, LedgerError> {
+        let mut record = self.read(key).await?;
+        let mut attempted = false;
+        for _ in 0..MAX_COMPARE_ATTEMPTS {
+            let Some(kv) = record else {
+                return Ok(false);
+            };
+            let held = self.decode(&kv)?;
+            if attempted && written(&held) {
+                return Ok(true);
+            }
+            let Some(next) = change(&held) else {
+                return Ok(false);
+            };
+            attempted = true;
+            let value = serde_json::to_vec(&next).map_err(|e| storage("encode", e))?;
+            match self.write_if(key, Some(kv.mod_revision()), &value).await? {
+                Ok(revision) => {
+                    self.note_seen(key, revision);
+                    return Ok(true);
+                }
+                Err(now) => record = now,
+            }
+        }
+        Err(LedgerError::Storage(format!(
+            "etcd key {key} changed under {MAX_COMPARE_ATTEMPTS} attempts in a row"
+        )))
+    }
+
     fn decode(&self, kv: &KeyValue) -> Result<Claim, LedgerError> {
         let key = String::from_utf8_lossy(kv.key()).into_owned();
         serde_json::from_slice(kv.value()).map_err(|e| LedgerError::Corrupt {
@@ -401,70 +438,22 @@ impl Ledger for EtcdLedger {
     }
 
     async fn release(&self, claim: &Claim) -> Result<bool, LedgerError> {
-        let key = self.key(claim);
-        let mut current = self.read(&key).await?;
-        let mut attempted = false;
-        for _ in 0..MAX_COMPARE_ATTEMPTS {
-            let Some(kv) = current else {
-                return Ok(false);
-            };
-            let mut held = self.decode(&kv)?;
-            let same = same_grant(&held, claim);
-            if attempted && same && !held.is_held() {
-                // our earlier attempt reached etcd before its answer was lost
-                return Ok(true);
-            }
-            if !(held.is_held() && same) {
-                return Ok(false);
-            }
-            attempted = true;
-            held.phase = Phase::Released;
-            held.release_at = None;
-            held.sticky = false;
-            held.updated_at = unix_now();
-            let value = serde_json::to_vec(&held).map_err(|e| storage("encode", e))?;
-            match self.write_if(&key, Some(kv.mod_revision()), &value).await? {
-                Ok(revision) => {
-                    self.note_seen(&key, revision);
-                    return Ok(true);
-                }
-                Err(now) => current = now,
-            }
-        }
-        Err(LedgerError::Storage(format!(
-            "etcd key {key} changed under {MAX_COMPARE_ATTEMPTS} attempts in a row"
-        )))
+        let now = unix_now();
+        self.update(
+            &self.key(claim),
+            |held| (held.is_held() && same_grant(held, claim)).then(|| released(held, now)),
+            |held| same_grant(held, claim) && !held.is_held(),
+        )
+        .await
     }
 
     async fn transition(&self, current: &Claim, next: &Claim) -> Result<bool, LedgerError> {
-        let key = self.key(next);
-        let value = serde_json::to_vec(next).map_err(|e| storage("encode", e))?;
-        let mut record = self.read(&key).await?;
-        let mut attempted = false;
-        for _ in 0..MAX_COMPARE_ATTEMPTS {
-            let Some(kv) = record else {
-                return Ok(false);
-            };
-            let held = self.decode(&kv)?;
-            if attempted && held == *next {
-                // our earlier attempt reached etcd before its answer was lost
-                return Ok(true);
-            }
-            if !may_step(&held, current, next) {
-                return Ok(false);
-            }
-            attempted = true;
-            match self.write_if(&key, Some(kv.mod_revision()), &value).await? {
-                Ok(revision) => {
-                    self.note_seen(&key, revision);
-                    return Ok(true);
-                }
-                Err(now) => record = now,
-            }
-        }
-        Err(LedgerError::Storage(format!(
-            "etcd key {key} changed under {MAX_COMPARE_ATTEMPTS} attempts in a row"
-        )))
+        self.update(
+            &self.key(next),
+            |held| may_step(held, current, next).then(|| next.clone()),
+            |held| held == next,
+        )
+        .await
     }
 
     async fn close(&self) {

@@ -6,8 +6,8 @@ use std::net::IpAddr;
 use async_trait::async_trait;
 use tokio::sync::Mutex;
 
-use super::claim::{CreateRule, create_rule, may_step, same_grant};
-use super::{Claim, CreateOutcome, Ledger, LedgerError, Phase, unix_now};
+use super::claim::{CreateRule, create_rule, may_step, released, same_grant};
+use super::{Claim, CreateOutcome, Ledger, LedgerError, unix_now};
 
 #[derive(Default)]
 pub struct MemoryLedger {
@@ -63,10 +63,7 @@ impl Ledger for MemoryLedger {
         let mut claims = self.claims.lock().await;
         match claims.get_mut(&claim.ip) {
             Some(held) if held.is_held() && same_grant(held, claim) => {
-                held.phase = Phase::Released;
-                held.release_at = None;
-                held.sticky = false;
-                held.updated_at = unix_now();
+                *held = released(held, unix_now());
                 Ok(true)
             }
             _ => Ok(false),
