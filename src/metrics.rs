@@ -699,9 +699,39 @@ mod tests {
         drop(files);
     }
 
-    #[test]
-    fn app_metrics_label_the_apps_namespace_app_namespace() {
+    #[tokio::test]
+    async fn app_metrics_label_the_apps_namespace_app_namespace() {
+        use crate::ledger::{Claim, Ledger, MemoryLedger, Phase, PodRef, Source};
+        // refusals get a series of their own only for apps that hold IPs
+        let ledger = Arc::new(MemoryLedger::new());
+        for (ip, namespace) in [("10.0.0.1", "prod"), ("10.0.0.2", "default")] {
+            let claim = Claim {
+                ip: ip.parse().unwrap(),
+                app: "web".into(),
+                pool: None,
+                pod: PodRef {
+                    namespace: namespace.into(),
+                    name: "web-0".into(),
+                    ..PodRef::default()
+                },
+                request_uid: format!("r-{ip}"),
+                phase: Phase::Bound,
+                source: Source::Allocated,
+                created_at: 1,
+                updated_at: 1,
+                list_size: Some(1),
+                token: String::new(),
+                release_at: None,
+                sticky: false,
+            };
+            ledger.create(&claim).await.unwrap();
+        }
+        let allocator = Arc::new(Allocator::new(ledger).await.unwrap());
         let metrics = Metrics::new();
+        metrics.watch_capacity(
+            allocator,
+            Arc::new(ArcSwap::from_pointee(PoolCatalog::default())),
+        );
         metrics.exhausted("prod", "web", Some("blue"));
         metrics.exhausted("default", "web", None);
         let text = metrics.encode();

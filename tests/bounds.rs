@@ -205,7 +205,7 @@ async fn denied_requests_make_no_metrics_series_and_apps_are_capped() {
     assert_eq!(
         metric(
             &text,
-            "ip_webhook_exhausted_refusals_total{namespace=\"one\",app=\"web\",pool=\"\"}"
+            "ip_webhook_exhausted_refusals_total{app_namespace=\"one\",app=\"web\",pool=\"\"}"
         ),
         1.0,
         "{text}"

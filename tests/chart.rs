@@ -830,7 +830,7 @@ fn cni_pool_kinds_are_validated_when_switched_on() {
         webhook_names(one(&only_pools, "ValidatingWebhookConfiguration")),
         [
             "pods.validate.ip-webhook.io",
-            "ippools.validate.ip-webhook.io",
+            "fixedippools.validate.ip-webhook.io",
             "calico-ippools.validate.ip-webhook.io",
             "cni-pool-deletes.validate.ip-webhook.io"
         ]
@@ -903,7 +903,7 @@ fn kubernetes_before_1_30_selects_pods_by_label_instead_of_cel() {
     }
     // Pools are cluster-scoped objects of ours: every one matters.
     assert!(
-        webhook(validating, "ippools.validate.ip-webhook.io")
+        webhook(validating, "fixedippools.validate.ip-webhook.io")
             .get("objectSelector")
             .is_none()
     );

@@ -28,7 +28,7 @@ async fn admit(server: &TestServer, pod: Value) -> Result<Value, String> {
             .as_str()
             .unwrap_or("")
             .to_string();
-        stored["metadata"]["name"] = json!(format!("{prefix}{}", next_uid("")[1..6].to_string()));
+        stored["metadata"]["name"] = json!(format!("{prefix}{}", &next_uid("")[..5]));
     }
     stored["metadata"]["uid"] = json!(next_uid("pod"));
     let validated = server
