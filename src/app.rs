@@ -216,11 +216,19 @@ async fn open_etcd(args: &WebhookArgs) -> anyhow::Result<Arc<EtcdLedger>> {
 fn spawn_etcd_watch(ledger: Arc<EtcdLedger>, allocator: std::sync::Weak<Allocator>) {
     tokio::spawn(async move {
         ledger
-            .watch(|change| {
-                if let Some(allocator) = allocator.upgrade() {
-                    allocator.apply_observed(change);
-                }
-            })
+            .watch(
+                |change| {
+                    if let Some(allocator) = allocator.upgrade() {
+                        allocator.apply_observed(change);
+                    }
+                },
+                |claims| {
+                    if let Some(allocator) = allocator.upgrade() {
+                        // etcd: a released record locks its IP only while kept (sticky)
+                        allocator.replace_all(claims.into_iter().filter(|c| c.locks_ip()).collect());
+                    }
+                },
+            )
             .await;
     });
 }

@@ -278,6 +278,10 @@ pub struct EtcdArgs {
     /// Deadline of one etcd request, and of the retries of one ledger write.
     #[arg(long, default_value = "5s", value_parser = parse_duration, value_name = "DURATION")]
     pub etcd_timeout: Duration,
+    /// Reload every claim under the prefix this often and repair the index (also done after
+    /// the watch lost history to compaction, and after it reconnected).
+    #[arg(long, default_value = "5m", value_parser = parse_duration, value_name = "DURATION")]
+    pub etcd_resync_period: Duration,
 }
 
 impl EtcdArgs {
@@ -289,6 +293,7 @@ impl EtcdArgs {
             cert_file: self.etcd_cert_file.clone(),
             key_file: self.etcd_key_file.clone(),
             timeout: self.etcd_timeout,
+            resync_period: self.etcd_resync_period.max(Duration::from_secs(1)),
         }
     }
 }

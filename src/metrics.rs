@@ -450,6 +450,16 @@ impl Metrics {
             "Claims of pods gone without a release, reclaimed by the reconciler (or the leak sweeper)",
             leaks_reclaimed.clone(),
         );
+        registry.register(
+            "ledger_corrupt_records",
+            "Ledger records that could not be read (hand-edited or foreign), skipped; their IP stays held",
+            crate::ledger::corrupt_records().clone(),
+        );
+        registry.register(
+            "ledger_index_resyncs",
+            "Times the index was reloaded whole from a shared ledger (etcd: compaction gap, reconnect, --resync-period)",
+            crate::ledger::index_resyncs().clone(),
+        );
         // 50 µs .. ~13 s
         let ledger_latency = Family::<LedgerLabels, Histogram>::new_with_constructor(|| {
             Histogram::new(exponential_buckets(0.00005, 2.0, 19))

@@ -257,7 +257,10 @@ pub async fn watch_claims(api: Api<IPClaim>, caches: Arc<Caches>, allocator: Arc
                     Ok(parsed) => {
                         allocator.apply_observed(ObservedChange::Held(parsed));
                     }
-                    Err(error) => tracing::warn!(%error, "ignoring an IPClaim"),
+                    Err(error) => crate::ledger::skip_corrupt(
+                        &error,
+                        "ignoring an IPClaim that cannot be read (its IP stays held)",
+                    ),
                 }
                 claims.insert(name, claim);
             }

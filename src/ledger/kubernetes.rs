@@ -18,7 +18,10 @@ use kube::api::{DeleteParams, ListParams, PostParams, Preconditions};
 use kube::{Api, Client};
 
 use super::claim::{CreateRule, create_rule, may_step, same_grant};
-use super::{Claim, CreateOutcome, Ledger, LedgerError, Phase, PodRef, Source, unix_now};
+use super::{
+    Claim, CreateOutcome, Ledger, LedgerError, Phase, PodRef, Source, skip_corrupt,
+    unix_now, unreadable_holder,
+};
 use crate::crd::{IPClaim, IPClaimSpec, IPClaimStatus};
 
 /// How many times `create` retries when the record it collided with vanished meanwhile.
@@ -138,11 +141,20 @@ pub fn from_resource(resource: &IPClaim) -> Result<Claim, LedgerError> {
         .ip
         .parse()
         .map_err(|_| corrupt(format!("spec.ip {:?} is not an IP", resource.spec.ip)))?;
-    if ip_from_claim_name(&name) != Some(ip) {
-        return Err(corrupt(format!(
-            "the name does not encode spec.ip {ip} (expected {})",
-            claim_name(&ip)
-        )));
+    match ip_from_claim_name(&name) {
+        Some(named) if named == ip => {}
+        Some(named) => {
+            return Err(corrupt(format!(
+                "its name stands for {named} but spec.ip is {ip} (the IPClaim for {ip} would be named {})",
+                claim_name(&ip)
+            )));
+        }
+        None => {
+            return Err(corrupt(format!(
+                "its name {name:?} encodes no IP (spec.ip is {ip}, whose IPClaim would be named {})",
+                claim_name(&ip)
+            )));
+        }
     }
     let created_at = resource
         .metadata
@@ -267,7 +279,7 @@ impl Ledger for KubeLedger {
         for resource in &list.items {
             match from_resource(resource) {
                 Ok(claim) => claims.push(claim),
-                Err(error) => tracing::warn!(%error, "skipping an IPClaim"),
+                Err(error) => skip_corrupt(&error, "skipping an IPClaim that cannot be read"),
             }
         }
         Ok(claims)
@@ -289,7 +301,18 @@ impl Ledger for KubeLedger {
                 Ok(None) => continue,
                 Err(error) => return Err(storage(&format!("reading IPClaim {name}"), error)),
             };
-            let held = from_resource(&existing)?;
+            let held = match from_resource(&existing) {
+                Ok(held) => held,
+                Err(error) => {
+                    // the object of this name exists, so the IP cannot be claimed here: the
+                    // allocator tries the next one; an operator repairs or deletes the record
+                    skip_corrupt(&error, "an unreadable IPClaim holds this IP; not taking it");
+                    return Ok(CreateOutcome::AlreadyHeld(Box::new(unreadable_holder(
+                        claim.ip,
+                        &format!("IPClaim {name}"),
+                    ))));
+                }
+            };
             match create_rule(Some(&held), claim) {
                 CreateRule::Write => {
                     self.delete_exact(&existing).await?;
@@ -311,7 +334,13 @@ impl Ledger for KubeLedger {
             Ok(None) => return Ok(false),
             Err(error) => return Err(storage(&format!("reading IPClaim {name}"), error)),
         };
-        let held = from_resource(&existing)?;
+        let held = match from_resource(&existing) {
+            Ok(held) => held,
+            Err(error) => {
+                skip_corrupt(&error, "not releasing an IPClaim that cannot be read");
+                return Ok(false);
+            }
+        };
         if !held.is_held() || !same_grant(&held, claim) {
             return Ok(false);
         }
@@ -344,7 +373,13 @@ impl Ledger for KubeLedger {
             Ok(None) => return Ok(false),
             Err(error) => return Err(storage(&format!("reading IPClaim {name}"), error)),
         };
-        let held = from_resource(&existing)?;
+        let held = match from_resource(&existing) {
+            Ok(held) => held,
+            Err(error) => {
+                skip_corrupt(&error, "not changing an IPClaim that cannot be read");
+                return Ok(false);
+            }
+        };
         if !may_step(&held, current, next) {
             return Ok(false);
         }
@@ -510,9 +545,9 @@ mod tests {
         });
         resource.spec.ip = "10.0.0.6".into();
         let error = from_resource(&resource).unwrap_err().to_string();
-        assert!(
-            error.contains("does not encode spec.ip 10.0.0.6"),
-            "{error}"
+        assert_eq!(
+            error,
+            "ledger record for 10.0.0.5 is corrupt: its name stands for 10.0.0.5 but spec.ip is 10.0.0.6 (the IPClaim for 10.0.0.6 would be named 10.0.0.6)"
         );
     }
 }

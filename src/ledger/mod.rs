@@ -121,6 +121,54 @@ impl Claim {
     }
 }
 
+/// Records a ledger could not read (hand-edited, written by something else): skipped by
+/// `load` and the watches, treated as holding their IP by `create`; each one logged and
+/// counted here (`ip_webhook_ledger_corrupt_records_total`).
+pub fn corrupt_records() -> &'static prometheus_client::metrics::counter::Counter {
+    static COUNTER: std::sync::OnceLock<prometheus_client::metrics::counter::Counter> =
+        std::sync::OnceLock::new();
+    COUNTER.get_or_init(Default::default)
+}
+
+/// Times a shared ledger's index was reloaded whole (etcd: after a compaction gap, a
+/// reconnect, or every `--resync-period`): `ip_webhook_ledger_index_resyncs_total`.
+pub fn index_resyncs() -> &'static prometheus_client::metrics::counter::Counter {
+    static COUNTER: std::sync::OnceLock<prometheus_client::metrics::counter::Counter> =
+        std::sync::OnceLock::new();
+    COUNTER.get_or_init(Default::default)
+}
+
+/// Log and count a record that could not be read, and say what was done with it.
+pub fn skip_corrupt(error: &LedgerError, what: &str) {
+    corrupt_records().inc();
+    tracing::warn!(%error, "{what}");
+}
+
+/// A stand-in for a record that exists on `ip` but cannot be read: it holds the IP (nothing
+/// may be written over it) and names itself in refusals.
+pub fn unreadable_holder(ip: IpAddr, record: &str) -> Claim {
+    Claim {
+        ip,
+        app: String::new(),
+        pool: None,
+        pod: PodRef {
+            namespace: String::new(),
+            name: format!("(unreadable ledger record {record})"),
+            generate_name: String::new(),
+            uid: None,
+        },
+        request_uid: String::new(),
+        phase: Phase::Bound,
+        source: Source::Allocated,
+        created_at: 0,
+        updated_at: 0,
+        list_size: None,
+        token: String::new(),
+        release_at: None,
+        sticky: false,
+    }
+}
+
 pub fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
