@@ -577,3 +577,44 @@ impl Ledger for EtcdLedger {
         self.closed.send_replace(true);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixes_get_one_leading_and_one_trailing_slash() {
+        for (given, want) in [
+            ("/ip-webhook/", "/ip-webhook/"),
+            ("ip-webhook/", "/ip-webhook/"),
+            ("ip-webhook", "/ip-webhook/"),
+            ("//ip-webhook//", "/ip-webhook/"),
+            ("/a/b", "/a/b/"),
+            ("", "/"),
+            ("///", "/"),
+        ] {
+            assert_eq!(normalize_prefix(given), want, "{given:?}");
+        }
+    }
+
+    #[test]
+    fn a_record_on_another_ip_than_its_key_is_corrupt_and_named() {
+        let claim = crate::ledger::unreadable_holder("10.0.0.9".parse().unwrap(), "x");
+        let value = serde_json::to_vec(&claim).unwrap();
+        let error = decode_record("/p/", b"/p/10.0.0.1", &value)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            error,
+            "ledger record for 10.0.0.1 is corrupt: etcd key /p/10.0.0.1 holds a claim on 10.0.0.9, not on the IP its key names"
+        );
+        assert!(decode_record("/p/", b"/p/10.0.0.9", &value).is_ok());
+        let error = decode_record("/p/", b"/p/10.0.0.1", b"{")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.starts_with("ledger record for 10.0.0.1 is corrupt: etcd key /p/10.0.0.1 does not hold a claim"),
+            "{error}"
+        );
+    }
+}
