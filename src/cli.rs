@@ -189,6 +189,11 @@ pub struct WebhookArgs {
     /// is released once the pod is verified gone (with an API server), or at once (without).
     #[arg(long, default_value = "5s", value_parser = parse_duration, value_name = "DURATION")]
     pub release_delay: Duration,
+    /// Every ledger call of one admission ends by this long after the review arrived; later,
+    /// the admission is denied (and a claim that lands anyway is rolled back). Keep it below
+    /// the webhook's timeoutSeconds (the chart sets timeoutSeconds − 1 s).
+    #[arg(long, default_value = "4s", value_parser = parse_duration, value_name = "DURATION")]
+    pub admission_deadline: Duration,
     /// Talk to the API server described by this kubeconfig (selects --ledger kubernetes unless
     /// --ledger is given; with etcd or embedded, pods are looked up there to free leaked IPs).
     #[arg(long, value_name = "FILE")]

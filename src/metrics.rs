@@ -162,6 +162,8 @@ pub struct Metrics {
     /// with etcd or embedded, every claim the leak sweeper frees.
     pub leaks_reclaimed: Counter,
     pub ledger: CommitCounters,
+    /// Whether the ledger can serve (failures in a row, since when): `/readyz` reads it.
+    pub ledger_health: Arc<crate::ledger::health::LedgerHealth>,
     /// Time of each ledger call, by ledger and operation.
     pub ledger_latency: Family<LedgerLabels, Histogram>,
     pub tls_reloads: Family<ResultLabels, Counter>,
@@ -534,6 +536,7 @@ impl Metrics {
             reservations_expired,
             leaks_reclaimed,
             ledger,
+            ledger_health: Arc::new(crate::ledger::health::LedgerHealth::new()),
             ledger_latency,
             tls_reloads,
             certificate_expiry,

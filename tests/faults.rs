@@ -329,3 +329,75 @@ fn etcd_prefix_spellings_share_one_key_space() {
         }
     });
 }
+
+async fn wait_readyz(server: &common::TestServer, want: u16, within: Duration) -> String {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let (code, body) = server.admin_get("/readyz").await;
+        if code == want {
+            return body;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "/readyz stayed {code} ({body:?}), expected {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Finding 8: `/readyz` stayed 200 while the API server answered 500 to everything. Now it
+/// turns 503 after a few failed ledger calls (the prober asks every second), says why, and
+/// recovers by itself once the API server answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_turns_503_while_the_api_server_fails_and_recovers() {
+    let fake = fakeapi::FakeApi::start();
+    fake.install_crds().await;
+    let replica = fake.replica(&[]).await;
+    wait_readyz(&replica, 200, Duration::from_secs(5)).await;
+    fake.control(
+        "/fake/fail",
+        serde_json::json!({"method": "GET", "path": "ipclaims", "code": 500, "count": 100000}),
+    );
+    let why = wait_readyz(&replica, 503, Duration::from_secs(10)).await;
+    assert!(
+        why.contains("not ready: the ledger failed") && why.contains("500"),
+        "{why}"
+    );
+    fake.control("/fake/fail", serde_json::json!({"clear": true}));
+    wait_readyz(&replica, 200, Duration::from_secs(10)).await;
+}
+
+/// Finding 8 with etcd: `/readyz` stayed 200 while etcd was down. Now 503 while it is, 200
+/// again after it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_follows_etcd_down_and_back() {
+    let binary = etcd_cluster::etcd_binary("readyz_follows_etcd_down_and_back");
+    let mut cluster = tokio::task::spawn_blocking(move || {
+        etcd_cluster::EtcdCluster::start(&binary, 1)
+    })
+    .await
+    .unwrap();
+    let endpoints = cluster.endpoints_flag();
+    let replica = common::TestServer::start(&[
+        "--ledger",
+        "etcd",
+        "--etcd-endpoints",
+        &endpoints,
+        "--etcd-timeout",
+        "1s",
+    ])
+    .await;
+    wait_readyz(&replica, 200, Duration::from_secs(10)).await;
+    cluster.kill(0);
+    let why = wait_readyz(&replica, 503, Duration::from_secs(15)).await;
+    assert!(why.contains("not ready:"), "{why}");
+    let cluster = tokio::task::spawn_blocking(move || {
+        cluster.restart(0);
+        cluster.wait_healthy(Duration::from_secs(20));
+        cluster
+    })
+    .await
+    .unwrap();
+    wait_readyz(&replica, 200, Duration::from_secs(30)).await;
+    drop(cluster);
+}

@@ -572,6 +572,12 @@ impl Ledger for EtcdLedger {
         )))
     }
 
+    async fn ping(&self) -> Result<(), LedgerError> {
+        self.retrying("status", |mut client| async move { client.status().await })
+            .await
+            .map(|_| ())
+    }
+
     async fn close(&self) {
         // every acknowledged write is already durable in etcd; only refuse new calls
         self.closed.send_replace(true);

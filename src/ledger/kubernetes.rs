@@ -285,6 +285,14 @@ impl Ledger for KubeLedger {
         Ok(claims)
     }
 
+    async fn ping(&self) -> Result<(), LedgerError> {
+        self.api
+            .list(&ListParams::default().limit(1))
+            .await
+            .map(|_| ())
+            .map_err(|e| storage("listing IPClaims", e))
+    }
+
     async fn create(&self, claim: &Claim) -> Result<CreateOutcome, LedgerError> {
         let name = claim_name(&claim.ip);
         let resource = to_resource(claim);

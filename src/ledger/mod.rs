@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 pub mod claim;
 pub mod embedded;
 pub mod etcd;
+pub mod health;
 pub mod kubernetes;
 pub mod memory;
 pub mod timed;
@@ -240,6 +241,12 @@ pub trait Ledger: Send + Sync + 'static {
     /// the record there is still `current`'s grant and the step is one [`claim::may_step`]
     /// allows. Returns whether a record changed.
     async fn transition(&self, current: &Claim, next: &Claim) -> Result<bool, LedgerError>;
+
+    /// A cheap call that answers only when the ledger can serve (the readiness prober uses
+    /// it while no admission arrives). In-process ledgers always can.
+    async fn ping(&self) -> Result<(), LedgerError> {
+        Ok(())
+    }
 
     /// Flush and stop; later calls fail with [`LedgerError::Closed`].
     async fn close(&self) {}
