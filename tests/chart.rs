@@ -2289,3 +2289,31 @@ async fn alerts_and_dashboard_query_the_metrics_and_labels_the_server_exports() 
         all.contains("process_resident_memory_bytes") && all.contains("process_cpu_seconds_total")
     );
 }
+
+/// The admission deadline ends every admission's ledger calls 1 s before the shortest
+/// webhook timeout, so a slow ledger is a clear denial rather than an API server timeout.
+#[test]
+fn the_admission_deadline_is_below_the_shortest_webhook_timeout() {
+    let Some(helm) = helm() else { return };
+    let deadline = |set: &[&str]| {
+        args(&render(&helm, set, "1.31.0"))
+            .into_iter()
+            .find(|a| a.starts_with("--admission-deadline="))
+            .expect("the deployment passes --admission-deadline")
+    };
+    assert_eq!(deadline(&[]), "--admission-deadline=4s");
+    assert_eq!(
+        deadline(&[
+            "mutatingWebhook.timeoutSeconds=10",
+            "validatingWebhook.timeoutSeconds=3"
+        ]),
+        "--admission-deadline=2s"
+    );
+    assert_eq!(
+        deadline(&[
+            "mutatingWebhook.timeoutSeconds=1",
+            "validatingWebhook.timeoutSeconds=1"
+        ]),
+        "--admission-deadline=1s"
+    );
+}
