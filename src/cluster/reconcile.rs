@@ -94,7 +94,8 @@ pub enum Action {
         claim: Arc<IPClaim>,
         reason: DropReason,
     },
-    /// A live pod carries an IP that has no record (its admission's record was lost): record it.
+    /// A live pod that carries a claim token (so our webhooks admitted it) and an IP that has
+    /// no record (its admission's record was lost): record it. Never a pod without a token.
     Adopt { ip: IpAddr, pod: PodInfo },
 }
 
@@ -214,6 +215,13 @@ pub fn plan(
     let mut live: Vec<&PodInfo> = pods.values().filter(|p| !p.terminating).collect();
     live.sort_by_key(|pod| (pod.created_at, pod.uid.clone()));
     for pod in live {
+        // Only a pod carrying a claim token was admitted by us: the webhooks see every pod
+        // with one of our markers, and `/validate` refuses a token the ledger does not back.
+        // A bare label or CNI annotation (a pod created while no webhook saw it) is never
+        // recorded: it would hold an IP of any app or pool for whoever wrote it.
+        if pod.token.is_none() {
+            continue;
+        }
         for ip in &pod.ips {
             if !recorded.contains(ip) && adopted.insert(*ip) {
                 plan.actions.push(Action::Adopt {
@@ -490,6 +498,7 @@ mod tests {
 
     const T0: u64 = 1_700_000_000;
     const TOKEN: &str = "0123456789abcdef0123456789abcdef";
+    const OTHER_TOKEN: &str = "fedcba9876543210fedcba9876543210";
     const RULES: Rules = Rules {
         reservation_ttl: 120,
         sticky_grace: 300,
@@ -700,13 +709,33 @@ mod tests {
 
     #[test]
     fn a_pod_carrying_an_unrecorded_ip_is_adopted_once() {
-        let a = pod("default", "a", "uid-a", "10.0.0.5", T0);
-        let b = pod("default", "b", "uid-b", "10.0.0.5", T0 + 1);
+        let mut a = pod("default", "a", "uid-a", "10.0.0.5", T0);
+        a.token = Some(TOKEN.into());
+        let mut b = pod("default", "b", "uid-b", "10.0.0.5", T0 + 1);
+        b.token = Some(OTHER_TOKEN.into());
         let mut gone = pod("default", "c", "uid-c", "10.0.0.6", T0);
         gone.terminating = true;
+        gone.token = Some(TOKEN.into());
         assert_eq!(
             summary(&plan(&[], &pods(&[b, a, gone]), T0 + 2, RULES)),
             ["adopt 10.0.0.5 uid-a"]
+        );
+    }
+
+    /// Finding 2: a pod created in `dev` with only `ip-webhook.io/allocated-ip: 10.97.9.5`
+    /// (no webhook saw it) was adopted as a Bound claim, and `prod/db-0`, whose list is
+    /// exactly that IP, was refused. A pod without a claim token is never adopted.
+    #[test]
+    fn a_bare_label_is_never_adopted() {
+        let squat = pod("dev", "squat", "uid-s", "10.97.9.5", T0);
+        assert_eq!(squat.token, None);
+        assert!(summary(&plan(&[], &pods(&[squat.clone()]), T0 + 2, RULES)).is_empty());
+        // the same pod with a token our webhooks admitted is recorded
+        let mut admitted = squat;
+        admitted.token = Some(TOKEN.into());
+        assert_eq!(
+            summary(&plan(&[], &pods(&[admitted]), T0 + 2, RULES)),
+            ["adopt 10.97.9.5 uid-s"]
         );
     }
 }

@@ -248,7 +248,10 @@ mod tests {
             delay: std::time::Duration::from_millis(300),
         });
         let health = Arc::new(LedgerHealth::new());
-        let ledger = TimedLedger::wrap_watched(slow.clone(), Family::default(), health.clone());
+        let latency = Family::<LedgerLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new([0.001].into_iter())
+        });
+        let ledger = TimedLedger::wrap_watched(slow.clone(), latency, health.clone());
         let claim = Claim {
             ip: "10.0.0.1".parse().unwrap(),
             app: "web".into(),
