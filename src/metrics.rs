@@ -162,6 +162,8 @@ pub struct Metrics {
     /// with etcd or embedded, every claim the leak sweeper frees.
     pub leaks_reclaimed: Counter,
     pub ledger: CommitCounters,
+    /// IPs that two or more live pods carry, as the reconciler last saw (in-cluster).
+    pub duplicate_ips: Gauge,
     /// Whether the ledger can serve (failures in a row, since when): `/readyz` reads it.
     pub ledger_health: Arc<crate::ledger::health::LedgerHealth>,
     /// Time of each ledger call, by ledger and operation.
@@ -452,6 +454,12 @@ impl Metrics {
             "Claims of pods gone without a release, reclaimed by the reconciler (or the leak sweeper)",
             leaks_reclaimed.clone(),
         );
+        let duplicate_ips = Gauge::default();
+        registry.register(
+            "duplicate_ips",
+            "IPs that two or more live pods carry, as the reconciler's last pass saw (Warning Events DuplicateIP on the pods)",
+            duplicate_ips.clone(),
+        );
         registry.register(
             "ledger_corrupt_records",
             "Ledger records that could not be read (hand-edited or foreign), skipped; their IP stays held",
@@ -536,6 +544,7 @@ impl Metrics {
             reservations_expired,
             leaks_reclaimed,
             ledger,
+            duplicate_ips,
             ledger_health: Arc::new(crate::ledger::health::LedgerHealth::new()),
             ledger_latency,
             tls_reloads,

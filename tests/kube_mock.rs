@@ -373,6 +373,7 @@ fn executor(client: &Client) -> Executor {
             },
         ),
         metrics: Arc::new(ip_webhook::metrics::Metrics::new()),
+        reported_duplicates: Default::default(),
     }
 }
 

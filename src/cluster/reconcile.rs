@@ -99,11 +99,46 @@ pub enum Action {
     Adopt { ip: IpAddr, pod: PodInfo },
 }
 
+/// One IP carried by more than one live pod: never granted so by the webhook, but possible
+/// after a refused deletion, a deleted IPClaim or a hand-written IP. Reported, not repaired:
+/// the older pod keeps (or is adopted into) the claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Duplicate {
+    pub ip: IpAddr,
+    /// Oldest first (creation time, then UID).
+    pub pods: Vec<PodInfo>,
+}
+
 /// The plan for one pass, and when the next time-driven change falls due (unix seconds).
 #[derive(Debug, Default)]
 pub struct Plan {
     pub actions: Vec<Action>,
     pub next_due: Option<u64>,
+    /// IPs that two or more live pods carry.
+    pub duplicates: Vec<Duplicate>,
+}
+
+/// Every IP that two or more live (not terminating) pods carry, by IP.
+pub fn duplicates(pods: &HashMap<String, PodInfo>) -> Vec<Duplicate> {
+    let mut by_ip: HashMap<IpAddr, Vec<&PodInfo>> = HashMap::new();
+    for pod in pods.values().filter(|p| !p.terminating) {
+        for ip in &pod.ips {
+            by_ip.entry(*ip).or_default().push(pod);
+        }
+    }
+    let mut out: Vec<Duplicate> = by_ip
+        .into_iter()
+        .filter(|(_, carriers)| carriers.len() > 1)
+        .map(|(ip, mut carriers)| {
+            carriers.sort_by_key(|pod| (pod.created_at, pod.uid.clone()));
+            Duplicate {
+                ip,
+                pods: carriers.into_iter().cloned().collect(),
+            }
+        })
+        .collect();
+    out.sort_by_key(|d| d.ip);
+    out
 }
 
 impl Plan {
@@ -211,6 +246,7 @@ pub fn plan(
             }
         }
     }
+    plan.duplicates = duplicates(pods);
     let mut adopted: HashSet<IpAddr> = HashSet::new();
     let mut live: Vec<&PodInfo> = pods.values().filter(|p| !p.terminating).collect();
     live.sort_by_key(|pod| (pod.created_at, pod.uid.clone()));
@@ -271,6 +307,8 @@ pub struct Executor {
     pub recorder: Recorder,
     /// Counts reclaimed leaks and expired reservations.
     pub metrics: Arc<Metrics>,
+    /// Duplicates already reported (IP and the UIDs carrying it): one Event each.
+    pub reported_duplicates: std::sync::Mutex<HashSet<(IpAddr, Vec<String>)>>,
 }
 
 fn exact(resource: &IPClaim) -> Preconditions {
@@ -463,6 +501,67 @@ impl Executor {
         };
         if let Err(error) = self.recorder.publish(&event, &claim.object_ref(&())).await {
             tracing::warn!(%error, reason, "could not publish an Event");
+        }
+    }
+
+    /// Set `ip_webhook_duplicate_ips`, and for each duplicate not reported before, log it and
+    /// record a Warning Event on every pod that carries the IP (the older one keeps it).
+    pub async fn report_duplicates(&self, duplicates: &[Duplicate]) {
+        self.metrics
+            .duplicate_ips
+            .set(i64::try_from(duplicates.len()).unwrap_or(i64::MAX));
+        let current: HashSet<(IpAddr, Vec<String>)> = duplicates
+            .iter()
+            .map(|d| (d.ip, d.pods.iter().map(|p| p.uid.clone()).collect()))
+            .collect();
+        let fresh: Vec<&Duplicate> = {
+            let mut reported = self
+                .reported_duplicates
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let fresh = duplicates
+                .iter()
+                .filter(|d| {
+                    !reported.contains(&(d.ip, d.pods.iter().map(|p| p.uid.clone()).collect()))
+                })
+                .collect();
+            *reported = current;
+            fresh
+        };
+        for duplicate in fresh {
+            let names: Vec<String> = duplicate
+                .pods
+                .iter()
+                .map(|p| format!("{}/{}", p.namespace, p.name))
+                .collect();
+            tracing::error!(ip = %duplicate.ip, pods = ?names, "two or more live pods carry one IP");
+            let note = format!(
+                "IP {} is carried by {} live pods: {} (the oldest, {}, keeps it; delete the others)",
+                duplicate.ip,
+                names.len(),
+                names.join(", "),
+                names[0]
+            );
+            for pod in &duplicate.pods {
+                let reference = k8s_openapi::api::core::v1::ObjectReference {
+                    api_version: Some("v1".into()),
+                    kind: Some("Pod".into()),
+                    name: Some(pod.name.clone()),
+                    namespace: Some(pod.namespace.clone()),
+                    uid: Some(pod.uid.clone()),
+                    ..Default::default()
+                };
+                let event = KubeEvent {
+                    type_: EventType::Warning,
+                    reason: "DuplicateIP".into(),
+                    note: Some(note.clone()),
+                    action: "Reconcile".into(),
+                    secondary: None,
+                };
+                if let Err(error) = self.recorder.publish(&event, &reference).await {
+                    tracing::warn!(%error, "could not publish a DuplicateIP Event");
+                }
+            }
         }
     }
 
@@ -737,5 +836,32 @@ mod tests {
             summary(&plan(&[], &pods(&[admitted]), T0 + 2, RULES)),
             ["adopt 10.97.9.5 uid-s"]
         );
+    }
+
+    /// Finding 4: two live pods on one IP were never noticed. Each pass reports every IP
+    /// that two or more live pods carry, oldest first; a terminating pod does not count.
+    #[test]
+    fn two_live_pods_on_one_ip_are_reported_oldest_first() {
+        let mut older = pod("default", "a", "uid-a", "10.0.0.5", T0);
+        older.token = Some(TOKEN.into());
+        let newer = pod("prod", "b", "uid-b", "10.0.0.5", T0 + 3);
+        let mut leaving = pod("default", "c", "uid-c", "10.0.0.6", T0);
+        leaving.terminating = true;
+        let other = pod("default", "d", "uid-d", "10.0.0.6", T0 + 1);
+        let plan = plan(
+            &[],
+            &pods(&[newer.clone(), older.clone(), leaving, other]),
+            T0 + 5,
+            RULES,
+        );
+        assert_eq!(
+            plan.duplicates,
+            vec![Duplicate {
+                ip: "10.0.0.5".parse().unwrap(),
+                pods: vec![older, newer],
+            }]
+        );
+        // the claim goes to the older pod
+        assert_eq!(summary(&plan), ["adopt 10.0.0.5 uid-a"]);
     }
 }
