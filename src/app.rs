@@ -230,7 +230,8 @@ fn spawn_etcd_watch(ledger: Arc<EtcdLedger>, allocator: std::sync::Weak<Allocato
                 |claims| {
                     if let Some(allocator) = allocator.upgrade() {
                         // etcd: a released record locks its IP only while kept (sticky)
-                        allocator.replace_all(claims.into_iter().filter(|c| c.locks_ip()).collect());
+                        allocator
+                            .replace_all(claims.into_iter().filter(|c| c.locks_ip()).collect());
                     }
                 },
             )

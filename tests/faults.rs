@@ -85,7 +85,10 @@ async fn a_hand_edited_ipclaim_does_not_block_its_app() {
     let set = parse_ip_spec("10.97.12.1-10.97.12.3").unwrap();
 
     let first = Allocator::new(ledger.clone()).await.unwrap();
-    let got = first.allocate(&request(&set, "web-a", "req-a")).await.unwrap();
+    let got = first
+        .allocate(&request(&set, "web-a", "req-a"))
+        .await
+        .unwrap();
     assert_eq!(got.ips, vec![ip("10.97.12.1")]);
     let held = first.holder(&ip("10.97.12.1")).unwrap();
 
@@ -103,24 +106,36 @@ async fn a_hand_edited_ipclaim_does_not_block_its_app() {
     let skipped_before = corrupt_records().get();
     // a replica starting now: load skips the record instead of failing
     let second = Allocator::new(ledger.clone()).await.unwrap();
-    assert!(corrupt_records().get() > skipped_before, "the skip is counted");
+    assert!(
+        corrupt_records().get() > skipped_before,
+        "the skip is counted"
+    );
     assert!(second.holder(&ip("10.97.12.1")).is_none());
 
     // the allocator tries .1 (free in its index), meets the unreadable record, takes .2
-    let got = second.allocate(&request(&set, "web-b", "req-b")).await.unwrap();
+    let got = second
+        .allocate(&request(&set, "web-b", "req-b"))
+        .await
+        .unwrap();
     assert_eq!(got.ips, vec![ip("10.97.12.2")]);
     let stand_in = second.holder(&ip("10.97.12.1")).expect(".1 stays held");
     assert!(
         stand_in.pod.name.contains("IPClaim 10.97.12.1"),
         "{stand_in:?}"
     );
-    let got = second.allocate(&request(&set, "web-c", "req-c")).await.unwrap();
+    let got = second
+        .allocate(&request(&set, "web-c", "req-c"))
+        .await
+        .unwrap();
     assert_eq!(got.ips, vec![ip("10.97.12.3")]);
 
     // a release or phase change of the unreadable record changes nothing and is no error
     assert!(!ledger.release(&held).await.unwrap());
     let object = claims_get(&fake, "10.97.12.1").await;
-    assert_eq!(object.spec.ip, "10.97.12.9", "the record is left for the operator");
+    assert_eq!(
+        object.spec.ip, "10.97.12.9",
+        "the record is left for the operator"
+    );
 }
 
 async fn claims_get(fake: &fakeapi::FakeApi, name: &str) -> IPClaim {
@@ -156,16 +171,24 @@ fn unreadable_etcd_records_do_not_block_an_app() {
         let edited = value.replace("\"10.97.12.1\"", "\"10.97.12.9\"");
         assert_ne!(edited, value);
         raw.put(key, edited, None).await.unwrap();
-        raw.put("/faults/10.97.12.3", "not json", None).await.unwrap();
+        raw.put("/faults/10.97.12.3", "not json", None)
+            .await
+            .unwrap();
 
         let skipped_before = corrupt_records().get();
         let second = Allocator::new(ledger.clone())
             .await
             .expect("load skips what it cannot read");
         assert!(corrupt_records().get() >= skipped_before + 2);
-        let got = second.allocate(&request(&set, "web-b", "req-b")).await.unwrap();
+        let got = second
+            .allocate(&request(&set, "web-b", "req-b"))
+            .await
+            .unwrap();
         assert_eq!(got.ips, vec![ip("10.97.12.2")]);
-        let got = second.allocate(&request(&set, "web-c", "req-c")).await.unwrap();
+        let got = second
+            .allocate(&request(&set, "web-c", "req-c"))
+            .await
+            .unwrap();
         assert_eq!(got.ips, vec![ip("10.97.12.4")]);
         let error = second
             .allocate(&request(&set, "web-d", "req-d"))
@@ -240,7 +263,10 @@ fn etcd_index_is_reloaded_after_a_compaction_gap() {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        assert!(index_resyncs().get() > resyncs_before, "the reload is counted");
+        assert!(
+            index_resyncs().get() > resyncs_before,
+            "the reload is counted"
+        );
         let got = a.allocate(&request(&set, "web-b", "req-b")).await.unwrap();
         assert_eq!(got.ips, vec![ip("10.97.30.1")]);
     });
@@ -372,11 +398,10 @@ async fn readyz_turns_503_while_the_api_server_fails_and_recovers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_follows_etcd_down_and_back() {
     let binary = etcd_cluster::etcd_binary("readyz_follows_etcd_down_and_back");
-    let mut cluster = tokio::task::spawn_blocking(move || {
-        etcd_cluster::EtcdCluster::start(&binary, 1)
-    })
-    .await
-    .unwrap();
+    let mut cluster =
+        tokio::task::spawn_blocking(move || etcd_cluster::EtcdCluster::start(&binary, 1))
+            .await
+            .unwrap();
     let endpoints = cluster.endpoints_flag();
     let replica = common::TestServer::start(&[
         "--ledger",

@@ -1414,14 +1414,18 @@ async fn duplicates_are_reported_and_a_bare_label_is_not_adopted() {
         .unwrap();
 
     let events: Api<Event> = Api::namespaced(client.clone(), "default");
-    let warned = eventually("DuplicateIP events on both pods", Duration::from_secs(20), || async {
-        let found = events_with_reason(&events, "DuplicateIP").await;
-        let on: std::collections::BTreeSet<String> = found
-            .iter()
-            .filter_map(|e| e.regarding.as_ref()?.name.clone())
-            .collect();
-        (on.len() == 2).then_some(found)
-    })
+    let warned = eventually(
+        "DuplicateIP events on both pods",
+        Duration::from_secs(20),
+        || async {
+            let found = events_with_reason(&events, "DuplicateIP").await;
+            let on: std::collections::BTreeSet<String> = found
+                .iter()
+                .filter_map(|e| e.regarding.as_ref()?.name.clone())
+                .collect();
+            (on.len() == 2).then_some(found)
+        },
+    )
     .await;
     assert_eq!(warned[0].type_.as_deref(), Some("Warning"));
     let note = warned[0].note.clone().unwrap_or_default();

@@ -272,7 +272,10 @@ impl EtcdLedger {
 
     /// `AlreadyHeld` by a stand-in for the unreadable record on `key`: the IP is not taken.
     fn held_by_unreadable(&self, claim: &Claim, key: &str, error: &LedgerError) -> CreateOutcome {
-        super::skip_corrupt(error, "an unreadable etcd record holds this IP; not taking it");
+        super::skip_corrupt(
+            error,
+            "an unreadable etcd record holds this IP; not taking it",
+        );
         CreateOutcome::AlreadyHeld(Box::new(super::unreadable_holder(
             claim.ip,
             &format!("etcd key {key}"),
@@ -315,7 +318,12 @@ impl EtcdLedger {
                         reload(claims);
                         super::index_resyncs().inc();
                         next = self.loaded_revision.load(Ordering::Acquire) + 1;
-                        tracing::info!(reason = why, records = count, revision = next - 1, "reloaded the etcd index");
+                        tracing::info!(
+                            reason = why,
+                            records = count,
+                            revision = next - 1,
+                            "reloaded the etcd index"
+                        );
                         resync_at = tokio::time::Instant::now() + self.resync_period;
                     }
                     Err(LedgerError::Closed) => return,
@@ -407,7 +415,10 @@ impl EtcdLedger {
                             Ok(claim) if claim.is_held() => ObservedChange::Held(claim),
                             Ok(claim) => ObservedChange::Released(claim),
                             Err(error) => {
-                                super::skip_corrupt(&error, "ignoring an etcd record that cannot be read");
+                                super::skip_corrupt(
+                                    &error,
+                                    "ignoring an etcd record that cannot be read",
+                                );
                                 continue;
                             }
                         },
@@ -450,7 +461,9 @@ impl Ledger for EtcdLedger {
             self.note_seen(&String::from_utf8_lossy(kv.key()), kv.mod_revision());
             match self.decode(kv) {
                 Ok(claim) => claims.push(claim),
-                Err(error) => super::skip_corrupt(&error, "skipping an etcd record that cannot be read"),
+                Err(error) => {
+                    super::skip_corrupt(&error, "skipping an etcd record that cannot be read")
+                }
             }
         }
         Ok(claims)
@@ -619,7 +632,9 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            error.starts_with("ledger record for 10.0.0.1 is corrupt: etcd key /p/10.0.0.1 does not hold a claim"),
+            error.starts_with(
+                "ledger record for 10.0.0.1 is corrupt: etcd key /p/10.0.0.1 does not hold a claim"
+            ),
             "{error}"
         );
     }

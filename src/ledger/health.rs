@@ -86,7 +86,10 @@ mod tests {
         assert_eq!(health.failing(), None, "two failures are not enough");
         let later = Instant::now() + FAILING_FOR;
         let why = health.failing_at(later).expect("failing for 5 s");
-        assert!(why.contains("2 times in a row") && why.contains("boom 2"), "{why}");
+        assert!(
+            why.contains("2 times in a row") && why.contains("boom 2"),
+            "{why}"
+        );
         health.failure("boom 3");
         let why = health.failing().expect("three in a row");
         assert!(why.contains("3 times in a row"), "{why}");

@@ -19,8 +19,8 @@ use kube::{Api, Client};
 
 use super::claim::{CreateRule, create_rule, may_step, same_grant};
 use super::{
-    Claim, CreateOutcome, Ledger, LedgerError, Phase, PodRef, Source, skip_corrupt,
-    unix_now, unreadable_holder,
+    Claim, CreateOutcome, Ledger, LedgerError, Phase, PodRef, Source, skip_corrupt, unix_now,
+    unreadable_holder,
 };
 use crate::crd::{IPClaim, IPClaimSpec, IPClaimStatus};
 

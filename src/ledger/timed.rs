@@ -72,7 +72,9 @@ impl TimedLedger {
         let mut task = tokio::spawn(call);
         match tokio::time::timeout_at(deadline.into(), &mut task).await {
             Ok(Ok(result)) => result,
-            Ok(Err(join)) => Err(LedgerError::Storage(format!("the ledger {operation} stopped: {join}"))),
+            Ok(Err(join)) => Err(LedgerError::Storage(format!(
+                "the ledger {operation} stopped: {join}"
+            ))),
             Err(_) => {
                 tokio::spawn(async move {
                     if let Ok(result) = task.await {
@@ -138,7 +140,11 @@ impl Ledger for TimedLedger {
         let started = Instant::now();
         let (inner, owned) = (self.inner.clone(), claim.clone());
         let result = self
-            .bounded("release", async move { inner.release(&owned).await }, nothing)
+            .bounded(
+                "release",
+                async move { inner.release(&owned).await },
+                nothing,
+            )
             .await;
         self.observe("release", started);
         self.count(&result);
@@ -291,6 +297,12 @@ mod tests {
             ..claim
         };
         assert_eq!(ledger.create(&claim).await.unwrap(), CreateOutcome::Created);
-        assert!(slow.load().await.unwrap().iter().any(|c| c.ip == claim.ip && c.is_held()));
+        assert!(
+            slow.load()
+                .await
+                .unwrap()
+                .iter()
+                .any(|c| c.ip == claim.ip && c.is_held())
+        );
     }
 }
