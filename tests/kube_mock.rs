@@ -401,6 +401,7 @@ async fn bind_patches_the_pod_uid_then_the_phase() {
             pod: pod_info("web-7d9f-x2x", "pod-uid-5", "10.0.0.5"),
         }],
         next_due: None,
+        duplicates: Vec::new(),
     };
     assert_eq!(executor(&client).run(&plan).await, 1);
     let seen = server.await.unwrap();
@@ -457,6 +458,7 @@ async fn release_is_by_uid_a_recreated_pod_of_the_same_name_does_not_keep_the_ol
             reason: DropReason::PodGone,
         }],
         next_due: None,
+        duplicates: Vec::new(),
     };
     let executor = executor(&client);
     assert_eq!(executor.run(&plan).await, 1);
