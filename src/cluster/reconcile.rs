@@ -828,7 +828,15 @@ mod tests {
     fn a_bare_label_is_never_adopted() {
         let squat = pod("dev", "squat", "uid-s", "10.97.9.5", T0);
         assert_eq!(squat.token, None);
-        assert!(summary(&plan(&[], &pods(&[squat.clone()]), T0 + 2, RULES)).is_empty());
+        assert!(
+            summary(&plan(
+                &[],
+                &pods(std::slice::from_ref(&squat)),
+                T0 + 2,
+                RULES
+            ))
+            .is_empty()
+        );
         // the same pod with a token our webhooks admitted is recorded
         let mut admitted = squat;
         admitted.token = Some(TOKEN.into());
