@@ -426,3 +426,61 @@ async fn readyz_follows_etcd_down_and_back() {
     wait_readyz(&replica, 200, Duration::from_secs(30)).await;
     drop(cluster);
 }
+
+/// Finding 1: pod A (`web-7d4b9c-*`) is deleted and frees `.1`; its replacement B gets `.1`;
+/// A's final DELETE (the kubelet's) then matched B's claim by generateName prefix and freed
+/// it. Releases are by token and UID now: A's late DELETE frees nothing of B's, whatever the
+/// ledger (here etcd, where the finding reproduced every time).
+#[test]
+fn a_pods_final_delete_does_not_free_its_replacements_ip() {
+    let (_member, endpoint) = etcd_member("a_pods_final_delete_does_not_free_its_replacements_ip");
+    block_on(async {
+        use ip_webhook::ledger::claim::PodIdentity;
+        let set = parse_ip_spec("10.97.50.1").unwrap();
+        let allocator = Allocator::new(etcd_ledger(&endpoint, "/final/").await)
+            .await
+            .unwrap();
+        let replicaset_pod = |uid: &'static str| AllocationRequest {
+            pod: PodRef {
+                namespace: "dev".into(),
+                name: String::new(),
+                generate_name: "web-7d4b9c-".into(),
+                uid: None,
+            },
+            ..request(&set, "", uid)
+        };
+        let a = allocator.allocate(&replicaset_pod("req-a")).await.unwrap();
+        let a_ips = a.ips.clone();
+        let a_pod = PodIdentity {
+            namespace: "dev",
+            name: "web-7d4b9c-aaaaa",
+            uid: Some("uid-a"),
+            token: Some(&a.token),
+        };
+        assert_eq!(
+            allocator.bind(&a_pod, &a_ips, false).await.unwrap().len(),
+            1
+        );
+        // A's deletion frees .1 (its grace over, the pod gone)
+        assert_eq!(allocator.release_held(&a_pod, &a_ips).await.unwrap(), a_ips);
+        let b = allocator.allocate(&replicaset_pod("req-b")).await.unwrap();
+        assert_eq!(b.ips, a_ips, "the replacement gets .1");
+        // A's final DELETE, seen again: same name prefix, A's UID and token
+        assert!(
+            allocator
+                .release_held(&a_pod, &a_ips)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        let held = allocator.holder(&a_ips[0]).expect("B still holds .1");
+        assert_eq!(held.token, b.token);
+        // a third pod is refused
+        let error = allocator
+            .allocate(&replicaset_pod("req-c"))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("all 1 allocatable IPs are held"), "{error}");
+    });
+}
