@@ -1446,3 +1446,62 @@ async fn duplicates_are_reported_and_a_bare_label_is_not_adopted() {
     // the same passes saw dev/squat and recorded nothing for it
     assert!(claims.get_opt("10.97.9.5").await.unwrap().is_none());
 }
+
+/// Issue 21, finding 4: `kubectl delete ipclaim` on a running pod's claim freed its IP, and
+/// the next pod was granted it. IPClaims carry a finalizer now: the deletion only marks the
+/// claim, the IP stays held while the pod runs, and the reconciler lets the claim go once
+/// the pod is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_running_pods_ipclaim_does_not_free_its_ip() {
+    let fake = FakeApi::start();
+    let client = fake.install_crds().await;
+    let server = fake
+        .replica(&["--lease-duration", "2s", "--lease-renew-interval", "200ms"])
+        .await;
+    let claims: Api<IPClaim> = Api::all(client.clone());
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let object = pod("default", "web", "web-", Some("10.97.60.1"));
+    let response = server.mutate(&create("fin-1", object.clone())).await;
+    assert_eq!(allocated_ip(&response), "10.97.60.1");
+    let live = persist(&pods, apply(&object, &response), "web-f1n4l").await;
+    let bound = eventually("the claim to be bound", Duration::from_secs(15), || async {
+        let claim = claims.get("10.97.60.1").await.ok()?;
+        (claim.status.as_ref().map(|s| s.phase.as_str()) == Some("Bound")).then_some(claim)
+    })
+    .await;
+    assert_eq!(
+        bound.metadata.finalizers,
+        Some(vec!["ip-webhook.io/pod-gone".to_string()])
+    );
+
+    claims
+        .delete("10.97.60.1", &DeleteParams::default())
+        .await
+        .unwrap();
+    let marked = claims.get("10.97.60.1").await.unwrap();
+    assert!(marked.metadata.deletion_timestamp.is_some());
+    // a reconcile pass and a fresh admission later, the IP is still held by the running pod
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(claims.get_opt("10.97.60.1").await.unwrap().is_some());
+    let response = server.mutate(&create("fin-2", object.clone())).await;
+    assert_eq!(response["allowed"], false, "{response}");
+    assert!(
+        message(&response).contains("web-f1n4l"),
+        "the refusal names the holder: {response}"
+    );
+
+    // the pod goes (no DELETE review reaches the webhook): the claim goes with it
+    pods.delete("web-f1n4l", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the claim to go", Duration::from_secs(20), || async {
+        claims
+            .get_opt("10.97.60.1")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    drop(live);
+}

@@ -5,13 +5,15 @@ use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder};
 use kube::{Api, Resource};
 
 use crate::crd::{IPClaim, IPPool, IPPoolStatus};
 use crate::ledger::claim::{PodIdentity, held_by};
-use crate::ledger::kubernetes::{claim_name, from_resource, is_status, status_now, to_resource};
+use crate::ledger::kubernetes::{
+    claim_name, delete_exact_object, from_resource, is_status, status_now, to_resource,
+};
 use crate::ledger::{Claim, Phase, PodRef, Source, unix_now};
 use crate::metrics::Metrics;
 use crate::pools::PoolCatalog;
@@ -311,13 +313,6 @@ pub struct Executor {
     pub reported_duplicates: std::sync::Mutex<HashSet<(IpAddr, Vec<String>)>>,
 }
 
-fn exact(resource: &IPClaim) -> Preconditions {
-    Preconditions {
-        uid: resource.metadata.uid.clone(),
-        resource_version: resource.metadata.resource_version.clone(),
-    }
-}
-
 fn name_of(resource: &IPClaim) -> String {
     resource.metadata.name.clone().unwrap_or_default()
 }
@@ -407,13 +402,9 @@ impl Executor {
                 }
             }
         }
-        let params = DeleteParams {
-            preconditions: Some(exact(claim)),
-            ..DeleteParams::default()
-        };
-        match self.claims.delete(&name, &params).await {
-            Ok(_) => {}
-            Err(error) if is_status(&error, 404) || is_status(&error, 409) => return Ok(false),
+        match delete_exact_object(&self.claims, claim).await {
+            Ok(true) => {}
+            Ok(false) => return Ok(false),
             Err(error) => return Err(ClusterError::api("deleting IPClaim", &name, error)),
         }
         let pod = if claim.spec.pod_name.is_empty() {

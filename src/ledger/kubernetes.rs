@@ -24,6 +24,11 @@ use super::{
 };
 use crate::crd::{IPClaim, IPClaimSpec, IPClaimStatus};
 
+/// The finalizer every IPClaim carries: `kubectl delete ipclaim` on a running pod's claim
+/// only marks it for deletion (its IP stays held); the ledger and the reconciler remove the
+/// finalizer when they release the claim, the reconciler once the claim's pod is gone.
+pub const FINALIZER: &str = "ip-webhook.io/pod-gone";
+
 /// How many times `create` retries when the record it collided with vanished meanwhile.
 const CREATE_ATTEMPTS: usize = 4;
 
@@ -124,9 +129,58 @@ pub fn to_resource(claim: &Claim) -> IPClaim {
             )]
             .into(),
         ),
+        finalizers: Some(vec![FINALIZER.to_string()]),
         ..ObjectMeta::default()
     };
     resource
+}
+
+/// Delete `existing` only if it is still that very object (uid and resourceVersion), taking
+/// our finalizer off first. `Ok(false)` when it changed or went meanwhile.
+pub async fn delete_exact_object(
+    api: &Api<IPClaim>,
+    existing: &IPClaim,
+) -> Result<bool, kube::Error> {
+    let name = existing.metadata.name.clone().unwrap_or_default();
+    let mut resource_version = existing.metadata.resource_version.clone();
+    let finalizers = existing.metadata.finalizers.clone().unwrap_or_default();
+    if finalizers.iter().any(|f| f == FINALIZER) {
+        let rest: Vec<String> = finalizers.into_iter().filter(|f| f != FINALIZER).collect();
+        let patch = serde_json::json!({
+            "metadata": {
+                "resourceVersion": resource_version,
+                "finalizers": if rest.is_empty() { serde_json::Value::Null } else { serde_json::json!(rest) },
+            },
+        });
+        match api
+            .patch(
+                &name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await
+        {
+            Ok(updated) => resource_version = updated.metadata.resource_version,
+            Err(error) if is_status(&error, 404) || is_status(&error, 409) => return Ok(false),
+            Err(error) => return Err(error),
+        }
+        if existing.metadata.deletion_timestamp.is_some() && rest.is_empty() {
+            // someone deleted it already: it went with its last finalizer
+            return Ok(true);
+        }
+    }
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: existing.metadata.uid.clone(),
+            resource_version,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(&name, &params).await {
+        Ok(_) => Ok(true),
+        Err(error) if is_status(&error, 404) || is_status(&error, 409) => Ok(false),
+        Err(error) => Err(error),
+    }
 }
 
 /// The claim an `IPClaim` object records. `Err` names what is wrong with it.
@@ -248,18 +302,9 @@ impl KubeLedger {
     /// Delete `existing` only if it is still that very object (uid and resourceVersion).
     async fn delete_exact(&self, existing: &IPClaim) -> Result<bool, LedgerError> {
         let name = existing.metadata.name.clone().unwrap_or_default();
-        let params = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: existing.metadata.uid.clone(),
-                resource_version: existing.metadata.resource_version.clone(),
-            }),
-            ..DeleteParams::default()
-        };
-        match self.api.delete(&name, &params).await {
-            Ok(_) => Ok(true),
-            Err(error) if is_status(&error, 404) || is_status(&error, 409) => Ok(false),
-            Err(error) => Err(storage(&format!("deleting IPClaim {name}"), error)),
-        }
+        delete_exact_object(&self.api, existing)
+            .await
+            .map_err(|error| storage(&format!("deleting IPClaim {name}"), error))
     }
 }
 
