@@ -71,7 +71,11 @@ pub async fn build_with(
         }
         (None, None) => open_ledger(args, metrics.ledger.clone()).await?,
     };
-    let ledger = TimedLedger::wrap(ledger, metrics.ledger_latency.clone());
+    let ledger = TimedLedger::wrap_watched(
+        ledger,
+        metrics.ledger_latency.clone(),
+        metrics.ledger_health.clone(),
+    );
     let client = clients.map(|(watches, _)| watches);
     let allocator = Arc::new(
         Allocator::new(ledger.clone())
@@ -108,6 +112,7 @@ pub async fn build_with(
         check_kube_ovn_subnets: args.check_kube_ovn_subnets,
         check_calico_pools: args.check_calico_ippools,
         release_delay: args.release_delay,
+        admission_deadline: args.admission_deadline,
     };
     let mut webhook = Webhook::new(settings, allocator, pools, metrics);
     if let Some(client) = &client {
@@ -272,13 +277,43 @@ async fn open_etcd(args: &WebhookArgs) -> anyhow::Result<Arc<EtcdLedger>> {
 fn spawn_etcd_watch(ledger: Arc<EtcdLedger>, allocator: std::sync::Weak<Allocator>) {
     tokio::spawn(async move {
         ledger
-            .watch(|change| {
-                if let Some(allocator) = allocator.upgrade() {
-                    allocator.apply_observed(change);
-                }
-            })
+            .watch(
+                |change| {
+                    if let Some(allocator) = allocator.upgrade() {
+                        allocator.apply_observed(change);
+                    }
+                },
+                |claims| {
+                    if let Some(allocator) = allocator.upgrade() {
+                        // etcd: a released record locks its IP only while kept (sticky)
+                        allocator
+                            .replace_all(claims.into_iter().filter(|c| c.locks_ip()).collect());
+                    }
+                },
+            )
             .await;
     });
+}
+
+/// Ask the ledger whether it can serve every second (bounded to 2 s a call), so `/readyz`
+/// turns 503 while it cannot even when no admission arrives, and 200 again once it can.
+fn spawn_ledger_prober(
+    ledger: Arc<dyn Ledger>,
+    health: Arc<crate::ledger::health::LedgerHealth>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(std::time::Duration::from_secs(1));
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            match tokio::time::timeout(std::time::Duration::from_secs(2), ledger.ping()).await {
+                Ok(Ok(())) | Ok(Err(crate::ledger::LedgerError::Corrupt { .. })) => {}
+                Ok(Err(crate::ledger::LedgerError::Closed)) => return,
+                Ok(Err(_)) => {} // counted by the timed ledger
+                Err(_) => health.failure("a ping got no answer within 2s"),
+            }
+        }
+    })
 }
 
 /// A started server and what it needs to stop cleanly.
@@ -423,6 +458,10 @@ pub async fn launch(args: &ServeArgs) -> anyhow::Result<Launched> {
         ))),
         None => None,
     };
+    reloaders.push(spawn_ledger_prober(
+        ledger.clone(),
+        webhook.metrics.ledger_health.clone(),
+    ));
     let release_timer = tokio::spawn(crate::release_timer::run(
         webhook.allocator.clone(),
         pod_lookup,

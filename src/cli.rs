@@ -288,6 +288,11 @@ pub struct WebhookArgs {
     /// is released once the pod is verified gone (with an API server), or at once (without).
     #[arg(long, default_value = "5s", value_parser = parse_duration, value_name = "DURATION")]
     pub release_delay: Duration,
+    /// Every ledger call of one admission ends by this long after the review arrived; later,
+    /// the admission is denied (and a claim that lands anyway is rolled back). Keep it below
+    /// the webhook's timeoutSeconds (the chart sets timeoutSeconds − 1 s).
+    #[arg(long, default_value = "4s", value_parser = parse_duration, value_name = "DURATION")]
+    pub admission_deadline: Duration,
     /// Talk to the API server described by this kubeconfig (selects --ledger kubernetes unless
     /// --ledger is given; with etcd or embedded, pods are looked up there to free leaked IPs).
     #[arg(long, value_name = "FILE")]
@@ -483,6 +488,10 @@ pub struct EtcdArgs {
     /// Deadline of one etcd request, and of the retries of one ledger write.
     #[arg(long, default_value = "5s", value_parser = parse_duration, value_name = "DURATION")]
     pub etcd_timeout: Duration,
+    /// Reload every claim under the prefix this often and repair the index (also done after
+    /// the watch lost history to compaction, and after it reconnected).
+    #[arg(long, default_value = "5m", value_parser = parse_duration, value_name = "DURATION")]
+    pub etcd_resync_period: Duration,
 }
 
 #[cfg(feature = "etcd")]
@@ -495,6 +504,7 @@ impl EtcdArgs {
             cert_file: self.etcd_cert_file.clone(),
             key_file: self.etcd_key_file.clone(),
             timeout: self.etcd_timeout,
+            resync_period: self.etcd_resync_period.max(Duration::from_secs(1)),
         }
     }
 }

@@ -20,7 +20,11 @@ impl Webhook {
         };
         let in_flight = self.metrics.in_flight.get_or_create_owned(&labels);
         in_flight.inc();
-        let result = self.decide(endpoint.clone(), body, started).await;
+        let result = crate::ledger::health::with_deadline(
+            started + self.settings.admission_deadline,
+            self.decide(endpoint.clone(), body, started),
+        )
+        .await;
         in_flight.dec();
         let outcome = match &result {
             Ok(response) if response.allowed => Outcome::allowed,

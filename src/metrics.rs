@@ -162,6 +162,10 @@ pub struct Metrics {
     /// with etcd or embedded, every claim the leak sweeper frees.
     pub leaks_reclaimed: Counter,
     pub ledger: CommitCounters,
+    /// IPs that two or more live pods carry, as the reconciler last saw (in-cluster).
+    pub duplicate_ips: Gauge,
+    /// Whether the ledger can serve (failures in a row, since when): `/readyz` reads it.
+    pub ledger_health: Arc<crate::ledger::health::LedgerHealth>,
     /// Time of each ledger call, by ledger and operation.
     pub ledger_latency: Family<LedgerLabels, Histogram>,
     pub tls_reloads: Family<ResultLabels, Counter>,
@@ -450,6 +454,22 @@ impl Metrics {
             "Claims of pods gone without a release, reclaimed by the reconciler (or the leak sweeper)",
             leaks_reclaimed.clone(),
         );
+        let duplicate_ips = Gauge::default();
+        registry.register(
+            "duplicate_ips",
+            "IPs that two or more live pods carry, as the reconciler's last pass saw (Warning Events DuplicateIP on the pods)",
+            duplicate_ips.clone(),
+        );
+        registry.register(
+            "ledger_corrupt_records",
+            "Ledger records that could not be read (hand-edited or foreign), skipped; their IP stays held",
+            crate::ledger::corrupt_records().clone(),
+        );
+        registry.register(
+            "ledger_index_resyncs",
+            "Times the index was reloaded whole from a shared ledger (etcd: compaction gap, reconnect, --resync-period)",
+            crate::ledger::index_resyncs().clone(),
+        );
         // 50 µs .. ~13 s
         let ledger_latency = Family::<LedgerLabels, Histogram>::new_with_constructor(|| {
             Histogram::new(exponential_buckets(0.00005, 2.0, 19))
@@ -524,6 +544,8 @@ impl Metrics {
             reservations_expired,
             leaks_reclaimed,
             ledger,
+            duplicate_ips,
+            ledger_health: Arc::new(crate::ledger::health::LedgerHealth::new()),
             ledger_latency,
             tls_reloads,
             certificate_expiry,

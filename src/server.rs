@@ -15,7 +15,8 @@
 //! 415, 503) is sent whole while the rest of the body is read and dropped, so the client gets
 //! the answer rather than a stream reset.
 //!
-//! Admin: `GET /healthz`, `GET /readyz` (200 once the caller marks `ready`), `GET /metrics`.
+//! Admin: `GET /healthz`, `GET /readyz` (200 once the caller marks `ready` and while the
+//! ledger answers: 503 after repeated ledger failures, see [`crate::ledger::health`]), `GET /metrics`.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -737,7 +738,14 @@ fn admin(
     match (request.method(), request.uri().path()) {
         (&Method::GET, "/healthz") => text(StatusCode::OK, "text/plain", "ok\n".into()),
         (&Method::GET, "/readyz") if ready.load(Ordering::SeqCst) => {
-            text(StatusCode::OK, "text/plain", "ready\n".into())
+            match metrics.ledger_health.failing() {
+                None => text(StatusCode::OK, "text/plain", "ready\n".into()),
+                Some(why) => text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "text/plain",
+                    format!("not ready: {why}\n"),
+                ),
+            }
         }
         (&Method::GET, "/readyz") => text(
             StatusCode::SERVICE_UNAVAILABLE,

@@ -29,6 +29,10 @@ pub struct Settings {
     pub check_calico_pools: bool,
     /// Added to a deleted pod's grace period before its IP is released.
     pub release_delay: std::time::Duration,
+    /// Every ledger call of one admission ends by this long after the review arrived
+    /// (`--admission-deadline`): below the webhook's `timeoutSeconds`, so a slow ledger gets
+    /// a clear denial before the API server gives up.
+    pub admission_deadline: std::time::Duration,
 }
 
 impl Default for Settings {
@@ -39,6 +43,7 @@ impl Default for Settings {
             check_kube_ovn_subnets: false,
             check_calico_pools: false,
             release_delay: std::time::Duration::from_secs(5),
+            admission_deadline: std::time::Duration::from_secs(4),
         }
     }
 }

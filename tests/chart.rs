@@ -30,30 +30,22 @@ fn chart_dir() -> PathBuf {
     repo().join("deploy/helm/ip-webhook")
 }
 
-fn helm() -> Option<PathBuf> {
-    let path = repo().join(".tools/helm");
-    if path.is_file() {
-        Some(path)
-    } else {
-        println!(
-            "SKIP: {} is missing; run scripts/install-test-deps.sh",
-            path.display()
-        );
-        None
-    }
+/// The real Helm binary. A chart test fails without it (no test passes by skipping).
+fn helm() -> PathBuf {
+    tool(repo().join(".tools/helm"))
 }
 
-fn venv_tool(name: &str) -> Option<PathBuf> {
-    let path = repo().join(".tools/venv/bin").join(name);
-    if path.is_file() {
-        Some(path)
-    } else {
-        println!(
-            "SKIP: {} is missing; run scripts/install-test-deps.sh",
-            path.display()
-        );
-        None
-    }
+fn venv_tool(name: &str) -> PathBuf {
+    tool(repo().join(".tools/venv/bin").join(name))
+}
+
+fn tool(path: PathBuf) -> PathBuf {
+    assert!(
+        path.is_file(),
+        "{} is missing: run scripts/install-test-deps.sh",
+        path.display()
+    );
+    path
 }
 
 fn run(command: &mut Command) -> Output {
@@ -257,7 +249,7 @@ fn container_port(docs: &[Value], name: &str) -> u16 {
 
 #[test]
 fn helm_lint_strict_passes_for_every_case_and_kubernetes_version() {
-    let Some(helm) = helm() else { return };
+    let helm = helm();
     for case in CASES {
         for kube_version in KUBE_VERSIONS {
             let mut command = Command::new(&helm);
@@ -285,13 +277,9 @@ const CUSTOM_KINDS: &[&str] = &["Certificate", "Issuer", "ServiceMonitor", "Prom
 
 #[test]
 fn every_rendered_document_passes_strict_schema_validation() {
-    let Some(helm) = helm() else { return };
-    let Some(kubernetes_validate) = venv_tool("kubernetes-validate") else {
-        return;
-    };
-    let Some(python) = venv_tool("python") else {
-        return;
-    };
+    let helm = helm();
+    let kubernetes_validate = venv_tool("kubernetes-validate");
+    let python = venv_tool("python");
     let dir = tempfile::tempdir().unwrap();
     // file -> the (kind, name) of each rendered document
     let mut rendered: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
@@ -443,7 +431,7 @@ fn summary(items: &[(&str, &str, &str)]) -> Vec<(String, String, String)> {
 
 #[test]
 fn defaults_render_the_documented_webhooks() {
-    let Some(helm) = helm() else { return };
+    let helm = helm();
     let docs = render(&helm, &[], "1.31.0");
     let inject = format!("{NAMESPACE}/ip-webhook-serving-cert");
 
@@ -565,7 +553,7 @@ fn defaults_render_the_documented_webhooks() {
 
 #[test]
 fn defaults_render_the_cert_manager_certificate_and_a_hardened_deployment() {
-    let Some(helm) = helm() else { return };
+    let helm = helm();
     let docs = render(&helm, &[], "1.31.0");
 
     let issuer = one(&docs, "Issuer");
@@ -697,7 +685,7 @@ fn grant(group: &str, resource: &str, verbs: &str) -> (String, String, BTreeSet<
 
 #[test]
 fn rbac_grants_what_the_server_needs_and_the_cni_extras_only_when_switched_on() {
-    let Some(helm) = helm() else { return };
+    let helm = helm();
     let base = vec![
         grant("", "events", "create,patch"),
         grant("", "pods", "get,list,watch"),
@@ -771,7 +759,7 @@ fn rbac_grants_what_the_server_needs_and_the_cni_extras_only_when_switched_on() 
 
 #[test]
 fn cni_pool_kinds_are_validated_when_switched_on() {
-    let Some(helm) = helm() else { return };
+    let helm = helm();
     let docs = render(&helm, CASES[5].set, "1.31.0");
     let validating = one(&docs, "ValidatingWebhookConfiguration");
     let subnets = webhook(validating, "kubeovn-subnets.validate.ip-webhook.io");
@@ -870,7 +858,7 @@ fn cni_pool_kinds_are_validated_when_switched_on() {
 
 #[test]
 fn kubernetes_before_1_30_selects_pods_by_label_instead_of_cel() {
-    let Some(helm) = helm() else { return };
+    let helm = helm();
     let docs = render(&helm, &[], "1.29.0");
     let mutating = one(&docs, "MutatingWebhookConfiguration");
     for entry in mutating["webhooks"].as_array().unwrap() {
@@ -967,7 +955,7 @@ fn kubernetes_before_1_30_selects_pods_by_label_instead_of_cel() {
 
 #[test]
 fn validating_webhook_disabled_means_no_validating_resources() {
-    let Some(helm) = helm() else { return };
+    let helm = helm();
     let docs = render(&helm, &["validatingWebhook.enabled=false"], "1.31.0");
     assert!(of_kind(&docs, "ValidatingWebhookConfiguration").is_empty());
     // The one server still answers /mutate, with its certificate.
@@ -1013,7 +1001,7 @@ fn validating_webhook_disabled_means_no_validating_resources() {
 
 #[test]
 fn external_certificate_keeps_the_documented_names_and_injection() {
-    let Some(helm) = helm() else { return };
+    let helm = helm();
     let docs = render(
         &helm,
         &["validatingWebhook.certificate.create=false"],
@@ -1058,7 +1046,7 @@ fn decode(b64: &Value) -> Vec<u8> {
 
 #[tokio::test]
 async fn helm_generated_certificate_is_trusted_through_ca_bundle_for_the_service_name() {
-    let Some(helm) = helm() else { return };
+    let helm = helm();
     let docs = render(
         &helm,
         &["validatingWebhook.certificate.source=helm"],
@@ -1181,7 +1169,7 @@ fn serve_help() -> (String, BTreeSet<String>) {
 
 #[test]
 fn deployment_flags_ports_and_paths_match_what_serve_accepts() {
-    let Some(helm) = helm() else { return };
+    let helm = helm();
     let (help, accepted) = serve_help();
     assert!(accepted.contains("--listen") && accepted.contains("--tls-cert-file"));
     for case in CASES.iter().filter(|c| c.name != "no-webhooks") {
@@ -1255,7 +1243,7 @@ fn deployment_flags_ports_and_paths_match_what_serve_accepts() {
 
 #[test]
 fn hardened_install_renders_the_network_policy_and_the_client_ca() {
-    let Some(helm) = helm() else { return };
+    let helm = helm();
     // off by default
     let defaults = render(&helm, &[], "1.31.0");
     assert!(of_kind(&defaults, "NetworkPolicy").is_empty());
@@ -1383,7 +1371,7 @@ fn hardened_install_renders_the_network_policy_and_the_client_ca() {
 
 #[test]
 fn values_schema_refuses_typos_and_out_of_range_settings() {
-    let Some(helm) = helm() else { return };
+    let helm = helm();
     for (set, names) in [
         ("mutatingWebhook.timeoutSeconds=0", "timeoutSeconds"),
         ("validatingWebhook.timeoutSeconds=31", "timeoutSeconds"),
@@ -1435,7 +1423,7 @@ fn values_schema_refuses_typos_and_out_of_range_settings() {
 
 #[test]
 fn embedded_ledger_needs_one_replica_and_a_persistent_volume() {
-    let Some(helm) = helm() else { return };
+    let helm = helm();
     // Replicas with per-pod books would hand out the same IP twice; books on an emptyDir
     // vanish with the pod. Each refusal says why and what to set.
     for (set, reason) in [
@@ -1548,7 +1536,7 @@ fn embedded_ledger_needs_one_replica_and_a_persistent_volume() {
 
 #[test]
 fn pdb_only_with_more_than_one_replica() {
-    let Some(helm) = helm() else { return };
+    let helm = helm();
     for (replicas, pdb) in [("0", false), ("1", false), ("2", true), ("3", true)] {
         let set = format!("replicaCount={replicas}");
         let docs = render(&helm, &[&set], "1.31.0");
@@ -1564,7 +1552,7 @@ fn pdb_only_with_more_than_one_replica() {
 
 #[test]
 fn host_network_and_extra_volumes_reach_the_pod() {
-    let Some(helm) = helm() else { return };
+    let helm = helm();
     let docs = render(&helm, case("host-network-and-extra-volumes").set, "1.31.0");
     let pod = &one(&docs, "Deployment")["spec"]["template"]["spec"];
     assert_eq!(pod["hostNetwork"], true);
@@ -1609,9 +1597,7 @@ fn host_network_and_extra_volumes_reach_the_pod() {
 
 #[test]
 fn plain_manifest_is_the_chart_rendered_with_defaults() {
-    if helm().is_none() {
-        return;
-    }
+    helm();
     let output = run(Command::new("bash")
         .arg(repo().join("scripts/render-manifests.sh"))
         .arg("-"));
@@ -1764,7 +1750,7 @@ fn pod_cases() -> Vec<PodCase> {
 
 #[test]
 fn cel_match_conditions_select_the_right_pods_and_never_error() {
-    let Some(helm) = helm() else { return };
+    let helm = helm();
     let all = rendered_conditions(&helm);
     let names: BTreeSet<&str> = all.iter().map(|(_, n, _)| n.as_str()).collect();
     assert_eq!(
@@ -1856,7 +1842,7 @@ fn dockerfile_builds_what_the_chart_runs() {
         .expect("the image names its user");
     let uid: u64 = user.split(':').next().unwrap().parse().unwrap();
     assert_ne!(uid, 0, "non-root");
-    let Some(helm) = helm() else { return };
+    let helm = helm();
     let docs = render(&helm, &[], "1.31.0");
     let pod = &one(&docs, "Deployment")["spec"]["template"]["spec"];
     assert_eq!(pod["securityContext"]["runAsUser"], uid);
@@ -1923,7 +1909,7 @@ fn workload_cases() -> Vec<(&'static str, Value, bool)> {
 
 #[test]
 fn cel_workload_condition_sees_template_annotations_before_and_after_and_never_errors() {
-    let Some(helm) = helm() else { return };
+    let helm = helm();
     let conditions: Vec<_> = rendered_conditions(&helm)
         .into_iter()
         .filter(|(_, name, _)| name == "template-asks-fixed-ips")
@@ -2028,7 +2014,7 @@ fn alert<'a>(rule: &'a Value, name: &str) -> &'a Value {
 
 #[test]
 fn prometheus_rule_and_dashboard_render_from_the_shipped_files() {
-    let Some(helm) = helm() else { return };
+    let helm = helm();
     let defaults = render(&helm, &[], "1.31.0");
     assert!(of_kind(&defaults, "PrometheusRule").is_empty());
     assert!(of_kind(&defaults, "ConfigMap").is_empty());
@@ -2301,7 +2287,7 @@ async fn alerts_and_dashboard_query_the_metrics_and_labels_the_server_exports() 
 /// Go durations pass the values schema and the real flag parser; other spellings are refused.
 #[test]
 fn duration_values_are_go_durations() {
-    let Some(helm) = helm() else { return };
+    let helm = helm();
     let docs = render(
         &helm,
         &[
@@ -2340,4 +2326,32 @@ fn duration_values_are_go_durations() {
             "{bad}: {error}"
         );
     }
+}
+
+/// The admission deadline ends every admission's ledger calls 1 s before the shortest
+/// webhook timeout, so a slow ledger is a clear denial rather than an API server timeout.
+#[test]
+fn the_admission_deadline_is_below_the_shortest_webhook_timeout() {
+    let helm = helm();
+    let deadline = |set: &[&str]| {
+        args(&render(&helm, set, "1.31.0"))
+            .into_iter()
+            .find(|a| a.starts_with("--admission-deadline="))
+            .expect("the deployment passes --admission-deadline")
+    };
+    assert_eq!(deadline(&[]), "--admission-deadline=4s");
+    assert_eq!(
+        deadline(&[
+            "mutatingWebhook.timeoutSeconds=10",
+            "validatingWebhook.timeoutSeconds=3"
+        ]),
+        "--admission-deadline=2s"
+    );
+    assert_eq!(
+        deadline(&[
+            "mutatingWebhook.timeoutSeconds=1",
+            "validatingWebhook.timeoutSeconds=1"
+        ]),
+        "--admission-deadline=1s"
+    );
 }

@@ -108,6 +108,7 @@ async fn etcd_ledger_speaks_tls_with_a_client_certificate() {
         cert_file: Some(write(files.path(), "client.crt", &client_cert)),
         key_file: Some(write(files.path(), "client.key", &client_key)),
         timeout: Duration::from_secs(10),
+        ..EtcdOptions::default()
     };
     assert!(options.endpoints[0].starts_with("https://"));
     let ledger = EtcdLedger::connect(&options)

@@ -1359,3 +1359,151 @@ async fn a_delete_review_frees_the_ip_only_once_the_pod_is_verified_gone() {
     assert_eq!(next, "10.82.0.1");
     assert_rbac_covers(&fake);
 }
+
+/// Issue 21, findings 2 and 4, against the fake API server: pods written straight to the API
+/// (no webhook saw them). Two live pods carrying one IP get a Warning Event `DuplicateIP`
+/// each and count in `ip_webhook_duplicate_ips`, and the older one's claim is recorded; a pod
+/// with only the `allocated-ip` label and no claim token is never adopted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicates_are_reported_and_a_bare_label_is_not_adopted() {
+    let fake = FakeApi::start();
+    let client = fake.install_crds().await;
+    let server = fake
+        .replica(&["--lease-duration", "2s", "--lease-renew-interval", "200ms"])
+        .await;
+    let claims: Api<IPClaim> = Api::all(client.clone());
+    let token = |n: u8| format!("{n:032x}");
+    let by_hand = |namespace: &str, name: &str, ip: &str, token: Option<String>| {
+        let mut object = pod(namespace, "web", "", None);
+        object["metadata"]["name"] = json!(name);
+        object["metadata"]["labels"]["ip-webhook.io/allocated-ip"] = json!(ip);
+        if let Some(token) = token {
+            object["metadata"]["annotations"]["ip-webhook.io/claim"] = json!(token);
+        }
+        serde_json::from_value::<Pod>(object).unwrap()
+    };
+    let default_pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "dev"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let dev_pods: Api<Pod> = Api::namespaced(client.clone(), "dev");
+    let older = default_pods
+        .create(
+            &PostParams::default(),
+            &by_hand("default", "web-old", "10.97.40.1", Some(token(1))),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    default_pods
+        .create(
+            &PostParams::default(),
+            &by_hand("default", "web-new", "10.97.40.1", Some(token(2))),
+        )
+        .await
+        .unwrap();
+    dev_pods
+        .create(
+            &PostParams::default(),
+            &by_hand("dev", "squat", "10.97.9.5", None),
+        )
+        .await
+        .unwrap();
+
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+    let warned = eventually(
+        "DuplicateIP events on both pods",
+        Duration::from_secs(20),
+        || async {
+            let found = events_with_reason(&events, "DuplicateIP").await;
+            let on: std::collections::BTreeSet<String> = found
+                .iter()
+                .filter_map(|e| e.regarding.as_ref()?.name.clone())
+                .collect();
+            (on.len() == 2).then_some(found)
+        },
+    )
+    .await;
+    assert_eq!(warned[0].type_.as_deref(), Some("Warning"));
+    let note = warned[0].note.clone().unwrap_or_default();
+    assert!(
+        note.contains("10.97.40.1") && note.contains("the oldest, default/web-old, keeps it"),
+        "{note}"
+    );
+    let (_, exposition) = server.admin_get("/metrics").await;
+    assert!(
+        exposition.contains("ip_webhook_duplicate_ips 1\n"),
+        "{exposition}"
+    );
+    let kept = eventually("the older pod's claim", Duration::from_secs(10), || async {
+        claims.get_opt("10.97.40.1").await.ok()?
+    })
+    .await;
+    assert_eq!(kept.spec.pod_uid, older.metadata.uid);
+    // the same passes saw dev/squat and recorded nothing for it
+    assert!(claims.get_opt("10.97.9.5").await.unwrap().is_none());
+}
+
+/// Issue 21, finding 4: `kubectl delete ipclaim` on a running pod's claim freed its IP, and
+/// the next pod was granted it. IPClaims carry a finalizer now: the deletion only marks the
+/// claim, the IP stays held while the pod runs, and the reconciler lets the claim go once
+/// the pod is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_running_pods_ipclaim_does_not_free_its_ip() {
+    let fake = FakeApi::start();
+    let client = fake.install_crds().await;
+    let server = fake
+        .replica(&["--lease-duration", "2s", "--lease-renew-interval", "200ms"])
+        .await;
+    let claims: Api<IPClaim> = Api::all(client.clone());
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let object = pod("default", "web", "web-", Some("10.97.60.1"));
+    let response = server.mutate(&create("fin-1", object.clone())).await;
+    assert_eq!(allocated_ip(&response), "10.97.60.1");
+    let live = persist(&pods, apply(&object, &response), "web-f1n4l").await;
+    let bound = eventually("the claim to be bound", Duration::from_secs(15), || async {
+        let claim = claims.get("10.97.60.1").await.ok()?;
+        (claim.status.as_ref().map(|s| s.phase.as_str()) == Some("Bound")).then_some(claim)
+    })
+    .await;
+    assert_eq!(
+        bound.metadata.finalizers,
+        Some(vec!["ip-webhook.io/pod-gone".to_string()])
+    );
+
+    claims
+        .delete("10.97.60.1", &DeleteParams::default())
+        .await
+        .unwrap();
+    let marked = claims.get("10.97.60.1").await.unwrap();
+    assert!(marked.metadata.deletion_timestamp.is_some());
+    // a reconcile pass and a fresh admission later, the IP is still held by the running pod
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(claims.get_opt("10.97.60.1").await.unwrap().is_some());
+    let response = server.mutate(&create("fin-2", object.clone())).await;
+    assert_eq!(response["allowed"], false, "{response}");
+    assert!(
+        message(&response).contains("web-f1n4l"),
+        "the refusal names the holder: {response}"
+    );
+
+    // the pod goes (no DELETE review reaches the webhook): the claim goes with it
+    pods.delete("web-f1n4l", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the claim to go", Duration::from_secs(20), || async {
+        claims
+            .get_opt("10.97.60.1")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    drop(live);
+}

@@ -268,6 +268,13 @@ async fn a_statefulset_pod_takes_back_its_kept_ip_and_others_cannot() {
             // web-0 again: deletes exactly the kept record, then creates its own.
             step("POST", CLAIMS, 409, already_exists("10.0.0.9")),
             step("GET", format!("{CLAIMS}/10.0.0.9"), 200, kept_value.clone()),
+            // the finalizer comes off first
+            step(
+                "PATCH",
+                format!("{CLAIMS}/10.0.0.9"),
+                200,
+                kept_value.clone(),
+            ),
             step(
                 "DELETE",
                 format!("{CLAIMS}/10.0.0.9"),
@@ -302,7 +309,12 @@ async fn a_statefulset_pod_takes_back_its_kept_ip_and_others_cannot() {
     ));
     let seen = server.await.unwrap();
     assert_eq!(
-        seen[2].body["preconditions"],
+        seen[2].body["metadata"],
+        json!({"finalizers": null, "resourceVersion": "8"}),
+        "the finalizer comes off the exact record"
+    );
+    assert_eq!(
+        seen[3].body["preconditions"],
         json!({"uid": "uid-10.0.0.9-8", "resourceVersion": "8"}),
         "the delete is conditional on the exact record"
     );
@@ -317,6 +329,8 @@ async fn release_deletes_only_the_same_requests_record() {
         handle,
         vec![
             step("GET", format!("{CLAIMS}/10.0.0.4"), 200, stored(&mine, 3)),
+            // the finalizer comes off first
+            step("PATCH", format!("{CLAIMS}/10.0.0.4"), 200, stored(&mine, 3)),
             step(
                 "DELETE",
                 format!("{CLAIMS}/10.0.0.4"),
@@ -325,10 +339,11 @@ async fn release_deletes_only_the_same_requests_record() {
             ),
             // The IP now belongs to another admission: releasing the old claim again is a no-op.
             step("GET", format!("{CLAIMS}/10.0.0.4"), 200, stored(&newer, 5)),
-            // Someone deleted it meanwhile: the precondition fails with 409 Conflict.
+            // Someone deleted it meanwhile: the precondition fails with 409 Conflict (on taking the
+            // finalizer off, the first write).
             step("GET", format!("{CLAIMS}/10.0.0.4"), 200, stored(&newer, 5)),
             step(
-                "DELETE",
+                "PATCH",
                 format!("{CLAIMS}/10.0.0.4"),
                 409,
                 status(
@@ -373,6 +388,7 @@ fn executor(client: &Client) -> Executor {
             },
         ),
         metrics: Arc::new(ip_webhook::metrics::Metrics::new()),
+        reported_duplicates: Default::default(),
     }
 }
 
@@ -400,6 +416,7 @@ async fn bind_patches_the_pod_uid_then_the_phase() {
             pod: pod_info("web-7d9f-x2x", "pod-uid-5", "10.0.0.5"),
         }],
         next_due: None,
+        duplicates: Vec::new(),
     };
     assert_eq!(executor(&client).run(&plan).await, 1);
     let seen = server.await.unwrap();
@@ -434,6 +451,8 @@ async fn release_is_by_uid_a_recreated_pod_of_the_same_name_does_not_keep_the_ol
                 200,
                 pod_meta("api-1", "uid-new"),
             ),
+            // the finalizer comes off first
+            step("PATCH", format!("{CLAIMS}/10.0.0.6"), 200, value.clone()),
             step("DELETE", format!("{CLAIMS}/10.0.0.6"), 200, value.clone()),
             step(
                 "POST",
@@ -456,6 +475,7 @@ async fn release_is_by_uid_a_recreated_pod_of_the_same_name_does_not_keep_the_ol
             reason: DropReason::PodGone,
         }],
         next_due: None,
+        duplicates: Vec::new(),
     };
     let executor = executor(&client);
     assert_eq!(executor.run(&plan).await, 1);
@@ -467,11 +487,16 @@ async fn release_is_by_uid_a_recreated_pod_of_the_same_name_does_not_keep_the_ol
     );
     assert_eq!(executor.metrics.reservations_expired.get(), 0);
     let seen = server.await.unwrap();
-    assert_eq!(seen[1].body["preconditions"]["uid"], "uid-10.0.0.6-20");
-    assert_eq!(seen[2].body["reason"], "IPReclaimed");
-    assert_eq!(seen[2].body["regarding"]["kind"], "IPClaim");
+    assert_eq!(
+        seen[1].body["metadata"],
+        json!({"finalizers": null, "resourceVersion": "20"}),
+        "the finalizer comes off the exact record"
+    );
+    assert_eq!(seen[2].body["preconditions"]["uid"], "uid-10.0.0.6-20");
+    assert_eq!(seen[3].body["reason"], "IPReclaimed");
+    assert_eq!(seen[3].body["regarding"]["kind"], "IPClaim");
     assert!(
-        seen[2].body["note"]
+        seen[3].body["note"]
             .as_str()
             .unwrap()
             .contains("default/api-1 (uid uid-old)"),
@@ -531,6 +556,8 @@ async fn a_full_resync_frees_an_ip_whose_pod_delete_the_watch_missed() {
                 404,
                 status(404, "NotFound", "pods \"db-0\" not found"),
             ),
+            // the finalizer comes off first
+            step("PATCH", format!("{CLAIMS}/10.0.0.8"), 200, value.clone()),
             step("DELETE", format!("{CLAIMS}/10.0.0.8"), 200, value.clone()),
             step(
                 "POST",
@@ -566,8 +593,8 @@ async fn a_full_resync_frees_an_ip_whose_pod_delete_the_watch_missed() {
     };
     reconciler.pass(true, true).await;
     let seen = server.await.unwrap();
-    assert_eq!(seen.len(), 5);
-    assert_eq!(seen[4].body["reason"], "IPReclaimed");
+    assert_eq!(seen.len(), 6);
+    assert_eq!(seen[5].body["reason"], "IPReclaimed");
     assert_eq!(
         allocator
             .holder(&"10.0.0.8".parse().unwrap())
@@ -817,6 +844,13 @@ async fn a_pass_expires_old_reservations_and_keeps_a_gone_statefulset_pods_ip() 
     let server = script(
         handle,
         vec![
+            // the finalizer comes off first
+            step(
+                "PATCH",
+                format!("{CLAIMS}/10.0.0.20"),
+                200,
+                stored(&stale, 60),
+            ),
             step(
                 "DELETE",
                 format!("{CLAIMS}/10.0.0.20"),
@@ -834,6 +868,13 @@ async fn a_pass_expires_old_reservations_and_keeps_a_gone_statefulset_pods_ip() 
                 format!("{CLAIMS}/10.0.0.22/status"),
                 200,
                 sticky_value.clone(),
+            ),
+            // the finalizer comes off first
+            step(
+                "PATCH",
+                format!("{CLAIMS}/10.0.0.23"),
+                200,
+                done_value.clone(),
             ),
             step(
                 "DELETE",
@@ -870,8 +911,8 @@ async fn a_pass_expires_old_reservations_and_keeps_a_gone_statefulset_pods_ip() 
     };
     let next = reconciler.pass(false, true).await;
     let seen = server.await.unwrap();
-    assert_eq!(seen[1].body["reason"], "ReservationExpired");
-    assert_eq!(seen[2].body["status"]["phase"], "Released");
+    assert_eq!(seen[2].body["reason"], "ReservationExpired");
+    assert_eq!(seen[3].body["status"]["phase"], "Released");
     // The young reservation is due at its expiry (60s from now), not before.
     let due = next.expect("a wake-up for the young reservation") - tokio::time::Instant::now();
     assert!(

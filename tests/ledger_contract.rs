@@ -324,11 +324,20 @@ fn etcd_watch_keeps_another_replicas_index_fresh() {
             let allocator = Arc::new(Allocator::new(etcd.clone()).await.unwrap());
             let weak = Arc::downgrade(&allocator);
             tokio::spawn(async move {
-                etcd.watch(|change| {
-                    if let Some(allocator) = weak.upgrade() {
-                        allocator.apply_observed(change);
-                    }
-                })
+                let reload = weak.clone();
+                etcd.watch(
+                    |change| {
+                        if let Some(allocator) = weak.upgrade() {
+                            allocator.apply_observed(change);
+                        }
+                    },
+                    |claims| {
+                        if let Some(allocator) = reload.upgrade() {
+                            allocator
+                                .replace_all(claims.into_iter().filter(|c| c.locks_ip()).collect());
+                        }
+                    },
+                )
                 .await
             });
             replicas.push(allocator);

@@ -257,7 +257,10 @@ pub async fn watch_claims(api: Api<IPClaim>, caches: Arc<Caches>, allocator: Arc
                     Ok(parsed) => {
                         allocator.apply_observed(ObservedChange::Held(parsed));
                     }
-                    Err(error) => tracing::warn!(%error, "ignoring an IPClaim"),
+                    Err(error) => crate::ledger::skip_corrupt(
+                        &error,
+                        "ignoring an IPClaim that cannot be read (its IP stays held)",
+                    ),
                 }
                 claims.insert(name, claim);
             }
@@ -460,6 +463,7 @@ pub fn start(
                 },
             ),
             metrics: webhook.metrics.clone(),
+            reported_duplicates: Default::default(),
         },
         options,
     };
@@ -590,6 +594,7 @@ impl Reconciler {
             let done = self.executor.run(&plan).await;
             tracing::debug!(planned = plan.actions.len(), done, "reconcile pass");
         }
+        self.executor.report_duplicates(&plan.duplicates).await;
         let pools: Vec<IPPool> = lock(&self.caches.pools).values().cloned().collect();
         let catalog = tolerant_catalog(&lock(&self.caches.pools));
         let statuses = reconcile::pool_statuses(&catalog, &self.caches.claim_list());

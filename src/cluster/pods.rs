@@ -269,4 +269,25 @@ mod tests {
             "a generateName prefix identifies no pod"
         );
     }
+
+    /// Issue 21, finding 3: with the API server's clock 10 s behind the webhook's, the sweeper
+    /// freed a running pod's IP (its creationTimestamp preceded the claim's created_at by more
+    /// than the slack). A reservation with a token is found by the token, whatever the clocks.
+    #[test]
+    fn clock_skew_does_not_hide_a_reservations_pod() {
+        const TOKEN: &str = "0123456789abcdef0123456789abcdef";
+        let mut reserved = claim("10.0.0.10", "", "web-", None);
+        reserved.token = TOKEN.into();
+        for skew in [10, 600, 86_400] {
+            let pods = [with_token(
+                pod("default", "web-q", "u1", "10.0.0.10", AT - skew),
+                TOKEN,
+            )];
+            assert_eq!(
+                name_of(holder(&pods, &reserved, "app")),
+                Some("web-q"),
+                "API server {skew} s behind"
+            );
+        }
+    }
 }

@@ -5,13 +5,15 @@ use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder};
 use kube::{Api, Resource};
 
 use crate::crd::{IPClaim, IPPool, IPPoolStatus};
 use crate::ledger::claim::{PodIdentity, held_by};
-use crate::ledger::kubernetes::{claim_name, from_resource, is_status, status_now, to_resource};
+use crate::ledger::kubernetes::{
+    claim_name, delete_exact_object, from_resource, is_status, status_now, to_resource,
+};
 use crate::ledger::{Claim, Phase, PodRef, Source, unix_now};
 use crate::metrics::Metrics;
 use crate::pools::PoolCatalog;
@@ -94,8 +96,19 @@ pub enum Action {
         claim: Arc<IPClaim>,
         reason: DropReason,
     },
-    /// A live pod carries an IP that has no record (its admission's record was lost): record it.
+    /// A live pod that carries a claim token (so our webhooks admitted it) and an IP that has
+    /// no record (its admission's record was lost): record it. Never a pod without a token.
     Adopt { ip: IpAddr, pod: PodInfo },
+}
+
+/// One IP carried by more than one live pod: never granted so by the webhook, but possible
+/// after a refused deletion, a deleted IPClaim or a hand-written IP. Reported, not repaired:
+/// the older pod keeps (or is adopted into) the claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Duplicate {
+    pub ip: IpAddr,
+    /// Oldest first (creation time, then UID).
+    pub pods: Vec<PodInfo>,
 }
 
 /// The plan for one pass, and when the next time-driven change falls due (unix seconds).
@@ -103,6 +116,31 @@ pub enum Action {
 pub struct Plan {
     pub actions: Vec<Action>,
     pub next_due: Option<u64>,
+    /// IPs that two or more live pods carry.
+    pub duplicates: Vec<Duplicate>,
+}
+
+/// Every IP that two or more live (not terminating) pods carry, by IP.
+pub fn duplicates(pods: &HashMap<String, PodInfo>) -> Vec<Duplicate> {
+    let mut by_ip: HashMap<IpAddr, Vec<&PodInfo>> = HashMap::new();
+    for pod in pods.values().filter(|p| !p.terminating) {
+        for ip in &pod.ips {
+            by_ip.entry(*ip).or_default().push(pod);
+        }
+    }
+    let mut out: Vec<Duplicate> = by_ip
+        .into_iter()
+        .filter(|(_, carriers)| carriers.len() > 1)
+        .map(|(ip, mut carriers)| {
+            carriers.sort_by_key(|pod| (pod.created_at, pod.uid.clone()));
+            Duplicate {
+                ip,
+                pods: carriers.into_iter().cloned().collect(),
+            }
+        })
+        .collect();
+    out.sort_by_key(|d| d.ip);
+    out
 }
 
 impl Plan {
@@ -210,10 +248,18 @@ pub fn plan(
             }
         }
     }
+    plan.duplicates = duplicates(pods);
     let mut adopted: HashSet<IpAddr> = HashSet::new();
     let mut live: Vec<&PodInfo> = pods.values().filter(|p| !p.terminating).collect();
     live.sort_by_key(|pod| (pod.created_at, pod.uid.clone()));
     for pod in live {
+        // Only a pod carrying a claim token was admitted by us: the webhooks see every pod
+        // with one of our markers, and `/validate` refuses a token the ledger does not back.
+        // A bare label or CNI annotation (a pod created while no webhook saw it) is never
+        // recorded: it would hold an IP of any app or pool for whoever wrote it.
+        if pod.token.is_none() {
+            continue;
+        }
         for ip in &pod.ips {
             if !recorded.contains(ip) && adopted.insert(*ip) {
                 plan.actions.push(Action::Adopt {
@@ -263,13 +309,8 @@ pub struct Executor {
     pub recorder: Recorder,
     /// Counts reclaimed leaks and expired reservations.
     pub metrics: Arc<Metrics>,
-}
-
-fn exact(resource: &IPClaim) -> Preconditions {
-    Preconditions {
-        uid: resource.metadata.uid.clone(),
-        resource_version: resource.metadata.resource_version.clone(),
-    }
+    /// Duplicates already reported (IP and the UIDs carrying it): one Event each.
+    pub reported_duplicates: std::sync::Mutex<HashSet<(IpAddr, Vec<String>)>>,
 }
 
 fn name_of(resource: &IPClaim) -> String {
@@ -361,13 +402,9 @@ impl Executor {
                 }
             }
         }
-        let params = DeleteParams {
-            preconditions: Some(exact(claim)),
-            ..DeleteParams::default()
-        };
-        match self.claims.delete(&name, &params).await {
-            Ok(_) => {}
-            Err(error) if is_status(&error, 404) || is_status(&error, 409) => return Ok(false),
+        match delete_exact_object(&self.claims, claim).await {
+            Ok(true) => {}
+            Ok(false) => return Ok(false),
             Err(error) => return Err(ClusterError::api("deleting IPClaim", &name, error)),
         }
         let pod = if claim.spec.pod_name.is_empty() {
@@ -458,6 +495,67 @@ impl Executor {
         }
     }
 
+    /// Set `ip_webhook_duplicate_ips`, and for each duplicate not reported before, log it and
+    /// record a Warning Event on every pod that carries the IP (the older one keeps it).
+    pub async fn report_duplicates(&self, duplicates: &[Duplicate]) {
+        self.metrics
+            .duplicate_ips
+            .set(i64::try_from(duplicates.len()).unwrap_or(i64::MAX));
+        let current: HashSet<(IpAddr, Vec<String>)> = duplicates
+            .iter()
+            .map(|d| (d.ip, d.pods.iter().map(|p| p.uid.clone()).collect()))
+            .collect();
+        let fresh: Vec<&Duplicate> = {
+            let mut reported = self
+                .reported_duplicates
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let fresh = duplicates
+                .iter()
+                .filter(|d| {
+                    !reported.contains(&(d.ip, d.pods.iter().map(|p| p.uid.clone()).collect()))
+                })
+                .collect();
+            *reported = current;
+            fresh
+        };
+        for duplicate in fresh {
+            let names: Vec<String> = duplicate
+                .pods
+                .iter()
+                .map(|p| format!("{}/{}", p.namespace, p.name))
+                .collect();
+            tracing::error!(ip = %duplicate.ip, pods = ?names, "two or more live pods carry one IP");
+            let note = format!(
+                "IP {} is carried by {} live pods: {} (the oldest, {}, keeps it; delete the others)",
+                duplicate.ip,
+                names.len(),
+                names.join(", "),
+                names[0]
+            );
+            for pod in &duplicate.pods {
+                let reference = k8s_openapi::api::core::v1::ObjectReference {
+                    api_version: Some("v1".into()),
+                    kind: Some("Pod".into()),
+                    name: Some(pod.name.clone()),
+                    namespace: Some(pod.namespace.clone()),
+                    uid: Some(pod.uid.clone()),
+                    ..Default::default()
+                };
+                let event = KubeEvent {
+                    type_: EventType::Warning,
+                    reason: "DuplicateIP".into(),
+                    note: Some(note.clone()),
+                    action: "Reconcile".into(),
+                    secondary: None,
+                };
+                if let Err(error) = self.recorder.publish(&event, &reference).await {
+                    tracing::warn!(%error, "could not publish a DuplicateIP Event");
+                }
+            }
+        }
+    }
+
     /// Write `IPPool.status` where it changed.
     pub async fn write_pool_statuses(&self, pools: &[IPPool], statuses: &[(String, IPPoolStatus)]) {
         for (name, status) in statuses {
@@ -490,6 +588,7 @@ mod tests {
 
     const T0: u64 = 1_700_000_000;
     const TOKEN: &str = "0123456789abcdef0123456789abcdef";
+    const OTHER_TOKEN: &str = "fedcba9876543210fedcba9876543210";
     const RULES: Rules = Rules {
         reservation_ttl: 120,
         sticky_grace: 300,
@@ -700,13 +799,68 @@ mod tests {
 
     #[test]
     fn a_pod_carrying_an_unrecorded_ip_is_adopted_once() {
-        let a = pod("default", "a", "uid-a", "10.0.0.5", T0);
-        let b = pod("default", "b", "uid-b", "10.0.0.5", T0 + 1);
+        let mut a = pod("default", "a", "uid-a", "10.0.0.5", T0);
+        a.token = Some(TOKEN.into());
+        let mut b = pod("default", "b", "uid-b", "10.0.0.5", T0 + 1);
+        b.token = Some(OTHER_TOKEN.into());
         let mut gone = pod("default", "c", "uid-c", "10.0.0.6", T0);
         gone.terminating = true;
+        gone.token = Some(TOKEN.into());
         assert_eq!(
             summary(&plan(&[], &pods(&[b, a, gone]), T0 + 2, RULES)),
             ["adopt 10.0.0.5 uid-a"]
         );
+    }
+
+    /// Finding 2: a pod created in `dev` with only `ip-webhook.io/allocated-ip: 10.97.9.5`
+    /// (no webhook saw it) was adopted as a Bound claim, and `prod/db-0`, whose list is
+    /// exactly that IP, was refused. A pod without a claim token is never adopted.
+    #[test]
+    fn a_bare_label_is_never_adopted() {
+        let squat = pod("dev", "squat", "uid-s", "10.97.9.5", T0);
+        assert_eq!(squat.token, None);
+        assert!(
+            summary(&plan(
+                &[],
+                &pods(std::slice::from_ref(&squat)),
+                T0 + 2,
+                RULES
+            ))
+            .is_empty()
+        );
+        // the same pod with a token our webhooks admitted is recorded
+        let mut admitted = squat;
+        admitted.token = Some(TOKEN.into());
+        assert_eq!(
+            summary(&plan(&[], &pods(&[admitted]), T0 + 2, RULES)),
+            ["adopt 10.97.9.5 uid-s"]
+        );
+    }
+
+    /// Finding 4: two live pods on one IP were never noticed. Each pass reports every IP
+    /// that two or more live pods carry, oldest first; a terminating pod does not count.
+    #[test]
+    fn two_live_pods_on_one_ip_are_reported_oldest_first() {
+        let mut older = pod("default", "a", "uid-a", "10.0.0.5", T0);
+        older.token = Some(TOKEN.into());
+        let newer = pod("prod", "b", "uid-b", "10.0.0.5", T0 + 3);
+        let mut leaving = pod("default", "c", "uid-c", "10.0.0.6", T0);
+        leaving.terminating = true;
+        let other = pod("default", "d", "uid-d", "10.0.0.6", T0 + 1);
+        let plan = plan(
+            &[],
+            &pods(&[newer.clone(), older.clone(), leaving, other]),
+            T0 + 5,
+            RULES,
+        );
+        assert_eq!(
+            plan.duplicates,
+            vec![Duplicate {
+                ip: "10.0.0.5".parse().unwrap(),
+                pods: vec![older, newer],
+            }]
+        );
+        // the claim goes to the older pod
+        assert_eq!(summary(&plan), ["adopt 10.0.0.5 uid-a"]);
     }
 }

@@ -36,13 +36,15 @@ const MAX_COMPARE_ATTEMPTS: usize = 32;
 pub struct EtcdOptions {
     /// `http://host:2379` or `https://host:2379` (a bare `host:port` means http).
     pub endpoints: Vec<String>,
-    /// Key prefix; `/` is appended when missing.
+    /// Key prefix; normalised to one leading and one trailing `/` ([`normalize_prefix`]).
     pub prefix: String,
     pub ca_file: Option<PathBuf>,
     pub cert_file: Option<PathBuf>,
     pub key_file: Option<PathBuf>,
     /// Deadline of one etcd request, and of the retries of one ledger call.
     pub timeout: Duration,
+    /// The watch reloads the whole prefix this often (and after a gap or a reconnect).
+    pub resync_period: Duration,
 }
 
 impl Default for EtcdOptions {
@@ -54,6 +56,7 @@ impl Default for EtcdOptions {
             cert_file: None,
             key_file: None,
             timeout: Duration::from_secs(5),
+            resync_period: Duration::from_secs(300),
         }
     }
 }
@@ -62,6 +65,7 @@ pub struct EtcdLedger {
     client: Client,
     prefix: String,
     timeout: Duration,
+    resync_period: Duration,
     /// Set by `close`; the watch loop waits on it too.
     closed: tokio::sync::watch::Sender<bool>,
     /// The etcd revision `load` read at: a watch starts just after it.
@@ -89,6 +93,38 @@ fn is_transient(error: &etcd_client::Error) -> bool {
                 | tonic_code::Cancelled
         ),
         _ => false,
+    }
+}
+
+/// The claim stored at `key` under `prefix`; `Corrupt` (naming the key, what it stands for
+/// and what the record says) when the value is not a claim or is a claim on another IP.
+pub fn decode_record(prefix: &str, key: &[u8], value: &[u8]) -> Result<Claim, LedgerError> {
+    let key = String::from_utf8_lossy(key).into_owned();
+    let named = key.strip_prefix(prefix).unwrap_or(&key).to_string();
+    let claim: Claim = serde_json::from_slice(value).map_err(|e| LedgerError::Corrupt {
+        ip: named.clone(),
+        reason: format!("etcd key {key} does not hold a claim: {e}"),
+    })?;
+    if named.parse::<std::net::IpAddr>().ok() != Some(claim.ip) {
+        return Err(LedgerError::Corrupt {
+            ip: named,
+            reason: format!(
+                "etcd key {key} holds a claim on {}, not on the IP its key names",
+                claim.ip
+            ),
+        });
+    }
+    Ok(claim)
+}
+
+/// `--etcd-prefix` with exactly one leading and one trailing `/` (`ip-webhook`,
+/// `/ip-webhook/` and `//ip-webhook//` are one key space); an empty prefix is `/`.
+pub fn normalize_prefix(prefix: &str) -> String {
+    let inner = prefix.trim_matches('/');
+    if inner.is_empty() {
+        "/".to_string()
+    } else {
+        format!("/{inner}/")
     }
 }
 
@@ -137,14 +173,12 @@ impl EtcdLedger {
         let client = Client::connect(&options.endpoints, Some(connect))
             .await
             .map_err(|e| storage(&format!("connect to {:?}", options.endpoints), e))?;
-        let mut prefix = options.prefix.clone();
-        if !prefix.ends_with('/') {
-            prefix.push('/');
-        }
+        let prefix = normalize_prefix(&options.prefix);
         let ledger = EtcdLedger {
             client,
             prefix,
             timeout: options.timeout,
+            resync_period: options.resync_period,
             closed: tokio::sync::watch::Sender::new(false),
             loaded_revision: AtomicI64::new(0),
             seen: Mutex::new(HashMap::new()),
@@ -245,7 +279,13 @@ impl EtcdLedger {
             let Some(kv) = record else {
                 return Ok(false);
             };
-            let held = self.decode(&kv)?;
+            let held = match self.decode(&kv) {
+                Ok(held) => held,
+                Err(error) => {
+                    super::skip_corrupt(&error, "not changing an etcd record that cannot be read");
+                    return Ok(false);
+                }
+            };
             if attempted && written(&held) {
                 return Ok(true);
             }
@@ -267,12 +307,22 @@ impl EtcdLedger {
         )))
     }
 
+    /// The claim a key holds. A value that is not a claim, or a claim on another IP than its
+    /// key names (a hand edit), is corrupt; the error names the key and both values.
     fn decode(&self, kv: &KeyValue) -> Result<Claim, LedgerError> {
-        let key = String::from_utf8_lossy(kv.key()).into_owned();
-        serde_json::from_slice(kv.value()).map_err(|e| LedgerError::Corrupt {
-            ip: key,
-            reason: e.to_string(),
-        })
+        decode_record(&self.prefix, kv.key(), kv.value())
+    }
+
+    /// `AlreadyHeld` by a stand-in for the unreadable record on `key`: the IP is not taken.
+    fn held_by_unreadable(&self, claim: &Claim, key: &str, error: &LedgerError) -> CreateOutcome {
+        super::skip_corrupt(
+            error,
+            "an unreadable etcd record holds this IP; not taking it",
+        );
+        CreateOutcome::AlreadyHeld(Box::new(super::unreadable_holder(
+            claim.ip,
+            &format!("etcd key {key}"),
+        )))
     }
 
     async fn read(&self, key: &str) -> Result<Option<KeyValue>, LedgerError> {
@@ -286,13 +336,51 @@ impl EtcdLedger {
     }
 
     /// Follow every change under the prefix after what `load` read, and hand changes made by
-    /// other processes to `apply` (in etcd's order). Runs until the ledger is closed;
-    /// reconnects after errors, resuming at the next revision not yet seen.
-    pub async fn watch(&self, apply: impl Fn(ObservedChange) + Send) {
+    /// other processes to `apply` (in etcd's order). Runs until the ledger is closed.
+    ///
+    /// The index is repaired whole, by `reload` with every record under the prefix (read at
+    /// one revision; the watch resumes just after it), whenever events may have been missed:
+    /// the watch lost history to compaction, or its stream broke and was reconnected; and
+    /// every `resync_period` regardless. Each reload is logged and counted
+    /// (`ip_webhook_ledger_index_resyncs_total`).
+    pub async fn watch(
+        &self,
+        apply: impl Fn(ObservedChange) + Send,
+        reload: impl Fn(Vec<Claim>) + Send,
+    ) {
         use etcd_client::{EventType, WatchOptions};
         let mut next = self.loaded_revision.load(Ordering::Acquire) + 1;
         let mut closed = self.closed.subscribe();
+        let mut resync_at = tokio::time::Instant::now() + self.resync_period;
+        let mut why_reload: Option<&'static str> = None;
         while !*closed.borrow_and_update() {
+            if let Some(why) = why_reload.take() {
+                match self.load().await {
+                    Ok(claims) => {
+                        let count = claims.len();
+                        reload(claims);
+                        super::index_resyncs().inc();
+                        next = self.loaded_revision.load(Ordering::Acquire) + 1;
+                        tracing::info!(
+                            reason = why,
+                            records = count,
+                            revision = next - 1,
+                            "reloaded the etcd index"
+                        );
+                        resync_at = tokio::time::Instant::now() + self.resync_period;
+                    }
+                    Err(LedgerError::Closed) => return,
+                    Err(error) => {
+                        tracing::warn!(%error, reason = why, "reloading the etcd index failed; retrying");
+                        why_reload = Some(why);
+                        tokio::select! {
+                            _ = closed.wait_for(|closed| *closed) => return,
+                            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                        }
+                        continue;
+                    }
+                }
+            }
             let options = WatchOptions::new()
                 .with_prefix()
                 .with_prev_key()
@@ -306,36 +394,49 @@ impl EtcdLedger {
                 Ok(stream) => stream,
                 Err(error) => {
                     tracing::warn!(%error, "etcd watch failed to start; retrying");
-                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    why_reload = Some("reconnect");
+                    tokio::select! {
+                        _ = closed.wait_for(|closed| *closed) => return,
+                        _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                    }
                     continue;
                 }
             };
             loop {
                 let message = tokio::select! {
                     _ = closed.wait_for(|closed| *closed) => return,
+                    _ = tokio::time::sleep_until(resync_at) => {
+                        why_reload = Some("period");
+                        break;
+                    }
                     message = stream.message() => message,
                 };
                 let message = match message {
                     Ok(Some(message)) => message,
-                    Ok(None) => break,
+                    Ok(None) => {
+                        why_reload = Some("reconnect");
+                        break;
+                    }
                     Err(error) => {
-                        tracing::warn!(%error, "etcd watch broke; resuming");
+                        tracing::warn!(%error, "etcd watch broke; reconnecting");
+                        why_reload = Some("reconnect");
                         tokio::time::sleep(Duration::from_millis(200)).await;
                         break;
                     }
                 };
                 if message.compact_revision() > 0 && message.compact_revision() >= next {
-                    // history before this was compacted away: skip to what is left. Claims
-                    // missed here are still settled by create-if-absent.
+                    // history the watch had not seen was compacted away: events are lost, so
+                    // the whole prefix is read again
                     tracing::warn!(
                         from = next,
                         to = message.compact_revision(),
-                        "etcd compacted revisions the watch had not seen"
+                        "etcd compacted revisions the watch had not seen; reloading the index"
                     );
-                    next = message.compact_revision();
+                    why_reload = Some("compaction");
                     break;
                 }
                 if message.canceled() {
+                    why_reload = Some("reconnect");
                     break;
                 }
                 for event in message.events() {
@@ -357,7 +458,10 @@ impl EtcdLedger {
                             Ok(claim) if claim.is_held() => ObservedChange::Held(claim),
                             Ok(claim) => ObservedChange::Released(claim),
                             Err(error) => {
-                                tracing::warn!(%error, "ignoring an undecodable etcd record");
+                                super::skip_corrupt(
+                                    &error,
+                                    "ignoring an etcd record that cannot be read",
+                                );
                                 continue;
                             }
                         },
@@ -398,7 +502,12 @@ impl Ledger for EtcdLedger {
         let mut claims = Vec::with_capacity(response.kvs().len());
         for kv in response.kvs() {
             self.note_seen(&String::from_utf8_lossy(kv.key()), kv.mod_revision());
-            claims.push(self.decode(kv)?);
+            match self.decode(kv) {
+                Ok(claim) => claims.push(claim),
+                Err(error) => {
+                    super::skip_corrupt(&error, "skipping an etcd record that cannot be read")
+                }
+            }
         }
         Ok(claims)
     }
@@ -416,7 +525,10 @@ impl Ledger for EtcdLedger {
                 Err(None) => expected = None,
                 Err(Some(kv)) => {
                     self.note_seen(&key, kv.mod_revision());
-                    let current = self.decode(&kv)?;
+                    let current = match self.decode(&kv) {
+                        Ok(current) => current,
+                        Err(error) => return Ok(self.held_by_unreadable(claim, &key, &error)),
+                    };
                     match create_rule(Some(&current), claim) {
                         CreateRule::Write => {
                             expected = Some(kv.mod_revision());
@@ -456,8 +568,57 @@ impl Ledger for EtcdLedger {
         .await
     }
 
+    async fn ping(&self) -> Result<(), LedgerError> {
+        self.retrying("status", |mut client| async move { client.status().await })
+            .await
+            .map(|_| ())
+    }
+
     async fn close(&self) {
         // every acknowledged write is already durable in etcd; only refuse new calls
         self.closed.send_replace(true);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixes_get_one_leading_and_one_trailing_slash() {
+        for (given, want) in [
+            ("/ip-webhook/", "/ip-webhook/"),
+            ("ip-webhook/", "/ip-webhook/"),
+            ("ip-webhook", "/ip-webhook/"),
+            ("//ip-webhook//", "/ip-webhook/"),
+            ("/a/b", "/a/b/"),
+            ("", "/"),
+            ("///", "/"),
+        ] {
+            assert_eq!(normalize_prefix(given), want, "{given:?}");
+        }
+    }
+
+    #[test]
+    fn a_record_on_another_ip_than_its_key_is_corrupt_and_named() {
+        let claim = crate::ledger::unreadable_holder("10.0.0.9".parse().unwrap(), "x");
+        let value = serde_json::to_vec(&claim).unwrap();
+        let error = decode_record("/p/", b"/p/10.0.0.1", &value)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            error,
+            "ledger record for 10.0.0.1 is corrupt: etcd key /p/10.0.0.1 holds a claim on 10.0.0.9, not on the IP its key names"
+        );
+        assert!(decode_record("/p/", b"/p/10.0.0.9", &value).is_ok());
+        let error = decode_record("/p/", b"/p/10.0.0.1", b"{")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.starts_with(
+                "ledger record for 10.0.0.1 is corrupt: etcd key /p/10.0.0.1 does not hold a claim"
+            ),
+            "{error}"
+        );
     }
 }

@@ -18,8 +18,16 @@ use kube::api::{DeleteParams, ListParams, PostParams, Preconditions};
 use kube::{Api, Client};
 
 use super::claim::{CreateRule, create_rule, may_step, same_grant};
-use super::{Claim, CreateOutcome, Ledger, LedgerError, Phase, PodRef, Source, unix_now};
+use super::{
+    Claim, CreateOutcome, Ledger, LedgerError, Phase, PodRef, Source, skip_corrupt, unix_now,
+    unreadable_holder,
+};
 use crate::crd::{IPClaim, IPClaimSpec, IPClaimStatus};
+
+/// The finalizer every IPClaim carries: `kubectl delete ipclaim` on a running pod's claim
+/// only marks it for deletion (its IP stays held); the ledger and the reconciler remove the
+/// finalizer when they release the claim, the reconciler once the claim's pod is gone.
+pub const FINALIZER: &str = "ip-webhook.io/pod-gone";
 
 /// How many times `create` retries when the record it collided with vanished meanwhile.
 const CREATE_ATTEMPTS: usize = 4;
@@ -121,9 +129,58 @@ pub fn to_resource(claim: &Claim) -> IPClaim {
             )]
             .into(),
         ),
+        finalizers: Some(vec![FINALIZER.to_string()]),
         ..ObjectMeta::default()
     };
     resource
+}
+
+/// Delete `existing` only if it is still that very object (uid and resourceVersion), taking
+/// our finalizer off first. `Ok(false)` when it changed or went meanwhile.
+pub async fn delete_exact_object(
+    api: &Api<IPClaim>,
+    existing: &IPClaim,
+) -> Result<bool, kube::Error> {
+    let name = existing.metadata.name.clone().unwrap_or_default();
+    let mut resource_version = existing.metadata.resource_version.clone();
+    let finalizers = existing.metadata.finalizers.clone().unwrap_or_default();
+    if finalizers.iter().any(|f| f == FINALIZER) {
+        let rest: Vec<String> = finalizers.into_iter().filter(|f| f != FINALIZER).collect();
+        let patch = serde_json::json!({
+            "metadata": {
+                "resourceVersion": resource_version,
+                "finalizers": if rest.is_empty() { serde_json::Value::Null } else { serde_json::json!(rest) },
+            },
+        });
+        match api
+            .patch(
+                &name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await
+        {
+            Ok(updated) => resource_version = updated.metadata.resource_version,
+            Err(error) if is_status(&error, 404) || is_status(&error, 409) => return Ok(false),
+            Err(error) => return Err(error),
+        }
+        if existing.metadata.deletion_timestamp.is_some() && rest.is_empty() {
+            // someone deleted it already: it went with its last finalizer
+            return Ok(true);
+        }
+    }
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: existing.metadata.uid.clone(),
+            resource_version,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(&name, &params).await {
+        Ok(_) => Ok(true),
+        Err(error) if is_status(&error, 404) || is_status(&error, 409) => Ok(false),
+        Err(error) => Err(error),
+    }
 }
 
 /// The claim an `IPClaim` object records. `Err` names what is wrong with it.
@@ -138,11 +195,20 @@ pub fn from_resource(resource: &IPClaim) -> Result<Claim, LedgerError> {
         .ip
         .parse()
         .map_err(|_| corrupt(format!("spec.ip {:?} is not an IP", resource.spec.ip)))?;
-    if ip_from_claim_name(&name) != Some(ip) {
-        return Err(corrupt(format!(
-            "the name does not encode spec.ip {ip} (expected {})",
-            claim_name(&ip)
-        )));
+    match ip_from_claim_name(&name) {
+        Some(named) if named == ip => {}
+        Some(named) => {
+            return Err(corrupt(format!(
+                "its name stands for {named} but spec.ip is {ip} (the IPClaim for {ip} would be named {})",
+                claim_name(&ip)
+            )));
+        }
+        None => {
+            return Err(corrupt(format!(
+                "its name {name:?} encodes no IP (spec.ip is {ip}, whose IPClaim would be named {})",
+                claim_name(&ip)
+            )));
+        }
     }
     let created_at = resource
         .metadata
@@ -236,18 +302,9 @@ impl KubeLedger {
     /// Delete `existing` only if it is still that very object (uid and resourceVersion).
     async fn delete_exact(&self, existing: &IPClaim) -> Result<bool, LedgerError> {
         let name = existing.metadata.name.clone().unwrap_or_default();
-        let params = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: existing.metadata.uid.clone(),
-                resource_version: existing.metadata.resource_version.clone(),
-            }),
-            ..DeleteParams::default()
-        };
-        match self.api.delete(&name, &params).await {
-            Ok(_) => Ok(true),
-            Err(error) if is_status(&error, 404) || is_status(&error, 409) => Ok(false),
-            Err(error) => Err(storage(&format!("deleting IPClaim {name}"), error)),
-        }
+        delete_exact_object(&self.api, existing)
+            .await
+            .map_err(|error| storage(&format!("deleting IPClaim {name}"), error))
     }
 }
 
@@ -267,10 +324,18 @@ impl Ledger for KubeLedger {
         for resource in &list.items {
             match from_resource(resource) {
                 Ok(claim) => claims.push(claim),
-                Err(error) => tracing::warn!(%error, "skipping an IPClaim"),
+                Err(error) => skip_corrupt(&error, "skipping an IPClaim that cannot be read"),
             }
         }
         Ok(claims)
+    }
+
+    async fn ping(&self) -> Result<(), LedgerError> {
+        self.api
+            .list(&ListParams::default().limit(1))
+            .await
+            .map(|_| ())
+            .map_err(|e| storage("listing IPClaims", e))
     }
 
     async fn create(&self, claim: &Claim) -> Result<CreateOutcome, LedgerError> {
@@ -289,7 +354,18 @@ impl Ledger for KubeLedger {
                 Ok(None) => continue,
                 Err(error) => return Err(storage(&format!("reading IPClaim {name}"), error)),
             };
-            let held = from_resource(&existing)?;
+            let held = match from_resource(&existing) {
+                Ok(held) => held,
+                Err(error) => {
+                    // the object of this name exists, so the IP cannot be claimed here: the
+                    // allocator tries the next one; an operator repairs or deletes the record
+                    skip_corrupt(&error, "an unreadable IPClaim holds this IP; not taking it");
+                    return Ok(CreateOutcome::AlreadyHeld(Box::new(unreadable_holder(
+                        claim.ip,
+                        &format!("IPClaim {name}"),
+                    ))));
+                }
+            };
             match create_rule(Some(&held), claim) {
                 CreateRule::Write => {
                     self.delete_exact(&existing).await?;
@@ -311,7 +387,13 @@ impl Ledger for KubeLedger {
             Ok(None) => return Ok(false),
             Err(error) => return Err(storage(&format!("reading IPClaim {name}"), error)),
         };
-        let held = from_resource(&existing)?;
+        let held = match from_resource(&existing) {
+            Ok(held) => held,
+            Err(error) => {
+                skip_corrupt(&error, "not releasing an IPClaim that cannot be read");
+                return Ok(false);
+            }
+        };
         if !held.is_held() || !same_grant(&held, claim) {
             return Ok(false);
         }
@@ -344,7 +426,13 @@ impl Ledger for KubeLedger {
             Ok(None) => return Ok(false),
             Err(error) => return Err(storage(&format!("reading IPClaim {name}"), error)),
         };
-        let held = from_resource(&existing)?;
+        let held = match from_resource(&existing) {
+            Ok(held) => held,
+            Err(error) => {
+                skip_corrupt(&error, "not changing an IPClaim that cannot be read");
+                return Ok(false);
+            }
+        };
         if !may_step(&held, current, next) {
             return Ok(false);
         }
@@ -510,9 +598,9 @@ mod tests {
         });
         resource.spec.ip = "10.0.0.6".into();
         let error = from_resource(&resource).unwrap_err().to_string();
-        assert!(
-            error.contains("does not encode spec.ip 10.0.0.6"),
-            "{error}"
+        assert_eq!(
+            error,
+            "ledger record for 10.0.0.5 is corrupt: its name stands for 10.0.0.5 but spec.ip is 10.0.0.6 (the IPClaim for 10.0.0.6 would be named 10.0.0.6)"
         );
     }
 }

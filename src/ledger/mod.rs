@@ -13,6 +13,7 @@ pub mod claim;
 pub mod embedded;
 #[cfg(feature = "etcd")]
 pub mod etcd;
+pub mod health;
 pub mod kubernetes;
 pub mod memory;
 pub mod timed;
@@ -123,6 +124,54 @@ impl Claim {
     }
 }
 
+/// Records a ledger could not read (hand-edited, written by something else): skipped by
+/// `load` and the watches, treated as holding their IP by `create`; each one logged and
+/// counted here (`ip_webhook_ledger_corrupt_records_total`).
+pub fn corrupt_records() -> &'static prometheus_client::metrics::counter::Counter {
+    static COUNTER: std::sync::OnceLock<prometheus_client::metrics::counter::Counter> =
+        std::sync::OnceLock::new();
+    COUNTER.get_or_init(Default::default)
+}
+
+/// Times a shared ledger's index was reloaded whole (etcd: after a compaction gap, a
+/// reconnect, or every `--resync-period`): `ip_webhook_ledger_index_resyncs_total`.
+pub fn index_resyncs() -> &'static prometheus_client::metrics::counter::Counter {
+    static COUNTER: std::sync::OnceLock<prometheus_client::metrics::counter::Counter> =
+        std::sync::OnceLock::new();
+    COUNTER.get_or_init(Default::default)
+}
+
+/// Log and count a record that could not be read, and say what was done with it.
+pub fn skip_corrupt(error: &LedgerError, what: &str) {
+    corrupt_records().inc();
+    tracing::warn!(%error, "{what}");
+}
+
+/// A stand-in for a record that exists on `ip` but cannot be read: it holds the IP (nothing
+/// may be written over it) and names itself in refusals.
+pub fn unreadable_holder(ip: IpAddr, record: &str) -> Claim {
+    Claim {
+        ip,
+        app: String::new(),
+        pool: None,
+        pod: PodRef {
+            namespace: String::new(),
+            name: format!("(unreadable ledger record {record})"),
+            generate_name: String::new(),
+            uid: None,
+        },
+        request_uid: String::new(),
+        phase: Phase::Bound,
+        source: Source::Allocated,
+        created_at: 0,
+        updated_at: 0,
+        list_size: None,
+        token: String::new(),
+        release_at: None,
+        sticky: false,
+    }
+}
+
 pub fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -194,6 +243,12 @@ pub trait Ledger: Send + Sync + 'static {
     /// the record there is still `current`'s grant and the step is one [`claim::may_step`]
     /// allows. Returns whether a record changed.
     async fn transition(&self, current: &Claim, next: &Claim) -> Result<bool, LedgerError>;
+
+    /// A cheap call that answers only when the ledger can serve (the readiness prober uses
+    /// it while no admission arrives). In-process ledgers always can.
+    async fn ping(&self) -> Result<(), LedgerError> {
+        Ok(())
+    }
 
     /// Flush and stop; later calls fail with [`LedgerError::Closed`].
     async fn close(&self) {}

@@ -1,6 +1,7 @@
 //! A ledger wrapper that times every call into `ip_webhook_ledger_operation_seconds`,
 //! whatever the adapter underneath.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -8,12 +9,14 @@ use async_trait::async_trait;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 
+use super::health::{self, LedgerHealth};
 use super::{Claim, CreateOutcome, Ledger, LedgerError};
 use crate::metrics::LedgerLabels;
 
 pub struct TimedLedger {
     inner: Arc<dyn Ledger>,
     latency: Family<LedgerLabels, Histogram>,
+    health: Arc<LedgerHealth>,
 }
 
 impl TimedLedger {
@@ -21,7 +24,20 @@ impl TimedLedger {
         inner: Arc<dyn Ledger>,
         latency: Family<LedgerLabels, Histogram>,
     ) -> Arc<dyn Ledger> {
-        Arc::new(TimedLedger { inner, latency })
+        TimedLedger::wrap_watched(inner, latency, Arc::new(LedgerHealth::new()))
+    }
+
+    /// [`TimedLedger::wrap`], counting failures into `health` (what `/readyz` reads).
+    pub fn wrap_watched(
+        inner: Arc<dyn Ledger>,
+        latency: Family<LedgerLabels, Histogram>,
+        health: Arc<LedgerHealth>,
+    ) -> Arc<dyn Ledger> {
+        Arc::new(TimedLedger {
+            inner,
+            latency,
+            health,
+        })
     }
 
     fn observe(&self, operation: &'static str, started: Instant) {
@@ -32,6 +48,52 @@ impl TimedLedger {
             })
             .observe(started.elapsed().as_secs_f64());
     }
+
+    fn count<T>(&self, result: &Result<T, LedgerError>) {
+        match result {
+            Ok(_) => self.health.success(),
+            Err(LedgerError::Storage(error)) => self.health.failure(error),
+            Err(_) => {}
+        }
+    }
+
+    /// Run `call` on its own task, bounded by the admission's deadline when there is one.
+    /// A call still running at the deadline is answered with an error and left to finish;
+    /// `late` gets its result (to undo a write nobody was told about).
+    async fn bounded<T: Send + 'static>(
+        &self,
+        operation: &'static str,
+        call: impl Future<Output = Result<T, LedgerError>> + Send + 'static,
+        late: impl FnOnce(Result<T, LedgerError>) -> BoxFuture + Send + 'static,
+    ) -> Result<T, LedgerError> {
+        let Some(deadline) = health::deadline() else {
+            return call.await;
+        };
+        let mut task = tokio::spawn(call);
+        match tokio::time::timeout_at(deadline.into(), &mut task).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(join)) => Err(LedgerError::Storage(format!(
+                "the ledger {operation} stopped: {join}"
+            ))),
+            Err(_) => {
+                tokio::spawn(async move {
+                    if let Ok(result) = task.await {
+                        late(result).await;
+                    }
+                });
+                Err(LedgerError::Storage(format!(
+                    "the {} ledger did not answer the {operation} within the admission deadline (--admission-deadline)",
+                    self.inner.kind()
+                )))
+            }
+        }
+    }
+}
+
+type BoxFuture = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
+
+fn nothing<T>(_: T) -> BoxFuture {
+    Box::pin(async {})
 }
 
 #[async_trait]
@@ -44,27 +106,69 @@ impl Ledger for TimedLedger {
         let started = Instant::now();
         let result = self.inner.load().await;
         self.observe("load", started);
+        self.count(&result);
         result
     }
 
     async fn create(&self, claim: &Claim) -> Result<CreateOutcome, LedgerError> {
         let started = Instant::now();
-        let result = self.inner.create(claim).await;
+        let (inner, owned) = (self.inner.clone(), claim.clone());
+        let (undo, made) = (self.inner.clone(), claim.clone());
+        let result = self
+            .bounded(
+                "create",
+                async move { inner.create(&owned).await },
+                move |late| {
+                    Box::pin(async move {
+                        // the admission was already denied: a claim that landed anyway is rolled back
+                        if matches!(late, Ok(CreateOutcome::Created)) {
+                            match undo.release(&made).await {
+                                Ok(_) => tracing::warn!(ip = %made.ip, "rolled back a claim made after the admission deadline"),
+                                Err(error) => tracing::warn!(%error, ip = %made.ip, "could not roll back a claim made after the admission deadline; the reservation TTL or leak sweeper frees it"),
+                            }
+                        }
+                    })
+                },
+            )
+            .await;
         self.observe("create", started);
+        self.count(&result);
         result
     }
 
     async fn release(&self, claim: &Claim) -> Result<bool, LedgerError> {
         let started = Instant::now();
-        let result = self.inner.release(claim).await;
+        let (inner, owned) = (self.inner.clone(), claim.clone());
+        let result = self
+            .bounded(
+                "release",
+                async move { inner.release(&owned).await },
+                nothing,
+            )
+            .await;
         self.observe("release", started);
+        self.count(&result);
         result
     }
 
     async fn transition(&self, current: &Claim, next: &Claim) -> Result<bool, LedgerError> {
         let started = Instant::now();
-        let result = self.inner.transition(current, next).await;
+        let (inner, current, next) = (self.inner.clone(), current.clone(), next.clone());
+        let result = self
+            .bounded(
+                "transition",
+                async move { inner.transition(&current, &next).await },
+                nothing,
+            )
+            .await;
         self.observe("transition", started);
+        self.count(&result);
+        result
+    }
+
+    async fn ping(&self) -> Result<(), LedgerError> {
+        let result = self.inner.ping().await;
+        self.count(&result);
         result
     }
 
@@ -115,5 +219,90 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains(r#"operation="load""#), "{text}");
+    }
+
+    /// A memory ledger whose creates take `delay`.
+    struct Slow {
+        inner: MemoryLedger,
+        delay: std::time::Duration,
+    }
+
+    #[async_trait]
+    impl Ledger for Slow {
+        fn kind(&self) -> &'static str {
+            "slow"
+        }
+        async fn load(&self) -> Result<Vec<Claim>, LedgerError> {
+            self.inner.load().await
+        }
+        async fn create(&self, claim: &Claim) -> Result<CreateOutcome, LedgerError> {
+            tokio::time::sleep(self.delay).await;
+            self.inner.create(claim).await
+        }
+        async fn release(&self, claim: &Claim) -> Result<bool, LedgerError> {
+            self.inner.release(claim).await
+        }
+        async fn transition(&self, current: &Claim, next: &Claim) -> Result<bool, LedgerError> {
+            self.inner.transition(current, next).await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_create_past_the_admission_deadline_is_denied_then_rolled_back() {
+        let slow = Arc::new(Slow {
+            inner: MemoryLedger::new(),
+            delay: std::time::Duration::from_millis(300),
+        });
+        let health = Arc::new(LedgerHealth::new());
+        let latency = Family::<LedgerLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new([0.001].into_iter())
+        });
+        let ledger = TimedLedger::wrap_watched(slow.clone(), latency, health.clone());
+        let claim = Claim {
+            ip: "10.0.0.1".parse().unwrap(),
+            app: "web".into(),
+            pool: None,
+            pod: PodRef::default(),
+            request_uid: "r".into(),
+            phase: Phase::Reserved,
+            source: Source::Allocated,
+            created_at: 0,
+            updated_at: 0,
+            list_size: None,
+            token: "t".into(),
+            release_at: None,
+            sticky: false,
+        };
+        let started = Instant::now();
+        let deadline = started + std::time::Duration::from_millis(100);
+        let error = health::with_deadline(deadline, ledger.create(&claim))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            started.elapsed() < std::time::Duration::from_millis(250),
+            "answered at the deadline, not when the ledger did"
+        );
+        assert!(error.contains("within the admission deadline"), "{error}");
+        // the create lands at 300 ms; the rollback follows it
+        tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+        let records = slow.load().await.unwrap();
+        assert!(
+            records.iter().all(|c| !c.is_held()),
+            "the late claim is still held: {records:?}"
+        );
+        // without a deadline (the reconciler, the release timer) the call just takes its time
+        let claim = Claim {
+            ip: "10.0.0.2".parse().unwrap(),
+            ..claim
+        };
+        assert_eq!(ledger.create(&claim).await.unwrap(), CreateOutcome::Created);
+        assert!(
+            slow.load()
+                .await
+                .unwrap()
+                .iter()
+                .any(|c| c.ip == claim.ip && c.is_held())
+        );
     }
 }

@@ -1,0 +1,118 @@
+//! Whether the ledger can serve: `/readyz` turns 503 once its calls have failed for a while
+//! (several in a row, or for longer than a few seconds), and 200 again after one success.
+//! Calls are counted by [`super::TimedLedger`], which every admission and the prober use.
+//!
+//! Also the admission deadline: the ledger calls of one admission share one deadline, below
+//! the API server's webhook timeout, so a slow or hanging ledger gets a clear denial in time.
+
+use std::future::Future;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// Failures in a row after which the ledger counts as failing.
+pub const FAILURES_IN_A_ROW: u32 = 3;
+/// Time after the first of a run of failures after which the ledger counts as failing.
+pub const FAILING_FOR: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Default)]
+pub struct LedgerHealth {
+    in_a_row: AtomicU32,
+    /// When the current run of failures began.
+    since: Mutex<Option<Instant>>,
+}
+
+impl LedgerHealth {
+    pub fn new() -> LedgerHealth {
+        LedgerHealth::default()
+    }
+
+    pub fn success(&self) {
+        let was = self.in_a_row.swap(0, Ordering::SeqCst);
+        *self.since.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        if was >= FAILURES_IN_A_ROW {
+            tracing::info!(failures = was, "the ledger answers again; ready");
+        }
+    }
+
+    pub fn failure(&self, error: &str) {
+        let in_a_row = self.in_a_row.fetch_add(1, Ordering::SeqCst) + 1;
+        if in_a_row == FAILURES_IN_A_ROW {
+            tracing::warn!(
+                error,
+                "the ledger failed {in_a_row} times in a row; /readyz answers 503 until it answers again"
+            );
+        }
+        self.since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert_with(Instant::now);
+    }
+
+    /// Why the ledger cannot serve now, if it cannot: counts and times only (the admin port
+    /// is open to the cluster; the errors themselves go to the log).
+    pub fn failing(&self) -> Option<String> {
+        self.failing_at(Instant::now())
+    }
+
+    fn failing_at(&self, now: Instant) -> Option<String> {
+        let in_a_row = self.in_a_row.load(Ordering::SeqCst);
+        let since = self.since.lock().unwrap_or_else(|p| p.into_inner());
+        let first = since.as_ref()?;
+        let for_how_long = now.saturating_duration_since(*first);
+        (in_a_row >= FAILURES_IN_A_ROW || for_how_long >= FAILING_FOR).then(|| {
+            format!(
+                "the ledger failed {in_a_row} times in a row over {:.1}s (the errors are in the log)",
+                for_how_long.as_secs_f64()
+            )
+        })
+    }
+}
+
+tokio::task_local! {
+    static DEADLINE: Instant;
+}
+
+/// Run `future` (one admission) with every ledger call in it bounded by `deadline`.
+pub async fn with_deadline<F: Future>(deadline: Instant, future: F) -> F::Output {
+    DEADLINE.scope(deadline, future).await
+}
+
+/// The deadline of the admission being served, if any.
+pub fn deadline() -> Option<Instant> {
+    DEADLINE.try_with(|d| *d).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failing_after_three_in_a_row_or_five_seconds_and_recovers_on_success() {
+        let health = LedgerHealth::new();
+        assert_eq!(health.failing(), None);
+        health.failure("boom 1");
+        health.failure("boom 2");
+        assert_eq!(health.failing(), None, "two failures are not enough");
+        let later = Instant::now() + FAILING_FOR;
+        let why = health.failing_at(later).expect("failing for 5 s");
+        assert!(
+            why.contains("2 times in a row") && !why.contains("boom"),
+            "{why}"
+        );
+        health.failure("boom 3");
+        let why = health.failing().expect("three in a row");
+        assert!(why.contains("3 times in a row"), "{why}");
+        health.success();
+        assert_eq!(health.failing(), None);
+        assert_eq!(health.failing_at(later), None);
+    }
+
+    #[tokio::test]
+    async fn the_deadline_is_seen_inside_its_scope_only() {
+        assert_eq!(deadline(), None);
+        let at = Instant::now() + Duration::from_secs(3);
+        let seen = with_deadline(at, async { deadline() }).await;
+        assert_eq!(seen, Some(at));
+    }
+}
