@@ -325,7 +325,7 @@ pub async fn explain(
             let decision = mutate::decide_create(webhook, &incoming)
                 .await
                 .map_err(failed)?;
-            let display = match &pod_name {
+            let shown = match &pod_name {
                 Some(name) if !name.is_empty() => format!("{namespace}/{name}"),
                 _ => format!(
                     "{namespace}/{}*",
@@ -333,6 +333,15 @@ pub async fn explain(
                 ),
             };
             let ordinal = matches!(pods, PodNaming::Ordinal { .. }).then_some(replica);
+            // the decision line `serve` would log (shown with -v)
+            tracing::info!(
+                uid = uid.as_str(),
+                pod = shown.as_str(),
+                app = decision.app().unwrap_or(""),
+                ip = ?decision.ips(),
+                outcome = if matches!(decision, PodDecision::Denied { .. }) { "denied" } else { "allowed" },
+                "admission decision"
+            );
             let (allowed, ips, why, refused) = match decision {
                 PodDecision::Unrelated => (
                     true,
@@ -356,7 +365,7 @@ pub async fn explain(
             };
             outcome.replicas.push(ReplicaOutcome {
                 replica,
-                pod: display,
+                pod: shown,
                 allowed,
                 ips,
                 why,
