@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::cluster::index::{ForeignIps, ForeignUse};
 use crate::ipset::{Family, IpSet, ip_from_key, ip_key};
 use crate::ledger::claim::{
     self, DueStep, PodIdentity, PodPresence, held_by, may_take_over, same_admission, same_grant,
@@ -232,10 +233,35 @@ impl State {
             })
     }
 
-    fn choose(&self, request: &AllocationRequest<'_>, family: Family) -> Option<(IpAddr, Reason)> {
+    /// Who outside the ledger uses `ip`, as the cluster says: not the requesting pod itself,
+    /// nor the pod the ledger's claim on `ip` names (that is the ledger's to judge).
+    fn used_elsewhere(
+        &self,
+        ip: &IpAddr,
+        pod: &PodRef,
+        foreign: Option<&dyn ForeignIps>,
+    ) -> Option<ForeignUse> {
+        let user = foreign?.user(ip)?;
+        if user.is_pod(&pod.namespace, &pod.name) {
+            return None;
+        }
+        match self.claims.get(ip) {
+            Some(claim) if user.is_pod(&claim.pod.namespace, &claim.pod.name) => None,
+            _ => Some(user),
+        }
+    }
+
+    fn choose(
+        &self,
+        request: &AllocationRequest<'_>,
+        family: Family,
+        foreign: Option<&dyn ForeignIps>,
+    ) -> Option<(IpAddr, Reason)> {
         let set = request.candidates;
-        let free =
-            |ip: &IpAddr| set.contains(ip) && (!self.is_held(ip) || self.kept_for(ip, request));
+        let elsewhere = |ip: &IpAddr| self.used_elsewhere(ip, &request.pod, foreign).is_some();
+        let free = |ip: &IpAddr| {
+            set.contains(ip) && (!self.is_held(ip) || self.kept_for(ip, request)) && !elsewhere(ip)
+        };
         if let Some(ordinal) = request.ordinal
             && let Some(ip) = set.nth(family, ordinal as u128)
             && free(&ip)
@@ -259,12 +285,22 @@ impl State {
         }
         let runs = self.held.get(&family);
         for range in set.family_ranges(family) {
-            let value = match runs {
-                Some(runs) => runs.first_free(range.start, range.end),
-                None => Some(range.start),
-            };
-            if let Some(value) = value {
-                return Some((ip_from_key(family, value), Reason::LowestFree));
+            let mut start = range.start;
+            loop {
+                let value = match runs {
+                    Some(runs) => runs.first_free(start, range.end),
+                    None => Some(start),
+                };
+                let Some(value) = value else { break };
+                let ip = ip_from_key(family, value);
+                // A free IP a pod outside the ledger runs on is skipped.
+                if !elsewhere(&ip) {
+                    return Some((ip, Reason::LowestFree));
+                }
+                if value >= range.end {
+                    break;
+                }
+                start = value + 1;
             }
         }
         None
@@ -312,6 +348,9 @@ impl State {
 pub struct Allocator {
     ledger: Arc<dyn Ledger>,
     state: Mutex<State>,
+    /// What the cluster says is in use outside the ledger (in-cluster: watched pods' IPs and
+    /// Kube-OVN IP objects).
+    foreign: std::sync::OnceLock<Arc<dyn ForeignIps>>,
 }
 
 impl Allocator {
@@ -330,7 +369,23 @@ impl Allocator {
         Ok(Allocator {
             ledger,
             state: Mutex::new(state),
+            foreign: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Consult `foreign` from now on: a static IP it names is refused, an allocation skips it.
+    pub fn set_foreign(&self, foreign: Arc<dyn ForeignIps>) {
+        let _ = self.foreign.set(foreign);
+    }
+
+    fn foreign(&self) -> Option<&dyn ForeignIps> {
+        self.foreign.get().map(|f| &**f)
+    }
+
+    /// The refusal for `pod` asking for `ip` that a pod outside the ledger uses, if one does.
+    pub fn foreign_conflict(&self, ip: &IpAddr, pod: &PodRef) -> Option<String> {
+        let user = self.lock().used_elsewhere(ip, pod, self.foreign())?;
+        Some(foreign_message(ip, pod, &user))
     }
 
     pub fn ledger(&self) -> &Arc<dyn Ledger> {
@@ -475,7 +530,7 @@ impl Allocator {
         for _ in 0..MAX_CONTENDED_ATTEMPTS {
             let (claim, reason) = {
                 let mut state = self.lock();
-                let Some((ip, reason)) = state.choose(request, family) else {
+                let Some((ip, reason)) = state.choose(request, family, self.foreign()) else {
                     return Err(AllocError::Exhausted(
                         state.exhausted_message(request, family),
                     ));
@@ -537,12 +592,16 @@ impl Allocator {
             let probe = new_claim(*ip, request, Source::Static);
             let step = {
                 let mut state = self.lock();
-                match state.claims.get(ip) {
-                    Some(holder) if holder.is_held() && same_admission(holder, &probe) => {
+                let elsewhere = state
+                    .used_elsewhere(ip, &request.pod, self.foreign())
+                    .map(|user| foreign_message(ip, &request.pod, &user));
+                match (elsewhere, state.claims.get(ip)) {
+                    (Some(message), _) => Some(Err(AllocError::Conflict(message))),
+                    (None, Some(holder)) if holder.is_held() && same_admission(holder, &probe) => {
                         allocation.token = holder.token.clone();
                         None
                     }
-                    Some(holder) if holder.locks_ip() && !may_take_over(holder, &probe) => {
+                    (None, Some(holder)) if holder.locks_ip() && !may_take_over(holder, &probe) => {
                         Some(Err(AllocError::Conflict(conflict_message(
                             ip,
                             &request.pod,
@@ -770,6 +829,16 @@ pub fn conflict_message(ip: &IpAddr, requester: &PodRef, holder: &Claim) -> Stri
         "static IP {ip} requested by {} is already held by {}{app}",
         requester.display(),
         holder.pod.display()
+    )
+}
+
+/// `static IP 10.98.2.7 requested by default/x is already used by pod default/y (Kube-OVN IP
+/// y.default)`: a pod outside the ledger runs on it.
+pub fn foreign_message(ip: &IpAddr, requester: &PodRef, user: &ForeignUse) -> String {
+    format!(
+        "static IP {ip} requested by {} is already used by {}",
+        requester.display(),
+        user.describe()
     )
 }
 
