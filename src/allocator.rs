@@ -1102,6 +1102,71 @@ mod tests {
         assert_eq!(again.reasons, vec![Reason::PreviousHolder]);
     }
 
+    /// IPs the cluster says pods outside the ledger use.
+    struct Foreign(Vec<(&'static str, &'static str)>);
+
+    impl ForeignIps for Foreign {
+        fn user(&self, ip: &IpAddr) -> Option<ForeignUse> {
+            self.0
+                .iter()
+                .find(|(used, _)| used.parse::<IpAddr>().ok() == Some(*ip))
+                .map(|(_, name)| ForeignUse {
+                    namespace: "default".into(),
+                    name: name.to_string(),
+                    ovn_ip: None,
+                })
+        }
+    }
+
+    #[tokio::test]
+    async fn ips_foreign_pods_use_are_skipped_and_refused_but_not_for_their_own_pod() {
+        let alloc = allocator().await;
+        alloc.set_foreign(Arc::new(Foreign(vec![
+            ("10.0.0.1", "legacy-0"),
+            ("10.0.0.2", "legacy-1"),
+            ("10.0.0.4", "web-a"),
+        ])));
+        let set = parse_ip_spec("10.0.0.1-10.0.0.4").unwrap();
+        let first = alloc
+            .allocate(&request(&set, pod("web-x"), "u1"))
+            .await
+            .unwrap();
+        assert_eq!(first.ips[0].to_string(), "10.0.0.3");
+        // 10.0.0.4 is web-a's own (it runs on it): web-a may be given it.
+        let own = alloc
+            .allocate(&request(&set, pod("web-a"), "u2"))
+            .await
+            .unwrap();
+        assert_eq!(own.ips[0].to_string(), "10.0.0.4");
+        let err = alloc
+            .claim_static(
+                &["10.0.0.2".parse().unwrap()],
+                &request(&set, pod("x"), "u3"),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "static IP 10.0.0.2 requested by default/x is already used by pod default/legacy-1"
+        );
+        // The ledger's claim names web-a, the pod that runs on 10.0.0.4: the ledger judges.
+        let err = alloc
+            .claim_static(
+                &["10.0.0.4".parse().unwrap()],
+                &request(&set, pod("y"), "u4"),
+            )
+            .await
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("is already held by default/web-a"),
+            "{err}"
+        );
+        assert_eq!(
+            alloc.foreign_conflict(&"10.0.0.1".parse().unwrap(), &pod("legacy-0")),
+            None
+        );
+    }
+
     #[tokio::test]
     async fn dual_stack_takes_one_per_family_and_dry_run_records_nothing() {
         let alloc = allocator().await;

@@ -492,3 +492,73 @@ fn surge(spec: &WorkloadSpec, replicas: u128) -> u128 {
         _ => 0,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn object(json: serde_json::Value) -> kube::api::DynamicObject {
+        serde_json::from_value(json).unwrap()
+    }
+
+    fn deployment(name: &str, annotations: serde_json::Value, owned: bool) -> serde_json::Value {
+        let owners = if owned {
+            serde_json::json!([{"apiVersion": "apps/v1", "kind": "Deployment", "name": "d", "uid": "u", "controller": true}])
+        } else {
+            serde_json::json!([])
+        };
+        serde_json::json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "namespace": "prod", "ownerReferences": owners},
+            "spec": {"template": {"metadata": {"labels": {"app": name}, "annotations": annotations}}},
+        })
+    }
+
+    #[test]
+    fn a_watched_workload_keeps_only_its_list_app_and_identity() {
+        let listed = object(deployment(
+            "legacy",
+            serde_json::json!({ALLOCATABLE_IPS: "10.98.3.1-10.98.3.3"}),
+            false,
+        ));
+        let listing = listing_of("Deployment", &listed, "app").unwrap();
+        assert_eq!(listing.id.to_string(), "Deployment prod/legacy");
+        assert_eq!(listing.app, "prod/legacy");
+        assert_eq!(listing.set.to_string(), "10.98.3.1-10.98.3.3");
+        let owned = object(deployment(
+            "rs",
+            serde_json::json!({ALLOCATABLE_IPS: "10.98.3.1"}),
+            true,
+        ));
+        assert!(listing_of("ReplicaSet", &owned, "app").is_none());
+        let pool = object(deployment("p", serde_json::json!({IP_POOL: "blue"}), false));
+        assert!(listing_of("Deployment", &pool, "app").is_none());
+        let cronjob = object(serde_json::json!({
+            "metadata": {"name": "c", "namespace": "prod"},
+            "spec": {"jobTemplate": {"spec": {"template": {"metadata": {
+                "labels": {"app": "c"}, "annotations": {ALLOCATABLE_IPS: "10.98.5.1"}}}}}},
+        }));
+        assert_eq!(
+            listing_of("CronJob", &cronjob, "app")
+                .unwrap()
+                .set
+                .to_string(),
+            "10.98.5.1"
+        );
+
+        let registry = WorkloadRegistry::default();
+        registry.replace_kind("Deployment", vec![listing]);
+        let other = parse_ip_spec("10.98.3.2").unwrap();
+        let (shared, id, app) = registry.other_app_listing(&other, "prod/other").unwrap();
+        assert_eq!(
+            (shared.as_str(), app.as_str()),
+            ("10.98.3.2", "prod/legacy")
+        );
+        assert_eq!(id.name, "legacy");
+        // A relist of another kind leaves Deployments alone; a relist of Deployments replaces them.
+        registry.replace_kind("StatefulSet", Vec::new());
+        assert_eq!(registry.len(), 1);
+        registry.replace_kind("Deployment", Vec::new());
+        assert!(registry.other_app_listing(&other, "prod/other").is_none());
+    }
+}
