@@ -306,7 +306,12 @@ impl State {
         None
     }
 
-    fn exhausted_message(&self, request: &AllocationRequest<'_>, family: Family) -> String {
+    fn exhausted_message(
+        &self,
+        request: &AllocationRequest<'_>,
+        family: Family,
+        foreign: Option<&dyn ForeignIps>,
+    ) -> String {
         let set = request.candidates;
         let dual = set.families().len() > 1;
         let total: u128 = set.family_ranges(family).map(|r| r.len()).sum();
@@ -320,6 +325,9 @@ impl State {
             }
             if let Some(claim) = self.claims.get(&ip) {
                 holders.push(format!("{ip} by {}", claim.pod.display()));
+                named += 1;
+            } else if let Some(user) = self.used_elsewhere(&ip, &request.pod, foreign) {
+                holders.push(format!("{ip} by {} outside ip-webhook", user.describe()));
                 named += 1;
             }
         }
@@ -531,9 +539,11 @@ impl Allocator {
             let (claim, reason) = {
                 let mut state = self.lock();
                 let Some((ip, reason)) = state.choose(request, family, self.foreign()) else {
-                    return Err(AllocError::Exhausted(
-                        state.exhausted_message(request, family),
-                    ));
+                    return Err(AllocError::Exhausted(state.exhausted_message(
+                        request,
+                        family,
+                        self.foreign(),
+                    )));
                 };
                 let claim = new_claim(ip, request, Source::Allocated);
                 if request.dry_run {
@@ -1164,6 +1174,16 @@ mod tests {
         assert_eq!(
             alloc.foreign_conflict(&"10.0.0.1".parse().unwrap(), &pod("legacy-0")),
             None
+        );
+        // Exhausted: the message names the foreign users too.
+        let err = alloc
+            .allocate(&request(&set, pod("web-z"), "u5"))
+            .await
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("10.0.0.1 by pod default/legacy-0 outside ip-webhook"),
+            "{err}"
         );
     }
 
