@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::cluster::index::{ForeignIps, ForeignUse};
 use crate::ipset::{Family, IpSet, ip_from_key, ip_key};
 use crate::ledger::claim::{
     self, DueStep, PodIdentity, PodPresence, held_by, may_take_over, same_admission, same_grant,
@@ -232,10 +233,35 @@ impl State {
             })
     }
 
-    fn choose(&self, request: &AllocationRequest<'_>, family: Family) -> Option<(IpAddr, Reason)> {
+    /// Who outside the ledger uses `ip`, as the cluster says: not the requesting pod itself,
+    /// nor the pod the ledger's claim on `ip` names (that is the ledger's to judge).
+    fn used_elsewhere(
+        &self,
+        ip: &IpAddr,
+        pod: &PodRef,
+        foreign: Option<&dyn ForeignIps>,
+    ) -> Option<ForeignUse> {
+        let user = foreign?.user(ip)?;
+        if user.is_pod(&pod.namespace, &pod.name) {
+            return None;
+        }
+        match self.claims.get(ip) {
+            Some(claim) if user.is_pod(&claim.pod.namespace, &claim.pod.name) => None,
+            _ => Some(user),
+        }
+    }
+
+    fn choose(
+        &self,
+        request: &AllocationRequest<'_>,
+        family: Family,
+        foreign: Option<&dyn ForeignIps>,
+    ) -> Option<(IpAddr, Reason)> {
         let set = request.candidates;
-        let free =
-            |ip: &IpAddr| set.contains(ip) && (!self.is_held(ip) || self.kept_for(ip, request));
+        let elsewhere = |ip: &IpAddr| self.used_elsewhere(ip, &request.pod, foreign).is_some();
+        let free = |ip: &IpAddr| {
+            set.contains(ip) && (!self.is_held(ip) || self.kept_for(ip, request)) && !elsewhere(ip)
+        };
         if let Some(ordinal) = request.ordinal
             && let Some(ip) = set.nth(family, ordinal as u128)
             && free(&ip)
@@ -259,18 +285,33 @@ impl State {
         }
         let runs = self.held.get(&family);
         for range in set.family_ranges(family) {
-            let value = match runs {
-                Some(runs) => runs.first_free(range.start, range.end),
-                None => Some(range.start),
-            };
-            if let Some(value) = value {
-                return Some((ip_from_key(family, value), Reason::LowestFree));
+            let mut start = range.start;
+            loop {
+                let value = match runs {
+                    Some(runs) => runs.first_free(start, range.end),
+                    None => Some(start),
+                };
+                let Some(value) = value else { break };
+                let ip = ip_from_key(family, value);
+                // A free IP a pod outside the ledger runs on is skipped.
+                if !elsewhere(&ip) {
+                    return Some((ip, Reason::LowestFree));
+                }
+                if value >= range.end {
+                    break;
+                }
+                start = value + 1;
             }
         }
         None
     }
 
-    fn exhausted_message(&self, request: &AllocationRequest<'_>, family: Family) -> String {
+    fn exhausted_message(
+        &self,
+        request: &AllocationRequest<'_>,
+        family: Family,
+        foreign: Option<&dyn ForeignIps>,
+    ) -> String {
         let set = request.candidates;
         let dual = set.families().len() > 1;
         let total: u128 = set.family_ranges(family).map(|r| r.len()).sum();
@@ -284,6 +325,9 @@ impl State {
             }
             if let Some(claim) = self.claims.get(&ip) {
                 holders.push(format!("{ip} by {}", claim.pod.display()));
+                named += 1;
+            } else if let Some(user) = self.used_elsewhere(&ip, &request.pod, foreign) {
+                holders.push(format!("{ip} by {} outside ip-webhook", user.describe()));
                 named += 1;
             }
         }
@@ -312,6 +356,9 @@ impl State {
 pub struct Allocator {
     ledger: Arc<dyn Ledger>,
     state: Mutex<State>,
+    /// What the cluster says is in use outside the ledger (in-cluster: watched pods' IPs and
+    /// Kube-OVN IP objects).
+    foreign: std::sync::OnceLock<Arc<dyn ForeignIps>>,
 }
 
 impl Allocator {
@@ -330,7 +377,23 @@ impl Allocator {
         Ok(Allocator {
             ledger,
             state: Mutex::new(state),
+            foreign: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Consult `foreign` from now on: a static IP it names is refused, an allocation skips it.
+    pub fn set_foreign(&self, foreign: Arc<dyn ForeignIps>) {
+        let _ = self.foreign.set(foreign);
+    }
+
+    fn foreign(&self) -> Option<&dyn ForeignIps> {
+        self.foreign.get().map(|f| &**f)
+    }
+
+    /// The refusal for `pod` asking for `ip` that a pod outside the ledger uses, if one does.
+    pub fn foreign_conflict(&self, ip: &IpAddr, pod: &PodRef) -> Option<String> {
+        let user = self.lock().used_elsewhere(ip, pod, self.foreign())?;
+        Some(foreign_message(ip, pod, &user))
     }
 
     pub fn ledger(&self) -> &Arc<dyn Ledger> {
@@ -475,10 +538,12 @@ impl Allocator {
         for _ in 0..MAX_CONTENDED_ATTEMPTS {
             let (claim, reason) = {
                 let mut state = self.lock();
-                let Some((ip, reason)) = state.choose(request, family) else {
-                    return Err(AllocError::Exhausted(
-                        state.exhausted_message(request, family),
-                    ));
+                let Some((ip, reason)) = state.choose(request, family, self.foreign()) else {
+                    return Err(AllocError::Exhausted(state.exhausted_message(
+                        request,
+                        family,
+                        self.foreign(),
+                    )));
                 };
                 let claim = new_claim(ip, request, Source::Allocated);
                 if request.dry_run {
@@ -537,12 +602,16 @@ impl Allocator {
             let probe = new_claim(*ip, request, Source::Static);
             let step = {
                 let mut state = self.lock();
-                match state.claims.get(ip) {
-                    Some(holder) if holder.is_held() && same_admission(holder, &probe) => {
+                let elsewhere = state
+                    .used_elsewhere(ip, &request.pod, self.foreign())
+                    .map(|user| foreign_message(ip, &request.pod, &user));
+                match (elsewhere, state.claims.get(ip)) {
+                    (Some(message), _) => Some(Err(AllocError::Conflict(message))),
+                    (None, Some(holder)) if holder.is_held() && same_admission(holder, &probe) => {
                         allocation.token = holder.token.clone();
                         None
                     }
-                    Some(holder) if holder.locks_ip() && !may_take_over(holder, &probe) => {
+                    (None, Some(holder)) if holder.locks_ip() && !may_take_over(holder, &probe) => {
                         Some(Err(AllocError::Conflict(conflict_message(
                             ip,
                             &request.pod,
@@ -770,6 +839,16 @@ pub fn conflict_message(ip: &IpAddr, requester: &PodRef, holder: &Claim) -> Stri
         "static IP {ip} requested by {} is already held by {}{app}",
         requester.display(),
         holder.pod.display()
+    )
+}
+
+/// `static IP 10.98.2.7 requested by default/x is already used by pod default/y (Kube-OVN IP
+/// y.default)`: a pod outside the ledger runs on it.
+pub fn foreign_message(ip: &IpAddr, requester: &PodRef, user: &ForeignUse) -> String {
+    format!(
+        "static IP {ip} requested by {} is already used by {}",
+        requester.display(),
+        user.describe()
     )
 }
 
@@ -1031,6 +1110,81 @@ mod tests {
             .unwrap();
         assert_eq!(again.ips[0].to_string(), "10.0.0.11");
         assert_eq!(again.reasons, vec![Reason::PreviousHolder]);
+    }
+
+    /// IPs the cluster says pods outside the ledger use.
+    struct Foreign(Vec<(&'static str, &'static str)>);
+
+    impl ForeignIps for Foreign {
+        fn user(&self, ip: &IpAddr) -> Option<ForeignUse> {
+            self.0
+                .iter()
+                .find(|(used, _)| used.parse::<IpAddr>().ok() == Some(*ip))
+                .map(|(_, name)| ForeignUse {
+                    namespace: "default".into(),
+                    name: name.to_string(),
+                    ovn_ip: None,
+                })
+        }
+    }
+
+    #[tokio::test]
+    async fn ips_foreign_pods_use_are_skipped_and_refused_but_not_for_their_own_pod() {
+        let alloc = allocator().await;
+        alloc.set_foreign(Arc::new(Foreign(vec![
+            ("10.0.0.1", "legacy-0"),
+            ("10.0.0.2", "legacy-1"),
+            ("10.0.0.4", "web-a"),
+        ])));
+        let set = parse_ip_spec("10.0.0.1-10.0.0.4").unwrap();
+        let first = alloc
+            .allocate(&request(&set, pod("web-x"), "u1"))
+            .await
+            .unwrap();
+        assert_eq!(first.ips[0].to_string(), "10.0.0.3");
+        // 10.0.0.4 is web-a's own (it runs on it): web-a may be given it.
+        let own = alloc
+            .allocate(&request(&set, pod("web-a"), "u2"))
+            .await
+            .unwrap();
+        assert_eq!(own.ips[0].to_string(), "10.0.0.4");
+        let err = alloc
+            .claim_static(
+                &["10.0.0.2".parse().unwrap()],
+                &request(&set, pod("x"), "u3"),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "static IP 10.0.0.2 requested by default/x is already used by pod default/legacy-1"
+        );
+        // The ledger's claim names web-a, the pod that runs on 10.0.0.4: the ledger judges.
+        let err = alloc
+            .claim_static(
+                &["10.0.0.4".parse().unwrap()],
+                &request(&set, pod("y"), "u4"),
+            )
+            .await
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("is already held by default/web-a"),
+            "{err}"
+        );
+        assert_eq!(
+            alloc.foreign_conflict(&"10.0.0.1".parse().unwrap(), &pod("legacy-0")),
+            None
+        );
+        // Exhausted: the message names the foreign users too.
+        let err = alloc
+            .allocate(&request(&set, pod("web-z"), "u5"))
+            .await
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("10.0.0.1 by pod default/legacy-0 outside ip-webhook"),
+            "{err}"
+        );
     }
 
     #[tokio::test]

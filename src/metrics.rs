@@ -126,6 +126,12 @@ pub struct BuildLabels {
 /// The commit the binary was built from (`build.rs`), or "unknown".
 pub const COMMIT: &str = env!("IP_WEBHOOK_GIT_COMMIT");
 
+/// `ip_webhook_cache_objects{kind}`: `pod`, `kube-ovn-ip`, `workload`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CacheKindLabels {
+    pub kind: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
     pub result: &'static str,
@@ -174,6 +180,8 @@ pub struct Metrics {
     /// 1 while this replica holds the reconciler's Lease, else 0; absent off-cluster (the
     /// Lease code sets it: `leader.get_or_create(&LeaseLabels { lease }).set(1)`).
     pub leader: Family<LeaseLabels, Gauge>,
+    /// Objects held by the watch-fed indexes (in-cluster), by kind.
+    pub cache_objects: Family<CacheKindLabels, Gauge>,
     capacity: Arc<OnceLock<CapacitySource>>,
     /// At most this many apps get per-app series (`--metrics-max-apps`).
     max_apps: Arc<AtomicUsize>,
@@ -491,6 +499,12 @@ impl Metrics {
             "1 while this replica holds the reconciler's Lease",
             leader.clone(),
         );
+        let cache_objects = Family::<CacheKindLabels, Gauge>::default();
+        registry.register(
+            "cache_objects",
+            "Objects held by the watch-fed indexes (pods with IPs, Kube-OVN IPs, workloads listing IPs)",
+            cache_objects.clone(),
+        );
         let capacity = Arc::new(OnceLock::new());
         let max_apps = Arc::new(AtomicUsize::new(DEFAULT_MAX_APPS));
         registry.register_collector(Box::new(CapacityCollector {
@@ -550,6 +564,7 @@ impl Metrics {
             tls_reloads,
             certificate_expiry,
             leader,
+            cache_objects,
             capacity,
             max_apps,
             exhausted_series: AtomicUsize::new(0),

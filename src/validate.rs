@@ -185,7 +185,10 @@ async fn pod_verdict(
             Some(holder) if holder.locks_ip() => {
                 return response.deny(conflict_message(ip, &pod_ref, &holder));
             }
-            _ => unrecorded.push(*ip),
+            _ => match webhook.allocator.foreign_conflict(ip, &pod_ref) {
+                Some(message) => return response.deny(message),
+                None => unrecorded.push(*ip),
+            },
         }
     }
     if incoming.dry_run() || incoming.request.operation != Operation::Create {

@@ -97,6 +97,56 @@ impl std::fmt::Display for WorkloadId {
 #[derive(Default)]
 pub struct WorkloadRegistry {
     inner: Mutex<RegistryState>,
+    /// Fed by watches of every workload kind (in-cluster): admissions no longer record into
+    /// it, so every replica answers the same, restarts included.
+    watched: std::sync::atomic::AtomicBool,
+}
+
+/// What the registry keeps of one workload: who it is, its app, its list.
+#[derive(Debug, Clone)]
+pub struct Listing {
+    pub id: WorkloadId,
+    pub app: String,
+    pub set: IpSet,
+}
+
+/// The listing of a watched workload of `kind`, when its pod template lists fixed IPs (an
+/// `allocatable-ips` list, not a pool) and no controller owns it (the owner's list counts).
+pub fn listing_of(
+    kind: &str,
+    object: &kube::api::DynamicObject,
+    app_label: &str,
+) -> Option<Listing> {
+    let meta = &object.metadata;
+    if meta
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.controller.unwrap_or(false))
+    {
+        return None;
+    }
+    let spec: WorkloadSpec = serde_json::from_value(object.data.get("spec")?.clone()).ok()?;
+    let template = match (&spec.template, &spec.job_template) {
+        (Some(template), _) => &template.metadata,
+        (None, Some(job)) => &job.spec.template.as_ref()?.metadata,
+        (None, None) => return None,
+    };
+    if template.annotation(IP_POOL).is_some() {
+        return None;
+    }
+    let set = parse_ip_spec(template.annotation(ALLOCATABLE_IPS)?).ok()?;
+    let app = template.label(app_label).filter(|a| !a.is_empty())?;
+    let namespace = meta.namespace.clone().unwrap_or_default();
+    Some(Listing {
+        app: format!("{namespace}/{app}"),
+        id: WorkloadId {
+            kind: kind.to_string(),
+            namespace,
+            name: meta.name.clone()?,
+        },
+        set,
+    })
 }
 
 #[derive(Default)]
@@ -109,6 +159,46 @@ struct RegistryState {
 impl WorkloadRegistry {
     fn lock(&self) -> std::sync::MutexGuard<'_, RegistryState> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// From now on the watches feed the registry (see [`WorkloadRegistry::watched`]).
+    pub fn set_watched(&self) {
+        self.watched
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether watches feed the registry (in-cluster).
+    pub fn watched(&self) -> bool {
+        self.watched.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// How many workloads are known to list IPs.
+    pub fn len(&self) -> usize {
+        self.lock().lists.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Replace every workload of `kind` with `listings` (a watch's (re)list).
+    pub fn replace_kind(&self, kind: &str, listings: Vec<Listing>) {
+        let mut state = self.lock();
+        let stale: Vec<WorkloadId> = state
+            .lists
+            .keys()
+            .filter(|id| id.kind == kind)
+            .cloned()
+            .collect();
+        for id in stale {
+            state.index.remove(&id);
+            state.apps.remove(&id);
+            state.lists.remove(&id);
+        }
+        drop(state);
+        for listing in listings {
+            self.record(listing.id, listing.app, &listing.set);
+        }
     }
 
     pub fn record(&self, id: WorkloadId, app_key: String, set: &IpSet) {
@@ -174,8 +264,10 @@ fn overlap_text(a: &IpSet, b: &IpSet) -> String {
 pub fn review(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Response, ReviewError> {
     let response = incoming.respond();
     let kind = incoming.request.kind.kind.clone();
+    // Where watches feed the registry, admissions neither record nor forget.
+    let remembers = !incoming.dry_run() && !webhook.workloads.watched();
     if incoming.request.operation == Operation::Delete {
-        if !incoming.dry_run() {
+        if remembers {
             let name = incoming.request.name.as_deref().unwrap_or("").to_string();
             webhook.workloads.forget(&WorkloadId {
                 kind,
@@ -211,7 +303,7 @@ pub fn review(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Response, Re
     };
     // A workload that (no longer) asks for fixed IPs lists none: forget any list it had.
     let lists_nothing = |response: Response| {
-        if !incoming.dry_run() {
+        if remembers {
             webhook.workloads.forget(&id);
         }
         Ok(response)
@@ -323,7 +415,7 @@ pub fn review(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Response, Re
         .iter()
         .flatten()
         .any(|o| o.controller.unwrap_or(false));
-    if !incoming.dry_run() {
+    if remembers {
         if from_pool.is_none() && !owned_by_controller && !id.name.is_empty() {
             webhook.workloads.record(id, app_key, &set);
         } else {
@@ -400,5 +492,75 @@ fn surge(spec: &WorkloadSpec, replicas: u128) -> u128 {
             }
         }
         _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn object(json: serde_json::Value) -> kube::api::DynamicObject {
+        serde_json::from_value(json).unwrap()
+    }
+
+    fn deployment(name: &str, annotations: serde_json::Value, owned: bool) -> serde_json::Value {
+        let owners = if owned {
+            serde_json::json!([{"apiVersion": "apps/v1", "kind": "Deployment", "name": "d", "uid": "u", "controller": true}])
+        } else {
+            serde_json::json!([])
+        };
+        serde_json::json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "namespace": "prod", "ownerReferences": owners},
+            "spec": {"template": {"metadata": {"labels": {"app": name}, "annotations": annotations}}},
+        })
+    }
+
+    #[test]
+    fn a_watched_workload_keeps_only_its_list_app_and_identity() {
+        let listed = object(deployment(
+            "legacy",
+            serde_json::json!({ALLOCATABLE_IPS: "10.98.3.1-10.98.3.3"}),
+            false,
+        ));
+        let listing = listing_of("Deployment", &listed, "app").unwrap();
+        assert_eq!(listing.id.to_string(), "Deployment prod/legacy");
+        assert_eq!(listing.app, "prod/legacy");
+        assert_eq!(listing.set.to_string(), "10.98.3.1-10.98.3.3");
+        let owned = object(deployment(
+            "rs",
+            serde_json::json!({ALLOCATABLE_IPS: "10.98.3.1"}),
+            true,
+        ));
+        assert!(listing_of("ReplicaSet", &owned, "app").is_none());
+        let pool = object(deployment("p", serde_json::json!({IP_POOL: "blue"}), false));
+        assert!(listing_of("Deployment", &pool, "app").is_none());
+        let cronjob = object(serde_json::json!({
+            "metadata": {"name": "c", "namespace": "prod"},
+            "spec": {"jobTemplate": {"spec": {"template": {"metadata": {
+                "labels": {"app": "c"}, "annotations": {ALLOCATABLE_IPS: "10.98.5.1"}}}}}},
+        }));
+        assert_eq!(
+            listing_of("CronJob", &cronjob, "app")
+                .unwrap()
+                .set
+                .to_string(),
+            "10.98.5.1"
+        );
+
+        let registry = WorkloadRegistry::default();
+        registry.replace_kind("Deployment", vec![listing]);
+        let other = parse_ip_spec("10.98.3.2").unwrap();
+        let (shared, id, app) = registry.other_app_listing(&other, "prod/other").unwrap();
+        assert_eq!(
+            (shared.as_str(), app.as_str()),
+            ("10.98.3.2", "prod/legacy")
+        );
+        assert_eq!(id.name, "legacy");
+        // A relist of another kind leaves Deployments alone; a relist of Deployments replaces them.
+        registry.replace_kind("StatefulSet", Vec::new());
+        assert_eq!(registry.len(), 1);
+        registry.replace_kind("Deployment", Vec::new());
+        assert!(registry.other_app_listing(&other, "prod/other").is_none());
     }
 }

@@ -689,6 +689,12 @@ fn rbac_grants_what_the_server_needs_and_the_cni_extras_only_when_switched_on() 
     let base = vec![
         grant("", "events", "create,patch"),
         grant("", "pods", "get,list,watch"),
+        grant("apps", "daemonsets", "list,watch"),
+        grant("apps", "deployments", "list,watch"),
+        grant("apps", "replicasets", "list,watch"),
+        grant("apps", "statefulsets", "list,watch"),
+        grant("batch", "cronjobs", "list,watch"),
+        grant("batch", "jobs", "list,watch"),
         grant("events.k8s.io", "events", "create,patch"),
         grant(
             "ip-webhook.io",
@@ -707,7 +713,10 @@ fn rbac_grants_what_the_server_needs_and_the_cni_extras_only_when_switched_on() 
             "list,watch,create,patch",
         ),
     ];
-    let kube_ovn = grant("kubeovn.io", "subnets", "list,watch");
+    let kube_ovn = [
+        grant("kubeovn.io", "ips", "list,watch"),
+        grant("kubeovn.io", "subnets", "list,watch"),
+    ];
     // server.cni=calico is the default, and rbac.calico follows it unless set.
     let docs = render(&helm, &[], "1.31.0");
     let mut expected = base.clone();
@@ -720,7 +729,7 @@ fn rbac_grants_what_the_server_needs_and_the_cni_extras_only_when_switched_on() 
     assert_eq!(rules_of(one(&off, "ClusterRole")), plain);
     let ovn = render(&helm, &["server.cni=kube-ovn"], "1.31.0");
     let mut expected_ovn = base.clone();
-    expected_ovn.push(kube_ovn.clone());
+    expected_ovn.extend(kube_ovn.clone());
     expected_ovn.sort();
     assert_eq!(rules_of(one(&ovn, "ClusterRole")), expected_ovn);
     let role = one(&docs, "Role");
@@ -752,7 +761,7 @@ fn rbac_grants_what_the_server_needs_and_the_cni_extras_only_when_switched_on() 
     );
     let mut expected = base.clone();
     expected.extend(calico);
-    expected.push(kube_ovn);
+    expected.extend(kube_ovn);
     expected.sort();
     assert_eq!(rules_of(one(&docs, "ClusterRole")), expected);
 }

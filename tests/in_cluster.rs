@@ -924,6 +924,20 @@ fn deployment_review(operation: &str, name: &str, ips: &str) -> Value {
     })
 }
 
+/// Create the Deployment `deployment_review` describes in the API server (namespace prod).
+async fn persist_deployment(client: &Client, name: &str, ips: &str) {
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let prod = serde_json::from_value(json!({"metadata": {"name": "prod"}})).unwrap();
+    let _ = namespaces.create(&PostParams::default(), &prod).await;
+    let mut deployment = deployment_review("CREATE", name, ips)["request"]["object"].clone();
+    deployment["spec"]["selector"] = json!({"matchLabels": {"app": name}});
+    let deployment = serde_json::from_value(deployment).unwrap();
+    Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(client.clone(), "prod")
+        .create(&PostParams::default(), &deployment)
+        .await
+        .unwrap();
+}
+
 fn calico_warnings(response: &Value) -> Vec<String> {
     response["warnings"]
         .as_array()
@@ -1032,6 +1046,8 @@ async fn calico_pools_gate_fixed_ips_and_the_reservation_follows_pools_and_workl
         .validate(&deployment_review("CREATE", "web", "10.20.0.7-10.20.0.8"))
         .await;
     assert_eq!(response["allowed"], true, "{response}");
+    // The registry follows the Deployments the API server holds (watched), not admissions.
+    persist_deployment(&client, "web", "10.20.0.7-10.20.0.8").await;
     let warnings = calico_warnings(&response);
     assert_eq!(warnings.len(), 1, "{response}");
     assert!(
@@ -1091,6 +1107,10 @@ async fn calico_pools_gate_fixed_ips_and_the_reservation_follows_pools_and_workl
         .validate(&deployment_review("DELETE", "web", "10.20.0.7-10.20.0.8"))
         .await;
     assert_eq!(response["allowed"], true, "{response}");
+    Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(client.clone(), "prod")
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
     eventually("the reservation to shrink", Duration::from_secs(20), || {
         let reservations = &reservations;
         async move { (reserved_cidrs(reservations).await? == expected[2..]).then_some(()) }

@@ -30,6 +30,7 @@ use crate::webhook::Webhook;
 
 pub mod cni;
 pub mod events;
+pub mod index;
 pub mod lease;
 pub mod pods;
 pub mod reconcile;
@@ -76,6 +77,8 @@ pub struct Caches {
     pub pods: Mutex<HashMap<String, PodInfo>>,
     pub claims: Mutex<BTreeMap<String, Arc<IPClaim>>>,
     pub pools: Mutex<BTreeMap<String, IPPool>>,
+    /// Pods' actual IPs, Kube-OVN IP objects, workloads' lists ([`index`]).
+    pub cluster_ips: Arc<index::ClusterIps>,
     pods_synced: AtomicBool,
     claims_synced: AtomicBool,
     pools_synced: AtomicBool,
@@ -88,6 +91,7 @@ impl Caches {
         self.pods_synced.load(Ordering::SeqCst)
             && self.claims_synced.load(Ordering::SeqCst)
             && self.pools_synced.load(Ordering::SeqCst)
+            && self.cluster_ips.synced()
     }
 
     pub fn claim_list(&self) -> Vec<Arc<IPClaim>> {
@@ -409,6 +413,25 @@ pub fn start(
             webhook.clone(),
         )),
     ];
+    webhook.allocator.set_foreign(caches.cluster_ips.clone());
+    tasks.push(tokio::spawn(index::watch_pod_ips(
+        Api::all(client.clone()),
+        caches.clone(),
+        webhook.metrics.clone(),
+    )));
+    tasks.extend(index::spawn_workload_watches(
+        &client,
+        webhook.clone(),
+        caches.clone(),
+    ));
+    match options.cni {
+        Cni::KubeOvn => tasks.push(tokio::spawn(index::watch_ovn_ips(
+            Api::all_with(client.clone(), &index::kube_ovn_ips()),
+            caches.clone(),
+            webhook.metrics.clone(),
+        ))),
+        Cni::Calico => caches.cluster_ips.without_ovn(),
+    }
     match options.cni {
         Cni::Calico => {
             let reservations = Api::all_with(client.clone(), &cni::calico_reservations());

@@ -1,0 +1,663 @@
+//! Watch-fed indexes of what the cluster itself says is in use, the same on every replica:
+//!
+//! - the IPs pods actually run on (`status.podIPs`), kept as a [`SlimPod`] each (namespace,
+//!   name, UID, node, IPs; everything else is dropped as the event arrives);
+//! - Kube-OVN `IP` objects (`ips.kubeovn.io`) when that CRD is served;
+//! - workloads whose pod template asks for fixed IPs (fed into the
+//!   [`crate::workloads::WorkloadRegistry`], see [`watch_workloads`]).
+//!
+//! The allocator consults [`ForeignIps`] so that a static IP a live pod outside the ledger
+//! uses is refused, and such an IP is skipped as an allocation candidate.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use serde_json::Value;
+
+use super::Caches;
+use crate::metrics::{CacheKindLabels, Metrics};
+use crate::webhook::Webhook;
+use crate::workloads::{self, WorkloadId};
+
+/// Who uses an IP outside ip-webhook's ledger, as the cluster says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForeignUse {
+    pub namespace: String,
+    pub name: String,
+    /// The Kube-OVN `IP` object recording it, if any.
+    pub ovn_ip: Option<String>,
+}
+
+impl ForeignUse {
+    /// `pod default/x (Kube-OVN IP x.default)`.
+    pub fn describe(&self) -> String {
+        let mut text = format!("pod {}/{}", self.namespace, self.name);
+        if let Some(ip) = &self.ovn_ip {
+            text.push_str(&format!(" (Kube-OVN IP {ip})"));
+        }
+        text
+    }
+
+    pub fn is_pod(&self, namespace: &str, name: &str) -> bool {
+        !name.is_empty() && self.namespace == namespace && self.name == name
+    }
+}
+
+/// What the cluster says is using an IP (live pods, Kube-OVN `IP` objects).
+pub trait ForeignIps: Send + Sync {
+    fn user(&self, ip: &IpAddr) -> Option<ForeignUse>;
+}
+
+/// A pod as the IP index keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlimPod {
+    pub namespace: Box<str>,
+    pub name: Box<str>,
+    pub uid: Box<str>,
+    pub node: Box<str>,
+    pub ips: Box<[IpAddr]>,
+}
+
+impl SlimPod {
+    /// The slim form of a pod that runs on IPs of its own: not host-network, not finished,
+    /// with `status.podIPs` (or `status.podIP`) set. `None` otherwise.
+    pub fn from_pod(pod: &Pod) -> Option<SlimPod> {
+        let spec = pod.spec.as_ref();
+        if spec.and_then(|s| s.host_network) == Some(true) {
+            return None;
+        }
+        let status = pod.status.as_ref()?;
+        if matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
+            return None;
+        }
+        let mut ips: Vec<IpAddr> = status
+            .pod_ips
+            .iter()
+            .flatten()
+            .filter_map(|p| p.ip.parse().ok())
+            .collect();
+        if let Some(ip) = status.pod_ip.as_deref().and_then(|ip| ip.parse().ok())
+            && !ips.contains(&ip)
+        {
+            ips.push(ip);
+        }
+        if ips.is_empty() {
+            return None;
+        }
+        let meta = &pod.metadata;
+        Some(SlimPod {
+            namespace: meta.namespace.as_deref().unwrap_or("").into(),
+            name: meta.name.as_deref().unwrap_or("").into(),
+            uid: meta.uid.as_deref()?.into(),
+            node: spec
+                .and_then(|s| s.node_name.as_deref())
+                .unwrap_or("")
+                .into(),
+            ips: ips.into_boxed_slice(),
+        })
+    }
+}
+
+/// A Kube-OVN `IP` object as the index keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OvnIp {
+    pub name: Box<str>,
+    pub namespace: Box<str>,
+    pub pod: Box<str>,
+    pub ips: Box<[IpAddr]>,
+}
+
+impl OvnIp {
+    /// From an `ips.kubeovn.io` object: `spec.ipAddress` (comma-separated when dual-stack),
+    /// `spec.v4IpAddress`, `spec.v6IpAddress`; `spec.podName`, `spec.namespace`.
+    pub fn from_object(object: &DynamicObject) -> Option<OvnIp> {
+        let spec = object.data.get("spec")?;
+        let text = |field: &str| spec.get(field).and_then(Value::as_str).unwrap_or("");
+        let mut ips: Vec<IpAddr> = Vec::new();
+        for field in ["ipAddress", "v4IpAddress", "v6IpAddress"] {
+            for part in text(field).split(',') {
+                if let Ok(ip) = part.trim().parse::<IpAddr>()
+                    && !ips.contains(&ip)
+                {
+                    ips.push(ip);
+                }
+            }
+        }
+        if ips.is_empty() {
+            return None;
+        }
+        Some(OvnIp {
+            name: object.metadata.name.as_deref()?.into(),
+            namespace: text("namespace").into(),
+            pod: text("podName").into(),
+            ips: ips.into_boxed_slice(),
+        })
+    }
+}
+
+struct Books<T> {
+    by_key: HashMap<Box<str>, Arc<T>>,
+    by_ip: HashMap<IpAddr, Arc<T>>,
+}
+
+impl<T> Default for Books<T> {
+    fn default() -> Self {
+        Books {
+            by_key: HashMap::new(),
+            by_ip: HashMap::new(),
+        }
+    }
+}
+
+trait HasIps {
+    fn ips(&self) -> &[IpAddr];
+}
+
+impl HasIps for SlimPod {
+    fn ips(&self) -> &[IpAddr] {
+        &self.ips
+    }
+}
+
+impl HasIps for OvnIp {
+    fn ips(&self) -> &[IpAddr] {
+        &self.ips
+    }
+}
+
+impl<T: HasIps> Books<T> {
+    fn remove(&mut self, key: &str) {
+        if let Some(old) = self.by_key.remove(key) {
+            for ip in old.ips() {
+                if self.by_ip.get(ip).is_some_and(|v| Arc::ptr_eq(v, &old)) {
+                    self.by_ip.remove(ip);
+                }
+            }
+        }
+    }
+
+    fn upsert(&mut self, key: Box<str>, value: T) {
+        self.remove(&key);
+        let value = Arc::new(value);
+        for ip in value.ips() {
+            self.by_ip.insert(*ip, value.clone());
+        }
+        self.by_key.insert(key, value);
+    }
+
+    fn replace(&mut self, all: Vec<(Box<str>, T)>) {
+        self.by_key.clear();
+        self.by_ip.clear();
+        for (key, value) in all {
+            self.upsert(key, value);
+        }
+    }
+}
+
+/// The pod and Kube-OVN IP indexes, and whether each has synced.
+#[derive(Default)]
+pub struct ClusterIps {
+    pods: RwLock<Books<SlimPod>>,
+    ovn: RwLock<Books<OvnIp>>,
+    pods_synced: AtomicBool,
+    ovn_synced: AtomicBool,
+    workloads_synced: AtomicBool,
+}
+
+fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(|p| p.into_inner())
+}
+
+impl ClusterIps {
+    /// Whether the pod, Kube-OVN IP and workload indexes have each had their first list.
+    pub fn synced(&self) -> bool {
+        self.pods_synced.load(Ordering::SeqCst)
+            && self.ovn_synced.load(Ordering::SeqCst)
+            && self.workloads_synced.load(Ordering::SeqCst)
+    }
+
+    /// Mark the indexes that are not run (no Kube-OVN) as synced.
+    pub fn without_ovn(&self) {
+        self.ovn_synced.store(true, Ordering::SeqCst);
+    }
+
+    pub fn pod_count(&self) -> usize {
+        read(&self.pods).by_key.len()
+    }
+
+    pub fn ovn_count(&self) -> usize {
+        read(&self.ovn).by_key.len()
+    }
+
+    /// Apply one pod event (a pod without IPs of its own is removed).
+    pub fn pod_event(&self, event: watcher::Event<SlimOrGone>) {
+        pod_step(&self.pods, &self.pods_synced, event);
+    }
+
+    /// Build the pod index from a list in one go (benchmarks, tests).
+    pub fn set_pods(&self, pods: Vec<SlimPod>) {
+        let all = pods.into_iter().map(|p| (p.uid.clone(), p)).collect();
+        write(&self.pods).replace(all);
+        self.pods_synced.store(true, Ordering::SeqCst);
+    }
+}
+
+/// A watch event's object, already slimmed: the key, and the value when it still counts.
+pub struct SlimOrGone<T = SlimPod> {
+    pub key: Box<str>,
+    pub value: Option<T>,
+}
+
+fn pod_step<T: HasIps>(
+    books: &RwLock<Books<T>>,
+    synced: &AtomicBool,
+    event: watcher::Event<SlimOrGone<T>>,
+) {
+    // Init…InitDone of a (re)list is gathered by [`Relist`].
+    let _ = synced;
+    match event {
+        watcher::Event::Apply(SlimOrGone { key, value }) => match value {
+            Some(value) => write(books).upsert(key, value),
+            None => write(books).remove(&key),
+        },
+        watcher::Event::Delete(SlimOrGone { key, .. }) => write(books).remove(&key),
+        watcher::Event::Init | watcher::Event::InitApply(_) | watcher::Event::InitDone => {}
+    }
+}
+
+impl ForeignIps for ClusterIps {
+    fn user(&self, ip: &IpAddr) -> Option<ForeignUse> {
+        let ovn = read(&self.ovn).by_ip.get(ip).cloned();
+        let pod = read(&self.pods).by_ip.get(ip).cloned();
+        match (pod, ovn) {
+            (Some(pod), ovn) => Some(ForeignUse {
+                namespace: pod.namespace.to_string(),
+                name: pod.name.to_string(),
+                ovn_ip: ovn
+                    .filter(|o| *o.pod == *pod.name && *o.namespace == *pod.namespace)
+                    .map(|o| o.name.to_string()),
+            }),
+            (None, Some(ovn)) => Some(ForeignUse {
+                namespace: ovn.namespace.to_string(),
+                name: ovn.pod.to_string(),
+                ovn_ip: Some(ovn.name.to_string()),
+            }),
+            (None, None) => None,
+        }
+    }
+}
+
+/// Keeps books in step with a watch of slimmed objects: a (re)list replaces them whole.
+struct Relist<T> {
+    pending: Option<Vec<(Box<str>, T)>>,
+}
+
+impl<T: HasIps> Relist<T> {
+    fn step(
+        &mut self,
+        books: &RwLock<Books<T>>,
+        synced: &AtomicBool,
+        event: watcher::Event<SlimOrGone<T>>,
+    ) {
+        match event {
+            watcher::Event::Init => self.pending = Some(Vec::new()),
+            watcher::Event::InitApply(SlimOrGone { key, value }) => {
+                if let (Some(pending), Some(value)) = (self.pending.as_mut(), value) {
+                    pending.push((key, value));
+                }
+            }
+            watcher::Event::InitDone => {
+                write(books).replace(self.pending.take().unwrap_or_default());
+                synced.store(true, Ordering::SeqCst);
+            }
+            other => pod_step(books, synced, other),
+        }
+    }
+}
+
+fn slim_event<K, T>(
+    event: watcher::Event<K>,
+    slim: impl Fn(&K) -> Option<SlimOrGone<T>>,
+) -> Option<watcher::Event<SlimOrGone<T>>> {
+    Some(match event {
+        watcher::Event::Init => watcher::Event::Init,
+        watcher::Event::InitDone => watcher::Event::InitDone,
+        watcher::Event::InitApply(o) => watcher::Event::InitApply(slim(&o)?),
+        watcher::Event::Apply(o) => watcher::Event::Apply(slim(&o)?),
+        watcher::Event::Delete(o) => watcher::Event::Delete(slim(&o)?),
+    })
+}
+
+/// The HTTP status of a failed list or watch start, if the API server answered.
+fn status_code(error: &watcher::Error) -> Option<u16> {
+    match error {
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status)) => Some(status.code),
+        _ => None,
+    }
+}
+
+/// Pods' actual IPs into `index`. Each pod is slimmed as its event arrives; the full object
+/// is dropped at once.
+pub async fn watch_pod_ips(api: Api<Pod>, caches: Arc<Caches>, metrics: Arc<Metrics>) {
+    let index = &caches.cluster_ips;
+    let mut relist = Relist { pending: None };
+    let gauge = metrics
+        .cache_objects
+        .get_or_create_owned(&CacheKindLabels { kind: "pod" });
+    let stream = watcher(api, watcher::Config::default()).default_backoff();
+    let mut stream = std::pin::pin!(stream);
+    while let Some(item) = stream.next().await {
+        match item {
+            Ok(event) => {
+                let Some(event) = slim_event(event, |pod: &Pod| {
+                    Some(SlimOrGone {
+                        key: pod.metadata.uid.as_deref()?.into(),
+                        value: SlimPod::from_pod(pod),
+                    })
+                }) else {
+                    continue;
+                };
+                let relisted = matches!(event, watcher::Event::InitDone);
+                relist.step(&index.pods, &index.pods_synced, event);
+                gauge.set(index.pod_count() as i64);
+                if relisted {
+                    caches.changed.notify_one();
+                }
+            }
+            Err(error) => tracing::warn!(%error, watch = "pod ips", "watch error; retrying"),
+        }
+    }
+}
+
+/// Kube-OVN `IP` objects.
+pub fn kube_ovn_ips() -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("kubeovn.io", "v1", "IP"), "ips")
+}
+
+/// Kube-OVN `IP` objects into `index`. While the CRD is not served (404) the index counts as
+/// synced and empty, and the watch keeps retrying (with backoff), so installing Kube-OVN later
+/// is picked up.
+pub async fn watch_ovn_ips(api: Api<DynamicObject>, caches: Arc<Caches>, metrics: Arc<Metrics>) {
+    let index = &caches.cluster_ips;
+    let mut relist = Relist { pending: None };
+    let gauge = metrics.cache_objects.get_or_create_owned(&CacheKindLabels {
+        kind: "kube-ovn-ip",
+    });
+    let stream = watcher(api, watcher::Config::default()).default_backoff();
+    let mut stream = std::pin::pin!(stream);
+    while let Some(item) = stream.next().await {
+        let mut relisted = false;
+        match item {
+            Ok(event) => {
+                relisted = matches!(event, watcher::Event::InitDone);
+                let Some(event) = slim_event(event, |object: &DynamicObject| {
+                    Some(SlimOrGone {
+                        key: object.metadata.name.as_deref()?.into(),
+                        value: OvnIp::from_object(object),
+                    })
+                }) else {
+                    continue;
+                };
+                relist.step(&index.ovn, &index.ovn_synced, event);
+            }
+            Err(error) if status_code(&error) == Some(404) => {
+                tracing::debug!("ips.kubeovn.io not served; retrying later");
+                write(&index.ovn).replace(Vec::new());
+                relisted = !index.ovn_synced.swap(true, Ordering::SeqCst);
+            }
+            Err(error) => tracing::warn!(%error, watch = "kube-ovn ips", "watch error; retrying"),
+        }
+        gauge.set(index.ovn_count() as i64);
+        if relisted {
+            caches.changed.notify_one();
+        }
+    }
+}
+
+/// The workload kinds watched: `(group, version, kind, plural)`.
+const WORKLOAD_RESOURCES: [(&str, &str, &str, &str); 6] = [
+    ("apps", "v1", "Deployment", "deployments"),
+    ("apps", "v1", "StatefulSet", "statefulsets"),
+    ("apps", "v1", "ReplicaSet", "replicasets"),
+    ("apps", "v1", "DaemonSet", "daemonsets"),
+    ("batch", "v1", "Job", "jobs"),
+    ("batch", "v1", "CronJob", "cronjobs"),
+];
+
+/// Every workload kind into the webhook's registry, which from then on answers from the
+/// watches only (admissions no longer record into it).
+pub fn spawn_workload_watches(
+    client: &Client,
+    webhook: Arc<Webhook>,
+    caches: Arc<Caches>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    webhook.workloads.set_watched();
+    let synced: Arc<Vec<AtomicBool>> = Arc::new(
+        WORKLOAD_RESOURCES
+            .iter()
+            .map(|_| AtomicBool::new(false))
+            .collect(),
+    );
+    WORKLOAD_RESOURCES
+        .iter()
+        .enumerate()
+        .map(|(i, (group, version, kind, plural))| {
+            let resource = ApiResource::from_gvk_with_plural(
+                &GroupVersionKind::gvk(group, version, kind),
+                plural,
+            );
+            let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+            tokio::spawn(watch_workloads(
+                api,
+                kind,
+                webhook.clone(),
+                caches.clone(),
+                synced.clone(),
+                i,
+            ))
+        })
+        .collect()
+}
+
+/// One workload kind into the registry: `(id, app, list)` of each workload that lists IPs.
+async fn watch_workloads(
+    api: Api<DynamicObject>,
+    kind: &'static str,
+    webhook: Arc<Webhook>,
+    caches: Arc<Caches>,
+    synced: Arc<Vec<AtomicBool>>,
+    slot: usize,
+) {
+    let all_synced = || {
+        synced[slot].store(true, Ordering::SeqCst);
+        if synced.iter().all(|s| s.load(Ordering::SeqCst))
+            && !caches
+                .cluster_ips
+                .workloads_synced
+                .swap(true, Ordering::SeqCst)
+        {
+            caches.changed.notify_one();
+        }
+    };
+    let app_label = webhook.settings.app_label.clone();
+    let gauge = webhook
+        .metrics
+        .cache_objects
+        .get_or_create_owned(&CacheKindLabels { kind: "workload" });
+    let id_of = |object: &DynamicObject| WorkloadId {
+        kind: kind.to_string(),
+        namespace: object.metadata.namespace.clone().unwrap_or_default(),
+        name: object.metadata.name.clone().unwrap_or_default(),
+    };
+    let mut pending: Option<Vec<workloads::Listing>> = None;
+    let stream = watcher(api, watcher::Config::default()).default_backoff();
+    let mut stream = std::pin::pin!(stream);
+    while let Some(item) = stream.next().await {
+        let registry = &webhook.workloads;
+        match item {
+            Ok(watcher::Event::Init) => pending = Some(Vec::new()),
+            Ok(watcher::Event::InitApply(object)) => {
+                if let (Some(pending), Some(listing)) = (
+                    pending.as_mut(),
+                    workloads::listing_of(kind, &object, &app_label),
+                ) {
+                    pending.push(listing);
+                }
+            }
+            Ok(watcher::Event::InitDone) => {
+                registry.replace_kind(kind, pending.take().unwrap_or_default());
+                all_synced();
+            }
+            Ok(watcher::Event::Apply(object)) => {
+                match workloads::listing_of(kind, &object, &app_label) {
+                    Some(listing) => registry.record(listing.id, listing.app, &listing.set),
+                    None => registry.forget(&id_of(&object)),
+                }
+            }
+            Ok(watcher::Event::Delete(object)) => registry.forget(&id_of(&object)),
+            Err(error) if status_code(&error) == Some(404) => {
+                // Not served (an API server without this group): nothing to know.
+                all_synced();
+            }
+            Err(error) => tracing::warn!(%error, watch = kind, "workload watch error; retrying"),
+        }
+        gauge.set(registry.len() as i64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(json: Value) -> Pod {
+        serde_json::from_value(json).unwrap()
+    }
+
+    fn ip(text: &str) -> IpAddr {
+        text.parse().unwrap()
+    }
+
+    #[test]
+    fn only_pods_running_on_ips_of_their_own_are_kept() {
+        let running = pod(serde_json::json!({
+            "metadata": {"name": "legacy-0", "namespace": "default", "uid": "u1", "labels": {"a": "b"}},
+            "spec": {"nodeName": "n1", "containers": []},
+            "status": {"phase": "Running", "podIP": "10.98.0.5", "podIPs": [{"ip": "10.98.0.5"}, {"ip": "fd00::5"}]},
+        }));
+        let slim = SlimPod::from_pod(&running).unwrap();
+        assert_eq!(&*slim.name, "legacy-0");
+        assert_eq!(&*slim.node, "n1");
+        assert_eq!(&*slim.ips, &[ip("10.98.0.5"), ip("fd00::5")]);
+        let host = pod(serde_json::json!({
+            "metadata": {"name": "h", "namespace": "default", "uid": "u2"},
+            "spec": {"hostNetwork": true, "containers": []},
+            "status": {"podIP": "192.168.0.1"},
+        }));
+        assert_eq!(SlimPod::from_pod(&host), None);
+        let done = pod(serde_json::json!({
+            "metadata": {"name": "d", "namespace": "default", "uid": "u3"},
+            "status": {"phase": "Succeeded", "podIP": "10.98.0.6"},
+        }));
+        assert_eq!(SlimPod::from_pod(&done), None);
+        let pending = pod(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "default", "uid": "u4"},
+            "status": {"phase": "Pending"},
+        }));
+        assert_eq!(SlimPod::from_pod(&pending), None);
+    }
+
+    #[test]
+    fn a_pod_and_its_kube_ovn_ip_object_are_named_together() {
+        let index = ClusterIps::default();
+        index.set_pods(vec![SlimPod {
+            namespace: "default".into(),
+            name: "static-7584848b74-fw9dm".into(),
+            uid: "u1".into(),
+            node: "n1".into(),
+            ips: vec![ip("10.98.2.7")].into(),
+        }]);
+        let object: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "kubeovn.io/v1", "kind": "IP",
+            "metadata": {"name": "static-7584848b74-fw9dm.default"},
+            "spec": {"podName": "static-7584848b74-fw9dm", "namespace": "default", "ipAddress": "10.98.2.7,fd00::7", "v4IpAddress": "10.98.2.7"},
+        }))
+        .unwrap();
+        let ovn = OvnIp::from_object(&object).unwrap();
+        assert_eq!(&*ovn.ips, &[ip("10.98.2.7"), ip("fd00::7")]);
+        write(&index.ovn).upsert(ovn.name.clone(), ovn);
+        assert_eq!(
+            index.user(&ip("10.98.2.7")).unwrap().describe(),
+            "pod default/static-7584848b74-fw9dm (Kube-OVN IP static-7584848b74-fw9dm.default)"
+        );
+        assert_eq!(
+            index.user(&ip("fd00::7")).unwrap().describe(),
+            "pod default/static-7584848b74-fw9dm (Kube-OVN IP static-7584848b74-fw9dm.default)"
+        );
+        assert_eq!(index.user(&ip("10.98.2.8")), None);
+        // Pod gone, removed by UID: its IP is free again in the pod index.
+        index.pod_event(watcher::Event::Delete(SlimOrGone {
+            key: "u1".into(),
+            value: None,
+        }));
+        assert_eq!(index.pod_count(), 0);
+        assert_eq!(
+            index.user(&ip("10.98.2.7")).unwrap().ovn_ip.as_deref(),
+            Some("static-7584848b74-fw9dm.default")
+        );
+    }
+
+    #[test]
+    fn a_relist_replaces_the_books_whole() {
+        let index = ClusterIps::default();
+        let mut relist = Relist { pending: None };
+        let slim = |uid: &str, addr: &str| SlimOrGone {
+            key: uid.into(),
+            value: Some(SlimPod {
+                namespace: "ns".into(),
+                name: uid.into(),
+                uid: uid.into(),
+                node: "".into(),
+                ips: vec![ip(addr)].into(),
+            }),
+        };
+        relist.step(&index.pods, &index.pods_synced, watcher::Event::Init);
+        relist.step(
+            &index.pods,
+            &index.pods_synced,
+            watcher::Event::InitApply(slim("a", "10.0.0.1")),
+        );
+        assert!(!index.pods_synced.load(Ordering::SeqCst));
+        relist.step(&index.pods, &index.pods_synced, watcher::Event::InitDone);
+        assert!(index.pods_synced.load(Ordering::SeqCst));
+        assert!(index.user(&ip("10.0.0.1")).is_some());
+        relist.step(&index.pods, &index.pods_synced, watcher::Event::Init);
+        relist.step(
+            &index.pods,
+            &index.pods_synced,
+            watcher::Event::InitApply(slim("b", "10.0.0.2")),
+        );
+        relist.step(&index.pods, &index.pods_synced, watcher::Event::InitDone);
+        assert!(index.user(&ip("10.0.0.1")).is_none());
+        assert_eq!(index.user(&ip("10.0.0.2")).unwrap().name, "b");
+        // A pod that moved to another IP leaves nothing behind on the old one.
+        relist.step(
+            &index.pods,
+            &index.pods_synced,
+            watcher::Event::Apply(slim("b", "10.0.0.3")),
+        );
+        assert!(index.user(&ip("10.0.0.2")).is_none());
+        assert_eq!(index.pod_count(), 1);
+    }
+}
