@@ -43,37 +43,37 @@ fn commits(c: &mut Criterion) {
     let mut group = c.benchmark_group("ledger_commit");
     group.sample_size(20);
     for (store, label) in [(Store::Journal, "journal"), (Store::Redb, "redb")] {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let counters = CommitCounters::default();
-    let ledger = Arc::new(
-        EmbeddedLedger::open_store(dir.path(), counters.clone(), store).expect("ledger opens"),
-    );
-    let next = AtomicU32::new(0);
-    for batch in [1u32, 16, 256] {
-        group.throughput(Throughput::Elements(u64::from(batch)));
-        group.bench_function(BenchmarkId::new(label, batch), |b| {
-            b.to_async(&runtime).iter(|| async {
-                let first = next.fetch_add(batch, Ordering::Relaxed);
-                let creates = (first..first + batch).map(|n| {
-                    let ledger = ledger.clone();
-                    tokio::spawn(async move { ledger.create(&claim(n)).await })
-                });
-                for created in futures::future::join_all(creates).await {
-                    assert_eq!(
-                        created.expect("task").expect("durable"),
-                        CreateOutcome::Created
-                    );
-                }
-            })
-        });
-    }
-    eprintln!(
-        "embedded ledger ({label}): {} claims in {} commits ({:.3} fsyncs per claim)",
-        counters.writes.get(),
-        counters.commits.get(),
-        counters.commits.get() as f64 / counters.writes.get().max(1) as f64
-    );
-    runtime.block_on(ledger.close());
+        let dir = tempfile::tempdir().expect("temp dir");
+        let counters = CommitCounters::default();
+        let ledger = Arc::new(
+            EmbeddedLedger::open_store(dir.path(), counters.clone(), store).expect("ledger opens"),
+        );
+        let next = AtomicU32::new(0);
+        for batch in [1u32, 16, 256] {
+            group.throughput(Throughput::Elements(u64::from(batch)));
+            group.bench_function(BenchmarkId::new(label, batch), |b| {
+                b.to_async(&runtime).iter(|| async {
+                    let first = next.fetch_add(batch, Ordering::Relaxed);
+                    let creates = (first..first + batch).map(|n| {
+                        let ledger = ledger.clone();
+                        tokio::spawn(async move { ledger.create(&claim(n)).await })
+                    });
+                    for created in futures::future::join_all(creates).await {
+                        assert_eq!(
+                            created.expect("task").expect("durable"),
+                            CreateOutcome::Created
+                        );
+                    }
+                })
+            });
+        }
+        eprintln!(
+            "embedded ledger ({label}): {} claims in {} commits ({:.3} fsyncs per claim)",
+            counters.writes.get(),
+            counters.commits.get(),
+            counters.commits.get() as f64 / counters.writes.get().max(1) as f64
+        );
+        runtime.block_on(ledger.close());
     }
     group.finish();
 }

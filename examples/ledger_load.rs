@@ -239,9 +239,8 @@ fn probe(dir: &Path, count: usize) {
 
 async fn restart(dir: &Path, store: Store, claims: u32) {
     {
-        let ledger = Arc::new(
-            EmbeddedLedger::open_store(dir, CommitCounters::default(), store).unwrap(),
-        );
+        let ledger =
+            Arc::new(EmbeddedLedger::open_store(dir, CommitCounters::default(), store).unwrap());
         let next = Arc::new(AtomicU32::new(0));
         let mut tasks = Vec::new();
         for _ in 0..256 {
@@ -291,7 +290,10 @@ async fn main() {
             let seconds = args.get(5).and_then(|a| a.parse().ok()).unwrap_or(5);
             load(dir, store(args.get(3)), conns, seconds).await;
         }
-        "probe" => probe(dir, args.get(3).and_then(|a| a.parse().ok()).unwrap_or(2000)),
+        "probe" => probe(
+            dir,
+            args.get(3).and_then(|a| a.parse().ok()).unwrap_or(2000),
+        ),
         "restart" => {
             let claims = args.get(4).and_then(|a| a.parse().ok()).unwrap_or(100_000);
             restart(dir, store(args.get(3)), claims).await;

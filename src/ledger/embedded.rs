@@ -200,10 +200,7 @@ impl EmbeddedLedger {
         sender.send(msg).map_err(|_| LedgerError::Closed)
     }
 
-    async fn ask<T>(
-        &self,
-        request: impl FnOnce(Answer<T>) -> Request,
-    ) -> Result<T, LedgerError> {
+    async fn ask<T>(&self, request: impl FnOnce(Answer<T>) -> Request) -> Result<T, LedgerError> {
         let (tx, rx) = oneshot::channel();
         self.send(Msg::Op(request(tx), Instant::now()))?;
         let (result, answered) = rx
@@ -474,7 +471,11 @@ const CRC32C: [u32; 256] = {
         let mut c = i as u32;
         let mut k = 0;
         while k < 8 {
-            c = if c & 1 != 0 { 0x82F6_3B78 ^ (c >> 1) } else { c >> 1 };
+            c = if c & 1 != 0 {
+                0x82F6_3B78 ^ (c >> 1)
+            } else {
+                c >> 1
+            };
             k += 1;
         }
         table[i] = c;
@@ -722,7 +723,8 @@ impl Journal {
                     .write(true)
                     .open(&path)
                     .map_err(storage("open journal"))?;
-                file.set_len(parsed.good).map_err(storage("truncate journal"))?;
+                file.set_len(parsed.good)
+                    .map_err(storage("truncate journal"))?;
                 file.sync_all().map_err(storage("sync journal"))?;
             }
             journal_bytes += parsed.good;
@@ -774,7 +776,11 @@ impl Journal {
         Ok(file)
     }
 
-    fn commit(&mut self, batch: Vec<Request>, replies: &mut Vec<Reply>) -> Result<u64, LedgerError> {
+    fn commit(
+        &mut self,
+        batch: Vec<Request>,
+        replies: &mut Vec<Reply>,
+    ) -> Result<u64, LedgerError> {
         if let Some(reason) = &self.poisoned {
             return Err(LedgerError::Storage(format!(
                 "the journal stopped after a failed write ({reason}); restart to recover"
@@ -844,7 +850,9 @@ impl Journal {
                     .and_then(|()| remove_before(&dir, generation));
                 match result {
                     Ok(()) => tracing::info!(generation, claims = claims.len(), "ledger compacted"),
-                    Err(error) => tracing::error!(%error, "ledger compaction failed; the journals are kept"),
+                    Err(error) => {
+                        tracing::error!(%error, "ledger compaction failed; the journals are kept")
+                    }
                 }
             });
         match spawned {
@@ -1026,8 +1034,8 @@ mod tests {
     async fn both_stores_keep_claims_across_reopen() {
         for store in [Store::Journal, Store::Redb] {
             let dir = tempfile::tempdir().unwrap();
-            let ledger = EmbeddedLedger::open_store(dir.path(), CommitCounters::default(), store)
-                .unwrap();
+            let ledger =
+                EmbeddedLedger::open_store(dir.path(), CommitCounters::default(), store).unwrap();
             for i in 0..20u32 {
                 let ip = format!("10.2.0.{i}");
                 assert_eq!(
@@ -1073,7 +1081,11 @@ mod tests {
         drop(file);
 
         let ledger = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
-        assert_eq!(std::fs::metadata(&path).unwrap().len(), whole, "torn bytes cut");
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().len(),
+            whole,
+            "torn bytes cut"
+        );
         let mut names: Vec<_> = ledger
             .load()
             .await
@@ -1134,10 +1146,7 @@ mod tests {
             }
             round += 1;
         }
-        ledger
-            .create(&claim("10.5.1.1", "last"))
-            .await
-            .unwrap();
+        ledger.create(&claim("10.5.1.1", "last")).await.unwrap();
         ledger.close().await;
         drop(ledger);
         let snapshots = generations(dir.path(), SNAPSHOT).unwrap();
@@ -1152,10 +1161,11 @@ mod tests {
         assert_eq!(claims.len(), 41);
         let last_round = format!("-{}", rounds - 1);
         assert!(
-            claims
-                .iter()
-                .filter(|c| c.pod.name != "last")
-                .all(|c| c.pod.name.ends_with(&last_round) && !c.is_held()),
+            claims.iter().filter(|c| c.pod.name != "last").all(|c| c
+                .pod
+                .name
+                .ends_with(&last_round)
+                && !c.is_held()),
             "every IP shows its last write"
         );
         assert!(claims.iter().any(|c| c.pod.name == "last" && c.is_held()));
@@ -1165,8 +1175,8 @@ mod tests {
     #[tokio::test]
     async fn a_redb_ledger_is_migrated_on_first_open() {
         let dir = tempfile::tempdir().unwrap();
-        let old = EmbeddedLedger::open_store(dir.path(), CommitCounters::default(), Store::Redb)
-            .unwrap();
+        let old =
+            EmbeddedLedger::open_store(dir.path(), CommitCounters::default(), Store::Redb).unwrap();
         old.create(&claim("10.6.0.1", "a")).await.unwrap();
         old.create(&claim("10.6.0.2", "b")).await.unwrap();
         old.close().await;
