@@ -66,9 +66,12 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() as f64 * p) as usize).min(sorted.len() - 1)]
 }
 
+/// One histogram series: labels, `(le, cumulative count)` buckets, sum, count.
+type Series = (String, Vec<(f64, f64)>, f64, f64);
+
 /// p50 and p99 (bucket upper bounds) and the mean of every histogram series in `text`.
 fn histogram_summary(text: &str, name: &str) -> Vec<String> {
-    let mut series: Vec<(String, Vec<(f64, f64)>, f64, f64)> = Vec::new();
+    let mut series: Vec<Series> = Vec::new();
     for line in text.lines() {
         let Some(rest) = line.strip_prefix(name) else {
             continue;
