@@ -1,5 +1,7 @@
-//! Embedded ledger (redb) commits: `batch` concurrent creates, which the writer thread gathers
-//! into as few transactions (fsyncs) as it can. Time per batch; throughput in claims.
+//! Embedded ledger commits, both stores (the journal, the default, and redb, before issue 18):
+//! `batch` concurrent creates, which the writer thread gathers into as few commits (fsyncs) as
+//! it can. Time per batch; throughput in claims. The restart figures (open + load of 100,000
+//! claims, bytes per claim) are `examples/ledger_load.rs restart`.
 //!
 //! `cargo bench --bench ledger`
 
@@ -8,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use ip_webhook::ledger::embedded::CommitCounters;
+use ip_webhook::ledger::embedded::{CommitCounters, Store};
 use ip_webhook::ledger::{Claim, CreateOutcome, EmbeddedLedger, Ledger, Phase, PodRef, Source};
 
 fn claim(n: u32) -> Claim {
@@ -38,39 +40,42 @@ fn commits(c: &mut Criterion) {
         .worker_threads(2)
         .build()
         .expect("runtime");
-    let dir = tempfile::tempdir().expect("temp dir");
-    let counters = CommitCounters::default();
-    let ledger =
-        Arc::new(EmbeddedLedger::open(dir.path(), counters.clone()).expect("ledger opens"));
-    let next = AtomicU32::new(0);
     let mut group = c.benchmark_group("ledger_commit");
     group.sample_size(20);
-    for batch in [1u32, 16, 256] {
-        group.throughput(Throughput::Elements(u64::from(batch)));
-        group.bench_function(BenchmarkId::new("embedded", batch), |b| {
-            b.to_async(&runtime).iter(|| async {
-                let first = next.fetch_add(batch, Ordering::Relaxed);
-                let creates = (first..first + batch).map(|n| {
-                    let ledger = ledger.clone();
-                    tokio::spawn(async move { ledger.create(&claim(n)).await })
-                });
-                for created in futures::future::join_all(creates).await {
-                    assert_eq!(
-                        created.expect("task").expect("durable"),
-                        CreateOutcome::Created
-                    );
-                }
-            })
-        });
+    for (store, label) in [(Store::Journal, "journal"), (Store::Redb, "redb")] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let counters = CommitCounters::default();
+        let ledger = Arc::new(
+            EmbeddedLedger::open_store(dir.path(), counters.clone(), store).expect("ledger opens"),
+        );
+        let next = AtomicU32::new(0);
+        for batch in [1u32, 16, 256] {
+            group.throughput(Throughput::Elements(u64::from(batch)));
+            group.bench_function(BenchmarkId::new(label, batch), |b| {
+                b.to_async(&runtime).iter(|| async {
+                    let first = next.fetch_add(batch, Ordering::Relaxed);
+                    let creates = (first..first + batch).map(|n| {
+                        let ledger = ledger.clone();
+                        tokio::spawn(async move { ledger.create(&claim(n)).await })
+                    });
+                    for created in futures::future::join_all(creates).await {
+                        assert_eq!(
+                            created.expect("task").expect("durable"),
+                            CreateOutcome::Created
+                        );
+                    }
+                })
+            });
+        }
+        eprintln!(
+            "embedded ledger ({label}): {} claims in {} commits ({:.3} fsyncs per claim)",
+            counters.writes.get(),
+            counters.commits.get(),
+            counters.commits.get() as f64 / counters.writes.get().max(1) as f64
+        );
+        runtime.block_on(ledger.close());
     }
     group.finish();
-    eprintln!(
-        "embedded ledger: {} claims in {} commits ({:.3} fsyncs per claim)",
-        counters.writes.get(),
-        counters.commits.get(),
-        counters.commits.get() as f64 / counters.writes.get().max(1) as f64
-    );
-    runtime.block_on(ledger.close());
 }
 
 criterion_group!(benches, commits);

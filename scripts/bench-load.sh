@@ -6,7 +6,11 @@
 # The servers run pinned to one core and wrk to another, so server CPU per request (from
 # /proc/<pid>/stat utime+stime) means something. Prints req/s, p50, p99, server CPU µs per request,
 # the CPU ratio to the floor, the throughput ratio to the kube-rs-style baseline and, for durable
-# allocations, fsyncs per allocation (ledger commits / allocations, from the admin /metrics).
+# allocations, fsyncs per allocation (ledger commits / allocations, from the admin /metrics), the
+# mean batch size and the mean stages of a durable request (queue, commit, wake-up, from
+# ip_webhook_ledger_stage_seconds), and an fdatasync probe of the state directory's file system
+# (examples/ledger_load.rs probe: append 300 B + fdatasync, as one journal commit does) run in
+# the same invocation, so the durable p99 can be compared with the disk's own.
 #
 #   scripts/bench-load.sh
 #
@@ -14,7 +18,9 @@
 # per cell, default 3; the run with the median CPU per request is reported, as shared machines
 # are noisy), BENCH_WARMUP (seconds, default 1), BENCH_CONNECTIONS (default "1 16 64"),
 # BENCH_SERVER_CPU / BENCH_LOAD_CPU (default 0 / 1), BENCH_SCENARIOS (default "floor kube
-# mutate-dry-run validate mutate-durable").
+# mutate-dry-run validate mutate-durable"; add mutate-durable-redb for the redb store as it was
+# before issue 18), BENCH_PROFILE (cargo profile, default dist),
+# BENCH_PROBE (fdatasync probes, default 2000; 0 skips).
 # A benchmark, not a test: it never fails on a number.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +33,8 @@ connections=${BENCH_CONNECTIONS:-"1 16 64"}
 server_cpu=${BENCH_SERVER_CPU:-0}
 load_cpu=${BENCH_LOAD_CPU:-1}
 scenarios=${BENCH_SCENARIOS:-"floor kube mutate-dry-run validate mutate-durable"}
+profile=${BENCH_PROFILE:-dist}
+probes=${BENCH_PROBE:-2000}
 fixture="$root/tests/fixtures/pod-create-v1.json"
 lua="$root/scripts/bench-load.lua"
 
@@ -42,10 +50,10 @@ for tool in taskset curl awk; do
   command -v "$tool" >/dev/null || { echo "$tool is required" >&2; exit 1; }
 done
 
-echo "building (profile dist, as shipped; ~10 min cold): ip-webhook, examples bench_floor and bench_kube_baseline" >&2
-cargo build --profile dist --quiet --bin ip-webhook --example bench_floor --example bench_kube_baseline
+echo "building (profile $profile; dist is what ships, ~10 min cold): ip-webhook, examples bench_floor, bench_kube_baseline, ledger_load" >&2
+cargo build --profile "$profile" --quiet --bin ip-webhook --example bench_floor --example bench_kube_baseline --example ledger_load
 target_dir=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
-bin="$target_dir/dist"
+if [ "$profile" = dev ]; then bin="$target_dir/debug"; else bin="$target_dir/$profile"; fi
 
 work=$(mktemp -d)
 pids=()
@@ -159,6 +167,16 @@ measure() {
   done
   read -r cpu_us rps p50 p99 fsyncs < <(sort -n -k1,1 "$reps" | sed -n "$(((repeat + 1) / 2))p")
   printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$scenario" "$conns" "$rps" "$p50" "$p99" "$cpu_us" "$fsyncs" >>"$results"
+  if [ "$mode" = durable ]; then
+    # whole server lifetime (warm-up included): mean batch and stages of a durable request
+    curl -sf "http://$admin_addr/metrics" | awk -v c="$conns" '
+      /^ip_webhook_ledger_batch_size_sum/ { bs = $2 } /^ip_webhook_ledger_batch_size_count/ { bc = $2 }
+      /^ip_webhook_ledger_stage_seconds_sum/ { match($1, /stage="[a-z]+"/); st = substr($1, RSTART + 7, RLENGTH - 8); ss[st] = $2 }
+      /^ip_webhook_ledger_stage_seconds_count/ { match($1, /stage="[a-z]+"/); st = substr($1, RSTART + 7, RLENGTH - 8); sc[st] = $2 }
+      END { printf "  %-15s c=%-3s batch mean %.1f; mean stage µs: queue %.0f, commit %.0f, wakeup %.0f\n", "ledger", c,
+              bc ? bs / bc : 0, sc["queue"] ? ss["queue"] / sc["queue"] * 1e6 : 0,
+              sc["commit"] ? ss["commit"] / sc["commit"] * 1e6 : 0, sc["wakeup"] ? ss["wakeup"] / sc["wakeup"] * 1e6 : 0 }' >&2
+  fi
   printf '  %-15s c=%-3s %10s req/s  p50 %8s µs  p99 %8s µs  cpu %7s µs/req  fsync/alloc %s\n' \
     "$scenario" "$conns" "$rps" "$p50" "$p99" "$cpu_us" "$fsyncs" >&2
 }
@@ -167,6 +185,12 @@ has() { [[ " $scenarios " == *" $1 "* ]]; }
 
 echo "machine: $(nproc) cores, $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1), $(uname -r)" >&2
 echo "server on core $server_cpu, wrk (1 thread) on core $load_cpu; median of $repeat runs of ${duration}s after ${warmup}s warm-up" >&2
+
+probe_file="$work/probe.txt"
+: >"$probe_file"
+if [ "$probes" != 0 ]; then
+  taskset -c "$server_cpu" "$bin/examples/ledger_load" probe "$work/probe-state" "$probes" | tee "$probe_file" >&2
+fi
 
 if has floor; then
   start_server floor "$bin/examples/bench_floor" 127.0.0.1:0
@@ -205,12 +229,21 @@ for conns in $connections; do
     measure mutate-durable "$conns" /mutate durable "$server_pid"
     stop_server "$server_pid"
   fi
+  if has mutate-durable-redb; then
+    # the store before issue 18, for comparison
+    start_server ip-webhook-durable-redb-"$conns" env IP_WEBHOOK_EMBEDDED_STORE=redb "$bin/ip-webhook" serve --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 --state-dir "$work/durable-redb-state-$conns"
+    measure mutate-durable-redb "$conns" /mutate durable "$server_pid"
+    stop_server "$server_pid"
+  fi
 done
 
 echo
 echo "ip-webhook load benchmark ($(date -u '+%Y-%m-%d %H:%M UTC'), $(git rev-parse --short HEAD 2>/dev/null || echo unknown))"
-echo "machine: $(nproc) cores, $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1); server pinned to core $server_cpu, wrk -t1 to core $load_cpu; median of $repeat runs of ${duration}s"
-awk -F'\t' '
+cat "$probe_file"
+echo "machine: $(nproc) cores, $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1), load average $(cut -d' ' -f1-3 /proc/loadavg); profile $profile; server pinned to core $server_cpu, wrk -t1 to core $load_cpu; median of $repeat runs of ${duration}s"
+probe_p50=$(awk '/append/ { for (i = 1; i <= NF; i++) if ($i ~ /^p50=/) { sub(/p50=/, "", $i); sub(/us/, "", $i); print $i } }' "$probe_file")
+probe_p99=$(awk '/append/ { for (i = 1; i <= NF; i++) if ($i ~ /^p99=/) { sub(/p99=/, "", $i); sub(/us/, "", $i); print $i } }' "$probe_file")
+awk -F'\t' -v pp50="${probe_p50:-0}" -v pp99="${probe_p99:-0}" '
   { key = $1 SUBSEP $2; rps[key] = $3; p50[key] = $4; p99[key] = $5; cpu[key] = $6; fs[key] = $7
     if (!($1 in seen)) { seen[$1] = 1; order[++n] = $1 }
     if (!($2 in cseen)) { cseen[$2] = 1; corder[++m] = $2 } }
@@ -231,4 +264,18 @@ awk -F'\t' '
     if ((d in rps) && (kb in rps)) printf "  durable /mutate >= 5x kube-style req/s:    %.2fx %s\n", rps[d] / rps[kb], (rps[d] / rps[kb] >= 5 ? "met" : "NOT met")
     if (d in fs) printf "  fsyncs per allocation <= 0.25:             %s %s\n", fs[d], (fs[d] <= 0.25 ? "met" : "NOT met")
     if (d in p99) printf "  durable p99 <= 2 ms:                       %.2f ms %s\n", p99[d] / 1000, (p99[d] <= 2000 ? "met" : "NOT met")
+    if (pp99 > 0) {
+      print ""
+      printf "targets (issue 18), fdatasync probe p50 %.0f µs, p99 %.0f µs:\n", pp50, pp99
+      for (ci = 1; ci <= 2; ci++) {
+        c = (ci == 1 ? 16 : 64); slack = (ci == 1 ? 2000 : 5000); d = "mutate-durable" SUBSEP c; k = "mutate-dry-run" SUBSEP c
+        if (d in p99) printf "  c=%d durable p99 <= probe p99 + %d ms:    %.2f ms <= %.2f ms %s\n", c, slack / 1000, p99[d] / 1000, (pp99 + slack) / 1000, (p99[d] <= pp99 + slack ? "met" : "NOT met")
+        if ((d in cpu) && (k in cpu)) printf "  c=%d durable CPU/req <= 1.3x dry-run:      %.2fx %s\n", c, cpu[d] / cpu[k], (cpu[d] / cpu[k] <= 1.3 ? "met" : "NOT met")
+      }
+      d = "mutate-durable" SUBSEP 16; k = "mutate-dry-run" SUBSEP 16
+      if ((d in rps) && (k in rps) && pp50 > 0) {
+        lim = rps[k]; if (16 / (pp50 / 1e6) < lim) lim = 16 / (pp50 / 1e6)
+        printf "  c=16 durable req/s >= 0.5 x min(dry-run, 16/fsync p50): %.0f >= %.0f %s\n", rps[d], 0.5 * lim, (rps[d] >= 0.5 * lim ? "met" : "NOT met")
+      }
+    }
   }' "$results"

@@ -111,11 +111,9 @@ fn existing_ledger(dir: &Path) -> anyhow::Result<()> {
             dir.display()
         );
     }
-    let file = dir.join("ledger.redb");
-    if !file.is_file() {
+    if !crate::ledger::embedded::exists_in(dir) {
         bail!(
-            "no embedded ledger: {} does not exist (is {} the --state-dir of `ip-webhook serve`?)",
-            file.display(),
+            "no embedded ledger in {}: no journal, snapshot or ledger.redb there (is it the --state-dir of `ip-webhook serve`?)",
             dir.display()
         );
     }

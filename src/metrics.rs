@@ -534,6 +534,21 @@ impl Metrics {
             "Claim writes made durable",
             ledger.writes.clone(),
         );
+        registry.register(
+            "ledger_commit_seconds",
+            "Time of each embedded-ledger commit that wrote something (apply, write, fdatasync)",
+            ledger.commit_seconds.clone(),
+        );
+        registry.register(
+            "ledger_batch_size",
+            "Requests per embedded-ledger batch (group commit)",
+            ledger.batch_size.clone(),
+        );
+        registry.register(
+            "ledger_stage_seconds",
+            "Stages of a durable embedded-ledger request: queue (until its batch starts), commit, wakeup (answer sent until the request task runs)",
+            ledger.stage_seconds.clone(),
+        );
         let tls_reloads = Family::<ResultLabels, Counter>::default();
         registry.register(
             "tls_reloads",

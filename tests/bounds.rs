@@ -92,8 +92,19 @@ fn metric(text: &str, series: &str) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_names_are_denied_and_stored_nowhere() {
     let server = TestServer::start(&[]).await;
-    let ledger = server.state_dir.path().join("ledger.redb");
-    let size = || std::fs::metadata(&ledger).map(|m| m.len()).unwrap_or(0);
+    // the embedded ledger's files: its journals and snapshots
+    let state_dir = server.state_dir.path().to_path_buf();
+    let size = || -> u64 {
+        std::fs::read_dir(&state_dir)
+            .unwrap()
+            .map(|e| e.unwrap())
+            .filter(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                name.starts_with("journal.") || name.starts_with("snapshot.")
+            })
+            .map(|e| e.metadata().unwrap().len())
+            .sum()
+    };
     // a real allocation first, so the ledger file exists at its working size
     let granted = server
         .mutate(&create(
@@ -103,6 +114,7 @@ async fn oversized_names_are_denied_and_stored_nowhere() {
         .await;
     assert_eq!(granted["allowed"], true, "{granted}");
     let ledger_before = size();
+    assert!(ledger_before > 0, "the allocation is in the ledger's files");
     let metrics_before = metrics_text(&server).await.len();
     let big = "a".repeat(MIB as usize);
     for i in 0..50 {

@@ -912,7 +912,7 @@ async fn errors_are_one_line_with_an_exit_code_and_never_a_backtrace() {
     assert_one_error_line(
         &stderr,
         &format!(
-            "no embedded ledger: {}/ledger.redb does not exist",
+            "no embedded ledger in {}: no journal, snapshot or ledger.redb there",
             missing.display()
         ),
     );
@@ -928,7 +928,7 @@ async fn errors_are_one_line_with_an_exit_code_and_never_a_backtrace() {
         dir,
     );
     assert_eq!(code, 1);
-    assert_one_error_line(&stderr, "no embedded ledger:");
+    assert_one_error_line(&stderr, "no embedded ledger in ");
     assert!(
         is_empty_dir(&missing),
         "a command created state in {}",

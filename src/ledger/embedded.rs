@@ -1,15 +1,36 @@
-//! The embedded ledger: one crash-safe redb file in `--state-dir`.
+//! The embedded ledger: the claims of this process, crash-safe in `--state-dir`.
 //!
-//! Writes go to one writer thread that drains every request waiting and commits them in one
-//! transaction (group commit): under load, many admissions share one fsync, and no answer is
-//! sent before the commit that holds its claim has returned.
+//! Writes go to one writer thread that drains every request waiting and commits them together
+//! (group commit): under load, many admissions share one `fdatasync`, and no answer is sent
+//! before the commit that holds its claim has returned.
+//!
+//! Two stores sit behind the writer (issue 18 measured both, README "Performance"):
+//!
+//! - [`Store::Journal`] (the default): an append-only journal of checksummed records
+//!   (`journal.<generation>`), one `write` and one `fdatasync` per batch, the claims held in
+//!   memory; when the journals outgrow twice the live records a background thread writes a
+//!   `snapshot.<generation>` of every claim (temp file, fsync, rename, directory fsync) and
+//!   deletes the journals it covers. On open: the newest snapshot, then the journals after it;
+//!   a torn record at the end of the last journal (a crash mid-write, never answered) is cut
+//!   off, a bad record anywhere else is corruption and refuses to start.
+//! - [`Store::Redb`]: one redb file (`ledger.redb`, copy-on-write B-tree), what ip-webhook used
+//!   before. A state dir holding only `ledger.redb` is migrated to the journal on first open
+//!   (the file is kept as `ledger.redb.migrated`).
 
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
+use std::sync::{Arc, mpsc};
 use std::thread;
+use std::time::Instant;
 
 use async_trait::async_trait;
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use redb::{ConcurrencyMode, Database, ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::oneshot;
 
@@ -18,33 +39,99 @@ use super::{Claim, CreateOutcome, Ledger, LedgerError, unix_now};
 
 const CLAIMS: TableDefinition<&str, &[u8]> = TableDefinition::new("claims");
 const MAX_BATCH: usize = 4096;
+const REDB_FILE: &str = "ledger.redb";
+const LOCK_FILE: &str = "ledger.lock";
+const JOURNAL: &str = "journal.";
+const SNAPSHOT: &str = "snapshot.";
+/// First bytes of every journal and snapshot file.
+const MAGIC: &[u8; 8] = b"IPWJRNL1";
+/// A record: length (u32 LE), CRC-32C of the payload (u32 LE), payload (one claim, JSON).
+const HEADER: usize = 8;
+/// Compaction starts when the journals since the last snapshot exceed twice the live records
+/// and at least this many bytes.
+#[cfg(not(test))]
+const COMPACT_MIN_BYTES: u64 = 8 << 20;
+#[cfg(test)]
+const COMPACT_MIN_BYTES: u64 = 16 << 10;
 
-/// Counters the writer bumps; the metrics registry holds clones of the same counters.
-#[derive(Clone, Default, Debug)]
+/// Which store keeps the claims.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Store {
+    /// Append-only checksummed journal plus snapshots (the default).
+    #[default]
+    Journal,
+    /// One redb file, as before issue 18 (kept for comparison and migration).
+    Redb,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StageLabels {
+    /// `queue` (request sent to the writer until its batch starts), `commit` (batch start until
+    /// durable), `wakeup` (answer sent until the request task runs again).
+    pub stage: &'static str,
+}
+
+/// Counters and histograms the writer updates; the metrics registry holds clones of them.
+#[derive(Clone, Debug)]
 pub struct CommitCounters {
-    /// Transactions committed (one fsync each).
+    /// Commits that wrote something (one `fdatasync` each).
     pub commits: Counter,
     /// Claim writes made durable.
     pub writes: Counter,
+    /// Time of each commit that wrote something (apply, write, fsync).
+    pub commit_seconds: Histogram,
+    /// Requests per batch the writer took.
+    pub batch_size: Histogram,
+    /// Time of each stage of a durable request.
+    pub stage_seconds: Family<StageLabels, Histogram>,
 }
 
-enum Op {
-    Create(
-        Box<Claim>,
-        oneshot::Sender<Result<CreateOutcome, LedgerError>>,
-    ),
-    Release(Box<Claim>, oneshot::Sender<Result<bool, LedgerError>>),
+fn seconds_buckets() -> impl Iterator<Item = f64> {
+    // 10 µs .. ~10 s
+    exponential_buckets(0.00001, 2.0, 21)
+}
+
+impl Default for CommitCounters {
+    fn default() -> Self {
+        CommitCounters {
+            commits: Counter::default(),
+            writes: Counter::default(),
+            commit_seconds: Histogram::new(seconds_buckets()),
+            batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 13)),
+            stage_seconds: Family::<StageLabels, Histogram>::new_with_constructor(|| {
+                Histogram::new(seconds_buckets())
+            }),
+        }
+    }
+}
+
+impl CommitCounters {
+    fn stage(&self, stage: &'static str, seconds: f64) {
+        self.stage_seconds
+            .get_or_create(&StageLabels { stage })
+            .observe(seconds);
+    }
+}
+
+/// The answer to one request, and when the writer sent it (for the `wakeup` stage).
+type Answer<T> = oneshot::Sender<(Result<T, LedgerError>, Instant)>;
+
+enum Request {
+    Create(Box<Claim>, Answer<CreateOutcome>),
+    Release(Box<Claim>, Answer<bool>),
     /// `(current, next)`: a phase change.
-    Transition(
-        Box<(Claim, Claim)>,
-        oneshot::Sender<Result<bool, LedgerError>>,
-    ),
+    Transition(Box<(Claim, Claim)>, Answer<bool>),
+}
+
+enum Msg {
+    Op(Request, Instant),
+    Load(oneshot::Sender<Result<Vec<Claim>, LedgerError>>),
 }
 
 pub struct EmbeddedLedger {
-    path: PathBuf,
-    db: std::sync::Arc<Database>,
-    sender: std::sync::Mutex<Option<mpsc::Sender<Op>>>,
+    dir: PathBuf,
+    counters: CommitCounters,
+    sender: std::sync::Mutex<Option<mpsc::Sender<Msg>>>,
     writer: std::sync::Mutex<Option<thread::JoinHandle<()>>>,
 }
 
@@ -53,198 +140,330 @@ fn storage<E: std::fmt::Display>(context: &str) -> impl FnOnce(E) -> LedgerError
 }
 
 impl EmbeddedLedger {
-    /// Open (or create) `state_dir/ledger.redb`. Fails with a clear message when another
-    /// process has it open.
+    /// Open (or create) the ledger in `state_dir` with the journal, or with redb when the
+    /// environment says `IP_WEBHOOK_EMBEDDED_STORE=redb` (for `scripts/bench-load.sh`'s
+    /// comparison only). Fails with a clear message when another process has it open.
     pub fn open(state_dir: &Path, counters: CommitCounters) -> Result<EmbeddedLedger, LedgerError> {
+        let store = match std::env::var("IP_WEBHOOK_EMBEDDED_STORE").as_deref() {
+            Ok("redb") => Store::Redb,
+            _ => Store::Journal,
+        };
+        EmbeddedLedger::open_store(state_dir, counters, store)
+    }
+
+    /// Open with a chosen store (the benchmarks compare them).
+    pub fn open_store(
+        state_dir: &Path,
+        counters: CommitCounters,
+        store: Store,
+    ) -> Result<EmbeddedLedger, LedgerError> {
         std::fs::create_dir_all(state_dir).map_err(|e| {
             LedgerError::Storage(format!(
                 "cannot create state dir {}: {e}",
                 state_dir.display()
             ))
         })?;
-        let path = state_dir.join("ledger.redb");
-        // SingleWriter: one writing process, and `status`, `explain` and `review --dry-run`
-        // may read the file meanwhile ([`read_claims`]); a second writer is still refused.
-        let db = Database::builder()
-            .set_concurrency_mode(ConcurrencyMode::SingleWriter)
-            .create(&path)
-            .map_err(|e| {
-                LedgerError::Storage(format!(
-                    "cannot open {} (is another ip-webhook using this --state-dir?): {e}",
-                    path.display()
-                ))
-            })?;
-        {
-            let txn = db.begin_write().map_err(storage("begin"))?;
-            txn.open_table(CLAIMS).map_err(storage("open table"))?;
-            txn.commit().map_err(storage("commit"))?;
-        }
-        let db = std::sync::Arc::new(db);
-        let (sender, receiver) = mpsc::channel::<Op>();
-        let writer_db = db.clone();
+        let backend = match store {
+            Store::Redb => {
+                if !generations(state_dir, JOURNAL)?.is_empty() {
+                    return Err(LedgerError::Storage(format!(
+                        "{} holds a journal ledger; the redb store would not see its claims",
+                        state_dir.display()
+                    )));
+                }
+                Backend::Redb(open_redb(&state_dir.join(REDB_FILE))?)
+            }
+            Store::Journal => Backend::Journal(Box::new(Journal::open(state_dir)?)),
+        };
+        let (sender, receiver) = mpsc::channel::<Msg>();
+        let writer_counters = counters.clone();
         let writer = thread::Builder::new()
             .name("ledger-writer".into())
-            .spawn(move || writer_loop(&writer_db, receiver, counters))
+            .spawn(move || writer_loop(backend, receiver, writer_counters))
             .map_err(storage("spawn writer"))?;
         Ok(EmbeddedLedger {
-            path,
-            db,
+            dir: state_dir.to_path_buf(),
+            counters,
             sender: std::sync::Mutex::new(Some(sender)),
             writer: std::sync::Mutex::new(Some(writer)),
         })
     }
 
+    /// The state directory.
     pub fn path(&self) -> &Path {
-        &self.path
+        &self.dir
     }
 
-    fn send(&self, op: Op) -> Result<(), LedgerError> {
+    fn send(&self, msg: Msg) -> Result<(), LedgerError> {
         let guard = self.sender.lock().map_err(|_| LedgerError::Closed)?;
         let sender = guard.as_ref().ok_or(LedgerError::Closed)?;
-        sender.send(op).map_err(|_| LedgerError::Closed)
+        sender.send(msg).map_err(|_| LedgerError::Closed)
+    }
+
+    async fn ask<T>(&self, request: impl FnOnce(Answer<T>) -> Request) -> Result<T, LedgerError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Msg::Op(request(tx), Instant::now()))?;
+        let (result, answered) = rx
+            .await
+            .map_err(|_| LedgerError::Storage("ledger commit aborted".into()))?;
+        self.counters
+            .stage("wakeup", answered.elapsed().as_secs_f64());
+        result
     }
 }
 
-fn writer_loop(db: &Database, receiver: mpsc::Receiver<Op>, counters: CommitCounters) {
+fn open_redb(path: &Path) -> Result<Database, LedgerError> {
+    // SingleWriter: one writing process, and `status`, `explain` and `review --dry-run` may
+    // read the file meanwhile ([`read_claims`]); a second writer is still refused.
+    let db = Database::builder()
+        .set_concurrency_mode(ConcurrencyMode::SingleWriter)
+        .create(path)
+        .map_err(|e| {
+            LedgerError::Storage(format!(
+                "cannot open {} (is another ip-webhook using this --state-dir?): {e}",
+                path.display()
+            ))
+        })?;
+    let txn = db.begin_write().map_err(storage("begin"))?;
+    txn.open_table(CLAIMS).map_err(storage("open table"))?;
+    txn.commit().map_err(storage("commit"))?;
+    Ok(db)
+}
+
+enum Backend {
+    Redb(Database),
+    Journal(Box<Journal>),
+}
+
+fn writer_loop(mut backend: Backend, receiver: mpsc::Receiver<Msg>, counters: CommitCounters) {
+    let mut load = None;
     while let Ok(first) = receiver.recv() {
+        let first = match first {
+            Msg::Load(reply) => {
+                drop(reply.send(backend.load()));
+                continue;
+            }
+            Msg::Op(request, queued) => (request, queued),
+        };
         // Let the request threads run first: on a busy (or single) core, claims that are on
         // their way join this commit instead of waiting for the next fsync.
         thread::yield_now();
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
             match receiver.try_recv() {
-                Ok(op) => batch.push(op),
+                Ok(Msg::Op(request, queued)) => batch.push((request, queued)),
+                Ok(Msg::Load(reply)) => {
+                    load = Some(reply);
+                    break;
+                }
                 Err(_) => break,
             }
         }
-        commit_batch(db, batch, &counters);
+        let started = Instant::now();
+        counters.batch_size.observe(batch.len() as f64);
+        let requests = batch
+            .into_iter()
+            .map(|(request, queued)| {
+                counters.stage("queue", started.duration_since(queued).as_secs_f64());
+                request
+            })
+            .collect();
+        commit_batch(&mut backend, requests, &counters, started);
+        if let Some(reply) = load.take() {
+            drop(reply.send(backend.load()));
+        }
+    }
+    if let Backend::Journal(journal) = &mut backend {
+        journal.finish_compaction();
     }
 }
 
 enum Reply {
-    Create(
-        oneshot::Sender<Result<CreateOutcome, LedgerError>>,
-        CreateOutcome,
-    ),
-    Changed(oneshot::Sender<Result<bool, LedgerError>>, bool),
+    Create(Answer<CreateOutcome>, CreateOutcome),
+    Changed(Answer<bool>, bool),
 }
 
-fn commit_batch(db: &Database, batch: Vec<Op>, counters: &CommitCounters) {
-    let mut replies = Vec::with_capacity(batch.len());
+/// Where the claim rules read and write during one batch.
+trait Records {
+    fn read(&mut self, ip: IpAddr) -> Result<Option<Claim>, LedgerError>;
+    fn write(&mut self, claim: &Claim) -> Result<(), LedgerError>;
+}
+
+/// Apply the claim rules to every request of the batch; returns the answers and the count of
+/// writes.
+fn apply(
+    records: &mut impl Records,
+    batch: Vec<Request>,
+    replies: &mut Vec<Reply>,
+) -> Result<u64, LedgerError> {
     let mut writes = 0u64;
-    let result = (|| -> Result<(), LedgerError> {
-        let txn = db.begin_write().map_err(storage("begin"))?;
-        {
-            let mut table = txn.open_table(CLAIMS).map_err(storage("open table"))?;
-            for op in batch {
-                match op {
-                    Op::Create(claim, reply) => {
-                        let key = claim.ip.to_string();
-                        let existing = read(&table, &key)?;
-                        let outcome = match create_rule(existing.as_ref(), &claim) {
-                            CreateRule::Write => {
-                                write(&mut table, &key, &claim)?;
-                                writes += 1;
-                                CreateOutcome::Created
-                            }
-                            CreateRule::Existing => CreateOutcome::for_existing(
-                                existing.expect("a rule about an existing record"),
-                                &claim,
-                            ),
-                            CreateRule::Held => CreateOutcome::AlreadyHeld(Box::new(
-                                existing.expect("a rule about an existing record"),
-                            )),
-                        };
-                        replies.push(Reply::Create(reply, outcome));
+    for request in batch {
+        match request {
+            Request::Create(claim, reply) => {
+                let existing = records.read(claim.ip)?;
+                let outcome = match create_rule(existing.as_ref(), &claim) {
+                    CreateRule::Write => {
+                        records.write(&claim)?;
+                        writes += 1;
+                        CreateOutcome::Created
                     }
-                    Op::Release(claim, reply) => {
-                        let key = claim.ip.to_string();
-                        let changed = match read(&table, &key)? {
-                            Some(held) if held.is_held() && same_grant(&held, &claim) => {
-                                write(&mut table, &key, &released(&held, unix_now()))?;
-                                writes += 1;
-                                true
-                            }
-                            _ => false,
-                        };
-                        replies.push(Reply::Changed(reply, changed));
+                    CreateRule::Existing => CreateOutcome::for_existing(
+                        existing.expect("a rule about an existing record"),
+                        &claim,
+                    ),
+                    CreateRule::Held => CreateOutcome::AlreadyHeld(Box::new(
+                        existing.expect("a rule about an existing record"),
+                    )),
+                };
+                replies.push(Reply::Create(reply, outcome));
+            }
+            Request::Release(claim, reply) => {
+                let changed = match records.read(claim.ip)? {
+                    Some(held) if held.is_held() && same_grant(&held, &claim) => {
+                        records.write(&released(&held, unix_now()))?;
+                        writes += 1;
+                        true
                     }
-                    Op::Transition(pair, reply) => {
-                        let (current, next) = *pair;
-                        let key = next.ip.to_string();
-                        let changed = match read(&table, &key)? {
-                            Some(record) if may_step(&record, &current, &next) => {
-                                write(&mut table, &key, &next)?;
-                                writes += 1;
-                                true
-                            }
-                            _ => false,
-                        };
-                        replies.push(Reply::Changed(reply, changed));
+                    _ => false,
+                };
+                replies.push(Reply::Changed(reply, changed));
+            }
+            Request::Transition(pair, reply) => {
+                let (current, next) = *pair;
+                let changed = match records.read(next.ip)? {
+                    Some(record) if may_step(&record, &current, &next) => {
+                        records.write(&next)?;
+                        writes += 1;
+                        true
                     }
-                }
+                    _ => false,
+                };
+                replies.push(Reply::Changed(reply, changed));
             }
         }
-        if writes == 0 {
-            // nothing changed: no fsync for a batch of refusals
-            txn.abort().map_err(storage("abort"))?;
-        } else {
-            txn.commit().map_err(storage("commit"))?;
-            counters.commits.inc();
-        }
-        Ok(())
-    })();
+    }
+    Ok(writes)
+}
+
+fn commit_batch(
+    backend: &mut Backend,
+    batch: Vec<Request>,
+    counters: &CommitCounters,
+    started: Instant,
+) {
+    let mut replies = Vec::with_capacity(batch.len());
+    let result = match backend {
+        Backend::Redb(db) => commit_redb(db, batch, &mut replies),
+        Backend::Journal(journal) => journal.commit(batch, &mut replies),
+    };
     match result {
-        Ok(()) => {
-            counters.writes.inc_by(writes);
+        Ok(writes) => {
+            if writes > 0 {
+                counters.commits.inc();
+                counters.writes.inc_by(writes);
+                let seconds = started.elapsed().as_secs_f64();
+                counters.commit_seconds.observe(seconds);
+                counters.stage("commit", seconds);
+            }
+            let answered = Instant::now();
             for reply in replies {
                 match reply {
-                    Reply::Create(tx, outcome) => drop(tx.send(Ok(outcome))),
-                    Reply::Changed(tx, changed) => drop(tx.send(Ok(changed))),
+                    Reply::Create(tx, outcome) => drop(tx.send((Ok(outcome), answered))),
+                    Reply::Changed(tx, changed) => drop(tx.send((Ok(changed), answered))),
                 }
             }
         }
         Err(error) => {
-            // Nothing of this batch is durable: every waiter hears the error; ops not yet
-            // reached in the batch were dropped, and their waiters see the channel close.
+            // Nothing of this batch is durable: every waiter hears the error; requests not
+            // yet reached in the batch were dropped, and their waiters see the channel close.
             let message = error.to_string();
             tracing::error!(%message, "ledger commit failed");
+            let answered = Instant::now();
             for reply in replies {
+                let error = LedgerError::Storage(message.clone());
                 match reply {
-                    Reply::Create(tx, _) => {
-                        drop(tx.send(Err(LedgerError::Storage(message.clone()))))
-                    }
-                    Reply::Changed(tx, _) => {
-                        drop(tx.send(Err(LedgerError::Storage(message.clone()))))
-                    }
+                    Reply::Create(tx, _) => drop(tx.send((Err(error), answered))),
+                    Reply::Changed(tx, _) => drop(tx.send((Err(error), answered))),
                 }
             }
         }
     }
 }
 
-fn read(table: &redb::Table<&str, &[u8]>, key: &str) -> Result<Option<Claim>, LedgerError> {
-    match table.get(key).map_err(storage("read"))? {
-        Some(bytes) => decode(key, bytes.value()).map(Some),
-        None => Ok(None),
+impl Backend {
+    fn load(&self) -> Result<Vec<Claim>, LedgerError> {
+        match self {
+            Backend::Redb(db) => {
+                let txn = db.begin_read().map_err(storage("begin read"))?;
+                let table = txn.open_table(CLAIMS).map_err(storage("open table"))?;
+                let mut claims = Vec::new();
+                for entry in table.iter().map_err(storage("iterate"))? {
+                    let (key, value) = entry.map_err(storage("read"))?;
+                    claims.push(decode(key.value(), value.value())?);
+                }
+                Ok(claims)
+            }
+            Backend::Journal(journal) => Ok(journal
+                .claims
+                .values()
+                .map(|entry| (*entry.claim).clone())
+                .collect()),
+        }
     }
 }
 
-fn write(
-    table: &mut redb::Table<&str, &[u8]>,
-    key: &str,
-    claim: &Claim,
-) -> Result<(), LedgerError> {
-    let bytes = serde_json::to_vec(claim).map_err(storage("encode"))?;
-    table
-        .insert(key, bytes.as_slice())
-        .map_err(storage("write"))?;
-    Ok(())
+// ---------------------------------------------------------------------------------------------
+// redb
+
+struct RedbRecords<'a, 'txn>(&'a mut redb::Table<'txn, &'static str, &'static [u8]>);
+
+impl Records for RedbRecords<'_, '_> {
+    fn read(&mut self, ip: IpAddr) -> Result<Option<Claim>, LedgerError> {
+        let key = ip.to_string();
+        match self.0.get(key.as_str()).map_err(storage("read"))? {
+            Some(bytes) => decode(&key, bytes.value()).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn write(&mut self, claim: &Claim) -> Result<(), LedgerError> {
+        let key = claim.ip.to_string();
+        let bytes = serde_json::to_vec(claim).map_err(storage("encode"))?;
+        self.0
+            .insert(key.as_str(), bytes.as_slice())
+            .map_err(storage("write"))?;
+        Ok(())
+    }
+}
+
+fn commit_redb(
+    db: &Database,
+    batch: Vec<Request>,
+    replies: &mut Vec<Reply>,
+) -> Result<u64, LedgerError> {
+    let txn = db.begin_write().map_err(storage("begin"))?;
+    let writes = {
+        let mut table = txn.open_table(CLAIMS).map_err(storage("open table"))?;
+        apply(&mut RedbRecords(&mut table), batch, replies)?
+    };
+    if writes == 0 {
+        // nothing changed: no fsync for a batch of refusals
+        txn.abort().map_err(storage("abort"))?;
+    } else {
+        txn.commit().map_err(storage("commit"))?;
+    }
+    Ok(writes)
 }
 
 /// Every claim in `state_dir/ledger.redb`, read without creating or changing anything, also
 /// while a server has the file open (it writes in SingleWriter mode, which admits readers).
 pub fn read_claims(state_dir: &Path) -> Result<Vec<Claim>, LedgerError> {
+    if state_dir.is_dir()
+        && (!generations(state_dir, SNAPSHOT)?.is_empty()
+            || !generations(state_dir, JOURNAL)?.is_empty())
+    {
+        return read_journal(state_dir);
+    }
     let path = state_dir.join("ledger.redb");
     let db = redb::Builder::new()
         .set_concurrency_mode(ConcurrencyMode::SingleWriter)
@@ -278,11 +497,488 @@ pub fn read_claims(state_dir: &Path) -> Result<Vec<Claim>, LedgerError> {
     Ok(claims)
 }
 
+/// Whether `state_dir` holds an embedded ledger (journal, snapshot, or a redb file).
+pub fn exists_in(state_dir: &Path) -> bool {
+    state_dir.join(REDB_FILE).is_file()
+        || generations(state_dir, SNAPSHOT).is_ok_and(|g| !g.is_empty())
+        || generations(state_dir, JOURNAL).is_ok_and(|g| !g.is_empty())
+}
+
+/// The journal store's claims, read without the lock and without cutting a torn tail (the
+/// writer may be appending to it right now: a partial last record is simply not counted). A
+/// file deleted by a compaction between listing and reading is retried once.
+fn read_journal(state_dir: &Path) -> Result<Vec<Claim>, LedgerError> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match read_journal_once(state_dir) {
+            Err(LedgerError::Storage(why)) if attempt == 1 && why.contains("No such file") => {
+                tracing::debug!(%why, "a journal went away while reading; reading again");
+            }
+            result => return result,
+        }
+    }
+}
+
+fn read_journal_once(state_dir: &Path) -> Result<Vec<Claim>, LedgerError> {
+    let base = generations(state_dir, SNAPSHOT)?
+        .last()
+        .copied()
+        .unwrap_or(0);
+    let mut claims: HashMap<IpAddr, Claim> = HashMap::new();
+    if base > 0 {
+        for (claim, _) in parse_file(&state_dir.join(name(SNAPSHOT, base)))?.claims {
+            claims.insert(claim.ip, claim);
+        }
+    }
+    for generation in generations(state_dir, JOURNAL)? {
+        if generation < base {
+            continue;
+        }
+        for (claim, _) in parse_file(&state_dir.join(name(JOURNAL, generation)))?.claims {
+            claims.insert(claim.ip, claim);
+        }
+    }
+    Ok(claims.into_values().collect())
+}
+
 fn decode(key: &str, bytes: &[u8]) -> Result<Claim, LedgerError> {
     serde_json::from_slice(bytes).map_err(|e| LedgerError::Corrupt {
         ip: key.to_string(),
         reason: e.to_string(),
     })
+}
+
+// ---------------------------------------------------------------------------------------------
+// journal
+
+const CRC32C: [u32; 256] = {
+    let mut table = [0u32; 256];
+    let mut i = 0;
+    while i < 256 {
+        let mut c = i as u32;
+        let mut k = 0;
+        while k < 8 {
+            c = if c & 1 != 0 {
+                0x82F6_3B78 ^ (c >> 1)
+            } else {
+                c >> 1
+            };
+            k += 1;
+        }
+        table[i] = c;
+        i += 1;
+    }
+    table
+};
+
+fn crc32c(data: &[u8]) -> u32 {
+    let mut c = !0u32;
+    for &b in data {
+        c = CRC32C[((c ^ u32::from(b)) & 0xff) as usize] ^ (c >> 8);
+    }
+    !c
+}
+
+/// Append one record holding `claim` to `buf`; returns its size.
+fn encode_record(buf: &mut Vec<u8>, claim: &Claim) -> Result<u64, LedgerError> {
+    let start = buf.len();
+    buf.extend_from_slice(&[0; HEADER]);
+    serde_json::to_writer(&mut *buf, claim).map_err(storage("encode"))?;
+    let len = u32::try_from(buf.len() - start - HEADER)
+        .map_err(|_| LedgerError::Storage("claim record too large".into()))?;
+    let crc = crc32c(&buf[start + HEADER..]);
+    buf[start..start + 4].copy_from_slice(&len.to_le_bytes());
+    buf[start + 4..start + HEADER].copy_from_slice(&crc.to_le_bytes());
+    Ok((buf.len() - start) as u64)
+}
+
+/// What reading a journal or snapshot file found.
+struct Parsed {
+    claims: Vec<(Claim, u64)>,
+    /// Bytes of whole, valid records (plus the magic).
+    good: u64,
+    /// Whether bytes follow the last good record.
+    torn: bool,
+}
+
+fn parse_file(path: &Path) -> Result<Parsed, LedgerError> {
+    let bytes = std::fs::read(path)
+        .map_err(|e| LedgerError::Storage(format!("cannot read {}: {e}", path.display())))?;
+    let corrupt = |reason: String| LedgerError::Corrupt {
+        ip: path.display().to_string(),
+        reason,
+    };
+    if bytes.len() < MAGIC.len() {
+        // created, crash before the magic was durable
+        return Ok(Parsed {
+            claims: Vec::new(),
+            good: 0,
+            torn: !bytes.is_empty(),
+        });
+    }
+    if &bytes[..MAGIC.len()] != MAGIC {
+        return Err(corrupt("not an ip-webhook journal (bad magic)".into()));
+    }
+    let mut at = MAGIC.len();
+    let mut claims = Vec::new();
+    while bytes.len() - at >= HEADER {
+        let len = u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes")) as usize;
+        let crc = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().expect("4 bytes"));
+        let end = at + HEADER + len;
+        if len == 0 || end > bytes.len() || crc32c(&bytes[at + HEADER..end]) != crc {
+            break;
+        }
+        let claim: Claim = serde_json::from_slice(&bytes[at + HEADER..end])
+            .map_err(|e| corrupt(format!("record at byte {at}: {e}")))?;
+        claims.push((claim, (end - at) as u64));
+        at = end;
+    }
+    Ok(Parsed {
+        claims,
+        good: at as u64,
+        torn: at < bytes.len(),
+    })
+}
+
+struct Entry {
+    claim: Arc<Claim>,
+    /// Size of its record.
+    size: u64,
+}
+
+struct Journal {
+    dir: PathBuf,
+    claims: HashMap<IpAddr, Entry>,
+    /// Sum of the record sizes of `claims`.
+    live_bytes: u64,
+    file: File,
+    generation: u64,
+    /// Bytes appended to journals since the last snapshot began.
+    journal_bytes: u64,
+    compactor: Option<thread::JoinHandle<()>>,
+    /// A failed write or fsync: the file's tail is unknown, so nothing more is written.
+    poisoned: Option<String>,
+    buf: Vec<u8>,
+    /// Kept open and locked: a second process on the same dir fails to open.
+    _lock: File,
+}
+
+fn name(prefix: &str, generation: u64) -> String {
+    format!("{prefix}{generation:020}")
+}
+
+fn sync_dir(dir: &Path) -> Result<(), LedgerError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| LedgerError::Storage(format!("cannot sync {}: {e}", dir.display())))
+}
+
+/// Write every claim to `snapshot.<generation>`: temp file, fsync, rename, directory fsync.
+fn write_snapshot<'a>(
+    dir: &Path,
+    generation: u64,
+    claims: impl Iterator<Item = &'a Claim>,
+) -> Result<(), LedgerError> {
+    let tmp = dir.join(format!("{}.tmp", name(SNAPSHOT, generation)));
+    let mut buf = Vec::with_capacity(1 << 20);
+    buf.extend_from_slice(MAGIC);
+    let mut file = File::create(&tmp).map_err(storage("create snapshot"))?;
+    for claim in claims {
+        encode_record(&mut buf, claim)?;
+        if buf.len() >= 1 << 20 {
+            file.write_all(&buf).map_err(storage("write snapshot"))?;
+            buf.clear();
+        }
+    }
+    file.write_all(&buf).map_err(storage("write snapshot"))?;
+    file.sync_all().map_err(storage("sync snapshot"))?;
+    drop(file);
+    std::fs::rename(&tmp, dir.join(name(SNAPSHOT, generation)))
+        .map_err(storage("rename snapshot"))?;
+    sync_dir(dir)
+}
+
+/// The generations of the files named `prefix<generation>` in `dir`.
+fn generations(dir: &Path, prefix: &str) -> Result<Vec<u64>, LedgerError> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(storage("list state dir"))? {
+        let entry = entry.map_err(storage("list state dir"))?;
+        let file_name = entry.file_name();
+        let Some(file_name) = file_name.to_str() else {
+            continue;
+        };
+        if let Some(generation) = file_name.strip_prefix(prefix) {
+            if let Ok(generation) = generation.parse::<u64>() {
+                found.push(generation);
+            } else if generation.ends_with(".tmp") {
+                // a snapshot a crash interrupted
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
+    found.sort_unstable();
+    Ok(found)
+}
+
+/// Delete the journals and snapshots older than `generation` (a snapshot of it is durable).
+fn remove_before(dir: &Path, generation: u64) -> Result<(), LedgerError> {
+    for prefix in [JOURNAL, SNAPSHOT] {
+        for old in generations(dir, prefix)? {
+            if old < generation {
+                std::fs::remove_file(dir.join(name(prefix, old)))
+                    .map_err(storage("remove old journal"))?;
+            }
+        }
+    }
+    sync_dir(dir)
+}
+
+impl Journal {
+    fn open(dir: &Path) -> Result<Journal, LedgerError> {
+        let lock_path = dir.join(LOCK_FILE);
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(storage("open lock file"))?;
+        lock.try_lock().map_err(|e| {
+            LedgerError::Storage(format!(
+                "cannot open {} (is another ip-webhook using this --state-dir?): {e}",
+                lock_path.display()
+            ))
+        })?;
+        let mut snapshots = generations(dir, SNAPSHOT)?;
+        let mut journals = generations(dir, JOURNAL)?;
+        let redb = dir.join(REDB_FILE);
+        if snapshots.is_empty() && journals.is_empty() && redb.exists() {
+            // migrate: every claim of the redb file becomes snapshot 1
+            let db = open_redb(&redb)?;
+            let claims = Backend::Redb(db).load()?;
+            write_snapshot(dir, 1, claims.iter())?;
+            let kept = dir.join(format!("{REDB_FILE}.migrated"));
+            std::fs::rename(&redb, &kept).map_err(storage("rename migrated redb file"))?;
+            sync_dir(dir)?;
+            tracing::info!(claims = claims.len(), kept = %kept.display(), "migrated the redb ledger to the journal");
+            snapshots = vec![1];
+        }
+        let base = snapshots.last().copied().unwrap_or(0);
+        let mut claims = HashMap::new();
+        let mut live_bytes = 0u64;
+        let mut install = |claim: Claim, size: u64| {
+            let ip = claim.ip;
+            if let Some(old) = claims.insert(
+                ip,
+                Entry {
+                    claim: Arc::new(claim),
+                    size,
+                },
+            ) {
+                live_bytes -= old.size;
+            }
+            live_bytes += size;
+        };
+        if base > 0 {
+            let path = dir.join(name(SNAPSHOT, base));
+            let parsed = parse_file(&path)?;
+            if parsed.torn || parsed.good == 0 {
+                return Err(LedgerError::Corrupt {
+                    ip: path.display().to_string(),
+                    reason: format!("bad record after byte {}", parsed.good),
+                });
+            }
+            for (claim, size) in parsed.claims {
+                install(claim, size);
+            }
+        }
+        journals.retain(|g| *g >= base);
+        let mut journal_bytes = 0u64;
+        let last = journals.last().copied();
+        for &generation in &journals {
+            let path = dir.join(name(JOURNAL, generation));
+            let parsed = parse_file(&path)?;
+            if parsed.torn {
+                if Some(generation) != last {
+                    return Err(LedgerError::Corrupt {
+                        ip: path.display().to_string(),
+                        reason: format!("bad record after byte {}", parsed.good),
+                    });
+                }
+                // a write a crash cut short: it was never answered
+                tracing::warn!(path = %path.display(), kept = parsed.good, "cutting a torn record off the journal");
+                let file = OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .map_err(storage("open journal"))?;
+                file.set_len(parsed.good)
+                    .map_err(storage("truncate journal"))?;
+                file.sync_all().map_err(storage("sync journal"))?;
+            }
+            journal_bytes += parsed.good;
+            for (claim, size) in parsed.claims {
+                install(claim, size);
+            }
+        }
+        let (generation, file) = match last {
+            Some(generation) => {
+                let path = dir.join(name(JOURNAL, generation));
+                let mut file = OpenOptions::new()
+                    .append(true)
+                    .open(&path)
+                    .map_err(storage("open journal"))?;
+                if file.metadata().map_err(storage("stat journal"))?.len() == 0 {
+                    file.write_all(MAGIC).map_err(storage("write journal"))?;
+                    file.sync_data().map_err(storage("sync journal"))?;
+                }
+                (generation, file)
+            }
+            None => {
+                let generation = base.max(1);
+                (generation, Journal::create_file(dir, generation)?)
+            }
+        };
+        Ok(Journal {
+            dir: dir.to_path_buf(),
+            claims,
+            live_bytes,
+            file,
+            generation,
+            journal_bytes,
+            compactor: None,
+            poisoned: None,
+            buf: Vec::with_capacity(64 << 10),
+            _lock: lock,
+        })
+    }
+
+    fn create_file(dir: &Path, generation: u64) -> Result<File, LedgerError> {
+        let mut file = OpenOptions::new()
+            .create_new(true)
+            .append(true)
+            .open(dir.join(name(JOURNAL, generation)))
+            .map_err(storage("create journal"))?;
+        file.write_all(MAGIC).map_err(storage("write journal"))?;
+        file.sync_all().map_err(storage("sync journal"))?;
+        sync_dir(dir)?;
+        Ok(file)
+    }
+
+    fn commit(
+        &mut self,
+        batch: Vec<Request>,
+        replies: &mut Vec<Reply>,
+    ) -> Result<u64, LedgerError> {
+        if let Some(reason) = &self.poisoned {
+            return Err(LedgerError::Storage(format!(
+                "the journal stopped after a failed write ({reason}); restart to recover"
+            )));
+        }
+        self.buf.clear();
+        let mut records = JournalBatch {
+            claims: &self.claims,
+            pending: Vec::new(),
+            index: HashMap::new(),
+            buf: &mut self.buf,
+        };
+        let writes = apply(&mut records, batch, replies)?;
+        if writes == 0 {
+            return Ok(0);
+        }
+        let pending = records.pending;
+        if let Err(e) = self
+            .file
+            .write_all(&self.buf)
+            .and_then(|()| self.file.sync_data())
+        {
+            self.poisoned = Some(e.to_string());
+            return Err(LedgerError::Storage(format!("journal write: {e}")));
+        }
+        self.journal_bytes += self.buf.len() as u64;
+        for (claim, size) in pending {
+            let ip = claim.ip;
+            if let Some(old) = self.claims.insert(ip, Entry { claim, size }) {
+                self.live_bytes -= old.size;
+            }
+            self.live_bytes += size;
+        }
+        self.maybe_compact();
+        Ok(writes)
+    }
+
+    /// Start a snapshot in the background when the journals have grown enough; the writer
+    /// goes on in a new journal meanwhile.
+    fn maybe_compact(&mut self) {
+        if self.journal_bytes < COMPACT_MIN_BYTES.max(2 * self.live_bytes) {
+            return;
+        }
+        if let Some(compactor) = &self.compactor {
+            if !compactor.is_finished() {
+                return;
+            }
+            self.finish_compaction();
+        }
+        let generation = self.generation + 1;
+        let file = match Journal::create_file(&self.dir, generation) {
+            Ok(file) => file,
+            Err(error) => {
+                tracing::error!(%error, "cannot start a new journal; compaction postponed");
+                return;
+            }
+        };
+        self.file = file;
+        self.generation = generation;
+        self.journal_bytes = 0;
+        let claims: Vec<Arc<Claim>> = self.claims.values().map(|e| e.claim.clone()).collect();
+        let dir = self.dir.clone();
+        let spawned = thread::Builder::new()
+            .name("ledger-compact".into())
+            .spawn(move || {
+                let result = write_snapshot(&dir, generation, claims.iter().map(|c| &**c))
+                    .and_then(|()| remove_before(&dir, generation));
+                match result {
+                    Ok(()) => tracing::info!(generation, claims = claims.len(), "ledger compacted"),
+                    Err(error) => {
+                        tracing::error!(%error, "ledger compaction failed; the journals are kept")
+                    }
+                }
+            });
+        match spawned {
+            Ok(handle) => self.compactor = Some(handle),
+            Err(error) => tracing::error!(%error, "cannot start the compaction thread"),
+        }
+    }
+
+    fn finish_compaction(&mut self) {
+        if let Some(handle) = self.compactor.take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+struct JournalBatch<'a> {
+    claims: &'a HashMap<IpAddr, Entry>,
+    /// Writes of this batch in order (a later one of the same IP wins), with record sizes.
+    pending: Vec<(Arc<Claim>, u64)>,
+    /// The last write of each IP in `pending`.
+    index: HashMap<IpAddr, usize>,
+    buf: &'a mut Vec<u8>,
+}
+
+impl Records for JournalBatch<'_> {
+    fn read(&mut self, ip: IpAddr) -> Result<Option<Claim>, LedgerError> {
+        if let Some(&at) = self.index.get(&ip) {
+            return Ok(Some((*self.pending[at].0).clone()));
+        }
+        Ok(self.claims.get(&ip).map(|e| (*e.claim).clone()))
+    }
+
+    fn write(&mut self, claim: &Claim) -> Result<(), LedgerError> {
+        let size = encode_record(self.buf, claim)?;
+        self.index.insert(claim.ip, self.pending.len());
+        self.pending.push((Arc::new(claim.clone()), size));
+        Ok(())
+    }
 }
 
 #[async_trait]
@@ -292,43 +988,25 @@ impl Ledger for EmbeddedLedger {
     }
 
     async fn load(&self) -> Result<Vec<Claim>, LedgerError> {
-        let db = self.db.clone();
-        tokio::task::spawn_blocking(move || {
-            let txn = db.begin_read().map_err(storage("begin read"))?;
-            let table = txn.open_table(CLAIMS).map_err(storage("open table"))?;
-            let mut claims = Vec::new();
-            for entry in table.iter().map_err(storage("iterate"))? {
-                let (key, value) = entry.map_err(storage("read"))?;
-                claims.push(decode(key.value(), value.value())?);
-            }
-            Ok(claims)
-        })
-        .await
-        .map_err(storage("load task"))?
+        let (tx, rx) = oneshot::channel();
+        self.send(Msg::Load(tx))?;
+        rx.await
+            .map_err(|_| LedgerError::Storage("ledger load aborted".into()))?
     }
 
     async fn create(&self, claim: &Claim) -> Result<CreateOutcome, LedgerError> {
-        let (tx, rx) = oneshot::channel();
-        self.send(Op::Create(Box::new(claim.clone()), tx))?;
-        rx.await
-            .map_err(|_| LedgerError::Storage("ledger commit aborted".into()))?
+        self.ask(|tx| Request::Create(Box::new(claim.clone()), tx))
+            .await
     }
 
     async fn release(&self, claim: &Claim) -> Result<bool, LedgerError> {
-        let (tx, rx) = oneshot::channel();
-        self.send(Op::Release(Box::new(claim.clone()), tx))?;
-        rx.await
-            .map_err(|_| LedgerError::Storage("ledger commit aborted".into()))?
+        self.ask(|tx| Request::Release(Box::new(claim.clone()), tx))
+            .await
     }
 
     async fn transition(&self, current: &Claim, next: &Claim) -> Result<bool, LedgerError> {
-        let (tx, rx) = oneshot::channel();
-        self.send(Op::Transition(
-            Box::new((current.clone(), next.clone())),
-            tx,
-        ))?;
-        rx.await
-            .map_err(|_| LedgerError::Storage("ledger commit aborted".into()))?
+        self.ask(|tx| Request::Transition(Box::new((current.clone(), next.clone())), tx))
+            .await
     }
 
     async fn close(&self) {
@@ -342,7 +1020,6 @@ impl Ledger for EmbeddedLedger {
         }
     }
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -457,5 +1134,172 @@ mod tests {
             .err()
             .unwrap();
         assert!(err.to_string().contains("another ip-webhook"), "{err}");
+    }
+
+    /// Both stores give the same answers and survive a reopen.
+    #[tokio::test]
+    async fn both_stores_keep_claims_across_reopen() {
+        for store in [Store::Journal, Store::Redb] {
+            let dir = tempfile::tempdir().unwrap();
+            let ledger =
+                EmbeddedLedger::open_store(dir.path(), CommitCounters::default(), store).unwrap();
+            for i in 0..20u32 {
+                let ip = format!("10.2.0.{i}");
+                assert_eq!(
+                    ledger.create(&claim(&ip, &format!("p{i}"))).await.unwrap(),
+                    CreateOutcome::Created,
+                    "{store:?}"
+                );
+            }
+            assert!(ledger.release(&claim("10.2.0.3", "p3")).await.unwrap());
+            ledger.close().await;
+            drop(ledger);
+            let reopened =
+                EmbeddedLedger::open_store(dir.path(), CommitCounters::default(), store).unwrap();
+            let claims = reopened.load().await.unwrap();
+            assert_eq!(claims.len(), 20, "{store:?}");
+            let released: Vec<_> = claims.iter().filter(|c| !c.is_held()).collect();
+            assert_eq!(released.len(), 1, "{store:?}");
+            assert_eq!(released[0].pod.name, "p3", "{store:?}");
+        }
+    }
+
+    fn journal_path(dir: &Path) -> PathBuf {
+        let generation = *generations(dir, JOURNAL).unwrap().last().unwrap();
+        dir.join(name(JOURNAL, generation))
+    }
+
+    /// A crash in the middle of a write leaves a torn record at the end of the journal: it is
+    /// cut off on open, every whole record before it is kept, and the journal takes new writes.
+    #[tokio::test]
+    async fn a_torn_tail_is_cut_and_whole_records_are_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
+        ledger.create(&claim("10.3.0.1", "a")).await.unwrap();
+        ledger.create(&claim("10.3.0.2", "b")).await.unwrap();
+        ledger.close().await;
+        drop(ledger);
+        let path = journal_path(dir.path());
+        let whole = std::fs::metadata(&path).unwrap().len();
+        let mut record = Vec::new();
+        encode_record(&mut record, &claim("10.3.0.3", "c")).unwrap();
+        let mut file = OpenOptions::new().append(true).open(&path).unwrap();
+        file.write_all(&record[..record.len() - 5]).unwrap();
+        drop(file);
+
+        let ledger = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().len(),
+            whole,
+            "torn bytes cut"
+        );
+        let mut names: Vec<_> = ledger
+            .load()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|c| c.pod.name)
+            .collect();
+        names.sort();
+        assert_eq!(names, ["a", "b"]);
+        assert_eq!(
+            ledger.create(&claim("10.3.0.3", "c")).await.unwrap(),
+            CreateOutcome::Created
+        );
+        ledger.close().await;
+        drop(ledger);
+        let ledger = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
+        assert_eq!(ledger.load().await.unwrap().len(), 3);
+    }
+
+    /// A bad record with whole records after it, in a journal that is not the last one, is
+    /// not a torn write: the ledger refuses to start rather than lose answered claims.
+    #[tokio::test]
+    async fn a_bad_record_before_the_last_journal_refuses_to_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
+        ledger.create(&claim("10.4.0.1", "a")).await.unwrap();
+        ledger.close().await;
+        drop(ledger);
+        let path = journal_path(dir.path());
+        let mut bytes = std::fs::read(&path).unwrap();
+        let last = bytes.len() - 3;
+        bytes[last] ^= 0xff;
+        std::fs::write(&path, &bytes).unwrap();
+        // a later journal makes this one not the last
+        std::fs::write(dir.path().join(name(JOURNAL, 99)), MAGIC).unwrap();
+        let err = EmbeddedLedger::open(dir.path(), CommitCounters::default())
+            .err()
+            .expect("corruption refuses to open");
+        assert!(matches!(err, LedgerError::Corrupt { .. }), "{err}");
+    }
+
+    /// Compaction writes a snapshot, deletes the journals it covers, and a reopen reads the
+    /// snapshot plus the journal after it.
+    #[tokio::test]
+    async fn compaction_keeps_every_claim_and_drops_old_journals() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
+        // rewrite 40 IPs until the journal passes the compaction threshold
+        // each round writes 80 records of ~300 bytes, past twice the 40 live ones
+        let mut round = 0u32;
+        let rounds = 6u32;
+        while round < rounds {
+            for i in 0..40u32 {
+                let ip = format!("10.5.0.{i}");
+                let held = claim(&ip, &format!("p{i}-{round}"));
+                assert_eq!(ledger.create(&held).await.unwrap(), CreateOutcome::Created);
+                assert!(ledger.release(&held).await.unwrap());
+            }
+            round += 1;
+        }
+        ledger.create(&claim("10.5.1.1", "last")).await.unwrap();
+        ledger.close().await;
+        drop(ledger);
+        let snapshots = generations(dir.path(), SNAPSHOT).unwrap();
+        let journals = generations(dir.path(), JOURNAL).unwrap();
+        assert_eq!(snapshots.len(), 1, "one snapshot left: {snapshots:?}");
+        assert!(
+            journals.iter().all(|g| *g >= snapshots[0]),
+            "journals before the snapshot deleted: {journals:?} {snapshots:?}"
+        );
+        let reopened = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
+        let claims = reopened.load().await.unwrap();
+        assert_eq!(claims.len(), 41);
+        let last_round = format!("-{}", rounds - 1);
+        assert!(
+            claims.iter().filter(|c| c.pod.name != "last").all(|c| c
+                .pod
+                .name
+                .ends_with(&last_round)
+                && !c.is_held()),
+            "every IP shows its last write"
+        );
+        assert!(claims.iter().any(|c| c.pod.name == "last" && c.is_held()));
+    }
+
+    /// A state dir written by the redb store opens as a journal with the same claims.
+    #[tokio::test]
+    async fn a_redb_ledger_is_migrated_on_first_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let old =
+            EmbeddedLedger::open_store(dir.path(), CommitCounters::default(), Store::Redb).unwrap();
+        old.create(&claim("10.6.0.1", "a")).await.unwrap();
+        old.create(&claim("10.6.0.2", "b")).await.unwrap();
+        old.close().await;
+        drop(old);
+        let ledger = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
+        assert_eq!(ledger.load().await.unwrap().len(), 2);
+        assert!(!dir.path().join(REDB_FILE).exists());
+        assert!(dir.path().join("ledger.redb.migrated").exists());
+        assert_eq!(
+            ledger.create(&claim("10.6.0.1", "c")).await.unwrap(),
+            CreateOutcome::AlreadyHeld(Box::new(claim("10.6.0.1", "a")))
+        );
+    }
+
+    #[test]
+    fn crc32c_matches_the_standard_check_value() {
+        assert_eq!(crc32c(b"123456789"), 0xE306_9283);
     }
 }

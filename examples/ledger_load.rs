@@ -1,0 +1,306 @@
+#![forbid(unsafe_code)]
+//! The embedded ledger alone under the load benchmark's durable workload (issue 18): N tasks
+//! each making new claims as fast as the ledger answers, on whatever cores the process is
+//! pinned to. Prints claims/s, latency p50/p99, process CPU per claim, commits, the batch size
+//! and the stages of a request (queue, commit, wake-up) from the ledger's own histograms; an
+//! `fdatasync` probe of the same directory; and the restart figures (time to open and load N
+//! claims, bytes per claim).
+//!
+//! ```text
+//! cargo build --release --example ledger_load
+//! taskset -c 0 target/release/examples/ledger_load load  DIR [journal|redb] [CONNS] [SECONDS]
+//! taskset -c 0 target/release/examples/ledger_load probe DIR [COUNT]
+//! taskset -c 0 target/release/examples/ledger_load restart DIR [journal|redb] [CLAIMS]
+//! ```
+
+use std::io::Write;
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use ip_webhook::ledger::embedded::{CommitCounters, Store};
+use ip_webhook::ledger::{Claim, CreateOutcome, EmbeddedLedger, Ledger, Phase, PodRef, Source};
+
+fn claim(n: u32) -> Claim {
+    Claim {
+        ip: IpAddr::V4(Ipv4Addr::from(u32::from_be_bytes([10, 0, 0, 0]) + n)),
+        app: "web".into(),
+        pool: None,
+        pod: PodRef {
+            namespace: "default".into(),
+            generate_name: "web-7d4b9c8f6d-".into(),
+            ..Default::default()
+        },
+        request_uid: format!("5f0c8a9e-3b1d-4c7a-9e2f-{n:012}"),
+        phase: Phase::Reserved,
+        source: Source::Allocated,
+        created_at: 1_764_460_800,
+        updated_at: 1_764_460_800,
+        list_size: Some(1 << 20),
+        token: format!("c{n:015x}"),
+        release_at: None,
+        sticky: false,
+    }
+}
+
+fn store(arg: Option<&String>) -> Store {
+    match arg.map(String::as_str) {
+        Some("redb") => Store::Redb,
+        _ => Store::Journal,
+    }
+}
+
+fn cpu_seconds() -> f64 {
+    let stat = procfs::process::Process::myself()
+        .and_then(|p| p.stat())
+        .expect("/proc/self/stat");
+    (stat.utime + stat.stime) as f64 / procfs::ticks_per_second() as f64
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() as f64 * p) as usize).min(sorted.len() - 1)]
+}
+
+/// One histogram series: labels, `(le, cumulative count)` buckets, sum, count.
+type Series = (String, Vec<(f64, f64)>, f64, f64);
+
+/// p50 and p99 (bucket upper bounds) and the mean of every histogram series in `text`.
+fn histogram_summary(text: &str, name: &str) -> Vec<String> {
+    let mut series: Vec<Series> = Vec::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix(name) else {
+            continue;
+        };
+        let (key, value) = rest.rsplit_once(' ').unwrap_or((rest, "0"));
+        let value: f64 = value.parse().unwrap_or(0.0);
+        let labels = key
+            .split_once('{')
+            .map(|(_, l)| l.trim_end_matches('}').to_string())
+            .unwrap_or_default();
+        let base: String = labels
+            .split(',')
+            .filter(|l| !l.starts_with("le="))
+            .collect::<Vec<_>>()
+            .join(",");
+        let at = match series.iter().position(|s| s.0 == base) {
+            Some(at) => at,
+            None => {
+                series.push((base.clone(), Vec::new(), 0.0, 0.0));
+                series.len() - 1
+            }
+        };
+        if key.starts_with("_bucket") {
+            let le = labels
+                .split(',')
+                .find_map(|l| l.strip_prefix("le=\""))
+                .map(|l| l.trim_end_matches('"'))
+                .unwrap_or("+Inf");
+            series[at]
+                .1
+                .push((le.parse().unwrap_or(f64::INFINITY), value));
+        } else if key.starts_with("_sum") {
+            series[at].2 = value;
+        } else if key.starts_with("_count") {
+            series[at].3 = value;
+        }
+    }
+    series
+        .into_iter()
+        .map(|(labels, buckets, sum, count)| {
+            let q = |p: f64| {
+                buckets
+                    .iter()
+                    .find(|(_, c)| *c >= count * p)
+                    .map(|(le, _)| *le)
+                    .unwrap_or(f64::NAN)
+            };
+            format!(
+                "{name}{{{labels}}} n={count} mean={:.6} p50<={} p99<={}",
+                if count > 0.0 { sum / count } else { 0.0 },
+                q(0.5),
+                q(0.99)
+            )
+        })
+        .collect()
+}
+
+async fn load(dir: &Path, store: Store, conns: usize, seconds: u64) {
+    let counters = CommitCounters::default();
+    let ledger = Arc::new(EmbeddedLedger::open_store(dir, counters.clone(), store).unwrap());
+    let next = Arc::new(AtomicU32::new(0));
+    // warm-up
+    let run = |duration: Duration| {
+        let ledger = ledger.clone();
+        let next = next.clone();
+        async move {
+            let until = Instant::now() + duration;
+            let mut tasks = Vec::new();
+            for _ in 0..conns {
+                let ledger = ledger.clone();
+                let next = next.clone();
+                tasks.push(tokio::spawn(async move {
+                    let mut latencies = Vec::new();
+                    while Instant::now() < until {
+                        let n = next.fetch_add(1, Ordering::Relaxed);
+                        let started = Instant::now();
+                        let outcome = ledger.create(&claim(n)).await.unwrap();
+                        latencies.push(started.elapsed().as_secs_f64());
+                        assert_eq!(outcome, CreateOutcome::Created);
+                    }
+                    latencies
+                }));
+            }
+            let mut all = Vec::new();
+            for t in tasks {
+                all.extend(t.await.unwrap());
+            }
+            all
+        }
+    };
+    run(Duration::from_secs(1)).await;
+    let counters_before = (counters.commits.get(), counters.writes.get());
+    let cpu0 = cpu_seconds();
+    let started = Instant::now();
+    let mut latencies = run(Duration::from_secs(seconds)).await;
+    let elapsed = started.elapsed().as_secs_f64();
+    let cpu = cpu_seconds() - cpu0;
+    latencies.sort_by(f64::total_cmp);
+    let n = latencies.len() as f64;
+    let commits = counters.commits.get() - counters_before.0;
+    println!(
+        "store={store:?} conns={conns} claims/s={:.0} p50={:.0}us p99={:.0}us max={:.0}us cpu/claim={:.1}us commits={} claims/commit={:.1}",
+        n / elapsed,
+        percentile(&latencies, 0.5) * 1e6,
+        percentile(&latencies, 0.99) * 1e6,
+        latencies.last().copied().unwrap_or(0.0) * 1e6,
+        cpu * 1e6 / n,
+        commits,
+        (counters.writes.get() - counters_before.1) as f64 / commits.max(1) as f64,
+    );
+    let mut registry = prometheus_client::registry::Registry::default();
+    registry.register("commit_seconds", "", counters.commit_seconds.clone());
+    registry.register("batch_size", "", counters.batch_size.clone());
+    registry.register("stage_seconds", "", counters.stage_seconds.clone());
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    for name in ["commit_seconds", "batch_size", "stage_seconds"] {
+        for line in histogram_summary(&text, name) {
+            println!("  (incl. warm-up) {line}");
+        }
+    }
+    ledger.close().await;
+}
+
+/// Append a 300-byte record and `fdatasync`, `count` times, as one journal commit does; and
+/// overwrite 4 KiB in place and `fdatasync`, as a page store does.
+fn probe(dir: &Path, count: usize) {
+    std::fs::create_dir_all(dir).unwrap();
+    for (label, append) in [("append 300 B", true), ("overwrite 4 KiB", false)] {
+        let path = dir.join("fsync-probe");
+        let _ = std::fs::remove_file(&path);
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        if !append {
+            file.write_all(&[7u8; 4096]).unwrap();
+            file.sync_all().unwrap();
+        }
+        let mut times = Vec::with_capacity(count);
+        let record = [b'x'; 300];
+        let page = [b'y'; 4096];
+        for _ in 0..count {
+            let started = Instant::now();
+            if append {
+                file.write_all(&record).unwrap();
+            } else {
+                use std::io::Seek;
+                file.seek(std::io::SeekFrom::Start(0)).unwrap();
+                file.write_all(&page).unwrap();
+            }
+            file.sync_data().unwrap();
+            times.push(started.elapsed().as_secs_f64());
+        }
+        times.sort_by(f64::total_cmp);
+        println!(
+            "fdatasync probe ({label}, {count}x) in {}: p50={:.0}us p99={:.0}us",
+            dir.display(),
+            percentile(&times, 0.5) * 1e6,
+            percentile(&times, 0.99) * 1e6
+        );
+        drop(file);
+        std::fs::remove_file(&path).unwrap();
+    }
+}
+
+async fn restart(dir: &Path, store: Store, claims: u32) {
+    {
+        let ledger =
+            Arc::new(EmbeddedLedger::open_store(dir, CommitCounters::default(), store).unwrap());
+        let next = Arc::new(AtomicU32::new(0));
+        let mut tasks = Vec::new();
+        for _ in 0..256 {
+            let ledger = ledger.clone();
+            let next = next.clone();
+            tasks.push(tokio::spawn(async move {
+                loop {
+                    let n = next.fetch_add(1, Ordering::Relaxed);
+                    if n >= claims {
+                        break;
+                    }
+                    ledger.create(&claim(n)).await.unwrap();
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        ledger.close().await;
+    }
+    let bytes: u64 = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum();
+    let started = Instant::now();
+    let ledger = EmbeddedLedger::open_store(dir, CommitCounters::default(), store).unwrap();
+    let loaded = ledger.load().await.unwrap();
+    let elapsed = started.elapsed();
+    assert_eq!(loaded.len(), claims as usize);
+    println!(
+        "store={store:?} claims={claims} bytes={bytes} bytes/claim={:.0} open+load={:.3}s",
+        bytes as f64 / f64::from(claims),
+        elapsed.as_secs_f64()
+    );
+    ledger.close().await;
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let usage = "usage: ledger_load load DIR [journal|redb] [CONNS] [SECONDS] | probe DIR [COUNT] | restart DIR [journal|redb] [CLAIMS]";
+    let mode = args.get(1).expect(usage).as_str();
+    let dir = Path::new(args.get(2).expect(usage));
+    match mode {
+        "load" => {
+            let conns = args.get(4).and_then(|a| a.parse().ok()).unwrap_or(16);
+            let seconds = args.get(5).and_then(|a| a.parse().ok()).unwrap_or(5);
+            load(dir, store(args.get(3)), conns, seconds).await;
+        }
+        "probe" => probe(
+            dir,
+            args.get(3).and_then(|a| a.parse().ok()).unwrap_or(2000),
+        ),
+        "restart" => {
+            let claims = args.get(4).and_then(|a| a.parse().ok()).unwrap_or(100_000);
+            restart(dir, store(args.get(3)), claims).await;
+        }
+        _ => panic!("{usage}"),
+    }
+}
