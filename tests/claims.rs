@@ -64,13 +64,6 @@ fn delete(pod: &Value, grace: Option<i64>, dry_run: bool) -> Value {
     review
 }
 
-fn message(response: &Value) -> String {
-    response["status"]["message"]
-        .as_str()
-        .unwrap_or("")
-        .to_string()
-}
-
 fn next_uid(what: &str) -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(1);

@@ -8,7 +8,7 @@ mod fakeapi;
 
 use std::time::{Duration, Instant};
 
-use common::{TestServer, allocated_ip, create, pod};
+use common::{TestServer, allocated_ip, create, eventually, message, pod};
 use fakeapi::{FakeApi, wait_ready};
 use ip_webhook::cluster::index::kube_ovn_ips;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -17,28 +17,6 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
-
-async fn eventually<T, F, Fut>(what: &str, timeout: Duration, check: F) -> T
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-fn message(response: &Value) -> String {
-    response["status"]["message"]
-        .as_str()
-        .unwrap_or("")
-        .to_string()
-}
 
 /// A pod another IPAM runs: created in the API server, then given `status.podIP(s)`.
 async fn foreign_pod(client: &Client, namespace: &str, name: &str, ip: &str) {

@@ -15,7 +15,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{TestServer, allocated_ip, apply, create, pod};
+use common::{TestServer, allocated_ip, apply, create, eventually, message, pod};
 use fakeapi::{FakeApi, wait_ready};
 use ip_webhook::cluster::cni::{
     RESERVATION_NAME, calico_ippools, calico_reservations, kube_ovn_subnets,
@@ -112,29 +112,6 @@ fn assert_rbac_covers(fake: &FakeApi) {
     let missing: Vec<_> = used.iter().filter(|u| !granted.contains(*u)).collect();
     assert!(missing.is_empty(), "deploy/rbac.yaml lacks {missing:?}");
     println!("RBAC used by the webhook: {used:?}");
-}
-
-/// Poll `check` until it returns `Some`, for up to `timeout`.
-async fn eventually<T, F, Fut>(what: &str, timeout: Duration, check: F) -> T
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-fn message(response: &Value) -> String {
-    response["status"]["message"]
-        .as_str()
-        .unwrap_or("")
-        .to_string()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

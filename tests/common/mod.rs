@@ -379,3 +379,30 @@ pub async fn wait_for<F: Fn() -> bool>(what: &str, timeout: Duration, check: F) 
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Poll `check` until it returns `Some`, for up to `timeout`.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, check: F) -> T
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A denial's message (empty for an allowed review).
+pub fn message(response: &Value) -> String {
+    response["status"]["message"]
+        .as_str()
+        .unwrap_or("")
+        .to_string()
+}
