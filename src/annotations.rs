@@ -119,9 +119,19 @@ pub fn carried_ips(
     labels: Option<&std::collections::BTreeMap<String, String>>,
     annotations: Option<&std::collections::BTreeMap<String, String>>,
 ) -> Vec<IpAddr> {
-    let mut ips: Vec<IpAddr> = static_ips(annotations)
-        .map(|statics| statics.into_iter().flat_map(|(_, ips)| ips).collect())
-        .unwrap_or_default();
+    let statics = static_ips(annotations).unwrap_or_default();
+    carried_with(&statics, labels)
+}
+
+/// [`carried_ips`] from annotations already parsed by [`static_ips`].
+pub fn carried_with(
+    statics: &[(&'static str, Vec<IpAddr>)],
+    labels: Option<&std::collections::BTreeMap<String, String>>,
+) -> Vec<IpAddr> {
+    let mut ips: Vec<IpAddr> = statics
+        .iter()
+        .flat_map(|(_, ips)| ips.iter().copied())
+        .collect();
     if let Some(ip) = labels
         .and_then(|l| l.get(ALLOCATED_IP_LABEL))
         .and_then(|v| crate::ipset::ip_from_label_value(v))

@@ -7,7 +7,7 @@ use std::net::IpAddr;
 
 use crate::admission::Response;
 use crate::allocator::AllocError;
-use crate::annotations::{CLAIM_TOKEN, STATUS, STATUS_MUTATED, carried_ips, static_ips};
+use crate::annotations::{CLAIM_TOKEN, STATUS, STATUS_MUTATED, carried_with, static_ips};
 use crate::ipset::IpSet;
 use crate::ledger::claim::{PodIdentity, is_token};
 use crate::metrics::AllocationOutcome;
@@ -188,7 +188,7 @@ pub fn assess<'m>(webhook: &Webhook, view: PodView<'m>) -> Result<PodAsk<'m>, De
             b: join(b),
         });
     }
-    let carried = carried_ips(meta.labels.as_ref(), meta.annotations.as_ref());
+    let carried = carried_with(&statics, meta.labels.as_ref());
     let candidates = webhook.candidates(&view).map_err(Denial::Candidates)?;
     if candidates.is_some() && view.app.is_none() {
         return Err(Denial::NoAppLabel {

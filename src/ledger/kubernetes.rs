@@ -299,6 +299,30 @@ impl KubeLedger {
         &self.api
     }
 
+    /// The IPClaim `name` and the claim it records; `None` when there is none, or when it
+    /// cannot be read (skipped and counted: `doing` says what was not done to it).
+    async fn read_held(
+        &self,
+        name: &str,
+        doing: &str,
+    ) -> Result<Option<(IPClaim, Claim)>, LedgerError> {
+        let existing = match self.api.get_opt(name).await {
+            Ok(Some(existing)) => existing,
+            Ok(None) => return Ok(None),
+            Err(error) => return Err(storage(&format!("reading IPClaim {name}"), error)),
+        };
+        match from_resource(&existing) {
+            Ok(held) => Ok(Some((existing, held))),
+            Err(error) => {
+                skip_corrupt(
+                    &error,
+                    &format!("not {doing} an IPClaim that cannot be read"),
+                );
+                Ok(None)
+            }
+        }
+    }
+
     /// Delete `existing` only if it is still that very object (uid and resourceVersion).
     async fn delete_exact(&self, existing: &IPClaim) -> Result<bool, LedgerError> {
         let name = existing.metadata.name.clone().unwrap_or_default();
@@ -382,17 +406,8 @@ impl Ledger for KubeLedger {
 
     async fn release(&self, claim: &Claim) -> Result<bool, LedgerError> {
         let name = claim_name(&claim.ip);
-        let existing = match self.api.get_opt(&name).await {
-            Ok(Some(existing)) => existing,
-            Ok(None) => return Ok(false),
-            Err(error) => return Err(storage(&format!("reading IPClaim {name}"), error)),
-        };
-        let held = match from_resource(&existing) {
-            Ok(held) => held,
-            Err(error) => {
-                skip_corrupt(&error, "not releasing an IPClaim that cannot be read");
-                return Ok(false);
-            }
+        let Some((existing, held)) = self.read_held(&name, "releasing").await? else {
+            return Ok(false);
         };
         if !held.is_held() || !same_grant(&held, claim) {
             return Ok(false);
@@ -421,17 +436,8 @@ impl Ledger for KubeLedger {
 
     async fn transition(&self, current: &Claim, next: &Claim) -> Result<bool, LedgerError> {
         let name = claim_name(&next.ip);
-        let existing = match self.api.get_opt(&name).await {
-            Ok(Some(existing)) => existing,
-            Ok(None) => return Ok(false),
-            Err(error) => return Err(storage(&format!("reading IPClaim {name}"), error)),
-        };
-        let held = match from_resource(&existing) {
-            Ok(held) => held,
-            Err(error) => {
-                skip_corrupt(&error, "not changing an IPClaim that cannot be read");
-                return Ok(false);
-            }
+        let Some((existing, held)) = self.read_held(&name, "changing").await? else {
+            return Ok(false);
         };
         if !may_step(&held, current, next) {
             return Ok(false);

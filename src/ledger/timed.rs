@@ -182,13 +182,8 @@ mod tests {
     use super::*;
     use crate::ledger::{MemoryLedger, Phase, PodRef, Source};
 
-    #[tokio::test]
-    async fn every_call_is_observed_under_its_operation() {
-        let latency = Family::<LedgerLabels, Histogram>::new_with_constructor(|| {
-            Histogram::new([0.001].into_iter())
-        });
-        let ledger = TimedLedger::wrap(Arc::new(MemoryLedger::new()), latency.clone());
-        let claim = Claim {
+    fn reserved(token: &str) -> Claim {
+        Claim {
             ip: "10.0.0.1".parse().unwrap(),
             app: "web".into(),
             pool: None,
@@ -199,10 +194,19 @@ mod tests {
             created_at: 0,
             updated_at: 0,
             list_size: None,
-            token: String::new(),
+            token: token.into(),
             release_at: None,
             sticky: false,
-        };
+        }
+    }
+
+    #[tokio::test]
+    async fn every_call_is_observed_under_its_operation() {
+        let latency = Family::<LedgerLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new([0.001].into_iter())
+        });
+        let ledger = TimedLedger::wrap(Arc::new(MemoryLedger::new()), latency.clone());
+        let claim = reserved("");
         ledger.create(&claim).await.unwrap();
         ledger.create(&claim).await.unwrap();
         assert!(ledger.release(&claim).await.unwrap());
@@ -258,21 +262,7 @@ mod tests {
             Histogram::new([0.001].into_iter())
         });
         let ledger = TimedLedger::wrap_watched(slow.clone(), latency, health.clone());
-        let claim = Claim {
-            ip: "10.0.0.1".parse().unwrap(),
-            app: "web".into(),
-            pool: None,
-            pod: PodRef::default(),
-            request_uid: "r".into(),
-            phase: Phase::Reserved,
-            source: Source::Allocated,
-            created_at: 0,
-            updated_at: 0,
-            list_size: None,
-            token: "t".into(),
-            release_at: None,
-            sticky: false,
-        };
+        let claim = reserved("t");
         let started = Instant::now();
         let deadline = started + std::time::Duration::from_millis(100);
         let error = health::with_deadline(deadline, ledger.create(&claim))
