@@ -8,12 +8,12 @@ use std::sync::Arc;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use ip_webhook::admission::{self, MetaOnly};
-use ip_webhook::allocator::Allocation;
-use ip_webhook::allocator::Allocator;
+use ip_webhook::ipam::allocator::Allocation;
+use ip_webhook::ipam::allocator::Allocator;
+use ip_webhook::ipam::pools::PoolCatalog;
 use ip_webhook::ledger::MemoryLedger;
 use ip_webhook::metrics::{Endpoint, Metrics};
-use ip_webhook::mutate::patch_for;
-use ip_webhook::pools::PoolCatalog;
+use ip_webhook::webhook::mutate::patch_for;
 use ip_webhook::webhook::{Settings, Webhook};
 
 const REVIEW: &str = include_str!("../tests/fixtures/pod-create-v1.json");

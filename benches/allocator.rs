@@ -13,8 +13,8 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use ip_webhook::allocator::{AllocationRequest, Allocator};
-use ip_webhook::ipset::{Family, IpRange, IpSet};
+use ip_webhook::ipam::allocator::{AllocationRequest, Allocator};
+use ip_webhook::ipam::ipset::{Family, IpRange, IpSet};
 use ip_webhook::ledger::claim::PodIdentity;
 use ip_webhook::ledger::{Claim, Ledger, MemoryLedger, Phase, PodRef, Source};
 

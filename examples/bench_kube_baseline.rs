@@ -16,7 +16,7 @@ use axum::routing::post;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
-use ip_webhook::tls::{CertResolver, self_signed, server_config};
+use ip_webhook::server::tls::{CertResolver, self_signed, server_config};
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
 use serde_json::json;

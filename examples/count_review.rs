@@ -14,10 +14,10 @@
 
 use std::sync::Arc;
 
-use ip_webhook::allocator::Allocator;
+use ip_webhook::ipam::allocator::Allocator;
+use ip_webhook::ipam::pools::PoolCatalog;
 use ip_webhook::ledger::MemoryLedger;
 use ip_webhook::metrics::{Endpoint, Metrics};
-use ip_webhook::pools::PoolCatalog;
 use ip_webhook::webhook::{Settings, Webhook};
 
 const REVIEW: &str = include_str!("../tests/fixtures/pod-create-v1.json");
@@ -56,7 +56,7 @@ fn main() {
         .map_or(1000, |n| n.parse().expect("REVIEWS is a number"));
     let subscriber = tracing_subscriber::fmt()
         .with_ansi(false)
-        .event_format(ip_webhook::logging::Text)
+        .event_format(ip_webhook::server::logging::Text)
         .with_writer(std::io::sink)
         .finish();
     tracing::subscriber::set_global_default(subscriber).expect("no subscriber yet");

@@ -6,9 +6,9 @@
 
 use std::net::IpAddr;
 
+use ip_webhook::admission::annotations::{Cni, parse_calico_ip_addrs, parse_ovn_ip_address};
 use ip_webhook::admission::{self, MetaOnly, MetadataPatch};
-use ip_webhook::annotations::{Cni, parse_calico_ip_addrs, parse_ovn_ip_address};
-use ip_webhook::ipset::{Family, parse_ip_spec};
+use ip_webhook::ipam::ipset::{Family, parse_ip_spec};
 
 /// The AdmissionReview decoder: never panics; an accepted review has a uid, its object (if
 /// metadata decodes) is readable, and the response it yields is JSON echoing uid and version.

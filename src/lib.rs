@@ -1,33 +1,30 @@
 #![forbid(unsafe_code)]
 //! ip-webhook: a Kubernetes admission webhook that gives an app's pods fixed IPs from a list
 //! or pool, and refuses IP conflicts.
+//!
+//! The folders, lowest layer first (a folder imports only from folders above it in this list;
+//! `tests/layers.rs` checks it); ARCHITECTURE.md walks a request through them:
+//!
+//! - [`crd`]: the custom resources (`IPClaim`, `FixedIPPool`, `IPPool`).
+//! - [`ledger`]: the books of who holds which IP: the `Ledger` trait, the claim rules, the
+//!   adapters (memory, embedded journal, Kubernetes, etcd).
+//! - [`ipam`]: IP math, pools, the allocator over the ledger.
+//! - [`admission`]: the AdmissionReview protocol: wire types, scanner, bounds, response and
+//!   JSON patch, the pod annotations.
+//! - [`metrics`]: the Prometheus registry every layer records into.
+//! - [`webhook`]: the decisions: dispatch, assess, mutate, validate, workloads, events.
+//! - [`cluster`]: in-cluster watches, indexes, reconciler, lease, sweeper, CNI objects.
+//! - [`server`]: HTTP(S) serving, TLS, logging.
+//! - [`ops`]: the operator commands' logic: status, explain, release, check.
+//! - [`cli`]: arguments to settings, and the wiring of a running process.
 
 pub mod admission;
-pub mod allocator;
-pub mod annotations;
-pub mod app;
-pub mod assess;
 pub mod cli;
 pub mod cluster;
-pub mod cni_pools;
-pub mod commands;
 pub mod crd;
-pub mod dispatch;
-pub mod doctor;
-pub mod events;
-pub mod explain;
-pub mod ipset;
+pub mod ipam;
 pub mod ledger;
-pub mod logging;
 pub mod metrics;
-pub mod mutate;
-pub mod overlap;
-pub mod pools;
-pub mod release;
-pub mod release_timer;
+pub mod ops;
 pub mod server;
-pub mod status;
-pub mod tls;
-pub mod validate;
 pub mod webhook;
-pub mod workloads;

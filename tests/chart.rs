@@ -1100,7 +1100,9 @@ async fn helm_generated_certificate_is_trusted_through_ca_bundle_for_the_service
             key.to_str().unwrap(),
         ],
     );
-    let launched = ip_webhook::app::launch(&args).await.expect("server starts");
+    let launched = ip_webhook::cli::app::launch(&args)
+        .await
+        .expect("server starts");
     let addr = launched.running.https_addr;
     for name in [
         "ip-webhook",
@@ -2212,7 +2214,7 @@ async fn alerts_and_dashboard_query_the_metrics_and_labels_the_server_exports() 
     let pools = repo().join("tests/fixtures/status-pools.yaml");
     let args = common::serve_args(dir.path(), &["--pools-file", pools.to_str().unwrap()]);
     let metrics = std::sync::Arc::new(Metrics::new());
-    let (webhook, ledger) = ip_webhook::app::build_webhook(&args.webhook, metrics.clone())
+    let (webhook, ledger) = ip_webhook::cli::app::build_webhook(&args.webhook, metrics.clone())
         .await
         .expect("webhook builds");
     let mut pooled = common::pod("prod", "api", "api-", None);

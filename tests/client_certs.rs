@@ -58,7 +58,7 @@ fn client_with(server: &TestServer, cert: Option<&(String, String)>) -> HttpsCli
     for c in CertificateDer::pem_slice_iter(&ca) {
         roots.add(c.unwrap()).unwrap();
     }
-    let builder = rustls::ClientConfig::builder_with_provider(ip_webhook::tls::provider())
+    let builder = rustls::ClientConfig::builder_with_provider(ip_webhook::server::tls::provider())
         .with_safe_default_protocol_versions()
         .unwrap()
         .with_root_certificates(roots);
@@ -138,7 +138,7 @@ async fn only_clients_with_an_allowed_certificate_are_served() {
     // `ip-webhook check` with and without the API server's certificate
     let apiserver = client_cert(&first, "kube-apiserver", &[]);
     let serving_ca = std::fs::read(server.state_dir.path().join("ca.crt")).unwrap();
-    let mut options = ip_webhook::doctor::Options {
+    let mut options = ip_webhook::ops::doctor::Options {
         url: format!(
             "https://localhost:{}",
             server.launched.running.https_addr.port()
@@ -152,17 +152,17 @@ async fn only_clients_with_an_allowed_certificate_are_served() {
         server_name: None,
         cluster_bundles: None,
     };
-    let admission = |checks: &[ip_webhook::doctor::Check]| {
+    let admission = |checks: &[ip_webhook::ops::doctor::Check]| {
         checks
             .iter()
             .find(|c| c.name == "admission")
             .map(|c| (c.status, c.detail.clone()))
     };
-    let without = ip_webhook::doctor::run(&options).await;
+    let without = ip_webhook::ops::doctor::run(&options).await;
     assert!(
         matches!(
             admission(&without),
-            Some((ip_webhook::doctor::Status::Fail, _)) | None
+            Some((ip_webhook::ops::doctor::Status::Fail, _)) | None
         ),
         "{without:#?}"
     );
@@ -170,10 +170,10 @@ async fn only_clients_with_an_allowed_certificate_are_served() {
         apiserver.0.clone().into_bytes(),
         apiserver.1.clone().into_bytes(),
     ));
-    let with = ip_webhook::doctor::run(&options).await;
+    let with = ip_webhook::ops::doctor::run(&options).await;
     assert_eq!(
         admission(&with).map(|(status, _)| status),
-        Some(ip_webhook::doctor::Status::Ok),
+        Some(ip_webhook::ops::doctor::Status::Ok),
         "{with:#?}"
     );
     refused(&server, "missing", 2).await; // the check without a certificate
@@ -236,7 +236,10 @@ async fn an_unusable_client_ca_file_stops_the_start() {
         state.path(),
         &["--client-ca-file", ca_file.to_str().unwrap()],
     );
-    let error = ip_webhook::app::launch(&args).await.err().expect("refused");
+    let error = ip_webhook::cli::app::launch(&args)
+        .await
+        .err()
+        .expect("refused");
     assert!(
         error
             .to_string()

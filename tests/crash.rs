@@ -19,7 +19,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 const LIST: &str = "10.60.0.0/20";
 
 fn in_list(_app: &str, ip: &std::net::IpAddr) -> bool {
-    ip_webhook::ipset::parse_ip_spec(LIST).unwrap().contains(ip)
+    ip_webhook::ipam::ipset::parse_ip_spec(LIST)
+        .unwrap()
+        .contains(ip)
 }
 
 fn start(state_dir: &Path, extra: &[&str]) -> (BinaryServer, HttpsClient) {

@@ -13,9 +13,9 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ip_webhook::allocator::{AllocationRequest, Allocator};
 use ip_webhook::crd::IPClaim;
-use ip_webhook::ipset::{IpSet, parse_ip_spec};
+use ip_webhook::ipam::allocator::{AllocationRequest, Allocator};
+use ip_webhook::ipam::ipset::{IpSet, parse_ip_spec};
 use ip_webhook::ledger::{
     CreateOutcome, EtcdLedger, EtcdOptions, KubeLedger, Ledger, PodRef, corrupt_records,
     index_resyncs,

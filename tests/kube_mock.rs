@@ -9,12 +9,12 @@ use std::time::Duration;
 
 use http::{Request, Response};
 use http_body_util::BodyExt;
-use ip_webhook::allocator::{AllocationRequest, Allocator};
 use ip_webhook::cluster::lease::{Elector, LeaseSettings};
 use ip_webhook::cluster::reconcile::{Action, DropReason, Executor, Plan};
 use ip_webhook::cluster::{Caches, ClusterOptions, PodInfo, Reconciler, Rules};
 use ip_webhook::crd::IPClaim;
-use ip_webhook::ipset::parse_ip_spec;
+use ip_webhook::ipam::allocator::{AllocationRequest, Allocator};
+use ip_webhook::ipam::ipset::parse_ip_spec;
 use ip_webhook::ledger::kubernetes::{rfc3339, to_resource};
 use ip_webhook::ledger::{
     Claim, CreateOutcome, KubeLedger, Ledger, Phase, PodRef, Source, unix_now,
@@ -520,7 +520,7 @@ fn options() -> ClusterOptions {
             renew_every: Duration::from_secs(5),
         },
         app_label: "app".into(),
-        cni: ip_webhook::annotations::Cni::Calico,
+        cni: ip_webhook::admission::annotations::Cni::Calico,
         calico_reservation: true,
     }
 }

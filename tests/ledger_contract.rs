@@ -24,8 +24,8 @@ use std::sync::Arc;
 #[cfg(feature = "etcd")]
 use std::time::Duration;
 
-use ip_webhook::allocator::{AllocError, AllocationRequest, Allocator};
-use ip_webhook::ipset::{IpSet, parse_ip_spec};
+use ip_webhook::ipam::allocator::{AllocError, AllocationRequest, Allocator};
+use ip_webhook::ipam::ipset::{IpSet, parse_ip_spec};
 use ip_webhook::ledger::claim::PodIdentity;
 use ip_webhook::ledger::claim::{self as rules, PodIdentity as Identity};
 use ip_webhook::ledger::embedded::CommitCounters;

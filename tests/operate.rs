@@ -420,7 +420,7 @@ fn assert_monitoring_uses_real_metrics(exposition: &str) {
 
 #[tokio::test]
 async fn check_reports_each_part_of_a_running_install() {
-    use ip_webhook::doctor::{self, Status};
+    use ip_webhook::ops::doctor::{self, Status};
     let pools = fixture("status-pools.yaml");
     let server = common::TestServer::start(&["--pools-file", &pools]).await;
     // one app with one IP, now used up: capacity warns
@@ -467,7 +467,7 @@ async fn check_reports_each_part_of_a_running_install() {
     );
 
     // a caBundle of another CA: the API server would refuse the certificate
-    let other = ip_webhook::tls::self_signed(&[]).unwrap();
+    let other = ip_webhook::server::tls::self_signed(&[]).unwrap();
     let other_ca = server.state_dir.path().join("other-ca.crt");
     std::fs::write(&other_ca, &other.ca_pem).unwrap();
     let url = options.url.clone();
@@ -549,9 +549,11 @@ async fn one_json_log_line_per_decision() {
         .finish();
     let _guard = tracing::subscriber::set_default(subscriber);
     let allocator = Arc::new(
-        ip_webhook::allocator::Allocator::new(Arc::new(ip_webhook::ledger::MemoryLedger::new()))
-            .await
-            .unwrap(),
+        ip_webhook::ipam::allocator::Allocator::new(Arc::new(
+            ip_webhook::ledger::MemoryLedger::new(),
+        ))
+        .await
+        .unwrap(),
     );
     let webhook = ip_webhook::webhook::Webhook::new(
         Default::default(),
@@ -1017,7 +1019,7 @@ fn a_build_without_etcd_says_how_to_get_it() {
 #[test]
 fn the_no_etcd_error_names_the_feature() {
     assert_eq!(
-        ip_webhook::app::no_etcd().to_string(),
+        ip_webhook::cli::app::no_etcd().to_string(),
         "this build has no etcd support; rebuild with --features etcd"
     );
 }
@@ -1194,7 +1196,7 @@ async fn check_verifies_the_service_name_and_the_clusters_ca_bundles() {
     }
     let bundle = base64::engine::general_purpose::STANDARD.encode(&ca);
     let other_bundle = base64::engine::general_purpose::STANDARD
-        .encode(ip_webhook::tls::self_signed(&[]).unwrap().ca_pem);
+        .encode(ip_webhook::server::tls::self_signed(&[]).unwrap().ca_pem);
     let configuration = |resource: &ApiResource, webhook: &str, bundle: &str| -> DynamicObject {
         serde_json::from_value(serde_json::json!({
             "apiVersion": "admissionregistration.k8s.io/v1", "kind": resource.kind,

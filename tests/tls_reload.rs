@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::*;
-use ip_webhook::tls::self_signed;
+use ip_webhook::server::tls::self_signed;
 
 fn write_generation(dir: &Path, name: &str, cert: &str, key: &str) {
     let generation = dir.join(name);
@@ -53,7 +53,7 @@ async fn swapped_certificate_is_served_without_restart() {
             "30s",
         ],
     );
-    let launched = ip_webhook::app::launch(&args).await.unwrap();
+    let launched = ip_webhook::cli::app::launch(&args).await.unwrap();
     let addr = launched.running.https_addr;
     let old_client = HttpsClient::new(addr, first.ca_pem.as_bytes());
     assert!(handshakes(&old_client).await);
@@ -103,7 +103,7 @@ async fn swapped_certificate_is_served_without_restart() {
     launched.shutdown().await;
 }
 
-fn reloads(launched: &ip_webhook::app::Launched, result: &'static str) -> u64 {
+fn reloads(launched: &ip_webhook::cli::app::Launched, result: &'static str) -> u64 {
     launched
         .webhook
         .metrics
@@ -135,7 +135,7 @@ async fn reload_checks_are_bounded_and_a_broken_pair_is_reported_once() {
             "1s",
         ],
     );
-    let launched = ip_webhook::app::launch(&args).await.unwrap();
+    let launched = ip_webhook::cli::app::launch(&args).await.unwrap();
     let client = HttpsClient::new(launched.running.https_addr, pair.ca_pem.as_bytes());
     assert!(handshakes(&client).await);
     tokio::time::sleep(Duration::from_secs(3)).await;

@@ -16,7 +16,7 @@
 //! | `request.uid`, `metadata.uid`, owner UIDs | at most 128 characters |
 
 use super::{Incoming, Meta};
-use crate::annotations::IP_POOL;
+use crate::admission::annotations::IP_POOL;
 
 /// A DNS label (namespace) is at most this long.
 pub const MAX_DNS_LABEL: usize = 63;

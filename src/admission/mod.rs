@@ -6,6 +6,8 @@
 //! errors. Responses echo the request's `apiVersion` and `uid`, and carry the patch as the
 //! base64 string the API documents.
 
+pub mod annotations;
+
 pub mod bounds;
 mod scan;
 

@@ -1,5 +1,5 @@
 //! The CNI's own objects in-cluster: Calico `IPPool`s and `IPReservation`s, or Kube-OVN
-//! `Subnet`s, watched into the webhook's [`NetworkRegistry`](crate::cni_pools::NetworkRegistry)
+//! `Subnet`s, watched into the webhook's [`NetworkRegistry`](crate::webhook::cni_pools::NetworkRegistry)
 //! when their CRDs exist; and, on the leader, the one Calico `IPReservation` that keeps
 //! Calico's automatic assignment away from every IP ip-webhook may hand out.
 
@@ -16,9 +16,9 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 
 use super::{Caches, Change, Mirror, lock};
-use crate::cni_pools::{CalicoPool, OvnSubnet};
-use crate::ipset::{IpRange, IpSet, parse_ip};
+use crate::ipam::ipset::{IpRange, IpSet, parse_ip};
 use crate::webhook::Webhook;
+use crate::webhook::cni_pools::{CalicoPool, OvnSubnet};
 
 /// The IPReservation ip-webhook keeps (remove it by hand after uninstalling).
 pub const RESERVATION_NAME: &str = "ip-webhook-fixed-ips";
@@ -37,7 +37,11 @@ pub fn calico_reservations() -> ApiResource {
 }
 
 pub fn kube_ovn_subnets() -> ApiResource {
-    resource(crate::cni_pools::KUBE_OVN_GROUP, "Subnet", "subnets")
+    resource(
+        crate::webhook::cni_pools::KUBE_OVN_GROUP,
+        "Subnet",
+        "subnets",
+    )
 }
 
 /// What the IPReservation watch learned that the reservation keeper needs.

@@ -4,7 +4,7 @@
 //!   name, UID, node, IPs; everything else is dropped as the event arrives);
 //! - Kube-OVN `IP` objects (`ips.kubeovn.io`) when that CRD is served;
 //! - workloads whose pod template asks for fixed IPs (fed into the
-//!   [`crate::workloads::WorkloadRegistry`], see [`watch_workloads`]).
+//!   [`crate::webhook::workloads::WorkloadRegistry`], see [`watch_workloads`]).
 //!
 //! The allocator consults [`ForeignIps`] so that a static IP a live pod outside the ledger
 //! uses is refused, and such an IP is skipped as an allocation candidate.
@@ -24,7 +24,7 @@ use serde_json::Value;
 use super::Caches;
 use crate::metrics::{CacheKindLabels, Metrics};
 use crate::webhook::Webhook;
-use crate::workloads::{self, WorkloadId};
+use crate::webhook::workloads::{self, WorkloadId};
 
 /// Who uses an IP outside ip-webhook's ledger, as the cluster says.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -18,14 +18,14 @@ use kube::{Api, Client};
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
-use crate::allocator::Allocator;
-use crate::annotations::{CLAIM_TOKEN, Cni, carried_ips};
+use crate::admission::annotations::{CLAIM_TOKEN, Cni, carried_ips};
 use crate::crd::{IPClaim, IPPool};
+use crate::ipam::allocator::Allocator;
+use crate::ipam::pools::PoolCatalog;
 use crate::ledger::claim::is_token;
 use crate::ledger::kubernetes::from_resource;
 use crate::ledger::{ObservedChange, unix_now};
 use crate::metrics::{LeaseLabels, Metrics};
-use crate::pools::PoolCatalog;
 use crate::webhook::Webhook;
 
 pub mod cni;

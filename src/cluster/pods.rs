@@ -13,7 +13,7 @@ use kube::{Api, Client, Resource};
 
 use crate::ledger::Claim;
 use crate::ledger::claim::PodPresence;
-use crate::release::{PodLookup, PodState};
+use crate::ops::release::{PodLookup, PodState};
 
 use super::pod_info;
 use super::reconcile::takes_up;
@@ -224,10 +224,10 @@ mod tests {
     }
 
     fn with_token(mut pod: Pod, token: &str) -> Pod {
-        pod.metadata
-            .annotations
-            .get_or_insert_default()
-            .insert(crate::annotations::CLAIM_TOKEN.into(), token.into());
+        pod.metadata.annotations.get_or_insert_default().insert(
+            crate::admission::annotations::CLAIM_TOKEN.into(),
+            token.into(),
+        );
         pod
     }
 

@@ -10,13 +10,13 @@ use kube::runtime::events::{Event as KubeEvent, EventType, Recorder};
 use kube::{Api, Resource};
 
 use crate::crd::{IPClaim, IPPool, IPPoolStatus};
+use crate::ipam::pools::PoolCatalog;
 use crate::ledger::claim::{PodIdentity, held_by};
 use crate::ledger::kubernetes::{
     claim_name, delete_exact_object, from_resource, is_status, status_now, to_resource,
 };
 use crate::ledger::{Claim, Phase, PodRef, Source, unix_now};
 use crate::metrics::Metrics;
-use crate::pools::PoolCatalog;
 
 use super::ClusterError;
 

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::allocator::Allocator;
+use crate::ipam::allocator::Allocator;
 use crate::ledger::{Claim, ObservedChange, unix_now};
 use crate::metrics::Metrics;
 

@@ -14,7 +14,7 @@ use clap::Parser;
 use http_body_util::{BodyExt, Full};
 use hyper::StatusCode;
 use hyper_util::rt::TokioIo;
-use ip_webhook::app::{self, Launched};
+use ip_webhook::cli::app::{self, Launched};
 use ip_webhook::cli::{Cli, Command as CliCommand, ServeArgs};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
@@ -27,11 +27,12 @@ pub fn client_config(ca_pem: &[u8]) -> Arc<rustls::ClientConfig> {
             .add(cert.expect("CA PEM parses"))
             .expect("CA is usable");
     }
-    let mut config = rustls::ClientConfig::builder_with_provider(ip_webhook::tls::provider())
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+    let mut config =
+        rustls::ClientConfig::builder_with_provider(ip_webhook::server::tls::provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
     // every connection verifies the served certificate afresh (no session resumption)
     config.resumption = rustls::client::Resumption::disabled();
     Arc::new(config)

@@ -3,15 +3,16 @@
 //! Kube-OVN Subnets and Calico IPPools.
 
 use crate::admission::{Incoming, Operation, Response, ReviewError};
-use crate::allocator::{AllocationRequest, conflict_message};
-use crate::assess::{Answer, Denial, PodAsk, assess};
 use crate::crd::{self, IPPool};
-use crate::ipset::IpSet;
+use crate::ipam::allocator::{AllocationRequest, conflict_message};
+use crate::ipam::ipset::IpSet;
+use crate::ipam::pools::{Pool, PoolError};
 use crate::ledger::Claim;
 use crate::ledger::claim::{PodIdentity, new_token};
-use crate::pools::{Pool, PoolError};
+use crate::webhook::assess::{Answer, Denial, PodAsk, assess};
+use crate::webhook::cni_pools;
+use crate::webhook::workloads;
 use crate::webhook::{Candidates, PodView, Webhook};
-use crate::{cni_pools, workloads};
 
 pub async fn validate(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Answer, ReviewError> {
     let request = &incoming.request;

@@ -6,9 +6,11 @@ use std::fmt;
 use std::net::IpAddr;
 
 use crate::admission::Response;
-use crate::allocator::AllocError;
-use crate::annotations::{CLAIM_TOKEN, STATUS, STATUS_MUTATED, carried_with, static_ips};
-use crate::ipset::IpSet;
+use crate::admission::annotations::{
+    CLAIM_TOKEN, STATUS, STATUS_MUTATED, carried_with, static_ips,
+};
+use crate::ipam::allocator::AllocError;
+use crate::ipam::ipset::IpSet;
 use crate::ledger::claim::{PodIdentity, is_token};
 use crate::metrics::AllocationOutcome;
 use crate::webhook::{Candidates, PodView, Webhook};

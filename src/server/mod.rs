@@ -18,6 +18,9 @@
 //! Admin: `GET /healthz`, `GET /readyz` (200 once the caller marks `ready` and while the
 //! ledger answers: 503 after repeated ledger failures, see [`crate::ledger::health`]), `GET /metrics`.
 
+pub mod logging;
+pub mod tls;
+
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;

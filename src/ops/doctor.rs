@@ -254,7 +254,7 @@ async fn webhook_checks(options: &Options, checks: &mut Vec<Check>) {
     } else {
         path
     };
-    let provider = crate::tls::provider();
+    let provider = crate::server::tls::provider();
     let verifier = match &options.ca_pem {
         None => None,
         Some(pem) => {
@@ -470,7 +470,7 @@ fn verify_with_bundle(pem: &[u8], chain: &[Vec<u8>], name: &str) -> Result<(), S
     }
     let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
         Arc::new(roots),
-        crate::tls::provider(),
+        crate::server::tls::provider(),
     )
     .build()
     .map_err(|e| format!("it is not usable: {e}"))?;
@@ -539,7 +539,7 @@ pub fn cluster_bundle_check(
 
 /// Days left on the certificate: FAIL under `min_days` (or expired), WARN under 30.
 pub fn expiry_check(leaf_der: &[u8], min_days: i64, now: i64) -> Check {
-    let Some(not_after) = crate::tls::not_after(leaf_der) else {
+    let Some(not_after) = crate::server::tls::not_after(leaf_der) else {
         return check(
             "expiry",
             Status::Fail,
@@ -548,7 +548,7 @@ pub fn expiry_check(leaf_der: &[u8], min_days: i64, now: i64) -> Check {
     };
     let seconds = not_after - now;
     let days = seconds.div_euclid(86_400);
-    let when = crate::status::rfc3339(not_after.max(0) as u64);
+    let when = crate::ops::status::rfc3339(not_after.max(0) as u64);
     if seconds <= 0 {
         check("expiry", Status::Fail, format!("expired at {when}"))
     } else if days < min_days {
@@ -750,7 +750,7 @@ pub fn to_text(checks: &[Check]) -> String {
         .iter()
         .map(|c| vec![c.status.to_string(), c.name.to_string(), c.detail.clone()])
         .collect();
-    crate::status::table(&["STATUS", "CHECK", "DETAIL"], &rows)
+    crate::ops::status::table(&["STATUS", "CHECK", "DETAIL"], &rows)
 }
 
 #[cfg(test)]

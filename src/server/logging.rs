@@ -391,10 +391,10 @@ mod tests {
         );
         assert_eq!(
             rest,
-            r#" INFO ip_webhook::logging::tests: admission decision uid="u-1" latency_us=41 dry_run=false reason="pod \"a\"\nb" delta=-3"#
+            r#" INFO ip_webhook::server::logging::tests: admission decision uid="u-1" latency_us=41 dry_run=false reason="pod \"a\"\nb" delta=-3"#
         );
         assert!(
-            lines[1].ends_with("ERROR ip_webhook::logging::tests: ledger commit failed for 10.0.0.1 error=disk full"),
+            lines[1].ends_with("ERROR ip_webhook::server::logging::tests: ledger commit failed for 10.0.0.1 error=disk full"),
             "{}",
             lines[1]
         );

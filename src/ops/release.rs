@@ -76,7 +76,7 @@ impl Outcome {
                 "{ip} ({:?}, held by pod {}{app} since {})",
                 c.phase,
                 c.pod.display(),
-                crate::status::rfc3339(c.created_at)
+                crate::ops::status::rfc3339(c.created_at)
             )
         };
         match self {

@@ -15,17 +15,17 @@ use anyhow::{Context, anyhow, bail};
 use base64::Engine;
 use serde::Serialize;
 
-use crate::app;
+use crate::cli::app;
 use crate::cli::{
     AnswerIsNo, Books, CheckArgs, ClusterSource, ExplainArgs, LedgerSource, OutputFormat,
     ReleaseArgs, StatusArgs, choose_books, find_cluster, in_pod,
 };
 use crate::cluster::pods::PodDirectory;
 use crate::crd::FixedIPPool;
+use crate::ipam::pools::PoolCatalog;
 use crate::ledger::{Claim, KubeLedger, Ledger};
-use crate::pools::PoolCatalog;
-use crate::release::{NoPodList, PodLookup};
-use crate::status::Report;
+use crate::ops::release::{NoPodList, PodLookup};
+use crate::ops::status::Report;
 
 fn print<T: Serialize>(
     format: OutputFormat,
@@ -266,8 +266,8 @@ pub async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
     } else {
         std::fs::read_to_string(&args.file).with_context(|| format!("reading {}", args.file))?
     };
-    let objects =
-        crate::explain::parse_objects(&text).with_context(|| format!("reading {}", args.file))?;
+    let objects = crate::ops::explain::parse_objects(&text)
+        .with_context(|| format!("reading {}", args.file))?;
     let access = connect(&args.source).await?;
     let (claims, pools) = read(&access, &args.source, args.pools_file.as_deref()).await?;
     let settings = crate::webhook::Settings {
@@ -277,11 +277,11 @@ pub async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
         check_calico_pools: false,
         ..crate::webhook::Settings::default()
     };
-    let sandbox = crate::explain::sandbox(claims, settings, pools).await?;
+    let sandbox = crate::ops::explain::sandbox(claims, settings, pools).await?;
     let outcomes =
-        crate::explain::explain(&sandbox, &objects, &args.namespace, args.replicas).await?;
+        crate::ops::explain::explain(&sandbox, &objects, &args.namespace, args.replicas).await?;
     print(args.output, &outcomes, || {
-        crate::explain::to_text(&outcomes)
+        crate::ops::explain::to_text(&outcomes)
     })
 }
 
@@ -317,7 +317,7 @@ pub async fn release(args: ReleaseArgs) -> anyhow::Result<()> {
         ))),
     };
     let outcome =
-        crate::release::release(ledger.as_ref(), pods.as_ref(), args.ip, args.force).await;
+        crate::ops::release::release(ledger.as_ref(), pods.as_ref(), args.ip, args.force).await;
     ledger.close().await;
     let outcome = match (&access.books, outcome) {
         (Books::Kubernetes(_), Err(e)) => {
@@ -339,7 +339,7 @@ async fn cluster_bundles(
     client: kube::Client,
     name: &str,
     server: &str,
-) -> anyhow::Result<crate::doctor::CaBundles> {
+) -> anyhow::Result<crate::ops::doctor::CaBundles> {
     use k8s_openapi::api::admissionregistration::v1::{
         MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
     };
@@ -418,7 +418,7 @@ pub async fn check(args: CheckArgs) -> anyhow::Result<()> {
             Some(read.await.map_err(|e| format!("{e:#}")))
         }
     };
-    let options = crate::doctor::Options {
+    let options = crate::ops::doctor::Options {
         client_pem,
         url: args.url.clone(),
         ca_pem,
@@ -429,11 +429,13 @@ pub async fn check(args: CheckArgs) -> anyhow::Result<()> {
         exhaustion_ratio: args.exhaustion_threshold,
         timeout: args.timeout,
     };
-    let checks = crate::doctor::run(&options).await;
-    print(args.output, &checks, || crate::doctor::to_text(&checks))?;
+    let checks = crate::ops::doctor::run(&options).await;
+    print(args.output, &checks, || {
+        crate::ops::doctor::to_text(&checks)
+    })?;
     let failed = checks
         .iter()
-        .filter(|c| c.status == crate::doctor::Status::Fail)
+        .filter(|c| c.status == crate::ops::doctor::Status::Fail)
         .count();
     if failed > 0 {
         return Err(AnswerIsNo(format!("{failed} of {} checks failed", checks.len())).into());

@@ -10,8 +10,8 @@ use ipnet::IpNet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use crate::crd::FixedIPPool;
-use crate::ipset::{IpRange, IpSet, IpSpecError, parse_ip_spec};
-use crate::overlap::RangeIndex;
+use crate::ipam::ipset::{IpRange, IpSet, IpSpecError, parse_ip_spec};
+use crate::ipam::overlap::RangeIndex;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PoolError {

@@ -7,20 +7,20 @@ use std::sync::atomic::AtomicBool;
 use anyhow::Context;
 use base64::Engine;
 
-use crate::allocator::Allocator;
 use crate::cli::{LedgerKind, ServeArgs, WebhookArgs};
 use crate::cluster::lease::LeaseSettings;
 use crate::cluster::pods::PodDirectory;
 use crate::cluster::{ClusterHandle, ClusterOptions, Rules};
 use crate::crd::FixedIPPool;
+use crate::ipam::allocator::Allocator;
+use crate::ipam::pools::PoolCatalog;
 #[cfg(feature = "etcd")]
 use crate::ledger::EtcdLedger;
 use crate::ledger::embedded::CommitCounters;
 use crate::ledger::{EmbeddedLedger, KubeLedger, Ledger, TimedLedger};
 use crate::metrics::Metrics;
-use crate::pools::PoolCatalog;
+use crate::server::tls::{self, CertFiles, CertResolver};
 use crate::server::{self, Limits, Running};
-use crate::tls::{self, CertFiles, CertResolver};
 use crate::webhook::{Settings, Webhook};
 
 /// Open the ledger, rebuild the allocator's index from it, load pools.
@@ -443,7 +443,7 @@ pub async fn launch(args: &ServeArgs) -> anyhow::Result<Launched> {
     )
     .await
     .with_context(|| format!("binding {} and {}", args.listen, args.admin_listen))?;
-    let pod_lookup: Option<Arc<dyn crate::release::PodLookup>> = match &client {
+    let pod_lookup: Option<Arc<dyn crate::ops::release::PodLookup>> = match &client {
         Some(client) => Some(Arc::new(PodDirectory::new(
             client.clone(),
             args.webhook.app_label.clone(),
@@ -462,11 +462,11 @@ pub async fn launch(args: &ServeArgs) -> anyhow::Result<Launched> {
         ledger.clone(),
         webhook.metrics.ledger_health.clone(),
     ));
-    let release_timer = tokio::spawn(crate::release_timer::run(
+    let release_timer = tokio::spawn(crate::webhook::release_timer::run(
         webhook.allocator.clone(),
         pod_lookup,
         webhook.metrics.clone(),
-        crate::release_timer::PERIOD,
+        crate::webhook::release_timer::PERIOD,
     ));
     let cluster = match client {
         // Ready once the watches have synced.
@@ -511,14 +511,14 @@ pub async fn launch(args: &ServeArgs) -> anyhow::Result<Launched> {
 pub async fn serve_until_signal(args: ServeArgs) -> anyhow::Result<()> {
     let mut launched = match launch(&args).await {
         Ok(launched) => launched,
-        Err(error) if crate::logging::json() => {
+        Err(error) if crate::server::logging::json() => {
             tracing::error!(error = format!("{error:#}"), "ip-webhook cannot start");
             return Err(error);
         }
         Err(error) => return Err(error),
     };
     let ca_file = args.webhook.state_dir.join("ca.crt");
-    if crate::logging::json() {
+    if crate::server::logging::json() {
         // Collectors read one format: the startup lines are log events too.
         tracing::info!(
             https = %launched.running.https_addr,

@@ -1,21 +1,30 @@
 //! The webhook: what every admission decision shares — settings, the allocator, pools,
 //! metrics, the CNI networks — and the pod view and candidate IPs both endpoints read.
-//! Routing a review to `/mutate` or `/validate` is [`crate::dispatch`]'s.
+//! Routing a review to `/mutate` or `/validate` is [`crate::webhook::dispatch`]'s.
+
+pub mod assess;
+pub mod cni_pools;
+pub mod dispatch;
+pub mod events;
+pub mod mutate;
+pub mod release_timer;
+pub mod validate;
+pub mod workloads;
 
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
+use crate::admission::annotations::{ALLOCATABLE_IPS, Cni, IP_POOL};
 use crate::admission::{Incoming, Meta};
-use crate::allocator::Allocator;
-use crate::annotations::{ALLOCATABLE_IPS, Cni, IP_POOL};
-use crate::cni_pools::NetworkRegistry;
-use crate::events::{EventSink, NoEvents};
-use crate::ipset::{IpSet, SpecCache};
+use crate::ipam::allocator::Allocator;
+use crate::ipam::ipset::{IpSet, SpecCache};
+use crate::ipam::pools::PoolCatalog;
 use crate::ledger::PodRef;
 use crate::metrics::Metrics;
-use crate::pools::PoolCatalog;
-use crate::workloads::WorkloadRegistry;
+use crate::webhook::cni_pools::NetworkRegistry;
+use crate::webhook::events::{EventSink, NoEvents};
+use crate::webhook::workloads::WorkloadRegistry;
 
 /// Behaviour switches from the command line.
 #[derive(Debug, Clone)]

@@ -1,6 +1,9 @@
 //! The command line: `serve`, `review`, `crds`, and the operator's commands `status`,
 //! `explain`, `release` and `check`.
 
+pub mod app;
+pub mod commands;
+
 use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -9,8 +12,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::annotations::Cni;
-use crate::app;
+use crate::admission::annotations::Cni;
 use crate::ledger::{Ledger, MemoryLedger};
 use crate::metrics::Endpoint;
 use std::sync::Arc;
@@ -798,15 +800,15 @@ fn log_filter(command: &Command) -> Option<&'static str> {
 
 /// Run a parsed command line.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
-    let _logs = crate::logging::init(cli.log_format, log_filter(&cli.command));
+    let _logs = crate::server::logging::init(cli.log_format, log_filter(&cli.command));
     match cli.command {
         Command::Serve(args) => app::serve_until_signal(args).await,
         Command::Review(args) => review(args).await,
         Command::Crds => emit(&crate::crd::crds_yaml()),
-        Command::Status(args) => crate::commands::status(args).await,
-        Command::Explain(args) => crate::commands::explain(args).await,
-        Command::Release(args) => crate::commands::release(args).await,
-        Command::Check(args) => crate::commands::check(args).await,
+        Command::Status(args) => crate::cli::commands::status(args).await,
+        Command::Explain(args) => crate::cli::commands::explain(args).await,
+        Command::Release(args) => crate::cli::commands::release(args).await,
+        Command::Check(args) => crate::cli::commands::check(args).await,
     }
 }
 

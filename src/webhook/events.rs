@@ -8,7 +8,7 @@
 use std::net::IpAddr;
 
 use crate::admission::OwnerRef;
-use crate::allocator::Reason;
+use crate::ipam::allocator::Reason;
 use crate::ledger::PodRef;
 use crate::metrics::AllocationOutcome;
 

@@ -5,9 +5,9 @@ use std::net::IpAddr;
 
 use serde::Serialize;
 
-use crate::ipset::ip_key;
+use crate::ipam::ipset::ip_key;
+use crate::ipam::pools::PoolCatalog;
 use crate::ledger::{Claim, Phase, Source};
-use crate::pools::PoolCatalog;
 
 /// One IP and who holds it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

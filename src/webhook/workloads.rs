@@ -6,11 +6,11 @@ use std::sync::Mutex;
 
 use serde::Deserialize;
 
+use crate::admission::annotations::{ALLOCATABLE_IPS, IP_POOL};
 use crate::admission::{Incoming, Meta, Operation, Response, ReviewError};
-use crate::annotations::{ALLOCATABLE_IPS, IP_POOL};
-use crate::ipset::{Family, IpSet, parse_ip_spec};
+use crate::ipam::ipset::{Family, IpSet, parse_ip_spec};
+use crate::ipam::overlap::RangeIndex;
 use crate::ledger::Claim;
-use crate::overlap::RangeIndex;
 use crate::webhook::Webhook;
 
 /// The workload kinds checked, as `(group, kind)`.

@@ -5,11 +5,12 @@
 use std::time::Instant;
 
 use crate::admission::{self, ReviewError};
-use crate::assess::Answer;
-use crate::ipset::push_ip;
+use crate::ipam::ipset::push_ip;
 use crate::metrics::{Endpoint, Outcome, RequestLabels, WebhookLabels};
 use crate::webhook::Webhook;
-use crate::{mutate, validate};
+use crate::webhook::assess::Answer;
+use crate::webhook::mutate;
+use crate::webhook::validate;
 
 impl Webhook {
     /// Answer one AdmissionReview body. `Err` means the body was not a usable review (HTTP 400).

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
 
-use crate::ipset::{Family, IpRange, IpSet};
+use crate::ipam::ipset::{Family, IpRange, IpSet};
 
 /// Ranges keyed by owner. One owner may store several ranges (dual stack, lists).
 #[derive(Debug, Clone)]
@@ -99,7 +99,7 @@ impl<K: Clone + Eq + Hash> RangeIndex<K> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ipset::parse_ip_spec;
+    use crate::ipam::ipset::parse_ip_spec;
 
     fn range(spec: &str) -> IpRange {
         parse_ip_spec(spec).unwrap().ranges()[0]

@@ -10,13 +10,14 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::admission::{self, ReviewError};
-use crate::allocator::{Allocator, Reason};
+use crate::ipam::allocator::{Allocator, Reason};
+use crate::ipam::pools::PoolCatalog;
 use crate::ledger::{Claim, CreateOutcome, Ledger, LedgerError, MemoryLedger};
 use crate::metrics::Metrics;
-use crate::mutate::{self, PodDecision};
-use crate::pools::PoolCatalog;
+use crate::webhook::mutate::{self, PodDecision};
+use crate::webhook::validate;
+use crate::webhook::workloads;
 use crate::webhook::{Settings, Webhook};
-use crate::{validate, workloads};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ExplainError {
@@ -291,13 +292,13 @@ pub async fn explain(
                                 Some(at) => format!(
                                     "already holds it ({:?} since {}; released at {} once the pod is gone)",
                                     c.phase,
-                                    crate::status::rfc3339(c.created_at),
-                                    crate::status::rfc3339(at)
+                                    crate::ops::status::rfc3339(c.created_at),
+                                    crate::ops::status::rfc3339(at)
                                 ),
                                 None => format!(
                                     "already holds it ({:?} since {})",
                                     c.phase,
-                                    crate::status::rfc3339(c.created_at)
+                                    crate::ops::status::rfc3339(c.created_at)
                                 ),
                             }
                         })
@@ -526,7 +527,7 @@ pub fn to_text(outcomes: &[ObjectOutcome]) -> String {
                 vec![format!("#{}", r.replica), r.pod.clone(), ips, why]
             })
             .collect();
-        for line in crate::status::table(&["REPLICA", "POD", "IP", "WHY"], &rows).lines() {
+        for line in crate::ops::status::table(&["REPLICA", "POD", "IP", "WHY"], &rows).lines() {
             out.push_str("  ");
             out.push_str(line);
             out.push('\n');

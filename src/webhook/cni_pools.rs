@@ -11,8 +11,8 @@ use std::sync::RwLock;
 use serde::Deserialize;
 
 use crate::admission::{Incoming, Meta, Operation, Response, ReviewError};
-use crate::ipset::{IpRange, IpSet, RangeSyntax, parse_ip_spec_with};
-use crate::overlap::RangeIndex;
+use crate::ipam::ipset::{IpRange, IpSet, RangeSyntax, parse_ip_spec_with};
+use crate::ipam::overlap::RangeIndex;
 
 pub const KUBE_OVN_GROUP: &str = "kubeovn.io";
 pub const CALICO_GROUPS: [&str; 2] = ["crd.projectcalico.org", "projectcalico.org"];
@@ -484,8 +484,8 @@ fn cidr_text(range: IpRange) -> String {
     let size = range.len();
     if size.is_power_of_two() && range.start.is_multiple_of(size) {
         let bits = match range.family {
-            crate::ipset::Family::V4 => 32,
-            crate::ipset::Family::V6 => 128,
+            crate::ipam::ipset::Family::V4 => 32,
+            crate::ipam::ipset::Family::V6 => 128,
         };
         format!("{}/{}", range.first(), bits - size.trailing_zeros())
     } else {
@@ -496,7 +496,7 @@ fn cidr_text(range: IpRange) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ipset::parse_ip_spec;
+    use crate::ipam::ipset::parse_ip_spec;
     use serde_json::json;
 
     fn calico(name: &str, spec: serde_json::Value) -> CalicoPool {

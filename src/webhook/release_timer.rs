@@ -7,11 +7,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::allocator::Allocator;
+use crate::ipam::allocator::Allocator;
 use crate::ledger::claim::DueStep;
 use crate::ledger::unix_now;
 use crate::metrics::Metrics;
-use crate::release::PodLookup;
+use crate::ops::release::PodLookup;
 
 /// How often due claims are looked for.
 pub const PERIOD: Duration = Duration::from_secs(1);

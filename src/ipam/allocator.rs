@@ -11,14 +11,14 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::cluster::index::{ForeignIps, ForeignUse};
-use crate::ipset::{Family, IpSet, ip_from_key, ip_key};
+use crate::ipam::ipset::{Family, IpSet, ip_from_key, ip_key};
 use crate::ledger::claim::{
     self, DueStep, PodIdentity, PodPresence, held_by, may_take_over, same_admission, same_grant,
 };
 use crate::ledger::{
     Claim, CreateOutcome, Ledger, LedgerError, ObservedChange, Phase, PodRef, Source, unix_now,
 };
-use crate::release::PodLookup;
+use crate::ops::release::PodLookup;
 
 /// How many times one allocation may learn that its candidate was taken elsewhere.
 const MAX_CONTENDED_ATTEMPTS: usize = 64;
@@ -875,7 +875,7 @@ fn new_claim(ip: IpAddr, request: &AllocationRequest<'_>, source: Source) -> Cla
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ipset::parse_ip_spec;
+    use crate::ipam::ipset::parse_ip_spec;
     use crate::ledger::MemoryLedger;
     use proptest::prelude::*;
 

@@ -2,17 +2,17 @@
 
 use std::net::IpAddr;
 
-use crate::admission::{Incoming, MetadataPatch, Operation, OwnerRef, Response, ReviewError};
-use crate::allocator::{AllocError, Allocation, AllocationRequest, Reason};
-use crate::annotations::{
+use crate::admission::annotations::{
     ALLOCATED_IP_LABEL, CLAIM_TOKEN, STATUS, STATUS_MUTATED, carried_ips, static_ips,
 };
-use crate::assess::{Answer, Denial, assess};
-use crate::events::{Assigned, Refused};
-use crate::ipset::ip_label_value;
+use crate::admission::{Incoming, MetadataPatch, Operation, OwnerRef, Response, ReviewError};
+use crate::ipam::allocator::{AllocError, Allocation, AllocationRequest, Reason};
+use crate::ipam::ipset::ip_label_value;
 use crate::ledger::claim::{PodIdentity, is_token, new_token};
 use crate::ledger::{PodRef, unix_now};
 use crate::metrics::AllocationOutcome;
+use crate::webhook::assess::{Answer, Denial, assess};
+use crate::webhook::events::{Assigned, Refused};
 use crate::webhook::{Candidates, PodView, Webhook};
 
 /// What `/mutate` decided for a Pod CREATE: the typed result that the response, the decision

@@ -23,10 +23,10 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::allocator::Allocator;
+use crate::ipam::allocator::Allocator;
+use crate::ipam::pools::PoolCatalog;
 use crate::ledger::embedded::CommitCounters;
-use crate::pools::PoolCatalog;
-use crate::status::Report;
+use crate::ops::status::Report;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
 #[allow(non_camel_case_types)]
@@ -236,12 +236,12 @@ impl Collector for CapacityCollector {
             gauge.metric_type(),
         )?;
         gauge.encode(family)?;
-        let pool = |p: &crate::status::PoolStatus| {
+        let pool = |p: &crate::ops::status::PoolStatus| {
             PoolOrApp::Pool(PoolLabels {
                 pool: p.name.clone(),
             })
         };
-        let app = |a: &crate::status::AppStatus| {
+        let app = |a: &crate::ops::status::AppStatus| {
             PoolOrApp::App(AppLabels {
                 app_namespace: a.namespace.clone(),
                 app: a.app.clone(),
@@ -318,7 +318,7 @@ impl Collector for CapacityCollector {
 
 /// Taken / usable IPs of what the app draws from: its own list (taken = held by the app), or
 /// its pool (taken = held by any app of the pool). `None` when the size is unknown or 0.
-pub fn app_utilization(app: &crate::status::AppStatus) -> Option<f64> {
+pub fn app_utilization(app: &crate::ops::status::AppStatus) -> Option<f64> {
     let size = app.size.filter(|s| *s > 0)?;
     let taken = size.saturating_sub(app.free?);
     Some(taken as f64 / size as f64)
@@ -636,7 +636,7 @@ impl Metrics {
 
     /// Record the notAfter of the certificate now served (DER of the leaf).
     pub fn served_certificate(&self, leaf_der: &[u8]) {
-        match crate::tls::not_after(leaf_der) {
+        match crate::server::tls::not_after(leaf_der) {
             Some(not_after) => {
                 self.certificate_expiry.set(not_after);
             }
@@ -661,7 +661,7 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::status::AppStatus;
+    use crate::ops::status::AppStatus;
 
     /// The value of the one sample of `name` whose labels contain `labels`.
     fn sample(text: &str, name: &str, labels: &str) -> Option<f64> {

@@ -2,7 +2,7 @@
 
 use std::net::IpAddr;
 
-use crate::ipset::{Family, excerpt, parse_ip};
+use crate::ipam::ipset::{Family, excerpt, parse_ip};
 
 pub const ALLOCATABLE_IPS: &str = "ip-webhook.io/allocatable-ips";
 pub const IP_POOL: &str = "ip-webhook.io/ip-pool";
@@ -46,7 +46,7 @@ impl Cni {
             if i > 0 {
                 text.push_str(separator);
             }
-            crate::ipset::push_ip(&mut text, ip);
+            crate::ipam::ipset::push_ip(&mut text, ip);
         }
         text.push_str(close);
         text
@@ -134,7 +134,7 @@ pub fn carried_with(
         .collect();
     if let Some(ip) = labels
         .and_then(|l| l.get(ALLOCATED_IP_LABEL))
-        .and_then(|v| crate::ipset::ip_from_label_value(v))
+        .and_then(|v| crate::ipam::ipset::ip_from_label_value(v))
         && !ips.iter().any(|held| Family::of(held) == Family::of(&ip))
     {
         ips.push(ip);

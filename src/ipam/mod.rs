@@ -1,0 +1,7 @@
+//! IP address management: IP math and sets ([`ipset`], [`overlap`]), pools ([`pools`]) and
+//! the allocator that picks and frees IPs over the ledger ([`allocator`]).
+
+pub mod allocator;
+pub mod ipset;
+pub mod overlap;
+pub mod pools;
