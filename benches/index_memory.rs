@@ -11,7 +11,8 @@ use std::hint::black_box;
 use std::net::{IpAddr, Ipv4Addr};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use ip_webhook::cluster::index::{ClusterIps, ForeignIps, SlimPod};
+use ip_webhook::cluster::index::{ClusterIps, SlimPod};
+use ip_webhook::ipam::foreign::ForeignIps;
 use k8s_openapi::api::core::v1::Pod;
 
 const PODS: u32 = 100_000;

@@ -17,11 +17,10 @@ pub const CALICO_IP_ADDRS: &str = "cni.projectcalico.org/ipAddrs";
 pub const OVN_IP_ADDRESS: &str = "ovn.kubernetes.io/ip_address";
 
 /// Which CNI's annotation carries the IP.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Cni {
     #[default]
     Calico,
-    #[value(name = "kube-ovn")]
     KubeOvn,
 }
 

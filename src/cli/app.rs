@@ -373,7 +373,7 @@ pub async fn launch(args: &ServeArgs) -> anyhow::Result<Launched> {
             };
             let (certified, fingerprint) = files.load()?;
             if let Some(leaf) = certified.cert.first() {
-                metrics.served_certificate(leaf);
+                tls::served_certificate(&metrics, leaf);
             }
             let resolver = Arc::new(CertResolver::new(certified));
             let reloader = tls::spawn_reloader(
@@ -395,7 +395,7 @@ pub async fn launch(args: &ServeArgs) -> anyhow::Result<Launched> {
             );
             let certified = generated.certified_key()?;
             if let Some(leaf) = certified.cert.first() {
-                metrics.served_certificate(leaf);
+                tls::served_certificate(&metrics, leaf);
             }
             let bundle =
                 base64::engine::general_purpose::STANDARD.encode(generated.ca_pem.as_bytes());
@@ -443,7 +443,7 @@ pub async fn launch(args: &ServeArgs) -> anyhow::Result<Launched> {
     )
     .await
     .with_context(|| format!("binding {} and {}", args.listen, args.admin_listen))?;
-    let pod_lookup: Option<Arc<dyn crate::ops::release::PodLookup>> = match &client {
+    let pod_lookup: Option<Arc<dyn crate::ledger::pod_lookup::PodLookup>> = match &client {
         Some(client) => Some(Arc::new(PodDirectory::new(
             client.clone(),
             args.webhook.app_label.clone(),

@@ -23,9 +23,9 @@ use crate::cli::{
 use crate::cluster::pods::PodDirectory;
 use crate::crd::FixedIPPool;
 use crate::ipam::pools::PoolCatalog;
+use crate::ipam::usage::Report;
+use crate::ledger::pod_lookup::{NoPodList, PodLookup};
 use crate::ledger::{Claim, KubeLedger, Ledger};
-use crate::ops::release::{NoPodList, PodLookup};
-use crate::ops::status::Report;
 
 fn print<T: Serialize>(
     format: OutputFormat,

@@ -10,11 +10,13 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::admission::annotations::Cni;
 use crate::ledger::{Ledger, MemoryLedger};
 use crate::metrics::Endpoint;
+use crate::server::logging::LogFormat;
 use std::sync::Arc;
 
 #[derive(Debug, Parser)]
@@ -29,7 +31,7 @@ pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
     /// Log format.
-    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    #[arg(long, global = true, value_parser = log_format_parser(), default_value = "text")]
     pub log_format: LogFormat,
 }
 
@@ -38,10 +40,20 @@ pub const EXIT_CODES: &str = "Exit status: 0 done; 1 error (one `Error: …` lin
 2 bad command line; 3 the command ran and the answer is no (a `check` failed, `release` freed \
 nothing, a `status` filter matched nothing).";
 
-#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
-pub enum LogFormat {
-    Text,
-    Json,
+/// `--log-format`: the command line's names for [`LogFormat`] (the layers below know no clap).
+fn log_format_parser() -> impl clap::builder::TypedValueParser<Value = LogFormat> {
+    PossibleValuesParser::new(["text", "json"]).map(|name| match name.as_str() {
+        "json" => LogFormat::Json,
+        _ => LogFormat::Text,
+    })
+}
+
+/// `--cni`: the command line's names for [`Cni`].
+fn cni_parser() -> impl clap::builder::TypedValueParser<Value = Cni> {
+    PossibleValuesParser::new(["calico", "kube-ovn"]).map(|name| match name.as_str() {
+        "kube-ovn" => Cni::KubeOvn,
+        _ => Cni::Calico,
+    })
 }
 
 // Parsed once per process; boxing the large variants would buy nothing.
@@ -174,7 +186,7 @@ pub struct ExplainArgs {
     #[arg(long, default_value = "app", value_name = "KEY")]
     pub app_label: String,
     /// Which CNI annotation carries the IP.
-    #[arg(long, value_enum, default_value_t = Cni::Calico)]
+    #[arg(long, value_parser = cni_parser(), default_value = "calico")]
     pub cni: Cni,
     /// YAML list of FixedIPPool objects (off-cluster; in a cluster they are read from it).
     #[arg(long, value_name = "FILE")]
@@ -275,7 +287,7 @@ pub struct WebhookArgs {
     #[arg(long, default_value = "app", value_name = "KEY")]
     pub app_label: String,
     /// Which CNI annotation carries the IP.
-    #[arg(long, value_enum, default_value_t = Cni::Calico)]
+    #[arg(long, value_parser = cni_parser(), default_value = "calico")]
     pub cni: Cni,
     /// YAML list of FixedIPPool objects that pods can name in ip-webhook.io/ip-pool.
     #[arg(long, value_name = "FILE")]

@@ -13,7 +13,7 @@ use kube::{Api, Client, Resource};
 
 use crate::ledger::Claim;
 use crate::ledger::claim::PodPresence;
-use crate::ops::release::{PodLookup, PodState};
+use crate::ledger::pod_lookup::{PodLookup, PodState};
 
 use super::pod_info;
 use super::reconcile::takes_up;

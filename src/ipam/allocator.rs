@@ -10,15 +10,15 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::cluster::index::{ForeignIps, ForeignUse};
+use crate::ipam::foreign::{ForeignIps, ForeignUse};
 use crate::ipam::ipset::{Family, IpSet, ip_from_key, ip_key};
 use crate::ledger::claim::{
     self, DueStep, PodIdentity, PodPresence, held_by, may_take_over, same_admission, same_grant,
 };
+use crate::ledger::pod_lookup::PodLookup;
 use crate::ledger::{
     Claim, CreateOutcome, Ledger, LedgerError, ObservedChange, Phase, PodRef, Source, unix_now,
 };
-use crate::ops::release::PodLookup;
 
 /// How many times one allocation may learn that its candidate was taken elsewhere.
 const MAX_CONTENDED_ATTEMPTS: usize = 64;

@@ -2,6 +2,8 @@
 //! the allocator that picks and frees IPs over the ledger ([`allocator`]).
 
 pub mod allocator;
+pub mod foreign;
 pub mod ipset;
 pub mod overlap;
 pub mod pools;
+pub mod usage;

@@ -16,6 +16,7 @@ pub mod etcd;
 pub mod health;
 pub mod kubernetes;
 pub mod memory;
+pub mod pod_lookup;
 pub mod timed;
 
 pub use embedded::EmbeddedLedger;

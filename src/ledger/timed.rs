@@ -11,7 +11,15 @@ use prometheus_client::metrics::histogram::Histogram;
 
 use super::health::{self, LedgerHealth};
 use super::{Claim, CreateOutcome, Ledger, LedgerError};
-use crate::metrics::LedgerLabels;
+
+/// The labels of the latency histogram [`TimedLedger`] records into.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct LedgerLabels {
+    /// `embedded`, `kubernetes`, `etcd`, `memory`.
+    pub ledger: &'static str,
+    /// `create`, `release`, `load`.
+    pub operation: &'static str,
+}
 
 pub struct TimedLedger {
     inner: Arc<dyn Ledger>,

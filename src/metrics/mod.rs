@@ -25,8 +25,9 @@ use prometheus_client::registry::Registry;
 
 use crate::ipam::allocator::Allocator;
 use crate::ipam::pools::PoolCatalog;
+use crate::ipam::usage::Report;
 use crate::ledger::embedded::CommitCounters;
-use crate::ops::status::Report;
+use crate::ledger::timed::LedgerLabels;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
 #[allow(non_camel_case_types)]
@@ -107,14 +108,6 @@ pub struct LeaseLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PoolLabels {
     pub pool: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct LedgerLabels {
-    /// `embedded`, `kubernetes`, `etcd`, `memory`.
-    pub ledger: &'static str,
-    /// `create`, `release`, `load`.
-    pub operation: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -236,12 +229,12 @@ impl Collector for CapacityCollector {
             gauge.metric_type(),
         )?;
         gauge.encode(family)?;
-        let pool = |p: &crate::ops::status::PoolStatus| {
+        let pool = |p: &crate::ipam::usage::PoolStatus| {
             PoolOrApp::Pool(PoolLabels {
                 pool: p.name.clone(),
             })
         };
-        let app = |a: &crate::ops::status::AppStatus| {
+        let app = |a: &crate::ipam::usage::AppStatus| {
             PoolOrApp::App(AppLabels {
                 app_namespace: a.namespace.clone(),
                 app: a.app.clone(),
@@ -318,7 +311,7 @@ impl Collector for CapacityCollector {
 
 /// Taken / usable IPs of what the app draws from: its own list (taken = held by the app), or
 /// its pool (taken = held by any app of the pool). `None` when the size is unknown or 0.
-pub fn app_utilization(app: &crate::ops::status::AppStatus) -> Option<f64> {
+pub fn app_utilization(app: &crate::ipam::usage::AppStatus) -> Option<f64> {
     let size = app.size.filter(|s| *s > 0)?;
     let taken = size.saturating_sub(app.free?);
     Some(taken as f64 / size as f64)
@@ -634,16 +627,6 @@ impl Metrics {
         self.exhausted_refusals.get_or_create(&labels).inc();
     }
 
-    /// Record the notAfter of the certificate now served (DER of the leaf).
-    pub fn served_certificate(&self, leaf_der: &[u8]) {
-        match crate::server::tls::not_after(leaf_der) {
-            Some(not_after) => {
-                self.certificate_expiry.set(not_after);
-            }
-            None => tracing::warn!("cannot read notAfter of the served certificate"),
-        }
-    }
-
     pub fn allocation(&self, outcome: AllocationOutcome) {
         self.allocations
             .get_or_create(&AllocationLabels { outcome })
@@ -661,7 +644,7 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::status::AppStatus;
+    use crate::ipam::usage::AppStatus;
 
     /// The value of the one sample of `name` whose labels contain `labels`.
     fn sample(text: &str, name: &str, labels: &str) -> Option<f64> {

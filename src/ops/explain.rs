@@ -292,13 +292,13 @@ pub async fn explain(
                                 Some(at) => format!(
                                     "already holds it ({:?} since {}; released at {} once the pod is gone)",
                                     c.phase,
-                                    crate::ops::status::rfc3339(c.created_at),
-                                    crate::ops::status::rfc3339(at)
+                                    crate::ipam::usage::rfc3339(c.created_at),
+                                    crate::ipam::usage::rfc3339(at)
                                 ),
                                 None => format!(
                                     "already holds it ({:?} since {})",
                                     c.phase,
-                                    crate::ops::status::rfc3339(c.created_at)
+                                    crate::ipam::usage::rfc3339(c.created_at)
                                 ),
                             }
                         })

@@ -3,51 +3,8 @@
 
 use std::net::IpAddr;
 
-use async_trait::async_trait;
-
-use crate::ledger::claim::PodPresence;
+use crate::ledger::pod_lookup::{PodLookup, PodState};
 use crate::ledger::{Claim, Ledger, LedgerError};
-
-/// Whether the pod of a claim still exists.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PodState {
-    Live,
-    Gone,
-    /// The pods cannot be listed from here; why.
-    Unknown(String),
-}
-
-/// Looks up the pod that holds a claim (in-cluster: [`crate::cluster::pods::PodDirectory`]).
-#[async_trait]
-pub trait PodLookup: Send + Sync {
-    async fn state(&self, claim: &Claim) -> PodState;
-
-    /// Where the pod of a `Terminating` claim is (its namespace/name, and its UID when the
-    /// claim has one): gone, still terminating, or running as if never deleted.
-    async fn presence(&self, claim: &Claim) -> PodPresence {
-        self.state(claim).await.into()
-    }
-}
-
-impl From<PodState> for PodPresence {
-    fn from(state: PodState) -> PodPresence {
-        match state {
-            PodState::Live => PodPresence::Running,
-            PodState::Gone => PodPresence::Gone,
-            PodState::Unknown(why) => PodPresence::Unknown(why),
-        }
-    }
-}
-
-/// Off-cluster: nothing to ask.
-pub struct NoPodList(pub String);
-
-#[async_trait]
-impl PodLookup for NoPodList {
-    async fn state(&self, _claim: &Claim) -> PodState {
-        PodState::Unknown(self.0.clone())
-    }
-}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
@@ -76,7 +33,7 @@ impl Outcome {
                 "{ip} ({:?}, held by pod {}{app} since {})",
                 c.phase,
                 c.pod.display(),
-                crate::ops::status::rfc3339(c.created_at)
+                crate::ipam::usage::rfc3339(c.created_at)
             )
         };
         match self {
@@ -148,7 +105,9 @@ pub async fn release(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ledger::pod_lookup::NoPodList;
     use crate::ledger::{CreateOutcome, MemoryLedger, Phase, PodRef, Source};
+    use async_trait::async_trait;
 
     struct Fixed(PodState);
 

@@ -18,8 +18,6 @@ use tracing_subscriber::fmt::format::{FormatEvent, FormatFields, Writer};
 use tracing_subscriber::fmt::{FmtContext, MakeWriter};
 use tracing_subscriber::registry::LookupSpan;
 
-use crate::cli::LogFormat;
-
 const FLUSH_EVERY: Duration = Duration::from_millis(50);
 const FLUSH_AT_BYTES: usize = 64 * 1024;
 
@@ -30,6 +28,13 @@ static JSON: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(
 /// True when the logs are JSON (`--log-format json`).
 pub fn json() -> bool {
     JSON.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 /// Install the global subscriber. Keep the guard until the process ends. `level`, when given,

@@ -89,6 +89,16 @@ pub fn not_after(der: &[u8]) -> Option<i64> {
     Some(cert.validity().not_after.timestamp())
 }
 
+/// Record the notAfter of the certificate now served (DER of the leaf) in `metrics`.
+pub fn served_certificate(metrics: &Metrics, leaf_der: &[u8]) {
+    match not_after(leaf_der) {
+        Some(not_after) => {
+            metrics.certificate_expiry.set(not_after);
+        }
+        None => tracing::warn!("cannot read notAfter of the served certificate"),
+    }
+}
+
 /// Serves whichever certificate was stored last; each handshake costs one atomic load.
 pub struct CertResolver {
     current: ArcSwap<CertifiedKey>,
@@ -330,7 +340,7 @@ pub fn spawn_reloader(
         move |contents| {
             let key = certified_key(&contents[0], &contents[1], &names.0, &names.1)?;
             if let Some(leaf) = key.cert.first() {
-                served.served_certificate(leaf);
+                served_certificate(&served, leaf);
             }
             resolver.store(key);
             Ok(())

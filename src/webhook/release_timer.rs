@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use crate::ipam::allocator::Allocator;
 use crate::ledger::claim::DueStep;
+use crate::ledger::pod_lookup::PodLookup;
 use crate::ledger::unix_now;
 use crate::metrics::Metrics;
-use crate::ops::release::PodLookup;
 
 /// How often due claims are looked for.
 pub const PERIOD: Duration = Duration::from_secs(1);

@@ -1,0 +1,33 @@
+//! What the cluster says about IPs outside the ledger ([`ForeignIps`]), as the allocator asks
+//! it; in-cluster [`crate::cluster::index::ClusterIps`] answers.
+
+use std::net::IpAddr;
+
+/// Who uses an IP outside ip-webhook's ledger, as the cluster says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForeignUse {
+    pub namespace: String,
+    pub name: String,
+    /// The Kube-OVN `IP` object recording it, if any.
+    pub ovn_ip: Option<String>,
+}
+
+impl ForeignUse {
+    /// `pod default/x (Kube-OVN IP x.default)`.
+    pub fn describe(&self) -> String {
+        let mut text = format!("pod {}/{}", self.namespace, self.name);
+        if let Some(ip) = &self.ovn_ip {
+            text.push_str(&format!(" (Kube-OVN IP {ip})"));
+        }
+        text
+    }
+
+    pub fn is_pod(&self, namespace: &str, name: &str) -> bool {
+        !name.is_empty() && self.namespace == namespace && self.name == name
+    }
+}
+
+/// What the cluster says is using an IP (live pods, Kube-OVN `IP` objects).
+pub trait ForeignIps: Send + Sync {
+    fn user(&self, ip: &IpAddr) -> Option<ForeignUse>;
+}

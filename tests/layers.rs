@@ -1,0 +1,213 @@
+//! The shape of `src/`, checked: the top-level units (folders and files) import each other
+//! without cycles, only the command line uses clap, and no source file holds more than
+//! [`MAX_LINES`] lines before its unit tests. ARCHITECTURE.md describes the layers.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// Imports between top-level units allowed although they close a cycle: none.
+const ALLOWED: &[(&str, &str)] = &[];
+
+/// Lines a source file may hold before its `#[cfg(test)]` unit tests.
+const MAX_LINES: usize = 700;
+
+fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("reading src/") {
+        let path = entry.expect("a directory entry").path();
+        if path.is_dir() {
+            sources(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+fn src_files() -> Vec<(String, PathBuf, String)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&root, &mut files);
+    files.sort();
+    files
+        .into_iter()
+        .map(|path| {
+            let relative = path.strip_prefix(&root).unwrap().to_path_buf();
+            let first = relative.components().next().unwrap();
+            let unit = first.as_os_str().to_string_lossy();
+            let unit = unit.strip_suffix(".rs").unwrap_or(&unit).to_string();
+            let text = std::fs::read_to_string(&path).expect("reading a source file");
+            (unit, relative, text)
+        })
+        .collect()
+}
+
+/// The code of a file without its comments (doc links are not imports).
+fn code(text: &str) -> String {
+    text.lines()
+        .map(|line| match line.find("//") {
+            Some(at) => &line[..at],
+            None => line,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The top-level units `code` names as `crate::unit`, including `crate::{a, b::c}`.
+fn imports(code: &str) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    let ident = |s: &str| -> String {
+        s.chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect()
+    };
+    for (at, _) in code.match_indices("crate::") {
+        let rest = code[at + "crate::".len()..].trim_start();
+        if let Some(group) = rest.strip_prefix('{') {
+            let end = group.find('}').unwrap_or(group.len());
+            for part in group[..end].split(',') {
+                let name = ident(part.trim());
+                if !name.is_empty() {
+                    found.insert(name);
+                }
+            }
+        } else {
+            let name = ident(rest);
+            if !name.is_empty() {
+                found.insert(name);
+            }
+        }
+    }
+    found
+}
+
+fn graph() -> BTreeMap<String, BTreeSet<String>> {
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (unit, _, text) in src_files() {
+        if unit == "main" || unit == "lib" {
+            continue;
+        }
+        let entry = graph.entry(unit.clone()).or_default();
+        for used in imports(&code(&text)) {
+            if used != unit && !ALLOWED.contains(&(unit.as_str(), used.as_str())) {
+                entry.insert(used);
+            }
+        }
+    }
+    graph
+}
+
+/// A cycle of `graph` as `a -> b -> a`, if it has one.
+fn find_cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    #[derive(Clone, Copy, PartialEq)]
+    enum Mark {
+        Open,
+        Done,
+    }
+    fn visit(
+        node: &str,
+        graph: &BTreeMap<String, BTreeSet<String>>,
+        marks: &mut BTreeMap<String, Mark>,
+        path: &mut Vec<String>,
+    ) -> Option<Vec<String>> {
+        match marks.get(node) {
+            Some(Mark::Done) => return None,
+            Some(Mark::Open) => {
+                let start = path.iter().position(|n| n == node).unwrap();
+                let mut cycle = path[start..].to_vec();
+                cycle.push(node.to_string());
+                return Some(cycle);
+            }
+            None => {}
+        }
+        marks.insert(node.to_string(), Mark::Open);
+        path.push(node.to_string());
+        for next in graph.get(node).into_iter().flatten() {
+            if let Some(cycle) = visit(next, graph, marks, path) {
+                return Some(cycle);
+            }
+        }
+        path.pop();
+        marks.insert(node.to_string(), Mark::Done);
+        None
+    }
+    let mut marks = BTreeMap::new();
+    for node in graph.keys() {
+        if let Some(cycle) = visit(node, graph, &mut marks, &mut Vec::new()) {
+            return Some(cycle);
+        }
+    }
+    None
+}
+
+#[test]
+fn the_top_level_units_import_each_other_without_a_cycle() {
+    let graph = graph();
+    assert!(
+        graph.contains_key("webhook") && graph.contains_key("ledger"),
+        "{graph:?}"
+    );
+    if let Some(cycle) = find_cycle(&graph) {
+        panic!(
+            "import cycle between the folders of src/: {}\nthe graph: {graph:#?}",
+            cycle.join(" -> ")
+        );
+    }
+}
+
+#[test]
+fn the_cycle_finder_names_a_cycle() {
+    let mut graph = BTreeMap::new();
+    let set = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<BTreeSet<_>>();
+    graph.insert("a".to_string(), set(&["b"]));
+    graph.insert("b".to_string(), set(&["c"]));
+    graph.insert("c".to_string(), set(&["a"]));
+    assert_eq!(find_cycle(&graph).unwrap(), ["a", "b", "c", "a"]);
+    graph.insert("c".to_string(), set(&[]));
+    assert_eq!(find_cycle(&graph), None);
+    assert_eq!(
+        imports(&code(
+            "use crate::{x, y::Z};\nlet a = crate::w::f(); // crate::comment\n"
+        )),
+        set(&["w", "x", "y"])
+    );
+}
+
+#[test]
+fn at_most_a_dozen_top_level_units() {
+    let units: BTreeSet<String> = src_files().into_iter().map(|(unit, _, _)| unit).collect();
+    assert!(
+        units.len() <= 12,
+        "{} units under src/: {units:?}",
+        units.len()
+    );
+}
+
+#[test]
+fn only_the_command_line_uses_clap() {
+    let users: Vec<PathBuf> = src_files()
+        .into_iter()
+        .filter(|(unit, _, text)| unit != "main" && unit != "cli" && code(text).contains("clap"))
+        .map(|(_, path, _)| path)
+        .collect();
+    assert!(
+        users.is_empty(),
+        "clap used outside main.rs and cli/: {users:?}"
+    );
+}
+
+#[test]
+fn no_source_file_is_over_the_limit_before_its_unit_tests() {
+    let over: Vec<(PathBuf, usize)> = src_files()
+        .into_iter()
+        .filter_map(|(_, path, text)| {
+            let lines = text
+                .lines()
+                .position(|line| line.starts_with("#[cfg(test)]"))
+                .unwrap_or_else(|| text.lines().count());
+            (lines > MAX_LINES).then_some((path, lines))
+        })
+        .collect();
+    assert!(
+        over.is_empty(),
+        "over {MAX_LINES} lines before the unit tests: {over:?}"
+    );
+}
