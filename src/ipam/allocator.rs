@@ -6,14 +6,15 @@
 //! starts, so two concurrent admissions in one process never choose the same IP; the ledger's
 //! create-if-absent settles races between processes.
 
-use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::ipam::foreign::{ForeignIps, ForeignUse};
-use crate::ipam::ipset::{Family, IpSet, ip_from_key, ip_key};
+use crate::ipam::foreign::ForeignIps;
+use crate::ipam::held::State;
+use crate::ipam::ipset::{Family, IpSet, ip_key};
+use crate::ipam::messages::{conflict_message, foreign_message};
 use crate::ledger::claim::{
-    self, DueStep, PodIdentity, PodPresence, held_by, may_take_over, same_admission, same_grant,
+    self, DueStep, PodIdentity, PodPresence, held_by, may_take_over, same_admission,
 };
 use crate::ledger::pod_lookup::PodLookup;
 use crate::ledger::{
@@ -22,76 +23,6 @@ use crate::ledger::{
 
 /// How many times one allocation may learn that its candidate was taken elsewhere.
 const MAX_CONTENDED_ATTEMPTS: usize = 64;
-/// How many holders an exhaustion message names.
-const HOLDERS_NAMED: usize = 10;
-
-/// Held addresses of one family as maximal runs `start -> end` (inclusive).
-#[derive(Debug, Default, Clone)]
-pub struct RunSet {
-    runs: BTreeMap<u128, u128>,
-}
-
-impl RunSet {
-    pub fn contains(&self, value: u128) -> bool {
-        self.runs
-            .range(..=value)
-            .next_back()
-            .is_some_and(|(_, &end)| end >= value)
-    }
-
-    pub fn insert(&mut self, value: u128) {
-        if self.contains(value) {
-            return;
-        }
-        let mut start = value;
-        let mut end = value;
-        if let Some((&s, &e)) = self.runs.range(..value).next_back()
-            && e.checked_add(1) == Some(value)
-        {
-            start = s;
-        }
-        if let Some(next) = value.checked_add(1)
-            && let Some(e) = self.runs.remove(&next)
-        {
-            end = e;
-        }
-        self.runs.insert(start, end);
-    }
-
-    pub fn remove(&mut self, value: u128) {
-        let Some((&start, &end)) = self.runs.range(..=value).next_back() else {
-            return;
-        };
-        if end < value {
-            return;
-        }
-        self.runs.remove(&start);
-        if start < value {
-            self.runs.insert(start, value - 1);
-        }
-        if value < end {
-            self.runs.insert(value + 1, end);
-        }
-    }
-
-    /// The lowest value in `start..=end` not held.
-    pub fn first_free(&self, start: u128, end: u128) -> Option<u128> {
-        let mut candidate = start;
-        if let Some((_, &run_end)) = self.runs.range(..=candidate).next_back()
-            && run_end >= candidate
-        {
-            if run_end >= end {
-                return None;
-            }
-            candidate = run_end + 1;
-        }
-        Some(candidate)
-    }
-
-    pub fn run_count(&self) -> usize {
-        self.runs.len()
-    }
-}
 
 /// What one pod asks for.
 #[derive(Debug, Clone)]
@@ -141,215 +72,6 @@ pub enum AllocError {
     Contention,
     #[error(transparent)]
     Ledger(#[from] LedgerError),
-}
-
-#[derive(Default)]
-struct State {
-    held: HashMap<Family, RunSet>,
-    claims: HashMap<IpAddr, Claim>,
-    by_request: HashMap<String, Vec<IpAddr>>,
-    /// Last IPs of a pod name of an app: `(namespace, app, pod name)`.
-    history: HashMap<(String, String, String), Vec<IpAddr>>,
-    held_per_app: HashMap<(String, String), u64>,
-}
-
-impl State {
-    fn is_held(&self, ip: &IpAddr) -> bool {
-        let (family, value) = ip_key(ip);
-        self.held.get(&family).is_some_and(|r| r.contains(value))
-    }
-
-    fn hold(&mut self, claim: Claim) {
-        // forget what the IP's previous record indexed before indexing the new one: the two
-        // may share a request (the same claim learned twice)
-        if let Some(previous) = self.claims.remove(&claim.ip) {
-            self.forget_indexes(&previous);
-        }
-        let (family, value) = ip_key(&claim.ip);
-        self.held.entry(family).or_default().insert(value);
-        self.by_request
-            .entry(claim.request_uid.clone())
-            .or_default()
-            .push(claim.ip);
-        *self
-            .held_per_app
-            .entry((claim.pod.namespace.clone(), claim.app.clone()))
-            .or_default() += 1;
-        self.remember(&claim);
-        self.claims.insert(claim.ip, claim);
-    }
-
-    fn forget_indexes(&mut self, claim: &Claim) {
-        if let Some(ips) = self.by_request.get_mut(&claim.request_uid) {
-            ips.retain(|ip| *ip != claim.ip);
-            if ips.is_empty() {
-                self.by_request.remove(&claim.request_uid);
-            }
-        }
-        if let Some(count) = self
-            .held_per_app
-            .get_mut(&(claim.pod.namespace.clone(), claim.app.clone()))
-        {
-            *count = count.saturating_sub(1);
-        }
-    }
-
-    /// Drop the claim on `ip` if it is `claim`'s grant (same request and token).
-    fn unhold(&mut self, claim: &Claim) -> bool {
-        match self.claims.get(&claim.ip) {
-            Some(current) if same_grant(current, claim) => {}
-            _ => return false,
-        }
-        let removed = self.claims.remove(&claim.ip).expect("checked above");
-        self.forget_indexes(&removed);
-        let (family, value) = ip_key(&claim.ip);
-        if let Some(runs) = self.held.get_mut(&family) {
-            runs.remove(value);
-        }
-        true
-    }
-
-    fn remember(&mut self, claim: &Claim) {
-        if claim.pod.name.is_empty() {
-            return;
-        }
-        let key = (
-            claim.pod.namespace.clone(),
-            claim.app.clone(),
-            claim.pod.name.clone(),
-        );
-        let ips = self.history.entry(key).or_default();
-        ips.retain(|ip| Family::of(ip) != Family::of(&claim.ip));
-        ips.push(claim.ip);
-    }
-
-    /// A record the same pod name of the same app may take over ([`claim::may_take_over`]):
-    /// a reservation whose pod was never created, a terminating pod's claim, or a released
-    /// one kept for the name.
-    fn kept_for(&self, ip: &IpAddr, request: &AllocationRequest<'_>) -> bool {
-        !request.pod.name.is_empty()
-            && self.claims.get(ip).is_some_and(|held| {
-                may_take_over(held, &new_claim(*ip, request, Source::Allocated))
-            })
-    }
-
-    /// Who outside the ledger uses `ip`, as the cluster says: not the requesting pod itself,
-    /// nor the pod the ledger's claim on `ip` names (that is the ledger's to judge).
-    fn used_elsewhere(
-        &self,
-        ip: &IpAddr,
-        pod: &PodRef,
-        foreign: Option<&dyn ForeignIps>,
-    ) -> Option<ForeignUse> {
-        let user = foreign?.user(ip)?;
-        if user.is_pod(&pod.namespace, &pod.name) {
-            return None;
-        }
-        match self.claims.get(ip) {
-            Some(claim) if user.is_pod(&claim.pod.namespace, &claim.pod.name) => None,
-            _ => Some(user),
-        }
-    }
-
-    fn choose(
-        &self,
-        request: &AllocationRequest<'_>,
-        family: Family,
-        foreign: Option<&dyn ForeignIps>,
-    ) -> Option<(IpAddr, Reason)> {
-        let set = request.candidates;
-        let elsewhere = |ip: &IpAddr| self.used_elsewhere(ip, &request.pod, foreign).is_some();
-        let free = |ip: &IpAddr| {
-            set.contains(ip) && (!self.is_held(ip) || self.kept_for(ip, request)) && !elsewhere(ip)
-        };
-        if let Some(ordinal) = request.ordinal
-            && let Some(ip) = set.nth(family, ordinal as u128)
-            && free(&ip)
-        {
-            return Some((ip, Reason::StatefulSetOrdinal));
-        }
-        if !request.pod.name.is_empty() {
-            let key = (
-                request.pod.namespace.clone(),
-                request.app.to_string(),
-                request.pod.name.clone(),
-            );
-            if let Some(ip) = self
-                .history
-                .get(&key)
-                .and_then(|ips| ips.iter().find(|ip| Family::of(ip) == family))
-                && free(ip)
-            {
-                return Some((*ip, Reason::PreviousHolder));
-            }
-        }
-        let runs = self.held.get(&family);
-        for range in set.family_ranges(family) {
-            let mut start = range.start;
-            loop {
-                let value = match runs {
-                    Some(runs) => runs.first_free(start, range.end),
-                    None => Some(start),
-                };
-                let Some(value) = value else { break };
-                let ip = ip_from_key(family, value);
-                // A free IP a pod outside the ledger runs on is skipped.
-                if !elsewhere(&ip) {
-                    return Some((ip, Reason::LowestFree));
-                }
-                if value >= range.end {
-                    break;
-                }
-                start = value + 1;
-            }
-        }
-        None
-    }
-
-    fn exhausted_message(
-        &self,
-        request: &AllocationRequest<'_>,
-        family: Family,
-        foreign: Option<&dyn ForeignIps>,
-    ) -> String {
-        let set = request.candidates;
-        let dual = set.families().len() > 1;
-        let total: u128 = set.family_ranges(family).map(|r| r.len()).sum();
-        let mut holders = Vec::new();
-        let mut named = 0usize;
-        for ip in set.family_ranges(family).flat_map(|r| {
-            (0..r.len().min(HOLDERS_NAMED as u128)).map(move |i| ip_from_key(family, r.start + i))
-        }) {
-            if named == HOLDERS_NAMED {
-                break;
-            }
-            if let Some(claim) = self.claims.get(&ip) {
-                holders.push(format!("{ip} by {}", claim.pod.display()));
-                named += 1;
-            } else if let Some(user) = self.used_elsewhere(&ip, &request.pod, foreign) {
-                holders.push(format!("{ip} by {} outside ip-webhook", user.describe()));
-                named += 1;
-            }
-        }
-        let mut list = holders.join(", ");
-        if total > named as u128 {
-            list.push_str(&format!(", and {} more", total - named as u128));
-        }
-        let family_word = if dual {
-            format!("{} ", family.name())
-        } else {
-            String::new()
-        };
-        let noun = if request.pool.is_some() {
-            ""
-        } else {
-            "allocatable "
-        };
-        format!(
-            "{}: all {total} {noun}{family_word}IPs are held ({list})",
-            request.scope
-        )
-    }
 }
 
 /// The allocator: one per process, shared by every request.
@@ -828,31 +550,7 @@ enum Recorded {
     HeldBy(Box<Claim>),
 }
 
-/// `static IP 10.16.0.15 requested by default/web-2 is already held by default/static-1`.
-pub fn conflict_message(ip: &IpAddr, requester: &PodRef, holder: &Claim) -> String {
-    let app = if holder.app.is_empty() {
-        String::new()
-    } else {
-        format!(" (app {})", holder.app_key())
-    };
-    format!(
-        "static IP {ip} requested by {} is already held by {}{app}",
-        requester.display(),
-        holder.pod.display()
-    )
-}
-
-/// `static IP 10.98.2.7 requested by default/x is already used by pod default/y (Kube-OVN IP
-/// y.default)`: a pod outside the ledger runs on it.
-pub fn foreign_message(ip: &IpAddr, requester: &PodRef, user: &ForeignUse) -> String {
-    format!(
-        "static IP {ip} requested by {} is already used by {}",
-        requester.display(),
-        user.describe()
-    )
-}
-
-fn new_claim(ip: IpAddr, request: &AllocationRequest<'_>, source: Source) -> Claim {
+pub(super) fn new_claim(ip: IpAddr, request: &AllocationRequest<'_>, source: Source) -> Claim {
     let now = unix_now();
     Claim {
         ip,
@@ -875,9 +573,12 @@ fn new_claim(ip: IpAddr, request: &AllocationRequest<'_>, source: Source) -> Cla
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ipam::foreign::ForeignUse;
+    use crate::ipam::held::RunSet;
     use crate::ipam::ipset::parse_ip_spec;
     use crate::ledger::MemoryLedger;
     use proptest::prelude::*;
+    use std::collections::HashMap;
 
     fn pod(name: &str) -> PodRef {
         PodRef {

@@ -3,7 +3,9 @@
 
 pub mod allocator;
 pub mod foreign;
+pub mod held;
 pub mod ipset;
+pub mod messages;
 pub mod overlap;
 pub mod pools;
 pub mod usage;

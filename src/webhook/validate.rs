@@ -4,8 +4,10 @@
 
 use crate::admission::{Incoming, Operation, Response, ReviewError};
 use crate::crd::{self, IPPool};
-use crate::ipam::allocator::{AllocationRequest, conflict_message};
+use crate::ipam::allocator::AllocationRequest;
 use crate::ipam::ipset::IpSet;
+use crate::ipam::messages::conflict_message;
+use crate::ipam::messages::holder_list;
 use crate::ipam::pools::{Pool, PoolError};
 use crate::ledger::Claim;
 use crate::ledger::claim::{PodIdentity, new_token};
@@ -42,20 +44,16 @@ pub async fn validate(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Answ
     response.map(Answer::from)
 }
 
-/// How many holders a message names before "and N more".
-const HOLDERS_NAMED: usize = 5;
+/// How many holders a pool refusal names before "and N more" (the message gives the count).
+const POOL_HOLDERS_NAMED: usize = 5;
 
 fn holders_text(claims: &[Claim]) -> String {
-    let mut text = claims
+    let named: Vec<String> = claims
         .iter()
-        .take(HOLDERS_NAMED)
+        .take(POOL_HOLDERS_NAMED)
         .map(|c| format!("{} by {}", c.ip, c.pod.display()))
-        .collect::<Vec<_>>()
-        .join(", ");
-    if claims.len() > HOLDERS_NAMED {
-        text.push_str(&format!(", and {} more", claims.len() - HOLDERS_NAMED));
-    }
-    text
+        .collect();
+    holder_list(&named, claims.len() as u128)
 }
 
 /// IPPool CREATE/UPDATE: valid, inside its CIDR, no overlap, no held IP removed.

@@ -8,12 +8,18 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{DigitallySignedStruct, SignatureScheme};
+use rustls::pki_types::{CertificateDer, ServerName};
 use serde::Serialize;
 use tokio::net::TcpStream;
+
+mod certs;
+mod prometheus;
+mod url;
+
+use certs::{Inspector, cluster_bundle_check, expiry_check};
+use prometheus::{capacity_check, leader_check};
+pub use url::{UrlError, split_url};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "UPPERCASE")]
@@ -74,103 +80,6 @@ pub struct Options {
     pub timeout: Duration,
     /// PEM chain and key to present when the webhook requires client certificates.
     pub client_pem: Option<(Vec<u8>, Vec<u8>)>,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum UrlError {
-    #[error("{0:?} is not a {1}://host:port URL")]
-    Shape(String, &'static str),
-}
-
-/// `(host, port, path)` of `scheme://host[:port][/path]`; IPv6 hosts in brackets.
-pub fn split_url(url: &str, scheme: &'static str) -> Result<(String, u16, String), UrlError> {
-    let bad = || UrlError::Shape(url.to_string(), scheme);
-    let rest = url
-        .strip_prefix(scheme)
-        .and_then(|r| r.strip_prefix("://"))
-        .ok_or_else(bad)?;
-    let (authority, path) = match rest.find('/') {
-        Some(i) => (&rest[..i], &rest[i..]),
-        None => (rest, ""),
-    };
-    let default_port = if scheme == "https" { 443 } else { 80 };
-    let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
-        let (host, after) = v6.split_once(']').ok_or_else(bad)?;
-        let port = match after.strip_prefix(':') {
-            Some(p) => p.parse().map_err(|_| bad())?,
-            None if after.is_empty() => default_port,
-            None => return Err(bad()),
-        };
-        (host.to_string(), port)
-    } else {
-        match authority.rsplit_once(':') {
-            Some((host, port)) => (host.to_string(), port.parse().map_err(|_| bad())?),
-            None => (authority.to_string(), default_port),
-        }
-    };
-    if host.is_empty() {
-        return Err(bad());
-    }
-    Ok((host, port, path.to_string()))
-}
-
-/// The served chain (DER, leaf first) and what the verifier said of it.
-type Seen = (Vec<Vec<u8>>, Result<(), String>);
-
-/// Accepts any certificate but remembers the leaf and what the real verifier said of it, so
-/// one handshake both inspects and judges the certificate.
-#[derive(Debug)]
-struct Inspector {
-    verifier: Option<Arc<rustls::client::WebPkiServerVerifier>>,
-    seen: Mutex<Option<Seen>>,
-    schemes: rustls::crypto::WebPkiSupportedAlgorithms,
-}
-
-impl ServerCertVerifier for Inspector {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        server_name: &ServerName<'_>,
-        ocsp_response: &[u8],
-        now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        let verdict = match &self.verifier {
-            Some(verifier) => verifier
-                .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
-                .map(|_| ())
-                .map_err(|e| e.to_string()),
-            None => Err("not verified: no --ca-file, --ca-bundle or cluster given".to_string()),
-        };
-        let chain = std::iter::once(end_entity)
-            .chain(intermediates)
-            .map(|c| c.as_ref().to_vec())
-            .collect();
-        *self.seen.lock().unwrap_or_else(|p| p.into_inner()) = Some((chain, verdict));
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.schemes)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.schemes)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.schemes.supported_schemes()
-    }
 }
 
 /// A review that asks for nothing: a Pod CREATE without fixed-IP annotations, dry run.
@@ -457,121 +366,6 @@ async fn webhook_checks(options: &Options, checks: &mut Vec<Check>) {
     });
 }
 
-/// Whether `pem` (a caBundle) signs `chain` (leaf first) for `name`, as the API server would
-/// check it.
-fn verify_with_bundle(pem: &[u8], chain: &[Vec<u8>], name: &str) -> Result<(), String> {
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(pem)
-        .filter_map(Result::ok)
-        .collect();
-    let mut roots = rustls::RootCertStore::empty();
-    let (added, _) = roots.add_parsable_certificates(certs);
-    if added == 0 {
-        return Err("it holds no PEM certificate".into());
-    }
-    let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
-        Arc::new(roots),
-        crate::server::tls::provider(),
-    )
-    .build()
-    .map_err(|e| format!("it is not usable: {e}"))?;
-    let (leaf, intermediates) = chain.split_first().ok_or("no certificate was served")?;
-    let leaf = CertificateDer::from(leaf.clone());
-    let intermediates: Vec<CertificateDer<'_>> = intermediates
-        .iter()
-        .map(|c| CertificateDer::from(c.clone()))
-        .collect();
-    let server_name = ServerName::try_from(name.to_string()).map_err(|e| e.to_string())?;
-    verifier
-        .verify_server_cert(&leaf, &intermediates, &server_name, &[], UnixTime::now())
-        .map(|_| ())
-        .map_err(|e| e.to_string())
-}
-
-/// The webhook configurations' caBundles against the served chain: OK when every one of them
-/// signs it (the API server checks each webhook with its own caBundle).
-pub fn cluster_bundle_check(
-    bundles: &Result<CaBundles, String>,
-    chain: &[Vec<u8>],
-    name: &str,
-) -> Check {
-    let bundles = match bundles {
-        Ok(bundles) => bundles,
-        Err(why) => return check("cabundle", Status::Fail, why.clone()),
-    };
-    if bundles.is_empty() {
-        return check(
-            "cabundle",
-            Status::Fail,
-            "the webhook configurations hold no webhooks",
-        );
-    }
-    let refused: Vec<String> = bundles
-        .iter()
-        .filter_map(|(source, pem)| {
-            let verdict = if pem.is_empty() {
-                Err("it has no caBundle".to_string())
-            } else {
-                verify_with_bundle(pem, chain, name)
-            };
-            verdict.err().map(|why| format!("{source}: {why}"))
-        })
-        .collect();
-    if refused.is_empty() {
-        check(
-            "cabundle",
-            Status::Ok,
-            format!(
-                "the caBundle of each of the {} webhooks signs the served certificate for {name}",
-                bundles.len()
-            ),
-        )
-    } else {
-        check(
-            "cabundle",
-            Status::Fail,
-            format!(
-                "the API server would refuse the served certificate: {}",
-                refused.join("; ")
-            ),
-        )
-    }
-}
-
-/// Days left on the certificate: FAIL under `min_days` (or expired), WARN under 30.
-pub fn expiry_check(leaf_der: &[u8], min_days: i64, now: i64) -> Check {
-    let Some(not_after) = crate::server::tls::not_after(leaf_der) else {
-        return check(
-            "expiry",
-            Status::Fail,
-            "the served certificate cannot be parsed",
-        );
-    };
-    let seconds = not_after - now;
-    let days = seconds.div_euclid(86_400);
-    let when = crate::ipam::usage::rfc3339(not_after.max(0) as u64);
-    if seconds <= 0 {
-        check("expiry", Status::Fail, format!("expired at {when}"))
-    } else if days < min_days {
-        check(
-            "expiry",
-            Status::Fail,
-            format!("expires in {days} days ({when}); renew it"),
-        )
-    } else if days < 30 {
-        check(
-            "expiry",
-            Status::Warn,
-            format!("expires in {days} days ({when})"),
-        )
-    } else {
-        check(
-            "expiry",
-            Status::Ok,
-            format!("expires in {days} days ({when})"),
-        )
-    }
-}
-
 async fn admin_get(
     options: &Options,
     host: &str,
@@ -637,110 +431,6 @@ async fn admin_checks(options: &Options, checks: &mut Vec<Check>) {
             format!("/metrics answers {status}: {}", snippet(&body)),
         )),
         Err(e) => checks.push(check("capacity", Status::Fail, e)),
-    }
-}
-
-/// One sample of the text exposition: name, labels as written, value.
-fn samples<'t>(text: &'t str, name: &str) -> Vec<(&'t str, f64)> {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|line| {
-            let rest = line.strip_prefix(name)?;
-            let (labels, value) = match rest.strip_prefix('{') {
-                Some(rest) => {
-                    let (labels, value) = rest.split_once('}')?;
-                    (labels, value)
-                }
-                None if rest.starts_with(' ') => ("", rest),
-                None => return None,
-            };
-            Some((labels, value.split_whitespace().next()?.parse().ok()?))
-        })
-        .collect()
-}
-
-fn label<'t>(labels: &'t str, key: &str) -> &'t str {
-    labels
-        .split(',')
-        .filter_map(|pair| pair.split_once('='))
-        .find(|(k, _)| k.trim() == key)
-        .map(|(_, v)| v.trim().trim_matches('"'))
-        .unwrap_or("")
-}
-
-/// Pools and apps whose held share is at least `ratio`, and pods refused for exhaustion.
-pub fn capacity_check(metrics: &str, ratio: f64) -> Check {
-    let mut near = Vec::new();
-    for (labels, value) in samples(metrics, "ip_webhook_pool_utilization_ratio") {
-        if value >= ratio {
-            near.push(format!(
-                "FixedIPPool {} {:.0}% held",
-                label(labels, "pool"),
-                value * 100.0
-            ));
-        }
-    }
-    for (labels, value) in samples(metrics, "ip_webhook_app_utilization_ratio") {
-        if value >= ratio {
-            near.push(format!(
-                "app {}/{} {:.0}% held",
-                label(labels, "app_namespace"),
-                label(labels, "app"),
-                value * 100.0
-            ));
-        }
-    }
-    let refused: Vec<String> = samples(metrics, "ip_webhook_exhausted_refusals_total")
-        .into_iter()
-        .filter(|(_, v)| *v > 0.0)
-        .map(|(labels, v)| {
-            format!(
-                "{}/{} refused {v} pods",
-                label(labels, "app_namespace"),
-                label(labels, "app")
-            )
-        })
-        .collect();
-    if near.is_empty() && refused.is_empty() {
-        return check(
-            "capacity",
-            Status::Ok,
-            format!("no pool or app at {:.0}% or more", ratio * 100.0),
-        );
-    }
-    let mut detail = near.join(", ");
-    if !refused.is_empty() {
-        if !detail.is_empty() {
-            detail.push_str("; ");
-        }
-        detail.push_str(&format!("exhausted since start: {}", refused.join(", ")));
-    }
-    check("capacity", Status::Warn, detail)
-}
-
-/// Whether this replica leads, when the metrics expose the Lease (in-cluster only).
-pub fn leader_check(metrics: &str) -> Check {
-    let leases = samples(metrics, "ip_webhook_leader");
-    match leases.first() {
-        None => check(
-            "leader",
-            Status::Skip,
-            "the metrics expose no Lease (off-cluster or etcd ledger: no leader needed)",
-        ),
-        Some((labels, value)) if *value >= 1.0 => check(
-            "leader",
-            Status::Ok,
-            format!("this replica holds Lease {}", label(labels, "lease")),
-        ),
-        Some((labels, _)) => check(
-            "leader",
-            Status::Warn,
-            format!(
-                "this replica does not hold Lease {}; check `kubectl get lease {}` names a live replica",
-                label(labels, "lease"),
-                label(labels, "lease")
-            ),
-        ),
     }
 }
 

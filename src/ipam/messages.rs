@@ -1,0 +1,45 @@
+//! The words of a refusal about held IPs, in one place: who holds an IP, and the list of
+//! holders an exhaustion or a pool change names.
+
+use std::net::IpAddr;
+
+use super::foreign::ForeignUse;
+use crate::ledger::{Claim, PodRef};
+
+/// How many holders an exhaustion message names before "and N more".
+pub const HOLDERS_NAMED: usize = 10;
+
+/// `10.0.0.1 by default/a, 10.0.0.2 by default/b, and 3 more`: `named`, the first holders
+/// of `total`.
+pub fn holder_list(named: &[String], total: u128) -> String {
+    let mut list = named.join(", ");
+    let count = named.len() as u128;
+    if total > count {
+        list.push_str(&format!(", and {} more", total - count));
+    }
+    list
+}
+
+/// `static IP 10.16.0.15 requested by default/web-2 is already held by default/static-1`.
+pub fn conflict_message(ip: &IpAddr, requester: &PodRef, holder: &Claim) -> String {
+    let app = if holder.app.is_empty() {
+        String::new()
+    } else {
+        format!(" (app {})", holder.app_key())
+    };
+    format!(
+        "static IP {ip} requested by {} is already held by {}{app}",
+        requester.display(),
+        holder.pod.display()
+    )
+}
+
+/// `static IP 10.98.2.7 requested by default/x is already used by pod default/y (Kube-OVN IP
+/// y.default)`: a pod outside the ledger runs on it.
+pub fn foreign_message(ip: &IpAddr, requester: &PodRef, user: &ForeignUse) -> String {
+    format!(
+        "static IP {ip} requested by {} is already used by {}",
+        requester.display(),
+        user.describe()
+    )
+}
