@@ -18,7 +18,8 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use ip_webhook::server::MAX_BODY_BYTES;
-use ip_webhook::server::tls::{CertResolver, self_signed, server_config};
+use ip_webhook::server::certs::self_signed;
+use ip_webhook::server::tls::{CertResolver, server_config};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 

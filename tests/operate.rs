@@ -467,7 +467,7 @@ async fn check_reports_each_part_of_a_running_install() {
     );
 
     // a caBundle of another CA: the API server would refuse the certificate
-    let other = ip_webhook::server::tls::self_signed(&[]).unwrap();
+    let other = ip_webhook::server::certs::self_signed(&[]).unwrap();
     let other_ca = server.state_dir.path().join("other-ca.crt");
     std::fs::write(&other_ca, &other.ca_pem).unwrap();
     let url = options.url.clone();
@@ -1196,7 +1196,7 @@ async fn check_verifies_the_service_name_and_the_clusters_ca_bundles() {
     }
     let bundle = base64::engine::general_purpose::STANDARD.encode(&ca);
     let other_bundle = base64::engine::general_purpose::STANDARD
-        .encode(ip_webhook::server::tls::self_signed(&[]).unwrap().ca_pem);
+        .encode(ip_webhook::server::certs::self_signed(&[]).unwrap().ca_pem);
     let configuration = |resource: &ApiResource, webhook: &str, bundle: &str| -> DynamicObject {
         serde_json::from_value(serde_json::json!({
             "apiVersion": "admissionregistration.k8s.io/v1", "kind": resource.kind,

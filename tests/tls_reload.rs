@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::*;
-use ip_webhook::server::tls::self_signed;
+use ip_webhook::server::certs::self_signed;
 
 fn write_generation(dir: &Path, name: &str, cert: &str, key: &str) {
     let generation = dir.join(name);

@@ -111,8 +111,8 @@ async fn review_once(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn symlink_swap_rotation_drops_nothing_and_serves_the_new_cert_within_the_poll_period() {
     const POLL: Duration = Duration::from_secs(2);
-    let first = ip_webhook::server::tls::self_signed(&[]).unwrap();
-    let second = ip_webhook::server::tls::self_signed(&[]).unwrap();
+    let first = ip_webhook::server::certs::self_signed(&[]).unwrap();
+    let second = ip_webhook::server::certs::self_signed(&[]).unwrap();
     let mut volume = SecretVolume::new(&first.cert_pem, &first.key_pem);
     let state = tempfile::tempdir().unwrap();
     let cert = volume.path().join("tls.crt").display().to_string();

@@ -386,7 +386,8 @@ pub async fn launch(args: &ServeArgs) -> anyhow::Result<Launched> {
             (resolver, Some(reloader), None)
         }
         _ => {
-            let (generated, kept) = tls::self_signed_in(&args.webhook.state_dir, &args.dns_names)?;
+            let (generated, kept) =
+                crate::server::certs::self_signed_in(&args.webhook.state_dir, &args.dns_names)?;
             tracing::info!(
                 new_ca = kept.new_ca,
                 new_certificate = kept.new_cert,

@@ -18,6 +18,11 @@
 //! Admin: `GET /healthz`, `GET /readyz` (200 once the caller marks `ready` and while the
 //! ledger answers: 503 after repeated ledger failures, see [`crate::ledger::health`]), `GET /metrics`.
 
+mod admin;
+use admin::serve_admin;
+mod body;
+pub mod certs;
+use body::{BodyError, Held, discard, read_body};
 pub mod logging;
 pub mod tls;
 
@@ -543,83 +548,6 @@ async fn admission(
     }
 }
 
-/// Bytes of the in-flight budget held by one request.
-#[derive(Default)]
-struct Held<'a> {
-    permits: Option<SemaphorePermit<'a>>,
-    bytes: usize,
-}
-
-impl<'a> Held<'a> {
-    /// Take `bytes` more of the budget, or nothing (false) when it is spent.
-    fn take(&mut self, budget: &'a Semaphore, bytes: usize) -> bool {
-        if bytes == 0 {
-            return true;
-        }
-        let Ok(wanted) = u32::try_from(bytes) else {
-            return false;
-        };
-        match budget.try_acquire_many(wanted) {
-            Ok(permit) => {
-                match &mut self.permits {
-                    Some(held) => held.merge(permit),
-                    None => self.permits = Some(permit),
-                }
-                self.bytes += bytes;
-                true
-            }
-            Err(_) => false,
-        }
-    }
-}
-
-enum BodyError {
-    TooLarge(Incoming),
-    Busy(Incoming),
-    Read(hyper::Error),
-}
-
-/// Read the body into one buffer, taking from the budget what the declared length did not
-/// reserve; never more than [`MAX_BODY_BYTES`].
-async fn read_body<'a>(
-    mut body: Incoming,
-    declared: Option<usize>,
-    budget: &'a Semaphore,
-    held: &mut Held<'a>,
-) -> Result<Bytes, BodyError> {
-    let mut buffer = bytes::BytesMut::with_capacity(declared.unwrap_or(0));
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(BodyError::Read)?;
-        let Ok(data) = frame.into_data() else {
-            continue; // trailers
-        };
-        let total = buffer.len() + data.len();
-        if total > MAX_BODY_BYTES {
-            return Err(BodyError::TooLarge(body));
-        }
-        if total > held.bytes && !held.take(budget, total - held.bytes) {
-            return Err(BodyError::Busy(body));
-        }
-        buffer.extend_from_slice(&data);
-    }
-    Ok(buffer.freeze())
-}
-
-/// Read and drop the rest of a body answered early (at most twice the body limit, within
-/// `within`), so an HTTP/2 stream ends cleanly instead of being reset.
-async fn discard(mut body: Incoming, within: Duration) {
-    let _ = tokio::time::timeout(within, async {
-        let mut seen = 0usize;
-        while let Some(Ok(frame)) = body.frame().await {
-            seen += frame.data_ref().map_or(0, Bytes::len);
-            if seen > 2 * MAX_BODY_BYTES {
-                break;
-            }
-        }
-    })
-    .await;
-}
-
 fn busy(webhook: &Webhook, limits: Limits) -> Response<Full<Bytes>> {
     webhook
         .metrics
@@ -701,73 +629,6 @@ fn status(code: StatusCode, message: &str) -> Response<Full<Bytes>> {
         "code": code.as_u16(),
     });
     json_response(code, serde_json::to_vec(&body).expect("json"))
-}
-
-async fn serve_admin(listener: TcpListener, metrics: Arc<Metrics>, ready: Arc<AtomicBool>) {
-    loop {
-        let Ok((tcp, _)) = listener.accept().await else {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            continue;
-        };
-        let metrics = metrics.clone();
-        let ready = ready.clone();
-        tokio::spawn(async move {
-            let service = service_fn(move |request: Request<Incoming>| {
-                let metrics = metrics.clone();
-                let ready = ready.clone();
-                async move { Ok::<_, Infallible>(admin(&request, &metrics, &ready)) }
-            });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(Duration::from_secs(10))
-                .serve_connection(TokioIo::new(tcp), service)
-                .await;
-        });
-    }
-}
-
-fn admin(
-    request: &Request<Incoming>,
-    metrics: &Metrics,
-    ready: &AtomicBool,
-) -> Response<Full<Bytes>> {
-    let text = |code: StatusCode, content_type: &'static str, body: String| {
-        Response::builder()
-            .status(code)
-            .header(header::CONTENT_TYPE, content_type)
-            .body(Full::new(Bytes::from(body)))
-            .expect("static response parts")
-    };
-    match (request.method(), request.uri().path()) {
-        (&Method::GET, "/healthz") => text(StatusCode::OK, "text/plain", "ok\n".into()),
-        (&Method::GET, "/readyz") if ready.load(Ordering::SeqCst) => {
-            match metrics.ledger_health.failing() {
-                None => text(StatusCode::OK, "text/plain", "ready\n".into()),
-                Some(why) => text(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "text/plain",
-                    format!("not ready: {why}\n"),
-                ),
-            }
-        }
-        (&Method::GET, "/readyz") => text(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "text/plain",
-            "not ready: still starting\n".into(),
-        ),
-        (&Method::GET, "/metrics") => text(
-            StatusCode::OK,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            metrics.encode(),
-        ),
-        (_, path) => text(
-            StatusCode::NOT_FOUND,
-            "text/plain",
-            format!(
-                "no such path {path:?}; the admin port serves GET /healthz, /readyz, /metrics\n"
-            ),
-        ),
-    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,600 @@
+//! The arguments of every command, as clap reads them, and their parsers. The layers below
+//! get plain values from these (`Cni`, `LogFormat`, durations, addresses).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::admission::annotations::Cni;
+use crate::server::logging::LogFormat;
+use clap::builder::{PossibleValuesParser, TypedValueParser};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use super::EXIT_CODES;
+use super::parse::{parse_app, parse_duration, parse_listen, parse_size};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "ip-webhook",
+    version,
+    about = "Kubernetes admission webhook that gives an app's pods fixed IPs and refuses IP conflicts",
+    long_about = None,
+    after_help = EXIT_CODES
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+    /// Log format.
+    #[arg(long, global = true, value_parser = log_format_parser(), default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+/// `--log-format`: the command line's names for [`LogFormat`] (the layers below know no clap).
+fn log_format_parser() -> impl clap::builder::TypedValueParser<Value = LogFormat> {
+    PossibleValuesParser::new(["text", "json"]).map(|name| match name.as_str() {
+        "json" => LogFormat::Json,
+        _ => LogFormat::Text,
+    })
+}
+
+/// `--cni`: the command line's names for [`Cni`].
+fn cni_parser() -> impl clap::builder::TypedValueParser<Value = Cni> {
+    PossibleValuesParser::new(["calico", "kube-ovn"]).map(|name| match name.as_str() {
+        "kube-ovn" => Cni::KubeOvn,
+        _ => Cni::Calico,
+    })
+}
+
+// Parsed once per process; boxing the large variants would buy nothing.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve /mutate and /validate over HTTPS, and health and metrics over plain HTTP.
+    Serve(ServeArgs),
+    /// Run one AdmissionReview through the webhook offline and print the response review.
+    ///
+    /// With --dry-run the ledger is only read (also while `serve` holds it); without, the
+    /// claim is recorded, which needs the ledger to itself.
+    Review(ReviewArgs),
+    /// Print the FixedIPPool and IPClaim CustomResourceDefinitions as YAML.
+    Crds,
+    /// Show who holds which IP, per FixedIPPool and per app: size, held, reserved, free, holders.
+    ///
+    /// Reads the IPClaims of the cluster kubectl would talk to (--kubeconfig, $KUBECONFIG,
+    /// ~/.kube/config, then the in-cluster service account), or the embedded ledger with
+    /// --state-dir. Writes nothing.
+    #[command(visible_alias = "pools", after_help = EXIT_CODES)]
+    Status(StatusArgs),
+    /// Show which IP each replica of a Pod or workload would get and why, or why refused.
+    ///
+    /// Each replica's Pod CREATE runs through /mutate over an in-memory copy of the ledger:
+    /// replica N sees replicas 0..N-1 holding their IPs, and nothing is recorded. The ledger
+    /// is found as for `status`.
+    #[command(after_help = EXIT_CODES)]
+    Explain(ExplainArgs),
+    /// Free the claim on an IP whose pod is gone (a leaked IP); refuses while the pod runs.
+    ///
+    /// The ledger is found as for `status`.
+    #[command(after_help = EXIT_CODES)]
+    Release(ReleaseArgs),
+    /// Check a running install: reachability, certificate, readiness, capacity, leader.
+    ///
+    /// Verifies the served certificate against the caBundle (--ca-file, --ca-bundle, or the
+    /// webhook configurations read from the cluster) and its expiry, posts a harmless dry-run
+    /// review, reads /readyz and /metrics.
+    #[command(after_help = EXIT_CODES)]
+    Check(CheckArgs),
+}
+
+/// How to print a result.
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum OutputFormat {
+    /// Text for people.
+    Table,
+    Json,
+    Yaml,
+}
+
+/// `-v`: the log lines the command would otherwise keep to itself.
+#[derive(Debug, Clone, Copy, Args, Default)]
+pub struct Verbosity {
+    /// Also print log lines on standard error: -v info (the admission decisions), -vv debug.
+    #[arg(short, long, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+}
+
+/// How to reach the API server, found the way kubectl finds it.
+#[derive(Debug, Clone, Args, Default)]
+pub struct ClusterAccess {
+    /// kubeconfig file; default: $KUBECONFIG, else ~/.kube/config, else the in-cluster
+    /// service account.
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context to use; default: its current-context.
+    #[arg(long, value_name = "NAME")]
+    pub context: Option<String>,
+}
+
+/// Where the operator commands read (and `release` writes) claims.
+#[derive(Debug, Clone, Args)]
+pub struct LedgerSource {
+    /// Where claims are recorded; default: embedded with --state-dir, else kubernetes (the
+    /// IPClaims of the cluster found as kubectl finds it).
+    #[arg(long, value_enum, value_name = "KIND")]
+    pub ledger: Option<LedgerKind>,
+    /// The embedded ledger in this directory (the --state-dir of `ip-webhook serve`); read
+    /// while a server holds it.
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub cluster: ClusterAccess,
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct StatusArgs {
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t = OutputFormat::Table)]
+    pub output: OutputFormat,
+    /// Only this app and its pool.
+    #[arg(long, value_name = "NAMESPACE/APP", value_parser = parse_app)]
+    pub app: Option<String>,
+    /// Only this FixedIPPool and the apps drawing from it.
+    #[arg(long, value_name = "NAME")]
+    pub pool: Option<String>,
+    /// The pod label that names a pod's app (to find the pods behind the claims).
+    #[arg(long, default_value = "app", value_name = "KEY")]
+    pub app_label: String,
+    /// YAML list of FixedIPPool objects (off-cluster; in a cluster they are read from it).
+    #[arg(long, value_name = "FILE")]
+    pub pools_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub verbosity: Verbosity,
+    // Last: it ends with the etcd flags under their own help heading.
+    #[command(flatten)]
+    pub source: LedgerSource,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ExplainArgs {
+    /// YAML or JSON with Pods, Deployments, StatefulSets, ReplicaSets, DaemonSets, Jobs or
+    /// CronJobs (several documents allowed), or - for standard input.
+    #[arg(short = 'f', long = "filename", value_name = "FILE|-")]
+    pub file: String,
+    /// Namespace of objects that name none.
+    #[arg(short, long, default_value = "default", value_name = "NAMESPACE")]
+    pub namespace: String,
+    /// Replicas to explain per workload, instead of spec.replicas (e.g. a DaemonSet's node count).
+    #[arg(long, value_name = "N")]
+    pub replicas: Option<u64>,
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t = OutputFormat::Table)]
+    pub output: OutputFormat,
+    /// The pod label that names a pod's app (with its namespace).
+    #[arg(long, default_value = "app", value_name = "KEY")]
+    pub app_label: String,
+    /// Which CNI annotation carries the IP.
+    #[arg(long, value_parser = cni_parser(), default_value = "calico")]
+    pub cni: Cni,
+    /// YAML list of FixedIPPool objects (off-cluster; in a cluster they are read from it).
+    #[arg(long, value_name = "FILE")]
+    pub pools_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub verbosity: Verbosity,
+    // Last: it ends with the etcd flags under their own help heading.
+    #[command(flatten)]
+    pub source: LedgerSource,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ReleaseArgs {
+    /// The IP to free.
+    #[arg(value_name = "IP")]
+    pub ip: std::net::IpAddr,
+    /// Release even when the pod still runs or cannot be checked (off-cluster it never can).
+    #[arg(long)]
+    pub force: bool,
+    /// The pod label that names a pod's app (to find the pod behind the claim).
+    #[arg(long, default_value = "app", value_name = "KEY")]
+    pub app_label: String,
+    #[command(flatten)]
+    pub verbosity: Verbosity,
+    // Last: it ends with the etcd flags under their own help heading.
+    #[command(flatten)]
+    pub source: LedgerSource,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct CheckArgs {
+    /// The webhook's HTTPS address, https://HOST:PORT (a path replaces /mutate).
+    #[arg(long, value_name = "URL")]
+    pub url: String,
+    /// PEM file of the CA in the webhook configuration's caBundle.
+    #[arg(long, value_name = "FILE", conflicts_with = "ca_bundle")]
+    pub ca_file: Option<PathBuf>,
+    /// The caBundle itself (base64 of PEM), as in the webhook configuration.
+    #[arg(long, value_name = "BASE64")]
+    pub ca_bundle: Option<String>,
+    /// The name to verify the certificate for (and send as SNI), e.g.
+    /// ip-webhook.ip-webhook-system.svc through a port-forward; default: the URL's host.
+    #[arg(long, value_name = "NAME")]
+    pub tls_server_name: Option<String>,
+    /// The MutatingWebhookConfiguration and ValidatingWebhookConfiguration whose caBundles to
+    /// read from the cluster (found as kubectl finds it; read with --kubeconfig or --context,
+    /// or when neither --ca-file nor --ca-bundle is given).
+    #[arg(long, value_name = "NAME", default_value = "ip-webhook")]
+    pub webhook_configuration: String,
+    #[command(flatten)]
+    pub cluster: ClusterAccess,
+    /// The admin address, http://HOST:PORT, for /readyz and /metrics.
+    #[arg(long, value_name = "URL")]
+    pub admin_url: Option<String>,
+    /// PEM client certificate to present, when the webhook requires one (--client-ca-file).
+    #[arg(long, value_name = "FILE", requires = "client_key_file")]
+    pub client_cert_file: Option<PathBuf>,
+    /// PEM private key of --client-cert-file.
+    #[arg(long, value_name = "FILE", requires = "client_cert_file")]
+    pub client_key_file: Option<PathBuf>,
+    /// Fail when the certificate expires in fewer days than this (warn under 30).
+    #[arg(long, default_value_t = 7, value_name = "DAYS")]
+    pub min_days: i64,
+    /// Warn about pools and apps with at least this share of their IPs held.
+    #[arg(long, default_value_t = 0.9, value_name = "RATIO")]
+    pub exhaustion_threshold: f64,
+    /// Deadline for each connection and request.
+    #[arg(long, default_value = "5s", value_parser = parse_duration, value_name = "DURATION")]
+    pub timeout: Duration,
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t = OutputFormat::Table)]
+    pub output: OutputFormat,
+    #[command(flatten)]
+    pub verbosity: Verbosity,
+}
+
+/// Where claims are recorded.
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum LedgerKind {
+    /// One crash-safe file in --state-dir (the default off-cluster).
+    Embedded,
+    /// IPClaim objects through the API server (the default in a pod or with --kubeconfig).
+    Kubernetes,
+    /// Keys in etcd under --etcd-prefix (builds with the `etcd` cargo feature).
+    Etcd,
+}
+
+/// What decides admissions: shared by `serve` and `review`.
+#[derive(Debug, Clone, Args)]
+pub struct WebhookArgs {
+    /// Where claims are recorded; default: kubernetes in a pod or with --kubeconfig, else embedded.
+    #[arg(long, value_enum, value_name = "KIND")]
+    pub ledger: Option<LedgerKind>,
+    /// Directory of the embedded ledger (and of the self-signed CA and certificate).
+    #[arg(long, default_value = "./ip-webhook-state", value_name = "DIR")]
+    pub state_dir: PathBuf,
+    /// The pod label that names a pod's app (with its namespace).
+    #[arg(long, default_value = "app", value_name = "KEY")]
+    pub app_label: String,
+    /// Which CNI annotation carries the IP.
+    #[arg(long, value_parser = cni_parser(), default_value = "calico")]
+    pub cni: Cni,
+    /// YAML list of FixedIPPool objects that pods can name in ip-webhook.io/ip-pool.
+    #[arg(long, value_name = "FILE")]
+    pub pools_file: Option<PathBuf>,
+    /// Refuse Kube-OVN Subnets (kubeovn.io) that overlap another Subnet of the same VPC.
+    #[arg(long)]
+    pub check_kube_ovn_subnets: bool,
+    /// Refuse Calico IPPools (crd.projectcalico.org) that overlap another Calico IPPool.
+    #[arg(long)]
+    pub check_calico_ippools: bool,
+    /// After a pod's DELETE, its IP stays held for its grace period plus this long; then it
+    /// is released once the pod is verified gone (with an API server), or at once (without).
+    #[arg(long, default_value = "5s", value_parser = parse_duration, value_name = "DURATION")]
+    pub release_delay: Duration,
+    /// Every ledger call of one admission ends by this long after the review arrived; later,
+    /// the admission is denied (and a claim that lands anyway is rolled back). Keep it below
+    /// the webhook's timeoutSeconds (the chart sets timeoutSeconds − 1 s).
+    #[arg(long, default_value = "4s", value_parser = parse_duration, value_name = "DURATION")]
+    pub admission_deadline: Duration,
+    /// Talk to the API server described by this kubeconfig (selects --ledger kubernetes unless
+    /// --ledger is given; with etcd or embedded, pods are looked up there to free leaked IPs).
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// The context of --kubeconfig (or of $KUBECONFIG) to use; default: its current-context.
+    #[arg(long, value_name = "NAME")]
+    pub context: Option<String>,
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
+}
+
+impl WebhookArgs {
+    /// The ledger to use: --ledger if given; else kubernetes in a pod (KUBERNETES_SERVICE_HOST
+    /// set) or with --kubeconfig; else embedded.
+    pub fn ledger_kind(&self) -> LedgerKind {
+        choose_ledger(self.ledger, self.kubeconfig.is_some(), in_pod())
+    }
+
+    /// Whether there is an API server to ask about pods: in a pod, or given --kubeconfig.
+    pub fn has_api_server(&self) -> bool {
+        self.kubeconfig.is_some() || in_pod()
+    }
+}
+
+/// `serve`'s default --state-dir.
+pub const DEFAULT_STATE_DIR: &str = "./ip-webhook-state";
+
+pub fn in_pod() -> bool {
+    std::env::var_os("KUBERNETES_SERVICE_HOST").is_some_and(|v| !v.is_empty())
+}
+
+pub fn choose_ledger(given: Option<LedgerKind>, kubeconfig: bool, in_pod: bool) -> LedgerKind {
+    match given {
+        Some(kind) => kind,
+        None if kubeconfig || in_pod => LedgerKind::Kubernetes,
+        None => LedgerKind::Embedded,
+    }
+}
+
+/// Where an operator command found the API server, in kubectl's order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClusterSource {
+    /// `--kubeconfig FILE`.
+    Flag(PathBuf),
+    /// `$KUBECONFIG` (one path, or several separated by `:`).
+    Env(String),
+    /// `~/.kube/config`, which exists.
+    Home(PathBuf),
+    /// The pod's service account (KUBERNETES_SERVICE_HOST is set).
+    InCluster,
+}
+
+impl std::fmt::Display for ClusterSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ClusterSource::Flag(path) => write!(f, "--kubeconfig {}", path.display()),
+            ClusterSource::Env(value) => write!(f, "$KUBECONFIG ({value})"),
+            ClusterSource::Home(path) => write!(f, "{}", path.display()),
+            ClusterSource::InCluster => f.write_str("the in-cluster service account"),
+        }
+    }
+}
+
+/// Find the API server as kubectl does: --kubeconfig, else $KUBECONFIG, else ~/.kube/config,
+/// else the in-cluster service account. `None` when there is none of these.
+pub fn find_cluster(access: &ClusterAccess) -> Option<ClusterSource> {
+    find_cluster_in(
+        access.kubeconfig.as_deref(),
+        std::env::var("KUBECONFIG").ok(),
+        std::env::var_os("HOME").map(PathBuf::from),
+        in_pod(),
+    )
+}
+
+pub fn find_cluster_in(
+    flag: Option<&Path>,
+    env: Option<String>,
+    home: Option<PathBuf>,
+    in_pod: bool,
+) -> Option<ClusterSource> {
+    if let Some(path) = flag {
+        return Some(ClusterSource::Flag(path.to_path_buf()));
+    }
+    if let Some(value) = env.filter(|v| !v.trim().is_empty()) {
+        return Some(ClusterSource::Env(value));
+    }
+    if let Some(config) = home
+        .map(|h| h.join(".kube").join("config"))
+        .filter(|c| c.is_file())
+    {
+        return Some(ClusterSource::Home(config));
+    }
+    in_pod.then_some(ClusterSource::InCluster)
+}
+
+/// The ledger an operator command reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Books {
+    Embedded(PathBuf),
+    Kubernetes(ClusterSource),
+    Etcd,
+}
+
+/// Choose the ledger of an operator command: `--ledger` if given; else `--state-dir` means
+/// the embedded ledger; else the cluster kubectl would use; else an error saying where it
+/// looked and what to pass.
+pub fn choose_books(
+    source: &LedgerSource,
+    cluster: Option<ClusterSource>,
+) -> Result<Books, String> {
+    let state_dir = || {
+        source
+            .state_dir
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR))
+    };
+    match (source.ledger, cluster) {
+        (Some(LedgerKind::Embedded), _) => Ok(Books::Embedded(state_dir())),
+        (Some(LedgerKind::Etcd), _) => Ok(Books::Etcd),
+        (None, _) if source.state_dir.is_some() => Ok(Books::Embedded(state_dir())),
+        (Some(LedgerKind::Kubernetes) | None, Some(cluster)) => Ok(Books::Kubernetes(cluster)),
+        (Some(LedgerKind::Kubernetes) | None, None) => {
+            let local = Path::new(DEFAULT_STATE_DIR).join("ledger.redb");
+            let hint = if local.is_file() {
+                format!(" ({DEFAULT_STATE_DIR} holds one)")
+            } else {
+                String::new()
+            };
+            Err(format!(
+                "no cluster found: no --kubeconfig, $KUBECONFIG is unset, ~/.kube/config does \
+                 not exist and this is not a pod; give --kubeconfig FILE, or --state-dir DIR to \
+                 read the embedded ledger of `ip-webhook serve`{hint}"
+            ))
+        }
+    }
+}
+
+/// In-cluster mode: the reconciler and its leader election.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "In-cluster: reconciler, leak sweeper and leader election")]
+pub struct ClusterArgs {
+    /// Drop a Reserved IPClaim that no pod took up within this time.
+    #[arg(long, default_value = "2m", value_parser = parse_duration, value_name = "DURATION")]
+    pub reservation_ttl: Duration,
+    /// Keep a gone StatefulSet pod's IP this long for the pod of the same name.
+    #[arg(long, default_value = "5m", value_parser = parse_duration, value_name = "DURATION")]
+    pub sticky_grace: Duration,
+    /// Re-list IPClaims and pods from the API server this often (and on start).
+    #[arg(long, default_value = "5m", value_parser = parse_duration, value_name = "DURATION")]
+    pub resync_period: Duration,
+    /// The coordination.k8s.io Lease that elects the reconciler.
+    #[arg(long, default_value = "ip-webhook-reconciler", value_name = "NAME")]
+    pub lease_name: String,
+    /// Namespace of the Lease; default: POD_NAMESPACE, else the service account's namespace.
+    #[arg(long, value_name = "NAMESPACE")]
+    pub lease_namespace: Option<String>,
+    /// How long a leader's Lease lasts without renewal before another replica takes over.
+    #[arg(long, default_value = "15s", value_parser = parse_duration, value_name = "DURATION")]
+    pub lease_duration: Duration,
+    /// How often the leader renews (and candidates check) the Lease.
+    #[arg(long, default_value = "5s", value_parser = parse_duration, value_name = "DURATION")]
+    pub lease_renew_interval: Duration,
+    /// With --cni calico: keep a Calico IPReservation (ip-webhook-fixed-ips) of every IP
+    /// ip-webhook may hand out, so Calico's automatic assignment skips them.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub calico_reservation: bool,
+}
+
+/// How to reach etcd for `--ledger etcd` (a build with the `etcd` cargo feature).
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "etcd ledger (--ledger etcd)")]
+pub struct EtcdArgs {
+    /// etcd client URLs, comma-separated (`https://10.0.0.1:2379,https://10.0.0.2:2379`).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "http://127.0.0.1:2379",
+        value_name = "URLS"
+    )]
+    pub etcd_endpoints: Vec<String>,
+    /// Key prefix under which claims are kept, one key per IP.
+    #[arg(long, default_value = "/ip-webhook/", value_name = "PREFIX")]
+    pub etcd_prefix: String,
+    /// PEM CA bundle that signed the etcd server certificates.
+    #[arg(long, value_name = "FILE")]
+    pub etcd_ca_file: Option<PathBuf>,
+    /// PEM client certificate for etcd (with --etcd-key-file).
+    #[arg(long, value_name = "FILE", requires = "etcd_key_file")]
+    pub etcd_cert_file: Option<PathBuf>,
+    /// PEM private key of --etcd-cert-file.
+    #[arg(long, value_name = "FILE", requires = "etcd_cert_file")]
+    pub etcd_key_file: Option<PathBuf>,
+    /// Deadline of one etcd request, and of the retries of one ledger write.
+    #[arg(long, default_value = "5s", value_parser = parse_duration, value_name = "DURATION")]
+    pub etcd_timeout: Duration,
+    /// Reload every claim under the prefix this often and repair the index (also done after
+    /// the watch lost history to compaction, and after it reconnected).
+    #[arg(long, default_value = "5m", value_parser = parse_duration, value_name = "DURATION")]
+    pub etcd_resync_period: Duration,
+}
+
+#[cfg(feature = "etcd")]
+impl EtcdArgs {
+    pub fn options(&self) -> crate::ledger::EtcdOptions {
+        crate::ledger::EtcdOptions {
+            endpoints: self.etcd_endpoints.clone(),
+            prefix: self.etcd_prefix.clone(),
+            ca_file: self.etcd_ca_file.clone(),
+            cert_file: self.etcd_cert_file.clone(),
+            key_file: self.etcd_key_file.clone(),
+            timeout: self.etcd_timeout,
+            resync_period: self.etcd_resync_period.max(Duration::from_secs(1)),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// HTTPS address for POST /mutate and POST /validate (`:8443` is every IPv4 address).
+    #[arg(long, default_value = "0.0.0.0:8443", value_parser = parse_listen, value_name = "ADDR")]
+    pub listen: SocketAddr,
+    /// Plain-HTTP address for GET /healthz, /readyz and /metrics.
+    #[arg(long, default_value = "0.0.0.0:8080", value_parser = parse_listen, value_name = "ADDR")]
+    pub admin_listen: SocketAddr,
+    /// PEM certificate chain; reloaded when the file changes.
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "tls_key_file",
+        conflicts_with = "self_signed"
+    )]
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key for --tls-cert-file.
+    #[arg(long, value_name = "FILE", requires = "tls_cert_file")]
+    pub tls_key_file: Option<PathBuf>,
+    /// Generate a CA and serving certificate (the default when no certificate is given); both
+    /// are kept in --state-dir and reused on restart (the certificate until 30 days before it
+    /// expires), and the CA's base64 is printed for the webhook's caBundle.
+    #[arg(long)]
+    pub self_signed: bool,
+    /// Extra DNS names for the self-signed certificate (repeatable).
+    #[arg(long = "dns-name", value_name = "NAME")]
+    pub dns_names: Vec<String>,
+    /// How often to re-read the certificate files even without a file event.
+    #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
+    pub tls_reload_interval: Duration,
+    /// Deadline for a client to send a request's head (after TLS: the first head or the
+    /// HTTP/2 preface), and again its body.
+    #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
+    pub read_timeout: Duration,
+    /// Close a connection with no request open for this long (HTTP/1 keep-alive, or HTTP/2
+    /// without a stream).
+    #[arg(long, default_value = "90s", value_parser = parse_duration, value_name = "DURATION")]
+    pub idle_timeout: Duration,
+    /// HTTPS connections served at once; more are closed as they are accepted.
+    #[arg(long, default_value_t = crate::server::DEFAULT_MAX_CONNECTIONS, value_name = "N")]
+    pub max_connections: usize,
+    /// Request body bytes held at once (declared lengths count whole); past it, 503 before
+    /// reading. At least 7Mi (one largest review). Suffixes Ki, Mi, Gi.
+    #[arg(long, default_value = "64Mi", value_parser = parse_size, value_name = "BYTES")]
+    pub max_inflight_bytes: usize,
+    /// At most this many apps get per-app metrics series; the rest are counted in
+    /// ip_webhook_metrics_app_series_overflow_total.
+    #[arg(long, default_value_t = crate::metrics::DEFAULT_MAX_APPS, value_name = "N")]
+    pub metrics_max_apps: usize,
+    /// PEM CA bundle: HTTPS then requires a client certificate that chains to it (the API
+    /// server's, see docs/security.md); reloaded when the file changes.
+    #[arg(long, value_name = "FILE")]
+    pub client_ca_file: Option<PathBuf>,
+    /// With --client-ca-file: the client certificate's CN or a DNS SAN must be one of these.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        requires = "client_ca_file",
+        value_name = "NAMES"
+    )]
+    pub client_allowed_names: Vec<String>,
+    /// How long SIGTERM waits for in-flight admissions before exiting.
+    #[arg(long, default_value = "25s", value_parser = parse_duration, value_name = "DURATION")]
+    pub shutdown_grace: Duration,
+    #[command(flatten)]
+    pub webhook: WebhookArgs,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ReviewArgs {
+    /// Send the review to /validate instead of /mutate.
+    #[arg(long)]
+    pub validate: bool,
+    /// Set request.dryRun: decide, but record nothing (the ledger is opened read-only).
+    #[arg(long)]
+    pub dry_run: bool,
+    /// The AdmissionReview JSON file, or - for standard input.
+    #[arg(value_name = "FILE|-")]
+    pub file: String,
+    #[command(flatten)]
+    pub verbosity: Verbosity,
+    #[command(flatten)]
+    pub webhook: WebhookArgs,
+}

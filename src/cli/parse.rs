@@ -1,0 +1,138 @@
+//! Parsers of argument values clap does not know: sizes, `NAMESPACE/APP`, listen addresses
+//! and durations.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// `65536`, `64Ki`, `64Mi`, `1Gi`.
+pub fn parse_size(text: &str) -> Result<usize, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: usize = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size like 65536, 64Ki, 64Mi or 1Gi"))?;
+    let scale: usize = match unit {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        _ => {
+            return Err(format!(
+                "{text:?} has unknown unit {unit:?}; use Ki, Mi or Gi"
+            ));
+        }
+    };
+    value
+        .checked_mul(scale)
+        .ok_or_else(|| format!("{text:?} is too large"))
+}
+
+/// `--app`: `NAMESPACE/APP`.
+pub fn parse_app(text: &str) -> Result<String, String> {
+    match text.split_once('/') {
+        Some((namespace, app))
+            if !namespace.is_empty() && !app.is_empty() && !app.contains('/') =>
+        {
+            Ok(text.to_string())
+        }
+        _ => Err(format!(
+            "{text:?} is not NAMESPACE/APP (an app is its namespace and its app label, e.g. default/{})",
+            if text.is_empty() || text.contains('/') {
+                "web"
+            } else {
+                text
+            }
+        )),
+    }
+}
+
+/// A listen address: `HOST:PORT` with an IP address (IPv6 in brackets) or `localhost`, or
+/// Go's `:PORT` for every IPv4 address.
+pub fn parse_listen(text: &str) -> Result<SocketAddr, String> {
+    let bad = |why: &str| {
+        format!("{text:?} is not a listen address like :8443, 0.0.0.0:8443 or [::]:8443 ({why})")
+    };
+    if let Some(port) = text.strip_prefix(':') {
+        let port: u16 = port.parse().map_err(|_| bad("bad port"))?;
+        return Ok(SocketAddr::from(([0, 0, 0, 0], port)));
+    }
+    if let Some(port) = text.strip_prefix("localhost:") {
+        let port: u16 = port.parse().map_err(|_| bad("bad port"))?;
+        return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    text.parse()
+        .map_err(|_| bad("the host must be an IP address or localhost"))
+}
+
+/// A duration as Go writes them: `500ms`, `10s`, `1m30s`, `1.5s`, `2h45m`, units `ns`, `us`
+/// (`µs`), `ms`, `s`, `m`, `h`; a bare whole number is seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let hint = "a duration like 500ms, 10s, 1m30s, 1.5s or 2h";
+    if text.is_empty() {
+        return Err(format!("an empty string is not {hint}"));
+    }
+    if text.bytes().all(|b| b.is_ascii_digit()) {
+        return text
+            .parse::<u64>()
+            .map(Duration::from_secs)
+            .map_err(|_| format!("{text:?} is too large for {hint}"));
+    }
+    let mut nanos: u128 = 0;
+    let mut rest = text;
+    while !rest.is_empty() {
+        let number_end = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let (number, after) = rest.split_at(number_end);
+        let unit_end = after
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(after.len());
+        let (unit, after) = after.split_at(unit_end);
+        rest = after;
+        let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+        if (whole.is_empty() && fraction.is_empty()) || fraction.contains('.') {
+            return Err(format!(
+                "{text:?} is not {hint}: {number:?} is not a number"
+            ));
+        }
+        let per_unit: u128 = match unit {
+            "ns" => 1,
+            "us" | "µs" | "μs" => 1_000,
+            "ms" => 1_000_000,
+            "s" => 1_000_000_000,
+            "m" => 60_000_000_000,
+            "h" => 3_600_000_000_000,
+            "" => return Err(format!("{text:?} is not {hint}: {number} has no unit")),
+            other => {
+                return Err(format!(
+                    "{text:?} is not {hint}: unknown unit {other:?} (use ns, us, ms, s, m or h)"
+                ));
+            }
+        };
+        let too_large = || format!("{text:?} is too large for {hint}");
+        let whole: u128 = if whole.is_empty() {
+            0
+        } else {
+            whole.parse().map_err(|_| too_large())?
+        };
+        // Go truncates a fraction finer than a nanosecond; so does this.
+        let fraction = &fraction[..fraction.len().min(18)];
+        let fraction_nanos = if fraction.is_empty() {
+            0
+        } else {
+            let digits: u128 = fraction.parse().map_err(|_| too_large())?;
+            digits * per_unit / 10u128.pow(fraction.len() as u32)
+        };
+        nanos = whole
+            .checked_mul(per_unit)
+            .and_then(|n| n.checked_add(fraction_nanos))
+            .and_then(|n| n.checked_add(nanos))
+            .filter(|n| *n <= u64::MAX as u128)
+            .ok_or_else(too_large)?;
+    }
+    Ok(Duration::from_nanos(nanos as u64))
+}
