@@ -7,7 +7,8 @@
 use std::net::IpAddr;
 
 use ip_webhook::admission::annotations::{Cni, parse_calico_ip_addrs, parse_ovn_ip_address};
-use ip_webhook::admission::{self, MetaOnly, MetadataPatch};
+use ip_webhook::admission::patch::MetadataPatch;
+use ip_webhook::admission::{self, MetaOnly};
 use ip_webhook::ipam::ipset::{Family, parse_ip_spec};
 
 /// The AdmissionReview decoder: never panics; an accepted review has a uid, its object (if

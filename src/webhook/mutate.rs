@@ -5,7 +5,8 @@ use std::net::IpAddr;
 use crate::admission::annotations::{
     ALLOCATED_IP_LABEL, CLAIM_TOKEN, STATUS, STATUS_MUTATED, carried_ips, static_ips,
 };
-use crate::admission::{Incoming, MetadataPatch, Operation, OwnerRef, Response, ReviewError};
+use crate::admission::patch::MetadataPatch;
+use crate::admission::{Incoming, Operation, OwnerRef, Response, ReviewError};
 use crate::ipam::allocator::{AllocError, Allocation, AllocationRequest, Reason};
 use crate::ipam::ipset::ip_label_value;
 use crate::ledger::claim::{PodIdentity, is_token, new_token};
