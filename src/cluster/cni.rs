@@ -15,7 +15,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
-use super::{Caches, Change, Mirror, lock};
+use super::watches::{Change, Mirror};
+use super::{Caches, lock};
 use crate::ipam::ipset::{IpRange, IpSet, parse_ip};
 use crate::webhook::Webhook;
 use crate::webhook::cni_pools::{CalicoPool, OvnSubnet};

@@ -7,24 +7,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::{Stream, StreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-use kube::api::{ListParams, PartialObjectMeta};
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
-use crate::admission::annotations::{CLAIM_TOKEN, Cni, carried_ips};
+use crate::admission::annotations::Cni;
 use crate::crd::{IPClaim, IPPool};
-use crate::ipam::allocator::Allocator;
-use crate::ipam::pools::PoolCatalog;
-use crate::ledger::claim::is_token;
-use crate::ledger::kubernetes::from_resource;
-use crate::ledger::{ObservedChange, unix_now};
 use crate::metrics::{LeaseLabels, Metrics};
 use crate::webhook::Webhook;
 
@@ -34,7 +24,12 @@ pub mod index;
 pub mod lease;
 pub mod pods;
 pub mod reconcile;
+mod reconciler;
 pub mod sweep;
+mod watches;
+
+pub use reconciler::Reconciler;
+pub use watches::{pod_info, tolerant_catalog, watch_claims, watch_pods, watch_pools};
 
 pub use reconcile::{PodInfo, Rules};
 
@@ -107,242 +102,6 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-fn unix(time: Option<&Time>) -> u64 {
-    time.and_then(|Time(t)| u64::try_from(t.as_second()).ok())
-        .unwrap_or_else(unix_now)
-}
-
-/// The compact record of a pod, or `None` when the pod carries no IP we track.
-pub fn pod_info(meta: &ObjectMeta, app_label: &str) -> Option<PodInfo> {
-    let ips = carried_ips(meta.labels.as_ref(), meta.annotations.as_ref());
-    if ips.is_empty() {
-        return None;
-    }
-    Some(PodInfo {
-        namespace: meta.namespace.clone().unwrap_or_default(),
-        name: meta.name.clone().unwrap_or_default(),
-        uid: meta.uid.clone()?,
-        ips,
-        created_at: unix(meta.creation_timestamp.as_ref()),
-        terminating: meta.deletion_timestamp.is_some(),
-        stateful: meta.owner_references.as_ref().is_some_and(|owners| {
-            owners
-                .iter()
-                .any(|o| o.kind == "StatefulSet" && o.controller == Some(true))
-        }),
-        app: meta
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(app_label))
-            .cloned()
-            .unwrap_or_default(),
-        token: meta
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(CLAIM_TOKEN))
-            .filter(|t| is_token(t))
-            .cloned(),
-    })
-}
-
-/// Keeps a map in step with a watch stream: the `Init` … `InitDone` of a (re)list replaces it
-/// whole, so a delete missed while disconnected cannot linger.
-struct Mirror<T> {
-    pending: Option<HashMap<String, T>>,
-}
-
-enum Change<T> {
-    Upsert(String, T),
-    Delete(String),
-    Replace(HashMap<String, T>),
-    Nothing,
-}
-
-impl<T> Mirror<T> {
-    fn new() -> Mirror<T> {
-        Mirror { pending: None }
-    }
-
-    fn step<K>(
-        &mut self,
-        event: watcher::Event<K>,
-        key: impl Fn(&K) -> Option<String>,
-        value: impl Fn(&K) -> Option<T>,
-    ) -> Change<T> {
-        match event {
-            watcher::Event::Init => {
-                self.pending = Some(HashMap::new());
-                Change::Nothing
-            }
-            watcher::Event::InitApply(object) => {
-                if let (Some(pending), Some(k), Some(v)) =
-                    (self.pending.as_mut(), key(&object), value(&object))
-                {
-                    pending.insert(k, v);
-                }
-                Change::Nothing
-            }
-            watcher::Event::InitDone => Change::Replace(self.pending.take().unwrap_or_default()),
-            watcher::Event::Apply(object) => match (key(&object), value(&object)) {
-                (Some(k), Some(v)) => Change::Upsert(k, v),
-                (Some(k), None) => Change::Delete(k),
-                _ => Change::Nothing,
-            },
-            watcher::Event::Delete(object) => match key(&object) {
-                Some(k) => Change::Delete(k),
-                None => Change::Nothing,
-            },
-        }
-    }
-}
-
-async fn drive<K, S, F>(stream: S, what: &'static str, mut on_event: F)
-where
-    S: Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
-    F: FnMut(watcher::Event<K>),
-{
-    let mut stream = std::pin::pin!(stream);
-    while let Some(item) = stream.next().await {
-        match item {
-            Ok(event) => on_event(event),
-            Err(error) => {
-                tracing::warn!(%error, watch = what, "watch error; retrying with backoff")
-            }
-        }
-    }
-}
-
-/// Pods that carry an IP, as [`PodInfo`] keyed by UID.
-pub async fn watch_pods(api: Api<PartialObjectMeta<Pod>>, caches: Arc<Caches>, app_label: String) {
-    let mut mirror = Mirror::new();
-    let stream = watcher(api, watcher::Config::default()).default_backoff();
-    drive(stream, "pods", |event| {
-        let change = mirror.step(
-            event,
-            |pod: &PartialObjectMeta<Pod>| pod.metadata.uid.clone(),
-            |pod| pod_info(&pod.metadata, &app_label),
-        );
-        let mut pods = lock(&caches.pods);
-        match change {
-            Change::Upsert(uid, info) => {
-                pods.insert(uid, info);
-            }
-            Change::Delete(uid) => {
-                pods.remove(&uid);
-            }
-            Change::Replace(all) => {
-                *pods = all;
-                caches.pods_synced.store(true, Ordering::SeqCst);
-            }
-            Change::Nothing => return,
-        }
-        drop(pods);
-        caches.changed.notify_one();
-    })
-    .await
-}
-
-/// IPClaims, fed into the allocator's index as they change.
-pub async fn watch_claims(api: Api<IPClaim>, caches: Arc<Caches>, allocator: Arc<Allocator>) {
-    let mut mirror = Mirror::new();
-    let stream = watcher(api, watcher::Config::default()).default_backoff();
-    drive(stream, "ipclaims", |event| {
-        let change = mirror.step(
-            event,
-            |claim: &IPClaim| claim.metadata.name.clone(),
-            |claim| Some(Arc::new(claim.clone())),
-        );
-        let mut claims = lock(&caches.claims);
-        match change {
-            Change::Upsert(name, claim) => {
-                match from_resource(&claim) {
-                    Ok(parsed) => {
-                        allocator.apply_observed(ObservedChange::Held(parsed));
-                    }
-                    Err(error) => crate::ledger::skip_corrupt(
-                        &error,
-                        "ignoring an IPClaim that cannot be read (its IP stays held)",
-                    ),
-                }
-                claims.insert(name, claim);
-            }
-            Change::Delete(name) => {
-                if let Some(gone) = claims.remove(&name)
-                    && let Ok(parsed) = from_resource(&gone)
-                {
-                    allocator.apply_observed(ObservedChange::Released(parsed));
-                }
-            }
-            Change::Replace(all) => {
-                allocator.replace_all(all.values().filter_map(|c| from_resource(c).ok()).collect());
-                *claims = all.into_iter().collect();
-                caches.claims_synced.store(true, Ordering::SeqCst);
-            }
-            Change::Nothing => return,
-        }
-        drop(claims);
-        caches.changed.notify_one();
-    })
-    .await
-}
-
-/// Build a catalog from whatever pools are valid, oldest first; a pool that is invalid or
-/// overlaps an older one is left out (and logged) rather than taking every pool down.
-pub fn tolerant_catalog(pools: &BTreeMap<String, IPPool>) -> PoolCatalog {
-    let mut ordered: Vec<&IPPool> = pools.values().collect();
-    ordered.sort_by_key(|p| {
-        (
-            p.metadata.creation_timestamp.as_ref().map(|Time(t)| *t),
-            p.metadata.name.clone(),
-        )
-    });
-    let mut accepted: Vec<IPPool> = Vec::new();
-    for pool in ordered {
-        accepted.push(pool.clone());
-        if let Err(error) = PoolCatalog::new(&accepted) {
-            tracing::warn!(%error, "IPPool left out of the catalog");
-            accepted.pop();
-        }
-    }
-    PoolCatalog::new(&accepted).unwrap_or_default()
-}
-
-/// IPPools, rebuilt into the webhook's catalog on every change.
-pub async fn watch_pools(api: Api<IPPool>, caches: Arc<Caches>, webhook: Arc<Webhook>) {
-    let mut mirror = Mirror::new();
-    let stream = watcher(api, watcher::Config::default()).default_backoff();
-    drive(stream, "ippools", |event| {
-        let change = mirror.step(
-            event,
-            |pool: &IPPool| pool.metadata.name.clone(),
-            |pool| Some(pool.clone()),
-        );
-        let mut pools = lock(&caches.pools);
-        match change {
-            Change::Upsert(name, pool) => {
-                // A status write by the reconciler changes nothing the catalog uses.
-                if pools.get(&name).is_some_and(|old| old.spec == pool.spec) {
-                    pools.insert(name, pool);
-                    return;
-                }
-                pools.insert(name, pool);
-            }
-            Change::Delete(name) => {
-                pools.remove(&name);
-            }
-            Change::Replace(all) => {
-                *pools = all.into_iter().collect();
-                caches.pools_synced.store(true, Ordering::SeqCst);
-            }
-            Change::Nothing => return,
-        }
-        webhook.pools.store(Arc::new(tolerant_catalog(&pools)));
-        drop(pools);
-        caches.changed.notify_one();
-    })
-    .await
 }
 
 /// Every task of in-cluster mode (or of the leak sweeper); dropped or
@@ -550,126 +309,10 @@ async fn export_leadership(
     }
 }
 
-/// The reconcile loop: every replica marks itself ready once synced and resyncs its index;
-/// the leader also acts.
-pub struct Reconciler {
-    pub client: Client,
-    pub caches: Arc<Caches>,
-    pub allocator: Arc<Allocator>,
-    pub executor: reconcile::Executor,
-    pub options: ClusterOptions,
-}
-
-/// How long the loop lets a burst of watch events settle before a pass.
-const SETTLE: Duration = Duration::from_millis(200);
-
-impl Reconciler {
-    pub async fn run(self, mut leading: watch::Receiver<bool>, ready: Arc<AtomicBool>) {
-        while !self.caches.synced() {
-            self.caches.changed.notified().await;
-        }
-        ready.store(true, Ordering::SeqCst);
-        tracing::info!("caches synced; ready");
-        let mut resync = tokio::time::interval(self.options.resync_period);
-        resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut due: Option<tokio::time::Instant> = None;
-        loop {
-            let full = tokio::select! {
-                _ = resync.tick() => true,
-                changed = leading.changed() => {
-                    if changed.is_err() {
-                        return;
-                    }
-                    // A new leader starts from a full resync.
-                    *leading.borrow()
-                }
-                _ = self.caches.changed.notified() => {
-                    tokio::time::sleep(SETTLE).await;
-                    false
-                }
-                _ = sleep_until(due) => false,
-            };
-            let is_leader = *leading.borrow();
-            due = self.pass(full, is_leader).await;
-        }
-    }
-
-    /// One pass. A full pass lists claims (and, for the leader, pods) from the API server
-    /// rather than trusting the watches, and rebuilds the allocator's index from the list.
-    pub async fn pass(&self, full: bool, is_leader: bool) -> Option<tokio::time::Instant> {
-        let (claims, pods) = if full {
-            match self.fresh_lists(is_leader).await {
-                Ok(lists) => lists,
-                Err(error) => {
-                    tracing::warn!(%error, "full resync failed; using the watch caches");
-                    (self.caches.claim_list(), self.caches.pod_map())
-                }
-            }
-        } else {
-            (self.caches.claim_list(), self.caches.pod_map())
-        };
-        if !is_leader {
-            return None;
-        }
-        let now = unix_now();
-        let plan = reconcile::plan(&claims, &pods, now, self.options.rules);
-        if !plan.actions.is_empty() {
-            let done = self.executor.run(&plan).await;
-            tracing::debug!(planned = plan.actions.len(), done, "reconcile pass");
-        }
-        self.executor.report_duplicates(&plan.duplicates).await;
-        let pools: Vec<IPPool> = lock(&self.caches.pools).values().cloned().collect();
-        let catalog = tolerant_catalog(&lock(&self.caches.pools));
-        let statuses = reconcile::pool_statuses(&catalog, &self.caches.claim_list());
-        self.executor.write_pool_statuses(&pools, &statuses).await;
-        plan.next_due.map(|at| {
-            tokio::time::Instant::now() + Duration::from_secs(at.saturating_sub(now).max(1))
-        })
-    }
-
-    async fn fresh_lists(
-        &self,
-        with_pods: bool,
-    ) -> Result<(Vec<Arc<IPClaim>>, HashMap<String, PodInfo>), ClusterError> {
-        let claims_api: Api<IPClaim> = Api::all(self.client.clone());
-        let list = claims_api
-            .list(&ListParams::default())
-            .await
-            .map_err(|e| ClusterError::api("listing", "IPClaims", e))?;
-        let claims: Vec<Arc<IPClaim>> = list.items.into_iter().map(Arc::new).collect();
-        self.allocator.replace_all(
-            claims
-                .iter()
-                .filter_map(|c| from_resource(c).ok())
-                .collect(),
-        );
-        let mut pods = HashMap::new();
-        if with_pods {
-            let pods_api: Api<Pod> = Api::all(self.client.clone());
-            let list = pods_api
-                .list_metadata(&ListParams::default())
-                .await
-                .map_err(|e| ClusterError::api("listing", "pods", e))?;
-            for pod in list.items {
-                if let Some(info) = pod_info(&pod.metadata, &self.options.app_label) {
-                    pods.insert(info.uid.clone(), info);
-                }
-            }
-        }
-        Ok((claims, pods))
-    }
-}
-
-async fn sleep_until(at: Option<tokio::time::Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     fn meta(value: serde_json::Value) -> ObjectMeta {
         serde_json::from_value(value).unwrap()

@@ -1,0 +1,265 @@
+//! The watches of in-cluster mode: each keeps a map of [`super::Caches`] in step with the API
+//! server ([`Mirror`]) and does its own work on each change (the allocator's index, the pool
+//! catalog).
+//!
+//! Why not `kube_runtime::reflector`: its store keeps every object whole, while these keep
+//! what the decisions read (a pod is a [`super::PodInfo`] of a few fields, and only pods that
+//! carry an IP), and each change has to reach the allocator or the catalog as it happens,
+//! which a store read after the fact would not give. The stream underneath is
+//! `kube_runtime::watcher` with its backoff.
+
+use crate::admission::annotations::{CLAIM_TOKEN, carried_ips};
+use crate::crd::{IPClaim, IPPool};
+use crate::ipam::allocator::Allocator;
+use crate::ipam::pools::PoolCatalog;
+use crate::ledger::claim::is_token;
+use crate::ledger::kubernetes::from_resource;
+use crate::ledger::{ObservedChange, unix_now};
+use crate::webhook::Webhook;
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use kube::Api;
+use kube::api::PartialObjectMeta;
+use kube::runtime::{WatchStreamExt, watcher};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use super::*;
+
+pub(super) fn unix(time: Option<&Time>) -> u64 {
+    time.and_then(|Time(t)| u64::try_from(t.as_second()).ok())
+        .unwrap_or_else(unix_now)
+}
+
+/// The compact record of a pod, or `None` when the pod carries no IP we track.
+pub fn pod_info(meta: &ObjectMeta, app_label: &str) -> Option<PodInfo> {
+    let ips = carried_ips(meta.labels.as_ref(), meta.annotations.as_ref());
+    if ips.is_empty() {
+        return None;
+    }
+    Some(PodInfo {
+        namespace: meta.namespace.clone().unwrap_or_default(),
+        name: meta.name.clone().unwrap_or_default(),
+        uid: meta.uid.clone()?,
+        ips,
+        created_at: unix(meta.creation_timestamp.as_ref()),
+        terminating: meta.deletion_timestamp.is_some(),
+        stateful: meta.owner_references.as_ref().is_some_and(|owners| {
+            owners
+                .iter()
+                .any(|o| o.kind == "StatefulSet" && o.controller == Some(true))
+        }),
+        app: meta
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(app_label))
+            .cloned()
+            .unwrap_or_default(),
+        token: meta
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(CLAIM_TOKEN))
+            .filter(|t| is_token(t))
+            .cloned(),
+    })
+}
+
+/// Keeps a map in step with a watch stream: the `Init` … `InitDone` of a (re)list replaces it
+/// whole, so a delete missed while disconnected cannot linger.
+pub(super) struct Mirror<T> {
+    pending: Option<HashMap<String, T>>,
+}
+
+pub(super) enum Change<T> {
+    Upsert(String, T),
+    Delete(String),
+    Replace(HashMap<String, T>),
+    Nothing,
+}
+
+impl<T> Mirror<T> {
+    pub(super) fn new() -> Mirror<T> {
+        Mirror { pending: None }
+    }
+
+    pub(super) fn step<K>(
+        &mut self,
+        event: watcher::Event<K>,
+        key: impl Fn(&K) -> Option<String>,
+        value: impl Fn(&K) -> Option<T>,
+    ) -> Change<T> {
+        match event {
+            watcher::Event::Init => {
+                self.pending = Some(HashMap::new());
+                Change::Nothing
+            }
+            watcher::Event::InitApply(object) => {
+                if let (Some(pending), Some(k), Some(v)) =
+                    (self.pending.as_mut(), key(&object), value(&object))
+                {
+                    pending.insert(k, v);
+                }
+                Change::Nothing
+            }
+            watcher::Event::InitDone => Change::Replace(self.pending.take().unwrap_or_default()),
+            watcher::Event::Apply(object) => match (key(&object), value(&object)) {
+                (Some(k), Some(v)) => Change::Upsert(k, v),
+                (Some(k), None) => Change::Delete(k),
+                _ => Change::Nothing,
+            },
+            watcher::Event::Delete(object) => match key(&object) {
+                Some(k) => Change::Delete(k),
+                None => Change::Nothing,
+            },
+        }
+    }
+}
+
+pub(super) async fn drive<K, S, F>(stream: S, what: &'static str, mut on_event: F)
+where
+    S: Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
+    F: FnMut(watcher::Event<K>),
+{
+    let mut stream = std::pin::pin!(stream);
+    while let Some(item) = stream.next().await {
+        match item {
+            Ok(event) => on_event(event),
+            Err(error) => {
+                tracing::warn!(%error, watch = what, "watch error; retrying with backoff")
+            }
+        }
+    }
+}
+
+/// Pods that carry an IP, as [`PodInfo`] keyed by UID.
+pub async fn watch_pods(api: Api<PartialObjectMeta<Pod>>, caches: Arc<Caches>, app_label: String) {
+    let mut mirror = Mirror::new();
+    let stream = watcher(api, watcher::Config::default()).default_backoff();
+    drive(stream, "pods", |event| {
+        let change = mirror.step(
+            event,
+            |pod: &PartialObjectMeta<Pod>| pod.metadata.uid.clone(),
+            |pod| pod_info(&pod.metadata, &app_label),
+        );
+        let mut pods = lock(&caches.pods);
+        match change {
+            Change::Upsert(uid, info) => {
+                pods.insert(uid, info);
+            }
+            Change::Delete(uid) => {
+                pods.remove(&uid);
+            }
+            Change::Replace(all) => {
+                *pods = all;
+                caches.pods_synced.store(true, Ordering::SeqCst);
+            }
+            Change::Nothing => return,
+        }
+        drop(pods);
+        caches.changed.notify_one();
+    })
+    .await
+}
+
+/// IPClaims, fed into the allocator's index as they change.
+pub async fn watch_claims(api: Api<IPClaim>, caches: Arc<Caches>, allocator: Arc<Allocator>) {
+    let mut mirror = Mirror::new();
+    let stream = watcher(api, watcher::Config::default()).default_backoff();
+    drive(stream, "ipclaims", |event| {
+        let change = mirror.step(
+            event,
+            |claim: &IPClaim| claim.metadata.name.clone(),
+            |claim| Some(Arc::new(claim.clone())),
+        );
+        let mut claims = lock(&caches.claims);
+        match change {
+            Change::Upsert(name, claim) => {
+                match from_resource(&claim) {
+                    Ok(parsed) => {
+                        allocator.apply_observed(ObservedChange::Held(parsed));
+                    }
+                    Err(error) => crate::ledger::skip_corrupt(
+                        &error,
+                        "ignoring an IPClaim that cannot be read (its IP stays held)",
+                    ),
+                }
+                claims.insert(name, claim);
+            }
+            Change::Delete(name) => {
+                if let Some(gone) = claims.remove(&name)
+                    && let Ok(parsed) = from_resource(&gone)
+                {
+                    allocator.apply_observed(ObservedChange::Released(parsed));
+                }
+            }
+            Change::Replace(all) => {
+                allocator.replace_all(all.values().filter_map(|c| from_resource(c).ok()).collect());
+                *claims = all.into_iter().collect();
+                caches.claims_synced.store(true, Ordering::SeqCst);
+            }
+            Change::Nothing => return,
+        }
+        drop(claims);
+        caches.changed.notify_one();
+    })
+    .await
+}
+
+/// Build a catalog from whatever pools are valid, oldest first; a pool that is invalid or
+/// overlaps an older one is left out (and logged) rather than taking every pool down.
+pub fn tolerant_catalog(pools: &BTreeMap<String, IPPool>) -> PoolCatalog {
+    let mut ordered: Vec<&IPPool> = pools.values().collect();
+    ordered.sort_by_key(|p| {
+        (
+            p.metadata.creation_timestamp.as_ref().map(|Time(t)| *t),
+            p.metadata.name.clone(),
+        )
+    });
+    let mut accepted: Vec<IPPool> = Vec::new();
+    for pool in ordered {
+        accepted.push(pool.clone());
+        if let Err(error) = PoolCatalog::new(&accepted) {
+            tracing::warn!(%error, "IPPool left out of the catalog");
+            accepted.pop();
+        }
+    }
+    PoolCatalog::new(&accepted).unwrap_or_default()
+}
+
+/// IPPools, rebuilt into the webhook's catalog on every change.
+pub async fn watch_pools(api: Api<IPPool>, caches: Arc<Caches>, webhook: Arc<Webhook>) {
+    let mut mirror = Mirror::new();
+    let stream = watcher(api, watcher::Config::default()).default_backoff();
+    drive(stream, "ippools", |event| {
+        let change = mirror.step(
+            event,
+            |pool: &IPPool| pool.metadata.name.clone(),
+            |pool| Some(pool.clone()),
+        );
+        let mut pools = lock(&caches.pools);
+        match change {
+            Change::Upsert(name, pool) => {
+                // A status write by the reconciler changes nothing the catalog uses.
+                if pools.get(&name).is_some_and(|old| old.spec == pool.spec) {
+                    pools.insert(name, pool);
+                    return;
+                }
+                pools.insert(name, pool);
+            }
+            Change::Delete(name) => {
+                pools.remove(&name);
+            }
+            Change::Replace(all) => {
+                *pools = all.into_iter().collect();
+                caches.pools_synced.store(true, Ordering::SeqCst);
+            }
+            Change::Nothing => return,
+        }
+        webhook.pools.store(Arc::new(tolerant_catalog(&pools)));
+        drop(pools);
+        caches.changed.notify_one();
+    })
+    .await
+}
