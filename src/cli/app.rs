@@ -52,25 +52,27 @@ pub async fn build_with(
     metrics: Arc<Metrics>,
     ledger: Option<Arc<dyn Ledger>>,
 ) -> anyhow::Result<Built> {
-    let clients = match args.ledger_kind() {
-        LedgerKind::Kubernetes => {
-            Some(kube_clients(args.kubeconfig.as_deref(), args.context.as_deref()).await?)
-        }
-        _ => None,
+    let opened = match ledger {
+        None => open_ledger(args, metrics.ledger.clone()).await?,
+        // the given ledger decides; in kubernetes mode the API server still gives the pools
+        Some(given) => Opened {
+            ledger: given,
+            clients: match args.ledger_kind() {
+                LedgerKind::Kubernetes => {
+                    Some(kube_clients(args.kubeconfig.as_deref(), args.context.as_deref()).await?)
+                }
+                _ => None,
+            },
+            #[cfg(feature = "etcd")]
+            etcd: None,
+        },
     };
-    #[cfg(feature = "etcd")]
-    let mut etcd = None;
-    let ledger: Arc<dyn Ledger> = match (ledger, &clients) {
-        (Some(given), _) => given,
-        (None, Some((_, admission))) => Arc::new(KubeLedger::new(admission.clone())),
+    let Opened {
+        ledger,
+        clients,
         #[cfg(feature = "etcd")]
-        (None, None) if args.ledger_kind() == LedgerKind::Etcd => {
-            let opened = open_etcd(args).await?;
-            etcd = Some(opened.clone());
-            opened
-        }
-        (None, None) => open_ledger(args, metrics.ledger.clone()).await?,
-    };
+        etcd,
+    } = opened;
     let ledger = TimedLedger::wrap_watched(
         ledger,
         metrics.ledger_latency.clone(),
@@ -197,20 +199,44 @@ pub fn clients_from(mut config: kube::Config) -> anyhow::Result<(kube::Client, k
     ))
 }
 
-/// The ledger the options ask for (off-cluster kinds; kubernetes is opened by [`build`]).
-pub async fn open_ledger(
-    args: &WebhookArgs,
-    counters: CommitCounters,
-) -> anyhow::Result<Arc<dyn Ledger>> {
+/// A ledger opened from the options, with what its kind brings along: the API server's
+/// clients (kubernetes: watches, admission) or the etcd handle whose watch keeps the
+/// allocator in step.
+pub struct Opened {
+    pub ledger: Arc<dyn Ledger>,
+    pub clients: Option<(kube::Client, kube::Client)>,
+    #[cfg(feature = "etcd")]
+    pub etcd: Option<Arc<EtcdLedger>>,
+}
+
+/// The one place a `--ledger` kind becomes a ledger.
+pub async fn open_ledger(args: &WebhookArgs, counters: CommitCounters) -> anyhow::Result<Opened> {
+    let plain = |ledger: Arc<dyn Ledger>| Opened {
+        ledger,
+        clients: None,
+        #[cfg(feature = "etcd")]
+        etcd: None,
+    };
     match args.ledger_kind() {
-        LedgerKind::Embedded => Ok(Arc::new(EmbeddedLedger::open(&args.state_dir, counters)?)),
+        LedgerKind::Embedded => Ok(plain(Arc::new(EmbeddedLedger::open(
+            &args.state_dir,
+            counters,
+        )?))),
         LedgerKind::Kubernetes => {
-            let (_, admission) =
-                kube_clients(args.kubeconfig.as_deref(), args.context.as_deref()).await?;
-            Ok(Arc::new(KubeLedger::new(admission)))
+            let clients = kube_clients(args.kubeconfig.as_deref(), args.context.as_deref()).await?;
+            Ok(Opened {
+                clients: Some(clients.clone()),
+                ..plain(Arc::new(KubeLedger::new(clients.1)))
+            })
         }
         #[cfg(feature = "etcd")]
-        LedgerKind::Etcd => Ok(open_etcd(args).await?),
+        LedgerKind::Etcd => {
+            let etcd = open_etcd(args).await?;
+            Ok(Opened {
+                etcd: Some(etcd.clone()),
+                ..plain(etcd)
+            })
+        }
         #[cfg(not(feature = "etcd"))]
         LedgerKind::Etcd => Err(no_etcd()),
     }
