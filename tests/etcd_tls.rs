@@ -4,13 +4,14 @@
 #[path = "common/etcd_cluster.rs"]
 mod etcd_cluster;
 
+#[path = "common/claims.rs"]
+mod claims;
+
 use std::path::Path;
 use std::time::Duration;
 
 use etcd_cluster::{EtcdCluster, ServerTls, etcd_binary};
-use ip_webhook::ledger::{
-    Claim, CreateOutcome, EtcdLedger, EtcdOptions, Ledger, Phase, PodRef, Source,
-};
+use ip_webhook::ledger::{Claim, CreateOutcome, EtcdLedger, EtcdOptions, Ledger};
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
     Issuer, KeyPair, KeyUsagePurpose,
@@ -60,23 +61,8 @@ fn write(dir: &Path, name: &str, text: &str) -> std::path::PathBuf {
 
 fn claim(ip: &str) -> Claim {
     Claim {
-        ip: ip.parse().unwrap(),
-        app: "web".into(),
-        pool: None,
-        pod: PodRef {
-            namespace: "default".into(),
-            name: "web-0".into(),
-            ..Default::default()
-        },
         request_uid: "tls-1".into(),
-        phase: Phase::Reserved,
-        source: Source::Allocated,
-        created_at: 1,
-        updated_at: 1,
-        list_size: None,
-        token: String::new(),
-        release_at: None,
-        sticky: false,
+        ..claims::claim(ip, "web", "web-0")
     }
 }
 

@@ -3,6 +3,9 @@
 //! kube-apiserver's: `Status` bodies with reasons, list `resourceVersion`s, a watch that ends
 //! with an `ERROR` event carrying `410 Expired`. Time is paused: no test sleeps for real.
 
+#[path = "common/claims.rs"]
+mod claims;
+
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,9 +19,7 @@ use ip_webhook::crd::IPClaim;
 use ip_webhook::ipam::allocator::{AllocationRequest, Allocator};
 use ip_webhook::ipam::ipset::parse_ip_spec;
 use ip_webhook::ledger::kubernetes::{rfc3339, to_resource};
-use ip_webhook::ledger::{
-    Claim, CreateOutcome, KubeLedger, Ledger, Phase, PodRef, Source, unix_now,
-};
+use ip_webhook::ledger::{Claim, CreateOutcome, KubeLedger, Ledger, Phase, unix_now};
 use kube::client::Body;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::{Api, Client};
@@ -90,9 +91,11 @@ fn script(mut handle: Handle, steps: Vec<Step>) -> tokio::task::JoinHandle<Vec<S
     })
 }
 
-fn mock_client() -> (Client, Handle) {
+/// A client whose requests must be `steps`, in order (each answered as its row says), and
+/// the task that answers them and returns what the client sent.
+fn scripted(steps: Vec<Step>) -> (Client, tokio::task::JoinHandle<Vec<Seen>>) {
     let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    (Client::new(service, "default"), handle)
+    (Client::new(service, "default"), script(handle, steps))
 }
 
 const CLAIMS: &str = "/apis/ip-webhook.io/v1alpha1/ipclaims";
@@ -116,24 +119,8 @@ fn already_exists(name: &str) -> Value {
 
 fn claim(ip: &str, pod: &str, request: &str) -> Claim {
     Claim {
-        ip: ip.parse().unwrap(),
-        app: "web".into(),
-        pool: None,
-        pod: PodRef {
-            namespace: "default".into(),
-            name: pod.into(),
-            generate_name: String::new(),
-            uid: None,
-        },
         request_uid: request.into(),
-        phase: Phase::Reserved,
-        source: Source::Allocated,
-        created_at: unix_now(),
-        updated_at: unix_now(),
-        list_size: None,
-        token: String::new(),
-        release_at: None,
-        sticky: false,
+        ..claims::at(claims::claim(ip, "web", pod), unix_now())
     }
 }
 
@@ -169,22 +156,18 @@ fn list(kind: &str, rv: u32, items: Vec<Value>) -> Value {
 
 #[tokio::test(start_paused = true)]
 async fn create_conflict_learns_the_holder_and_takes_the_next_ip() {
-    let (client, handle) = mock_client();
     let other = claim("10.0.0.1", "web-other", "req-other");
-    let server = script(
-        handle,
-        vec![
-            step("GET", CLAIMS, 200, list("IPClaimList", 5, vec![])),
-            step("POST", CLAIMS, 409, already_exists("10.0.0.1")),
-            step("GET", format!("{CLAIMS}/10.0.0.1"), 200, stored(&other, 6)),
-            step(
-                "POST",
-                CLAIMS,
-                201,
-                stored(&claim("10.0.0.2", "web-me", "req-me"), 7),
-            ),
-        ],
-    );
+    let (client, server) = scripted(vec![
+        step("GET", CLAIMS, 200, list("IPClaimList", 5, vec![])),
+        step("POST", CLAIMS, 409, already_exists("10.0.0.1")),
+        step("GET", format!("{CLAIMS}/10.0.0.1"), 200, stored(&other, 6)),
+        step(
+            "POST",
+            CLAIMS,
+            201,
+            stored(&claim("10.0.0.2", "web-me", "req-me"), 7),
+        ),
+    ]);
     let ledger: Arc<dyn Ledger> = Arc::new(KubeLedger::new(client));
     let allocator = Allocator::new(ledger).await.unwrap();
     let set = parse_ip_spec("10.0.0.1-10.0.0.2").unwrap();
@@ -217,15 +200,11 @@ async fn create_conflict_learns_the_holder_and_takes_the_next_ip() {
 
 #[tokio::test(start_paused = true)]
 async fn the_last_ip_held_elsewhere_is_a_clear_denial() {
-    let (client, handle) = mock_client();
     let other = claim("10.0.0.1", "web-other", "req-other");
-    let server = script(
-        handle,
-        vec![
-            step("POST", CLAIMS, 409, already_exists("10.0.0.1")),
-            step("GET", format!("{CLAIMS}/10.0.0.1"), 200, stored(&other, 6)),
-        ],
-    );
+    let (client, server) = scripted(vec![
+        step("POST", CLAIMS, 409, already_exists("10.0.0.1")),
+        step("GET", format!("{CLAIMS}/10.0.0.1"), 200, stored(&other, 6)),
+    ]);
     let ledger = KubeLedger::new(client);
     let outcome = ledger
         .create(&claim("10.0.0.1", "web-me", "req-me"))
@@ -240,15 +219,11 @@ async fn the_last_ip_held_elsewhere_is_a_clear_denial() {
 
 #[tokio::test(start_paused = true)]
 async fn a_retried_admission_finds_its_own_claim() {
-    let (client, handle) = mock_client();
     let mine = claim("10.0.0.3", "web-me", "req-me");
-    let server = script(
-        handle,
-        vec![
-            step("POST", CLAIMS, 409, already_exists("10.0.0.3")),
-            step("GET", format!("{CLAIMS}/10.0.0.3"), 200, stored(&mine, 6)),
-        ],
-    );
+    let (client, server) = scripted(vec![
+        step("POST", CLAIMS, 409, already_exists("10.0.0.3")),
+        step("GET", format!("{CLAIMS}/10.0.0.3"), 200, stored(&mine, 6)),
+    ]);
     let outcome = KubeLedger::new(client).create(&mine).await.unwrap();
     assert_eq!(outcome, CreateOutcome::Created);
     server.await.unwrap();
@@ -256,42 +231,38 @@ async fn a_retried_admission_finds_its_own_claim() {
 
 #[tokio::test(start_paused = true)]
 async fn a_statefulset_pod_takes_back_its_kept_ip_and_others_cannot() {
-    let (client, handle) = mock_client();
     let mut kept = claim("10.0.0.9", "web-0", "req-old");
     kept.phase = Phase::Released;
     kept.pod.uid = Some("pod-uid-old".into());
     let mut kept_value = stored(&kept, 8);
     kept_value["spec"]["sticky"] = json!(true);
-    let server = script(
-        handle,
-        vec![
-            // web-0 again: deletes exactly the kept record, then creates its own.
-            step("POST", CLAIMS, 409, already_exists("10.0.0.9")),
-            step("GET", format!("{CLAIMS}/10.0.0.9"), 200, kept_value.clone()),
-            // the finalizer comes off first
-            step(
-                "PATCH",
-                format!("{CLAIMS}/10.0.0.9"),
-                200,
-                kept_value.clone(),
-            ),
-            step(
-                "DELETE",
-                format!("{CLAIMS}/10.0.0.9"),
-                200,
-                kept_value.clone(),
-            ),
-            step(
-                "POST",
-                CLAIMS,
-                201,
-                stored(&claim("10.0.0.9", "web-0", "req-new"), 9),
-            ),
-            // web-1 may not take it.
-            step("POST", CLAIMS, 409, already_exists("10.0.0.9")),
-            step("GET", format!("{CLAIMS}/10.0.0.9"), 200, kept_value),
-        ],
-    );
+    let (client, server) = scripted(vec![
+        // web-0 again: deletes exactly the kept record, then creates its own.
+        step("POST", CLAIMS, 409, already_exists("10.0.0.9")),
+        step("GET", format!("{CLAIMS}/10.0.0.9"), 200, kept_value.clone()),
+        // the finalizer comes off first
+        step(
+            "PATCH",
+            format!("{CLAIMS}/10.0.0.9"),
+            200,
+            kept_value.clone(),
+        ),
+        step(
+            "DELETE",
+            format!("{CLAIMS}/10.0.0.9"),
+            200,
+            kept_value.clone(),
+        ),
+        step(
+            "POST",
+            CLAIMS,
+            201,
+            stored(&claim("10.0.0.9", "web-0", "req-new"), 9),
+        ),
+        // web-1 may not take it.
+        step("POST", CLAIMS, 409, already_exists("10.0.0.9")),
+        step("GET", format!("{CLAIMS}/10.0.0.9"), 200, kept_value),
+    ]);
     let ledger = KubeLedger::new(client);
     assert_eq!(
         ledger
@@ -322,38 +293,34 @@ async fn a_statefulset_pod_takes_back_its_kept_ip_and_others_cannot() {
 
 #[tokio::test(start_paused = true)]
 async fn release_deletes_only_the_same_requests_record() {
-    let (client, handle) = mock_client();
     let mine = claim("10.0.0.4", "web-a", "req-a");
     let newer = claim("10.0.0.4", "web-b", "req-b");
-    let server = script(
-        handle,
-        vec![
-            step("GET", format!("{CLAIMS}/10.0.0.4"), 200, stored(&mine, 3)),
-            // the finalizer comes off first
-            step("PATCH", format!("{CLAIMS}/10.0.0.4"), 200, stored(&mine, 3)),
-            step(
-                "DELETE",
-                format!("{CLAIMS}/10.0.0.4"),
-                200,
-                stored(&mine, 3),
-            ),
-            // The IP now belongs to another admission: releasing the old claim again is a no-op.
-            step("GET", format!("{CLAIMS}/10.0.0.4"), 200, stored(&newer, 5)),
-            // Someone deleted it meanwhile: the precondition fails with 409 Conflict (on taking the
-            // finalizer off, the first write).
-            step("GET", format!("{CLAIMS}/10.0.0.4"), 200, stored(&newer, 5)),
-            step(
-                "PATCH",
-                format!("{CLAIMS}/10.0.0.4"),
+    let (client, server) = scripted(vec![
+        step("GET", format!("{CLAIMS}/10.0.0.4"), 200, stored(&mine, 3)),
+        // the finalizer comes off first
+        step("PATCH", format!("{CLAIMS}/10.0.0.4"), 200, stored(&mine, 3)),
+        step(
+            "DELETE",
+            format!("{CLAIMS}/10.0.0.4"),
+            200,
+            stored(&mine, 3),
+        ),
+        // The IP now belongs to another admission: releasing the old claim again is a no-op.
+        step("GET", format!("{CLAIMS}/10.0.0.4"), 200, stored(&newer, 5)),
+        // Someone deleted it meanwhile: the precondition fails with 409 Conflict (on taking the
+        // finalizer off, the first write).
+        step("GET", format!("{CLAIMS}/10.0.0.4"), 200, stored(&newer, 5)),
+        step(
+            "PATCH",
+            format!("{CLAIMS}/10.0.0.4"),
+            409,
+            status(
                 409,
-                status(
-                    409,
-                    "Conflict",
-                    "Precondition failed: UID in precondition: uid-10.0.0.4-5, UID in object meta: other",
-                ),
+                "Conflict",
+                "Precondition failed: UID in precondition: uid-10.0.0.4-5, UID in object meta: other",
             ),
-        ],
-    );
+        ),
+    ]);
     let ledger = KubeLedger::new(client);
     assert!(ledger.release(&mine).await.unwrap());
     assert!(!ledger.release(&mine).await.unwrap());
@@ -398,18 +365,14 @@ fn resource(value: Value) -> Arc<IPClaim> {
 
 #[tokio::test(start_paused = true)]
 async fn bind_patches_the_pod_uid_then_the_phase() {
-    let (client, handle) = mock_client();
     let mut reserved = claim("10.0.0.5", "", "req-5");
     reserved.pod.generate_name = "web-7d9f-".into();
     let mut bound = stored(&reserved, 11);
     bound["spec"]["podUid"] = json!("pod-uid-5");
-    let server = script(
-        handle,
-        vec![
-            step("PATCH", format!("{CLAIMS}/10.0.0.5"), 200, bound.clone()),
-            step("PATCH", format!("{CLAIMS}/10.0.0.5/status"), 200, bound),
-        ],
-    );
+    let (client, server) = scripted(vec![
+        step("PATCH", format!("{CLAIMS}/10.0.0.5"), 200, bound.clone()),
+        step("PATCH", format!("{CLAIMS}/10.0.0.5/status"), 200, bound),
+    ]);
     let plan = Plan {
         actions: vec![Action::Bind {
             claim: resource(stored(&reserved, 10)),
@@ -436,39 +399,35 @@ fn pod_meta(name: &str, uid: &str) -> Value {
 
 #[tokio::test(start_paused = true)]
 async fn release_is_by_uid_a_recreated_pod_of_the_same_name_does_not_keep_the_old_claim() {
-    let (client, handle) = mock_client();
     let mut old = claim("10.0.0.6", "api-1", "req-6");
     old.phase = Phase::Bound;
     old.pod.uid = Some("uid-old".into());
     let value = stored(&old, 20);
-    let server = script(
-        handle,
-        vec![
-            // The reconciler double-checks: api-1 exists, but it is a new pod (other UID).
-            step(
-                "GET",
-                "/api/v1/namespaces/default/pods/api-1",
-                200,
-                pod_meta("api-1", "uid-new"),
-            ),
-            // the finalizer comes off first
-            step("PATCH", format!("{CLAIMS}/10.0.0.6"), 200, value.clone()),
-            step("DELETE", format!("{CLAIMS}/10.0.0.6"), 200, value.clone()),
-            step(
-                "POST",
-                "/apis/events.k8s.io/v1/namespaces/default/events",
-                201,
-                json!({}),
-            ),
-            // Second pass with a stale cache: the API says the pod with that UID lives: keep.
-            step(
-                "GET",
-                "/api/v1/namespaces/default/pods/api-1",
-                200,
-                pod_meta("api-1", "uid-old"),
-            ),
-        ],
-    );
+    let (client, server) = scripted(vec![
+        // The reconciler double-checks: api-1 exists, but it is a new pod (other UID).
+        step(
+            "GET",
+            "/api/v1/namespaces/default/pods/api-1",
+            200,
+            pod_meta("api-1", "uid-new"),
+        ),
+        // the finalizer comes off first
+        step("PATCH", format!("{CLAIMS}/10.0.0.6"), 200, value.clone()),
+        step("DELETE", format!("{CLAIMS}/10.0.0.6"), 200, value.clone()),
+        step(
+            "POST",
+            "/apis/events.k8s.io/v1/namespaces/default/events",
+            201,
+            json!({}),
+        ),
+        // Second pass with a stale cache: the API says the pod with that UID lives: keep.
+        step(
+            "GET",
+            "/api/v1/namespaces/default/pods/api-1",
+            200,
+            pod_meta("api-1", "uid-old"),
+        ),
+    ]);
     let plan = Plan {
         actions: vec![Action::Drop {
             claim: resource(value),
@@ -527,46 +486,42 @@ fn options() -> ClusterOptions {
 
 #[tokio::test(start_paused = true)]
 async fn a_full_resync_frees_an_ip_whose_pod_delete_the_watch_missed() {
-    let (client, handle) = mock_client();
     let mut held = claim("10.0.0.8", "db-0", "req-8");
     held.phase = Phase::Bound;
     held.pod.uid = Some("uid-db".into());
     let value = stored(&held, 30);
-    let server = script(
-        handle,
-        vec![
-            step(
+    let (client, server) = scripted(vec![
+        step(
+            "GET",
+            CLAIMS,
+            200,
+            list("IPClaimList", 31, vec![value.clone()]),
+        ),
+        Step {
+            query: vec![],
+            ..step(
                 "GET",
-                CLAIMS,
+                "/api/v1/pods",
                 200,
-                list("IPClaimList", 31, vec![value.clone()]),
-            ),
-            Step {
-                query: vec![],
-                ..step(
-                    "GET",
-                    "/api/v1/pods",
-                    200,
-                    list("PartialObjectMetadataList", 31, vec![]),
-                )
-            },
-            step(
-                "GET",
-                "/api/v1/namespaces/default/pods/db-0",
-                404,
-                status(404, "NotFound", "pods \"db-0\" not found"),
-            ),
-            // the finalizer comes off first
-            step("PATCH", format!("{CLAIMS}/10.0.0.8"), 200, value.clone()),
-            step("DELETE", format!("{CLAIMS}/10.0.0.8"), 200, value.clone()),
-            step(
-                "POST",
-                "/apis/events.k8s.io/v1/namespaces/default/events",
-                201,
-                json!({}),
-            ),
-        ],
-    );
+                list("PartialObjectMetadataList", 31, vec![]),
+            )
+        },
+        step(
+            "GET",
+            "/api/v1/namespaces/default/pods/db-0",
+            404,
+            status(404, "NotFound", "pods \"db-0\" not found"),
+        ),
+        // the finalizer comes off first
+        step("PATCH", format!("{CLAIMS}/10.0.0.8"), 200, value.clone()),
+        step("DELETE", format!("{CLAIMS}/10.0.0.8"), 200, value.clone()),
+        step(
+            "POST",
+            "/apis/events.k8s.io/v1/namespaces/default/events",
+            201,
+            json!({}),
+        ),
+    ]);
     let allocator = Arc::new(
         Allocator::new(Arc::new(ip_webhook::ledger::MemoryLedger::new()))
             .await
@@ -606,7 +561,6 @@ async fn a_full_resync_frees_an_ip_whose_pod_delete_the_watch_missed() {
 
 #[tokio::test(start_paused = true)]
 async fn an_expired_watch_relists_and_drops_what_was_deleted_meanwhile() {
-    let (client, handle) = mock_client();
     let gone = claim("10.0.0.10", "old", "req-10");
     let stays = claim("10.0.0.11", "new", "req-11");
     let expired = json!({"type": "ERROR", "object": status(410, "Expired", "too old resource version: 50 (60)")});
@@ -628,7 +582,7 @@ async fn an_expired_watch_relists_and_drops_what_was_deleted_meanwhile() {
             list("IPClaimList", 61, vec![stored(&stays, 60)]),
         ),
     ];
-    let server = script(handle, watch_steps);
+    let (client, server) = scripted(watch_steps);
     let allocator = Arc::new(
         Allocator::new(Arc::new(ip_webhook::ledger::MemoryLedger::new()))
             .await
@@ -675,57 +629,53 @@ fn lease(holder: &str, rv: u32, renew: &str) -> Value {
 
 #[tokio::test(start_paused = true)]
 async fn leader_acquires_renews_and_loses_the_lease() {
-    let (client, handle) = mock_client();
-    let server = script(
-        handle,
-        vec![
-            step(
-                "GET",
-                LEASE,
+    let (client, server) = scripted(vec![
+        step(
+            "GET",
+            LEASE,
+            404,
+            status(
                 404,
-                status(
-                    404,
-                    "NotFound",
-                    "leases.coordination.k8s.io \"ip-webhook-reconciler\" not found",
-                ),
+                "NotFound",
+                "leases.coordination.k8s.io \"ip-webhook-reconciler\" not found",
             ),
-            step(
-                "POST",
-                LEASES,
-                201,
-                lease("me", 1, "2026-01-01T00:00:00.000000Z"),
-            ),
-            step(
-                "GET",
-                LEASE,
-                200,
-                lease("me", 1, "2026-01-01T00:00:00.000000Z"),
-            ),
-            step(
-                "PUT",
-                LEASE,
-                200,
-                lease("me", 2, "2026-01-01T00:00:05.000000Z"),
-            ),
-            // Someone else wrote the lease in between: our renewal conflicts.
-            step(
-                "GET",
-                LEASE,
-                200,
-                lease("me", 2, "2026-01-01T00:00:05.000000Z"),
-            ),
-            step(
-                "PUT",
-                LEASE,
+        ),
+        step(
+            "POST",
+            LEASES,
+            201,
+            lease("me", 1, "2026-01-01T00:00:00.000000Z"),
+        ),
+        step(
+            "GET",
+            LEASE,
+            200,
+            lease("me", 1, "2026-01-01T00:00:00.000000Z"),
+        ),
+        step(
+            "PUT",
+            LEASE,
+            200,
+            lease("me", 2, "2026-01-01T00:00:05.000000Z"),
+        ),
+        // Someone else wrote the lease in between: our renewal conflicts.
+        step(
+            "GET",
+            LEASE,
+            200,
+            lease("me", 2, "2026-01-01T00:00:05.000000Z"),
+        ),
+        step(
+            "PUT",
+            LEASE,
+            409,
+            status(
                 409,
-                status(
-                    409,
-                    "Conflict",
-                    "Operation cannot be fulfilled on leases.coordination.k8s.io \"ip-webhook-reconciler\": the object has been modified; please apply your changes to the latest version and try again",
-                ),
+                "Conflict",
+                "Operation cannot be fulfilled on leases.coordination.k8s.io \"ip-webhook-reconciler\": the object has been modified; please apply your changes to the latest version and try again",
             ),
-        ],
-    );
+        ),
+    ]);
     let mut elector = Elector::new(Api::namespaced(client, "ip-webhook"), options().lease);
     assert!(elector.step().await, "created the lease");
     assert!(elector.step().await, "renewed");
@@ -740,22 +690,18 @@ async fn leader_acquires_renews_and_loses_the_lease() {
 
 #[tokio::test(start_paused = true)]
 async fn a_candidate_takes_over_only_after_the_lease_went_unrenewed() {
-    let (client, handle) = mock_client();
     let other = lease("other", 7, "2026-01-01T00:00:00.000000Z");
-    let server = script(
-        handle,
-        vec![
-            step("GET", LEASE, 200, other.clone()),
-            step("GET", LEASE, 200, other.clone()),
-            step("GET", LEASE, 200, other),
-            step(
-                "PUT",
-                LEASE,
-                200,
-                lease("me", 8, "2026-01-01T00:00:20.000000Z"),
-            ),
-        ],
-    );
+    let (client, server) = scripted(vec![
+        step("GET", LEASE, 200, other.clone()),
+        step("GET", LEASE, 200, other.clone()),
+        step("GET", LEASE, 200, other),
+        step(
+            "PUT",
+            LEASE,
+            200,
+            lease("me", 8, "2026-01-01T00:00:20.000000Z"),
+        ),
+    ]);
     let mut elector = Elector::new(Api::namespaced(client, "ip-webhook"), options().lease);
     assert!(!elector.step().await);
     tokio::time::advance(Duration::from_secs(10)).await;
@@ -772,7 +718,6 @@ async fn a_candidate_takes_over_only_after_the_lease_went_unrenewed() {
 
 #[tokio::test(start_paused = true)]
 async fn a_leader_that_cannot_renew_steps_down_before_the_lease_runs_out() {
-    let (client, handle) = mock_client();
     let unavailable = || {
         step(
             "GET",
@@ -785,25 +730,22 @@ async fn a_leader_that_cannot_renew_steps_down_before_the_lease_runs_out() {
             ),
         )
     };
-    let server = script(
-        handle,
-        vec![
-            step(
-                "GET",
-                LEASE,
-                200,
-                lease("me", 3, "2026-01-01T00:00:00.000000Z"),
-            ),
-            step(
-                "PUT",
-                LEASE,
-                200,
-                lease("me", 4, "2026-01-01T00:00:00.000000Z"),
-            ),
-            unavailable(),
-            unavailable(),
-        ],
-    );
+    let (client, server) = scripted(vec![
+        step(
+            "GET",
+            LEASE,
+            200,
+            lease("me", 3, "2026-01-01T00:00:00.000000Z"),
+        ),
+        step(
+            "PUT",
+            LEASE,
+            200,
+            lease("me", 4, "2026-01-01T00:00:00.000000Z"),
+        ),
+        unavailable(),
+        unavailable(),
+    ]);
     let mut elector = Elector::new(Api::namespaced(client, "ip-webhook"), options().lease);
     assert!(elector.step().await);
     tokio::time::advance(Duration::from_secs(5)).await;
@@ -818,7 +760,6 @@ async fn a_leader_that_cannot_renew_steps_down_before_the_lease_runs_out() {
 
 #[tokio::test(start_paused = true)]
 async fn a_pass_expires_old_reservations_and_keeps_a_gone_statefulset_pods_ip() {
-    let (client, handle) = mock_client();
     let now = unix_now();
     // Admitted 121s ago (TTL 120s), no pod ever appeared.
     let mut stale = claim("10.0.0.20", "", "req-20");
@@ -841,49 +782,46 @@ async fn a_pass_expires_old_reservations_and_keeps_a_gone_statefulset_pods_ip() 
     let mut done_value = stored(&done, 71);
     done_value["spec"]["sticky"] = json!(true);
 
-    let server = script(
-        handle,
-        vec![
-            // the finalizer comes off first
-            step(
-                "PATCH",
-                format!("{CLAIMS}/10.0.0.20"),
-                200,
-                stored(&stale, 60),
-            ),
-            step(
-                "DELETE",
-                format!("{CLAIMS}/10.0.0.20"),
-                200,
-                stored(&stale, 60),
-            ),
-            step(
-                "POST",
-                "/apis/events.k8s.io/v1/namespaces/default/events",
-                201,
-                json!({}),
-            ),
-            step(
-                "PATCH",
-                format!("{CLAIMS}/10.0.0.22/status"),
-                200,
-                sticky_value.clone(),
-            ),
-            // the finalizer comes off first
-            step(
-                "PATCH",
-                format!("{CLAIMS}/10.0.0.23"),
-                200,
-                done_value.clone(),
-            ),
-            step(
-                "DELETE",
-                format!("{CLAIMS}/10.0.0.23"),
-                200,
-                done_value.clone(),
-            ),
-        ],
-    );
+    let (client, server) = scripted(vec![
+        // the finalizer comes off first
+        step(
+            "PATCH",
+            format!("{CLAIMS}/10.0.0.20"),
+            200,
+            stored(&stale, 60),
+        ),
+        step(
+            "DELETE",
+            format!("{CLAIMS}/10.0.0.20"),
+            200,
+            stored(&stale, 60),
+        ),
+        step(
+            "POST",
+            "/apis/events.k8s.io/v1/namespaces/default/events",
+            201,
+            json!({}),
+        ),
+        step(
+            "PATCH",
+            format!("{CLAIMS}/10.0.0.22/status"),
+            200,
+            sticky_value.clone(),
+        ),
+        // the finalizer comes off first
+        step(
+            "PATCH",
+            format!("{CLAIMS}/10.0.0.23"),
+            200,
+            done_value.clone(),
+        ),
+        step(
+            "DELETE",
+            format!("{CLAIMS}/10.0.0.23"),
+            200,
+            done_value.clone(),
+        ),
+    ]);
     let caches = Arc::new(Caches::default());
     for value in [
         stored(&stale, 60),

@@ -17,6 +17,9 @@ mod etcd_cluster;
 #[path = "common/fakeapi.rs"]
 mod fakeapi;
 
+#[path = "common/claims.rs"]
+mod claims;
+
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -30,8 +33,7 @@ use ip_webhook::ledger::claim::PodIdentity;
 use ip_webhook::ledger::claim::{self as rules, PodIdentity as Identity};
 use ip_webhook::ledger::embedded::CommitCounters;
 use ip_webhook::ledger::{
-    Claim, CreateOutcome, EmbeddedLedger, KubeLedger, Ledger, MemoryLedger, ObservedChange, Phase,
-    PodRef, Source,
+    Claim, CreateOutcome, EmbeddedLedger, KubeLedger, Ledger, MemoryLedger, ObservedChange, PodRef,
 };
 #[cfg(feature = "etcd")]
 use ip_webhook::ledger::{EtcdLedger, EtcdOptions};
@@ -373,29 +375,14 @@ fn etcd_watch_keeps_another_replicas_index_fresh() {
 
 /// A claim as admission makes it.
 fn reserved(ip: &str, name: &str, request: &str, token: &str) -> Claim {
+    let mut claim = claims::at(claims::claim(ip, "db", name), 1_764_400_000);
+    if name.is_empty() {
+        claim.pod.generate_name = "db-7d4b9c-".into();
+    }
     Claim {
-        ip: ip.parse().unwrap(),
-        app: "db".into(),
-        pool: None,
-        pod: PodRef {
-            namespace: "default".into(),
-            name: name.into(),
-            generate_name: if name.is_empty() {
-                "db-7d4b9c-".into()
-            } else {
-                String::new()
-            },
-            uid: None,
-        },
         request_uid: request.into(),
-        phase: Phase::Reserved,
-        source: Source::Allocated,
-        created_at: 1_764_400_000,
-        updated_at: 1_764_400_000,
-        list_size: None,
         token: token.into(),
-        release_at: None,
-        sticky: false,
+        ..claim
     }
 }
 

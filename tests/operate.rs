@@ -5,6 +5,9 @@ mod common;
 #[path = "common/fakeapi.rs"]
 mod fakeapi;
 
+#[path = "common/claims.rs"]
+mod claims;
+
 use std::path::Path;
 use std::process::Command;
 
@@ -43,25 +46,17 @@ fn claim(
     at: u64,
     list_size: Option<u64>,
 ) -> Claim {
+    let mut claim = claims::at(claims::claim(ip, app, name), at);
+    claim.pod = PodRef {
+        generate_name: generate_name.into(),
+        ..claims::pod_ref(namespace, name)
+    };
     Claim {
-        ip: ip.parse().unwrap(),
-        app: app.into(),
         pool: pool.map(str::to_string),
-        pod: PodRef {
-            namespace: namespace.into(),
-            name: name.into(),
-            generate_name: generate_name.into(),
-            uid: None,
-        },
-        request_uid: format!("req-{ip}"),
         phase,
         source,
-        created_at: at,
-        updated_at: at,
         list_size,
-        token: String::new(),
-        release_at: None,
-        sticky: false,
+        ..claim
     }
 }
 
