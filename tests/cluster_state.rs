@@ -166,19 +166,13 @@ async fn a_foreign_pods_ip_and_a_kube_ovn_ip_object_are_refused_by_every_replica
 
 /// A review of a Deployment in namespace prod listing `ips`.
 fn deployment_review(name: &str, ips: &str) -> Value {
-    json!({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": format!("deploy-{name}"),
-            "kind": {"group": "apps", "version": "v1", "kind": "Deployment"},
-            "resource": {"group": "apps", "version": "v1", "resource": "deployments"},
-            "name": name,
-            "namespace": "prod",
-            "operation": "CREATE",
-            "object": deployment(name, ips),
-        }
-    })
+    common::object_review(
+        &format!("deploy-{name}"),
+        ("apps", "v1", "Deployment"),
+        "CREATE",
+        Some(deployment(name, ips)),
+        None,
+    )
 }
 
 fn deployment(name: &str, ips: &str) -> Value {

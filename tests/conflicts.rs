@@ -34,26 +34,13 @@ async fn server(extra: &[&str]) -> (TestServer, tempfile::TempDir) {
 }
 
 fn object_review(gvk: Gvk, operation: &str, object: Option<Value>, old: Option<Value>) -> Value {
-    let (group, version, kind) = gvk;
-    let meta = object
-        .as_ref()
-        .or(old.as_ref())
-        .map(|o| o["metadata"].clone())
-        .unwrap_or(json!({}));
-    json!({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": format!("uid-{}", rand_suffix()),
-            "kind": {"group": group, "version": version, "kind": kind},
-            "resource": {"group": group, "version": version, "resource": format!("{}s", kind.to_lowercase())},
-            "name": meta["name"],
-            "namespace": meta["namespace"],
-            "operation": operation,
-            "object": object,
-            "oldObject": old,
-        }
-    })
+    common::object_review(
+        &format!("uid-{}", rand_suffix()),
+        gvk,
+        operation,
+        object,
+        old,
+    )
 }
 
 fn rand_suffix() -> u64 {

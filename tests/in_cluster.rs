@@ -885,20 +885,13 @@ fn deployment_review(operation: &str, name: &str, ips: &str) -> Value {
         "DELETE" => (None, Some(deployment)),
         _ => (Some(deployment), None),
     };
-    json!({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": format!("deploy-{name}-{operation}"),
-            "kind": {"group": "apps", "version": "v1", "kind": "Deployment"},
-            "resource": {"group": "apps", "version": "v1", "resource": "deployments"},
-            "name": name,
-            "namespace": "prod",
-            "operation": operation,
-            "object": object,
-            "oldObject": old,
-        }
-    })
+    common::object_review(
+        &format!("deploy-{name}-{operation}"),
+        ("apps", "v1", "Deployment"),
+        operation,
+        object,
+        old,
+    )
 }
 
 /// Create the Deployment `deployment_review` describes in the API server (namespace prod).

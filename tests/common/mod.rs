@@ -334,6 +334,37 @@ pub fn review(
     })
 }
 
+/// An AdmissionReview (v1) of any object, `gvk` = (group, version, kind); the resource is the
+/// kind's plural, the name and namespace are the object's (or the old object's).
+pub fn object_review(
+    uid: &str,
+    gvk: (&str, &str, &str),
+    operation: &str,
+    object: Option<Value>,
+    old: Option<Value>,
+) -> Value {
+    let (group, version, kind) = gvk;
+    let meta = object
+        .as_ref()
+        .or(old.as_ref())
+        .map(|o| o["metadata"].clone())
+        .unwrap_or(json!({}));
+    json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": group, "version": version, "kind": kind},
+            "resource": {"group": group, "version": version, "resource": format!("{}s", kind.to_lowercase())},
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "operation": operation,
+            "object": object,
+            "oldObject": old,
+        }
+    })
+}
+
 pub fn create(uid: &str, pod: Value) -> Value {
     review("v1", uid, "CREATE", Some(pod), None, false)
 }
