@@ -261,7 +261,12 @@ async fn sync_once(api: &Api<DynamicObject>, webhook: &Webhook, state: &OvnReser
         };
         match result {
             Ok(()) => {
-                tracing::info!(pool = name, subnet, ranges = ips.len(), "Kube-OVN IPPool updated");
+                tracing::info!(
+                    pool = name,
+                    subnet,
+                    ranges = ips.len(),
+                    "Kube-OVN IPPool updated"
+                );
                 lock(&state.pools).insert(
                     name.clone(),
                     OvnPool {
@@ -281,7 +286,10 @@ async fn sync_once(api: &Api<DynamicObject>, webhook: &Webhook, state: &OvnReser
         }
         match api.delete(name, &DeleteParams::default()).await {
             Ok(_) => {
-                tracing::info!(pool = name, "Kube-OVN IPPool deleted: nothing left to reserve");
+                tracing::info!(
+                    pool = name,
+                    "Kube-OVN IPPool deleted: nothing left to reserve"
+                );
                 lock(&state.pools).remove(name);
             }
             Err(kube::Error::Api(status)) if status.code == 404 => {
@@ -292,7 +300,11 @@ async fn sync_once(api: &Api<DynamicObject>, webhook: &Webhook, state: &OvnReser
     }
 }
 
-async fn patch_pool(api: &Api<DynamicObject>, name: &str, ips: &[String]) -> Result<(), kube::Error> {
+async fn patch_pool(
+    api: &Api<DynamicObject>,
+    name: &str,
+    ips: &[String],
+) -> Result<(), kube::Error> {
     let patch = json!({"spec": {"ips": ips}});
     api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
@@ -351,7 +363,10 @@ mod tests {
         ]
         .into();
         let pools: BTreeMap<String, OvnPool> = [
-            ("theirs".to_string(), pool("ovn-default", &["10.16.0.12"], false)),
+            (
+                "theirs".to_string(),
+                pool("ovn-default", &["10.16.0.12"], false),
+            ),
             (
                 "ip-webhook-ovn-default".to_string(),
                 pool("ovn-default", &["10.16.0.200"], true),
@@ -371,7 +386,10 @@ mod tests {
                     "ip-webhook-ovn-default".to_string(),
                     (
                         "ovn-default".to_string(),
-                        vec!["10.16.0.10..10.16.0.11".to_string(), "10.16.0.13".to_string()]
+                        vec![
+                            "10.16.0.10..10.16.0.11".to_string(),
+                            "10.16.0.13".to_string()
+                        ]
                     )
                 ),
             ]
@@ -381,10 +399,15 @@ mod tests {
 
     #[test]
     fn kube_ovn_entry_formats_are_read() {
-        let entries: Vec<String> = ["10.16.0.201", "10.16.0.210/30", "10.16.0.220..10.16.0.222", "junk"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        let entries: Vec<String> = [
+            "10.16.0.201",
+            "10.16.0.210/30",
+            "10.16.0.220..10.16.0.222",
+            "junk",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
         assert_eq!(
             parse_entries(&entries).to_string(),
             "10.16.0.201,10.16.0.208-10.16.0.211,10.16.0.220-10.16.0.222"
@@ -404,8 +427,16 @@ mod tests {
             }))
             .unwrap()
         };
-        assert!(OvnPool::from_object(&object("ip-webhook-net1", true)).unwrap().ours);
-        assert!(!OvnPool::from_object(&object("ip-webhook-net1", false)).unwrap().ours);
+        assert!(
+            OvnPool::from_object(&object("ip-webhook-net1", true))
+                .unwrap()
+                .ours
+        );
+        assert!(
+            !OvnPool::from_object(&object("ip-webhook-net1", false))
+                .unwrap()
+                .ours
+        );
         assert!(!OvnPool::from_object(&object("other", true)).unwrap().ours);
     }
 }

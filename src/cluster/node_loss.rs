@@ -137,7 +137,11 @@ pub async fn watch_nodes(api: Api<Node>, nodes: Arc<Nodes>) {
     let mut mirror = Mirror::new();
     let stream = watcher(api, watcher::Config::default()).default_backoff();
     drive(stream, "nodes", |event| {
-        let change = mirror.step(event, |node: &Node| node.metadata.name.clone(), NodeReady::of);
+        let change = mirror.step(
+            event,
+            |node: &Node| node.metadata.name.clone(),
+            NodeReady::of,
+        );
         nodes.apply(change);
     })
     .await
@@ -149,7 +153,10 @@ pub fn lost_since(pod: &SlimPod, node: Option<NodeReady>, now: u64, grace: u64) 
     if grace == 0 {
         return None;
     }
-    if !pod.controller.is_some_and(ControllerKind::replaces_under_new_name) {
+    if !pod
+        .controller
+        .is_some_and(ControllerKind::replaces_under_new_name)
+    {
         return None;
     }
     if !pod.deleting_at.is_some_and(|at| now >= at) {
@@ -376,8 +383,14 @@ mod tests {
         assert_eq!(lost_since(&slim(rs, Some(NOW)), None, NOW, 300), None);
         // StatefulSet and bare pods keep their IP
         let sts = Some(ControllerKind::StatefulSet);
-        assert_eq!(lost_since(&slim(sts, Some(NOW)), down(3600), NOW, 300), None);
-        assert_eq!(lost_since(&slim(None, Some(NOW)), down(3600), NOW, 300), None);
+        assert_eq!(
+            lost_since(&slim(sts, Some(NOW)), down(3600), NOW, 300),
+            None
+        );
+        assert_eq!(
+            lost_since(&slim(None, Some(NOW)), down(3600), NOW, 300),
+            None
+        );
         // --node-lost-grace 0 turns it off
         assert_eq!(lost_since(&slim(rs, Some(NOW)), down(3600), NOW, 0), None);
     }
@@ -402,7 +415,8 @@ mod tests {
                 since: 1_767_225_610
             })
         );
-        let bare: Node = serde_json::from_value(serde_json::json!({"metadata": {"name": "n2"}})).unwrap();
+        let bare: Node =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "n2"}})).unwrap();
         assert_eq!(NodeReady::of(&bare), None);
     }
 }
