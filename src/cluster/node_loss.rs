@@ -159,7 +159,7 @@ pub fn lost_since(pod: &SlimPod, node: Option<NodeReady>, now: u64, grace: u64) 
     {
         return None;
     }
-    if !pod.deleting_at.is_some_and(|at| now >= at) {
+    if pod.deleting_at.is_none_or(|at| now < at) {
         return None;
     }
     let node = node?;
@@ -393,6 +393,25 @@ mod tests {
         );
         // --node-lost-grace 0 turns it off
         assert_eq!(lost_since(&slim(rs, Some(NOW)), down(3600), NOW, 0), None);
+    }
+
+    #[test]
+    fn a_released_lost_pods_ip_stops_counting_as_used_until_the_pod_goes() {
+        use super::super::index::ForeignIps;
+        let index = ClusterIps::default();
+        let ip = "10.0.0.1".parse().unwrap();
+        index.set_pods(vec![slim(Some(ControllerKind::ReplicaSet), Some(1))]);
+        assert!(index.user(&ip).is_some());
+        assert_eq!(index.terminating_pods().len(), 1);
+        index.mark_lost("u1");
+        assert_eq!(index.user(&ip), None);
+        index.prune_lost();
+        assert_eq!(index.user(&ip), None, "still indexed: still lost");
+        index.set_pods(Vec::new());
+        index.prune_lost();
+        // a pod of that UID again (a relist) counts as used once more: the mark went with it
+        index.set_pods(vec![slim(None, None)]);
+        assert!(index.user(&ip).is_some());
     }
 
     #[test]
