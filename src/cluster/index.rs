@@ -1,7 +1,8 @@
 //! Watch-fed indexes of what the cluster itself says is in use, the same on every replica:
 //!
 //! - the IPs pods actually run on (`status.podIPs`), kept as a [`SlimPod`] each (namespace,
-//!   name, UID, node, IPs; everything else is dropped as the event arrives);
+//!   name, UID, node, IPs, deletion time, controller kind; everything else is dropped as the
+//!   event arrives);
 //! - Kube-OVN `IP` objects (`ips.kubeovn.io`) when that CRD is served;
 //! - workloads whose pod template asks for fixed IPs (fed into the
 //!   [`crate::workloads::WorkloadRegistry`], see [`watch_workloads`]).
