@@ -254,6 +254,8 @@ pub fn cluster_options(args: &ServeArgs) -> ClusterOptions {
         app_label: args.webhook.app_label.clone(),
         cni: args.webhook.cni,
         calico_reservation: cluster.calico_reservation,
+        node_lost_grace: cluster.node_lost_grace,
+        kube_ovn_reservation: cluster.kube_ovn_reservation,
     }
 }
 

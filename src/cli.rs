@@ -459,6 +459,15 @@ pub struct ClusterArgs {
     /// ip-webhook may hand out, so Calico's automatic assignment skips them.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub calico_reservation: bool,
+    /// Release the IP of a pod stuck Terminating (its grace over) on a node whose Ready
+    /// condition has been False or Unknown this long; only pods of a ReplicaSet, Job or
+    /// DaemonSet (StatefulSet and bare pods keep theirs). 0 turns it off.
+    #[arg(long, default_value = "5m", value_parser = parse_duration, value_name = "DURATION")]
+    pub node_lost_grace: Duration,
+    /// With --cni kube-ovn: keep a Kube-OVN IPPool (ip-webhook-<subnet>) per Subnet over the
+    /// IPs ip-webhook may hand out, so Kube-OVN's random allocation skips them.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub kube_ovn_reservation: bool,
 }
 
 /// How to reach etcd for `--ledger etcd` (a build with the `etcd` cargo feature).

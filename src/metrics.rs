@@ -162,6 +162,8 @@ pub struct Metrics {
     pub releases: Counter,
     /// Admitted pod DELETEs whose pod still ran when its grace ended: the IP was kept.
     pub releases_refused: Counter,
+    /// Claims of pods stuck Terminating on a lost node, released ([`crate::cluster::node_loss`]).
+    pub node_lost_releases: Counter,
     /// Reservations no pod picked up, dropped by the reconciler.
     pub reservations_expired: Counter,
     /// Claims of pods that went without a release (missed DELETE), reclaimed by the reconciler;
@@ -523,6 +525,12 @@ impl Metrics {
             "Pod DELETEs admitted whose pod still ran when its grace period ended: its IP was kept",
             releases_refused.clone(),
         );
+        let node_lost_releases = Counter::default();
+        registry.register(
+            "node_lost_releases",
+            "Claims released because their pod was stuck Terminating on a node NotReady for longer than --node-lost-grace",
+            node_lost_releases.clone(),
+        );
         let ledger = CommitCounters::default();
         registry.register(
             "ledger_commits",
@@ -570,6 +578,7 @@ impl Metrics {
             tls_checks,
             releases,
             releases_refused,
+            node_lost_releases,
             reservations_expired,
             leaks_reclaimed,
             ledger,

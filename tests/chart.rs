@@ -688,6 +688,7 @@ fn rbac_grants_what_the_server_needs_and_the_cni_extras_only_when_switched_on() 
     let helm = helm();
     let base = vec![
         grant("", "events", "create,patch"),
+        grant("", "nodes", "list,watch"),
         grant("", "pods", "get,list,watch"),
         grant("apps", "daemonsets", "list,watch"),
         grant("apps", "deployments", "list,watch"),
@@ -761,9 +762,38 @@ fn rbac_grants_what_the_server_needs_and_the_cni_extras_only_when_switched_on() 
     );
     let mut expected = base.clone();
     expected.extend(calico);
-    expected.extend(kube_ovn);
+    expected.extend(kube_ovn.clone());
     expected.sort();
     assert_eq!(rules_of(one(&docs, "ClusterRole")), expected);
+
+    // Node-loss release off: no nodes; the Kube-OVN reservation on: its IPPools.
+    let docs = render(
+        &helm,
+        &[
+            "server.cni=kube-ovn",
+            "server.nodeLostGrace=0",
+            "server.kubeOvnReservation=true",
+        ],
+        "1.31.0",
+    );
+    let mut expected: Vec<_> = base.into_iter().filter(|g| g.1 != "nodes").collect();
+    expected.extend(kube_ovn);
+    expected.push(grant(
+        "kubeovn.io",
+        "ippools",
+        "list,watch,create,patch,delete",
+    ));
+    expected.sort();
+    assert_eq!(rules_of(one(&docs, "ClusterRole")), expected);
+    let args = &one(&docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"];
+    let args: Vec<&str> = args
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|a| a.as_str())
+        .collect();
+    assert!(args.contains(&"--node-lost-grace=0"), "{args:?}");
+    assert!(args.contains(&"--kube-ovn-reservation=true"), "{args:?}");
 }
 
 #[test]

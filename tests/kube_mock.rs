@@ -522,6 +522,8 @@ fn options() -> ClusterOptions {
         app_label: "app".into(),
         cni: ip_webhook::annotations::Cni::Calico,
         calico_reservation: true,
+        node_lost_grace: Duration::from_secs(300),
+        kube_ovn_reservation: false,
     }
 }
 

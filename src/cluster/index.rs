@@ -1,7 +1,8 @@
 //! Watch-fed indexes of what the cluster itself says is in use, the same on every replica:
 //!
 //! - the IPs pods actually run on (`status.podIPs`), kept as a [`SlimPod`] each (namespace,
-//!   name, UID, node, IPs; everything else is dropped as the event arrives);
+//!   name, UID, node, IPs, deletion time, controller kind; everything else is dropped as the
+//!   event arrives);
 //! - Kube-OVN `IP` objects (`ips.kubeovn.io`) when that CRD is served;
 //! - workloads whose pod template asks for fixed IPs (fed into the
 //!   [`crate::workloads::WorkloadRegistry`], see [`watch_workloads`]).
@@ -63,6 +64,10 @@ pub struct SlimPod {
     pub uid: Box<str>,
     pub node: Box<str>,
     pub ips: Box<[IpAddr]>,
+    /// `metadata.deletionTimestamp` (unix seconds): the pod is Terminating; its grace ends then.
+    pub deleting_at: Option<u64>,
+    /// The kind of its controller owner, for node-loss release ([`super::node_loss`]).
+    pub controller: Option<super::node_loss::ControllerKind>,
 }
 
 impl SlimPod {
@@ -101,6 +106,11 @@ impl SlimPod {
                 .unwrap_or("")
                 .into(),
             ips: ips.into_boxed_slice(),
+            deleting_at: meta
+                .deletion_timestamp
+                .as_ref()
+                .and_then(|t| u64::try_from(t.0.as_second()).ok()),
+            controller: super::node_loss::ControllerKind::of(meta.owner_references.as_deref()),
         })
     }
 }
@@ -209,6 +219,9 @@ pub struct ClusterIps {
     pods_synced: AtomicBool,
     ovn_synced: AtomicBool,
     workloads_synced: AtomicBool,
+    /// UIDs of pods on lost nodes whose claims were released ([`super::node_loss`]): their
+    /// IPs no longer count as used.
+    lost: RwLock<std::collections::HashSet<Box<str>>>,
 }
 
 fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
@@ -238,6 +251,32 @@ impl ClusterIps {
 
     pub fn ovn_count(&self) -> usize {
         read(&self.ovn).by_key.len()
+    }
+
+    /// The pod with this UID, if it runs on IPs of its own.
+    pub fn pod(&self, uid: &str) -> Option<Arc<SlimPod>> {
+        read(&self.pods).by_key.get(uid).cloned()
+    }
+
+    /// Every indexed pod that is Terminating (deletionTimestamp set).
+    pub fn terminating_pods(&self) -> Vec<Arc<SlimPod>> {
+        read(&self.pods)
+            .by_key
+            .values()
+            .filter(|p| p.deleting_at.is_some())
+            .cloned()
+            .collect()
+    }
+
+    /// The IPs of this pod (on a lost node, its claims released) stop counting as used.
+    pub fn mark_lost(&self, uid: &str) {
+        write(&self.lost).insert(uid.into());
+    }
+
+    /// Forget lost pods that are no longer indexed (gone at last).
+    pub fn prune_lost(&self) {
+        let pods = read(&self.pods);
+        write(&self.lost).retain(|uid| pods.by_key.contains_key(uid));
     }
 
     /// Apply one pod event (a pod without IPs of its own is removed).
@@ -279,7 +318,11 @@ fn pod_step<T: HasIps>(
 impl ForeignIps for ClusterIps {
     fn user(&self, ip: &IpAddr) -> Option<ForeignUse> {
         let ovn = read(&self.ovn).by_ip.get(ip).cloned();
-        let pod = read(&self.pods).by_ip.get(ip).cloned();
+        let pod = read(&self.pods)
+            .by_ip
+            .get(ip)
+            .filter(|p| !read(&self.lost).contains(&p.uid))
+            .cloned();
         match (pod, ovn) {
             (Some(pod), ovn) => Some(ForeignUse {
                 namespace: pod.namespace.to_string(),
@@ -587,6 +630,8 @@ mod tests {
             uid: "u1".into(),
             node: "n1".into(),
             ips: vec![ip("10.98.2.7")].into(),
+            deleting_at: None,
+            controller: None,
         }]);
         let object: DynamicObject = serde_json::from_value(serde_json::json!({
             "apiVersion": "kubeovn.io/v1", "kind": "IP",
@@ -630,6 +675,8 @@ mod tests {
                 uid: uid.into(),
                 node: "".into(),
                 ips: vec![ip(addr)].into(),
+                deleting_at: None,
+                controller: None,
             }),
         };
         relist.step(&index.pods, &index.pods_synced, watcher::Event::Init);

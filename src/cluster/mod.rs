@@ -31,7 +31,9 @@ use crate::webhook::Webhook;
 pub mod cni;
 pub mod events;
 pub mod index;
+pub mod kube_ovn_reservation;
 pub mod lease;
+pub mod node_loss;
 pub mod pods;
 pub mod reconcile;
 pub mod sweep;
@@ -69,6 +71,11 @@ pub struct ClusterOptions {
     pub cni: Cni,
     /// With Calico: keep the IPReservation [`cni::RESERVATION_NAME`] (leader only).
     pub calico_reservation: bool,
+    /// Release the claims of pods stuck Terminating on a node NotReady this long
+    /// ([`node_loss`]); zero: off.
+    pub node_lost_grace: Duration,
+    /// With Kube-OVN: keep Kube-OVN IPPools over our IPs ([`kube_ovn_reservation`], leader only).
+    pub kube_ovn_reservation: bool,
 }
 
 /// What the watches hold. Pods are kept as [`PodInfo`] only, and only pods that carry an IP.
@@ -461,6 +468,7 @@ pub fn start(
             webhook.clone(),
         ))),
     }
+    tasks.extend(edge_tasks(&client, &webhook, &caches, &leading, &options));
     let leases = Api::<Lease>::namespaced(client.clone(), &options.lease.namespace);
     let elector = lease::Elector::new(leases.clone(), options.lease.clone());
     tasks.push(tokio::spawn(lease::run(elector, leading_tx)));
@@ -498,6 +506,63 @@ pub fn start(
         lease,
         tasks,
     }
+}
+
+/// Node-loss release and the Kube-OVN reservation keeper, as `options` ask.
+fn edge_tasks(
+    client: &Client,
+    webhook: &Arc<Webhook>,
+    caches: &Arc<Caches>,
+    leading: &watch::Receiver<bool>,
+    options: &ClusterOptions,
+) -> Vec<JoinHandle<()>> {
+    let mut tasks = Vec::new();
+    if !options.node_lost_grace.is_zero() {
+        let nodes = Arc::new(node_loss::Nodes::default());
+        tasks.push(tokio::spawn(node_loss::watch_nodes(
+            Api::all(client.clone()),
+            nodes.clone(),
+        )));
+        let releaser = node_loss::NodeLoss {
+            allocator: webhook.allocator.clone(),
+            cluster_ips: caches.cluster_ips.clone(),
+            nodes,
+            pods: client.clone(),
+            recorder: Recorder::new(
+                client.clone(),
+                Reporter {
+                    controller: "ip-webhook".into(),
+                    instance: Some(options.lease.identity.clone()),
+                },
+            ),
+            metrics: webhook.metrics.clone(),
+            grace: options.node_lost_grace.as_secs().max(1),
+        };
+        tasks.push(tokio::spawn(
+            releaser.run(leading.clone(), node_loss::PERIOD),
+        ));
+    }
+    if options.cni == Cni::KubeOvn && options.kube_ovn_reservation {
+        let state = Arc::new(kube_ovn_reservation::OvnReservationState::default());
+        let pools = Api::all_with(client.clone(), &kube_ovn_reservation::kube_ovn_ippools());
+        tasks.push(tokio::spawn(kube_ovn_reservation::watch_subnets(
+            Api::all_with(client.clone(), &cni::kube_ovn_subnets()),
+            state.clone(),
+        )));
+        tasks.push(tokio::spawn(kube_ovn_reservation::watch_pools(
+            pools.clone(),
+            state.clone(),
+        )));
+        tasks.push(tokio::spawn(kube_ovn_reservation::keep_pools(
+            pools,
+            webhook.clone(),
+            caches.clone(),
+            state,
+            leading.clone(),
+            RESERVATION_CHECK,
+        )));
+    }
+    tasks
 }
 
 /// With a ledger other than IPClaims (etcd, embedded) and an API server: the Lease election and
