@@ -301,10 +301,14 @@ pub fn command(plugin: bool) -> clap::Command {
     use clap::CommandFactory;
     let command = Cli::command();
     if plugin {
-        command
+        // The server's commands still run, but kubectl users are shown the operator's.
+        ["serve", "review", "crds"]
+            .into_iter()
+            .fold(command, |c, name| c.mut_subcommand(name, |s| s.hide(true)))
             .name(PLUGIN_FILE)
             .bin_name("kubectl ipw")
             .display_name("kubectl ipw")
+            .about("ip-webhook's fixed pod IPs from kubectl: who holds which IP (status), what a workload would get (explain), free a leaked IP (release), check the install or its drift from the CNI (check)")
     } else {
         command
     }
@@ -1205,7 +1209,10 @@ mod tests {
             .unwrap()
             .render_help()
             .to_string();
-        assert!(help.contains("Usage: kubectl ipw status [OPTIONS]"), "{help}");
+        assert!(
+            help.contains("Usage: kubectl ipw status [OPTIONS]"),
+            "{help}"
+        );
         let error = command(true)
             .try_get_matches_from(["kubectl-ipw", "check", "--drift", "--url", "https://x"])
             .unwrap_err()
@@ -1231,7 +1238,9 @@ mod tests {
             }
             _ => unreachable!(),
         }
-        assert!(Cli::try_parse_from(["ip-webhook", "check", "--url", "https://x", "-n", "p"]).is_err());
+        assert!(
+            Cli::try_parse_from(["ip-webhook", "check", "--url", "https://x", "-n", "p"]).is_err()
+        );
     }
 
     #[test]

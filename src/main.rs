@@ -2,7 +2,6 @@
 
 use std::process::ExitCode;
 
-
 // Every admission allocates a few dozen small strings and maps; mimalloc frees them for about a
 // fifth of glibc's instructions (`examples/count_review.rs` under callgrind).
 #[global_allocator]

@@ -39,7 +39,10 @@ fn ip_webhook(args: &[&str]) -> (Option<i32>, String, String) {
 
 /// Install the Kube-OVN and Calico IPAM CRDs of tests/fixtures/cni-crds.yaml.
 async fn install_cni_crds(client: &Client) {
-    let path = format!("{}/tests/fixtures/cni-crds.yaml", env!("CARGO_MANIFEST_DIR"));
+    let path = format!(
+        "{}/tests/fixtures/cni-crds.yaml",
+        env!("CARGO_MANIFEST_DIR")
+    );
     let text = std::fs::read_to_string(path).unwrap();
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     let mut names = Vec::new();
@@ -110,14 +113,19 @@ async fn running_pod(client: &Client, namespace: &str, object: Value, ips: &[&st
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
     let name = object["metadata"]["name"].as_str().unwrap().to_string();
     let created = pods
-        .create(&PostParams::default(), &serde_json::from_value(object).unwrap())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(object).unwrap(),
+        )
         .await
         .unwrap();
     let pod_ips: Vec<Value> = ips.iter().map(|ip| json!({"ip": ip})).collect();
     pods.patch_status(
         &name,
         &PatchParams::default(),
-        &Patch::Merge(json!({"status": {"phase": "Running", "podIP": ips.first(), "podIPs": pod_ips}})),
+        &Patch::Merge(
+            json!({"status": {"phase": "Running", "podIP": ips.first(), "podIPs": pod_ips}}),
+        ),
     )
     .await
     .unwrap();
@@ -150,8 +158,12 @@ fn claim(ip: &str, name: &str, uid: &str) -> Claim {
 /// An IPClaim as the reconciler leaves it: Bound to `uid`, reserved an hour ago.
 async fn bound_claim(client: &Client, ip: &str, name: &str, uid: &str) {
     let claim = claim(ip, name, uid);
-    KubeLedger::new(client.clone()).create(&claim).await.unwrap();
-    let hour_ago = k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_hours(1);
+    KubeLedger::new(client.clone())
+        .create(&claim)
+        .await
+        .unwrap();
+    let hour_ago =
+        k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_hours(1);
     let claims: Api<IPClaim> = Api::all(client.clone());
     claims
         .patch_status(
@@ -205,7 +217,10 @@ async fn clean_cluster(fake: &FakeApi) -> Client {
     let namespaces: Api<Namespace> = Api::all(client.clone());
     let other = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "other"}});
     namespaces
-        .create(&PostParams::default(), &serde_json::from_value(other).unwrap())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(other).unwrap(),
+        )
         .await
         .unwrap();
     foreign_pod(&client, "other", "db", "10.9.0.1").await; // on no list: no business of ours
@@ -357,7 +372,11 @@ async fn each_kind_of_drift_is_found_and_exits_3() {
         "other",
     ]);
     assert_eq!(code, Some(3));
-    assert_eq!(table.lines().filter(|l| l.contains("10.0.0.")).count(), 1, "{table}");
+    assert_eq!(
+        table.lines().filter(|l| l.contains("10.0.0.")).count(),
+        1,
+        "{table}"
+    );
     assert!(table.contains("other/squatter"), "{table}");
 }
 
@@ -369,7 +388,8 @@ async fn an_embedded_ledger_is_compared_with_the_cluster() {
     let client = fake.install_crds().await;
     let uid = web_pod(&client, "web-a", "10.0.0.10", &["10.0.0.10"]).await;
     let state = tempfile::tempdir().unwrap();
-    let ledger = ip_webhook::ledger::EmbeddedLedger::open(state.path(), Default::default()).unwrap();
+    let ledger =
+        ip_webhook::ledger::EmbeddedLedger::open(state.path(), Default::default()).unwrap();
     let mut gone = claim("10.0.0.11", "web-gone", "uid-gone");
     gone.created_at = 1_764_400_000;
     gone.updated_at = 1_764_400_000;
@@ -391,7 +411,11 @@ async fn an_embedded_ledger_is_compared_with_the_cluster() {
         &dir,
     ]);
     assert_eq!(code, Some(3), "{table}{err}");
-    let rows: Vec<&str> = table.lines().skip(1).take_while(|l| !l.is_empty()).collect();
+    let rows: Vec<&str> = table
+        .lines()
+        .skip(1)
+        .take_while(|l| !l.is_empty())
+        .collect();
     assert_eq!(rows.len(), 1, "{table}");
     assert!(
         rows[0].starts_with("claim-without-pod   10.0.0.11   default/web-gone"),

@@ -122,7 +122,12 @@ pub fn compare(inputs: &Inputs<'_>) -> Vec<Drift> {
     let existing: HashSet<(&str, &str)> = inputs
         .pods
         .iter()
-        .filter_map(|pod| Some((pod.metadata.namespace.as_deref()?, pod.metadata.name.as_deref()?)))
+        .filter_map(|pod| {
+            Some((
+                pod.metadata.namespace.as_deref()?,
+                pod.metadata.name.as_deref()?,
+            ))
+        })
         .collect();
 
     // Each held claim and the pod holding it: kinds 1 and 3.
@@ -230,7 +235,11 @@ fn settled(claim: &Claim, now: u64, settle: u64) -> bool {
     if claim.phase == Phase::Terminating && claim.release_at.is_some_and(|at| at > now) {
         return false; // its pod may be gone; the IP waits for release_at by design
     }
-    claim.updated_at.max(claim.created_at).saturating_add(settle) <= now
+    claim
+        .updated_at
+        .max(claim.created_at)
+        .saturating_add(settle)
+        <= now
 }
 
 fn describe_app(claim: &Claim) -> String {
@@ -551,7 +560,10 @@ mod tests {
 
     #[test]
     fn a_clean_cluster_has_no_drift() {
-        let claims = [old("10.0.0.10", "web-a", "ua"), old("10.0.0.11", "web-b", "ub")];
+        let claims = [
+            old("10.0.0.10", "web-a", "ua"),
+            old("10.0.0.11", "web-b", "ub"),
+        ];
         let pods = [
             pod("web-a", "ua", "10.0.0.10", &["10.0.0.10"]),
             pod("web-b", "ub", "10.0.0.11", &[]), // not started yet
