@@ -340,6 +340,10 @@ async fn each_kind_of_drift_is_found_and_exits_3() {
             row("cni-holds-gone-pod", "10.0.0.17", "default/web-older"),
         ]
     );
+    assert_eq!(
+        report["drift"][0]["detail"],
+        "Bound claim of app default/web has no pod (`ip-webhook release 10.0.0.11` frees it)"
+    );
     assert_eq!(report["drift"][2]["pod_ips"], json!(["10.0.0.13"]));
     assert_eq!(
         report["drift"][3]["detail"],

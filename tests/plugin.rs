@@ -307,3 +307,87 @@ async fn kubectl_ipw_reads_the_cluster_of_kubeconfig_context_and_namespace() {
         "{out}"
     );
 }
+
+/// deploy/krew/ipw.yaml parses and passes the rules of krew's own `ValidatePlugin`
+/// (kubernetes-sigs/krew `internal/index/validation/validate.go`): apiVersion and kind, a
+/// safe name equal to the file's, a one-line shortDescription, a `v`-prefixed semver version,
+/// and per platform a uri, a sha256 of 64 hex digits, a bin, well-formed files and an
+/// os/arch selector. Its URLs are placeholders, and it says so.
+#[test]
+fn the_krew_manifest_passes_krews_validation_rules() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/krew/ipw.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let manifest: Value = serde_yaml::from_str(&text).unwrap();
+    let str_at = |value: &Value, pointer: &str| -> String {
+        value
+            .pointer(pointer)
+            .and_then(Value::as_str)
+            .unwrap_or_else(|| panic!("{pointer} missing or not a string"))
+            .to_string()
+    };
+    assert_eq!(
+        str_at(&manifest, "/apiVersion"),
+        "krew.googlecontainertools.github.com/v1alpha2"
+    );
+    assert_eq!(str_at(&manifest, "/kind"), "Plugin");
+    let name = str_at(&manifest, "/metadata/name");
+    assert_eq!(name, path.file_stem().unwrap().to_str().unwrap());
+    assert!(
+        name.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    );
+    let short = str_at(&manifest, "/spec/shortDescription");
+    assert!(!short.is_empty() && !short.contains(['\r', '\n']));
+    let version = str_at(&manifest, "/spec/version");
+    let numbers: Vec<&str> = version
+        .strip_prefix('v')
+        .unwrap_or_else(|| panic!("version {version} lacks the v krew wants"))
+        .split('.')
+        .collect();
+    assert_eq!(numbers.len(), 3, "{version}");
+    assert!(
+        numbers
+            .iter()
+            .all(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    );
+    // The crate's version: a release bumps both.
+    assert_eq!(version, format!("v{}", env!("CARGO_PKG_VERSION")));
+    let platforms = manifest["spec"]["platforms"].as_array().unwrap();
+    assert!(!platforms.is_empty());
+    for platform in platforms {
+        let uri = str_at(platform, "/uri");
+        assert!(
+            uri.starts_with("https://") && uri.ends_with(".tar.gz"),
+            "{uri}"
+        );
+        let sha = str_at(platform, "/sha256");
+        assert!(
+            sha.len() == 64
+                && sha
+                    .bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
+            "{sha}"
+        );
+        assert_eq!(str_at(platform, "/bin"), "kubectl-ipw");
+        let files = platform["files"].as_array().unwrap();
+        assert!(!files.is_empty());
+        for file in files {
+            assert!(!str_at(file, "/from").is_empty() && !str_at(file, "/to").is_empty());
+        }
+        assert!(
+            files
+                .iter()
+                .any(|f| f["from"] == "ip-webhook" && f["to"] == "kubectl-ipw"),
+            "the binary must be installed under the plugin's name: {files:?}"
+        );
+        let labels = platform["selector"]["matchLabels"].as_object().unwrap();
+        assert!(!labels.is_empty());
+        assert!(
+            labels.keys().all(|k| k == "os" || k == "arch"),
+            "{labels:?}"
+        );
+        // Placeholder until releases exist: a host that cannot resolve, and the header says so.
+        assert!(uri.contains(".example.invalid/"), "{uri}");
+    }
+    assert!(text.starts_with("# A krew plugin manifest") && text.contains("PLACEHOLDER"));
+}

@@ -142,9 +142,11 @@ pub fn compare(inputs: &Inputs<'_>) -> Vec<Drift> {
                     pod: claim.pod.display(),
                     pod_ips: Vec::new(),
                     detail: format!(
-                        "{:?} claim of {} has no pod",
+                        "{:?} claim of {} has no pod (`{} release {}` frees it)",
                         claim.phase,
-                        describe_app(claim)
+                        describe_app(claim),
+                        crate::cli::invocation(),
+                        claim.ip
                     ),
                 });
             }
