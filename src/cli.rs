@@ -74,11 +74,15 @@ pub enum Command {
     /// The ledger is found as for `status`.
     #[command(after_help = EXIT_CODES)]
     Release(ReleaseArgs),
-    /// Check a running install: reachability, certificate, readiness, capacity, leader.
+    /// Check a running install (reachability, certificate, readiness, capacity, leader), or
+    /// with --drift the claims against the cluster.
     ///
     /// Verifies the served certificate against the caBundle (--ca-file, --ca-bundle, or the
     /// webhook configurations read from the cluster) and its expiry, posts a harmless dry-run
-    /// review, reads /readyz and /metrics.
+    /// review, reads /readyz and /metrics. With --drift instead: compares the claims (found as
+    /// for `status`) with the pods' IPs, Kube-OVN IP objects and Calico's IPAM blocks, and
+    /// lists claims without a pod, pods on list IPs without a claim, pods on another IP than
+    /// their claim, and IPs the CNI holds for gone pods.
     #[command(after_help = EXIT_CODES)]
     Check(CheckArgs),
 }

@@ -603,7 +603,7 @@ mod tests {
         );
         // Made a minute ago: an admission whose pod is still being created.
         let fresh = claim("10.0.0.12", "", None, Phase::Reserved, NOW - 60);
-        assert_eq!(run(&[fresh.clone()], &pods[..0], &[]), []);
+        assert_eq!(run(std::slice::from_ref(&fresh), &pods[..0], &[]), []);
         let stale = Claim {
             created_at: NOW - 600,
             updated_at: NOW - 600,
@@ -623,7 +623,7 @@ mod tests {
             release_at: Some(NOW + 30),
             ..gone.clone()
         };
-        assert_eq!(run(&[waiting.clone()], &[], &[]), []);
+        assert_eq!(run(std::slice::from_ref(&waiting), &[], &[]), []);
         let overdue = Claim {
             release_at: Some(NOW - 30),
             ..waiting
