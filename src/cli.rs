@@ -33,8 +33,8 @@ pub struct Cli {
 
 /// What every command's exit status means (also in the README).
 pub const EXIT_CODES: &str = "Exit status: 0 done; 1 error (one `Error: …` line on stderr); \
-2 bad command line; 3 the command ran and the answer is no (a `check` failed, `release` freed \
-nothing, a `status` filter matched nothing).";
+2 bad command line; 3 the command ran and the answer is no (a `check` failed, `check --drift` \
+found drift, `release` freed nothing, a `status` filter matched nothing).";
 
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
 pub enum LogFormat {
