@@ -441,11 +441,11 @@ impl Report {
         if self.drift.is_empty() {
             return format!("No drift: {summary}.\n");
         }
-        let rows: Vec<[String; 4]> = self
+        let rows: Vec<Vec<String>> = self
             .drift
             .iter()
             .map(|d| {
-                [
+                vec![
                     d.kind.name().to_string(),
                     d.ip.to_string(),
                     d.pod.clone(),
@@ -453,32 +453,7 @@ impl Report {
                 ]
             })
             .collect();
-        let header = ["KIND", "IP", "POD", "DETAIL"];
-        let mut widths = header.map(str::len);
-        for row in &rows {
-            for (width, cell) in widths.iter_mut().zip(row) {
-                *width = (*width).max(cell.chars().count());
-            }
-        }
-        let mut out = String::new();
-        let mut line = |cells: [&str; 4]| {
-            let text = format!(
-                "{:w0$}   {:w1$}   {:w2$}   {}",
-                cells[0],
-                cells[1],
-                cells[2],
-                cells[3],
-                w0 = widths[0],
-                w1 = widths[1],
-                w2 = widths[2]
-            );
-            out.push_str(text.trim_end());
-            out.push('\n');
-        };
-        line(header);
-        for row in &rows {
-            line([&row[0], &row[1], &row[2], &row[3]]);
-        }
+        let mut out = crate::status::table(&["KIND", "IP", "POD", "DETAIL"], &rows);
         out.push_str(&format!("\n{} drift found; {summary}.\n", self.drift.len()));
         out
     }
