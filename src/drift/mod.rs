@@ -130,10 +130,24 @@ pub fn compare(inputs: &Inputs<'_>) -> Vec<Drift> {
         })
         .collect();
 
+    // Bound claims find their pod by UID here (as `holder` does, without a scan per claim);
+    // reservations, few and short-lived, through `holder`.
+    let by_uid: HashMap<(&str, &str), &Pod> = inputs
+        .pods
+        .iter()
+        .filter_map(|pod| {
+            let meta = &pod.metadata;
+            Some(((meta.namespace.as_deref()?, meta.uid.as_deref()?), pod))
+        })
+        .collect();
+
     // Each held claim and the pod holding it: kinds 1 and 3.
     let mut holding: HashMap<(&str, &str), Vec<&Claim>> = HashMap::new();
     for claim in &held {
-        let pod = holder(inputs.pods, claim, inputs.app_label);
+        let pod = match claim.pod.uid.as_deref() {
+            Some(uid) => by_uid.get(&(claim.pod.namespace.as_str(), uid)).copied(),
+            None => holder(inputs.pods, claim, inputs.app_label),
+        };
         let Some(pod) = pod else {
             if settled(claim, inputs.now, inputs.settle) {
                 found.push(Drift {
@@ -537,16 +551,25 @@ mod tests {
 
     #[test]
     fn a_clean_cluster_has_no_drift() {
+        // a reservation whose pod is not bound yet: found by its token
+        let reserved = claim("10.0.0.12", "", None, Phase::Reserved, NOW - 3600);
         let claims = [
             old("10.0.0.10", "web-a", "ua"),
             old("10.0.0.11", "web-b", "ub"),
+            reserved,
         ];
         let pods = [
             pod("web-a", "ua", "10.0.0.10", &["10.0.0.10"]),
             pod("web-b", "ub", "10.0.0.11", &[]), // not started yet
-            foreign("db", "10.9.0.1"),            // on no list
+            pod("web-c", "uc", "10.0.0.12", &["10.0.0.12"]),
+            foreign("db", "10.9.0.1"), // on no list
         ];
         assert_eq!(run(&claims, &pods, &[]), []);
+        // without its pod, the old reservation is drift
+        assert_eq!(
+            run(&claims, &[pods[0].clone(), pods[1].clone()], &[]).len(),
+            1
+        );
     }
 
     #[test]
