@@ -33,8 +33,8 @@ pub struct Cli {
 
 /// What every command's exit status means (also in the README).
 pub const EXIT_CODES: &str = "Exit status: 0 done; 1 error (one `Error: …` line on stderr); \
-2 bad command line; 3 the command ran and the answer is no (a `check` failed, `release` freed \
-nothing, a `status` filter matched nothing).";
+2 bad command line; 3 the command ran and the answer is no (a `check` failed, `check --drift` \
+found drift, `release` freed nothing, a `status` filter matched nothing).";
 
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
 pub enum LogFormat {
@@ -74,11 +74,15 @@ pub enum Command {
     /// The ledger is found as for `status`.
     #[command(after_help = EXIT_CODES)]
     Release(ReleaseArgs),
-    /// Check a running install: reachability, certificate, readiness, capacity, leader.
+    /// Check a running install (reachability, certificate, readiness, capacity, leader), or
+    /// with --drift the claims against the cluster.
     ///
     /// Verifies the served certificate against the caBundle (--ca-file, --ca-bundle, or the
     /// webhook configurations read from the cluster) and its expiry, posts a harmless dry-run
-    /// review, reads /readyz and /metrics.
+    /// review, reads /readyz and /metrics. With --drift instead: compares the claims (found as
+    /// for `status`) with the pods' IPs, Kube-OVN IP objects and Calico's IPAM blocks, and
+    /// lists claims without a pod, pods on list IPs without a claim, pods on another IP than
+    /// their claim, and IPs the CNI holds for gone pods.
     #[command(after_help = EXIT_CODES)]
     Check(CheckArgs),
 }
@@ -140,6 +144,9 @@ pub struct StatusArgs {
     /// Only this FixedIPPool and the apps drawing from it.
     #[arg(long, value_name = "NAME")]
     pub pool: Option<String>,
+    /// Only the apps of this namespace (and the pools they draw from), as kubectl's -n.
+    #[arg(short, long, value_name = "NAMESPACE")]
+    pub namespace: Option<String>,
     /// The pod label that names a pod's app (to find the pods behind the claims).
     #[arg(long, default_value = "app", value_name = "KEY")]
     pub app_label: String,
@@ -192,6 +199,10 @@ pub struct ReleaseArgs {
     /// Release even when the pod still runs or cannot be checked (off-cluster it never can).
     #[arg(long)]
     pub force: bool,
+    /// Release only if the claim's pod is in this namespace (kubectl's -n, as a guard: an IP
+    /// names its claim cluster-wide).
+    #[arg(short, long, value_name = "NAMESPACE")]
+    pub namespace: Option<String>,
     /// The pod label that names a pod's app (to find the pod behind the claim).
     #[arg(long, default_value = "app", value_name = "KEY")]
     pub app_label: String,
@@ -205,8 +216,8 @@ pub struct ReleaseArgs {
 #[derive(Debug, Clone, Args)]
 pub struct CheckArgs {
     /// The webhook's HTTPS address, https://HOST:PORT (a path replaces /mutate).
-    #[arg(long, value_name = "URL")]
-    pub url: String,
+    #[arg(long, value_name = "URL", required_unless_present = "drift")]
+    pub url: Option<String>,
     /// PEM file of the CA in the webhook configuration's caBundle.
     #[arg(long, value_name = "FILE", conflicts_with = "ca_bundle")]
     pub ca_file: Option<PathBuf>,
@@ -222,8 +233,6 @@ pub struct CheckArgs {
     /// or when neither --ca-file nor --ca-bundle is given).
     #[arg(long, value_name = "NAME", default_value = "ip-webhook")]
     pub webhook_configuration: String,
-    #[command(flatten)]
-    pub cluster: ClusterAccess,
     /// The admin address, http://HOST:PORT, for /readyz and /metrics.
     #[arg(long, value_name = "URL")]
     pub admin_url: Option<String>,
@@ -247,6 +256,79 @@ pub struct CheckArgs {
     pub output: OutputFormat,
     #[command(flatten)]
     pub verbosity: Verbosity,
+    #[command(flatten)]
+    pub drift: DriftArgs,
+    // Last: it ends with the etcd flags under their own help heading. Without --drift only the
+    // cluster access (--kubeconfig, --context) is used, for the caBundles.
+    #[command(flatten)]
+    pub source: LedgerSource,
+}
+
+/// `check --drift` (issue 20): the claims against the pods and the CNI's records.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Drift (--drift)")]
+pub struct DriftArgs {
+    /// Instead of checking the webhook, compare the claims with the pods' IPs, Kube-OVN IP
+    /// objects and Calico's IPAM blocks (where installed); exit 3 when any drift is found.
+    #[arg(id = "drift", long = "drift", conflicts_with_all = ["url", "ca_file", "ca_bundle", "admin_url"])]
+    pub enabled: bool,
+    /// With --drift: report only drift of pods in this namespace.
+    #[arg(short, long, value_name = "NAMESPACE", conflicts_with = "url")]
+    pub namespace: Option<String>,
+    /// With --drift: the pod label that names a pod's app.
+    #[arg(long, default_value = "app", value_name = "KEY")]
+    pub app_label: String,
+}
+
+/// The name the binary runs under as a kubectl plugin (`kubectl ipw …`).
+pub const PLUGIN_FILE: &str = "kubectl-ipw";
+
+/// Whether `argv0` (the program's path) names the kubectl plugin: a file `kubectl-ipw`, or
+/// `kubectl-ipw.exe`.
+pub fn is_plugin_name(argv0: &std::ffi::OsStr) -> bool {
+    let Some(name) = Path::new(argv0).file_name().and_then(|n| n.to_str()) else {
+        return false;
+    };
+    let name = name.strip_suffix(".exe").unwrap_or(name);
+    name == PLUGIN_FILE
+}
+
+static INVOCATION: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+
+/// How the user runs the operator commands, for messages: `kubectl ipw` or `ip-webhook`.
+pub fn invocation() -> &'static str {
+    INVOCATION.get().copied().unwrap_or("ip-webhook")
+}
+
+/// The clap command, named `kubectl ipw` in help, usage and errors when run as the plugin.
+pub fn command(plugin: bool) -> clap::Command {
+    use clap::CommandFactory;
+    let command = Cli::command();
+    if plugin {
+        // The server's commands still run, but kubectl users are shown the operator's.
+        ["serve", "review", "crds"]
+            .into_iter()
+            .fold(command, |c, name| c.mut_subcommand(name, |s| s.hide(true)))
+            .name(PLUGIN_FILE)
+            .bin_name("kubectl ipw")
+            .display_name("kubectl ipw")
+            .about("ip-webhook's fixed pod IPs from kubectl: who holds which IP (status), what a workload would get (explain), free a leaked IP (release), check the install or its drift from the CNI (check)")
+    } else {
+        command
+    }
+}
+
+/// Parse the process's command line, as `kubectl ipw` when the program's file is
+/// [`PLUGIN_FILE`]; a bad command line prints clap's message and exits 2.
+pub fn parse_env() -> Cli {
+    use clap::FromArgMatches;
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let plugin = args.first().is_some_and(|a| is_plugin_name(a));
+    if plugin {
+        let _ = INVOCATION.set("kubectl ipw");
+    }
+    let matches = command(plugin).get_matches_from(args);
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
 }
 
 /// Where claims are recorded.
@@ -1071,7 +1153,14 @@ mod tests {
             for flag in serve_only {
                 assert!(!flags.iter().any(|f| f == flag), "{command} lists --{flag}");
             }
-            for flag in ["kubeconfig", "context", "state-dir", "ledger", "verbose"] {
+            for flag in [
+                "kubeconfig",
+                "context",
+                "state-dir",
+                "ledger",
+                "verbose",
+                "namespace",
+            ] {
                 assert!(flags.iter().any(|f| f == flag), "{command} lacks --{flag}");
             }
         }
@@ -1080,14 +1169,19 @@ mod tests {
             assert!(!release.iter().any(|f| f == flag), "release lists --{flag}");
         }
         let check = flags("check");
-        for flag in ["state-dir", "ledger", "etcd-endpoints", "pools-file"] {
+        for flag in ["pools-file", "cni"] {
             assert!(!check.iter().any(|f| f == flag), "check lists --{flag}");
         }
+        // --drift reads the claims as status does (issue 20).
         for flag in [
             "tls-server-name",
             "kubeconfig",
             "context",
             "webhook-configuration",
+            "drift",
+            "state-dir",
+            "ledger",
+            "namespace",
         ] {
             assert!(check.iter().any(|f| f == flag), "check lacks --{flag}");
         }
@@ -1095,6 +1189,71 @@ mod tests {
         for flag in serve_only {
             assert!(serve.iter().any(|f| f == flag), "serve lacks --{flag}");
         }
+    }
+
+    #[test]
+    fn the_plugin_is_known_by_its_file_name() {
+        use std::ffi::OsStr;
+        for yes in [
+            "kubectl-ipw",
+            "/usr/local/bin/kubectl-ipw",
+            "kubectl-ipw.exe",
+            "./bin/kubectl-ipw.exe",
+        ] {
+            assert!(is_plugin_name(OsStr::new(yes)), "{yes}");
+        }
+        for no in [
+            "ip-webhook",
+            "/usr/bin/kubectl-ipw2",
+            "kubectl-ipw/ip-webhook",
+            "kubectl",
+            "",
+        ] {
+            assert!(!is_plugin_name(OsStr::new(no)), "{no}");
+        }
+    }
+
+    #[test]
+    fn the_plugin_says_kubectl_ipw_in_usage_and_errors() {
+        let mut plugin = command(true);
+        plugin.build();
+        let help = plugin
+            .find_subcommand_mut("status")
+            .unwrap()
+            .render_help()
+            .to_string();
+        assert!(
+            help.contains("Usage: kubectl ipw status [OPTIONS]"),
+            "{help}"
+        );
+        let error = command(true)
+            .try_get_matches_from(["kubectl-ipw", "check", "--drift", "--url", "https://x"])
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("Usage: kubectl ipw check"), "{error}");
+        let error = command(false)
+            .try_get_matches_from(["ip-webhook", "release"])
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("Usage: ip-webhook release"), "{error}");
+    }
+
+    #[test]
+    fn check_needs_a_url_unless_drift() {
+        let error = Cli::try_parse_from(["ip-webhook", "check"]).unwrap_err();
+        assert!(error.to_string().contains("--url"), "{error}");
+        let cli = Cli::try_parse_from(["ip-webhook", "check", "--drift", "-n", "prod"]).unwrap();
+        match cli.command {
+            Command::Check(args) => {
+                assert!(args.drift.enabled);
+                assert_eq!(args.drift.namespace.as_deref(), Some("prod"));
+                assert_eq!(args.url, None);
+            }
+            _ => unreachable!(),
+        }
+        assert!(
+            Cli::try_parse_from(["ip-webhook", "check", "--url", "https://x", "-n", "p"]).is_err()
+        );
     }
 
     #[test]

@@ -14,6 +14,7 @@ pub mod commands;
 pub mod crd;
 pub mod dispatch;
 pub mod doctor;
+pub mod drift;
 pub mod events;
 pub mod explain;
 pub mod ipset;
