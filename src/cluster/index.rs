@@ -63,12 +63,20 @@ pub struct SlimPod {
     pub uid: Box<str>,
     pub node: Box<str>,
     pub ips: Box<[IpAddr]>,
+    /// The value of its app label (`--app-label`), empty if none: the reconciler adopts a
+    /// pod's IP only into its own app's list.
+    pub app: Box<str>,
 }
 
 impl SlimPod {
     /// The slim form of a pod that runs on IPs of its own: not host-network, not finished,
     /// with `status.podIPs` (or `status.podIP`) set. `None` otherwise.
     pub fn from_pod(pod: &Pod) -> Option<SlimPod> {
+        SlimPod::from_pod_labelled(pod, "app")
+    }
+
+    /// [`SlimPod::from_pod`], reading the app from the label `app_label`.
+    pub fn from_pod_labelled(pod: &Pod, app_label: &str) -> Option<SlimPod> {
         let spec = pod.spec.as_ref();
         if spec.and_then(|s| s.host_network) == Some(true) {
             return None;
@@ -101,6 +109,13 @@ impl SlimPod {
                 .unwrap_or("")
                 .into(),
             ips: ips.into_boxed_slice(),
+            app: meta
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(app_label))
+                .map(|a| a.as_str())
+                .unwrap_or("")
+                .into(),
         })
     }
 }
@@ -209,6 +224,8 @@ pub struct ClusterIps {
     pods_synced: AtomicBool,
     ovn_synced: AtomicBool,
     workloads_synced: AtomicBool,
+    /// The label naming a pod's app (set before the pod watch starts; `app` if never set).
+    app_label: std::sync::OnceLock<String>,
 }
 
 fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
@@ -230,6 +247,30 @@ impl ClusterIps {
     /// Mark the indexes that are not run (no Kube-OVN) as synced.
     pub fn without_ovn(&self) {
         self.ovn_synced.store(true, Ordering::SeqCst);
+    }
+
+    /// Use `label` as the app label of the pods indexed from now on.
+    pub fn set_app_label(&self, label: &str) {
+        let _ = self.app_label.set(label.to_string());
+    }
+
+    fn app_label(&self) -> &str {
+        self.app_label.get().map_or("app", String::as_str)
+    }
+
+    /// Whether the pod index has had its first list.
+    pub fn pods_synced(&self) -> bool {
+        self.pods_synced.load(Ordering::SeqCst)
+    }
+
+    /// The indexed pod with this UID (running on IPs of its own, not finished).
+    pub fn pod(&self, uid: &str) -> Option<Arc<SlimPod>> {
+        read(&self.pods).by_key.get(uid).cloned()
+    }
+
+    /// Every indexed pod.
+    pub fn pods(&self) -> Vec<Arc<SlimPod>> {
+        read(&self.pods).by_key.values().cloned().collect()
     }
 
     pub fn pod_count(&self) -> usize {
@@ -364,7 +405,7 @@ pub async fn watch_pod_ips(api: Api<Pod>, caches: Arc<Caches>, metrics: Arc<Metr
                 let Some(event) = slim_event(event, |pod: &Pod| {
                     Some(SlimOrGone {
                         key: pod.metadata.uid.as_deref()?.into(),
-                        value: SlimPod::from_pod(pod),
+                        value: SlimPod::from_pod_labelled(pod, index.app_label()),
                     })
                 }) else {
                     continue;
@@ -559,6 +600,13 @@ mod tests {
         let slim = SlimPod::from_pod(&running).unwrap();
         assert_eq!(&*slim.name, "legacy-0");
         assert_eq!(&*slim.node, "n1");
+        assert_eq!(&*slim.app, "");
+        let mut labelled = running.clone();
+        labelled.metadata.labels = Some([("team".to_string(), "legacy".to_string())].into());
+        assert_eq!(
+            &*SlimPod::from_pod_labelled(&labelled, "team").unwrap().app,
+            "legacy"
+        );
         assert_eq!(&*slim.ips, &[ip("10.98.0.5"), ip("fd00::5")]);
         let host = pod(serde_json::json!({
             "metadata": {"name": "h", "namespace": "default", "uid": "u2"},
@@ -587,6 +635,7 @@ mod tests {
             uid: "u1".into(),
             node: "n1".into(),
             ips: vec![ip("10.98.2.7")].into(),
+            app: "static".into(),
         }]);
         let object: DynamicObject = serde_json::from_value(serde_json::json!({
             "apiVersion": "kubeovn.io/v1", "kind": "IP",
@@ -630,6 +679,7 @@ mod tests {
                 uid: uid.into(),
                 node: "".into(),
                 ips: vec![ip(addr)].into(),
+                app: "".into(),
             }),
         };
         relist.step(&index.pods, &index.pods_synced, watcher::Event::Init);

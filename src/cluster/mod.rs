@@ -395,6 +395,8 @@ pub fn start(
     options: ClusterOptions,
 ) -> ClusterHandle {
     let caches = Arc::new(Caches::default());
+    caches.cluster_ips.set_app_label(&options.app_label);
+    webhook.claim_guard.watch_pods(caches.clone());
     let (leading_tx, leading) = watch::channel(false);
     let mut tasks = vec![
         tokio::spawn(watch_pods(
