@@ -869,7 +869,10 @@ fn cni_pool_kinds_are_validated_when_switched_on() {
     );
     let bare = render(
         &helm,
-        &["validatingWebhook.workloads.enabled=false"],
+        &[
+            "validatingWebhook.workloads.enabled=false",
+            "validatingWebhook.ipClaims.enabled=false",
+        ],
         "1.31.0",
     );
     assert_eq!(
