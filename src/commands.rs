@@ -245,6 +245,13 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
             .into_iter()
             .filter(|c| c.is_held() && shown.contains(&c.ip))
             .collect();
+        match crate::status::cluster_duplicates(&client, &args.app_label).await {
+            Ok(found) => {
+                report.duplicates = found;
+                report.retain(args.app.as_deref(), None);
+            }
+            Err(error) => eprintln!("warning: listing pods to find duplicate IPs: {error}"),
+        }
         let directory = PodDirectory::new(client, &args.app_label);
         let (nodes, failures) = directory.nodes(&held).await;
         for failure in failures {
