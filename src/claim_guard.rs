@@ -144,6 +144,25 @@ pub fn own_service_account() -> Option<String> {
     username_in_token(&std::fs::read_to_string(SERVICE_ACCOUNT_TOKEN).ok()?)
 }
 
+/// Annotate the IPClaim of `ip` with [`FORCE`] (`release --force` in-cluster), so that its
+/// deletion by the operator's user passes the guard. A missing claim is not an error.
+pub async fn mark_forced(client: &kube::Client, ip: &std::net::IpAddr) -> Result<(), kube::Error> {
+    let claims: kube::Api<IPClaim> = kube::Api::all(client.clone());
+    let patch = serde_json::json!({"metadata": {"annotations": {FORCE: "true"}}});
+    match claims
+        .patch(
+            &crate::ledger::kubernetes::claim_name(ip),
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(error) => Err(error),
+    }
+}
+
 /// Whether this review is the guard's: an IPClaim.
 pub fn handles(incoming: &Incoming<'_>) -> bool {
     let kind = &incoming.request.kind;

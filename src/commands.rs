@@ -312,6 +312,12 @@ pub async fn release(args: ReleaseArgs) -> anyhow::Result<()> {
         Books::Kubernetes(_) => {
             let admission = access.admission.clone().expect("kubernetes has a client");
             installed(&admission, &access.server).await?;
+            if args.force {
+                // --force is the operator's word: the IPClaim guard lets a claim annotated so go
+                crate::claim_guard::mark_forced(&admission, &args.ip)
+                    .await
+                    .with_context(|| format!("marking the IPClaim of {} forced", args.ip))?;
+            }
             Arc::new(KubeLedger::new(admission))
         }
         Books::Etcd => open_etcd(&args.source).await?,

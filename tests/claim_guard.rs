@@ -213,3 +213,74 @@ async fn a_claim_whose_pod_is_gone_may_be_deleted() {
     assert!(allowed, "{text}");
     drop(client);
 }
+
+/// `ip-webhook release IP --force` in-cluster marks the claim forced before it deletes it, so
+/// the guard lets the operator's own deletion of a running pod's claim through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_force_marks_the_claim_so_the_guard_lets_it_go() {
+    let fake = FakeApi::start();
+    let client = fake.install_crds().await;
+    let server = fake
+        .replica(&["--lease-duration", "2s", "--lease-renew-interval", "200ms"])
+        .await;
+    let claims: Api<IPClaim> = Api::all(client.clone());
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let object = pod("default", "web", "web-", Some("10.97.71.1"));
+    let response = server.mutate(&create("force-1", object.clone())).await;
+    let mut admitted = apply(&object, &response);
+    admitted["metadata"]["name"] = json!("web-f0rce");
+    pods.create(
+        &PostParams::default(),
+        &serde_json::from_value(admitted).unwrap(),
+    )
+    .await
+    .unwrap();
+    let bound = eventually("the claim to be bound", Duration::from_secs(15), || async {
+        let claim = claims.get("10.97.71.1").await.ok()?;
+        (claim.status.as_ref().map(|s| s.phase.as_str()) == Some("Bound")).then_some(claim)
+    })
+    .await;
+    let (allowed, _) = judged(
+        &server,
+        claim_review(
+            "f-1",
+            "DELETE",
+            "kubernetes-admin",
+            json!(null),
+            serde_json::to_value(&bound).unwrap(),
+        ),
+    )
+    .await;
+    assert!(!allowed, "unmarked, the running pod's claim is kept");
+
+    let ip = "10.97.71.1".parse().unwrap();
+    ip_webhook::claim_guard::mark_forced(&client, &ip)
+        .await
+        .unwrap();
+    let marked = claims.get("10.97.71.1").await.unwrap();
+    assert_eq!(
+        marked
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("ip-webhook.io/force"))
+            .map(String::as_str),
+        Some("true")
+    );
+    let (allowed, text) = judged(
+        &server,
+        claim_review(
+            "f-2",
+            "DELETE",
+            "kubernetes-admin",
+            json!(null),
+            serde_json::to_value(&marked).unwrap(),
+        ),
+    )
+    .await;
+    assert!(allowed, "{text}");
+    // no claim: nothing to mark, no error
+    ip_webhook::claim_guard::mark_forced(&client, &"10.97.71.9".parse().unwrap())
+        .await
+        .unwrap();
+}
