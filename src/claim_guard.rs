@@ -59,12 +59,7 @@ impl LivePods for Caches {
         if !self.synced() {
             return PodLife::Unknown("the webhook's pod caches have not synced yet");
         }
-        if let Some(pod) = self
-            .pods
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(uid)
-        {
+        if let Some(pod) = self.pods.lock().unwrap_or_else(|p| p.into_inner()).get(uid) {
             return PodLife::Runs(format!("{}/{}", pod.namespace, pod.name));
         }
         match self.cluster_ips.pod(uid) {
@@ -175,9 +170,7 @@ fn username(incoming: &Incoming<'_>) -> Option<String> {
         username: Option<String>,
     }
     let raw = incoming.request.user_info?;
-    serde_json::from_str::<UserInfo>(raw.get())
-        .ok()?
-        .username
+    serde_json::from_str::<UserInfo>(raw.get()).ok()?.username
 }
 
 fn forced(claim: &IPClaim) -> bool {
@@ -420,19 +413,34 @@ mod tests {
         assert!(!refused.allowed);
         let message = refused.message.unwrap();
         assert!(message.contains("IPClaim 10.0.0.5"), "{message}");
-        assert!(message.contains("pod default/web-0, phase Bound"), "{message}");
+        assert!(
+            message.contains("pod default/web-0, phase Bound"),
+            "{message}"
+        );
         assert!(message.contains("spec.ip changed"), "{message}");
-        assert!(message.contains("ip-webhook.io/force: \"true\""), "{message}");
+        assert!(
+            message.contains("ip-webhook.io/force: \"true\""),
+            "{message}"
+        );
 
         edited["metadata"]["annotations"] = json!({FORCE: "true"});
-        let forced = judge(&guard, &body("UPDATE", "kubernetes-admin", edited, old.clone()));
+        let forced = judge(
+            &guard,
+            &body("UPDATE", "kubernetes-admin", edited, old.clone()),
+        );
         assert!(forced.allowed);
         assert_eq!(forced.warnings.len(), 1);
 
         let mut finalizer_off = old.clone();
         finalizer_off["metadata"]["finalizers"] = json!(null);
         finalizer_off["metadata"]["annotations"] = json!({"note": "x"});
-        assert!(judge(&guard, &body("UPDATE", "kubernetes-admin", finalizer_off, old)).allowed);
+        assert!(
+            judge(
+                &guard,
+                &body("UPDATE", "kubernetes-admin", finalizer_off, old)
+            )
+            .allowed
+        );
     }
 
     #[test]
@@ -442,7 +450,13 @@ mod tests {
         let mut bound = old.clone();
         bound["spec"]["podUid"] = json!("uid-other");
         assert!(judge(&guard, &body("UPDATE", SA, bound.clone(), old.clone())).allowed);
-        assert!(judge(&guard, &body("DELETE", SA, json!(null), claim("Bound", json!({})))).allowed);
+        assert!(
+            judge(
+                &guard,
+                &body("DELETE", SA, json!(null), claim("Bound", json!({})))
+            )
+            .allowed
+        );
         // another service account is not the server
         let other = "system:serviceaccount:ip-webhook-system:default";
         assert!(!judge(&guard, &body("UPDATE", other, bound, old)).allowed);
@@ -511,7 +525,10 @@ mod tests {
         );
         assert!(!refused.allowed);
         let message = refused.message.unwrap();
-        assert!(message.contains("request.object is not an IPClaim"), "{message}");
+        assert!(
+            message.contains("request.object is not an IPClaim"),
+            "{message}"
+        );
         let missing = judge(&guard, &body("DELETE", "jane", json!(null), json!(null)));
         assert!(
             missing

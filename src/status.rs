@@ -557,7 +557,12 @@ mod tests {
         report.retain(Some("default/old"), None);
         assert!(report.duplicates.is_empty());
         // without duplicates, the JSON has no such key
-        assert!(serde_json::to_value(&report).unwrap().get("duplicates").is_none());
+        assert!(
+            serde_json::to_value(&report)
+                .unwrap()
+                .get("duplicates")
+                .is_none()
+        );
     }
 
     #[test]

@@ -75,7 +75,13 @@ async fn a_pod_running_on_its_apps_ip_before_install_is_adopted_and_others_are_n
         .create(&PostParams::default(), &deployment)
         .await
         .unwrap();
-    let web = running_pod(&client, "web-old-1", json!({"app": "web"}), Some("10.99.0.2")).await;
+    let web = running_pod(
+        &client,
+        "web-old-1",
+        json!({"app": "web"}),
+        Some("10.99.0.2"),
+    )
+    .await;
     // another app of the namespace runs on an IP of web's list: a conflict, not web's
     running_pod(
         &client,

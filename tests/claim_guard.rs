@@ -82,7 +82,13 @@ async fn hand_edits_of_ipclaims_are_refused_unless_forced_and_own_writes_pass() 
     edited["spec"]["ip"] = json!("10.97.70.9");
     let (allowed, text) = judged(
         &server,
-        claim_review("g-1", "UPDATE", "kubernetes-admin", edited.clone(), bound.clone()),
+        claim_review(
+            "g-1",
+            "UPDATE",
+            "kubernetes-admin",
+            edited.clone(),
+            bound.clone(),
+        ),
     )
     .await;
     assert!(!allowed, "{text}");
@@ -138,7 +144,13 @@ async fn hand_edits_of_ipclaims_are_refused_unless_forced_and_own_writes_pass() 
     // deleting the Bound claim of the running pod: refused, naming both and how to force
     let (allowed, text) = judged(
         &server,
-        claim_review("g-6", "DELETE", "kubernetes-admin", json!(null), bound.clone()),
+        claim_review(
+            "g-6",
+            "DELETE",
+            "kubernetes-admin",
+            json!(null),
+            bound.clone(),
+        ),
     )
     .await;
     assert!(!allowed, "{text}");

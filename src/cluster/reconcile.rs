@@ -581,9 +581,12 @@ impl Executor {
             if !still || live.metadata.deletion_timestamp.is_some() {
                 return Ok(false);
             }
-            pod.stateful = live.metadata.owner_references.iter().flatten().any(|o| {
-                o.kind == "StatefulSet" && o.controller == Some(true)
-            });
+            pod.stateful = live
+                .metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .any(|o| o.kind == "StatefulSet" && o.controller == Some(true));
         }
         let pod = &pod;
         let claim = Claim {
