@@ -115,6 +115,13 @@ pub async fn build_with(
         admission_deadline: args.admission_deadline,
     };
     let mut webhook = Webhook::new(settings, allocator, pools, metrics);
+    // The IPClaim guard admits the server's own writes: its service account, and any name given.
+    for user in crate::claim_guard::own_service_account()
+        .into_iter()
+        .chain(args.trusted_username.iter().cloned())
+    {
+        webhook.claim_guard.trust(&user);
+    }
     if let Some(client) = &client {
         let instance = std::env::var("POD_NAME").ok();
         webhook = webhook.with_events(Arc::new(crate::cluster::events::KubeEvents::new(

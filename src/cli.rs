@@ -375,6 +375,10 @@ pub struct WebhookArgs {
     /// the webhook's timeoutSeconds (the chart sets timeoutSeconds − 1 s).
     #[arg(long, default_value = "4s", value_parser = parse_duration, value_name = "DURATION")]
     pub admission_deadline: Duration,
+    /// A user whose IPClaim writes the IPClaim guard always admits (repeatable): the server's
+    /// own. In a pod, its service account (read from the mounted token) is trusted anyway.
+    #[arg(long, value_name = "USERNAME")]
+    pub trusted_username: Vec<String>,
     /// Talk to the API server described by this kubeconfig (selects --ledger kubernetes unless
     /// --ledger is given; with etcd or embedded, pods are looked up there to free leaked IPs).
     #[arg(long, value_name = "FILE")]

@@ -251,6 +251,13 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
             .into_iter()
             .filter(|c| c.is_held() && shown.contains(&c.ip))
             .collect();
+        match crate::status::cluster_duplicates(&client, &args.app_label).await {
+            Ok(found) => {
+                report.duplicates = found;
+                report.retain(args.app.as_deref(), None);
+            }
+            Err(error) => eprintln!("warning: listing pods to find duplicate IPs: {error}"),
+        }
         let directory = PodDirectory::new(client, &args.app_label);
         let (nodes, failures) = directory.nodes(&held).await;
         for failure in failures {
@@ -311,6 +318,12 @@ pub async fn release(args: ReleaseArgs) -> anyhow::Result<()> {
         Books::Kubernetes(_) => {
             let admission = access.admission.clone().expect("kubernetes has a client");
             installed(&admission, &access.server).await?;
+            if args.force {
+                // --force is the operator's word: the IPClaim guard lets a claim annotated so go
+                crate::claim_guard::mark_forced(&admission, &args.ip)
+                    .await
+                    .with_context(|| format!("marking the IPClaim of {} forced", args.ip))?;
+            }
             Arc::new(KubeLedger::new(admission))
         }
         Books::Etcd => open_etcd(&args.source).await?,

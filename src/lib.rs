@@ -7,6 +7,7 @@ pub mod allocator;
 pub mod annotations;
 pub mod app;
 pub mod assess;
+pub mod claim_guard;
 pub mod cli;
 pub mod cluster;
 pub mod cni_pools;

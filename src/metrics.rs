@@ -172,6 +172,10 @@ pub struct Metrics {
     pub ledger: CommitCounters,
     /// IPs that two or more live pods carry, as the reconciler last saw (in-cluster).
     pub duplicate_ips: Gauge,
+    /// Claims the reconciler recorded for pods that held none, by reason (`token`: a pod our
+    /// webhooks admitted whose record was lost; `app_list`: a pod running on an IP of its own
+    /// app's list, started before ip-webhook was installed).
+    pub adoptions: Family<ReasonLabels, Counter>,
     /// Whether the ledger can serve (failures in a row, since when): `/readyz` reads it.
     pub ledger_health: Arc<crate::ledger::health::LedgerHealth>,
     /// Time of each ledger call, by ledger and operation.
@@ -470,6 +474,17 @@ impl Metrics {
             "IPs that two or more live pods carry, as the reconciler's last pass saw (Warning Events DuplicateIP on the pods)",
             duplicate_ips.clone(),
         );
+        let adoptions = Family::<ReasonLabels, Counter>::default();
+        for reason in crate::cluster::reconcile::AdoptReason::ALL {
+            drop(adoptions.get_or_create(&ReasonLabels {
+                reason: reason.label(),
+            }));
+        }
+        registry.register(
+            "adoptions",
+            "Claims the reconciler recorded for pods that held none, by reason (token: admitted by ip-webhook, record lost; app_list: running on an IP of its own app's list before ip-webhook was installed)",
+            adoptions.clone(),
+        );
         registry.register(
             "ledger_corrupt_records",
             "Ledger records that could not be read (hand-edited or foreign), skipped; their IP stays held",
@@ -583,6 +598,7 @@ impl Metrics {
             leaks_reclaimed,
             ledger,
             duplicate_ips,
+            adoptions,
             ledger_health: Arc::new(crate::ledger::health::LedgerHealth::new()),
             ledger_latency,
             tls_reloads,

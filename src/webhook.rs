@@ -59,6 +59,8 @@ pub struct Webhook {
     specs: SpecCache,
     /// Told about every Pod CREATE decision (Kubernetes Events in-cluster; `explain`).
     pub events: Arc<dyn EventSink>,
+    /// Judges IPClaim edits and deletions ([`crate::claim_guard`]).
+    pub claim_guard: crate::claim_guard::ClaimGuard,
 }
 
 impl Webhook {
@@ -79,6 +81,7 @@ impl Webhook {
             networks: NetworkRegistry::default(),
             specs: SpecCache::default(),
             events: Arc::new(NoEvents),
+            claim_guard: Default::default(),
         }
     }
 

@@ -592,6 +592,7 @@ async fn a_full_resync_frees_an_ip_whose_pod_delete_the_watch_missed() {
         allocator: allocator.clone(),
         executor: executor(&client),
         options: options(),
+        lists: None,
     };
     reconciler.pass(true, true).await;
     let seen = server.await.unwrap();
@@ -910,6 +911,7 @@ async fn a_pass_expires_old_reservations_and_keeps_a_gone_statefulset_pods_ip() 
         ),
         executor: executor(&client),
         options: options(),
+        lists: None,
     };
     let next = reconciler.pass(false, true).await;
     let seen = server.await.unwrap();

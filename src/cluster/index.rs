@@ -68,12 +68,20 @@ pub struct SlimPod {
     pub deleting_at: Option<u64>,
     /// The kind of its controller owner, for node-loss release ([`super::node_loss`]).
     pub controller: Option<super::node_loss::ControllerKind>,
+    /// The value of its app label (`--app-label`), empty if none: the reconciler adopts a
+    /// pod's IP only into its own app's list.
+    pub app: Box<str>,
 }
 
 impl SlimPod {
     /// The slim form of a pod that runs on IPs of its own: not host-network, not finished,
     /// with `status.podIPs` (or `status.podIP`) set. `None` otherwise.
     pub fn from_pod(pod: &Pod) -> Option<SlimPod> {
+        SlimPod::from_pod_labelled(pod, "app")
+    }
+
+    /// [`SlimPod::from_pod`], reading the app from the label `app_label`.
+    pub fn from_pod_labelled(pod: &Pod, app_label: &str) -> Option<SlimPod> {
         let spec = pod.spec.as_ref();
         if spec.and_then(|s| s.host_network) == Some(true) {
             return None;
@@ -111,6 +119,13 @@ impl SlimPod {
                 .as_ref()
                 .and_then(|t| u64::try_from(t.0.as_second()).ok()),
             controller: super::node_loss::ControllerKind::of(meta.owner_references.as_deref()),
+            app: meta
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(app_label))
+                .map(|a| a.as_str())
+                .unwrap_or("")
+                .into(),
         })
     }
 }
@@ -222,6 +237,8 @@ pub struct ClusterIps {
     /// UIDs of pods on lost nodes whose claims were released ([`super::node_loss`]): their
     /// IPs no longer count as used.
     lost: RwLock<std::collections::HashSet<Box<str>>>,
+    /// The label naming a pod's app (set before the pod watch starts; `app` if never set).
+    app_label: std::sync::OnceLock<String>,
 }
 
 fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
@@ -245,17 +262,36 @@ impl ClusterIps {
         self.ovn_synced.store(true, Ordering::SeqCst);
     }
 
+    /// Use `label` as the app label of the pods indexed from now on.
+    pub fn set_app_label(&self, label: &str) {
+        let _ = self.app_label.set(label.to_string());
+    }
+
+    fn app_label(&self) -> &str {
+        self.app_label.get().map_or("app", String::as_str)
+    }
+
+    /// Whether the pod index has had its first list.
+    pub fn pods_synced(&self) -> bool {
+        self.pods_synced.load(Ordering::SeqCst)
+    }
+
+    /// The indexed pod with this UID (running on IPs of its own, not finished).
+    pub fn pod(&self, uid: &str) -> Option<Arc<SlimPod>> {
+        read(&self.pods).by_key.get(uid).cloned()
+    }
+
+    /// Every indexed pod.
+    pub fn pods(&self) -> Vec<Arc<SlimPod>> {
+        read(&self.pods).by_key.values().cloned().collect()
+    }
+
     pub fn pod_count(&self) -> usize {
         read(&self.pods).by_key.len()
     }
 
     pub fn ovn_count(&self) -> usize {
         read(&self.ovn).by_key.len()
-    }
-
-    /// The pod with this UID, if it runs on IPs of its own.
-    pub fn pod(&self, uid: &str) -> Option<Arc<SlimPod>> {
-        read(&self.pods).by_key.get(uid).cloned()
     }
 
     /// Every indexed pod that is Terminating (deletionTimestamp set).
@@ -407,7 +443,7 @@ pub async fn watch_pod_ips(api: Api<Pod>, caches: Arc<Caches>, metrics: Arc<Metr
                 let Some(event) = slim_event(event, |pod: &Pod| {
                     Some(SlimOrGone {
                         key: pod.metadata.uid.as_deref()?.into(),
-                        value: SlimPod::from_pod(pod),
+                        value: SlimPod::from_pod_labelled(pod, index.app_label()),
                     })
                 }) else {
                     continue;
@@ -602,6 +638,13 @@ mod tests {
         let slim = SlimPod::from_pod(&running).unwrap();
         assert_eq!(&*slim.name, "legacy-0");
         assert_eq!(&*slim.node, "n1");
+        assert_eq!(&*slim.app, "");
+        let mut labelled = running.clone();
+        labelled.metadata.labels = Some([("team".to_string(), "legacy".to_string())].into());
+        assert_eq!(
+            &*SlimPod::from_pod_labelled(&labelled, "team").unwrap().app,
+            "legacy"
+        );
         assert_eq!(&*slim.ips, &[ip("10.98.0.5"), ip("fd00::5")]);
         let host = pod(serde_json::json!({
             "metadata": {"name": "h", "namespace": "default", "uid": "u2"},
@@ -632,6 +675,7 @@ mod tests {
             ips: vec![ip("10.98.2.7")].into(),
             deleting_at: None,
             controller: None,
+            app: "static".into(),
         }]);
         let object: DynamicObject = serde_json::from_value(serde_json::json!({
             "apiVersion": "kubeovn.io/v1", "kind": "IP",
@@ -677,6 +721,7 @@ mod tests {
                 ips: vec![ip(addr)].into(),
                 deleting_at: None,
                 controller: None,
+                app: "".into(),
             }),
         };
         relist.step(&index.pods, &index.pods_synced, watcher::Event::Init);

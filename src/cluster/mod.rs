@@ -402,6 +402,8 @@ pub fn start(
     options: ClusterOptions,
 ) -> ClusterHandle {
     let caches = Arc::new(Caches::default());
+    caches.cluster_ips.set_app_label(&options.app_label);
+    webhook.claim_guard.watch_pods(caches.clone());
     let (leading_tx, leading) = watch::channel(false);
     let mut tasks = vec![
         tokio::spawn(watch_pods(
@@ -497,6 +499,7 @@ pub fn start(
             reported_duplicates: Default::default(),
         },
         options,
+        lists: Some(webhook.clone()),
     };
     tasks.push(tokio::spawn(reconciler.run(leading.clone(), ready)));
     ClusterHandle {
@@ -623,6 +626,8 @@ pub struct Reconciler {
     pub allocator: Arc<Allocator>,
     pub executor: reconcile::Executor,
     pub options: ClusterOptions,
+    /// The apps' lists the leader adopts running pods' IPs into ([`reconcile::plan_list_adoptions`]).
+    pub lists: Option<Arc<dyn reconcile::AppLists>>,
 }
 
 /// How long the loop lets a burst of watch events settle before a pass.
@@ -677,7 +682,11 @@ impl Reconciler {
             return None;
         }
         let now = unix_now();
-        let plan = reconcile::plan(&claims, &pods, now, self.options.rules);
+        let mut plan = reconcile::plan(&claims, &pods, now, self.options.rules);
+        if let Some(lists) = &self.lists {
+            let running = self.caches.cluster_ips.pods();
+            reconcile::plan_list_adoptions(&mut plan, &claims, &pods, &running, lists.as_ref());
+        }
         if !plan.actions.is_empty() {
             let done = self.executor.run(&plan).await;
             tracing::debug!(planned = plan.actions.len(), done, "reconcile pass");

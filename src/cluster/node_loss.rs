@@ -346,6 +346,7 @@ mod tests {
             uid: "u1".into(),
             node: "n1".into(),
             ips: vec!["10.0.0.1".parse().unwrap()].into(),
+            app: "web".into(),
             deleting_at,
             controller,
         }

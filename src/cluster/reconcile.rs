@@ -97,8 +97,127 @@ pub enum Action {
         reason: DropReason,
     },
     /// A live pod that carries a claim token (so our webhooks admitted it) and an IP that has
-    /// no record (its admission's record was lost): record it. Never a pod without a token.
-    Adopt { ip: IpAddr, pod: PodInfo },
+    /// no record (its admission's record was lost), or a pod that runs (`status.podIPs`) on an
+    /// IP of its own app's list and holds no claim (it started before the webhook was
+    /// installed): record it. Never a pod on a bare label or another app's IP.
+    Adopt {
+        ip: IpAddr,
+        pod: PodInfo,
+        reason: AdoptReason,
+    },
+}
+
+/// Why the reconciler records a claim for a pod (`ip_webhook_adoptions_total{reason}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdoptReason {
+    /// The pod carries a claim token our webhooks issued; its record was lost.
+    Token,
+    /// The pod runs on an IP (`status.podIPs`) that its own app's list holds (and no other
+    /// app's), without any claim: it started before ip-webhook was installed.
+    AppList,
+}
+
+impl AdoptReason {
+    pub const ALL: [AdoptReason; 2] = [AdoptReason::Token, AdoptReason::AppList];
+
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            AdoptReason::Token => "token",
+            AdoptReason::AppList => "app_list",
+        }
+    }
+}
+
+/// Which app (`namespace/app`) lists an IP: in-cluster, the watched workloads' pod templates
+/// (the same on every replica).
+pub trait AppLists: Send + Sync {
+    /// The one app whose list holds `ip`; `None` when no app's does, or two apps' do.
+    fn sole_app_listing(&self, ip: IpAddr) -> Option<String>;
+}
+
+impl AppLists for crate::workloads::WorkloadRegistry {
+    fn sole_app_listing(&self, ip: IpAddr) -> Option<String> {
+        let mut apps = self.apps_listing(ip);
+        if apps.len() == 1 { apps.pop() } else { None }
+    }
+}
+
+impl AppLists for crate::webhook::Webhook {
+    fn sole_app_listing(&self, ip: IpAddr) -> Option<String> {
+        self.workloads.sole_app_listing(ip)
+    }
+}
+
+/// Issue 17: a pod that runs (`status.podIPs`, set by the kubelet and the CNI, never by the
+/// pod's author) on an IP of its OWN app's list (same namespace and app label as a watched
+/// workload whose template lists the IP, and no other app's list holds it), and that holds no
+/// claim, gets one. A pod of another app on a list IP, a pod without an app label, a pod that
+/// carries a claim token (adopted by [`plan`], if at all) and a pod that only carries a label
+/// are never adopted here; another app's pod on a list IP stays a conflict that the pod-IP
+/// index reports at admission. `running` is the pod-IP index; `pods` the reconciler's pod
+/// cache (for creation time, termination and StatefulSet ownership when it knows the pod).
+pub fn plan_list_adoptions(
+    plan: &mut Plan,
+    claims: &[Arc<IPClaim>],
+    pods: &HashMap<String, PodInfo>,
+    running: &[Arc<super::index::SlimPod>],
+    lists: &dyn AppLists,
+) {
+    let mut taken: HashSet<IpAddr> = claims
+        .iter()
+        .filter_map(|c| c.spec.ip.parse().ok())
+        .collect();
+    let mut with_claim: HashSet<&str> = claims
+        .iter()
+        .filter_map(|c| c.spec.pod_uid.as_deref())
+        .collect();
+    for action in &plan.actions {
+        match action {
+            Action::Adopt { ip, pod, .. } => {
+                taken.insert(*ip);
+                with_claim.insert(pod.uid.as_str());
+            }
+            Action::Bind { pod, .. } => {
+                with_claim.insert(pod.uid.as_str());
+            }
+            _ => {}
+        }
+    }
+    let mut candidates: Vec<PodInfo> = running
+        .iter()
+        .filter(|slim| !slim.app.is_empty() && !with_claim.contains(&*slim.uid))
+        .map(|slim| {
+            let known = pods.get(&*slim.uid);
+            PodInfo {
+                namespace: slim.namespace.to_string(),
+                name: slim.name.to_string(),
+                uid: slim.uid.to_string(),
+                ips: slim.ips.to_vec(),
+                created_at: known.map_or(0, |k| k.created_at),
+                terminating: slim.deleting_at.is_some() || known.is_some_and(|k| k.terminating),
+                stateful: known.is_some_and(|k| k.stateful),
+                app: slim.app.to_string(),
+                token: known.and_then(|k| k.token.clone()),
+            }
+        })
+        .filter(|pod| !pod.terminating && pod.token.is_none())
+        .collect();
+    candidates.sort_by(|a, b| (a.created_at, &a.uid).cmp(&(b.created_at, &b.uid)));
+    for pod in candidates {
+        let own = format!("{}/{}", pod.namespace, pod.app);
+        for ip in &pod.ips {
+            if taken.contains(ip) || lists.sole_app_listing(*ip).as_deref() != Some(own.as_str()) {
+                continue;
+            }
+            taken.insert(*ip);
+            plan.actions.push(Action::Adopt {
+                ip: *ip,
+                pod: pod.clone(),
+                reason: AdoptReason::AppList,
+            });
+        }
+    }
 }
 
 /// One IP carried by more than one live pod: never granted so by the webhook, but possible
@@ -265,6 +384,7 @@ pub fn plan(
                 plan.actions.push(Action::Adopt {
                     ip: *ip,
                     pod: pod.clone(),
+                    reason: AdoptReason::Token,
                 });
             }
         }
@@ -337,7 +457,7 @@ impl Executor {
             Action::Bind { claim, pod } => self.bind(claim, pod).await,
             Action::Keep { claim } => self.set_phase(claim, Phase::Released).await,
             Action::Drop { claim, reason } => self.drop_claim(claim, *reason).await,
-            Action::Adopt { ip, pod } => self.adopt(*ip, pod).await,
+            Action::Adopt { ip, pod, reason } => self.adopt(*ip, pod, *reason).await,
         }
     }
 
@@ -439,7 +559,36 @@ impl Executor {
         Ok(true)
     }
 
-    async fn adopt(&self, ip: IpAddr, pod: &PodInfo) -> Result<bool, ClusterError> {
+    async fn adopt(
+        &self,
+        ip: IpAddr,
+        pod: &PodInfo,
+        reason: AdoptReason,
+    ) -> Result<bool, ClusterError> {
+        let mut pod = pod.clone();
+        if reason == AdoptReason::AppList {
+            // The index said so; the API server confirms before anything is recorded.
+            let pods: Api<k8s_openapi::api::core::v1::Pod> =
+                Api::namespaced(self.pods.clone().into_client(), &pod.namespace);
+            let live = match pods.get_opt(&pod.name).await {
+                Ok(live) => live,
+                Err(error) => return Err(ClusterError::api("reading pod", &pod.name, error)),
+            };
+            let Some(live) = live.filter(|l| l.metadata.uid.as_deref() == Some(&pod.uid)) else {
+                return Ok(false);
+            };
+            let still = super::index::SlimPod::from_pod(&live).is_some_and(|s| s.ips.contains(&ip));
+            if !still || live.metadata.deletion_timestamp.is_some() {
+                return Ok(false);
+            }
+            pod.stateful = live
+                .metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .any(|o| o.kind == "StatefulSet" && o.controller == Some(true));
+        }
+        let pod = &pod;
         let claim = Claim {
             ip,
             app: pod.app.clone(),
@@ -452,7 +601,10 @@ impl Executor {
             },
             request_uid: format!("adopted-{}", pod.uid),
             phase: Phase::Bound,
-            source: Source::Static,
+            source: match reason {
+                AdoptReason::Token => Source::Static,
+                AdoptReason::AppList => Source::Allocated,
+            },
             created_at: unix_now(),
             updated_at: unix_now(),
             list_size: None,
@@ -474,10 +626,23 @@ impl Executor {
             }
         };
         self.set_phase(&created, Phase::Bound).await?;
-        let note = format!(
-            "pod {}/{} carries IP {ip} without a claim; recorded it so it is not handed out again",
-            pod.namespace, pod.name
-        );
+        let note = match reason {
+            AdoptReason::Token => format!(
+                "pod {}/{} carries IP {ip} without a claim; recorded it so it is not handed out again",
+                pod.namespace, pod.name
+            ),
+            AdoptReason::AppList => format!(
+                "pod {}/{} runs on IP {ip} (status.podIPs), one of the IPs of its app {}/{}, without a claim (it started before ip-webhook was installed); recorded it so it is not handed out again",
+                pod.namespace, pod.name, pod.namespace, pod.app
+            ),
+        };
+        self.metrics
+            .adoptions
+            .get_or_create(&crate::metrics::ReasonLabels {
+                reason: reason.label(),
+            })
+            .inc();
+        tracing::info!(%ip, pod = %format!("{}/{}", pod.namespace, pod.name), reason = reason.label(), "IP adopted");
         self.event(&created, "IPAdopted", note).await;
         Ok(true)
     }
@@ -674,7 +839,14 @@ mod tests {
                 Action::Bind { claim, pod } => format!("bind {} {}", claim.spec.ip, pod.uid),
                 Action::Keep { claim } => format!("keep {}", claim.spec.ip),
                 Action::Drop { claim, reason } => format!("drop {} {reason:?}", claim.spec.ip),
-                Action::Adopt { ip, pod } => format!("adopt {ip} {}", pod.uid),
+                Action::Adopt {
+                    ip,
+                    pod,
+                    reason: AdoptReason::Token,
+                } => format!("adopt {ip} {}", pod.uid),
+                Action::Adopt { ip, pod, reason } => {
+                    format!("adopt {ip} {} {}", pod.uid, reason.label())
+                }
             })
             .collect()
     }
@@ -862,5 +1034,181 @@ mod tests {
         );
         // the claim goes to the older pod
         assert_eq!(summary(&plan), ["adopt 10.0.0.5 uid-a"]);
+    }
+}
+
+#[cfg(test)]
+mod list_adoption_tests {
+    use super::*;
+    use crate::cluster::index::SlimPod;
+
+    const T0: u64 = 1_700_000_000;
+
+    /// `(ip, namespace/app)` pairs: which apps list which IPs.
+    struct Lists(Vec<(&'static str, &'static str)>);
+
+    impl AppLists for Lists {
+        fn sole_app_listing(&self, ip: IpAddr) -> Option<String> {
+            let apps: Vec<&str> = self
+                .0
+                .iter()
+                .filter(|(listed, _)| listed.parse::<IpAddr>().unwrap() == ip)
+                .map(|(_, app)| *app)
+                .collect();
+            (apps.len() == 1).then(|| apps[0].to_string())
+        }
+    }
+
+    fn running(ns: &str, name: &str, uid: &str, ip: &str, app: &str) -> Arc<SlimPod> {
+        Arc::new(SlimPod {
+            namespace: ns.into(),
+            name: name.into(),
+            uid: uid.into(),
+            node: "n1".into(),
+            ips: vec![ip.parse().unwrap()].into(),
+            app: app.into(),
+            deleting_at: None,
+            controller: None,
+        })
+    }
+
+    fn lists() -> Lists {
+        Lists(vec![
+            ("10.99.0.1", "legacy/web"),
+            ("10.99.0.2", "legacy/web"),
+            ("10.99.0.3", "legacy/web"),
+            ("10.99.0.4", "legacy/web"),
+            ("10.99.0.4", "legacy/db"),
+        ])
+    }
+
+    fn adoptions(
+        claims: &[Arc<IPClaim>],
+        pods: &HashMap<String, PodInfo>,
+        running: &[Arc<SlimPod>],
+    ) -> Vec<String> {
+        let mut plan = Plan::default();
+        plan_list_adoptions(&mut plan, claims, pods, running, &lists());
+        plan.actions
+            .iter()
+            .map(|a| match a {
+                Action::Adopt { ip, pod, reason } => {
+                    format!("adopt {ip} {} {}", pod.uid, reason.label())
+                }
+                other => format!("{other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_pod_running_on_its_own_apps_ip_without_a_claim_is_adopted() {
+        let own = running("legacy", "web-abc", "uid-web", "10.99.0.2", "web");
+        assert_eq!(
+            adoptions(&[], &HashMap::new(), std::slice::from_ref(&own)),
+            ["adopt 10.99.0.2 uid-web app_list"]
+        );
+        // what the reconciler's pod cache knows about it counts: a terminating pod, or one
+        // carrying a claim token (the token rules decide about it), is left alone
+        let mut known = PodInfo {
+            namespace: "legacy".into(),
+            name: "web-abc".into(),
+            uid: "uid-web".into(),
+            ips: vec!["10.99.0.2".parse().unwrap()],
+            created_at: T0,
+            terminating: true,
+            stateful: false,
+            app: "web".into(),
+            token: None,
+        };
+        let cache = |p: &PodInfo| HashMap::from([(p.uid.clone(), p.clone())]);
+        assert!(adoptions(&[], &cache(&known), std::slice::from_ref(&own)).is_empty());
+        // the pod index alone knowing it is terminating is enough
+        let mut deleting = (*own).clone();
+        deleting.deleting_at = Some(T0);
+        assert!(adoptions(&[], &HashMap::new(), &[Arc::new(deleting)]).is_empty());
+        known.terminating = false;
+        known.token = Some("0123456789abcdef0123456789abcdef".into());
+        assert!(adoptions(&[], &cache(&known), std::slice::from_ref(&own)).is_empty());
+    }
+
+    #[test]
+    fn another_apps_pod_or_a_shared_or_recorded_ip_is_never_adopted() {
+        let pods = [
+            // another app of the same namespace on the web list
+            running("legacy", "other-x", "uid-other", "10.99.0.3", "other"),
+            // the same app name in another namespace
+            running("dev", "web-x", "uid-dev", "10.99.0.1", "web"),
+            // no app label
+            running("legacy", "bare", "uid-bare", "10.99.0.1", ""),
+            // an IP two apps list: whose it is cannot be told
+            running("legacy", "web-y", "uid-y", "10.99.0.4", "web"),
+            // an IP of no list
+            running("legacy", "web-z", "uid-z", "10.98.0.1", "web"),
+        ];
+        assert!(adoptions(&[], &HashMap::new(), &pods).is_empty());
+
+        // an IP already recorded (whoever holds it), or a pod that already holds a claim
+        let claim: IPClaim = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "10.99.0.2"},
+            "spec": {"ip": "10.99.0.2", "namespace": "legacy", "app": "web", "podName": "web-0",
+                     "podUid": "uid-holder"},
+        }))
+        .unwrap();
+        let claims = [Arc::new(claim)];
+        let on_recorded = running("legacy", "web-a", "uid-a", "10.99.0.2", "web");
+        let holder = running("legacy", "web-0", "uid-holder", "10.99.0.3", "web");
+        assert!(adoptions(&claims, &HashMap::new(), &[on_recorded, holder]).is_empty());
+    }
+
+    /// Issue 21, finding 2, for the list adoption too: a pod that only carries our label (no
+    /// webhook saw it) is not running on the IP, so it is never adopted, even when the IP is
+    /// on its own app's list.
+    #[test]
+    fn a_label_alone_is_not_running_on_an_ip() {
+        let squat = PodInfo {
+            namespace: "legacy".into(),
+            name: "squat".into(),
+            uid: "uid-s".into(),
+            ips: vec!["10.99.0.1".parse().unwrap()],
+            created_at: T0,
+            terminating: false,
+            stateful: false,
+            app: "web".into(),
+            token: None,
+        };
+        let cache = HashMap::from([(squat.uid.clone(), squat.clone())]);
+        let mut plan = plan(&[], &cache, T0 + 1, RULES);
+        plan_list_adoptions(&mut plan, &[], &cache, &[], &lists());
+        assert!(plan.actions.is_empty(), "{:?}", plan.actions);
+        // once the kubelet reports it running there, it is its app's IP
+        let index = [running("legacy", "squat", "uid-s", "10.99.0.1", "web")];
+        plan_list_adoptions(&mut plan, &[], &cache, &index, &lists());
+        assert_eq!(plan.actions.len(), 1);
+    }
+
+    const RULES: Rules = Rules {
+        reservation_ttl: 120,
+        sticky_grace: 300,
+    };
+
+    #[test]
+    fn the_workload_registry_names_the_one_app_listing_an_ip() {
+        use crate::workloads::{WorkloadId, WorkloadRegistry};
+        let registry = WorkloadRegistry::default();
+        let id = |name: &str| WorkloadId {
+            kind: "Deployment".into(),
+            namespace: "legacy".into(),
+            name: name.into(),
+        };
+        let set = |text: &str| crate::ipset::parse_ip_spec(text).unwrap();
+        registry.record(id("web"), "legacy/web".into(), &set("10.99.0.1-10.99.0.4"));
+        registry.record(id("db"), "legacy/db".into(), &set("10.99.0.4"));
+        let ip = |text: &str| text.parse::<IpAddr>().unwrap();
+        assert_eq!(
+            registry.sole_app_listing(ip("10.99.0.2")).as_deref(),
+            Some("legacy/web")
+        );
+        assert_eq!(registry.sole_app_listing(ip("10.99.0.4")), None);
+        assert_eq!(registry.sole_app_listing(ip("10.99.0.9")), None);
     }
 }
