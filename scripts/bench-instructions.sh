@@ -7,18 +7,20 @@
 #   scripts/bench-instructions.sh
 #
 # Each cell starts its server under `valgrind --tool=callgrind` (a fresh state dir for durable
-# cells), warms it up with wrk, zeroes the counters (`callgrind_control -z`), runs wrk for
-# BENCH_DURATION seconds, dumps the counters (`callgrind_control -d`) and divides the
+# cells), starts wrk, zeroes the counters (`callgrind_control -z`) after BENCH_WARMUP seconds,
+# dumps them (`callgrind_control -d`) BENCH_DURATION seconds later and divides the
 # instructions (Ir, every thread of the server, user space only: the kernel's side of a
-# syscall is not counted) by the requests wrk completed. For durable cells it also prints the
-# ledger's commits and mean batch size over the measured run (callgrind runs the server
-# about 50x slower, while fdatasync keeps its real duration, so batches are smaller than at
-# full speed: the per-commit share of a durable request is over-counted, not under-counted).
+# syscall is not counted) by the requests the server answered meanwhile (calls, in the same
+# dump, of a function each request makes once). For durable cells it also prints the
+# ledger's commits (calls of commit_batch in the dump) over the measured run (callgrind runs
+# the server about 50x slower while fdatasync keeps its real duration: compare the requests
+# per commit with scripts/bench-load.sh's before reading the per-commit share).
 # The dumps are kept in BENCH_OUT (default target/bench-instructions) for callgrind_annotate.
 #
 # Environment: BENCH_DURATION (default 20), BENCH_WARMUP (default 5), BENCH_CONNECTIONS
 # (default "16 64"), BENCH_SCENARIOS (default "floor mutate-dry-run mutate-durable"),
-# BENCH_PROFILE (default release; dist is what ships), BENCH_OUT.
+# BENCH_PROFILE (default release; dist is what ships), BENCH_OUT, BENCH_BIN (a directory with
+# ip-webhook and examples/bench_floor already built: no cargo build).
 # A benchmark, not a test: it never fails on a number.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,10 +38,14 @@ for tool in valgrind callgrind_control wrk taskset curl awk; do
   command -v "$tool" >/dev/null || { echo "$tool is required (apt-get install valgrind wrk)" >&2; exit 1; }
 done
 
-echo "building (profile $profile): ip-webhook, example bench_floor" >&2
-cargo build --profile "$profile" --quiet --bin ip-webhook --example bench_floor
 target_dir=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
-if [ "$profile" = dev ]; then bin="$target_dir/debug"; else bin="$target_dir/$profile"; fi
+if [ -n "${BENCH_BIN:-}" ]; then
+  bin=$BENCH_BIN # ip-webhook and examples/bench_floor already built (a copy, say)
+else
+  echo "building (profile $profile): ip-webhook, example bench_floor" >&2
+  cargo build --profile "$profile" --quiet --bin ip-webhook --example bench_floor
+  if [ "$profile" = dev ]; then bin="$target_dir/debug"; else bin="$target_dir/$profile"; fi
+fi
 out=${BENCH_OUT:-$target_dir/bench-instructions}
 mkdir -p "$out"
 
@@ -52,50 +58,36 @@ cleanup() {
 }
 trap cleanup EXIT
 
-metric() {
-  curl -sf "http://$admin_addr/metrics" |
-    awk -v name="$1" -v filter="${2:-}" '$1 ~ "^"name"(\\{|$)" && index($1, filter) { sum += $2 } END { print sum + 0 }'
-}
 
-# cell SCENARIO CONNS PATH MODE CMD...
+# cell SCENARIO CONNS PATH MODE PER_REQUEST CMD...  (PER_REQUEST: a function called once per request)
 cell() {
-  local scenario=$1 conns=$2 path=$3 mode=$4
-  shift 4
+  local scenario=$1 conns=$2 path=$3 mode=$4 per_request=$5
+  shift 5
   local log="$work/$scenario-$conns.log" dumps="$out/$scenario-c$conns"
   rm -f "$dumps".*
   : >"$log"
-  taskset -c 0 valgrind --tool=callgrind --log-file="$work/valgrind-$scenario-$conns.txt" \
+  taskset -c 0 valgrind --tool=callgrind --log-file="$out/valgrind-$scenario-$conns.txt" \
     --callgrind-out-file="$dumps.%p" "$@" >"$log" 2>&1 &
   server_pid=$!
   for _ in $(seq 1 600); do
     grep -q 'serving https://' "$log" && break
-    kill -0 "$server_pid" 2>/dev/null || { echo "$scenario did not start:" >&2; cat "$log" "$work/valgrind-$scenario-$conns.txt" >&2; return 1; }
+    kill -0 "$server_pid" 2>/dev/null || { echo "$scenario did not start:" >&2; cat "$log" "$out/valgrind-$scenario-$conns.txt" >&2; return 1; }
     sleep 0.1
   done
   local addr
   addr=$(sed -n 's|.*serving https://\([0-9.:]*\).*|\1|p' "$log" | head -1)
-  admin_addr=$(sed -n 's|.*(admin http://\([0-9.:]*\)).*|\1|p' "$log" | head -1)
   local url="https://$addr$path"
-  taskset -c 1 wrk -t1 -c"$conns" -d"${warmup}s" --timeout 10s -s "$lua" "$url" -- "$fixture" "$mode" "w$conns" >/dev/null
-  local commits0=0 writes0=0 batches0=0 batched0=0
-  if [ "$mode" = durable ]; then
-    commits0=$(metric ip_webhook_ledger_commits_total)
-    batches0=$(metric ip_webhook_ledger_batch_size_count)
-    batched0=$(metric ip_webhook_ledger_batch_size_sum)
-  fi
-  callgrind_control -z "$server_pid" >/dev/null 2>&1 || { tail -20 "$work/valgrind-$scenario-$conns.txt" >&2; return 1; }
-  taskset -c 1 wrk -t1 -c"$conns" -d"${duration}s" --timeout 10s -s "$lua" "$url" -- "$fixture" "$mode" "r$conns" >"$work/wrk.txt"
-  callgrind_control -d "$scenario-c$conns" "$server_pid" >/dev/null 2>&1 || { tail -20 "$work/valgrind-$scenario-$conns.txt" >&2; return 1; }
-  local requests
-  requests=$(awk '/requests in/ { print $1 }' "$work/wrk.txt")
-  local batch="" 
-  if [ "$mode" = durable ]; then
-    local commits batches batched
-    commits=$(($(metric ip_webhook_ledger_commits_total) - commits0))
-    batches=$(awk -v a="$(metric ip_webhook_ledger_batch_size_count)" -v b="$batches0" 'BEGIN { print a - b }')
-    batched=$(awk -v a="$(metric ip_webhook_ledger_batch_size_sum)" -v b="$batched0" 'BEGIN { print a - b }')
-    batch=$(awk -v c="$commits" -v n="$batches" -v s="$batched" 'BEGIN { printf "commits %d, mean batch %.1f", c, n ? s / n : 0 }')
-  fi
+  # one wrk run: the counters are zeroed once its connections are open (their TLS handshakes
+  # are not counted) and dumped before it ends; requests are counted in the dump itself (the
+  # calls of a function every request makes once), so requests in flight at either end do not
+  # skew the ratio
+  taskset -c 1 wrk -t1 -c"$conns" -d"$((warmup + duration + 5))s" --timeout 10s -s "$lua" "$url" -- "$fixture" "$mode" "r$conns" >"$work/wrk.txt" &
+  local wrk_pid=$!
+  sleep "$warmup"
+  callgrind_control -z "$server_pid" >/dev/null 2>&1 || { tail -20 "$out/valgrind-$scenario-$conns.txt" >&2; return 1; }
+  sleep "$duration"
+  callgrind_control -d "$scenario-c$conns" "$server_pid" >/dev/null 2>&1 || { tail -20 "$out/valgrind-$scenario-$conns.txt" >&2; return 1; }
+  wait "$wrk_pid" || true
   kill "$server_pid" 2>/dev/null || true
   wait "$server_pid" 2>/dev/null || true
   server_pid=
@@ -103,8 +95,28 @@ cell() {
   local dump
   dump=$(grep -l "^desc: Trigger: Client Request: $scenario-c$conns\|^desc: Trigger: .*$scenario-c$conns" "$dumps".* 2>/dev/null | head -1)
   [ -n "$dump" ] || dump=$(ls -t "$dumps".* | tail -1)
-  local ir
+  local ir batch="" requests
   ir=$(awk '/^(summary|totals):/ { print $2; exit }' "$dump")
+  requests=$(awk -v per="$per_request" '
+      /^c?fn=/ { s = $0; sub(/^c?fn=/, "", s); cur = s
+                 if (match(s, /^\([0-9]+\)/)) { id = substr(s, 1, RLENGTH); rest = substr(s, RLENGTH + 2)
+                   if (rest != "") name[id] = rest; cur = name[id] }
+                 if ($0 ~ /^cfn=/) callee = cur }
+      /^calls=/ { split(substr($0, 7), a, " "); if (index(callee, per) && substr(callee, length(callee) - length(per) + 1) == per) n += a[1] }
+      END { print n + 0 }' "$dump")
+  if [ "$mode" = durable ]; then
+    # ledger commits from the dump's call counts (the admin /metrics cannot be read under
+    # valgrind: procfs's auxv check crashes the server there)
+    batch=$(awk '
+      /^c?fn=/ { s = $0; sub(/^c?fn=/, "", s); cur = s
+                 if (match(s, /^\([0-9]+\)/)) { id = substr(s, 1, RLENGTH); rest = substr(s, RLENGTH + 2)
+                   if (rest != "") name[id] = rest; cur = name[id] }
+                 if ($0 ~ /^fn=/) caller = cur; else callee = cur }
+      /^calls=/ { split(substr($0, 7), a, " ")
+                  if (callee ~ /embedded::commit_batch$/) commits += a[1] }
+      END { printf "commits %d", commits }' "$dump")
+    batch=$(awk -v b="$batch" -v n="$requests" 'BEGIN { split(b, a, " "); printf "%s, %.1f requests/commit", b, a[2] ? n / a[2] : 0 }')
+  fi
   printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$scenario" "$conns" "$requests" "$ir" "$dump" "$batch" >>"$work/results.tsv"
   awk -v s="$scenario" -v c="$conns" -v n="$requests" -v ir="$ir" -v b="$batch" \
     'BEGIN { printf "  %-15s c=%-3s %7d requests  %8.1fk instructions/request  %s\n", s, c, n, ir / n / 1000, b }' >&2
@@ -117,10 +129,10 @@ for conns in $connections; do
     # valgrind itself crashed once in a durable cell (SIGSEGV, not reproduced): one retry
     for attempt in 1 2; do
     if case $scenario in
-      floor) cell floor "$conns" /mutate as-is "$bin/examples/bench_floor" 127.0.0.1:0 ;;
-      mutate-dry-run) cell mutate-dry-run "$conns" /mutate dry-run "$bin/ip-webhook" serve \
+      floor) cell floor "$conns" /mutate as-is 'hyper::proto::h1::conn::Conn<I,B,T>::write_head' "$bin/examples/bench_floor" 127.0.0.1:0 ;;
+      mutate-dry-run) cell mutate-dry-run "$conns" /mutate dry-run 'hyper::proto::h1::conn::Conn<I,B,T>::write_head' "$bin/ip-webhook" serve \
         --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 --state-dir "$work/state-dry-$conns" ;;
-      mutate-durable) cell mutate-durable "$conns" /mutate durable "$bin/ip-webhook" serve \
+      mutate-durable) cell mutate-durable "$conns" /mutate durable 'hyper::proto::h1::conn::Conn<I,B,T>::write_head' "$bin/ip-webhook" serve \
         --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 --state-dir "$work/state-durable-$conns" ;;
       *) echo "unknown scenario $scenario" >&2; exit 1 ;;
     esac; then break; fi

@@ -1252,7 +1252,10 @@ mod tests {
         let ledger = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
         let first = claim("10.9.1.1", "a");
         let mut opened = Box::pin(ledger.create(&first));
-        assert!(futures::poll!(opened.as_mut()).is_pending(), "it yields once");
+        assert!(
+            futures::poll!(opened.as_mut()).is_pending(),
+            "it yields once"
+        );
         drop(opened);
         let joined = tokio::time::timeout(
             std::time::Duration::from_secs(10),
