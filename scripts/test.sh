@@ -15,5 +15,8 @@ cargo fmt --all -- --check
 # unfindable, so that build-script output from a protoc build cannot hide a regression
 # (about 3 min cold on 2 cores: every dependency checked once more, without etcd-client).
 PROTOC=/nonexistent/protoc cargo clippy --lib --bins --target-dir target/no-protoc -- -D warnings
+# The one test that only a build without the feature can run: `--ledger etcd` says how to get it.
+PROTOC=/nonexistent/protoc cargo test --target-dir target/no-protoc --test operate \
+  -- --exact a_build_without_etcd_says_how_to_get_it
 cargo clippy --all-targets --all-features -- -D warnings
 cargo test --all-targets --all-features --no-fail-fast

@@ -12,10 +12,11 @@
 //! - [`admission`]: the AdmissionReview protocol: wire types, scanner, bounds, response and
 //!   JSON patch, the pod annotations.
 //! - [`metrics`]: the Prometheus registry every layer records into.
-//! - [`webhook`]: the decisions: dispatch, assess, mutate, validate, workloads, events.
+//! - [`webhook`]: the decisions: dispatch, assess, mutate, validate, the IPClaim guard,
+//!   workloads, events.
 //! - [`cluster`]: in-cluster watches, indexes, reconciler, lease, sweeper, CNI objects.
 //! - [`server`]: HTTP(S) serving, TLS, logging.
-//! - [`ops`]: the operator commands' logic: status, explain, release, check.
+//! - [`ops`]: the operator commands' logic: status, explain, release, check, drift.
 //! - [`cli`]: arguments to settings, and the wiring of a running process.
 
 pub mod admission;

@@ -2,8 +2,6 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
-
 // Every admission allocates a few dozen small strings and maps; mimalloc frees them for about a
 // fifth of glibc's instructions (`examples/count_review.rs` under callgrind).
 #[global_allocator]
@@ -13,7 +11,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// RUST_BACKTRACE says) and the exit status of [`ip_webhook::cli::exit_code`].
 #[tokio::main]
 async fn main() -> ExitCode {
-    match ip_webhook::cli::run(ip_webhook::cli::Cli::parse()).await {
+    match ip_webhook::cli::run(ip_webhook::cli::parse_env()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("Error: {}", ip_webhook::cli::error_line(&error));

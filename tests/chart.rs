@@ -485,6 +485,7 @@ fn defaults_render_the_documented_webhooks() {
         [
             "pods.validate.ip-webhook.io",
             "fixedippools.validate.ip-webhook.io",
+            "ipclaims.validate.ip-webhook.io",
             "workloads.validate.ip-webhook.io",
             "deletes.validate.ip-webhook.io"
         ]
@@ -505,6 +506,39 @@ fn defaults_render_the_documented_webhooks() {
     assert_eq!(
         rule_summary(pools),
         summary(&[("ip-webhook.io", "fixedippools", "CREATE,UPDATE,DELETE")])
+    );
+    // IPClaim hand edits: refused unless forced; the server's own service account left out
+    let ipclaims = webhook(validating, "ipclaims.validate.ip-webhook.io");
+    assert_eq!(ipclaims["failurePolicy"], "Fail");
+    assert_eq!(
+        rule_summary(ipclaims),
+        summary(&[("ip-webhook.io", "ipclaims", "UPDATE,DELETE")])
+    );
+    assert_eq!(
+        ipclaims["matchConditions"][0]["name"],
+        "not-ip-webhook-itself"
+    );
+    let own = format!("system:serviceaccount:{NAMESPACE}:ip-webhook");
+    let expression = ipclaims["matchConditions"][0]["expression"]
+        .as_str()
+        .unwrap();
+    let program = cel::Program::compile(expression).unwrap();
+    for (user, sent) in [(own.as_str(), false), ("kubernetes-admin", true)] {
+        let mut context = cel::Context::default();
+        context.add_variable_from_value(
+            "request",
+            cel::to_value(json!({"userInfo": {"username": user}})).unwrap(),
+        );
+        assert_eq!(
+            program.execute(&context).unwrap(),
+            cel::Value::Bool(sent),
+            "{user}"
+        );
+    }
+    assert!(
+        args(&docs).contains(&format!("--trusted-username={own}")),
+        "the server trusts its own service account: {:?}",
+        args(&docs)
     );
     let workloads = webhook(validating, "workloads.validate.ip-webhook.io");
     assert_eq!(workloads["failurePolicy"], "Ignore");
@@ -688,6 +722,7 @@ fn rbac_grants_what_the_server_needs_and_the_cni_extras_only_when_switched_on() 
     let helm = helm();
     let base = vec![
         grant("", "events", "create,patch"),
+        grant("", "nodes", "list,watch"),
         grant("", "pods", "get,list,watch"),
         grant("apps", "daemonsets", "list,watch"),
         grant("apps", "deployments", "list,watch"),
@@ -761,9 +796,38 @@ fn rbac_grants_what_the_server_needs_and_the_cni_extras_only_when_switched_on() 
     );
     let mut expected = base.clone();
     expected.extend(calico);
-    expected.extend(kube_ovn);
+    expected.extend(kube_ovn.clone());
     expected.sort();
     assert_eq!(rules_of(one(&docs, "ClusterRole")), expected);
+
+    // Node-loss release off: no nodes; the Kube-OVN reservation on: its IPPools.
+    let docs = render(
+        &helm,
+        &[
+            "server.cni=kube-ovn",
+            "server.nodeLostGrace=0",
+            "server.kubeOvnReservation=true",
+        ],
+        "1.31.0",
+    );
+    let mut expected: Vec<_> = base.into_iter().filter(|g| g.1 != "nodes").collect();
+    expected.extend(kube_ovn);
+    expected.push(grant(
+        "kubeovn.io",
+        "ippools",
+        "list,watch,create,patch,delete",
+    ));
+    expected.sort();
+    assert_eq!(rules_of(one(&docs, "ClusterRole")), expected);
+    let args = &one(&docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"];
+    let args: Vec<&str> = args
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|a| a.as_str())
+        .collect();
+    assert!(args.contains(&"--node-lost-grace=0"), "{args:?}");
+    assert!(args.contains(&"--kube-ovn-reservation=true"), "{args:?}");
 }
 
 #[test]
@@ -828,13 +892,17 @@ fn cni_pool_kinds_are_validated_when_switched_on() {
         [
             "pods.validate.ip-webhook.io",
             "fixedippools.validate.ip-webhook.io",
+            "ipclaims.validate.ip-webhook.io",
             "calico-ippools.validate.ip-webhook.io",
             "cni-pool-deletes.validate.ip-webhook.io"
         ]
     );
     let bare = render(
         &helm,
-        &["validatingWebhook.workloads.enabled=false"],
+        &[
+            "validatingWebhook.workloads.enabled=false",
+            "validatingWebhook.ipClaims.enabled=false",
+        ],
         "1.31.0",
     );
     assert_eq!(
@@ -1770,7 +1838,8 @@ fn cel_match_conditions_select_the_right_pods_and_never_error() {
             "pod-wants-fixed-ip",
             "pod-holds-ip",
             "template-asks-fixed-ips",
-            "template-asked-fixed-ips"
+            "template-asked-fixed-ips",
+            "not-ip-webhook-itself"
         ])
     );
     let conditions: Vec<_> = all

@@ -12,8 +12,9 @@ use std::time::Duration;
 
 use http::{Request, Response};
 use http_body_util::BodyExt;
+use ip_webhook::cluster::executor::Executor;
 use ip_webhook::cluster::lease::{Elector, LeaseSettings};
-use ip_webhook::cluster::reconcile::{Action, DropReason, Executor, Plan};
+use ip_webhook::cluster::reconcile::{Action, DropReason, Plan};
 use ip_webhook::cluster::{Caches, ClusterOptions, PodInfo, Reconciler, Rules};
 use ip_webhook::crd::IPClaim;
 use ip_webhook::ipam::allocator::{AllocationRequest, Allocator};
@@ -481,6 +482,8 @@ fn options() -> ClusterOptions {
         app_label: "app".into(),
         cni: ip_webhook::admission::annotations::Cni::Calico,
         calico_reservation: true,
+        node_lost_grace: Duration::from_secs(300),
+        kube_ovn_reservation: false,
     }
 }
 
@@ -545,6 +548,7 @@ async fn a_full_resync_frees_an_ip_whose_pod_delete_the_watch_missed() {
         allocator: allocator.clone(),
         executor: executor(&client),
         options: options(),
+        lists: None,
     };
     reconciler.pass(true, true).await;
     let seen = server.await.unwrap();
@@ -846,6 +850,7 @@ async fn a_pass_expires_old_reservations_and_keeps_a_gone_statefulset_pods_ip() 
         ),
         executor: executor(&client),
         options: options(),
+        lists: None,
     };
     let next = reconciler.pass(false, true).await;
     let seen = server.await.unwrap();

@@ -93,6 +93,9 @@ pub struct Request<'a> {
     /// `CreateOptions`, `DeleteOptions`…, as raw JSON (read only for a Pod DELETE's grace).
     #[serde(borrow, default)]
     pub options: Option<RawJson<'a>>,
+    /// `userInfo`, as raw JSON (read only by the IPClaim guard, [`crate::webhook::claim_guard`]).
+    #[serde(borrow, default)]
+    pub user_info: Option<RawJson<'a>>,
     /// `object.metadata` as the scan read it (the serde path leaves it `NotScanned`).
     #[serde(skip)]
     pub object_metadata: ScannedMetadata,

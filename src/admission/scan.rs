@@ -92,6 +92,7 @@ fn request<'a>(s: &mut Scanner<'a>) -> Scan<Request<'a>> {
     let mut old_object = (None, ScannedMetadata::Absent);
     let mut dry_run = None;
     let mut options = None;
+    let mut user_info = None;
     let mut seen = Seen::default();
     s.object(|s, key, escaped| {
         if escaped {
@@ -108,6 +109,7 @@ fn request<'a>(s: &mut Scanner<'a>) -> Scan<Request<'a>> {
             "oldObject" => old_object = seen.first(7, embedded(s))?,
             "dryRun" => dry_run = seen.first(8, s.nullable(Scanner::boolean))?,
             "options" => options = seen.first(9, embedded(s))?.0,
+            "userInfo" => user_info = seen.first(10, embedded(s))?.0,
             _ => s.skip_value(2)?,
         }
         Ok(())
@@ -123,6 +125,7 @@ fn request<'a>(s: &mut Scanner<'a>) -> Scan<Request<'a>> {
         old_object: old_object.0,
         dry_run,
         options,
+        user_info,
         object_metadata: object.1,
         old_object_metadata: old_object.1,
     })

@@ -117,6 +117,13 @@ pub async fn build_with(
         admission_deadline: args.admission_deadline,
     };
     let mut webhook = Webhook::new(settings, allocator, pools, metrics);
+    // The IPClaim guard admits the server's own writes: its service account, and any name given.
+    for user in crate::webhook::claim_guard::own_service_account()
+        .into_iter()
+        .chain(args.trusted_username.iter().cloned())
+    {
+        webhook.claim_guard.trust(&user);
+    }
     if let Some(client) = &client {
         let instance = std::env::var("POD_NAME").ok();
         webhook = webhook.with_events(Arc::new(crate::cluster::events::KubeEvents::new(
@@ -280,6 +287,8 @@ pub fn cluster_options(args: &ServeArgs) -> ClusterOptions {
         app_label: args.webhook.app_label.clone(),
         cni: args.webhook.cni,
         calico_reservation: cluster.calico_reservation,
+        node_lost_grace: cluster.node_lost_grace,
+        kube_ovn_reservation: cluster.kube_ovn_reservation,
     }
 }
 

@@ -1,17 +1,7 @@
-//! The arguments of every command, as clap reads them, and their parsers. The layers below
-//! get plain values from these (`Cni`, `LogFormat`, durations, addresses).
+//! The arguments of every command, as clap reads them. The layers below get plain values from
+//! these (`Cni`, `LogFormat`, durations, addresses).
 
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::time::Duration;
-
-use crate::admission::annotations::Cni;
-use crate::server::logging::LogFormat;
-use clap::builder::{PossibleValuesParser, TypedValueParser};
-use clap::{Args, Parser, Subcommand, ValueEnum};
-
-use super::EXIT_CODES;
-use super::parse::{parse_app, parse_duration, parse_listen, parse_size};
+use super::*;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -77,11 +67,15 @@ pub enum Command {
     /// The ledger is found as for `status`.
     #[command(after_help = EXIT_CODES)]
     Release(ReleaseArgs),
-    /// Check a running install: reachability, certificate, readiness, capacity, leader.
+    /// Check a running install (reachability, certificate, readiness, capacity, leader), or
+    /// with --drift the claims against the cluster.
     ///
     /// Verifies the served certificate against the caBundle (--ca-file, --ca-bundle, or the
     /// webhook configurations read from the cluster) and its expiry, posts a harmless dry-run
-    /// review, reads /readyz and /metrics.
+    /// review, reads /readyz and /metrics. With --drift instead: compares the claims (found as
+    /// for `status`) with the pods' IPs, Kube-OVN IP objects and Calico's IPAM blocks, and
+    /// lists claims without a pod, pods on list IPs without a claim, pods on another IP than
+    /// their claim, and IPs the CNI holds for gone pods.
     #[command(after_help = EXIT_CODES)]
     Check(CheckArgs),
 }
@@ -143,6 +137,9 @@ pub struct StatusArgs {
     /// Only this FixedIPPool and the apps drawing from it.
     #[arg(long, value_name = "NAME")]
     pub pool: Option<String>,
+    /// Only the apps of this namespace (and the pools they draw from), as kubectl's -n.
+    #[arg(short, long, value_name = "NAMESPACE")]
+    pub namespace: Option<String>,
     /// The pod label that names a pod's app (to find the pods behind the claims).
     #[arg(long, default_value = "app", value_name = "KEY")]
     pub app_label: String,
@@ -195,6 +192,10 @@ pub struct ReleaseArgs {
     /// Release even when the pod still runs or cannot be checked (off-cluster it never can).
     #[arg(long)]
     pub force: bool,
+    /// Release only if the claim's pod is in this namespace (kubectl's -n, as a guard: an IP
+    /// names its claim cluster-wide).
+    #[arg(short, long, value_name = "NAMESPACE")]
+    pub namespace: Option<String>,
     /// The pod label that names a pod's app (to find the pod behind the claim).
     #[arg(long, default_value = "app", value_name = "KEY")]
     pub app_label: String,
@@ -208,8 +209,8 @@ pub struct ReleaseArgs {
 #[derive(Debug, Clone, Args)]
 pub struct CheckArgs {
     /// The webhook's HTTPS address, https://HOST:PORT (a path replaces /mutate).
-    #[arg(long, value_name = "URL")]
-    pub url: String,
+    #[arg(long, value_name = "URL", required_unless_present = "drift")]
+    pub url: Option<String>,
     /// PEM file of the CA in the webhook configuration's caBundle.
     #[arg(long, value_name = "FILE", conflicts_with = "ca_bundle")]
     pub ca_file: Option<PathBuf>,
@@ -225,8 +226,6 @@ pub struct CheckArgs {
     /// or when neither --ca-file nor --ca-bundle is given).
     #[arg(long, value_name = "NAME", default_value = "ip-webhook")]
     pub webhook_configuration: String,
-    #[command(flatten)]
-    pub cluster: ClusterAccess,
     /// The admin address, http://HOST:PORT, for /readyz and /metrics.
     #[arg(long, value_name = "URL")]
     pub admin_url: Option<String>,
@@ -250,6 +249,28 @@ pub struct CheckArgs {
     pub output: OutputFormat,
     #[command(flatten)]
     pub verbosity: Verbosity,
+    #[command(flatten)]
+    pub drift: DriftArgs,
+    // Last: it ends with the etcd flags under their own help heading. Without --drift only the
+    // cluster access (--kubeconfig, --context) is used, for the caBundles.
+    #[command(flatten)]
+    pub source: LedgerSource,
+}
+
+/// `check --drift` (issue 20): the claims against the pods and the CNI's records.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Drift (--drift)")]
+pub struct DriftArgs {
+    /// Instead of checking the webhook, compare the claims with the pods' IPs, Kube-OVN IP
+    /// objects and Calico's IPAM blocks (where installed); exit 3 when any drift is found.
+    #[arg(id = "drift", long = "drift", conflicts_with_all = ["url", "ca_file", "ca_bundle", "admin_url"])]
+    pub enabled: bool,
+    /// With --drift: report only drift of pods in this namespace.
+    #[arg(short, long, value_name = "NAMESPACE", conflicts_with = "url")]
+    pub namespace: Option<String>,
+    /// With --drift: the pod label that names a pod's app.
+    #[arg(long, default_value = "app", value_name = "KEY")]
+    pub app_label: String,
 }
 
 /// Where claims are recorded.
@@ -296,6 +317,10 @@ pub struct WebhookArgs {
     /// the webhook's timeoutSeconds (the chart sets timeoutSeconds − 1 s).
     #[arg(long, default_value = "4s", value_parser = parse_duration, value_name = "DURATION")]
     pub admission_deadline: Duration,
+    /// A user whose IPClaim writes the IPClaim guard always admits (repeatable): the server's
+    /// own. In a pod, its service account (read from the mounted token) is trusted anyway.
+    #[arg(long, value_name = "USERNAME")]
+    pub trusted_username: Vec<String>,
     /// Talk to the API server described by this kubeconfig (selects --ledger kubernetes unless
     /// --ledger is given; with etcd or embedded, pods are looked up there to free leaked IPs).
     #[arg(long, value_name = "FILE")]
@@ -322,116 +347,6 @@ impl WebhookArgs {
 
 /// `serve`'s default --state-dir.
 pub const DEFAULT_STATE_DIR: &str = "./ip-webhook-state";
-
-pub fn in_pod() -> bool {
-    std::env::var_os("KUBERNETES_SERVICE_HOST").is_some_and(|v| !v.is_empty())
-}
-
-pub fn choose_ledger(given: Option<LedgerKind>, kubeconfig: bool, in_pod: bool) -> LedgerKind {
-    match given {
-        Some(kind) => kind,
-        None if kubeconfig || in_pod => LedgerKind::Kubernetes,
-        None => LedgerKind::Embedded,
-    }
-}
-
-/// Where an operator command found the API server, in kubectl's order.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ClusterSource {
-    /// `--kubeconfig FILE`.
-    Flag(PathBuf),
-    /// `$KUBECONFIG` (one path, or several separated by `:`).
-    Env(String),
-    /// `~/.kube/config`, which exists.
-    Home(PathBuf),
-    /// The pod's service account (KUBERNETES_SERVICE_HOST is set).
-    InCluster,
-}
-
-impl std::fmt::Display for ClusterSource {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ClusterSource::Flag(path) => write!(f, "--kubeconfig {}", path.display()),
-            ClusterSource::Env(value) => write!(f, "$KUBECONFIG ({value})"),
-            ClusterSource::Home(path) => write!(f, "{}", path.display()),
-            ClusterSource::InCluster => f.write_str("the in-cluster service account"),
-        }
-    }
-}
-
-/// Find the API server as kubectl does: --kubeconfig, else $KUBECONFIG, else ~/.kube/config,
-/// else the in-cluster service account. `None` when there is none of these.
-pub fn find_cluster(access: &ClusterAccess) -> Option<ClusterSource> {
-    find_cluster_in(
-        access.kubeconfig.as_deref(),
-        std::env::var("KUBECONFIG").ok(),
-        std::env::var_os("HOME").map(PathBuf::from),
-        in_pod(),
-    )
-}
-
-pub fn find_cluster_in(
-    flag: Option<&Path>,
-    env: Option<String>,
-    home: Option<PathBuf>,
-    in_pod: bool,
-) -> Option<ClusterSource> {
-    if let Some(path) = flag {
-        return Some(ClusterSource::Flag(path.to_path_buf()));
-    }
-    if let Some(value) = env.filter(|v| !v.trim().is_empty()) {
-        return Some(ClusterSource::Env(value));
-    }
-    if let Some(config) = home
-        .map(|h| h.join(".kube").join("config"))
-        .filter(|c| c.is_file())
-    {
-        return Some(ClusterSource::Home(config));
-    }
-    in_pod.then_some(ClusterSource::InCluster)
-}
-
-/// The ledger an operator command reads.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Books {
-    Embedded(PathBuf),
-    Kubernetes(ClusterSource),
-    Etcd,
-}
-
-/// Choose the ledger of an operator command: `--ledger` if given; else `--state-dir` means
-/// the embedded ledger; else the cluster kubectl would use; else an error saying where it
-/// looked and what to pass.
-pub fn choose_books(
-    source: &LedgerSource,
-    cluster: Option<ClusterSource>,
-) -> Result<Books, String> {
-    let state_dir = || {
-        source
-            .state_dir
-            .clone()
-            .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR))
-    };
-    match (source.ledger, cluster) {
-        (Some(LedgerKind::Embedded), _) => Ok(Books::Embedded(state_dir())),
-        (Some(LedgerKind::Etcd), _) => Ok(Books::Etcd),
-        (None, _) if source.state_dir.is_some() => Ok(Books::Embedded(state_dir())),
-        (Some(LedgerKind::Kubernetes) | None, Some(cluster)) => Ok(Books::Kubernetes(cluster)),
-        (Some(LedgerKind::Kubernetes) | None, None) => {
-            let local = Path::new(DEFAULT_STATE_DIR).join("ledger.redb");
-            let hint = if local.is_file() {
-                format!(" ({DEFAULT_STATE_DIR} holds one)")
-            } else {
-                String::new()
-            };
-            Err(format!(
-                "no cluster found: no --kubeconfig, $KUBECONFIG is unset, ~/.kube/config does \
-                 not exist and this is not a pod; give --kubeconfig FILE, or --state-dir DIR to \
-                 read the embedded ledger of `ip-webhook serve`{hint}"
-            ))
-        }
-    }
-}
 
 /// In-cluster mode: the reconciler and its leader election.
 #[derive(Debug, Clone, Args)]
@@ -462,6 +377,15 @@ pub struct ClusterArgs {
     /// ip-webhook may hand out, so Calico's automatic assignment skips them.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub calico_reservation: bool,
+    /// Release the IP of a pod stuck Terminating (its grace over) on a node whose Ready
+    /// condition has been False or Unknown this long; only pods of a ReplicaSet, Job or
+    /// DaemonSet (StatefulSet and bare pods keep theirs). 0 turns it off.
+    #[arg(long, default_value = "5m", value_parser = parse_duration, value_name = "DURATION")]
+    pub node_lost_grace: Duration,
+    /// With --cni kube-ovn: keep a Kube-OVN IPPool (ip-webhook-<subnet>) per Subnet over the
+    /// IPs ip-webhook may hand out, so Kube-OVN's random allocation skips them.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub kube_ovn_reservation: bool,
 }
 
 /// How to reach etcd for `--ledger etcd` (a build with the `etcd` cargo feature).

@@ -210,6 +210,12 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
     let known_apps: Vec<String> = report.apps.iter().map(|a| a.key()).collect();
     let known_pools: Vec<String> = report.pools.iter().map(|p| p.name.clone()).collect();
     report.retain(args.app.as_deref(), args.pool.as_deref());
+    if let Some(namespace) = &args.namespace {
+        retain_namespace(&mut report, namespace);
+        if report.apps.is_empty() {
+            return Err(AnswerIsNo(format!("no app in namespace {namespace} holds an IP")).into());
+        }
+    }
     let list = |names: &[String]| {
         if names.is_empty() {
             "none".to_string()
@@ -245,6 +251,13 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
             .into_iter()
             .filter(|c| c.is_held() && shown.contains(&c.ip))
             .collect();
+        match crate::ops::status::cluster_duplicates(&client, &args.app_label).await {
+            Ok(found) => {
+                report.duplicates = found;
+                report.retain(args.app.as_deref(), None);
+            }
+            Err(error) => eprintln!("warning: listing pods to find duplicate IPs: {error}"),
+        }
         let directory = PodDirectory::new(client, &args.app_label);
         let (nodes, failures) = directory.nodes(&held).await;
         for failure in failures {
@@ -305,6 +318,12 @@ pub async fn release(args: ReleaseArgs) -> anyhow::Result<()> {
         Books::Kubernetes(_) => {
             let admission = access.admission.clone().expect("kubernetes has a client");
             installed(&admission, &access.server).await?;
+            if args.force {
+                // --force is the operator's word: the IPClaim guard lets a claim annotated so go
+                crate::webhook::claim_guard::mark_forced(&admission, &args.ip)
+                    .await
+                    .with_context(|| format!("marking the IPClaim of {} forced", args.ip))?;
+            }
             Arc::new(KubeLedger::new(admission))
         }
         Books::Etcd => open_etcd(&args.source).await?,
@@ -316,6 +335,21 @@ pub async fn release(args: ReleaseArgs) -> anyhow::Result<()> {
             ledger.kind()
         ))),
     };
+    if let Some(namespace) = &args.namespace {
+        let claims = ledger.load().await.context("reading the claims")?;
+        let other = claims
+            .iter()
+            .find(|c| c.ip == args.ip && c.is_held() && &c.pod.namespace != namespace);
+        if let Some(claim) = other {
+            ledger.close().await;
+            return Err(AnswerIsNo(format!(
+                "not released: {} is claimed for pod {}, not in namespace {namespace}",
+                args.ip,
+                claim.pod.display()
+            ))
+            .into());
+        }
+    }
     let outcome =
         crate::ops::release::release(ledger.as_ref(), pods.as_ref(), args.ip, args.force).await;
     ledger.close().await;
@@ -378,8 +412,72 @@ async fn cluster_bundles(
     Ok(bundles)
 }
 
+/// `status -n`: the apps of one namespace, and the pools they draw from.
+fn retain_namespace(report: &mut Report, namespace: &str) {
+    let prefix = format!("{namespace}/");
+    report.apps.retain(|a| a.key().starts_with(&prefix));
+    report
+        .pools
+        .retain(|p| report.apps.iter().any(|a| a.pool.as_ref() == Some(&p.name)));
+}
+
+/// `check --drift`: the claims against the cluster's pods and the CNI's records (issue 20).
+async fn drift(args: CheckArgs) -> anyhow::Result<()> {
+    let access = connect(&args.source).await?;
+    let Some(client) = access.client.clone() else {
+        bail!(
+            "check --drift compares the claims with a cluster's pods: give --kubeconfig FILE (or run it in a pod)"
+        );
+    };
+    let (claims, pools) = read(&access, &args.source, None).await?;
+    let server = if access.server.is_empty() {
+        "the API server".to_string()
+    } else {
+        access.server.clone()
+    };
+    let cluster = crate::ops::drift::fetch::read(&client, &pools, &args.drift.app_label)
+        .await
+        .with_context(|| format!("reading the cluster from {server}"))?;
+    for warning in &cluster.warnings {
+        eprintln!("warning: {warning}; their lists are left out");
+    }
+    let drift = crate::ops::drift::compare(&crate::ops::drift::Inputs {
+        claims: &claims,
+        pods: &cluster.pods,
+        listed: &cluster.listed,
+        cni: &cluster.cni,
+        app_label: &args.drift.app_label,
+        now: crate::ledger::unix_now(),
+        settle: crate::ops::drift::SETTLE_SECONDS,
+    });
+    let mut report = crate::ops::drift::Report {
+        drift,
+        compared: crate::ops::drift::Compared {
+            claims: claims.iter().filter(|c| c.is_held()).count(),
+            pods: cluster.pods.len(),
+            kube_ovn_ips: cluster.kube_ovn_ips,
+            calico_allocations: cluster.calico_allocations,
+            namespace: None,
+        },
+    };
+    if let Some(namespace) = &args.drift.namespace {
+        report.retain_namespace(namespace);
+    }
+    print(args.output, &report, || report.to_table())?;
+    match report.drift.len() {
+        0 => Ok(()),
+        n => Err(AnswerIsNo(format!("{n} drift found")).into()),
+    }
+}
+
 /// `check`: the doctor.
 pub async fn check(args: CheckArgs) -> anyhow::Result<()> {
+    if args.drift.enabled {
+        return drift(args).await;
+    }
+    let Some(url) = args.url.clone() else {
+        bail!("check needs --url (or --drift)");
+    };
     let ca_pem = match (&args.ca_file, &args.ca_bundle) {
         (Some(path), _) => {
             Some(std::fs::read(path).with_context(|| format!("reading {}", path.display()))?)
@@ -400,9 +498,10 @@ pub async fn check(args: CheckArgs) -> anyhow::Result<()> {
     };
     // The cluster's caBundles: when asked for (--kubeconfig, --context), or when no CA was
     // given and kubectl would find a cluster.
-    let explicit = args.cluster.kubeconfig.is_some() || args.cluster.context.is_some();
+    let explicit =
+        args.source.cluster.kubeconfig.is_some() || args.source.cluster.context.is_some();
     let cluster: Option<ClusterSource> = if explicit || ca_pem.is_none() {
-        find_cluster(&args.cluster)
+        find_cluster(&args.source.cluster)
     } else {
         None
     };
@@ -410,7 +509,8 @@ pub async fn check(args: CheckArgs) -> anyhow::Result<()> {
         None => None,
         Some(cluster) => {
             let read = async {
-                let config = cluster_config(&cluster, args.cluster.context.as_deref()).await?;
+                let config =
+                    cluster_config(&cluster, args.source.cluster.context.as_deref()).await?;
                 let server = format!("the API server {} (from {cluster})", config.cluster_url);
                 let (_, client) = app::clients_from(config)?;
                 cluster_bundles(client, &args.webhook_configuration, &server).await
@@ -420,7 +520,7 @@ pub async fn check(args: CheckArgs) -> anyhow::Result<()> {
     };
     let options = crate::ops::doctor::Options {
         client_pem,
-        url: args.url.clone(),
+        url,
         ca_pem,
         server_name: args.tls_server_name.clone(),
         cluster_bundles,

@@ -3,24 +3,77 @@
 
 pub mod app;
 mod args;
+mod books;
 pub mod commands;
 mod parse;
 
 pub use args::*;
+pub use books::*;
 pub use parse::*;
 
 use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
+use clap::builder::{PossibleValuesParser, TypedValueParser};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::admission::annotations::Cni;
 use crate::ledger::{Ledger, MemoryLedger};
 use crate::metrics::Endpoint;
+use crate::server::logging::LogFormat;
 use std::sync::Arc;
 
 /// What every command's exit status means (also in the README).
 pub const EXIT_CODES: &str = "Exit status: 0 done; 1 error (one `Error: …` line on stderr); \
-2 bad command line; 3 the command ran and the answer is no (a `check` failed, `release` freed \
-nothing, a `status` filter matched nothing).";
+2 bad command line; 3 the command ran and the answer is no (a `check` failed, `check --drift` \
+found drift, `release` freed nothing, a `status` filter matched nothing).";
+
+/// The name the binary runs under as a kubectl plugin (`kubectl ipw …`).
+pub const PLUGIN_FILE: &str = "kubectl-ipw";
+
+/// Whether `argv0` (the program's path) names the kubectl plugin: a file `kubectl-ipw`, or
+/// `kubectl-ipw.exe`.
+pub fn is_plugin_name(argv0: &std::ffi::OsStr) -> bool {
+    let Some(name) = Path::new(argv0).file_name().and_then(|n| n.to_str()) else {
+        return false;
+    };
+    let name = name.strip_suffix(".exe").unwrap_or(name);
+    name == PLUGIN_FILE
+}
+
+/// The clap command, named `kubectl ipw` in help, usage and errors when run as the plugin.
+pub fn command(plugin: bool) -> clap::Command {
+    use clap::CommandFactory;
+    let command = Cli::command();
+    if plugin {
+        // The server's commands still run, but kubectl users are shown the operator's.
+        ["serve", "review", "crds"]
+            .into_iter()
+            .fold(command, |c, name| c.mut_subcommand(name, |s| s.hide(true)))
+            .name(PLUGIN_FILE)
+            .bin_name("kubectl ipw")
+            .display_name("kubectl ipw")
+            .about("ip-webhook's fixed pod IPs from kubectl: who holds which IP (status), what a workload would get (explain), free a leaked IP (release), check the install or its drift from the CNI (check)")
+    } else {
+        command
+    }
+}
+
+/// Parse the process's command line, as `kubectl ipw` when the program's file is
+/// [`PLUGIN_FILE`]; a bad command line prints clap's message and exits 2.
+pub fn parse_env() -> Cli {
+    use clap::FromArgMatches;
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let plugin = args.first().is_some_and(|a| is_plugin_name(a));
+    if plugin {
+        crate::ops::set_invocation("kubectl ipw");
+    }
+    let matches = command(plugin).get_matches_from(args);
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}
 
 /// The command ran, and its answer is no: a `check` failed, `release` freed nothing, a
 /// filter matched nothing. Exits 3 (an error exits 1).
@@ -170,9 +223,6 @@ async fn review(args: ReviewArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
-    use std::path::Path;
-    use std::time::Duration;
 
     #[test]
     fn durations() {
@@ -358,7 +408,14 @@ mod tests {
             for flag in serve_only {
                 assert!(!flags.iter().any(|f| f == flag), "{command} lists --{flag}");
             }
-            for flag in ["kubeconfig", "context", "state-dir", "ledger", "verbose"] {
+            for flag in [
+                "kubeconfig",
+                "context",
+                "state-dir",
+                "ledger",
+                "verbose",
+                "namespace",
+            ] {
                 assert!(flags.iter().any(|f| f == flag), "{command} lacks --{flag}");
             }
         }
@@ -367,14 +424,19 @@ mod tests {
             assert!(!release.iter().any(|f| f == flag), "release lists --{flag}");
         }
         let check = flags("check");
-        for flag in ["state-dir", "ledger", "etcd-endpoints", "pools-file"] {
+        for flag in ["pools-file", "cni"] {
             assert!(!check.iter().any(|f| f == flag), "check lists --{flag}");
         }
+        // --drift reads the claims as status does (issue 20).
         for flag in [
             "tls-server-name",
             "kubeconfig",
             "context",
             "webhook-configuration",
+            "drift",
+            "state-dir",
+            "ledger",
+            "namespace",
         ] {
             assert!(check.iter().any(|f| f == flag), "check lacks --{flag}");
         }
@@ -382,6 +444,71 @@ mod tests {
         for flag in serve_only {
             assert!(serve.iter().any(|f| f == flag), "serve lacks --{flag}");
         }
+    }
+
+    #[test]
+    fn the_plugin_is_known_by_its_file_name() {
+        use std::ffi::OsStr;
+        for yes in [
+            "kubectl-ipw",
+            "/usr/local/bin/kubectl-ipw",
+            "kubectl-ipw.exe",
+            "./bin/kubectl-ipw.exe",
+        ] {
+            assert!(is_plugin_name(OsStr::new(yes)), "{yes}");
+        }
+        for no in [
+            "ip-webhook",
+            "/usr/bin/kubectl-ipw2",
+            "kubectl-ipw/ip-webhook",
+            "kubectl",
+            "",
+        ] {
+            assert!(!is_plugin_name(OsStr::new(no)), "{no}");
+        }
+    }
+
+    #[test]
+    fn the_plugin_says_kubectl_ipw_in_usage_and_errors() {
+        let mut plugin = command(true);
+        plugin.build();
+        let help = plugin
+            .find_subcommand_mut("status")
+            .unwrap()
+            .render_help()
+            .to_string();
+        assert!(
+            help.contains("Usage: kubectl ipw status [OPTIONS]"),
+            "{help}"
+        );
+        let error = command(true)
+            .try_get_matches_from(["kubectl-ipw", "check", "--drift", "--url", "https://x"])
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("Usage: kubectl ipw check"), "{error}");
+        let error = command(false)
+            .try_get_matches_from(["ip-webhook", "release"])
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("Usage: ip-webhook release"), "{error}");
+    }
+
+    #[test]
+    fn check_needs_a_url_unless_drift() {
+        let error = Cli::try_parse_from(["ip-webhook", "check"]).unwrap_err();
+        assert!(error.to_string().contains("--url"), "{error}");
+        let cli = Cli::try_parse_from(["ip-webhook", "check", "--drift", "-n", "prod"]).unwrap();
+        match cli.command {
+            Command::Check(args) => {
+                assert!(args.drift.enabled);
+                assert_eq!(args.drift.namespace.as_deref(), Some("prod"));
+                assert_eq!(args.url, None);
+            }
+            _ => unreachable!(),
+        }
+        assert!(
+            Cli::try_parse_from(["ip-webhook", "check", "--url", "https://x", "-n", "p"]).is_err()
+        );
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Watch-fed indexes of what the cluster itself says is in use, the same on every replica:
 //!
 //! - the IPs pods actually run on (`status.podIPs`), kept as a [`SlimPod`] each (namespace,
-//!   name, UID, node, IPs; everything else is dropped as the event arrives);
+//!   name, UID, node, IPs, deletion time, controller kind; everything else is dropped as the
+//!   event arrives);
 //! - Kube-OVN `IP` objects (`ips.kubeovn.io`) when that CRD is served;
 //! - workloads whose pod template asks for fixed IPs (fed into the
 //!   [`crate::webhook::workloads::WorkloadRegistry`], see [`watch_workloads`]).
@@ -35,12 +36,24 @@ pub struct SlimPod {
     pub uid: Box<str>,
     pub node: Box<str>,
     pub ips: Box<[IpAddr]>,
+    /// `metadata.deletionTimestamp` (unix seconds): the pod is Terminating; its grace ends then.
+    pub deleting_at: Option<u64>,
+    /// The kind of its controller owner, for node-loss release ([`super::node_loss`]).
+    pub controller: Option<super::node_loss::ControllerKind>,
+    /// The value of its app label (`--app-label`), empty if none: the reconciler adopts a
+    /// pod's IP only into its own app's list.
+    pub app: Box<str>,
 }
 
 impl SlimPod {
     /// The slim form of a pod that runs on IPs of its own: not host-network, not finished,
     /// with `status.podIPs` (or `status.podIP`) set. `None` otherwise.
     pub fn from_pod(pod: &Pod) -> Option<SlimPod> {
+        SlimPod::from_pod_labelled(pod, "app")
+    }
+
+    /// [`SlimPod::from_pod`], reading the app from the label `app_label`.
+    pub fn from_pod_labelled(pod: &Pod, app_label: &str) -> Option<SlimPod> {
         let spec = pod.spec.as_ref();
         if spec.and_then(|s| s.host_network) == Some(true) {
             return None;
@@ -73,6 +86,18 @@ impl SlimPod {
                 .unwrap_or("")
                 .into(),
             ips: ips.into_boxed_slice(),
+            deleting_at: meta
+                .deletion_timestamp
+                .as_ref()
+                .and_then(|t| u64::try_from(t.0.as_second()).ok()),
+            controller: super::node_loss::ControllerKind::of(meta.owner_references.as_deref()),
+            app: meta
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(app_label))
+                .map(|a| a.as_str())
+                .unwrap_or("")
+                .into(),
         })
     }
 }
@@ -181,6 +206,11 @@ pub struct ClusterIps {
     pods_synced: AtomicBool,
     ovn_synced: AtomicBool,
     workloads_synced: AtomicBool,
+    /// UIDs of pods on lost nodes whose claims were released ([`super::node_loss`]): their
+    /// IPs no longer count as used.
+    lost: RwLock<std::collections::HashSet<Box<str>>>,
+    /// The label naming a pod's app (set before the pod watch starts; `app` if never set).
+    app_label: std::sync::OnceLock<String>,
 }
 
 fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
@@ -204,12 +234,57 @@ impl ClusterIps {
         self.ovn_synced.store(true, Ordering::SeqCst);
     }
 
+    /// Use `label` as the app label of the pods indexed from now on.
+    pub fn set_app_label(&self, label: &str) {
+        let _ = self.app_label.set(label.to_string());
+    }
+
+    fn app_label(&self) -> &str {
+        self.app_label.get().map_or("app", String::as_str)
+    }
+
+    /// Whether the pod index has had its first list.
+    pub fn pods_synced(&self) -> bool {
+        self.pods_synced.load(Ordering::SeqCst)
+    }
+
+    /// The indexed pod with this UID (running on IPs of its own, not finished).
+    pub fn pod(&self, uid: &str) -> Option<Arc<SlimPod>> {
+        read(&self.pods).by_key.get(uid).cloned()
+    }
+
+    /// Every indexed pod.
+    pub fn pods(&self) -> Vec<Arc<SlimPod>> {
+        read(&self.pods).by_key.values().cloned().collect()
+    }
+
     pub fn pod_count(&self) -> usize {
         read(&self.pods).by_key.len()
     }
 
     pub fn ovn_count(&self) -> usize {
         read(&self.ovn).by_key.len()
+    }
+
+    /// Every indexed pod that is Terminating (deletionTimestamp set).
+    pub fn terminating_pods(&self) -> Vec<Arc<SlimPod>> {
+        read(&self.pods)
+            .by_key
+            .values()
+            .filter(|p| p.deleting_at.is_some())
+            .cloned()
+            .collect()
+    }
+
+    /// The IPs of this pod (on a lost node, its claims released) stop counting as used.
+    pub fn mark_lost(&self, uid: &str) {
+        write(&self.lost).insert(uid.into());
+    }
+
+    /// Forget lost pods that are no longer indexed (gone at last).
+    pub fn prune_lost(&self) {
+        let pods = read(&self.pods);
+        write(&self.lost).retain(|uid| pods.by_key.contains_key(uid));
     }
 
     /// Apply one pod event (a pod without IPs of its own is removed).
@@ -251,7 +326,11 @@ fn pod_step<T: HasIps>(
 impl ForeignIps for ClusterIps {
     fn user(&self, ip: &IpAddr) -> Option<ForeignUse> {
         let ovn = read(&self.ovn).by_ip.get(ip).cloned();
-        let pod = read(&self.pods).by_ip.get(ip).cloned();
+        let pod = read(&self.pods)
+            .by_ip
+            .get(ip)
+            .filter(|p| !read(&self.lost).contains(&p.uid))
+            .cloned();
         match (pod, ovn) {
             (Some(pod), ovn) => Some(ForeignUse {
                 namespace: pod.namespace.to_string(),
@@ -336,7 +415,7 @@ pub async fn watch_pod_ips(api: Api<Pod>, caches: Arc<Caches>, metrics: Arc<Metr
                 let Some(event) = slim_event(event, |pod: &Pod| {
                     Some(SlimOrGone {
                         key: pod.metadata.uid.as_deref()?.into(),
-                        value: SlimPod::from_pod(pod),
+                        value: SlimPod::from_pod_labelled(pod, index.app_label()),
                     })
                 }) else {
                     continue;
@@ -531,6 +610,13 @@ mod tests {
         let slim = SlimPod::from_pod(&running).unwrap();
         assert_eq!(&*slim.name, "legacy-0");
         assert_eq!(&*slim.node, "n1");
+        assert_eq!(&*slim.app, "");
+        let mut labelled = running.clone();
+        labelled.metadata.labels = Some([("team".to_string(), "legacy".to_string())].into());
+        assert_eq!(
+            &*SlimPod::from_pod_labelled(&labelled, "team").unwrap().app,
+            "legacy"
+        );
         assert_eq!(&*slim.ips, &[ip("10.98.0.5"), ip("fd00::5")]);
         let host = pod(serde_json::json!({
             "metadata": {"name": "h", "namespace": "default", "uid": "u2"},
@@ -559,6 +645,9 @@ mod tests {
             uid: "u1".into(),
             node: "n1".into(),
             ips: vec![ip("10.98.2.7")].into(),
+            deleting_at: None,
+            controller: None,
+            app: "static".into(),
         }]);
         let object: DynamicObject = serde_json::from_value(serde_json::json!({
             "apiVersion": "kubeovn.io/v1", "kind": "IP",
@@ -602,6 +691,9 @@ mod tests {
                 uid: uid.into(),
                 node: "".into(),
                 ips: vec![ip(addr)].into(),
+                deleting_at: None,
+                controller: None,
+                app: "".into(),
             }),
         };
         relist.step(&index.pods, &index.pods_synced, watcher::Event::Init);

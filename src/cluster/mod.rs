@@ -20,8 +20,11 @@ use crate::webhook::Webhook;
 
 pub mod cni;
 pub mod events;
+pub mod executor;
 pub mod index;
+pub mod kube_ovn_reservation;
 pub mod lease;
+pub mod node_loss;
 pub mod pods;
 pub mod reconcile;
 mod reconciler;
@@ -64,6 +67,11 @@ pub struct ClusterOptions {
     pub cni: Cni,
     /// With Calico: keep the IPReservation [`cni::RESERVATION_NAME`] (leader only).
     pub calico_reservation: bool,
+    /// Release the claims of pods stuck Terminating on a node NotReady this long
+    /// ([`node_loss`]); zero: off.
+    pub node_lost_grace: Duration,
+    /// With Kube-OVN: keep Kube-OVN IPPools over our IPs ([`kube_ovn_reservation`], leader only).
+    pub kube_ovn_reservation: bool,
 }
 
 /// What the watches hold. Pods are kept as [`PodInfo`] only, and only pods that carry an IP.
@@ -95,6 +103,30 @@ impl Caches {
 
     pub fn pod_map(&self) -> HashMap<String, PodInfo> {
         lock(&self.pods).clone()
+    }
+}
+
+/// The IPClaim guard asks the watches whether a claim's pod runs.
+impl crate::webhook::claim_guard::LivePods for Caches {
+    fn life(&self, uid: &str) -> crate::webhook::claim_guard::PodLife {
+        if !self.synced() {
+            return crate::webhook::claim_guard::PodLife::Unknown(
+                "the webhook's pod caches have not synced yet",
+            );
+        }
+        if let Some(pod) = self.pods.lock().unwrap_or_else(|p| p.into_inner()).get(uid) {
+            return crate::webhook::claim_guard::PodLife::Runs(format!(
+                "{}/{}",
+                pod.namespace, pod.name
+            ));
+        }
+        match self.cluster_ips.pod(uid) {
+            Some(pod) => crate::webhook::claim_guard::PodLife::Runs(format!(
+                "{}/{}",
+                pod.namespace, pod.name
+            )),
+            None => crate::webhook::claim_guard::PodLife::Gone,
+        }
     }
 }
 
@@ -154,6 +186,8 @@ pub fn start(
     options: ClusterOptions,
 ) -> ClusterHandle {
     let caches = Arc::new(Caches::default());
+    caches.cluster_ips.set_app_label(&options.app_label);
+    webhook.claim_guard.watch_pods(caches.clone());
     let (leading_tx, leading) = watch::channel(false);
     let mut tasks = vec![
         tokio::spawn(watch_pods(
@@ -220,6 +254,7 @@ pub fn start(
             webhook.clone(),
         ))),
     }
+    tasks.extend(edge_tasks(&client, &webhook, &caches, &leading, &options));
     let leases = Api::<Lease>::namespaced(client.clone(), &options.lease.namespace);
     let elector = lease::Elector::new(leases.clone(), options.lease.clone());
     tasks.push(tokio::spawn(lease::run(elector, leading_tx)));
@@ -233,7 +268,7 @@ pub fn start(
         client: client.clone(),
         caches: caches.clone(),
         allocator: webhook.allocator.clone(),
-        executor: reconcile::Executor {
+        executor: executor::Executor {
             claims: Api::all(client.clone()),
             pools: Api::all(client.clone()),
             pods: Api::all(client.clone()),
@@ -248,6 +283,7 @@ pub fn start(
             reported_duplicates: Default::default(),
         },
         options,
+        lists: Some(webhook.clone()),
     };
     tasks.push(tokio::spawn(reconciler.run(leading.clone(), ready)));
     ClusterHandle {
@@ -257,6 +293,63 @@ pub fn start(
         lease,
         tasks,
     }
+}
+
+/// Node-loss release and the Kube-OVN reservation keeper, as `options` ask.
+fn edge_tasks(
+    client: &Client,
+    webhook: &Arc<Webhook>,
+    caches: &Arc<Caches>,
+    leading: &watch::Receiver<bool>,
+    options: &ClusterOptions,
+) -> Vec<JoinHandle<()>> {
+    let mut tasks = Vec::new();
+    if !options.node_lost_grace.is_zero() {
+        let nodes = Arc::new(node_loss::Nodes::default());
+        tasks.push(tokio::spawn(node_loss::watch_nodes(
+            Api::all(client.clone()),
+            nodes.clone(),
+        )));
+        let releaser = node_loss::NodeLoss {
+            allocator: webhook.allocator.clone(),
+            cluster_ips: caches.cluster_ips.clone(),
+            nodes,
+            pods: client.clone(),
+            recorder: Recorder::new(
+                client.clone(),
+                Reporter {
+                    controller: "ip-webhook".into(),
+                    instance: Some(options.lease.identity.clone()),
+                },
+            ),
+            metrics: webhook.metrics.clone(),
+            grace: options.node_lost_grace.as_secs().max(1),
+        };
+        tasks.push(tokio::spawn(
+            releaser.run(leading.clone(), node_loss::PERIOD),
+        ));
+    }
+    if options.cni == Cni::KubeOvn && options.kube_ovn_reservation {
+        let state = Arc::new(kube_ovn_reservation::OvnReservationState::default());
+        let pools = Api::all_with(client.clone(), &kube_ovn_reservation::kube_ovn_ippools());
+        tasks.push(tokio::spawn(kube_ovn_reservation::watch_subnets(
+            Api::all_with(client.clone(), &cni::kube_ovn_subnets()),
+            state.clone(),
+        )));
+        tasks.push(tokio::spawn(kube_ovn_reservation::watch_pools(
+            pools.clone(),
+            state.clone(),
+        )));
+        tasks.push(tokio::spawn(kube_ovn_reservation::keep_pools(
+            pools,
+            webhook.clone(),
+            caches.clone(),
+            state,
+            leading.clone(),
+            RESERVATION_CHECK,
+        )));
+    }
+    tasks
 }
 
 /// With a ledger other than IPClaims (etcd, embedded) and an API server: the Lease election and

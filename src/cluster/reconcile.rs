@@ -5,20 +5,12 @@ use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use kube::api::{Patch, PatchParams, PostParams};
-use kube::runtime::events::{Event as KubeEvent, EventType, Recorder};
-use kube::{Api, Resource};
-
-use crate::crd::{IPClaim, IPPool, IPPoolStatus};
+use crate::crd::{IPClaim, IPPoolStatus};
 use crate::ipam::pools::PoolCatalog;
 use crate::ledger::claim::{PodIdentity, held_by};
-use crate::ledger::kubernetes::{
-    claim_name, delete_exact_object, from_resource, is_status, status_now, to_resource,
-};
-use crate::ledger::{Claim, Phase, PodRef, Source, unix_now};
-use crate::metrics::Metrics;
-
-use super::ClusterError;
+use crate::ledger::kubernetes::from_resource;
+use crate::ledger::{Claim, Phase};
+use crate::metrics::AdoptReason;
 
 /// What the reconciler needs to know about a pod; everything else is dropped on arrival.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,8 +89,105 @@ pub enum Action {
         reason: DropReason,
     },
     /// A live pod that carries a claim token (so our webhooks admitted it) and an IP that has
-    /// no record (its admission's record was lost): record it. Never a pod without a token.
-    Adopt { ip: IpAddr, pod: PodInfo },
+    /// no record (its admission's record was lost), or a pod that runs (`status.podIPs`) on an
+    /// IP of its own app's list and holds no claim (it started before the webhook was
+    /// installed): record it. Never a pod on a bare label or another app's IP.
+    Adopt {
+        ip: IpAddr,
+        pod: PodInfo,
+        reason: AdoptReason,
+    },
+}
+
+/// Which app (`namespace/app`) lists an IP: in-cluster, the watched workloads' pod templates
+/// (the same on every replica).
+pub trait AppLists: Send + Sync {
+    /// The one app whose list holds `ip`; `None` when no app's does, or two apps' do.
+    fn sole_app_listing(&self, ip: IpAddr) -> Option<String>;
+}
+
+impl AppLists for crate::webhook::workloads::WorkloadRegistry {
+    fn sole_app_listing(&self, ip: IpAddr) -> Option<String> {
+        let mut apps = self.apps_listing(ip);
+        if apps.len() == 1 { apps.pop() } else { None }
+    }
+}
+
+impl AppLists for crate::webhook::Webhook {
+    fn sole_app_listing(&self, ip: IpAddr) -> Option<String> {
+        self.workloads.sole_app_listing(ip)
+    }
+}
+
+/// Issue 17: a pod that runs (`status.podIPs`, set by the kubelet and the CNI, never by the
+/// pod's author) on an IP of its OWN app's list (same namespace and app label as a watched
+/// workload whose template lists the IP, and no other app's list holds it), and that holds no
+/// claim, gets one. A pod of another app on a list IP, a pod without an app label, a pod that
+/// carries a claim token (adopted by [`plan`], if at all) and a pod that only carries a label
+/// are never adopted here; another app's pod on a list IP stays a conflict that the pod-IP
+/// index reports at admission. `running` is the pod-IP index; `pods` the reconciler's pod
+/// cache (for creation time, termination and StatefulSet ownership when it knows the pod).
+pub fn plan_list_adoptions(
+    plan: &mut Plan,
+    claims: &[Arc<IPClaim>],
+    pods: &HashMap<String, PodInfo>,
+    running: &[Arc<super::index::SlimPod>],
+    lists: &dyn AppLists,
+) {
+    let mut taken: HashSet<IpAddr> = claims
+        .iter()
+        .filter_map(|c| c.spec.ip.parse().ok())
+        .collect();
+    let mut with_claim: HashSet<&str> = claims
+        .iter()
+        .filter_map(|c| c.spec.pod_uid.as_deref())
+        .collect();
+    for action in &plan.actions {
+        match action {
+            Action::Adopt { ip, pod, .. } => {
+                taken.insert(*ip);
+                with_claim.insert(pod.uid.as_str());
+            }
+            Action::Bind { pod, .. } => {
+                with_claim.insert(pod.uid.as_str());
+            }
+            _ => {}
+        }
+    }
+    let mut candidates: Vec<PodInfo> = running
+        .iter()
+        .filter(|slim| !slim.app.is_empty() && !with_claim.contains(&*slim.uid))
+        .map(|slim| {
+            let known = pods.get(&*slim.uid);
+            PodInfo {
+                namespace: slim.namespace.to_string(),
+                name: slim.name.to_string(),
+                uid: slim.uid.to_string(),
+                ips: slim.ips.to_vec(),
+                created_at: known.map_or(0, |k| k.created_at),
+                terminating: slim.deleting_at.is_some() || known.is_some_and(|k| k.terminating),
+                stateful: known.is_some_and(|k| k.stateful),
+                app: slim.app.to_string(),
+                token: known.and_then(|k| k.token.clone()),
+            }
+        })
+        .filter(|pod| !pod.terminating && pod.token.is_none())
+        .collect();
+    candidates.sort_by(|a, b| (a.created_at, &a.uid).cmp(&(b.created_at, &b.uid)));
+    for pod in candidates {
+        let own = format!("{}/{}", pod.namespace, pod.app);
+        for ip in &pod.ips {
+            if taken.contains(ip) || lists.sole_app_listing(*ip).as_deref() != Some(own.as_str()) {
+                continue;
+            }
+            taken.insert(*ip);
+            plan.actions.push(Action::Adopt {
+                ip: *ip,
+                pod: pod.clone(),
+                reason: AdoptReason::AppList,
+            });
+        }
+    }
 }
 
 /// One IP carried by more than one live pod: never granted so by the webhook, but possible
@@ -265,6 +354,7 @@ pub fn plan(
                 plan.actions.push(Action::Adopt {
                     ip: *ip,
                     pod: pod.clone(),
+                    reason: AdoptReason::Token,
                 });
             }
         }
@@ -301,288 +391,13 @@ pub fn pool_statuses(
     out
 }
 
-/// Carries out plans against the API server.
-pub struct Executor {
-    pub claims: Api<IPClaim>,
-    pub pools: Api<IPPool>,
-    pub pods: Api<k8s_openapi::api::core::v1::Pod>,
-    pub recorder: Recorder,
-    /// Counts reclaimed leaks and expired reservations.
-    pub metrics: Arc<Metrics>,
-    /// Duplicates already reported (IP and the UIDs carrying it): one Event each.
-    pub reported_duplicates: std::sync::Mutex<HashSet<(IpAddr, Vec<String>)>>,
-}
-
-fn name_of(resource: &IPClaim) -> String {
-    resource.metadata.name.clone().unwrap_or_default()
-}
-
-impl Executor {
-    /// Run every action; one failing (conflict, gone) does not stop the others.
-    /// Returns how many actions changed something.
-    pub async fn run(&self, plan: &Plan) -> usize {
-        let mut done = 0;
-        for action in &plan.actions {
-            match self.act(action).await {
-                Ok(true) => done += 1,
-                Ok(false) => {}
-                Err(error) => tracing::warn!(%error, ?action, "reconcile action failed"),
-            }
-        }
-        done
-    }
-
-    async fn act(&self, action: &Action) -> Result<bool, ClusterError> {
-        match action {
-            Action::Bind { claim, pod } => self.bind(claim, pod).await,
-            Action::Keep { claim } => self.set_phase(claim, Phase::Released).await,
-            Action::Drop { claim, reason } => self.drop_claim(claim, *reason).await,
-            Action::Adopt { ip, pod } => self.adopt(*ip, pod).await,
-        }
-    }
-
-    async fn bind(&self, claim: &IPClaim, pod: &PodInfo) -> Result<bool, ClusterError> {
-        let name = name_of(claim);
-        let patch = serde_json::json!({
-            "metadata": {"resourceVersion": claim.metadata.resource_version},
-            "spec": {"podUid": pod.uid, "podName": pod.name, "sticky": pod.stateful},
-        });
-        let updated = match self
-            .claims
-            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(updated) => updated,
-            Err(error) if is_status(&error, 404) || is_status(&error, 409) => return Ok(false),
-            Err(error) => return Err(ClusterError::api("binding IPClaim", &name, error)),
-        };
-        self.set_phase(&updated, Phase::Bound).await?;
-        tracing::info!(ip = %claim.spec.ip, pod = %format!("{}/{}", pod.namespace, pod.name), uid = %pod.uid, "claim bound");
-        Ok(true)
-    }
-
-    async fn set_phase(&self, claim: &IPClaim, phase: Phase) -> Result<bool, ClusterError> {
-        let name = name_of(claim);
-        let patch = serde_json::json!({
-            "metadata": {"resourceVersion": claim.metadata.resource_version},
-            "status": status_now(claim, phase),
-        });
-        match self
-            .claims
-            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => Ok(true),
-            Err(error) if is_status(&error, 404) || is_status(&error, 409) => Ok(false),
-            Err(error) => Err(ClusterError::api(
-                "updating the status of IPClaim",
-                &name,
-                error,
-            )),
-        }
-    }
-
-    async fn drop_claim(&self, claim: &IPClaim, reason: DropReason) -> Result<bool, ClusterError> {
-        let name = name_of(claim);
-        if reason == DropReason::PodGone
-            && let Some(uid) = claim.spec.pod_uid.as_deref()
-        {
-            // The cache said the pod is gone; ask the API server before freeing its IP.
-            let pods: Api<k8s_openapi::api::core::v1::Pod> =
-                Api::namespaced(self.pods.clone().into_client(), &claim.spec.namespace);
-            match pods.get_metadata_opt(&claim.spec.pod_name).await {
-                Ok(Some(live)) if live.metadata.uid.as_deref() == Some(uid) => return Ok(false),
-                Ok(_) => {}
-                Err(error) => {
-                    return Err(ClusterError::api(
-                        "reading pod",
-                        &claim.spec.pod_name,
-                        error,
-                    ));
-                }
-            }
-        }
-        match delete_exact_object(&self.claims, claim).await {
-            Ok(true) => {}
-            Ok(false) => return Ok(false),
-            Err(error) => return Err(ClusterError::api("deleting IPClaim", &name, error)),
-        }
-        let pod = if claim.spec.pod_name.is_empty() {
-            format!("{}/{}*", claim.spec.namespace, claim.spec.generate_name)
-        } else {
-            format!("{}/{}", claim.spec.namespace, claim.spec.pod_name)
-        };
-        tracing::info!(ip = %claim.spec.ip, %pod, reason = reason.event_reason(), "claim dropped");
-        match reason {
-            DropReason::PodGone => {
-                self.metrics.leaks_reclaimed.inc();
-            }
-            DropReason::ReservationExpired => {
-                self.metrics.reservations_expired.inc();
-            }
-            DropReason::ReleaseDone => {}
-        }
-        if reason.is_leak() {
-            let note = match reason {
-                DropReason::PodGone => format!(
-                    "IP {} returned to the pool: pod {pod} (uid {}) is gone and its release was missed",
-                    claim.spec.ip,
-                    claim.spec.pod_uid.as_deref().unwrap_or("?")
-                ),
-                _ => format!(
-                    "IP {} returned to the pool: reserved for {pod} at admission, but no such pod appeared",
-                    claim.spec.ip
-                ),
-            };
-            self.event(claim, reason.event_reason(), note).await;
-        }
-        Ok(true)
-    }
-
-    async fn adopt(&self, ip: IpAddr, pod: &PodInfo) -> Result<bool, ClusterError> {
-        let claim = Claim {
-            ip,
-            app: pod.app.clone(),
-            pool: None,
-            pod: PodRef {
-                namespace: pod.namespace.clone(),
-                name: pod.name.clone(),
-                generate_name: String::new(),
-                uid: Some(pod.uid.clone()),
-            },
-            request_uid: format!("adopted-{}", pod.uid),
-            phase: Phase::Bound,
-            source: Source::Static,
-            created_at: unix_now(),
-            updated_at: unix_now(),
-            list_size: None,
-            token: pod.token.clone().unwrap_or_default(),
-            release_at: None,
-            sticky: pod.stateful,
-        };
-        let mut resource = to_resource(&claim);
-        resource.spec.sticky = pod.stateful;
-        let created = match self.claims.create(&PostParams::default(), &resource).await {
-            Ok(created) => created,
-            Err(error) if is_status(&error, 409) => return Ok(false),
-            Err(error) => {
-                return Err(ClusterError::api(
-                    "creating IPClaim",
-                    &claim_name(&ip),
-                    error,
-                ));
-            }
-        };
-        self.set_phase(&created, Phase::Bound).await?;
-        let note = format!(
-            "pod {}/{} carries IP {ip} without a claim; recorded it so it is not handed out again",
-            pod.namespace, pod.name
-        );
-        self.event(&created, "IPAdopted", note).await;
-        Ok(true)
-    }
-
-    async fn event(&self, claim: &IPClaim, reason: &str, note: String) {
-        let event = KubeEvent {
-            type_: EventType::Normal,
-            reason: reason.to_string(),
-            note: Some(note),
-            action: "Reconcile".into(),
-            secondary: None,
-        };
-        if let Err(error) = self.recorder.publish(&event, &claim.object_ref(&())).await {
-            tracing::warn!(%error, reason, "could not publish an Event");
-        }
-    }
-
-    /// Set `ip_webhook_duplicate_ips`, and for each duplicate not reported before, log it and
-    /// record a Warning Event on every pod that carries the IP (the older one keeps it).
-    pub async fn report_duplicates(&self, duplicates: &[Duplicate]) {
-        self.metrics
-            .duplicate_ips
-            .set(i64::try_from(duplicates.len()).unwrap_or(i64::MAX));
-        let current: HashSet<(IpAddr, Vec<String>)> = duplicates
-            .iter()
-            .map(|d| (d.ip, d.pods.iter().map(|p| p.uid.clone()).collect()))
-            .collect();
-        let fresh: Vec<&Duplicate> = {
-            let mut reported = self
-                .reported_duplicates
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            let fresh = duplicates
-                .iter()
-                .filter(|d| {
-                    !reported.contains(&(d.ip, d.pods.iter().map(|p| p.uid.clone()).collect()))
-                })
-                .collect();
-            *reported = current;
-            fresh
-        };
-        for duplicate in fresh {
-            let names: Vec<String> = duplicate
-                .pods
-                .iter()
-                .map(|p| format!("{}/{}", p.namespace, p.name))
-                .collect();
-            tracing::error!(ip = %duplicate.ip, pods = ?names, "two or more live pods carry one IP");
-            let note = format!(
-                "IP {} is carried by {} live pods: {} (the oldest, {}, keeps it; delete the others)",
-                duplicate.ip,
-                names.len(),
-                names.join(", "),
-                names[0]
-            );
-            for pod in &duplicate.pods {
-                let reference = k8s_openapi::api::core::v1::ObjectReference {
-                    api_version: Some("v1".into()),
-                    kind: Some("Pod".into()),
-                    name: Some(pod.name.clone()),
-                    namespace: Some(pod.namespace.clone()),
-                    uid: Some(pod.uid.clone()),
-                    ..Default::default()
-                };
-                let event = KubeEvent {
-                    type_: EventType::Warning,
-                    reason: "DuplicateIP".into(),
-                    note: Some(note.clone()),
-                    action: "Reconcile".into(),
-                    secondary: None,
-                };
-                if let Err(error) = self.recorder.publish(&event, &reference).await {
-                    tracing::warn!(%error, "could not publish a DuplicateIP Event");
-                }
-            }
-        }
-    }
-
-    /// Write `IPPool.status` where it changed.
-    pub async fn write_pool_statuses(&self, pools: &[IPPool], statuses: &[(String, IPPoolStatus)]) {
-        for (name, status) in statuses {
-            let current = pools
-                .iter()
-                .find(|p| p.metadata.name.as_deref() == Some(name))
-                .and_then(|p| p.status.as_ref());
-            if current == Some(status) {
-                continue;
-            }
-            let patch = serde_json::json!({ "status": status });
-            if let Err(error) = self
-                .pools
-                .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-            {
-                tracing::warn!(%error, pool = %name, "could not write IPPool status");
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::crd::IPClaimStatus;
     use crate::ledger::kubernetes::rfc3339;
+    use crate::ledger::kubernetes::to_resource;
+    use crate::ledger::{PodRef, Source};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use k8s_openapi::jiff::Timestamp;
 
@@ -674,7 +489,14 @@ mod tests {
                 Action::Bind { claim, pod } => format!("bind {} {}", claim.spec.ip, pod.uid),
                 Action::Keep { claim } => format!("keep {}", claim.spec.ip),
                 Action::Drop { claim, reason } => format!("drop {} {reason:?}", claim.spec.ip),
-                Action::Adopt { ip, pod } => format!("adopt {ip} {}", pod.uid),
+                Action::Adopt {
+                    ip,
+                    pod,
+                    reason: AdoptReason::Token,
+                } => format!("adopt {ip} {}", pod.uid),
+                Action::Adopt { ip, pod, reason } => {
+                    format!("adopt {ip} {} {}", pod.uid, reason.label())
+                }
             })
             .collect()
     }
@@ -862,5 +684,181 @@ mod tests {
         );
         // the claim goes to the older pod
         assert_eq!(summary(&plan), ["adopt 10.0.0.5 uid-a"]);
+    }
+}
+
+#[cfg(test)]
+mod list_adoption_tests {
+    use super::*;
+    use crate::cluster::index::SlimPod;
+
+    const T0: u64 = 1_700_000_000;
+
+    /// `(ip, namespace/app)` pairs: which apps list which IPs.
+    struct Lists(Vec<(&'static str, &'static str)>);
+
+    impl AppLists for Lists {
+        fn sole_app_listing(&self, ip: IpAddr) -> Option<String> {
+            let apps: Vec<&str> = self
+                .0
+                .iter()
+                .filter(|(listed, _)| listed.parse::<IpAddr>().unwrap() == ip)
+                .map(|(_, app)| *app)
+                .collect();
+            (apps.len() == 1).then(|| apps[0].to_string())
+        }
+    }
+
+    fn running(ns: &str, name: &str, uid: &str, ip: &str, app: &str) -> Arc<SlimPod> {
+        Arc::new(SlimPod {
+            namespace: ns.into(),
+            name: name.into(),
+            uid: uid.into(),
+            node: "n1".into(),
+            ips: vec![ip.parse().unwrap()].into(),
+            app: app.into(),
+            deleting_at: None,
+            controller: None,
+        })
+    }
+
+    fn lists() -> Lists {
+        Lists(vec![
+            ("10.99.0.1", "legacy/web"),
+            ("10.99.0.2", "legacy/web"),
+            ("10.99.0.3", "legacy/web"),
+            ("10.99.0.4", "legacy/web"),
+            ("10.99.0.4", "legacy/db"),
+        ])
+    }
+
+    fn adoptions(
+        claims: &[Arc<IPClaim>],
+        pods: &HashMap<String, PodInfo>,
+        running: &[Arc<SlimPod>],
+    ) -> Vec<String> {
+        let mut plan = Plan::default();
+        plan_list_adoptions(&mut plan, claims, pods, running, &lists());
+        plan.actions
+            .iter()
+            .map(|a| match a {
+                Action::Adopt { ip, pod, reason } => {
+                    format!("adopt {ip} {} {}", pod.uid, reason.label())
+                }
+                other => format!("{other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_pod_running_on_its_own_apps_ip_without_a_claim_is_adopted() {
+        let own = running("legacy", "web-abc", "uid-web", "10.99.0.2", "web");
+        assert_eq!(
+            adoptions(&[], &HashMap::new(), std::slice::from_ref(&own)),
+            ["adopt 10.99.0.2 uid-web app_list"]
+        );
+        // what the reconciler's pod cache knows about it counts: a terminating pod, or one
+        // carrying a claim token (the token rules decide about it), is left alone
+        let mut known = PodInfo {
+            namespace: "legacy".into(),
+            name: "web-abc".into(),
+            uid: "uid-web".into(),
+            ips: vec!["10.99.0.2".parse().unwrap()],
+            created_at: T0,
+            terminating: true,
+            stateful: false,
+            app: "web".into(),
+            token: None,
+        };
+        let cache = |p: &PodInfo| HashMap::from([(p.uid.clone(), p.clone())]);
+        assert!(adoptions(&[], &cache(&known), std::slice::from_ref(&own)).is_empty());
+        // the pod index alone knowing it is terminating is enough
+        let mut deleting = (*own).clone();
+        deleting.deleting_at = Some(T0);
+        assert!(adoptions(&[], &HashMap::new(), &[Arc::new(deleting)]).is_empty());
+        known.terminating = false;
+        known.token = Some("0123456789abcdef0123456789abcdef".into());
+        assert!(adoptions(&[], &cache(&known), std::slice::from_ref(&own)).is_empty());
+    }
+
+    #[test]
+    fn another_apps_pod_or_a_shared_or_recorded_ip_is_never_adopted() {
+        let pods = [
+            // another app of the same namespace on the web list
+            running("legacy", "other-x", "uid-other", "10.99.0.3", "other"),
+            // the same app name in another namespace
+            running("dev", "web-x", "uid-dev", "10.99.0.1", "web"),
+            // no app label
+            running("legacy", "bare", "uid-bare", "10.99.0.1", ""),
+            // an IP two apps list: whose it is cannot be told
+            running("legacy", "web-y", "uid-y", "10.99.0.4", "web"),
+            // an IP of no list
+            running("legacy", "web-z", "uid-z", "10.98.0.1", "web"),
+        ];
+        assert!(adoptions(&[], &HashMap::new(), &pods).is_empty());
+
+        // an IP already recorded (whoever holds it), or a pod that already holds a claim
+        let claim: IPClaim = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "10.99.0.2"},
+            "spec": {"ip": "10.99.0.2", "namespace": "legacy", "app": "web", "podName": "web-0",
+                     "podUid": "uid-holder"},
+        }))
+        .unwrap();
+        let claims = [Arc::new(claim)];
+        let on_recorded = running("legacy", "web-a", "uid-a", "10.99.0.2", "web");
+        let holder = running("legacy", "web-0", "uid-holder", "10.99.0.3", "web");
+        assert!(adoptions(&claims, &HashMap::new(), &[on_recorded, holder]).is_empty());
+    }
+
+    /// Issue 21, finding 2, for the list adoption too: a pod that only carries our label (no
+    /// webhook saw it) is not running on the IP, so it is never adopted, even when the IP is
+    /// on its own app's list.
+    #[test]
+    fn a_label_alone_is_not_running_on_an_ip() {
+        let squat = PodInfo {
+            namespace: "legacy".into(),
+            name: "squat".into(),
+            uid: "uid-s".into(),
+            ips: vec!["10.99.0.1".parse().unwrap()],
+            created_at: T0,
+            terminating: false,
+            stateful: false,
+            app: "web".into(),
+            token: None,
+        };
+        let cache = HashMap::from([(squat.uid.clone(), squat.clone())]);
+        let mut plan = plan(&[], &cache, T0 + 1, RULES);
+        plan_list_adoptions(&mut plan, &[], &cache, &[], &lists());
+        assert!(plan.actions.is_empty(), "{:?}", plan.actions);
+        // once the kubelet reports it running there, it is its app's IP
+        let index = [running("legacy", "squat", "uid-s", "10.99.0.1", "web")];
+        plan_list_adoptions(&mut plan, &[], &cache, &index, &lists());
+        assert_eq!(plan.actions.len(), 1);
+    }
+
+    const RULES: Rules = Rules {
+        reservation_ttl: 120,
+        sticky_grace: 300,
+    };
+
+    #[test]
+    fn the_workload_registry_names_the_one_app_listing_an_ip() {
+        use crate::webhook::workloads::{WorkloadId, WorkloadRegistry};
+        let registry = WorkloadRegistry::default();
+        let id = |name: &str| WorkloadId {
+            kind: "Deployment".into(),
+            namespace: "legacy".into(),
+            name: name.into(),
+        };
+        let set = |text: &str| crate::ipam::ipset::parse_ip_spec(text).unwrap();
+        registry.record(id("web"), "legacy/web".into(), &set("10.99.0.1-10.99.0.4"));
+        registry.record(id("db"), "legacy/db".into(), &set("10.99.0.4"));
+        let ip = |text: &str| text.parse::<IpAddr>().unwrap();
+        assert_eq!(
+            registry.sole_app_listing(ip("10.99.0.2")).as_deref(),
+            Some("legacy/web")
+        );
+        assert_eq!(registry.sole_app_listing(ip("10.99.0.4")), None);
+        assert_eq!(registry.sole_app_listing(ip("10.99.0.9")), None);
     }
 }

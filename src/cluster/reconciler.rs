@@ -22,8 +22,10 @@ pub struct Reconciler {
     pub client: Client,
     pub caches: Arc<Caches>,
     pub allocator: Arc<Allocator>,
-    pub executor: reconcile::Executor,
+    pub executor: super::executor::Executor,
     pub options: ClusterOptions,
+    /// The apps' lists the leader adopts running pods' IPs into ([`reconcile::plan_list_adoptions`]).
+    pub lists: Option<Arc<dyn reconcile::AppLists>>,
 }
 
 /// How long the loop lets a burst of watch events settle before a pass.
@@ -78,7 +80,11 @@ impl Reconciler {
             return None;
         }
         let now = unix_now();
-        let plan = reconcile::plan(&claims, &pods, now, self.options.rules);
+        let mut plan = reconcile::plan(&claims, &pods, now, self.options.rules);
+        if let Some(lists) = &self.lists {
+            let running = self.caches.cluster_ips.pods();
+            reconcile::plan_list_adoptions(&mut plan, &claims, &pods, &running, lists.as_ref());
+        }
         if !plan.actions.is_empty() {
             let done = self.executor.run(&plan).await;
             tracing::debug!(planned = plan.actions.len(), done, "reconcile pass");

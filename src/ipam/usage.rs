@@ -76,6 +76,24 @@ impl AppStatus {
 pub struct Report {
     pub pools: Vec<PoolStatus>,
     pub apps: Vec<AppStatus>,
+    /// IPs that two or more live pods carry (in-cluster), as the reconciler finds them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub duplicates: Vec<DuplicateStatus>,
+}
+
+/// One IP carried by two or more live pods: never granted so, but possible after a refused
+/// deletion, a deleted IPClaim or a hand-written IP. The reconciler reports it (Warning Events
+/// `DuplicateIP`, `ip_webhook_duplicate_ips`) and keeps the claim with the oldest pod.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DuplicateStatus {
+    pub ip: IpAddr,
+    /// `namespace/name` of each pod carrying it, oldest first.
+    pub pods: Vec<String>,
+    /// The pod that keeps the IP (the oldest); the others should be deleted.
+    pub keeps: String,
+    /// `namespace/app` of each pod, in the order of `pods` (`namespace/` without an app label).
+    pub apps: Vec<String>,
 }
 
 #[derive(Default)]
@@ -206,12 +224,14 @@ impl Report {
         Report {
             pools: pool_list,
             apps,
+            duplicates: Vec::new(),
         }
     }
 
     /// Keep only this app (`namespace/app`) and/or this pool.
     pub fn retain(&mut self, app: Option<&str>, pool: Option<&str>) {
         if let Some(app) = app {
+            self.duplicates.retain(|d| d.apps.iter().any(|a| a == app));
             self.apps.retain(|a| a.key() == app);
             self.pools
                 .retain(|p| self.apps.iter().any(|a| a.pool.as_ref() == Some(&p.name)));

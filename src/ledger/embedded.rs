@@ -1,8 +1,17 @@
 //! The embedded ledger: the claims of this process, crash-safe in `--state-dir`.
 //!
-//! Writes go to one writer thread that drains every request waiting and commits them together
+//! Writes go to one writer thread that takes every request waiting and commits them together
 //! (group commit): under load, many admissions share one `fdatasync`, and no answer is sent
 //! before the commit that holds its claim has returned.
+//!
+//! How a batch forms ([`Inbox`]): a request that finds the inbox empty opens a batch and yields
+//! to the async runtime once before it seals it; every request that arrives meanwhile — every
+//! admission task the runtime had ready to run, and all that come while the writer is busy
+//! committing — joins the same batch. The writer wakes only for a sealed batch (one wake-up
+//! per commit, not per request). Batching so depends neither on the writer's timing against
+//! the request tasks nor on an extra task per request: with admissions that cost more CPU than
+//! a commit (a debug build, a slow core) the requests the runtime had ready still share one
+//! commit, and a lone request waits for one `yield_now` only.
 //!
 //! Two stores sit behind the writer (issue 18 measured both, README "Performance"):
 //!
@@ -22,7 +31,7 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, mpsc};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread;
 use std::time::Instant;
 
@@ -38,7 +47,6 @@ use super::claim::{CreateRule, create_rule, may_step, released, same_grant};
 use super::{Claim, CreateOutcome, Ledger, LedgerError, unix_now};
 
 const CLAIMS: TableDefinition<&str, &[u8]> = TableDefinition::new("claims");
-const MAX_BATCH: usize = 4096;
 const REDB_FILE: &str = "ledger.redb";
 const LOCK_FILE: &str = "ledger.lock";
 const JOURNAL: &str = "journal.";
@@ -124,15 +132,106 @@ enum Request {
 }
 
 enum Msg {
-    Op(Request, Instant),
+    Op(Request),
     Load(oneshot::Sender<Result<Vec<Claim>, LedgerError>>),
+}
+
+/// Where requests wait for the writer: one batch at a time.
+struct Inbox {
+    state: Mutex<InboxState>,
+    /// The writer waits here for a sealed batch (or the close).
+    ready: Condvar,
+}
+
+struct InboxState {
+    /// The batch being formed, in arrival order, with when each request arrived.
+    batch: Vec<(Msg, Instant)>,
+    /// The batch's first request has let the runtime run what it had ready: the writer may
+    /// take it. Requests still join a sealed batch until the writer takes it.
+    sealed: bool,
+    /// The writer is waiting on `ready` (only then does sealing wake it).
+    idle: bool,
+    /// No more requests: the writer commits what it holds and ends.
+    closed: bool,
+}
+
+impl Inbox {
+    fn new() -> Inbox {
+        Inbox {
+            state: Mutex::new(InboxState {
+                batch: Vec::with_capacity(64),
+                sealed: false,
+                idle: false,
+                closed: false,
+            }),
+            ready: Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, InboxState> {
+        // the state stays consistent across a panic (plain fields, set in one step)
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queue `msg`; returns whether it opened the batch (then the caller must seal it).
+    fn push(&self, msg: Msg) -> Result<bool, LedgerError> {
+        let mut state = self.lock();
+        if state.closed {
+            return Err(LedgerError::Closed);
+        }
+        let opened = state.batch.is_empty();
+        state.batch.push((msg, Instant::now()));
+        Ok(opened)
+    }
+
+    /// The batch is complete: let the writer take it (waking it if it waits).
+    fn seal(&self) {
+        let mut state = self.lock();
+        if state.batch.is_empty() || state.sealed {
+            return;
+        }
+        state.sealed = true;
+        let wake = state.idle;
+        drop(state);
+        if wake {
+            self.ready.notify_one();
+        }
+    }
+
+    fn close(&self) {
+        self.lock().closed = true;
+        self.ready.notify_one();
+    }
+
+    /// Wait for a sealed batch and swap it for `spare` (an empty vector whose allocation is
+    /// reused). Returns `false` once the inbox is closed and empty.
+    fn take(&self, spare: &mut Vec<(Msg, Instant)>) -> bool {
+        let mut state = self.lock();
+        while !state.sealed && !state.closed {
+            state.idle = true;
+            state = self.ready.wait(state).unwrap_or_else(|p| p.into_inner());
+            state.idle = false;
+        }
+        state.sealed = false;
+        std::mem::swap(&mut state.batch, spare);
+        !(spare.is_empty() && state.closed)
+    }
+}
+
+/// Seals the batch its request opened, also when that request is dropped before it could.
+struct Seal<'a>(&'a Inbox);
+
+impl Drop for Seal<'_> {
+    fn drop(&mut self) {
+        self.0.seal();
+    }
 }
 
 pub struct EmbeddedLedger {
     dir: PathBuf,
     counters: CommitCounters,
-    sender: std::sync::Mutex<Option<mpsc::Sender<Msg>>>,
-    writer: std::sync::Mutex<Option<thread::JoinHandle<()>>>,
+    inbox: Arc<Inbox>,
+    writer: Mutex<Option<thread::JoinHandle<()>>>,
 }
 
 fn storage<E: std::fmt::Display>(context: &str) -> impl FnOnce(E) -> LedgerError + '_ {
@@ -175,17 +274,18 @@ impl EmbeddedLedger {
             }
             Store::Journal => Backend::Journal(Box::new(Journal::open(state_dir)?)),
         };
-        let (sender, receiver) = mpsc::channel::<Msg>();
+        let inbox = Arc::new(Inbox::new());
+        let writer_inbox = inbox.clone();
         let writer_counters = counters.clone();
         let writer = thread::Builder::new()
             .name("ledger-writer".into())
-            .spawn(move || writer_loop(backend, receiver, writer_counters))
+            .spawn(move || writer_loop(backend, &writer_inbox, writer_counters))
             .map_err(storage("spawn writer"))?;
         Ok(EmbeddedLedger {
             dir: state_dir.to_path_buf(),
             counters,
-            sender: std::sync::Mutex::new(Some(sender)),
-            writer: std::sync::Mutex::new(Some(writer)),
+            inbox,
+            writer: Mutex::new(Some(writer)),
         })
     }
 
@@ -194,15 +294,21 @@ impl EmbeddedLedger {
         &self.dir
     }
 
-    fn send(&self, msg: Msg) -> Result<(), LedgerError> {
-        let guard = self.sender.lock().map_err(|_| LedgerError::Closed)?;
-        let sender = guard.as_ref().ok_or(LedgerError::Closed)?;
-        sender.send(msg).map_err(|_| LedgerError::Closed)
+    /// Queue `msg` for the writer. The request that opens a batch yields to the runtime once
+    /// before sealing it, so that the admissions the runtime has ready reach their ledger
+    /// call and join this batch (see the module docs).
+    async fn send(&self, msg: Msg) -> Result<(), LedgerError> {
+        if self.inbox.push(msg)? {
+            let seal = Seal(&self.inbox);
+            tokio::task::yield_now().await;
+            drop(seal);
+        }
+        Ok(())
     }
 
     async fn ask<T>(&self, request: impl FnOnce(Answer<T>) -> Request) -> Result<T, LedgerError> {
         let (tx, rx) = oneshot::channel();
-        self.send(Msg::Op(request(tx), Instant::now()))?;
+        self.send(Msg::Op(request(tx))).await?;
         let (result, answered) = rx
             .await
             .map_err(|_| LedgerError::Storage("ledger commit aborted".into()))?;
@@ -235,42 +341,27 @@ enum Backend {
     Journal(Box<Journal>),
 }
 
-fn writer_loop(mut backend: Backend, receiver: mpsc::Receiver<Msg>, counters: CommitCounters) {
-    let mut load = None;
-    while let Ok(first) = receiver.recv() {
-        let first = match first {
-            Msg::Load(reply) => {
-                drop(reply.send(backend.load()));
-                continue;
-            }
-            Msg::Op(request, queued) => (request, queued),
-        };
-        // Let the request threads run first: on a busy (or single) core, claims that are on
-        // their way join this commit instead of waiting for the next fsync.
-        thread::yield_now();
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            match receiver.try_recv() {
-                Ok(Msg::Op(request, queued)) => batch.push((request, queued)),
-                Ok(Msg::Load(reply)) => {
-                    load = Some(reply);
-                    break;
+fn writer_loop(mut backend: Backend, inbox: &Inbox, counters: CommitCounters) {
+    let mut taken = Vec::with_capacity(64);
+    let mut requests = Vec::with_capacity(64);
+    while inbox.take(&mut taken) {
+        let started = Instant::now();
+        counters.batch_size.observe(taken.len() as f64);
+        for (msg, queued) in taken.drain(..) {
+            counters.stage("queue", started.duration_since(queued).as_secs_f64());
+            match msg {
+                Msg::Op(request) => requests.push(request),
+                Msg::Load(reply) => {
+                    // the writes queued before it are committed first: a load sees them
+                    if !requests.is_empty() {
+                        commit_batch(&mut backend, &mut requests, &counters, Instant::now());
+                    }
+                    drop(reply.send(backend.load()));
                 }
-                Err(_) => break,
             }
         }
-        let started = Instant::now();
-        counters.batch_size.observe(batch.len() as f64);
-        let requests = batch
-            .into_iter()
-            .map(|(request, queued)| {
-                counters.stage("queue", started.duration_since(queued).as_secs_f64());
-                request
-            })
-            .collect();
-        commit_batch(&mut backend, requests, &counters, started);
-        if let Some(reply) = load.take() {
-            drop(reply.send(backend.load()));
+        if !requests.is_empty() {
+            commit_batch(&mut backend, &mut requests, &counters, started);
         }
     }
     if let Backend::Journal(journal) = &mut backend {
@@ -293,11 +384,13 @@ trait Records {
 /// writes.
 fn apply(
     records: &mut impl Records,
-    batch: Vec<Request>,
+    batch: &mut Vec<Request>,
     replies: &mut Vec<Reply>,
 ) -> Result<u64, LedgerError> {
     let mut writes = 0u64;
-    for request in batch {
+    // on an error the requests not reached are dropped with the drain: their waiters see
+    // their answer channel close
+    for request in batch.drain(..) {
         match request {
             Request::Create(claim, reply) => {
                 let existing = records.read(claim.ip)?;
@@ -347,7 +440,7 @@ fn apply(
 
 fn commit_batch(
     backend: &mut Backend,
-    batch: Vec<Request>,
+    batch: &mut Vec<Request>,
     counters: &CommitCounters,
     started: Instant,
 ) {
@@ -438,7 +531,7 @@ impl Records for RedbRecords<'_, '_> {
 
 fn commit_redb(
     db: &Database,
-    batch: Vec<Request>,
+    batch: &mut Vec<Request>,
     replies: &mut Vec<Reply>,
 ) -> Result<u64, LedgerError> {
     let txn = db.begin_write().map_err(storage("begin"))?;
@@ -866,7 +959,7 @@ impl Journal {
 
     fn commit(
         &mut self,
-        batch: Vec<Request>,
+        batch: &mut Vec<Request>,
         replies: &mut Vec<Reply>,
     ) -> Result<u64, LedgerError> {
         if let Some(reason) = &self.poisoned {
@@ -989,7 +1082,7 @@ impl Ledger for EmbeddedLedger {
 
     async fn load(&self) -> Result<Vec<Claim>, LedgerError> {
         let (tx, rx) = oneshot::channel();
-        self.send(Msg::Load(tx))?;
+        self.send(Msg::Load(tx)).await?;
         rx.await
             .map_err(|_| LedgerError::Storage("ledger load aborted".into()))?
     }
@@ -1010,16 +1103,21 @@ impl Ledger for EmbeddedLedger {
     }
 
     async fn close(&self) {
-        // Dropping the sender ends the writer after it has committed what it holds.
-        if let Ok(mut sender) = self.sender.lock() {
-            sender.take();
-        }
+        // The writer commits what it holds, then ends.
+        self.inbox.close();
         let handle = self.writer.lock().ok().and_then(|mut w| w.take());
         if let Some(handle) = handle {
             let _ = tokio::task::spawn_blocking(move || handle.join()).await;
         }
     }
 }
+impl Drop for EmbeddedLedger {
+    fn drop(&mut self) {
+        // without close(): the writer still commits what it holds and ends (not waited for)
+        self.inbox.close();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1105,6 +1203,71 @@ mod tests {
             "400 concurrent creates took {} commits",
             counters.commits.get()
         );
+    }
+
+    /// The cause issue 18 found: a batch used to be whatever had reached the writer when it
+    /// woke, so admissions that cost more CPU than a commit (a debug build, a slow core) each
+    /// found the writer idle and got a commit of their own, unless each ledger call ran on a
+    /// task of its own. Now the request that opens a batch yields once before sealing it:
+    /// every admission the runtime has ready joins it, each still busy for longer than a
+    /// commit takes, with no task per request.
+    #[tokio::test(flavor = "current_thread")]
+    async fn admissions_slower_than_a_commit_still_share_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let counters = CommitCounters::default();
+        let ledger = Arc::new(EmbeddedLedger::open(dir.path(), counters.clone()).unwrap());
+        let mut tasks = Vec::new();
+        for i in 0..20u32 {
+            let ledger = ledger.clone();
+            tasks.push(tokio::spawn(async move {
+                // the admission's own work, holding the runtime's only thread
+                std::thread::sleep(std::time::Duration::from_millis(3));
+                let ip = format!("10.9.0.{i}");
+                ledger.create(&claim(&ip, &format!("p{i}"))).await.unwrap()
+            }));
+        }
+        for t in tasks {
+            assert_eq!(t.await.unwrap(), CreateOutcome::Created);
+        }
+        assert_eq!(counters.writes.get(), 20);
+        assert_eq!(
+            counters.commits.get(),
+            1,
+            "20 admissions the runtime had ready took {} commits",
+            counters.commits.get()
+        );
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register("batch", "requests per batch", counters.batch_size.clone());
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(text.contains("batch_sum 20.0\n"), "{text}");
+        assert!(text.contains("batch_count 1\n"), "{text}");
+    }
+
+    /// A request dropped after it opened a batch (its admission gave up) still seals it: the
+    /// requests that joined it are committed, and its own write, already queued, lands.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_request_dropped_after_opening_a_batch_still_seals_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
+        let first = claim("10.9.1.1", "a");
+        let mut opened = Box::pin(ledger.create(&first));
+        assert!(
+            futures::poll!(opened.as_mut()).is_pending(),
+            "it yields once"
+        );
+        drop(opened);
+        let joined = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            ledger.create(&claim("10.9.1.2", "b")),
+        )
+        .await
+        .expect("a request that joined the dropped one's batch is answered");
+        assert_eq!(joined.unwrap(), CreateOutcome::Created);
+        let mut held: Vec<_> = ledger.load().await.unwrap();
+        held.sort_by_key(|c| c.ip);
+        assert_eq!(held.len(), 2, "{held:?}");
+        assert_eq!(held[0].pod.name, "a");
     }
 
     #[tokio::test]

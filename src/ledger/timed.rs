@@ -2,10 +2,12 @@
 //! whatever the adapter underneath.
 
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Instant;
 
 use async_trait::async_trait;
+use futures::FutureExt;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 
@@ -65,28 +67,29 @@ impl TimedLedger {
         }
     }
 
-    /// Run `call` on its own task, bounded by the admission's deadline when there is one.
-    /// A call still running at the deadline is answered with an error and left to finish;
-    /// `late` gets its result (to undo a write nobody was told about).
-    async fn bounded<T: Send + 'static>(
+    /// Run `call` bounded by `deadline`, in place (no task of its own: an extra task per call
+    /// costs a spawn and a cross-task wake-up on every admission). A call still running at the
+    /// deadline is answered with an error and handed, as it is, to a task that finishes it;
+    /// `late` gets its result (to undo a write nobody was told about). The call is never
+    /// dropped half-way, so a write the ledger already took is always seen through.
+    async fn bounded<T: Send + 'static, C: Send + 'static>(
         &self,
         operation: &'static str,
-        call: impl Future<Output = Result<T, LedgerError>> + Send + 'static,
-        late: impl FnOnce(Result<T, LedgerError>) -> BoxFuture + Send + 'static,
+        deadline: Instant,
+        call: impl Future<Output = (Result<T, LedgerError>, C)> + Send + 'static,
+        late: impl FnOnce(Result<T, LedgerError>, C) -> BoxFuture + Send + 'static,
     ) -> Result<T, LedgerError> {
-        let Some(deadline) = health::deadline() else {
-            return call.await;
-        };
-        let mut task = tokio::spawn(call);
-        match tokio::time::timeout_at(deadline.into(), &mut task).await {
-            Ok(Ok(result)) => result,
-            Ok(Err(join)) => Err(LedgerError::Storage(format!(
-                "the ledger {operation} stopped: {join}"
+        // a panic in the adapter is an answer, as it was when the call had a task of its own
+        let mut call = Box::pin(AssertUnwindSafe(call).catch_unwind());
+        match tokio::time::timeout_at(deadline.into(), call.as_mut()).await {
+            Ok(Ok((result, _))) => result,
+            Ok(Err(_)) => Err(LedgerError::Storage(format!(
+                "the ledger {operation} stopped: it panicked"
             ))),
             Err(_) => {
                 tokio::spawn(async move {
-                    if let Ok(result) = task.await {
-                        late(result).await;
+                    if let Ok((result, context)) = call.await {
+                        late(result, context).await;
                     }
                 });
                 Err(LedgerError::Storage(format!(
@@ -100,7 +103,7 @@ impl TimedLedger {
 
 type BoxFuture = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
 
-fn nothing<T>(_: T) -> BoxFuture {
+fn nothing<T>(_: T, _: ()) -> BoxFuture {
     Box::pin(async {})
 }
 
@@ -120,25 +123,32 @@ impl Ledger for TimedLedger {
 
     async fn create(&self, claim: &Claim) -> Result<CreateOutcome, LedgerError> {
         let started = Instant::now();
-        let (inner, owned) = (self.inner.clone(), claim.clone());
-        let (undo, made) = (self.inner.clone(), claim.clone());
-        let result = self
-            .bounded(
-                "create",
-                async move { inner.create(&owned).await },
-                move |late| {
-                    Box::pin(async move {
-                        // the admission was already denied: a claim that landed anyway is rolled back
-                        if matches!(late, Ok(CreateOutcome::Created)) {
-                            match undo.release(&made).await {
-                                Ok(_) => tracing::warn!(ip = %made.ip, "rolled back a claim made after the admission deadline"),
-                                Err(error) => tracing::warn!(%error, ip = %made.ip, "could not roll back a claim made after the admission deadline; the reservation TTL or leak sweeper frees it"),
+        let result = match health::deadline() {
+            None => self.inner.create(claim).await,
+            Some(deadline) => {
+                let (inner, owned) = (self.inner.clone(), claim.clone());
+                self.bounded(
+                    "create",
+                    deadline,
+                    async move {
+                        let result = inner.create(&owned).await;
+                        (result, (inner, owned))
+                    },
+                    |late, (undo, made)| {
+                        Box::pin(async move {
+                            // the admission was already denied: a claim that landed anyway is rolled back
+                            if matches!(late, Ok(CreateOutcome::Created)) {
+                                match undo.release(&made).await {
+                                    Ok(_) => tracing::warn!(ip = %made.ip, "rolled back a claim made after the admission deadline"),
+                                    Err(error) => tracing::warn!(%error, ip = %made.ip, "could not roll back a claim made after the admission deadline; the reservation TTL or leak sweeper frees it"),
+                                }
                             }
-                        }
-                    })
-                },
-            )
-            .await;
+                        })
+                    },
+                )
+                .await
+            }
+        };
         self.observe("create", started);
         self.count(&result);
         result
@@ -146,14 +156,19 @@ impl Ledger for TimedLedger {
 
     async fn release(&self, claim: &Claim) -> Result<bool, LedgerError> {
         let started = Instant::now();
-        let (inner, owned) = (self.inner.clone(), claim.clone());
-        let result = self
-            .bounded(
-                "release",
-                async move { inner.release(&owned).await },
-                nothing,
-            )
-            .await;
+        let result = match health::deadline() {
+            None => self.inner.release(claim).await,
+            Some(deadline) => {
+                let (inner, owned) = (self.inner.clone(), claim.clone());
+                self.bounded(
+                    "release",
+                    deadline,
+                    async move { (inner.release(&owned).await, ()) },
+                    nothing,
+                )
+                .await
+            }
+        };
         self.observe("release", started);
         self.count(&result);
         result
@@ -161,14 +176,19 @@ impl Ledger for TimedLedger {
 
     async fn transition(&self, current: &Claim, next: &Claim) -> Result<bool, LedgerError> {
         let started = Instant::now();
-        let (inner, current, next) = (self.inner.clone(), current.clone(), next.clone());
-        let result = self
-            .bounded(
-                "transition",
-                async move { inner.transition(&current, &next).await },
-                nothing,
-            )
-            .await;
+        let result = match health::deadline() {
+            None => self.inner.transition(current, next).await,
+            Some(deadline) => {
+                let (inner, current, next) = (self.inner.clone(), current.clone(), next.clone());
+                self.bounded(
+                    "transition",
+                    deadline,
+                    async move { (inner.transition(&current, &next).await, ()) },
+                    nothing,
+                )
+                .await
+            }
+        };
         self.observe("transition", started);
         self.count(&result);
         result

@@ -155,6 +155,8 @@ pub struct Metrics {
     pub releases: Counter,
     /// Admitted pod DELETEs whose pod still ran when its grace ended: the IP was kept.
     pub releases_refused: Counter,
+    /// Claims of pods stuck Terminating on a lost node, released ([`crate::cluster::node_loss`]).
+    pub node_lost_releases: Counter,
     /// Reservations no pod picked up, dropped by the reconciler.
     pub reservations_expired: Counter,
     /// Claims of pods that went without a release (missed DELETE), reclaimed by the reconciler;
@@ -163,6 +165,10 @@ pub struct Metrics {
     pub ledger: CommitCounters,
     /// IPs that two or more live pods carry, as the reconciler last saw (in-cluster).
     pub duplicate_ips: Gauge,
+    /// Claims the reconciler recorded for pods that held none, by reason (`token`: a pod our
+    /// webhooks admitted whose record was lost; `app_list`: a pod running on an IP of its own
+    /// app's list, started before ip-webhook was installed).
+    pub adoptions: Family<ReasonLabels, Counter>,
     /// Whether the ledger can serve (failures in a row, since when): `/readyz` reads it.
     pub ledger_health: Arc<crate::ledger::health::LedgerHealth>,
     /// Time of each ledger call, by ledger and operation.
@@ -180,6 +186,28 @@ pub struct Metrics {
     max_apps: Arc<AtomicUsize>,
     /// Series in `exhausted_refusals`.
     exhausted_series: AtomicUsize,
+}
+
+/// Why the reconciler records a claim for a pod (`ip_webhook_adoptions_total{reason}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdoptReason {
+    /// The pod carries a claim token our webhooks issued; its record was lost.
+    Token,
+    /// The pod runs on an IP (`status.podIPs`) that its own app's list holds (and no other
+    /// app's), without any claim: it started before ip-webhook was installed.
+    AppList,
+}
+
+impl AdoptReason {
+    pub const ALL: [AdoptReason; 2] = [AdoptReason::Token, AdoptReason::AppList];
+
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            AdoptReason::Token => "token",
+            AdoptReason::AppList => "app_list",
+        }
+    }
 }
 
 /// The default of `--metrics-max-apps`.
@@ -461,6 +489,17 @@ impl Metrics {
             "IPs that two or more live pods carry, as the reconciler's last pass saw (Warning Events DuplicateIP on the pods)",
             duplicate_ips.clone(),
         );
+        let adoptions = Family::<ReasonLabels, Counter>::default();
+        for reason in AdoptReason::ALL {
+            drop(adoptions.get_or_create(&ReasonLabels {
+                reason: reason.label(),
+            }));
+        }
+        registry.register(
+            "adoptions",
+            "Claims the reconciler recorded for pods that held none, by reason (token: admitted by ip-webhook, record lost; app_list: running on an IP of its own app's list before ip-webhook was installed)",
+            adoptions.clone(),
+        );
         registry.register(
             "ledger_corrupt_records",
             "Ledger records that could not be read (hand-edited or foreign), skipped; their IP stays held",
@@ -516,6 +555,12 @@ impl Metrics {
             "Pod DELETEs admitted whose pod still ran when its grace period ended: its IP was kept",
             releases_refused.clone(),
         );
+        let node_lost_releases = Counter::default();
+        registry.register(
+            "node_lost_releases",
+            "Claims released because their pod was stuck Terminating on a node NotReady for longer than --node-lost-grace",
+            node_lost_releases.clone(),
+        );
         let ledger = CommitCounters::default();
         registry.register(
             "ledger_commits",
@@ -563,10 +608,12 @@ impl Metrics {
             tls_checks,
             releases,
             releases_refused,
+            node_lost_releases,
             reservations_expired,
             leaks_reclaimed,
             ledger,
             duplicate_ips,
+            adoptions,
             ledger_health: Arc::new(crate::ledger::health::LedgerHealth::new()),
             ledger_latency,
             tls_reloads,

@@ -1,7 +1,20 @@
 //! The operator commands' logic, independent of the command line: `status`, `explain`,
-//! `release` and `check` (the doctor).
+//! `release`, `check` (the doctor) and `check --drift`.
 
 pub mod doctor;
+pub mod drift;
 pub mod explain;
 pub mod release;
 pub mod status;
+
+static INVOCATION: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+
+/// How the user runs the operator commands, for messages: `kubectl ipw` or `ip-webhook`.
+pub fn invocation() -> &'static str {
+    INVOCATION.get().copied().unwrap_or("ip-webhook")
+}
+
+/// Record how the process was invoked (once; the command line knows: `kubectl ipw`).
+pub fn set_invocation(name: &'static str) {
+    let _ = INVOCATION.set(name);
+}

@@ -54,8 +54,9 @@ impl Outcome {
                 about(claim)
             ),
             Outcome::Changed(claim) => format!(
-                "not released: the claim on {} changed while releasing it; look again with `ip-webhook status`",
-                about(claim)
+                "not released: the claim on {} changed while releasing it; look again with `{} status`",
+                about(claim),
+                crate::ops::invocation()
             ),
         }
     }

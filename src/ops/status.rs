@@ -1,7 +1,52 @@
 //! `status`: who holds which IP, per pool and per app, from the claims of any ledger; the
-//! counts are [`crate::ipam::usage::Report`]'s, this is their text.
+//! counts are [`crate::ipam::usage::Report`]'s, this is their text, and in-cluster the IPs two
+//! live pods carry.
 
-use crate::ipam::usage::{AppStatus, Holder, Report};
+use crate::cluster::reconcile::Duplicate;
+use crate::ipam::usage::{AppStatus, DuplicateStatus, Holder, Report};
+
+impl DuplicateStatus {
+    pub fn from_found(found: &Duplicate) -> DuplicateStatus {
+        let pods: Vec<String> = found
+            .pods
+            .iter()
+            .map(|p| format!("{}/{}", p.namespace, p.name))
+            .collect();
+        DuplicateStatus {
+            ip: found.ip,
+            keeps: pods.first().cloned().unwrap_or_default(),
+            apps: found
+                .pods
+                .iter()
+                .map(|p| format!("{}/{}", p.namespace, p.app))
+                .collect(),
+            pods,
+        }
+    }
+}
+
+/// Every IP two or more live pods carry in the cluster behind `client`, found as the
+/// reconciler finds them (the pods' `allocated-ip` label and CNI annotations; one metadata
+/// list of all pods).
+pub async fn cluster_duplicates(
+    client: &kube::Client,
+    app_label: &str,
+) -> Result<Vec<DuplicateStatus>, kube::Error> {
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::all(client.clone());
+    let list = pods
+        .list_metadata(&kube::api::ListParams::default())
+        .await?;
+    let infos = list
+        .items
+        .iter()
+        .filter_map(|pod| crate::cluster::pod_info(&pod.metadata, app_label))
+        .map(|info| (info.uid.clone(), info))
+        .collect();
+    Ok(crate::cluster::reconcile::duplicates(&infos)
+        .iter()
+        .map(DuplicateStatus::from_found)
+        .collect())
+}
 
 impl Report {
     /// The kubectl-style text: a pool table, an app table and a holder table.
@@ -71,6 +116,27 @@ impl Report {
                     &rows,
                 ));
             }
+        }
+        if !self.duplicates.is_empty() {
+            if !out.is_empty() {
+                out.push('\n');
+            }
+            out.push_str(&format!(
+                "DUPLICATE IPS: {} IP(s) carried by two or more live pods; the oldest keeps each, delete the others\n",
+                self.duplicates.len()
+            ));
+            let rows = self
+                .duplicates
+                .iter()
+                .map(|d| {
+                    vec![
+                        d.ip.to_string(),
+                        d.keeps.clone(),
+                        d.pods.iter().skip(1).cloned().collect::<Vec<_>>().join(","),
+                    ]
+                })
+                .collect::<Vec<_>>();
+            out.push_str(&table(&["IP", "KEEPS", "ALSO ON"], &rows));
         }
         if out.is_empty() {
             out.push_str("No IPs are held and no FixedIPPools are defined.\n");
@@ -183,6 +249,64 @@ mod tests {
             report
                 .to_table()
                 .contains("default/old   -      ?      1      0          ?      ?")
+        );
+    }
+
+    #[test]
+    fn duplicates_are_listed_in_the_table_and_the_json() {
+        use crate::cluster::reconcile::{Duplicate, PodInfo};
+        let pod = |ns: &str, name: &str, app: &str, at: u64| PodInfo {
+            namespace: ns.into(),
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            ips: vec!["10.97.40.1".parse().unwrap()],
+            created_at: at,
+            terminating: false,
+            stateful: false,
+            app: app.into(),
+            token: None,
+        };
+        let found = Duplicate {
+            ip: "10.97.40.1".parse().unwrap(),
+            pods: vec![
+                pod("default", "web-old", "web", 1),
+                pod("dev", "squat", "", 2),
+            ],
+        };
+        let claims = [claim("10.97.40.1", "web", "web-old", Phase::Bound, Some(4))];
+        let mut report = Report::build(&claims, &PoolCatalog::default(), true);
+        report.duplicates = vec![DuplicateStatus::from_found(&found)];
+        let text = report.to_table();
+        assert!(
+            text.ends_with(
+                "DUPLICATE IPS: 1 IP(s) carried by two or more live pods; the oldest keeps each, delete the others\n\
+                 IP           KEEPS             ALSO ON\n\
+                 10.97.40.1   default/web-old   dev/squat\n"
+            ),
+            "{text}"
+        );
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(
+            json["duplicates"],
+            serde_json::json!([{
+                "ip": "10.97.40.1",
+                "pods": ["default/web-old", "dev/squat"],
+                "keeps": "default/web-old",
+                "apps": ["default/web", "dev/"],
+            }])
+        );
+        // filtered by an app, only the duplicates one of its pods is part of
+        let mut web = report.clone();
+        web.retain(Some("default/web"), None);
+        assert_eq!(web.duplicates.len(), 1);
+        report.retain(Some("default/old"), None);
+        assert!(report.duplicates.is_empty());
+        // without duplicates, the JSON has no such key
+        assert!(
+            serde_json::to_value(&report)
+                .unwrap()
+                .get("duplicates")
+                .is_none()
         );
     }
 

@@ -72,6 +72,9 @@ impl Webhook {
         }
         let Answer { response, app, ips } = match endpoint {
             Endpoint::mutate => mutate::mutate(self, &incoming).await?,
+            Endpoint::validate if crate::webhook::claim_guard::handles(&incoming) => Answer::from(
+                crate::webhook::claim_guard::review(&self.claim_guard, &incoming),
+            ),
             Endpoint::validate => validate::validate(self, &incoming).await?,
         };
         let mut ip_text = String::new();

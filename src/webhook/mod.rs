@@ -3,6 +3,7 @@
 //! Routing a review to `/mutate` or `/validate` is [`crate::webhook::dispatch`]'s.
 
 pub mod assess;
+pub mod claim_guard;
 pub mod cni_pools;
 pub mod dispatch;
 pub mod events;
@@ -68,6 +69,8 @@ pub struct Webhook {
     specs: SpecCache,
     /// Told about every Pod CREATE decision (Kubernetes Events in-cluster; `explain`).
     pub events: Arc<dyn EventSink>,
+    /// Judges IPClaim edits and deletions ([`crate::webhook::claim_guard`]).
+    pub claim_guard: crate::webhook::claim_guard::ClaimGuard,
 }
 
 impl Webhook {
@@ -88,6 +91,7 @@ impl Webhook {
             networks: NetworkRegistry::default(),
             specs: SpecCache::default(),
             events: Arc::new(NoEvents),
+            claim_guard: Default::default(),
         }
     }
 

@@ -225,6 +225,28 @@ impl WorkloadRegistry {
             .fold(IpSet::default(), |all, set| all.union(set))
     }
 
+    /// Every app (`namespace/app`) whose workloads list `ip`, sorted (the reconciler's
+    /// adoption asks; an IP no workload lists costs one index lookup).
+    pub fn apps_listing(&self, ip: std::net::IpAddr) -> Vec<String> {
+        let state = self.lock();
+        if state
+            .index
+            .first_overlap(&crate::ipam::ipset::IpRange::single(ip), None)
+            .is_none()
+        {
+            return Vec::new();
+        }
+        let mut apps: Vec<String> = state
+            .lists
+            .iter()
+            .filter(|(_, set)| set.contains(&ip))
+            .filter_map(|(id, _)| state.apps.get(id).cloned())
+            .collect();
+        apps.sort();
+        apps.dedup();
+        apps
+    }
+
     /// A workload of another app whose list overlaps `set`: (overlap, workload, its app).
     pub fn other_app_listing(
         &self,

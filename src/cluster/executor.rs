@@ -1,0 +1,339 @@
+//! Carrying out the reconciler's plans ([`super::reconcile::Plan`]) against the API server:
+//! IPClaim writes, Events about duplicates, `IPPool.status`.
+
+use super::ClusterError;
+use super::reconcile::*;
+use crate::crd::{IPClaim, IPPool, IPPoolStatus};
+use crate::ledger::kubernetes::{
+    claim_name, delete_exact_object, is_status, status_now, to_resource,
+};
+use crate::ledger::{Claim, Phase, PodRef, Source, unix_now};
+use crate::metrics::{AdoptReason, Metrics};
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder};
+use kube::{Api, Resource};
+use std::collections::HashSet;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+/// Carries out plans against the API server.
+pub struct Executor {
+    pub claims: Api<IPClaim>,
+    pub pools: Api<IPPool>,
+    pub pods: Api<k8s_openapi::api::core::v1::Pod>,
+    pub recorder: Recorder,
+    /// Counts reclaimed leaks and expired reservations.
+    pub metrics: Arc<Metrics>,
+    /// Duplicates already reported (IP and the UIDs carrying it): one Event each.
+    pub reported_duplicates: std::sync::Mutex<HashSet<(IpAddr, Vec<String>)>>,
+}
+
+fn name_of(resource: &IPClaim) -> String {
+    resource.metadata.name.clone().unwrap_or_default()
+}
+
+impl Executor {
+    /// Run every action; one failing (conflict, gone) does not stop the others.
+    /// Returns how many actions changed something.
+    pub async fn run(&self, plan: &Plan) -> usize {
+        let mut done = 0;
+        for action in &plan.actions {
+            match self.act(action).await {
+                Ok(true) => done += 1,
+                Ok(false) => {}
+                Err(error) => tracing::warn!(%error, ?action, "reconcile action failed"),
+            }
+        }
+        done
+    }
+
+    async fn act(&self, action: &Action) -> Result<bool, ClusterError> {
+        match action {
+            Action::Bind { claim, pod } => self.bind(claim, pod).await,
+            Action::Keep { claim } => self.set_phase(claim, Phase::Released).await,
+            Action::Drop { claim, reason } => self.drop_claim(claim, *reason).await,
+            Action::Adopt { ip, pod, reason } => self.adopt(*ip, pod, *reason).await,
+        }
+    }
+
+    async fn bind(&self, claim: &IPClaim, pod: &PodInfo) -> Result<bool, ClusterError> {
+        let name = name_of(claim);
+        let patch = serde_json::json!({
+            "metadata": {"resourceVersion": claim.metadata.resource_version},
+            "spec": {"podUid": pod.uid, "podName": pod.name, "sticky": pod.stateful},
+        });
+        let updated = match self
+            .claims
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(updated) => updated,
+            Err(error) if is_status(&error, 404) || is_status(&error, 409) => return Ok(false),
+            Err(error) => return Err(ClusterError::api("binding IPClaim", &name, error)),
+        };
+        self.set_phase(&updated, Phase::Bound).await?;
+        tracing::info!(ip = %claim.spec.ip, pod = %format!("{}/{}", pod.namespace, pod.name), uid = %pod.uid, "claim bound");
+        Ok(true)
+    }
+
+    async fn set_phase(&self, claim: &IPClaim, phase: Phase) -> Result<bool, ClusterError> {
+        let name = name_of(claim);
+        let patch = serde_json::json!({
+            "metadata": {"resourceVersion": claim.metadata.resource_version},
+            "status": status_now(claim, phase),
+        });
+        match self
+            .claims
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(error) if is_status(&error, 404) || is_status(&error, 409) => Ok(false),
+            Err(error) => Err(ClusterError::api(
+                "updating the status of IPClaim",
+                &name,
+                error,
+            )),
+        }
+    }
+
+    async fn drop_claim(&self, claim: &IPClaim, reason: DropReason) -> Result<bool, ClusterError> {
+        let name = name_of(claim);
+        if reason == DropReason::PodGone
+            && let Some(uid) = claim.spec.pod_uid.as_deref()
+        {
+            // The cache said the pod is gone; ask the API server before freeing its IP.
+            let pods: Api<k8s_openapi::api::core::v1::Pod> =
+                Api::namespaced(self.pods.clone().into_client(), &claim.spec.namespace);
+            match pods.get_metadata_opt(&claim.spec.pod_name).await {
+                Ok(Some(live)) if live.metadata.uid.as_deref() == Some(uid) => return Ok(false),
+                Ok(_) => {}
+                Err(error) => {
+                    return Err(ClusterError::api(
+                        "reading pod",
+                        &claim.spec.pod_name,
+                        error,
+                    ));
+                }
+            }
+        }
+        match delete_exact_object(&self.claims, claim).await {
+            Ok(true) => {}
+            Ok(false) => return Ok(false),
+            Err(error) => return Err(ClusterError::api("deleting IPClaim", &name, error)),
+        }
+        let pod = if claim.spec.pod_name.is_empty() {
+            format!("{}/{}*", claim.spec.namespace, claim.spec.generate_name)
+        } else {
+            format!("{}/{}", claim.spec.namespace, claim.spec.pod_name)
+        };
+        tracing::info!(ip = %claim.spec.ip, %pod, reason = reason.event_reason(), "claim dropped");
+        match reason {
+            DropReason::PodGone => {
+                self.metrics.leaks_reclaimed.inc();
+            }
+            DropReason::ReservationExpired => {
+                self.metrics.reservations_expired.inc();
+            }
+            DropReason::ReleaseDone => {}
+        }
+        if reason.is_leak() {
+            let note = match reason {
+                DropReason::PodGone => format!(
+                    "IP {} returned to the pool: pod {pod} (uid {}) is gone and its release was missed",
+                    claim.spec.ip,
+                    claim.spec.pod_uid.as_deref().unwrap_or("?")
+                ),
+                _ => format!(
+                    "IP {} returned to the pool: reserved for {pod} at admission, but no such pod appeared",
+                    claim.spec.ip
+                ),
+            };
+            self.event(claim, reason.event_reason(), note).await;
+        }
+        Ok(true)
+    }
+
+    async fn adopt(
+        &self,
+        ip: IpAddr,
+        pod: &PodInfo,
+        reason: AdoptReason,
+    ) -> Result<bool, ClusterError> {
+        let mut pod = pod.clone();
+        if reason == AdoptReason::AppList {
+            // The index said so; the API server confirms before anything is recorded.
+            let pods: Api<k8s_openapi::api::core::v1::Pod> =
+                Api::namespaced(self.pods.clone().into_client(), &pod.namespace);
+            let live = match pods.get_opt(&pod.name).await {
+                Ok(live) => live,
+                Err(error) => return Err(ClusterError::api("reading pod", &pod.name, error)),
+            };
+            let Some(live) = live.filter(|l| l.metadata.uid.as_deref() == Some(&pod.uid)) else {
+                return Ok(false);
+            };
+            let still = super::index::SlimPod::from_pod(&live).is_some_and(|s| s.ips.contains(&ip));
+            if !still || live.metadata.deletion_timestamp.is_some() {
+                return Ok(false);
+            }
+            pod.stateful = live
+                .metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .any(|o| o.kind == "StatefulSet" && o.controller == Some(true));
+        }
+        let pod = &pod;
+        let claim = Claim {
+            ip,
+            app: pod.app.clone(),
+            pool: None,
+            pod: PodRef {
+                namespace: pod.namespace.clone(),
+                name: pod.name.clone(),
+                generate_name: String::new(),
+                uid: Some(pod.uid.clone()),
+            },
+            request_uid: format!("adopted-{}", pod.uid),
+            phase: Phase::Bound,
+            source: match reason {
+                AdoptReason::Token => Source::Static,
+                AdoptReason::AppList => Source::Allocated,
+            },
+            created_at: unix_now(),
+            updated_at: unix_now(),
+            list_size: None,
+            token: pod.token.clone().unwrap_or_default(),
+            release_at: None,
+            sticky: pod.stateful,
+        };
+        let mut resource = to_resource(&claim);
+        resource.spec.sticky = pod.stateful;
+        let created = match self.claims.create(&PostParams::default(), &resource).await {
+            Ok(created) => created,
+            Err(error) if is_status(&error, 409) => return Ok(false),
+            Err(error) => {
+                return Err(ClusterError::api(
+                    "creating IPClaim",
+                    &claim_name(&ip),
+                    error,
+                ));
+            }
+        };
+        self.set_phase(&created, Phase::Bound).await?;
+        let note = match reason {
+            AdoptReason::Token => format!(
+                "pod {}/{} carries IP {ip} without a claim; recorded it so it is not handed out again",
+                pod.namespace, pod.name
+            ),
+            AdoptReason::AppList => format!(
+                "pod {}/{} runs on IP {ip} (status.podIPs), one of the IPs of its app {}/{}, without a claim (it started before ip-webhook was installed); recorded it so it is not handed out again",
+                pod.namespace, pod.name, pod.namespace, pod.app
+            ),
+        };
+        self.metrics
+            .adoptions
+            .get_or_create(&crate::metrics::ReasonLabels {
+                reason: reason.label(),
+            })
+            .inc();
+        tracing::info!(%ip, pod = %format!("{}/{}", pod.namespace, pod.name), reason = reason.label(), "IP adopted");
+        self.event(&created, "IPAdopted", note).await;
+        Ok(true)
+    }
+
+    async fn event(&self, claim: &IPClaim, reason: &str, note: String) {
+        let event = KubeEvent {
+            type_: EventType::Normal,
+            reason: reason.to_string(),
+            note: Some(note),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(error) = self.recorder.publish(&event, &claim.object_ref(&())).await {
+            tracing::warn!(%error, reason, "could not publish an Event");
+        }
+    }
+
+    /// Set `ip_webhook_duplicate_ips`, and for each duplicate not reported before, log it and
+    /// record a Warning Event on every pod that carries the IP (the older one keeps it).
+    pub async fn report_duplicates(&self, duplicates: &[Duplicate]) {
+        self.metrics
+            .duplicate_ips
+            .set(i64::try_from(duplicates.len()).unwrap_or(i64::MAX));
+        let current: HashSet<(IpAddr, Vec<String>)> = duplicates
+            .iter()
+            .map(|d| (d.ip, d.pods.iter().map(|p| p.uid.clone()).collect()))
+            .collect();
+        let fresh: Vec<&Duplicate> = {
+            let mut reported = self
+                .reported_duplicates
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let fresh = duplicates
+                .iter()
+                .filter(|d| {
+                    !reported.contains(&(d.ip, d.pods.iter().map(|p| p.uid.clone()).collect()))
+                })
+                .collect();
+            *reported = current;
+            fresh
+        };
+        for duplicate in fresh {
+            let names: Vec<String> = duplicate
+                .pods
+                .iter()
+                .map(|p| format!("{}/{}", p.namespace, p.name))
+                .collect();
+            tracing::error!(ip = %duplicate.ip, pods = ?names, "two or more live pods carry one IP");
+            let note = format!(
+                "IP {} is carried by {} live pods: {} (the oldest, {}, keeps it; delete the others)",
+                duplicate.ip,
+                names.len(),
+                names.join(", "),
+                names[0]
+            );
+            for pod in &duplicate.pods {
+                let reference = k8s_openapi::api::core::v1::ObjectReference {
+                    api_version: Some("v1".into()),
+                    kind: Some("Pod".into()),
+                    name: Some(pod.name.clone()),
+                    namespace: Some(pod.namespace.clone()),
+                    uid: Some(pod.uid.clone()),
+                    ..Default::default()
+                };
+                let event = KubeEvent {
+                    type_: EventType::Warning,
+                    reason: "DuplicateIP".into(),
+                    note: Some(note.clone()),
+                    action: "Reconcile".into(),
+                    secondary: None,
+                };
+                if let Err(error) = self.recorder.publish(&event, &reference).await {
+                    tracing::warn!(%error, "could not publish a DuplicateIP Event");
+                }
+            }
+        }
+    }
+
+    /// Write `IPPool.status` where it changed.
+    pub async fn write_pool_statuses(&self, pools: &[IPPool], statuses: &[(String, IPPoolStatus)]) {
+        for (name, status) in statuses {
+            let current = pools
+                .iter()
+                .find(|p| p.metadata.name.as_deref() == Some(name))
+                .and_then(|p| p.status.as_ref());
+            if current == Some(status) {
+                continue;
+            }
+            let patch = serde_json::json!({ "status": status });
+            if let Err(error) = self
+                .pools
+                .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                tracing::warn!(%error, pool = %name, "could not write IPPool status");
+            }
+        }
+    }
+}

@@ -1,0 +1,442 @@
+//! Node-loss release: a pod stuck Terminating on a node that stopped reporting keeps its IP
+//! until someone force-deletes it, so a list sized to the replicas refuses the replacement.
+//! The leader releases the claims of such a pod once
+//!
+//! - the pod is Terminating and its own grace has passed (now ≥ `deletionTimestamp`, which
+//!   already includes the grace period);
+//! - its node's `Ready` condition has been `False` or `Unknown` for longer than
+//!   `--node-lost-grace` (0 turns this off);
+//! - its controller makes a replacement under a new name: ReplicaSet, Job or DaemonSet.
+//!   StatefulSet pods and bare pods keep their IP (a StatefulSet's replacement has the same name
+//!   and takes the claim over once the old pod object is gone).
+//!
+//! Each release is logged (WARN), counted (`ip_webhook_node_lost_releases_total`) and told as
+//! a Warning Event on the pod's owner. Nodes are watched slimmed to their `Ready` condition.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::Api;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::{WatchStreamExt, watcher};
+use tokio::sync::watch;
+
+use super::index::{ClusterIps, SlimPod};
+use super::watches::{Change, Mirror, drive};
+use crate::ipam::allocator::Allocator;
+use crate::ledger::{Claim, unix_now};
+use crate::metrics::Metrics;
+
+/// The kind of a pod's controller owner, as far as node-loss release cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ControllerKind {
+    ReplicaSet,
+    Job,
+    DaemonSet,
+    StatefulSet,
+    Other,
+}
+
+impl ControllerKind {
+    /// The kind of the owner reference marked `controller: true`; `None` for a bare pod.
+    pub fn of(owners: Option<&[OwnerReference]>) -> Option<ControllerKind> {
+        let owner = owners?.iter().find(|o| o.controller == Some(true))?;
+        Some(match owner.kind.as_str() {
+            "ReplicaSet" => ControllerKind::ReplicaSet,
+            "Job" => ControllerKind::Job,
+            "DaemonSet" => ControllerKind::DaemonSet,
+            "StatefulSet" => ControllerKind::StatefulSet,
+            _ => ControllerKind::Other,
+        })
+    }
+
+    /// Whether the controller replaces a pod by one with a new name (so the old pod's IP is
+    /// not waited for by its successor).
+    pub fn replaces_under_new_name(self) -> bool {
+        matches!(
+            self,
+            ControllerKind::ReplicaSet | ControllerKind::Job | ControllerKind::DaemonSet
+        )
+    }
+}
+
+/// A node's `Ready` condition: whether it is `True`, and since when (its
+/// `lastTransitionTime`, unix seconds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeReady {
+    pub ready: bool,
+    pub since: u64,
+}
+
+impl NodeReady {
+    /// The `Ready` condition of a node; `None` when it has none (never reported).
+    pub fn of(node: &Node) -> Option<NodeReady> {
+        let condition = node
+            .status
+            .as_ref()?
+            .conditions
+            .as_ref()?
+            .iter()
+            .find(|c| c.type_ == "Ready")?;
+        Some(NodeReady {
+            ready: condition.status == "True",
+            since: condition
+                .last_transition_time
+                .as_ref()
+                .and_then(|t| u64::try_from(t.0.as_second()).ok())
+                .unwrap_or_else(unix_now),
+        })
+    }
+}
+
+/// Nodes by name, each kept as its [`NodeReady`] only.
+#[derive(Default)]
+pub struct Nodes {
+    ready: RwLock<HashMap<String, NodeReady>>,
+    synced: AtomicBool,
+}
+
+impl Nodes {
+    pub fn synced(&self) -> bool {
+        self.synced.load(Ordering::SeqCst)
+    }
+
+    pub fn get(&self, name: &str) -> Option<NodeReady> {
+        self.ready
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .copied()
+    }
+
+    fn apply(&self, change: Change<NodeReady>) {
+        let mut ready = self.ready.write().unwrap_or_else(|p| p.into_inner());
+        match change {
+            Change::Upsert(name, value) => {
+                ready.insert(name, value);
+            }
+            Change::Delete(name) => {
+                ready.remove(&name);
+            }
+            Change::Replace(all) => {
+                *ready = all;
+                self.synced.store(true, Ordering::SeqCst);
+            }
+            Change::Nothing => {}
+        }
+    }
+}
+
+/// Nodes into `nodes`, slimmed to the `Ready` condition as each event arrives (a node
+/// without one is left out: it counts as not lost).
+pub async fn watch_nodes(api: Api<Node>, nodes: Arc<Nodes>) {
+    let mut mirror = Mirror::new();
+    let stream = watcher(api, watcher::Config::default()).default_backoff();
+    drive(stream, "nodes", |event| {
+        let change = mirror.step(
+            event,
+            |node: &Node| node.metadata.name.clone(),
+            NodeReady::of,
+        );
+        nodes.apply(change);
+    })
+    .await
+}
+
+/// Since when `pod`'s node has been lost, if `pod` may be released at `now` with
+/// `grace` seconds of `--node-lost-grace` (0: never).
+pub fn lost_since(pod: &SlimPod, node: Option<NodeReady>, now: u64, grace: u64) -> Option<u64> {
+    if grace == 0 {
+        return None;
+    }
+    if !pod
+        .controller
+        .is_some_and(ControllerKind::replaces_under_new_name)
+    {
+        return None;
+    }
+    if pod.deleting_at.is_none_or(|at| now < at) {
+        return None;
+    }
+    let node = node?;
+    (!node.ready && now.saturating_sub(node.since) > grace).then_some(node.since)
+}
+
+/// The leader's node-loss releaser.
+pub struct NodeLoss {
+    pub allocator: Arc<Allocator>,
+    pub cluster_ips: Arc<ClusterIps>,
+    pub nodes: Arc<Nodes>,
+    /// To read a pod's owner references (for the Event) and confirm it before a release.
+    pub pods: kube::Client,
+    pub recorder: Recorder,
+    pub metrics: Arc<Metrics>,
+    /// `--node-lost-grace`, in seconds.
+    pub grace: u64,
+}
+
+/// How often the leader looks for pods on lost nodes.
+pub const PERIOD: Duration = Duration::from_secs(1);
+
+impl NodeLoss {
+    /// Run until aborted: a pass every `every` while this replica leads and the node and
+    /// pod indexes have synced.
+    pub async fn run(self, leading: watch::Receiver<bool>, every: Duration) {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if !*leading.borrow() || !self.nodes.synced() || !self.cluster_ips.synced() {
+                continue;
+            }
+            self.pass(unix_now()).await;
+        }
+    }
+
+    /// One pass at `now`; returns how many claims were released.
+    pub async fn pass(&self, now: u64) -> usize {
+        self.cluster_ips.prune_lost();
+        let mut lost: HashMap<Box<str>, (Arc<SlimPod>, u64)> = HashMap::new();
+        for pod in self.cluster_ips.terminating_pods() {
+            if let Some(since) = lost_since(&pod, self.nodes.get(&pod.node), now, self.grace) {
+                lost.insert(pod.uid.clone(), (pod, since));
+            }
+        }
+        if lost.is_empty() {
+            return 0;
+        }
+        let claims: Vec<Claim> = self.allocator.with_claims(|claims| {
+            claims
+                .filter(|c| c.is_held())
+                .filter(|c| c.pod.uid.as_deref().is_some_and(|u| lost.contains_key(u)))
+                .cloned()
+                .collect()
+        });
+        let mut released = 0;
+        let mut told: HashSet<Box<str>> = HashSet::new();
+        for claim in claims {
+            let Some((pod, since)) = claim.pod.uid.as_deref().and_then(|u| lost.get(u)) else {
+                continue;
+            };
+            // Confirm with the API server: the same pod, still Terminating.
+            let api: Api<Pod> = Api::namespaced(self.pods.clone(), &pod.namespace);
+            let current = match api.get_opt(&pod.name).await {
+                Ok(Some(current)) => current,
+                Ok(None) => continue,
+                Err(error) => {
+                    tracing::warn!(%error, pod = %format!("{}/{}", pod.namespace, pod.name), "cannot confirm a pod on a lost node; trying again");
+                    continue;
+                }
+            };
+            if current.metadata.uid.as_deref() != Some(&*pod.uid)
+                || current.metadata.deletion_timestamp.is_none()
+            {
+                continue;
+            }
+            match self.allocator.release_claim(&claim).await {
+                Ok(true) => {}
+                Ok(false) => continue,
+                Err(error) => {
+                    tracing::warn!(ip = %claim.ip, %error, "releasing the claim of a pod on a lost node failed; trying again");
+                    continue;
+                }
+            }
+            released += 1;
+            self.metrics.node_lost_releases.inc();
+            self.cluster_ips.mark_lost(&pod.uid);
+            let down = now.saturating_sub(*since);
+            tracing::warn!(
+                ip = %claim.ip,
+                pod = %format!("{}/{}", pod.namespace, pod.name),
+                node = %pod.node,
+                not_ready_seconds = down,
+                "released the IP of a pod stuck Terminating on a lost node; its controller makes a replacement under a new name"
+            );
+            if told.insert(pod.uid.clone()) {
+                self.tell_owner(&current, pod, &claim, down);
+            }
+        }
+        released
+    }
+
+    /// A Warning Event on the pod's controller owner (or the pod, without one).
+    fn tell_owner(&self, current: &Pod, pod: &SlimPod, claim: &Claim, down: u64) {
+        let owner = current
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|o| o.controller == Some(true));
+        let reference = match owner {
+            Some(owner) => ObjectReference {
+                api_version: Some(owner.api_version.clone()),
+                kind: Some(owner.kind.clone()),
+                name: Some(owner.name.clone()),
+                namespace: Some(pod.namespace.to_string()),
+                uid: Some(owner.uid.clone()).filter(|u| !u.is_empty()),
+                ..ObjectReference::default()
+            },
+            None => ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: Some(pod.name.to_string()),
+                namespace: Some(pod.namespace.to_string()),
+                uid: Some(pod.uid.to_string()),
+                ..ObjectReference::default()
+            },
+        };
+        let event = Event {
+            type_: EventType::Warning,
+            reason: "NodeLostIPReleased".into(),
+            note: Some(format!(
+                "released IP {} of pod {}/{}: it is stuck Terminating on node {}, NotReady for {down}s (longer than --node-lost-grace)",
+                claim.ip, pod.namespace, pod.name, pod.node
+            )),
+            action: "ReleaseFixedIP".into(),
+            secondary: None,
+        };
+        let recorder = self.recorder.clone();
+        tokio::spawn(async move {
+            if let Err(error) = recorder.publish(&event, &reference).await {
+                tracing::warn!(%error, reason = event.reason, "could not publish an Event");
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owners(kind: &str, controller: bool) -> Vec<OwnerReference> {
+        vec![OwnerReference {
+            api_version: "apps/v1".into(),
+            kind: kind.into(),
+            name: "x".into(),
+            uid: "u".into(),
+            controller: Some(controller),
+            ..OwnerReference::default()
+        }]
+    }
+
+    #[test]
+    fn only_controllers_that_rename_replacements_qualify() {
+        for (kind, renamed) in [
+            ("ReplicaSet", true),
+            ("Job", true),
+            ("DaemonSet", true),
+            ("StatefulSet", false),
+            ("Node", false),
+        ] {
+            let of = ControllerKind::of(Some(&owners(kind, true))).unwrap();
+            assert_eq!(of.replaces_under_new_name(), renamed, "{kind}");
+        }
+        assert_eq!(ControllerKind::of(None), None);
+        assert_eq!(ControllerKind::of(Some(&owners("ReplicaSet", false))), None);
+    }
+
+    fn slim(controller: Option<ControllerKind>, deleting_at: Option<u64>) -> SlimPod {
+        SlimPod {
+            namespace: "prod".into(),
+            name: "web-abc".into(),
+            uid: "u1".into(),
+            node: "n1".into(),
+            ips: vec!["10.0.0.1".parse().unwrap()].into(),
+            app: "web".into(),
+            deleting_at,
+            controller,
+        }
+    }
+
+    #[test]
+    fn a_pod_is_lost_only_past_its_grace_on_a_node_notready_past_the_node_grace() {
+        const NOW: u64 = 10_000;
+        let rs = Some(ControllerKind::ReplicaSet);
+        let down = |for_secs: u64| {
+            Some(NodeReady {
+                ready: false,
+                since: NOW - for_secs,
+            })
+        };
+        assert_eq!(
+            lost_since(&slim(rs, Some(NOW)), down(301), NOW, 300),
+            Some(NOW - 301)
+        );
+        // node not down long enough (exactly the grace is not longer than it)
+        assert_eq!(lost_since(&slim(rs, Some(NOW)), down(300), NOW, 300), None);
+        // the pod's own grace has not passed
+        assert_eq!(
+            lost_since(&slim(rs, Some(NOW + 1)), down(3600), NOW, 300),
+            None
+        );
+        // not terminating
+        assert_eq!(lost_since(&slim(rs, None), down(3600), NOW, 300), None);
+        // a Ready node, an unknown node
+        let ready = Some(NodeReady {
+            ready: true,
+            since: 0,
+        });
+        assert_eq!(lost_since(&slim(rs, Some(NOW)), ready, NOW, 300), None);
+        assert_eq!(lost_since(&slim(rs, Some(NOW)), None, NOW, 300), None);
+        // StatefulSet and bare pods keep their IP
+        let sts = Some(ControllerKind::StatefulSet);
+        assert_eq!(
+            lost_since(&slim(sts, Some(NOW)), down(3600), NOW, 300),
+            None
+        );
+        assert_eq!(
+            lost_since(&slim(None, Some(NOW)), down(3600), NOW, 300),
+            None
+        );
+        // --node-lost-grace 0 turns it off
+        assert_eq!(lost_since(&slim(rs, Some(NOW)), down(3600), NOW, 0), None);
+    }
+
+    #[test]
+    fn a_released_lost_pods_ip_stops_counting_as_used_until_the_pod_goes() {
+        use crate::ipam::foreign::ForeignIps;
+        let index = ClusterIps::default();
+        let ip = "10.0.0.1".parse().unwrap();
+        index.set_pods(vec![slim(Some(ControllerKind::ReplicaSet), Some(1))]);
+        assert!(index.user(&ip).is_some());
+        assert_eq!(index.terminating_pods().len(), 1);
+        index.mark_lost("u1");
+        assert_eq!(index.user(&ip), None);
+        index.prune_lost();
+        assert_eq!(index.user(&ip), None, "still indexed: still lost");
+        index.set_pods(Vec::new());
+        index.prune_lost();
+        // a pod of that UID again (a relist) counts as used once more: the mark went with it
+        index.set_pods(vec![slim(None, None)]);
+        assert!(index.user(&ip).is_some());
+    }
+
+    #[test]
+    fn a_node_is_kept_as_its_ready_condition_only() {
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n1"},
+            "status": {
+                "conditions": [
+                    {"type": "MemoryPressure", "status": "False", "lastTransitionTime": "2026-01-01T00:00:00Z"},
+                    {"type": "Ready", "status": "Unknown", "lastTransitionTime": "2026-01-01T00:00:10Z"},
+                ],
+                "images": [{"names": ["big"], "sizeBytes": 1}],
+            },
+        }))
+        .unwrap();
+        assert_eq!(
+            NodeReady::of(&node),
+            Some(NodeReady {
+                ready: false,
+                since: 1_767_225_610
+            })
+        );
+        let bare: Node =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "n2"}})).unwrap();
+        assert_eq!(NodeReady::of(&bare), None);
+    }
+}

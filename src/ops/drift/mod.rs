@@ -1,0 +1,850 @@
+//! `check --drift`: ip-webhook's claims against what the cluster and the CNI say.
+//!
+//! A pure comparison over plain data ([`Inputs`]), so every rule is unit-tested; the reads
+//! from the API server are in [`fetch`]. Four kinds of drift ([`DriftKind`]):
+//!
+//! 1. **a claim without a pod**: a held claim no pod holds (matched as the reconciler matches
+//!    them, [`crate::cluster::pods::holder`]: by UID once bound, by the claim token before);
+//! 2. **a pod on a list IP without a claim**: a running pod whose `status.podIPs` has an IP of
+//!    an app's list, a FixedIPPool, or a claim, with no claim of its own on it;
+//! 3. **a pod whose IP differs from its claim**: the pod holding a claim runs on another IP of
+//!    the same family (the CNI ignored the annotation);
+//! 4. **an IP held by the CNI for a pod that is gone**: a Kube-OVN `IP` object or a Calico IPAM
+//!    allocation names a pod (namespace and name) that does not exist, for an IP on a list, in a
+//!    FixedIPPool or claimed. How each CNI names the pod is in [`kube_ovn_holds`] and
+//!    [`calico_holds`].
+//!
+//! A snapshot of a moving cluster: claims changed within the last [`Inputs::settle`] seconds
+//! (an admission whose pod is being created, a DELETE being processed) and Terminating claims
+//! before their `release_at` are left out of kind 1.
+
+pub mod fetch;
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::net::IpAddr;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::DynamicObject;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::admission::annotations::ALLOCATABLE_IPS;
+use crate::cluster::index::{OvnIp, SlimPod};
+use crate::cluster::pods::holder;
+use crate::ipam::ipset::{Family, IpSet, ip_from_key, ip_key, parse_ip_spec};
+use crate::ledger::{Claim, Phase};
+
+/// What kind of drift a finding is; the JSON names are stable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DriftKind {
+    /// A held claim that no pod holds.
+    ClaimWithoutPod,
+    /// A running pod on a list (or pool, or claimed) IP without a claim of its own on it.
+    PodWithoutClaim,
+    /// The pod that holds a claim runs on another IP of the same family.
+    PodIpDiffers,
+    /// The CNI holds an IP for a pod that no longer exists.
+    CniHoldsGonePod,
+}
+
+impl DriftKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            DriftKind::ClaimWithoutPod => "claim-without-pod",
+            DriftKind::PodWithoutClaim => "pod-without-claim",
+            DriftKind::PodIpDiffers => "pod-ip-differs",
+            DriftKind::CniHoldsGonePod => "cni-holds-gone-pod",
+        }
+    }
+}
+
+/// One finding.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Drift {
+    pub kind: DriftKind,
+    /// The IP concerned: the claimed IP (kinds 1 and 3), the pod's IP (2), the CNI's IP (4).
+    pub ip: IpAddr,
+    /// `namespace/name` of the pod concerned (`namespace/generateName*` for a reservation).
+    pub pod: String,
+    /// The pod's actual IPs (kind 3).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub pod_ips: Vec<IpAddr>,
+    /// What was seen, in a sentence.
+    pub detail: String,
+}
+
+/// Who the CNI says an IP belongs to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CniHold {
+    pub ip: IpAddr,
+    pub namespace: String,
+    pub pod: String,
+    /// The record, for the report: `Kube-OVN IP web-1.default`, `Calico IPAMBlock … (handle …)`.
+    pub record: String,
+}
+
+/// Everything the comparison looks at.
+pub struct Inputs<'a> {
+    pub claims: &'a [Claim],
+    /// Every pod of the cluster (or of the namespaces compared), whole.
+    pub pods: &'a [Pod],
+    /// The IPs of every app's list and every FixedIPPool.
+    pub listed: &'a IpSet,
+    /// The CNI's own records (Kube-OVN `IP` objects, Calico IPAM allocations).
+    pub cni: &'a [CniHold],
+    /// The pod label that names a pod's app.
+    pub app_label: &'a str,
+    /// Unix seconds.
+    pub now: u64,
+    /// Claims changed this recently (seconds) are not reported as without a pod.
+    pub settle: u64,
+}
+
+/// The default of [`Inputs::settle`]: `serve`'s default reservation TTL.
+pub const SETTLE_SECONDS: u64 = 120;
+
+/// All drift, sorted by kind, then IP.
+pub fn compare(inputs: &Inputs<'_>) -> Vec<Drift> {
+    let mut found = Vec::new();
+    let held: Vec<&Claim> = inputs.claims.iter().filter(|c| c.is_held()).collect();
+    let running: HashMap<(&str, &str), SlimPod> = inputs
+        .pods
+        .iter()
+        .filter_map(|pod| {
+            let meta = &pod.metadata;
+            Some((
+                (meta.namespace.as_deref()?, meta.uid.as_deref()?),
+                SlimPod::from_pod(pod)?,
+            ))
+        })
+        .collect();
+    let existing: HashSet<(&str, &str)> = inputs
+        .pods
+        .iter()
+        .filter_map(|pod| {
+            Some((
+                pod.metadata.namespace.as_deref()?,
+                pod.metadata.name.as_deref()?,
+            ))
+        })
+        .collect();
+
+    // Bound claims find their pod by UID here (as `holder` does, without a scan per claim);
+    // reservations, few and short-lived, through `holder`.
+    let by_uid: HashMap<(&str, &str), &Pod> = inputs
+        .pods
+        .iter()
+        .filter_map(|pod| {
+            let meta = &pod.metadata;
+            Some(((meta.namespace.as_deref()?, meta.uid.as_deref()?), pod))
+        })
+        .collect();
+
+    // Each held claim and the pod holding it: kinds 1 and 3.
+    let mut holding: HashMap<(&str, &str), Vec<&Claim>> = HashMap::new();
+    for claim in &held {
+        let pod = match claim.pod.uid.as_deref() {
+            Some(uid) => by_uid.get(&(claim.pod.namespace.as_str(), uid)).copied(),
+            None => holder(inputs.pods, claim, inputs.app_label),
+        };
+        let Some(pod) = pod else {
+            if settled(claim, inputs.now, inputs.settle) {
+                found.push(Drift {
+                    kind: DriftKind::ClaimWithoutPod,
+                    ip: claim.ip,
+                    pod: claim.pod.display(),
+                    pod_ips: Vec::new(),
+                    detail: format!(
+                        "{:?} claim of {} has no pod (`{} release {}` frees it)",
+                        claim.phase,
+                        describe_app(claim),
+                        crate::ops::invocation(),
+                        claim.ip
+                    ),
+                });
+            }
+            continue;
+        };
+        let (Some(namespace), Some(uid)) = (
+            pod.metadata.namespace.as_deref(),
+            pod.metadata.uid.as_deref(),
+        ) else {
+            continue;
+        };
+        holding.entry((namespace, uid)).or_default().push(claim);
+        let Some(slim) = running.get(&(namespace, uid)) else {
+            continue; // not running on IPs of its own (yet, or any more)
+        };
+        let family = Family::of(&claim.ip);
+        if !slim.ips.contains(&claim.ip) && slim.ips.iter().any(|ip| Family::of(ip) == family) {
+            found.push(Drift {
+                kind: DriftKind::PodIpDiffers,
+                ip: claim.ip,
+                pod: format!("{namespace}/{}", slim.name),
+                pod_ips: slim.ips.to_vec(),
+                detail: format!(
+                    "claimed {} for {}, but the pod runs on {}",
+                    claim.ip,
+                    describe_app(claim),
+                    join(&slim.ips)
+                ),
+            });
+        }
+    }
+
+    // Running pods on IPs that matter, without a claim of their own: kind 2.
+    let claimed: HashMap<IpAddr, &Claim> = held.iter().map(|c| (c.ip, *c)).collect();
+    let mut keys: Vec<&(&str, &str)> = running.keys().collect();
+    keys.sort();
+    for key in keys {
+        let slim = &running[key];
+        let own = holding.get(key);
+        if own.is_some() {
+            continue; // holds a claim: compared above (kind 3)
+        }
+        for ip in slim.ips.iter() {
+            let detail = match claimed.get(ip) {
+                Some(claim) => format!(
+                    "runs on {ip}, which is claimed for {} ({})",
+                    claim.pod.display(),
+                    describe_app(claim)
+                ),
+                None if inputs.listed.contains(ip) => {
+                    format!("runs on {ip}, which is on a list or in a FixedIPPool, with no claim")
+                }
+                None => continue,
+            };
+            found.push(Drift {
+                kind: DriftKind::PodWithoutClaim,
+                ip: *ip,
+                pod: format!("{}/{}", slim.namespace, slim.name),
+                pod_ips: Vec::new(),
+                detail,
+            });
+        }
+    }
+
+    // The CNI's records for pods that are gone: kind 4.
+    for hold in inputs.cni {
+        if !(inputs.listed.contains(&hold.ip) || claimed.contains_key(&hold.ip)) {
+            continue;
+        }
+        if existing.contains(&(hold.namespace.as_str(), hold.pod.as_str())) {
+            continue;
+        }
+        found.push(Drift {
+            kind: DriftKind::CniHoldsGonePod,
+            ip: hold.ip,
+            pod: format!("{}/{}", hold.namespace, hold.pod),
+            pod_ips: Vec::new(),
+            detail: format!("{} holds it for a pod that is gone", hold.record),
+        });
+    }
+    found.sort_by(|a, b| (a.kind, ip_key(&a.ip), &a.pod).cmp(&(b.kind, ip_key(&b.ip), &b.pod)));
+    found.dedup();
+    found
+}
+
+/// Whether a claim without a pod is drift rather than a change in progress.
+fn settled(claim: &Claim, now: u64, settle: u64) -> bool {
+    if claim.phase == Phase::Terminating && claim.release_at.is_some_and(|at| at > now) {
+        return false; // its pod may be gone; the IP waits for release_at by design
+    }
+    claim
+        .updated_at
+        .max(claim.created_at)
+        .saturating_add(settle)
+        <= now
+}
+
+fn describe_app(claim: &Claim) -> String {
+    if claim.app.is_empty() {
+        "a static IP".to_string()
+    } else {
+        format!("app {}", claim.app_key())
+    }
+}
+
+fn join(ips: &[IpAddr]) -> String {
+    ips.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The `ip-webhook.io/allocatable-ips` lists written on `pods` (copied from their templates),
+/// as one set; unreadable lists are skipped (admission refuses them anyway).
+pub fn pod_lists(pods: &[Pod]) -> IpSet {
+    let mut listed = IpSet::default();
+    let mut seen = BTreeSet::new();
+    for pod in pods {
+        let Some(list) = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ALLOCATABLE_IPS))
+        else {
+            continue;
+        };
+        if seen.insert(list.as_str())
+            && let Ok(set) = parse_ip_spec(list)
+        {
+            listed = listed.union(&set);
+        }
+    }
+    listed
+}
+
+/// Who a Kube-OVN `IP` object (`ips.kubeovn.io`) says holds its IPs: the pod `spec.podName` in
+/// `spec.namespace`. Only objects of plain pods count, as in Kube-OVN's own garbage collector
+/// (kubeovn/kube-ovn `pkg/controller/gc.go`, `checkIPOwnerExists`): an empty `spec.podType`,
+/// a namespace, and no owner references. Node IPs (no namespace), u2o and multicast IPs
+/// (owned by a Node or Subnet), and the IPs Kube-OVN keeps on purpose for a StatefulSet or a
+/// VirtualMachine (`podType`) are left out.
+pub fn kube_ovn_holds(object: &DynamicObject) -> Vec<CniHold> {
+    let spec = object.data.get("spec").unwrap_or(&Value::Null);
+    let pod_type = spec.get("podType").and_then(Value::as_str).unwrap_or("");
+    if !pod_type.is_empty()
+        || object
+            .metadata
+            .owner_references
+            .as_ref()
+            .is_some_and(|o| !o.is_empty())
+    {
+        return Vec::new();
+    }
+    let Some(ip) = OvnIp::from_object(object) else {
+        return Vec::new();
+    };
+    if ip.namespace.is_empty() || ip.pod.is_empty() {
+        return Vec::new();
+    }
+    ip.ips
+        .iter()
+        .map(|address| CniHold {
+            ip: *address,
+            namespace: ip.namespace.to_string(),
+            pod: ip.pod.to_string(),
+            record: format!("Kube-OVN IP {}", ip.name),
+        })
+        .collect()
+}
+
+/// Who a Calico `IPAMBlock` (`ipamblocks.crd.projectcalico.org`) says holds its IPs.
+///
+/// Calico's data model (projectcalico/calico, `libcalico-go/lib/apis/internalapi/ipam_block.go`
+/// and `ipam_handle.go`; attribute keys in `libcalico-go/lib/backend/model/block.go`):
+/// `spec.allocations[i]` is, for the block's i-th address (`spec.cidr` plus i), null when free,
+/// else an index into `spec.attributes`; that attribute's `secondary` map (ActiveOwnerAttrs)
+/// holds `namespace`, `pod` and `node`, which the CNI plugin writes for every pod it gives an
+/// IP (`cni-plugin/pkg/ipamplugin/ipam_plugin.go`), and `handle_id` names the `IPAMHandle`.
+/// An `IPAMHandle` holds only its handle ID (`k8s-pod-network.<container ID>`) and a count of
+/// addresses per block: it cannot say which pod an IP is for. So the pod is read from the
+/// block, as Calico's own leak detection does (`kube-controllers/pkg/controllers/node/ipam.go`,
+/// `allocationIsValid`: an allocation with `namespace` and `pod` whose pod is not found is a
+/// leak). Allocations without both keys (tunnel addresses, IPs from before these attributes)
+/// and allocations in their release cooldown (`releasedAt` set) are left out.
+pub fn calico_holds(object: &DynamicObject) -> Vec<CniHold> {
+    let spec = object.data.get("spec").unwrap_or(&Value::Null);
+    let Some(cidr) = spec
+        .get("cidr")
+        .and_then(Value::as_str)
+        .and_then(|c| c.parse::<ipnet::IpNet>().ok())
+    else {
+        return Vec::new();
+    };
+    let (family, base) = ip_key(&cidr.network());
+    let size: u128 = 1u128
+        .checked_shl(cidr.max_prefix_len().saturating_sub(cidr.prefix_len()) as u32)
+        .unwrap_or(u128::MAX);
+    let empty = Vec::new();
+    let allocations = spec
+        .get("allocations")
+        .and_then(Value::as_array)
+        .unwrap_or(&empty);
+    let attributes = spec
+        .get("attributes")
+        .and_then(Value::as_array)
+        .unwrap_or(&empty);
+    let block = object.metadata.name.as_deref().unwrap_or("");
+    let mut holds = Vec::new();
+    for (ordinal, entry) in allocations.iter().enumerate() {
+        let Some(index) = entry.as_u64() else {
+            continue;
+        };
+        let Some(attribute) = attributes.get(index as usize) else {
+            continue;
+        };
+        if attribute.get("releasedAt").is_some_and(|v| !v.is_null()) {
+            continue;
+        }
+        let owner = |key: &str| {
+            attribute
+                .get("secondary")
+                .and_then(|s| s.get(key))
+                .and_then(Value::as_str)
+                .unwrap_or("")
+        };
+        let (namespace, pod) = (owner("namespace"), owner("pod"));
+        if namespace.is_empty() || pod.is_empty() || ordinal as u128 >= size {
+            continue;
+        }
+        let handle = attribute
+            .get("handle_id")
+            .and_then(Value::as_str)
+            .unwrap_or("?");
+        holds.push(CniHold {
+            ip: ip_from_key(family, base + ordinal as u128),
+            namespace: namespace.to_string(),
+            pod: pod.to_string(),
+            record: format!("Calico IPAMBlock {block} (handle {handle})"),
+        });
+    }
+    holds
+}
+
+/// What was compared, for the report.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Compared {
+    pub claims: usize,
+    pub pods: usize,
+    /// Kube-OVN `IP` objects read; `None` when `ips.kubeovn.io` is not served.
+    pub kube_ovn_ips: Option<usize>,
+    /// Calico IPAM allocations naming a pod; `None` when `ipamhandles.crd.projectcalico.org`
+    /// is not served.
+    pub calico_allocations: Option<usize>,
+    /// The namespace compared (`-n`), if only one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+}
+
+/// `check --drift`'s output (`-o json` prints it as is).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Report {
+    pub drift: Vec<Drift>,
+    pub compared: Compared,
+}
+
+impl Report {
+    /// Keep only the findings about pods of `namespace`.
+    pub fn retain_namespace(&mut self, namespace: &str) {
+        let prefix = format!("{namespace}/");
+        self.drift.retain(|d| d.pod.starts_with(&prefix));
+        self.compared.namespace = Some(namespace.to_string());
+    }
+
+    /// The table for people, with a line saying what was compared.
+    pub fn to_table(&self) -> String {
+        let source = |n: Option<usize>, what: &str| match n {
+            Some(n) => format!("{n} {what}"),
+            None => format!("no {what} (not installed)"),
+        };
+        let summary = format!(
+            "compared {} claims, {} pods, {}, {}{}",
+            self.compared.claims,
+            self.compared.pods,
+            source(self.compared.kube_ovn_ips, "Kube-OVN IP objects"),
+            source(self.compared.calico_allocations, "Calico IPAM allocations"),
+            self.compared
+                .namespace
+                .as_ref()
+                .map(|n| format!(" (namespace {n})"))
+                .unwrap_or_default(),
+        );
+        if self.drift.is_empty() {
+            return format!("No drift: {summary}.\n");
+        }
+        let rows: Vec<Vec<String>> = self
+            .drift
+            .iter()
+            .map(|d| {
+                vec![
+                    d.kind.name().to_string(),
+                    d.ip.to_string(),
+                    d.pod.clone(),
+                    d.detail.clone(),
+                ]
+            })
+            .collect();
+        let mut out = crate::ops::status::table(&["KIND", "IP", "POD", "DETAIL"], &rows);
+        out.push_str(&format!("\n{} drift found; {summary}.\n", self.drift.len()));
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::{PodRef, Source};
+    use serde_json::json;
+
+    const NOW: u64 = 1_764_400_000;
+    const TOKEN: &str = "0123456789abcdef0123456789abcdef";
+
+    fn claim(ip: &str, name: &str, uid: Option<&str>, phase: Phase, at: u64) -> Claim {
+        Claim {
+            ip: ip.parse().unwrap(),
+            app: "web".into(),
+            pool: None,
+            pod: PodRef {
+                namespace: "default".into(),
+                name: name.into(),
+                generate_name: "web-".into(),
+                uid: uid.map(str::to_string),
+            },
+            request_uid: format!("r-{ip}"),
+            phase,
+            source: Source::Allocated,
+            created_at: at,
+            updated_at: at,
+            list_size: Some(4),
+            token: TOKEN.into(),
+            release_at: None,
+            sticky: false,
+        }
+    }
+
+    fn pod(name: &str, uid: &str, label_ip: &str, pod_ips: &[&str]) -> Pod {
+        let ips: Vec<Value> = pod_ips.iter().map(|ip| json!({"ip": ip})).collect();
+        serde_json::from_value(json!({
+            "metadata": {
+                "namespace": "default", "name": name, "uid": uid,
+                "creationTimestamp": "2025-11-29T07:00:00Z",
+                "labels": {"app": "web", "ip-webhook.io/allocated-ip": label_ip},
+                "annotations": {"ip-webhook.io/allocatable-ips": "10.0.0.10-10.0.0.13", "ip-webhook.io/claim": TOKEN},
+            },
+            "spec": {"containers": [], "nodeName": "n1"},
+            "status": {"phase": "Running", "podIPs": ips},
+        }))
+        .unwrap()
+    }
+
+    fn foreign(name: &str, ip: &str) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"namespace": "other", "name": name, "uid": format!("u-{name}")},
+            "spec": {"containers": []},
+            "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]},
+        }))
+        .unwrap()
+    }
+
+    fn run(claims: &[Claim], pods: &[Pod], cni: &[CniHold]) -> Vec<(DriftKind, String, String)> {
+        let listed = pod_lists(pods).union(&parse_ip_spec("10.0.0.10-10.0.0.13").unwrap());
+        compare(&Inputs {
+            claims,
+            pods,
+            listed: &listed,
+            cni,
+            app_label: "app",
+            now: NOW,
+            settle: SETTLE_SECONDS,
+        })
+        .into_iter()
+        .map(|d| (d.kind, d.ip.to_string(), d.pod))
+        .collect()
+    }
+
+    fn old(ip: &str, name: &str, uid: &str) -> Claim {
+        claim(ip, name, Some(uid), Phase::Bound, NOW - 3600)
+    }
+
+    #[test]
+    fn a_clean_cluster_has_no_drift() {
+        // a reservation whose pod is not bound yet: found by its token
+        let reserved = claim("10.0.0.12", "", None, Phase::Reserved, NOW - 3600);
+        let claims = [
+            old("10.0.0.10", "web-a", "ua"),
+            old("10.0.0.11", "web-b", "ub"),
+            reserved,
+        ];
+        let pods = [
+            pod("web-a", "ua", "10.0.0.10", &["10.0.0.10"]),
+            pod("web-b", "ub", "10.0.0.11", &[]), // not started yet
+            pod("web-c", "uc", "10.0.0.12", &["10.0.0.12"]),
+            foreign("db", "10.9.0.1"), // on no list
+        ];
+        assert_eq!(run(&claims, &pods, &[]), []);
+        // without its pod, the old reservation is drift
+        assert_eq!(
+            run(&claims, &[pods[0].clone(), pods[1].clone()], &[]).len(),
+            1
+        );
+    }
+
+    #[test]
+    fn a_claim_without_a_pod_is_found_once_settled() {
+        let pods = [pod("web-a", "ua", "10.0.0.10", &["10.0.0.10"])];
+        let gone = old("10.0.0.11", "web-gone", "ugone");
+        let recreated = old("10.0.0.10", "web-a", "u-old-incarnation");
+        assert_eq!(
+            run(&[gone.clone(), recreated], &pods, &[]),
+            [
+                (
+                    DriftKind::ClaimWithoutPod,
+                    "10.0.0.10".into(),
+                    "default/web-a".into()
+                ),
+                (
+                    DriftKind::ClaimWithoutPod,
+                    "10.0.0.11".into(),
+                    "default/web-gone".into()
+                ),
+                // ... and runs on its IP without a claim of its own
+                (
+                    DriftKind::PodWithoutClaim,
+                    "10.0.0.10".into(),
+                    "default/web-a".into()
+                ),
+            ],
+            "a pod of the same name but another UID does not hold a bound claim"
+        );
+        // Made a minute ago: an admission whose pod is still being created.
+        let fresh = claim("10.0.0.12", "", None, Phase::Reserved, NOW - 60);
+        assert_eq!(run(std::slice::from_ref(&fresh), &pods[..0], &[]), []);
+        let stale = Claim {
+            created_at: NOW - 600,
+            updated_at: NOW - 600,
+            ..fresh
+        };
+        assert_eq!(
+            run(&[stale], &pods[..0], &[]),
+            [(
+                DriftKind::ClaimWithoutPod,
+                "10.0.0.12".into(),
+                "default/web-*".into()
+            )]
+        );
+        // Terminating before its release_at: the IP waits by design.
+        let waiting = Claim {
+            phase: Phase::Terminating,
+            release_at: Some(NOW + 30),
+            ..gone.clone()
+        };
+        assert_eq!(run(std::slice::from_ref(&waiting), &[], &[]), []);
+        let overdue = Claim {
+            release_at: Some(NOW - 30),
+            ..waiting
+        };
+        assert_eq!(run(&[overdue], &[], &[]).len(), 1);
+        // Released history is not held.
+        let released = Claim {
+            phase: Phase::Released,
+            ..gone
+        };
+        assert_eq!(run(&[released], &[], &[]), []);
+    }
+
+    #[test]
+    fn a_pod_on_a_list_ip_without_a_claim_is_found() {
+        let claims = [old("10.0.0.10", "web-a", "ua")];
+        let pods = [
+            pod("web-a", "ua", "10.0.0.10", &["10.0.0.10"]),
+            foreign("squatter", "10.0.0.12"),
+            foreign("twin", "10.0.0.10"),
+            foreign("elsewhere", "10.9.0.1"),
+        ];
+        let found = run(&claims, &pods, &[]);
+        assert_eq!(
+            found,
+            [
+                (
+                    DriftKind::PodWithoutClaim,
+                    "10.0.0.10".into(),
+                    "other/twin".into()
+                ),
+                (
+                    DriftKind::PodWithoutClaim,
+                    "10.0.0.12".into(),
+                    "other/squatter".into()
+                ),
+            ]
+        );
+        // A finished pod runs on nothing.
+        let mut done = foreign("done", "10.0.0.13");
+        done.status.as_mut().unwrap().phase = Some("Succeeded".into());
+        assert_eq!(run(&claims, &[pods[0].clone(), done], &[]), []);
+    }
+
+    #[test]
+    fn a_pod_whose_ip_differs_from_its_claim_is_found() {
+        let claims = [old("10.0.0.10", "web-a", "ua")];
+        let pods = [pod("web-a", "ua", "10.0.0.10", &["10.0.0.13", "fd00::1"])];
+        let report = compare(&Inputs {
+            claims: &claims,
+            pods: &pods,
+            listed: &parse_ip_spec("10.0.0.10-10.0.0.13").unwrap(),
+            cni: &[],
+            app_label: "app",
+            now: NOW,
+            settle: SETTLE_SECONDS,
+        });
+        assert_eq!(report.len(), 1, "{report:?}");
+        assert_eq!(report[0].kind, DriftKind::PodIpDiffers);
+        assert_eq!(report[0].ip.to_string(), "10.0.0.10");
+        assert_eq!(
+            report[0].detail,
+            "claimed 10.0.0.10 for app default/web, but the pod runs on 10.0.0.13, fd00::1"
+        );
+        // An IPv6 claim of a pod that runs on IPv4 only is not compared.
+        let v6 = old("fd00::10", "web-a", "ua");
+        let pods = [pod("web-a", "ua", "10.0.0.10", &["10.0.0.10"])];
+        assert_eq!(run(&[claims[0].clone(), v6], &pods, &[]), []);
+    }
+
+    fn hold(ip: &str, namespace: &str, pod: &str) -> CniHold {
+        CniHold {
+            ip: ip.parse().unwrap(),
+            namespace: namespace.into(),
+            pod: pod.into(),
+            record: "test".into(),
+        }
+    }
+
+    #[test]
+    fn a_cni_hold_for_a_gone_pod_on_a_list_ip_is_found() {
+        let claims = [old("10.0.0.10", "web-a", "ua")];
+        let pods = [pod("web-a", "ua", "10.0.0.10", &["10.0.0.10"])];
+        let holds = [
+            hold("10.0.0.10", "default", "web-a"),
+            hold("10.0.0.11", "default", "web-gone"),
+            hold("10.9.0.5", "default", "not-ours"),
+        ];
+        assert_eq!(
+            run(&claims, &pods, &holds),
+            [(
+                DriftKind::CniHoldsGonePod,
+                "10.0.0.11".into(),
+                "default/web-gone".into()
+            )]
+        );
+    }
+
+    fn dynamic(value: Value) -> DynamicObject {
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn calico_blocks_name_the_pod_of_each_allocation() {
+        let block = dynamic(json!({
+            "apiVersion": "crd.projectcalico.org/v1", "kind": "IPAMBlock",
+            "metadata": {"name": "10-0-0-0-30"},
+            "spec": {
+                "cidr": "10.0.0.0/30",
+                "allocations": [null, 0, 1, 2],
+                "unallocated": [0],
+                "attributes": [
+                    {"handle_id": "k8s-pod-network.aaa", "secondary": {"namespace": "default", "pod": "web-a", "node": "n1"}},
+                    {"handle_id": "ipip-tunnel-addr-n1", "secondary": {"node": "n1", "type": "ipipTunnelAddress"}},
+                    {"handle_id": "k8s-pod-network.ccc", "secondary": {"namespace": "default", "pod": "web-c"}, "releasedAt": "2025-11-29T07:00:00Z"},
+                ],
+                "strictAffinity": false,
+            },
+        }));
+        assert_eq!(
+            calico_holds(&block),
+            [CniHold {
+                ip: "10.0.0.1".parse().unwrap(),
+                namespace: "default".into(),
+                pod: "web-a".into(),
+                record: "Calico IPAMBlock 10-0-0-0-30 (handle k8s-pod-network.aaa)".into(),
+            }]
+        );
+        let v6 = dynamic(json!({
+            "metadata": {"name": "fd00--122"},
+            "spec": {"cidr": "fd00::/122", "allocations": [null, null, 0], "attributes": [
+                {"handle_id": "h", "secondary": {"namespace": "ns", "pod": "p"}}]},
+        }));
+        assert_eq!(calico_holds(&v6)[0].ip.to_string(), "fd00::2");
+        // Junk gives nothing, never a panic.
+        for junk in [
+            json!({"spec": {"cidr": "nonsense", "allocations": [0]}}),
+            json!({"spec": {"cidr": "10.0.0.0/31", "allocations": [5, "x", 0, 0, 0], "attributes": [{"secondary": {"namespace": "a", "pod": "b"}}]}}),
+            json!({}),
+        ] {
+            let mut object = junk;
+            object["metadata"] = json!({"name": "b"});
+            let holds = calico_holds(&dynamic(object));
+            assert!(holds.len() <= 1, "{holds:?}");
+            assert!(holds.iter().all(|h| h.ip.to_string() == "10.0.0.0"));
+        }
+    }
+
+    #[test]
+    fn kube_ovn_ip_objects_of_plain_pods_only() {
+        let ip = |spec: Value, owners: Value| {
+            dynamic(json!({
+                "apiVersion": "kubeovn.io/v1", "kind": "IP",
+                "metadata": {"name": "x", "ownerReferences": owners},
+                "spec": spec,
+            }))
+        };
+        let pod = ip(
+            json!({"podName": "web-a", "namespace": "default", "ipAddress": "10.0.0.10,fd00::a", "podType": ""}),
+            json!([]),
+        );
+        let holds = kube_ovn_holds(&pod);
+        assert_eq!(holds.len(), 2);
+        assert_eq!(
+            (holds[0].namespace.as_str(), holds[0].pod.as_str()),
+            ("default", "web-a")
+        );
+        assert_eq!(holds[0].record, "Kube-OVN IP x");
+        for (spec, owners) in [
+            (
+                json!({"podName": "db-0", "namespace": "default", "ipAddress": "10.0.0.11", "podType": "StatefulSet"}),
+                json!([]),
+            ),
+            (
+                json!({"podName": "vm", "namespace": "default", "ipAddress": "10.0.0.12", "podType": "VirtualMachine"}),
+                json!([]),
+            ),
+            (
+                json!({"podName": "node1", "nodeName": "node1", "namespace": "", "ipAddress": "10.0.0.13"}),
+                json!([]),
+            ),
+            (
+                json!({"podName": "x", "namespace": "default", "ipAddress": "10.0.0.14"}),
+                json!([{"apiVersion": "kubeovn.io/v1", "kind": "Subnet", "name": "s", "uid": "u"}]),
+            ),
+        ] {
+            assert_eq!(kube_ovn_holds(&ip(spec.clone(), owners)), [], "{spec}");
+        }
+    }
+
+    #[test]
+    fn the_table_and_json_forms() {
+        let pods = [foreign("squatter", "10.0.0.12")];
+        let listed = parse_ip_spec("10.0.0.10-10.0.0.13").unwrap();
+        let mut report = Report {
+            drift: compare(&Inputs {
+                claims: &[],
+                pods: &pods,
+                listed: &listed,
+                cni: &[],
+                app_label: "app",
+                now: NOW,
+                settle: SETTLE_SECONDS,
+            }),
+            compared: Compared {
+                claims: 0,
+                pods: 1,
+                kube_ovn_ips: None,
+                calico_allocations: Some(3),
+                namespace: None,
+            },
+        };
+        assert_eq!(
+            report.to_table(),
+            "KIND                IP          POD              DETAIL\n\
+             pod-without-claim   10.0.0.12   other/squatter   runs on 10.0.0.12, which is on a list or in a FixedIPPool, with no claim\n\
+             \n1 drift found; compared 0 claims, 1 pods, no Kube-OVN IP objects (not installed), 3 Calico IPAM allocations.\n"
+        );
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["drift"][0]["kind"], "pod-without-claim");
+        assert_eq!(json["compared"]["kube_ovn_ips"], Value::Null);
+        report.retain_namespace("default");
+        assert!(report.to_table().starts_with("No drift: compared"));
+        assert!(report.to_table().ends_with("(namespace default).\n"));
+    }
+}

@@ -1,0 +1,438 @@
+//! `check --drift` (issue 20) against `fakeapi.py` with Kube-OVN's and Calico's IPAM CRDs
+//! installed (tests/fixtures/cni-crds.yaml): each of the four kinds of drift is found, a clean
+//! cluster reports none and exits 0, and an embedded ledger is compared as `status` reads it.
+
+mod common;
+#[path = "common/fakeapi.rs"]
+mod fakeapi;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::eventually;
+use fakeapi::FakeApi;
+use ip_webhook::crd::IPClaim;
+use ip_webhook::ledger::{Claim, KubeLedger, Ledger, Phase, PodRef, Source};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+const TOKEN: &str = "0123456789abcdef0123456789abcdef";
+const LIST: &str = "10.0.0.10-10.0.0.17";
+
+fn ip_webhook(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_ip-webhook"))
+        .args(args)
+        .env_remove("KUBECONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Install the Kube-OVN and Calico IPAM CRDs of tests/fixtures/cni-crds.yaml.
+async fn install_cni_crds(client: &Client) {
+    let path = format!(
+        "{}/tests/fixtures/cni-crds.yaml",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let text = std::fs::read_to_string(path).unwrap();
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let mut names = Vec::new();
+    for document in serde_yaml::Deserializer::from_str(&text) {
+        let crd = CustomResourceDefinition::deserialize(document).unwrap();
+        names.push(crd.metadata.name.clone().unwrap());
+        crds.create(&PostParams::default(), &crd).await.unwrap();
+    }
+    assert_eq!(
+        names,
+        [
+            "ips.kubeovn.io",
+            "ipamhandles.crd.projectcalico.org",
+            "ipamblocks.crd.projectcalico.org"
+        ]
+    );
+}
+
+fn resource(group: &str, kind: &str, plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, "v1", kind), plural)
+}
+
+/// Create a cluster-scoped CNI object, waiting for its CRD to be served.
+async fn create_cni_object(client: &Client, resource: &ApiResource, name: &str, data: Value) {
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), resource);
+    let object = DynamicObject::new(name, resource).data(data);
+    eventually(
+        &format!("{} {name} to be created", resource.kind),
+        Duration::from_secs(10),
+        || {
+            let (api, object) = (&api, &object);
+            async move { api.create(&PostParams::default(), object).await.ok() }
+        },
+    )
+    .await;
+}
+
+/// A pod of app web (carrying the list and the claim token), running on `pod_ips`. Returns
+/// its UID.
+async fn web_pod(client: &Client, name: &str, label_ip: &str, pod_ips: &[&str]) -> String {
+    let object = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": name, "namespace": "default",
+            "labels": {"app": "web", "ip-webhook.io/allocated-ip": label_ip},
+            "annotations": {
+                "ip-webhook.io/allocatable-ips": LIST,
+                "ip-webhook.io/claim": TOKEN,
+                "cni.projectcalico.org/ipAddrs": format!("[\"{label_ip}\"]"),
+            },
+        },
+        "spec": {"containers": [{"name": "c", "image": "i"}], "nodeName": "n1"},
+    });
+    running_pod(client, "default", object, pod_ips).await
+}
+
+/// A pod another IPAM runs, without ip-webhook's annotations.
+async fn foreign_pod(client: &Client, namespace: &str, name: &str, ip: &str) -> String {
+    let object = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"app": "legacy"}},
+        "spec": {"containers": [{"name": "c", "image": "i"}]},
+    });
+    running_pod(client, namespace, object, &[ip]).await
+}
+
+async fn running_pod(client: &Client, namespace: &str, object: Value, ips: &[&str]) -> String {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let name = object["metadata"]["name"].as_str().unwrap().to_string();
+    let created = pods
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(object).unwrap(),
+        )
+        .await
+        .unwrap();
+    let pod_ips: Vec<Value> = ips.iter().map(|ip| json!({"ip": ip})).collect();
+    pods.patch_status(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(
+            json!({"status": {"phase": "Running", "podIP": ips.first(), "podIPs": pod_ips}}),
+        ),
+    )
+    .await
+    .unwrap();
+    created.metadata.uid.unwrap()
+}
+
+fn claim(ip: &str, name: &str, uid: &str) -> Claim {
+    Claim {
+        ip: ip.parse().unwrap(),
+        app: "web".into(),
+        pool: None,
+        pod: PodRef {
+            namespace: "default".into(),
+            name: name.into(),
+            generate_name: "web-".into(),
+            uid: Some(uid.into()),
+        },
+        request_uid: format!("req-{ip}"),
+        phase: Phase::Bound,
+        source: Source::Allocated,
+        created_at: 0,
+        updated_at: 0,
+        list_size: Some(8),
+        token: TOKEN.into(),
+        release_at: None,
+        sticky: false,
+    }
+}
+
+/// An IPClaim as the reconciler leaves it: Bound to `uid`, reserved an hour ago.
+async fn bound_claim(client: &Client, ip: &str, name: &str, uid: &str) {
+    let claim = claim(ip, name, uid);
+    KubeLedger::new(client.clone())
+        .create(&claim)
+        .await
+        .unwrap();
+    let hour_ago =
+        k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_hours(1);
+    let claims: Api<IPClaim> = Api::all(client.clone());
+    claims
+        .patch_status(
+            &ip_webhook::ledger::kubernetes::claim_name(&claim.ip),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {
+                "phase": "Bound",
+                "reservedAt": hour_ago.to_string(),
+                "updatedAt": hour_ago.to_string(),
+            }})),
+        )
+        .await
+        .unwrap();
+}
+
+fn kube_ovn_ip(pod: &str, ip: &str) -> Value {
+    json!({"spec": {
+        "podName": pod, "namespace": "default", "subnet": "ovn-default", "podType": "",
+        "ipAddress": ip, "v4IpAddress": ip, "nodeName": "n1",
+    }})
+}
+
+/// A Calico block over 10.0.0.16/29 ... 10.0.0.8/29: `allocations` by ordinal.
+fn calico_block(cidr: &str, allocations: Value, attributes: Value) -> Value {
+    json!({"spec": {
+        "cidr": cidr, "affinity": "host:n1", "allocations": allocations, "attributes": attributes,
+        "unallocated": [], "strictAffinity": false,
+    }})
+}
+
+fn calico_attribute(handle: &str, pod: &str) -> Value {
+    json!({"handle_id": handle, "secondary": {"namespace": "default", "pod": pod, "node": "n1"}})
+}
+
+async fn calico_handle(client: &Client, handle: &str, block: &str) {
+    create_cni_object(
+        client,
+        &resource("crd.projectcalico.org", "IPAMHandle", "ipamhandles"),
+        handle,
+        json!({"spec": {"handleID": handle, "block": {block: 1}}}),
+    )
+    .await;
+}
+
+/// The cluster of the clean case: pod web-a on its claimed 10.0.0.10, known to both CNIs.
+async fn clean_cluster(fake: &FakeApi) -> Client {
+    let client = fake.install_crds().await;
+    install_cni_crds(&client).await;
+    let uid = web_pod(&client, "web-a", "10.0.0.10", &["10.0.0.10"]).await;
+    bound_claim(&client, "10.0.0.10", "web-a", &uid).await;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let other = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "other"}});
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(other).unwrap(),
+        )
+        .await
+        .unwrap();
+    foreign_pod(&client, "other", "db", "10.9.0.1").await; // on no list: no business of ours
+    create_cni_object(
+        &client,
+        &resource("kubeovn.io", "IP", "ips"),
+        "web-a.default",
+        kube_ovn_ip("web-a", "10.0.0.10"),
+    )
+    .await;
+    calico_handle(&client, "k8s-pod-network.aaa", "10.0.0.8/29").await;
+    create_cni_object(
+        &client,
+        &resource("crd.projectcalico.org", "IPAMBlock", "ipamblocks"),
+        "10-0-0-8-29",
+        calico_block(
+            "10.0.0.8/29",
+            json!([null, null, 0, null, null, null, null, null]),
+            json!([calico_attribute("k8s-pod-network.aaa", "web-a")]),
+        ),
+    )
+    .await;
+    client
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_cluster_has_no_drift_and_exits_0() {
+    let fake = FakeApi::start();
+    clean_cluster(&fake).await;
+    let kubeconfig = fake.kubeconfig().display().to_string();
+    let (code, out, err) = ip_webhook(&["check", "--drift", "--kubeconfig", &kubeconfig]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert_eq!(
+        out,
+        "No drift: compared 1 claims, 2 pods, 1 Kube-OVN IP objects, 1 Calico IPAM allocations.\n"
+    );
+    let (code, json, err) = ip_webhook(&[
+        "check",
+        "--drift",
+        "--kubeconfig",
+        &kubeconfig,
+        "-o",
+        "json",
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    let report: Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(
+        report,
+        json!({"drift": [], "compared": {"claims": 1, "pods": 2, "kube_ovn_ips": 1, "calico_allocations": 1}})
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_kind_of_drift_is_found_and_exits_3() {
+    let fake = FakeApi::start();
+    let client = clean_cluster(&fake).await;
+    // 1. A claim whose pod is gone (the reconciler was not running to free it).
+    bound_claim(&client, "10.0.0.11", "web-gone", "uid-of-a-gone-pod").await;
+    // 2. A pod of another IPAM on an IP of web's list.
+    foreign_pod(&client, "other", "squatter", "10.0.0.14").await;
+    // 3. A pod the CNI gave another IP than its claim.
+    let uid = web_pod(&client, "web-b", "10.0.0.12", &["10.0.0.13"]).await;
+    bound_claim(&client, "10.0.0.12", "web-b", &uid).await;
+    // 4. Both CNIs still holding list IPs for pods that are gone.
+    create_cni_object(
+        &client,
+        &resource("kubeovn.io", "IP", "ips"),
+        "web-old.default",
+        kube_ovn_ip("web-old", "10.0.0.15"),
+    )
+    .await;
+    calico_handle(&client, "k8s-pod-network.fff", "10.0.0.16/29").await;
+    create_cni_object(
+        &client,
+        &resource("crd.projectcalico.org", "IPAMBlock", "ipamblocks"),
+        "10-0-0-16-29",
+        calico_block(
+            "10.0.0.16/29",
+            json!([null, 0, null, null, null, null, null, null]),
+            json!([calico_attribute("k8s-pod-network.fff", "web-older")]),
+        ),
+    )
+    .await;
+
+    let kubeconfig = fake.kubeconfig().display().to_string();
+    let (code, json, err) = ip_webhook(&[
+        "check",
+        "--drift",
+        "--kubeconfig",
+        &kubeconfig,
+        "-o",
+        "json",
+    ]);
+    assert_eq!(code, Some(3), "{json}{err}");
+    assert_eq!(err.trim(), "Error: 5 drift found");
+    let report: Value = serde_json::from_str(&json).unwrap();
+    let found: Vec<(String, String, String)> = report["drift"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| {
+            (
+                d["kind"].as_str().unwrap().to_string(),
+                d["ip"].as_str().unwrap().to_string(),
+                d["pod"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let row = |kind: &str, ip: &str, pod: &str| (kind.to_string(), ip.to_string(), pod.to_string());
+    assert_eq!(
+        found,
+        [
+            row("claim-without-pod", "10.0.0.11", "default/web-gone"),
+            row("pod-without-claim", "10.0.0.14", "other/squatter"),
+            row("pod-ip-differs", "10.0.0.12", "default/web-b"),
+            row("cni-holds-gone-pod", "10.0.0.15", "default/web-old"),
+            row("cni-holds-gone-pod", "10.0.0.17", "default/web-older"),
+        ]
+    );
+    assert_eq!(
+        report["drift"][0]["detail"],
+        "Bound claim of app default/web has no pod (`ip-webhook release 10.0.0.11` frees it)"
+    );
+    assert_eq!(report["drift"][2]["pod_ips"], json!(["10.0.0.13"]));
+    assert_eq!(
+        report["drift"][3]["detail"],
+        "Kube-OVN IP web-old.default holds it for a pod that is gone"
+    );
+    assert_eq!(
+        report["drift"][4]["detail"],
+        "Calico IPAMBlock 10-0-0-16-29 (handle k8s-pod-network.fff) holds it for a pod that is gone"
+    );
+    assert_eq!(report["compared"]["calico_allocations"], 2);
+
+    // The table names each kind; -n keeps one namespace's pods.
+    let (code, table, _) = ip_webhook(&["check", "--drift", "--kubeconfig", &kubeconfig]);
+    assert_eq!(code, Some(3));
+    for kind in [
+        "claim-without-pod",
+        "pod-without-claim",
+        "pod-ip-differs",
+        "cni-holds-gone-pod",
+    ] {
+        assert!(table.contains(kind), "{kind} missing:\n{table}");
+    }
+    assert!(table.starts_with("KIND "), "{table}");
+    let (code, table, _) = ip_webhook(&[
+        "check",
+        "--drift",
+        "--kubeconfig",
+        &kubeconfig,
+        "-n",
+        "other",
+    ]);
+    assert_eq!(code, Some(3));
+    assert_eq!(
+        table.lines().filter(|l| l.contains("10.0.0.")).count(),
+        1,
+        "{table}"
+    );
+    assert!(table.contains("other/squatter"), "{table}");
+}
+
+/// Without the CNI CRDs, the pods are still compared and the CNIs reported as not installed;
+/// an embedded ledger (--state-dir) is compared with the cluster of --kubeconfig.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_embedded_ledger_is_compared_with_the_cluster() {
+    let fake = FakeApi::start();
+    let client = fake.install_crds().await;
+    let uid = web_pod(&client, "web-a", "10.0.0.10", &["10.0.0.10"]).await;
+    let state = tempfile::tempdir().unwrap();
+    let ledger =
+        ip_webhook::ledger::EmbeddedLedger::open(state.path(), Default::default()).unwrap();
+    let mut gone = claim("10.0.0.11", "web-gone", "uid-gone");
+    gone.created_at = 1_764_400_000;
+    gone.updated_at = 1_764_400_000;
+    let mut live = claim("10.0.0.10", "web-a", &uid);
+    live.created_at = 1_764_400_000;
+    live.updated_at = 1_764_400_000;
+    ledger.create(&gone).await.unwrap();
+    ledger.create(&live).await.unwrap();
+    ledger.close().await;
+
+    let kubeconfig = fake.kubeconfig().display().to_string();
+    let dir = state.path().display().to_string();
+    let (code, table, err) = ip_webhook(&[
+        "check",
+        "--drift",
+        "--kubeconfig",
+        &kubeconfig,
+        "--state-dir",
+        &dir,
+    ]);
+    assert_eq!(code, Some(3), "{table}{err}");
+    let rows: Vec<&str> = table
+        .lines()
+        .skip(1)
+        .take_while(|l| !l.is_empty())
+        .collect();
+    assert_eq!(rows.len(), 1, "{table}");
+    assert!(
+        rows[0].starts_with("claim-without-pod   10.0.0.11   default/web-gone"),
+        "{table}"
+    );
+    assert!(
+        table.ends_with(
+            "1 drift found; compared 2 claims, 1 pods, no Kube-OVN IP objects (not installed), no Calico IPAM allocations (not installed).\n"
+        ),
+        "{table}"
+    );
+    // Without a cluster there is nothing to compare with.
+    let (code, _, err) = ip_webhook(&["check", "--drift", "--state-dir", &dir]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("give --kubeconfig FILE"), "{err}");
+}
