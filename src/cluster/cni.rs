@@ -15,6 +15,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
+use super::lease::LeaderTicks;
 use super::watches::{Change, Mirror};
 use super::{Caches, lock};
 use crate::ipam::ipset::{IpRange, IpSet, parse_ip};
@@ -276,13 +277,9 @@ pub async fn keep_reservation(
     leading: watch::Receiver<bool>,
     every: Duration,
 ) {
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut ticks = LeaderTicks::new(every, leading);
     loop {
-        tick.tick().await;
-        if !*leading.borrow() || !state.served() || !caches.synced() {
-            continue;
-        }
+        ticks.next(|| state.served() && caches.synced()).await;
         let desired = desired_reservation(&webhook);
         let current = state.ours();
         let result = match current {

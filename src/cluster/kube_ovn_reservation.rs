@@ -22,6 +22,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
+use super::lease::LeaderTicks;
 use super::watches::{Change, Mirror, drive};
 use super::{Caches, lock};
 use crate::ipam::ipset::{IpRange, IpSet, ip_key};
@@ -231,13 +232,9 @@ pub async fn keep_pools(
     leading: watch::Receiver<bool>,
     every: Duration,
 ) {
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut ticks = LeaderTicks::new(every, leading);
     loop {
-        tick.tick().await;
-        if !*leading.borrow() || !state.synced() || !caches.synced() {
-            continue;
-        }
+        ticks.next(|| state.synced() && caches.synced()).await;
         sync_once(&api, &webhook, &state).await;
     }
 }

@@ -181,6 +181,31 @@ pub async fn release(api: &Api<Lease>, settings: &LeaseSettings) -> Result<bool,
 }
 
 /// Run rounds forever, publishing whether we lead.
+/// The clock of a leader-only keeper: [`LeaderTicks::next`] returns every `every` while this
+/// replica leads and the keeper's inputs are ready, and skips the ticks in between.
+pub struct LeaderTicks {
+    tick: tokio::time::Interval,
+    leading: watch::Receiver<bool>,
+}
+
+impl LeaderTicks {
+    pub fn new(every: Duration, leading: watch::Receiver<bool>) -> LeaderTicks {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        LeaderTicks { tick, leading }
+    }
+
+    /// Wait for the next tick at which this replica leads and `ready()` holds.
+    pub async fn next(&mut self, ready: impl Fn() -> bool) {
+        loop {
+            self.tick.tick().await;
+            if *self.leading.borrow() && ready() {
+                return;
+            }
+        }
+    }
+}
+
 pub async fn run(mut elector: Elector, leading: watch::Sender<bool>) {
     let every = elector.settings.renew_every;
     loop {

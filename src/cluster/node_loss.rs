@@ -26,6 +26,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::watch;
 
 use super::index::{ClusterIps, SlimPod};
+use super::lease::LeaderTicks;
 use super::watches::{Change, Mirror, drive};
 use crate::ipam::allocator::Allocator;
 use crate::ledger::{Claim, unix_now};
@@ -186,13 +187,11 @@ impl NodeLoss {
     /// Run until aborted: a pass every `every` while this replica leads and the node and
     /// pod indexes have synced.
     pub async fn run(self, leading: watch::Receiver<bool>, every: Duration) {
-        let mut tick = tokio::time::interval(every);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut ticks = LeaderTicks::new(every, leading);
         loop {
-            tick.tick().await;
-            if !*leading.borrow() || !self.nodes.synced() || !self.cluster_ips.synced() {
-                continue;
-            }
+            ticks
+                .next(|| self.nodes.synced() && self.cluster_ips.synced())
+                .await;
             self.pass(unix_now()).await;
         }
     }
