@@ -10,14 +10,12 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::eventually;
-use fakeapi::FakeApi;
+use fakeapi::{FakeApi, install_crd_fixture};
 use ip_webhook::crd::IPClaim;
 use ip_webhook::ledger::{Claim, KubeLedger, Ledger, Phase, PodRef, Source};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
-use serde::Deserialize;
 use serde_json::{Value, json};
 
 const TOKEN: &str = "0123456789abcdef0123456789abcdef";
@@ -39,20 +37,8 @@ fn ip_webhook(args: &[&str]) -> (Option<i32>, String, String) {
 
 /// Install the Kube-OVN and Calico IPAM CRDs of tests/fixtures/cni-crds.yaml.
 async fn install_cni_crds(client: &Client) {
-    let path = format!(
-        "{}/tests/fixtures/cni-crds.yaml",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    let text = std::fs::read_to_string(path).unwrap();
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let mut names = Vec::new();
-    for document in serde_yaml::Deserializer::from_str(&text) {
-        let crd = CustomResourceDefinition::deserialize(document).unwrap();
-        names.push(crd.metadata.name.clone().unwrap());
-        crds.create(&PostParams::default(), &crd).await.unwrap();
-    }
     assert_eq!(
-        names,
+        install_crd_fixture(client, "cni-crds.yaml").await,
         [
             "ips.kubeovn.io",
             "ipamhandles.crd.projectcalico.org",

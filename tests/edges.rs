@@ -8,22 +8,20 @@ mod fakeapi;
 #[path = "common/rbac.rs"]
 mod rbac;
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::{allocated_ip, apply, create, eventually, pod};
-use fakeapi::FakeApi;
+use fakeapi::{FakeApi, create_spec, install_crd_fixture};
 use ip_webhook::cluster::cni::kube_ovn_subnets;
 use ip_webhook::cluster::kube_ovn_reservation::kube_ovn_ippools;
 use ip_webhook::crd::{FixedIPPool, IPClaim};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Api;
 use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
-use kube::{Api, Client};
 use rbac::assert_rbac_covers;
-use serde_json::{Value, json};
+use serde_json::json;
 
 fn used(group: &str, resource: &str, verb: &str) -> (String, String, String) {
     (group.into(), resource.into(), verb.into())
@@ -350,28 +348,6 @@ async fn with_node_lost_grace_zero_a_lost_nodes_pods_keep_their_ips() {
 }
 
 /// Kube-OVN's CRDs (tests/fixtures/kube-ovn-crds.yaml).
-async fn install_kube_ovn_crds(client: &Client) {
-    let text = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/kube-ovn-crds.yaml"),
-    )
-    .unwrap();
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for document in serde_yaml::Deserializer::from_str(&text) {
-        let crd: CustomResourceDefinition = serde::Deserialize::deserialize(document).unwrap();
-        api.create(&PostParams::default(), &crd).await.unwrap();
-    }
-}
-
-async fn create_dynamic(
-    api: &Api<DynamicObject>,
-    resource: &kube::api::ApiResource,
-    name: &str,
-    spec: Value,
-) {
-    let object = DynamicObject::new(name, resource).data(json!({ "spec": spec }));
-    api.create(&PostParams::default(), &object).await.unwrap();
-}
-
 /// A Deployment in namespace prod whose pod template lists `ips`.
 fn deployment(name: &str, ips: &str) -> Deployment {
     serde_json::from_value(json!({
@@ -442,16 +418,16 @@ async fn wait_pools(what: &str, pools: &Api<DynamicObject>, expected: &[(&str, &
 async fn the_kube_ovn_reservation_follows_lists_and_pools() {
     let fake = FakeApi::start();
     let client = fake.install_crds().await;
-    install_kube_ovn_crds(&client).await;
+    install_crd_fixture(&client, "kube-ovn-crds.yaml").await;
     let subnets: Api<DynamicObject> = Api::all_with(client.clone(), &kube_ovn_subnets());
-    create_dynamic(
+    create_spec(
         &subnets,
         &kube_ovn_subnets(),
         "net1",
         json!({"cidrBlock": "10.16.0.0/16"}),
     )
     .await;
-    create_dynamic(
+    create_spec(
         &subnets,
         &kube_ovn_subnets(),
         "net2",
@@ -460,7 +436,7 @@ async fn the_kube_ovn_reservation_follows_lists_and_pools() {
     .await;
     let ippools: Api<DynamicObject> = Api::all_with(client.clone(), &kube_ovn_ippools());
     // Someone else's IPPool: Kube-OVN refuses overlapping IPPools, so its IPs are left out.
-    create_dynamic(
+    create_spec(
         &ippools,
         &kube_ovn_ippools(),
         "theirs",
@@ -576,9 +552,9 @@ async fn the_kube_ovn_reservation_follows_lists_and_pools() {
 async fn without_kube_ovn_reservation_no_ippool_is_written() {
     let fake = FakeApi::start();
     let client = fake.install_crds().await;
-    install_kube_ovn_crds(&client).await;
+    install_crd_fixture(&client, "kube-ovn-crds.yaml").await;
     let subnets: Api<DynamicObject> = Api::all_with(client.clone(), &kube_ovn_subnets());
-    create_dynamic(
+    create_spec(
         &subnets,
         &kube_ovn_subnets(),
         "net1",

@@ -17,7 +17,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{TestServer, allocated_ip, apply, create, eventually, message, pod};
-use fakeapi::{FakeApi, wait_ready};
+use fakeapi::{FakeApi, create_spec, wait_ready};
 use ip_webhook::cluster::cni::{
     RESERVATION_NAME, calico_ippools, calico_reservations, kube_ovn_subnets,
 };
@@ -25,7 +25,7 @@ use ip_webhook::crd::{FixedIPPool, IPClaim};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, PostParams};
+use kube::api::{DeleteParams, DynamicObject, ListParams, PostParams};
 use kube::{Api, Client};
 use rbac::assert_rbac_covers;
 use serde_json::{Value, json};
@@ -782,11 +782,6 @@ async fn install_foreign_crds(client: &Client, crds: &[(&str, &str, &str)]) {
     }
 }
 
-async fn create_dynamic(api: &Api<DynamicObject>, resource: &ApiResource, name: &str, spec: Value) {
-    let object = DynamicObject::new(name, resource).data(json!({ "spec": spec }));
-    api.create(&PostParams::default(), &object).await.unwrap();
-}
-
 /// A review of a Deployment in namespace prod listing `ips`.
 fn deployment_review(operation: &str, name: &str, ips: &str) -> Value {
     let deployment = json!({
@@ -873,7 +868,7 @@ async fn calico_pools_gate_fixed_ips_and_the_reservation_follows_pools_and_workl
             json!({"cidr": "10.40.0.0/24", "allowedUses": ["Tunnel"]}),
         ),
     ] {
-        create_dynamic(&calico_pools, &calico_ippools(), name, spec).await;
+        create_spec(&calico_pools, &calico_ippools(), name, spec).await;
     }
     let server = fake.replica(&[]).await;
     let ask = |n: u32, list: &str| {
@@ -1046,7 +1041,7 @@ async fn with_calico_reservation_off_no_ipreservation_is_written() {
     )
     .await;
     let calico_pools: Api<DynamicObject> = Api::all_with(client.clone(), &calico_ippools());
-    create_dynamic(
+    create_spec(
         &calico_pools,
         &calico_ippools(),
         "auto",
@@ -1084,7 +1079,7 @@ async fn kube_ovn_subnets_and_exclude_ips_gate_fixed_ips_through_the_watch() {
     let client = fake.install_crds().await;
     install_foreign_crds(&client, &[("kubeovn.io", "Subnet", "subnets")]).await;
     let subnets: Api<DynamicObject> = Api::all_with(client.clone(), &kube_ovn_subnets());
-    create_dynamic(
+    create_spec(
         &subnets,
         &kube_ovn_subnets(),
         "net1",
@@ -1125,7 +1120,7 @@ async fn kube_ovn_subnets_and_exclude_ips_gate_fixed_ips_through_the_watch() {
     assert_eq!(allocated_ip(&response), "10.16.0.50");
 
     // A Subnet added, then deleted, through the watch.
-    create_dynamic(
+    create_spec(
         &subnets,
         &kube_ovn_subnets(),
         "net2",

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use ip_webhook::crd::{FixedIPPool, IPClaim};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::PostParams;
+use kube::api::{ApiResource, DynamicObject, PostParams};
 use kube::{Api, Client, CustomResourceExt};
 use serde_json::Value;
 
@@ -193,4 +193,33 @@ pub async fn wait_ready(server: &TestServer) {
         assert!(Instant::now() < deadline, "replica never became ready");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Create every CustomResourceDefinition of `tests/fixtures/<file>` (the published CRDs of
+/// another project, e.g. a CNI's); returns their names in file order.
+pub async fn install_crd_fixture(client: &Client, file: &str) -> Vec<String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(file);
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let mut names = Vec::new();
+    for document in serde_yaml::Deserializer::from_str(&text) {
+        let crd: CustomResourceDefinition = serde::Deserialize::deserialize(document).unwrap();
+        names.push(crd.metadata.name.clone().unwrap_or_default());
+        api.create(&PostParams::default(), &crd).await.unwrap();
+    }
+    names
+}
+
+/// Create the custom object `name` of `resource` with this `spec`.
+pub async fn create_spec(
+    api: &Api<DynamicObject>,
+    resource: &ApiResource,
+    name: &str,
+    spec: Value,
+) {
+    let object = DynamicObject::new(name, resource).data(serde_json::json!({ "spec": spec }));
+    api.create(&PostParams::default(), &object).await.unwrap();
 }
