@@ -11,7 +11,7 @@ mod fakeapi;
 use std::time::Duration;
 
 use common::{allocated_ip, create, eventually, pod};
-use fakeapi::FakeApi;
+use fakeapi::{FakeApi, bound_claim};
 use ip_webhook::crd::IPClaim;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
@@ -103,15 +103,7 @@ async fn a_pod_running_on_its_apps_ip_before_install_is_adopted_and_others_are_n
         .replica(&["--lease-duration", "2s", "--lease-renew-interval", "200ms"])
         .await;
     let claims: Api<IPClaim> = Api::all(client.clone());
-    let adopted = eventually(
-        "web-old-1's IP adopted as a Bound claim",
-        Duration::from_secs(20),
-        || async {
-            let claim = claims.get_opt("10.99.0.2").await.ok()??;
-            (claim.status.as_ref().map(|s| s.phase.as_str()) == Some("Bound")).then_some(claim)
-        },
-    )
-    .await;
+    let adopted = bound_claim(&claims, "10.99.0.2", Duration::from_secs(20)).await;
     assert_eq!(adopted.spec.pod_uid, web.metadata.uid);
     assert_eq!(
         (

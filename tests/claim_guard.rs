@@ -8,12 +8,11 @@ mod fakeapi;
 
 use std::time::Duration;
 
-use common::{TestServer, allocated_ip, apply, create, eventually, message, pod};
-use fakeapi::FakeApi;
+use common::{TestServer, allocated_ip, apply, create, message, pod};
+use fakeapi::{FakeApi, bound_claim, persist_pod};
 use ip_webhook::crd::IPClaim;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube::api::PostParams;
 use serde_json::{Value, json};
 
 const OWN: &str = "system:serviceaccount:ip-webhook-system:ip-webhook";
@@ -60,20 +59,8 @@ async fn hand_edits_of_ipclaims_are_refused_unless_forced_and_own_writes_pass() 
     let object = pod("default", "web", "web-", Some("10.97.70.1"));
     let response = server.mutate(&create("guard-1", object.clone())).await;
     assert_eq!(allocated_ip(&response), "10.97.70.1");
-    let mut admitted = apply(&object, &response);
-    admitted["metadata"]["name"] = json!("web-gu4rd");
-    let live = pods
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(admitted).unwrap(),
-        )
-        .await
-        .unwrap();
-    let bound = eventually("the claim to be bound", Duration::from_secs(15), || async {
-        let claim = claims.get("10.97.70.1").await.ok()?;
-        (claim.status.as_ref().map(|s| s.phase.as_str()) == Some("Bound")).then_some(claim)
-    })
-    .await;
+    let live = persist_pod(&pods, apply(&object, &response), "web-gu4rd").await;
+    let bound = bound_claim(&claims, "10.97.70.1", Duration::from_secs(15)).await;
     assert_eq!(bound.spec.pod_uid, live.metadata.uid);
     let bound = serde_json::to_value(&bound).unwrap();
 
@@ -239,19 +226,8 @@ async fn release_force_marks_the_claim_so_the_guard_lets_it_go() {
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     let object = pod("default", "web", "web-", Some("10.97.71.1"));
     let response = server.mutate(&create("force-1", object.clone())).await;
-    let mut admitted = apply(&object, &response);
-    admitted["metadata"]["name"] = json!("web-f0rce");
-    pods.create(
-        &PostParams::default(),
-        &serde_json::from_value(admitted).unwrap(),
-    )
-    .await
-    .unwrap();
-    let bound = eventually("the claim to be bound", Duration::from_secs(15), || async {
-        let claim = claims.get("10.97.71.1").await.ok()?;
-        (claim.status.as_ref().map(|s| s.phase.as_str()) == Some("Bound")).then_some(claim)
-    })
-    .await;
+    persist_pod(&pods, apply(&object, &response), "web-f0rce").await;
+    let bound = bound_claim(&claims, "10.97.71.1", Duration::from_secs(15)).await;
     let (allowed, _) = judged(
         &server,
         claim_review(

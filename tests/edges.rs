@@ -11,7 +11,7 @@ mod rbac;
 use std::time::{Duration, Instant};
 
 use common::{allocated_ip, apply, create, eventually, pod};
-use fakeapi::{FakeApi, create_spec, install_crd_fixture};
+use fakeapi::{FakeApi, bound_claim, create_spec, install_crd_fixture};
 use ip_webhook::cluster::cni::kube_ovn_subnets;
 use ip_webhook::cluster::kube_ovn_reservation::kube_ovn_ippools;
 use ip_webhook::crd::{FixedIPPool, IPClaim};
@@ -115,18 +115,6 @@ async fn delete_pod(server: &common::TestServer, pods: &Api<Pod>, pod: &Pod) {
     .unwrap();
 }
 
-async fn wait_bound(claims: &Api<IPClaim>, ip: &str) {
-    eventually(
-        "the claim to be bound",
-        Duration::from_secs(15),
-        || async move {
-            let claim = claims.get_opt(ip).await.ok()??;
-            (claim.status?.phase == "Bound").then_some(())
-        },
-    )
-    .await
-}
-
 async fn claim_exists(claims: &Api<IPClaim>, ip: &str) -> bool {
     claims.get_opt(ip).await.unwrap().is_some()
 }
@@ -187,7 +175,7 @@ async fn a_deployment_pod_on_a_lost_node_is_freed_after_the_grace_and_a_stateful
     )
     .await;
     for ip in ["10.83.0.1", "10.83.0.2", "10.83.0.3"] {
-        wait_bound(&claims, ip).await;
+        bound_claim(&claims, ip, Duration::from_secs(15)).await;
     }
     for pod in [&web, &db, &api] {
         delete_pod(&server, &pods, pod).await;
@@ -331,7 +319,7 @@ async fn with_node_lost_grace_zero_a_lost_nodes_pods_keep_their_ips() {
         ),
     )
     .await;
-    wait_bound(&claims, "10.84.0.1").await;
+    bound_claim(&claims, "10.84.0.1", Duration::from_secs(15)).await;
     delete_pod(&server, &pods, &web).await;
     set_ready(&nodes, "n-lost", "False", 3600).await;
     tokio::time::sleep(Duration::from_secs(4)).await;

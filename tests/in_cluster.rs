@@ -17,7 +17,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{TestServer, allocated_ip, apply, create, eventually, message, pod};
-use fakeapi::{FakeApi, create_spec, wait_ready};
+use fakeapi::{FakeApi, bound_claim, create_spec, persist_pod, wait_ready};
 use ip_webhook::cluster::cni::{
     RESERVATION_NAME, calico_ippools, calico_reservations, kube_ovn_subnets,
 };
@@ -110,13 +110,6 @@ async fn a_restarted_replica_rebuilds_its_books_from_ipclaims() {
     );
 }
 
-/// Create the pod the API server would persist after admission: the patched object, named.
-async fn persist(pods: &Api<Pod>, mut object: Value, name: &str) -> Pod {
-    object["metadata"]["name"] = json!(name);
-    let pod: Pod = serde_json::from_value(object).unwrap();
-    pods.create(&PostParams::default(), &pod).await.unwrap()
-}
-
 async fn events_with_reason(events: &Api<Event>, reason: &str) -> Vec<Event> {
     events
         .list(&ListParams::default())
@@ -161,13 +154,9 @@ async fn the_reconciler_binds_reclaims_expires_and_counts() {
     assert_eq!(response["allowed"], true, "{response}");
     let ip = common::allocated_ip(&response);
     assert_eq!(ip, "10.79.0.1");
-    let live = persist(&pods, apply(&object, &response), "web-x7k2p").await;
+    let live = persist_pod(&pods, apply(&object, &response), "web-x7k2p").await;
     let uid = live.metadata.uid.clone().unwrap();
-    let bound = eventually("the claim to be bound", Duration::from_secs(15), || async {
-        let claim = claims.get(&ip).await.ok()?;
-        (claim.status.as_ref().map(|s| s.phase.as_str()) == Some("Bound")).then_some(claim)
-    })
-    .await;
+    let bound = bound_claim(&claims, &ip, Duration::from_secs(15)).await;
     assert_eq!(bound.spec.pod_uid.as_deref(), Some(uid.as_str()));
     assert_eq!(bound.spec.pod_name, "web-x7k2p");
 
@@ -338,7 +327,7 @@ async fn release_and_status_look_up_the_pods_behind_the_claims() {
     assert_eq!(allocated_ip(&response), "10.77.0.1");
     let mut persisted = apply(&object, &response);
     persisted["spec"]["nodeName"] = json!("node-a");
-    persist(&pods, persisted, "web-live").await;
+    persist_pod(&pods, persisted, "web-live").await;
     let response = server.mutate(&create("rel-2", object.clone())).await;
     assert_eq!(allocated_ip(&response), "10.77.0.2");
     // an operator command against this API server (its IPClaims; --state-dir would select
@@ -457,12 +446,12 @@ async fn with_the_etcd_ledger_the_leak_sweeper_frees_the_ips_no_pod_holds() {
     // live: persisted and running. gone: persisted, then deleted with no admission DELETE.
     // never: admitted, no pod came. db-0: a fixed name, deleted; its IP waits the sticky grace.
     let (object, live) = admit("s-live", web.clone()).await;
-    persist(&pods, object, "web-live").await;
+    persist_pod(&pods, object, "web-live").await;
     let (object, gone) = admit("s-gone", web.clone()).await;
-    persist(&pods, object, "web-gone").await;
+    persist_pod(&pods, object, "web-gone").await;
     let (_, never) = admit("s-never", web.clone()).await;
     let (object, sticky) = admit("s-db-0", db_0.clone()).await;
-    persist(&pods, object, "db-0").await;
+    persist_pod(&pods, object, "db-0").await;
     for name in ["web-gone", "db-0"] {
         pods.delete(name, &DeleteParams::default().grace_period(0))
             .await
@@ -543,7 +532,7 @@ async fn a_statefulset_pod_gets_its_ip_back_within_the_sticky_grace() {
     let object = web0("sts-uid");
     let response = server.mutate(&create("web-0-first", object.clone())).await;
     assert_eq!(common::allocated_ip(&response), "10.80.0.1");
-    persist(&pods, apply(&object, &response), "web-0").await;
+    persist_pod(&pods, apply(&object, &response), "web-0").await;
     let bound = eventually(
         "web-0's claim to be bound",
         Duration::from_secs(15),
@@ -633,7 +622,7 @@ async fn when_the_leader_goes_another_replica_takes_over_the_reconciler() {
     let object = pod("default", "svc", "svc-", Some("10.81.0.1"));
     let response = second.mutate(&create("svc-1", object.clone())).await;
     assert_eq!(common::allocated_ip(&response), "10.81.0.1");
-    persist(&pods, apply(&object, &response), "svc-abcde").await;
+    persist_pod(&pods, apply(&object, &response), "svc-abcde").await;
     eventually(
         "the new leader to bind the claim",
         Duration::from_secs(20),
@@ -1186,7 +1175,7 @@ async fn a_delete_review_frees_the_ip_only_once_the_pod_is_verified_gone() {
     let object = pod("default", "api", "api-", Some("10.82.0.1"));
     let response = server.mutate(&create("api-1", object.clone())).await;
     assert_eq!(allocated_ip(&response), "10.82.0.1");
-    let running = persist(&pods, apply(&object, &response), "api-abcde").await;
+    let running = persist_pod(&pods, apply(&object, &response), "api-abcde").await;
     let phase = |claim: Option<IPClaim>| claim.and_then(|c| c.status).map(|s| s.phase);
     eventually("the claim to be bound", Duration::from_secs(15), || async {
         (phase(claims.get_opt("10.82.0.1").await.ok()?).as_deref() == Some("Bound")).then_some(())
@@ -1366,7 +1355,7 @@ async fn deleting_a_running_pods_ipclaim_does_not_free_its_ip() {
     let object = pod("default", "web", "web-", Some("10.97.60.1"));
     let response = server.mutate(&create("fin-1", object.clone())).await;
     assert_eq!(allocated_ip(&response), "10.97.60.1");
-    let live = persist(&pods, apply(&object, &response), "web-f1n4l").await;
+    let live = persist_pod(&pods, apply(&object, &response), "web-f1n4l").await;
     let bound = eventually("the claim to be bound", Duration::from_secs(15), || async {
         let claim = claims.get("10.97.60.1").await.ok()?;
         (claim.status.as_ref().map(|s| s.phase.as_str()) == Some("Bound")).then_some(claim)

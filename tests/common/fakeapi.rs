@@ -10,6 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ip_webhook::crd::{FixedIPPool, IPClaim};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{ApiResource, DynamicObject, PostParams};
 use kube::{Api, Client, CustomResourceExt};
@@ -222,4 +223,24 @@ pub async fn create_spec(
 ) {
     let object = DynamicObject::new(name, resource).data(serde_json::json!({ "spec": spec }));
     api.create(&PostParams::default(), &object).await.unwrap();
+}
+
+/// Create the pod an admission answered for (`object` with the patch applied) under `name`.
+pub async fn persist_pod(pods: &Api<Pod>, mut object: Value, name: &str) -> Pod {
+    object["metadata"]["name"] = serde_json::json!(name);
+    let pod: Pod = serde_json::from_value(object).unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap()
+}
+
+/// Wait until the IPClaim of `ip` is Bound (at most `within`); returns it.
+pub async fn bound_claim(claims: &Api<IPClaim>, ip: &str, within: Duration) -> IPClaim {
+    super::common::eventually(
+        &format!("the claim of {ip} to be bound"),
+        within,
+        || async move {
+            let claim = claims.get_opt(ip).await.ok()??;
+            (claim.status.as_ref()?.phase == "Bound").then_some(claim)
+        },
+    )
+    .await
 }
