@@ -12,6 +12,12 @@
 # (examples/ledger_load.rs probe: append 300 B + fdatasync, as one journal commit does) run in
 # the same invocation, so the durable p99 can be compared with the disk's own.
 #
+# Two latency columns: wrk's p99, which wrk corrects for coordinated omission after the run
+# (it adds, for every reply slower than twice the mean interval, the replies a steady sender
+# would have waited for: one 200 ms stall turns into thousands of synthetic slow samples), and,
+# for durable allocations, `p99 each`: one more run of examples/bench_client.rs, which keeps
+# every request's own latency. The issue-18 p99 targets are judged on `p99 each`.
+#
 #   scripts/bench-load.sh
 #
 # Environment: BENCH_DURATION (seconds per measured run, default 5), BENCH_REPEAT (measured runs
@@ -50,8 +56,8 @@ for tool in taskset curl awk; do
   command -v "$tool" >/dev/null || { echo "$tool is required" >&2; exit 1; }
 done
 
-echo "building (profile $profile; dist is what ships, ~10 min cold): ip-webhook, examples bench_floor, bench_kube_baseline, ledger_load" >&2
-cargo build --profile "$profile" --quiet --bin ip-webhook --example bench_floor --example bench_kube_baseline --example ledger_load
+echo "building (profile $profile; dist is what ships, ~10 min cold): ip-webhook, examples bench_floor, bench_kube_baseline, ledger_load, bench_client" >&2
+cargo build --profile "$profile" --quiet --bin ip-webhook --example bench_floor --example bench_kube_baseline --example ledger_load --example bench_client
 target_dir=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
 if [ "$profile" = dev ]; then bin="$target_dir/debug"; else bin="$target_dir/$profile"; fi
 
@@ -119,9 +125,9 @@ results="$work/results.tsv"
 : >"$results"
 run_counter=0
 
-# measure SCENARIO CONNS PATH MODE PID
+# measure SCENARIO CONNS PATH MODE PID [CA]   (CA: the server's ca.crt, for bench_client)
 measure() {
-  local scenario=$1 conns=$2 path=$3 mode=$4 pid=$5
+  local scenario=$1 conns=$2 path=$3 mode=$4 pid=$5 ca=${6:-}
   local url="https://$server_addr$path"
   run_counter=$((run_counter + 1))
   if [ "$warmup" != 0 ]; then
@@ -166,7 +172,15 @@ measure() {
     printf '%s %s %s %s %s\n' "$cpu_us" "$rps" "$p50" "$p99" "$fsyncs" >>"$reps"
   done
   read -r cpu_us rps p50 p99 fsyncs < <(sort -n -k1,1 "$reps" | sed -n "$(((repeat + 1) / 2))p")
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$scenario" "$conns" "$rps" "$p50" "$p99" "$cpu_us" "$fsyncs" >>"$results"
+  local each="-"
+  if [ -n "$ca" ]; then
+    # every request's own latency, on the same server right after wrk's runs
+    local each_out
+    each_out=$(taskset -c "$load_cpu" "$bin/examples/bench_client" "$url" "$fixture" "$mode" "$conns" "$duration" "$ca" "e$run_counter")
+    each=$(sed -n 's/.* p99_us=\([0-9]*\) .*/\1/p' <<<"$each_out")
+    echo "  $scenario c=$conns bench_client: $each_out" >&2
+  fi
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$scenario" "$conns" "$rps" "$p50" "$p99" "$cpu_us" "$fsyncs" "$each" >>"$results"
   if [ "$mode" = durable ]; then
     # whole server lifetime (warm-up included): mean batch and stages of a durable request
     curl -sf "http://$admin_addr/metrics" | awk -v c="$conns" '
@@ -226,7 +240,7 @@ for conns in $connections; do
   if has mutate-durable; then
     # a fresh ledger per run, so every run starts from the same state
     start_server ip-webhook-durable-"$conns" "$bin/ip-webhook" serve --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 --state-dir "$work/durable-state-$conns"
-    measure mutate-durable "$conns" /mutate durable "$server_pid"
+    measure mutate-durable "$conns" /mutate durable "$server_pid" "$work/durable-state-$conns/ca.crt"
     stop_server "$server_pid"
   fi
   if has mutate-durable-redb; then
@@ -244,17 +258,17 @@ echo "machine: $(nproc) cores, $(sed -n 's/^model name[[:space:]]*: //p' /proc/c
 probe_p50=$(awk '/append/ { for (i = 1; i <= NF; i++) if ($i ~ /^p50=/) { sub(/p50=/, "", $i); sub(/us/, "", $i); print $i } }' "$probe_file")
 probe_p99=$(awk '/append/ { for (i = 1; i <= NF; i++) if ($i ~ /^p99=/) { sub(/p99=/, "", $i); sub(/us/, "", $i); print $i } }' "$probe_file")
 awk -F'\t' -v pp50="${probe_p50:-0}" -v pp99="${probe_p99:-0}" '
-  { key = $1 SUBSEP $2; rps[key] = $3; p50[key] = $4; p99[key] = $5; cpu[key] = $6; fs[key] = $7
+  { key = $1 SUBSEP $2; rps[key] = $3; p50[key] = $4; p99[key] = $5; cpu[key] = $6; fs[key] = $7; each[key] = $8
     if (!($1 in seen)) { seen[$1] = 1; order[++n] = $1 }
     if (!($2 in cseen)) { cseen[$2] = 1; corder[++m] = $2 } }
   END {
-    printf "%-15s %5s %10s %9s %9s %10s %9s %9s %12s\n", "scenario", "conns", "req/s", "p50 µs", "p99 µs", "cpu µs/req", "cpu/floor", "rps/kube", "fsync/alloc"
+    printf "%-15s %5s %10s %9s %9s %10s %10s %9s %9s %12s\n", "scenario", "conns", "req/s", "p50 µs", "p99 µs", "p99 each", "cpu µs/req", "cpu/floor", "rps/kube", "fsync/alloc"
     for (j = 1; j <= m; j++) for (i = 1; i <= n; i++) {
       c = corder[j]; s = order[i]; k = s SUBSEP c
       if (!(k in rps)) continue
       f = (("floor" SUBSEP c) in cpu) ? sprintf("%.2f", cpu[k] / cpu["floor" SUBSEP c]) : "-"
       b = (("kube" SUBSEP c) in rps) ? sprintf("%.2f", rps[k] / rps["kube" SUBSEP c]) : "-"
-      printf "%-15s %5s %10.0f %9.0f %9.0f %10s %9s %9s %12s\n", s, c, rps[k], p50[k], p99[k], cpu[k], f, b, fs[k]
+      printf "%-15s %5s %10.0f %9.0f %9.0f %10s %10s %9s %9s %12s\n", s, c, rps[k], p50[k], p99[k], each[k], cpu[k], f, b, fs[k]
     }
     print ""
     print "targets (issue 5), at 16 connections:"
@@ -269,7 +283,7 @@ awk -F'\t' -v pp50="${probe_p50:-0}" -v pp99="${probe_p99:-0}" '
       printf "targets (issue 18), fdatasync probe p50 %.0f µs, p99 %.0f µs:\n", pp50, pp99
       for (ci = 1; ci <= 2; ci++) {
         c = (ci == 1 ? 16 : 64); slack = (ci == 1 ? 2000 : 5000); d = "mutate-durable" SUBSEP c; k = "mutate-dry-run" SUBSEP c
-        if (d in p99) printf "  c=%d durable p99 <= probe p99 + %d ms:    %.2f ms <= %.2f ms %s\n", c, slack / 1000, p99[d] / 1000, (pp99 + slack) / 1000, (p99[d] <= pp99 + slack ? "met" : "NOT met")
+        if ((d in each) && each[d] != "-") printf "  c=%d durable p99 each <= probe p99 + %d ms: %.2f ms <= %.2f ms %s (wrk, corrected: %.2f ms)\n", c, slack / 1000, each[d] / 1000, (pp99 + slack) / 1000, (each[d] <= pp99 + slack ? "met" : "NOT met"), p99[d] / 1000
         if ((d in cpu) && (k in cpu)) printf "  c=%d durable CPU/req <= 1.3x dry-run:      %.2fx %s\n", c, cpu[d] / cpu[k], (cpu[d] / cpu[k] <= 1.3 ? "met" : "NOT met")
       }
       d = "mutate-durable" SUBSEP 16; k = "mutate-dry-run" SUBSEP 16

@@ -239,15 +239,13 @@ impl Allocator {
     /// What a retried admission (same request UID, same namespace) was given, dry run or not.
     fn same_request(&self, request: &AllocationRequest<'_>) -> Option<Allocation> {
         let state = self.lock();
-        let ips = state.by_request.get(request.request_uid)?;
-        let claims: Vec<&Claim> = ips.iter().filter_map(|ip| state.claims.get(ip)).collect();
-        let same_pod = claims.len() == ips.len()
-            && claims.iter().all(|c| {
-                c.is_held() && c.pod.namespace == request.pod.namespace && c.pod.uid.is_none()
-            });
-        (same_pod && !ips.is_empty()).then(|| Allocation {
-            ips: ips.clone(),
-            reasons: vec![Reason::SameRequest; ips.len()],
+        let claims = state.by_request.claims(request.request_uid, &state.claims);
+        let same_pod = claims.iter().all(|c| {
+            c.is_held() && c.pod.namespace == request.pod.namespace && c.pod.uid.is_none()
+        });
+        (same_pod && !claims.is_empty()).then(|| Allocation {
+            ips: claims.iter().map(|c| c.ip).collect(),
+            reasons: vec![Reason::SameRequest; claims.len()],
             token: claims[0].token.clone(),
         })
     }
@@ -444,14 +442,12 @@ impl Allocator {
     /// `Terminating` claims whose release time has passed at `now`.
     pub fn due(&self, now: u64) -> Vec<Claim> {
         let state = self.lock();
-        let mut due: Vec<Claim> = state
-            .claims
-            .values()
-            .filter(|c| c.phase == Phase::Terminating && c.release_at.is_some_and(|at| at <= now))
-            .cloned()
-            .collect();
-        due.sort_by_key(|c| (c.release_at, ip_key(&c.ip)));
-        due
+        state
+            .releasing
+            .iter()
+            .take_while(|(at, _)| *at <= now)
+            .filter_map(|(_, ip)| state.claims.get(ip).cloned())
+            .collect()
     }
 
     /// Free the `Terminating` claims that are due, once `pods` confirms each pod is gone
@@ -631,6 +627,48 @@ mod tests {
             release_at: None,
             sticky: false,
         }
+    }
+
+    #[tokio::test]
+    async fn due_follows_phase_changes_in_release_order() {
+        let allocator = allocator().await;
+        let terminating = |ip: &str, name: &str, at: u64| Claim {
+            release_at: Some(at),
+            ..external(ip, name, &format!("r-{name}"), Phase::Terminating)
+        };
+        for claim in [
+            terminating("10.0.0.3", "c", 30),
+            terminating("10.0.0.1", "a", 20),
+            terminating("10.0.0.2", "b", 20),
+            terminating("10.0.0.4", "d", 90),
+            // a release time on a claim that is not terminating is never due
+            Claim {
+                release_at: Some(5),
+                ..external("10.0.0.5", "e", "r-e", Phase::Bound)
+            },
+        ] {
+            allocator.apply_observed(ObservedChange::Held(claim));
+        }
+        let due = |now| -> Vec<String> {
+            allocator
+                .due(now)
+                .iter()
+                .map(|c| c.ip.to_string())
+                .collect()
+        };
+        assert!(due(19).is_empty());
+        assert_eq!(due(30), ["10.0.0.1", "10.0.0.2", "10.0.0.3"]);
+        // 10.0.0.1 is bound again, 10.0.0.2 released: neither is due any more
+        allocator.apply_observed(ObservedChange::Held(external(
+            "10.0.0.1",
+            "a",
+            "r-a",
+            Phase::Bound,
+        )));
+        assert!(
+            allocator.apply_observed(ObservedChange::Released(terminating("10.0.0.2", "b", 20)))
+        );
+        assert_eq!(due(100), ["10.0.0.3", "10.0.0.4"]);
     }
 
     #[tokio::test]

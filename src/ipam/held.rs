@@ -1,7 +1,8 @@
 //! What the allocator holds in memory: the held IPs of each family as maximal runs
 //! ([`RunSet`]), the claims by IP, by request and by app, and the choice of a free IP.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
 use std::net::IpAddr;
 
 use super::allocator::{AllocationRequest, Reason, new_claim};
@@ -79,13 +80,67 @@ impl RunSet {
     }
 }
 
+/// When the release timer frees `claim`, if it is `Terminating` with a release time.
+fn release_time(claim: &Claim) -> Option<u64> {
+    claim
+        .release_at
+        .filter(|_| claim.phase == crate::ledger::Phase::Terminating)
+}
+
+/// The IPs granted to each admission request, keyed by a hash of its UID: B-tree keys that
+/// compare in one instruction. [`ByRequest::ips`] checks each claim's own UID, so two UIDs
+/// that share a hash cost a filter, never a wrong answer.
+#[derive(Default)]
+pub(super) struct ByRequest(BTreeMap<u64, Vec<IpAddr>>);
+
+impl ByRequest {
+    fn key(uid: &str) -> u64 {
+        // fixed keys: the same UID hashes alike for the life of the process
+        BuildHasherDefault::<DefaultHasher>::default().hash_one(uid)
+    }
+
+    fn add(&mut self, uid: &str, ip: IpAddr) {
+        self.0.entry(Self::key(uid)).or_default().push(ip);
+    }
+
+    fn remove(&mut self, uid: &str, ip: IpAddr) {
+        let key = Self::key(uid);
+        if let Some(ips) = self.0.get_mut(&key) {
+            ips.retain(|held| *held != ip);
+            if ips.is_empty() {
+                self.0.remove(&key);
+            }
+        }
+    }
+
+    /// The claims granted to request `uid`, in the order they were granted.
+    pub(super) fn claims<'a>(
+        &self,
+        uid: &str,
+        claims: &'a BTreeMap<IpAddr, Claim>,
+    ) -> Vec<&'a Claim> {
+        self.0.get(&Self::key(uid)).map_or_else(Vec::new, |ips| {
+            ips.iter()
+                .filter_map(|ip| claims.get(ip))
+                .filter(|claim| claim.request_uid == uid)
+                .collect()
+        })
+    }
+}
+
 #[derive(Default)]
 pub(super) struct State {
     pub(super) held: HashMap<Family, RunSet>,
-    pub(super) claims: HashMap<IpAddr, Claim>,
-    pub(super) by_request: HashMap<String, Vec<IpAddr>>,
+    // The maps that grow with every claim are B-trees: a hash map doubles all at once, and at
+    // 229,376 claims that one rehash held every admission for 200 ms (README, "Where the
+    // durable tail was"); a B-tree grows a node at a time.
+    pub(super) claims: BTreeMap<IpAddr, Claim>,
+    pub(super) by_request: ByRequest,
+    /// `Terminating` claims by release time, so the release timer's pass costs what is due,
+    /// not a scan of every claim under the lock each second.
+    pub(super) releasing: BTreeSet<(u64, IpAddr)>,
     /// Last IPs of a pod name of an app: `(namespace, app, pod name)`.
-    pub(super) history: HashMap<(String, String, String), Vec<IpAddr>>,
+    pub(super) history: BTreeMap<(String, String, String), Vec<IpAddr>>,
     pub(super) held_per_app: HashMap<(String, String), u64>,
 }
 
@@ -103,10 +158,10 @@ impl State {
         }
         let (family, value) = ip_key(&claim.ip);
         self.held.entry(family).or_default().insert(value);
-        self.by_request
-            .entry(claim.request_uid.clone())
-            .or_default()
-            .push(claim.ip);
+        self.by_request.add(&claim.request_uid, claim.ip);
+        if let Some(at) = release_time(&claim) {
+            self.releasing.insert((at, claim.ip));
+        }
         *self
             .held_per_app
             .entry((claim.pod.namespace.clone(), claim.app.clone()))
@@ -116,11 +171,9 @@ impl State {
     }
 
     pub(super) fn forget_indexes(&mut self, claim: &Claim) {
-        if let Some(ips) = self.by_request.get_mut(&claim.request_uid) {
-            ips.retain(|ip| *ip != claim.ip);
-            if ips.is_empty() {
-                self.by_request.remove(&claim.request_uid);
-            }
+        self.by_request.remove(&claim.request_uid, claim.ip);
+        if let Some(at) = release_time(claim) {
+            self.releasing.remove(&(at, claim.ip));
         }
         if let Some(count) = self
             .held_per_app
@@ -282,5 +335,60 @@ impl State {
             "{}: all {total} {noun}{family_word}IPs are held ({list})",
             request.scope
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::Phase;
+
+    fn claim(ip: &str, uid: &str) -> Claim {
+        Claim {
+            ip: ip.parse().unwrap(),
+            app: "web".into(),
+            pool: None,
+            pod: PodRef::default(),
+            request_uid: uid.into(),
+            phase: Phase::Reserved,
+            source: Source::Allocated,
+            created_at: 1,
+            updated_at: 1,
+            list_size: None,
+            token: String::new(),
+            release_at: None,
+            sticky: false,
+        }
+    }
+
+    #[test]
+    fn requests_sharing_a_hash_keep_their_own_claims() {
+        let claims: BTreeMap<IpAddr, Claim> = [
+            claim("10.0.0.1", "uid-a"),
+            claim("10.0.0.2", "uid-b"),
+            claim("10.0.0.3", "uid-a"),
+        ]
+        .into_iter()
+        .map(|c| (c.ip, c))
+        .collect();
+        let mut by_request = ByRequest::default();
+        // a forced collision: every IP filed under uid-a's key
+        by_request
+            .0
+            .insert(ByRequest::key("uid-a"), claims.keys().copied().collect());
+        let ips = |by_request: &ByRequest, uid| -> Vec<String> {
+            by_request
+                .claims(uid, &claims)
+                .iter()
+                .map(|c| c.ip.to_string())
+                .collect()
+        };
+        assert_eq!(ips(&by_request, "uid-a"), ["10.0.0.1", "10.0.0.3"]);
+        by_request.remove("uid-a", "10.0.0.1".parse().unwrap());
+        assert_eq!(ips(&by_request, "uid-a"), ["10.0.0.3"]);
+        // uid-b's claim was filed under another key: found only once filed under its own
+        assert!(ips(&by_request, "uid-b").is_empty());
+        by_request.add("uid-b", "10.0.0.2".parse().unwrap());
+        assert_eq!(ips(&by_request, "uid-b"), ["10.0.0.2"]);
     }
 }

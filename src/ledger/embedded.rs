@@ -26,7 +26,7 @@
 //!   before. A state dir holding only `ledger.redb` is migrated to the journal on first open
 //!   (the file is kept as `ledger.redb.migrated`).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::net::IpAddr;
@@ -377,7 +377,7 @@ enum Reply {
 /// Where the claim rules read and write during one batch.
 trait Records {
     fn read(&mut self, ip: IpAddr) -> Result<Option<Claim>, LedgerError>;
-    fn write(&mut self, claim: &Claim) -> Result<(), LedgerError>;
+    fn write(&mut self, claim: Claim) -> Result<(), LedgerError>;
 }
 
 /// Apply the claim rules to every request of the batch; returns the answers and the count of
@@ -396,7 +396,7 @@ fn apply(
                 let existing = records.read(claim.ip)?;
                 let outcome = match create_rule(existing.as_ref(), &claim) {
                     CreateRule::Write => {
-                        records.write(&claim)?;
+                        records.write(*claim)?;
                         writes += 1;
                         CreateOutcome::Created
                     }
@@ -413,7 +413,7 @@ fn apply(
             Request::Release(claim, reply) => {
                 let changed = match records.read(claim.ip)? {
                     Some(held) if held.is_held() && same_grant(&held, &claim) => {
-                        records.write(&released(&held, unix_now()))?;
+                        records.write(released(&held, unix_now()))?;
                         writes += 1;
                         true
                     }
@@ -425,7 +425,7 @@ fn apply(
                 let (current, next) = *pair;
                 let changed = match records.read(next.ip)? {
                     Some(record) if may_step(&record, &current, &next) => {
-                        records.write(&next)?;
+                        records.write(next)?;
                         writes += 1;
                         true
                     }
@@ -519,9 +519,9 @@ impl Records for RedbRecords<'_, '_> {
         }
     }
 
-    fn write(&mut self, claim: &Claim) -> Result<(), LedgerError> {
+    fn write(&mut self, claim: Claim) -> Result<(), LedgerError> {
         let key = claim.ip.to_string();
-        let bytes = serde_json::to_vec(claim).map_err(storage("encode"))?;
+        let bytes = serde_json::to_vec(&claim).map_err(storage("encode"))?;
         self.0
             .insert(key.as_str(), bytes.as_slice())
             .map_err(storage("write"))?;
@@ -742,7 +742,8 @@ struct Entry {
 
 struct Journal {
     dir: PathBuf,
-    claims: HashMap<IpAddr, Entry>,
+    /// A B-tree, like the allocator's maps: no all-at-once rehash on the writer thread.
+    claims: BTreeMap<IpAddr, Entry>,
     /// Sum of the record sizes of `claims`.
     live_bytes: u64,
     file: File,
@@ -857,7 +858,7 @@ impl Journal {
             snapshots = vec![1];
         }
         let base = snapshots.last().copied().unwrap_or(0);
-        let mut claims = HashMap::new();
+        let mut claims = BTreeMap::new();
         let mut live_bytes = 0u64;
         let mut install = |claim: Claim, size: u64| {
             let ip = claim.ip;
@@ -1050,7 +1051,7 @@ impl Journal {
 }
 
 struct JournalBatch<'a> {
-    claims: &'a HashMap<IpAddr, Entry>,
+    claims: &'a BTreeMap<IpAddr, Entry>,
     /// Writes of this batch in order (a later one of the same IP wins), with record sizes.
     pending: Vec<(Arc<Claim>, u64)>,
     /// The last write of each IP in `pending`.
@@ -1066,10 +1067,10 @@ impl Records for JournalBatch<'_> {
         Ok(self.claims.get(&ip).map(|e| (*e.claim).clone()))
     }
 
-    fn write(&mut self, claim: &Claim) -> Result<(), LedgerError> {
-        let size = encode_record(self.buf, claim)?;
+    fn write(&mut self, claim: Claim) -> Result<(), LedgerError> {
+        let size = encode_record(self.buf, &claim)?;
         self.index.insert(claim.ip, self.pending.len());
-        self.pending.push((Arc::new(claim.clone()), size));
+        self.pending.push((Arc::new(claim), size));
         Ok(())
     }
 }
