@@ -15,7 +15,7 @@
 # Two latency columns: wrk's p99, which wrk corrects for coordinated omission after the run
 # (it adds, for every reply slower than twice the mean interval, the replies a steady sender
 # would have waited for: one 200 ms stall turns into thousands of synthetic slow samples), and,
-# for durable allocations, `p99 each`: one more run of examples/bench_client.rs, which keeps
+# for ip-webhook's cells, `p99 each`: one more run of examples/bench_client.rs, which keeps
 # every request's own latency. The issue-18 p99 targets are judged on `p99 each`.
 #
 #   scripts/bench-load.sh
@@ -231,11 +231,11 @@ for conns in $connections; do
   fi
   if has mutate-dry-run; then
     server_addr=$decide_addr admin_addr=$decide_admin
-    measure mutate-dry-run "$conns" /mutate dry-run "$decide_pid"
+    measure mutate-dry-run "$conns" /mutate dry-run "$decide_pid" "$work/decide-state/ca.crt"
   fi
   if has validate; then
     server_addr=$decide_addr admin_addr=$decide_admin
-    measure validate "$conns" /validate as-is "$decide_pid"
+    measure validate "$conns" /validate as-is "$decide_pid" "$work/decide-state/ca.crt"
   fi
   if has mutate-durable; then
     # a fresh ledger per run, so every run starts from the same state
