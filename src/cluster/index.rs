@@ -10,7 +10,7 @@
 //! The allocator consults [`ForeignIps`] so that a static IP a live pod outside the ledger
 //! uses is refused, and such an IP is skipped as an allocation candidate.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
@@ -139,16 +139,18 @@ impl OvnIp {
     }
 }
 
+/// B-trees, not hash maps: a hash map doubles all at once under the write lock, and
+/// admissions read `by_ip` (README, "Where the durable tail was").
 struct Books<T> {
-    by_key: HashMap<Box<str>, Arc<T>>,
-    by_ip: HashMap<IpAddr, Arc<T>>,
+    by_key: BTreeMap<Box<str>, Arc<T>>,
+    by_ip: BTreeMap<IpAddr, Arc<T>>,
 }
 
 impl<T> Default for Books<T> {
     fn default() -> Self {
         Books {
-            by_key: HashMap::new(),
-            by_ip: HashMap::new(),
+            by_key: BTreeMap::new(),
+            by_ip: BTreeMap::new(),
         }
     }
 }
