@@ -10,7 +10,7 @@ use super::foreign::{ForeignIps, ForeignUse};
 use super::ipset::{Family, ip_from_key, ip_key};
 use super::messages::{HOLDERS_NAMED, holder_list};
 use crate::ledger::claim::{may_take_over, same_grant};
-use crate::ledger::{Claim, PodRef, Source};
+use crate::ledger::{Claim, Phase, PodRef, Source};
 
 /// Held addresses of one family as maximal runs `start -> end` (inclusive).
 #[derive(Debug, Default, Clone)]
@@ -84,11 +84,11 @@ impl RunSet {
 fn release_time(claim: &Claim) -> Option<u64> {
     claim
         .release_at
-        .filter(|_| claim.phase == crate::ledger::Phase::Terminating)
+        .filter(|_| claim.phase == Phase::Terminating)
 }
 
 /// The IPs granted to each admission request, keyed by a hash of its UID: B-tree keys that
-/// compare in one instruction. [`ByRequest::ips`] checks each claim's own UID, so two UIDs
+/// compare in one instruction. [`ByRequest::claims`] checks each claim's own UID, so two UIDs
 /// that share a hash cost a filter, never a wrong answer.
 #[derive(Default)]
 pub(super) struct ByRequest(BTreeMap<u64, Vec<IpAddr>>);
@@ -341,7 +341,6 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::Phase;
 
     fn claim(ip: &str, uid: &str) -> Claim {
         Claim {
