@@ -277,7 +277,7 @@ awk -F'\t' -v pp50="${probe_p50:-0}" -v pp99="${probe_p99:-0}" '
     if ((v in cpu) && (fl in cpu)) printf "  /validate CPU/request <= 1.5x floor:       %.2fx %s\n", cpu[v] / cpu[fl], (cpu[v] / cpu[fl] <= 1.5 ? "met" : "NOT met")
     if ((d in rps) && (kb in rps)) printf "  durable /mutate >= 5x kube-style req/s:    %.2fx %s\n", rps[d] / rps[kb], (rps[d] / rps[kb] >= 5 ? "met" : "NOT met")
     if (d in fs) printf "  fsyncs per allocation <= 0.25:             %s %s\n", fs[d], (fs[d] <= 0.25 ? "met" : "NOT met")
-    if (d in p99) printf "  durable p99 <= 2 ms:                       %.2f ms %s\n", p99[d] / 1000, (p99[d] <= 2000 ? "met" : "NOT met")
+    if ((d in each) && each[d] != "-") printf "  durable p99 each <= 2 ms:                  %.2f ms %s (wrk, corrected: %.2f ms)\n", each[d] / 1000, (each[d] <= 2000 ? "met" : "NOT met"), p99[d] / 1000
     if (pp99 > 0) {
       print ""
       printf "targets (issue 18), fdatasync probe p50 %.0f µs, p99 %.0f µs:\n", pp50, pp99
