@@ -1,9 +1,10 @@
 #![forbid(unsafe_code)]
 //! The load benchmark's second client: closed-loop HTTPS/1.1 keep-alive load on one thread,
 //! like `wrk -t1`, that keeps every request's latency (not a histogram) and prints its
-//! percentiles. `scripts/bench-load.sh` runs it beside wrk for durable `/mutate`, because at 16
-//! connections wrk's own p99 there was 20–30× what a packet capture of the same run showed
-//! between request and answer on the wire (README, "Where the durable tail was").
+//! percentiles. `scripts/bench-load.sh` runs it after wrk in each ip-webhook cell: wrk corrects
+//! its latencies for coordinated omission, and for durable `/mutate` at 16 connections its p99
+//! was 20–30× what a packet capture of the same run showed between request and answer on the
+//! wire (README, "Where the durable tail was").
 //!
 //! ```text
 //! bench_client URL FIXTURE MODE CONNECTIONS SECONDS CA_PEM [RUN_ID]

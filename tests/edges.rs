@@ -402,26 +402,22 @@ async fn wait_pools(what: &str, pools: &Api<DynamicObject>, expected: &[(&str, &
     panic!("{what}: expected {expected:?}, have {last:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_kube_ovn_reservation_follows_lists_and_pools() {
+/// A fake API server with our CRDs, Kube-OVN's, and the Subnets `(name, cidrBlock)`.
+async fn kube_ovn_cluster(subnets: &[(&str, &str)]) -> (FakeApi, kube::Client) {
     let fake = FakeApi::start();
     let client = fake.install_crds().await;
     install_crd_fixture(&client, "kube-ovn-crds.yaml").await;
-    let subnets: Api<DynamicObject> = Api::all_with(client.clone(), &kube_ovn_subnets());
-    create_spec(
-        &subnets,
-        &kube_ovn_subnets(),
-        "net1",
-        json!({"cidrBlock": "10.16.0.0/16"}),
-    )
-    .await;
-    create_spec(
-        &subnets,
-        &kube_ovn_subnets(),
-        "net2",
-        json!({"cidrBlock": "10.17.0.0/24"}),
-    )
-    .await;
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &kube_ovn_subnets());
+    for (name, cidr) in subnets {
+        create_spec(&api, &kube_ovn_subnets(), name, json!({"cidrBlock": cidr})).await;
+    }
+    (fake, client)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kube_ovn_reservation_follows_lists_and_pools() {
+    let (fake, client) =
+        kube_ovn_cluster(&[("net1", "10.16.0.0/16"), ("net2", "10.17.0.0/24")]).await;
     let ippools: Api<DynamicObject> = Api::all_with(client.clone(), &kube_ovn_ippools());
     // Someone else's IPPool: Kube-OVN refuses overlapping IPPools, so its IPs are left out.
     create_spec(
@@ -538,17 +534,7 @@ async fn the_kube_ovn_reservation_follows_lists_and_pools() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_kube_ovn_reservation_no_ippool_is_written() {
-    let fake = FakeApi::start();
-    let client = fake.install_crds().await;
-    install_crd_fixture(&client, "kube-ovn-crds.yaml").await;
-    let subnets: Api<DynamicObject> = Api::all_with(client.clone(), &kube_ovn_subnets());
-    create_spec(
-        &subnets,
-        &kube_ovn_subnets(),
-        "net1",
-        json!({"cidrBlock": "10.16.0.0/16"}),
-    )
-    .await;
+    let (fake, client) = kube_ovn_cluster(&[("net1", "10.16.0.0/16")]).await;
     let _server = fake.replica(&["--cni", "kube-ovn"]).await;
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
     namespaces
