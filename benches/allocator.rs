@@ -58,7 +58,10 @@ async fn allocator_holding(held: u32) -> Allocator {
             release_at: None,
             sticky: false,
         };
-        ledger.create(&claim).await.expect("memory ledger");
+        ledger
+            .create(claim.clone().into())
+            .await
+            .expect("memory ledger");
     }
     Allocator::new(ledger).await.expect("loads")
 }

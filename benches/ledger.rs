@@ -56,7 +56,7 @@ fn commits(c: &mut Criterion) {
                     let first = next.fetch_add(batch, Ordering::Relaxed);
                     let creates = (first..first + batch).map(|n| {
                         let ledger = ledger.clone();
-                        tokio::spawn(async move { ledger.create(&claim(n)).await })
+                        tokio::spawn(async move { ledger.create(claim(n).into()).await })
                     });
                     for created in futures::future::join_all(creates).await {
                         assert_eq!(

@@ -148,7 +148,7 @@ async fn load(dir: &Path, store: Store, conns: usize, seconds: u64) {
                     while Instant::now() < until {
                         let n = next.fetch_add(1, Ordering::Relaxed);
                         let started = Instant::now();
-                        let outcome = ledger.create(&claim(n)).await.unwrap();
+                        let outcome = ledger.create(claim(n).into()).await.unwrap();
                         latencies.push(started.elapsed().as_secs_f64());
                         assert_eq!(outcome, CreateOutcome::Created);
                     }
@@ -255,7 +255,7 @@ async fn restart(dir: &Path, store: Store, claims: u32) {
                     if n >= claims {
                         break;
                     }
-                    ledger.create(&claim(n)).await.unwrap();
+                    ledger.create(claim(n).into()).await.unwrap();
                 }
             }));
         }

@@ -145,7 +145,7 @@ fn claim(ip: &str, name: &str, uid: &str) -> Claim {
 async fn bound_claim(client: &Client, ip: &str, name: &str, uid: &str) {
     let claim = claim(ip, name, uid);
     KubeLedger::new(client.clone())
-        .create(&claim)
+        .create(claim.clone().into())
         .await
         .unwrap();
     let hour_ago =
@@ -386,8 +386,8 @@ async fn an_embedded_ledger_is_compared_with_the_cluster() {
     let mut live = claim("10.0.0.10", "web-a", &uid);
     live.created_at = 1_764_400_000;
     live.updated_at = 1_764_400_000;
-    ledger.create(&gone).await.unwrap();
-    ledger.create(&live).await.unwrap();
+    ledger.create(gone.clone().into()).await.unwrap();
+    ledger.create(live.clone().into()).await.unwrap();
     ledger.close().await;
 
     let kubeconfig = fake.kubeconfig().display().to_string();

@@ -349,7 +349,7 @@ fn etcd_prefix_spellings_share_one_key_space() {
         other.pod.name = "web-b".into();
         other.request_uid = "req-b".into();
         other.token = "req-b".into();
-        match bare.create(&other).await.unwrap() {
+        match bare.create(other.clone().into()).await.unwrap() {
             CreateOutcome::AlreadyHeld(holder) => assert_eq!(holder.pod.name, "web-a"),
             outcome => panic!("ip-webhook (no slashes) did not see the claim: {outcome:?}"),
         }

@@ -208,7 +208,7 @@ async fn the_last_ip_held_elsewhere_is_a_clear_denial() {
     ]);
     let ledger = KubeLedger::new(client);
     let outcome = ledger
-        .create(&claim("10.0.0.1", "web-me", "req-me"))
+        .create(claim("10.0.0.1", "web-me", "req-me").into())
         .await
         .unwrap();
     match outcome {
@@ -225,7 +225,10 @@ async fn a_retried_admission_finds_its_own_claim() {
         step("POST", CLAIMS, 409, already_exists("10.0.0.3")),
         step("GET", format!("{CLAIMS}/10.0.0.3"), 200, stored(&mine, 6)),
     ]);
-    let outcome = KubeLedger::new(client).create(&mine).await.unwrap();
+    let outcome = KubeLedger::new(client)
+        .create(mine.clone().into())
+        .await
+        .unwrap();
     assert_eq!(outcome, CreateOutcome::Created);
     server.await.unwrap();
 }
@@ -267,14 +270,14 @@ async fn a_statefulset_pod_takes_back_its_kept_ip_and_others_cannot() {
     let ledger = KubeLedger::new(client);
     assert_eq!(
         ledger
-            .create(&claim("10.0.0.9", "web-0", "req-new"))
+            .create(claim("10.0.0.9", "web-0", "req-new").into())
             .await
             .unwrap(),
         CreateOutcome::Created
     );
     assert!(matches!(
         ledger
-            .create(&claim("10.0.0.9", "web-1", "req-1"))
+            .create(claim("10.0.0.9", "web-1", "req-1").into())
             .await
             .unwrap(),
         CreateOutcome::AlreadyHeld(_)

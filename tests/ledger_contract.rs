@@ -420,22 +420,22 @@ async fn claim_rules_transcript(ledger: &dyn Ledger) -> Vec<String> {
     let a = reserved("10.60.0.1", "", "req-a", "tok-a");
     out.push(format!(
         "create a: {}",
-        outcome(ledger.create(&a).await.unwrap())
+        outcome(ledger.create(a.clone().into()).await.unwrap())
     ));
     out.push(format!(
         "retry a: {}",
-        outcome(ledger.create(&a).await.unwrap())
+        outcome(ledger.create(a.clone().into()).await.unwrap())
     ));
     let mut a_elsewhere = a.clone();
     a_elsewhere.token = "tok-a2".into();
     out.push(format!(
         "a on another replica: {}",
-        outcome(ledger.create(&a_elsewhere).await.unwrap())
+        outcome(ledger.create(a_elsewhere.clone().into()).await.unwrap())
     ));
     let b = reserved("10.60.0.1", "", "req-b", "tok-b");
     out.push(format!(
         "create b: {}",
-        outcome(ledger.create(&b).await.unwrap())
+        outcome(ledger.create(b.clone().into()).await.unwrap())
     ));
 
     // Reserved -> Bound, once; a stale grant changes nothing
@@ -475,7 +475,7 @@ async fn claim_rules_transcript(ledger: &dyn Ledger) -> Vec<String> {
     ));
     out.push(format!(
         "create b while terminating: {}",
-        outcome(ledger.create(&b).await.unwrap())
+        outcome(ledger.create(b.clone().into()).await.unwrap())
     ));
     let kept = rules::bound(&ending, "db-7d4b9c-x", "uid-a", 1_764_400_060);
     out.push(format!(
@@ -497,24 +497,24 @@ async fn claim_rules_transcript(ledger: &dyn Ledger) -> Vec<String> {
     ));
     out.push(format!(
         "create b after the release: {}",
-        outcome(ledger.create(&b).await.unwrap())
+        outcome(ledger.create(b.clone().into()).await.unwrap())
     ));
 
     // a fixed name takes its reservation (a failed create) and its terminating claim over
     let db0 = reserved("10.60.0.2", "db-0", "req-db0-1", "tok-d1");
     out.push(format!(
         "create db-0: {}",
-        outcome(ledger.create(&db0).await.unwrap())
+        outcome(ledger.create(db0.clone().into()).await.unwrap())
     ));
     let retried = reserved("10.60.0.2", "db-0", "req-db0-2", "tok-d2");
     out.push(format!(
         "db-0 retried: {}",
-        outcome(ledger.create(&retried).await.unwrap())
+        outcome(ledger.create(retried.clone().into()).await.unwrap())
     ));
     let other = reserved("10.60.0.2", "db-1", "req-db1", "tok-e");
     out.push(format!(
         "db-1 on db-0's IP: {}",
-        outcome(ledger.create(&other).await.unwrap())
+        outcome(ledger.create(other.clone().into()).await.unwrap())
     ));
     let running = rules::bound(&retried, "db-0", "uid-d", 1_764_400_070);
     out.push(format!(
@@ -524,7 +524,7 @@ async fn claim_rules_transcript(ledger: &dyn Ledger) -> Vec<String> {
     let again = reserved("10.60.0.2", "db-0", "req-db0-3", "tok-d3");
     out.push(format!(
         "db-0 while it runs: {}",
-        outcome(ledger.create(&again).await.unwrap())
+        outcome(ledger.create(again.clone().into()).await.unwrap())
     ));
     let db0_pod = Identity {
         namespace: "default",
@@ -539,7 +539,7 @@ async fn claim_rules_transcript(ledger: &dyn Ledger) -> Vec<String> {
     ));
     out.push(format!(
         "db-0 recreated: {}",
-        outcome(ledger.create(&again).await.unwrap())
+        outcome(ledger.create(again.clone().into()).await.unwrap())
     ));
     out.push(format!("record: {}", record(ledger, "10.60.0.2").await));
     // the old pod's late release does not free the new pod's claim

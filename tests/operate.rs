@@ -127,7 +127,7 @@ async fn seed(dir: &Path) {
         ),
     ];
     for claim in &claims {
-        ledger.create(claim).await.unwrap();
+        ledger.create(claim.clone().into()).await.unwrap();
     }
     ledger.release(&claims[2]).await.unwrap();
     ledger.close().await;
@@ -719,25 +719,11 @@ async fn operator_commands_read_the_cluster_of_kubeconfig_and_create_nothing() {
     let uid = pod.metadata.uid.unwrap();
     let ledger = KubeLedger::new(client.clone());
     ledger
-        .create(&api_claim(
-            "10.20.0.1",
-            "prod",
-            "api",
-            Some("blue"),
-            "api-0",
-            &uid,
-        ))
+        .create(api_claim("10.20.0.1", "prod", "api", Some("blue"), "api-0", &uid).into())
         .await
         .unwrap();
     ledger
-        .create(&api_claim(
-            "10.0.0.10",
-            "default",
-            "web",
-            None,
-            "web-0",
-            "gone-uid",
-        ))
+        .create(api_claim("10.0.0.10", "default", "web", None, "web-0", "gone-uid").into())
         .await
         .unwrap();
 

@@ -105,11 +105,11 @@ async fn cluster(fake: &FakeApi) {
     let ledger = KubeLedger::new(client);
     let uid = pod.metadata.uid.unwrap();
     ledger
-        .create(&claim("10.20.0.1", "prod", "api", "api-0", &uid))
+        .create(claim("10.20.0.1", "prod", "api", "api-0", &uid).into())
         .await
         .unwrap();
     ledger
-        .create(&claim("10.0.0.10", "default", "web", "web-0", "gone-uid"))
+        .create(claim("10.0.0.10", "default", "web", "web-0", "gone-uid").into())
         .await
         .unwrap();
 }

@@ -187,8 +187,8 @@ async fn review(args: ReviewArgs) -> anyhow::Result<()> {
                 Vec::new()
             };
             let memory = MemoryLedger::new();
-            for claim in &claims {
-                memory.create(claim).await?;
+            for claim in claims {
+                memory.create(claim.into()).await?;
             }
             Some(Arc::new(memory))
         } else {

@@ -176,12 +176,17 @@ impl Allocator {
 
     /// Who holds `ip`, if anyone.
     pub fn holder(&self, ip: &IpAddr) -> Option<Claim> {
-        self.lock().claims.get(ip).cloned()
+        self.lock().claims.get(ip).map(|claim| (**claim).clone())
     }
 
     /// Every held claim (for status and tests).
     pub fn claims(&self) -> Vec<Claim> {
-        let mut claims: Vec<Claim> = self.lock().claims.values().cloned().collect();
+        let mut claims: Vec<Claim> = self
+            .lock()
+            .claims
+            .values()
+            .map(|claim| (**claim).clone())
+            .collect();
         claims.sort_by_key(|c| ip_key(&c.ip));
         claims
     }
@@ -189,16 +194,12 @@ impl Allocator {
     /// Run `f` over every held claim without copying them (metrics scrapes, status).
     pub fn with_claims<R>(&self, f: impl FnOnce(&mut dyn Iterator<Item = &Claim>) -> R) -> R {
         let state = self.lock();
-        f(&mut state.claims.values())
+        f(&mut state.claims.values().map(|claim| &**claim))
     }
 
     /// How many IPs the app holds.
     pub fn held_by_app(&self, namespace: &str, app: &str) -> u64 {
-        self.lock()
-            .held_per_app
-            .get(&(namespace.to_string(), app.to_string()))
-            .copied()
-            .unwrap_or(0)
+        self.lock().held_per_app.get(namespace, app)
     }
 
     /// Choose one IP per family of the candidate list, and (unless dry run) record the claims.
@@ -214,7 +215,7 @@ impl Allocator {
             reasons: Vec::new(),
             token: request.token.to_string(),
         };
-        let mut made: Vec<Claim> = Vec::new();
+        let mut made: Vec<Arc<Claim>> = Vec::new();
         for family in request.candidates.families() {
             match self.allocate_one(request, family).await {
                 Ok((claim, reason)) => {
@@ -254,7 +255,7 @@ impl Allocator {
         &self,
         request: &AllocationRequest<'_>,
         family: Family,
-    ) -> Result<(Claim, Reason), AllocError> {
+    ) -> Result<(Arc<Claim>, Reason), AllocError> {
         for _ in 0..MAX_CONTENDED_ATTEMPTS {
             let (claim, reason) = {
                 let mut state = self.lock();
@@ -265,15 +266,16 @@ impl Allocator {
                         self.foreign(),
                     )));
                 };
-                let claim = new_claim(ip, request, Source::Allocated);
+                let claim = Arc::new(new_claim(ip, request, Source::Allocated));
                 if request.dry_run {
                     return Ok((claim, reason));
                 }
+                // one copy, shared by this index and the ledger's
                 state.hold(claim.clone());
                 (claim, reason)
             };
             match self.record(&claim).await? {
-                Recorded::Ours(claim) => return Ok((*claim, reason)),
+                Recorded::Ours(claim) => return Ok((claim, reason)),
                 Recorded::HeldBy(_) => {}
             }
         }
@@ -282,13 +284,14 @@ impl Allocator {
 
     /// Make `claim` (already held in the index) durable. On a refusal the index learns the
     /// holder instead; on an error the claim is dropped from the index.
-    async fn record(&self, claim: &Claim) -> Result<Recorded, AllocError> {
-        match self.ledger.create(claim).await {
-            Ok(CreateOutcome::Created) => Ok(Recorded::Ours(Box::new(claim.clone()))),
+    async fn record(&self, claim: &Arc<Claim>) -> Result<Recorded, AllocError> {
+        match self.ledger.create(claim.clone()).await {
+            Ok(CreateOutcome::Created) => Ok(Recorded::Ours(claim.clone())),
             Ok(CreateOutcome::Existing(existing)) => {
+                let existing = Arc::new(*existing);
                 let mut state = self.lock();
                 state.unhold(claim);
-                state.hold((*existing).clone());
+                state.hold(existing.clone());
                 Ok(Recorded::Ours(existing))
             }
             Ok(CreateOutcome::AlreadyHeld(holder)) => {
@@ -319,7 +322,7 @@ impl Allocator {
         };
         let mut made = Vec::new();
         for ip in ips {
-            let probe = new_claim(*ip, request, Source::Static);
+            let probe = Arc::new(new_claim(*ip, request, Source::Static));
             let step = {
                 let mut state = self.lock();
                 let elsewhere = state
@@ -351,7 +354,7 @@ impl Allocator {
                 Some(Ok(claim)) => match self.record(&claim).await {
                     Ok(Recorded::Ours(claim)) => {
                         allocation.token = claim.token.clone();
-                        made.push(*claim);
+                        made.push(claim);
                         continue;
                     }
                     Ok(Recorded::HeldBy(holder)) => {
@@ -374,7 +377,7 @@ impl Allocator {
         ips.iter()
             .filter_map(|ip| state.claims.get(ip))
             .filter(|c| c.is_held() && held_by(c, pod))
-            .cloned()
+            .map(|c| (**c).clone())
             .collect()
     }
 
@@ -446,7 +449,7 @@ impl Allocator {
             .releasing
             .iter()
             .take_while(|(at, _)| *at <= now)
-            .filter_map(|(_, ip)| state.claims.get(ip).cloned())
+            .filter_map(|(_, ip)| state.claims.get(ip).map(|c| (**c).clone()))
             .collect()
     }
 
@@ -542,7 +545,7 @@ impl Allocator {
 /// What recording a claim came to.
 enum Recorded {
     /// Ours: the claim as recorded (a retried admission's first record, maybe).
-    Ours(Box<Claim>),
+    Ours(Arc<Claim>),
     HeldBy(Box<Claim>),
 }
 
@@ -985,7 +988,7 @@ mod tests {
                 let claim = new_claim(ip, &request(&set, pod("x"), "bulk"), Source::Allocated);
                 let (family, value) = ip_key(&claim.ip);
                 state.held.entry(family).or_default().insert(value);
-                state.claims.insert(claim.ip, claim);
+                state.claims.insert(claim.ip, claim.into());
             }
         }
         let got = alloc.allocate(&request(&set, pod("y"), "u")).await.unwrap();

@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use super::allocator::{AllocationRequest, Reason, new_claim};
 use super::foreign::{ForeignIps, ForeignUse};
@@ -117,14 +118,47 @@ impl ByRequest {
     pub(super) fn claims<'a>(
         &self,
         uid: &str,
-        claims: &'a BTreeMap<IpAddr, Claim>,
+        claims: &'a BTreeMap<IpAddr, Arc<Claim>>,
     ) -> Vec<&'a Claim> {
         self.0.get(&Self::key(uid)).map_or_else(Vec::new, |ips| {
             ips.iter()
-                .filter_map(|ip| claims.get(ip))
+                .filter_map(|ip| claims.get(ip).map(|claim| &**claim))
                 .filter(|claim| claim.request_uid == uid)
                 .collect()
         })
+    }
+}
+
+/// How many IPs each app holds, by namespace then app: counting a claim in or out looks the
+/// app up by reference, without building an owned key on every admission.
+#[derive(Default)]
+pub(super) struct AppCounts(HashMap<String, HashMap<String, u64>>);
+
+impl AppCounts {
+    pub(super) fn get(&self, namespace: &str, app: &str) -> u64 {
+        self.0
+            .get(namespace)
+            .and_then(|apps| apps.get(app))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    fn add(&mut self, namespace: &str, app: &str) {
+        match self.0.get_mut(namespace).and_then(|apps| apps.get_mut(app)) {
+            Some(count) => *count += 1,
+            None => {
+                self.0
+                    .entry(namespace.to_string())
+                    .or_default()
+                    .insert(app.to_string(), 1);
+            }
+        }
+    }
+
+    fn remove(&mut self, namespace: &str, app: &str) {
+        if let Some(count) = self.0.get_mut(namespace).and_then(|apps| apps.get_mut(app)) {
+            *count = count.saturating_sub(1);
+        }
     }
 }
 
@@ -134,14 +168,15 @@ pub(super) struct State {
     // The maps that grow with every claim are B-trees: a hash map doubles all at once, and at
     // 229,376 claims that one rehash held every admission for 200 ms (README, "Where the
     // durable tail was"); a B-tree grows a node at a time.
-    pub(super) claims: BTreeMap<IpAddr, Claim>,
+    /// Shared with the embedded ledger, which keeps the same copy of each claim it records.
+    pub(super) claims: BTreeMap<IpAddr, Arc<Claim>>,
     pub(super) by_request: ByRequest,
     /// `Terminating` claims by release time, so the release timer's pass costs what is due,
     /// not a scan of every claim under the lock each second.
     pub(super) releasing: BTreeSet<(u64, IpAddr)>,
     /// Last IPs of a pod name of an app: `(namespace, app, pod name)`.
     pub(super) history: BTreeMap<(String, String, String), Vec<IpAddr>>,
-    pub(super) held_per_app: HashMap<(String, String), u64>,
+    pub(super) held_per_app: AppCounts,
 }
 
 impl State {
@@ -150,7 +185,8 @@ impl State {
         self.held.get(&family).is_some_and(|r| r.contains(value))
     }
 
-    pub(super) fn hold(&mut self, claim: Claim) {
+    pub(super) fn hold(&mut self, claim: impl Into<Arc<Claim>>) {
+        let claim = claim.into();
         // forget what the IP's previous record indexed before indexing the new one: the two
         // may share a request (the same claim learned twice)
         if let Some(previous) = self.claims.remove(&claim.ip) {
@@ -162,10 +198,7 @@ impl State {
         if let Some(at) = release_time(&claim) {
             self.releasing.insert((at, claim.ip));
         }
-        *self
-            .held_per_app
-            .entry((claim.pod.namespace.clone(), claim.app.clone()))
-            .or_default() += 1;
+        self.held_per_app.add(&claim.pod.namespace, &claim.app);
         self.remember(&claim);
         self.claims.insert(claim.ip, claim);
     }
@@ -175,12 +208,7 @@ impl State {
         if let Some(at) = release_time(claim) {
             self.releasing.remove(&(at, claim.ip));
         }
-        if let Some(count) = self
-            .held_per_app
-            .get_mut(&(claim.pod.namespace.clone(), claim.app.clone()))
-        {
-            *count = count.saturating_sub(1);
-        }
+        self.held_per_app.remove(&claim.pod.namespace, &claim.app);
     }
 
     /// Drop the claim on `ip` if it is `claim`'s grant (same request and token).
@@ -362,13 +390,13 @@ mod tests {
 
     #[test]
     fn requests_sharing_a_hash_keep_their_own_claims() {
-        let claims: BTreeMap<IpAddr, Claim> = [
+        let claims: BTreeMap<IpAddr, Arc<Claim>> = [
             claim("10.0.0.1", "uid-a"),
             claim("10.0.0.2", "uid-b"),
             claim("10.0.0.3", "uid-a"),
         ]
         .into_iter()
-        .map(|c| (c.ip, c))
+        .map(|c| (c.ip, Arc::new(c)))
         .collect();
         let mut by_request = ByRequest::default();
         // a forced collision: every IP filed under uid-a's key

@@ -125,7 +125,7 @@ impl CommitCounters {
 type Answer<T> = oneshot::Sender<(Result<T, LedgerError>, Instant)>;
 
 enum Request {
-    Create(Box<Claim>, Answer<CreateOutcome>),
+    Create(Arc<Claim>, Answer<CreateOutcome>),
     Release(Box<Claim>, Answer<bool>),
     /// `(current, next)`: a phase change.
     Transition(Box<(Claim, Claim)>, Answer<bool>),
@@ -376,8 +376,8 @@ enum Reply {
 
 /// Where the claim rules read and write during one batch.
 trait Records {
-    fn read(&mut self, ip: IpAddr) -> Result<Option<Claim>, LedgerError>;
-    fn write(&mut self, claim: Claim) -> Result<(), LedgerError>;
+    fn read(&mut self, ip: IpAddr) -> Result<Option<Arc<Claim>>, LedgerError>;
+    fn write(&mut self, claim: Arc<Claim>) -> Result<(), LedgerError>;
 }
 
 /// Apply the claim rules to every request of the batch; returns the answers and the count of
@@ -394,26 +394,26 @@ fn apply(
         match request {
             Request::Create(claim, reply) => {
                 let existing = records.read(claim.ip)?;
-                let outcome = match create_rule(existing.as_ref(), &claim) {
+                let outcome = match create_rule(existing.as_deref(), &claim) {
                     CreateRule::Write => {
-                        records.write(*claim)?;
+                        records.write(claim)?;
                         writes += 1;
                         CreateOutcome::Created
                     }
                     CreateRule::Existing => CreateOutcome::for_existing(
-                        existing.expect("a rule about an existing record"),
+                        Arc::unwrap_or_clone(existing.expect("a rule about an existing record")),
                         &claim,
                     ),
-                    CreateRule::Held => CreateOutcome::AlreadyHeld(Box::new(
+                    CreateRule::Held => CreateOutcome::AlreadyHeld(Box::new(Arc::unwrap_or_clone(
                         existing.expect("a rule about an existing record"),
-                    )),
+                    ))),
                 };
                 replies.push(Reply::Create(reply, outcome));
             }
             Request::Release(claim, reply) => {
                 let changed = match records.read(claim.ip)? {
                     Some(held) if held.is_held() && same_grant(&held, &claim) => {
-                        records.write(released(&held, unix_now()))?;
+                        records.write(Arc::new(released(&held, unix_now())))?;
                         writes += 1;
                         true
                     }
@@ -425,7 +425,7 @@ fn apply(
                 let (current, next) = *pair;
                 let changed = match records.read(next.ip)? {
                     Some(record) if may_step(&record, &current, &next) => {
-                        records.write(next)?;
+                        records.write(Arc::new(next))?;
                         writes += 1;
                         true
                     }
@@ -511,17 +511,17 @@ impl Backend {
 struct RedbRecords<'a, 'txn>(&'a mut redb::Table<'txn, &'static str, &'static [u8]>);
 
 impl Records for RedbRecords<'_, '_> {
-    fn read(&mut self, ip: IpAddr) -> Result<Option<Claim>, LedgerError> {
+    fn read(&mut self, ip: IpAddr) -> Result<Option<Arc<Claim>>, LedgerError> {
         let key = ip.to_string();
         match self.0.get(key.as_str()).map_err(storage("read"))? {
-            Some(bytes) => decode(&key, bytes.value()).map(Some),
+            Some(bytes) => decode(&key, bytes.value()).map(|claim| Some(Arc::new(claim))),
             None => Ok(None),
         }
     }
 
-    fn write(&mut self, claim: Claim) -> Result<(), LedgerError> {
+    fn write(&mut self, claim: Arc<Claim>) -> Result<(), LedgerError> {
         let key = claim.ip.to_string();
-        let bytes = serde_json::to_vec(&claim).map_err(storage("encode"))?;
+        let bytes = serde_json::to_vec(&*claim).map_err(storage("encode"))?;
         self.0
             .insert(key.as_str(), bytes.as_slice())
             .map_err(storage("write"))?;
@@ -1060,17 +1060,17 @@ struct JournalBatch<'a> {
 }
 
 impl Records for JournalBatch<'_> {
-    fn read(&mut self, ip: IpAddr) -> Result<Option<Claim>, LedgerError> {
+    fn read(&mut self, ip: IpAddr) -> Result<Option<Arc<Claim>>, LedgerError> {
         if let Some(&at) = self.index.get(&ip) {
-            return Ok(Some((*self.pending[at].0).clone()));
+            return Ok(Some(self.pending[at].0.clone()));
         }
-        Ok(self.claims.get(&ip).map(|e| (*e.claim).clone()))
+        Ok(self.claims.get(&ip).map(|e| e.claim.clone()))
     }
 
-    fn write(&mut self, claim: Claim) -> Result<(), LedgerError> {
+    fn write(&mut self, claim: Arc<Claim>) -> Result<(), LedgerError> {
         let size = encode_record(self.buf, &claim)?;
         self.index.insert(claim.ip, self.pending.len());
-        self.pending.push((Arc::new(claim), size));
+        self.pending.push((claim, size));
         Ok(())
     }
 }
@@ -1088,9 +1088,8 @@ impl Ledger for EmbeddedLedger {
             .map_err(|_| LedgerError::Storage("ledger load aborted".into()))?
     }
 
-    async fn create(&self, claim: &Claim) -> Result<CreateOutcome, LedgerError> {
-        self.ask(|tx| Request::Create(Box::new(claim.clone()), tx))
-            .await
+    async fn create(&self, claim: Arc<Claim>) -> Result<CreateOutcome, LedgerError> {
+        self.ask(|tx| Request::Create(claim, tx)).await
     }
 
     async fn release(&self, claim: &Claim) -> Result<bool, LedgerError> {
@@ -1152,10 +1151,10 @@ mod tests {
         let counters = CommitCounters::default();
         let ledger = EmbeddedLedger::open(dir.path(), counters.clone()).unwrap();
         assert_eq!(
-            ledger.create(&claim("10.0.0.1", "a")).await.unwrap(),
+            ledger.create(claim("10.0.0.1", "a").into()).await.unwrap(),
             CreateOutcome::Created
         );
-        match ledger.create(&claim("10.0.0.1", "b")).await.unwrap() {
+        match ledger.create(claim("10.0.0.1", "b").into()).await.unwrap() {
             CreateOutcome::AlreadyHeld(holder) => assert_eq!(holder.pod.name, "a"),
             other => panic!("expected AlreadyHeld, got {other:?}"),
         }
@@ -1163,7 +1162,7 @@ mod tests {
         assert!(!ledger.release(&claim("10.0.0.1", "b")).await.unwrap());
         assert!(ledger.release(&claim("10.0.0.1", "a")).await.unwrap());
         assert_eq!(
-            ledger.create(&claim("10.0.0.1", "b")).await.unwrap(),
+            ledger.create(claim("10.0.0.1", "b").into()).await.unwrap(),
             CreateOutcome::Created
         );
         ledger.close().await;
@@ -1192,7 +1191,10 @@ mod tests {
             let ledger = ledger.clone();
             tasks.push(tokio::spawn(async move {
                 let ip = format!("10.1.{}.{}", i / 250, i % 250);
-                ledger.create(&claim(&ip, &format!("p{i}"))).await.unwrap()
+                ledger
+                    .create(claim(&ip, &format!("p{i}")).into())
+                    .await
+                    .unwrap()
             }));
         }
         for t in tasks {
@@ -1224,7 +1226,10 @@ mod tests {
                 // the admission's own work, holding the runtime's only thread
                 std::thread::sleep(std::time::Duration::from_millis(3));
                 let ip = format!("10.9.0.{i}");
-                ledger.create(&claim(&ip, &format!("p{i}"))).await.unwrap()
+                ledger
+                    .create(claim(&ip, &format!("p{i}")).into())
+                    .await
+                    .unwrap()
             }));
         }
         for t in tasks {
@@ -1252,7 +1257,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let ledger = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
         let first = claim("10.9.1.1", "a");
-        let mut opened = Box::pin(ledger.create(&first));
+        let mut opened = Box::pin(ledger.create(first.clone().into()));
         assert!(
             futures::poll!(opened.as_mut()).is_pending(),
             "it yields once"
@@ -1260,7 +1265,7 @@ mod tests {
         drop(opened);
         let joined = tokio::time::timeout(
             std::time::Duration::from_secs(10),
-            ledger.create(&claim("10.9.1.2", "b")),
+            ledger.create(claim("10.9.1.2", "b").into()),
         )
         .await
         .expect("a request that joined the dropped one's batch is answered");
@@ -1276,11 +1281,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let ledger = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
         assert!(read_claims(dir.path()).unwrap().is_empty());
-        ledger.create(&claim("10.0.0.1", "a")).await.unwrap();
+        ledger.create(claim("10.0.0.1", "a").into()).await.unwrap();
         let seen = read_claims(dir.path()).unwrap();
         assert_eq!(seen.len(), 1);
         assert_eq!(seen[0].pod.name, "a");
-        ledger.create(&claim("10.0.0.2", "b")).await.unwrap();
+        ledger.create(claim("10.0.0.2", "b").into()).await.unwrap();
         assert_eq!(read_claims(dir.path()).unwrap().len(), 2);
         ledger.close().await;
 
@@ -1310,7 +1315,10 @@ mod tests {
             for i in 0..20u32 {
                 let ip = format!("10.2.0.{i}");
                 assert_eq!(
-                    ledger.create(&claim(&ip, &format!("p{i}"))).await.unwrap(),
+                    ledger
+                        .create(claim(&ip, &format!("p{i}")).into())
+                        .await
+                        .unwrap(),
                     CreateOutcome::Created,
                     "{store:?}"
                 );
@@ -1339,8 +1347,8 @@ mod tests {
     async fn a_torn_tail_is_cut_and_whole_records_are_kept() {
         let dir = tempfile::tempdir().unwrap();
         let ledger = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
-        ledger.create(&claim("10.3.0.1", "a")).await.unwrap();
-        ledger.create(&claim("10.3.0.2", "b")).await.unwrap();
+        ledger.create(claim("10.3.0.1", "a").into()).await.unwrap();
+        ledger.create(claim("10.3.0.2", "b").into()).await.unwrap();
         ledger.close().await;
         drop(ledger);
         let path = journal_path(dir.path());
@@ -1367,7 +1375,7 @@ mod tests {
         names.sort();
         assert_eq!(names, ["a", "b"]);
         assert_eq!(
-            ledger.create(&claim("10.3.0.3", "c")).await.unwrap(),
+            ledger.create(claim("10.3.0.3", "c").into()).await.unwrap(),
             CreateOutcome::Created
         );
         ledger.close().await;
@@ -1382,7 +1390,7 @@ mod tests {
     async fn a_bad_record_before_the_last_journal_refuses_to_open() {
         let dir = tempfile::tempdir().unwrap();
         let ledger = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
-        ledger.create(&claim("10.4.0.1", "a")).await.unwrap();
+        ledger.create(claim("10.4.0.1", "a").into()).await.unwrap();
         ledger.close().await;
         drop(ledger);
         let path = journal_path(dir.path());
@@ -1412,12 +1420,18 @@ mod tests {
             for i in 0..40u32 {
                 let ip = format!("10.5.0.{i}");
                 let held = claim(&ip, &format!("p{i}-{round}"));
-                assert_eq!(ledger.create(&held).await.unwrap(), CreateOutcome::Created);
+                assert_eq!(
+                    ledger.create(held.clone().into()).await.unwrap(),
+                    CreateOutcome::Created
+                );
                 assert!(ledger.release(&held).await.unwrap());
             }
             round += 1;
         }
-        ledger.create(&claim("10.5.1.1", "last")).await.unwrap();
+        ledger
+            .create(claim("10.5.1.1", "last").into())
+            .await
+            .unwrap();
         ledger.close().await;
         drop(ledger);
         let snapshots = generations(dir.path(), SNAPSHOT).unwrap();
@@ -1448,8 +1462,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let old =
             EmbeddedLedger::open_store(dir.path(), CommitCounters::default(), Store::Redb).unwrap();
-        old.create(&claim("10.6.0.1", "a")).await.unwrap();
-        old.create(&claim("10.6.0.2", "b")).await.unwrap();
+        old.create(claim("10.6.0.1", "a").into()).await.unwrap();
+        old.create(claim("10.6.0.2", "b").into()).await.unwrap();
         old.close().await;
         drop(old);
         let ledger = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
@@ -1457,7 +1471,7 @@ mod tests {
         assert!(!dir.path().join(REDB_FILE).exists());
         assert!(dir.path().join("ledger.redb.migrated").exists());
         assert_eq!(
-            ledger.create(&claim("10.6.0.1", "c")).await.unwrap(),
+            ledger.create(claim("10.6.0.1", "c").into()).await.unwrap(),
             CreateOutcome::AlreadyHeld(Box::new(claim("10.6.0.1", "a")))
         );
     }

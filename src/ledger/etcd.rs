@@ -13,8 +13,8 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -512,7 +512,8 @@ impl Ledger for EtcdLedger {
         Ok(claims)
     }
 
-    async fn create(&self, claim: &Claim) -> Result<CreateOutcome, LedgerError> {
+    async fn create(&self, claim: Arc<Claim>) -> Result<CreateOutcome, LedgerError> {
+        let claim = &*claim;
         let key = self.key(claim);
         let value = serde_json::to_vec(claim).map_err(|e| storage("encode", e))?;
         let mut expected = None;

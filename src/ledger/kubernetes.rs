@@ -10,6 +10,7 @@
 //! name (no `::`, never ends in `-`) and reversible.
 
 use std::net::{IpAddr, Ipv6Addr};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -362,7 +363,8 @@ impl Ledger for KubeLedger {
             .map_err(|e| storage("listing IPClaims", e))
     }
 
-    async fn create(&self, claim: &Claim) -> Result<CreateOutcome, LedgerError> {
+    async fn create(&self, claim: Arc<Claim>) -> Result<CreateOutcome, LedgerError> {
+        let claim = &*claim;
         let name = claim_name(&claim.ip);
         let resource = to_resource(claim);
         for _ in 0..CREATE_ATTEMPTS {

@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use tokio::sync::Mutex;
@@ -30,17 +31,17 @@ impl Ledger for MemoryLedger {
         Ok(self.claims.lock().await.values().cloned().collect())
     }
 
-    async fn create(&self, claim: &Claim) -> Result<CreateOutcome, LedgerError> {
+    async fn create(&self, claim: Arc<Claim>) -> Result<CreateOutcome, LedgerError> {
         let mut claims = self.claims.lock().await;
         let existing = claims.get(&claim.ip);
-        match create_rule(existing, claim) {
+        match create_rule(existing, &claim) {
             CreateRule::Write => {
-                claims.insert(claim.ip, claim.clone());
+                claims.insert(claim.ip, Arc::unwrap_or_clone(claim));
                 Ok(CreateOutcome::Created)
             }
             CreateRule::Existing => Ok(CreateOutcome::for_existing(
                 existing.cloned().expect("a rule about an existing record"),
-                claim,
+                &claim,
             )),
             CreateRule::Held => Ok(CreateOutcome::AlreadyHeld(Box::new(
                 existing.cloned().expect("a rule about an existing record"),

@@ -4,6 +4,7 @@
 //! durable with create-if-absent semantics, release it, and list what it holds on start.
 
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
@@ -234,7 +235,10 @@ pub trait Ledger: Send + Sync + 'static {
     async fn load(&self) -> Result<Vec<Claim>, LedgerError>;
 
     /// Make `claim` durable unless its IP is held already. Returns only once durable.
-    async fn create(&self, claim: &Claim) -> Result<CreateOutcome, LedgerError>;
+    ///
+    /// The claim comes shared: a ledger that keeps its records in memory (the embedded
+    /// journal) keeps this very copy, the one the allocator holds too, instead of a clone.
+    async fn create(&self, claim: Arc<Claim>) -> Result<CreateOutcome, LedgerError>;
 
     /// Mark the claim on `claim.ip` released, if it is still the one given (same grant:
     /// request and token). Returns whether a record changed.

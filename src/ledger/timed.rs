@@ -121,18 +121,18 @@ impl Ledger for TimedLedger {
         result
     }
 
-    async fn create(&self, claim: &Claim) -> Result<CreateOutcome, LedgerError> {
+    async fn create(&self, claim: Arc<Claim>) -> Result<CreateOutcome, LedgerError> {
         let started = Instant::now();
         let result = match health::deadline() {
             None => self.inner.create(claim).await,
             Some(deadline) => {
-                let (inner, owned) = (self.inner.clone(), claim.clone());
+                let inner = self.inner.clone();
                 self.bounded(
                     "create",
                     deadline,
                     async move {
-                        let result = inner.create(&owned).await;
-                        (result, (inner, owned))
+                        let result = inner.create(claim.clone()).await;
+                        (result, (inner, claim))
                     },
                     |late, (undo, made)| {
                         Box::pin(async move {
@@ -235,8 +235,8 @@ mod tests {
         });
         let ledger = TimedLedger::wrap(Arc::new(MemoryLedger::new()), latency.clone());
         let claim = reserved("");
-        ledger.create(&claim).await.unwrap();
-        ledger.create(&claim).await.unwrap();
+        ledger.create(claim.clone().into()).await.unwrap();
+        ledger.create(claim.clone().into()).await.unwrap();
         assert!(ledger.release(&claim).await.unwrap());
         let mut registry = prometheus_client::registry::Registry::default();
         registry.register("op", "ops", latency);
@@ -267,7 +267,7 @@ mod tests {
         async fn load(&self) -> Result<Vec<Claim>, LedgerError> {
             self.inner.load().await
         }
-        async fn create(&self, claim: &Claim) -> Result<CreateOutcome, LedgerError> {
+        async fn create(&self, claim: Arc<Claim>) -> Result<CreateOutcome, LedgerError> {
             tokio::time::sleep(self.delay).await;
             self.inner.create(claim).await
         }
@@ -293,7 +293,7 @@ mod tests {
         let claim = reserved("t");
         let started = Instant::now();
         let deadline = started + std::time::Duration::from_millis(100);
-        let error = health::with_deadline(deadline, ledger.create(&claim))
+        let error = health::with_deadline(deadline, ledger.create(claim.clone().into()))
             .await
             .unwrap_err()
             .to_string();
@@ -314,7 +314,10 @@ mod tests {
             ip: "10.0.0.2".parse().unwrap(),
             ..claim
         };
-        assert_eq!(ledger.create(&claim).await.unwrap(), CreateOutcome::Created);
+        assert_eq!(
+            ledger.create(claim.clone().into()).await.unwrap(),
+            CreateOutcome::Created
+        );
         assert!(
             slow.load()
                 .await

@@ -806,7 +806,7 @@ mod tests {
                 release_at: None,
                 sticky: false,
             };
-            ledger.create(&claim).await.unwrap();
+            ledger.create(claim.clone().into()).await.unwrap();
         }
         let allocator = Arc::new(Allocator::new(ledger).await.unwrap());
         let metrics = Metrics::new();

@@ -86,8 +86,9 @@ pub async fn sandbox(
 ) -> Result<Webhook, ExplainError> {
     let memory = MemoryLedger::new();
     for claim in claims {
-        if let CreateOutcome::AlreadyHeld(_) = memory.create(&claim).await? {
-            tracing::warn!(ip = %claim.ip, "two held records for one IP in the ledger; explain keeps the first");
+        let ip = claim.ip;
+        if let CreateOutcome::AlreadyHeld(_) = memory.create(claim.into()).await? {
+            tracing::warn!(%ip, "two held records for one IP in the ledger; explain keeps the first");
         }
     }
     let allocator = Arc::new(Allocator::new(Arc::new(memory)).await?);

@@ -140,7 +140,10 @@ mod tests {
             release_at: None,
             sticky: false,
         };
-        assert_eq!(ledger.create(&claim).await.unwrap(), CreateOutcome::Created);
+        assert_eq!(
+            ledger.create(claim.clone().into()).await.unwrap(),
+            CreateOutcome::Created
+        );
         ledger
     }
 
