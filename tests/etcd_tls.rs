@@ -1,6 +1,8 @@
 //! The etcd ledger over TLS with client certificates (rustls with ring), against a real etcd
-//! started with `--client-cert-auth`. Skipped, with a message, when no `etcd` binary exists.
+//! started with `--client-cert-auth`. Fails, naming what to install, when no `etcd` binary
+//! exists.
 
+mod common;
 #[path = "common/etcd_cluster.rs"]
 mod etcd_cluster;
 
@@ -101,7 +103,7 @@ async fn etcd_ledger_speaks_tls_with_a_client_certificate() {
         .await
         .expect("TLS with a client certificate");
     assert_eq!(
-        ledger.create(&claim("10.0.0.1")).await.unwrap(),
+        ledger.create(claim("10.0.0.1").into()).await.unwrap(),
         CreateOutcome::Created
     );
     assert_eq!(ledger.load().await.unwrap().len(), 1);

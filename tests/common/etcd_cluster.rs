@@ -2,7 +2,6 @@
 //! Include with `#[path = "common/etcd_cluster.rs"] mod etcd_cluster;`.
 #![allow(dead_code)]
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -24,13 +23,7 @@ pub fn etcd_binary(test: &str) -> PathBuf {
     })
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use crate::common::ports::listen_port;
 
 struct Member {
     name: String,
@@ -71,8 +64,8 @@ impl EtcdCluster {
         let members: Vec<Member> = (0..size)
             .map(|i| Member {
                 name: format!("m{i}"),
-                client_port: free_port(),
-                peer_port: free_port(),
+                client_port: listen_port(),
+                peer_port: listen_port(),
                 data_dir: dir.path().join(format!("m{i}")),
                 log: dir.path().join(format!("m{i}.log")),
                 child: None,

@@ -14,6 +14,8 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{ApiResource, DynamicObject, PostParams};
 use kube::{Api, Client, CustomResourceExt};
+
+use crate::common::ports;
 use serde_json::Value;
 
 use super::common::TestServer;
@@ -61,11 +63,7 @@ impl FakeApi {
     pub fn start_with(flags: &[&str]) -> FakeApi {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/fakeapi.py");
         assert!(script.exists(), "{} is missing", script.display());
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = ports::listen_port();
         let child = Command::new("python3")
             .arg(&script)
             .arg(port.to_string())

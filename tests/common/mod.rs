@@ -2,6 +2,8 @@
 //! in-process or as the real binary, and AdmissionReview builders.
 #![allow(dead_code)]
 
+pub mod ports;
+
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
