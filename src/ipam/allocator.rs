@@ -707,6 +707,46 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_name_history_keeps_fixed_names_and_drops_generated_ones() {
+        let alloc = allocator().await;
+        let set = parse_ip_spec("10.0.0.1-10.0.0.9").unwrap();
+        for (generate_name, name, uid) in [
+            ("web-7d4b9c-", "web-7d4b9c-x2x9q", "u1"),
+            ("", "web-fixed", "u2"),
+        ] {
+            let pod_ref = PodRef {
+                namespace: "default".into(),
+                // at mutation a generateName pod has no name yet
+                name: if generate_name.is_empty() { name } else { "" }.into(),
+                generate_name: generate_name.into(),
+                uid: None,
+            };
+            let granted = alloc.allocate(&request(&set, pod_ref, uid)).await.unwrap();
+            let pod = PodIdentity {
+                namespace: "default",
+                name,
+                uid: Some(uid),
+                token: Some(&granted.token),
+            };
+            assert_eq!(
+                alloc.bind(&pod, &granted.ips, false).await.unwrap().len(),
+                1
+            );
+            assert_eq!(
+                alloc.release_held(&pod, &granted.ips).await.unwrap(),
+                granted.ips
+            );
+        }
+        let state = alloc.lock();
+        let names: Vec<&str> = state
+            .history
+            .keys()
+            .map(|(_, _, name)| name.as_str())
+            .collect();
+        assert_eq!(names, ["web-fixed"]);
+    }
+
+    #[tokio::test]
     async fn a_kept_released_record_is_free_only_for_the_same_pod_name() {
         let allocator = allocator().await;
         let set = parse_ip_spec("10.0.0.1-10.0.0.3").unwrap();

@@ -88,6 +88,21 @@ fn release_time(claim: &Claim) -> Option<u64> {
         .filter(|_| claim.phase == Phase::Terminating)
 }
 
+/// Whether a pod of this name can come back under the same name: a fixed name (a StatefulSet's
+/// `db-0`, a bare pod created again) can; a name the API server made from `generateName` (a
+/// Deployment's or a Job's pods: the prefix, cut to 58 characters, and five random ones) never
+/// does, and keeping it would grow the name history with every pod such an app ever ran.
+fn name_recurs(pod: &PodRef) -> bool {
+    if pod.name.is_empty() {
+        return false;
+    }
+    if pod.generate_name.is_empty() {
+        return true;
+    }
+    let prefix = pod.generate_name.get(..58).unwrap_or(&pod.generate_name);
+    !(pod.name.len() == prefix.len() + 5 && pod.name.starts_with(prefix))
+}
+
 /// The IPs granted to each admission request, keyed by a hash of its UID: B-tree keys that
 /// compare in one instruction. [`ByRequest::claims`] checks each claim's own UID, so two UIDs
 /// that share a hash cost a filter, never a wrong answer.
@@ -174,7 +189,8 @@ pub(super) struct State {
     /// `Terminating` claims by release time, so the release timer's pass costs what is due,
     /// not a scan of every claim under the lock each second.
     pub(super) releasing: BTreeSet<(u64, IpAddr)>,
-    /// Last IPs of a pod name of an app: `(namespace, app, pod name)`.
+    /// Last IPs of a pod name of an app: `(namespace, app, pod name)`, for names that can come
+    /// back ([`name_recurs`]).
     pub(super) history: BTreeMap<(String, String, String), Vec<IpAddr>>,
     pub(super) held_per_app: AppCounts,
 }
@@ -227,7 +243,7 @@ impl State {
     }
 
     pub(super) fn remember(&mut self, claim: &Claim) {
-        if claim.pod.name.is_empty() {
+        if !name_recurs(&claim.pod) {
             return;
         }
         let key = (
@@ -386,6 +402,25 @@ mod tests {
             release_at: None,
             sticky: false,
         }
+    }
+
+    #[test]
+    fn only_names_that_can_come_back_recur() {
+        let pod = |name: &str, generate_name: &str| PodRef {
+            namespace: "default".into(),
+            name: name.into(),
+            generate_name: generate_name.into(),
+            uid: None,
+        };
+        assert!(name_recurs(&pod("db-0", "")));
+        assert!(!name_recurs(&pod("", "web-7d4b9c-")), "not named yet");
+        assert!(!name_recurs(&pod("web-7d4b9c-x2x9q", "web-7d4b9c-")));
+        // both set: the API server keeps the name, which may come back
+        assert!(name_recurs(&pod("web-main", "web-")));
+        // a long prefix is cut to 58 characters before the random five
+        let long = "a".repeat(70);
+        assert!(!name_recurs(&pod(&format!("{}b2c3d", &long[..58]), &long)));
+        assert!(name_recurs(&pod(&format!("{long}b2c3d"), &long)));
     }
 
     #[test]
