@@ -16,7 +16,8 @@
 //! Two stores sit behind the writer (issue 18 measured both, README "Performance"):
 //!
 //! - [`Store::Journal`] (the default): an append-only journal of checksummed records
-//!   (`journal.<generation>`), one `write` and one `fdatasync` per batch, the claims held in
+//!   (`journal.<generation>`; the format is in [`super::record`]), one `write` and one
+//!   `fdatasync` per batch, the claims held in
 //!   memory; when the journals outgrow twice the live records a background thread writes a
 //!   `snapshot.<generation>` of every claim (temp file, fsync, rename, directory fsync) and
 //!   deletes the journals it covers. On open: the newest snapshot, then the journals after it;
@@ -44,6 +45,7 @@ use redb::{ConcurrencyMode, Database, ReadableDatabase, ReadableTable, TableDefi
 use tokio::sync::oneshot;
 
 use super::claim::{CreateRule, create_rule, may_step, released, same_grant};
+use super::record::{Format, MAGIC, encode_record, parse_file};
 use super::{Claim, CreateOutcome, Ledger, LedgerError, unix_now};
 
 const CLAIMS: TableDefinition<&str, &[u8]> = TableDefinition::new("claims");
@@ -51,10 +53,6 @@ const REDB_FILE: &str = "ledger.redb";
 const LOCK_FILE: &str = "ledger.lock";
 const JOURNAL: &str = "journal.";
 const SNAPSHOT: &str = "snapshot.";
-/// First bytes of every journal and snapshot file.
-const MAGIC: &[u8; 8] = b"IPWJRNL1";
-/// A record: length (u32 LE), CRC-32C of the payload (u32 LE), payload (one claim, JSON).
-const HEADER: usize = 8;
 /// Compaction starts when the journals since the last snapshot exceed twice the live records
 /// and at least this many bytes.
 #[cfg(not(test))]
@@ -645,95 +643,6 @@ fn decode(key: &str, bytes: &[u8]) -> Result<Claim, LedgerError> {
 // ---------------------------------------------------------------------------------------------
 // journal
 
-const CRC32C: [u32; 256] = {
-    let mut table = [0u32; 256];
-    let mut i = 0;
-    while i < 256 {
-        let mut c = i as u32;
-        let mut k = 0;
-        while k < 8 {
-            c = if c & 1 != 0 {
-                0x82F6_3B78 ^ (c >> 1)
-            } else {
-                c >> 1
-            };
-            k += 1;
-        }
-        table[i] = c;
-        i += 1;
-    }
-    table
-};
-
-fn crc32c(data: &[u8]) -> u32 {
-    let mut c = !0u32;
-    for &b in data {
-        c = CRC32C[((c ^ u32::from(b)) & 0xff) as usize] ^ (c >> 8);
-    }
-    !c
-}
-
-/// Append one record holding `claim` to `buf`; returns its size.
-fn encode_record(buf: &mut Vec<u8>, claim: &Claim) -> Result<u64, LedgerError> {
-    let start = buf.len();
-    buf.extend_from_slice(&[0; HEADER]);
-    serde_json::to_writer(&mut *buf, claim).map_err(storage("encode"))?;
-    let len = u32::try_from(buf.len() - start - HEADER)
-        .map_err(|_| LedgerError::Storage("claim record too large".into()))?;
-    let crc = crc32c(&buf[start + HEADER..]);
-    buf[start..start + 4].copy_from_slice(&len.to_le_bytes());
-    buf[start + 4..start + HEADER].copy_from_slice(&crc.to_le_bytes());
-    Ok((buf.len() - start) as u64)
-}
-
-/// What reading a journal or snapshot file found.
-struct Parsed {
-    claims: Vec<(Claim, u64)>,
-    /// Bytes of whole, valid records (plus the magic).
-    good: u64,
-    /// Whether bytes follow the last good record.
-    torn: bool,
-}
-
-fn parse_file(path: &Path) -> Result<Parsed, LedgerError> {
-    let bytes = std::fs::read(path)
-        .map_err(|e| LedgerError::Storage(format!("cannot read {}: {e}", path.display())))?;
-    let corrupt = |reason: String| LedgerError::Corrupt {
-        ip: path.display().to_string(),
-        reason,
-    };
-    if bytes.len() < MAGIC.len() {
-        // created, crash before the magic was durable
-        return Ok(Parsed {
-            claims: Vec::new(),
-            good: 0,
-            torn: !bytes.is_empty(),
-        });
-    }
-    if &bytes[..MAGIC.len()] != MAGIC {
-        return Err(corrupt("not an ip-webhook journal (bad magic)".into()));
-    }
-    let mut at = MAGIC.len();
-    let mut claims = Vec::new();
-    while bytes.len() - at >= HEADER {
-        let len = u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes")) as usize;
-        let crc = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().expect("4 bytes"));
-        let end = at + HEADER + len;
-        if len == 0 || end > bytes.len() || crc32c(&bytes[at + HEADER..end]) != crc {
-            break;
-        }
-        let claim: Claim = serde_json::from_slice(&bytes[at + HEADER..end])
-            .map_err(|e| corrupt(format!("record at byte {at}: {e}")))?;
-        claims.push((claim, (end - at) as u64));
-        at = end;
-    }
-    Ok(Parsed {
-        claims,
-        good: at as u64,
-        torn: at < bytes.len(),
-    })
-}
-
 struct Entry {
     claim: Arc<Claim>,
     /// Size of its record.
@@ -889,9 +798,11 @@ impl Journal {
         journals.retain(|g| *g >= base);
         let mut journal_bytes = 0u64;
         let last = journals.last().copied();
+        let mut last_format = None;
         for &generation in &journals {
             let path = dir.join(name(JOURNAL, generation));
             let parsed = parse_file(&path)?;
+            last_format = parsed.format;
             if parsed.torn {
                 if Some(generation) != last {
                     return Err(LedgerError::Corrupt {
@@ -915,6 +826,10 @@ impl Journal {
             }
         }
         let (generation, file) = match last {
+            // binary records are not appended to a JSON-format journal: they start the next one
+            Some(generation) if last_format == Some(Format::Json) => {
+                (generation + 1, Journal::create_file(dir, generation + 1)?)
+            }
             Some(generation) => {
                 let path = dir.join(name(JOURNAL, generation));
                 let mut file = OpenOptions::new()
@@ -1344,6 +1259,45 @@ mod tests {
     /// A crash in the middle of a write leaves a torn record at the end of the journal: it is
     /// cut off on open, every whole record before it is kept, and the journal takes new writes.
     #[tokio::test]
+    async fn a_json_format_journal_is_read_and_appends_go_to_a_new_binary_one() {
+        use super::super::record::{JSON_MAGIC, encode_json_record};
+        let dir = tempfile::tempdir().unwrap();
+        let mut old = JSON_MAGIC.to_vec();
+        encode_json_record(&mut old, &claim("10.7.0.1", "a"));
+        encode_json_record(&mut old, &claim("10.7.0.2", "b"));
+        std::fs::write(dir.path().join(name(JOURNAL, 3)), &old).unwrap();
+
+        let ledger = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
+        assert_eq!(ledger.load().await.unwrap().len(), 2);
+        assert_eq!(
+            ledger.create(claim("10.7.0.1", "c").into()).await.unwrap(),
+            CreateOutcome::AlreadyHeld(Box::new(claim("10.7.0.1", "a")))
+        );
+        ledger.create(claim("10.7.0.3", "c").into()).await.unwrap();
+        ledger.close().await;
+        drop(ledger);
+        assert_eq!(
+            std::fs::read(dir.path().join(name(JOURNAL, 3))).unwrap(),
+            old,
+            "the JSON journal is left as it was"
+        );
+        let next = parse_file(&dir.path().join(name(JOURNAL, 4))).unwrap();
+        assert_eq!(next.format, Some(Format::Binary));
+        assert_eq!(next.claims.len(), 1);
+
+        let reopened = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
+        let mut names: Vec<_> = reopened
+            .load()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|c| c.pod.name)
+            .collect();
+        names.sort();
+        assert_eq!(names, ["a", "b", "c"]);
+    }
+
+    #[tokio::test]
     async fn a_torn_tail_is_cut_and_whole_records_are_kept() {
         let dir = tempfile::tempdir().unwrap();
         let ledger = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
@@ -1474,10 +1428,5 @@ mod tests {
             ledger.create(claim("10.6.0.1", "c").into()).await.unwrap(),
             CreateOutcome::AlreadyHeld(Box::new(claim("10.6.0.1", "a")))
         );
-    }
-
-    #[test]
-    fn crc32c_matches_the_standard_check_value() {
-        assert_eq!(crc32c(b"123456789"), 0xE306_9283);
     }
 }

@@ -18,6 +18,7 @@ pub mod health;
 pub mod kubernetes;
 pub mod memory;
 pub mod pod_lookup;
+mod record;
 pub mod timed;
 
 pub use embedded::EmbeddedLedger;
