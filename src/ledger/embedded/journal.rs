@@ -1,0 +1,415 @@
+//! The journal store: an append-only journal of checksummed records per generation, snapshots,
+//! and the compaction that turns journals into a snapshot (module docs of [`super`]).
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread;
+
+use super::{
+    JOURNAL, LOCK_FILE, REDB_FILE, Records, Reply, Request, SNAPSHOT, apply, redb_store, storage,
+};
+use crate::ledger::record::{Format, MAGIC, encode_record, parse_file};
+use crate::ledger::{Claim, LedgerError};
+
+/// Compaction starts when the journals since the last snapshot exceed twice the live records
+/// and at least this many bytes.
+#[cfg(not(test))]
+const COMPACT_MIN_BYTES: u64 = 8 << 20;
+#[cfg(test)]
+const COMPACT_MIN_BYTES: u64 = 16 << 10;
+
+struct Entry {
+    claim: Arc<Claim>,
+    /// Size of its record.
+    size: u64,
+}
+
+pub(super) struct Journal {
+    dir: PathBuf,
+    /// A B-tree, like the allocator's maps: no all-at-once rehash on the writer thread.
+    claims: BTreeMap<IpAddr, Entry>,
+    /// Sum of the record sizes of `claims`.
+    live_bytes: u64,
+    file: File,
+    generation: u64,
+    /// Bytes appended to journals since the last snapshot began.
+    journal_bytes: u64,
+    compactor: Option<thread::JoinHandle<()>>,
+    /// A failed write or fsync: the file's tail is unknown, so nothing more is written.
+    poisoned: Option<String>,
+    buf: Vec<u8>,
+    /// Kept open and locked: a second process on the same dir fails to open.
+    _lock: File,
+}
+
+pub(super) fn name(prefix: &str, generation: u64) -> String {
+    format!("{prefix}{generation:020}")
+}
+
+fn sync_dir(dir: &Path) -> Result<(), LedgerError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| LedgerError::Storage(format!("cannot sync {}: {e}", dir.display())))
+}
+
+/// Write every claim to `snapshot.<generation>`: temp file, fsync, rename, directory fsync.
+fn write_snapshot<'a>(
+    dir: &Path,
+    generation: u64,
+    claims: impl Iterator<Item = &'a Claim>,
+) -> Result<(), LedgerError> {
+    let tmp = dir.join(format!("{}.tmp", name(SNAPSHOT, generation)));
+    let mut buf = Vec::with_capacity(1 << 20);
+    buf.extend_from_slice(MAGIC);
+    let mut file = File::create(&tmp).map_err(storage("create snapshot"))?;
+    for claim in claims {
+        encode_record(&mut buf, claim)?;
+        if buf.len() >= 1 << 20 {
+            file.write_all(&buf).map_err(storage("write snapshot"))?;
+            buf.clear();
+        }
+    }
+    file.write_all(&buf).map_err(storage("write snapshot"))?;
+    file.sync_all().map_err(storage("sync snapshot"))?;
+    drop(file);
+    std::fs::rename(&tmp, dir.join(name(SNAPSHOT, generation)))
+        .map_err(storage("rename snapshot"))?;
+    sync_dir(dir)
+}
+
+/// The generations of the files named `prefix<generation>` in `dir`.
+pub(super) fn generations(dir: &Path, prefix: &str) -> Result<Vec<u64>, LedgerError> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(storage("list state dir"))? {
+        let entry = entry.map_err(storage("list state dir"))?;
+        let file_name = entry.file_name();
+        let Some(file_name) = file_name.to_str() else {
+            continue;
+        };
+        if let Some(generation) = file_name.strip_prefix(prefix) {
+            if let Ok(generation) = generation.parse::<u64>() {
+                found.push(generation);
+            } else if generation.ends_with(".tmp") {
+                // a snapshot a crash interrupted
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
+    found.sort_unstable();
+    Ok(found)
+}
+
+/// Delete the journals and snapshots older than `generation` (a snapshot of it is durable).
+fn remove_before(dir: &Path, generation: u64) -> Result<(), LedgerError> {
+    for prefix in [JOURNAL, SNAPSHOT] {
+        for old in generations(dir, prefix)? {
+            if old < generation {
+                std::fs::remove_file(dir.join(name(prefix, old)))
+                    .map_err(storage("remove old journal"))?;
+            }
+        }
+    }
+    sync_dir(dir)
+}
+
+impl Journal {
+    pub(super) fn open(dir: &Path) -> Result<Journal, LedgerError> {
+        let lock_path = dir.join(LOCK_FILE);
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(storage("open lock file"))?;
+        lock.try_lock().map_err(|e| {
+            LedgerError::Storage(format!(
+                "cannot open {} (is another ip-webhook using this --state-dir?): {e}",
+                lock_path.display()
+            ))
+        })?;
+        let mut snapshots = generations(dir, SNAPSHOT)?;
+        let mut journals = generations(dir, JOURNAL)?;
+        let redb = dir.join(REDB_FILE);
+        if snapshots.is_empty() && journals.is_empty() && redb.exists() {
+            // migrate: every claim of the redb file becomes snapshot 1
+            let claims = redb_store::load(&redb_store::open_redb(&redb)?)?;
+            write_snapshot(dir, 1, claims.iter())?;
+            let kept = dir.join(format!("{REDB_FILE}.migrated"));
+            std::fs::rename(&redb, &kept).map_err(storage("rename migrated redb file"))?;
+            sync_dir(dir)?;
+            tracing::info!(claims = claims.len(), kept = %kept.display(), "migrated the redb ledger to the journal");
+            snapshots = vec![1];
+        }
+        let base = snapshots.last().copied().unwrap_or(0);
+        let mut claims = BTreeMap::new();
+        let mut live_bytes = 0u64;
+        let mut install = |claim: Claim, size: u64| {
+            let ip = claim.ip;
+            if let Some(old) = claims.insert(
+                ip,
+                Entry {
+                    claim: Arc::new(claim),
+                    size,
+                },
+            ) {
+                live_bytes -= old.size;
+            }
+            live_bytes += size;
+        };
+        if base > 0 {
+            let path = dir.join(name(SNAPSHOT, base));
+            let parsed = parse_file(&path)?;
+            if parsed.torn || parsed.good == 0 {
+                return Err(LedgerError::Corrupt {
+                    ip: path.display().to_string(),
+                    reason: format!("bad record after byte {}", parsed.good),
+                });
+            }
+            for (claim, size) in parsed.claims {
+                install(claim, size);
+            }
+        }
+        journals.retain(|g| *g >= base);
+        let mut journal_bytes = 0u64;
+        let last = journals.last().copied();
+        let mut last_format = None;
+        for &generation in &journals {
+            let path = dir.join(name(JOURNAL, generation));
+            let parsed = parse_file(&path)?;
+            last_format = parsed.format;
+            if parsed.torn {
+                if Some(generation) != last {
+                    return Err(LedgerError::Corrupt {
+                        ip: path.display().to_string(),
+                        reason: format!("bad record after byte {}", parsed.good),
+                    });
+                }
+                // a write a crash cut short: it was never answered
+                tracing::warn!(path = %path.display(), kept = parsed.good, "cutting a torn record off the journal");
+                let file = OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .map_err(storage("open journal"))?;
+                file.set_len(parsed.good)
+                    .map_err(storage("truncate journal"))?;
+                file.sync_all().map_err(storage("sync journal"))?;
+            }
+            journal_bytes += parsed.good;
+            for (claim, size) in parsed.claims {
+                install(claim, size);
+            }
+        }
+        let (generation, file) = match last {
+            // binary records are not appended to a JSON-format journal: they start the next one
+            Some(generation) if last_format == Some(Format::Json) => {
+                (generation + 1, Journal::create_file(dir, generation + 1)?)
+            }
+            Some(generation) => {
+                let path = dir.join(name(JOURNAL, generation));
+                let mut file = OpenOptions::new()
+                    .append(true)
+                    .open(&path)
+                    .map_err(storage("open journal"))?;
+                if file.metadata().map_err(storage("stat journal"))?.len() == 0 {
+                    file.write_all(MAGIC).map_err(storage("write journal"))?;
+                    file.sync_data().map_err(storage("sync journal"))?;
+                }
+                (generation, file)
+            }
+            None => {
+                let generation = base.max(1);
+                (generation, Journal::create_file(dir, generation)?)
+            }
+        };
+        Ok(Journal {
+            dir: dir.to_path_buf(),
+            claims,
+            live_bytes,
+            file,
+            generation,
+            journal_bytes,
+            compactor: None,
+            poisoned: None,
+            buf: Vec::with_capacity(64 << 10),
+            _lock: lock,
+        })
+    }
+
+    fn create_file(dir: &Path, generation: u64) -> Result<File, LedgerError> {
+        let mut file = OpenOptions::new()
+            .create_new(true)
+            .append(true)
+            .open(dir.join(name(JOURNAL, generation)))
+            .map_err(storage("create journal"))?;
+        file.write_all(MAGIC).map_err(storage("write journal"))?;
+        file.sync_all().map_err(storage("sync journal"))?;
+        sync_dir(dir)?;
+        Ok(file)
+    }
+
+    pub(super) fn commit(
+        &mut self,
+        batch: &mut Vec<Request>,
+        replies: &mut Vec<Reply>,
+    ) -> Result<u64, LedgerError> {
+        if let Some(reason) = &self.poisoned {
+            return Err(LedgerError::Storage(format!(
+                "the journal stopped after a failed write ({reason}); restart to recover"
+            )));
+        }
+        self.buf.clear();
+        let mut records = JournalBatch {
+            claims: &self.claims,
+            pending: Vec::new(),
+            index: HashMap::new(),
+            buf: &mut self.buf,
+        };
+        let writes = apply(&mut records, batch, replies)?;
+        if writes == 0 {
+            return Ok(0);
+        }
+        let pending = records.pending;
+        if let Err(e) = self
+            .file
+            .write_all(&self.buf)
+            .and_then(|()| self.file.sync_data())
+        {
+            self.poisoned = Some(e.to_string());
+            return Err(LedgerError::Storage(format!("journal write: {e}")));
+        }
+        self.journal_bytes += self.buf.len() as u64;
+        for (claim, size) in pending {
+            let ip = claim.ip;
+            if let Some(old) = self.claims.insert(ip, Entry { claim, size }) {
+                self.live_bytes -= old.size;
+            }
+            self.live_bytes += size;
+        }
+        self.maybe_compact();
+        Ok(writes)
+    }
+
+    /// Start a snapshot in the background when the journals have grown enough; the writer
+    /// goes on in a new journal meanwhile.
+    fn maybe_compact(&mut self) {
+        if self.journal_bytes < COMPACT_MIN_BYTES.max(2 * self.live_bytes) {
+            return;
+        }
+        if let Some(compactor) = &self.compactor {
+            if !compactor.is_finished() {
+                return;
+            }
+            self.finish_compaction();
+        }
+        let generation = self.generation + 1;
+        let file = match Journal::create_file(&self.dir, generation) {
+            Ok(file) => file,
+            Err(error) => {
+                tracing::error!(%error, "cannot start a new journal; compaction postponed");
+                return;
+            }
+        };
+        self.file = file;
+        self.generation = generation;
+        self.journal_bytes = 0;
+        let claims: Vec<Arc<Claim>> = self.claims.values().map(|e| e.claim.clone()).collect();
+        let dir = self.dir.clone();
+        let spawned = thread::Builder::new()
+            .name("ledger-compact".into())
+            .spawn(move || {
+                let result = write_snapshot(&dir, generation, claims.iter().map(|c| &**c))
+                    .and_then(|()| remove_before(&dir, generation));
+                match result {
+                    Ok(()) => tracing::info!(generation, claims = claims.len(), "ledger compacted"),
+                    Err(error) => {
+                        tracing::error!(%error, "ledger compaction failed; the journals are kept")
+                    }
+                }
+            });
+        match spawned {
+            Ok(handle) => self.compactor = Some(handle),
+            Err(error) => tracing::error!(%error, "cannot start the compaction thread"),
+        }
+    }
+
+    /// Every claim recorded (held or released).
+    pub(super) fn load(&self) -> Vec<Claim> {
+        self.claims
+            .values()
+            .map(|entry| (*entry.claim).clone())
+            .collect()
+    }
+
+    pub(super) fn finish_compaction(&mut self) {
+        if let Some(handle) = self.compactor.take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+struct JournalBatch<'a> {
+    claims: &'a BTreeMap<IpAddr, Entry>,
+    /// Writes of this batch in order (a later one of the same IP wins), with record sizes.
+    pending: Vec<(Arc<Claim>, u64)>,
+    /// The last write of each IP in `pending`.
+    index: HashMap<IpAddr, usize>,
+    buf: &'a mut Vec<u8>,
+}
+
+impl Records for JournalBatch<'_> {
+    fn read(&mut self, ip: IpAddr) -> Result<Option<Arc<Claim>>, LedgerError> {
+        if let Some(&at) = self.index.get(&ip) {
+            return Ok(Some(self.pending[at].0.clone()));
+        }
+        Ok(self.claims.get(&ip).map(|e| e.claim.clone()))
+    }
+
+    fn write(&mut self, claim: Arc<Claim>) -> Result<(), LedgerError> {
+        let size = encode_record(self.buf, &claim)?;
+        self.index.insert(claim.ip, self.pending.len());
+        self.pending.push((claim, size));
+        Ok(())
+    }
+}
+
+/// The journal store's claims, read without the lock and without cutting a torn tail (the
+/// writer may be appending to it right now: a partial last record is simply not counted). A
+/// file deleted by a compaction between listing and reading is retried once.
+pub(super) fn read_journal(state_dir: &Path) -> Result<Vec<Claim>, LedgerError> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match read_journal_once(state_dir) {
+            Err(LedgerError::Storage(why)) if attempt == 1 && why.contains("No such file") => {
+                tracing::debug!(%why, "a journal went away while reading; reading again");
+            }
+            result => return result,
+        }
+    }
+}
+
+fn read_journal_once(state_dir: &Path) -> Result<Vec<Claim>, LedgerError> {
+    let base = generations(state_dir, SNAPSHOT)?
+        .last()
+        .copied()
+        .unwrap_or(0);
+    let mut claims: HashMap<IpAddr, Claim> = HashMap::new();
+    if base > 0 {
+        for (claim, _) in parse_file(&state_dir.join(name(SNAPSHOT, base)))?.claims {
+            claims.insert(claim.ip, claim);
+        }
+    }
+    for generation in generations(state_dir, JOURNAL)? {
+        if generation < base {
+            continue;
+        }
+        for (claim, _) in parse_file(&state_dir.join(name(JOURNAL, generation)))?.claims {
+            claims.insert(claim.ip, claim);
+        }
+    }
+    Ok(claims.into_values().collect())
+}
