@@ -15,17 +15,17 @@
 //!
 //! Two stores sit behind the writer (issue 18 measured both, README "Performance"):
 //!
-//! - [`Store::Journal`] (the default): an append-only journal of checksummed records
-//!   (`journal.<generation>`; the format is in [`super::record`]), one `write` and one
-//!   `fdatasync` per batch, the claims held in
-//!   memory; when the journals outgrow twice the live records a background thread writes a
-//!   `snapshot.<generation>` of every claim (temp file, fsync, rename, directory fsync) and
-//!   deletes the journals it covers. On open: the newest snapshot, then the journals after it;
-//!   a torn record at the end of the last journal (a crash mid-write, never answered) is cut
-//!   off, a bad record anywhere else is corruption and refuses to start.
-//! - [`Store::Redb`]: one redb file (`ledger.redb`, copy-on-write B-tree), what ip-webhook used
-//!   before. A state dir holding only `ledger.redb` is migrated to the journal on first open
-//!   (the file is kept as `ledger.redb.migrated`).
+//! - [`Store::Journal`] (the default, `journal.rs`): an append-only journal of checksummed
+//!   records (`journal.<generation>`; the format is in [`super::record`]), one `write` and one
+//!   `fdatasync` per batch, the claims held in memory; when the journals outgrow twice the
+//!   live records a background thread writes a `snapshot.<generation>` of every claim (temp
+//!   file, fsync, rename, directory fsync) and deletes the journals it covers. On open: the
+//!   newest snapshot, then the journals after it; a torn record at the end of the last journal
+//!   (a crash mid-write, never answered) is cut off, a bad record anywhere else is corruption
+//!   and refuses to start.
+//! - [`Store::Redb`] (`redb_store.rs`): one redb file (`ledger.redb`, copy-on-write B-tree),
+//!   what ip-webhook used before. A state dir holding only `ledger.redb` is migrated to the
+//!   journal on first open (the file is kept as `ledger.redb.migrated`).
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -53,6 +53,7 @@ const REDB_FILE: &str = "ledger.redb";
 const LOCK_FILE: &str = "ledger.lock";
 const JOURNAL: &str = "journal.";
 const SNAPSHOT: &str = "snapshot.";
+
 /// Which store keeps the claims.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Store {
