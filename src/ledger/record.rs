@@ -399,6 +399,27 @@ mod tests {
     }
 
     #[test]
+    fn no_cut_or_changed_byte_makes_the_decoder_panic() {
+        // a record whose CRC was forged over damaged bytes: an answer either way, never a panic
+        for claim in [full(), bare()] {
+            let good = binary(&claim);
+            for end in 0..good.len() {
+                assert!(
+                    decode_claim(&good[..end]).is_err(),
+                    "a cut at {end} decoded"
+                );
+            }
+            for at in 0..good.len() {
+                for value in [0x00, 0x01, 0x7f, 0x80, 0xff] {
+                    let mut changed = good.clone();
+                    changed[at] = value;
+                    let _ = decode_claim(&changed);
+                }
+            }
+        }
+    }
+
+    #[test]
     fn files_of_both_formats_are_read_and_a_torn_tail_is_reported() {
         let dir = tempfile::tempdir().unwrap();
         for (magic, format) in [(MAGIC, Format::Binary), (MAGIC_JSON, Format::Json)] {
