@@ -16,7 +16,7 @@ use super::{Claim, LedgerError, Phase, PodRef, Source};
 /// First bytes of every journal and snapshot file written now.
 pub(super) const MAGIC: &[u8; 8] = b"IPWJRNL2";
 /// First bytes of the files written before the binary payload existed.
-const MAGIC_JSON: &[u8; 8] = b"IPWJRNL1";
+pub(super) const MAGIC_JSON: &[u8; 8] = b"IPWJRNL1";
 /// A record's length and CRC.
 const HEADER: usize = 8;
 
@@ -32,6 +32,12 @@ pub(super) fn encode_record(buf: &mut Vec<u8>, claim: &Claim) -> Result<u64, Led
     let start = buf.len();
     buf.extend_from_slice(&[0; HEADER]);
     encode_claim(buf, claim);
+    seal_record(buf, start)
+}
+
+/// Fill in the header of the record that starts at `start` and runs to the end of `buf`;
+/// returns its size.
+fn seal_record(buf: &mut [u8], start: usize) -> Result<u64, LedgerError> {
     let len = u32::try_from(buf.len() - start - HEADER)
         .map_err(|_| LedgerError::Storage("claim record too large".into()))?;
     let crc = crc32c(&buf[start + HEADER..]);
@@ -291,14 +297,11 @@ fn crc32c(data: &[u8]) -> u32 {
 /// check they are still read).
 #[cfg(test)]
 pub(super) fn encode_json_record(buf: &mut Vec<u8>, claim: &Claim) {
-    let payload = serde_json::to_vec(claim).unwrap();
-    buf.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-    buf.extend_from_slice(&crc32c(&payload).to_le_bytes());
-    buf.extend_from_slice(&payload);
+    let start = buf.len();
+    buf.extend_from_slice(&[0; HEADER]);
+    serde_json::to_writer(&mut *buf, claim).unwrap();
+    seal_record(buf, start).unwrap();
 }
-
-#[cfg(test)]
-pub(super) const JSON_MAGIC: &[u8; 8] = MAGIC_JSON;
 
 #[cfg(test)]
 mod tests {

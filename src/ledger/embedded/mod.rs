@@ -759,9 +759,9 @@ mod tests {
     /// cut off on open, every whole record before it is kept, and the journal takes new writes.
     #[tokio::test]
     async fn a_json_format_journal_is_read_and_appends_go_to_a_new_binary_one() {
-        use super::super::record::{JSON_MAGIC, encode_json_record};
+        use super::super::record::{MAGIC_JSON, encode_json_record};
         let dir = tempfile::tempdir().unwrap();
-        let mut old = JSON_MAGIC.to_vec();
+        let mut old = MAGIC_JSON.to_vec();
         encode_json_record(&mut old, &claim("10.7.0.1", "a"));
         encode_json_record(&mut old, &claim("10.7.0.2", "b"));
         std::fs::write(dir.path().join(name(JOURNAL, 3)), &old).unwrap();
