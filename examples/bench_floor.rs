@@ -4,12 +4,27 @@
 //! answers one canned AdmissionReview without parsing anything. Whatever ip-webhook spends above
 //! this is the cost of deciding.
 //!
-//! `cargo run --release --example bench_floor -- 127.0.0.1:9443`
+//! With `--journal DIR` it is also the floor of a durable answer: every request appends one
+//! 116-byte record (the size of one claim in ip-webhook's journal) to `DIR/floor-journal`
+//! through a writer thread that takes every record waiting, writes them with one `write` and
+//! one `fdatasync`, and only then lets their answers go (group commit). There is no ledger, no
+//! claim and no decision: what this costs above the plain floor is what durability itself costs
+//! on this disk and core, whatever the store.
+//!
+//! ```text
+//! bench_floor [ADDR] [--ca-out FILE] [--journal DIR]
+//! ```
+//!
+//! `--ca-out` writes the CA certificate's PEM, for `bench_client`.
 
 use std::convert::Infallible;
+use std::fs::File;
+use std::io::Write;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::path::Path;
+use std::sync::{Arc, Condvar, Mutex};
 
+use anyhow::Context;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full, Limited};
@@ -21,15 +36,92 @@ use ip_webhook::server::MAX_BODY_BYTES;
 use ip_webhook::server::certs::self_signed;
 use ip_webhook::server::tls::{CertResolver, server_config};
 use tokio::net::TcpListener;
+use tokio::sync::oneshot;
 use tokio_rustls::TlsAcceptor;
 
 /// The answer ip-webhook gives the fixture review (a three-op allocation patch), precomputed.
 const CANNED: &[u8] = br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"705ab4f5-6393-11e8-b7cc-42010a800002","allowed":true,"patchType":"JSONPatch","patch":"W3sib3AiOiJhZGQiLCJwYXRoIjoiL21ldGFkYXRhL2Fubm90YXRpb25zL2NuaS5wcm9qZWN0Y2FsaWNvLm9yZ34xaXBBZGRycyIsInZhbHVlIjoiW1wiMTAuMC4wLjEwXCJdIn0seyJvcCI6ImFkZCIsInBhdGgiOiIvbWV0YWRhdGEvYW5ub3RhdGlvbnMvaXAtd2ViaG9vay5pb34xc3RhdHVzIiwidmFsdWUiOiJtdXRhdGVkIn0seyJvcCI6ImFkZCIsInBhdGgiOiIvbWV0YWRhdGEvbGFiZWxzL2lwLXdlYmhvb2suaW9+MWFsbG9jYXRlZC1pcCIsInZhbHVlIjoiMTAuMC4wLjEwIn1d"}}"#;
 
-async fn answer(request: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+/// Bytes one request appends in `--journal` mode: one binary claim record's size.
+const RECORD_BYTES: usize = 116;
+
+/// Records waiting for the writer thread, each with the answer it releases. A batch forms as
+/// ip-webhook's ledger forms one: the request that opens it yields to the runtime once, so
+/// that every request the runtime had ready joins, and then seals it for the writer.
+#[derive(Default)]
+struct GroupCommit {
+    inbox: Mutex<Inbox>,
+    ready: Condvar,
+}
+
+#[derive(Default)]
+struct Inbox {
+    waiting: Vec<oneshot::Sender<()>>,
+    sealed: bool,
+}
+
+impl GroupCommit {
+    fn start(dir: &Path) -> anyhow::Result<Arc<GroupCommit>> {
+        std::fs::create_dir_all(dir)?;
+        let mut file = File::create(dir.join("floor-journal"))?;
+        let commits = Arc::new(GroupCommit::default());
+        let writer = commits.clone();
+        std::thread::Builder::new()
+            .name("floor-writer".into())
+            .spawn(move || {
+                let mut batch = Vec::new();
+                let mut bytes = Vec::new();
+                loop {
+                    {
+                        let mut inbox = writer.inbox.lock().expect("floor inbox");
+                        while !inbox.sealed {
+                            inbox = writer.ready.wait(inbox).expect("floor inbox");
+                        }
+                        inbox.sealed = false;
+                        std::mem::swap(&mut inbox.waiting, &mut batch);
+                    }
+                    bytes.clear();
+                    bytes.resize(batch.len() * RECORD_BYTES, b'r');
+                    file.write_all(&bytes)
+                        .and_then(|()| file.sync_data())
+                        .expect("floor journal write");
+                    for done in batch.drain(..) {
+                        let _ = done.send(());
+                    }
+                }
+            })?;
+        Ok(commits)
+    }
+
+    /// Returns once a commit holding this request's record has been synced.
+    async fn append(&self) {
+        let (done, synced) = oneshot::channel();
+        let opened = {
+            let mut inbox = self.inbox.lock().expect("floor inbox");
+            inbox.waiting.push(done);
+            inbox.waiting.len() == 1
+        };
+        if opened {
+            tokio::task::yield_now().await;
+            self.inbox.lock().expect("floor inbox").sealed = true;
+            self.ready.notify_one();
+        }
+        let _ = synced.await;
+    }
+}
+
+async fn answer(
+    request: Request<Incoming>,
+    journal: Option<Arc<GroupCommit>>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
     let read = Limited::new(request.into_body(), MAX_BODY_BYTES)
         .collect()
         .await;
+    if read.is_ok()
+        && let Some(journal) = journal
+    {
+        journal.append().await;
+    }
     let response = match read {
         Ok(_) => Response::builder()
             .header(header::CONTENT_TYPE, "application/json")
@@ -43,24 +135,41 @@ async fn answer(request: Request<Incoming>) -> Result<Response<Full<Bytes>>, Inf
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let listen: SocketAddr = std::env::args()
-        .nth(1)
-        .unwrap_or_else(|| "127.0.0.1:9443".into())
-        .parse()?;
-    let key = self_signed(&[])?.certified_key()?;
-    let acceptor = TlsAcceptor::from(Arc::new(server_config(Arc::new(CertResolver::new(key)))));
+    let mut listen: SocketAddr = "127.0.0.1:9443".parse()?;
+    let mut ca_out = None;
+    let mut journal = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--ca-out" => ca_out = Some(args.next().context("--ca-out needs a file")?),
+            "--journal" => {
+                let dir = args.next().context("--journal needs a directory")?;
+                journal = Some(GroupCommit::start(Path::new(&dir))?);
+            }
+            addr => listen = addr.parse().with_context(|| format!("address {addr:?}"))?,
+        }
+    }
+    let certs = self_signed(&[])?;
+    if let Some(path) = ca_out {
+        std::fs::write(&path, &certs.ca_pem).with_context(|| format!("writing {path}"))?;
+    }
+    let acceptor = TlsAcceptor::from(Arc::new(server_config(Arc::new(CertResolver::new(
+        certs.certified_key()?,
+    )))));
     let listener = TcpListener::bind(listen).await?;
     println!("bench_floor serving https://{}", listener.local_addr()?);
     loop {
         let (tcp, _) = listener.accept().await?;
         let _ = tcp.set_nodelay(true);
         let acceptor = acceptor.clone();
+        let journal = journal.clone();
         tokio::spawn(async move {
             let Ok(stream) = acceptor.accept(tcp).await else {
                 return;
             };
+            let service = service_fn(move |request| answer(request, journal.clone()));
             let _ = auto::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(stream), service_fn(answer))
+                .serve_connection(TokioIo::new(stream), service)
                 .await;
         });
     }
