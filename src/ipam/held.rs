@@ -205,7 +205,7 @@ impl State {
         let claim = claim.into();
         // forget what the IP's previous record indexed before indexing the new one: the two
         // may share a request (the same claim learned twice)
-        if let Some(previous) = self.claims.remove(&claim.ip) {
+        if let Some(previous) = self.claims.insert(claim.ip, claim.clone()) {
             self.forget_indexes(&previous);
         }
         let (family, value) = ip_key(&claim.ip);
@@ -216,7 +216,6 @@ impl State {
         }
         self.held_per_app.add(&claim.pod.namespace, &claim.app);
         self.remember(&claim);
-        self.claims.insert(claim.ip, claim);
     }
 
     pub(super) fn forget_indexes(&mut self, claim: &Claim) {
