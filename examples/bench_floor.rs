@@ -12,10 +12,13 @@
 //! on this disk and core, whatever the store.
 //!
 //! ```text
-//! bench_floor [ADDR] [--ca-out FILE] [--journal DIR]
+//! bench_floor [ADDR] [--ca-out FILE] [--journal DIR] [--parse]
 //! ```
 //!
-//! `--ca-out` writes the CA certificate's PEM, for `bench_client`.
+//! `--ca-out` writes the CA certificate's PEM, for `bench_client`. `--parse` makes each answer
+//! also parse the body into a `serde_json::Value` (and drop it), work of about the size of
+//! ip-webhook's decision: with and without `--journal`, it shows whether a durable answer
+//! costs more when the requests themselves cost more.
 
 use std::convert::Infallible;
 use std::fs::File;
@@ -102,21 +105,36 @@ impl GroupCommit {
             inbox.waiting.len() == 1
         };
         if opened {
+            let _seal = Seal(self);
             tokio::task::yield_now().await;
-            self.inbox.lock().expect("floor inbox").sealed = true;
-            self.ready.notify_one();
         }
         let _ = synced.await;
+    }
+}
+
+/// Seals the batch its request opened, also when that request is dropped during its yield
+/// (wrk closes connections with requests in flight): else the batch would wait forever.
+struct Seal<'a>(&'a GroupCommit);
+
+impl Drop for Seal<'_> {
+    fn drop(&mut self) {
+        self.0.inbox.lock().expect("floor inbox").sealed = true;
+        self.0.ready.notify_one();
     }
 }
 
 async fn answer(
     request: Request<Incoming>,
     journal: Option<Arc<GroupCommit>>,
+    parse: bool,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let read = Limited::new(request.into_body(), MAX_BODY_BYTES)
         .collect()
-        .await;
+        .await
+        .map(|body| body.to_bytes());
+    if parse && let Ok(body) = &read {
+        std::hint::black_box(serde_json::from_slice::<serde_json::Value>(body).ok());
+    }
     if read.is_ok()
         && let Some(journal) = journal
     {
@@ -138,6 +156,7 @@ async fn main() -> anyhow::Result<()> {
     let mut listen: SocketAddr = "127.0.0.1:9443".parse()?;
     let mut ca_out = None;
     let mut journal = None;
+    let mut parse = false;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -146,6 +165,7 @@ async fn main() -> anyhow::Result<()> {
                 let dir = args.next().context("--journal needs a directory")?;
                 journal = Some(GroupCommit::start(Path::new(&dir))?);
             }
+            "--parse" => parse = true,
             addr => listen = addr.parse().with_context(|| format!("address {addr:?}"))?,
         }
     }
@@ -167,7 +187,7 @@ async fn main() -> anyhow::Result<()> {
             let Ok(stream) = acceptor.accept(tcp).await else {
                 return;
             };
-            let service = service_fn(move |request| answer(request, journal.clone()));
+            let service = service_fn(move |request| answer(request, journal.clone(), parse));
             let _ = auto::Builder::new(TokioExecutor::new())
                 .serve_connection(TokioIo::new(stream), service)
                 .await;

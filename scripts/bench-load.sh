@@ -7,7 +7,10 @@
 # 116-byte record per request, group commit with one write + fdatasync per batch, batches formed
 # as ip-webhook's ledger forms them) and nothing else: what it costs above `floor` is the price
 # of a durable answer on this disk and core, whatever the store. The issue-18 targets print it
-# beside the budget they allow.
+# beside the budget they allow. `floor-parse` and `floor-parse-durable` (not in the default
+# list) are the same pair with each request also parsed into a serde_json::Value: per-request
+# work of about ip-webhook's size, to see whether that price grows with the work it shares the
+# core with.
 #
 # The servers run pinned to one core and wrk to another, so server CPU per request (from
 # /proc/<pid>/stat utime+stime) means something. Prints req/s, p50, p99, server CPU µs per request,
@@ -31,7 +34,8 @@
 # are noisy), BENCH_WARMUP (seconds, default 1), BENCH_CONNECTIONS (default "1 16 64"),
 # BENCH_SERVER_CPU / BENCH_LOAD_CPU (default 0 / 1), BENCH_SCENARIOS (default "floor
 # floor-durable kube mutate-dry-run validate mutate-durable"; add mutate-durable-redb for the
-# redb store as it was before issue 18), BENCH_PROFILE (cargo profile, default dist),
+# redb store as it was before issue 18, floor-parse and floor-parse-durable for the floors with
+# work), BENCH_PROFILE (cargo profile, default dist),
 # BENCH_PROBE (fdatasync probes, default 2000; 0 skips).
 # A benchmark, not a test: it never fails on a number.
 set -euo pipefail
@@ -160,7 +164,7 @@ measure() {
     if [ "$mode" = durable ]; then
       commits0=$(metric ip_webhook_ledger_commits_total)
       allocated0=$(metric ip_webhook_allocations_total 'outcome="allocated"')
-    elif [ "$scenario" = floor-durable ]; then
+    elif [[ $scenario == floor*-durable ]]; then
       commits0=$(floor_commits "$pid")
     fi
     before=$(cpu_ticks "$pid")
@@ -188,7 +192,7 @@ measure() {
       if [ "$allocated" -lt "$requests" ]; then
         echo "warning: $scenario c=$conns: $allocated allocations for $requests requests" >&2
       fi
-    elif [ "$scenario" = floor-durable ]; then
+    elif [[ $scenario == floor*-durable ]]; then
       commits=$(($(floor_commits "$pid") - commits0))
       fsyncs=$(awk -v c="$commits" -v n="$requests" 'BEGIN { printf "%.3f", c / n }')
     fi
@@ -253,6 +257,15 @@ for conns in $connections; do
     measure floor-durable "$conns" /mutate as-is "$server_pid" "$work/floor-durable-ca.pem"
     stop_server "$server_pid"
   fi
+  for durable in "" -durable; do
+    if has floor-parse$durable; then
+      journal=()
+      if [ -n "$durable" ]; then journal=(--journal "$work/floor-parse-journal-$conns"); fi
+      start_server floor-parse$durable-"$conns" "$bin/examples/bench_floor" 127.0.0.1:0 --parse --ca-out "$work/floor-parse$durable-ca.pem" "${journal[@]}"
+      measure floor-parse$durable "$conns" /mutate as-is "$server_pid" "$work/floor-parse$durable-ca.pem"
+      stop_server "$server_pid"
+    fi
+  done
   if has kube; then
     server_addr=$kube_addr
     measure kube "$conns" /mutate as-is "$kube_pid"
@@ -318,6 +331,9 @@ awk -F'\t' -v pp50="${probe_p50:-0}" -v pp99="${probe_p99:-0}" '
           printf "    limit: a durable answer alone (floor-durable - floor) costs %.1f µs/req at %s fsyncs/req; ip-webhook durable - dry-run: %.1f µs/req at %s; the 1.3x target allows %.1f\n", cpu[fd] - cpu[fl], fs[fd], cpu[d] - cpu[k], fs[d], 0.3 * cpu[k]
         if ((fl in each) && each[fl] != "-" && (fd in each) && each[fd] != "-")
           printf "    limit: p99 each of the floor %.2f ms, of floor-durable %.2f ms\n", each[fl] / 1000, each[fd] / 1000
+        pl = "floor-parse" SUBSEP c; pd = "floor-parse-durable" SUBSEP c
+        if ((pl in cpu) && (pd in cpu))
+          printf "    with work: floor-parse %.1f µs/req; durable, %.1f µs/req more at %s fsyncs/req (%.2fx); p99 each %.2f and %.2f ms\n", cpu[pl], cpu[pd] - cpu[pl], fs[pd], cpu[pd] / cpu[pl], each[pl] / 1000, each[pd] / 1000
       }
       d = "mutate-durable" SUBSEP 16; k = "mutate-dry-run" SUBSEP 16
       if ((d in rps) && (k in rps) && pp50 > 0) {
