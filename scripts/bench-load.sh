@@ -8,9 +8,9 @@
 # as ip-webhook's ledger forms them) and nothing else: what it costs above `floor` is the price
 # of a durable answer on this disk and core, whatever the store. The issue-18 targets print it
 # beside the budget they allow. `floor-parse` and `floor-parse-durable` (not in the default
-# list) are the same pair with each request also parsed into a serde_json::Value: per-request
-# work of about ip-webhook's size, to see whether that price grows with the work it shares the
-# core with.
+# list) are the same pair with each request also parsed into a serde_json::Value (about twice
+# the CPU of ip-webhook's decision), to see whether that price grows with the work it shares
+# the core with.
 #
 # The servers run pinned to one core and wrk to another, so server CPU per request (from
 # /proc/<pid>/stat utime+stime) means something. Prints req/s, p50, p99, server CPU µs per request,
