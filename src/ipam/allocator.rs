@@ -87,7 +87,7 @@ impl Allocator {
     /// Build the index from what the ledger holds. No decision is made before this returns.
     pub async fn new(ledger: Arc<dyn Ledger>) -> Result<Allocator, LedgerError> {
         let mut state = State::default();
-        let mut claims = ledger.load().await?;
+        let mut claims = ledger.load_shared().await?;
         claims.sort_by_key(|c| c.updated_at);
         for claim in claims {
             if claim.locks_ip() {

@@ -235,6 +235,13 @@ pub trait Ledger: Send + Sync + 'static {
     /// Every claim recorded, held or released (released ones are history).
     async fn load(&self) -> Result<Vec<Claim>, LedgerError>;
 
+    /// [`Ledger::load`], as shared copies: a ledger that keeps its records in memory (the
+    /// embedded journal) hands out the very copies it keeps, so that the allocator, which
+    /// holds every claim for the life of the process, holds those instead of a second copy.
+    async fn load_shared(&self) -> Result<Vec<Arc<Claim>>, LedgerError> {
+        Ok(self.load().await?.into_iter().map(Arc::new).collect())
+    }
+
     /// Make `claim` durable unless its IP is held already. Returns only once durable.
     ///
     /// The claim comes shared: a ledger that keeps its records in memory (the embedded

@@ -121,6 +121,14 @@ impl Ledger for TimedLedger {
         result
     }
 
+    async fn load_shared(&self) -> Result<Vec<Arc<Claim>>, LedgerError> {
+        let started = Instant::now();
+        let result = self.inner.load_shared().await;
+        self.observe("load", started);
+        self.count(&result);
+        result
+    }
+
     async fn create(&self, claim: Arc<Claim>) -> Result<CreateOutcome, LedgerError> {
         let started = Instant::now();
         let result = match health::deadline() {

@@ -336,11 +336,11 @@ impl Journal {
         }
     }
 
-    /// Every claim recorded (held or released).
-    pub(super) fn load(&self) -> Vec<Claim> {
+    /// Every claim recorded (held or released): the copies the journal keeps.
+    pub(super) fn load(&self) -> Vec<Arc<Claim>> {
         self.claims
             .values()
-            .map(|entry| (*entry.claim).clone())
+            .map(|entry| entry.claim.clone())
             .collect()
     }
 

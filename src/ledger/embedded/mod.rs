@@ -155,7 +155,7 @@ enum Request {
 
 enum Msg {
     Op(Request),
-    Load(oneshot::Sender<Result<Vec<Claim>, LedgerError>>),
+    Load(oneshot::Sender<Result<Vec<Arc<Claim>>, LedgerError>>),
 }
 
 /// Where requests wait for the writer: one batch at a time.
@@ -488,9 +488,9 @@ fn commit_batch(
 }
 
 impl Backend {
-    fn load(&self) -> Result<Vec<Claim>, LedgerError> {
+    fn load(&self) -> Result<Vec<Arc<Claim>>, LedgerError> {
         match self {
-            Backend::Redb(db) => redb_store::load(db),
+            Backend::Redb(db) => Ok(redb_store::load(db)?.into_iter().map(Arc::new).collect()),
             Backend::Journal(journal) => Ok(journal.load()),
         }
     }
@@ -522,6 +522,11 @@ impl Ledger for EmbeddedLedger {
     }
 
     async fn load(&self) -> Result<Vec<Claim>, LedgerError> {
+        let shared = self.load_shared().await?;
+        Ok(shared.into_iter().map(Arc::unwrap_or_clone).collect())
+    }
+
+    async fn load_shared(&self) -> Result<Vec<Arc<Claim>>, LedgerError> {
         let (tx, rx) = oneshot::channel();
         self.send(Msg::Load(tx)).await?;
         rx.await
@@ -637,6 +642,33 @@ mod tests {
             counters.commits.get(),
             3,
             "one commit per sequential write; refusals commit nothing"
+        );
+    }
+
+    /// After a restart the allocator holds every claim for the life of the process: it must
+    /// hold the journal's own copies, not a second set (half the memory at ready).
+    #[tokio::test]
+    async fn a_shared_load_hands_out_the_copies_the_journal_keeps() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
+        for (ip, pod) in [("10.0.0.1", "a"), ("10.0.0.2", "b")] {
+            ledger.create(claim(ip, pod).into()).await.unwrap();
+        }
+        ledger.close().await;
+        let reopened: Arc<dyn Ledger> = crate::ledger::timed::TimedLedger::wrap(
+            Arc::new(EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap()),
+            Family::new_with_constructor(|| Histogram::new(seconds_buckets())),
+        );
+        let first = reopened.load_shared().await.unwrap();
+        let again = reopened.load_shared().await.unwrap();
+        assert_eq!(first.len(), 2);
+        for (one, other) in first.iter().zip(&again) {
+            assert!(Arc::ptr_eq(one, other), "{} was copied", one.ip);
+        }
+        let owned = reopened.load().await.unwrap();
+        assert_eq!(
+            owned,
+            first.iter().map(|c| (**c).clone()).collect::<Vec<_>>()
         );
     }
 
