@@ -646,7 +646,7 @@ mod tests {
     }
 
     /// After a restart the allocator holds every claim for the life of the process: it must
-    /// hold the journal's own copies, not a second set (half the memory at ready).
+    /// hold the journal's own copies, not a second set of every claim.
     #[tokio::test]
     async fn a_shared_load_hands_out_the_copies_the_journal_keeps() {
         let dir = tempfile::tempdir().unwrap();
