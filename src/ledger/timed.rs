@@ -50,13 +50,22 @@ impl TimedLedger {
         })
     }
 
-    fn observe(&self, operation: &'static str, started: Instant) {
+    /// Run `call`, timing it under `operation` and telling the health tracker how it went.
+    async fn measured<T>(
+        &self,
+        operation: &'static str,
+        call: impl Future<Output = Result<T, LedgerError>>,
+    ) -> Result<T, LedgerError> {
+        let started = Instant::now();
+        let result = call.await;
         self.latency
             .get_or_create(&LedgerLabels {
                 ledger: self.inner.kind(),
                 operation,
             })
             .observe(started.elapsed().as_secs_f64());
+        self.count(&result);
+        result
     }
 
     fn count<T>(&self, result: &Result<T, LedgerError>) {
@@ -114,28 +123,20 @@ impl Ledger for TimedLedger {
     }
 
     async fn load(&self) -> Result<Vec<Claim>, LedgerError> {
-        let started = Instant::now();
-        let result = self.inner.load().await;
-        self.observe("load", started);
-        self.count(&result);
-        result
+        self.measured("load", self.inner.load()).await
     }
 
     async fn load_shared(&self) -> Result<Vec<Arc<Claim>>, LedgerError> {
-        let started = Instant::now();
-        let result = self.inner.load_shared().await;
-        self.observe("load", started);
-        self.count(&result);
-        result
+        self.measured("load", self.inner.load_shared()).await
     }
 
     async fn create(&self, claim: Arc<Claim>) -> Result<CreateOutcome, LedgerError> {
-        let started = Instant::now();
-        let result = match health::deadline() {
-            None => self.inner.create(claim).await,
-            Some(deadline) => {
-                let inner = self.inner.clone();
-                self.bounded(
+        let call = async {
+            match health::deadline() {
+                None => self.inner.create(claim).await,
+                Some(deadline) => {
+                    let inner = self.inner.clone();
+                    self.bounded(
                     "create",
                     deadline,
                     async move {
@@ -155,51 +156,49 @@ impl Ledger for TimedLedger {
                     },
                 )
                 .await
+                }
             }
         };
-        self.observe("create", started);
-        self.count(&result);
-        result
+        self.measured("create", call).await
     }
 
     async fn release(&self, claim: &Claim) -> Result<bool, LedgerError> {
-        let started = Instant::now();
-        let result = match health::deadline() {
-            None => self.inner.release(claim).await,
-            Some(deadline) => {
-                let (inner, owned) = (self.inner.clone(), claim.clone());
-                self.bounded(
-                    "release",
-                    deadline,
-                    async move { (inner.release(&owned).await, ()) },
-                    nothing,
-                )
-                .await
+        let call = async {
+            match health::deadline() {
+                None => self.inner.release(claim).await,
+                Some(deadline) => {
+                    let (inner, owned) = (self.inner.clone(), claim.clone());
+                    self.bounded(
+                        "release",
+                        deadline,
+                        async move { (inner.release(&owned).await, ()) },
+                        nothing,
+                    )
+                    .await
+                }
             }
         };
-        self.observe("release", started);
-        self.count(&result);
-        result
+        self.measured("release", call).await
     }
 
     async fn transition(&self, current: &Claim, next: &Claim) -> Result<bool, LedgerError> {
-        let started = Instant::now();
-        let result = match health::deadline() {
-            None => self.inner.transition(current, next).await,
-            Some(deadline) => {
-                let (inner, current, next) = (self.inner.clone(), current.clone(), next.clone());
-                self.bounded(
-                    "transition",
-                    deadline,
-                    async move { (inner.transition(&current, &next).await, ()) },
-                    nothing,
-                )
-                .await
+        let call = async {
+            match health::deadline() {
+                None => self.inner.transition(current, next).await,
+                Some(deadline) => {
+                    let (inner, current, next) =
+                        (self.inner.clone(), current.clone(), next.clone());
+                    self.bounded(
+                        "transition",
+                        deadline,
+                        async move { (inner.transition(&current, &next).await, ()) },
+                        nothing,
+                    )
+                    .await
+                }
             }
         };
-        self.observe("transition", started);
-        self.count(&result);
-        result
+        self.measured("transition", call).await
     }
 
     async fn ping(&self) -> Result<(), LedgerError> {
