@@ -208,7 +208,13 @@ pub fn new_token(request_uid: &str) -> String {
     hasher.update(std::process::id().to_le_bytes());
     hasher.update(COUNTER.fetch_add(1, Ordering::Relaxed).to_le_bytes());
     let digest = hasher.finalize();
-    digest[..16].iter().map(|b| format!("{b:02x}")).collect()
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut token = String::with_capacity(32);
+    for byte in &digest[..16] {
+        token.push(char::from(HEX[usize::from(byte >> 4)]));
+        token.push(char::from(HEX[usize::from(byte & 0xf)]));
+    }
+    token
 }
 
 /// Whether `text` is shaped like a token we issue (so a pod cannot smuggle megabytes in it).
@@ -364,6 +370,14 @@ mod tests {
         let b = new_token("r");
         assert_ne!(a, b);
         assert!(is_token(&a) && is_token(&b));
+        for token in [&a, &b] {
+            assert!(
+                token
+                    .bytes()
+                    .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')),
+                "{token} is not lower-case hex"
+            );
+        }
         assert!(!is_token("x"));
         assert!(!is_token(&"g".repeat(32)));
     }
