@@ -15,6 +15,7 @@ use std::sync::Arc;
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use ip_webhook::ipam::allocator::{AllocationRequest, Allocator};
 use ip_webhook::ipam::ipset::{Family, IpRange, IpSet};
+use ip_webhook::ipam::messages::Scope;
 use ip_webhook::ledger::claim::PodIdentity;
 use ip_webhook::ledger::{Claim, Ledger, MemoryLedger, Phase, PodRef, Source};
 
@@ -77,7 +78,10 @@ fn allocation(c: &mut Criterion) {
             let allocator = runtime.block_on(allocator_holding(held));
             let expected = IpAddr::V4(Ipv4Addr::from(BASE + held));
             let request = AllocationRequest {
-                scope: "app default/web",
+                scope: Scope::App {
+                    namespace: "default",
+                    app: "web",
+                },
                 app: "web",
                 pool: None,
                 pod: pod("web-7d4b9c8f6d-"),

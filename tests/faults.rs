@@ -16,6 +16,7 @@ use std::time::Duration;
 use ip_webhook::crd::IPClaim;
 use ip_webhook::ipam::allocator::{AllocationRequest, Allocator};
 use ip_webhook::ipam::ipset::{IpSet, parse_ip_spec};
+use ip_webhook::ipam::messages::Scope;
 use ip_webhook::ledger::{
     CreateOutcome, EtcdLedger, EtcdOptions, KubeLedger, Ledger, PodRef, corrupt_records,
     index_resyncs,
@@ -25,7 +26,10 @@ use kube::api::{Patch, PatchParams};
 
 fn request<'a>(set: &'a IpSet, name: &str, uid: &'a str) -> AllocationRequest<'a> {
     AllocationRequest {
-        scope: "app dev/web",
+        scope: Scope::App {
+            namespace: "dev",
+            app: "web",
+        },
         app: "web",
         pool: None,
         pod: PodRef {

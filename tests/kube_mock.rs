@@ -19,6 +19,7 @@ use ip_webhook::cluster::{Caches, ClusterOptions, PodInfo, Reconciler, Rules};
 use ip_webhook::crd::IPClaim;
 use ip_webhook::ipam::allocator::{AllocationRequest, Allocator};
 use ip_webhook::ipam::ipset::parse_ip_spec;
+use ip_webhook::ipam::messages::Scope;
 use ip_webhook::ledger::kubernetes::{rfc3339, to_resource};
 use ip_webhook::ledger::{Claim, CreateOutcome, KubeLedger, Ledger, Phase, unix_now};
 use kube::client::Body;
@@ -173,7 +174,10 @@ async fn create_conflict_learns_the_holder_and_takes_the_next_ip() {
     let allocator = Allocator::new(ledger).await.unwrap();
     let set = parse_ip_spec("10.0.0.1-10.0.0.2").unwrap();
     let request = AllocationRequest {
-        scope: "app default/web",
+        scope: Scope::App {
+            namespace: "default",
+            app: "web",
+        },
         app: "web",
         pool: None,
         pod: claim("10.0.0.2", "web-me", "req-me").pod,

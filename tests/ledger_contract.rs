@@ -29,6 +29,7 @@ use std::time::Duration;
 
 use ip_webhook::ipam::allocator::{AllocError, AllocationRequest, Allocator};
 use ip_webhook::ipam::ipset::{IpSet, parse_ip_spec};
+use ip_webhook::ipam::messages::Scope;
 use ip_webhook::ledger::claim::PodIdentity;
 use ip_webhook::ledger::claim::{self as rules, PodIdentity as Identity};
 use ip_webhook::ledger::embedded::CommitCounters;
@@ -113,7 +114,10 @@ fn pod(n: u8) -> PodRef {
 
 fn request<'a>(set: &'a IpSet, n: u8, uid: &'a str) -> AllocationRequest<'a> {
     AllocationRequest {
-        scope: "app default/web",
+        scope: Scope::App {
+            namespace: "default",
+            app: "web",
+        },
         app: "web",
         pool: None,
         pod: pod(n),

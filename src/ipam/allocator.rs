@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use crate::ipam::foreign::ForeignIps;
 use crate::ipam::held::State;
 use crate::ipam::ipset::{Family, IpSet, ip_key};
-use crate::ipam::messages::{conflict_message, foreign_message};
+use crate::ipam::messages::{Scope, conflict_message, foreign_message};
 use crate::ledger::claim::{
     self, DueStep, PodIdentity, PodPresence, held_by, may_take_over, same_admission,
 };
@@ -27,8 +27,8 @@ const MAX_CONTENDED_ATTEMPTS: usize = 64;
 /// What one pod asks for.
 #[derive(Debug, Clone)]
 pub struct AllocationRequest<'a> {
-    /// How the owner is named in messages: `app default/web` or `pool blue`.
-    pub scope: &'a str,
+    /// How the owner is named in messages.
+    pub scope: Scope<'a>,
     pub app: &'a str,
     pub pool: Option<&'a str>,
     pub pod: PodRef,
@@ -589,7 +589,10 @@ mod tests {
 
     fn request<'a>(set: &'a IpSet, pod_ref: PodRef, uid: &'a str) -> AllocationRequest<'a> {
         AllocationRequest {
-            scope: "app default/web",
+            scope: Scope::App {
+                namespace: "default",
+                app: "web",
+            },
             app: "web",
             pool: None,
             pod: pod_ref,

@@ -1,10 +1,41 @@
 //! The words of a refusal about held IPs, in one place: who holds an IP, and the list of
 //! holders an exhaustion or a pool change names.
 
+use std::fmt;
 use std::net::IpAddr;
 
 use super::foreign::ForeignUse;
-use crate::ledger::{Claim, PodRef};
+use crate::ledger::{Claim, PodName, PodRef};
+
+/// Whose IPs a message is about. Written only when a message is: a granted pod costs no
+/// formatting.
+#[derive(Debug, Clone, Copy)]
+pub enum Scope<'a> {
+    /// `app default/web`
+    App { namespace: &'a str, app: &'a str },
+    /// `FixedIPPool blue (app default/web)`
+    Pool {
+        pool: &'a str,
+        namespace: &'a str,
+        app: &'a str,
+    },
+    /// `pod default/web-1`: a pod with neither a list nor a pool
+    Pod(PodName<'a>),
+}
+
+impl fmt::Display for Scope<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Scope::App { namespace, app } => write!(f, "app {namespace}/{app}"),
+            Scope::Pool {
+                pool,
+                namespace,
+                app,
+            } => write!(f, "FixedIPPool {pool} (app {namespace}/{app})"),
+            Scope::Pod(pod) => write!(f, "pod {pod}"),
+        }
+    }
+}
 
 /// How many holders an exhaustion message names before "and N more".
 pub const HOLDERS_NAMED: usize = 10;

@@ -3,6 +3,7 @@
 //! The allocator keeps the in-memory index and decides; a ledger only has to make one claim
 //! durable with create-if-absent semantics, release it, and list what it holds on start.
 
+use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -68,10 +69,33 @@ pub struct PodRef {
 impl PodRef {
     /// `namespace/name`, or `namespace/generateName*` before the name exists.
     pub fn display(&self) -> String {
+        self.pod_name().to_string()
+    }
+
+    pub fn pod_name(&self) -> PodName<'_> {
+        PodName {
+            namespace: &self.namespace,
+            name: &self.name,
+            generate_name: &self.generate_name,
+        }
+    }
+}
+
+/// A pod as messages name it: `namespace/name`, or `namespace/generateName*` before the name
+/// exists. Written only when a message is.
+#[derive(Debug, Clone, Copy)]
+pub struct PodName<'a> {
+    pub namespace: &'a str,
+    pub name: &'a str,
+    pub generate_name: &'a str,
+}
+
+impl fmt::Display for PodName<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.name.is_empty() {
-            format!("{}/{}*", self.namespace, self.generate_name)
+            write!(f, "{}/{}*", self.namespace, self.generate_name)
         } else {
-            format!("{}/{}", self.namespace, self.name)
+            write!(f, "{}/{}", self.namespace, self.name)
         }
     }
 }

@@ -11,6 +11,7 @@ use crate::admission::annotations::{
 };
 use crate::ipam::allocator::AllocError;
 use crate::ipam::ipset::IpSet;
+use crate::ipam::messages::Scope;
 use crate::ledger::claim::{PodIdentity, is_token};
 use crate::metrics::AllocationOutcome;
 use crate::webhook::{Candidates, PodView, Webhook};
@@ -162,11 +163,11 @@ impl PodAsk<'_> {
         }
     }
 
-    /// `app namespace/app`, `IPPool NAME (app …)`, or `pod namespace/name` without a list.
-    pub fn scope(&self) -> String {
+    /// `app namespace/app`, `FixedIPPool NAME (app …)`, or `pod namespace/name` without a list.
+    pub fn scope(&self) -> Scope<'_> {
         match &self.candidates {
             Some(candidates) => self.view.scope(candidates),
-            None => format!("pod {}", self.view.display()),
+            None => Scope::Pod(self.view.pod_name()),
         }
     }
 }
@@ -215,7 +216,7 @@ pub fn assess<'m>(webhook: &Webhook, view: PodView<'m>) -> Result<PodAsk<'m>, De
         return Err(Denial::OutsideList {
             ip: *outside,
             pod: ask.view.display(),
-            scope: ask.view.scope(candidates),
+            scope: ask.view.scope(candidates).to_string(),
         });
     }
     let whose = ask.scope();
@@ -224,10 +225,11 @@ pub fn assess<'m>(webhook: &Webhook, view: PodView<'m>) -> Result<PodAsk<'m>, De
         (!ask.carried.is_empty()).then_some(&carried_set),
         ask.candidates.as_ref().map(|c| &*c.set),
     ];
+    let mut warnings = Vec::new();
     for set in sets.into_iter().flatten() {
-        let warnings = webhook.cni_check(set, &whose).map_err(Denial::Cni)?;
-        ask.warnings.extend(warnings);
+        warnings.extend(webhook.cni_check(set, &whose).map_err(Denial::Cni)?);
     }
+    ask.warnings = warnings;
     Ok(ask)
 }
 

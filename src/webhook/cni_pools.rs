@@ -6,6 +6,7 @@
 //! reviews); in-cluster they can also be seeded from a list.
 
 use std::collections::HashMap;
+use std::fmt;
 use std::sync::RwLock;
 
 use serde::Deserialize;
@@ -176,7 +177,11 @@ impl NetworkRegistry {
 
     /// Fixed IPs against Calico's pools: `Err` names an IP no enabled Workload pool holds;
     /// `Ok` carries warnings for IPs in pools Calico also hands out automatically.
-    pub fn calico_check(&self, ips: &IpSet, whose: &str) -> Result<Vec<String>, String> {
+    pub fn calico_check(
+        &self,
+        ips: &IpSet,
+        whose: &dyn fmt::Display,
+    ) -> Result<Vec<String>, String> {
         let state = self.read();
         if !state.calico_synced || ips.is_empty() {
             return Ok(Vec::new());
@@ -229,7 +234,7 @@ impl NetworkRegistry {
 
     /// Fixed IPs against Kube-OVN's Subnets: each must lie in a Subnet's cidrBlock and outside
     /// its excludeIps.
-    pub fn ovn_check(&self, ips: &IpSet, whose: &str) -> Result<(), String> {
+    pub fn ovn_check(&self, ips: &IpSet, whose: &dyn fmt::Display) -> Result<(), String> {
         let state = self.read();
         if !state.ovn_synced || ips.is_empty() {
             return Ok(());
@@ -526,7 +531,7 @@ mod tests {
         let registry = registry();
         let outside = parse_ip_spec("10.99.0.5").unwrap();
         assert_eq!(
-            registry.calico_check(&outside, "app default/web"),
+            registry.calico_check(&outside, &"app default/web"),
             Ok(vec![])
         );
         registry.set_calico_synced(true);
@@ -540,7 +545,7 @@ mod tests {
         ];
         for (ips, expected) in cases {
             assert_eq!(
-                registry.calico_check(&parse_ip_spec(ips).unwrap(), "app default/web"),
+                registry.calico_check(&parse_ip_spec(ips).unwrap(), &"app default/web"),
                 expected,
                 "{ips}"
             );
@@ -548,7 +553,7 @@ mod tests {
         // reserved IPs are safe from automatic assignment: no warning
         registry.set_calico_reserved(parse_ip_spec("192.168.3.0/24").unwrap());
         assert_eq!(
-            registry.calico_check(&parse_ip_spec("192.168.3.1").unwrap(), "x"),
+            registry.calico_check(&parse_ip_spec("192.168.3.1").unwrap(), &"x"),
             Ok(vec![])
         );
         // no pools at all
@@ -556,7 +561,7 @@ mod tests {
         empty.set_calico_synced(true);
         assert!(
             empty
-                .calico_check(&parse_ip_spec("10.0.0.1").unwrap(), "x")
+                .calico_check(&parse_ip_spec("10.0.0.1").unwrap(), &"x")
                 .unwrap_err()
                 .ends_with("there are no Calico IPPools")
         );
@@ -570,16 +575,16 @@ mod tests {
         assert_eq!(
             registry.ovn_check(
                 &parse_ip_spec("10.16.0.11-10.16.0.20,fd00:10:16::5").unwrap(),
-                "x"
+                &"x"
             ),
             Ok(())
         );
         assert_eq!(
-            registry.ovn_check(&parse_ip_spec("10.16.0.8-10.16.0.12").unwrap(), "app default/web"),
+            registry.ovn_check(&parse_ip_spec("10.16.0.8-10.16.0.12").unwrap(), &"app default/web"),
             Err("IP 10.16.0.8-10.16.0.10 of app default/web lies in excludeIps of Kube-OVN Subnet ovn-default, so Kube-OVN will not assign it".into())
         );
         assert_eq!(
-            registry.ovn_check(&parse_ip_spec("10.17.0.1").unwrap(), "app default/web"),
+            registry.ovn_check(&parse_ip_spec("10.17.0.1").unwrap(), &"app default/web"),
             Err("IP 10.17.0.1 of app default/web lies in no Kube-OVN Subnet (Subnets: ovn-default 10.16.0.0/16,fd00:10:16::/64)".into())
         );
     }

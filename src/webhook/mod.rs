@@ -12,6 +12,7 @@ pub mod release_timer;
 pub mod validate;
 pub mod workloads;
 
+use std::fmt;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -20,8 +21,9 @@ use crate::admission::annotations::{ALLOCATABLE_IPS, Cni, IP_POOL};
 use crate::admission::{Incoming, Meta};
 use crate::ipam::allocator::Allocator;
 use crate::ipam::ipset::{IpSet, SpecCache};
+use crate::ipam::messages::Scope;
 use crate::ipam::pools::PoolCatalog;
-use crate::ledger::PodRef;
+use crate::ledger::{PodName, PodRef};
 use crate::metrics::Metrics;
 use crate::webhook::cni_pools::NetworkRegistry;
 use crate::webhook::events::{EventSink, NoEvents};
@@ -103,7 +105,7 @@ impl Webhook {
 
     /// Whether the CNI can use these fixed IPs (Calico pools / Kube-OVN subnets, when known):
     /// `Err` is a denial, `Ok` carries warnings.
-    pub fn cni_check(&self, ips: &IpSet, whose: &str) -> Result<Vec<String>, String> {
+    pub fn cni_check(&self, ips: &IpSet, whose: &dyn fmt::Display) -> Result<Vec<String>, String> {
         match self.settings.cni {
             Cni::Calico => self.networks.calico_check(ips, whose),
             Cni::KubeOvn => self.networks.ovn_check(ips, whose).map(|()| Vec::new()),
@@ -214,15 +216,27 @@ impl<'m> PodView<'m> {
     }
 
     pub fn display(&self) -> String {
-        self.pod_ref().display()
+        self.pod_name().to_string()
     }
 
-    /// `namespace/app` or, for a pool pod, `pool NAME (app namespace/app)`.
-    pub fn scope(&self, candidates: &Candidates) -> String {
-        let app = format!("app {}/{}", self.namespace, self.app.unwrap_or(""));
+    pub fn pod_name(&self) -> PodName<'_> {
+        PodName {
+            namespace: &self.namespace,
+            name: self.name(),
+            generate_name: self.meta.generate_name.as_deref().unwrap_or(""),
+        }
+    }
+
+    /// `app namespace/app` or, for a pool pod, `FixedIPPool NAME (app namespace/app)`.
+    pub fn scope<'s>(&'s self, candidates: &'s Candidates) -> Scope<'s> {
+        let (namespace, app) = (self.namespace.as_str(), self.app.unwrap_or(""));
         match &candidates.pool {
-            Some(pool) => format!("FixedIPPool {pool} ({app})"),
-            None => app,
+            Some(pool) => Scope::Pool {
+                pool,
+                namespace,
+                app,
+            },
+            None => Scope::App { namespace, app },
         }
     }
 

@@ -126,7 +126,7 @@ pub async fn decide_create(
     let chosen = ask.candidates.as_ref().unwrap_or(&empty);
     let token = new_token(incoming.uid());
     let request = AllocationRequest {
-        scope: &scope,
+        scope,
         app: ask.view.app.unwrap_or(""),
         pool: chosen.pool.as_deref(),
         pod: ask.view.pod_ref(),
@@ -228,7 +228,8 @@ struct RefusalContext<'a> {
     webhook: &'a Webhook,
     request_uid: &'a str,
     pod: PodRef,
-    app: String,
+    /// The app label's value; `namespace/app` is written only for a refusal.
+    app: Option<&'a str>,
     owners: &'a [OwnerRef],
     dry_run: bool,
 }
@@ -242,10 +243,7 @@ fn refusal<'a>(
         webhook,
         request_uid: incoming.uid(),
         pod: view.pod_ref(),
-        app: view
-            .app
-            .map(|app| format!("{}/{app}", view.namespace))
-            .unwrap_or_default(),
+        app: view.app,
         owners: view.meta.owner_references.as_deref().unwrap_or(&[]),
         dry_run: incoming.dry_run(),
     }
@@ -256,10 +254,14 @@ fn refused(context: &RefusalContext<'_>, app: Option<String>, denial: Denial) ->
     let outcome = denial.outcome();
     let message = denial.to_string();
     context.webhook.metrics.allocation(outcome.clone());
+    let app_key = context
+        .app
+        .map(|app| format!("{}/{app}", context.pod.namespace))
+        .unwrap_or_default();
     context.webhook.events.refused(&Refused {
         request_uid: context.request_uid,
         pod: &context.pod,
-        app: &context.app,
+        app: &app_key,
         owners: context.owners,
         outcome,
         message: &message,

@@ -207,7 +207,7 @@ async fn pod_verdict(
             .map(str::to_string)
             .unwrap_or_else(|| new_token(incoming.uid()));
         let request = AllocationRequest {
-            scope: &scope,
+            scope,
             app: ask.view.app.unwrap_or(""),
             pool: chosen.pool.as_deref(),
             pod: pod_ref.clone(),

@@ -420,7 +420,7 @@ pub fn review(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Response, Re
     }
 
     let mut response = response;
-    match webhook.cni_check(&set, &id.to_string()) {
+    match webhook.cni_check(&set, &id) {
         Ok(warnings) => {
             for warning in warnings {
                 response = response.warn(warning);
