@@ -4,12 +4,14 @@
 //! answers one canned AdmissionReview without parsing anything. Whatever ip-webhook spends above
 //! this is the cost of deciding.
 //!
-//! With `--journal DIR` it is also the floor of a durable answer: every request appends one
+//! With `--journal DIR` it is also the floor of a durable answer: every request adds one
 //! 116-byte record (the size of one claim in ip-webhook's journal) to `DIR/floor-journal`
 //! through a writer thread that takes every record waiting, writes them with one `write` and
-//! one `fdatasync`, and only then lets their answers go (group commit). There is no ledger, no
-//! claim and no decision: what this costs above the plain floor is what durability itself costs
-//! on this disk and core, whatever the store.
+//! one `fdatasync`, and only then lets their answers go (group commit). As ip-webhook's journal
+//! does, the records go into zeros written and synced ahead of them (1 MiB at a time), so a
+//! commit does not grow the file. There is no ledger, no claim and no decision: what this
+//! costs above the plain floor is what durability itself costs on this disk and core, whatever
+//! the store.
 //!
 //! ```text
 //! bench_floor [ADDR] [--ca-out FILE] [--journal DIR] [--parse]
@@ -22,8 +24,8 @@
 
 use std::convert::Infallible;
 use std::fs::File;
-use std::io::Write;
 use std::net::SocketAddr;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex};
 
@@ -45,8 +47,10 @@ use tokio_rustls::TlsAcceptor;
 /// The answer ip-webhook gives the fixture review (a three-op allocation patch), precomputed.
 const CANNED: &[u8] = br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"705ab4f5-6393-11e8-b7cc-42010a800002","allowed":true,"patchType":"JSONPatch","patch":"W3sib3AiOiJhZGQiLCJwYXRoIjoiL21ldGFkYXRhL2Fubm90YXRpb25zL2NuaS5wcm9qZWN0Y2FsaWNvLm9yZ34xaXBBZGRycyIsInZhbHVlIjoiW1wiMTAuMC4wLjEwXCJdIn0seyJvcCI6ImFkZCIsInBhdGgiOiIvbWV0YWRhdGEvYW5ub3RhdGlvbnMvaXAtd2ViaG9vay5pb34xc3RhdHVzIiwidmFsdWUiOiJtdXRhdGVkIn0seyJvcCI6ImFkZCIsInBhdGgiOiIvbWV0YWRhdGEvbGFiZWxzL2lwLXdlYmhvb2suaW9+MWFsbG9jYXRlZC1pcCIsInZhbHVlIjoiMTAuMC4wLjEwIn1d"}}"#;
 
-/// Bytes one request appends in `--journal` mode: one binary claim record's size.
+/// Bytes one request adds in `--journal` mode: one binary claim record's size.
 const RECORD_BYTES: usize = 116;
+/// The journal grows by this many synced zeros at a time, as ip-webhook's does.
+const ROOM_BYTES: u64 = 1 << 20;
 
 /// Records waiting for the writer thread, each with the answer it releases. A batch forms as
 /// ip-webhook's ledger forms one: the request that opens it yields to the runtime once, so
@@ -66,7 +70,7 @@ struct Inbox {
 impl GroupCommit {
     fn start(dir: &Path) -> anyhow::Result<Arc<GroupCommit>> {
         std::fs::create_dir_all(dir)?;
-        let mut file = File::create(dir.join("floor-journal"))?;
+        let file = File::create(dir.join("floor-journal"))?;
         let commits = Arc::new(GroupCommit::default());
         let writer = commits.clone();
         std::thread::Builder::new()
@@ -74,6 +78,7 @@ impl GroupCommit {
             .spawn(move || {
                 let mut batch = Vec::new();
                 let mut bytes = Vec::new();
+                let (mut end, mut allocated) = (0u64, 0u64);
                 loop {
                     {
                         let mut inbox = writer.inbox.lock().expect("floor inbox");
@@ -85,9 +90,18 @@ impl GroupCommit {
                     }
                     bytes.clear();
                     bytes.resize(batch.len() * RECORD_BYTES, b'r');
-                    file.write_all(&bytes)
+                    let len = bytes.len() as u64;
+                    if end + len > allocated {
+                        let grown = (end + len).next_multiple_of(ROOM_BYTES);
+                        file.write_all_at(&vec![0; (grown - allocated) as usize], allocated)
+                            .and_then(|()| file.sync_data())
+                            .expect("floor journal room");
+                        allocated = grown;
+                    }
+                    file.write_all_at(&bytes, end)
                         .and_then(|()| file.sync_data())
                         .expect("floor journal write");
+                    end += len;
                     for done in batch.drain(..) {
                         let _ = done.send(());
                     }

@@ -196,11 +196,16 @@ async fn load(dir: &Path, store: Store, conns: usize, seconds: u64) {
     ledger.close().await;
 }
 
-/// Append a 300-byte record and `fdatasync`, `count` times, as one journal commit does; and
-/// overwrite 4 KiB in place and `fdatasync`, as a page store does.
+/// `fdatasync` after each of `count` writes: a 300-byte record written into zeros already
+/// synced, as one journal commit does since issue 18 round 6 (`room`); the same record
+/// appended, growing the file, as one did before; and 4 KiB overwritten in place, as a page
+/// store does.
 fn probe(dir: &Path, count: usize) {
+    use std::os::unix::fs::FileExt;
     std::fs::create_dir_all(dir).unwrap();
-    for (label, append) in [("append 300 B", true), ("overwrite 4 KiB", false)] {
+    let record = [b'x'; 300];
+    let page = [b'y'; 4096];
+    for label in ["300 B into synced zeros", "append 300 B", "overwrite 4 KiB"] {
         let path = dir.join("fsync-probe");
         let _ = std::fs::remove_file(&path);
         let mut file = std::fs::OpenOptions::new()
@@ -209,21 +214,23 @@ fn probe(dir: &Path, count: usize) {
             .write(true)
             .open(&path)
             .unwrap();
-        if !append {
+        let room = label.contains("zeros");
+        if room {
+            file.write_all(&vec![0; record.len() * count]).unwrap();
+        } else if label.contains("overwrite") {
             file.write_all(&[7u8; 4096]).unwrap();
-            file.sync_all().unwrap();
         }
+        file.sync_all().unwrap();
         let mut times = Vec::with_capacity(count);
-        let record = [b'x'; 300];
-        let page = [b'y'; 4096];
-        for _ in 0..count {
+        for i in 0..count {
             let started = Instant::now();
-            if append {
+            if room {
+                file.write_all_at(&record, (i * record.len()) as u64)
+                    .unwrap();
+            } else if label.contains("append") {
                 file.write_all(&record).unwrap();
             } else {
-                use std::io::Seek;
-                file.seek(std::io::SeekFrom::Start(0)).unwrap();
-                file.write_all(&page).unwrap();
+                file.write_all_at(&page, 0).unwrap();
             }
             file.sync_data().unwrap();
             times.push(started.elapsed().as_secs_f64());

@@ -18,7 +18,8 @@
 # allocations, fsyncs per allocation (ledger commits / allocations, from the admin /metrics), the
 # mean batch size and the mean stages of a durable request (queue, commit, wake-up, from
 # ip_webhook_ledger_stage_seconds), and an fdatasync probe of the state directory's file system
-# (examples/ledger_load.rs probe: append 300 B + fdatasync, as one journal commit does) run in
+# (examples/ledger_load.rs probe: 300 B written into synced zeros + fdatasync, as one journal
+# commit does; also append and a 4 KiB overwrite, for reference) run in
 # the same invocation, so the durable p99 can be compared with the disk's own.
 #
 # Two latency columns: wrk's p99, which wrk corrects for coordinated omission after the run
@@ -296,8 +297,8 @@ echo
 echo "ip-webhook load benchmark ($(date -u '+%Y-%m-%d %H:%M UTC'), $(git rev-parse --short HEAD 2>/dev/null || echo unknown))"
 cat "$probe_file"
 echo "machine: $(nproc) cores, $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1), load average $(cut -d' ' -f1-3 /proc/loadavg); profile $profile; server pinned to core $server_cpu, wrk -t1 to core $load_cpu; median of $repeat runs of ${duration}s"
-probe_p50=$(awk '/append/ { for (i = 1; i <= NF; i++) if ($i ~ /^p50=/) { sub(/p50=/, "", $i); sub(/us/, "", $i); print $i } }' "$probe_file")
-probe_p99=$(awk '/append/ { for (i = 1; i <= NF; i++) if ($i ~ /^p99=/) { sub(/p99=/, "", $i); sub(/us/, "", $i); print $i } }' "$probe_file")
+probe_p50=$(awk '/synced zeros/ { for (i = 1; i <= NF; i++) if ($i ~ /^p50=/) { sub(/p50=/, "", $i); sub(/us/, "", $i); print $i } }' "$probe_file")
+probe_p99=$(awk '/synced zeros/ { for (i = 1; i <= NF; i++) if ($i ~ /^p99=/) { sub(/p99=/, "", $i); sub(/us/, "", $i); print $i } }' "$probe_file")
 awk -F'\t' -v pp50="${probe_p50:-0}" -v pp99="${probe_p99:-0}" '
   { key = $1 SUBSEP $2; rps[key] = $3; p50[key] = $4; p99[key] = $5; cpu[key] = $6; fs[key] = $7; each[key] = $8
     if (!($1 in seen)) { seen[$1] = 1; order[++n] = $1 }

@@ -51,7 +51,9 @@ pub(super) struct Parsed {
     pub(super) claims: Vec<(Claim, u64)>,
     /// Bytes of whole, valid records (plus the magic).
     pub(super) good: u64,
-    /// Whether bytes follow the last good record.
+    /// Whether bytes other than zeros follow the last good record. A journal's zeros are room
+    /// made for records to come (`journal.rs`, `PREALLOCATE`); anything else is a write a crash
+    /// cut short, or damage.
     pub(super) torn: bool,
     /// `None` when the file is too short to hold its magic (a crash right after creating it).
     pub(super) format: Option<Format>,
@@ -99,7 +101,7 @@ pub(super) fn parse_file(path: &Path) -> Result<Parsed, LedgerError> {
     Ok(Parsed {
         claims,
         good: at as u64,
-        torn: at < bytes.len(),
+        torn: bytes[at..].iter().any(|&b| b != 0),
         format: Some(format),
     })
 }
@@ -444,6 +446,41 @@ mod tests {
             assert_eq!(parsed.good, whole);
             assert!(parsed.torn);
         }
+    }
+
+    /// Zeros after the records are room made for the next ones, not a torn write; a cut
+    /// record in that room is one.
+    #[test]
+    fn zeros_after_the_records_are_room_and_a_record_cut_in_them_is_torn() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("file");
+        let mut bytes = MAGIC.to_vec();
+        encode_record(&mut bytes, &full()).unwrap();
+        let whole = bytes.len();
+        bytes.resize(whole + 4096, 0);
+        std::fs::write(&path, &bytes).unwrap();
+        let parsed = parse_file(&path).unwrap();
+        assert_eq!(
+            (parsed.claims.len(), parsed.good, parsed.torn),
+            (1, whole as u64, false)
+        );
+
+        let mut record = Vec::new();
+        encode_record(&mut record, &bare()).unwrap();
+        let cut = record.len() - 5;
+        bytes[whole..whole + cut].copy_from_slice(&record[..cut]);
+        std::fs::write(&path, &bytes).unwrap();
+        let parsed = parse_file(&path).unwrap();
+        assert_eq!(
+            (parsed.claims.len(), parsed.good, parsed.torn),
+            (1, whole as u64, true)
+        );
+
+        bytes[whole + cut..whole + record.len()].copy_from_slice(&record[cut..]);
+        std::fs::write(&path, &bytes).unwrap();
+        let parsed = parse_file(&path).unwrap();
+        assert_eq!(parsed.claims.len(), 2, "the whole record is read");
+        assert!(!parsed.torn);
     }
 
     #[test]

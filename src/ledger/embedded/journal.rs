@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::net::IpAddr;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread;
@@ -22,6 +23,16 @@ const COMPACT_MIN_BYTES: u64 = 8 << 20;
 #[cfg(test)]
 const COMPACT_MIN_BYTES: u64 = 16 << 10;
 
+/// A journal grows by this many zero bytes at a time, written and synced before any record
+/// goes there. A commit then overwrites bytes the file already has: its `fdatasync` writes the
+/// data and flushes the disk, and the file system's own journal has no new size or extent to
+/// commit (PostgreSQL pre-zeroes its WAL segments for the same reason). Measured in issue 18
+/// round 6: about a quarter less CPU per commit on this kind of disk.
+#[cfg(not(test))]
+pub(super) const PREALLOCATE: u64 = 1 << 20;
+#[cfg(test)]
+pub(super) const PREALLOCATE: u64 = 4 << 10;
+
 struct Entry {
     claim: Arc<Claim>,
     /// Size of its record.
@@ -35,6 +46,10 @@ pub(super) struct Journal {
     /// Sum of the record sizes of `claims`.
     live_bytes: u64,
     file: File,
+    /// Where the next record of `file` goes: the end of its records.
+    end: u64,
+    /// The length of `file`: zeros from `end` on.
+    allocated: u64,
     generation: u64,
     /// Bytes appended to journals since the last snapshot began.
     journal_bytes: u64,
@@ -177,10 +192,12 @@ impl Journal {
         let mut journal_bytes = 0u64;
         let last = journals.last().copied();
         let mut last_format = None;
+        let mut last_good = 0;
         for &generation in &journals {
             let path = dir.join(name(JOURNAL, generation));
             let parsed = parse_file(&path)?;
             last_format = parsed.format;
+            last_good = parsed.good;
             if parsed.torn {
                 if Some(generation) != last {
                     return Err(LedgerError::Corrupt {
@@ -203,33 +220,40 @@ impl Journal {
                 install(claim, size);
             }
         }
-        let (generation, file) = match last {
+        let (generation, file, end) = match last {
             // binary records are not appended to a JSON-format journal: they start the next one
             Some(generation) if last_format == Some(Format::Json) => {
-                (generation + 1, Journal::create_file(dir, generation + 1)?)
+                let file = Journal::create_file(dir, generation + 1)?;
+                (generation + 1, file, MAGIC.len() as u64)
             }
             Some(generation) => {
                 let path = dir.join(name(JOURNAL, generation));
-                let mut file = OpenOptions::new()
-                    .append(true)
+                let file = OpenOptions::new()
+                    .write(true)
                     .open(&path)
                     .map_err(storage("open journal"))?;
                 if file.metadata().map_err(storage("stat journal"))?.len() == 0 {
-                    file.write_all(MAGIC).map_err(storage("write journal"))?;
+                    file.write_all_at(MAGIC, 0)
+                        .map_err(storage("write journal"))?;
                     file.sync_data().map_err(storage("sync journal"))?;
                 }
-                (generation, file)
+                let end = last_good.max(MAGIC.len() as u64);
+                (generation, file, end)
             }
             None => {
                 let generation = base.max(1);
-                (generation, Journal::create_file(dir, generation)?)
+                let file = Journal::create_file(dir, generation)?;
+                (generation, file, MAGIC.len() as u64)
             }
         };
+        let allocated = file.metadata().map_err(storage("stat journal"))?.len();
         Ok(Journal {
             dir: dir.to_path_buf(),
             claims,
             live_bytes,
             file,
+            end,
+            allocated,
             generation,
             journal_bytes,
             compactor: None,
@@ -242,7 +266,7 @@ impl Journal {
     fn create_file(dir: &Path, generation: u64) -> Result<File, LedgerError> {
         let mut file = OpenOptions::new()
             .create_new(true)
-            .append(true)
+            .write(true)
             .open(dir.join(name(JOURNAL, generation)))
             .map_err(storage("create journal"))?;
         file.write_all(MAGIC).map_err(storage("write journal"))?;
@@ -273,15 +297,17 @@ impl Journal {
             return Ok(0);
         }
         let pending = records.pending;
+        let len = self.buf.len() as u64;
         if let Err(e) = self
-            .file
-            .write_all(&self.buf)
+            .make_room(len)
+            .and_then(|()| self.file.write_all_at(&self.buf, self.end))
             .and_then(|()| self.file.sync_data())
         {
             self.poisoned = Some(e.to_string());
             return Err(LedgerError::Storage(format!("journal write: {e}")));
         }
-        self.journal_bytes += self.buf.len() as u64;
+        self.end += len;
+        self.journal_bytes += len;
         for (claim, size) in pending {
             let ip = claim.ip;
             if let Some(old) = self.claims.insert(ip, Entry { claim, size }) {
@@ -291,6 +317,19 @@ impl Journal {
         }
         self.maybe_compact();
         Ok(writes)
+    }
+
+    /// Grow the file with synced zeros until `len` more bytes fit after `end`.
+    fn make_room(&mut self, len: u64) -> std::io::Result<()> {
+        if self.end + len <= self.allocated {
+            return Ok(());
+        }
+        let grown = (self.end + len).next_multiple_of(PREALLOCATE);
+        let zeros = vec![0; (grown - self.allocated) as usize];
+        self.file.write_all_at(&zeros, self.allocated)?;
+        self.file.sync_data()?;
+        self.allocated = grown;
+        Ok(())
     }
 
     /// Start a snapshot in the background when the journals have grown enough; the writer
@@ -313,7 +352,15 @@ impl Journal {
                 return;
             }
         };
+        // The room left in the journal it closes is not needed: a journal before the last one
+        // then ends at its last record, as every release has read it. Not synced: zeros that
+        // stay after a crash are read as room.
+        if let Err(error) = self.file.set_len(self.end) {
+            tracing::warn!(%error, "cannot trim the zeros after a closed journal's records");
+        }
         self.file = file;
+        self.end = MAGIC.len() as u64;
+        self.allocated = self.end;
         self.generation = generation;
         self.journal_bytes = 0;
         let claims: Vec<Arc<Claim>> = self.claims.values().map(|e| e.claim.clone()).collect();

@@ -17,12 +17,14 @@
 //!
 //! - [`Store::Journal`] (the default, `journal.rs`): an append-only journal of checksummed
 //!   records (`journal.<generation>`; the format is in [`super::record`]), one `write` and one
-//!   `fdatasync` per batch, the claims held in memory; when the journals outgrow twice the
+//!   `fdatasync` per batch, the claims held in memory. The records go into zeros the journal
+//!   wrote and synced ahead of them (1 MiB at a time), so a commit never grows the file and
+//!   its `fdatasync` has no size to record (issue 18 round 6). When the journals outgrow twice the
 //!   live records a background thread writes a `snapshot.<generation>` of every claim (temp
 //!   file, fsync, rename, directory fsync) and deletes the journals it covers. On open: the
-//!   newest snapshot, then the journals after it; a torn record at the end of the last journal
-//!   (a crash mid-write, never answered) is cut off, a bad record anywhere else is corruption
-//!   and refuses to start.
+//!   newest snapshot, then the journals after it; zeros after the last record are room; a torn
+//!   record at the end of the last journal (a crash mid-write, never answered) is cut off, a bad
+//!   record anywhere else is corruption and refuses to start.
 //! - [`Store::Redb`] (`redb_store.rs`): one redb file (`ledger.redb`, copy-on-write B-tree),
 //!   what ip-webhook used before. A state dir holding only `ledger.redb` is migrated to the
 //!   journal on first open (the file is kept as `ledger.redb.migrated`).
@@ -570,7 +572,7 @@ mod tests {
     use crate::ledger::{Phase, PodRef, Source};
     use journal::name;
     use std::fs::OpenOptions;
-    use std::io::Write;
+    use std::os::unix::fs::FileExt;
 
     #[test]
     fn a_stage_observation_lands_in_its_labelled_series() {
@@ -883,11 +885,13 @@ mod tests {
         ledger.close().await;
         drop(ledger);
         let path = journal_path(dir.path());
-        let whole = std::fs::metadata(&path).unwrap().len();
+        let whole = parse_file(&path).unwrap().good;
         let mut record = Vec::new();
         encode_record(&mut record, &claim("10.3.0.3", "c")).unwrap();
-        let mut file = OpenOptions::new().append(true).open(&path).unwrap();
-        file.write_all(&record[..record.len() - 5]).unwrap();
+        // where the writer puts its next record: into the zeros made room for
+        let file = OpenOptions::new().write(true).open(&path).unwrap();
+        file.write_all_at(&record[..record.len() - 5], whole)
+            .unwrap();
         drop(file);
 
         let ledger = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
@@ -915,6 +919,63 @@ mod tests {
         assert_eq!(ledger.load().await.unwrap().len(), 3);
     }
 
+    /// The journal grows by synced zeros ahead of its records; a reopen writes after its last
+    /// record, not after the zeros, and a growth past one step keeps every record.
+    #[tokio::test]
+    async fn the_journal_makes_room_ahead_and_reopens_at_its_last_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
+        ledger.create(claim("10.5.0.1", "a").into()).await.unwrap();
+        ledger.close().await;
+        drop(ledger);
+        let path = journal_path(dir.path());
+        let first = parse_file(&path).unwrap();
+        let len = std::fs::metadata(&path).unwrap().len();
+        assert_eq!(
+            len,
+            journal::PREALLOCATE,
+            "room made ahead of the first record"
+        );
+        assert!(first.good < len && !first.torn);
+
+        let ledger = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
+        ledger.create(claim("10.5.0.2", "b").into()).await.unwrap();
+        ledger.close().await;
+        drop(ledger);
+        let second = parse_file(&path).unwrap();
+        assert_eq!(
+            second.claims.len(),
+            2,
+            "the second record follows the first"
+        );
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), len);
+
+        // more records than one step of room holds
+        let ledger = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
+        let per_record = second.good - first.good;
+        let more = journal::PREALLOCATE / per_record + 5;
+        for i in 0..more {
+            let ip = format!("10.6.{}.{}", i / 250, i % 250 + 1);
+            ledger
+                .create(claim(&ip, &format!("p{i}")).into())
+                .await
+                .unwrap();
+        }
+        ledger.close().await;
+        drop(ledger);
+        let paths: Vec<_> = generations(dir.path(), JOURNAL).unwrap();
+        assert_eq!(paths.len(), 1, "no compaction in between: {paths:?}");
+        let grown = parse_file(&path).unwrap();
+        assert!(!grown.torn);
+        assert_eq!(grown.claims.len() as u64, 2 + more);
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().len(),
+            grown.good.next_multiple_of(journal::PREALLOCATE)
+        );
+        let ledger = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
+        assert_eq!(ledger.load().await.unwrap().len() as u64, 2 + more);
+    }
+
     /// A bad record with whole records after it, in a journal that is not the last one, is
     /// not a torn write: the ledger refuses to start rather than lose answered claims.
     #[tokio::test]
@@ -926,7 +987,7 @@ mod tests {
         drop(ledger);
         let path = journal_path(dir.path());
         let mut bytes = std::fs::read(&path).unwrap();
-        let last = bytes.len() - 3;
+        let last = parse_file(&path).unwrap().good as usize - 3;
         bytes[last] ^= 0xff;
         std::fs::write(&path, &bytes).unwrap();
         // a later journal makes this one not the last
