@@ -9,9 +9,9 @@
 //! through a writer thread that takes every record waiting, writes them with one `write` and
 //! one `fdatasync`, and only then lets their answers go (group commit). As ip-webhook's journal
 //! does, the records go into zeros written and synced ahead of them (1 MiB at a time), so a
-//! commit does not grow the file. There is no ledger, no claim and no decision: what this
-//! costs above the plain floor is what durability itself costs on this disk and core, whatever
-//! the store.
+//! commit does not grow the file, and the writer runs as `SCHED_BATCH`. There is no ledger, no
+//! claim and no decision: what this costs above the plain floor is what durability itself
+//! costs on this disk and core, whatever the store.
 //!
 //! ```text
 //! bench_floor [ADDR] [--ca-out FILE] [--journal DIR] [--parse]
@@ -76,6 +76,8 @@ impl GroupCommit {
         std::thread::Builder::new()
             .name("floor-writer".into())
             .spawn(move || {
+                // as ip-webhook's ledger writer runs
+                ip_webhook::ledger::embedded::writer_batch_policy().expect("SCHED_BATCH");
                 let mut batch = Vec::new();
                 let mut bytes = Vec::new();
                 let (mut end, mut allocated) = (0u64, 0u64);

@@ -360,7 +360,7 @@ enum Backend {
 /// 6). With a core to itself the writer runs at once either way. Any thread may choose this
 /// policy, so it needs no privilege; the thread's niceness is set to 0.
 #[cfg(target_os = "linux")]
-pub(crate) fn writer_batch_policy() -> Result<(), String> {
+pub fn writer_batch_policy() -> Result<(), String> {
     use thread_priority::unix::{
         NormalThreadSchedulePolicy, ThreadSchedulePolicy, set_thread_priority_and_policy,
         thread_native_id,
@@ -376,7 +376,7 @@ pub(crate) fn writer_batch_policy() -> Result<(), String> {
 }
 
 #[cfg(not(target_os = "linux"))]
-pub(crate) fn writer_batch_policy() -> Result<(), String> {
+pub fn writer_batch_policy() -> Result<(), String> {
     Err("SCHED_BATCH is Linux's".into())
 }
 
