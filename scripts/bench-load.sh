@@ -22,6 +22,11 @@
 # commit does; also append and a 4 KiB overwrite, for reference) run in
 # the same invocation, so the durable p99 can be compared with the disk's own.
 #
+# Under each cell it prints where the server's CPU went, per thread name: user and kernel µs per
+# request and context switches per request (from /proc/<pid>/task/*/stat and status) — the split
+# that showed, in issue 18 round 6, the ledger writer's kernel time per commit and the request
+# thread preempted by the writer.
+#
 # Two latency columns: wrk's p99, which wrk corrects for coordinated omission after the run
 # (it adds, for every reply slower than twice the mean interval, the replies a steady sender
 # would have waited for: one 200 ms stall turns into thousands of synthetic slow samples), and,
@@ -117,6 +122,32 @@ cpu_ticks() {
   sed 's/^.*) //' "/proc/$1/stat" | awk '{ print $12 + $13 }'
 }
 
+# Per thread name: CPU ticks in user and kernel mode, voluntary and involuntary context switches,
+# summed over the threads of that name.
+thread_times() {
+  local task
+  for task in /proc/"$1"/task/*; do
+    {
+      cat "$task/comm"
+      sed 's/^.*) //' "$task/stat" | awk '{ print $12, $13 }'
+      awk '/^voluntary_ctxt_switches/ { v = $2 } /^nonvoluntary_ctxt_switches/ { n = $2 } END { print v, n }' "$task/status"
+    } 2>/dev/null | paste -sd' '
+  done | awk 'NF == 5 { u[$1] += $2; s[$1] += $3; v[$1] += $4; n[$1] += $5 } END { for (c in u) print c, u[c], s[c], v[c], n[c] }'
+}
+
+# The change between two thread_times snapshots, per request: where a cell's CPU goes.
+thread_split() {
+  local before=$1 after=$2 requests=$3
+  awk -v t="$clk_tck" -v n="$requests" '
+    NR == FNR { u[$1] = $2; s[$1] = $3; v[$1] = $4; c[$1] = $5; next }
+    {
+      du = ($2 - u[$1]) * 1e6 / t / n; ds = ($3 - s[$1]) * 1e6 / t / n
+      dv = ($4 - v[$1]) / n; dc = ($5 - c[$1]) / n
+      if (du + ds >= 0.05 || dv + dc >= 0.005)
+        printf "    thread %-16s user %5.1f  sys %5.1f µs/req  switches %.3f voluntary, %.3f involuntary /req\n", $1, du, ds, dv, dc
+    }' "$before" "$after" | sort
+}
+
 # Commits of bench_floor --journal so far: write syscalls of its writer thread (one per commit).
 floor_commits() {
   local task
@@ -169,10 +200,13 @@ measure() {
       commits0=$(floor_commits "$pid")
     fi
     before=$(cpu_ticks "$pid")
+    thread_times "$pid" >"$work/threads-before-$rep"
     out="$work/wrk-$scenario-$conns-$rep.txt"
     taskset -c "$load_cpu" wrk -t1 -c"$conns" -d"${duration}s" --latency -s "$lua" "$url" -- "$fixture" "$mode" "r$run_counter-$rep" >"$out"
     after=$(cpu_ticks "$pid")
+    thread_times "$pid" >"$work/threads-after-$rep"
     requests=$(awk '/requests in/ { print $1 }' "$out")
+    thread_split "$work/threads-before-$rep" "$work/threads-after-$rep" "$requests" >"$work/split-$rep"
     rps=$(awk '/^Requests\/sec:/ { print $2 }' "$out")
     p50=$(to_us "$(awk '$1 == "50%" { print $2 }' "$out")")
     p99=$(to_us "$(awk '$1 == "99%" { print $2 }' "$out")")
@@ -197,9 +231,10 @@ measure() {
       commits=$(($(floor_commits "$pid") - commits0))
       fsyncs=$(awk -v c="$commits" -v n="$requests" 'BEGIN { printf "%.3f", c / n }')
     fi
-    printf '%s %s %s %s %s\n' "$cpu_us" "$rps" "$p50" "$p99" "$fsyncs" >>"$reps"
+    printf '%s %s %s %s %s %s\n' "$cpu_us" "$rps" "$p50" "$p99" "$fsyncs" "$rep" >>"$reps"
   done
-  read -r cpu_us rps p50 p99 fsyncs < <(sort -n -k1,1 "$reps" | sed -n "$(((repeat + 1) / 2))p")
+  local median_rep
+  read -r cpu_us rps p50 p99 fsyncs median_rep < <(sort -n -k1,1 "$reps" | sed -n "$(((repeat + 1) / 2))p")
   local each="-"
   if [ -n "$ca" ]; then
     # every request's own latency, on the same server right after wrk's runs
@@ -221,6 +256,7 @@ measure() {
   fi
   printf '  %-15s c=%-3s %10s req/s  p50 %8s µs  p99 %8s µs  cpu %7s µs/req  fsync/alloc %s\n' \
     "$scenario" "$conns" "$rps" "$p50" "$p99" "$cpu_us" "$fsyncs" >&2
+  cat "$work/split-$median_rep" >&2
 }
 
 has() { [[ " $scenarios " == *" $1 "* ]]; }
