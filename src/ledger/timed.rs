@@ -137,25 +137,25 @@ impl Ledger for TimedLedger {
                 Some(deadline) => {
                     let inner = self.inner.clone();
                     self.bounded(
-                    "create",
-                    deadline,
-                    async move {
-                        let result = inner.create(claim.clone()).await;
-                        (result, (inner, claim))
-                    },
-                    |late, (undo, made)| {
-                        Box::pin(async move {
-                            // the admission was already denied: a claim that landed anyway is rolled back
-                            if matches!(late, Ok(CreateOutcome::Created)) {
-                                match undo.release(&made).await {
-                                    Ok(_) => tracing::warn!(ip = %made.ip, "rolled back a claim made after the admission deadline"),
-                                    Err(error) => tracing::warn!(%error, ip = %made.ip, "could not roll back a claim made after the admission deadline; the reservation TTL or leak sweeper frees it"),
+                        "create",
+                        deadline,
+                        async move {
+                            let result = inner.create(claim.clone()).await;
+                            (result, (inner, claim))
+                        },
+                        |late, (undo, made)| {
+                            Box::pin(async move {
+                                // the admission was already denied: a claim that landed anyway is rolled back
+                                if matches!(late, Ok(CreateOutcome::Created)) {
+                                    match undo.release(&made).await {
+                                        Ok(_) => tracing::warn!(ip = %made.ip, "rolled back a claim made after the admission deadline"),
+                                        Err(error) => tracing::warn!(%error, ip = %made.ip, "could not roll back a claim made after the admission deadline; the reservation TTL or leak sweeper frees it"),
+                                    }
                                 }
-                            }
-                        })
-                    },
-                )
-                .await
+                            })
+                        },
+                    )
+                    .await
                 }
             }
         };

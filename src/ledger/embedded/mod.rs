@@ -304,8 +304,7 @@ impl EmbeddedLedger {
         let writer = thread::Builder::new()
             .name("ledger-writer".into())
             .spawn(move || {
-                let batch_policy = writer_batch_policy();
-                if let Err(error) = &batch_policy {
+                if let Err(error) = writer_batch_policy() {
                     tracing::debug!(%error, "the ledger writer keeps the default scheduling policy");
                 }
                 writer_loop(backend, &writer_inbox, writer_counters)
@@ -900,6 +899,18 @@ mod tests {
         dir.join(name(JOURNAL, generation))
     }
 
+    /// Open the ledger in `dir`, create `claims` in order and close it: the path of its last
+    /// journal.
+    async fn recorded(dir: &Path, claims: &[Claim]) -> PathBuf {
+        let ledger = EmbeddedLedger::open(dir, CommitCounters::default()).unwrap();
+        for claim in claims {
+            ledger.create(claim.clone().into()).await.unwrap();
+        }
+        ledger.close().await;
+        drop(ledger);
+        journal_path(dir)
+    }
+
     /// A crash in the middle of a write leaves a torn record at the end of the journal: it is
     /// cut off on open, every whole record before it is kept, and the journal takes new writes.
     #[tokio::test]
@@ -944,12 +955,11 @@ mod tests {
     #[tokio::test]
     async fn a_torn_tail_is_cut_and_whole_records_are_kept() {
         let dir = tempfile::tempdir().unwrap();
-        let ledger = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
-        ledger.create(claim("10.3.0.1", "a").into()).await.unwrap();
-        ledger.create(claim("10.3.0.2", "b").into()).await.unwrap();
-        ledger.close().await;
-        drop(ledger);
-        let path = journal_path(dir.path());
+        let path = recorded(
+            dir.path(),
+            &[claim("10.3.0.1", "a"), claim("10.3.0.2", "b")],
+        )
+        .await;
         let whole = parse_file(&path).unwrap().good;
         let mut record = Vec::new();
         encode_record(&mut record, &claim("10.3.0.3", "c")).unwrap();
@@ -989,11 +999,7 @@ mod tests {
     #[tokio::test]
     async fn the_journal_makes_room_ahead_and_reopens_at_its_last_record() {
         let dir = tempfile::tempdir().unwrap();
-        let ledger = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
-        ledger.create(claim("10.5.0.1", "a").into()).await.unwrap();
-        ledger.close().await;
-        drop(ledger);
-        let path = journal_path(dir.path());
+        let path = recorded(dir.path(), &[claim("10.5.0.1", "a")]).await;
         let first = parse_file(&path).unwrap();
         let len = std::fs::metadata(&path).unwrap().len();
         assert_eq!(
@@ -1003,10 +1009,7 @@ mod tests {
         );
         assert!(first.good < len && !first.torn);
 
-        let ledger = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
-        ledger.create(claim("10.5.0.2", "b").into()).await.unwrap();
-        ledger.close().await;
-        drop(ledger);
+        recorded(dir.path(), &[claim("10.5.0.2", "b")]).await;
         let second = parse_file(&path).unwrap();
         assert_eq!(
             second.claims.len(),
@@ -1016,18 +1019,17 @@ mod tests {
         assert_eq!(std::fs::metadata(&path).unwrap().len(), len);
 
         // more records than one step of room holds
-        let ledger = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
         let per_record = second.good - first.good;
         let more = journal::PREALLOCATE / per_record + 5;
-        for i in 0..more {
-            let ip = format!("10.6.{}.{}", i / 250, i % 250 + 1);
-            ledger
-                .create(claim(&ip, &format!("p{i}")).into())
-                .await
-                .unwrap();
-        }
-        ledger.close().await;
-        drop(ledger);
+        let claims: Vec<Claim> = (0..more)
+            .map(|i| {
+                claim(
+                    &format!("10.6.{}.{}", i / 250, i % 250 + 1),
+                    &format!("p{i}"),
+                )
+            })
+            .collect();
+        recorded(dir.path(), &claims).await;
         let paths: Vec<_> = generations(dir.path(), JOURNAL).unwrap();
         assert_eq!(paths.len(), 1, "no compaction in between: {paths:?}");
         let grown = parse_file(&path).unwrap();
@@ -1046,11 +1048,7 @@ mod tests {
     #[tokio::test]
     async fn a_bad_record_before_the_last_journal_refuses_to_open() {
         let dir = tempfile::tempdir().unwrap();
-        let ledger = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
-        ledger.create(claim("10.4.0.1", "a").into()).await.unwrap();
-        ledger.close().await;
-        drop(ledger);
-        let path = journal_path(dir.path());
+        let path = recorded(dir.path(), &[claim("10.4.0.1", "a")]).await;
         let mut bytes = std::fs::read(&path).unwrap();
         let last = parse_file(&path).unwrap().good as usize - 3;
         bytes[last] ^= 0xff;
