@@ -8,8 +8,9 @@
 //! 116-byte record (the size of one claim in ip-webhook's journal) to `DIR/floor-journal`
 //! through a writer thread that takes every record waiting, writes them with one `write` and
 //! one `fdatasync`, and only then lets their answers go (group commit). As ip-webhook's journal
-//! does, the records go into zeros written and synced ahead of them (1 MiB at a time), so a
-//! commit does not grow the file, and the writer runs as `SCHED_BATCH`. There is no ledger, no
+//! does, the records go into zeros written and synced ahead of them (up to the next MiB once
+//! less than 256 KiB is left, after a batch has its answers), so a commit does not grow the
+//! file, and the writer runs as `SCHED_BATCH`. There is no ledger, no
 //! claim and no decision: what this costs above the plain floor is what durability itself
 //! costs on this disk and core, whatever the store.
 //!
@@ -49,8 +50,21 @@ const CANNED: &[u8] = br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionR
 
 /// Bytes one request adds in `--journal` mode: one binary claim record's size.
 const RECORD_BYTES: usize = 116;
-/// The journal grows by this many synced zeros at a time, as ip-webhook's does.
+/// The journal grows by synced zeros as ip-webhook's does: to the next step of this many
+/// bytes once less than a quarter of one is left, after a batch has its answers.
 const ROOM_BYTES: u64 = 1 << 20;
+static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+
+/// Write zeros from `from` up to `to` in pieces, then sync them.
+fn zero_fill(file: &File, from: u64, to: u64) -> std::io::Result<()> {
+    let mut at = from;
+    while at < to {
+        let piece = (to - at).min(ZEROS.len() as u64);
+        file.write_all_at(&ZEROS[..piece as usize], at)?;
+        at += piece;
+    }
+    file.sync_data()
+}
 
 /// Records waiting for the writer thread, each with the answer it releases. A batch forms as
 /// ip-webhook's ledger forms one: the request that opens it yields to the runtime once, so
@@ -95,9 +109,7 @@ impl GroupCommit {
                     let len = bytes.len() as u64;
                     if end + len > allocated {
                         let grown = (end + len).next_multiple_of(ROOM_BYTES);
-                        file.write_all_at(&vec![0; (grown - allocated) as usize], allocated)
-                            .and_then(|()| file.sync_data())
-                            .expect("floor journal room");
+                        zero_fill(&file, allocated, grown).expect("floor journal room");
                         allocated = grown;
                     }
                     file.write_all_at(&bytes, end)
@@ -106,6 +118,11 @@ impl GroupCommit {
                     end += len;
                     for done in batch.drain(..) {
                         let _ = done.send(());
+                    }
+                    if allocated - end < ROOM_BYTES / 4 {
+                        let grown = (end + ROOM_BYTES / 4).next_multiple_of(ROOM_BYTES);
+                        zero_fill(&file, allocated, grown).expect("floor journal room");
+                        allocated = grown;
                     }
                 }
             })?;

@@ -173,10 +173,11 @@ async fn load(dir: &Path, store: Store, conns: usize, seconds: u64) {
     let n = latencies.len() as f64;
     let commits = counters.commits.get() - counters_before.0;
     println!(
-        "store={store:?} conns={conns} claims/s={:.0} p50={:.0}us p99={:.0}us max={:.0}us cpu/claim={:.1}us commits={} claims/commit={:.1}",
+        "store={store:?} conns={conns} claims/s={:.0} p50={:.0}us p99={:.0}us p99.9={:.0}us max={:.0}us cpu/claim={:.1}us commits={} claims/commit={:.1}",
         n / elapsed,
         percentile(&latencies, 0.5) * 1e6,
         percentile(&latencies, 0.99) * 1e6,
+        percentile(&latencies, 0.999) * 1e6,
         latencies.last().copied().unwrap_or(0.0) * 1e6,
         cpu * 1e6 / n,
         commits,

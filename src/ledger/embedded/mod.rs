@@ -18,8 +18,10 @@
 //! - [`Store::Journal`] (the default, `journal.rs`): an append-only journal of checksummed
 //!   records (`journal.<generation>`; the format is in [`super::record`]), one `write` and one
 //!   `fdatasync` per batch, the claims held in memory. The records go into zeros the journal
-//!   wrote and synced ahead of them (1 MiB at a time), so a commit never grows the file and
-//!   its `fdatasync` has no size to record (issue 18 round 6). When the journals outgrow twice the
+//!   wrote and synced ahead of them, so a commit never grows the file and its `fdatasync` has
+//!   no size to record (issue 18 round 6). The writer makes that room between batches, after
+//!   one has its answers and once less than 256 KiB is left, up to the next MiB (round 7: no
+//!   batch waits for it). When the journals outgrow twice the
 //!   live records a background thread writes a `snapshot.<generation>` of every claim (temp
 //!   file, fsync, rename, directory fsync) and deletes the journals it covers. On open: the
 //!   newest snapshot, then the journals after it; zeros after the last record are room; a torn
@@ -382,6 +384,7 @@ pub fn writer_batch_policy() -> Result<(), String> {
 fn writer_loop(mut backend: Backend, inbox: &Inbox, counters: CommitCounters) {
     let mut taken = Vec::with_capacity(64);
     let mut requests = Vec::with_capacity(64);
+    backend.grow_ahead();
     while inbox.take(&mut taken) {
         let started = Instant::now();
         counters.batch_size.observe(taken.len() as f64);
@@ -401,6 +404,8 @@ fn writer_loop(mut backend: Backend, inbox: &Inbox, counters: CommitCounters) {
         if !requests.is_empty() {
             commit_batch(&mut backend, &mut requests, &counters, started);
         }
+        // the batch has its answers: room for the next ones is made now, not in their commit
+        backend.grow_ahead();
     }
     if let Backend::Journal(journal) = &mut backend {
         journal.finish_compaction();
@@ -522,6 +527,12 @@ fn commit_batch(
 }
 
 impl Backend {
+    fn grow_ahead(&mut self) {
+        if let Backend::Journal(journal) = self {
+            journal.grow_ahead();
+        }
+    }
+
     fn load(&self) -> Result<Vec<Arc<Claim>>, LedgerError> {
         match self {
             Backend::Redb(db) => Ok(redb_store::load(db)?.into_iter().map(Arc::new).collect()),
@@ -1035,12 +1046,58 @@ mod tests {
         let grown = parse_file(&path).unwrap();
         assert!(!grown.torn);
         assert_eq!(grown.claims.len() as u64, 2 + more);
-        assert_eq!(
-            std::fs::metadata(&path).unwrap().len(),
-            grown.good.next_multiple_of(journal::PREALLOCATE)
+        let len = std::fs::metadata(&path).unwrap().len();
+        assert_eq!(len % journal::PREALLOCATE, 0, "room grows in whole steps");
+        assert!(
+            (grown.good + journal::ROOM_LOW..grown.good + journal::ROOM_LOW + journal::PREALLOCATE)
+                .contains(&len),
+            "room made ahead of the next commit: {len} bytes for records up to {}",
+            grown.good
         );
         let ledger = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
         assert_eq!(ledger.load().await.unwrap().len() as u64, 2 + more);
+    }
+
+    /// A commit writes into room made before it: it never grows the file (its `fdatasync` then
+    /// has no size to record, and no batch waits for zeros). The writer grows the room after a
+    /// batch has its answers, once less than `ROOM_LOW` is left, to the next step.
+    #[test]
+    fn commits_write_into_room_made_ahead_and_never_grow_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut journal = Journal::open(dir.path()).unwrap();
+        let path = journal_path(dir.path());
+        let len = || std::fs::metadata(&path).unwrap().len();
+        journal.grow_ahead();
+        assert_eq!(len(), journal::PREALLOCATE, "room before the first commit");
+        let (mut grown, mut commits) = (0, 0);
+        while grown < 3 {
+            let i = commits;
+            assert!(i < 1000, "the room was made {grown} times in {i} commits");
+            let before = len();
+            let (tx, _rx) = oneshot::channel();
+            let ip = format!("10.8.{}.{}", i / 250, i % 250 + 1);
+            let mut batch = vec![Request::Create(Arc::new(claim(&ip, "p")), tx)];
+            let mut replies = Vec::new();
+            assert_eq!(journal.commit(&mut batch, &mut replies).unwrap(), 1);
+            assert_eq!(len(), before, "commit {i} grew the journal");
+            let good = parse_file(&path).unwrap().good;
+            journal.grow_ahead();
+            let after = len();
+            if after != before {
+                grown += 1;
+                assert!(before - good < journal::ROOM_LOW, "grew with room to spare");
+            }
+            assert_eq!(after % journal::PREALLOCATE, 0);
+            assert!(
+                after - good >= journal::ROOM_LOW,
+                "room left after commit {i}"
+            );
+            commits += 1;
+        }
+        drop(journal);
+        let reopened = parse_file(&path).unwrap();
+        assert!(!reopened.torn);
+        assert_eq!(reopened.claims.len(), commits);
     }
 
     /// A bad record with whole records after it, in a journal that is not the last one, is
