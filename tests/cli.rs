@@ -88,7 +88,8 @@ fn crds_command_prints_both_crds() {
     assert_eq!(stdout, ip_webhook::crd::crds_yaml());
 }
 
-/// `--listen :PORT` as Go programs take it, and Go durations in the flags.
+/// `--listen :PORT` as Go programs take it, and Go durations in the flags; the serving process
+/// runs with transparent huge pages off.
 #[test]
 fn serve_takes_a_port_only_listen_and_go_durations() {
     use std::io::{BufRead, BufReader, Read, Write};
@@ -129,6 +130,15 @@ fn serve_takes_a_port_only_listen_and_go_durations() {
         "{reply}"
     );
     assert!(std::net::TcpStream::connect(("127.0.0.1", https)).is_ok());
+    // the server keeps its heap off transparent huge pages (issue 18 round 7)
+    #[cfg(target_os = "linux")]
+    {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap();
+        assert!(
+            status.lines().any(|line| line == "THP_enabled:\t0"),
+            "transparent huge pages still enabled:\n{status}"
+        );
+    }
     let _ = child.kill();
     let _ = child.wait();
 

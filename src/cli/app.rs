@@ -382,7 +382,20 @@ impl Launched {
     }
 }
 
+/// Keep the process's memory off transparent huge pages. The allocator asks for them
+/// (mimalloc `madvise`s its arenas), and the first touch of each one clears 2 MiB at once: on
+/// the benchmark's VM that held the one request thread, or the ledger writer, for about 4 ms
+/// each time the heap grew by 2 MiB, which a growing claim index does all the time (issue 18
+/// round 7). Small pages spread the same clearing over many faults of microseconds.
+pub fn avoid_huge_page_stalls() {
+    #[cfg(target_os = "linux")]
+    if let Err(error) = rustix::thread::disable_transparent_huge_pages(true) {
+        tracing::debug!(%error, "transparent huge pages stay enabled");
+    }
+}
+
 pub async fn launch(args: &ServeArgs) -> anyhow::Result<Launched> {
+    avoid_huge_page_stalls();
     if args.max_inflight_bytes < server::MAX_BODY_BYTES {
         anyhow::bail!(
             "--max-inflight-bytes {} is less than one largest review ({} bytes, 7Mi): such a review could never be read",
