@@ -33,10 +33,11 @@ pub(super) const PREALLOCATE: u64 = 1 << 20;
 #[cfg(test)]
 pub(super) const PREALLOCATE: u64 = 4 << 10;
 
-/// When less room than this is left after a commit, the writer grows the journal by
-/// [`PREALLOCATE`] once the batch has its answers ([`Journal::grow_ahead`]), so that no
-/// commit waits for the zeros and their `fdatasync` (issue 18 round 7: before, the batch that
-/// found the room full paid 1 MiB of zeros and a second sync, 5–8 ms on this kind of VM).
+/// When less room than this is left after a commit, the writer grows the journal to the next
+/// [`PREALLOCATE`] boundary past it once the batch has its answers ([`Journal::grow_ahead`]),
+/// so that no commit waits for the zeros and their `fdatasync` (issue 18 round 7: before, the
+/// batch that found the room full paid 1 MiB of zeros and a second sync, about 6 ms on the
+/// benchmark's VM).
 pub(super) const ROOM_LOW: u64 = PREALLOCATE / 4;
 
 /// The zeros a journal grows by, written this many at a time. A static (read-only, never
@@ -341,7 +342,8 @@ impl Journal {
     }
 
     /// After a commit has answered: when less than [`ROOM_LOW`] is left, grow the room to the
-    /// next [`PREALLOCATE`] boundary past that, now, while no batch waits on it. A failure stops the journal as a failed commit does.
+    /// next [`PREALLOCATE`] boundary past that, now, while no batch waits on it. A failure
+    /// stops the journal as a failed commit does.
     pub(super) fn grow_ahead(&mut self) {
         if self.poisoned.is_some() || self.allocated - self.end >= ROOM_LOW {
             return;
