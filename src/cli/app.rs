@@ -387,7 +387,7 @@ impl Launched {
 /// the benchmark's VM that held the one request thread, or the ledger writer, for about 4 ms
 /// each time the heap grew by 2 MiB, which a growing claim index does all the time (issue 18
 /// round 7). Small pages spread the same clearing over many faults of microseconds.
-pub fn avoid_huge_page_stalls() {
+fn avoid_huge_page_stalls() {
     #[cfg(target_os = "linux")]
     if let Err(error) = rustix::thread::disable_transparent_huge_pages(true) {
         tracing::debug!(%error, "transparent huge pages stay enabled");

@@ -332,30 +332,14 @@ impl Journal {
         Ok(writes)
     }
 
-    /// Grow the file with synced zeros until `len` more bytes fit after `end`: only for a
-    /// batch larger than the room [`Journal::grow_ahead`] left.
+    /// Grow the file with synced zeros, up to a [`PREALLOCATE`] boundary, until `len` more
+    /// bytes fit after `end`. A commit calls it only for a batch larger than the room
+    /// [`Journal::grow_ahead`] left.
     fn make_room(&mut self, len: u64) -> std::io::Result<()> {
         if self.end + len <= self.allocated {
             return Ok(());
         }
-        self.grow_to((self.end + len).next_multiple_of(PREALLOCATE))
-    }
-
-    /// After a commit has answered: when less than [`ROOM_LOW`] is left, grow the room to the
-    /// next [`PREALLOCATE`] boundary past that, now, while no batch waits on it. A failure
-    /// stops the journal as a failed commit does.
-    pub(super) fn grow_ahead(&mut self) {
-        if self.poisoned.is_some() || self.allocated - self.end >= ROOM_LOW {
-            return;
-        }
-        if let Err(e) = self.grow_to((self.end + ROOM_LOW).next_multiple_of(PREALLOCATE)) {
-            tracing::error!(error = %e, "cannot grow the journal ahead of its records");
-            self.poisoned = Some(e.to_string());
-        }
-    }
-
-    /// Write zeros from `allocated` up to `target`, sync them, and count them as room.
-    fn grow_to(&mut self, target: u64) -> std::io::Result<()> {
+        let target = (self.end + len).next_multiple_of(PREALLOCATE);
         let mut at = self.allocated;
         while at < target {
             let piece = (target - at).min(ZEROS.len() as u64);
@@ -365,6 +349,18 @@ impl Journal {
         self.file.sync_data()?;
         self.allocated = target;
         Ok(())
+    }
+
+    /// After a commit has answered: when less than [`ROOM_LOW`] is left, make that much room
+    /// now, while no batch waits on it. A failure stops the journal as a failed commit does.
+    pub(super) fn grow_ahead(&mut self) {
+        if self.poisoned.is_some() {
+            return;
+        }
+        if let Err(e) = self.make_room(ROOM_LOW) {
+            tracing::error!(error = %e, "cannot grow the journal ahead of its records");
+            self.poisoned = Some(e.to_string());
+        }
     }
 
     /// Start a snapshot in the background when the journals have grown enough; the writer
