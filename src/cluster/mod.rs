@@ -284,6 +284,8 @@ pub fn start(
         },
         options,
         lists: Some(webhook.clone()),
+        sightings: Default::default(),
+        started: tokio::time::Instant::now(),
     };
     tasks.push(tokio::spawn(reconciler.run(leading.clone(), ready)));
     ClusterHandle {

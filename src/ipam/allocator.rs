@@ -42,6 +42,18 @@ pub struct AllocationRequest<'a> {
     pub dry_run: bool,
 }
 
+impl AllocationRequest<'_> {
+    /// The pod asking, as the claim rules compare it with a record.
+    pub fn identity(&self) -> PodIdentity<'_> {
+        PodIdentity {
+            namespace: &self.pod.namespace,
+            name: &self.pod.name,
+            uid: self.pod.uid.as_deref(),
+            token: Some(self.token),
+        }
+    }
+}
+
 /// Why the IP was chosen (for logs and `explain`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reason {
@@ -355,6 +367,13 @@ impl Allocator {
                     Ok(Recorded::Ours(claim)) => {
                         allocation.token = claim.token.clone();
                         made.push(claim);
+                        continue;
+                    }
+                    // The record itself, read after the write found it, not this replica's
+                    // cache: a watch that lags behind another replica's /mutate has not
+                    // shown this pod's own reservation yet.
+                    Ok(Recorded::HeldBy(holder)) if held_by(&holder, &request.identity()) => {
+                        allocation.token = holder.token.clone();
                         continue;
                     }
                     Ok(Recorded::HeldBy(holder)) => {
