@@ -511,6 +511,10 @@ async fn a_statefulset_pod_gets_its_ip_back_within_the_sticky_grace() {
         .replica(&[
             "--sticky-grace",
             "60s",
+            // web-0 goes before the leader may have seen it stored: its claim is kept once the
+            // admission window has passed
+            "--reservation-ttl",
+            "2s",
             "--lease-duration",
             "2s",
             "--lease-renew-interval",

@@ -475,7 +475,11 @@ async fn release_is_by_uid_a_recreated_pod_of_the_same_name_does_not_keep_the_ol
 /// Let `claims` be seen by the leader now, then let `age` pass on its clock.
 async fn seen_for(reconciler: &Reconciler, claims: &[Arc<IPClaim>], age: Duration) {
     let now = reconciler.started.elapsed().as_secs();
-    reconciler.sightings.lock().unwrap().observe(claims, now);
+    reconciler
+        .sightings
+        .lock()
+        .unwrap()
+        .observe(claims, &Default::default(), now);
     tokio::time::advance(age).await;
 }
 

@@ -262,27 +262,52 @@ impl ClaimState {
 }
 
 /// When the leader first saw each claim in its present state, in seconds on the leader's own
-/// clock (the one `now` is read from). A claim's age is how long this leader has watched it,
-/// never a time another machine wrote compared with this machine's clock: replicas' clocks
-/// may disagree by minutes. A new leader starts its own count, so it waits a whole window
-/// before freeing anything.
+/// clock (the one `now` is read from), and whether it has seen the claim's pod since. A
+/// claim's age is how long this leader has watched it, never a time another machine wrote
+/// compared with this machine's clock: replicas' clocks may disagree by minutes. A new leader
+/// starts its own count, so it waits a whole window before freeing anything.
 #[derive(Debug, Default)]
 pub struct Sightings {
-    first: HashMap<String, (ClaimState, u64)>,
+    first: HashMap<String, Sighting>,
+}
+
+#[derive(Debug)]
+struct Sighting {
+    state: ClaimState,
+    since: u64,
+    /// The pod with the claim's UID was in the pod cache: the API server stored it, so the
+    /// promise made at admission was kept.
+    pod_seen: bool,
 }
 
 impl Sightings {
-    /// Note `claims` as seen at `now`; forget the ones no longer listed.
-    pub fn observe(&mut self, claims: &[Arc<IPClaim>], now: u64) {
+    /// Note `claims` as seen at `now`, with the pods of `pods` (by UID); forget the claims no
+    /// longer listed.
+    pub fn observe(&mut self, claims: &[Arc<IPClaim>], pods: &HashMap<String, PodInfo>, now: u64) {
         let mut listed = HashSet::with_capacity(claims.len());
         for resource in claims {
             let name = resource.metadata.name.clone().unwrap_or_default();
             let state = ClaimState::of(resource);
+            let pod_here = state
+                .pod_uid
+                .as_ref()
+                .is_some_and(|uid| pods.contains_key(uid));
             match self.first.get_mut(&name) {
-                Some((seen, _)) if *seen == state => {}
-                Some(entry) => *entry = (state, now),
-                None => {
-                    self.first.insert(name.clone(), (state, now));
+                Some(seen) if seen.state == state => seen.pod_seen |= pod_here,
+                previous => {
+                    // a phase change of the same pod's claim: that pod was still seen
+                    let pod_seen = pod_here
+                        || previous.is_some_and(|p| {
+                            p.pod_seen
+                                && p.state.pod_uid.is_some()
+                                && p.state.pod_uid == state.pod_uid
+                        });
+                    let seen = Sighting {
+                        state,
+                        since: now,
+                        pod_seen,
+                    };
+                    self.first.insert(name.clone(), seen);
                 }
             }
             listed.insert(name);
@@ -290,13 +315,21 @@ impl Sightings {
         self.first.retain(|name, _| listed.contains(name));
     }
 
+    fn sighting(&self, resource: &IPClaim) -> Option<&Sighting> {
+        let name = resource.metadata.name.as_deref().unwrap_or_default();
+        self.first
+            .get(name)
+            .filter(|seen| seen.state == ClaimState::of(resource))
+    }
+
     /// Since when `resource` has been in its present state; `now` for one not seen before.
     pub fn since(&self, resource: &IPClaim, now: u64) -> u64 {
-        let name = resource.metadata.name.as_deref().unwrap_or_default();
-        match self.first.get(name) {
-            Some((state, at)) if *state == ClaimState::of(resource) => *at,
-            _ => now,
-        }
+        self.sighting(resource).map_or(now, |seen| seen.since)
+    }
+
+    /// Whether the pod `resource` is bound to has been seen since the claim was.
+    pub fn pod_seen(&self, resource: &IPClaim) -> bool {
+        self.sighting(resource).is_some_and(|seen| seen.pod_seen)
     }
 
     pub fn clear(&mut self) {
@@ -374,7 +407,10 @@ pub fn plan(
                 }),
                 Some(_) => {}
                 // Bound at admission, the pod not stored yet (or never to be): a promise.
-                None if phase != Phase::Terminating && now < promised_until => {
+                None if phase != Phase::Terminating
+                    && !seen.pod_seen(&resource)
+                    && now < promised_until =>
+                {
                     plan.due(promised_until);
                 }
                 None if resource.spec.sticky => plan.actions.push(Action::Keep { claim: resource }),
@@ -562,8 +598,12 @@ mod tests {
             .iter()
             .map(|resource| {
                 let name = resource.metadata.name.clone().unwrap_or_default();
-                let written = from_resource(resource).unwrap().updated_at;
-                (name, (ClaimState::of(resource), written))
+                let seen = Sighting {
+                    state: ClaimState::of(resource),
+                    since: from_resource(resource).unwrap().updated_at,
+                    pod_seen: false,
+                };
+                (name, seen)
             })
             .collect();
         Sightings { first }
@@ -694,7 +734,7 @@ mod tests {
             T0 - 3_600,
         )]);
         let mut seen = Sightings::default();
-        seen.observe(&claims, T0);
+        seen.observe(&claims, &pods(&[]), T0);
         let early = plan(&claims, &pods(&[]), &seen, T0 + 1, RULES);
         assert!(early.actions.is_empty(), "{:?}", summary(&early));
         assert_eq!(early.next_due, Some(T0 + 120));
@@ -707,9 +747,16 @@ mod tests {
             summary(&plan(&claims, &pods(&[]), &seen, T0 + 120, RULES)),
             ["drop 10.0.0.8 PodGone"]
         );
+        // once the leader has seen the pod stored, its absence is a deletion: no window
+        let mut stored = Sightings::default();
+        stored.observe(&claims, &pods(std::slice::from_ref(&admitted)), T0);
+        assert_eq!(
+            summary(&plan(&claims, &pods(&[]), &stored, T0 + 1, RULES)),
+            ["drop 10.0.0.8 PodGone"]
+        );
         // a new leader starts its own count
         let mut fresh = Sightings::default();
-        fresh.observe(&claims, T0 + 500);
+        fresh.observe(&claims, &pods(&[]), T0 + 500);
         assert!(
             plan(&claims, &pods(&[]), &fresh, T0 + 500, RULES)
                 .actions
@@ -723,10 +770,10 @@ mod tests {
         let first = pod("default", "db-0", "uid-1", "10.0.0.9", T0);
         let claim = bound(reserved("10.0.0.9", "default", "db-0", "", T0), &first, T0);
         let mut seen = Sightings::default();
-        seen.observe(&arcs(vec![claim.clone()]), T0);
+        seen.observe(&arcs(vec![claim.clone()]), &pods(&[]), T0);
         let second = pod("default", "db-0", "uid-2", "10.0.0.9", T0);
         let rebound = arcs(vec![bound(claim, &second, T0 + 100)]);
-        seen.observe(&rebound, T0 + 100);
+        seen.observe(&rebound, &pods(&[]), T0 + 100);
         assert_eq!(seen.since(&rebound[0], T0 + 150), T0 + 100);
         assert!(
             plan(&rebound, &pods(&[]), &seen, T0 + 150, RULES)
@@ -734,7 +781,7 @@ mod tests {
                 .is_empty()
         );
         // a claim no longer listed is forgotten
-        seen.observe(&[], T0 + 160);
+        seen.observe(&[], &pods(&[]), T0 + 160);
         assert_eq!(seen.since(&rebound[0], T0 + 170), T0 + 170);
     }
 

@@ -87,7 +87,7 @@ impl Reconciler {
         let now = self.clock();
         let mut plan = {
             let mut seen = lock(&self.sightings);
-            seen.observe(&claims, now);
+            seen.observe(&claims, &pods, now);
             reconcile::plan(&claims, &pods, &seen, now, self.options.rules)
         };
         if let Some(lists) = &self.lists {
