@@ -140,7 +140,7 @@ impl OvnIp {
 }
 
 /// B-trees, not hash maps: a hash map doubles all at once under the write lock, and
-/// admissions read `by_ip` (README, "Where the durable tail was").
+/// admissions read `by_ip` (docs/performance.md, "B-trees instead of hash maps").
 struct Books<T> {
     by_key: BTreeMap<Box<str>, Arc<T>>,
     by_ip: BTreeMap<IpAddr, Arc<T>>,

@@ -181,8 +181,8 @@ impl AppCounts {
 pub(super) struct State {
     pub(super) held: HashMap<Family, RunSet>,
     // The maps that grow with every claim are B-trees: a hash map doubles all at once, and at
-    // 229,376 claims that one rehash held every admission for 200 ms (README, "Where the
-    // durable tail was"); a B-tree grows a node at a time.
+    // 229,376 claims that one rehash held every admission for 200 ms (docs/performance.md,
+    // "B-trees instead of hash maps"); a B-tree grows a node at a time.
     /// Shared with the embedded ledger, which keeps the same copy of each claim it records.
     pub(super) claims: BTreeMap<IpAddr, Arc<Claim>>,
     pub(super) by_request: ByRequest,
