@@ -36,8 +36,11 @@ pub struct SlimPod {
     pub uid: Box<str>,
     pub node: Box<str>,
     pub ips: Box<[IpAddr]>,
-    /// `metadata.deletionTimestamp` (unix seconds): the pod is Terminating; its grace ends then.
+    /// `metadata.deletionTimestamp` (unix seconds, the API server's clock): the pod is
+    /// Terminating.
     pub deleting_at: Option<u64>,
+    /// `metadata.deletionGracePeriodSeconds`: how long its containers may still run.
+    pub deletion_grace: Option<u64>,
     /// The kind of its controller owner, for node-loss release ([`super::node_loss`]).
     pub controller: Option<super::node_loss::ControllerKind>,
     /// The value of its app label (`--app-label`), empty if none: the reconciler adopts a
@@ -90,6 +93,9 @@ impl SlimPod {
                 .deletion_timestamp
                 .as_ref()
                 .and_then(|t| u64::try_from(t.0.as_second()).ok()),
+            deletion_grace: meta
+                .deletion_grace_period_seconds
+                .and_then(|g| u64::try_from(g).ok()),
             controller: super::node_loss::ControllerKind::of(meta.owner_references.as_deref()),
             app: meta
                 .labels
@@ -662,6 +668,7 @@ mod tests {
             node: "n1".into(),
             ips: vec![ip("10.98.2.7")].into(),
             deleting_at: None,
+            deletion_grace: None,
             controller: None,
             app: "static".into(),
         }]);
@@ -708,6 +715,7 @@ mod tests {
                 node: "".into(),
                 ips: vec![ip(addr)].into(),
                 deleting_at: None,
+                deletion_grace: None,
                 controller: None,
                 app: "".into(),
             }),

@@ -2,16 +2,22 @@
 //! until someone force-deletes it, so a list sized to the replicas refuses the replacement.
 //! The leader releases the claims of such a pod once
 //!
-//! - the pod is Terminating and its own grace has passed (now ≥ `deletionTimestamp`, which
-//!   already includes the grace period);
-//! - its node's `Ready` condition has been `False` or `Unknown` for longer than
-//!   `--node-lost-grace` (0 turns this off);
+//! - the pod is Terminating and its own grace (`deletionGracePeriodSeconds`) has passed since
+//!   the leader first saw it Terminating;
+//! - its node's `Ready` condition has been `False` or `Unknown`, as the leader has seen it
+//!   without a break, for longer than `--node-lost-grace` (0 turns this off);
 //! - its controller makes a replacement under a new name: ReplicaSet, Job or DaemonSet.
 //!   StatefulSet pods and bare pods keep their IP (a StatefulSet's replacement has the same name
 //!   and takes the claim over once the old pod object is gone).
 //!
 //! Each release is logged (WARN), counted (`ip_webhook_node_lost_releases_total`) and told as
 //! a Warning Event on the pod's owner. Nodes are watched slimmed to their `Ready` condition.
+//!
+//! Every duration is measured on the leader's own monotonic clock ([`LossClock`]): the
+//! `deletionTimestamp` is the API server's clock and a node's `lastTransitionTime` the
+//! kubelet's or the controller manager's, and comparing either with this machine's clock
+//! would release a pod inside its grace whenever the clocks disagree. A new leader starts its
+//! own count.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,7 +35,7 @@ use super::index::{ClusterIps, SlimPod};
 use super::lease::LeaderTicks;
 use super::watches::{Change, Mirror, drive};
 use crate::ipam::allocator::Allocator;
-use crate::ledger::{Claim, unix_now};
+use crate::ledger::Claim;
 use crate::metrics::Metrics;
 
 /// The kind of a pod's controller owner, as far as node-loss release cares.
@@ -65,12 +71,10 @@ impl ControllerKind {
     }
 }
 
-/// A node's `Ready` condition: whether it is `True`, and since when (its
-/// `lastTransitionTime`, unix seconds).
+/// A node's `Ready` condition: whether it is `True`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NodeReady {
     pub ready: bool,
-    pub since: u64,
 }
 
 impl NodeReady {
@@ -85,11 +89,6 @@ impl NodeReady {
             .find(|c| c.type_ == "Ready")?;
         Some(NodeReady {
             ready: condition.status == "True",
-            since: condition
-                .last_transition_time
-                .as_ref()
-                .and_then(|t| u64::try_from(t.0.as_second()).ok())
-                .unwrap_or_else(unix_now),
         })
     }
 }
@@ -148,9 +147,44 @@ pub async fn watch_nodes(api: Api<Node>, nodes: Arc<Nodes>) {
     .await
 }
 
-/// Since when `pod`'s node has been lost, if `pod` may be released at `now` with
-/// `grace` seconds of `--node-lost-grace` (0: never).
-pub fn lost_since(pod: &SlimPod, node: Option<NodeReady>, now: u64, grace: u64) -> Option<u64> {
+/// The grace of a pod whose deletion names none: Kubernetes' default.
+const DEFAULT_POD_GRACE: u64 = 30;
+
+/// Since when (on the leader's clock) the leader has seen each Terminating pod and each node
+/// that is not Ready.
+#[derive(Debug, Default)]
+pub struct LossClock {
+    terminating: HashMap<Box<str>, u64>,
+    down: HashMap<Box<str>, u64>,
+}
+
+impl LossClock {
+    /// Note what a pass sees at `now`: the Terminating pods, and each one's node; forget the
+    /// pods no longer Terminating and the nodes Ready again or no longer asked about.
+    pub fn observe(&mut self, pods: &[Arc<SlimPod>], nodes: &Nodes, now: u64) {
+        let mut terminating = HashMap::with_capacity(pods.len());
+        let mut down = HashMap::new();
+        for pod in pods.iter().filter(|p| p.deleting_at.is_some()) {
+            let since = self.terminating.get(&pod.uid).copied().unwrap_or(now);
+            terminating.insert(pod.uid.clone(), since);
+            if nodes.get(&pod.node).is_some_and(|n| !n.ready) && !down.contains_key(&pod.node) {
+                let since = self.down.get(&pod.node).copied().unwrap_or(now);
+                down.insert(pod.node.clone(), since);
+            }
+        }
+        self.terminating = terminating;
+        self.down = down;
+    }
+
+    pub fn clear(&mut self) {
+        self.terminating.clear();
+        self.down.clear();
+    }
+}
+
+/// Since when `pod`'s node has been seen lost, if `pod` may be released at `now` with `grace`
+/// seconds of `--node-lost-grace` (0: never). `clock` has observed this pass.
+pub fn lost_since(pod: &SlimPod, clock: &LossClock, now: u64, grace: u64) -> Option<u64> {
     if grace == 0 {
         return None;
     }
@@ -160,11 +194,14 @@ pub fn lost_since(pod: &SlimPod, node: Option<NodeReady>, now: u64, grace: u64) 
     {
         return None;
     }
-    if pod.deleting_at.is_none_or(|at| now < at) {
+    pod.deleting_at?;
+    let terminating = *clock.terminating.get(&pod.uid)?;
+    let own_grace = pod.deletion_grace.unwrap_or(DEFAULT_POD_GRACE);
+    if now < terminating.saturating_add(own_grace) {
         return None;
     }
-    let node = node?;
-    (!node.ready && now.saturating_sub(node.since) > grace).then_some(node.since)
+    let down = *clock.down.get(&pod.node)?;
+    (now.saturating_sub(down) > grace).then_some(down)
 }
 
 /// The leader's node-loss releaser.
@@ -188,20 +225,31 @@ impl NodeLoss {
     /// pod indexes have synced.
     pub async fn run(self, leading: watch::Receiver<bool>, every: Duration) {
         let mut ticks = LeaderTicks::new(every, leading);
+        let started = tokio::time::Instant::now();
+        let mut clock = LossClock::default();
+        let mut last_pass: Option<tokio::time::Instant> = None;
         loop {
             ticks
                 .next(|| self.nodes.synced() && self.cluster_ips.synced())
                 .await;
-            self.pass(unix_now()).await;
+            // passes skipped (not leading, not synced): what was seen before may have changed
+            // unseen, so the count starts again
+            if last_pass.is_some_and(|at| at.elapsed() > every * 3) {
+                clock.clear();
+            }
+            last_pass = Some(tokio::time::Instant::now());
+            self.pass(&mut clock, started.elapsed().as_secs()).await;
         }
     }
 
-    /// One pass at `now`; returns how many claims were released.
-    pub async fn pass(&self, now: u64) -> usize {
+    /// One pass at `now` (seconds on `clock`'s clock); returns how many claims were released.
+    pub async fn pass(&self, clock: &mut LossClock, now: u64) -> usize {
         self.cluster_ips.prune_lost();
+        let terminating = self.cluster_ips.terminating_pods();
+        clock.observe(&terminating, &self.nodes, now);
         let mut lost: HashMap<Box<str>, (Arc<SlimPod>, u64)> = HashMap::new();
-        for pod in self.cluster_ips.terminating_pods() {
-            if let Some(since) = lost_since(&pod, self.nodes.get(&pod.node), now, self.grace) {
+        for pod in terminating {
+            if let Some(since) = lost_since(&pod, clock, now, self.grace) {
                 lost.insert(pod.uid.clone(), (pod, since));
             }
         }
@@ -347,52 +395,112 @@ mod tests {
             ips: vec!["10.0.0.1".parse().unwrap()].into(),
             app: "web".into(),
             deleting_at,
+            deletion_grace: deleting_at.map(|_| 30),
             controller,
         }
     }
 
+    fn nodes(ready: bool) -> Nodes {
+        let nodes = Nodes::default();
+        nodes.apply(Change::Replace(HashMap::from([(
+            "n1".to_string(),
+            NodeReady { ready },
+        )])));
+        nodes
+    }
+
+    /// Seen at `t0` terminating on a node not Ready, then observed each second until `now`.
+    fn watched(pod: &SlimPod, nodes: &Nodes, t0: u64, now: u64) -> LossClock {
+        let mut clock = LossClock::default();
+        let pods = [Arc::new(pod.clone())];
+        for t in t0..=now {
+            clock.observe(&pods, nodes, t);
+        }
+        clock
+    }
+
     #[test]
     fn a_pod_is_lost_only_past_its_grace_on_a_node_notready_past_the_node_grace() {
-        const NOW: u64 = 10_000;
+        // the API server's deletionTimestamp and clock play no part: an hour off either way
+        const T0: u64 = 10_000;
         let rs = Some(ControllerKind::ReplicaSet);
-        let down = |for_secs: u64| {
-            Some(NodeReady {
-                ready: false,
-                since: NOW - for_secs,
-            })
-        };
+        let down = nodes(false);
+        for written in [T0 - 3_600, T0 + 3_600] {
+            let pod = slim(rs, Some(written));
+            assert_eq!(
+                lost_since(&pod, &watched(&pod, &down, T0, T0 + 301), T0 + 301, 300),
+                Some(T0)
+            );
+            // node not seen down long enough (exactly the grace is not longer than it)
+            assert_eq!(
+                lost_since(&pod, &watched(&pod, &down, T0, T0 + 300), T0 + 300, 300),
+                None
+            );
+        }
+        // the pod's own grace (30 s) has not passed since it was seen Terminating
+        let pod = slim(rs, Some(T0));
+        let clock = watched(&pod, &down, T0, T0 + 29);
+        assert_eq!(lost_since(&pod, &clock, T0 + 29, 10), None);
         assert_eq!(
-            lost_since(&slim(rs, Some(NOW)), down(301), NOW, 300),
-            Some(NOW - 301)
-        );
-        // node not down long enough (exactly the grace is not longer than it)
-        assert_eq!(lost_since(&slim(rs, Some(NOW)), down(300), NOW, 300), None);
-        // the pod's own grace has not passed
-        assert_eq!(
-            lost_since(&slim(rs, Some(NOW + 1)), down(3600), NOW, 300),
-            None
+            lost_since(&pod, &watched(&pod, &down, T0, T0 + 30), T0 + 30, 10),
+            Some(T0)
         );
         // not terminating
-        assert_eq!(lost_since(&slim(rs, None), down(3600), NOW, 300), None);
+        let running = slim(rs, None);
+        assert_eq!(
+            lost_since(
+                &running,
+                &watched(&running, &down, T0, T0 + 3600),
+                T0 + 3600,
+                300
+            ),
+            None
+        );
         // a Ready node, an unknown node
-        let ready = Some(NodeReady {
-            ready: true,
-            since: 0,
-        });
-        assert_eq!(lost_since(&slim(rs, Some(NOW)), ready, NOW, 300), None);
-        assert_eq!(lost_since(&slim(rs, Some(NOW)), None, NOW, 300), None);
+        let ready = nodes(true);
+        assert_eq!(
+            lost_since(&pod, &watched(&pod, &ready, T0, T0 + 3600), T0 + 3600, 300),
+            None
+        );
+        let unknown = Nodes::default();
+        assert_eq!(
+            lost_since(
+                &pod,
+                &watched(&pod, &unknown, T0, T0 + 3600),
+                T0 + 3600,
+                300
+            ),
+            None
+        );
         // StatefulSet and bare pods keep their IP
-        let sts = Some(ControllerKind::StatefulSet);
-        assert_eq!(
-            lost_since(&slim(sts, Some(NOW)), down(3600), NOW, 300),
-            None
-        );
-        assert_eq!(
-            lost_since(&slim(None, Some(NOW)), down(3600), NOW, 300),
-            None
-        );
+        for controller in [Some(ControllerKind::StatefulSet), None] {
+            let kept = slim(controller, Some(T0));
+            assert_eq!(
+                lost_since(&kept, &watched(&kept, &down, T0, T0 + 3600), T0 + 3600, 300),
+                None
+            );
+        }
         // --node-lost-grace 0 turns it off
-        assert_eq!(lost_since(&slim(rs, Some(NOW)), down(3600), NOW, 0), None);
+        assert_eq!(
+            lost_since(&pod, &watched(&pod, &down, T0, T0 + 3600), T0 + 3600, 0),
+            None
+        );
+    }
+
+    /// A NotReady blip: a node that was Ready again in between starts its count anew, and so
+    /// does a node first seen down by this leader, whatever its lastTransitionTime says.
+    #[test]
+    fn a_node_seen_ready_again_starts_its_count_anew() {
+        let pod = slim(Some(ControllerKind::ReplicaSet), Some(1));
+        let pods = [Arc::new(pod.clone())];
+        let (down, ready) = (nodes(false), nodes(true));
+        let mut clock = LossClock::default();
+        clock.observe(&pods, &down, 0);
+        clock.observe(&pods, &ready, 100);
+        clock.observe(&pods, &down, 200);
+        assert_eq!(lost_since(&pod, &clock, 200, 60), None);
+        clock.observe(&pods, &down, 261);
+        assert_eq!(lost_since(&pod, &clock, 261, 60), Some(200));
     }
 
     #[test]
@@ -427,13 +535,7 @@ mod tests {
             },
         }))
         .unwrap();
-        assert_eq!(
-            NodeReady::of(&node),
-            Some(NodeReady {
-                ready: false,
-                since: 1_767_225_610
-            })
-        );
+        assert_eq!(NodeReady::of(&node), Some(NodeReady { ready: false }));
         let bare: Node =
             serde_json::from_value(serde_json::json!({"metadata": {"name": "n2"}})).unwrap();
         assert_eq!(NodeReady::of(&bare), None);

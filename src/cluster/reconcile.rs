@@ -996,6 +996,7 @@ mod list_adoption_tests {
             ips: vec![ip.parse().unwrap()].into(),
             app: app.into(),
             deleting_at: None,
+            deletion_grace: None,
             controller: None,
         })
     }
