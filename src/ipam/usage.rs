@@ -128,9 +128,13 @@ impl Tally {
     }
 }
 
-/// RFC 3339 (UTC, seconds) for unix seconds.
+/// RFC 3339 (UTC, seconds) for unix seconds. A time past the last one RFC 3339 can write
+/// (a release time from a DELETE with a grace of centuries, recorded before
+/// `--max-release-grace` capped it) is written as that last second, 9999-12-31T23:59:59Z.
 pub fn rfc3339(unix_seconds: u64) -> String {
-    k8s_openapi::jiff::Timestamp::from_second(unix_seconds as i64)
+    use k8s_openapi::jiff::Timestamp;
+    let last = Timestamp::MAX.as_second();
+    Timestamp::from_second(i64::try_from(unix_seconds).unwrap_or(last).min(last))
         .map(|t| t.to_string())
         .unwrap_or_else(|_| unix_seconds.to_string())
 }

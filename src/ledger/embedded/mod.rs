@@ -49,7 +49,9 @@ use super::claim::{CreateRule, create_rule, may_step, released, same_grant};
 use super::{Claim, CreateOutcome, Ledger, LedgerError, unix_now};
 
 mod journal;
+mod marker;
 mod redb_store;
+pub mod repair;
 
 use journal::{Journal, generations};
 
@@ -88,6 +90,8 @@ pub struct CommitCounters {
     pub batch_size: Histogram,
     /// Time of each stage of a durable request.
     pub stage_seconds: Family<StageLabels, Histogram>,
+    /// 1 while the journal cannot grow its room for lack of space (its disk is full).
+    pub disk_full: prometheus_client::metrics::gauge::Gauge,
     /// `stage_seconds`' three series, looked up once: an observation then takes neither the
     /// family's lock nor a hash of its labels.
     stages: [Histogram; 3],
@@ -136,6 +140,7 @@ impl Default for CommitCounters {
             commit_seconds: Histogram::new(seconds_buckets()),
             batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 13)),
             stage_seconds,
+            disk_full: Default::default(),
             stages,
         }
     }
@@ -160,6 +165,20 @@ enum Request {
 enum Msg {
     Op(Request),
     Load(oneshot::Sender<Result<Vec<Arc<Claim>>, LedgerError>>),
+    /// Whether the store takes commits (and a retry of what stopped it).
+    Ping(oneshot::Sender<Result<(), LedgerError>>),
+}
+
+impl Request {
+    /// Answer with `error`, unapplied.
+    fn refuse(self, error: LedgerError, answered: Instant) {
+        match self {
+            Request::Create(_, tx) => drop(tx.send((Err(error), answered))),
+            Request::Release(_, tx) | Request::Transition(_, tx) => {
+                drop(tx.send((Err(error), answered)))
+            }
+        }
+    }
 }
 
 /// Where requests wait for the writer: one batch at a time.
@@ -298,7 +317,11 @@ impl EmbeddedLedger {
                 }
                 Backend::Redb(redb_store::open_redb(&state_dir.join(REDB_FILE))?)
             }
-            Store::Journal => Backend::Journal(Box::new(Journal::open(state_dir)?)),
+            Store::Journal => {
+                let mut journal = Journal::open(state_dir)?;
+                journal.disk_full = counters.disk_full.clone();
+                Backend::Journal(Box::new(journal))
+            }
         };
         let inbox = Arc::new(Inbox::new());
         let writer_inbox = inbox.clone();
@@ -398,6 +421,12 @@ fn writer_loop(mut backend: Backend, inbox: &Inbox, counters: CommitCounters) {
                         commit_batch(&mut backend, &mut requests, &counters, Instant::now());
                     }
                     drop(reply.send(backend.load()));
+                }
+                Msg::Ping(reply) => {
+                    if !requests.is_empty() {
+                        commit_batch(&mut backend, &mut requests, &counters, Instant::now());
+                    }
+                    drop(reply.send(backend.ping()));
                 }
             }
         }
@@ -513,14 +542,29 @@ fn commit_batch(
             // Nothing of this batch is durable: every waiter hears the error; requests not
             // yet reached in the batch were dropped, and their waiters see the channel close.
             let message = error.to_string();
-            tracing::error!(%message, "ledger commit failed");
+            let again = |error: &LedgerError| match error {
+                LedgerError::DiskFull { dir, error } => LedgerError::DiskFull {
+                    dir: dir.clone(),
+                    error: error.clone(),
+                },
+                _ => LedgerError::Storage(message.clone()),
+            };
+            if matches!(error, LedgerError::DiskFull { .. }) {
+                // said once by the journal (WARN), and on /readyz
+                tracing::debug!(%message, "ledger commit refused");
+            } else {
+                tracing::error!(%message, "ledger commit failed");
+            }
             let answered = Instant::now();
             for reply in replies {
-                let error = LedgerError::Storage(message.clone());
                 match reply {
-                    Reply::Create(tx, _) => drop(tx.send((Err(error), answered))),
-                    Reply::Changed(tx, _) => drop(tx.send((Err(error), answered))),
+                    Reply::Create(tx, _) => drop(tx.send((Err(again(&error)), answered))),
+                    Reply::Changed(tx, _) => drop(tx.send((Err(again(&error)), answered))),
                 }
+            }
+            // refused before the claim rules ran: every request of the batch hears it too
+            for request in batch.drain(..) {
+                request.refuse(again(&error), answered);
             }
         }
     }
@@ -530,6 +574,13 @@ impl Backend {
     fn grow_ahead(&mut self) {
         if let Backend::Journal(journal) = self {
             journal.grow_ahead();
+        }
+    }
+
+    fn ping(&mut self) -> Result<(), LedgerError> {
+        match self {
+            Backend::Redb(_) => Ok(()),
+            Backend::Journal(journal) => journal.ping(),
         }
     }
 
@@ -543,6 +594,8 @@ impl Backend {
 
 /// Every claim in `state_dir/ledger.redb`, read without creating or changing anything, also
 /// while a server has the file open (it writes in SingleWriter mode, which admits readers).
+/// A state dir that held a ledger whose files are gone is [`LedgerError::Missing`]; a damaged
+/// journal or snapshot is [`LedgerError::Damaged`], as `serve` would refuse it.
 pub fn read_claims(state_dir: &Path) -> Result<Vec<Claim>, LedgerError> {
     if state_dir.is_dir()
         && (!generations(state_dir, SNAPSHOT)?.is_empty()
@@ -550,14 +603,22 @@ pub fn read_claims(state_dir: &Path) -> Result<Vec<Claim>, LedgerError> {
     {
         return journal::read_journal(state_dir);
     }
+    if state_dir.is_dir() && !state_dir.join(REDB_FILE).is_file() {
+        let signs = marker::signs(state_dir, state_dir.join(LOCK_FILE).exists());
+        if !signs.is_empty() {
+            return Err(marker::missing(state_dir, &signs));
+        }
+    }
     redb_store::read(state_dir)
 }
 
-/// Whether `state_dir` holds an embedded ledger (journal, snapshot, or a redb file).
+/// Whether `state_dir` holds an embedded ledger (journal, snapshot, or a redb file), or held
+/// one whose files are gone (then [`read_claims`] says what is missing).
 pub fn exists_in(state_dir: &Path) -> bool {
     state_dir.join(REDB_FILE).is_file()
         || generations(state_dir, SNAPSHOT).is_ok_and(|g| !g.is_empty())
         || generations(state_dir, JOURNAL).is_ok_and(|g| !g.is_empty())
+        || !marker::signs(state_dir, state_dir.join(LOCK_FILE).exists()).is_empty()
 }
 
 #[async_trait]
@@ -590,6 +651,13 @@ impl Ledger for EmbeddedLedger {
     async fn transition(&self, current: &Claim, next: &Claim) -> Result<bool, LedgerError> {
         self.ask(|tx| Request::Transition(Box::new((current.clone(), next.clone())), tx))
             .await
+    }
+
+    async fn ping(&self) -> Result<(), LedgerError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Msg::Ping(tx)).await?;
+        rx.await
+            .map_err(|_| LedgerError::Storage("ledger ping aborted".into()))?
     }
 
     async fn close(&self) {
