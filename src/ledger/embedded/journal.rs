@@ -78,9 +78,9 @@ pub(super) struct Journal {
     /// A write or fsync of records failed: the bytes from `end` to `dirty_to` are unknown, so
     /// no record is written until zeros written over them are synced (retried with backoff).
     poisoned: Option<(Stalled, u64)>,
-    /// Whether the last commit that needed room was refused (then a ping fails too, and
-    /// `/readyz` says so), until a commit succeeds or the room grows.
-    refusing: bool,
+    /// The size of the last batch refused for lack of room, until a commit succeeds or the
+    /// room grows to fit it (meanwhile a ping fails too, and `/readyz` says so).
+    refusing: Option<u64>,
     /// `ip_webhook_ledger_disk_full`.
     pub(super) disk_full: prometheus_client::metrics::gauge::Gauge,
     /// A cap on the journal's length, as a full disk would set it (unit tests only).
@@ -339,7 +339,7 @@ impl Journal {
             compactor: None,
             full: None,
             poisoned: None,
-            refusing: false,
+            refusing: None,
             disk_full: Default::default(),
             #[cfg(test)]
             space: None,
@@ -390,9 +390,9 @@ impl Journal {
         if self.end + len > self.allocated {
             // more than the room made ahead: grown now, or refused at once while the disk is full
             let grown = self.try_grow(len);
-            if self.end + len > self.allocated {
-                self.refusing = true;
-                return Err(grown.err().unwrap_or_else(|| self.full_error()));
+            if let Err(refused) = grown {
+                self.refusing = Some(len);
+                return Err(refused);
             }
         }
         if let Err(e) = self
@@ -404,7 +404,7 @@ impl Journal {
             self.poisoned = Some((Stalled::new(&e), self.end + len));
             return Err(self.io_error("journal write", &e));
         }
-        self.refusing = false;
+        self.refusing = None;
         self.end += len;
         self.journal_bytes += len;
         for (claim, size) in pending {

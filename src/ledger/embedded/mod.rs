@@ -1126,6 +1126,188 @@ mod tests {
         assert_eq!(ledger.load().await.unwrap().len() as u64, 2 + more);
     }
 
+    fn many(prefix: &str, n: u32) -> Vec<Claim> {
+        (0..n)
+            .map(|i| {
+                claim(
+                    &format!("{prefix}.{}.{}", i / 250, i % 250 + 1),
+                    &format!("p{i}"),
+                )
+            })
+            .collect()
+    }
+
+    /// A flipped byte, or a zeroed page, with valid records after it is damage, not a torn
+    /// write: the ledger refuses to open (and a reader to read), naming the file, the offset
+    /// and the records after it, and changes nothing on disk.
+    #[tokio::test]
+    async fn damage_with_valid_records_after_it_refuses_and_changes_nothing() {
+        for (claims, page) in [(40, false), (200, true)] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = recorded(dir.path(), &many("10.11", claims)).await;
+            let mut bytes = std::fs::read(&path).unwrap();
+            let good = parse_file(&path).unwrap().good as usize;
+            let at = if page {
+                bytes[4096..8192].fill(0);
+                4096
+            } else {
+                let at = good * 3 / 10;
+                bytes[at] ^= 0x40;
+                at
+            };
+            assert!(good > 8192 || !page, "the page is inside the records");
+            std::fs::write(&path, &bytes).unwrap();
+            let listing = |dir: &Path| {
+                let mut names: Vec<_> = std::fs::read_dir(dir)
+                    .unwrap()
+                    .map(|e| e.unwrap().file_name())
+                    .collect();
+                names.sort();
+                names
+            };
+            let before = listing(dir.path());
+            let err = EmbeddedLedger::open(dir.path(), CommitCounters::default())
+                .err()
+                .expect("damage refuses to open");
+            let LedgerError::Damaged(damage) = &err else {
+                panic!("{err}")
+            };
+            assert_eq!(damage.path, path);
+            assert!(
+                (at.saturating_sub(200) as u64..=at as u64).contains(&damage.offset),
+                "damage at {at}, reported at {}",
+                damage.offset
+            );
+            let after = damage.records_after;
+            assert!(
+                after > 0 && after < claims as usize,
+                "{after} records after"
+            );
+            let message = err.to_string();
+            for part in [
+                path.display().to_string(),
+                format!("byte {}", damage.offset),
+                format!("{after} valid record(s) follow"),
+                "ledger repair".to_string(),
+            ] {
+                assert!(message.contains(&part), "{part:?} not in {message}");
+            }
+            assert_eq!(std::fs::read(&path).unwrap(), bytes, "the file was changed");
+            assert_eq!(listing(dir.path()), before, "files were added or removed");
+            let read = read_claims(dir.path()).unwrap_err();
+            assert_eq!(read.to_string(), message);
+
+            // the dry run changes nothing; --apply keeps the original and every valid record
+            let plan = repair::repair(dir.path(), false).unwrap();
+            assert_eq!(plan.files.len(), 1);
+            assert_eq!(plan.files[0].kept_after, after);
+            assert_eq!(std::fs::read(&path).unwrap(), bytes);
+            let done = repair::repair(dir.path(), true).unwrap();
+            let kept_as = done.files[0].kept_as.clone().unwrap();
+            assert_eq!(std::fs::read(&kept_as).unwrap(), bytes, "original kept");
+            assert!(done.to_string().contains(&kept_as.display().to_string()));
+            let kept = done.files[0].kept_before + done.files[0].kept_after;
+            let reopened = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
+            assert_eq!(reopened.load().await.unwrap().len(), kept);
+            // a page holds at most 4096 / (smallest record) records, and two cut at its edges
+            let smallest = parse_file(&kept_as).unwrap().claims[0].1 as usize - 2;
+            let most_lost = if page { 4096 / smallest + 2 } else { 1 };
+            assert!(kept + most_lost >= claims as usize, "{kept} kept");
+        }
+    }
+
+    /// The marker: written when the ledger is created (and on the first open of an older
+    /// dir); a dir with it and no journal or snapshot refuses to start, naming what is gone.
+    #[tokio::test]
+    async fn a_state_dir_that_lost_its_journal_refuses_to_start_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = recorded(dir.path(), &[claim("10.12.0.1", "a")]).await;
+        assert!(dir.path().join(marker::MARKER).is_file());
+        std::fs::remove_file(&path).unwrap();
+        let err = EmbeddedLedger::open(dir.path(), CommitCounters::default())
+            .err()
+            .expect("a lost journal refuses to open");
+        let message = err.to_string();
+        assert!(matches!(err, LedgerError::Missing(_)), "{message}");
+        for part in [&dir.path().display().to_string(), "ledger.id", "journal.*"] {
+            assert!(message.contains(part), "{part:?} not in {message}");
+        }
+        assert_eq!(read_claims(dir.path()).unwrap_err().to_string(), message);
+        assert!(generations(dir.path(), JOURNAL).unwrap().is_empty());
+
+        // a dir of an older release: journal, no marker; it gets one
+        let old = tempfile::tempdir().unwrap();
+        recorded(old.path(), &[claim("10.12.0.2", "b")]).await;
+        std::fs::remove_file(old.path().join(marker::MARKER)).unwrap();
+        let ledger = EmbeddedLedger::open(old.path(), CommitCounters::default()).unwrap();
+        assert_eq!(ledger.load().await.unwrap().len(), 1);
+        assert!(old.path().join(marker::MARKER).is_file());
+        ledger.close().await;
+        // its lock file, left by the older release, is a sign too
+        std::fs::remove_file(journal_path(old.path())).unwrap();
+        std::fs::remove_file(old.path().join(marker::MARKER)).unwrap();
+        let err = EmbeddedLedger::open(old.path(), CommitCounters::default())
+            .err()
+            .expect("refused");
+        assert!(err.to_string().contains(LOCK_FILE), "{err}");
+    }
+
+    /// A full disk: commits go on in the room made, one that does not fit is refused at once
+    /// with the state dir named, a ping says so, and once space returns the retry (backoff)
+    /// grows the room with no reopen; nothing answered is lost.
+    #[test]
+    fn a_full_disk_refuses_only_what_does_not_fit_and_resumes_when_space_returns() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut journal = Journal::open(dir.path()).unwrap();
+        journal.space = Some(journal::PREALLOCATE);
+        journal.grow_ahead();
+        let commit = |journal: &mut Journal, i: u32| {
+            let (tx, _rx) = oneshot::channel();
+            let ip = format!("10.13.{}.{}", i / 250, i % 250 + 1);
+            let mut batch = vec![Request::Create(Arc::new(claim(&ip, "p")), tx)];
+            journal.commit(&mut batch, &mut Vec::new())
+        };
+        let mut acknowledged = 0;
+        let refusal = loop {
+            match commit(&mut journal, acknowledged) {
+                Ok(_) => acknowledged += 1,
+                Err(error) => break error,
+            }
+            journal.grow_ahead();
+            assert!(acknowledged < 1000);
+        };
+        assert_eq!(journal.disk_full.get(), 1);
+        assert!(
+            acknowledged as u64 > (journal::PREALLOCATE - journal::ROOM_LOW) / 100,
+            "commits stopped with room left: {acknowledged}"
+        );
+        let message = refusal.to_string();
+        assert!(matches!(refusal, LedgerError::DiskFull { .. }), "{message}");
+        assert!(
+            message.contains("disk is full") && message.contains(&dir.path().display().to_string()),
+            "{message}"
+        );
+        let started = Instant::now();
+        assert!(commit(&mut journal, acknowledged).is_err());
+        assert!(started.elapsed() < std::time::Duration::from_millis(50));
+        assert!(matches!(journal.ping(), Err(LedgerError::DiskFull { .. })));
+
+        journal.space = None;
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        while journal.ping().is_err() {
+            assert!(Instant::now() < deadline, "no recovery");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert_eq!(journal.disk_full.get(), 0);
+        commit(&mut journal, acknowledged).unwrap();
+        drop(journal);
+        let path = journal_path(dir.path());
+        assert_eq!(
+            parse_file(&path).unwrap().claims.len(),
+            acknowledged as usize + 1
+        );
+    }
+
     /// A commit writes into room made before it: it never grows the file (its `fdatasync` then
     /// has no size to record, and no batch waits for zeros). The writer grows the room after a
     /// batch has its answers, once less than `ROOM_LOW` is left, to the next step.

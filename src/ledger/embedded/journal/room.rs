@@ -75,7 +75,8 @@ impl Journal {
     }
 
     /// Grow the room until `len` more bytes fit, unless the disk was found full less than a
-    /// backoff ago. Notes a full disk (WARN, gauge) and its end (INFO).
+    /// backoff ago; `Ok` once they fit, also when the disk filled up before the growth reached
+    /// its [`PREALLOCATE`] boundary. Notes a full disk (WARN, gauge) and its end (INFO).
     pub(super) fn try_grow(&mut self, len: u64) -> Result<(), LedgerError> {
         if self.full.as_ref().is_some_and(|full| !full.may_retry()) {
             return Err(self.full_error());
@@ -86,7 +87,6 @@ impl Journal {
                     self.disk_full.set(0);
                     tracing::info!(dir = %self.dir.display(), "the ledger's disk has room again; the journal grows again");
                 }
-                self.refusing = false;
                 Ok(())
             }
             Err(e) => {
@@ -105,7 +105,11 @@ impl Journal {
                         self.full = Some(Stalled::new(&e));
                     }
                 }
-                Err(self.io_error("growing the journal", &e))
+                if self.end + len <= self.allocated {
+                    Ok(())
+                } else {
+                    Err(self.io_error("growing the journal", &e))
+                }
             }
         }
     }
@@ -157,8 +161,9 @@ impl Journal {
     /// resumes with no admission needed to find out.
     pub(in crate::ledger::embedded) fn ping(&mut self) -> Result<(), LedgerError> {
         self.recover()?;
-        if self.refusing {
-            self.try_grow(ROOM_LOW)?;
+        if let Some(len) = self.refusing {
+            self.try_grow(len)?;
+            self.refusing = None;
         }
         Ok(())
     }
