@@ -64,7 +64,9 @@ fn serve_refuses(dir: &Path) -> String {
 
 fn claim(i: u32) -> Claim {
     Claim {
-        ip: format!("10.40.{}.{}", i / 250, i % 250 + 1).parse().unwrap(),
+        ip: format!("10.40.{}.{}", i / 250, i % 250 + 1)
+            .parse()
+            .unwrap(),
         app: "web".into(),
         pool: None,
         pod: PodRef {
@@ -162,7 +164,11 @@ async fn damage_in_the_middle_refuses_every_command_until_repaired() {
         assert!(message.contains("is damaged at byte"), "{message}");
         assert!(message.contains("valid record(s) follow"), "{message}");
         assert!(message.contains("ledger repair --state-dir"), "{message}");
-        assert_eq!(std::fs::read(&path).unwrap(), bytes, "serve changed the file");
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            bytes,
+            "serve changed the file"
+        );
         assert_eq!(listing(), before, "serve added or removed files");
 
         // status and review read the same damage, and say it the same way

@@ -14,10 +14,10 @@ mod room;
 
 use room::Stalled;
 
+use super::marker;
 use super::{
     JOURNAL, LOCK_FILE, REDB_FILE, Records, Reply, Request, SNAPSHOT, apply, redb_store, storage,
 };
-use super::marker;
 use crate::ledger::record::{Format, MAGIC, Parsed, encode_record, parse_file};
 use crate::ledger::{Claim, Damage, LedgerError};
 
@@ -422,8 +422,7 @@ impl Journal {
     /// goes on in a new journal meanwhile.
     fn maybe_compact(&mut self) {
         // a snapshot needs space a full disk does not have: postponed until the room grows
-        if self.journal_bytes < COMPACT_MIN_BYTES.max(2 * self.live_bytes) || self.full.is_some()
-        {
+        if self.journal_bytes < COMPACT_MIN_BYTES.max(2 * self.live_bytes) || self.full.is_some() {
             return;
         }
         if let Some(compactor) = &self.compactor {

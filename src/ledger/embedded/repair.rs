@@ -148,10 +148,7 @@ fn rewrite(
         .file_name()
         .and_then(|n| n.to_str())
         .unwrap_or_default();
-    let copy = state_dir.join(format!(
-        "{file_name}.damaged-{}",
-        crate::ledger::unix_now()
-    ));
+    let copy = state_dir.join(format!("{file_name}.damaged-{}", crate::ledger::unix_now()));
     let write = |target: &Path, bytes: &[u8]| -> Result<(), LedgerError> {
         let mut file = OpenOptions::new()
             .create_new(true)

@@ -22,16 +22,20 @@ impl Journal {
                 error: error.to_string(),
             }
         } else {
-            LedgerError::Storage(format!(
-                "{context}: {error}; the journal retries by itself"
-            ))
+            LedgerError::Storage(format!("{context}: {error}; the journal retries by itself"))
         }
     }
 
     pub(super) fn full_error(&self) -> LedgerError {
         let error = self.full.as_ref().map_or_else(
             || "no room".to_string(),
-            |full| format!("{}; {} bytes of room left", full.error, self.allocated - self.end),
+            |full| {
+                format!(
+                    "{}; {} bytes of room left",
+                    full.error,
+                    self.allocated - self.end
+                )
+            },
         );
         LedgerError::DiskFull {
             dir: self.dir.display().to_string(),
@@ -167,7 +171,6 @@ impl Journal {
         }
         Ok(())
     }
-
 }
 
 /// Whether `error` says the file system (or the quota) has no space left.
@@ -214,4 +217,3 @@ impl Stalled {
         self.next_try = Instant::now() + self.backoff;
     }
 }
-
