@@ -25,8 +25,11 @@
 //!   live records a background thread writes a `snapshot.<generation>` of every claim (temp
 //!   file, fsync, rename, directory fsync) and deletes the journals it covers. On open: the
 //!   newest snapshot, then the journals after it; zeros after the last record are room; a torn
-//!   record at the end of the last journal (a crash mid-write, never answered) is cut off, a bad
-//!   record anywhere else is corruption and refuses to start.
+//!   record at the end of the last journal with no valid record after it (a crash mid-write,
+//!   never answered) is cut off; a stretch that is no valid record with valid records after it
+//!   is damage and refuses to start, changing nothing (`ledger repair`, [`repair`]). A full disk
+//!   refuses the commits that do not fit in the room made and resumes by itself
+//!   (`journal/room.rs`); a dir that lost its journal refuses to start empty (`marker.rs`).
 //! - [`Store::Redb`] (`redb_store.rs`): one redb file (`ledger.redb`, copy-on-write B-tree),
 //!   what ip-webhook used before. A state dir holding only `ledger.redb` is migrated to the
 //!   journal on first open (the file is kept as `ledger.redb.migrated`).
