@@ -324,3 +324,50 @@ async fn ipv6_labels_are_always_valid_label_values() {
     assert!(refused.contains("IPv4-mapped IPv6"), "{refused}");
     server.launched.shutdown().await;
 }
+
+/// A DELETE whose grace period is centuries holds the IP for `--max-release-grace` at most
+/// (off-cluster the timer alone frees it then), and `status` prints the release time as an
+/// RFC 3339 date.
+#[tokio::test]
+async fn a_huge_grace_period_is_capped_and_status_prints_the_release_date() {
+    let server = TestServer::start(&["--release-delay", "0s", "--max-release-grace", "3s"]).await;
+    let web = pod("default", "web", "web-7d4b9c-", Some("10.91.9.1"));
+    let running = admit(&server, web.clone()).await.unwrap();
+    let deleted = server
+        .mutate(&delete(&running, Some(i64::MAX), false))
+        .await;
+    assert_eq!(deleted["allowed"], true);
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ip-webhook"))
+        .args(["status", "--state-dir"])
+        .arg(server.state_dir.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    let release = text
+        .split("(release ")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next())
+        .unwrap_or_else(|| panic!("no release time in {text}"));
+    let at: jiff::Timestamp = release
+        .parse()
+        .unwrap_or_else(|e| panic!("{release:?} is no RFC 3339 date: {e}"));
+    let from_now = at.as_second() - jiff::Timestamp::now().as_second();
+    assert!((0..=4).contains(&from_now), "released {from_now}s from now");
+
+    // held until then, free after
+    assert!(admit(&server, web.clone()).await.is_err());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match admit(&server, web.clone()).await {
+            Ok(next) => {
+                assert_eq!(label(&next), "10.91.9.1");
+                break;
+            }
+            Err(message) => assert!(tokio::time::Instant::now() < deadline, "{message}"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    server.launched.shutdown().await;
+}

@@ -114,6 +114,7 @@ pub async fn build_with(
         check_kube_ovn_subnets: args.check_kube_ovn_subnets,
         check_calico_pools: args.check_calico_ippools,
         release_delay: args.release_delay,
+        max_release_grace: args.max_release_grace,
         admission_deadline: args.admission_deadline,
     };
     let mut webhook = Webhook::new(settings, allocator, pools, metrics);

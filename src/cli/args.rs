@@ -78,6 +78,34 @@ pub enum Command {
     /// their claim, and IPs the CNI holds for gone pods.
     #[command(after_help = EXIT_CODES)]
     Check(CheckArgs),
+    /// Work on the embedded ledger's files: `ledger repair`.
+    #[command(subcommand)]
+    Ledger(LedgerCommand),
+}
+
+/// `ip-webhook ledger …`.
+#[derive(Debug, Subcommand)]
+pub enum LedgerCommand {
+    /// Show what a repair of a damaged journal or snapshot keeps and loses; --apply does it.
+    ///
+    /// A file is damaged when a stretch of it is no valid record and valid records follow
+    /// (`serve`, `status` and `review` refuse such a state dir). A repair keeps every valid
+    /// record and drops the damaged stretches; the original is kept beside it as
+    /// `<file>.damaged-<unix seconds>`. Applying needs the ledger to itself (stop `serve`).
+    #[command(after_help = EXIT_CODES)]
+    Repair(RepairArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RepairArgs {
+    /// The embedded ledger's directory (the --state-dir of `ip-webhook serve`).
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: PathBuf,
+    /// Repair (without it: a dry run that changes nothing).
+    #[arg(long)]
+    pub apply: bool,
+    #[command(flatten)]
+    pub verbosity: Verbosity,
 }
 
 /// How to print a result.
@@ -312,6 +340,12 @@ pub struct WebhookArgs {
     /// is released once the pod is verified gone (with an API server), or at once (without).
     #[arg(long, default_value = "5s", value_parser = parse_duration, value_name = "DURATION")]
     pub release_delay: Duration,
+    /// The longest grace period a pod's DELETE may hold its IP for: a larger
+    /// `gracePeriodSeconds` (or `terminationGracePeriodSeconds`) counts as this much. Past it,
+    /// the IP is released once the pod is verified gone (with an API server: a pod that still
+    /// runs keeps its IP), or at once (without).
+    #[arg(long, default_value = "24h", value_parser = parse_duration, value_name = "DURATION")]
+    pub max_release_grace: Duration,
     /// Every ledger call of one admission ends by this long after the review arrived; later,
     /// the admission is denied (and a claim that lands anyway is rolled back). Keep it below
     /// the webhook's timeoutSeconds (the chart sets timeoutSeconds − 1 s).

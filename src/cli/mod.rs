@@ -132,6 +132,7 @@ fn log_filter(command: &Command) -> Option<&'static str> {
         Command::Explain(args) => args.verbosity,
         Command::Release(args) => args.verbosity,
         Command::Check(args) => args.verbosity,
+        Command::Ledger(LedgerCommand::Repair(args)) => args.verbosity,
     };
     // Without -v, only ip-webhook's own warnings: a client library's error log would repeat
     // the `Error:` line.
@@ -153,6 +154,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Explain(args) => crate::cli::commands::explain(args).await,
         Command::Release(args) => crate::cli::commands::release(args).await,
         Command::Check(args) => crate::cli::commands::check(args).await,
+        Command::Ledger(LedgerCommand::Repair(args)) => {
+            let repair = crate::ledger::embedded::repair::repair(&args.state_dir, args.apply)?;
+            emit(&repair.to_string())
+        }
     }
 }
 
@@ -181,7 +186,7 @@ async fn review(args: ReviewArgs) -> anyhow::Result<()> {
     let copy: Option<Arc<dyn Ledger>> =
         if args.dry_run && args.webhook.ledger_kind() == LedgerKind::Embedded {
             let state_dir = &args.webhook.state_dir;
-            let claims = if state_dir.join("ledger.redb").is_file() {
+            let claims = if crate::ledger::embedded::exists_in(state_dir) {
                 crate::ledger::embedded::read_claims(state_dir)?
             } else {
                 Vec::new()

@@ -128,11 +128,14 @@ impl Tally {
     }
 }
 
-/// RFC 3339 (UTC, seconds) for unix seconds.
+/// RFC 3339 (UTC, seconds) for unix seconds. A time past the last one RFC 3339 can write
+/// (a release time from a DELETE with a grace of centuries, recorded before
+/// `--max-release-grace` capped it) is written as that last second, 9999-12-31T23:59:59Z.
 pub fn rfc3339(unix_seconds: u64) -> String {
-    k8s_openapi::jiff::Timestamp::from_second(unix_seconds as i64)
-        .map(|t| t.to_string())
-        .unwrap_or_else(|_| unix_seconds.to_string())
+    i64::try_from(unix_seconds)
+        .ok()
+        .and_then(|second| k8s_openapi::jiff::Timestamp::from_second(second).ok())
+        .map_or_else(|| "9999-12-31T23:59:59Z".to_string(), |t| t.to_string())
 }
 
 fn holder(claim: &Claim) -> Holder {
@@ -262,4 +265,18 @@ impl Report {
 fn sorted(mut holders: Vec<Holder>) -> Vec<Holder> {
     holders.sort_by_key(|h| ip_key(&h.ip));
     holders
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rfc3339;
+
+    #[test]
+    fn release_times_print_as_dates_even_past_year_9999() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(1_764_640_000), "2025-12-02T01:46:40Z");
+        // what a grace of i64::MAX seconds made of a release time before the cap
+        assert_eq!(rfc3339(9_223_372_038_650_942_618), "9999-12-31T23:59:59Z");
+        assert_eq!(rfc3339(u64::MAX), "9999-12-31T23:59:59Z");
+    }
 }

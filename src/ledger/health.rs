@@ -20,6 +20,9 @@ pub struct LedgerHealth {
     in_a_row: AtomicU32,
     /// When the current run of failures began.
     since: Mutex<Option<Instant>>,
+    /// The ledger refuses writes because its disk is full: not ready at once, and the
+    /// readiness answer says so (the message names the state dir, not the data).
+    disk_full: Mutex<Option<String>>,
 }
 
 impl LedgerHealth {
@@ -30,6 +33,15 @@ impl LedgerHealth {
     pub fn success(&self) {
         let was = self.in_a_row.swap(0, Ordering::SeqCst);
         *self.since.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        if self
+            .disk_full
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+            .is_some()
+        {
+            tracing::info!("the ledger's disk has room again; ready");
+        }
         if was >= FAILURES_IN_A_ROW {
             tracing::info!(failures = was, "the ledger answers again; ready");
         }
@@ -49,13 +61,31 @@ impl LedgerHealth {
             .get_or_insert_with(Instant::now);
     }
 
-    /// Why the ledger cannot serve now, if it cannot: counts and times only (the admin port
-    /// is open to the cluster; the errors themselves go to the log).
+    /// A refusal for lack of disk space (`message` is [`super::LedgerError::DiskFull`]'s): not
+    /// ready until the next success.
+    pub fn disk_full(&self, message: &str) {
+        let mut full = self.disk_full.lock().unwrap_or_else(|p| p.into_inner());
+        if full.is_none() {
+            tracing::warn!(
+                error = message,
+                "the ledger refuses writes: its disk is full; /readyz answers 503 until it takes them again"
+            );
+        }
+        *full = Some(message.to_string());
+        drop(full);
+        self.failure(message);
+    }
+
+    /// Why the ledger cannot serve now, if it cannot: a full disk and where, or counts and
+    /// times only (the admin port is open to the cluster; other errors go to the log).
     pub fn failing(&self) -> Option<String> {
         self.failing_at(Instant::now())
     }
 
     fn failing_at(&self, now: Instant) -> Option<String> {
+        if let Some(full) = &*self.disk_full.lock().unwrap_or_else(|p| p.into_inner()) {
+            return Some(full.clone());
+        }
         let in_a_row = self.in_a_row.load(Ordering::SeqCst);
         let since = self.since.lock().unwrap_or_else(|p| p.into_inner());
         let first = since.as_ref()?;

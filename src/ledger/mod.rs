@@ -238,6 +238,49 @@ pub enum LedgerError {
     Closed,
     #[error("ledger record for {ip} is corrupt: {reason}")]
     Corrupt { ip: String, reason: String },
+    /// A journal or snapshot of the embedded ledger has a damaged stretch with valid records
+    /// after it: not the torn write a crash leaves, so the file is not read at all.
+    #[error("{0}")]
+    Damaged(Box<Damage>),
+    /// The embedded ledger's state dir held a ledger, and its files are gone.
+    #[error("{0}")]
+    Missing(String),
+    /// The embedded ledger cannot make room for new records: the file system of `dir` is full.
+    #[error(
+        "the ledger's disk is full: no room for new records in {dir} ({error}); admissions that need the ledger are refused until space is freed there, then it resumes by itself"
+    )]
+    DiskFull { dir: String, error: String },
+}
+
+/// Where a ledger file is damaged, and what a repair would lose.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Damage {
+    /// The file.
+    pub path: std::path::PathBuf,
+    /// The state dir (for the repair command the message names).
+    pub state_dir: std::path::PathBuf,
+    /// Where the first damaged stretch starts.
+    pub offset: u64,
+    /// Valid records after the first damaged stretch.
+    pub records_after: usize,
+    /// Damaged stretches in the file, and their bytes.
+    pub stretches: usize,
+    pub damaged_bytes: u64,
+}
+
+impl fmt::Display for Damage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} is damaged at byte {}: {} valid record(s) follow the damage ({} damaged stretch(es), {} byte(s)), so it is not a torn write a crash left; the ledger is not read rather than lose them, and nothing was changed on disk. `ip-webhook ledger repair --state-dir {}` shows what a repair keeps and loses",
+            self.path.display(),
+            self.offset,
+            self.records_after,
+            self.stretches,
+            self.damaged_bytes,
+            self.state_dir.display()
+        )
+    }
 }
 
 /// A change to a claim that this process learned by watching a shared ledger (another replica

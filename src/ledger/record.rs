@@ -48,20 +48,94 @@ fn seal_record(buf: &mut [u8], start: usize) -> Result<u64, LedgerError> {
 
 /// What reading a journal or snapshot file found.
 pub(super) struct Parsed {
+    /// Every valid record, in file order (also those after a damaged stretch).
     pub(super) claims: Vec<(Claim, u64)>,
-    /// Bytes of whole, valid records (plus the magic).
+    /// Where the records end: the end of the last valid record (or the magic). A journal's
+    /// next record goes here.
     pub(super) good: u64,
-    /// Whether bytes other than zeros follow the last good record. A journal's zeros are room
-    /// made for records to come (`journal.rs`, `PREALLOCATE`); anything else is a write a crash
-    /// cut short, or damage.
+    /// Whether bytes other than zeros follow the last valid record. A journal's zeros are room
+    /// made for records to come (`journal.rs`, `PREALLOCATE`); anything else, with no valid
+    /// record after it, is the write a crash cut short (never answered: a commit answers only
+    /// after its `fdatasync`).
     pub(super) torn: bool,
+    /// The stretches of bytes that are no valid record but have valid records after them:
+    /// not a torn write but damage (a flipped bit, a lost page), in file order.
+    pub(super) damage: Vec<Stretch>,
     /// `None` when the file is too short to hold its magic (a crash right after creating it).
     pub(super) format: Option<Format>,
+}
+
+/// A damaged stretch of a file: `len` bytes at byte `offset`, after the first `before` of
+/// the file's valid records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Stretch {
+    pub(super) offset: u64,
+    pub(super) len: u64,
+    pub(super) before: usize,
+}
+
+impl Parsed {
+    /// Valid records after the first damaged stretch.
+    pub(super) fn records_after_damage(&self) -> usize {
+        self.damage
+            .first()
+            .map_or(0, |first| self.claims.len() - first.before)
+    }
+}
+
+/// The largest record a resynchronising scan takes for one: claim records are a few hundred
+/// bytes (names and labels are bounded by the API server), and a bound keeps the scan over a
+/// damaged stretch linear in practice.
+const MAX_SCANNED_RECORD: usize = 1 << 20;
+
+/// The record at `at`, if one is there: its length is not zero, it fits, its CRC matches.
+/// `Some(Err)` is a record whose CRC matches but whose payload does not decode.
+fn record_at(
+    bytes: &[u8],
+    at: usize,
+    format: Format,
+    max_len: usize,
+) -> Option<(Result<Claim, String>, usize)> {
+    if bytes.len() - at < HEADER {
+        return None;
+    }
+    let len = u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes")) as usize;
+    if len == 0 || len > max_len || len > bytes.len() - at - HEADER {
+        return None;
+    }
+    let crc = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().expect("4 bytes"));
+    let end = at + HEADER + len;
+    let payload = &bytes[at + HEADER..end];
+    if crc32c(payload) != crc {
+        return None;
+    }
+    let claim = match format {
+        Format::Binary => decode_claim(payload),
+        Format::Json => serde_json::from_slice(payload).map_err(|e| e.to_string()),
+    };
+    Some((claim, end))
+}
+
+/// The first offset after `from` where a whole record starts (its CRC matches and its payload
+/// decodes: a stretch of damage is not taken for records by chance).
+fn next_record(bytes: &[u8], from: usize, format: Format) -> Option<usize> {
+    (from..bytes.len().saturating_sub(HEADER)).find(|&at| {
+        // most bytes of a journal's room are zeros: a zero length is no record
+        bytes[at] | bytes[at + 1] | bytes[at + 2] | bytes[at + 3] != 0
+            && matches!(
+                record_at(bytes, at, format, MAX_SCANNED_RECORD),
+                Some((Ok(_), _))
+            )
+    })
 }
 
 pub(super) fn parse_file(path: &Path) -> Result<Parsed, LedgerError> {
     let bytes = std::fs::read(path)
         .map_err(|e| LedgerError::Storage(format!("cannot read {}: {e}", path.display())))?;
+    parse_bytes(path, &bytes)
+}
+
+pub(super) fn parse_bytes(path: &Path, bytes: &[u8]) -> Result<Parsed, LedgerError> {
     let corrupt = |reason: String| LedgerError::Corrupt {
         ip: path.display().to_string(),
         reason,
@@ -72,6 +146,7 @@ pub(super) fn parse_file(path: &Path) -> Result<Parsed, LedgerError> {
             claims: Vec::new(),
             good: 0,
             torn: !bytes.is_empty(),
+            damage: Vec::new(),
             format: None,
         });
     }
@@ -81,27 +156,37 @@ pub(super) fn parse_file(path: &Path) -> Result<Parsed, LedgerError> {
         _ => return Err(corrupt("not an ip-webhook journal (bad magic)".into())),
     };
     let mut at = MAGIC.len();
+    let mut good = at;
     let mut claims = Vec::new();
-    while bytes.len() - at >= HEADER {
-        let len = u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes")) as usize;
-        let crc = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().expect("4 bytes"));
-        let end = at + HEADER + len;
-        if len == 0 || end > bytes.len() || crc32c(&bytes[at + HEADER..end]) != crc {
-            break;
+    let mut damage = Vec::new();
+    loop {
+        match record_at(bytes, at, format, usize::MAX) {
+            Some((claim, end)) => {
+                let claim = claim.map_err(|e| corrupt(format!("record at byte {at}: {e}")))?;
+                claims.push((claim, (end - at) as u64));
+                at = end;
+                good = end;
+            }
+            // no record here: the end of the records, a torn write, or damage with records
+            // after it
+            None => match next_record(bytes, at + 1, format) {
+                Some(next) => {
+                    damage.push(Stretch {
+                        offset: at as u64,
+                        len: (next - at) as u64,
+                        before: claims.len(),
+                    });
+                    at = next;
+                }
+                None => break,
+            },
         }
-        let payload = &bytes[at + HEADER..end];
-        let claim = match format {
-            Format::Binary => decode_claim(payload),
-            Format::Json => serde_json::from_slice(payload).map_err(|e| e.to_string()),
-        }
-        .map_err(|e| corrupt(format!("record at byte {at}: {e}")))?;
-        claims.push((claim, (end - at) as u64));
-        at = end;
     }
     Ok(Parsed {
         claims,
-        good: at as u64,
-        torn: bytes[at..].iter().any(|&b| b != 0),
+        good: good as u64,
+        torn: bytes[good..].iter().any(|&b| b != 0),
+        damage,
         format: Some(format),
     })
 }

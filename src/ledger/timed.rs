@@ -72,6 +72,7 @@ impl TimedLedger {
         match result {
             Ok(_) => self.health.success(),
             Err(LedgerError::Storage(error)) => self.health.failure(error),
+            Err(full @ LedgerError::DiskFull { .. }) => self.health.disk_full(&full.to_string()),
             Err(_) => {}
         }
     }

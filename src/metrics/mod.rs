@@ -590,6 +590,11 @@ impl Metrics {
             "Stages of a durable embedded-ledger request: queue (until its batch starts), commit, wakeup (answer sent until the request task runs)",
             ledger.stage_seconds.clone(),
         );
+        registry.register(
+            "ledger_disk_full",
+            "1 while the embedded ledger cannot make room for new records because its disk (the --state-dir's file system) is full",
+            ledger.disk_full.clone(),
+        );
         let tls_reloads = Family::<ResultLabels, Counter>::default();
         registry.register(
             "tls_reloads",

@@ -41,6 +41,10 @@ pub struct Settings {
     pub check_calico_pools: bool,
     /// Added to a deleted pod's grace period before its IP is released.
     pub release_delay: std::time::Duration,
+    /// The most of a deleted pod's grace period its IP stays held for
+    /// (`--max-release-grace`): a DELETE with a grace of centuries must not hold an IP for
+    /// them where no API server can say the pod is gone.
+    pub max_release_grace: std::time::Duration,
     /// Every ledger call of one admission ends by this long after the review arrived
     /// (`--admission-deadline`): below the webhook's `timeoutSeconds`, so a slow ledger gets
     /// a clear denial before the API server gives up.
@@ -55,6 +59,7 @@ impl Default for Settings {
             check_kube_ovn_subnets: false,
             check_calico_pools: false,
             release_delay: std::time::Duration::from_secs(5),
+            max_release_grace: std::time::Duration::from_secs(24 * 3600),
             admission_deadline: std::time::Duration::from_secs(4),
         }
     }

@@ -300,8 +300,13 @@ async fn delete(
         uid: meta.uid.as_deref().filter(|u| !u.is_empty()),
         token: meta.annotation(CLAIM_TOKEN).filter(|t| is_token(t)),
     };
+    let asked = incoming.deletion_grace_seconds();
+    let most = webhook.settings.max_release_grace.as_secs();
+    if asked > most {
+        tracing::warn!(pod = %format!("{}/{name}", view.namespace), grace_seconds = asked, max_release_grace_seconds = most, "the DELETE's grace period is longer than --max-release-grace; the IP is held for that long at most");
+    }
     let release_at = unix_now()
-        .saturating_add(incoming.deletion_grace_seconds())
+        .saturating_add(asked.min(most))
         .saturating_add(webhook.settings.release_delay.as_secs());
     match webhook
         .allocator

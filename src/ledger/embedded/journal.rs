@@ -10,11 +10,16 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread;
 
+mod room;
+
+use room::Stalled;
+
+use super::marker;
 use super::{
     JOURNAL, LOCK_FILE, REDB_FILE, Records, Reply, Request, SNAPSHOT, apply, redb_store, storage,
 };
-use crate::ledger::record::{Format, MAGIC, encode_record, parse_file};
-use crate::ledger::{Claim, LedgerError};
+use crate::ledger::record::{Format, MAGIC, Parsed, encode_record, parse_file};
+use crate::ledger::{Claim, Damage, LedgerError};
 
 /// Compaction starts when the journals since the last snapshot exceed twice the live records
 /// and at least this many bytes.
@@ -67,11 +72,35 @@ pub(super) struct Journal {
     /// Bytes appended to journals since the last snapshot began.
     journal_bytes: u64,
     compactor: Option<thread::JoinHandle<()>>,
-    /// A failed write or fsync: the file's tail is unknown, so nothing more is written.
-    poisoned: Option<String>,
+    /// The room could not be grown (the disk is full): commits go on in the room made, and
+    /// one that needs more fails at once until a retry, spaced by the backoff, succeeds.
+    full: Option<Stalled>,
+    /// A write or fsync of records failed: the bytes from `end` to `dirty_to` are unknown, so
+    /// no record is written until zeros written over them are synced (retried with backoff).
+    poisoned: Option<(Stalled, u64)>,
+    /// The size of the last batch refused for lack of room, until a commit succeeds or the
+    /// room grows to fit it (meanwhile a ping fails too, and `/readyz` says so).
+    refusing: Option<u64>,
+    /// `ip_webhook_ledger_disk_full`.
+    pub(super) disk_full: prometheus_client::metrics::gauge::Gauge,
+    /// A cap on the journal's length, as a full disk would set it (unit tests only).
+    #[cfg(test)]
+    pub(super) space: Option<u64>,
     buf: Vec<u8>,
     /// Kept open and locked: a second process on the same dir fails to open.
     _lock: File,
+}
+
+/// The refusal for a file with damage that valid records follow.
+pub(super) fn damaged(dir: &Path, path: &Path, parsed: &Parsed) -> LedgerError {
+    LedgerError::Damaged(Box::new(Damage {
+        path: path.to_path_buf(),
+        state_dir: dir.to_path_buf(),
+        offset: parsed.damage.first().map_or(0, |d| d.offset),
+        records_after: parsed.records_after_damage(),
+        stretches: parsed.damage.len(),
+        damaged_bytes: parsed.damage.iter().map(|d| d.len).sum(),
+    }))
 }
 
 pub(super) fn name(prefix: &str, generation: u64) -> String {
@@ -91,9 +120,23 @@ fn write_snapshot<'a>(
     claims: impl Iterator<Item = &'a Claim>,
 ) -> Result<(), LedgerError> {
     let tmp = dir.join(format!("{}.tmp", name(SNAPSHOT, generation)));
+    let written = write_snapshot_to(dir, &tmp, generation, claims);
+    if written.is_err() {
+        // a full disk gets its space back
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+fn write_snapshot_to<'a>(
+    dir: &Path,
+    tmp: &Path,
+    generation: u64,
+    claims: impl Iterator<Item = &'a Claim>,
+) -> Result<(), LedgerError> {
     let mut buf = Vec::with_capacity(1 << 20);
     buf.extend_from_slice(MAGIC);
-    let mut file = File::create(&tmp).map_err(storage("create snapshot"))?;
+    let mut file = File::create(tmp).map_err(storage("create snapshot"))?;
     for claim in claims {
         encode_record(&mut buf, claim)?;
         if buf.len() >= 1 << 20 {
@@ -104,7 +147,7 @@ fn write_snapshot<'a>(
     file.write_all(&buf).map_err(storage("write snapshot"))?;
     file.sync_all().map_err(storage("sync snapshot"))?;
     drop(file);
-    std::fs::rename(&tmp, dir.join(name(SNAPSHOT, generation)))
+    std::fs::rename(tmp, dir.join(name(SNAPSHOT, generation)))
         .map_err(storage("rename snapshot"))?;
     sync_dir(dir)
 }
@@ -147,6 +190,7 @@ fn remove_before(dir: &Path, generation: u64) -> Result<(), LedgerError> {
 impl Journal {
     pub(super) fn open(dir: &Path) -> Result<Journal, LedgerError> {
         let lock_path = dir.join(LOCK_FILE);
+        let lock_existed = lock_path.exists();
         let lock = OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -172,6 +216,12 @@ impl Journal {
             tracing::info!(claims = claims.len(), kept = %kept.display(), "migrated the redb ledger to the journal");
             snapshots = vec![1];
         }
+        if snapshots.is_empty() && journals.is_empty() {
+            let signs = marker::signs(dir, lock_existed);
+            if !signs.is_empty() {
+                return Err(marker::missing(dir, &signs));
+            }
+        }
         let base = snapshots.last().copied().unwrap_or(0);
         let mut claims = BTreeMap::new();
         let mut live_bytes = 0u64;
@@ -191,10 +241,16 @@ impl Journal {
         if base > 0 {
             let path = dir.join(name(SNAPSHOT, base));
             let parsed = parse_file(&path)?;
+            if !parsed.damage.is_empty() {
+                return Err(damaged(dir, &path, &parsed));
+            }
             if parsed.torn || parsed.good == 0 {
                 return Err(LedgerError::Corrupt {
                     ip: path.display().to_string(),
-                    reason: format!("bad record after byte {}", parsed.good),
+                    reason: format!(
+                        "bad record at byte {} of a snapshot (snapshots are written whole, then renamed)",
+                        parsed.good
+                    ),
                 });
             }
             for (claim, size) in parsed.claims {
@@ -209,13 +265,19 @@ impl Journal {
         for &generation in &journals {
             let path = dir.join(name(JOURNAL, generation));
             let parsed = parse_file(&path)?;
+            if !parsed.damage.is_empty() {
+                return Err(damaged(dir, &path, &parsed));
+            }
             last_format = parsed.format;
             last_good = parsed.good;
             if parsed.torn {
                 if Some(generation) != last {
                     return Err(LedgerError::Corrupt {
                         ip: path.display().to_string(),
-                        reason: format!("bad record after byte {}", parsed.good),
+                        reason: format!(
+                            "bad record at byte {} of a journal that a later one follows (only the last journal can end in a torn write)",
+                            parsed.good
+                        ),
                     });
                 }
                 // a write a crash cut short: it was never answered
@@ -260,6 +322,11 @@ impl Journal {
             }
         };
         let allocated = file.metadata().map_err(storage("stat journal"))?.len();
+        // after the first journal exists (a crash in between leaves a journal and no marker,
+        // which the next open mends); a dir of an older release gets its marker here too
+        if let Err(error) = marker::ensure(dir) {
+            tracing::warn!(%error, "cannot write the ledger's marker file; a lost journal would then not be noticed");
+        }
         Ok(Journal {
             dir: dir.to_path_buf(),
             claims,
@@ -270,21 +337,34 @@ impl Journal {
             generation,
             journal_bytes,
             compactor: None,
+            full: None,
             poisoned: None,
+            refusing: None,
+            disk_full: Default::default(),
+            #[cfg(test)]
+            space: None,
             buf: Vec::with_capacity(64 << 10),
             _lock: lock,
         })
     }
 
     fn create_file(dir: &Path, generation: u64) -> Result<File, LedgerError> {
+        let path = dir.join(name(JOURNAL, generation));
         let mut file = OpenOptions::new()
             .create_new(true)
             .write(true)
-            .open(dir.join(name(JOURNAL, generation)))
+            .open(&path)
             .map_err(storage("create journal"))?;
-        file.write_all(MAGIC).map_err(storage("write journal"))?;
-        file.sync_all().map_err(storage("sync journal"))?;
-        sync_dir(dir)?;
+        if let Err(error) = file
+            .write_all(MAGIC)
+            .and_then(|()| file.sync_all())
+            .map_err(storage("write journal"))
+            .and_then(|()| sync_dir(dir))
+        {
+            // not left behind: a later attempt creates it again
+            let _ = std::fs::remove_file(&path);
+            return Err(error);
+        }
         Ok(file)
     }
 
@@ -293,11 +373,7 @@ impl Journal {
         batch: &mut Vec<Request>,
         replies: &mut Vec<Reply>,
     ) -> Result<u64, LedgerError> {
-        if let Some(reason) = &self.poisoned {
-            return Err(LedgerError::Storage(format!(
-                "the journal stopped after a failed write ({reason}); restart to recover"
-            )));
-        }
+        self.recover()?;
         self.buf.clear();
         let mut records = JournalBatch {
             claims: &self.claims,
@@ -311,14 +387,24 @@ impl Journal {
         }
         let pending = records.pending;
         let len = self.buf.len() as u64;
+        if self.end + len > self.allocated {
+            // more than the room made ahead: grown now, or refused at once while the disk is full
+            let grown = self.try_grow(len);
+            if let Err(refused) = grown {
+                self.refusing = Some(len);
+                return Err(refused);
+            }
+        }
         if let Err(e) = self
-            .make_room(len)
-            .and_then(|()| self.file.write_all_at(&self.buf, self.end))
+            .file
+            .write_all_at(&self.buf, self.end)
             .and_then(|()| self.file.sync_data())
         {
-            self.poisoned = Some(e.to_string());
-            return Err(LedgerError::Storage(format!("journal write: {e}")));
+            tracing::error!(error = %e, "a journal write failed; no record is written until its bytes are known again");
+            self.poisoned = Some((Stalled::new(&e), self.end + len));
+            return Err(self.io_error("journal write", &e));
         }
+        self.refusing = None;
         self.end += len;
         self.journal_bytes += len;
         for (claim, size) in pending {
@@ -332,41 +418,11 @@ impl Journal {
         Ok(writes)
     }
 
-    /// Grow the file with synced zeros, up to a [`PREALLOCATE`] boundary, until `len` more
-    /// bytes fit after `end`. A commit calls it only for a batch larger than the room
-    /// [`Journal::grow_ahead`] left.
-    fn make_room(&mut self, len: u64) -> std::io::Result<()> {
-        if self.end + len <= self.allocated {
-            return Ok(());
-        }
-        let target = (self.end + len).next_multiple_of(PREALLOCATE);
-        let mut at = self.allocated;
-        while at < target {
-            let piece = (target - at).min(ZEROS.len() as u64);
-            self.file.write_all_at(&ZEROS[..piece as usize], at)?;
-            at += piece;
-        }
-        self.file.sync_data()?;
-        self.allocated = target;
-        Ok(())
-    }
-
-    /// After a commit has answered: when less than [`ROOM_LOW`] is left, make that much room
-    /// now, while no batch waits on it. A failure stops the journal as a failed commit does.
-    pub(super) fn grow_ahead(&mut self) {
-        if self.poisoned.is_some() {
-            return;
-        }
-        if let Err(e) = self.make_room(ROOM_LOW) {
-            tracing::error!(error = %e, "cannot grow the journal ahead of its records");
-            self.poisoned = Some(e.to_string());
-        }
-    }
-
     /// Start a snapshot in the background when the journals have grown enough; the writer
     /// goes on in a new journal meanwhile.
     fn maybe_compact(&mut self) {
-        if self.journal_bytes < COMPACT_MIN_BYTES.max(2 * self.live_bytes) {
+        // a snapshot needs space a full disk does not have: postponed until the room grows
+        if self.journal_bytes < COMPACT_MIN_BYTES.max(2 * self.live_bytes) || self.full.is_some() {
             return;
         }
         if let Some(compactor) = &self.compactor {
@@ -456,7 +512,9 @@ impl Records for JournalBatch<'_> {
 
 /// The journal store's claims, read without the lock and without cutting a torn tail (the
 /// writer may be appending to it right now: a partial last record is simply not counted). A
-/// file deleted by a compaction between listing and reading is retried once.
+/// file deleted by a compaction between listing and reading is retried once; damage is read
+/// again twice, a short while apart, before it is reported (a read that overlapped a large
+/// write can see a later page of it before an earlier one).
 pub(super) fn read_journal(state_dir: &Path) -> Result<Vec<Claim>, LedgerError> {
     let mut attempt = 0;
     loop {
@@ -464,6 +522,9 @@ pub(super) fn read_journal(state_dir: &Path) -> Result<Vec<Claim>, LedgerError> 
         match read_journal_once(state_dir) {
             Err(LedgerError::Storage(why)) if attempt == 1 && why.contains("No such file") => {
                 tracing::debug!(%why, "a journal went away while reading; reading again");
+            }
+            Err(LedgerError::Damaged(_)) if attempt < 3 => {
+                std::thread::sleep(std::time::Duration::from_millis(50));
             }
             result => return result,
         }
@@ -476,17 +537,22 @@ fn read_journal_once(state_dir: &Path) -> Result<Vec<Claim>, LedgerError> {
         .copied()
         .unwrap_or(0);
     let mut claims: HashMap<IpAddr, Claim> = HashMap::new();
-    if base > 0 {
-        for (claim, _) in parse_file(&state_dir.join(name(SNAPSHOT, base)))?.claims {
+    let mut read = |path: PathBuf| -> Result<(), LedgerError> {
+        let parsed = parse_file(&path)?;
+        if !parsed.damage.is_empty() {
+            return Err(damaged(state_dir, &path, &parsed));
+        }
+        for (claim, _) in parsed.claims {
             claims.insert(claim.ip, claim);
         }
+        Ok(())
+    };
+    if base > 0 {
+        read(state_dir.join(name(SNAPSHOT, base)))?;
     }
     for generation in generations(state_dir, JOURNAL)? {
-        if generation < base {
-            continue;
-        }
-        for (claim, _) in parse_file(&state_dir.join(name(JOURNAL, generation)))?.claims {
-            claims.insert(claim.ip, claim);
+        if generation >= base {
+            read(state_dir.join(name(JOURNAL, generation)))?;
         }
     }
     Ok(claims.into_values().collect())

@@ -26,8 +26,11 @@
 //!   live records a background thread writes a `snapshot.<generation>` of every claim (temp
 //!   file, fsync, rename, directory fsync) and deletes the journals it covers. On open: the
 //!   newest snapshot, then the journals after it; zeros after the last record are room; a torn
-//!   record at the end of the last journal (a crash mid-write, never answered) is cut off, a bad
-//!   record anywhere else is corruption and refuses to start.
+//!   record at the end of the last journal with no valid record after it (a crash mid-write,
+//!   never answered) is cut off; a stretch that is no valid record with valid records after it
+//!   is damage and refuses to start, changing nothing (`ledger repair`, [`repair`]). A full disk
+//!   refuses the commits that do not fit in the room made and resumes by itself
+//!   (`journal/room.rs`); a dir that lost its journal refuses to start empty (`marker.rs`).
 //! - [`Store::Redb`] (`redb_store.rs`): one redb file (`ledger.redb`, copy-on-write B-tree),
 //!   what ip-webhook used before. A state dir holding only `ledger.redb` is migrated to the
 //!   journal on first open (the file is kept as `ledger.redb.migrated`).
@@ -50,7 +53,9 @@ use super::claim::{CreateRule, create_rule, may_step, released, same_grant};
 use super::{Claim, CreateOutcome, Ledger, LedgerError, unix_now};
 
 mod journal;
+mod marker;
 mod redb_store;
+pub mod repair;
 
 use journal::{Journal, generations};
 
@@ -89,6 +94,8 @@ pub struct CommitCounters {
     pub batch_size: Histogram,
     /// Time of each stage of a durable request.
     pub stage_seconds: Family<StageLabels, Histogram>,
+    /// 1 while the journal cannot grow its room for lack of space (its disk is full).
+    pub disk_full: prometheus_client::metrics::gauge::Gauge,
     /// `stage_seconds`' three series, looked up once: an observation then takes neither the
     /// family's lock nor a hash of its labels.
     stages: [Histogram; 3],
@@ -137,6 +144,7 @@ impl Default for CommitCounters {
             commit_seconds: Histogram::new(seconds_buckets()),
             batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 13)),
             stage_seconds,
+            disk_full: Default::default(),
             stages,
         }
     }
@@ -161,6 +169,20 @@ enum Request {
 enum Msg {
     Op(Request),
     Load(oneshot::Sender<Result<Vec<Arc<Claim>>, LedgerError>>),
+    /// Whether the store takes commits (and a retry of what stopped it).
+    Ping(oneshot::Sender<Result<(), LedgerError>>),
+}
+
+impl Request {
+    /// Answer with `error`, unapplied.
+    fn refuse(self, error: LedgerError, answered: Instant) {
+        match self {
+            Request::Create(_, tx) => drop(tx.send((Err(error), answered))),
+            Request::Release(_, tx) | Request::Transition(_, tx) => {
+                drop(tx.send((Err(error), answered)))
+            }
+        }
+    }
 }
 
 /// Where requests wait for the writer: one batch at a time.
@@ -299,7 +321,11 @@ impl EmbeddedLedger {
                 }
                 Backend::Redb(redb_store::open_redb(&state_dir.join(REDB_FILE))?)
             }
-            Store::Journal => Backend::Journal(Box::new(Journal::open(state_dir)?)),
+            Store::Journal => {
+                let mut journal = Journal::open(state_dir)?;
+                journal.disk_full = counters.disk_full.clone();
+                Backend::Journal(Box::new(journal))
+            }
         };
         let inbox = Arc::new(Inbox::new());
         let writer_inbox = inbox.clone();
@@ -399,6 +425,12 @@ fn writer_loop(mut backend: Backend, inbox: &Inbox, counters: CommitCounters) {
                         commit_batch(&mut backend, &mut requests, &counters, Instant::now());
                     }
                     drop(reply.send(backend.load()));
+                }
+                Msg::Ping(reply) => {
+                    if !requests.is_empty() {
+                        commit_batch(&mut backend, &mut requests, &counters, Instant::now());
+                    }
+                    drop(reply.send(backend.ping()));
                 }
             }
         }
@@ -514,14 +546,29 @@ fn commit_batch(
             // Nothing of this batch is durable: every waiter hears the error; requests not
             // yet reached in the batch were dropped, and their waiters see the channel close.
             let message = error.to_string();
-            tracing::error!(%message, "ledger commit failed");
+            let again = |error: &LedgerError| match error {
+                LedgerError::DiskFull { dir, error } => LedgerError::DiskFull {
+                    dir: dir.clone(),
+                    error: error.clone(),
+                },
+                _ => LedgerError::Storage(message.clone()),
+            };
+            if matches!(error, LedgerError::DiskFull { .. }) {
+                // said once by the journal (WARN), and on /readyz
+                tracing::debug!(%message, "ledger commit refused");
+            } else {
+                tracing::error!(%message, "ledger commit failed");
+            }
             let answered = Instant::now();
             for reply in replies {
-                let error = LedgerError::Storage(message.clone());
                 match reply {
-                    Reply::Create(tx, _) => drop(tx.send((Err(error), answered))),
-                    Reply::Changed(tx, _) => drop(tx.send((Err(error), answered))),
+                    Reply::Create(tx, _) => drop(tx.send((Err(again(&error)), answered))),
+                    Reply::Changed(tx, _) => drop(tx.send((Err(again(&error)), answered))),
                 }
+            }
+            // refused before the claim rules ran: every request of the batch hears it too
+            for request in batch.drain(..) {
+                request.refuse(again(&error), answered);
             }
         }
     }
@@ -531,6 +578,13 @@ impl Backend {
     fn grow_ahead(&mut self) {
         if let Backend::Journal(journal) = self {
             journal.grow_ahead();
+        }
+    }
+
+    fn ping(&mut self) -> Result<(), LedgerError> {
+        match self {
+            Backend::Redb(_) => Ok(()),
+            Backend::Journal(journal) => journal.ping(),
         }
     }
 
@@ -544,6 +598,8 @@ impl Backend {
 
 /// Every claim in `state_dir/ledger.redb`, read without creating or changing anything, also
 /// while a server has the file open (it writes in SingleWriter mode, which admits readers).
+/// A state dir that held a ledger whose files are gone is [`LedgerError::Missing`]; a damaged
+/// journal or snapshot is [`LedgerError::Damaged`], as `serve` would refuse it.
 pub fn read_claims(state_dir: &Path) -> Result<Vec<Claim>, LedgerError> {
     if state_dir.is_dir()
         && (!generations(state_dir, SNAPSHOT)?.is_empty()
@@ -551,14 +607,22 @@ pub fn read_claims(state_dir: &Path) -> Result<Vec<Claim>, LedgerError> {
     {
         return journal::read_journal(state_dir);
     }
+    if state_dir.is_dir() && !state_dir.join(REDB_FILE).is_file() {
+        let signs = marker::signs(state_dir, state_dir.join(LOCK_FILE).exists());
+        if !signs.is_empty() {
+            return Err(marker::missing(state_dir, &signs));
+        }
+    }
     redb_store::read(state_dir)
 }
 
-/// Whether `state_dir` holds an embedded ledger (journal, snapshot, or a redb file).
+/// Whether `state_dir` holds an embedded ledger (journal, snapshot, or a redb file), or held
+/// one whose files are gone (then [`read_claims`] says what is missing).
 pub fn exists_in(state_dir: &Path) -> bool {
     state_dir.join(REDB_FILE).is_file()
         || generations(state_dir, SNAPSHOT).is_ok_and(|g| !g.is_empty())
         || generations(state_dir, JOURNAL).is_ok_and(|g| !g.is_empty())
+        || !marker::signs(state_dir, state_dir.join(LOCK_FILE).exists()).is_empty()
 }
 
 #[async_trait]
@@ -591,6 +655,13 @@ impl Ledger for EmbeddedLedger {
     async fn transition(&self, current: &Claim, next: &Claim) -> Result<bool, LedgerError> {
         self.ask(|tx| Request::Transition(Box::new((current.clone(), next.clone())), tx))
             .await
+    }
+
+    async fn ping(&self) -> Result<(), LedgerError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Msg::Ping(tx)).await?;
+        rx.await
+            .map_err(|_| LedgerError::Storage("ledger ping aborted".into()))?
     }
 
     async fn close(&self) {
@@ -1057,6 +1128,188 @@ mod tests {
         );
         let ledger = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
         assert_eq!(ledger.load().await.unwrap().len() as u64, 2 + more);
+    }
+
+    fn many(prefix: &str, n: u32) -> Vec<Claim> {
+        (0..n)
+            .map(|i| {
+                claim(
+                    &format!("{prefix}.{}.{}", i / 250, i % 250 + 1),
+                    &format!("p{i}"),
+                )
+            })
+            .collect()
+    }
+
+    /// A flipped byte, or a zeroed page, with valid records after it is damage, not a torn
+    /// write: the ledger refuses to open (and a reader to read), naming the file, the offset
+    /// and the records after it, and changes nothing on disk.
+    #[tokio::test]
+    async fn damage_with_valid_records_after_it_refuses_and_changes_nothing() {
+        for (claims, page) in [(40, false), (200, true)] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = recorded(dir.path(), &many("10.11", claims)).await;
+            let mut bytes = std::fs::read(&path).unwrap();
+            let good = parse_file(&path).unwrap().good as usize;
+            let at = if page {
+                bytes[4096..8192].fill(0);
+                4096
+            } else {
+                let at = good * 3 / 10;
+                bytes[at] ^= 0x40;
+                at
+            };
+            assert!(good > 8192 || !page, "the page is inside the records");
+            std::fs::write(&path, &bytes).unwrap();
+            let listing = |dir: &Path| {
+                let mut names: Vec<_> = std::fs::read_dir(dir)
+                    .unwrap()
+                    .map(|e| e.unwrap().file_name())
+                    .collect();
+                names.sort();
+                names
+            };
+            let before = listing(dir.path());
+            let err = EmbeddedLedger::open(dir.path(), CommitCounters::default())
+                .err()
+                .expect("damage refuses to open");
+            let LedgerError::Damaged(damage) = &err else {
+                panic!("{err}")
+            };
+            assert_eq!(damage.path, path);
+            assert!(
+                (at.saturating_sub(200) as u64..=at as u64).contains(&damage.offset),
+                "damage at {at}, reported at {}",
+                damage.offset
+            );
+            let after = damage.records_after;
+            assert!(
+                after > 0 && after < claims as usize,
+                "{after} records after"
+            );
+            let message = err.to_string();
+            for part in [
+                path.display().to_string(),
+                format!("byte {}", damage.offset),
+                format!("{after} valid record(s) follow"),
+                "ledger repair".to_string(),
+            ] {
+                assert!(message.contains(&part), "{part:?} not in {message}");
+            }
+            assert_eq!(std::fs::read(&path).unwrap(), bytes, "the file was changed");
+            assert_eq!(listing(dir.path()), before, "files were added or removed");
+            let read = read_claims(dir.path()).unwrap_err();
+            assert_eq!(read.to_string(), message);
+
+            // the dry run changes nothing; --apply keeps the original and every valid record
+            let plan = repair::repair(dir.path(), false).unwrap();
+            assert_eq!(plan.files.len(), 1);
+            assert_eq!(plan.files[0].kept_after, after);
+            assert_eq!(std::fs::read(&path).unwrap(), bytes);
+            let done = repair::repair(dir.path(), true).unwrap();
+            let kept_as = done.files[0].kept_as.clone().unwrap();
+            assert_eq!(std::fs::read(&kept_as).unwrap(), bytes, "original kept");
+            assert!(done.to_string().contains(&kept_as.display().to_string()));
+            let kept = done.files[0].kept_before + done.files[0].kept_after;
+            let reopened = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
+            assert_eq!(reopened.load().await.unwrap().len(), kept);
+            // a page holds at most 4096 / (smallest record) records, and two cut at its edges
+            let smallest = parse_file(&kept_as).unwrap().claims[0].1 as usize - 2;
+            let most_lost = if page { 4096 / smallest + 2 } else { 1 };
+            assert!(kept + most_lost >= claims as usize, "{kept} kept");
+        }
+    }
+
+    /// The marker: written when the ledger is created (and on the first open of an older
+    /// dir); a dir with it and no journal or snapshot refuses to start, naming what is gone.
+    #[tokio::test]
+    async fn a_state_dir_that_lost_its_journal_refuses_to_start_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = recorded(dir.path(), &[claim("10.12.0.1", "a")]).await;
+        assert!(dir.path().join(marker::MARKER).is_file());
+        std::fs::remove_file(&path).unwrap();
+        let err = EmbeddedLedger::open(dir.path(), CommitCounters::default())
+            .err()
+            .expect("a lost journal refuses to open");
+        let message = err.to_string();
+        assert!(matches!(err, LedgerError::Missing(_)), "{message}");
+        for part in [&dir.path().display().to_string(), "ledger.id", "journal.*"] {
+            assert!(message.contains(part), "{part:?} not in {message}");
+        }
+        assert_eq!(read_claims(dir.path()).unwrap_err().to_string(), message);
+        assert!(generations(dir.path(), JOURNAL).unwrap().is_empty());
+
+        // a dir of an older release: journal, no marker; it gets one
+        let old = tempfile::tempdir().unwrap();
+        recorded(old.path(), &[claim("10.12.0.2", "b")]).await;
+        std::fs::remove_file(old.path().join(marker::MARKER)).unwrap();
+        let ledger = EmbeddedLedger::open(old.path(), CommitCounters::default()).unwrap();
+        assert_eq!(ledger.load().await.unwrap().len(), 1);
+        assert!(old.path().join(marker::MARKER).is_file());
+        ledger.close().await;
+        // its lock file, left by the older release, is a sign too
+        std::fs::remove_file(journal_path(old.path())).unwrap();
+        std::fs::remove_file(old.path().join(marker::MARKER)).unwrap();
+        let err = EmbeddedLedger::open(old.path(), CommitCounters::default())
+            .err()
+            .expect("refused");
+        assert!(err.to_string().contains(LOCK_FILE), "{err}");
+    }
+
+    /// A full disk: commits go on in the room made, one that does not fit is refused at once
+    /// with the state dir named, a ping says so, and once space returns the retry (backoff)
+    /// grows the room with no reopen; nothing answered is lost.
+    #[test]
+    fn a_full_disk_refuses_only_what_does_not_fit_and_resumes_when_space_returns() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut journal = Journal::open(dir.path()).unwrap();
+        journal.space = Some(journal::PREALLOCATE);
+        journal.grow_ahead();
+        let commit = |journal: &mut Journal, i: u32| {
+            let (tx, _rx) = oneshot::channel();
+            let ip = format!("10.13.{}.{}", i / 250, i % 250 + 1);
+            let mut batch = vec![Request::Create(Arc::new(claim(&ip, "p")), tx)];
+            journal.commit(&mut batch, &mut Vec::new())
+        };
+        let mut acknowledged = 0;
+        let refusal = loop {
+            match commit(&mut journal, acknowledged) {
+                Ok(_) => acknowledged += 1,
+                Err(error) => break error,
+            }
+            journal.grow_ahead();
+            assert!(acknowledged < 1000);
+        };
+        assert_eq!(journal.disk_full.get(), 1);
+        assert!(
+            acknowledged as u64 > (journal::PREALLOCATE - journal::ROOM_LOW) / 100,
+            "commits stopped with room left: {acknowledged}"
+        );
+        let message = refusal.to_string();
+        assert!(matches!(refusal, LedgerError::DiskFull { .. }), "{message}");
+        assert!(
+            message.contains("disk is full") && message.contains(&dir.path().display().to_string()),
+            "{message}"
+        );
+        let started = Instant::now();
+        assert!(commit(&mut journal, acknowledged).is_err());
+        assert!(started.elapsed() < std::time::Duration::from_millis(50));
+        assert!(matches!(journal.ping(), Err(LedgerError::DiskFull { .. })));
+
+        journal.space = None;
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        while journal.ping().is_err() {
+            assert!(Instant::now() < deadline, "no recovery");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert_eq!(journal.disk_full.get(), 0);
+        commit(&mut journal, acknowledged).unwrap();
+        drop(journal);
+        let path = journal_path(dir.path());
+        assert_eq!(
+            parse_file(&path).unwrap().claims.len(),
+            acknowledged as usize + 1
+        );
     }
 
     /// A commit writes into room made before it: it never grows the file (its `fdatasync` then

@@ -1,0 +1,446 @@
+//! The embedded ledger's disk on an operator's worst day, through the real binary: a damaged
+//! journal (a flipped byte, a zeroed page) refuses `serve`, `status` and `review` with the same
+//! message until `ledger repair --apply`; a torn tail still starts; a state dir that lost its
+//! journal refuses to start empty; a full disk (a small tmpfs) refuses admissions at once,
+//! turns `/readyz` 503 and resumes by itself once space returns, losing nothing.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use ip_webhook::ledger::embedded::CommitCounters;
+use ip_webhook::ledger::{Claim, EmbeddedLedger, Ledger, Phase, PodRef, Source};
+
+fn binary() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ip-webhook"));
+    command.env_remove("KUBERNETES_SERVICE_HOST");
+    command
+}
+
+/// Run the binary with `args` to its end (at most 20 s): (success, stdout, stderr).
+fn run(args: &[&str]) -> (bool, String, String) {
+    let mut child = binary()
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("`ip-webhook {}` did not end", args.join(" "));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `serve` on `dir` (expected to refuse): its stderr.
+fn serve_refuses(dir: &Path) -> String {
+    let dir = dir.display().to_string();
+    let (ok, _, stderr) = run(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--ledger",
+        "embedded",
+        "--state-dir",
+        &dir,
+    ]);
+    assert!(!ok, "serve started on {dir}");
+    stderr
+}
+
+fn claim(i: u32) -> Claim {
+    Claim {
+        ip: format!("10.40.{}.{}", i / 250, i % 250 + 1)
+            .parse()
+            .unwrap(),
+        app: "web".into(),
+        pool: None,
+        pod: PodRef {
+            namespace: "prod".into(),
+            name: format!("web-{i}"),
+            ..Default::default()
+        },
+        request_uid: format!("uid-{i}"),
+        phase: Phase::Bound,
+        source: Source::Allocated,
+        created_at: 1_764_000_000,
+        updated_at: 1_764_000_000,
+        list_size: Some(1000),
+        token: format!("token-{i}"),
+        release_at: None,
+        sticky: false,
+    }
+}
+
+/// A state dir whose ledger holds `n` claims, closed cleanly: the path of its journal.
+async fn seeded(dir: &Path, n: u32) -> PathBuf {
+    let ledger = EmbeddedLedger::open(dir, CommitCounters::default()).unwrap();
+    for i in 0..n {
+        ledger.create(claim(i).into()).await.unwrap();
+    }
+    ledger.close().await;
+    journal(dir)
+}
+
+fn journal(dir: &Path) -> PathBuf {
+    let mut journals: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("journal.") && !n.contains(".damaged-"))
+        })
+        .collect();
+    journals.sort();
+    journals.pop().expect("a journal")
+}
+
+async fn held(dir: &Path) -> Vec<Claim> {
+    let ledger = EmbeddedLedger::open(dir, CommitCounters::default()).unwrap();
+    let claims = ledger.load().await.unwrap();
+    ledger.close().await;
+    claims.into_iter().filter(|c| c.is_held()).collect()
+}
+
+/// The end of the journal's records (the zeros of its room follow): every record of
+/// [`claim`] ends in two zero bytes (no release time, not sticky) after a non-zero one.
+fn records_end(bytes: &[u8]) -> usize {
+    bytes.iter().rposition(|&b| b != 0).unwrap() + 3
+}
+
+/// The message the first line of `stderr` carries after `Error: `.
+fn error_line(stderr: &str) -> &str {
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("Error: "))
+        .unwrap_or_else(|| panic!("no Error: line in {stderr}"));
+    line.trim_start_matches("Error: ")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn damage_in_the_middle_refuses_every_command_until_repaired() {
+    // 40 claims and a flipped byte at 30 %; 4000 claims (past one 4 KiB page) and a zeroed page
+    for (claims, zero_page) in [(40u32, false), (400, true)] {
+        let state = tempfile::tempdir().unwrap();
+        let dir = state.path();
+        let path = seeded(dir, claims).await;
+        let mut bytes = std::fs::read(&path).unwrap();
+        let end = records_end(&bytes);
+        if zero_page {
+            assert!(end > 3 * 4096, "{end} bytes of records");
+            bytes[4096..8192].fill(0);
+        } else {
+            bytes[end * 3 / 10] ^= 0x01;
+        }
+        std::fs::write(&path, &bytes).unwrap();
+        let listing = || {
+            let mut names: Vec<_> = std::fs::read_dir(dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            names.sort();
+            names
+        };
+        let before = listing();
+
+        let refused = serve_refuses(dir);
+        let message = error_line(&refused).to_string();
+        assert!(message.contains(&path.display().to_string()), "{message}");
+        assert!(message.contains("is damaged at byte"), "{message}");
+        assert!(message.contains("valid record(s) follow"), "{message}");
+        assert!(message.contains("ledger repair --state-dir"), "{message}");
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            bytes,
+            "serve changed the file"
+        );
+        assert_eq!(listing(), before, "serve added or removed files");
+
+        // status and review read the same damage, and say it the same way
+        let dir_arg = dir.display().to_string();
+        let (ok, _, stderr) = run(&["status", "--state-dir", &dir_arg]);
+        assert!(!ok);
+        assert!(error_line(&stderr).contains(&message), "{stderr}");
+        let review = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(
+            review.path(),
+            create("r1", pod("prod", "web", "web-", Some("10.40.0.0/16"))).to_string(),
+        )
+        .unwrap();
+        let file = review.path().display().to_string();
+        for dry in [true, false] {
+            let mut args = vec![
+                "review",
+                "--ledger",
+                "embedded",
+                "--state-dir",
+                &dir_arg,
+                &file,
+            ];
+            if dry {
+                args.push("--dry-run");
+            }
+            let (ok, stdout, stderr) = run(&args);
+            assert!(!ok, "review (dry run {dry}) answered: {stdout}");
+            assert!(stderr.contains(&message), "{stderr}");
+        }
+        assert_eq!(std::fs::read(&path).unwrap(), bytes);
+
+        // the dry run says what a repair keeps and loses, and changes nothing
+        let (ok, plan, stderr) = run(&["ledger", "repair", "--state-dir", &dir_arg]);
+        assert!(ok, "{stderr}");
+        assert!(plan.contains("kept: ") && plan.contains("lost: "), "{plan}");
+        assert!(plan.contains("Dry run"), "{plan}");
+        assert_eq!(listing(), before, "the dry run changed the dir");
+        let (ok, done, stderr) = run(&["ledger", "repair", "--state-dir", &dir_arg, "--apply"]);
+        assert!(ok, "{stderr}");
+        let copy = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.display().to_string().contains(".damaged-"))
+            .expect("the original is kept");
+        assert_eq!(std::fs::read(&copy).unwrap(), bytes);
+        assert!(done.contains(&copy.display().to_string()), "{done}");
+
+        // it starts again with every readable claim
+        let kept = held(dir).await.len();
+        // a page holds at most 4096 / (smallest record) records, and two cut at its edges
+        let smallest = (end - 8) / claims as usize - 4;
+        let lost = if zero_page { 4096 / smallest + 2 } else { 1 };
+        assert!(
+            kept < claims as usize && kept + lost >= claims as usize,
+            "{kept} of {claims} claims kept"
+        );
+        let (ok, _, stderr) = run(&["status", "--state-dir", &dir_arg]);
+        assert!(ok, "{stderr}");
+    }
+}
+
+/// A torn tail (the last write a crash cut short, never answered) is no damage: `serve`
+/// starts and keeps every whole record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_torn_tail_still_starts_and_keeps_every_whole_record() {
+    let state = tempfile::tempdir().unwrap();
+    let path = seeded(state.path(), 40).await;
+    let mut bytes = std::fs::read(&path).unwrap();
+    let end = records_end(&bytes);
+    // half of one more record, as a crash mid-write leaves it
+    let torn = std::fs::read(&path).unwrap()[end - 60..end - 30].to_vec();
+    bytes[end..end + torn.len()].copy_from_slice(&torn);
+    std::fs::write(&path, &bytes).unwrap();
+    let dir = state.path().display().to_string();
+    let server = tokio::task::spawn_blocking(move || {
+        BinaryServer::start(&["--ledger", "embedded", "--state-dir", &dir])
+    })
+    .await
+    .unwrap();
+    let (code, body) = http_get(server.admin_addr, "/readyz").await;
+    assert_eq!((code, body.as_str()), (200, "ready\n"));
+    drop(server);
+    let held = held(state.path()).await;
+    let missing: Vec<String> = (0..40)
+        .map(|i| claim(i).ip.to_string())
+        .filter(|ip| !held.iter().any(|c| c.ip.to_string() == *ip))
+        .collect();
+    assert!(missing.is_empty(), "lost {missing:?}; {} held", held.len());
+}
+
+/// A state dir that held a ledger (its marker, or an older release's lock file) and lost its
+/// journal refuses to start, naming what is missing; a fresh dir starts empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_journal_refuses_to_start_and_a_fresh_dir_starts() {
+    let state = tempfile::tempdir().unwrap();
+    let dir = state.path();
+    let path = seeded(dir, 3).await;
+    assert!(dir.join("ledger.id").is_file(), "the marker is written");
+    std::fs::remove_file(&path).unwrap();
+    let message = error_line(&serve_refuses(dir)).to_string();
+    assert!(
+        message.contains(&dir.display().to_string())
+            && message.contains("ledger.id")
+            && message.contains("no journal"),
+        "{message}"
+    );
+    let (ok, _, stderr) = run(&["status", "--state-dir", &dir.display().to_string()]);
+    assert!(!ok && stderr.contains(&message), "{stderr}");
+
+    let fresh = tempfile::tempdir().unwrap();
+    let fresh_dir = fresh.path().display().to_string();
+    let server = tokio::task::spawn_blocking(move || {
+        BinaryServer::start(&["--ledger", "embedded", "--state-dir", &fresh_dir])
+    })
+    .await
+    .unwrap();
+    let (code, _) = http_get(server.admin_addr, "/readyz").await;
+    assert_eq!(code, 200);
+    drop(server);
+    assert!(fresh.path().join("ledger.id").is_file());
+}
+
+/// A tmpfs of `size`, mounted on a fresh directory and unmounted on drop.
+struct Tmpfs(tempfile::TempDir);
+
+impl Tmpfs {
+    fn mount(size: &str) -> Tmpfs {
+        let dir = tempfile::tempdir().unwrap();
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .output()
+            .expect("mount(8) runs");
+        assert!(
+            out.status.success(),
+            "this test mounts a {size} tmpfs to fill its disk: run it as root (or with CAP_SYS_ADMIN); mount said: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Tmpfs(dir)
+    }
+
+    fn path(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.0.path()).status();
+    }
+}
+
+fn metric(text: &str, name: &str) -> Option<String> {
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .map(|l| l[name.len() + 1..].to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_refuses_at_once_says_where_and_resumes_by_itself() {
+    // room for the journal's first MiB once the ballast is gone
+    let disk = Tmpfs::mount("1200k");
+    let state = disk.path().join("state");
+    let dir = state.display().to_string();
+    // a first start writes the certificates and the journal; its room is then taken back
+    let args = ["--ledger", "embedded", "--state-dir", &dir];
+    let first = tokio::task::spawn_blocking({
+        let args = args.map(String::from);
+        move || BinaryServer::start(&args.each_ref().map(|a| a.as_str()))
+    })
+    .await
+    .unwrap();
+    drop(first);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(journal(&state))
+        .unwrap()
+        .set_len(8)
+        .unwrap();
+    // the disk filled up but for 72 KiB: the journal gets some room, not all it asks for
+    let ballast = disk.path().join("ballast");
+    let mut file = std::fs::File::create(&ballast).unwrap();
+    while std::io::Write::write_all(&mut file, &[1u8; 4096]).is_ok() {}
+    let len = file.metadata().unwrap().len();
+    file.set_len(len - (72 << 10)).unwrap();
+    drop(file);
+    let server = tokio::task::spawn_blocking({
+        let args = args.map(String::from);
+        move || BinaryServer::start(&args.each_ref().map(|a| a.as_str()))
+    })
+    .await
+    .unwrap();
+    let ca = std::fs::read(state.join("ca.crt")).unwrap();
+    let client = HttpsClient::new(server.https_addr, &ca);
+    let admit = |i: usize| {
+        let client = client.clone();
+        async move {
+            let body = create(
+                &format!("r{i}"),
+                pod("prod", "api", "api-", Some("10.50.0.0/16")),
+            );
+            let started = Instant::now();
+            let response = client
+                .post("/mutate", body.to_string())
+                .await
+                .unwrap()
+                .response();
+            (response, started.elapsed())
+        }
+    };
+
+    // the room made is used up first: admissions go on while the growth fails
+    let (_, metrics) = http_get(server.admin_addr, "/metrics").await;
+    assert_eq!(
+        metric(&metrics, "ip_webhook_ledger_disk_full").as_deref(),
+        Some("1"),
+        "the journal could not make all its room"
+    );
+    let mut acknowledged = Vec::new();
+    let (denial, took) = loop {
+        let (response, took) = admit(acknowledged.len()).await;
+        if response["allowed"] != true {
+            break (message(&response), took);
+        }
+        acknowledged.push(allocated_ip(&response));
+        assert!(acknowledged.len() < 5000, "the disk never filled up");
+    };
+    assert!(acknowledged.len() > 100, "{} admitted", acknowledged.len());
+    assert!(
+        denial.contains("disk is full") && denial.contains(&state.display().to_string()),
+        "{denial}"
+    );
+    assert!(took < Duration::from_secs(1), "denied after {took:?}");
+    let (again, took) = admit(100_000).await;
+    assert_eq!(again["allowed"], false);
+    assert!(took < Duration::from_secs(1), "denied after {took:?}");
+    let (code, body) = http_get(server.admin_addr, "/readyz").await;
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        body.contains("disk is full") && body.contains(&state.display().to_string()),
+        "{body}"
+    );
+
+    // space returns: the ledger resumes with no restart
+    std::fs::remove_file(&ballast).unwrap();
+    let ready = Instant::now();
+    loop {
+        let (code, _) = http_get(server.admin_addr, "/readyz").await;
+        if code == 200 {
+            break;
+        }
+        assert!(ready.elapsed() < Duration::from_secs(10), "not ready again");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (response, _) = admit(200_000).await;
+    assert_eq!(response["allowed"], true, "{response}");
+    acknowledged.push(allocated_ip(&response));
+    let (_, metrics) = http_get(server.admin_addr, "/metrics").await;
+    assert_eq!(
+        metric(&metrics, "ip_webhook_ledger_disk_full").as_deref(),
+        Some("0")
+    );
+    drop(server);
+
+    // nothing acknowledged is lost
+    let held: std::collections::HashSet<String> = held(&state)
+        .await
+        .into_iter()
+        .map(|c| c.ip.to_string())
+        .collect();
+    for ip in &acknowledged {
+        assert!(held.contains(ip), "{ip} was acknowledged and is not held");
+    }
+}
