@@ -25,8 +25,8 @@ use kube::{Api, Client};
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
-/// One app's list: 8 IPs for at most 6 live pods, so IPs are handed out again quickly.
-const LIST: &str = "10.61.0.1-10.61.0.8";
+/// One app's list: 10 IPs for at most 7 live pods, so IPs are handed out again quickly.
+const LIST: &str = "10.61.0.1-10.61.0.10";
 const APP: &str = "web";
 const NS: &str = "default";
 
@@ -102,6 +102,11 @@ struct Counts {
     /// Creates the API server refused (a webhook's denial, e.g. every IP held).
     refused: usize,
     refusals: BTreeSet<String>,
+    /// Of those, refused by /validate: these pods named no IP themselves, so a refusal as a
+    /// static-IP conflict is a replica mistaking the pod's own reservation for another's.
+    own_refused: usize,
+    /// Claims the leaders' reconcilers dropped as leaked (ip_webhook_leaks_reclaimed_total).
+    reclaimed: u64,
     duplicates: BTreeSet<(String, Vec<String>)>,
     lost: BTreeSet<String>,
     leaked: BTreeSet<String>,
@@ -145,6 +150,9 @@ async fn worker(
                 let (code, message) = api_error(&error).unwrap_or((0, error.to_string()));
                 // the ledger's words only: the pod names vary from run to run
                 let kind = message.split(" by ").next().unwrap_or("").to_string();
+                if message.contains("pods.validate.ip-webhook.io") {
+                    c.own_refused += 1;
+                }
                 c.refusals.insert(format!("{code} {kind}"));
                 drop(c);
                 tokio::time::sleep(dice.millis(50, 150)).await;
@@ -153,7 +161,7 @@ async fn worker(
         };
         made.fetch_add(1, Ordering::SeqCst);
         counts.lock().await.creates += 1;
-        tokio::time::sleep(dice.millis(100, 300)).await;
+        tokio::time::sleep(dice.millis(200, 600)).await;
         let name = pod.metadata.name.clone().unwrap();
         // ReplicaSet pods: half with their grace period (1 s), half at once (grace 0)
         let grace = if set || dice.next() % 2 == 0 {
@@ -189,8 +197,8 @@ async fn churn(cluster: &Cluster, target: usize) -> Counts {
         })
     };
     let mut workers = Vec::new();
-    for slot in 0..6u32 {
-        // two StatefulSet slots (db-0, db-1), four ReplicaSet slots
+    for slot in 0..7u32 {
+        // two StatefulSet slots (db-0, db-1), five ReplicaSet slots
         let set = slot < 2;
         workers.push(tokio::spawn(worker(
             cluster.pods(),
@@ -230,6 +238,11 @@ async fn churn(cluster: &Cluster, target: usize) -> Counts {
     let cni = cluster.fake.get_json("/fake/cni");
     let mut c = Arc::try_unwrap(counts).unwrap().into_inner();
     c.leaked = last.leaked;
+    c.reclaimed = cluster
+        .replicas
+        .iter()
+        .map(|r| r.launched.webhook.metrics.leaks_reclaimed.get())
+        .sum();
     c.cni_conflicts = cni["conflicts"]
         .as_array()
         .map(|a| {
@@ -243,12 +256,14 @@ async fn churn(cluster: &Cluster, target: usize) -> Counts {
 
 fn report(name: &str, c: &Counts, took: Duration) {
     println!(
-        "{name}: {} creates, {} deletes, {} refused {:?}, {} duplicates, {} lost claims, {} leaked, \
-         {} CNI conflicts with a live pod, in {:.1} s",
+        "{name}: {} creates, {} deletes, {} refused ({} by /validate) {:?}, {} reclaimed as leaks, \
+         {} duplicates, {} lost claims, {} leaked, {} CNI conflicts with a live pod, in {:.1} s",
         c.creates,
         c.deletes,
         c.refused,
+        c.own_refused,
         c.refusals,
+        c.reclaimed,
         c.duplicates.len(),
         c.lost.len(),
         c.leaked.len(),
@@ -275,6 +290,11 @@ fn assert_clean(c: &Counts, target: usize) {
         c.cni_conflicts
     );
     assert!(c.lost.is_empty(), "live pods without their claim: {:?}", c.lost);
+    assert_eq!(
+        c.own_refused, 0,
+        "pods refused for their own reservation: {:?}",
+        c.refusals
+    );
     assert!(c.leaked.is_empty(), "claims left without a pod: {:?}", c.leaked);
 }
 
@@ -438,12 +458,13 @@ async fn a_replica_is_ready_only_once_the_claims_it_decides_on_are_loaded() {
     let client = fake.install_crds().await;
     let first = fake.replica(FAST).await;
     let slow_port = fake.listen();
-    // The new replica's IPClaim list answers 1.5 s late (a large or slow list).
+    // The new replica's IPClaim list is answered at once, its watch (from the list's
+    // resourceVersion) starts 1.5 s later: the claims written in between reach it only then.
     fake.control(
         "/fake/config",
         json!({"requestDelay": [{
             "method": "GET", "port": slow_port,
-            "path": "^/apis/ip-webhook.io/v1alpha1/ipclaims$", "query": "^(?!.*watch=true)",
+            "path": "^/apis/ip-webhook.io/v1alpha1/ipclaims$", "query": "watch=true",
             "seconds": 1.5,
         }]}),
     );
@@ -477,4 +498,102 @@ async fn a_replica_is_ready_only_once_the_claims_it_decides_on_are_loaded() {
         refused.len()
     );
     assert!(refused.is_empty(), "refused: {refused:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_fake_api_server_admits_pods_in_the_api_servers_order() {
+    let fake = FakeApi::start();
+    let client = fake.install_crds().await;
+    let replica = fake.replica(FAST).await;
+    admission::register(&fake, &[&replica], json!({}));
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+
+    // CREATE: /mutate sees no name and no UID, its patch is applied (paths with ~1), /validate
+    // sees the generated name and the UID the stored pod keeps.
+    let pod = create_pod(&pods, &replicaset_pod(APP, "10.64.0.1-10.64.0.4", 30))
+        .await
+        .unwrap();
+    let name = pod.metadata.name.clone().unwrap();
+    let uid = pod.metadata.uid.clone().unwrap();
+    assert_eq!(cni_ip(&pod), "10.64.0.1");
+    assert_eq!(
+        pod.metadata.labels.as_ref().unwrap()["ip-webhook.io/allocated-ip"],
+        "10.64.0.1"
+    );
+    // DELETE: the stored pod as oldObject, the grace period in the options.
+    delete_pod(&pods, &name, Some(7)).await.unwrap();
+    let log = fake.get_json("/fake/admission");
+    let calls = log["calls"].as_array().unwrap();
+    let call = |kind: &str, op: &str| {
+        calls
+            .iter()
+            .find(|c| c["type"] == kind && c["operation"] == op)
+            .unwrap_or_else(|| panic!("no {kind} {op} call: {log}"))
+            .clone()
+    };
+    let mutate = call("mutating", "CREATE");
+    assert_eq!(
+        (mutate["hadName"].clone(), mutate["podUid"].clone()),
+        (json!(false), Value::Null)
+    );
+    let validate = call("validating", "CREATE");
+    assert_eq!(validate["name"], json!(name));
+    assert_eq!(validate["podUid"], json!(uid));
+    let delete = call("mutating", "DELETE");
+    assert_eq!(delete["podUid"], json!(uid));
+    assert_eq!(delete["options"]["gracePeriodSeconds"], 7);
+    let request_uids: BTreeSet<&str> = calls
+        .iter()
+        .map(|c| c["requestUid"].as_str().unwrap())
+        .collect();
+    assert_eq!(request_uids.len(), calls.len(), "one request.uid per call");
+
+    // A denial is the webhook's message behind kube-apiserver's prefix.
+    let mut malformed = replicaset_pod(APP, "10.64.0.1-10.64.0.4", 30);
+    malformed["metadata"]["annotations"]["cni.projectcalico.org/ipAddrs"] = json!("not-json");
+    let error = create_pod(&pods, &malformed).await.unwrap_err();
+    let (code, message) = api_error(&error).unwrap();
+    assert!((400..500).contains(&code), "{code} {message}");
+    assert!(
+        message.starts_with("admission webhook \"pods.")
+            && message.contains("\" denied the request: "),
+        "{message}"
+    );
+
+    // A webhook that never answers: failurePolicy Fail refuses after timeoutSeconds with
+    // kube-apiserver's words; Ignore goes on without it.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("https://{}/mutate", silent.local_addr().unwrap());
+    let ca = std::fs::read_to_string(replica.state_dir.path().join("ca.crt")).unwrap();
+    let hook = |policy: &str| {
+        json!({"webhooks": [{
+            "name": "silent.example.io", "type": "mutating", "urls": [url],
+            "operations": ["CREATE"], "failurePolicy": policy, "timeoutSeconds": 1, "caBundle": ca,
+        }]})
+    };
+    fake.control("/fake/admission", hook("Fail"));
+    let started = Instant::now();
+    let error = create_pod(&pods, &replicaset_pod(APP, "10.64.0.1-10.64.0.4", 30))
+        .await
+        .unwrap_err();
+    let (code, message) = api_error(&error).unwrap();
+    assert_eq!(code, 500, "{message}");
+    assert!(
+        message.starts_with(
+            "Internal error occurred: failed calling webhook \"silent.example.io\": failed to call webhook: Post"
+        ) && message.ends_with("context deadline exceeded"),
+        "{message}"
+    );
+    assert!(started.elapsed() >= Duration::from_millis(900));
+    fake.control("/fake/admission", hook("Ignore"));
+    let admitted = create_pod(&pods, &replicaset_pod(APP, "10.64.0.1-10.64.0.4", 30))
+        .await
+        .unwrap();
+    assert!(
+        !admitted
+            .metadata
+            .annotations
+            .unwrap()
+            .contains_key("cni.projectcalico.org/ipAddrs")
+    );
 }
