@@ -6,9 +6,9 @@
 //! the pods are gone and the timers have run no claim is left but a StatefulSet pod's
 //! Released one.
 
-mod common;
 #[path = "common/admission.rs"]
 mod admission;
+mod common;
 #[path = "common/fakeapi.rs"]
 mod fakeapi;
 
@@ -245,11 +245,7 @@ async fn churn(cluster: &Cluster, target: usize) -> Counts {
         .sum();
     c.cni_conflicts = cni["conflicts"]
         .as_array()
-        .map(|a| {
-            a.iter()
-                .filter(|x| x["holderTerminating"] == false)
-                .count()
-        })
+        .map(|a| a.iter().filter(|x| x["holderTerminating"] == false).count())
         .unwrap_or(0);
     c
 }
@@ -289,13 +285,21 @@ fn assert_clean(c: &Counts, target: usize) {
         c.duplicates,
         c.cni_conflicts
     );
-    assert!(c.lost.is_empty(), "live pods without their claim: {:?}", c.lost);
+    assert!(
+        c.lost.is_empty(),
+        "live pods without their claim: {:?}",
+        c.lost
+    );
     assert_eq!(
         c.own_refused, 0,
         "pods refused for their own reservation: {:?}",
         c.refusals
     );
-    assert!(c.leaked.is_empty(), "claims left without a pod: {:?}", c.leaked);
+    assert!(
+        c.leaked.is_empty(),
+        "claims left without a pod: {:?}",
+        c.leaked
+    );
 }
 
 /// Creates (and as many deletes) per churn run.
@@ -317,7 +321,11 @@ async fn churn_with_a_slow_store_after_validate_never_gives_one_ip_twice() {
     let cluster = Cluster::start(json!({"delayAfterValidate": [0.15, 0.4]}), &[]).await;
     let started = Instant::now();
     let counts = churn(&cluster, CREATES).await;
-    report("churn, 0.15-0.4 s after validate", &counts, started.elapsed());
+    report(
+        "churn, 0.15-0.4 s after validate",
+        &counts,
+        started.elapsed(),
+    );
     assert_clean(&counts, CREATES);
 }
 
@@ -384,7 +392,10 @@ async fn a_fixed_name_recreated_while_the_old_pod_terminates_loses_nothing() {
             && c["allowed"] == true
             && c["podUid"] != json!(old_uid)
     });
-    assert!(validated, "the refused create passed /validate first: {log}");
+    assert!(
+        validated,
+        "the refused create passed /validate first: {log}"
+    );
 
     // While the old pod runs on, its IP stays claimed for it.
     let until = Instant::now() + Duration::from_millis(2000);

@@ -166,7 +166,11 @@ pub async fn create_pod(pods: &Api<Pod>, pod: &Value) -> Result<Pod, kube::Error
 }
 
 /// DELETE the pod through the API server with this grace period (None: the pod's own).
-pub async fn delete_pod(pods: &Api<Pod>, name: &str, grace: Option<u32>) -> Result<(), kube::Error> {
+pub async fn delete_pod(
+    pods: &Api<Pod>,
+    name: &str,
+    grace: Option<u32>,
+) -> Result<(), kube::Error> {
     let params = DeleteParams {
         grace_period_seconds: grace,
         ..DeleteParams::default()
@@ -238,7 +242,11 @@ impl Census {
         for pod in after.iter().filter(|p| live(p)) {
             census.live_pods += 1;
             let (status, cni) = pod_ips(pod);
-            let who = format!("{} ({})", pod.metadata.name.clone().unwrap_or_default(), uid(pod));
+            let who = format!(
+                "{} ({})",
+                pod.metadata.name.clone().unwrap_or_default(),
+                uid(pod)
+            );
             for ip in status.into_iter().chain(cni) {
                 by_ip.entry(ip).or_default().insert(who.clone());
             }
@@ -250,9 +258,11 @@ impl Census {
                     .insert((ip, holders.into_iter().collect()));
             }
         }
-        let live_before: BTreeSet<String> =
-            before.iter().filter(|p| live(p)).map(&uid).collect();
-        for pod in after.iter().filter(|p| live(p) && live_before.contains(&uid(p))) {
+        let live_before: BTreeSet<String> = before.iter().filter(|p| live(p)).map(&uid).collect();
+        for pod in after
+            .iter()
+            .filter(|p| live(p) && live_before.contains(&uid(p)))
+        {
             let (_, cni) = pod_ips(pod);
             let token = pod
                 .metadata
@@ -270,7 +280,11 @@ impl Census {
                 });
                 if !held {
                     let found = claim.map(|c| {
-                        let phase = c.status.as_ref().map(|s| s.phase.as_str()).unwrap_or("Reserved");
+                        let phase = c
+                            .status
+                            .as_ref()
+                            .map(|s| s.phase.as_str())
+                            .unwrap_or("Reserved");
                         format!("{phase} for {} ({:?})", c.spec.pod_name, c.spec.pod_uid)
                     });
                     census.lost.insert(format!(
@@ -290,7 +304,11 @@ impl Census {
                 .map(|s| s.phase.clone())
                 .unwrap_or_else(|| "Reserved".into());
             let sticky_released = claim.spec.sticky && phase == "Released";
-            let pod_known = claim.spec.pod_uid.as_ref().is_some_and(|u| known.contains(u));
+            let pod_known = claim
+                .spec
+                .pod_uid
+                .as_ref()
+                .is_some_and(|u| known.contains(u));
             if !sticky_released && !pod_known {
                 census.leaked.insert(format!(
                     "{} {phase} {}/{}",

@@ -178,7 +178,9 @@ impl FakeApi {
         stream.read_to_string(&mut reply).unwrap();
         let body = reply.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
         let answer: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {reply}"));
-        answer["port"].as_u64().expect("/fake/listen answers a port") as u16
+        answer["port"]
+            .as_u64()
+            .expect("/fake/listen answers a port") as u16
     }
 
     /// A kubeconfig file for `port` (another listener of this API server).
