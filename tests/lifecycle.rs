@@ -135,7 +135,7 @@ async fn worker(
     made: Arc<AtomicUsize>,
     counts: Arc<Mutex<Counts>>,
 ) {
-    let mut dice = Dice(0x9E37_79B9_7F4A_7C15 ^ u64::from(slot + 1) * 0x1000_0001);
+    let mut dice = Dice(0x9E37_79B9_7F4A_7C15 ^ (u64::from(slot + 1) * 0x1000_0001));
     while made.load(Ordering::SeqCst) < target {
         let object = if set {
             statefulset_pod("db", slot, APP, LIST, 1)
@@ -164,7 +164,7 @@ async fn worker(
         tokio::time::sleep(dice.millis(200, 600)).await;
         let name = pod.metadata.name.clone().unwrap();
         // ReplicaSet pods: half with their grace period (1 s), half at once (grace 0)
-        let grace = if set || dice.next() % 2 == 0 {
+        let grace = if set || dice.next().is_multiple_of(2) {
             None
         } else {
             Some(0)
