@@ -163,6 +163,43 @@ impl FakeApi {
         client
     }
 
+    /// Serve this API server on one more loopback port (`/fake/listen`): a client that
+    /// connects there can be slowed down alone (`watchDelay` and `requestDelay` by port).
+    pub fn listen(&self) -> u16 {
+        let body = serde_json::json!({}).to_string();
+        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        write!(
+            stream,
+            "POST /fake/listen HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut reply = String::new();
+        stream.read_to_string(&mut reply).unwrap();
+        let body = reply.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+        let answer: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {reply}"));
+        answer["port"]
+            .as_u64()
+            .expect("/fake/listen answers a port") as u16
+    }
+
+    /// A kubeconfig file for `port` (another listener of this API server).
+    pub fn kubeconfig_via(&self, port: u16) -> PathBuf {
+        let path = self.dir.path().join(format!("kubeconfig-{port}"));
+        std::fs::write(&path, kubeconfig_yaml(&[("fake", port)])).unwrap();
+        path
+    }
+
+    /// A webhook replica that reaches this API server through `port` (see [`FakeApi::listen`]).
+    pub async fn replica_via(&self, port: u16, extra: &[&str]) -> TestServer {
+        let kubeconfig = self.kubeconfig_via(port).display().to_string();
+        let mut args = vec!["--ledger", "kubernetes", "--kubeconfig", &kubeconfig];
+        args.extend_from_slice(extra);
+        let server = TestServer::start(&args).await;
+        wait_ready(&server).await;
+        server
+    }
+
     /// Start a webhook replica against this API server.
     pub async fn replica(&self, extra: &[&str]) -> TestServer {
         let kubeconfig = self.kubeconfig().display().to_string();
