@@ -10,7 +10,7 @@
 //! An [`IpSet`] keeps, per address family, sorted disjoint inclusive ranges of integers, so a
 //! /8 or a /64 costs one range, and the n-th address of a set is a binary search away.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
@@ -272,54 +272,124 @@ pub fn parse_ip_spec(spec: &str) -> Result<IpSet, IpSpecError> {
     parse_ip_spec_with(spec, RangeSyntax::Dash)
 }
 
+/// What [`SpecCache`] may hold, counted as [`SpecCache::bytes`] counts it: a few thousand
+/// ordinary lists, or about twenty of the largest an annotation can carry.
+pub const SPEC_CACHE_BYTES: usize = 8 * 1024 * 1024;
+/// Lists the cache holds at most, however small.
+pub const SPEC_CACHE_ENTRIES: usize = 1024;
+
 /// Parsed specs by their text: every pod of an app carries the same `allocatable-ips`
-/// annotation, so each admission would otherwise parse the same list again. Bounded: when full
-/// it starts over (specs are few; a flood of distinct ones only costs re-parsing).
+/// annotation, so each admission would otherwise parse the same list again.
+///
+/// Bounded in entries and in bytes: each entry counts what it keeps allocated (its text, the
+/// capacity of its set's ranges, the `Arc`s' headers), and the table and the eviction queue
+/// count their capacity. Past either bound the oldest entries are dropped; a list larger than
+/// a quarter of the byte budget is parsed every time and never kept. A flood of distinct lists
+/// (anyone who can send a dry-run review can send one) costs re-parsing, never memory.
 #[derive(Debug)]
 pub struct SpecCache {
-    parsed: Mutex<HashMap<String, Arc<IpSet>>>,
-    capacity: usize,
+    state: Mutex<CacheState>,
+    max_entries: usize,
+    max_bytes: usize,
+}
+
+#[derive(Debug, Default)]
+struct CacheState {
+    parsed: HashMap<Arc<str>, Arc<IpSet>>,
+    /// Keys in insertion order (sharing the map's text), oldest first.
+    order: VecDeque<Arc<str>>,
+    /// The sum of [`entry_bytes`] over the entries.
+    entries_bytes: usize,
+}
+
+/// Heap bytes one cached entry keeps: the key's allocation (text and the `Arc`'s two
+/// counters) and the set's (the `Arc` around the `IpSet`, and its ranges' capacity).
+fn entry_bytes(key: &str, set: &IpSet) -> usize {
+    const ARC_COUNTERS: usize = 2 * std::mem::size_of::<usize>();
+    ARC_COUNTERS + key.len() + ARC_COUNTERS + std::mem::size_of::<IpSet>() + set.heap_bytes()
+}
+
+impl CacheState {
+    /// Everything counted: entries plus the table's and the queue's capacity (a hash table
+    /// slot is the key-value pair and one control byte).
+    fn bytes(&self) -> usize {
+        let slot = std::mem::size_of::<(Arc<str>, Arc<IpSet>)>() + 1;
+        self.entries_bytes
+            + self.parsed.capacity() * slot
+            + self.order.capacity() * std::mem::size_of::<Arc<str>>()
+    }
+
+    fn evict_oldest(&mut self) -> bool {
+        let Some(key) = self.order.pop_front() else {
+            return false;
+        };
+        if let Some(set) = self.parsed.remove(&key) {
+            self.entries_bytes -= entry_bytes(&key, &set);
+        }
+        true
+    }
 }
 
 impl Default for SpecCache {
     fn default() -> Self {
-        SpecCache::with_capacity(1024)
+        SpecCache::bounded(SPEC_CACHE_ENTRIES, SPEC_CACHE_BYTES)
     }
 }
 
 impl SpecCache {
-    pub fn with_capacity(capacity: usize) -> SpecCache {
+    pub fn bounded(max_entries: usize, max_bytes: usize) -> SpecCache {
         SpecCache {
-            parsed: Mutex::new(HashMap::new()),
-            capacity: capacity.max(1),
+            state: Mutex::new(CacheState::default()),
+            max_entries: max_entries.max(1),
+            max_bytes,
         }
     }
 
     /// [`parse_ip_spec`], remembered. Errors are not cached (they are the rare path).
     pub fn parse(&self, spec: &str) -> Result<Arc<IpSet>, IpSpecError> {
-        if let Some(set) = self.lock().get(spec) {
+        if let Some(set) = self.lock().parsed.get(spec) {
             return Ok(set.clone());
         }
         let set = Arc::new(parse_ip_spec(spec)?);
-        let mut parsed = self.lock();
-        if parsed.len() >= self.capacity {
-            parsed.clear();
+        let cost = entry_bytes(spec, &set);
+        if cost > self.max_bytes / 4 {
+            return Ok(set);
         }
-        parsed.insert(spec.to_string(), set.clone());
+        let mut state = self.lock();
+        if state.parsed.contains_key(spec) {
+            return Ok(set);
+        }
+        let key: Arc<str> = Arc::from(spec);
+        state.parsed.insert(key.clone(), set.clone());
+        state.order.push_back(key);
+        state.entries_bytes += cost;
+        while (state.parsed.len() > self.max_entries || state.bytes() > self.max_bytes)
+            && state.evict_oldest()
+        {}
+        if state.parsed.capacity() > 2 * state.parsed.len().max(16) {
+            state.parsed.shrink_to_fit();
+            state.order.shrink_to_fit();
+        }
         Ok(set)
     }
 
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().parsed.len()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<IpSet>>> {
-        // the map is always consistent (single inserts), so a poisoned lock is still usable
-        self.parsed.lock().unwrap_or_else(|e| e.into_inner())
+    /// The bytes the cache holds, as its bound counts them.
+    pub fn bytes(&self) -> usize {
+        self.lock().bytes()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, CacheState> {
+        // every change leaves the state consistent before the next statement can panic, so a
+        // poisoned lock is still usable
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -360,7 +430,9 @@ pub fn parse_ip_spec_with(spec: &str, syntax: RangeSyntax) -> Result<IpSet, IpSp
             });
         }
     }
-    let set = IpSet::from_ranges(entries.into_iter().map(|(r, _, _)| r));
+    // sorted above: merged in one pass, without a second copy of every entry
+    let set = IpSet::merge_sorted(entries.iter().map(|(r, _, _)| *r));
+    drop(entries);
     let mapped = IpSet::from_ranges([IpRange {
         family: Family::V6,
         start: V4_MAPPED.0,
@@ -429,8 +501,16 @@ impl IpSet {
     pub fn from_ranges(ranges: impl IntoIterator<Item = IpRange>) -> IpSet {
         let mut ranges: Vec<IpRange> = ranges.into_iter().collect();
         ranges.sort();
-        let mut merged: Vec<IpRange> = Vec::with_capacity(ranges.len());
-        for range in ranges {
+        IpSet::merge_sorted(ranges)
+    }
+
+    /// Build from ranges already in ascending order, merging overlapping or adjacent ones.
+    /// The ranges' storage is cut to what the merged set needs: 17,000 adjacent IPs keep one
+    /// range, not room for 17,000.
+    fn merge_sorted(sorted: impl IntoIterator<Item = IpRange>) -> IpSet {
+        let mut merged: Vec<IpRange> = Vec::new();
+        for range in sorted {
+            debug_assert!(merged.last().is_none_or(|last| *last <= range));
             match merged.last_mut() {
                 Some(last)
                     if last.family == range.family && range.start <= last.end.saturating_add(1) =>
@@ -440,7 +520,13 @@ impl IpSet {
                 _ => merged.push(range),
             }
         }
+        merged.shrink_to_fit();
         IpSet { ranges: merged }
+    }
+
+    /// Heap bytes the set keeps allocated (its ranges' capacity).
+    pub fn heap_bytes(&self) -> usize {
+        self.ranges.capacity() * std::mem::size_of::<IpRange>()
     }
 
     pub fn from_ips(ips: impl IntoIterator<Item = IpAddr>) -> IpSet {
@@ -517,42 +603,60 @@ impl IpSet {
         IpSet::from_ranges(self.ranges.iter().chain(other.ranges.iter()).copied())
     }
 
+    /// Whether the sets share an IP: one pass over both (they are sorted and disjoint).
     pub fn intersects(&self, other: &IpSet) -> bool {
-        self.ranges
-            .iter()
-            .any(|a| other.ranges.iter().any(|b| a.overlaps(b)))
+        let (mut a, mut b) = (self.ranges.iter().peekable(), other.ranges.iter().peekable());
+        while let (Some(x), Some(y)) = (a.peek(), b.peek()) {
+            if x.overlaps(y) {
+                return true;
+            }
+            // the range that ends first cannot meet anything later in the other set
+            if (x.family, x.end) < (y.family, y.end) {
+                a.next();
+            } else {
+                b.next();
+            }
+        }
+        false
     }
 
-    /// `self` minus `other`.
+    /// `self` minus `other`: one pass over both.
     pub fn subtract(&self, other: &IpSet) -> IpSet {
+        let cuts = &other.ranges;
         let mut out = Vec::new();
+        let mut next_cut = 0;
         for range in &self.ranges {
-            let mut pieces = vec![*range];
-            for cut in other.ranges.iter().filter(|c| c.overlaps(range)) {
-                let mut next = Vec::new();
-                for piece in pieces {
-                    if !piece.overlaps(cut) {
-                        next.push(piece);
-                        continue;
-                    }
-                    if piece.start < cut.start {
-                        next.push(IpRange {
-                            end: cut.start - 1,
-                            ..piece
-                        });
-                    }
-                    if piece.end > cut.end {
-                        next.push(IpRange {
-                            start: cut.end + 1,
-                            ..piece
-                        });
-                    }
-                }
-                pieces = next;
+            // cuts wholly before this range meet no later range either
+            while next_cut < cuts.len()
+                && (cuts[next_cut].family, cuts[next_cut].end) < (range.family, range.start)
+            {
+                next_cut += 1;
             }
-            out.extend(pieces);
+            let mut rest = Some(*range);
+            while let Some(piece) = rest {
+                let Some(cut) = cuts.get(next_cut).filter(|cut| cut.overlaps(&piece)) else {
+                    break;
+                };
+                if piece.start < cut.start {
+                    out.push(IpRange {
+                        end: cut.start - 1,
+                        ..piece
+                    });
+                }
+                if cut.end < piece.end {
+                    rest = Some(IpRange {
+                        start: cut.end + 1,
+                        ..piece
+                    });
+                    // this cut is used up; one that reaches past the range may cut the next
+                    next_cut += 1;
+                } else {
+                    rest = None;
+                }
+            }
+            out.extend(rest);
         }
-        IpSet::from_ranges(out)
+        IpSet::merge_sorted(out)
     }
 
     /// Whether every IP of `self` lies in `other`.
@@ -661,7 +765,7 @@ mod tests {
     }
     #[test]
     fn spec_cache_returns_what_the_parser_returns_and_stays_bounded() {
-        let cache = SpecCache::with_capacity(2);
+        let cache = SpecCache::bounded(2, SPEC_CACHE_BYTES);
         let spec = "10.0.0.10,10.0.0.20-10.0.0.29";
         let first = cache.parse(spec).unwrap();
         assert_eq!(*first, parse_ip_spec(spec).unwrap());
@@ -682,6 +786,128 @@ mod tests {
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
+    }
+
+    /// `n` IPv4 addresses from 10.0.0.1 up, `step` apart: step 1 is one range, step 2 is `n`.
+    fn spaced_list(n: u32, step: u32) -> String {
+        let base = u32::from(std::net::Ipv4Addr::new(10, 0, 0, 1));
+        (0..n)
+            .map(|i| std::net::Ipv4Addr::from(base + i * step).to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    #[test]
+    fn a_parsed_list_keeps_room_for_its_ranges_not_its_entries() {
+        let adjacent = parse_ip_spec(&spaced_list(17_000, 1)).unwrap();
+        assert_eq!(adjacent.ranges().len(), 1);
+        assert_eq!(adjacent.heap_bytes(), std::mem::size_of::<IpRange>());
+        let every_other = parse_ip_spec(&spaced_list(17_000, 2)).unwrap();
+        assert_eq!(every_other.ranges().len(), 17_000);
+        assert_eq!(
+            every_other.heap_bytes(),
+            17_000 * std::mem::size_of::<IpRange>()
+        );
+        // set algebra keeps sets as tight
+        let odd = every_other.subtract(&parse_ip_spec("10.0.0.0/16").unwrap());
+        assert!(odd.is_empty());
+        assert_eq!(odd.heap_bytes(), 0);
+    }
+
+    #[test]
+    fn the_cache_stays_within_its_bytes_and_drops_the_oldest_first() {
+        let budget = 2 * 1024 * 1024;
+        let cache = SpecCache::bounded(SPEC_CACHE_ENTRIES, budget);
+        // about 260 KB of text each, like the largest annotation the API server stores
+        let lists: Vec<String> = (0..40u32)
+            .map(|i| {
+                let base = u32::from(std::net::Ipv4Addr::new(10, i as u8, 0, 1));
+                (0..20_000u32)
+                    .map(|k| std::net::Ipv4Addr::from(base + 2 * k).to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            })
+            .collect();
+        let mut costs = Vec::new();
+        for list in &lists {
+            let set = cache.parse(list).unwrap();
+            costs.push(entry_bytes(list, &set));
+            assert!(cache.bytes() <= budget, "{} > {budget}", cache.bytes());
+        }
+        // what an entry counts is its text and its ranges' capacity: about 1.2 MB here, more
+        // than a quarter of the budget, so none of these is kept
+        assert!(costs.iter().all(|c| *c > budget / 4), "{costs:?}");
+        assert_eq!(cache.len(), 0);
+        // lists of adjacent IPs are one range each: what they keep is mostly their text
+        // (about 66 KB each: 40 of them are more than the budget)
+        let small = SpecCache::bounded(SPEC_CACHE_ENTRIES, budget);
+        let adjacent: Vec<String> = (0..40u32)
+            .map(|i| {
+                let base = u32::from(std::net::Ipv4Addr::new(10, i as u8, 0, 1));
+                (0..6_000u32)
+                    .map(|k| std::net::Ipv4Addr::from(base + k).to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            })
+            .collect();
+        let first_parsed: Vec<Arc<IpSet>> = adjacent
+            .iter()
+            .map(|list| {
+                let set = small.parse(list).unwrap();
+                assert!(small.bytes() <= budget, "{} > {budget}", small.bytes());
+                set
+            })
+            .collect();
+        let kept = small.len();
+        assert!((1..40).contains(&kept), "{kept} of 40 kept");
+        // the newest were kept (a hit returns the same set), the oldest went first
+        for i in 40 - kept..40 {
+            let again = small.parse(&adjacent[i]).unwrap();
+            assert!(Arc::ptr_eq(&again, &first_parsed[i]), "list {i} was kept");
+        }
+        let again = small.parse(&adjacent[0]).unwrap();
+        assert!(!Arc::ptr_eq(&again, &first_parsed[0]), "list 0 was dropped");
+        assert_eq!(*again, parse_ip_spec(&adjacent[0]).unwrap());
+    }
+
+    /// The IPv4 values of a set over a small universe, one by one.
+    fn values(set: &IpSet) -> std::collections::BTreeSet<(Family, u128)> {
+        set.ranges()
+            .iter()
+            .flat_map(|r| (r.start..=r.end).map(move |v| (r.family, v)))
+            .collect()
+    }
+
+    #[test]
+    fn intersects_and_subtract_agree_with_ip_by_ip_answers() {
+        // a fixed pseudo-random walk over sets of both families in 0..64
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let mut random_set = || {
+            IpSet::from_ranges((0..(next() % 6)).map(|_| {
+                let start = (next() % 64) as u128;
+                let end = start + (next() % 8) as u128;
+                let family = if next() % 3 == 0 { Family::V6 } else { Family::V4 };
+                IpRange { family, start, end }
+            }))
+        };
+        for _ in 0..2_000 {
+            let (a, b) = (random_set(), random_set());
+            let (va, vb) = (values(&a), values(&b));
+            assert_eq!(a.intersects(&b), !va.is_disjoint(&vb), "{a} ∩ {b}");
+            let difference = a.subtract(&b);
+            assert_eq!(
+                values(&difference),
+                va.difference(&vb).copied().collect(),
+                "{a} - {b}"
+            );
+            assert_eq!(difference, IpSet::from_ranges(difference.ranges().to_vec()));
+        }
     }
 
     #[test]
