@@ -204,7 +204,7 @@ async fn serve_https(
             },
             _ = signal.changed() => break,
         };
-        let heard = Arc::new(AtomicBool::new(false));
+        let heard = Arc::new(AtomicBool::new(slots::has_sent(&tcp)));
         let slot = match slots.admit(heard.clone()) {
             Admission::Admitted(slot) => slot,
             Admission::Evicted(slot) => {
@@ -227,6 +227,9 @@ async fn serve_https(
         tokio::spawn(serve_connection(
             tcp, peer, slot, acceptor, webhook, limits, budget, signal,
         ));
+        // let the new connection read its ClientHello before more arrivals are weighed
+        // against it (under a flood, accept is always ready and would run on)
+        tokio::task::yield_now().await;
     }
     drop(listener);
     // every connection holds a permit until it ends; all of them back means all are done
