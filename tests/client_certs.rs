@@ -146,8 +146,16 @@ async fn only_clients_with_an_allowed_certificate_are_served() {
         let (pem, _) = &two_cns;
         let der = rustls::pki_types::CertificateDer::from_pem_slice(pem.as_bytes()).unwrap();
         let (_, parsed) = x509_parser::parse_x509_certificate(&der).unwrap();
-        assert_eq!(parsed.subject().iter_common_name().count(), 2, "{}", parsed.subject());
-        assert!(!served(&client_with(&server, Some(&two_cns))).await, "{names:?}");
+        assert_eq!(
+            parsed.subject().iter_common_name().count(),
+            2,
+            "{}",
+            parsed.subject()
+        );
+        assert!(
+            !served(&client_with(&server, Some(&two_cns))).await,
+            "{names:?}"
+        );
     }
     refused(&server, "name", 3).await;
     // an allowed DNS SAN does not make several CNs acceptable either
@@ -176,7 +184,10 @@ async fn only_clients_with_an_allowed_certificate_are_served() {
     );
     refused(&server, "untrusted", 2).await;
     // the right CA, a name not allowed: the CA matches, so the names are what to look at
-    options.client_pem = Some((intruder.0.clone().into_bytes(), intruder.1.clone().into_bytes()));
+    options.client_pem = Some((
+        intruder.0.clone().into_bytes(),
+        intruder.1.clone().into_bytes(),
+    ));
     let named = ip_webhook::ops::doctor::run(&options).await;
     let (_, detail) = admission(&named).expect("an admission check");
     assert!(

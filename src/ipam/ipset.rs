@@ -393,46 +393,37 @@ impl SpecCache {
     }
 }
 
-pub fn parse_ip_spec_with(spec: &str, syntax: RangeSyntax) -> Result<IpSet, IpSpecError> {
-    let mut entries: Vec<(IpRange, usize, &str)> = Vec::new();
-    for (position, raw) in spec
-        .split([',', '\n', ';'])
+/// The entries of a spec, trimmed, empty ones skipped.
+fn spec_entries(spec: &str) -> impl Iterator<Item = &str> {
+    spec.split([',', '\n', ';'])
         .map(str::trim)
         .filter(|e| !e.is_empty())
-        .enumerate()
-    {
-        let index = position + 1;
+}
+
+pub fn parse_ip_spec_with(spec: &str, syntax: RangeSyntax) -> Result<IpSet, IpSpecError> {
+    // One range per entry, at most one entry per separator: reserved once, so a list of
+    // 20,000 IPs holds 20,000 ranges while it is parsed, not room for 32,768 of them.
+    let most = 1 + spec
+        .bytes()
+        .filter(|b| matches!(b, b',' | b'\n' | b';'))
+        .count();
+    let mut ranges: Vec<IpRange> = Vec::with_capacity(most);
+    for (position, raw) in spec_entries(spec).enumerate() {
         let range = parse_entry(raw, syntax).map_err(|reason| IpSpecError::Entry {
-            index,
+            index: position + 1,
             entry: excerpt(raw),
             reason,
         })?;
-        entries.push((range, index, raw));
+        ranges.push(range);
     }
-    if entries.is_empty() {
+    if ranges.is_empty() {
         return Err(IpSpecError::Empty);
     }
-    entries.sort_by_key(|(range, index, _)| (*range, *index));
-    for pair in entries.windows(2) {
-        let (a, a_index, a_text) = pair[0];
-        let (b, b_index, b_text) = pair[1];
-        if a.overlaps(&b) {
-            let ((index, entry), (other_index, other)) = if a_index > b_index {
-                ((a_index, a_text), (b_index, b_text))
-            } else {
-                ((b_index, b_text), (a_index, a_text))
-            };
-            return Err(IpSpecError::Overlap {
-                index,
-                entry: excerpt(entry),
-                other_index,
-                other: excerpt(other),
-            });
-        }
+    ranges.sort_unstable();
+    if ranges.windows(2).any(|pair| pair[0].overlaps(&pair[1])) {
+        return Err(overlap(spec, syntax));
     }
-    // sorted above: merged in one pass, without a second copy of every entry
-    let set = IpSet::merge_sorted(entries.iter().map(|(r, _, _)| *r));
-    drop(entries);
+    let set = IpSet::merge_sorted(ranges);
     let mapped = IpSet::from_ranges([IpRange {
         family: Family::V6,
         start: V4_MAPPED.0,
@@ -443,6 +434,35 @@ pub fn parse_ip_spec_with(spec: &str, syntax: RangeSyntax) -> Result<IpSet, IpSp
     } else {
         set
     })
+}
+
+/// The error for a spec whose entries overlap (every entry parses): the first overlap in
+/// address order, naming the later entry and the one it overlaps. The rare path, so it
+/// parses again, keeping each entry's position and text.
+fn overlap(spec: &str, syntax: RangeSyntax) -> IpSpecError {
+    let mut entries: Vec<(IpRange, usize, &str)> = spec_entries(spec)
+        .enumerate()
+        .filter_map(|(position, raw)| Some((parse_entry(raw, syntax).ok()?, position + 1, raw)))
+        .collect();
+    entries.sort_by_key(|(range, index, _)| (*range, *index));
+    for pair in entries.windows(2) {
+        let (a, a_index, a_text) = pair[0];
+        let (b, b_index, b_text) = pair[1];
+        if a.overlaps(&b) {
+            let ((index, entry), (other_index, other)) = if a_index > b_index {
+                ((a_index, a_text), (b_index, b_text))
+            } else {
+                ((b_index, b_text), (a_index, a_text))
+            };
+            return IpSpecError::Overlap {
+                index,
+                entry: excerpt(entry),
+                other_index,
+                other: excerpt(other),
+            };
+        }
+    }
+    unreachable!("called for a spec with overlapping entries")
 }
 
 /// `::ffff:0.0.0.0/96`: IPv4-mapped IPv6 addresses.
@@ -500,28 +520,32 @@ impl IpSet {
     /// Build from any ranges: sorts and merges overlapping or adjacent ones.
     pub fn from_ranges(ranges: impl IntoIterator<Item = IpRange>) -> IpSet {
         let mut ranges: Vec<IpRange> = ranges.into_iter().collect();
-        ranges.sort();
+        ranges.sort_unstable();
         IpSet::merge_sorted(ranges)
     }
 
-    /// Build from ranges already in ascending order, merging overlapping or adjacent ones.
-    /// The ranges' storage is cut to what the merged set needs: 17,000 adjacent IPs keep one
-    /// range, not room for 17,000.
-    fn merge_sorted(sorted: impl IntoIterator<Item = IpRange>) -> IpSet {
-        let mut merged: Vec<IpRange> = Vec::new();
-        for range in sorted {
-            debug_assert!(merged.last().is_none_or(|last| *last <= range));
-            match merged.last_mut() {
+    /// Build from ranges already in ascending order, merging overlapping or adjacent ones in
+    /// place. The storage is then cut to what the merged set needs: 17,000 adjacent IPs keep
+    /// one range, not room for 17,000.
+    fn merge_sorted(mut ranges: Vec<IpRange>) -> IpSet {
+        let mut kept: usize = 0;
+        for i in 0..ranges.len() {
+            let range = ranges[i];
+            match kept.checked_sub(1).map(|last| &mut ranges[last]) {
                 Some(last)
                     if last.family == range.family && range.start <= last.end.saturating_add(1) =>
                 {
                     last.end = last.end.max(range.end);
                 }
-                _ => merged.push(range),
+                _ => {
+                    ranges[kept] = range;
+                    kept += 1;
+                }
             }
         }
-        merged.shrink_to_fit();
-        IpSet { ranges: merged }
+        ranges.truncate(kept);
+        ranges.shrink_to_fit();
+        IpSet { ranges }
     }
 
     /// Heap bytes the set keeps allocated (its ranges' capacity).
@@ -605,7 +629,10 @@ impl IpSet {
 
     /// Whether the sets share an IP: one pass over both (they are sorted and disjoint).
     pub fn intersects(&self, other: &IpSet) -> bool {
-        let (mut a, mut b) = (self.ranges.iter().peekable(), other.ranges.iter().peekable());
+        let (mut a, mut b) = (
+            self.ranges.iter().peekable(),
+            other.ranges.iter().peekable(),
+        );
         while let (Some(x), Some(y)) = (a.peek(), b.peek()) {
             if x.overlaps(y) {
                 return true;
@@ -883,7 +910,11 @@ mod tests {
             IpSet::from_ranges((0..(next() % 6)).map(|_| {
                 let start = (next() % 64) as u128;
                 let end = start + (next() % 8) as u128;
-                let family = if next() % 3 == 0 { Family::V6 } else { Family::V4 };
+                let family = if next() % 3 == 0 {
+                    Family::V6
+                } else {
+                    Family::V4
+                };
                 IpRange { family, start, end }
             }))
         };

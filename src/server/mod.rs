@@ -25,8 +25,8 @@ use admin::serve_admin;
 mod body;
 pub mod certs;
 mod slots;
-use slots::{Admission, HandshakeSlot, Noticing, Slots};
 use body::{BodyError, Held, discard, read_body};
+use slots::{Admission, HandshakeSlot, Noticing, Slots};
 pub mod logging;
 pub mod tls;
 

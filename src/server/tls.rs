@@ -232,7 +232,10 @@ impl ClientVerifier {
             let fresh = slot.get().is_none() && slot.set(names.to_vec()).is_ok();
             let same = |kept: &Vec<DistinguishedName>| {
                 kept.len() == names.len()
-                    && kept.iter().zip(names).all(|(a, b)| a.as_ref() == b.as_ref())
+                    && kept
+                        .iter()
+                        .zip(names)
+                        .all(|(a, b)| a.as_ref() == b.as_ref())
             };
             if fresh || slot.get().is_some_and(same) {
                 self.hint.store(index, Ordering::Release);

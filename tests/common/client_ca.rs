@@ -50,7 +50,10 @@ pub fn client_cert_with(ca: &Ca, subject: DistinguishedName, dns: &[&str]) -> (S
 }
 
 /// A client config that trusts the server's CA (PEM) and presents `cert` if given.
-pub fn client_config(server_ca: &[u8], cert: Option<&(String, String)>) -> Arc<rustls::ClientConfig> {
+pub fn client_config(
+    server_ca: &[u8],
+    cert: Option<&(String, String)>,
+) -> Arc<rustls::ClientConfig> {
     let mut roots = rustls::RootCertStore::empty();
     for c in CertificateDer::pem_slice_iter(server_ca) {
         roots.add(c.unwrap()).unwrap();

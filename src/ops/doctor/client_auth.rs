@@ -128,7 +128,11 @@ mod tests {
     #[test]
     fn a_refusal_says_what_was_asked_and_given() {
         let identity = ClientIdentity::new(None);
-        assert_eq!(identity.refusal(None), None, "not asked: not about certificates");
+        assert_eq!(
+            identity.refusal(None),
+            None,
+            "not asked: not about certificates"
+        );
         *identity.asked.lock().unwrap() = Some(vec!["CN=front-proxy CA".to_string()]);
         assert_eq!(
             identity
