@@ -139,15 +139,13 @@ pub(super) struct HandshakeSlot {
 
 impl HandshakeSlot {
     /// Resolves when the connection was closed to make room for a newer one.
-    pub(super) fn closed(&mut self) -> impl Future<Output = ()> + '_ {
-        async move {
-            match self.closed.as_mut() {
-                // the sender is dropped, never used: an error is the signal
-                Some(closed) => {
-                    let _ = closed.await;
-                }
-                None => std::future::pending().await,
+    pub(super) async fn closed(&mut self) {
+        match self.closed.as_mut() {
+            // the sender is dropped, never used: an error is the signal
+            Some(closed) => {
+                let _ = closed.await;
             }
+            None => std::future::pending().await,
         }
     }
 
