@@ -205,10 +205,12 @@ async fn serve_https(
             _ = signal.changed() => break,
         };
         let heard = Arc::new(AtomicBool::new(slots::has_sent(&tcp)));
+        let mut crowded = false;
         let slot = match slots.admit(heard.clone()) {
             Admission::Admitted(slot) => slot,
             Admission::Evicted(slot) => {
                 refused("handshake_evicted");
+                crowded = true;
                 slot
             }
             Admission::Refused => {
@@ -227,9 +229,12 @@ async fn serve_https(
         tokio::spawn(serve_connection(
             tcp, peer, slot, acceptor, webhook, limits, budget, signal,
         ));
-        // let the new connection read its ClientHello before more arrivals are weighed
-        // against it (under a flood, accept is always ready and would run on)
-        tokio::task::yield_now().await;
+        if crowded {
+            // let the new connection read its ClientHello before more arrivals are weighed
+            // against it (under a flood, accept is always ready and would run on); without
+            // pressure, accepting on lets a burst's requests reach the ledger together
+            tokio::task::yield_now().await;
+        }
     }
     drop(listener);
     // every connection holds a permit until it ends; all of them back means all are done
