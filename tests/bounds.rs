@@ -452,10 +452,13 @@ async fn silent_and_idle_connections_are_closed_on_time() {
 
     // descriptors: 200 silent connections, all given back after the read timeout
     let fds_idle = open_fds(pid);
-    let mut held = Vec::new();
-    for _ in 0..200 {
-        held.push(tls(addr, base.clone()).await.unwrap());
-    }
+    // opened all at once: one after another on a loaded machine, the first would meet their
+    // read timeout (1 s) before the last is open
+    let held: Vec<_> = futures::future::join_all((0..200).map(|_| tls(addr, base.clone())))
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
     let fds_held = open_fds(pid);
     tokio::time::sleep(Duration::from_secs(3)).await;
     let fds_after = open_fds(pid);
@@ -480,9 +483,22 @@ async fn connections_past_the_limit_are_refused_at_accept() {
     let server = TestServer::start(&["--max-connections", "3", "--read-timeout", "2s"]).await;
     let addr = server.launched.running.https_addr;
     let config = server.client.config.clone();
+    // three connections each served a request (a connection only the client thinks done with
+    // its TLS handshake could still be closed for a newcomer: see docs/security.md)
     let mut held = Vec::new();
     for _ in 0..3 {
-        held.push(tls(addr, config.clone()).await.unwrap());
+        let mut stream = tls(addr, with_alpn(&config, &[b"http/1.1"])).await.unwrap();
+        let body = FIXTURE.as_bytes();
+        let head = format!(
+            "POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        stream.write_all(head.as_bytes()).await.unwrap();
+        stream.write_all(body).await.unwrap();
+        let mut first = [0u8; 12];
+        stream.read_exact(&mut first).await.unwrap();
+        assert_eq!(&first, b"HTTP/1.1 200");
+        held.push(stream);
     }
     let refused = server.client.post("/mutate", FIXTURE).await;
     assert!(

@@ -5,78 +5,21 @@
 mod common;
 
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
+use common::client_ca::{ca, client_cert, client_cert_with, client_config};
 use common::{HttpsClient, TestServer};
 use ip_webhook::metrics::ReasonLabels;
-use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
-    Issuer, KeyPair, KeyUsagePurpose,
-};
+use rcgen::{DistinguishedName, DnType};
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 const FIXTURE: &str = include_str!("fixtures/pod-create-v1.json");
 
-struct Ca {
-    pem: String,
-    issuer: Issuer<'static, KeyPair>,
-}
-
-fn ca(name: &str) -> Ca {
-    let key = KeyPair::generate().unwrap();
-    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    let mut dn = DistinguishedName::new();
-    dn.push(DnType::CommonName, name);
-    params.distinguished_name = dn;
-    let cert = params.self_signed(&key).unwrap();
-    Ca {
-        pem: cert.pem(),
-        issuer: Issuer::new(params, key),
-    }
-}
-
-/// A client certificate with this CN and these DNS SANs, signed by `ca`: (chain PEM, key PEM).
-fn client_cert(ca: &Ca, common_name: &str, dns: &[&str]) -> (String, String) {
-    let key = KeyPair::generate().unwrap();
-    let mut params =
-        CertificateParams::new(dns.iter().map(|d| d.to_string()).collect::<Vec<_>>()).unwrap();
-    let mut dn = DistinguishedName::new();
-    dn.push(DnType::CommonName, common_name);
-    params.distinguished_name = dn;
-    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-    let cert = params.signed_by(&key, &ca.issuer).unwrap();
-    (cert.pem(), key.serialize_pem())
-}
-
 fn client_with(server: &TestServer, cert: Option<&(String, String)>) -> HttpsClient {
     let ca = std::fs::read(server.state_dir.path().join("ca.crt")).unwrap();
-    let mut roots = rustls::RootCertStore::empty();
-    for c in CertificateDer::pem_slice_iter(&ca) {
-        roots.add(c.unwrap()).unwrap();
-    }
-    let builder = rustls::ClientConfig::builder_with_provider(ip_webhook::server::tls::provider())
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots);
-    let mut config = match cert {
-        Some((chain, key)) => builder
-            .with_client_auth_cert(
-                CertificateDer::pem_slice_iter(chain.as_bytes())
-                    .map(Result::unwrap)
-                    .collect(),
-                PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap(),
-            )
-            .unwrap(),
-        None => builder.with_no_client_auth(),
-    };
-    config.resumption = rustls::client::Resumption::disabled();
     HttpsClient {
         addr: server.launched.running.https_addr,
-        config: Arc::new(config),
+        config: client_config(&ca, cert),
     }
 }
 
@@ -158,13 +101,15 @@ async fn only_clients_with_an_allowed_certificate_are_served() {
             .find(|c| c.name == "admission")
             .map(|c| (c.status, c.detail.clone()))
     };
+    // without one: the check says the server asked for one, and of which CA
     let without = ip_webhook::ops::doctor::run(&options).await;
+    let (status, detail) = admission(&without).expect("an admission check");
+    assert_eq!(status, ip_webhook::ops::doctor::Status::Fail);
     assert!(
-        matches!(
-            admission(&without),
-            Some((ip_webhook::ops::doctor::Status::Fail, _)) | None
-        ),
-        "{without:#?}"
+        detail.contains(
+            "the server asked for a client certificate (it wants one signed by CN=front-proxy CA) and none was given"
+        ) && detail.contains("TLS alert CertificateRequired"),
+        "{detail}"
     );
     options.client_pem = Some((
         apiserver.0.clone().into_bytes(),
@@ -191,11 +136,65 @@ async fn only_clients_with_an_allowed_certificate_are_served() {
     assert!(!served(&client_with(&server, Some(&intruder))).await);
     refused(&server, "name", 1).await;
 
+    // several CNs: refused whichever is allowed and in whatever order (x509 allows repeated
+    // attributes; rcgen writes the second CN under its OID)
+    for names in [["evil", "kube-apiserver"], ["kube-apiserver", "evil"]] {
+        let mut subject = DistinguishedName::new();
+        subject.push(DnType::CommonName, names[0]);
+        subject.push(DnType::CustomDnType(vec![2, 5, 4, 3]), names[1]);
+        let two_cns = client_cert_with(&first, subject, &[]);
+        let (pem, _) = &two_cns;
+        let der = rustls::pki_types::CertificateDer::from_pem_slice(pem.as_bytes()).unwrap();
+        let (_, parsed) = x509_parser::parse_x509_certificate(&der).unwrap();
+        assert_eq!(
+            parsed.subject().iter_common_name().count(),
+            2,
+            "{}",
+            parsed.subject()
+        );
+        assert!(
+            !served(&client_with(&server, Some(&two_cns))).await,
+            "{names:?}"
+        );
+    }
+    refused(&server, "name", 3).await;
+    // an allowed DNS SAN does not make several CNs acceptable either
+    let mut subject = DistinguishedName::new();
+    subject.push(DnType::CommonName, "evil");
+    subject.push(DnType::CustomDnType(vec![2, 5, 4, 3]), "kube-apiserver");
+    let with_san = client_cert_with(&first, subject, &["apiserver.example"]);
+    assert!(!served(&client_with(&server, Some(&with_san))).await);
+    refused(&server, "name", 4).await;
+
     // another CA, an allowed name
     let other = ca("someone else's CA");
     let forged = client_cert(&other, "kube-apiserver", &[]);
     assert!(!served(&client_with(&server, Some(&forged))).await);
     refused(&server, "untrusted", 1).await;
+    // `check` with it: the CA wanted and the one that signed it
+    options.client_pem = Some((forged.0.clone().into_bytes(), forged.1.clone().into_bytes()));
+    let wrong = ip_webhook::ops::doctor::run(&options).await;
+    let (status, detail) = admission(&wrong).expect("an admission check");
+    assert_eq!(status, ip_webhook::ops::doctor::Status::Fail);
+    assert!(
+        detail.contains(
+            "the server asked for a client certificate (it wants one signed by CN=front-proxy CA); the one given is signed by CN=someone else's CA"
+        ) && detail.contains("TLS alert UnknownCA"),
+        "{detail}"
+    );
+    refused(&server, "untrusted", 2).await;
+    // the right CA, a name not allowed: the CA matches, so the names are what to look at
+    options.client_pem = Some((
+        intruder.0.clone().into_bytes(),
+        intruder.1.clone().into_bytes(),
+    ));
+    let named = ip_webhook::ops::doctor::run(&options).await;
+    let (_, detail) = admission(&named).expect("an admission check");
+    assert!(
+        detail.contains("--client-allowed-names") && detail.contains("TLS alert AccessDenied"),
+        "{detail}"
+    );
+    refused(&server, "name", 5).await;
 
     // the CA file replaced: the new CA's clients are served, the old one's refused
     write(&ca_file, &other.pem);

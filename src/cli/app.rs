@@ -407,6 +407,18 @@ pub async fn launch(args: &ServeArgs) -> anyhow::Result<Launched> {
     if args.max_connections == 0 {
         anyhow::bail!("--max-connections must be at least 1");
     }
+    let max_handshakes = args
+        .max_handshakes
+        .unwrap_or_else(|| server::default_max_handshakes(args.max_connections));
+    if max_handshakes == 0 || max_handshakes > args.max_connections {
+        anyhow::bail!(
+            "--max-handshakes {max_handshakes} must be between 1 and --max-connections ({})",
+            args.max_connections
+        );
+    }
+    if args.handshake_timeout.is_zero() {
+        anyhow::bail!("--handshake-timeout must be more than zero");
+    }
     let metrics = Arc::new(Metrics::new());
     metrics.set_max_apps(args.metrics_max_apps);
     let Built {
@@ -479,8 +491,9 @@ pub async fn launch(args: &ServeArgs) -> anyhow::Result<Launched> {
         drain: args.shutdown_grace,
         idle: args.idle_timeout,
         max_connections: args.max_connections,
+        max_handshakes,
+        handshake: args.handshake_timeout,
         max_inflight_bytes: args.max_inflight_bytes,
-        ..Limits::default()
     };
     let ready = Arc::new(AtomicBool::new(false));
     let running = server::start(

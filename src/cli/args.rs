@@ -511,6 +511,14 @@ pub struct ServeArgs {
     /// HTTPS connections served at once; more are closed as they are accepted.
     #[arg(long, default_value_t = crate::server::DEFAULT_MAX_CONNECTIONS, value_name = "N")]
     pub max_connections: usize,
+    /// Of --max-connections, how many may be in their TLS handshake at once (default: a
+    /// quarter); past it, or with every slot taken, the oldest handshaking connection is closed
+    /// for the newcomer.
+    #[arg(long, value_name = "N")]
+    pub max_handshakes: Option<usize>,
+    /// Deadline for a client to finish its TLS handshake from its connection's accept.
+    #[arg(long, default_value = "3s", value_parser = parse_duration, value_name = "DURATION")]
+    pub handshake_timeout: Duration,
     /// Request body bytes held at once (declared lengths count whole); past it, 503 before
     /// reading. At least 7Mi (one largest review). Suffixes Ki, Mi, Gi.
     #[arg(long, default_value = "64Mi", value_parser = parse_size, value_name = "BYTES")]

@@ -10,11 +10,9 @@
 //! An [`IpSet`] keeps, per address family, sorted disjoint inclusive ranges of integers, so a
 //! /8 or a /64 costs one range, and the n-th address of a set is a binary search away.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
-use std::sync::{Arc, Mutex};
 
 use ipnet::IpNet;
 
@@ -272,95 +270,37 @@ pub fn parse_ip_spec(spec: &str) -> Result<IpSet, IpSpecError> {
     parse_ip_spec_with(spec, RangeSyntax::Dash)
 }
 
-/// Parsed specs by their text: every pod of an app carries the same `allocatable-ips`
-/// annotation, so each admission would otherwise parse the same list again. Bounded: when full
-/// it starts over (specs are few; a flood of distinct ones only costs re-parsing).
-#[derive(Debug)]
-pub struct SpecCache {
-    parsed: Mutex<HashMap<String, Arc<IpSet>>>,
-    capacity: usize,
-}
-
-impl Default for SpecCache {
-    fn default() -> Self {
-        SpecCache::with_capacity(1024)
-    }
-}
-
-impl SpecCache {
-    pub fn with_capacity(capacity: usize) -> SpecCache {
-        SpecCache {
-            parsed: Mutex::new(HashMap::new()),
-            capacity: capacity.max(1),
-        }
-    }
-
-    /// [`parse_ip_spec`], remembered. Errors are not cached (they are the rare path).
-    pub fn parse(&self, spec: &str) -> Result<Arc<IpSet>, IpSpecError> {
-        if let Some(set) = self.lock().get(spec) {
-            return Ok(set.clone());
-        }
-        let set = Arc::new(parse_ip_spec(spec)?);
-        let mut parsed = self.lock();
-        if parsed.len() >= self.capacity {
-            parsed.clear();
-        }
-        parsed.insert(spec.to_string(), set.clone());
-        Ok(set)
-    }
-
-    pub fn len(&self) -> usize {
-        self.lock().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<IpSet>>> {
-        // the map is always consistent (single inserts), so a poisoned lock is still usable
-        self.parsed.lock().unwrap_or_else(|e| e.into_inner())
-    }
+/// The entries of a spec, trimmed, empty ones skipped.
+fn spec_entries(spec: &str) -> impl Iterator<Item = &str> {
+    spec.split([',', '\n', ';'])
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
 }
 
 pub fn parse_ip_spec_with(spec: &str, syntax: RangeSyntax) -> Result<IpSet, IpSpecError> {
-    let mut entries: Vec<(IpRange, usize, &str)> = Vec::new();
-    for (position, raw) in spec
-        .split([',', '\n', ';'])
-        .map(str::trim)
-        .filter(|e| !e.is_empty())
-        .enumerate()
-    {
-        let index = position + 1;
+    // One range per entry, at most one entry per separator: reserved once, so a list of
+    // 20,000 IPs holds 20,000 ranges while it is parsed, not room for 32,768 of them.
+    let most = 1 + spec
+        .bytes()
+        .filter(|b| matches!(b, b',' | b'\n' | b';'))
+        .count();
+    let mut ranges: Vec<IpRange> = Vec::with_capacity(most);
+    for (position, raw) in spec_entries(spec).enumerate() {
         let range = parse_entry(raw, syntax).map_err(|reason| IpSpecError::Entry {
-            index,
+            index: position + 1,
             entry: excerpt(raw),
             reason,
         })?;
-        entries.push((range, index, raw));
+        ranges.push(range);
     }
-    if entries.is_empty() {
+    if ranges.is_empty() {
         return Err(IpSpecError::Empty);
     }
-    entries.sort_by_key(|(range, index, _)| (*range, *index));
-    for pair in entries.windows(2) {
-        let (a, a_index, a_text) = pair[0];
-        let (b, b_index, b_text) = pair[1];
-        if a.overlaps(&b) {
-            let ((index, entry), (other_index, other)) = if a_index > b_index {
-                ((a_index, a_text), (b_index, b_text))
-            } else {
-                ((b_index, b_text), (a_index, a_text))
-            };
-            return Err(IpSpecError::Overlap {
-                index,
-                entry: excerpt(entry),
-                other_index,
-                other: excerpt(other),
-            });
-        }
+    ranges.sort_unstable();
+    if ranges.windows(2).any(|pair| pair[0].overlaps(&pair[1])) {
+        return Err(overlap(spec, syntax));
     }
-    let set = IpSet::from_ranges(entries.into_iter().map(|(r, _, _)| r));
+    let set = IpSet::merge_sorted(ranges);
     let mapped = IpSet::from_ranges([IpRange {
         family: Family::V6,
         start: V4_MAPPED.0,
@@ -371,6 +311,35 @@ pub fn parse_ip_spec_with(spec: &str, syntax: RangeSyntax) -> Result<IpSet, IpSp
     } else {
         set
     })
+}
+
+/// The error for a spec whose entries overlap (every entry parses): the first overlap in
+/// address order, naming the later entry and the one it overlaps. The rare path, so it
+/// parses again, keeping each entry's position and text.
+fn overlap(spec: &str, syntax: RangeSyntax) -> IpSpecError {
+    let mut entries: Vec<(IpRange, usize, &str)> = spec_entries(spec)
+        .enumerate()
+        .filter_map(|(position, raw)| Some((parse_entry(raw, syntax).ok()?, position + 1, raw)))
+        .collect();
+    entries.sort_by_key(|(range, index, _)| (*range, *index));
+    for pair in entries.windows(2) {
+        let (a, a_index, a_text) = pair[0];
+        let (b, b_index, b_text) = pair[1];
+        if a.overlaps(&b) {
+            let ((index, entry), (other_index, other)) = if a_index > b_index {
+                ((a_index, a_text), (b_index, b_text))
+            } else {
+                ((b_index, b_text), (a_index, a_text))
+            };
+            return IpSpecError::Overlap {
+                index,
+                entry: excerpt(entry),
+                other_index,
+                other: excerpt(other),
+            };
+        }
+    }
+    unreachable!("called for a spec with overlapping entries")
 }
 
 /// `::ffff:0.0.0.0/96`: IPv4-mapped IPv6 addresses.
@@ -428,19 +397,37 @@ impl IpSet {
     /// Build from any ranges: sorts and merges overlapping or adjacent ones.
     pub fn from_ranges(ranges: impl IntoIterator<Item = IpRange>) -> IpSet {
         let mut ranges: Vec<IpRange> = ranges.into_iter().collect();
-        ranges.sort();
-        let mut merged: Vec<IpRange> = Vec::with_capacity(ranges.len());
-        for range in ranges {
-            match merged.last_mut() {
+        ranges.sort_unstable();
+        IpSet::merge_sorted(ranges)
+    }
+
+    /// Build from ranges already in ascending order, merging overlapping or adjacent ones in
+    /// place. The storage is then cut to what the merged set needs: 17,000 adjacent IPs keep
+    /// one range, not room for 17,000.
+    fn merge_sorted(mut ranges: Vec<IpRange>) -> IpSet {
+        let mut kept: usize = 0;
+        for i in 0..ranges.len() {
+            let range = ranges[i];
+            match kept.checked_sub(1).map(|last| &mut ranges[last]) {
                 Some(last)
                     if last.family == range.family && range.start <= last.end.saturating_add(1) =>
                 {
                     last.end = last.end.max(range.end);
                 }
-                _ => merged.push(range),
+                _ => {
+                    ranges[kept] = range;
+                    kept += 1;
+                }
             }
         }
-        IpSet { ranges: merged }
+        ranges.truncate(kept);
+        ranges.shrink_to_fit();
+        IpSet { ranges }
+    }
+
+    /// Heap bytes the set keeps allocated (its ranges' capacity).
+    pub fn heap_bytes(&self) -> usize {
+        self.ranges.capacity() * std::mem::size_of::<IpRange>()
     }
 
     pub fn from_ips(ips: impl IntoIterator<Item = IpAddr>) -> IpSet {
@@ -517,42 +504,63 @@ impl IpSet {
         IpSet::from_ranges(self.ranges.iter().chain(other.ranges.iter()).copied())
     }
 
+    /// Whether the sets share an IP: one pass over both (they are sorted and disjoint).
     pub fn intersects(&self, other: &IpSet) -> bool {
-        self.ranges
-            .iter()
-            .any(|a| other.ranges.iter().any(|b| a.overlaps(b)))
+        let (mut a, mut b) = (
+            self.ranges.iter().peekable(),
+            other.ranges.iter().peekable(),
+        );
+        while let (Some(x), Some(y)) = (a.peek(), b.peek()) {
+            if x.overlaps(y) {
+                return true;
+            }
+            // the range that ends first cannot meet anything later in the other set
+            if (x.family, x.end) < (y.family, y.end) {
+                a.next();
+            } else {
+                b.next();
+            }
+        }
+        false
     }
 
-    /// `self` minus `other`.
+    /// `self` minus `other`: one pass over both.
     pub fn subtract(&self, other: &IpSet) -> IpSet {
+        let cuts = &other.ranges;
         let mut out = Vec::new();
+        let mut next_cut = 0;
         for range in &self.ranges {
-            let mut pieces = vec![*range];
-            for cut in other.ranges.iter().filter(|c| c.overlaps(range)) {
-                let mut next = Vec::new();
-                for piece in pieces {
-                    if !piece.overlaps(cut) {
-                        next.push(piece);
-                        continue;
-                    }
-                    if piece.start < cut.start {
-                        next.push(IpRange {
-                            end: cut.start - 1,
-                            ..piece
-                        });
-                    }
-                    if piece.end > cut.end {
-                        next.push(IpRange {
-                            start: cut.end + 1,
-                            ..piece
-                        });
-                    }
-                }
-                pieces = next;
+            // cuts wholly before this range meet no later range either
+            while next_cut < cuts.len()
+                && (cuts[next_cut].family, cuts[next_cut].end) < (range.family, range.start)
+            {
+                next_cut += 1;
             }
-            out.extend(pieces);
+            let mut rest = Some(*range);
+            while let Some(piece) = rest {
+                let Some(cut) = cuts.get(next_cut).filter(|cut| cut.overlaps(&piece)) else {
+                    break;
+                };
+                if piece.start < cut.start {
+                    out.push(IpRange {
+                        end: cut.start - 1,
+                        ..piece
+                    });
+                }
+                if cut.end < piece.end {
+                    rest = Some(IpRange {
+                        start: cut.end + 1,
+                        ..piece
+                    });
+                    // this cut is used up; one that reaches past the range may cut the next
+                    next_cut += 1;
+                } else {
+                    rest = None;
+                }
+            }
+            out.extend(rest);
         }
-        IpSet::from_ranges(out)
+        IpSet::merge_sorted(out)
     }
 
     /// Whether every IP of `self` lies in `other`.
@@ -659,29 +667,78 @@ mod tests {
             }
         }
     }
-    #[test]
-    fn spec_cache_returns_what_the_parser_returns_and_stays_bounded() {
-        let cache = SpecCache::with_capacity(2);
-        let spec = "10.0.0.10,10.0.0.20-10.0.0.29";
-        let first = cache.parse(spec).unwrap();
-        assert_eq!(*first, parse_ip_spec(spec).unwrap());
-        assert!(
-            Arc::ptr_eq(&first, &cache.parse(spec).unwrap()),
-            "second parse is a hit"
-        );
-        assert_eq!(
-            cache.parse("10.0.0.300").unwrap_err(),
-            parse_ip_spec("10.0.0.300").unwrap_err()
-        );
-        assert_eq!(cache.len(), 1, "errors are not cached");
-        cache.parse("10.0.1.0/30").unwrap();
-        cache.parse("fd00::1").unwrap();
-        assert!(cache.len() <= 2, "bounded: {}", cache.len());
-        assert_eq!(*cache.parse(spec).unwrap(), parse_ip_spec(spec).unwrap());
-    }
-
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
+    }
+
+    /// `n` IPv4 addresses from 10.0.0.1 up, `step` apart: step 1 is one range, step 2 is `n`.
+    fn spaced_list(n: u32, step: u32) -> String {
+        let base = u32::from(std::net::Ipv4Addr::new(10, 0, 0, 1));
+        (0..n)
+            .map(|i| std::net::Ipv4Addr::from(base + i * step).to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    #[test]
+    fn a_parsed_list_keeps_room_for_its_ranges_not_its_entries() {
+        let adjacent = parse_ip_spec(&spaced_list(17_000, 1)).unwrap();
+        assert_eq!(adjacent.ranges().len(), 1);
+        assert_eq!(adjacent.heap_bytes(), std::mem::size_of::<IpRange>());
+        let every_other = parse_ip_spec(&spaced_list(17_000, 2)).unwrap();
+        assert_eq!(every_other.ranges().len(), 17_000);
+        assert_eq!(
+            every_other.heap_bytes(),
+            17_000 * std::mem::size_of::<IpRange>()
+        );
+        // set algebra keeps sets as tight
+        let odd = every_other.subtract(&parse_ip_spec("10.0.0.0/16").unwrap());
+        assert!(odd.is_empty());
+        assert_eq!(odd.heap_bytes(), 0);
+    }
+
+    /// The IPv4 values of a set over a small universe, one by one.
+    fn values(set: &IpSet) -> std::collections::BTreeSet<(Family, u128)> {
+        set.ranges()
+            .iter()
+            .flat_map(|r| (r.start..=r.end).map(move |v| (r.family, v)))
+            .collect()
+    }
+
+    #[test]
+    fn intersects_and_subtract_agree_with_ip_by_ip_answers() {
+        // a fixed pseudo-random walk over sets of both families in 0..64
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let mut random_set = || {
+            IpSet::from_ranges((0..(next() % 6)).map(|_| {
+                let start = (next() % 64) as u128;
+                let end = start + (next() % 8) as u128;
+                let family = if next() % 3 == 0 {
+                    Family::V6
+                } else {
+                    Family::V4
+                };
+                IpRange { family, start, end }
+            }))
+        };
+        for _ in 0..2_000 {
+            let (a, b) = (random_set(), random_set());
+            let (va, vb) = (values(&a), values(&b));
+            assert_eq!(a.intersects(&b), !va.is_disjoint(&vb), "{a} ∩ {b}");
+            let difference = a.subtract(&b);
+            assert_eq!(
+                values(&difference),
+                va.difference(&vb).copied().collect(),
+                "{a} - {b}"
+            );
+            assert_eq!(difference, IpSet::from_ranges(difference.ranges().to_vec()));
+        }
     }
 
     #[test]

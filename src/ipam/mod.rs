@@ -1,5 +1,6 @@
-//! IP address management: IP math and sets ([`ipset`], [`overlap`]), pools ([`pools`]) and
-//! the allocator that picks and frees IPs over the ledger ([`allocator`]).
+//! IP address management: IP math and sets ([`ipset`], [`overlap`]), parsed lists kept for
+//! reuse ([`spec_cache`]), pools ([`pools`]) and the allocator that picks and frees IPs over
+//! the ledger ([`allocator`]).
 
 pub mod allocator;
 pub mod foreign;
@@ -8,4 +9,5 @@ pub mod ipset;
 pub mod messages;
 pub mod overlap;
 pub mod pools;
+pub mod spec_cache;
 pub mod usage;

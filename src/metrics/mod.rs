@@ -460,12 +460,12 @@ impl Metrics {
             drop(client_cert_refusals.get_or_create(&ReasonLabels { reason }));
         }
         let load_refusals = Family::<ReasonLabels, Counter>::default();
-        for reason in ["max_connections", "max_inflight_bytes"] {
+        for reason in ["max_connections", "handshake_evicted", "max_inflight_bytes"] {
             drop(load_refusals.get_or_create(&ReasonLabels { reason }));
         }
         registry.register(
             "load_refusals",
-            "Connections (max_connections) and requests (max_inflight_bytes) refused by the load limits",
+            "Connections refused at accept (max_connections) or closed in their TLS handshake to make room (handshake_evicted), and requests refused (max_inflight_bytes), by the load limits",
             load_refusals.clone(),
         );
         let tls_checks = Counter::default();

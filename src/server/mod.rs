@@ -6,7 +6,9 @@
 //! AdmissionReview, 500 (counted) if a handler panics. Slow clients are cut off: the TLS
 //! handshake, the request head and the body each have a deadline.
 //!
-//! Load is bounded before it is buffered: at most `max_connections` connections (more are
+//! Load is bounded before it is buffered: at most `max_connections` connections, of which at
+//! most `max_handshakes` still in the TLS handshake (a handshaking connection never keeps a
+//! slot from a newcomer, see [`slots`]; with every slot past its handshake, a newcomer is
 //! closed at accept), at most `max_inflight_bytes` of request bodies held at once (a request
 //! past it gets a 503 before its body is read: a declared `Content-Length` is reserved whole
 //! up front). A connection that has done its TLS handshake must send a request head (or the
@@ -22,7 +24,9 @@ mod admin;
 use admin::serve_admin;
 mod body;
 pub mod certs;
+mod slots;
 use body::{BodyError, Held, discard, read_body};
+use slots::{Admission, HandshakeSlot, Noticing, Slots};
 pub mod logging;
 pub mod tls;
 
@@ -68,6 +72,9 @@ pub struct Limits {
     pub idle: Duration,
     /// Connections served at once (`--max-connections`); more are closed at accept.
     pub max_connections: usize,
+    /// Of those, connections still in their TLS handshake (`--max-handshakes`); past it the
+    /// oldest is closed ([`slots`]).
+    pub max_handshakes: usize,
     /// Request body bytes held at once (`--max-inflight-bytes`); past it, 503.
     pub max_inflight_bytes: usize,
 }
@@ -76,6 +83,13 @@ pub struct Limits {
 pub const DEFAULT_MAX_INFLIGHT_BYTES: usize = 64 * 1024 * 1024;
 /// The default of `--max-connections`.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+/// The default of `--handshake-timeout`: a TLS handshake takes milliseconds.
+pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The default of `--max-handshakes`: a quarter of the connections (at least one).
+pub fn default_max_handshakes(max_connections: usize) -> usize {
+    max_connections.div_ceil(4).max(1)
+}
 /// The HTTP/2 preface (24 bytes) and the header of the SETTINGS frame that must follow it.
 const H2_PREFACE_AND_SETTINGS: u64 = 24 + 9;
 /// hyper's HTTP/1 read buffer per connection (its default is about 400 KB).
@@ -89,12 +103,13 @@ const H2_MAX_HEADER_LIST: u32 = 64 * 1024;
 impl Default for Limits {
     fn default() -> Self {
         Limits {
-            handshake: Duration::from_secs(10),
+            handshake: DEFAULT_HANDSHAKE_TIMEOUT,
             header_read: Duration::from_secs(10),
             body_read: Duration::from_secs(10),
             drain: Duration::from_secs(25),
             idle: Duration::from_secs(90),
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_handshakes: default_max_handshakes(DEFAULT_MAX_CONNECTIONS),
             max_inflight_bytes: DEFAULT_MAX_INFLIGHT_BYTES,
         }
     }
@@ -166,10 +181,17 @@ async fn serve_https(
     mut signal: watch::Receiver<bool>,
 ) {
     let max_connections = limits.max_connections.clamp(1, u32::MAX as usize);
-    let connections = Arc::new(Semaphore::new(max_connections));
+    let slots = Slots::new(max_connections, limits.max_handshakes);
     let budget = Arc::new(Semaphore::new(
         limits.max_inflight_bytes.min(Semaphore::MAX_PERMITS),
     ));
+    let refused = |reason| {
+        webhook
+            .metrics
+            .load_refusals
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    };
     loop {
         let (tcp, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -182,32 +204,42 @@ async fn serve_https(
             },
             _ = signal.changed() => break,
         };
-        let Ok(permit) = connections.clone().try_acquire_owned() else {
-            // closed at once: nothing of it is buffered, and the kernel's queue stays short
-            webhook
-                .metrics
-                .load_refusals
-                .get_or_create(&ReasonLabels {
-                    reason: "max_connections",
-                })
-                .inc();
-            drop(tcp);
-            continue;
+        let heard = Arc::new(AtomicBool::new(slots::has_sent(&tcp)));
+        let mut crowded = false;
+        let slot = match slots.admit(heard.clone()) {
+            Admission::Admitted(slot) => slot,
+            Admission::Evicted(slot) => {
+                refused("handshake_evicted");
+                crowded = true;
+                slot
+            }
+            Admission::Refused => {
+                // closed at once: nothing of it is buffered, and the kernel's queue stays short
+                refused("max_connections");
+                drop(tcp);
+                continue;
+            }
         };
         let _ = tcp.set_nodelay(true);
+        let tcp = Noticing { inner: tcp, heard };
         let acceptor = acceptor.clone();
         let webhook = webhook.clone();
         let budget = budget.clone();
         let signal = signal.clone();
-        tokio::spawn(async move {
-            serve_connection(tcp, peer, acceptor, webhook, limits, budget, signal).await;
-            drop(permit);
-        });
+        tokio::spawn(serve_connection(
+            tcp, peer, slot, acceptor, webhook, limits, budget, signal,
+        ));
+        if crowded {
+            // let the new connection read its ClientHello before more arrivals are weighed
+            // against it (under a flood, accept is always ready and would run on); without
+            // pressure, accepting on lets a burst's requests reach the ledger together
+            tokio::task::yield_now().await;
+        }
     }
     drop(listener);
     // every connection holds a permit until it ends; all of them back means all are done
     let all = u32::try_from(max_connections).unwrap_or(u32::MAX);
-    if tokio::time::timeout(limits.drain, connections.acquire_many(all))
+    if tokio::time::timeout(limits.drain, slots.total.acquire_many(all))
         .await
         .is_err()
     {
@@ -336,16 +368,27 @@ fn client_refusal(error: &std::io::Error) -> Option<&'static str> {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn serve_connection(
-    tcp: tokio::net::TcpStream,
+    tcp: Noticing<tokio::net::TcpStream>,
     peer: SocketAddr,
+    mut slot: HandshakeSlot,
     acceptor: TlsAcceptor,
     webhook: Arc<Webhook>,
     limits: Limits,
     budget: Arc<Semaphore>,
     mut signal: watch::Receiver<bool>,
 ) {
-    let stream = match tokio::time::timeout(limits.handshake, acceptor.accept(tcp)).await {
+    let handshake = tokio::time::timeout(limits.handshake, acceptor.accept(tcp));
+    let handshake = tokio::select! {
+        done = handshake => done,
+        () = slot.closed() => {
+            tracing::debug!(%peer, "closing a connection still in its TLS handshake to make room");
+            return;
+        }
+        _ = signal.changed() => return,
+    };
+    let stream = match handshake {
         Ok(Ok(stream)) => stream,
         Ok(Err(error)) => {
             if let Some(reason) = client_refusal(&error) {
@@ -362,6 +405,11 @@ async fn serve_connection(
             tracing::debug!(%peer, "TLS handshake timed out");
             return;
         }
+    };
+    // past the handshake (with a client CA: the API server's certificate shown), the
+    // connection keeps its slot until it ends
+    let Some(_permit) = slot.established() else {
+        return;
     };
     let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
     let activity = Arc::new(Activity::new());

@@ -10,11 +10,13 @@
 //!
 //! With `--client-ca-file`, a client certificate chaining to that CA is required (rustls'
 //! `WebPkiClientVerifier` behind the same kind of swap, reloaded the same way), and with
-//! `--client-allowed-names` its CN or a DNS SAN must be one of the names.
+//! `--client-allowed-names` its CN (a subject with several CNs is refused) or a DNS SAN must be
+//! one of the names.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -173,11 +175,24 @@ pub fn client_ca_verifier(pem: &[u8], name: &str) -> Result<Arc<dyn ClientCertVe
         .map_err(|e| bad(e.to_string()))
 }
 
+/// Distinct client CA bundles whose names one process sends as hints; past them, no hints.
+const HINT_SLOTS: usize = 32;
+
 /// Requires a client certificate: chaining to the current CA (swapped on reload), and with
 /// allowed names, naming one of them as its CN or a DNS SAN.
+///
+/// Each CertificateRequest names the current bundle's CA subjects (the `certificate_authorities`
+/// a Go server sends from its `ClientCAs` too), so a client learns which CA is wanted: Go's
+/// client sends its certificate only when its chain names one of them, and `check` prints
+/// them. rustls borrows the names for as long as the verifier, and the bundle can change under
+/// it: each distinct list is written once into a slot of its own and the current one is an
+/// index, so no reload frees names a handshake may still read.
 pub struct ClientVerifier {
     current: ArcSwap<Arc<dyn ClientCertVerifier>>,
     allowed: Vec<String>,
+    hints: [OnceLock<Vec<DistinguishedName>>; HINT_SLOTS],
+    /// The slot of the current bundle's names; `HINT_SLOTS` for none.
+    hint: AtomicUsize,
 }
 
 impl fmt::Debug for ClientVerifier {
@@ -190,18 +205,47 @@ impl fmt::Debug for ClientVerifier {
 
 impl ClientVerifier {
     pub fn new(verifier: Arc<dyn ClientCertVerifier>, allowed: Vec<String>) -> ClientVerifier {
-        ClientVerifier {
-            current: ArcSwap::from_pointee(verifier),
+        let client = ClientVerifier {
+            current: ArcSwap::from_pointee(verifier.clone()),
             allowed: allowed
                 .into_iter()
                 .map(|n| n.trim().to_string())
                 .filter(|n| !n.is_empty())
                 .collect(),
-        }
+            hints: [const { OnceLock::new() }; HINT_SLOTS],
+            hint: AtomicUsize::new(HINT_SLOTS),
+        };
+        client.store_hints(&*verifier);
+        client
     }
 
     pub fn store(&self, verifier: Arc<dyn ClientCertVerifier>) {
+        self.store_hints(&*verifier);
         self.current.store(Arc::new(verifier));
+    }
+
+    /// Point the hints at `verifier`'s CA names: the slot that holds the same list, or a
+    /// free one; with none free, send no names (clients then send what they have).
+    fn store_hints(&self, verifier: &dyn ClientCertVerifier) {
+        let names = verifier.root_hint_subjects();
+        for (index, slot) in self.hints.iter().enumerate() {
+            let fresh = slot.get().is_none() && slot.set(names.to_vec()).is_ok();
+            let same = |kept: &Vec<DistinguishedName>| {
+                kept.len() == names.len()
+                    && kept
+                        .iter()
+                        .zip(names)
+                        .all(|(a, b)| a.as_ref() == b.as_ref())
+            };
+            if fresh || slot.get().is_some_and(same) {
+                self.hint.store(index, Ordering::Release);
+                return;
+            }
+        }
+        tracing::warn!(
+            "{HINT_SLOTS} client CA bundles were loaded since the start: the client CA's names are no longer sent to clients"
+        );
+        self.hint.store(HINT_SLOTS, Ordering::Release);
     }
 
     fn inner(&self) -> Arc<Arc<dyn ClientCertVerifier>> {
@@ -209,6 +253,9 @@ impl ClientVerifier {
     }
 
     /// Whether the certificate's CN or one of its DNS SANs is allowed (any, with no list).
+    /// A subject with several CNs is refused whatever they say: which one a client means is
+    /// ambiguous (`CN=evil, CN=kube-apiserver`), and a CA that signs such a subject signs
+    /// whatever it is sent.
     fn name_allowed(&self, der: &[u8]) -> bool {
         if self.allowed.is_empty() {
             return true;
@@ -216,10 +263,11 @@ impl ClientVerifier {
         let Ok((_, cert)) = x509_parser::parse_x509_certificate(der) else {
             return false;
         };
-        let common_names = cert
-            .subject()
-            .iter_common_name()
-            .filter_map(|cn| cn.as_str().ok().map(str::to_string));
+        let mut subject_cns = cert.subject().iter_common_name();
+        let common_name = match (subject_cns.next(), subject_cns.next()) {
+            (_, Some(_)) => return false,
+            (one, None) => one.and_then(|cn| cn.as_str().ok().map(str::to_string)),
+        };
         let dns_names = cert
             .subject_alternative_name()
             .ok()
@@ -235,7 +283,8 @@ impl ClientVerifier {
                     .collect::<Vec<_>>()
             })
             .unwrap_or_default();
-        common_names
+        common_name
+            .into_iter()
             .chain(dns_names)
             .any(|name| self.allowed.iter().any(|a| a.eq_ignore_ascii_case(&name)))
     }
@@ -250,9 +299,11 @@ impl ClientCertVerifier for ClientVerifier {
         true
     }
 
-    /// No hints: the CA can change under us, and clients send their one certificate anyway.
     fn root_hint_subjects(&self) -> &[DistinguishedName] {
-        &[]
+        self.hints
+            .get(self.hint.load(Ordering::Acquire))
+            .and_then(OnceLock::get)
+            .map_or(&[], Vec::as_slice)
     }
 
     fn verify_client_cert(

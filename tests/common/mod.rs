@@ -2,6 +2,7 @@
 //! in-process or as the real binary, and AdmissionReview builders.
 #![allow(dead_code)]
 
+pub mod client_ca;
 pub mod ports;
 
 use std::io::{BufRead, BufReader};

@@ -14,10 +14,12 @@ use serde::Serialize;
 use tokio::net::TcpStream;
 
 mod certs;
+mod client_auth;
 mod prometheus;
 mod url;
 
 use certs::{Inspector, cluster_bundle_check, expiry_check};
+use client_auth::{ClientIdentity, alert_in};
 use prometheus::{capacity_check, leader_check};
 pub use url::{UrlError, split_url};
 
@@ -99,40 +101,66 @@ pub fn harmless_review() -> Vec<u8> {
     .expect("a JSON value serializes")
 }
 
+/// What a request's failure said, and the TLS alert behind it if the server sent one.
+type Failure = (String, Option<rustls::AlertDescription>);
+
 async fn http_request<S>(
     stream: S,
     method: http::Method,
     host: &str,
     path: &str,
     body: Vec<u8>,
-) -> Result<(http::StatusCode, Vec<u8>), String>
+) -> Result<(http::StatusCode, Vec<u8>), Failure>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
-        .map_err(|e| format!("HTTP handshake: {e}"))?;
-    let driver = tokio::spawn(connection);
+        .map_err(|e| (format!("HTTP handshake: {e}"), alert_in(&e)))?;
+    let mut driver = tokio::spawn(connection);
     let request = http::Request::builder()
         .method(method)
         .uri(path)
         .header(http::header::HOST, host)
         .header(http::header::CONTENT_TYPE, "application/json")
         .body(Full::new(Bytes::from(body)))
-        .map_err(|e| e.to_string())?;
-    let response = sender
-        .send_request(request)
-        .await
-        .map_err(|e| format!("request failed: {e}"))?;
+        .map_err(|e| (e.to_string(), None))?;
+    let response = match sender.send_request(request).await {
+        Ok(response) => response,
+        Err(e) => {
+            // the request only hears "canceled"; the connection holds what the server said
+            let alert = match tokio::time::timeout(Duration::from_secs(1), &mut driver).await {
+                Ok(Ok(Err(connection))) => alert_in(&connection),
+                _ => None,
+            }
+            .or_else(|| alert_in(&e));
+            driver.abort();
+            return Err((format!("request failed: {e}"), alert));
+        }
+    };
     let status = response.status();
     let bytes = response
         .into_body()
         .collect()
         .await
-        .map_err(|e| format!("reading the answer: {e}"))?
+        .map_err(|e| (format!("reading the answer: {e}"), alert_in(&e)))?
         .to_bytes();
     driver.abort();
     Ok((status, bytes.to_vec()))
+}
+
+/// A PEM chain and key as rustls presents them.
+fn certified_key(chain: &[u8], key: &[u8]) -> Result<rustls::sign::CertifiedKey, String> {
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(chain)
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("the client certificate file: {e}"))?;
+    if chain.is_empty() {
+        return Err("the client certificate file holds no PEM certificate".into());
+    }
+    let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(key)
+        .map_err(|e| format!("the client key file: {e}"))?;
+    rustls::sign::CertifiedKey::from_der(chain, key, &crate::server::tls::provider())
+        .map_err(|e| e.to_string())
 }
 
 fn snippet(body: &[u8]) -> String {
@@ -207,35 +235,21 @@ async fn webhook_checks(options: &Options, checks: &mut Vec<Check>) {
         .expect("ring supports TLS 1.2 and 1.3")
         .dangerous()
         .with_custom_certificate_verifier(inspector.clone());
-    let mut config = match &options.client_pem {
-        None => builder.with_no_client_auth(),
-        Some((chain, key)) => {
-            use rustls::pki_types::pem::PemObject;
-            let chain: Result<Vec<_>, _> =
-                rustls::pki_types::CertificateDer::pem_slice_iter(chain).collect();
-            let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(key);
-            let identity = match (chain, key) {
-                (Ok(chain), Ok(key)) if !chain.is_empty() => builder
-                    .with_client_auth_cert(chain, key)
-                    .map_err(|e| e.to_string()),
-                (Ok(_), Ok(_)) => {
-                    Err("the client certificate file holds no PEM certificate".into())
-                }
-                (Err(e), _) => Err(format!("the client certificate file: {e}")),
-                (_, Err(e)) => Err(format!("the client key file: {e}")),
-            };
-            match identity {
-                Ok(config) => config,
-                Err(e) => {
-                    return checks.push(check(
-                        "webhook",
-                        Status::Fail,
-                        format!("cannot use the client certificate: {e}"),
-                    ));
-                }
+    let key = match &options.client_pem {
+        None => None,
+        Some((chain, key)) => match certified_key(chain, key) {
+            Ok(key) => Some(key),
+            Err(e) => {
+                return checks.push(check(
+                    "webhook",
+                    Status::Fail,
+                    format!("cannot use the client certificate: {e}"),
+                ));
             }
-        }
+        },
     };
+    let identity = Arc::new(ClientIdentity::new(key));
+    let mut config = builder.with_client_cert_resolver(identity.clone());
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     let name = options.server_name.clone().unwrap_or_else(|| host.clone());
     let server_name = match ServerName::try_from(name.clone()) {
@@ -263,7 +277,13 @@ async fn webhook_checks(options: &Options, checks: &mut Vec<Check>) {
         tokio_rustls::TlsConnector::from(Arc::new(config))
             .connect(server_name, tcp)
             .await
-            .map_err(|e| format!("TLS handshake with {address} failed: {e}"))
+            .map_err(|e| {
+                let refusal = identity.refusal(alert_in(&e));
+                format!(
+                    "TLS handshake with {address} failed: {}",
+                    refusal.unwrap_or_else(|| e.to_string())
+                )
+            })
     })
     .await
     .unwrap_or_else(|_| {
@@ -335,9 +355,12 @@ async fn webhook_checks(options: &Options, checks: &mut Vec<Check>) {
         ),
     )
     .await
-    .unwrap_or_else(|_| Err(format!("no answer within {:?}", options.timeout)));
+    .unwrap_or_else(|_| Err((format!("no answer within {:?}", options.timeout), None)));
     checks.push(match answer {
-        Err(e) => check("admission", Status::Fail, format!("POST {path}: {e}")),
+        Err((e, alert)) => {
+            let e = identity.refusal(alert).unwrap_or(e);
+            check("admission", Status::Fail, format!("POST {path}: {e}"))
+        }
         Ok((status, body)) if status != http::StatusCode::OK => check(
             "admission",
             Status::Fail,
@@ -384,7 +407,9 @@ async fn admin_get(
         let tcp = TcpStream::connect(&address)
             .await
             .map_err(|e| format!("cannot connect to {address}: {e}"))?;
-        http_request(tcp, http::Method::GET, &address, path, Vec::new()).await
+        http_request(tcp, http::Method::GET, &address, path, Vec::new())
+            .await
+            .map_err(|(e, _)| e)
     })
     .await
     .unwrap_or_else(|_| {

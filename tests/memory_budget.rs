@@ -1,0 +1,190 @@
+//! Memory under a flood of distinct allocatable lists: the real binary, 250 dry-run Pod CREATEs
+//! over HTTPS, each with its own list as large as Kubernetes lets an annotation be, and the
+//! server's resident memory read from /proc. Dry runs record nothing, so all that could grow is
+//! what parsing keeps: the parse cache (bounded in bytes) and the sets (sized by their ranges).
+
+mod common;
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use common::{BinaryServer, pod, review};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::ServerName;
+use serde_json::Value;
+
+/// The API server's limit on all of an object's annotations together, keys included
+/// (apimachinery `TotalAnnotationSizeLimitB`, `pkg/api/validation/objectmeta.go`).
+const ANNOTATION_LIMIT: usize = 256 * 1024;
+const KEY: &str = "ip-webhook.io/allocatable-ips";
+const PLACEHOLDER: &str = "@@list@@";
+/// The bound the issue set: resident memory stays less than this over idle through the flood.
+const RSS_BOUND_KIB: u64 = 64 * 1024;
+
+/// IPv4 addresses from 10.0.0.1, `step` apart, as many as fit in `room` bytes of list: step 1
+/// collapses into one range, step 2 is one range per IP.
+fn tail(step: u32, room: usize) -> String {
+    let base = u32::from(std::net::Ipv4Addr::new(10, 0, 0, 1));
+    let mut text = String::new();
+    for k in 0.. {
+        let ip = std::net::Ipv4Addr::from(base + k * step).to_string();
+        if text.len() + 1 + ip.len() > room {
+            break;
+        }
+        text.push(',');
+        text.push_str(&ip);
+    }
+    text
+}
+
+/// List `n`: an IP of its own (10.255.x.y, so every list's text differs and none is a cache
+/// hit) and then `tail`, as large together as the annotation limit allows.
+fn list_head(n: u32) -> String {
+    std::net::Ipv4Addr::from(u32::from(std::net::Ipv4Addr::new(10, 255, 0, 0)) + n).to_string()
+}
+
+/// `VmRSS` or `VmHWM` of `pid`, in KiB.
+fn memory_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status
+        .lines()
+        .find(|l| l.starts_with(&format!("{field}:")))
+        .unwrap_or_else(|| panic!("{field} in /proc/{pid}/status"));
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// One keep-alive HTTPS connection that posts reviews to /mutate and returns each response.
+struct Connection {
+    sender: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+}
+
+impl Connection {
+    async fn open(server: &BinaryServer, config: Arc<rustls::ClientConfig>) -> Connection {
+        let tcp = tokio::net::TcpStream::connect(server.https_addr)
+            .await
+            .unwrap();
+        let tls = tokio_rustls::TlsConnector::from(config)
+            .connect(ServerName::try_from("localhost").unwrap(), tcp)
+            .await
+            .unwrap();
+        let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        Connection { sender }
+    }
+
+    async fn mutate(&mut self, body: Vec<u8>) -> Value {
+        let request = hyper::Request::post("/mutate")
+            .header("host", "localhost")
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .unwrap();
+        let response = self.sender.send_request(request).await.unwrap();
+        assert_eq!(response.status(), 200);
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        serde_json::from_slice::<Value>(&body).unwrap()["response"].clone()
+    }
+}
+
+/// Send dry-run CREATEs, one per list head in `heads`, each with `tail` after its head, over
+/// two connections at once; every one must be allowed (its list parsed and used).
+async fn flood(
+    server: &BinaryServer,
+    config: &Arc<rustls::ClientConfig>,
+    heads: Vec<u32>,
+    tail: &Arc<String>,
+) {
+    // the review around a placeholder, the list spliced in as text (it needs no escaping):
+    // serializing 256 KiB through serde_json per request would be most of this test's time
+    let template = review(
+        "v1",
+        "flood",
+        "CREATE",
+        Some(pod("flood", "web", "web-", Some(PLACEHOLDER))),
+        None,
+        true,
+    )
+    .to_string();
+    let (before, after) = template.split_once(PLACEHOLDER).unwrap();
+    let (before, after) = (Arc::new(before.to_string()), Arc::new(after.to_string()));
+    let halves: Vec<Vec<u32>> = vec![
+        heads.iter().copied().step_by(2).collect(),
+        heads.iter().copied().skip(1).step_by(2).collect(),
+    ];
+    let mut tasks = Vec::new();
+    for half in halves {
+        let mut connection = Connection::open(server, config.clone()).await;
+        let (before, after, tail) = (before.clone(), after.clone(), tail.clone());
+        tasks.push(tokio::spawn(async move {
+            for n in half {
+                let head = list_head(n);
+                let mut body =
+                    String::with_capacity(before.len() + head.len() + tail.len() + after.len());
+                body.push_str(&before);
+                body.push_str(&head);
+                body.push_str(&tail);
+                body.push_str(&after);
+                let response = connection.mutate(body.into_bytes()).await;
+                assert_eq!(response["allowed"], true, "{response}");
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn distinct_lists_as_large_as_an_annotation_do_not_grow_memory() {
+    let state = tempfile::tempdir().unwrap();
+    let server = BinaryServer::start(&[
+        "--state-dir",
+        state.path().to_str().unwrap(),
+        "--ledger",
+        "embedded",
+    ]);
+    let pid = server.child.id();
+    let ca = std::fs::read(state.path().join("ca.crt")).unwrap();
+    let config = common::client_config(&ca);
+    // as large as the API server lets the annotations be (the head is at most 14 bytes)
+    let room = ANNOTATION_LIMIT - KEY.len() - 14;
+    let plain = Arc::new(tail(1, room));
+    let every_other = Arc::new(tail(2, room));
+    assert!(KEY.len() + list_head(255).len() + every_other.len() <= ANNOTATION_LIMIT);
+    assert!(every_other.len() > room - 16, "filled to the limit");
+    let plain_ips = plain.split(',').count();
+    let every_other_ips = every_other.split(',').count();
+    assert!(
+        every_other_ips >= 17_000,
+        "{every_other_ips} single-IP ranges"
+    );
+
+    // idle, after one review has warmed up TLS and the handler
+    flood(
+        &server,
+        &config,
+        vec![1000],
+        &Arc::new(",10.1.0.1".to_string()),
+    )
+    .await;
+    let idle = memory_kib(pid, "VmRSS");
+
+    // 125 plain lists: each collapses into one range (and its head)
+    flood(&server, &config, (0..125).collect(), &plain).await;
+    let after_plain = memory_kib(pid, "VmRSS");
+    let peak_plain = memory_kib(pid, "VmHWM");
+    // 125 lists of single IPs: one range per IP
+    flood(&server, &config, (125..250).collect(), &every_other).await;
+    let after_every_other = memory_kib(pid, "VmRSS");
+    let peak = memory_kib(pid, "VmHWM");
+    eprintln!(
+        "RSS idle {idle} KiB; after 125 plain lists ({plain_ips} IPs, 1 range each) {after_plain} KiB (peak {peak_plain} KiB); after 125 every-other-IP lists ({every_other_ips} ranges each) {after_every_other} KiB (peak {peak} KiB)"
+    );
+    assert!(
+        peak - idle < RSS_BOUND_KIB,
+        "peak RSS {peak} KiB through the flood is {} KiB over idle ({idle} KiB), past {RSS_BOUND_KIB} KiB",
+        peak - idle
+    );
+}
