@@ -512,7 +512,10 @@ fn defaults_render_the_documented_webhooks() {
     assert_eq!(ipclaims["failurePolicy"], "Fail");
     assert_eq!(
         rule_summary(ipclaims),
-        summary(&[("ip-webhook.io", "ipclaims", "UPDATE,DELETE")])
+        summary(&[
+            ("ip-webhook.io", "ipclaims", "UPDATE,DELETE"),
+            ("ip-webhook.io", "ipclaims/status", "UPDATE"),
+        ])
     );
     assert_eq!(
         ipclaims["matchConditions"][0]["name"],
