@@ -381,6 +381,24 @@ impl Allocator {
             .collect()
     }
 
+    /// Every claim `pod` holds, found by who it is (its UID, its claim token) rather than by
+    /// the IPs it shows: a pod whose annotations or label were stripped still holds its
+    /// claims. In every ledger mode the index holds every claim (embedded and memory: this
+    /// process made them; kubernetes and etcd: the ledger's watch adds the other replicas').
+    pub fn claims_of(&self, pod: &PodIdentity<'_>) -> Vec<Claim> {
+        let state = self.lock();
+        let mut found: Vec<Claim> = Vec::new();
+        for key in [pod.uid, pod.token].into_iter().flatten() {
+            for claim in state.by_pod.claims(key, &state.claims, |c| {
+                c.is_held() && held_by(c, pod) && !found.iter().any(|f| f.ip == c.ip)
+            }) {
+                found.push(claim.clone());
+            }
+        }
+        found.sort_by_key(|c| ip_key(&c.ip));
+        found
+    }
+
     /// Step the claims on `ips` that `pod` holds to `next(claim)`'s phase, through the ledger
     /// ([`claim::may_step`] decides). Returns the claims changed, as they now are.
     async fn step(
@@ -425,9 +443,11 @@ impl Allocator {
         .await
     }
 
-    /// A Pod DELETE was admitted: the pod's claims on `ips` turn `Terminating` until
-    /// `release_at` (unix seconds). The IPs stay held; [`Allocator::release_due`] frees them
-    /// once the time has come and the pod is gone. A deletion already seen changes nothing.
+    /// A Pod DELETE was admitted: the pod's claims turn `Terminating` until `release_at`
+    /// (unix seconds): those on `ips` (what it carries) and every other claim it holds by UID
+    /// or token ([`Allocator::claims_of`]). The IPs stay held; [`Allocator::release_due`]
+    /// frees them once the time has come and the pod is gone. A deletion already seen changes
+    /// nothing.
     pub async fn terminate(
         &self,
         pod: &PodIdentity<'_>,
@@ -435,7 +455,9 @@ impl Allocator {
         release_at: u64,
     ) -> Result<Vec<Claim>, LedgerError> {
         let now = unix_now();
-        self.step(pod, ips, |current| {
+        let mut all: Vec<IpAddr> = self.claims_of(pod).iter().map(|c| c.ip).collect();
+        all.extend(ips.iter().filter(|ip| !all.contains(ip)).copied().collect::<Vec<_>>());
+        self.step(pod, &all, |current| {
             matches!(current.phase, Phase::Reserved | Phase::Bound)
                 .then(|| claim::terminating(current, pod, release_at, now))
         })
