@@ -15,7 +15,7 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use common::{TestServer, allocated_ip, apply, create, eventually, message, pod, review};
+use common::{TestServer, apply, create, eventually, message, pod, review};
 use fakeapi::FakeApi;
 use ip_webhook::ledger::Phase;
 use k8s_openapi::api::core::v1::Pod;
@@ -102,13 +102,18 @@ impl Mode {
         };
         stored["metadata"]["name"] = json!(name);
         stored["metadata"]["uid"] = json!(format!("uid-{name}"));
-        let validated = self.server.validate(&create(&next_uid("v"), stored.clone())).await;
-        if validated["allowed"] != true {
-            return Err(message(&validated));
-        }
+        // in-cluster the API server's store picks the UID: stored first, validated with it
         if let Some(pods) = &self.pods {
             let pod: Pod = serde_json::from_value(stored.clone()).unwrap();
-            pods.create(&Default::default(), &pod).await.unwrap();
+            let created = pods.create(&Default::default(), &pod).await.unwrap();
+            stored = serde_json::to_value(&created).unwrap();
+        }
+        let validated = self.server.validate(&create(&next_uid("v"), stored.clone())).await;
+        if validated["allowed"] != true {
+            if let Some(pods) = &self.pods {
+                pods.delete(name, &DeleteParams::default()).await.unwrap();
+            }
+            return Err(message(&validated));
         }
         Ok(stored)
     }

@@ -357,6 +357,13 @@ impl Allocator {
                         made.push(claim);
                         continue;
                     }
+                    // the record is this pod's own claim, which the index did not show (a
+                    // shared ledger's relist can drop a claim for a moment): it is the pod's
+                    Ok(Recorded::HeldBy(holder)) if holder.is_held() && held_by(&holder, &requester(request)) => {
+                        // (`record` has put it back in the index)
+                        allocation.token = holder.token.clone();
+                        continue;
+                    }
                     Ok(Recorded::HeldBy(holder)) => {
                         AllocError::Conflict(conflict_message(ip, &request.pod, &holder))
                     }
@@ -561,6 +568,16 @@ impl Allocator {
             tracing::warn!(ip = %claim.ip, %error, "could not roll back a partial claim");
         }
         self.lock().unhold(claim);
+    }
+}
+
+/// The pod of `request` as the claim rules see it, its token the one it carries.
+fn requester<'a>(request: &'a AllocationRequest<'_>) -> PodIdentity<'a> {
+    PodIdentity {
+        namespace: &request.pod.namespace,
+        name: &request.pod.name,
+        uid: request.pod.uid.as_deref(),
+        token: Some(request.token),
     }
 }
 
@@ -1017,6 +1034,64 @@ mod tests {
             "{err}"
         );
         assert_eq!(alloc.claims().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_pods_own_claim_missing_from_the_index_is_still_its_own() {
+        let alloc = allocator().await;
+        let set = parse_ip_spec("10.16.0.16").unwrap();
+        let ip: IpAddr = "10.16.0.16".parse().unwrap();
+        let mut mutated = request(&set, pod(""), "m-1");
+        mutated.token = "tok-a";
+        alloc.claim_static(&[ip], &mutated).await.unwrap();
+        // a shared ledger's relist that has not seen the claim yet
+        alloc.replace_all(Vec::new());
+        assert!(alloc.holder(&ip).is_none());
+        let mut validated = request(&set, pod("web-a"), "v-1");
+        validated.token = "tok-a";
+        let own = alloc.claim_static(&[ip], &validated).await.unwrap();
+        assert_eq!(own.token, "tok-a");
+        assert_eq!(alloc.holder(&ip).unwrap().request_uid, "m-1");
+        // another pod, another token: refused as before
+        alloc.replace_all(Vec::new());
+        let mut other = request(&set, pod("web-b"), "v-2");
+        other.token = "tok-b";
+        assert!(matches!(
+            alloc.claim_static(&[ip], &other).await,
+            Err(AllocError::Conflict(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_pods_claims_are_found_by_uid_and_token_and_its_delete_terminates_them() {
+        let alloc = allocator().await;
+        let set = parse_ip_spec("10.16.0.20-10.16.0.21,fd00::20").unwrap();
+        let mut req = request(&set, pod(""), "m-1");
+        req.token = "tok-a";
+        let granted = alloc.allocate(&req).await.unwrap();
+        assert_eq!(granted.ips.len(), 2);
+        let by_token = identity("", "tok-a");
+        assert_eq!(alloc.claims_of(&by_token).len(), 2);
+        let bound = PodIdentity {
+            uid: Some("uid-a"),
+            ..identity("web-a", "tok-a")
+        };
+        assert_eq!(alloc.bind(&bound, &granted.ips, false).await.unwrap().len(), 2);
+        // the DELETE of the pod stripped of its annotations, label and token: found by UID
+        let stripped = PodIdentity {
+            uid: Some("uid-a"),
+            token: None,
+            ..identity("web-a", "")
+        };
+        assert_eq!(alloc.claims_of(&stripped).len(), 2);
+        assert!(alloc.claims_of(&PodIdentity { uid: Some("uid-b"), ..stripped }).is_empty());
+        let terminating = alloc.terminate(&stripped, &[], 0).await.unwrap();
+        assert_eq!(terminating.len(), 2);
+        assert!(terminating.iter().all(|c| c.phase == Phase::Terminating));
+        let released = alloc.release_due(unix_now(), None).await;
+        assert_eq!(released.len(), 2);
+        assert!(alloc.claims().is_empty());
+        assert!(alloc.claims_of(&stripped).is_empty());
     }
 
     #[tokio::test]
