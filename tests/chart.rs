@@ -1870,7 +1870,9 @@ fn pod_cases() -> Vec<PodCase> {
         },
         PodCase {
             name: "claim token only",
-            pod: meta(json!({"annotations": {"ip-webhook.io/claim": "0123456789abcdef0123456789abcdef"}})),
+            pod: meta(
+                json!({"annotations": {"ip-webhook.io/claim": "0123456789abcdef0123456789abcdef"}}),
+            ),
             wants_ip: false,
             holds_ip: true,
             marked: true,
@@ -1886,7 +1888,9 @@ fn pod_cases() -> Vec<PodCase> {
         },
         PodCase {
             name: "Calico ipAddrsNoIpam",
-            pod: meta(json!({"annotations": {"cni.projectcalico.org/ipAddrsNoIpam": "[\"10.0.0.9\"]"}})),
+            pod: meta(
+                json!({"annotations": {"cni.projectcalico.org/ipAddrsNoIpam": "[\"10.0.0.9\"]"}}),
+            ),
             wants_ip: true,
             holds_ip: true,
             marked: false,
@@ -1894,7 +1898,9 @@ fn pod_cases() -> Vec<PodCase> {
         },
         PodCase {
             name: "Kube-OVN ip_pool list",
-            pod: meta(json!({"annotations": {"ovn.kubernetes.io/ip_pool": "10.16.0.10,10.16.0.11"}})),
+            pod: meta(
+                json!({"annotations": {"ovn.kubernetes.io/ip_pool": "10.16.0.10,10.16.0.11"}}),
+            ),
             wants_ip: false,
             holds_ip: false,
             marked: false,

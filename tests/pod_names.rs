@@ -91,7 +91,10 @@ impl Mode {
     /// A pod admitted as the API server does it: `/mutate`, the patch applied, the name and
     /// UID set, `/validate` (which binds the claim to the UID), then stored (in-cluster).
     async fn admit(&self, object: Value, name: &str) -> Result<Value, String> {
-        let mutated = self.server.mutate(&create(&next_uid("m"), object.clone())).await;
+        let mutated = self
+            .server
+            .mutate(&create(&next_uid("m"), object.clone()))
+            .await;
         if mutated["allowed"] != true {
             return Err(message(&mutated));
         }
@@ -108,7 +111,10 @@ impl Mode {
             let created = pods.create(&Default::default(), &pod).await.unwrap();
             stored = serde_json::to_value(&created).unwrap();
         }
-        let validated = self.server.validate(&create(&next_uid("v"), stored.clone())).await;
+        let validated = self
+            .server
+            .validate(&create(&next_uid("v"), stored.clone()))
+            .await;
         if validated["allowed"] != true {
             if let Some(pods) = &self.pods {
                 pods.delete(name, &DeleteParams::default()).await.unwrap();
@@ -135,7 +141,14 @@ impl Mode {
     /// The pod's DELETE review (grace 0; `stored` as the API server stores it), then the pod
     /// is gone.
     async fn delete(&self, stored: &Value) {
-        let mut delete = review("v1", &next_uid("d"), "DELETE", None, Some(stored.clone()), false);
+        let mut delete = review(
+            "v1",
+            &next_uid("d"),
+            "DELETE",
+            None,
+            Some(stored.clone()),
+            false,
+        );
         delete["request"]["name"] = stored["metadata"]["name"].clone();
         delete["request"]["options"] = json!({"gracePeriodSeconds": 0});
         let answer = self.server.mutate(&delete).await;
@@ -161,7 +174,10 @@ async fn updates_cannot_move_or_strip_a_claimed_pods_ip(mode: Mode) {
         .admit(pod("default", "web", "web-", Some(list)), "web-a")
         .await
         .unwrap();
-    assert_eq!(a["metadata"]["labels"]["ip-webhook.io/allocated-ip"], "10.2.0.1");
+    assert_eq!(
+        a["metadata"]["labels"]["ip-webhook.io/allocated-ip"],
+        "10.2.0.1"
+    );
     let bound = eventually("A's claim bound", Duration::from_secs(10), || async {
         mode.holder("10.2.0.1")
             .filter(|c| c.phase == Phase::Bound)
@@ -233,7 +249,10 @@ async fn updates_cannot_move_or_strip_a_claimed_pods_ip(mode: Mode) {
         .admit(pod("default", "web", "web-", Some(list)), "web-b")
         .await
         .unwrap();
-    assert_eq!(b["metadata"]["labels"]["ip-webhook.io/allocated-ip"], "10.2.0.2");
+    assert_eq!(
+        b["metadata"]["labels"]["ip-webhook.io/allocated-ip"],
+        "10.2.0.2"
+    );
 
     // A as stored after an update that got past an older webhook: no ipAddrs, no label
     mode.delete(&stripped).await;
@@ -245,7 +264,10 @@ async fn updates_cannot_move_or_strip_a_claimed_pods_ip(mode: Mode) {
         .admit(pod("default", "web", "web-", Some(list)), "web-c")
         .await
         .unwrap();
-    assert_eq!(c["metadata"]["labels"]["ip-webhook.io/allocated-ip"], "10.2.0.1");
+    assert_eq!(
+        c["metadata"]["labels"]["ip-webhook.io/allocated-ip"],
+        "10.2.0.1"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -290,42 +312,71 @@ fn static_pod(name_prefix: &str, app: Option<&str>, annotations: Value) -> Value
 async fn v4_mapped_forms_are_the_ipv4_address(mode: Mode) {
     let held = mode
         .admit(
-            static_pod("calico-", Some("a"), json!({"cni.projectcalico.org/ipAddrs": "[\"::ffff:10.9.0.5\"]"})),
+            static_pod(
+                "calico-",
+                Some("a"),
+                json!({"cni.projectcalico.org/ipAddrs": "[\"::ffff:10.9.0.5\"]"}),
+            ),
             "calico-1",
         )
         .await
         .unwrap();
-    assert_eq!(held["metadata"]["labels"]["ip-webhook.io/allocated-ip"], "10.9.0.5", "{}", mode.name);
+    assert_eq!(
+        held["metadata"]["labels"]["ip-webhook.io/allocated-ip"], "10.9.0.5",
+        "{}",
+        mode.name
+    );
     assert!(mode.holder("10.9.0.5").is_some(), "{}", mode.name);
     assert!(mode.holder("::ffff:10.9.0.5").is_none(), "{}", mode.name);
     let second = mode
         .admit(
-            static_pod("plain-", Some("b"), json!({"cni.projectcalico.org/ipAddrs": "[\"10.9.0.5\"]"})),
+            static_pod(
+                "plain-",
+                Some("b"),
+                json!({"cni.projectcalico.org/ipAddrs": "[\"10.9.0.5\"]"}),
+            ),
             "plain-1",
         )
         .await
         .unwrap_err();
     assert!(
-        second.starts_with("static IP 10.9.0.5 requested by default/plain-* is already held by default/calico-"),
+        second.starts_with(
+            "static IP 10.9.0.5 requested by default/plain-* is already held by default/calico-"
+        ),
         "{}: {second}",
         mode.name
     );
     let ovn = mode
         .admit(
-            static_pod("ovn-", Some("c"), json!({"ovn.kubernetes.io/ip_address": "::ffff:192.0.2.1"})),
+            static_pod(
+                "ovn-",
+                Some("c"),
+                json!({"ovn.kubernetes.io/ip_address": "::ffff:192.0.2.1"}),
+            ),
             "ovn-1",
         )
         .await
         .unwrap();
-    assert_eq!(ovn["metadata"]["labels"]["ip-webhook.io/allocated-ip"], "192.0.2.1");
+    assert_eq!(
+        ovn["metadata"]["labels"]["ip-webhook.io/allocated-ip"],
+        "192.0.2.1"
+    );
     let again = mode
         .admit(
-            static_pod("ovn2-", Some("d"), json!({"ovn.kubernetes.io/ip_address": "192.0.2.1"})),
+            static_pod(
+                "ovn2-",
+                Some("d"),
+                json!({"ovn.kubernetes.io/ip_address": "192.0.2.1"}),
+            ),
             "ovn2-1",
         )
         .await
         .unwrap_err();
-    assert!(again.contains("192.0.2.1") && again.contains("already held"), "{}: {again}", mode.name);
+    assert!(
+        again.contains("192.0.2.1") && again.contains("already held"),
+        "{}: {again}",
+        mode.name
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -350,14 +401,24 @@ async fn v4_mapped_forms_etcd() {
 async fn cni_values_are_read_as_the_cnis_read_them() {
     let mode = embedded(&[]).await;
     for (key, value, shown) in [
-        ("cni.projectcalico.org/ipAddrs", "[\" 10.9.1.7\"]", "\"[\\\" 10.9.1.7\\\"]\" has spaces around 10.9.1.7"),
-        ("ovn.kubernetes.io/ip_address", "10.9.1.1, fd00::1", "\"10.9.1.1, fd00::1\" has spaces around fd00::1"),
+        (
+            "cni.projectcalico.org/ipAddrs",
+            "[\" 10.9.1.7\"]",
+            "\"[\\\" 10.9.1.7\\\"]\" has spaces around 10.9.1.7",
+        ),
+        (
+            "ovn.kubernetes.io/ip_address",
+            "10.9.1.1, fd00::1",
+            "\"10.9.1.1, fd00::1\" has spaces around fd00::1",
+        ),
     ] {
         let object = static_pod("sp-", Some("sp"), json!({ key: value }));
         let refused = mode.admit(object.clone(), "sp-1").await.unwrap_err();
         assert_eq!(
             refused,
-            format!("pod default/sp-*: annotation {key}: {shown}: the CNI reads each IP exactly as written (Go's net.ParseIP, no trimming), so the pod's network could never be set up; write the IP without spaces")
+            format!(
+                "pod default/sp-*: annotation {key}: {shown}: the CNI reads each IP exactly as written (Go's net.ParseIP, no trimming), so the pod's network could never be set up; write the IP without spaces"
+            )
         );
         // /validate refuses it as well (a pod that skipped /mutate)
         let mut named = object;
@@ -374,7 +435,10 @@ async fn cni_values_are_read_as_the_cnis_read_them() {
     ] {
         let mut object = pod("default", "empty", "empty-", Some("10.9.2.1-10.9.2.9"));
         object["metadata"]["annotations"][key] = json!("");
-        let admitted = mode.admit(object, &format!("empty-{}", key.len())).await.unwrap();
+        let admitted = mode
+            .admit(object, &format!("empty-{}", key.len()))
+            .await
+            .unwrap();
         assert!(
             admitted["metadata"]["labels"]["ip-webhook.io/allocated-ip"]
                 .as_str()
@@ -389,43 +453,72 @@ async fn cni_values_are_read_as_the_cnis_read_them() {
     }
     // ipAddrsNoIpam: a held IP is refused, a free one recorded
     mode.admit(
-        static_pod("h-", Some("h"), json!({"cni.projectcalico.org/ipAddrs": "[\"10.9.3.1\"]"})),
+        static_pod(
+            "h-",
+            Some("h"),
+            json!({"cni.projectcalico.org/ipAddrs": "[\"10.9.3.1\"]"}),
+        ),
         "h-1",
     )
     .await
     .unwrap();
     let refused = mode
         .admit(
-            static_pod("n-", Some("n"), json!({"cni.projectcalico.org/ipAddrsNoIpam": "[\"10.9.3.1\"]"})),
+            static_pod(
+                "n-",
+                Some("n"),
+                json!({"cni.projectcalico.org/ipAddrsNoIpam": "[\"10.9.3.1\"]"}),
+            ),
             "n-1",
         )
         .await
         .unwrap_err();
-    assert!(refused.starts_with("static IP 10.9.3.1 requested by default/n-* is already held by default/h-1"), "{refused}");
+    assert!(
+        refused.starts_with(
+            "static IP 10.9.3.1 requested by default/n-* is already held by default/h-1"
+        ),
+        "{refused}"
+    );
     let recorded = mode
         .admit(
-            static_pod("n-", Some("n"), json!({"cni.projectcalico.org/ipAddrsNoIpam": "[\"10.9.3.2\"]"})),
+            static_pod(
+                "n-",
+                Some("n"),
+                json!({"cni.projectcalico.org/ipAddrsNoIpam": "[\"10.9.3.2\"]"}),
+            ),
             "n-2",
         )
         .await
         .unwrap();
-    assert_eq!(recorded["metadata"]["labels"]["ip-webhook.io/allocated-ip"], "10.9.3.2");
+    assert_eq!(
+        recorded["metadata"]["labels"]["ip-webhook.io/allocated-ip"],
+        "10.9.3.2"
+    );
     assert!(
-        recorded["metadata"]["annotations"].get("cni.projectcalico.org/ipAddrs").is_none(),
+        recorded["metadata"]["annotations"]
+            .get("cni.projectcalico.org/ipAddrs")
+            .is_none(),
         "a NoIpam pod gets no ipAddrs (Calico refuses both): {recorded}"
     );
     assert_eq!(mode.holder("10.9.3.2").unwrap().pod.name, "n-2");
     let both = mode
         .admit(
-            static_pod("b-", Some("b"), json!({
-                "cni.projectcalico.org/ipAddrs": "[\"10.9.3.3\"]",
-                "cni.projectcalico.org/ipAddrsNoIpam": "[\"10.9.3.4\"]",
-            })),
+            static_pod(
+                "b-",
+                Some("b"),
+                json!({
+                    "cni.projectcalico.org/ipAddrs": "[\"10.9.3.3\"]",
+                    "cni.projectcalico.org/ipAddrsNoIpam": "[\"10.9.3.4\"]",
+                }),
+            ),
             "b-1",
         )
         .await
         .unwrap_err();
-    assert!(both.contains("are both set; Calico refuses a pod with both"), "{both}");
+    assert!(
+        both.contains("are both set; Calico refuses a pod with both"),
+        "{both}"
+    );
 }
 
 fn deployment(namespace: &str, name: &str, app: &str, annotations: Value) -> Value {
@@ -463,23 +556,40 @@ async fn static_ips_keep_to_pool_and_app_policy() {
     let mode = embedded(&["--pools-file", file.to_str().unwrap()]).await;
     for (i, app) in [Some("db"), None, Some("db"), None].into_iter().enumerate() {
         let object = in_namespace(
-            static_pod("dev-", app, json!({"cni.projectcalico.org/ipAddrs": format!("[\"10.20.0.{}\"]", i + 1)})),
+            static_pod(
+                "dev-",
+                app,
+                json!({"cni.projectcalico.org/ipAddrs": format!("[\"10.20.0.{}\"]", i + 1)}),
+            ),
             "dev",
         );
         let refused = mode.admit(object, &format!("dev-{i}")).await.unwrap_err();
         assert_eq!(
             refused,
-            format!("pod dev/dev-*: static IP 10.20.0.{} is in FixedIPPool blue, which this pod may not use: FixedIPPool blue serves namespaces [prod], not dev", i + 1)
+            format!(
+                "pod dev/dev-*: static IP 10.20.0.{} is in FixedIPPool blue, which this pod may not use: FixedIPPool blue serves namespaces [prod], not dev",
+                i + 1
+            )
         );
     }
     let ok = mode
         .admit(
-            in_namespace(static_pod("p-", Some("p"), json!({"cni.projectcalico.org/ipAddrs": "[\"10.20.0.9\"]"})), "prod"),
+            in_namespace(
+                static_pod(
+                    "p-",
+                    Some("p"),
+                    json!({"cni.projectcalico.org/ipAddrs": "[\"10.20.0.9\"]"}),
+                ),
+                "prod",
+            ),
             "p-1",
         )
         .await
         .unwrap();
-    assert_eq!(ok["metadata"]["labels"]["ip-webhook.io/allocated-ip"], "10.20.0.9");
+    assert_eq!(
+        ok["metadata"]["labels"]["ip-webhook.io/allocated-ip"],
+        "10.20.0.9"
+    );
     let webhook = &mode.server.launched.webhook;
     let report = ip_webhook::ipam::usage::Report::build(
         &webhook.allocator.claims(),
@@ -491,11 +601,26 @@ async fn static_ips_keep_to_pool_and_app_policy() {
 
     let web = mode
         .server
-        .validate(&deployment("prod", "web", "web", json!({"ip-webhook.io/allocatable-ips": "10.50.0.1-10.50.0.4"})))
+        .validate(&deployment(
+            "prod",
+            "web",
+            "web",
+            json!({"ip-webhook.io/allocatable-ips": "10.50.0.1-10.50.0.4"}),
+        ))
         .await;
     assert_eq!(web["allowed"], true, "{web}");
     let listed = mode
-        .admit(in_namespace(static_pod("x-", None, json!({"ip-webhook.io/allocatable-ips": "10.50.0.1-10.50.0.2"})), "dev"), "x-1")
+        .admit(
+            in_namespace(
+                static_pod(
+                    "x-",
+                    None,
+                    json!({"ip-webhook.io/allocatable-ips": "10.50.0.1-10.50.0.2"}),
+                ),
+                "dev",
+            ),
+            "x-1",
+        )
         .await
         .unwrap_err();
     assert_eq!(
@@ -503,7 +628,17 @@ async fn static_ips_keep_to_pool_and_app_policy() {
         "pod dev/x-*: annotation ip-webhook.io/allocatable-ips lists 10.50.0.1-10.50.0.2, which Deployment prod/web (app prod/web) lists; only that app's pods may have them"
     );
     let named = mode
-        .admit(in_namespace(static_pod("x-", None, json!({"cni.projectcalico.org/ipAddrs": "[\"10.50.0.3\"]"})), "dev"), "x-2")
+        .admit(
+            in_namespace(
+                static_pod(
+                    "x-",
+                    None,
+                    json!({"cni.projectcalico.org/ipAddrs": "[\"10.50.0.3\"]"}),
+                ),
+                "dev",
+            ),
+            "x-2",
+        )
         .await
         .unwrap_err();
     assert_eq!(
@@ -511,9 +646,12 @@ async fn static_ips_keep_to_pool_and_app_policy() {
         "pod dev/x-*: static IP 10.50.0.3 is listed by Deployment prod/web (app prod/web); only that app's pods may have it"
     );
     for name in ["web-1", "web-2"] {
-        mode.admit(pod("prod", "web", "web-", Some("10.50.0.1-10.50.0.4")), name)
-            .await
-            .unwrap();
+        mode.admit(
+            pod("prod", "web", "web-", Some("10.50.0.1-10.50.0.4")),
+            name,
+        )
+        .await
+        .unwrap();
     }
     assert_eq!(webhook.allocator.held_by_app("prod", "web"), 2);
 }
@@ -526,11 +664,26 @@ async fn kube_ovn_ip_pool_lists_count_as_their_apps_ips() {
     let mode = embedded(&["--cni", "kube-ovn"]).await;
     let web = mode
         .server
-        .validate(&deployment("prod", "web", "web", json!({"ovn.kubernetes.io/ip_pool": "10.16.0.10,10.16.0.11"})))
+        .validate(&deployment(
+            "prod",
+            "web",
+            "web",
+            json!({"ovn.kubernetes.io/ip_pool": "10.16.0.10,10.16.0.11"}),
+        ))
         .await;
     assert_eq!(web["allowed"], true, "{web}");
     let named = mode
-        .admit(in_namespace(static_pod("o-", Some("other"), json!({"ovn.kubernetes.io/ip_address": "10.16.0.11"})), "dev"), "o-1")
+        .admit(
+            in_namespace(
+                static_pod(
+                    "o-",
+                    Some("other"),
+                    json!({"ovn.kubernetes.io/ip_address": "10.16.0.11"}),
+                ),
+                "dev",
+            ),
+            "o-1",
+        )
         .await
         .unwrap_err();
     assert_eq!(
@@ -539,20 +692,36 @@ async fn kube_ovn_ip_pool_lists_count_as_their_apps_ips() {
     );
     let db = mode
         .server
-        .validate(&deployment("dev", "db", "db", json!({"ovn.kubernetes.io/ip_pool": "10.16.0.11;10.16.0.12"})))
+        .validate(&deployment(
+            "dev",
+            "db",
+            "db",
+            json!({"ovn.kubernetes.io/ip_pool": "10.16.0.11;10.16.0.12"}),
+        ))
         .await;
     assert_eq!(
         message(&db),
         "Deployment dev/db: spec.template.metadata.annotations[ovn.kubernetes.io/ip_pool] lists 10.16.0.11, which Deployment prod/web (app prod/web) already lists"
     );
     mode.admit(
-        in_namespace(static_pod("h-", Some("holder"), json!({"ovn.kubernetes.io/ip_address": "10.16.0.20"})), "dev"),
+        in_namespace(
+            static_pod(
+                "h-",
+                Some("holder"),
+                json!({"ovn.kubernetes.io/ip_address": "10.16.0.20"}),
+            ),
+            "dev",
+        ),
         "h-1",
     )
     .await
     .unwrap();
     let mut pooled = in_namespace(
-        static_pod("q-", Some("q"), json!({"ovn.kubernetes.io/ip_pool": "10.16.0.20, 10.16.0.21"})),
+        static_pod(
+            "q-",
+            Some("q"),
+            json!({"ovn.kubernetes.io/ip_pool": "10.16.0.20, 10.16.0.21"}),
+        ),
         "dev",
     );
     pooled["metadata"]["name"] = json!("q-1");

@@ -239,8 +239,14 @@ pub const IMMUTABLE_ANNOTATIONS: [&str; 5] = [
 /// `None` for absent. An IP annotation or the label rewritten to the same IPs (another spelling
 /// of one IPv6 address, as the Kube-OVN controller writes it back) is not a change.
 pub fn changed_mark<'a>(
-    old: (Option<&'a BTreeMap<String, String>>, Option<&'a BTreeMap<String, String>>),
-    new: (Option<&'a BTreeMap<String, String>>, Option<&'a BTreeMap<String, String>>),
+    old: (
+        Option<&'a BTreeMap<String, String>>,
+        Option<&'a BTreeMap<String, String>>,
+    ),
+    new: (
+        Option<&'a BTreeMap<String, String>>,
+        Option<&'a BTreeMap<String, String>>,
+    ),
 ) -> Option<(&'static str, Option<&'a str>, Option<&'a str>)> {
     let get = |map: Option<&'a BTreeMap<String, String>>, key: &str| {
         map.and_then(|m| m.get(key)).map(String::as_str)
@@ -248,8 +254,9 @@ pub fn changed_mark<'a>(
     let same_ips = |key: &str, a: &str, b: &str| -> bool {
         let parse = |v: &str| match key {
             OVN_IP_ADDRESS => parse_ovn_ip_address(v).ok(),
-            ALLOCATED_IP_LABEL => crate::ipam::ipset::ip_from_label_value(v)
-                .map(|ip| vec![ip.to_canonical()]),
+            ALLOCATED_IP_LABEL => {
+                crate::ipam::ipset::ip_from_label_value(v).map(|ip| vec![ip.to_canonical()])
+            }
             _ => parse_calico_ip_addrs(v).ok(),
         };
         let (mut a, mut b) = match (parse(a), parse(b)) {
@@ -348,39 +355,103 @@ mod tests {
         const ABSENT: Expect = Ok(&[]);
         let rows: [(&str, &str, Expect, &str); 16] = [
             // Calico: JSON array, net.ParseIP per item, To4() != nil is IPv4
-            (CALICO_IP_ADDRS, r#"["::ffff:10.0.0.5"]"#, Ok(&["10.0.0.5"]),
-                "calico cni-plugin/pkg/k8s/k8s.go:879-885 validateAndExtractIPs: net.ParseIP, To4() != nil"),
-            (CALICO_IP_ADDRS, r#"[" 10.0.0.7"]"#, Err(r#""[\" 10.0.0.7\"]" has spaces around 10.0.0.7"#),
-                "calico cni-plugin/pkg/k8s/k8s.go:879 net.ParseIP(ip) with no trim: invalid IP format"),
-            (CALICO_IP_ADDRS, r#"["10.0.0.1", "fd00::1"]"#, Ok(&["10.0.0.1", "fd00::1"]),
-                "calico cni-plugin/pkg/k8s/k8s.go:912 json.Unmarshal: whitespace between items is JSON's"),
-            (CALICO_IP_ADDRS, "", ABSENT,
-                "calico cni-plugin/pkg/k8s/k8s.go:318 ipAddrs == \"\": Calico IPAM as if unset"),
-            (CALICO_IP_ADDRS, "[]", Err("names no IP"),
-                "calico cni-plugin/pkg/k8s/k8s.go:869 len(ips) == 0: specified but empty"),
-            (CALICO_IP_ADDRS, r#"["10.0.0.5","::ffff:10.0.0.6"]"#, Err("two IPv4 addresses"),
-                "calico cni-plugin/pkg/k8s/k8s.go:885-888 a second To4() != nil: more than one IPv4"),
-            (CALICO_IP_ADDRS_NO_IPAM, r#"["10.0.0.9"]"#, Ok(&["10.0.0.9"]),
-                "calico cni-plugin/pkg/k8s/k8s.go:331-345 ipAddrsNoIpam: the IPs set as written, no IPAM"),
-            (CALICO_IP_ADDRS_NO_IPAM, r#"["::ffff:10.0.0.9"]"#, Ok(&["10.0.0.9"]),
-                "calico cni-plugin/pkg/k8s/k8s.go:822 the same validateAndExtractIPs as ipAddrs"),
-            (CALICO_IP_ADDRS_NO_IPAM, "", ABSENT,
-                "calico cni-plugin/pkg/k8s/k8s.go:318 ipAddrsNoIpam == \"\""),
+            (
+                CALICO_IP_ADDRS,
+                r#"["::ffff:10.0.0.5"]"#,
+                Ok(&["10.0.0.5"]),
+                "calico cni-plugin/pkg/k8s/k8s.go:879-885 validateAndExtractIPs: net.ParseIP, To4() != nil",
+            ),
+            (
+                CALICO_IP_ADDRS,
+                r#"[" 10.0.0.7"]"#,
+                Err(r#""[\" 10.0.0.7\"]" has spaces around 10.0.0.7"#),
+                "calico cni-plugin/pkg/k8s/k8s.go:879 net.ParseIP(ip) with no trim: invalid IP format",
+            ),
+            (
+                CALICO_IP_ADDRS,
+                r#"["10.0.0.1", "fd00::1"]"#,
+                Ok(&["10.0.0.1", "fd00::1"]),
+                "calico cni-plugin/pkg/k8s/k8s.go:912 json.Unmarshal: whitespace between items is JSON's",
+            ),
+            (
+                CALICO_IP_ADDRS,
+                "",
+                ABSENT,
+                "calico cni-plugin/pkg/k8s/k8s.go:318 ipAddrs == \"\": Calico IPAM as if unset",
+            ),
+            (
+                CALICO_IP_ADDRS,
+                "[]",
+                Err("names no IP"),
+                "calico cni-plugin/pkg/k8s/k8s.go:869 len(ips) == 0: specified but empty",
+            ),
+            (
+                CALICO_IP_ADDRS,
+                r#"["10.0.0.5","::ffff:10.0.0.6"]"#,
+                Err("two IPv4 addresses"),
+                "calico cni-plugin/pkg/k8s/k8s.go:885-888 a second To4() != nil: more than one IPv4",
+            ),
+            (
+                CALICO_IP_ADDRS_NO_IPAM,
+                r#"["10.0.0.9"]"#,
+                Ok(&["10.0.0.9"]),
+                "calico cni-plugin/pkg/k8s/k8s.go:331-345 ipAddrsNoIpam: the IPs set as written, no IPAM",
+            ),
+            (
+                CALICO_IP_ADDRS_NO_IPAM,
+                r#"["::ffff:10.0.0.9"]"#,
+                Ok(&["10.0.0.9"]),
+                "calico cni-plugin/pkg/k8s/k8s.go:822 the same validateAndExtractIPs as ipAddrs",
+            ),
+            (
+                CALICO_IP_ADDRS_NO_IPAM,
+                "",
+                ABSENT,
+                "calico cni-plugin/pkg/k8s/k8s.go:318 ipAddrsNoIpam == \"\"",
+            ),
             // Kube-OVN: split on ',', net.ParseIP per item, no trim
-            (OVN_IP_ADDRESS, "::ffff:192.0.2.1", Ok(&["192.0.2.1"]),
-                "kube-ovn pkg/controller/pod.go:2759 acquireStaticAddress: net.ParseIP, an IPv4 to its IPAM"),
-            (OVN_IP_ADDRESS, "10.0.0.1, fd00::1", Err(r#""10.0.0.1, fd00::1" has spaces around fd00::1"#),
-                "kube-ovn pkg/controller/pod.go:2759 and pkg/util/validator.go:372 net.ParseIP(ip), untrimmed"),
-            (OVN_IP_ADDRESS, "10.0.0.1,fd00::1", Ok(&["10.0.0.1", "fd00::1"]),
-                "kube-ovn pkg/controller/pod.go:2758 strings.SplitSeq(ip, \",\")"),
-            (OVN_IP_ADDRESS, "", ABSENT,
-                "kube-ovn pkg/controller/pod.go:2649 ipStr != \"\"; pkg/util/validator.go:362 ipAddress != \"\""),
-            (OVN_IP_ADDRESS, "10.16.0.15/16", Err("is not an IP address"),
-                "kube-ovn pkg/controller/pod.go:2759 net.ParseIP fails on a CIDR (the validator lets it by)"),
-            (OVN_IP_ADDRESS, "10.0.0.1,", Err(r#""" is not an IP address"#),
-                "kube-ovn pkg/controller/pod.go:2759 net.ParseIP(\"\") is nil"),
-            (OVN_IP_ADDRESS, "FD00::A", Ok(&["fd00::a"]),
-                "kube-ovn pkg/controller/pod.go:2759 net.ParseIP is case-blind"),
+            (
+                OVN_IP_ADDRESS,
+                "::ffff:192.0.2.1",
+                Ok(&["192.0.2.1"]),
+                "kube-ovn pkg/controller/pod.go:2759 acquireStaticAddress: net.ParseIP, an IPv4 to its IPAM",
+            ),
+            (
+                OVN_IP_ADDRESS,
+                "10.0.0.1, fd00::1",
+                Err(r#""10.0.0.1, fd00::1" has spaces around fd00::1"#),
+                "kube-ovn pkg/controller/pod.go:2759 and pkg/util/validator.go:372 net.ParseIP(ip), untrimmed",
+            ),
+            (
+                OVN_IP_ADDRESS,
+                "10.0.0.1,fd00::1",
+                Ok(&["10.0.0.1", "fd00::1"]),
+                "kube-ovn pkg/controller/pod.go:2758 strings.SplitSeq(ip, \",\")",
+            ),
+            (
+                OVN_IP_ADDRESS,
+                "",
+                ABSENT,
+                "kube-ovn pkg/controller/pod.go:2649 ipStr != \"\"; pkg/util/validator.go:362 ipAddress != \"\"",
+            ),
+            (
+                OVN_IP_ADDRESS,
+                "10.16.0.15/16",
+                Err("is not an IP address"),
+                "kube-ovn pkg/controller/pod.go:2759 net.ParseIP fails on a CIDR (the validator lets it by)",
+            ),
+            (
+                OVN_IP_ADDRESS,
+                "10.0.0.1,",
+                Err(r#""" is not an IP address"#),
+                "kube-ovn pkg/controller/pod.go:2759 net.ParseIP(\"\") is nil",
+            ),
+            (
+                OVN_IP_ADDRESS,
+                "FD00::A",
+                Ok(&["fd00::a"]),
+                "kube-ovn pkg/controller/pod.go:2759 net.ParseIP is case-blind",
+            ),
         ];
         for (key, value, expect, source) in rows {
             let annotations = BTreeMap::from([(key.to_string(), value.to_string())]);
@@ -399,7 +470,8 @@ mod tests {
                 Err(part) => {
                     let message = got.expect_err(source);
                     assert!(
-                        message.starts_with(&format!("annotation {key}: ")) && message.contains(part),
+                        message.starts_with(&format!("annotation {key}: "))
+                            && message.contains(part),
                         "{key}={value:?} ({source}): {message}"
                     );
                 }
@@ -412,12 +484,18 @@ mod tests {
         // calico cni-plugin/pkg/k8s/k8s.go:325 ipAddrs != "" && ipAddrsNoIpam != "": an error
         let both = BTreeMap::from([
             (CALICO_IP_ADDRS.to_string(), r#"["10.0.0.1"]"#.to_string()),
-            (CALICO_IP_ADDRS_NO_IPAM.to_string(), r#"["10.0.0.2"]"#.to_string()),
+            (
+                CALICO_IP_ADDRS_NO_IPAM.to_string(),
+                r#"["10.0.0.2"]"#.to_string(),
+            ),
         ]);
         assert!(static_ips(Some(&both)).unwrap_err().contains("both set"));
         let one_empty = BTreeMap::from([
             (CALICO_IP_ADDRS.to_string(), String::new()),
-            (CALICO_IP_ADDRS_NO_IPAM.to_string(), r#"["10.0.0.2"]"#.to_string()),
+            (
+                CALICO_IP_ADDRS_NO_IPAM.to_string(),
+                r#"["10.0.0.2"]"#.to_string(),
+            ),
         ]);
         assert_eq!(
             static_ips(Some(&one_empty)).unwrap(),
@@ -430,8 +508,14 @@ mod tests {
         // kube-ovn pkg/controller/pod.go:2660-2675 acquireStaticAddressHelper
         let cases: [(&str, Option<&[&str]>); 6] = [
             ("10.16.0.10,10.16.0.11", Some(&["10.16.0.10", "10.16.0.11"])),
-            ("10.16.0.10, 10.16.0.11", Some(&["10.16.0.10", "10.16.0.11"])),
-            ("10.16.0.10,fd00::a;10.16.0.11,fd00::b", Some(&["10.16.0.10", "10.16.0.11", "fd00::a", "fd00::b"])),
+            (
+                "10.16.0.10, 10.16.0.11",
+                Some(&["10.16.0.10", "10.16.0.11"]),
+            ),
+            (
+                "10.16.0.10,fd00::a;10.16.0.11,fd00::b",
+                Some(&["10.16.0.10", "10.16.0.11", "fd00::a", "fd00::b"]),
+            ),
             ("::ffff:10.16.0.12", Some(&["10.16.0.12"])),
             ("my-ippool", None),
             ("", None),
@@ -450,7 +534,10 @@ mod tests {
     #[test]
     fn an_update_changes_a_mark_only_when_it_names_other_ips_or_other_marks() {
         let map = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
-            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
         };
         let labels = map(&[(ALLOCATED_IP_LABEL, "10.2.0.1")]);
         let annotations = map(&[
@@ -474,7 +561,11 @@ mod tests {
         ]);
         assert_eq!(
             changed_mark(old, (Some(&labels), Some(&moved))),
-            Some((CALICO_IP_ADDRS, Some(r#"["10.2.0.1"]"#), Some(r#"["10.2.0.2"]"#)))
+            Some((
+                CALICO_IP_ADDRS,
+                Some(r#"["10.2.0.1"]"#),
+                Some(r#"["10.2.0.2"]"#)
+            ))
         );
         let no_label = map(&[]);
         assert_eq!(

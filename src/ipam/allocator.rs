@@ -359,7 +359,9 @@ impl Allocator {
                     }
                     // the record is this pod's own claim, which the index did not show (a
                     // shared ledger's relist can drop a claim for a moment): it is the pod's
-                    Ok(Recorded::HeldBy(holder)) if holder.is_held() && held_by(&holder, &requester(request)) => {
+                    Ok(Recorded::HeldBy(holder))
+                        if holder.is_held() && held_by(&holder, &requester(request)) =>
+                    {
                         // (`record` has put it back in the index)
                         allocation.token = holder.token.clone();
                         continue;
@@ -463,7 +465,12 @@ impl Allocator {
     ) -> Result<Vec<Claim>, LedgerError> {
         let now = unix_now();
         let mut all: Vec<IpAddr> = self.claims_of(pod).iter().map(|c| c.ip).collect();
-        all.extend(ips.iter().filter(|ip| !all.contains(ip)).copied().collect::<Vec<_>>());
+        all.extend(
+            ips.iter()
+                .filter(|ip| !all.contains(ip))
+                .copied()
+                .collect::<Vec<_>>(),
+        );
         self.step(pod, &all, |current| {
             matches!(current.phase, Phase::Reserved | Phase::Bound)
                 .then(|| claim::terminating(current, pod, release_at, now))
@@ -1076,7 +1083,10 @@ mod tests {
             uid: Some("uid-a"),
             ..identity("web-a", "tok-a")
         };
-        assert_eq!(alloc.bind(&bound, &granted.ips, false).await.unwrap().len(), 2);
+        assert_eq!(
+            alloc.bind(&bound, &granted.ips, false).await.unwrap().len(),
+            2
+        );
         // the DELETE of the pod stripped of its annotations, label and token: found by UID
         let stripped = PodIdentity {
             uid: Some("uid-a"),
@@ -1084,7 +1094,14 @@ mod tests {
             ..identity("web-a", "")
         };
         assert_eq!(alloc.claims_of(&stripped).len(), 2);
-        assert!(alloc.claims_of(&PodIdentity { uid: Some("uid-b"), ..stripped }).is_empty());
+        assert!(
+            alloc
+                .claims_of(&PodIdentity {
+                    uid: Some("uid-b"),
+                    ..stripped
+                })
+                .is_empty()
+        );
         let terminating = alloc.terminate(&stripped, &[], 0).await.unwrap();
         assert_eq!(terminating.len(), 2);
         assert!(terminating.iter().all(|c| c.phase == Phase::Terminating));

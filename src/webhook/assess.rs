@@ -7,8 +7,7 @@ use std::net::IpAddr;
 
 use crate::admission::Response;
 use crate::admission::annotations::{
-    CLAIM_TOKEN, OVN_IP_POOL, STATUS, STATUS_MUTATED, carried_with, parse_ovn_ip_pool,
-    static_ips,
+    CLAIM_TOKEN, OVN_IP_POOL, STATUS, STATUS_MUTATED, carried_with, parse_ovn_ip_pool, static_ips,
 };
 use crate::ipam::allocator::AllocError;
 use crate::ipam::ipset::IpSet;

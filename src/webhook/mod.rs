@@ -172,7 +172,12 @@ impl Webhook {
     /// another app lists is only for that app. Workload templates are held to the same rule
     /// ([`workloads::review`]).
     pub fn policy_refusal(&self, set: &IpSet, pod: &PodView<'_>) -> Option<PolicyRefusal> {
-        self.policy_refusal_for(set, &pod.namespace, pod.meta.labels.as_ref(), &pod.app_key())
+        self.policy_refusal_for(
+            set,
+            &pod.namespace,
+            pod.meta.labels.as_ref(),
+            &pod.app_key(),
+        )
     }
 
     /// [`Webhook::policy_refusal`] for pods of `namespace` with `labels`, of app `app_key`.
@@ -227,7 +232,9 @@ impl PolicyRefusal {
                 shared,
                 pool,
                 reason,
-            } => format!("lists {shared} of FixedIPPool {pool}, which this pod may not use: {reason}"),
+            } => format!(
+                "lists {shared} of FixedIPPool {pool}, which this pod may not use: {reason}"
+            ),
             PolicyRefusal::App {
                 shared,
                 workload,

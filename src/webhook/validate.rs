@@ -157,7 +157,10 @@ async fn validate_pod(
         };
         return Ok(Answer {
             app: view.app.is_some().then(|| view.app_key()),
-            ips: carried_ips(old.metadata.labels.as_ref(), old.metadata.annotations.as_ref()),
+            ips: carried_ips(
+                old.metadata.labels.as_ref(),
+                old.metadata.annotations.as_ref(),
+            ),
             response,
         });
     }
@@ -184,7 +187,11 @@ fn holds_claim(webhook: &Webhook, view: &PodView<'_>, old: &Meta) -> bool {
     let identity = PodIdentity {
         namespace: &view.namespace,
         name: old.name.as_deref().unwrap_or(view.name()),
-        uid: old.uid.as_deref().or(view.meta.uid.as_deref()).filter(|u| !u.is_empty()),
+        uid: old
+            .uid
+            .as_deref()
+            .or(view.meta.uid.as_deref())
+            .filter(|u| !u.is_empty()),
         token,
     };
     token.is_some()
