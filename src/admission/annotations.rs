@@ -265,7 +265,16 @@ pub fn changed_mark<'a>(
         };
         a.sort();
         b.sort();
-        a == b
+        // Kube-OVN's controller writes the annotation back with the IPs it assigned, adding
+        // an address of a family the pod did not name in a dual-stack Subnet
+        // (kubeovn/kube-ovn `pkg/controller/pod.go`:699-700, `ipStr := util.GetStringIP(v4IP,
+        // v6IP)` after `acquireAddress`): the IPs named stay, so that is no change.
+        let completed = key == OVN_IP_ADDRESS
+            && a.iter().all(|ip| b.contains(ip))
+            && b.iter()
+                .filter(|ip| !a.contains(ip))
+                .all(|added| a.iter().all(|ip| Family::of(ip) != Family::of(added)));
+        a == b || completed
     };
     let (old_labels, old_annotations) = old;
     let (new_labels, new_annotations) = new;
@@ -582,6 +591,24 @@ mod tests {
             changed_mark(old, (Some(&labels), Some(&added))),
             Some((CALICO_IP_ADDRS_NO_IPAM, None, Some(r#"["10.2.0.9"]"#)))
         );
+        // Kube-OVN completing a dual-stack pod's ip_address with its IPv6 is no change; moving
+        // its IPv4 is
+        let ovn = map(&[(OVN_IP_ADDRESS, "10.16.0.15")]);
+        let completed = map(&[(OVN_IP_ADDRESS, "10.16.0.15,fd00::f")]);
+        let moved_v4 = map(&[(OVN_IP_ADDRESS, "10.16.0.16,fd00::f")]);
+        assert_eq!(
+            changed_mark((None, Some(&ovn)), (None, Some(&completed))),
+            None
+        );
+        assert_eq!(
+            changed_mark((None, Some(&ovn)), (None, Some(&moved_v4))),
+            Some((
+                OVN_IP_ADDRESS,
+                Some("10.16.0.15"),
+                Some("10.16.0.16,fd00::f")
+            ))
+        );
+        assert!(changed_mark((None, Some(&completed)), (None, Some(&ovn))).is_some());
         let retoken = map(&[
             (CALICO_IP_ADDRS, r#"["10.2.0.1"]"#),
             (STATUS, STATUS_MUTATED),
