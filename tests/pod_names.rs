@@ -732,3 +732,34 @@ async fn kube_ovn_ip_pool_lists_count_as_their_apps_ips() {
         "pod dev/q-1: annotation ovn.kubernetes.io/ip_pool lists 10.16.0.20, which pod dev/h-1 of app dev/holder holds"
     );
 }
+
+/// A pod that skipped `/mutate` (a webhook outage with `Ignore`) and names its own IP carries
+/// none of ip-webhook's marks: `/validate` records its IP, and from then on the IP it names
+/// is as fixed as any claim-holding pod's, found by its UID.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_static_pod_recorded_at_validate_keeps_its_ip_too() {
+    let mode = embedded(&[]).await;
+    let mut object = static_pod(
+        "s-",
+        Some("s"),
+        json!({"ovn.kubernetes.io/ip_address": "10.9.4.1"}),
+    );
+    object["metadata"]["name"] = json!("s-1");
+    object["metadata"]["uid"] = json!("uid-s-1");
+    let answer = mode.server.validate(&create("v-s-1", object.clone())).await;
+    assert_eq!(answer["allowed"], true, "{answer}");
+    assert_eq!(
+        mode.holder("10.9.4.1").unwrap().pod.uid.as_deref(),
+        Some("uid-s-1")
+    );
+    let mut moved = object.clone();
+    moved["metadata"]["annotations"]["ovn.kubernetes.io/ip_address"] = json!("10.9.4.2");
+    assert_eq!(
+        message(&mode.update(&object, &moved).await),
+        "pod default/s-1 holds an IP claim, so annotation ovn.kubernetes.io/ip_address cannot be changed (was \"10.9.4.1\", now \"10.9.4.2\"): it names the pod's IP to the CNI and to ip-webhook; to give the pod another IP, delete the pod and create it again instead"
+    );
+    // Kube-OVN writing the same IP back, in its own spelling, passes
+    let mut same = object.clone();
+    same["metadata"]["annotations"]["ovn.kubernetes.io/ip_address"] = json!("::ffff:10.9.4.1");
+    assert_eq!(mode.update(&object, &same).await["allowed"], true);
+}

@@ -234,19 +234,19 @@ pub const IMMUTABLE_ANNOTATIONS: [&str; 5] = [
     CLAIM_TOKEN,
 ];
 
+/// A pod's labels and annotations, in that order.
+pub type PodMarks<'a> = (
+    Option<&'a BTreeMap<String, String>>,
+    Option<&'a BTreeMap<String, String>>,
+);
+
 /// The first of the claim-holding keys (annotations [`IMMUTABLE_ANNOTATIONS`], label
 /// [`ALLOCATED_IP_LABEL`]) that an update changes, adds or removes: `(key, old, new)`, with
 /// `None` for absent. An IP annotation or the label rewritten to the same IPs (another spelling
 /// of one IPv6 address, as the Kube-OVN controller writes it back) is not a change.
 pub fn changed_mark<'a>(
-    old: (
-        Option<&'a BTreeMap<String, String>>,
-        Option<&'a BTreeMap<String, String>>,
-    ),
-    new: (
-        Option<&'a BTreeMap<String, String>>,
-        Option<&'a BTreeMap<String, String>>,
-    ),
+    old: PodMarks<'a>,
+    new: PodMarks<'a>,
 ) -> Option<(&'static str, Option<&'a str>, Option<&'a str>)> {
     let get = |map: Option<&'a BTreeMap<String, String>>, key: &str| {
         map.and_then(|m| m.get(key)).map(String::as_str)
