@@ -4,7 +4,7 @@
 //! percentiles. `scripts/bench-load.sh` runs it after wrk in each ip-webhook cell: wrk corrects
 //! its latencies for coordinated omission, and for durable `/mutate` at 16 connections its p99
 //! was 20–30× what a packet capture of the same run showed between request and answer on the
-//! wire (README, "Where the durable tail was").
+//! wire (docs/performance.md, "B-trees instead of hash maps: where the durable tail was").
 //!
 //! ```text
 //! bench_client URL FIXTURE MODE CONNECTIONS SECONDS CA_PEM [RUN_ID]

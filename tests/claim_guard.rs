@@ -128,6 +128,42 @@ async fn hand_edits_of_ipclaims_are_refused_unless_forced_and_own_writes_pass() 
     .await;
     assert!(!allowed);
 
+    // a status write by a person (`kubectl patch ipclaim --subresource=status`), setting the
+    // phase to Released while the pod runs: refused, naming the field and how to force
+    let mut marked_released = bound.clone();
+    marked_released["status"]["phase"] = json!("Released");
+    let mut status_review = claim_review(
+        "g-s1",
+        "UPDATE",
+        "kubernetes-admin",
+        marked_released.clone(),
+        bound.clone(),
+    );
+    status_review["request"]["subResource"] = json!("status");
+    let (allowed, text) = judged(&server, status_review.clone()).await;
+    assert!(!allowed, "{text}");
+    for part in [
+        "IPClaim 10.97.70.1",
+        "pod default/web-gu4rd, phase Bound",
+        "its status is written by ip-webhook only (status.phase changed)",
+        "ip-webhook.io/force: \"true\" on the IPClaim first",
+    ] {
+        assert!(text.contains(part), "{part:?} in {text}");
+    }
+    // ... the server's own status write passes, and so does one on a claim marked forced
+    status_review["request"]["userInfo"]["username"] = json!(OWN);
+    let (allowed, text) = judged(&server, status_review.clone()).await;
+    assert!(allowed, "{text}");
+    let mut forced_old = bound.clone();
+    forced_old["metadata"]["annotations"] = json!({"ip-webhook.io/force": "true"});
+    let mut forced_new = marked_released;
+    forced_new["metadata"]["annotations"] = json!({"ip-webhook.io/force": "true"});
+    let mut forced_review =
+        claim_review("g-s2", "UPDATE", "kubernetes-admin", forced_new, forced_old);
+    forced_review["request"]["subResource"] = json!("status");
+    let (allowed, text) = judged(&server, forced_review).await;
+    assert!(allowed, "{text}");
+
     // deleting the Bound claim of the running pod: refused, naming both and how to force
     let (allowed, text) = judged(
         &server,

@@ -151,3 +151,26 @@ fn serve_takes_a_port_only_listen_and_go_durations() {
         "{stderr}"
     );
 }
+
+/// A prefix etcd users would not mean (a leading space, a tab, a non-ASCII letter) is its own
+/// key space: two replicas given different spellings would hand one IP out twice. Refused
+/// before anything starts, naming the character.
+#[test]
+fn serve_refuses_an_etcd_prefix_with_characters_no_key_space_means() {
+    for (prefix, shown) in [
+        (" /ipw", "' ' at byte 0"),
+        ("/ipw\t", "'\\t' at byte 4"),
+        ("/ipwé/", "'é' at byte 4"),
+    ] {
+        let (ok, _, stderr) = ip_webhook(&["serve", "--ledger", "etcd", "--etcd-prefix", prefix]);
+        assert!(!ok, "{prefix:?} accepted");
+        assert!(
+            stderr.contains("--etcd-prefix") && stderr.contains(shown),
+            "{prefix:?}: {stderr}"
+        );
+        assert!(
+            stderr.contains("letters, digits and / . _ - : only"),
+            "{stderr}"
+        );
+    }
+}

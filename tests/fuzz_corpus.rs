@@ -1,6 +1,6 @@
 //! Replays the committed fuzz corpus (`fuzz/corpus/<target>/`) and the test fixtures through
 //! the same property checks the cargo-fuzz targets run. CI runs this; fuzzing itself runs
-//! locally (`cargo +nightly fuzz run <target>`, see README "Guarantees").
+//! locally (`cargo +nightly fuzz run <target>`, see DEVELOPERS.md, "Fuzzing").
 
 #[path = "../fuzz/checks.rs"]
 mod checks;

@@ -503,6 +503,42 @@ async fn readiness_waits_for_the_watches_to_sync() {
     wait_ready(&server).await;
 }
 
+/// A replica whose pod watch has stopped would not see a pod started outside ip-webhook on a
+/// listed IP: readiness follows the watches the decisions read, not only their first list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_follows_the_watches_after_they_synced() {
+    let fake = FakeApi::start();
+    fake.install_crds().await;
+    let server = fake.replica(&[]).await;
+    fake.control(
+        "/fake/fail",
+        json!({"method": "GET", "path": "^/api/v1/pods$", "code": 500, "count": 1_000_000}),
+    );
+    fake.control("/fake/close-watches", json!({}));
+    let body = eventually(
+        "/readyz to answer 503 for the failing pod watch",
+        Duration::from_secs(30),
+        || async {
+            let (code, body) = server.admin_get("/readyz").await;
+            (code == 503).then_some(body)
+        },
+    )
+    .await;
+    assert!(
+        body.contains("watch has failed for") && body.contains("pod"),
+        "names the watch: {body}"
+    );
+    fake.control("/fake/fail", json!({"clear": true}));
+    // a reconnected watch brings no event: back once no error came for longer than the
+    // watcher's longest backoff (35 s)
+    eventually(
+        "/readyz to answer 200 once the pod watch is back",
+        Duration::from_secs(60),
+        || async { (server.admin_get("/readyz").await.0 == 200).then_some(()) },
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_statefulset_pod_gets_its_ip_back_within_the_sticky_grace() {
     let fake = FakeApi::start();
@@ -511,6 +547,10 @@ async fn a_statefulset_pod_gets_its_ip_back_within_the_sticky_grace() {
         .replica(&[
             "--sticky-grace",
             "60s",
+            // web-0 goes before the leader may have seen it stored: its claim is kept once the
+            // admission window has passed
+            "--reservation-ttl",
+            "2s",
             "--lease-duration",
             "2s",
             "--lease-renew-interval",

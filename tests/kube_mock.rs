@@ -472,6 +472,17 @@ async fn release_is_by_uid_a_recreated_pod_of_the_same_name_does_not_keep_the_ol
     );
 }
 
+/// Let `claims` be seen by the leader now, then let `age` pass on its clock.
+async fn seen_for(reconciler: &Reconciler, claims: &[Arc<IPClaim>], age: Duration) {
+    let now = reconciler.started.elapsed().as_secs();
+    reconciler
+        .sightings
+        .lock()
+        .unwrap()
+        .observe(claims, &Default::default(), now);
+    tokio::time::advance(age).await;
+}
+
 fn options() -> ClusterOptions {
     ClusterOptions {
         rules: Rules {
@@ -556,7 +567,11 @@ async fn a_full_resync_frees_an_ip_whose_pod_delete_the_watch_missed() {
         executor: executor(&client),
         options: options(),
         lists: None,
+        sightings: Default::default(),
+        started: tokio::time::Instant::now(),
     };
+    // The leader has seen the claim bound for longer than the admission window.
+    seen_for(&reconciler, &caches.claim_list(), Duration::from_secs(121)).await;
     reconciler.pass(true, true).await;
     let seen = server.await.unwrap();
     assert_eq!(seen.len(), 6);
@@ -858,7 +873,17 @@ async fn a_pass_expires_old_reservations_and_keeps_a_gone_statefulset_pods_ip() 
         executor: executor(&client),
         options: options(),
         lists: None,
+        sightings: Default::default(),
+        started: tokio::time::Instant::now(),
     };
+    // Ages on the leader's own clock: the young reservation was first seen 60 s ago, the others
+    // long before; the times the claims carry play no part.
+    let all = reconciler.caches.claim_list();
+    let (young_claim, older): (Vec<_>, Vec<_>) =
+        all.into_iter().partition(|c| c.spec.ip == "10.0.0.21");
+    seen_for(&reconciler, &older, Duration::from_secs(240)).await;
+    let all: Vec<_> = older.into_iter().chain(young_claim).collect();
+    seen_for(&reconciler, &all, Duration::from_secs(60)).await;
     let next = reconciler.pass(false, true).await;
     let seen = server.await.unwrap();
     assert_eq!(seen[2].body["reason"], "ReservationExpired");

@@ -401,7 +401,7 @@ pub struct EtcdArgs {
     )]
     pub etcd_endpoints: Vec<String>,
     /// Key prefix under which claims are kept, one key per IP.
-    #[arg(long, default_value = "/ip-webhook/", value_name = "PREFIX")]
+    #[arg(long, default_value = "/ip-webhook/", value_parser = parse_etcd_prefix, value_name = "PREFIX")]
     pub etcd_prefix: String,
     /// PEM CA bundle that signed the etcd server certificates.
     #[arg(long, value_name = "FILE")]

@@ -1,5 +1,5 @@
-//! Parsers of argument values clap does not know: sizes, `NAMESPACE/APP`, listen addresses
-//! and durations.
+//! Parsers of argument values clap does not know: sizes, `NAMESPACE/APP`, listen addresses,
+//! durations and etcd key prefixes.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -28,6 +28,20 @@ pub fn parse_size(text: &str) -> Result<usize, String> {
     value
         .checked_mul(scale)
         .ok_or_else(|| format!("{text:?} is too large"))
+}
+
+/// `--etcd-prefix`: letters, digits and `/ . _ - :`, as etcd users write key prefixes
+/// (`/ip-webhook/`, `/calico/ipam/v2/`). Anything else — a space, a control character, a
+/// non-ASCII letter — is refused: every byte is part of the key, so `" /ipw"` would be a key
+/// space of its own, and two replicas given different spellings would hand out one IP twice.
+pub fn parse_etcd_prefix(text: &str) -> Result<String, String> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '/' | '.' | '_' | '-' | ':');
+    match text.char_indices().find(|(_, c)| !allowed(*c)) {
+        None => Ok(text.to_string()),
+        Some((at, c)) => Err(format!(
+            "{text:?} has {c:?} at byte {at}; an etcd prefix takes letters, digits and / . _ - : only (every byte is part of the keys, so another spelling is another key space)"
+        )),
+    }
 }
 
 /// `--app`: `NAMESPACE/APP`.

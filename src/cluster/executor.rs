@@ -9,6 +9,7 @@ use crate::ledger::kubernetes::{
 };
 use crate::ledger::{Claim, Phase, PodRef, Source, unix_now};
 use crate::metrics::{AdoptReason, Metrics};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder};
 use kube::{Api, Resource};
@@ -26,6 +27,15 @@ pub struct Executor {
     pub metrics: Arc<Metrics>,
     /// Duplicates already reported (IP and the UIDs carrying it): one Event each.
     pub reported_duplicates: std::sync::Mutex<HashSet<(IpAddr, Vec<String>)>>,
+}
+
+/// The live pod of the claim's name, when it is not the claim's pod but carries the claim's IP
+/// and a claim token (so our webhooks admitted it): the holder a takeover displaced.
+fn displaced_holder(claim: &IPClaim, live: &ObjectMeta) -> Option<PodInfo> {
+    let pod = super::watches::pod_info(live, "")?;
+    let ip: IpAddr = claim.spec.ip.parse().ok()?;
+    (pod.namespace == claim.spec.namespace && pod.ips.contains(&ip) && pod.token.is_some())
+        .then_some(pod)
 }
 
 fn name_of(resource: &IPClaim) -> String {
@@ -58,9 +68,14 @@ impl Executor {
 
     async fn bind(&self, claim: &IPClaim, pod: &PodInfo) -> Result<bool, ClusterError> {
         let name = name_of(claim);
+        let mut spec =
+            serde_json::json!({"podUid": pod.uid, "podName": pod.name, "sticky": pod.stateful});
+        if let Some(token) = &pod.token {
+            spec["token"] = serde_json::json!(token);
+        }
         let patch = serde_json::json!({
             "metadata": {"resourceVersion": claim.metadata.resource_version},
-            "spec": {"podUid": pod.uid, "podName": pod.name, "sticky": pod.stateful},
+            "spec": spec,
         });
         let updated = match self
             .claims
@@ -99,21 +114,23 @@ impl Executor {
 
     async fn drop_claim(&self, claim: &IPClaim, reason: DropReason) -> Result<bool, ClusterError> {
         let name = name_of(claim);
-        if reason == DropReason::PodGone
-            && let Some(uid) = claim.spec.pod_uid.as_deref()
+        if let Some(uid) = claim.spec.pod_uid.as_deref()
+            && !claim.spec.pod_name.is_empty()
         {
-            // The cache said the pod is gone; ask the API server before freeing its IP.
+            // The caches said the pod is gone. A GET is served from etcd with a quorum read, so
+            // it cannot be older than the bind; it decides before anything is freed.
             let pods: Api<k8s_openapi::api::core::v1::Pod> =
                 Api::namespaced(self.pods.clone().into_client(), &claim.spec.namespace);
-            match pods.get_metadata_opt(&claim.spec.pod_name).await {
-                Ok(Some(live)) if live.metadata.uid.as_deref() == Some(uid) => return Ok(false),
-                Ok(_) => {}
-                Err(error) => {
-                    return Err(ClusterError::api(
-                        "reading pod",
-                        &claim.spec.pod_name,
-                        error,
-                    ));
+            let live = pods
+                .get_metadata_opt(&claim.spec.pod_name)
+                .await
+                .map_err(|error| ClusterError::api("reading pod", &claim.spec.pod_name, error))?;
+            if let Some(live) = live {
+                if live.metadata.uid.as_deref() == Some(uid) {
+                    return Ok(false);
+                }
+                if let Some(holder) = displaced_holder(claim, &live.metadata) {
+                    return self.give_back_to(claim, &holder).await;
                 }
             }
         }
@@ -152,6 +169,23 @@ impl Executor {
             self.event(claim, reason.event_reason(), note).await;
         }
         Ok(true)
+    }
+
+    /// `claim` is bound to a pod that never came (a create refused after the webhooks, such as
+    /// a second CREATE of `db-0` answered AlreadyExists), while the live pod of that name
+    /// still carries the IP it held before: the claim is its again.
+    async fn give_back_to(&self, claim: &IPClaim, holder: &PodInfo) -> Result<bool, ClusterError> {
+        let bound = self.bind(claim, holder).await?;
+        if bound {
+            tracing::warn!(
+                ip = %claim.spec.ip,
+                pod = %format!("{}/{}", holder.namespace, holder.name),
+                uid = %holder.uid,
+                never_created = claim.spec.pod_uid.as_deref().unwrap_or(""),
+                "claim given back to the pod of that name that still carries the IP: the pod it was bound to was never created"
+            );
+        }
+        Ok(bound)
     }
 
     async fn adopt(

@@ -140,7 +140,7 @@ impl OvnIp {
 }
 
 /// B-trees, not hash maps: a hash map doubles all at once under the write lock, and
-/// admissions read `by_ip` (README, "Where the durable tail was").
+/// admissions read `by_ip` (docs/performance.md, "B-trees instead of hash maps").
 struct Books<T> {
     by_key: BTreeMap<Box<str>, Arc<T>>,
     by_ip: BTreeMap<IpAddr, Arc<T>>,
@@ -414,6 +414,7 @@ pub async fn watch_pod_ips(api: Api<Pod>, caches: Arc<Caches>, metrics: Arc<Metr
     while let Some(item) = stream.next().await {
         match item {
             Ok(event) => {
+                caches.health.ok("pod ips");
                 let Some(event) = slim_event(event, |pod: &Pod| {
                     Some(SlimOrGone {
                         key: pod.metadata.uid.as_deref()?.into(),
@@ -429,7 +430,10 @@ pub async fn watch_pod_ips(api: Api<Pod>, caches: Arc<Caches>, metrics: Arc<Metr
                     caches.changed.notify_one();
                 }
             }
-            Err(error) => tracing::warn!(%error, watch = "pod ips", "watch error; retrying"),
+            Err(error) => {
+                caches.health.failed("pod ips");
+                tracing::warn!(%error, watch = "pod ips", "watch error; retrying")
+            }
         }
     }
 }
@@ -454,6 +458,7 @@ pub async fn watch_ovn_ips(api: Api<DynamicObject>, caches: Arc<Caches>, metrics
         let mut relisted = false;
         match item {
             Ok(event) => {
+                caches.health.ok("kube-ovn ips");
                 relisted = matches!(event, watcher::Event::InitDone);
                 let Some(event) = slim_event(event, |object: &DynamicObject| {
                     Some(SlimOrGone {
@@ -466,11 +471,15 @@ pub async fn watch_ovn_ips(api: Api<DynamicObject>, caches: Arc<Caches>, metrics
                 relist.step(&index.ovn, &index.ovn_synced, event);
             }
             Err(error) if status_code(&error) == Some(404) => {
+                caches.health.ok("kube-ovn ips");
                 tracing::debug!("ips.kubeovn.io not served; retrying later");
                 write(&index.ovn).replace(Vec::new());
                 relisted = !index.ovn_synced.swap(true, Ordering::SeqCst);
             }
-            Err(error) => tracing::warn!(%error, watch = "kube-ovn ips", "watch error; retrying"),
+            Err(error) => {
+                caches.health.failed("kube-ovn ips");
+                tracing::warn!(%error, watch = "kube-ovn ips", "watch error; retrying")
+            }
         }
         gauge.set(index.ovn_count() as i64);
         if relisted {
@@ -559,6 +568,11 @@ async fn watch_workloads(
     let mut stream = std::pin::pin!(stream);
     while let Some(item) = stream.next().await {
         let registry = &webhook.workloads;
+        // not served (404) is an answer: there is nothing of that kind to know
+        match &item {
+            Err(error) if status_code(error) != Some(404) => caches.health.failed(kind),
+            _ => caches.health.ok(kind),
+        }
         match item {
             Ok(watcher::Event::Init) => pending = Some(Vec::new()),
             Ok(watcher::Event::InitApply(object)) => {

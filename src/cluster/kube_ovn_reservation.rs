@@ -182,7 +182,7 @@ fn apply<T>(map: &Mutex<BTreeMap<String, T>>, synced: &AtomicBool, change: Chang
 pub async fn watch_subnets(api: Api<DynamicObject>, state: Arc<OvnReservationState>) {
     let mut mirror = Mirror::new();
     let stream = watcher(api, watcher::Config::default()).default_backoff();
-    drive(stream, "kube-ovn subnets (reservation)", |event| {
+    drive(stream, "kube-ovn subnets (reservation)", None, |event| {
         let change = mirror.step(
             event,
             |o: &DynamicObject| o.metadata.name.clone(),
@@ -200,7 +200,7 @@ pub async fn watch_subnets(api: Api<DynamicObject>, state: Arc<OvnReservationSta
 pub async fn watch_pools(api: Api<DynamicObject>, state: Arc<OvnReservationState>) {
     let mut mirror = Mirror::new();
     let stream = watcher(api, watcher::Config::default()).default_backoff();
-    drive(stream, "kube-ovn ippools", |event| {
+    drive(stream, "kube-ovn ippools", None, |event| {
         let change = mirror.step(
             event,
             |o: &DynamicObject| o.metadata.name.clone(),

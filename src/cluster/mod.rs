@@ -15,6 +15,7 @@ use tokio::task::JoinHandle;
 
 use crate::admission::annotations::Cni;
 use crate::crd::{IPClaim, IPPool};
+use crate::metrics::watch_health::WatchHealth;
 use crate::metrics::{LeaseLabels, Metrics};
 use crate::webhook::Webhook;
 
@@ -87,6 +88,8 @@ pub struct Caches {
     pools_synced: AtomicBool,
     /// Something changed: the reconciler may have work.
     pub changed: Notify,
+    /// Whether the watches that admission decisions read are live (`/readyz`).
+    pub health: Arc<WatchHealth>,
 }
 
 impl Caches {
@@ -185,7 +188,10 @@ pub fn start(
     ready: Arc<AtomicBool>,
     options: ClusterOptions,
 ) -> ClusterHandle {
-    let caches = Arc::new(Caches::default());
+    let caches = Arc::new(Caches {
+        health: webhook.metrics.watch_health.clone(),
+        ..Caches::default()
+    });
     caches.cluster_ips.set_app_label(&options.app_label);
     webhook.claim_guard.watch_pods(caches.clone());
     let (leading_tx, leading) = watch::channel(false);
@@ -284,6 +290,8 @@ pub fn start(
         },
         options,
         lists: Some(webhook.clone()),
+        sightings: Default::default(),
+        started: tokio::time::Instant::now(),
     };
     tasks.push(tokio::spawn(reconciler.run(leading.clone(), ready)));
     ClusterHandle {

@@ -137,7 +137,7 @@ impl Nodes {
 pub async fn watch_nodes(api: Api<Node>, nodes: Arc<Nodes>) {
     let mut mirror = Mirror::new();
     let stream = watcher(api, watcher::Config::default()).default_backoff();
-    drive(stream, "nodes", |event| {
+    drive(stream, "nodes", None, |event| {
         let change = mirror.step(
             event,
             |node: &Node| node.metadata.name.clone(),

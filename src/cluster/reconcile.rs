@@ -45,7 +45,12 @@ impl PodInfo {
 /// The reconciler's timing rules.
 #[derive(Debug, Clone, Copy)]
 pub struct Rules {
-    /// A `Reserved` claim no pod took up within this many seconds is dropped.
+    /// A claim made or bound at admission is a promise for this many seconds: the API server
+    /// stores the pod only after every validating webhook has answered, and a create can
+    /// still fail after ours (ResourceQuota, another webhook, AlreadyExists). A `Reserved`
+    /// claim no pod took up, or a claim bound to a UID no pod has, is dropped only once this
+    /// long has passed since the leader first saw it so. Keep it above the API server's
+    /// request timeout (`--request-timeout`, 60 s by default).
     pub reservation_ttl: u64,
     /// A released StatefulSet claim is kept this many seconds for the same pod name.
     pub sticky_grace: u64,
@@ -238,6 +243,100 @@ impl Plan {
     }
 }
 
+/// What a claim says about its holder; a change of any part restarts its age.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ClaimState {
+    object_uid: Option<String>,
+    phase: Option<String>,
+    pod_uid: Option<String>,
+}
+
+impl ClaimState {
+    fn of(resource: &IPClaim) -> ClaimState {
+        ClaimState {
+            object_uid: resource.metadata.uid.clone(),
+            phase: resource.status.as_ref().map(|s| s.phase.clone()),
+            pod_uid: resource.spec.pod_uid.clone(),
+        }
+    }
+}
+
+/// When the leader first saw each claim in its present state, in seconds on the leader's own
+/// clock (the one `now` is read from), and whether it has seen the claim's pod since. A
+/// claim's age is how long this leader has watched it, never a time another machine wrote
+/// compared with this machine's clock: replicas' clocks may disagree by minutes. A new leader
+/// starts its own count, so it waits a whole window before freeing anything.
+#[derive(Debug, Default)]
+pub struct Sightings {
+    first: HashMap<String, Sighting>,
+}
+
+#[derive(Debug)]
+struct Sighting {
+    state: ClaimState,
+    since: u64,
+    /// The pod with the claim's UID was in the pod cache: the API server stored it, so the
+    /// promise made at admission was kept.
+    pod_seen: bool,
+}
+
+impl Sightings {
+    /// Note `claims` as seen at `now`, with the pods of `pods` (by UID); forget the claims no
+    /// longer listed.
+    pub fn observe(&mut self, claims: &[Arc<IPClaim>], pods: &HashMap<String, PodInfo>, now: u64) {
+        let mut listed = HashSet::with_capacity(claims.len());
+        for resource in claims {
+            let name = resource.metadata.name.clone().unwrap_or_default();
+            let state = ClaimState::of(resource);
+            let pod_here = state
+                .pod_uid
+                .as_ref()
+                .is_some_and(|uid| pods.contains_key(uid));
+            match self.first.get_mut(&name) {
+                Some(seen) if seen.state == state => seen.pod_seen |= pod_here,
+                previous => {
+                    // a phase change of the same pod's claim: that pod was still seen
+                    let pod_seen = pod_here
+                        || previous.is_some_and(|p| {
+                            p.pod_seen
+                                && p.state.pod_uid.is_some()
+                                && p.state.pod_uid == state.pod_uid
+                        });
+                    let seen = Sighting {
+                        state,
+                        since: now,
+                        pod_seen,
+                    };
+                    self.first.insert(name.clone(), seen);
+                }
+            }
+            listed.insert(name);
+        }
+        self.first.retain(|name, _| listed.contains(name));
+    }
+
+    fn sighting(&self, resource: &IPClaim) -> Option<&Sighting> {
+        let name = resource.metadata.name.as_deref().unwrap_or_default();
+        self.first
+            .get(name)
+            .filter(|seen| seen.state == ClaimState::of(resource))
+    }
+
+    /// Since when `resource` has been in its present state; `now` for one not seen before.
+    pub fn since(&self, resource: &IPClaim, now: u64) -> u64 {
+        self.sighting(resource).map_or(now, |seen| seen.since)
+    }
+
+    /// Whether the pod `resource` is bound to has been seen since the claim was.
+    pub fn pod_seen(&self, resource: &IPClaim) -> bool {
+        self.sighting(resource).is_some_and(|seen| seen.pod_seen)
+    }
+
+    pub fn clear(&mut self) {
+        self.first.clear();
+    }
+}
+
 /// Seconds a pod's creationTimestamp may precede its claim's: API server replicas' clocks
 /// differ a little. For records written before claim tokens, an older pod of the same name
 /// carrying the IP is not the claim's pod.
@@ -251,10 +350,11 @@ pub(crate) fn takes_up(claim: &Claim, pod: &PodInfo) -> bool {
         && (!claim.token.is_empty() || pod.created_at + CLOCK_SLACK >= claim.created_at)
 }
 
-/// Decide what to do. `pods` is keyed by pod UID.
+/// Decide what to do. `pods` is keyed by pod UID; `now` is on the clock of `seen`.
 pub fn plan(
     claims: &[Arc<IPClaim>],
     pods: &HashMap<String, PodInfo>,
+    seen: &Sightings,
     now: u64,
     rules: Rules,
 ) -> Plan {
@@ -278,9 +378,19 @@ pub fn plan(
     }
     for (resource, claim) in &parsed {
         let resource = Arc::clone(resource);
+        let since = seen.since(&resource, now);
+        let promised_until = since + rules.reservation_ttl;
         match (claim.phase, claim.pod.uid.as_deref()) {
+            // A phase is only what the record says (the status subresource can be written by
+            // anyone allowed to): a claim whose pod still runs is never freed for its phase.
+            (Phase::Released, Some(uid)) if pods.get(uid).is_some_and(|pod| !pod.terminating) => {
+                plan.actions.push(Action::Bind {
+                    claim: resource,
+                    pod: pods[uid].clone(),
+                });
+            }
             (Phase::Released, _) => {
-                let until = claim.updated_at + rules.sticky_grace;
+                let until = since + rules.sticky_grace;
                 if resource.spec.sticky && now < until {
                     plan.due(until);
                 } else {
@@ -296,10 +406,12 @@ pub fn plan(
                     pod: pod.clone(),
                 }),
                 Some(_) => {}
-                None if phase == Phase::Reserved
-                    && now < claim.created_at + rules.reservation_ttl =>
+                // Bound at admission, the pod not stored yet (or never to be): a promise.
+                None if phase != Phase::Terminating
+                    && !seen.pod_seen(&resource)
+                    && now < promised_until =>
                 {
-                    plan.due(claim.created_at + rules.reservation_ttl);
+                    plan.due(promised_until);
                 }
                 None if resource.spec.sticky => plan.actions.push(Action::Keep { claim: resource }),
                 // its DELETE was admitted and the pod is gone: an ordinary release
@@ -326,13 +438,11 @@ pub fn plan(
                         claim: resource,
                         pod: pod.clone(),
                     }),
-                    None if now >= claim.created_at + rules.reservation_ttl => {
-                        plan.actions.push(Action::Drop {
-                            claim: resource,
-                            reason: DropReason::ReservationExpired,
-                        })
-                    }
-                    None => plan.due(claim.created_at + rules.reservation_ttl),
+                    None if now >= promised_until => plan.actions.push(Action::Drop {
+                        claim: resource,
+                        reason: DropReason::ReservationExpired,
+                    }),
+                    None => plan.due(promised_until),
                 }
             }
         }
@@ -482,6 +592,23 @@ mod tests {
         list.into_iter().map(Arc::new).collect()
     }
 
+    /// Each claim as first seen when it was written (in these tests one clock writes and reads).
+    fn as_written(claims: &[Arc<IPClaim>]) -> Sightings {
+        let first = claims
+            .iter()
+            .map(|resource| {
+                let name = resource.metadata.name.clone().unwrap_or_default();
+                let seen = Sighting {
+                    state: ClaimState::of(resource),
+                    since: from_resource(resource).unwrap().updated_at,
+                    pod_seen: false,
+                };
+                (name, seen)
+            })
+            .collect();
+        Sightings { first }
+    }
+
     fn summary(plan: &Plan) -> Vec<String> {
         plan.actions
             .iter()
@@ -504,7 +631,7 @@ mod tests {
     #[test]
     fn binds_a_generate_name_pod_once_it_appears() {
         let claims = arcs(vec![reserved("10.0.0.1", "default", "", "web-7d9f-", T0)]);
-        let before = plan(&claims, &pods(&[]), T0 + 5, RULES);
+        let before = plan(&claims, &pods(&[]), &as_written(&claims), T0 + 5, RULES);
         assert!(before.actions.is_empty());
         assert_eq!(before.next_due, Some(T0 + 120), "wake up at expiry");
 
@@ -517,15 +644,27 @@ mod tests {
             pod("default", "web-7d9f-yyyyy", "uid-2", "10.0.0.1", T0 + 1),
         ]);
         assert!(
-            !summary(&plan(&claims, &without, T0 + 5, RULES))
-                .iter()
-                .any(|s| s.starts_with("bind")),
+            !summary(&plan(
+                &claims,
+                &without,
+                &as_written(&claims),
+                T0 + 5,
+                RULES
+            ))
+            .iter()
+            .any(|s| s.starts_with("bind")),
         );
 
         let mut appeared = pod("default", "web-7d9f-abcde", "uid-1", "10.0.0.1", T0 + 1);
         appeared.token = Some(TOKEN.into());
         assert_eq!(
-            summary(&plan(&claims, &pods(&[stranger, appeared]), T0 + 5, RULES)),
+            summary(&plan(
+                &claims,
+                &pods(&[stranger, appeared]),
+                &as_written(&claims),
+                T0 + 5,
+                RULES
+            )),
             ["bind 10.0.0.1 uid-1"]
         );
     }
@@ -539,7 +678,7 @@ mod tests {
             // The old web-0 that still carries the IP: created before the reservation.
             pod("default", "web-0", "uid-old", "10.0.0.1", T0 - 600),
         ]);
-        let result = plan(&claims, &others, T0 + 5, RULES);
+        let result = plan(&claims, &others, &as_written(&claims), T0 + 5, RULES);
         assert!(
             !summary(&result).iter().any(|s| s.starts_with("bind")),
             "{:?}",
@@ -557,15 +696,121 @@ mod tests {
         )]);
         // Still there: nothing to do.
         assert!(
-            plan(&claims, &pods(std::slice::from_ref(&old)), T0 + 60, RULES)
+            plan(
+                &claims,
+                &pods(std::slice::from_ref(&old)),
+                &as_written(&claims),
+                T0 + 60,
+                RULES
+            )
+            .actions
+            .is_empty()
+        );
+        // A new pod of the same name (other UID) carrying the same IP label: the old one is
+        // gone, and the claim is freed once the admission window since the bind has passed.
+        let recreated = pod("default", "api-1", "uid-new", "10.0.0.7", T0 + 70);
+        assert_eq!(
+            summary(&plan(
+                &claims,
+                &pods(&[recreated]),
+                &as_written(&claims),
+                T0 + 120,
+                RULES
+            )),
+            ["drop 10.0.0.7 PodGone"]
+        );
+    }
+
+    /// The API server stores a pod only after every validating webhook has answered: the
+    /// claim `/validate` bound is a promise, not a leak, until the window has passed since the
+    /// leader first saw it bound, whatever the time the binding replica wrote.
+    #[test]
+    fn a_claim_bound_at_admission_is_kept_until_the_window_passes_since_it_was_seen() {
+        let admitted = pod("default", "web-7d9f-abcde", "uid-new", "10.0.0.8", T0);
+        let claims = arcs(vec![bound(
+            reserved("10.0.0.8", "default", "", "web-7d9f-", T0 - 3_600),
+            &admitted,
+            // written by a replica whose clock runs an hour behind the leader's
+            T0 - 3_600,
+        )]);
+        let mut seen = Sightings::default();
+        seen.observe(&claims, &pods(&[]), T0);
+        let early = plan(&claims, &pods(&[]), &seen, T0 + 1, RULES);
+        assert!(early.actions.is_empty(), "{:?}", summary(&early));
+        assert_eq!(early.next_due, Some(T0 + 120));
+        assert!(
+            plan(&claims, &pods(&[]), &seen, T0 + 119, RULES)
                 .actions
                 .is_empty()
         );
-        // A new pod of the same name (other UID) carrying the same IP label: the old one is gone.
-        let recreated = pod("default", "api-1", "uid-new", "10.0.0.7", T0 + 70);
         assert_eq!(
-            summary(&plan(&claims, &pods(&[recreated]), T0 + 80, RULES)),
-            ["drop 10.0.0.7 PodGone"]
+            summary(&plan(&claims, &pods(&[]), &seen, T0 + 120, RULES)),
+            ["drop 10.0.0.8 PodGone"]
+        );
+        // once the leader has seen the pod stored, its absence is a deletion: no window
+        let mut stored = Sightings::default();
+        stored.observe(&claims, &pods(std::slice::from_ref(&admitted)), T0);
+        assert_eq!(
+            summary(&plan(&claims, &pods(&[]), &stored, T0 + 1, RULES)),
+            ["drop 10.0.0.8 PodGone"]
+        );
+        // a new leader starts its own count
+        let mut fresh = Sightings::default();
+        fresh.observe(&claims, &pods(&[]), T0 + 500);
+        assert!(
+            plan(&claims, &pods(&[]), &fresh, T0 + 500, RULES)
+                .actions
+                .is_empty()
+        );
+    }
+
+    /// A change of the claim (bound to another UID, a phase change) restarts its age.
+    #[test]
+    fn a_changed_claim_is_seen_anew() {
+        let first = pod("default", "db-0", "uid-1", "10.0.0.9", T0);
+        let claim = bound(reserved("10.0.0.9", "default", "db-0", "", T0), &first, T0);
+        let mut seen = Sightings::default();
+        seen.observe(&arcs(vec![claim.clone()]), &pods(&[]), T0);
+        let second = pod("default", "db-0", "uid-2", "10.0.0.9", T0);
+        let rebound = arcs(vec![bound(claim, &second, T0 + 100)]);
+        seen.observe(&rebound, &pods(&[]), T0 + 100);
+        assert_eq!(seen.since(&rebound[0], T0 + 150), T0 + 100);
+        assert!(
+            plan(&rebound, &pods(&[]), &seen, T0 + 150, RULES)
+                .actions
+                .is_empty()
+        );
+        // a claim no longer listed is forgotten
+        seen.observe(&[], &pods(&[]), T0 + 160);
+        assert_eq!(seen.since(&rebound[0], T0 + 170), T0 + 170);
+    }
+
+    /// A phase is what the record says, and the status subresource can be written by hand: a
+    /// Released claim whose pod still runs is bound again, never freed.
+    #[test]
+    fn a_released_claim_whose_pod_runs_is_bound_again() {
+        let web = pod("default", "web-1", "uid-w", "10.0.0.6", T0);
+        let claims = arcs(vec![released(
+            bound(reserved("10.0.0.6", "default", "web-1", "", T0), &web, T0),
+            T0 + 1,
+        )]);
+        let seen = as_written(&claims);
+        assert_eq!(
+            summary(&plan(
+                &claims,
+                &pods(std::slice::from_ref(&web)),
+                &seen,
+                T0 + 2,
+                RULES
+            )),
+            ["bind 10.0.0.6 uid-w"]
+        );
+        // once the pod is on its way out, the release stands
+        let mut leaving = web;
+        leaving.terminating = true;
+        assert_eq!(
+            summary(&plan(&claims, &pods(&[leaving]), &seen, T0 + 2, RULES)),
+            ["drop 10.0.0.6 ReleaseDone"]
         );
     }
 
@@ -573,12 +818,18 @@ mod tests {
     fn reservations_expire_after_the_ttl() {
         let claims = arcs(vec![reserved("10.0.0.3", "default", "", "job-", T0)]);
         assert!(
-            plan(&claims, &pods(&[]), T0 + 119, RULES)
+            plan(&claims, &pods(&[]), &as_written(&claims), T0 + 119, RULES)
                 .actions
                 .is_empty()
         );
         assert_eq!(
-            summary(&plan(&claims, &pods(&[]), T0 + 120, RULES)),
+            summary(&plan(
+                &claims,
+                &pods(&[]),
+                &as_written(&claims),
+                T0 + 120,
+                RULES
+            )),
             ["drop 10.0.0.3 ReservationExpired"]
         );
     }
@@ -592,17 +843,24 @@ mod tests {
             summary(&plan(
                 &arcs(vec![claim.clone()]),
                 &pods(&[]),
-                T0 + 10,
+                &as_written(&arcs(vec![claim.clone()])),
+                T0 + 120,
                 RULES
             )),
             ["keep 10.0.0.9"]
         );
-        let kept = arcs(vec![released(claim, T0 + 10)]);
-        let during = plan(&kept, &pods(&[]), T0 + 309, RULES);
+        let kept = arcs(vec![released(claim, T0 + 120)]);
+        let during = plan(&kept, &pods(&[]), &as_written(&kept), T0 + 419, RULES);
         assert!(during.actions.is_empty());
-        assert_eq!(during.next_due, Some(T0 + 310));
+        assert_eq!(during.next_due, Some(T0 + 420));
         assert_eq!(
-            summary(&plan(&kept, &pods(&[]), T0 + 310, RULES)),
+            summary(&plan(
+                &kept,
+                &pods(&[]),
+                &as_written(&kept),
+                T0 + 420,
+                RULES
+            )),
             ["drop 10.0.0.9 ReleaseDone"]
         );
     }
@@ -614,7 +872,13 @@ mod tests {
             T0 + 1,
         )]);
         assert_eq!(
-            summary(&plan(&claims, &pods(&[]), T0 + 2, RULES)),
+            summary(&plan(
+                &claims,
+                &pods(&[]),
+                &as_written(&claims),
+                T0 + 2,
+                RULES
+            )),
             ["drop 10.0.0.4 ReleaseDone"]
         );
     }
@@ -629,7 +893,13 @@ mod tests {
         gone.terminating = true;
         gone.token = Some(TOKEN.into());
         assert_eq!(
-            summary(&plan(&[], &pods(&[b, a, gone]), T0 + 2, RULES)),
+            summary(&plan(
+                &[],
+                &pods(&[b, a, gone]),
+                &Sightings::default(),
+                T0 + 2,
+                RULES
+            )),
             ["adopt 10.0.0.5 uid-a"]
         );
     }
@@ -645,6 +915,7 @@ mod tests {
             summary(&plan(
                 &[],
                 &pods(std::slice::from_ref(&squat)),
+                &Sightings::default(),
                 T0 + 2,
                 RULES
             ))
@@ -654,7 +925,13 @@ mod tests {
         let mut admitted = squat;
         admitted.token = Some(TOKEN.into());
         assert_eq!(
-            summary(&plan(&[], &pods(&[admitted]), T0 + 2, RULES)),
+            summary(&plan(
+                &[],
+                &pods(&[admitted]),
+                &Sightings::default(),
+                T0 + 2,
+                RULES
+            )),
             ["adopt 10.97.9.5 uid-s"]
         );
     }
@@ -672,6 +949,7 @@ mod tests {
         let plan = plan(
             &[],
             &pods(&[newer.clone(), older.clone(), leaving, other]),
+            &Sightings::default(),
             T0 + 5,
             RULES,
         );
@@ -827,7 +1105,7 @@ mod list_adoption_tests {
             token: None,
         };
         let cache = HashMap::from([(squat.uid.clone(), squat.clone())]);
-        let mut plan = plan(&[], &cache, T0 + 1, RULES);
+        let mut plan = plan(&[], &cache, &Sightings::default(), T0 + 1, RULES);
         plan_list_adoptions(&mut plan, &[], &cache, &[], &lists());
         assert!(plan.actions.is_empty(), "{:?}", plan.actions);
         // once the kubelet reports it running there, it is its app's IP

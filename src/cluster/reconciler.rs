@@ -4,7 +4,6 @@
 use crate::crd::{IPClaim, IPPool};
 use crate::ipam::allocator::Allocator;
 use crate::ledger::kubernetes::from_resource;
-use crate::ledger::unix_now;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
 use kube::{Api, Client};
@@ -26,6 +25,11 @@ pub struct Reconciler {
     pub options: ClusterOptions,
     /// The apps' lists the leader adopts running pods' IPs into ([`reconcile::plan_list_adoptions`]).
     pub lists: Option<Arc<dyn reconcile::AppLists>>,
+    /// Since when the leader has seen each claim as it is, on [`Reconciler::clock`].
+    pub sightings: std::sync::Mutex<reconcile::Sightings>,
+    /// The leader's own clock for the ages of claims: monotonic, so neither another
+    /// machine's clock nor a step of this one's wall clock can age a claim.
+    pub started: tokio::time::Instant,
 }
 
 /// How long the loop lets a burst of watch events settle before a pass.
@@ -77,10 +81,15 @@ impl Reconciler {
             (self.caches.claim_list(), self.caches.pod_map())
         };
         if !is_leader {
+            lock(&self.sightings).clear();
             return None;
         }
-        let now = unix_now();
-        let mut plan = reconcile::plan(&claims, &pods, now, self.options.rules);
+        let now = self.clock();
+        let mut plan = {
+            let mut seen = lock(&self.sightings);
+            seen.observe(&claims, &pods, now);
+            reconcile::plan(&claims, &pods, &seen, now, self.options.rules)
+        };
         if let Some(lists) = &self.lists {
             let running = self.caches.cluster_ips.pods();
             reconcile::plan_list_adoptions(&mut plan, &claims, &pods, &running, lists.as_ref());
@@ -97,6 +106,11 @@ impl Reconciler {
         plan.next_due.map(|at| {
             tokio::time::Instant::now() + Duration::from_secs(at.saturating_sub(now).max(1))
         })
+    }
+
+    /// Seconds on the leader's own monotonic clock.
+    fn clock(&self) -> u64 {
+        self.started.elapsed().as_secs()
     }
 
     async fn fresh_lists(

@@ -5,7 +5,10 @@
 //! pod is found as `release` finds it ([`super::pods::holder`]: a pod created after the claim
 //! that carries its IP and matches its name or generateName), in a metadata-only pod list.
 //!
-//! A claim is only looked at once it is older than the reservation TTL; a claim made for a
+//! A claim is only looked at once this replica has seen it for the reservation TTL (its age on
+//! this replica's own monotonic clock, never the time another replica wrote: clocks may
+//! disagree by minutes, and a claim made at admission is a promise until its pod is stored).
+//! A claim made for a
 //! fixed pod name (a StatefulSet's) is freed only after no pod held it for the sticky grace,
 //! so a pod being recreated keeps its IP. Each release is conditional on the record being the
 //! one read, so a sweep racing an admission or another replica frees nothing it should not.
@@ -18,7 +21,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::ipam::allocator::Allocator;
-use crate::ledger::{Claim, ObservedChange, unix_now};
+use crate::ledger::{Claim, ObservedChange};
 use crate::metrics::Metrics;
 
 use super::pods::PodDirectory;
@@ -30,8 +33,13 @@ pub struct Sweeper {
     rules: Rules,
     period: Duration,
     metrics: Arc<Metrics>,
-    /// Since when (unix seconds) no pod has held the claim on an IP, by the claim's request.
+    /// Since when (seconds on [`Sweeper::started`]) this replica has seen the claim on an IP,
+    /// by the claim's request.
+    first_seen: HashMap<IpAddr, (String, u64)>,
+    /// Since when no pod has held the claim on an IP, by the claim's request.
     unheld_since: HashMap<IpAddr, (String, u64)>,
+    /// This replica's own clock for the ages above.
+    started: tokio::time::Instant,
     /// Releases that failed with an error (a timeout, say) but may have been written: counted
     /// when a later sweep finds the claim released.
     uncertain: HashSet<(IpAddr, String)>,
@@ -51,7 +59,9 @@ impl Sweeper {
             rules,
             period,
             metrics,
+            first_seen: HashMap::new(),
             unheld_since: HashMap::new(),
+            started: tokio::time::Instant::now(),
             uncertain: HashSet::new(),
         }
     }
@@ -60,9 +70,11 @@ impl Sweeper {
     pub async fn run(mut self, mut leading: watch::Receiver<bool>) {
         loop {
             if *leading.borrow_and_update() {
-                self.sweep(unix_now()).await;
+                let now = self.started.elapsed().as_secs();
+                self.sweep(now).await;
             } else {
                 // a new leader starts its own count of how long claims went unheld
+                self.first_seen.clear();
                 self.unheld_since.clear();
             }
             tokio::select! {
@@ -72,7 +84,7 @@ impl Sweeper {
         }
     }
 
-    /// One pass at `now` (unix seconds); the IPs freed.
+    /// One pass at `now` (seconds on this replica's own clock); the IPs freed.
     pub async fn sweep(&mut self, now: u64) -> Vec<IpAddr> {
         let claims = match self.allocator.ledger().load().await {
             Ok(claims) => claims,
@@ -97,13 +109,20 @@ impl Sweeper {
                 .iter()
                 .any(|c| c.ip == *ip && c.request_uid == *request)
         });
-        for claim in claims {
-            if claim.is_held() && now >= claim.created_at + self.rules.reservation_ttl {
+        let mut first_seen = HashMap::with_capacity(self.first_seen.len());
+        for claim in claims.into_iter().filter(Claim::is_held) {
+            let seen_since = match self.first_seen.get(&claim.ip) {
+                Some((request, since)) if *request == claim.request_uid => *since,
+                _ => now,
+            };
+            first_seen.insert(claim.ip, (claim.request_uid.clone(), seen_since));
+            if now >= seen_since + self.rules.reservation_ttl {
                 due.entry(claim.pod.namespace.clone())
                     .or_default()
                     .push(claim);
             }
         }
+        self.first_seen = first_seen;
         let mut looked_at: HashMap<IpAddr, String> = HashMap::new();
         let mut freed = Vec::new();
         for (namespace, claims) in due {

@@ -117,16 +117,30 @@ impl<T> Mirror<T> {
     }
 }
 
-pub(super) async fn drive<K, S, F>(stream: S, what: &'static str, mut on_event: F)
-where
+/// Feed a watch's events to `on_event`; `health` (for the watches admission decisions read)
+/// learns whether it is live.
+pub(super) async fn drive<K, S, F>(
+    stream: S,
+    what: &'static str,
+    health: Option<&WatchHealth>,
+    mut on_event: F,
+) where
     S: Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
     F: FnMut(watcher::Event<K>),
 {
     let mut stream = std::pin::pin!(stream);
     while let Some(item) = stream.next().await {
         match item {
-            Ok(event) => on_event(event),
+            Ok(event) => {
+                if let Some(health) = health {
+                    health.ok(what);
+                }
+                on_event(event)
+            }
             Err(error) => {
+                if let Some(health) = health {
+                    health.failed(what);
+                }
                 tracing::warn!(%error, watch = what, "watch error; retrying with backoff")
             }
         }
@@ -137,7 +151,7 @@ where
 pub async fn watch_pods(api: Api<PartialObjectMeta<Pod>>, caches: Arc<Caches>, app_label: String) {
     let mut mirror = Mirror::new();
     let stream = watcher(api, watcher::Config::default()).default_backoff();
-    drive(stream, "pods", |event| {
+    drive(stream, "pods", Some(&caches.health), |event| {
         let change = mirror.step(
             event,
             |pod: &PartialObjectMeta<Pod>| pod.metadata.uid.clone(),
@@ -167,7 +181,7 @@ pub async fn watch_pods(api: Api<PartialObjectMeta<Pod>>, caches: Arc<Caches>, a
 pub async fn watch_claims(api: Api<IPClaim>, caches: Arc<Caches>, allocator: Arc<Allocator>) {
     let mut mirror = Mirror::new();
     let stream = watcher(api, watcher::Config::default()).default_backoff();
-    drive(stream, "ipclaims", |event| {
+    drive(stream, "ipclaims", Some(&caches.health), |event| {
         let change = mirror.step(
             event,
             |claim: &IPClaim| claim.metadata.name.clone(),
@@ -232,7 +246,7 @@ pub fn tolerant_catalog(pools: &BTreeMap<String, IPPool>) -> PoolCatalog {
 pub async fn watch_pools(api: Api<IPPool>, caches: Arc<Caches>, webhook: Arc<Webhook>) {
     let mut mirror = Mirror::new();
     let stream = watcher(api, watcher::Config::default()).default_backoff();
-    drive(stream, "ippools", |event| {
+    drive(stream, "ippools", Some(&caches.health), |event| {
         let change = mirror.step(
             event,
             |pool: &IPPool| pool.metadata.name.clone(),

@@ -42,6 +42,18 @@ pub struct AllocationRequest<'a> {
     pub dry_run: bool,
 }
 
+impl AllocationRequest<'_> {
+    /// The pod asking, as the claim rules compare it with a record.
+    pub fn identity(&self) -> PodIdentity<'_> {
+        PodIdentity {
+            namespace: &self.pod.namespace,
+            name: &self.pod.name,
+            uid: self.pod.uid.as_deref(),
+            token: Some(self.token),
+        }
+    }
+}
+
 /// Why the IP was chosen (for logs and `explain`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reason {
@@ -164,14 +176,27 @@ impl Allocator {
     pub fn replace_all(&self, claims: Vec<Claim>) {
         let mut state = self.lock();
         let history = std::mem::take(&mut state.history);
+        let local_release = std::mem::take(&mut state.local_release);
         *state = State {
             history,
+            local_release,
             ..State::default()
         };
         for claim in claims {
             state.remember(&claim);
             state.hold(claim);
         }
+        // what no longer terminates has no release time to keep
+        let State {
+            claims,
+            local_release,
+            ..
+        } = &mut *state;
+        local_release.retain(|ip, _| {
+            claims
+                .get(ip)
+                .is_some_and(|c| c.phase == Phase::Terminating)
+        });
     }
 
     /// Who holds `ip`, if anyone.
@@ -357,12 +382,10 @@ impl Allocator {
                         made.push(claim);
                         continue;
                     }
-                    // the record is this pod's own claim, which the index did not show (a
-                    // shared ledger's relist can drop a claim for a moment): it is the pod's
-                    Ok(Recorded::HeldBy(holder))
-                        if holder.is_held() && held_by(&holder, &requester(request)) =>
-                    {
-                        // (`record` has put it back in the index)
+                    // The record itself, read after the write found it, not this replica's
+                    // cache: a watch that lags behind another replica's /mutate has not
+                    // shown this pod's own reservation yet.
+                    Ok(Recorded::HeldBy(holder)) if held_by(&holder, &request.identity()) => {
                         allocation.token = holder.token.clone();
                         continue;
                     }
@@ -578,16 +601,6 @@ impl Allocator {
     }
 }
 
-/// The pod of `request` as the claim rules see it, its token the one it carries.
-fn requester<'a>(request: &'a AllocationRequest<'_>) -> PodIdentity<'a> {
-    PodIdentity {
-        namespace: &request.pod.namespace,
-        name: &request.pod.name,
-        uid: request.pod.uid.as_deref(),
-        token: Some(request.token),
-    }
-}
-
 /// What recording a claim came to.
 enum Recorded {
     /// Ours: the claim as recorded (a retried admission's first record, maybe).
@@ -684,6 +697,10 @@ mod tests {
     #[tokio::test]
     async fn due_follows_phase_changes_in_release_order() {
         let allocator = allocator().await;
+        // graces of 19, 29 and 89 s, from DELETEs written at time 1 by another replica's
+        // clock: each counts from when this process learns the claim (at `start`, give or
+        // take the second the test may cross)
+        let start = unix_now();
         let terminating = |ip: &str, name: &str, at: u64| Claim {
             release_at: Some(at),
             ..external(ip, name, &format!("r-{name}"), Phase::Terminating)
@@ -708,8 +725,8 @@ mod tests {
                 .map(|c| c.ip.to_string())
                 .collect()
         };
-        assert!(due(19).is_empty());
-        assert_eq!(due(30), ["10.0.0.1", "10.0.0.2", "10.0.0.3"]);
+        assert!(due(start + 18).is_empty());
+        assert_eq!(due(start + 31), ["10.0.0.1", "10.0.0.2", "10.0.0.3"]);
         // 10.0.0.1 is bound again, 10.0.0.2 released: neither is due any more
         allocator.apply_observed(ObservedChange::Held(external(
             "10.0.0.1",
@@ -720,7 +737,27 @@ mod tests {
         assert!(
             allocator.apply_observed(ObservedChange::Released(terminating("10.0.0.2", "b", 20)))
         );
-        assert_eq!(due(100), ["10.0.0.3", "10.0.0.4"]);
+        assert_eq!(due(start + 100), ["10.0.0.3", "10.0.0.4"]);
+        // learning the same claims again (a reload) does not count their grace anew
+        allocator.replace_all(allocator.claims());
+        assert_eq!(due(start + 100), ["10.0.0.3", "10.0.0.4"]);
+    }
+
+    /// A DELETE admitted by a replica whose clock runs 10 minutes behind this one's: its
+    /// release time is long past by this clock, but the pod's 30 s grace counts from when
+    /// this process learned the claim, so it is not freed while the pod may still run.
+    #[tokio::test]
+    async fn a_release_time_written_by_another_clock_counts_only_its_grace() {
+        let allocator = allocator().await;
+        let now = unix_now();
+        let written = now - 600;
+        allocator.apply_observed(ObservedChange::Held(Claim {
+            updated_at: written,
+            release_at: Some(written + 30),
+            ..external("10.0.0.9", "db-0", "r-db", Phase::Terminating)
+        }));
+        assert!(allocator.due(now + 1).is_empty(), "not within the grace");
+        assert_eq!(allocator.due(now + 32).len(), 1);
     }
 
     #[tokio::test]

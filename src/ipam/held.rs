@@ -11,7 +11,7 @@ use super::foreign::{ForeignIps, ForeignUse};
 use super::ipset::{Family, ip_from_key, ip_key};
 use super::messages::{HOLDERS_NAMED, holder_list};
 use crate::ledger::claim::{may_take_over, same_grant};
-use crate::ledger::{Claim, Phase, PodRef, Source};
+use crate::ledger::{Claim, Phase, PodRef, Source, unix_now};
 
 /// Held addresses of one family as maximal runs `start -> end` (inclusive).
 #[derive(Debug, Default, Clone)]
@@ -81,11 +81,45 @@ impl RunSet {
     }
 }
 
-/// When the release timer frees `claim`, if it is `Terminating` with a release time.
+/// The release time `claim` carries, if it is `Terminating` with one.
 fn release_time(claim: &Claim) -> Option<u64> {
     claim
         .release_at
         .filter(|_| claim.phase == Phase::Terminating)
+}
+
+/// When this process frees a `Terminating` claim, on its own clock. The record's release time
+/// was written by whichever replica admitted the DELETE, on that replica's clock; what carries
+/// over between machines is the grace itself (the release time less the time of the DELETE,
+/// both written by that one machine), counted from when this process first saw the claim
+/// terminating. A replica whose clock runs ahead cannot free the IP while the pod is still in
+/// its grace period.
+#[derive(Debug, Clone)]
+pub(super) struct LocalRelease {
+    request_uid: String,
+    /// The release time as the record carries it: a new DELETE writes a new one.
+    written: u64,
+    pub(super) due: u64,
+}
+
+impl LocalRelease {
+    fn of(claim: &Claim, written: u64, now: u64) -> LocalRelease {
+        let due = if claim.updated_at == 0 {
+            // no time of the DELETE to measure the grace by
+            written
+        } else {
+            now.saturating_add(written.saturating_sub(claim.updated_at))
+        };
+        LocalRelease {
+            request_uid: claim.request_uid.clone(),
+            written,
+            due,
+        }
+    }
+
+    fn is_for(&self, claim: &Claim, written: u64) -> bool {
+        self.request_uid == claim.request_uid && self.written == written
+    }
 }
 
 /// Whether a pod of this name can come back under the same name: a fixed name (a StatefulSet's
@@ -212,17 +246,21 @@ impl AppCounts {
 pub(super) struct State {
     pub(super) held: HashMap<Family, RunSet>,
     // The maps that grow with every claim are B-trees: a hash map doubles all at once, and at
-    // 229,376 claims that one rehash held every admission for 200 ms (README, "Where the
-    // durable tail was"); a B-tree grows a node at a time.
+    // 229,376 claims that one rehash held every admission for 200 ms (docs/performance.md,
+    // "B-trees instead of hash maps"); a B-tree grows a node at a time.
     /// Shared with the embedded ledger, which keeps the same copy of each claim it records.
     pub(super) claims: BTreeMap<IpAddr, Arc<Claim>>,
     pub(super) by_request: ByRequest,
     /// Claims by their pod's UID and by their token: a DELETE finds what its pod holds by
     /// who the pod is, not by the IPs it shows (which an update may have stripped).
     pub(super) by_pod: ByKey,
-    /// `Terminating` claims by release time, so the release timer's pass costs what is due,
-    /// not a scan of every claim under the lock each second.
+    /// `Terminating` claims by their release time on this process's clock
+    /// ([`LocalRelease`]), so the release timer's pass costs what is due, not a scan of every
+    /// claim under the lock each second.
     pub(super) releasing: BTreeSet<(u64, IpAddr)>,
+    /// The release time of each `Terminating` claim on this process's clock, kept while the
+    /// claim is learned again (a reload, a resync) so its grace is not counted anew.
+    pub(super) local_release: BTreeMap<IpAddr, LocalRelease>,
     /// Last IPs of a pod name of an app: `(namespace, app, pod name)`, for names that can come
     /// back ([`name_recurs`]).
     pub(super) history: BTreeMap<(String, String, String), Vec<IpAddr>>,
@@ -248,8 +286,18 @@ impl State {
         for key in pod_keys(&claim) {
             self.by_pod.add(key, claim.ip);
         }
-        if let Some(at) = release_time(&claim) {
-            self.releasing.insert((at, claim.ip));
+        match release_time(&claim) {
+            Some(written) => {
+                let local = match self.local_release.get(&claim.ip) {
+                    Some(seen) if seen.is_for(&claim, written) => seen.clone(),
+                    _ => LocalRelease::of(&claim, written, unix_now()),
+                };
+                self.releasing.insert((local.due, claim.ip));
+                self.local_release.insert(claim.ip, local);
+            }
+            None => {
+                self.local_release.remove(&claim.ip);
+            }
         }
         self.held_per_app.add(&claim.pod.namespace, &claim.app);
         self.remember(&claim);
@@ -260,8 +308,8 @@ impl State {
         for key in pod_keys(claim) {
             self.by_pod.remove(key, claim.ip);
         }
-        if let Some(at) = release_time(claim) {
-            self.releasing.remove(&(at, claim.ip));
+        if let Some(local) = self.local_release.get(&claim.ip) {
+            self.releasing.remove(&(local.due, claim.ip));
         }
         self.held_per_app.remove(&claim.pod.namespace, &claim.app);
     }
@@ -274,6 +322,7 @@ impl State {
         }
         let removed = self.claims.remove(&claim.ip).expect("checked above");
         self.forget_indexes(&removed);
+        self.local_release.remove(&claim.ip);
         let (family, value) = ip_key(&claim.ip);
         if let Some(runs) = self.held.get_mut(&family) {
             runs.remove(value);

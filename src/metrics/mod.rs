@@ -6,6 +6,7 @@
 //! webhook's), and would rename ours to `exported_namespace`.
 
 mod process;
+pub mod watch_health;
 
 pub use process::{ProcessCollector, Sample as ProcessSample};
 
@@ -171,6 +172,8 @@ pub struct Metrics {
     pub adoptions: Family<ReasonLabels, Counter>,
     /// Whether the ledger can serve (failures in a row, since when): `/readyz` reads it.
     pub ledger_health: Arc<crate::ledger::health::LedgerHealth>,
+    /// Whether the in-cluster watches are live ([`watch_health`]).
+    pub watch_health: Arc<watch_health::WatchHealth>,
     /// Time of each ledger call, by ledger and operation.
     pub ledger_latency: Family<LedgerLabels, Histogram>,
     pub tls_reloads: Family<ResultLabels, Counter>,
@@ -615,6 +618,7 @@ impl Metrics {
             duplicate_ips,
             adoptions,
             ledger_health: Arc::new(crate::ledger::health::LedgerHealth::new()),
+            watch_health: Default::default(),
             ledger_latency,
             tls_reloads,
             certificate_expiry,

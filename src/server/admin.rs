@@ -44,7 +44,11 @@ pub(super) fn admin(
     match (request.method(), request.uri().path()) {
         (&Method::GET, "/healthz") => text(StatusCode::OK, "text/plain", "ok\n".into()),
         (&Method::GET, "/readyz") if ready.load(Ordering::SeqCst) => {
-            match metrics.ledger_health.failing() {
+            match metrics
+                .ledger_health
+                .failing()
+                .or_else(|| metrics.watch_health.failing())
+            {
                 None => text(StatusCode::OK, "text/plain", "ready\n".into()),
                 Some(why) => text(
                     StatusCode::SERVICE_UNAVAILABLE,

@@ -3,8 +3,12 @@
 //! claim whose pod still runs, would let the IP be handed out twice.
 //!
 //! - **UPDATE** that changes `spec`: refused, unless the new object carries the annotation
-//!   [`FORCE`]` = "true"`. Metadata edits (labels, annotations, finalizers) and the status
-//!   subresource are never refused.
+//!   [`FORCE`]` = "true"`. Metadata edits (labels, annotations, finalizers) are never refused.
+//! - **UPDATE of the `status` subresource** that changes it (`kubectl patch ipclaim IP
+//!   --subresource=status`): refused unless the stored claim already carries [`FORCE`]; a
+//!   status write cannot change metadata, so the mark is set with an edit of its own first.
+//!   The phase is only what the record says: the reconciler never frees a claim whose pod
+//!   runs for its phase alone, but no one else should write it.
 //! - **DELETE** of a claim whose pod runs (phase `Reserved`, `Bound` or `Terminating`, with a
 //!   pod UID that the watch-fed pod caches hold): refused, unless the claim being deleted
 //!   (`oldObject`) carries [`FORCE`]` = "true"`. So an operator forces in two steps:
@@ -177,7 +181,29 @@ fn name_of(claim: &IPClaim, incoming: &Incoming<'_>) -> String {
 
 /// The `spec` fields that differ, by their JSON names.
 fn changed_fields(old: &IPClaim, new: &IPClaim) -> Vec<String> {
-    let as_map = |claim: &IPClaim| match serde_json::to_value(&claim.spec) {
+    differing(
+        "spec",
+        serde_json::to_value(&old.spec),
+        serde_json::to_value(&new.spec),
+    )
+}
+
+/// The `status` fields that differ, by their JSON names.
+fn changed_status(old: &IPClaim, new: &IPClaim) -> Vec<String> {
+    differing(
+        "status",
+        serde_json::to_value(&old.status),
+        serde_json::to_value(&new.status),
+    )
+}
+
+/// The keys of two JSON objects whose values differ, as `part.key`.
+fn differing(
+    part: &str,
+    old: serde_json::Result<serde_json::Value>,
+    new: serde_json::Result<serde_json::Value>,
+) -> Vec<String> {
+    let as_map = |value: serde_json::Result<serde_json::Value>| match value {
         Ok(serde_json::Value::Object(map)) => map,
         _ => serde_json::Map::new(),
     };
@@ -187,7 +213,7 @@ fn changed_fields(old: &IPClaim, new: &IPClaim) -> Vec<String> {
     keys.dedup();
     keys.into_iter()
         .filter(|k| old.get(*k) != new.get(*k))
-        .map(|k| format!("spec.{k}"))
+        .map(|k| format!("{part}.{k}"))
         .collect()
 }
 
@@ -216,10 +242,11 @@ fn claim_in(incoming: &Incoming<'_>, old: bool) -> Result<IPClaim, String> {
 pub fn review(guard: &ClaimGuard, incoming: &Incoming<'_>) -> Response {
     let response = incoming.respond();
     let request = &incoming.request;
-    if request.sub_resource.is_some() {
-        // status: ip-webhook's own phase changes; the rules send none other
-        return response;
-    }
+    let status_write = match request.sub_resource.as_deref() {
+        None => false,
+        Some("status") => true,
+        Some(_) => return response,
+    };
     if !matches!(request.operation, Operation::Update | Operation::Delete) {
         return response;
     }
@@ -246,19 +273,31 @@ pub fn review(guard: &ClaimGuard, incoming: &Incoming<'_>) -> Response {
                 Ok(new) => new,
                 Err(message) => return response.deny(message),
             };
-            let changed = changed_fields(&old, &new);
+            let changed = if status_write {
+                changed_status(&old, &new)
+            } else {
+                changed_fields(&old, &new)
+            };
             if changed.is_empty() {
                 return response;
             }
             let holder = holder_text(&old);
-            if forced(&new) {
+            // a status write carries the object's metadata as stored: the force mark is set
+            // beforehand with a metadata edit
+            if forced(&new) || (status_write && forced(&old)) {
                 return response.warn(format!(
                     "IPClaim {name}: {} edited by hand ({FORCE}=true); ip-webhook treats a claim whose name and spec.ip disagree as unreadable and keeps its IP held",
                     changed.join(", ")
                 ));
             }
+            let part = if status_write { "status" } else { "spec" };
+            let how = if status_write {
+                format!("set the annotation {FORCE}: \"true\" on the IPClaim first")
+            } else {
+                format!("set the annotation {FORCE}: \"true\" in the same change")
+            };
             response.deny(format!(
-                "IPClaim {name} is ip-webhook's record of IP {} ({holder}); its spec is written by ip-webhook only ({} changed). To force the edit, set the annotation {FORCE}: \"true\" in the same change",
+                "IPClaim {name} is ip-webhook's record of IP {} ({holder}); its {part} is written by ip-webhook only ({} changed). To force the edit, {how}",
                 old.spec.ip,
                 changed.join(", ")
             ))

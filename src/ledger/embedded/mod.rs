@@ -13,7 +13,8 @@
 //! a commit (a debug build, a slow core) the requests the runtime had ready still share one
 //! commit, and a lone request waits for one `yield_now` only.
 //!
-//! Two stores sit behind the writer (issue 18 measured both, README "Performance"):
+//! Two stores sit behind the writer (both measured side by side: docs/performance.md, "The
+//! journal instead of redb"):
 //!
 //! - [`Store::Journal`] (the default, `journal.rs`): an append-only journal of checksummed
 //!   records (`journal.<generation>`; the format is in [`super::record`]), one `write` and one
