@@ -484,6 +484,7 @@ fn defaults_render_the_documented_webhooks() {
         webhook_names(validating),
         [
             "pods.validate.ip-webhook.io",
+            "pod-updates.validate.ip-webhook.io",
             "fixedippools.validate.ip-webhook.io",
             "ipclaims.validate.ip-webhook.io",
             "workloads.validate.ip-webhook.io",
@@ -501,6 +502,15 @@ fn defaults_render_the_documented_webhooks() {
         summary(&[("", "pods", "CREATE,UPDATE")])
     );
     assert_eq!(namespace_selector_values(pods), [NAMESPACE, "kube-system"]);
+    // updates of pods that hold a claim: fail closed, only pods with our marks
+    let updates = webhook(validating, "pod-updates.validate.ip-webhook.io");
+    assert_eq!(updates["failurePolicy"], "Fail");
+    assert_eq!(rule_summary(updates), summary(&[("", "pods", "UPDATE")]));
+    assert_eq!(updates["matchConditions"][0]["name"], "pod-holds-claim");
+    assert_eq!(
+        namespace_selector_values(updates),
+        [NAMESPACE, "kube-system"]
+    );
     let pools = webhook(validating, "fixedippools.validate.ip-webhook.io");
     assert_eq!(pools["failurePolicy"], "Fail");
     assert_eq!(
@@ -894,6 +904,7 @@ fn cni_pool_kinds_are_validated_when_switched_on() {
         webhook_names(one(&only_pools, "ValidatingWebhookConfiguration")),
         [
             "pods.validate.ip-webhook.io",
+            "pod-updates.validate.ip-webhook.io",
             "fixedippools.validate.ip-webhook.io",
             "ipclaims.validate.ip-webhook.io",
             "calico-ippools.validate.ip-webhook.io",
@@ -912,6 +923,7 @@ fn cni_pool_kinds_are_validated_when_switched_on() {
         webhook_names(one(&bare, "ValidatingWebhookConfiguration")),
         [
             "pods.validate.ip-webhook.io",
+            "pod-updates.validate.ip-webhook.io",
             "fixedippools.validate.ip-webhook.io"
         ]
     );
@@ -969,6 +981,11 @@ fn kubernetes_before_1_30_selects_pods_by_label_instead_of_cel() {
             "{name} on 1.29"
         );
     }
+    // updates of claim-holding pods: every pod ip-webhook gave an IP carries this label
+    assert_eq!(
+        webhook(validating, "pod-updates.validate.ip-webhook.io")["objectSelector"],
+        json!({"matchExpressions": [{"key": "ip-webhook.io/allocated-ip", "operator": "Exists"}]})
+    );
     // Pools are cluster-scoped objects of ours: every one matters.
     assert!(
         webhook(validating, "fixedippools.validate.ip-webhook.io")
@@ -1015,6 +1032,7 @@ fn kubernetes_before_1_30_selects_pods_by_label_instead_of_cel() {
     let validating = one(&forced, "ValidatingWebhookConfiguration");
     for name in [
         "pods.validate.ip-webhook.io",
+        "pod-updates.validate.ip-webhook.io",
         "workloads.validate.ip-webhook.io",
         "deletes.validate.ip-webhook.io",
     ] {
@@ -1749,6 +1767,10 @@ struct PodCase {
     wants_ip: bool,
     /// pod-holds-ip: the pod may hold an IP in our books.
     holds_ip: bool,
+    /// pod-holds-claim: the pod carries our own marks (label, marker, claim token).
+    marked: bool,
+    /// It carries a Kube-OVN ip_pool (pods.validate sees it, to count its IPs as its app's).
+    ovn_pool: bool,
 }
 
 fn pod_cases() -> Vec<PodCase> {
@@ -1759,54 +1781,72 @@ fn pod_cases() -> Vec<PodCase> {
             pod: meta(json!({"name": "plain", "namespace": "default"})),
             wants_ip: false,
             holds_ip: false,
+            marked: false,
+            ovn_pool: false,
         },
         PodCase {
             name: "no metadata at all",
             pod: json!({"apiVersion": "v1", "kind": "Pod"}),
             wants_ip: false,
             holds_ip: false,
+            marked: false,
+            ovn_pool: false,
         },
         PodCase {
             name: "empty maps",
             pod: meta(json!({"name": "e", "annotations": {}, "labels": {}})),
             wants_ip: false,
             holds_ip: false,
+            marked: false,
+            ovn_pool: false,
         },
         PodCase {
             name: "unrelated annotations and labels",
             pod: meta(json!({"annotations": {"a": "b"}, "labels": {"app": "web"}})),
             wants_ip: false,
             holds_ip: false,
+            marked: false,
+            ovn_pool: false,
         },
         PodCase {
             name: "allocatable-ips annotation",
             pod: meta(json!({"annotations": {"ip-webhook.io/allocatable-ips": "10.0.0.10"}})),
             wants_ip: true,
             holds_ip: false,
+            marked: false,
+            ovn_pool: false,
         },
         PodCase {
             name: "ip-pool annotation, no labels",
             pod: meta(json!({"annotations": {"ip-webhook.io/ip-pool": "blue"}})),
             wants_ip: true,
             holds_ip: false,
+            marked: false,
+            ovn_pool: false,
         },
         PodCase {
             name: "fixed-ip label only",
             pod: meta(json!({"labels": {"ip-webhook.io/fixed-ip": ""}})),
             wants_ip: true,
             holds_ip: true,
+            marked: false,
+            ovn_pool: false,
         },
         PodCase {
             name: "hand-written Calico static IP",
             pod: meta(json!({"annotations": {"cni.projectcalico.org/ipAddrs": "[\"10.0.0.9\"]"}})),
             wants_ip: true,
             holds_ip: true,
+            marked: false,
+            ovn_pool: false,
         },
         PodCase {
             name: "hand-written Kube-OVN static IP",
             pod: meta(json!({"annotations": {"ovn.kubernetes.io/ip_address": "10.16.0.15"}})),
             wants_ip: true,
             holds_ip: true,
+            marked: false,
+            ovn_pool: false,
         },
         PodCase {
             name: "mutated pod",
@@ -1820,12 +1860,54 @@ fn pod_cases() -> Vec<PodCase> {
             })),
             wants_ip: true,
             holds_ip: true,
+            marked: true,
+            ovn_pool: false,
         },
         PodCase {
             name: "allocated label without annotations",
             pod: meta(json!({"labels": {"ip-webhook.io/allocated-ip": "fd00--a"}})),
             wants_ip: false,
             holds_ip: true,
+            marked: true,
+            ovn_pool: false,
+        },
+        PodCase {
+            name: "claim token only",
+            pod: meta(
+                json!({"annotations": {"ip-webhook.io/claim": "0123456789abcdef0123456789abcdef"}}),
+            ),
+            wants_ip: false,
+            holds_ip: true,
+            marked: true,
+            ovn_pool: false,
+        },
+        PodCase {
+            name: "status marker only",
+            pod: meta(json!({"annotations": {"ip-webhook.io/status": "mutated"}})),
+            wants_ip: false,
+            holds_ip: true,
+            marked: true,
+            ovn_pool: false,
+        },
+        PodCase {
+            name: "Calico ipAddrsNoIpam",
+            pod: meta(
+                json!({"annotations": {"cni.projectcalico.org/ipAddrsNoIpam": "[\"10.0.0.9\"]"}}),
+            ),
+            wants_ip: true,
+            holds_ip: true,
+            marked: false,
+            ovn_pool: false,
+        },
+        PodCase {
+            name: "Kube-OVN ip_pool list",
+            pod: meta(
+                json!({"annotations": {"ovn.kubernetes.io/ip_pool": "10.16.0.10,10.16.0.11"}}),
+            ),
+            wants_ip: false,
+            holds_ip: false,
+            marked: false,
+            ovn_pool: true,
         },
     ]
 }
@@ -1840,6 +1922,8 @@ fn cel_match_conditions_select_the_right_pods_and_never_error() {
         BTreeSet::from([
             "pod-wants-fixed-ip",
             "pod-holds-ip",
+            "pod-names-ip",
+            "pod-holds-claim",
             "template-asks-fixed-ips",
             "template-asked-fixed-ips",
             "not-ip-webhook-itself"
@@ -1851,8 +1935,8 @@ fn cel_match_conditions_select_the_right_pods_and_never_error() {
         .collect();
     assert_eq!(
         conditions.len(),
-        3,
-        "CREATE, DELETE and validate-pods entries"
+        4,
+        "CREATE, DELETE, validate-pods and pod-updates entries"
     );
     let null = Value::Null;
     for (entry, condition, expression) in &conditions {
@@ -1860,20 +1944,56 @@ fn cel_match_conditions_select_the_right_pods_and_never_error() {
             let create = evaluate(expression, &case.pod, &null);
             let update = evaluate(expression, &case.pod, &case.pod);
             let delete = evaluate(expression, &null, &case.pod);
-            let (on_create, on_delete) = match condition.as_str() {
+            let (on_create, on_update, on_delete) = match condition.as_str() {
                 // Reads object: true for the pods that ask, false when object is null.
-                "pod-wants-fixed-ip" => (case.wants_ip, false),
+                "pod-wants-fixed-ip" => (case.wants_ip, case.wants_ip, false),
                 // Reads oldObject only: false on CREATE, where oldObject is null.
-                "pod-holds-ip" => (false, case.holds_ip),
+                "pod-holds-ip" => (false, case.holds_ip, case.holds_ip),
+                // Asks or names an IP before or after, unless it carries our marks before
+                // (those updates are pod-holds-claim's).
+                "pod-names-ip" => (
+                    case.wants_ip || case.ovn_pool,
+                    (case.wants_ip || case.ovn_pool) && !case.marked,
+                    case.wants_ip && !case.marked,
+                ),
+                "pod-holds-claim" => (false, case.marked, case.marked),
                 other => panic!("untested condition {other}"),
             };
-            let on_update = on_create || on_delete;
             let context = format!("{entry}/{condition} on pod '{}'", case.name);
             assert_eq!(create, Ok(on_create), "{context}, CREATE");
             assert_eq!(update, Ok(on_update), "{context}, UPDATE");
             assert_eq!(delete, Ok(on_delete), "{context}, DELETE");
         }
     }
+}
+
+/// An update that strips our marks is still sent to pod-updates (it reads oldObject), and
+/// never to pods.validate too; an update that adds an IP annotation to an unmarked pod goes
+/// to pods.validate.
+#[test]
+fn cel_pod_updates_are_judged_by_the_pod_as_stored() {
+    let helm = helm();
+    let all = rendered_conditions(&helm);
+    let expression = |name: &str| {
+        all.iter()
+            .find(|(_, n, _)| n == name)
+            .map(|(_, _, e)| e.clone())
+            .unwrap()
+    };
+    let (names_ip, holds_claim) = (expression("pod-names-ip"), expression("pod-holds-claim"));
+    let ours = json!({"metadata": {
+        "labels": {"app": "web", "ip-webhook.io/allocated-ip": "10.2.0.1"},
+        "annotations": {"cni.projectcalico.org/ipAddrs": "[\"10.2.0.1\"]", "ip-webhook.io/status": "mutated", "ip-webhook.io/claim": "0123456789abcdef0123456789abcdef"},
+    }});
+    let stripped = json!({"metadata": {"labels": {"app": "web"}, "annotations": {}}});
+    assert_eq!(evaluate(&holds_claim, &stripped, &ours), Ok(true));
+    assert_eq!(evaluate(&names_ip, &stripped, &ours), Ok(false));
+    let plain = json!({"metadata": {"name": "p"}});
+    let named = json!({"metadata": {"annotations": {"ovn.kubernetes.io/ip_address": "10.16.0.5"}}});
+    assert_eq!(evaluate(&holds_claim, &named, &plain), Ok(false));
+    assert_eq!(evaluate(&names_ip, &named, &plain), Ok(true));
+    // a hand-written static IP removed from an unmarked pod: pods.validate sees it
+    assert_eq!(evaluate(&names_ip, &plain, &named), Ok(true));
 }
 
 #[test]
@@ -1961,6 +2081,14 @@ fn workload_cases() -> Vec<(&'static str, Value, bool)> {
             with_template(
                 "StatefulSet",
                 json!({"annotations": {"ip-webhook.io/ip-pool": "blue"}}),
+            ),
+            true,
+        ),
+        (
+            "Deployment with a Kube-OVN ip_pool list",
+            with_template(
+                "Deployment",
+                json!({"annotations": {"ovn.kubernetes.io/ip_pool": "10.16.0.10,10.16.0.11"}}),
             ),
             true,
         ),

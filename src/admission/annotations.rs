@@ -1,8 +1,10 @@
 //! The public names ip-webhook reads and writes, and the CNI annotations' formats.
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::str::FromStr;
 
-use crate::ipam::ipset::{Family, excerpt, parse_ip};
+use crate::ipam::ipset::{Family, excerpt};
 
 pub const ALLOCATABLE_IPS: &str = "ip-webhook.io/allocatable-ips";
 pub const IP_POOL: &str = "ip-webhook.io/ip-pool";
@@ -14,7 +16,12 @@ pub const STATUS_MUTATED: &str = "mutated";
 /// pod's UID is known ([`crate::ledger::claim`]).
 pub const CLAIM_TOKEN: &str = "ip-webhook.io/claim";
 pub const CALICO_IP_ADDRS: &str = "cni.projectcalico.org/ipAddrs";
+/// Calico's IP annotation that bypasses its IPAM (behind its `ip_addrs_no_ipam` feature):
+/// the CNI sets the IPs as written, so they are checked and recorded like `ipAddrs`.
+pub const CALICO_IP_ADDRS_NO_IPAM: &str = "cni.projectcalico.org/ipAddrsNoIpam";
 pub const OVN_IP_ADDRESS: &str = "ovn.kubernetes.io/ip_address";
+/// Kube-OVN's per-workload list of static IPs (or the name of a Kube-OVN IPPool).
+pub const OVN_IP_POOL: &str = "ovn.kubernetes.io/ip_pool";
 
 /// Which CNI's annotation carries the IP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -52,7 +59,11 @@ impl Cni {
     }
 }
 
-/// Parse `cni.projectcalico.org/ipAddrs`: a JSON array of IP strings, at most one per family.
+/// Parse `cni.projectcalico.org/ipAddrs` (or `ipAddrsNoIpam`): a JSON array of IP strings, at
+/// most one per family, each read as Calico reads it: `json.Unmarshal` into `[]string`, then
+/// `net.ParseIP` per item, one IPv4 (`To4() != nil`) and one IPv6 at most
+/// (projectcalico/calico `cni-plugin/pkg/k8s/k8s.go`, `validateAndExtractIPs` and
+/// `parseIPAddrs`). JSON whitespace between items is fine; inside an item it is not.
 pub fn parse_calico_ip_addrs(value: &str) -> Result<Vec<IpAddr>, String> {
     let items: Vec<String> = serde_json::from_str(value).map_err(|_| {
         format!(
@@ -63,9 +74,29 @@ pub fn parse_calico_ip_addrs(value: &str) -> Result<Vec<IpAddr>, String> {
     parse_one_per_family(items.iter().map(String::as_str), value)
 }
 
-/// Parse `ovn.kubernetes.io/ip_address`: `10.0.0.10` or `10.0.0.10,fd00::a`.
+/// Parse `ovn.kubernetes.io/ip_address`: `10.0.0.10` or `10.0.0.10,fd00::a`, split on `,` with
+/// each item given to `net.ParseIP` untrimmed, as the Kube-OVN controller does
+/// (kubeovn/kube-ovn `pkg/controller/pod.go`, `acquireStaticAddress`; its webhook's
+/// `pkg/util/validator.go`, `ValidatePodNetwork`, does not trim either).
 pub fn parse_ovn_ip_address(value: &str) -> Result<Vec<IpAddr>, String> {
     parse_one_per_family(value.split(','), value)
+}
+
+/// One item as Go's `net.ParseIP` reads it: exactly as written (no trimming), and an
+/// IPv4-mapped IPv6 address (`::ffff:10.0.0.5`) is that IPv4 address (`To4()` is non-nil), so
+/// it is returned as IPv4: one address has one identity in the ledger, conflicts and labels.
+fn parse_cni_ip(item: &str, whole: &str) -> Result<IpAddr, String> {
+    if let Ok(ip) = IpAddr::from_str(item) {
+        return Ok(ip.to_canonical());
+    }
+    let trimmed = item.trim();
+    if trimmed != item && IpAddr::from_str(trimmed).is_ok() {
+        return Err(format!(
+            "{:?} has spaces around {trimmed}: the CNI reads each IP exactly as written (Go's net.ParseIP, no trimming), so the pod's network could never be set up; write the IP without spaces",
+            excerpt(whole)
+        ));
+    }
+    Err(format!("{:?} is not an IP address", excerpt(item)))
 }
 
 fn parse_one_per_family<'a>(
@@ -74,7 +105,7 @@ fn parse_one_per_family<'a>(
 ) -> Result<Vec<IpAddr>, String> {
     let mut ips: Vec<IpAddr> = Vec::new();
     for item in items {
-        let ip = parse_ip(item).map_err(|e| e.to_string())?;
+        let ip = parse_cni_ip(item, whole)?;
         if let Some(other) = ips.iter().find(|o| Family::of(o) == Family::of(&ip)) {
             return Err(format!(
                 "{:?} has two {} addresses ({other} and {ip}); a pod gets at most one per family",
@@ -90,7 +121,44 @@ fn parse_one_per_family<'a>(
     Ok(ips)
 }
 
-/// The static IPs a pod's annotations ask for, with the annotation that asked.
+/// The IPs of a Kube-OVN `ovn.kubernetes.io/ip_pool` list, read as the Kube-OVN controller
+/// reads it (kubeovn/kube-ovn `pkg/controller/pod.go`, `acquireStaticAddressHelper`): entries
+/// split on `;` when there is one (each entry `v4` or `v4,v6`), else on `,`; each entry
+/// trimmed. A single entry that is not an IP and has no `,` names an IPPool object instead:
+/// `Ok(None)`. The webhook's check (`pkg/util/validator.go`, `ValidatePodNetwork`) trims each
+/// address of an entry before `net.ParseIP`, as here. IPv4-mapped forms are IPv4.
+pub fn parse_ovn_ip_pool(value: &str) -> Result<Option<Vec<IpAddr>>, String> {
+    let value_trimmed = value.trim();
+    if value_trimmed.is_empty() {
+        return Ok(None);
+    }
+    if !value_trimmed.contains([',', ';']) && IpAddr::from_str(value_trimmed).is_err() {
+        return Ok(None);
+    }
+    let mut ips = Vec::new();
+    for entry in value.split(';') {
+        for item in entry.split(',') {
+            let item = item.trim();
+            let ip = IpAddr::from_str(item).map_err(|_| {
+                format!(
+                    "{:?}: {:?} is not an IP address",
+                    excerpt(value),
+                    excerpt(item)
+                )
+            })?;
+            ips.push(ip.to_canonical());
+        }
+    }
+    ips.sort();
+    ips.dedup();
+    Ok(Some(ips))
+}
+
+/// The static IPs a pod's annotations ask for, with the annotation that asked. An empty value
+/// is no value: both CNIs test `== ""` before parsing (Calico's `CmdAddK8s` in
+/// `cni-plugin/pkg/k8s/k8s.go`; Kube-OVN's `acquireStaticAddressHelper` in
+/// `pkg/controller/pod.go`). Calico refuses a pod that sets both `ipAddrs` and
+/// `ipAddrsNoIpam` (its `CmdAddK8s`), so that is refused here too, at admission.
 pub fn static_ips(
     annotations: Option<&std::collections::BTreeMap<String, String>>,
 ) -> Result<Vec<(&'static str, Vec<IpAddr>)>, String> {
@@ -98,12 +166,19 @@ pub fn static_ips(
     let Some(annotations) = annotations else {
         return Ok(out);
     };
-    if let Some(value) = annotations.get(CALICO_IP_ADDRS) {
-        let ips = parse_calico_ip_addrs(value)
-            .map_err(|e| format!("annotation {CALICO_IP_ADDRS}: {e}"))?;
-        out.push((CALICO_IP_ADDRS, ips));
+    let set = |key: &str| annotations.get(key).filter(|v| !v.is_empty());
+    if set(CALICO_IP_ADDRS).is_some() && set(CALICO_IP_ADDRS_NO_IPAM).is_some() {
+        return Err(format!(
+            "annotations {CALICO_IP_ADDRS} and {CALICO_IP_ADDRS_NO_IPAM} are both set; Calico refuses a pod with both, so it could never start: keep one"
+        ));
     }
-    if let Some(value) = annotations.get(OVN_IP_ADDRESS) {
+    for key in [CALICO_IP_ADDRS, CALICO_IP_ADDRS_NO_IPAM] {
+        if let Some(value) = set(key) {
+            let ips = parse_calico_ip_addrs(value).map_err(|e| format!("annotation {key}: {e}"))?;
+            out.push((key, ips));
+        }
+    }
+    if let Some(value) = set(OVN_IP_ADDRESS) {
         let ips =
             parse_ovn_ip_address(value).map_err(|e| format!("annotation {OVN_IP_ADDRESS}: {e}"))?;
         out.push((OVN_IP_ADDRESS, ips));
@@ -122,6 +197,14 @@ pub fn carried_ips(
     carried_with(&statics, labels)
 }
 
+/// The IP the `allocated-ip` label names (IPv4-mapped forms as their IPv4 address).
+pub fn label_ip(labels: Option<&std::collections::BTreeMap<String, String>>) -> Option<IpAddr> {
+    labels
+        .and_then(|l| l.get(ALLOCATED_IP_LABEL))
+        .and_then(|v| crate::ipam::ipset::ip_from_label_value(v))
+        .map(|ip| ip.to_canonical())
+}
+
 /// [`carried_ips`] from annotations already parsed by [`static_ips`].
 pub fn carried_with(
     statics: &[(&'static str, Vec<IpAddr>)],
@@ -131,9 +214,7 @@ pub fn carried_with(
         .iter()
         .flat_map(|(_, ips)| ips.iter().copied())
         .collect();
-    if let Some(ip) = labels
-        .and_then(|l| l.get(ALLOCATED_IP_LABEL))
-        .and_then(|v| crate::ipam::ipset::ip_from_label_value(v))
+    if let Some(ip) = label_ip(labels)
         && !ips.iter().any(|held| Family::of(held) == Family::of(&ip))
     {
         ips.push(ip);
@@ -141,6 +222,82 @@ pub fn carried_with(
     ips.sort();
     ips.dedup();
     ips
+}
+
+/// The keys that stay as they are on a pod that holds a claim: what names its IP to a CNI,
+/// and ip-webhook's own marks.
+pub const IMMUTABLE_ANNOTATIONS: [&str; 5] = [
+    CALICO_IP_ADDRS,
+    CALICO_IP_ADDRS_NO_IPAM,
+    OVN_IP_ADDRESS,
+    STATUS,
+    CLAIM_TOKEN,
+];
+
+/// A pod's labels and annotations, in that order.
+pub type PodMarks<'a> = (
+    Option<&'a BTreeMap<String, String>>,
+    Option<&'a BTreeMap<String, String>>,
+);
+
+/// The first of the claim-holding keys (annotations [`IMMUTABLE_ANNOTATIONS`], label
+/// [`ALLOCATED_IP_LABEL`]) that an update changes, adds or removes: `(key, old, new)`, with
+/// `None` for absent. An IP annotation or the label rewritten to the same IPs (another spelling
+/// of one IPv6 address, as the Kube-OVN controller writes it back) is not a change.
+pub fn changed_mark<'a>(
+    old: PodMarks<'a>,
+    new: PodMarks<'a>,
+) -> Option<(&'static str, Option<&'a str>, Option<&'a str>)> {
+    let get = |map: Option<&'a BTreeMap<String, String>>, key: &str| {
+        map.and_then(|m| m.get(key)).map(String::as_str)
+    };
+    let same_ips = |key: &str, a: &str, b: &str| -> bool {
+        let parse = |v: &str| match key {
+            OVN_IP_ADDRESS => parse_ovn_ip_address(v).ok(),
+            ALLOCATED_IP_LABEL => {
+                crate::ipam::ipset::ip_from_label_value(v).map(|ip| vec![ip.to_canonical()])
+            }
+            _ => parse_calico_ip_addrs(v).ok(),
+        };
+        let (mut a, mut b) = match (parse(a), parse(b)) {
+            (Some(a), Some(b)) => (a, b),
+            _ => return false,
+        };
+        a.sort();
+        b.sort();
+        // Kube-OVN's controller writes the annotation back with the IPs it assigned, adding
+        // an address of a family the pod did not name in a dual-stack Subnet
+        // (kubeovn/kube-ovn `pkg/controller/pod.go`:699-700, `ipStr := util.GetStringIP(v4IP,
+        // v6IP)` after `acquireAddress`): the IPs named stay, so that is no change.
+        let completed = key == OVN_IP_ADDRESS
+            && a.iter().all(|ip| b.contains(ip))
+            && b.iter()
+                .filter(|ip| !a.contains(ip))
+                .all(|added| a.iter().all(|ip| Family::of(ip) != Family::of(added)));
+        a == b || completed
+    };
+    let (old_labels, old_annotations) = old;
+    let (new_labels, new_annotations) = new;
+    let pairs = IMMUTABLE_ANNOTATIONS
+        .iter()
+        .map(|key| (*key, get(old_annotations, key), get(new_annotations, key)))
+        .chain(std::iter::once((
+            ALLOCATED_IP_LABEL,
+            get(old_labels, ALLOCATED_IP_LABEL),
+            get(new_labels, ALLOCATED_IP_LABEL),
+        )));
+    for (key, before, after) in pairs {
+        let changed = match (before, after) {
+            (None, None) => false,
+            (Some(a), Some(b)) if a == b => false,
+            (Some(a), Some(b)) if key != STATUS && key != CLAIM_TOKEN => !same_ips(key, a, b),
+            _ => true,
+        };
+        if changed {
+            return Some((key, before, after));
+        }
+    }
+    None
 }
 
 #[cfg(test)]
@@ -196,6 +353,271 @@ mod tests {
         ] {
             assert!(message.len() < 400, "a {}-byte message", message.len());
         }
+    }
+
+    /// Each CNI annotation value and what the CNI makes of it, row by row from the CNI's own
+    /// source (projectcalico/calico at 87c15906, kubeovn/kube-ovn at 1533681d):
+    /// `Ok(ips)` is what the pod gets; `Err(part)` a refusal naming `part`; `absent` no value.
+    #[test]
+    fn each_annotation_is_read_as_its_cni_reads_it() {
+        type Expect = Result<&'static [&'static str], &'static str>;
+        const ABSENT: Expect = Ok(&[]);
+        let rows: [(&str, &str, Expect, &str); 16] = [
+            // Calico: JSON array, net.ParseIP per item, To4() != nil is IPv4
+            (
+                CALICO_IP_ADDRS,
+                r#"["::ffff:10.0.0.5"]"#,
+                Ok(&["10.0.0.5"]),
+                "calico cni-plugin/pkg/k8s/k8s.go:879-885 validateAndExtractIPs: net.ParseIP, To4() != nil",
+            ),
+            (
+                CALICO_IP_ADDRS,
+                r#"[" 10.0.0.7"]"#,
+                Err(r#""[\" 10.0.0.7\"]" has spaces around 10.0.0.7"#),
+                "calico cni-plugin/pkg/k8s/k8s.go:879 net.ParseIP(ip) with no trim: invalid IP format",
+            ),
+            (
+                CALICO_IP_ADDRS,
+                r#"["10.0.0.1", "fd00::1"]"#,
+                Ok(&["10.0.0.1", "fd00::1"]),
+                "calico cni-plugin/pkg/k8s/k8s.go:912 json.Unmarshal: whitespace between items is JSON's",
+            ),
+            (
+                CALICO_IP_ADDRS,
+                "",
+                ABSENT,
+                "calico cni-plugin/pkg/k8s/k8s.go:318 ipAddrs == \"\": Calico IPAM as if unset",
+            ),
+            (
+                CALICO_IP_ADDRS,
+                "[]",
+                Err("names no IP"),
+                "calico cni-plugin/pkg/k8s/k8s.go:869 len(ips) == 0: specified but empty",
+            ),
+            (
+                CALICO_IP_ADDRS,
+                r#"["10.0.0.5","::ffff:10.0.0.6"]"#,
+                Err("two IPv4 addresses"),
+                "calico cni-plugin/pkg/k8s/k8s.go:885-888 a second To4() != nil: more than one IPv4",
+            ),
+            (
+                CALICO_IP_ADDRS_NO_IPAM,
+                r#"["10.0.0.9"]"#,
+                Ok(&["10.0.0.9"]),
+                "calico cni-plugin/pkg/k8s/k8s.go:331-345 ipAddrsNoIpam: the IPs set as written, no IPAM",
+            ),
+            (
+                CALICO_IP_ADDRS_NO_IPAM,
+                r#"["::ffff:10.0.0.9"]"#,
+                Ok(&["10.0.0.9"]),
+                "calico cni-plugin/pkg/k8s/k8s.go:822 the same validateAndExtractIPs as ipAddrs",
+            ),
+            (
+                CALICO_IP_ADDRS_NO_IPAM,
+                "",
+                ABSENT,
+                "calico cni-plugin/pkg/k8s/k8s.go:318 ipAddrsNoIpam == \"\"",
+            ),
+            // Kube-OVN: split on ',', net.ParseIP per item, no trim
+            (
+                OVN_IP_ADDRESS,
+                "::ffff:192.0.2.1",
+                Ok(&["192.0.2.1"]),
+                "kube-ovn pkg/controller/pod.go:2759 acquireStaticAddress: net.ParseIP, an IPv4 to its IPAM",
+            ),
+            (
+                OVN_IP_ADDRESS,
+                "10.0.0.1, fd00::1",
+                Err(r#""10.0.0.1, fd00::1" has spaces around fd00::1"#),
+                "kube-ovn pkg/controller/pod.go:2759 and pkg/util/validator.go:372 net.ParseIP(ip), untrimmed",
+            ),
+            (
+                OVN_IP_ADDRESS,
+                "10.0.0.1,fd00::1",
+                Ok(&["10.0.0.1", "fd00::1"]),
+                "kube-ovn pkg/controller/pod.go:2758 strings.SplitSeq(ip, \",\")",
+            ),
+            (
+                OVN_IP_ADDRESS,
+                "",
+                ABSENT,
+                "kube-ovn pkg/controller/pod.go:2649 ipStr != \"\"; pkg/util/validator.go:362 ipAddress != \"\"",
+            ),
+            (
+                OVN_IP_ADDRESS,
+                "10.16.0.15/16",
+                Err("is not an IP address"),
+                "kube-ovn pkg/controller/pod.go:2759 net.ParseIP fails on a CIDR (the validator lets it by)",
+            ),
+            (
+                OVN_IP_ADDRESS,
+                "10.0.0.1,",
+                Err(r#""" is not an IP address"#),
+                "kube-ovn pkg/controller/pod.go:2759 net.ParseIP(\"\") is nil",
+            ),
+            (
+                OVN_IP_ADDRESS,
+                "FD00::A",
+                Ok(&["fd00::a"]),
+                "kube-ovn pkg/controller/pod.go:2759 net.ParseIP is case-blind",
+            ),
+        ];
+        for (key, value, expect, source) in rows {
+            let annotations = BTreeMap::from([(key.to_string(), value.to_string())]);
+            let got = static_ips(Some(&annotations));
+            match expect {
+                Ok(want) => {
+                    let want: Vec<IpAddr> = want.iter().map(|s| s.parse().unwrap()).collect();
+                    let got: Vec<IpAddr> = got
+                        .unwrap_or_else(|e| panic!("{key}={value:?} ({source}): {e}"))
+                        .into_iter()
+                        .flat_map(|(_, ips)| ips)
+                        .collect();
+                    assert_eq!(got, want, "{key}={value:?} ({source})");
+                    assert!(got.iter().all(|ip| *ip == ip.to_canonical()), "{source}");
+                }
+                Err(part) => {
+                    let message = got.expect_err(source);
+                    assert!(
+                        message.starts_with(&format!("annotation {key}: "))
+                            && message.contains(part),
+                        "{key}={value:?} ({source}): {message}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn calico_refuses_both_ip_annotations_at_once_and_empty_ones_do_not_count() {
+        // calico cni-plugin/pkg/k8s/k8s.go:325 ipAddrs != "" && ipAddrsNoIpam != "": an error
+        let both = BTreeMap::from([
+            (CALICO_IP_ADDRS.to_string(), r#"["10.0.0.1"]"#.to_string()),
+            (
+                CALICO_IP_ADDRS_NO_IPAM.to_string(),
+                r#"["10.0.0.2"]"#.to_string(),
+            ),
+        ]);
+        assert!(static_ips(Some(&both)).unwrap_err().contains("both set"));
+        let one_empty = BTreeMap::from([
+            (CALICO_IP_ADDRS.to_string(), String::new()),
+            (
+                CALICO_IP_ADDRS_NO_IPAM.to_string(),
+                r#"["10.0.0.2"]"#.to_string(),
+            ),
+        ]);
+        assert_eq!(
+            static_ips(Some(&one_empty)).unwrap(),
+            [(CALICO_IP_ADDRS_NO_IPAM, ips(&["10.0.0.2"]))]
+        );
+    }
+
+    #[test]
+    fn kube_ovn_ip_pool_lists_are_split_as_its_controller_splits_them() {
+        // kube-ovn pkg/controller/pod.go:2660-2675 acquireStaticAddressHelper
+        let cases: [(&str, Option<&[&str]>); 6] = [
+            ("10.16.0.10,10.16.0.11", Some(&["10.16.0.10", "10.16.0.11"])),
+            (
+                "10.16.0.10, 10.16.0.11",
+                Some(&["10.16.0.10", "10.16.0.11"]),
+            ),
+            (
+                "10.16.0.10,fd00::a;10.16.0.11,fd00::b",
+                Some(&["10.16.0.10", "10.16.0.11", "fd00::a", "fd00::b"]),
+            ),
+            ("::ffff:10.16.0.12", Some(&["10.16.0.12"])),
+            ("my-ippool", None),
+            ("", None),
+        ];
+        for (value, want) in cases {
+            let want = want.map(ips);
+            assert_eq!(parse_ovn_ip_pool(value).unwrap(), want, "{value:?}");
+        }
+        assert!(
+            parse_ovn_ip_pool("10.16.0.10,bad")
+                .unwrap_err()
+                .contains("\"bad\" is not an IP address")
+        );
+    }
+
+    #[test]
+    fn an_update_changes_a_mark_only_when_it_names_other_ips_or_other_marks() {
+        let map = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let labels = map(&[(ALLOCATED_IP_LABEL, "10.2.0.1")]);
+        let annotations = map(&[
+            (CALICO_IP_ADDRS, r#"["10.2.0.1"]"#),
+            (STATUS, STATUS_MUTATED),
+            (CLAIM_TOKEN, "t1"),
+        ]);
+        let old = (Some(&labels), Some(&annotations));
+        assert_eq!(changed_mark(old, old), None);
+        // another spelling of the same IPs is no change
+        let respelled = map(&[
+            (CALICO_IP_ADDRS, r#"[ "10.2.0.1" ]"#),
+            (STATUS, STATUS_MUTATED),
+            (CLAIM_TOKEN, "t1"),
+        ]);
+        assert_eq!(changed_mark(old, (Some(&labels), Some(&respelled))), None);
+        let moved = map(&[
+            (CALICO_IP_ADDRS, r#"["10.2.0.2"]"#),
+            (STATUS, STATUS_MUTATED),
+            (CLAIM_TOKEN, "t1"),
+        ]);
+        assert_eq!(
+            changed_mark(old, (Some(&labels), Some(&moved))),
+            Some((
+                CALICO_IP_ADDRS,
+                Some(r#"["10.2.0.1"]"#),
+                Some(r#"["10.2.0.2"]"#)
+            ))
+        );
+        let no_label = map(&[]);
+        assert_eq!(
+            changed_mark(old, (Some(&no_label), Some(&annotations))),
+            Some((ALLOCATED_IP_LABEL, Some("10.2.0.1"), None))
+        );
+        let added = map(&[
+            (CALICO_IP_ADDRS, r#"["10.2.0.1"]"#),
+            (CALICO_IP_ADDRS_NO_IPAM, r#"["10.2.0.9"]"#),
+            (STATUS, STATUS_MUTATED),
+            (CLAIM_TOKEN, "t1"),
+        ]);
+        assert_eq!(
+            changed_mark(old, (Some(&labels), Some(&added))),
+            Some((CALICO_IP_ADDRS_NO_IPAM, None, Some(r#"["10.2.0.9"]"#)))
+        );
+        // Kube-OVN completing a dual-stack pod's ip_address with its IPv6 is no change; moving
+        // its IPv4 is
+        let ovn = map(&[(OVN_IP_ADDRESS, "10.16.0.15")]);
+        let completed = map(&[(OVN_IP_ADDRESS, "10.16.0.15,fd00::f")]);
+        let moved_v4 = map(&[(OVN_IP_ADDRESS, "10.16.0.16,fd00::f")]);
+        assert_eq!(
+            changed_mark((None, Some(&ovn)), (None, Some(&completed))),
+            None
+        );
+        assert_eq!(
+            changed_mark((None, Some(&ovn)), (None, Some(&moved_v4))),
+            Some((
+                OVN_IP_ADDRESS,
+                Some("10.16.0.15"),
+                Some("10.16.0.16,fd00::f")
+            ))
+        );
+        assert!(changed_mark((None, Some(&completed)), (None, Some(&ovn))).is_some());
+        let retoken = map(&[
+            (CALICO_IP_ADDRS, r#"["10.2.0.1"]"#),
+            (STATUS, STATUS_MUTATED),
+            (CLAIM_TOKEN, "t2"),
+        ]);
+        assert_eq!(
+            changed_mark(old, (Some(&labels), Some(&retoken))),
+            Some((CLAIM_TOKEN, Some("t1"), Some("t2")))
+        );
     }
 
     #[test]

@@ -549,6 +549,18 @@ mod tests {
         ] {
             assert_metadata_agrees(object);
         }
+        // as a real API server sends a stored pod: managedFields naming the annotations
+        let stored = r#"{"metadata":{"annotations":{"ip-webhook.io/claim":"d43c8785e641ca288c2a9c6f5296c9cb"},"creationTimestamp":"2026-12-02T02:14:30Z","generateName":"web-","generation":1,"labels":{"app":"web"},"managedFields":[{"apiVersion":"v1","fieldsType":"FieldsV1","fieldsV1":{"f:metadata":{"f:annotations":{"f:ip-webhook.io/claim":{}},"f:labels":{"f:app":{}}},"f:spec":{"f:containers":{}}},"manager":"m","operation":"Update","time":"2026-12-02T02:14:30Z"}],"name":"web-a","namespace":"default","uid":"21b784ae"}}"#;
+        assert_metadata_agrees(stored);
+        let body = format!(
+            r#"{{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{{"uid":"u","operation":"CREATE","object":{stored}}}}}"#
+        );
+        let incoming = decode(body.as_bytes()).unwrap();
+        let meta = incoming.metadata(false).unwrap().unwrap();
+        assert_eq!(
+            meta.metadata.annotation("ip-webhook.io/claim"),
+            Some("d43c8785e641ca288c2a9c6f5296c9cb")
+        );
     }
 
     /// The scan either gives up or decodes what serde decodes; where serde refuses the body, the

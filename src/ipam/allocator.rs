@@ -413,6 +413,24 @@ impl Allocator {
             .collect()
     }
 
+    /// Every claim `pod` holds, found by who it is (its UID, its claim token) rather than by
+    /// the IPs it shows: a pod whose annotations or label were stripped still holds its
+    /// claims. In every ledger mode the index holds every claim (embedded and memory: this
+    /// process made them; kubernetes and etcd: the ledger's watch adds the other replicas').
+    pub fn claims_of(&self, pod: &PodIdentity<'_>) -> Vec<Claim> {
+        let state = self.lock();
+        let mut found: Vec<Claim> = Vec::new();
+        for key in [pod.uid, pod.token].into_iter().flatten() {
+            for claim in state.by_pod.claims(key, &state.claims, |c| {
+                c.is_held() && held_by(c, pod) && !found.iter().any(|f| f.ip == c.ip)
+            }) {
+                found.push(claim.clone());
+            }
+        }
+        found.sort_by_key(|c| ip_key(&c.ip));
+        found
+    }
+
     /// Step the claims on `ips` that `pod` holds to `next(claim)`'s phase, through the ledger
     /// ([`claim::may_step`] decides). Returns the claims changed, as they now are.
     async fn step(
@@ -457,9 +475,11 @@ impl Allocator {
         .await
     }
 
-    /// A Pod DELETE was admitted: the pod's claims on `ips` turn `Terminating` until
-    /// `release_at` (unix seconds). The IPs stay held; [`Allocator::release_due`] frees them
-    /// once the time has come and the pod is gone. A deletion already seen changes nothing.
+    /// A Pod DELETE was admitted: the pod's claims turn `Terminating` until `release_at`
+    /// (unix seconds): those on `ips` (what it carries) and every other claim it holds by UID
+    /// or token ([`Allocator::claims_of`]). The IPs stay held; [`Allocator::release_due`]
+    /// frees them once the time has come and the pod is gone. A deletion already seen changes
+    /// nothing.
     pub async fn terminate(
         &self,
         pod: &PodIdentity<'_>,
@@ -467,7 +487,14 @@ impl Allocator {
         release_at: u64,
     ) -> Result<Vec<Claim>, LedgerError> {
         let now = unix_now();
-        self.step(pod, ips, |current| {
+        let mut all: Vec<IpAddr> = self.claims_of(pod).iter().map(|c| c.ip).collect();
+        all.extend(
+            ips.iter()
+                .filter(|ip| !all.contains(ip))
+                .copied()
+                .collect::<Vec<_>>(),
+        );
+        self.step(pod, &all, |current| {
             matches!(current.phase, Phase::Reserved | Phase::Bound)
                 .then(|| claim::terminating(current, pod, release_at, now))
         })
@@ -1051,6 +1078,74 @@ mod tests {
             "{err}"
         );
         assert_eq!(alloc.claims().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_pods_own_claim_missing_from_the_index_is_still_its_own() {
+        let alloc = allocator().await;
+        let set = parse_ip_spec("10.16.0.16").unwrap();
+        let ip: IpAddr = "10.16.0.16".parse().unwrap();
+        let mut mutated = request(&set, pod(""), "m-1");
+        mutated.token = "tok-a";
+        alloc.claim_static(&[ip], &mutated).await.unwrap();
+        // a shared ledger's relist that has not seen the claim yet
+        alloc.replace_all(Vec::new());
+        assert!(alloc.holder(&ip).is_none());
+        let mut validated = request(&set, pod("web-a"), "v-1");
+        validated.token = "tok-a";
+        let own = alloc.claim_static(&[ip], &validated).await.unwrap();
+        assert_eq!(own.token, "tok-a");
+        assert_eq!(alloc.holder(&ip).unwrap().request_uid, "m-1");
+        // another pod, another token: refused as before
+        alloc.replace_all(Vec::new());
+        let mut other = request(&set, pod("web-b"), "v-2");
+        other.token = "tok-b";
+        assert!(matches!(
+            alloc.claim_static(&[ip], &other).await,
+            Err(AllocError::Conflict(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_pods_claims_are_found_by_uid_and_token_and_its_delete_terminates_them() {
+        let alloc = allocator().await;
+        let set = parse_ip_spec("10.16.0.20-10.16.0.21,fd00::20").unwrap();
+        let mut req = request(&set, pod(""), "m-1");
+        req.token = "tok-a";
+        let granted = alloc.allocate(&req).await.unwrap();
+        assert_eq!(granted.ips.len(), 2);
+        let by_token = identity("", "tok-a");
+        assert_eq!(alloc.claims_of(&by_token).len(), 2);
+        let bound = PodIdentity {
+            uid: Some("uid-a"),
+            ..identity("web-a", "tok-a")
+        };
+        assert_eq!(
+            alloc.bind(&bound, &granted.ips, false).await.unwrap().len(),
+            2
+        );
+        // the DELETE of the pod stripped of its annotations, label and token: found by UID
+        let stripped = PodIdentity {
+            uid: Some("uid-a"),
+            token: None,
+            ..identity("web-a", "")
+        };
+        assert_eq!(alloc.claims_of(&stripped).len(), 2);
+        assert!(
+            alloc
+                .claims_of(&PodIdentity {
+                    uid: Some("uid-b"),
+                    ..stripped
+                })
+                .is_empty()
+        );
+        let terminating = alloc.terminate(&stripped, &[], 0).await.unwrap();
+        assert_eq!(terminating.len(), 2);
+        assert!(terminating.iter().all(|c| c.phase == Phase::Terminating));
+        let released = alloc.release_due(unix_now(), None).await;
+        assert_eq!(released.len(), 2);
+        assert!(alloc.claims().is_empty());
+        assert!(alloc.claims_of(&stripped).is_empty());
     }
 
     #[tokio::test]

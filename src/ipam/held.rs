@@ -126,6 +126,13 @@ impl LocalRelease {
 /// `db-0`, a bare pod created again) can; a name the API server made from `generateName` (a
 /// Deployment's or a Job's pods: the prefix, cut to 58 characters, and five random ones) never
 /// does, and keeping it would grow the name history with every pod such an app ever ran.
+/// The keys [`State::by_pod`] files a claim under: its pod's UID and its token (non-empty).
+fn pod_keys(claim: &Claim) -> impl Iterator<Item = &str> {
+    [claim.pod.uid.as_deref().unwrap_or(""), claim.token.as_str()]
+        .into_iter()
+        .filter(|key| !key.is_empty())
+}
+
 fn name_recurs(pod: &PodRef) -> bool {
     if pod.name.is_empty() {
         return false;
@@ -137,24 +144,24 @@ fn name_recurs(pod: &PodRef) -> bool {
     !(pod.name.len() == prefix.len() + 5 && pod.name.starts_with(prefix))
 }
 
-/// The IPs granted to each admission request, keyed by a hash of its UID: B-tree keys that
-/// compare in one instruction. [`ByRequest::claims`] checks each claim's own UID, so two UIDs
-/// that share a hash cost a filter, never a wrong answer.
+/// IPs by a string key of their claims (an admission request's UID, a pod's UID, a claim
+/// token), keyed by a hash of it: B-tree keys that compare in one instruction. Readers check
+/// each claim's own field, so two keys that share a hash cost a filter, never a wrong answer.
 #[derive(Default)]
-pub(super) struct ByRequest(BTreeMap<u64, Vec<IpAddr>>);
+pub(super) struct ByKey(BTreeMap<u64, Vec<IpAddr>>);
 
-impl ByRequest {
-    fn key(uid: &str) -> u64 {
-        // fixed keys: the same UID hashes alike for the life of the process
-        BuildHasherDefault::<DefaultHasher>::default().hash_one(uid)
+impl ByKey {
+    fn key(key: &str) -> u64 {
+        // fixed keys: the same string hashes alike for the life of the process
+        BuildHasherDefault::<DefaultHasher>::default().hash_one(key)
     }
 
-    fn add(&mut self, uid: &str, ip: IpAddr) {
-        self.0.entry(Self::key(uid)).or_default().push(ip);
+    fn add(&mut self, key: &str, ip: IpAddr) {
+        self.0.entry(Self::key(key)).or_default().push(ip);
     }
 
-    fn remove(&mut self, uid: &str, ip: IpAddr) {
-        let key = Self::key(uid);
+    fn remove(&mut self, key: &str, ip: IpAddr) {
+        let key = Self::key(key);
         if let Some(ips) = self.0.get_mut(&key) {
             ips.retain(|held| *held != ip);
             if ips.is_empty() {
@@ -163,18 +170,42 @@ impl ByRequest {
         }
     }
 
+    /// The claims under `key` that `owns` confirms, in the order they were indexed.
+    pub(super) fn claims<'a>(
+        &self,
+        key: &str,
+        claims: &'a BTreeMap<IpAddr, Arc<Claim>>,
+        owns: impl Fn(&Claim) -> bool,
+    ) -> Vec<&'a Claim> {
+        self.0.get(&Self::key(key)).map_or_else(Vec::new, |ips| {
+            ips.iter()
+                .filter_map(|ip| claims.get(ip).map(|claim| &**claim))
+                .filter(|claim| owns(claim))
+                .collect()
+        })
+    }
+}
+
+/// The IPs granted to each admission request, by its UID.
+#[derive(Default)]
+pub(super) struct ByRequest(ByKey);
+
+impl ByRequest {
+    fn add(&mut self, uid: &str, ip: IpAddr) {
+        self.0.add(uid, ip);
+    }
+
+    fn remove(&mut self, uid: &str, ip: IpAddr) {
+        self.0.remove(uid, ip);
+    }
+
     /// The claims granted to request `uid`, in the order they were granted.
     pub(super) fn claims<'a>(
         &self,
         uid: &str,
         claims: &'a BTreeMap<IpAddr, Arc<Claim>>,
     ) -> Vec<&'a Claim> {
-        self.0.get(&Self::key(uid)).map_or_else(Vec::new, |ips| {
-            ips.iter()
-                .filter_map(|ip| claims.get(ip).map(|claim| &**claim))
-                .filter(|claim| claim.request_uid == uid)
-                .collect()
-        })
+        self.0.claims(uid, claims, |claim| claim.request_uid == uid)
     }
 }
 
@@ -220,6 +251,9 @@ pub(super) struct State {
     /// Shared with the embedded ledger, which keeps the same copy of each claim it records.
     pub(super) claims: BTreeMap<IpAddr, Arc<Claim>>,
     pub(super) by_request: ByRequest,
+    /// Claims by their pod's UID and by their token: a DELETE finds what its pod holds by
+    /// who the pod is, not by the IPs it shows (which an update may have stripped).
+    pub(super) by_pod: ByKey,
     /// `Terminating` claims by their release time on this process's clock
     /// ([`LocalRelease`]), so the release timer's pass costs what is due, not a scan of every
     /// claim under the lock each second.
@@ -249,6 +283,9 @@ impl State {
         let (family, value) = ip_key(&claim.ip);
         self.held.entry(family).or_default().insert(value);
         self.by_request.add(&claim.request_uid, claim.ip);
+        for key in pod_keys(&claim) {
+            self.by_pod.add(key, claim.ip);
+        }
         match release_time(&claim) {
             Some(written) => {
                 let local = match self.local_release.get(&claim.ip) {
@@ -268,6 +305,9 @@ impl State {
 
     pub(super) fn forget_indexes(&mut self, claim: &Claim) {
         self.by_request.remove(&claim.request_uid, claim.ip);
+        for key in pod_keys(claim) {
+            self.by_pod.remove(key, claim.ip);
+        }
         if let Some(local) = self.local_release.get(&claim.ip) {
             self.releasing.remove(&(local.due, claim.ip));
         }
@@ -485,7 +525,8 @@ mod tests {
         // a forced collision: every IP filed under uid-a's key
         by_request
             .0
-            .insert(ByRequest::key("uid-a"), claims.keys().copied().collect());
+            .0
+            .insert(ByKey::key("uid-a"), claims.keys().copied().collect());
         let ips = |by_request: &ByRequest, uid| -> Vec<String> {
             by_request
                 .claims(uid, &claims)

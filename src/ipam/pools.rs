@@ -220,6 +220,12 @@ impl PoolCatalog {
         self.pools.get(name)
     }
 
+    /// The pool whose usable IPs include `ip`, if one does (pools never overlap).
+    pub fn containing(&self, ip: &std::net::IpAddr) -> Option<&Arc<Pool>> {
+        let (_, name) = self.cidrs.first_overlap(&IpRange::single(*ip), None)?;
+        self.pools.get(name).filter(|pool| pool.usable.contains(ip))
+    }
+
     /// Pools whose usable IPs intersect `set`.
     pub fn intersecting<'a>(&'a self, set: &'a IpSet) -> impl Iterator<Item = &'a Arc<Pool>> + 'a {
         let mut seen: Vec<&String> = Vec::new();

@@ -168,9 +168,15 @@ impl Report {
         let mut by_app: BTreeMap<(String, String), Tally> = BTreeMap::new();
         for claim in claims.into_iter().filter(|c| c.is_held()) {
             let made = |wanted: bool| wanted.then(|| holder(claim));
-            if let Some(pool) = &claim.pool {
+            // a claim counts in its pool, and so does a static IP inside a pool's IPs (the
+            // pool's IPs are used up by it all the same)
+            let pool = claim
+                .pool
+                .as_deref()
+                .or_else(|| pools.containing(&claim.ip).map(|p| p.name.as_str()));
+            if let Some(pool) = pool {
                 by_pool
-                    .entry(pool.clone())
+                    .entry(pool.to_string())
                     .or_default()
                     .add(claim, made(holders));
             }

@@ -7,7 +7,7 @@ use std::net::IpAddr;
 
 use crate::admission::Response;
 use crate::admission::annotations::{
-    CLAIM_TOKEN, STATUS, STATUS_MUTATED, carried_with, static_ips,
+    CLAIM_TOKEN, OVN_IP_POOL, STATUS, STATUS_MUTATED, carried_with, parse_ovn_ip_pool, static_ips,
 };
 use crate::ipam::allocator::AllocError;
 use crate::ipam::ipset::IpSet;
@@ -46,6 +46,9 @@ pub enum Denial {
         a: String,
         b: String,
     },
+    /// The IPs are a FixedIPPool's that does not serve the pod, or another app's
+    /// ([`Webhook::policy_refusal`]).
+    Policy(String),
     /// The CNI's own pools or subnets refuse the IPs.
     Cni(String),
     /// Every IP of the list or pool is held.
@@ -103,7 +106,9 @@ impl fmt::Display for Denial {
         match self {
             Denial::MissingObject(what) => write!(f, "{what}"),
             Denial::Malformed { pod, message } => write!(f, "pod {pod}: {message}"),
-            Denial::Candidates(message) | Denial::Cni(message) => write!(f, "{message}"),
+            Denial::Candidates(message) | Denial::Cni(message) | Denial::Policy(message) => {
+                write!(f, "{message}")
+            }
             Denial::NoAppLabel { pod, app_label } => write!(
                 f,
                 "pod {pod} asks for fixed IPs but has no {app_label:?} label; ip-webhook needs it (with the namespace) to know which app the IPs belong to"
@@ -199,6 +204,7 @@ pub fn assess<'m>(webhook: &Webhook, view: PodView<'m>) -> Result<PodAsk<'m>, De
             app_label: webhook.settings.app_label.clone(),
         });
     }
+    check_ovn_ip_pool(webhook, &view)?;
     let mut ask = PodAsk {
         token: meta.annotation(CLAIM_TOKEN).filter(|t| is_token(t)),
         marked: meta.annotation(STATUS) == Some(STATUS_MUTATED),
@@ -219,6 +225,18 @@ pub fn assess<'m>(webhook: &Webhook, view: PodView<'m>) -> Result<PodAsk<'m>, De
             scope: ask.view.scope(candidates).to_string(),
         });
     }
+    // IPs the pod names for itself are held to the same rule as a list: a FixedIPPool's IPs
+    // only for the pods it serves, another app's listed IPs only for that app.
+    if ask.candidates.is_none()
+        && let Some(refusal) =
+            webhook.policy_refusal(&IpSet::from_ips(ask.carried.iter().copied()), &ask.view)
+    {
+        return Err(Denial::Policy(format!(
+            "pod {}: static IP {}",
+            ask.view.display(),
+            refusal.names()
+        )));
+    }
     let whose = ask.scope();
     let carried_set = IpSet::from_ips(ask.carried.iter().copied());
     let sets = [
@@ -231,6 +249,48 @@ pub fn assess<'m>(webhook: &Webhook, view: PodView<'m>) -> Result<PodAsk<'m>, De
     }
     ask.warnings = warnings;
     Ok(ask)
+}
+
+/// Kube-OVN's `ovn.kubernetes.io/ip_pool` list ([`parse_ovn_ip_pool`]): Kube-OVN gives the
+/// pod one of those IPs itself, so they count as the pod's app's: refused when they are
+/// another app's (a FixedIPPool that does not serve the pod, another app's list, another
+/// app's claim) or cannot be read (Kube-OVN's own webhook refuses those too).
+fn check_ovn_ip_pool(webhook: &Webhook, view: &PodView<'_>) -> Result<(), Denial> {
+    let Some(value) = view.meta.annotation(OVN_IP_POOL) else {
+        return Ok(());
+    };
+    let ips = match parse_ovn_ip_pool(value) {
+        Ok(Some(ips)) => ips,
+        Ok(None) => return Ok(()),
+        Err(message) => {
+            return Err(Denial::Malformed {
+                pod: view.display(),
+                message: format!("annotation {OVN_IP_POOL}: {message}"),
+            });
+        }
+    };
+    if let Some(refusal) = webhook.policy_refusal(&IpSet::from_ips(ips.iter().copied()), view) {
+        return Err(Denial::Policy(format!(
+            "pod {}: annotation {OVN_IP_POOL} {}",
+            view.display(),
+            refusal.lists()
+        )));
+    }
+    let app_key = view.app_key();
+    for ip in &ips {
+        if let Some(holder) = webhook.allocator.holder(ip)
+            && holder.locks_ip()
+            && holder.app_key() != app_key
+        {
+            return Err(Denial::Conflict(format!(
+                "pod {}: annotation {OVN_IP_POOL} lists {ip}, which pod {} of app {} holds",
+                view.display(),
+                holder.pod.display(),
+                holder.app_key()
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn join(ips: &[IpAddr]) -> String {

@@ -133,16 +133,12 @@ impl Webhook {
                 let set = self.specs.parse(list).map_err(|e| {
                     format!("pod {}: annotation {ALLOCATABLE_IPS}: {e}", pod.display())
                 })?;
-                let pools = self.pools.load();
-                for pool in pools.intersecting(&set) {
-                    if let Some(reason) = pool.refuses(&pod.namespace, pod.meta.labels.as_ref()) {
-                        let shared = set.subtract(&set.subtract(&pool.usable));
-                        return Err(format!(
-                            "pod {}: annotation {ALLOCATABLE_IPS} lists {shared} of FixedIPPool {}, which this pod may not use: {reason}",
-                            pod.display(),
-                            pool.name
-                        ));
-                    }
+                if let Some(refusal) = self.policy_refusal(&set, pod) {
+                    return Err(format!(
+                        "pod {}: annotation {ALLOCATABLE_IPS} {}",
+                        pod.display(),
+                        refusal.lists()
+                    ));
                 }
                 Ok(Some(Candidates { set, pool: None }))
             }
@@ -171,6 +167,105 @@ impl Webhook {
                     pool: Some(found.name.clone()),
                 }))
             }
+        }
+    }
+}
+
+impl Webhook {
+    /// Whether `pod` may have the IPs of `set` at all, wherever it names them (its list, its
+    /// CNI annotation, a Kube-OVN `ip_pool` list): an IP inside a FixedIPPool is only for the
+    /// pods the pool serves (`spec.namespaces`, `spec.podSelector`), and an IP a workload of
+    /// another app lists is only for that app. Workload templates are held to the same rule
+    /// ([`workloads::review`]).
+    pub fn policy_refusal(&self, set: &IpSet, pod: &PodView<'_>) -> Option<PolicyRefusal> {
+        self.policy_refusal_for(
+            set,
+            &pod.namespace,
+            pod.meta.labels.as_ref(),
+            &pod.app_key(),
+        )
+    }
+
+    /// [`Webhook::policy_refusal`] for pods of `namespace` with `labels`, of app `app_key`.
+    pub fn policy_refusal_for(
+        &self,
+        set: &IpSet,
+        namespace: &str,
+        labels: Option<&std::collections::BTreeMap<String, String>>,
+        app_key: &str,
+    ) -> Option<PolicyRefusal> {
+        let pools = self.pools.load();
+        for pool in pools.intersecting(set) {
+            if let Some(reason) = pool.refuses(namespace, labels) {
+                return Some(PolicyRefusal::Pool {
+                    shared: workloads::overlap_text(&pool.usable, set),
+                    pool: pool.name.clone(),
+                    reason,
+                });
+            }
+        }
+        let (shared, workload, app) = self.workloads.other_app_listing(set, app_key)?;
+        Some(PolicyRefusal::App {
+            shared,
+            workload,
+            app,
+        })
+    }
+}
+
+/// Why a pod (or a workload's pods) may not have some IPs ([`Webhook::policy_refusal`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PolicyRefusal {
+    /// The IPs `shared` are in FixedIPPool `pool`, which does not serve the pod.
+    Pool {
+        shared: String,
+        pool: String,
+        reason: String,
+    },
+    /// The IPs `shared` are listed by `workload` of another app, `app`.
+    App {
+        shared: String,
+        workload: workloads::WorkloadId,
+        app: String,
+    },
+}
+
+impl PolicyRefusal {
+    /// The refusal of a list that names the IPs: `lists 10.0.0.1 of FixedIPPool blue, …`.
+    pub fn lists(&self) -> String {
+        match self {
+            PolicyRefusal::Pool {
+                shared,
+                pool,
+                reason,
+            } => format!(
+                "lists {shared} of FixedIPPool {pool}, which this pod may not use: {reason}"
+            ),
+            PolicyRefusal::App {
+                shared,
+                workload,
+                app,
+            } => format!(
+                "lists {shared}, which {workload} (app {app}) lists; only that app's pods may have them"
+            ),
+        }
+    }
+
+    /// The refusal of IPs a pod names for itself: `10.0.0.1 is in FixedIPPool blue, …`.
+    pub fn names(&self) -> String {
+        match self {
+            PolicyRefusal::Pool {
+                shared,
+                pool,
+                reason,
+            } => format!("{shared} is in FixedIPPool {pool}, which this pod may not use: {reason}"),
+            PolicyRefusal::App {
+                shared,
+                workload,
+                app,
+            } => format!(
+                "{shared} is listed by {workload} (app {app}); only that app's pods may have it"
+            ),
         }
     }
 }

@@ -272,7 +272,9 @@ fn refused(context: &RefusalContext<'_>, app: Option<String>, denial: Denial) ->
 
 /// A Pod DELETE review: the pod may run on for its grace period, so its claims turn
 /// `Terminating` and are released only after that (plus `--release-delay`), once the pod is
-/// gone. Only the pod's own claims are touched: by UID, else by claim token.
+/// gone. Only the pod's own claims are touched: by UID, else by claim token. They are found
+/// by who the pod is as well as by the IPs it carries, so a pod whose IP annotations or label
+/// were stripped (before they were immutable, or with the webhook away) still frees its IPs.
 async fn delete(
     webhook: &Webhook,
     incoming: &Incoming<'_>,
@@ -287,9 +289,6 @@ async fn delete(
     let meta = &pod.metadata;
     let view = PodView::new(meta, incoming, &webhook.settings);
     let ips = carried_ips(meta.labels.as_ref(), meta.annotations.as_ref());
-    if ips.is_empty() {
-        return Ok(response);
-    }
     let name = match view.name() {
         "" => incoming.request.name.as_deref().unwrap_or(""),
         name => name,

@@ -2,15 +2,18 @@
 //! overlapping IPPools, conflicting workload templates, and (when switched on) overlapping
 //! Kube-OVN Subnets and Calico IPPools.
 
-use crate::admission::{Incoming, Operation, Response, ReviewError};
+use crate::admission::annotations::{
+    ALLOCATED_IP_LABEL, CLAIM_TOKEN, STATUS, STATUS_MUTATED, carried_ips, changed_mark,
+};
+use crate::admission::{Incoming, Meta, Operation, Response, ReviewError};
 use crate::crd::{self, IPPool};
 use crate::ipam::allocator::AllocationRequest;
-use crate::ipam::ipset::IpSet;
+use crate::ipam::ipset::{IpSet, excerpt};
 use crate::ipam::messages::conflict_message;
 use crate::ipam::messages::holder_list;
 use crate::ipam::pools::{Pool, PoolError};
 use crate::ledger::Claim;
-use crate::ledger::claim::{PodIdentity, new_token};
+use crate::ledger::claim::{PodIdentity, is_token, new_token};
 use crate::webhook::assess::{Answer, Denial, PodAsk, assess};
 use crate::webhook::cni_pools;
 use crate::webhook::workloads;
@@ -142,6 +145,25 @@ async fn validate_pod(
     };
     let meta = &pod.metadata;
     let view = PodView::new(meta, incoming, &webhook.settings);
+    if incoming.request.operation == Operation::Update
+        && let Some(old) = incoming.metadata(true)?
+        && holds_claim(webhook, &view, &old.metadata)
+    {
+        // What names the pod's IP stays as admitted; nothing else of an update concerns us.
+        let refusal = update_refusal(&view, &old.metadata, meta);
+        let response = match refusal {
+            Some(message) => response.deny(message),
+            None => response,
+        };
+        return Ok(Answer {
+            app: view.app.is_some().then(|| view.app_key()),
+            ips: carried_ips(
+                old.metadata.labels.as_ref(),
+                old.metadata.annotations.as_ref(),
+            ),
+            response,
+        });
+    }
     let mut answer = Answer {
         app: view.app.is_some().then(|| view.app_key()),
         ips: Vec::new(),
@@ -155,6 +177,57 @@ async fn validate_pod(
         Err(denial) => answer.response = answer.response.deny(denial.to_string()),
     }
     Ok(answer)
+}
+
+/// Whether the pod before an update holds a claim: the books hold one for its UID or token,
+/// or it carries ip-webhook's marks (marker, claim token), which only a granted admission
+/// writes (another replica's claim may not have reached this one's index yet).
+fn holds_claim(webhook: &Webhook, view: &PodView<'_>, old: &Meta) -> bool {
+    let token = old.annotation(CLAIM_TOKEN).filter(|t| is_token(t));
+    let identity = PodIdentity {
+        namespace: &view.namespace,
+        name: old.name.as_deref().unwrap_or(view.name()),
+        uid: old
+            .uid
+            .as_deref()
+            .or(view.meta.uid.as_deref())
+            .filter(|u| !u.is_empty()),
+        token,
+    };
+    token.is_some()
+        || old.annotation(STATUS) == Some(STATUS_MUTATED)
+        || !webhook.allocator.claims_of(&identity).is_empty()
+}
+
+/// The refusal of an update that changes what names a claim-holding pod's IP
+/// ([`changed_mark`]): the CNI reads its annotation again whenever the pod's sandbox is
+/// recreated, and a DELETE and the reconciler read the pod's marks, so a changed value would
+/// put the pod on an IP nobody recorded, or free the wrong one.
+fn update_refusal(view: &PodView<'_>, old: &Meta, new: &Meta) -> Option<String> {
+    let (key, before, after) = changed_mark(
+        (old.labels.as_ref(), old.annotations.as_ref()),
+        (new.labels.as_ref(), new.annotations.as_ref()),
+    )?;
+    let what = if key == ALLOCATED_IP_LABEL {
+        "label"
+    } else {
+        "annotation"
+    };
+    let quoted = |v: Option<&str>| match v {
+        Some(v) => format!("{:?}", excerpt(v)),
+        None => "absent".to_string(),
+    };
+    let change = match (before, after) {
+        (Some(_), None) => "removed",
+        (None, Some(_)) => "added",
+        _ => "changed",
+    };
+    Some(format!(
+        "pod {} holds an IP claim, so {what} {key} cannot be {change} (was {}, now {}): it names the pod's IP to the CNI and to ip-webhook; to give the pod another IP, delete the pod and create it again instead",
+        view.display(),
+        quoted(before),
+        quoted(after),
+    ))
 }
 
 /// The answer for an assessed pod: warnings, conflicts with other pods' claims, and (CREATE,

@@ -6,12 +6,12 @@ use std::sync::Mutex;
 
 use serde::Deserialize;
 
-use crate::admission::annotations::{ALLOCATABLE_IPS, IP_POOL};
+use crate::admission::annotations::{ALLOCATABLE_IPS, IP_POOL, OVN_IP_POOL, parse_ovn_ip_pool};
 use crate::admission::{Incoming, Meta, Operation, Response, ReviewError};
 use crate::ipam::ipset::{Family, IpSet, parse_ip_spec};
 use crate::ipam::overlap::RangeIndex;
 use crate::ledger::Claim;
-use crate::webhook::Webhook;
+use crate::webhook::{PolicyRefusal, Webhook};
 
 /// The workload kinds checked, as `(group, kind)`.
 pub const KINDS: [(&str, &str); 6] = [
@@ -111,7 +111,7 @@ pub struct Listing {
 }
 
 /// The listing of a watched workload of `kind`, when its pod template lists fixed IPs (an
-/// `allocatable-ips` list, not a pool) and no controller owns it (the owner's list counts).
+/// `allocatable-ips` list or a Kube-OVN `ip_pool` list, not a pool) and no controller owns it (the owner's list counts).
 pub fn listing_of(
     kind: &str,
     object: &kube::api::DynamicObject,
@@ -135,7 +135,10 @@ pub fn listing_of(
     if template.annotation(IP_POOL).is_some() {
         return None;
     }
-    let set = parse_ip_spec(template.annotation(ALLOCATABLE_IPS)?).ok()?;
+    let set = match template.annotation(ALLOCATABLE_IPS) {
+        Some(list) => parse_ip_spec(list).ok()?,
+        None => ovn_pool_set(template)?.ok()?,
+    };
     let app = template.label(app_label).filter(|a| !a.is_empty())?;
     let namespace = meta.namespace.clone().unwrap_or_default();
     Some(Listing {
@@ -273,7 +276,7 @@ impl WorkloadRegistry {
 }
 
 /// The IPs `a` and `b` share, as canonical text (shortened when long).
-fn overlap_text(a: &IpSet, b: &IpSet) -> String {
+pub(crate) fn overlap_text(a: &IpSet, b: &IpSet) -> String {
     let text = a.subtract(&a.subtract(b)).to_string();
     if text.len() > 120 {
         format!("{}…", text.chars().take(120).collect::<String>())
@@ -348,18 +351,30 @@ pub fn review(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Response, Re
     };
     let list = template.annotation(ALLOCATABLE_IPS);
     let pool_name = template.annotation(IP_POOL);
-    if list.is_none() && pool_name.is_none() {
+    let ovn_list = ovn_pool_set(template);
+    if list.is_none() && pool_name.is_none() && ovn_list.is_none() {
         return lists_nothing(response);
     }
     let app_label = &webhook.settings.app_label;
-    let Some(app) = template.label(app_label).filter(|a| !a.is_empty()) else {
+    let app = template.label(app_label).filter(|a| !a.is_empty());
+    if app.is_none() && list.is_none() && pool_name.is_none() {
+        // a Kube-OVN ip_pool alone: no app to hold its IPs for (Kube-OVN checks it itself)
+        return lists_nothing(response);
+    }
+    let Some(app) = app else {
         return Ok(response.deny(format!(
             "{id}: the pod template asks for fixed IPs but {path}.labels has no {app_label:?} label; ip-webhook needs it (with the namespace) to know which app the IPs belong to"
         )));
     };
     let app_key = format!("{}/{app}", id.namespace);
     let (set, from_pool) = match (list, pool_name) {
-        (None, None) => return Ok(response),
+        (None, None) => match ovn_list {
+            Some(Ok(set)) => (set, None),
+            Some(Err(e)) => {
+                return Ok(response.deny(format!("{id}: {path}.annotations[{OVN_IP_POOL}]: {e}")));
+            }
+            None => return Ok(response),
+        },
         (Some(_), Some(_)) => {
             return Ok(response.deny(format!(
                 "{id}: {path}.annotations sets both {ALLOCATABLE_IPS} and {IP_POOL}; use one"
@@ -390,31 +405,39 @@ pub fn review(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Response, Re
     };
 
     if from_pool.is_none() {
-        let pools = webhook.pools.load();
-        if let Some(pool) = pools
-            .intersecting(&set)
-            .find(|p| p.refuses(&id.namespace, template.labels.as_ref()).is_some())
-        {
-            return Ok(response.deny(format!(
-                "{id}: {path}.annotations[{ALLOCATABLE_IPS}] lists {} of FixedIPPool {}, which this workload may not use: {}",
-                overlap_text(&pool.usable, &set),
-                pool.name,
-                pool.refuses(&id.namespace, template.labels.as_ref()).unwrap_or_default()
-            )));
+        let key = if list.is_some() {
+            ALLOCATABLE_IPS
+        } else {
+            OVN_IP_POOL
+        };
+        // the rule pods are held to as well (their lists and their static IPs)
+        match webhook.policy_refusal_for(&set, &id.namespace, template.labels.as_ref(), &app_key) {
+            Some(PolicyRefusal::Pool {
+                shared,
+                pool,
+                reason,
+            }) => {
+                return Ok(response.deny(format!(
+                    "{id}: {path}.annotations[{key}] lists {shared} of FixedIPPool {pool}, which this workload may not use: {reason}"
+                )));
+            }
+            Some(PolicyRefusal::App {
+                shared,
+                workload,
+                app,
+            }) if held_by_other_app(webhook, &set, &app_key).is_none() => {
+                return Ok(response.deny(format!(
+                    "{id}: {path}.annotations[{key}] lists {shared}, which {workload} (app {app}) already lists"
+                )));
+            }
+            _ => {}
         }
         if let Some(claim) = held_by_other_app(webhook, &set, &app_key) {
             return Ok(response.deny(format!(
-                "{id}: {path}.annotations[{ALLOCATABLE_IPS}] lists {}, which pod {} of app {} holds",
+                "{id}: {path}.annotations[{key}] lists {}, which pod {} of app {} holds",
                 claim.ip,
                 claim.pod.display(),
                 claim.app_key()
-            )));
-        }
-        if let Some((shared, other, other_app)) =
-            webhook.workloads.other_app_listing(&set, &app_key)
-        {
-            return Ok(response.deny(format!(
-                "{id}: {path}.annotations[{ALLOCATABLE_IPS}] lists {shared}, which {other} (app {other_app}) already lists"
             )));
         }
     }
@@ -445,6 +468,17 @@ pub fn review(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Response, Re
         }
     }
     Ok(response)
+}
+
+/// A Kube-OVN `ovn.kubernetes.io/ip_pool` list of IPs in a pod template (a name of a
+/// Kube-OVN IPPool is not a list): the IPs Kube-OVN gives the workload's pods, so they are its
+/// app's, like an `allocatable-ips` list.
+fn ovn_pool_set(template: &Meta) -> Option<Result<IpSet, String>> {
+    match parse_ovn_ip_pool(template.annotation(OVN_IP_POOL)?) {
+        Ok(Some(ips)) => Some(Ok(IpSet::from_ips(ips))),
+        Ok(None) => None,
+        Err(e) => Some(Err(e)),
+    }
 }
 
 fn held_by_other_app(webhook: &Webhook, set: &IpSet, app_key: &str) -> Option<Claim> {

@@ -131,12 +131,28 @@ clientConfig:
      the opt-in label). Every step is guarded with has() so no pod can make it error. */}}
 {{- define "ip-webhook.celPodWantsIP" -}}
 {{- $o := . -}}
-{{ $o }} != null && has({{ $o }}.metadata) && ((has({{ $o }}.metadata.annotations) && ('ip-webhook.io/allocatable-ips' in {{ $o }}.metadata.annotations || 'ip-webhook.io/ip-pool' in {{ $o }}.metadata.annotations || 'cni.projectcalico.org/ipAddrs' in {{ $o }}.metadata.annotations || 'ovn.kubernetes.io/ip_address' in {{ $o }}.metadata.annotations)) || (has({{ $o }}.metadata.labels) && 'ip-webhook.io/fixed-ip' in {{ $o }}.metadata.labels))
+{{ $o }} != null && has({{ $o }}.metadata) && ((has({{ $o }}.metadata.annotations) && ('ip-webhook.io/allocatable-ips' in {{ $o }}.metadata.annotations || 'ip-webhook.io/ip-pool' in {{ $o }}.metadata.annotations || 'cni.projectcalico.org/ipAddrs' in {{ $o }}.metadata.annotations || 'cni.projectcalico.org/ipAddrsNoIpam' in {{ $o }}.metadata.annotations || 'ovn.kubernetes.io/ip_address' in {{ $o }}.metadata.annotations)) || (has({{ $o }}.metadata.labels) && 'ip-webhook.io/fixed-ip' in {{ $o }}.metadata.labels))
 {{- end }}
 
-{{/* CEL: the deleted pod may hold an IP in our books (allocated label or a static IP). */}}
+{{/* CEL: the deleted pod may hold an IP in our books: a static IP, the allocated label, or
+     any other of our marks (marker, claim token), so a pod stripped of some still has its
+     DELETE seen (the server finds its claims by UID and token). */}}
 {{- define "ip-webhook.celPodHoldsIP" -}}
-oldObject != null && has(oldObject.metadata) && ((has(oldObject.metadata.labels) && ('ip-webhook.io/allocated-ip' in oldObject.metadata.labels || 'ip-webhook.io/fixed-ip' in oldObject.metadata.labels)) || (has(oldObject.metadata.annotations) && ('cni.projectcalico.org/ipAddrs' in oldObject.metadata.annotations || 'ovn.kubernetes.io/ip_address' in oldObject.metadata.annotations)))
+oldObject != null && has(oldObject.metadata) && ((has(oldObject.metadata.labels) && ('ip-webhook.io/allocated-ip' in oldObject.metadata.labels || 'ip-webhook.io/fixed-ip' in oldObject.metadata.labels)) || (has(oldObject.metadata.annotations) && ('cni.projectcalico.org/ipAddrs' in oldObject.metadata.annotations || 'cni.projectcalico.org/ipAddrsNoIpam' in oldObject.metadata.annotations || 'ovn.kubernetes.io/ip_address' in oldObject.metadata.annotations || 'ip-webhook.io/status' in oldObject.metadata.annotations || 'ip-webhook.io/claim' in oldObject.metadata.annotations)))
+{{- end }}
+
+{{/* CEL: the pod carries ip-webhook's own marks (allocated label, marker, claim token), which
+     only a granted admission writes: it holds a claim. Argument: object or oldObject. */}}
+{{- define "ip-webhook.celPodMarked" -}}
+{{- $o := . -}}
+{{ $o }} != null && has({{ $o }}.metadata) && ((has({{ $o }}.metadata.labels) && 'ip-webhook.io/allocated-ip' in {{ $o }}.metadata.labels) || (has({{ $o }}.metadata.annotations) && ('ip-webhook.io/status' in {{ $o }}.metadata.annotations || 'ip-webhook.io/claim' in {{ $o }}.metadata.annotations)))
+{{- end }}
+
+{{/* CEL for pods.validate: the pod asks for an IP or names one (before or after an update, or
+     in a Kube-OVN ip_pool list), and is not one of ours already (those go to
+     pod-updates.validate, which fails closed). */}}
+{{- define "ip-webhook.celPodValidates" -}}
+(({{ include "ip-webhook.celPodWantsIP" "object" }}) || ({{ include "ip-webhook.celPodWantsIP" "oldObject" }}) || (object != null && has(object.metadata) && has(object.metadata.annotations) && 'ovn.kubernetes.io/ip_pool' in object.metadata.annotations)) && !({{ include "ip-webhook.celPodMarked" "oldObject" }})
 {{- end }}
 
 {{- define "ip-webhook.objectSelector" -}}
@@ -147,13 +163,14 @@ objectSelector:
 {{- end }}
 
 {{/* CEL: a workload's pod template (spec.template, or a CronJob's
-     spec.jobTemplate.spec.template) carries an IP list or pool; argument: object or oldObject. */}}
+     spec.jobTemplate.spec.template) carries an IP list or pool (ours, or a Kube-OVN ip_pool);
+     argument: object or oldObject. */}}
 {{- define "ip-webhook.celWorkloadAsksIP" -}}
 {{- $o := . -}}
-{{- $asks := "('ip-webhook.io/allocatable-ips' in %s.metadata.annotations || 'ip-webhook.io/ip-pool' in %s.metadata.annotations)" -}}
+{{- $asks := "('ip-webhook.io/allocatable-ips' in %[1]s.metadata.annotations || 'ip-webhook.io/ip-pool' in %[1]s.metadata.annotations || 'ovn.kubernetes.io/ip_pool' in %[1]s.metadata.annotations)" -}}
 {{- $t := printf "%s.spec.template" $o -}}
 {{- $j := printf "%s.spec.jobTemplate.spec.template" $o -}}
-{{ $o }} != null && has({{ $o }}.spec) && ((has({{ $t }}) && has({{ $t }}.metadata) && has({{ $t }}.metadata.annotations) && {{ printf $asks $t $t }}) || (has({{ $o }}.spec.jobTemplate) && has({{ $o }}.spec.jobTemplate.spec) && has({{ $j }}) && has({{ $j }}.metadata) && has({{ $j }}.metadata.annotations) && {{ printf $asks $j $j }}))
+{{ $o }} != null && has({{ $o }}.spec) && ((has({{ $t }}) && has({{ $t }}.metadata) && has({{ $t }}.metadata.annotations) && {{ printf $asks $t }}) || (has({{ $o }}.spec.jobTemplate) && has({{ $o }}.spec.jobTemplate.spec) && has({{ $j }}) && has({{ $j }}.metadata) && has({{ $j }}.metadata.annotations) && {{ printf $asks $j }}))
 {{- end }}
 
 {{/* rbac.calico / rbac.kubeOvn: unset (null) follows server.cni; the CNI pool checks need it too. */}}
