@@ -521,6 +521,9 @@ pub async fn launch(args: &ServeArgs) -> anyhow::Result<Launched> {
         ))),
         None => None,
     };
+    if let Some(lookup) = &pod_lookup {
+        let _ = webhook.pods.set(lookup.clone());
+    }
     reloaders.push(spawn_ledger_prober(
         ledger.clone(),
         webhook.metrics.ledger_health.clone(),

@@ -199,6 +199,26 @@ impl Allocator {
         });
     }
 
+    /// The `Terminating` claims last held under the fixed pod name `pod` (`namespace/name`)
+    /// of `app`: a pod of that name that may still be in its grace period.
+    pub fn terminating_under_name(&self, pod: &PodRef, app: &str) -> Vec<Claim> {
+        let state = self.lock();
+        let key = (pod.namespace.clone(), app.to_string(), pod.name.clone());
+        state
+            .history
+            .get(&key)
+            .into_iter()
+            .flatten()
+            .filter_map(|ip| state.claims.get(ip))
+            .filter(|c| {
+                c.phase == Phase::Terminating
+                    && c.pod.namespace == pod.namespace
+                    && c.pod.name == pod.name
+            })
+            .map(|c| (**c).clone())
+            .collect()
+    }
+
     /// Who holds `ip`, if anyone.
     pub fn holder(&self, ip: &IpAddr) -> Option<Claim> {
         self.lock().claims.get(ip).map(|claim| (**claim).clone())

@@ -79,6 +79,8 @@ pub struct Webhook {
     pub events: Arc<dyn EventSink>,
     /// Judges IPClaim edits and deletions ([`crate::webhook::claim_guard`]).
     pub claim_guard: crate::webhook::claim_guard::ClaimGuard,
+    /// Asks the API server whether a claim's pod still exists (set when there is one).
+    pub pods: std::sync::OnceLock<Arc<dyn crate::ledger::pod_lookup::PodLookup>>,
 }
 
 impl Webhook {
@@ -100,6 +102,7 @@ impl Webhook {
             specs: SpecCache::default(),
             events: Arc::new(NoEvents),
             claim_guard: Default::default(),
+            pods: Default::default(),
         }
     }
 

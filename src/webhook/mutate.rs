@@ -9,7 +9,7 @@ use crate::admission::patch::MetadataPatch;
 use crate::admission::{Incoming, Operation, OwnerRef, Response, ReviewError};
 use crate::ipam::allocator::{AllocError, Allocation, AllocationRequest, Reason};
 use crate::ipam::ipset::ip_label_value;
-use crate::ledger::claim::{PodIdentity, is_token, new_token};
+use crate::ledger::claim::{PodIdentity, PodPresence, is_token, new_token};
 use crate::ledger::{PodRef, unix_now};
 use crate::metrics::AllocationOutcome;
 use crate::webhook::assess::{Answer, Denial, assess};
@@ -85,6 +85,36 @@ pub async fn mutate(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Answer
 
 /// Decide a Pod CREATE: assess it, then grant (allocate or record its static IPs) or deny.
 /// Records the claims (unless dry run), counts the outcome and reports it to the event sink.
+/// A CREATE of a fixed name (a StatefulSet's `db-0`) whose earlier pod is still in its grace
+/// period: the API server will refuse it (AlreadyExists) after the webhooks, and a takeover of
+/// the old pod's claim now would leave the old pod, still running, with no claim. With an API
+/// server to ask, such a create is refused while the old pod exists; once it is gone, the new
+/// pod takes its claim over.
+async fn name_still_held(webhook: &Webhook, pod: &PodRef, app: &str) -> Option<Denial> {
+    if pod.name.is_empty() {
+        return None;
+    }
+    let lookup = webhook.pods.get()?;
+    for claim in webhook.allocator.terminating_under_name(pod, app) {
+        let uid = claim.pod.uid.as_deref().unwrap_or("?");
+        let why = match lookup.presence(&claim).await {
+            PodPresence::Gone => continue,
+            PodPresence::Terminating | PodPresence::Running => format!(
+                "pod {} (uid {uid}) still exists, holding {} while it terminates; a pod of the same name can be created once it is gone",
+                claim.pod.display(),
+                claim.ip
+            ),
+            PodPresence::Unknown(why) => format!(
+                "cannot tell whether pod {} (uid {uid}), which holds {}, is gone: {why}",
+                claim.pod.display(),
+                claim.ip
+            ),
+        };
+        return Some(Denial::Conflict(why));
+    }
+    None
+}
+
 pub async fn decide_create(
     webhook: &Webhook,
     incoming: &Incoming<'_>,
@@ -116,6 +146,11 @@ pub async fn decide_create(
             == ask.carried.len()
     {
         return Ok(PodDecision::AlreadyHeld(ask.carried));
+    }
+    if let Some(denial) =
+        name_still_held(webhook, &ask.view.pod_ref(), ask.view.app.unwrap_or("")).await
+    {
+        return Ok(refused(&context, Some(ask.view.app_key()), denial));
     }
     let app_key = ask.view.app_key();
     let scope = ask.scope();
