@@ -152,8 +152,11 @@ async fn worker(
                 let kind = message.split(" by ").next().unwrap_or("").to_string();
                 if message.contains("pods.validate.ip-webhook.io") {
                     c.own_refused += 1;
+                    // whole, to tell which holder /validate saw
+                    c.refusals.insert(format!("{code} {message}"));
+                } else {
+                    c.refusals.insert(format!("{code} {kind}"));
                 }
-                c.refusals.insert(format!("{code} {kind}"));
                 drop(c);
                 tokio::time::sleep(dice.millis(50, 150)).await;
                 continue;
