@@ -379,7 +379,13 @@ impl Allocator {
                         allocation.token = holder.token.clone();
                         None
                     }
-                    (None, Some(holder)) if holder.locks_ip() && !may_take_over(holder, &probe) => {
+                    // At /validate (the pod has its UID) this copy may lag behind the ledger:
+                    // the create below decides, and answers with the record it holds.
+                    (None, Some(holder))
+                        if holder.locks_ip()
+                            && !may_take_over(holder, &probe)
+                            && (request.dry_run || request.pod.uid.is_none()) =>
+                    {
                         Some(Err(AllocError::Conflict(conflict_message(
                             ip,
                             &request.pod,
@@ -1124,6 +1130,49 @@ mod tests {
             alloc.claim_static(&[ip], &other).await,
             Err(AllocError::Conflict(_))
         ));
+    }
+
+    /// This replica's copy still shows a holder the ledger has already released (another
+    /// replica's DELETE): at /validate, where the pod has its UID, the ledger decides; at
+    /// /mutate and in a dry run the copy's answer stands.
+    #[tokio::test]
+    async fn at_validate_a_stale_copy_of_a_holder_is_checked_against_the_ledger() {
+        let alloc = allocator().await;
+        let set = parse_ip_spec("10.16.0.17").unwrap();
+        let ip: IpAddr = "10.16.0.17".parse().unwrap();
+        alloc.apply_observed(ObservedChange::Held(external(
+            "10.16.0.17",
+            "gone",
+            "r-gone",
+            Phase::Bound,
+        )));
+        let mut at_mutate = request(&set, pod("db-0"), "m-2");
+        at_mutate.token = "tok-d";
+        assert!(matches!(
+            alloc.claim_static(&[ip], &at_mutate).await,
+            Err(AllocError::Conflict(_))
+        ));
+        let mut at_validate = request(&set, pod("db-0"), "v-2");
+        at_validate.token = "tok-d";
+        at_validate.pod.uid = Some("uid-d".into());
+        at_validate.dry_run = true;
+        assert!(matches!(
+            alloc.claim_static(&[ip], &at_validate).await,
+            Err(AllocError::Conflict(_))
+        ));
+        at_validate.dry_run = false;
+        let granted = alloc.claim_static(&[ip], &at_validate).await.unwrap();
+        assert_eq!(granted.token, "tok-d");
+        assert_eq!(alloc.holder(&ip).unwrap().request_uid, "v-2");
+        // a holder the ledger does have still refuses
+        let mut another = request(&set, pod("db-1"), "v-3");
+        another.token = "tok-e";
+        another.pod.uid = Some("uid-e".into());
+        assert!(matches!(
+            alloc.claim_static(&[ip], &another).await,
+            Err(AllocError::Conflict(_))
+        ));
+        assert_eq!(alloc.holder(&ip).unwrap().request_uid, "v-2");
     }
 
     #[tokio::test]

@@ -254,9 +254,18 @@ async fn pod_verdict(
             continue;
         }
         match webhook.allocator.holder(ip) {
-            Some(holder) if holder.locks_ip() => {
+            // A pod that carries a claim token was granted at a /mutate, maybe another
+            // replica's, whose record this replica's copy may not show yet (nor the release
+            // that made the IP free): the CREATE's write asks the ledger itself.
+            Some(holder)
+                if holder.locks_ip()
+                    && (identity.token.is_none()
+                        || incoming.dry_run()
+                        || incoming.request.operation != Operation::Create) =>
+            {
                 return response.deny(conflict_message(ip, &pod_ref, &holder));
             }
+            Some(holder) if holder.locks_ip() => unrecorded.push(*ip),
             _ => match webhook.allocator.foreign_conflict(ip, &pod_ref) {
                 Some(message) => return response.deny(message),
                 None => unrecorded.push(*ip),
