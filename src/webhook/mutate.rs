@@ -83,8 +83,6 @@ pub async fn mutate(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Answer
     }
 }
 
-/// Decide a Pod CREATE: assess it, then grant (allocate or record its static IPs) or deny.
-/// Records the claims (unless dry run), counts the outcome and reports it to the event sink.
 /// A CREATE of a fixed name (a StatefulSet's `db-0`) whose earlier pod is still in its grace
 /// period: the API server will refuse it (AlreadyExists) after the webhooks, and a takeover of
 /// the old pod's claim now would leave the old pod, still running, with no claim. With an API
@@ -100,7 +98,7 @@ async fn name_still_held(webhook: &Webhook, pod: &PodRef, app: &str) -> Option<D
         let why = match lookup.presence(&claim).await {
             PodPresence::Gone => continue,
             PodPresence::Terminating | PodPresence::Running => format!(
-                "pod {} (uid {uid}) still exists, holding {} while it terminates; a pod of the same name can be created once it is gone",
+                "pod {} (uid {uid}) still exists and holds {}; a pod of the same name can be created once it is gone",
                 claim.pod.display(),
                 claim.ip
             ),
@@ -115,6 +113,8 @@ async fn name_still_held(webhook: &Webhook, pod: &PodRef, app: &str) -> Option<D
     None
 }
 
+/// Decide a Pod CREATE: assess it, then grant (allocate or record its static IPs) or deny.
+/// Records the claims (unless dry run), counts the outcome and reports it to the event sink.
 pub async fn decide_create(
     webhook: &Webhook,
     incoming: &Incoming<'_>,
