@@ -173,6 +173,42 @@ pub async fn start(
     })
 }
 
+/// How long a new connection may take to send its first byte before it is weighed for a
+/// handshake slot as a silent one.
+const FIRST_BYTE_WAIT: Duration = Duration::from_millis(10);
+
+/// A handshake slot for `tcp`, weighed by whether it has sent a byte; `None` when every slot
+/// is held past its handshake (closed at once). The flag says a silent connection was pushed
+/// out to make room.
+fn admit(
+    slots: &Arc<Slots>,
+    tcp: tokio::net::TcpStream,
+    webhook: &Webhook,
+) -> Option<(Noticing<tokio::net::TcpStream>, HandshakeSlot, bool)> {
+    let refused = |reason| {
+        webhook
+            .metrics
+            .load_refusals
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    };
+    let heard = Arc::new(AtomicBool::new(slots::has_sent(&tcp)));
+    let (slot, crowded) = match slots.admit(heard.clone()) {
+        Admission::Admitted(slot) => (slot, false),
+        Admission::Evicted(slot) => {
+            refused("handshake_evicted");
+            (slot, true)
+        }
+        Admission::Refused => {
+            // closed at once: nothing of it is buffered, and the kernel's queue stays short
+            refused("max_connections");
+            return None;
+        }
+    };
+    let _ = tcp.set_nodelay(true);
+    Some((Noticing { inner: tcp, heard }, slot, crowded))
+}
+
 async fn serve_https(
     listener: TcpListener,
     acceptor: TlsAcceptor,
@@ -185,13 +221,6 @@ async fn serve_https(
     let budget = Arc::new(Semaphore::new(
         limits.max_inflight_bytes.min(Semaphore::MAX_PERMITS),
     ));
-    let refused = |reason| {
-        webhook
-            .metrics
-            .load_refusals
-            .get_or_create(&ReasonLabels { reason })
-            .inc();
-    };
     loop {
         let (tcp, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -204,28 +233,28 @@ async fn serve_https(
             },
             _ = signal.changed() => break,
         };
-        let heard = Arc::new(AtomicBool::new(slots::has_sent(&tcp)));
-        let mut crowded = false;
-        let slot = match slots.admit(heard.clone()) {
-            Admission::Admitted(slot) => slot,
-            Admission::Evicted(slot) => {
-                refused("handshake_evicted");
-                crowded = true;
-                slot
-            }
-            Admission::Refused => {
-                // closed at once: nothing of it is buffered, and the kernel's queue stays short
-                refused("max_connections");
-                drop(tcp);
-                continue;
-            }
-        };
-        let _ = tcp.set_nodelay(true);
-        let tcp = Noticing { inner: tcp, heard };
         let acceptor = acceptor.clone();
         let webhook = webhook.clone();
         let budget = budget.clone();
         let signal = signal.clone();
+        if !slots::has_sent(&tcp) {
+            // A client's ClientHello follows its connect within a round trip, but often not
+            // before the accept: wait for it briefly, off the accept loop, so that a client
+            // that has spoken is never weighed as a silent one (which a flood of silent
+            // connections would push out before its handshake is read).
+            let slots = slots.clone();
+            tokio::spawn(async move {
+                let _ = tokio::time::timeout(FIRST_BYTE_WAIT, tcp.readable()).await;
+                if let Some((tcp, slot, _)) = admit(&slots, tcp, &webhook) {
+                    serve_connection(tcp, peer, slot, acceptor, webhook, limits, budget, signal)
+                        .await;
+                }
+            });
+            continue;
+        }
+        let Some((tcp, slot, crowded)) = admit(&slots, tcp, &webhook) else {
+            continue;
+        };
         tokio::spawn(serve_connection(
             tcp, peer, slot, acceptor, webhook, limits, budget, signal,
         ));
