@@ -26,7 +26,7 @@ mod body;
 pub mod certs;
 mod slots;
 use body::{BodyError, Held, discard, read_body};
-use slots::{Admission, HandshakeSlot, Noticing, Slots};
+use slots::{FIRST_BYTE_WAIT, HandshakeSlot, Noticing, Slots, admit};
 pub mod logging;
 pub mod tls;
 
@@ -171,42 +171,6 @@ pub async fn start(
         https,
         admin,
     })
-}
-
-/// How long a new connection may take to send its first byte before it is weighed for a
-/// handshake slot as a silent one.
-const FIRST_BYTE_WAIT: Duration = Duration::from_millis(10);
-
-/// A handshake slot for `tcp`, weighed by whether it has sent a byte; `None` when every slot
-/// is held past its handshake (closed at once). The flag says a silent connection was pushed
-/// out to make room.
-fn admit(
-    slots: &Arc<Slots>,
-    tcp: tokio::net::TcpStream,
-    webhook: &Webhook,
-) -> Option<(Noticing<tokio::net::TcpStream>, HandshakeSlot, bool)> {
-    let refused = |reason| {
-        webhook
-            .metrics
-            .load_refusals
-            .get_or_create(&ReasonLabels { reason })
-            .inc();
-    };
-    let heard = Arc::new(AtomicBool::new(slots::has_sent(&tcp)));
-    let (slot, crowded) = match slots.admit(heard.clone()) {
-        Admission::Admitted(slot) => (slot, false),
-        Admission::Evicted(slot) => {
-            refused("handshake_evicted");
-            (slot, true)
-        }
-        Admission::Refused => {
-            // closed at once: nothing of it is buffered, and the kernel's queue stays short
-            refused("max_connections");
-            return None;
-        }
-    };
-    let _ = tcp.set_nodelay(true);
-    Some((Noticing { inner: tcp, heard }, slot, crowded))
 }
 
 async fn serve_https(

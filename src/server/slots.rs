@@ -15,6 +15,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
@@ -220,6 +221,42 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Noticing<S> {
     fn is_write_vectored(&self) -> bool {
         self.inner.is_write_vectored()
     }
+}
+
+/// How long a new connection may take to send its first byte before it is weighed for a
+/// handshake slot as a silent one.
+pub(super) const FIRST_BYTE_WAIT: Duration = Duration::from_millis(10);
+
+/// A handshake slot for `tcp`, weighed by whether it has sent a byte; `None` when every slot
+/// is held past its handshake (closed at once). The flag says a silent connection was pushed
+/// out to make room.
+pub(super) fn admit(
+    slots: &Arc<Slots>,
+    tcp: tokio::net::TcpStream,
+    webhook: &crate::webhook::Webhook,
+) -> Option<(Noticing<tokio::net::TcpStream>, HandshakeSlot, bool)> {
+    let refused = |reason| {
+        webhook
+            .metrics
+            .load_refusals
+            .get_or_create(&crate::metrics::ReasonLabels { reason })
+            .inc();
+    };
+    let heard = Arc::new(AtomicBool::new(has_sent(&tcp)));
+    let (slot, crowded) = match slots.admit(heard.clone()) {
+        Admission::Admitted(slot) => (slot, false),
+        Admission::Evicted(slot) => {
+            refused("handshake_evicted");
+            (slot, true)
+        }
+        Admission::Refused => {
+            // closed at once: nothing of it is buffered, and the kernel's queue stays short
+            refused("max_connections");
+            return None;
+        }
+    };
+    let _ = tcp.set_nodelay(true);
+    Some((Noticing { inner: tcp, heard }, slot, crowded))
 }
 
 #[cfg(test)]
