@@ -17,9 +17,12 @@
 //! - [`cluster`]: in-cluster watches, indexes, reconciler, lease, sweeper, CNI objects.
 //! - [`server`]: HTTP(S) serving, TLS, logging.
 //! - [`ops`]: the operator commands' logic: status, explain, release, check, drift.
-//! - [`cli`]: arguments to settings, and the wiring of a running process.
+//! - [`app`]: the builder: plain configuration (`ServeConfig`, `WebhookConfig`) to a running
+//!   process.
+//! - [`cli`]: the command line: arguments to configuration, and each command.
 
 pub mod admission;
+pub mod app;
 pub mod cli;
 pub mod cluster;
 pub mod crd;

@@ -231,11 +231,12 @@ async fn an_unusable_client_ca_file_stops_the_start() {
     let ca_file = dir.path().join("client-ca.crt");
     std::fs::write(&ca_file, "junk").unwrap();
     let state = tempfile::tempdir().unwrap();
-    let args = common::serve_args(
-        state.path(),
-        &["--client-ca-file", ca_file.to_str().unwrap()],
-    );
-    let error = ip_webhook::cli::app::launch(&args)
+    let mut config = common::serve_config(state.path());
+    config.client_ca = Some(ip_webhook::app::ClientCaConfig {
+        file: ca_file.clone(),
+        allowed_names: Vec::new(),
+    });
+    let error = ip_webhook::app::launch(&config)
         .await
         .err()
         .expect("refused");

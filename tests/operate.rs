@@ -1000,7 +1000,7 @@ fn a_build_without_etcd_says_how_to_get_it() {
 #[test]
 fn the_no_etcd_error_names_the_feature() {
     assert_eq!(
-        ip_webhook::cli::app::no_etcd().to_string(),
+        ip_webhook::ledger::OpenError::NoEtcd.to_string(),
         "this build has no etcd support; rebuild with --features etcd"
     );
 }

@@ -42,18 +42,8 @@ async fn swapped_certificate_is_served_without_restart() {
     let cert = secret.path().join("tls.crt");
     let key = secret.path().join("tls.key");
     let state = tempfile::tempdir().unwrap();
-    let args = serve_args(
-        state.path(),
-        &[
-            "--tls-cert-file",
-            cert.to_str().unwrap(),
-            "--tls-key-file",
-            key.to_str().unwrap(),
-            "--tls-reload-interval",
-            "30s",
-        ],
-    );
-    let launched = ip_webhook::cli::app::launch(&args).await.unwrap();
+    let config = with_cert_files(state.path(), &cert, &key, Duration::from_secs(30));
+    let launched = ip_webhook::app::launch(&config).await.unwrap();
     let addr = launched.running.https_addr;
     let old_client = HttpsClient::new(addr, first.ca_pem.as_bytes());
     assert!(handshakes(&old_client).await);
@@ -103,7 +93,7 @@ async fn swapped_certificate_is_served_without_restart() {
     launched.shutdown().await;
 }
 
-fn reloads(launched: &ip_webhook::cli::app::Launched, result: &'static str) -> u64 {
+fn reloads(launched: &ip_webhook::app::Launched, result: &'static str) -> u64 {
     launched
         .webhook
         .metrics
@@ -124,18 +114,8 @@ async fn reload_checks_are_bounded_and_a_broken_pair_is_reported_once() {
     std::fs::write(&cert, &pair.cert_pem).unwrap();
     std::fs::write(&key, &pair.key_pem).unwrap();
     let state = tempfile::tempdir().unwrap();
-    let args = serve_args(
-        state.path(),
-        &[
-            "--tls-cert-file",
-            cert.to_str().unwrap(),
-            "--tls-key-file",
-            key.to_str().unwrap(),
-            "--tls-reload-interval",
-            "1s",
-        ],
-    );
-    let launched = ip_webhook::cli::app::launch(&args).await.unwrap();
+    let config = with_cert_files(state.path(), &cert, &key, Duration::from_secs(1));
+    let launched = ip_webhook::app::launch(&config).await.unwrap();
     let client = HttpsClient::new(launched.running.https_addr, pair.ca_pem.as_bytes());
     assert!(handshakes(&client).await);
     tokio::time::sleep(Duration::from_secs(3)).await;

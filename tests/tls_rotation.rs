@@ -9,10 +9,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::serve_args;
+use common::with_cert_files;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
-use ip_webhook::cli::app;
+use ip_webhook::app;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -115,21 +115,11 @@ async fn symlink_swap_rotation_drops_nothing_and_serves_the_new_cert_within_the_
     let second = ip_webhook::server::certs::self_signed(&[]).unwrap();
     let mut volume = SecretVolume::new(&first.cert_pem, &first.key_pem);
     let state = tempfile::tempdir().unwrap();
-    let cert = volume.path().join("tls.crt").display().to_string();
-    let key = volume.path().join("tls.key").display().to_string();
-    let launched = app::launch(&serve_args(
-        state.path(),
-        &[
-            "--tls-cert-file",
-            &cert,
-            "--tls-key-file",
-            &key,
-            "--tls-reload-interval",
-            "2s",
-        ],
-    ))
-    .await
-    .unwrap();
+    let cert = volume.path().join("tls.crt");
+    let key = volume.path().join("tls.key");
+    let launched = app::launch(&with_cert_files(state.path(), &cert, &key, POLL))
+        .await
+        .unwrap();
     let addr = launched.running.https_addr;
     // both CAs, so the client accepts the certificate before and after the swap
     let config = common::client_config(format!("{}{}", first.ca_pem, second.ca_pem).as_bytes());

@@ -139,7 +139,7 @@ pub struct ClusterAccess {
 
 /// Where the operator commands read (and `release` writes) claims.
 #[derive(Debug, Clone, Args)]
-pub struct LedgerSource {
+pub struct LedgerArgs {
     /// Where claims are recorded; default: embedded with --state-dir, else kubernetes (the
     /// IPClaims of the cluster found as kubectl finds it).
     #[arg(long, value_enum, value_name = "KIND")]
@@ -178,7 +178,7 @@ pub struct StatusArgs {
     pub verbosity: Verbosity,
     // Last: it ends with the etcd flags under their own help heading.
     #[command(flatten)]
-    pub source: LedgerSource,
+    pub source: LedgerArgs,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -209,7 +209,7 @@ pub struct ExplainArgs {
     pub verbosity: Verbosity,
     // Last: it ends with the etcd flags under their own help heading.
     #[command(flatten)]
-    pub source: LedgerSource,
+    pub source: LedgerArgs,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -231,7 +231,7 @@ pub struct ReleaseArgs {
     pub verbosity: Verbosity,
     // Last: it ends with the etcd flags under their own help heading.
     #[command(flatten)]
-    pub source: LedgerSource,
+    pub source: LedgerArgs,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -282,7 +282,7 @@ pub struct CheckArgs {
     // Last: it ends with the etcd flags under their own help heading. Without --drift only the
     // cluster access (--kubeconfig, --context) is used, for the caBundles.
     #[command(flatten)]
-    pub source: LedgerSource,
+    pub source: LedgerArgs,
 }
 
 /// `check --drift` (issue 20): the claims against the pods and the CNI's records.
@@ -366,19 +366,6 @@ pub struct WebhookArgs {
     pub etcd: EtcdArgs,
 }
 
-impl WebhookArgs {
-    /// The ledger to use: --ledger if given; else kubernetes in a pod (KUBERNETES_SERVICE_HOST
-    /// set) or with --kubeconfig; else embedded.
-    pub fn ledger_kind(&self) -> LedgerKind {
-        choose_ledger(self.ledger, self.kubeconfig.is_some(), in_pod())
-    }
-
-    /// Whether there is an API server to ask about pods: in a pod, or given --kubeconfig.
-    pub fn has_api_server(&self) -> bool {
-        self.kubeconfig.is_some() || in_pod()
-    }
-}
-
 /// `serve`'s default --state-dir.
 pub const DEFAULT_STATE_DIR: &str = "./ip-webhook-state";
 
@@ -453,21 +440,6 @@ pub struct EtcdArgs {
     /// the watch lost history to compaction, and after it reconnected).
     #[arg(long, default_value = "5m", value_parser = parse_duration, value_name = "DURATION")]
     pub etcd_resync_period: Duration,
-}
-
-#[cfg(feature = "etcd")]
-impl EtcdArgs {
-    pub fn options(&self) -> crate::ledger::EtcdOptions {
-        crate::ledger::EtcdOptions {
-            endpoints: self.etcd_endpoints.clone(),
-            prefix: self.etcd_prefix.clone(),
-            ca_file: self.etcd_ca_file.clone(),
-            cert_file: self.etcd_cert_file.clone(),
-            key_file: self.etcd_key_file.clone(),
-            timeout: self.etcd_timeout,
-            resync_period: self.etcd_resync_period.max(Duration::from_secs(1)),
-        }
-    }
 }
 
 #[derive(Debug, Clone, Args)]

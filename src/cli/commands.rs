@@ -9,23 +9,21 @@
 
 use std::io::Read;
 use std::path::Path;
-use std::sync::Arc;
+
 
 use anyhow::{Context, anyhow, bail};
 use base64::Engine;
 use serde::Serialize;
 
-use crate::cli::app;
 use crate::cli::{
-    AnswerIsNo, Books, CheckArgs, ClusterSource, ExplainArgs, LedgerSource, OutputFormat,
-    ReleaseArgs, StatusArgs, choose_books, find_cluster, in_pod,
+    AnswerIsNo, CheckArgs, ExplainArgs, LedgerArgs, OperatorConfig, OutputFormat, ReleaseArgs,
+    StatusArgs, find_cluster,
 };
 use crate::cluster::pods::PodDirectory;
-use crate::crd::FixedIPPool;
 use crate::ipam::pools::PoolCatalog;
 use crate::ipam::usage::Report;
 use crate::ledger::pod_lookup::{NoPodList, PodLookup};
-use crate::ledger::{Claim, KubeLedger, Ledger};
+use crate::ledger::{ApiServer, Claim, KubeAccess, LedgerConfig, OpenError, OpenOptions};
 
 fn print<T: Serialize>(
     format: OutputFormat,
@@ -40,172 +38,70 @@ fn print<T: Serialize>(
     crate::cli::emit(&text)
 }
 
-/// The ledger an operator command found, and the API server behind it.
-struct Access {
-    books: Books,
-    /// For watches and pod lookups (no read timeout).
-    client: Option<kube::Client>,
-    /// For IPClaim reads and writes (the admission path's timeouts).
-    admission: Option<kube::Client>,
-    /// `the API server https://… (from $KUBECONFIG (…))`, for error messages.
-    server: String,
+/// The ledger the flags and the environment name, and where pods are looked up.
+fn operator_config(source: &LedgerArgs) -> anyhow::Result<OperatorConfig> {
+    source
+        .config(find_cluster(&source.cluster))
+        .map_err(|e| anyhow!(e))
 }
 
-/// Find the ledger (and the API server) the flags and the environment name.
-async fn connect(source: &LedgerSource) -> anyhow::Result<Access> {
-    let explicit = source.cluster.kubeconfig.is_some() || source.cluster.context.is_some();
-    let found = find_cluster(&source.cluster);
-    let books = choose_books(source, found.clone()).map_err(|e| anyhow!(e))?;
-    // With another ledger, pods are looked up where the flags point (or in a pod).
-    let cluster = match &books {
-        Books::Kubernetes(cluster) => Some(cluster.clone()),
-        _ if explicit || in_pod() => found,
-        _ => None,
+/// What an operator command read: every claim and pool, and the API server of the ledger (or
+/// of the pods, with another ledger).
+struct Contents {
+    claims: Vec<Claim>,
+    pools: PoolCatalog,
+    api_server: Option<ApiServer>,
+}
+
+/// Every claim and pool, read without writing anything (an embedded ledger is read as
+/// `status` reads it, also while a server holds it).
+async fn read(config: &OperatorConfig, pools_file: Option<&Path>) -> anyhow::Result<Contents> {
+    let options = OpenOptions {
+        read_only: true,
+        existing: true,
+        ..OpenOptions::default()
     };
-    let Some(cluster) = cluster else {
-        return Ok(Access {
-            books,
-            client: None,
-            admission: None,
-            server: String::new(),
-        });
+    let opened = crate::ledger::open(&config.ledger, &options).await?;
+    let both = async {
+        let pools = crate::app::pools(pools_file, opened.api_server.as_ref()).await?;
+        let claims = opened.ledger.load().await.with_context(|| match &opened.api_server {
+            Some(api_server) => format!("reading IPClaims from {}", api_server.name),
+            None => format!("reading the {} ledger", config.ledger.kind()),
+        })?;
+        anyhow::Ok((claims, pools))
     };
-    let config = cluster_config(&cluster, source.cluster.context.as_deref()).await?;
-    let server = format!("the API server {} (from {cluster})", config.cluster_url);
-    let (client, admission) = app::clients_from(config)?;
-    Ok(Access {
-        books,
-        client: Some(client),
-        admission: Some(admission),
-        server,
+    let both = both.await;
+    opened.ledger.close().await;
+    let (claims, pools) = both?;
+    let api_server = pods_api(config, opened.api_server).await?;
+    Ok(Contents {
+        claims,
+        pools,
+        api_server,
     })
 }
 
-/// The client configuration from where [`find_cluster`] found the cluster.
-async fn cluster_config(
-    cluster: &ClusterSource,
-    context: Option<&str>,
-) -> anyhow::Result<kube::Config> {
-    let options = kube::config::KubeConfigOptions {
-        context: context.map(str::to_string),
-        ..Default::default()
-    };
-    let config = match cluster {
-        ClusterSource::Flag(path) => app::kube_config(Some(path), context).await,
-        ClusterSource::Env(_) | ClusterSource::Home(_) => kube::Config::from_kubeconfig(&options)
-            .await
-            .map_err(anyhow::Error::from),
-        ClusterSource::InCluster if context.is_some() => {
-            Err(anyhow!("--context needs a kubeconfig"))
-        }
-        ClusterSource::InCluster => kube::Config::incluster().map_err(anyhow::Error::from),
-    };
-    config.with_context(|| format!("finding the API server through {cluster}"))
-}
-
-/// Check that `dir` is a state dir with a ledger, without creating anything.
-fn existing_ledger(dir: &Path) -> anyhow::Result<()> {
-    if !dir.is_dir() {
-        bail!(
-            "no embedded ledger: {} does not exist (give the --state-dir of `ip-webhook serve`)",
-            dir.display()
-        );
+/// The API server pods are looked up on: the kubernetes ledger's, else the one the flags name.
+async fn pods_api(
+    config: &OperatorConfig,
+    ledgers: Option<ApiServer>,
+) -> anyhow::Result<Option<ApiServer>> {
+    match (ledgers, &config.api_server) {
+        (Some(api_server), _) => Ok(Some(api_server)),
+        (None, Some(access)) => Ok(Some(crate::ledger::connect(access).await?)),
+        (None, None) => Ok(None),
     }
-    if !crate::ledger::embedded::exists_in(dir) {
-        bail!(
-            "no embedded ledger in {}: no journal, snapshot or ledger.redb there (is it the --state-dir of `ip-webhook serve`?)",
-            dir.display()
-        );
-    }
-    Ok(())
-}
-
-/// Every claim and pool, read without writing anything.
-async fn read(
-    access: &Access,
-    source: &LedgerSource,
-    pools_file: Option<&Path>,
-) -> anyhow::Result<(Vec<Claim>, PoolCatalog)> {
-    let from_file = || -> anyhow::Result<PoolCatalog> {
-        Ok(match pools_file {
-            Some(path) => PoolCatalog::from_file(path)?,
-            None => PoolCatalog::default(),
-        })
-    };
-    match &access.books {
-        Books::Embedded(dir) => {
-            existing_ledger(dir)?;
-            let claims = crate::ledger::embedded::read_claims(dir)?;
-            Ok((claims, from_file()?))
-        }
-        Books::Kubernetes(_) => {
-            if pools_file.is_some() {
-                bail!(
-                    "--pools-file is for off-cluster use; with the kubernetes ledger, pools are FixedIPPool objects"
-                );
-            }
-            let admission = access.admission.clone().expect("kubernetes has a client");
-            installed(&admission, &access.server).await?;
-            let claims = KubeLedger::new(admission.clone())
-                .load()
-                .await
-                .with_context(|| format!("reading IPClaims from {}", access.server))?;
-            let list = kube::Api::<FixedIPPool>::all(admission)
-                .list(&Default::default())
-                .await
-                .with_context(|| format!("listing FixedIPPools from {}", access.server))?;
-            let pools = crate::cluster::tolerant_catalog(
-                &list
-                    .items
-                    .into_iter()
-                    .map(|p| (p.metadata.name.clone().unwrap_or_default(), p))
-                    .collect(),
-            );
-            Ok((claims, pools))
-        }
-        Books::Etcd => {
-            let ledger = open_etcd(source).await?;
-            let claims = ledger.load().await;
-            ledger.close().await;
-            Ok((claims.context("reading the etcd ledger")?, from_file()?))
-        }
-    }
-}
-
-/// Whether the API server serves ip-webhook's IPClaims at all: a cluster without them (no
-/// ip-webhook installed, or the wrong context) gets a sentence, not a 404 Status dump.
-async fn installed(client: &kube::Client, server: &str) -> anyhow::Result<()> {
-    let probe = kube::Api::<crate::crd::IPClaim>::all(client.clone())
-        .list_metadata(&kube::api::ListParams::default().limit(1))
-        .await;
-    match probe {
-        Err(kube::Error::Api(status)) if status.code == 404 => bail!(
-            "{server} serves no IPClaims (ipclaims.ip-webhook.io): ip-webhook is not installed there (wrong --context?)"
-        ),
-        Err(error) => Err(error).with_context(|| format!("reading IPClaims from {server}")),
-        Ok(_) => Ok(()),
-    }
-}
-
-#[cfg(feature = "etcd")]
-async fn open_etcd(source: &LedgerSource) -> anyhow::Result<Arc<dyn Ledger>> {
-    let options = source.etcd.options();
-    let ledger = crate::ledger::EtcdLedger::connect(&options)
-        .await
-        .with_context(|| format!("opening the etcd ledger at {:?}", options.endpoints))?;
-    Ok(Arc::new(ledger))
-}
-
-#[cfg(not(feature = "etcd"))]
-async fn open_etcd(_: &LedgerSource) -> anyhow::Result<Arc<dyn Ledger>> {
-    Err(app::no_etcd())
 }
 
 /// `status`: the report over the held claims and the pools; in-cluster, with the node of each
 /// holder's pod.
 pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
-    let access = connect(&args.source).await?;
-    let (claims, pools) = read(&access, &args.source, args.pools_file.as_deref()).await?;
+    let config = operator_config(&args.source)?;
+    let Contents {
+        claims,
+        pools,
+        api_server,
+    } = read(&config, args.pools_file.as_deref()).await?;
     let mut report = Report::build(&claims, &pools, true);
     let known_apps: Vec<String> = report.apps.iter().map(|a| a.key()).collect();
     let known_pools: Vec<String> = report.pools.iter().map(|p| p.name.clone()).collect();
@@ -245,7 +141,7 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
         }
         .into());
     }
-    if let Some(client) = access.client {
+    if let Some(client) = api_server.map(|a| a.watches) {
         let shown = report.holder_ips();
         let held: Vec<Claim> = claims
             .into_iter()
@@ -281,16 +177,10 @@ pub async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
     };
     let objects = crate::ops::explain::parse_objects(&text)
         .with_context(|| format!("reading {}", args.file))?;
-    let access = connect(&args.source).await?;
-    let (claims, pools) = read(&access, &args.source, args.pools_file.as_deref()).await?;
-    let settings = crate::webhook::Settings {
-        app_label: args.app_label.clone(),
-        cni: args.cni,
-        check_kube_ovn_subnets: false,
-        check_calico_pools: false,
-        ..crate::webhook::Settings::default()
-    };
-    let sandbox = crate::ops::explain::sandbox(claims, settings, pools).await?;
+    let config = operator_config(&args.source)?;
+    let read = read(&config, args.pools_file.as_deref()).await?;
+    let settings = crate::cli::settings(&args.app_label, args.cni);
+    let sandbox = crate::ops::explain::sandbox(read.claims, settings, read.pools).await?;
     let outcomes =
         crate::ops::explain::explain(&sandbox, &objects, &args.namespace, args.replicas).await?;
     print(args.output, &outcomes, || {
@@ -300,36 +190,36 @@ pub async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
 
 /// `release`: free a leaked claim.
 pub async fn release(args: ReleaseArgs) -> anyhow::Result<()> {
-    let access = connect(&args.source).await?;
-    let ledger: Arc<dyn Ledger> = match &access.books {
-        Books::Embedded(dir) => {
-            existing_ledger(dir)?;
-            Arc::new(
-                crate::ledger::EmbeddedLedger::open(dir, Default::default()).with_context(
-                    || {
-                        format!(
-                            "release writes the embedded ledger and needs it to itself: stop the `ip-webhook serve` that uses {} first",
-                            dir.display()
-                        )
-                    },
-                )?,
-            )
-        }
-        Books::Kubernetes(_) => {
-            let admission = access.admission.clone().expect("kubernetes has a client");
-            installed(&admission, &access.server).await?;
-            if args.force {
-                // --force is the operator's word: the IPClaim guard lets a claim annotated so go
-                crate::webhook::claim_guard::mark_forced(&admission, &args.ip)
-                    .await
-                    .with_context(|| format!("marking the IPClaim of {} forced", args.ip))?;
-            }
-            Arc::new(KubeLedger::new(admission))
-        }
-        Books::Etcd => open_etcd(&args.source).await?,
+    let config = operator_config(&args.source)?;
+    let options = OpenOptions {
+        existing: true,
+        ..OpenOptions::default()
     };
-    let pods: Box<dyn PodLookup> = match access.client.clone() {
-        Some(client) => Box::new(PodDirectory::new(client, &args.app_label)),
+    let opened = match crate::ledger::open(&config.ledger, &options).await {
+        Err(OpenError::Embedded(error)) => {
+            let LedgerConfig::Embedded { state_dir } = &config.ledger else {
+                unreachable!("only the embedded ledger fails so")
+            };
+            return Err(anyhow::Error::new(error).context(format!(
+                "release writes the embedded ledger and needs it to itself: stop the `ip-webhook serve` that uses {} first",
+                state_dir.display()
+            )));
+        }
+        opened => opened?,
+    };
+    let ledger = opened.ledger;
+    if args.force
+        && let Some(api_server) = &opened.api_server
+    {
+        // --force is the operator's word: the IPClaim guard lets a claim annotated so go
+        crate::webhook::claim_guard::mark_forced(&api_server.admission, &args.ip)
+            .await
+            .with_context(|| format!("marking the IPClaim of {} forced", args.ip))?;
+    }
+    let through = opened.api_server.as_ref().map(|a| a.name.clone());
+    let api_server = pods_api(&config, opened.api_server).await?;
+    let pods: Box<dyn PodLookup> = match api_server {
+        Some(api_server) => Box::new(PodDirectory::new(api_server.watches, &args.app_label)),
         None => Box::new(NoPodList(format!(
             "the {} ledger has no pod list; off-cluster nothing can confirm the pod is gone",
             ledger.kind()
@@ -353,10 +243,8 @@ pub async fn release(args: ReleaseArgs) -> anyhow::Result<()> {
     let outcome =
         crate::ops::release::release(ledger.as_ref(), pods.as_ref(), args.ip, args.force).await;
     ledger.close().await;
-    let outcome = match (&access.books, outcome) {
-        (Books::Kubernetes(_), Err(e)) => {
-            Err(e).with_context(|| format!("releasing through {}", access.server))?
-        }
+    let outcome = match (through, outcome) {
+        (Some(server), Err(e)) => Err(e).with_context(|| format!("releasing through {server}"))?,
         (_, outcome) => outcome.context("releasing")?,
     };
     let message = outcome.message(&args.ip);
@@ -423,18 +311,19 @@ fn retain_namespace(report: &mut Report, namespace: &str) {
 
 /// `check --drift`: the claims against the cluster's pods and the CNI's records (issue 20).
 async fn drift(args: CheckArgs) -> anyhow::Result<()> {
-    let access = connect(&args.source).await?;
-    let Some(client) = access.client.clone() else {
+    let config = operator_config(&args.source)?;
+    if config.api_server.is_none() {
         bail!(
             "check --drift compares the claims with a cluster's pods: give --kubeconfig FILE (or run it in a pod)"
         );
-    };
-    let (claims, pools) = read(&access, &args.source, None).await?;
-    let server = if access.server.is_empty() {
-        "the API server".to_string()
-    } else {
-        access.server.clone()
-    };
+    }
+    let Contents {
+        claims,
+        pools,
+        api_server,
+    } = read(&config, None).await?;
+    let api_server = api_server.expect("an API server was configured");
+    let (client, server) = (api_server.watches, api_server.name);
     let cluster = crate::ops::drift::fetch::read(&client, &pools, &args.drift.app_label)
         .await
         .with_context(|| format!("reading the cluster from {server}"))?;
@@ -500,7 +389,7 @@ pub async fn check(args: CheckArgs) -> anyhow::Result<()> {
     // given and kubectl would find a cluster.
     let explicit =
         args.source.cluster.kubeconfig.is_some() || args.source.cluster.context.is_some();
-    let cluster: Option<ClusterSource> = if explicit || ca_pem.is_none() {
+    let cluster = if explicit || ca_pem.is_none() {
         find_cluster(&args.source.cluster)
     } else {
         None
@@ -509,11 +398,17 @@ pub async fn check(args: CheckArgs) -> anyhow::Result<()> {
         None => None,
         Some(cluster) => {
             let read = async {
-                let config =
-                    cluster_config(&cluster, args.source.cluster.context.as_deref()).await?;
-                let server = format!("the API server {} (from {cluster})", config.cluster_url);
-                let (_, client) = app::clients_from(config)?;
-                cluster_bundles(client, &args.webhook_configuration, &server).await
+                let access = KubeAccess {
+                    source: cluster,
+                    context: args.source.cluster.context.clone(),
+                };
+                let api_server = crate::ledger::connect(&access).await?;
+                cluster_bundles(
+                    api_server.admission,
+                    &args.webhook_configuration,
+                    &api_server.name,
+                )
+                .await
             };
             Some(read.await.map_err(|e| format!("{e:#}")))
         }

@@ -1,14 +1,13 @@
 //! The command line: `serve`, `review`, `crds`, and the operator's commands `status`,
 //! `explain`, `release` and `check`.
 
-pub mod app;
 mod args;
-mod books;
 pub mod commands;
+mod config;
 mod parse;
 
 pub use args::*;
-pub use books::*;
+pub use config::*;
 pub use parse::*;
 
 use std::io::{Read, Write};
@@ -21,10 +20,9 @@ use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::admission::annotations::Cni;
-use crate::ledger::{Ledger, MemoryLedger};
+use crate::ledger::{LedgerConfig, OpenOptions};
 use crate::metrics::Endpoint;
 use crate::server::logging::LogFormat;
-use std::sync::Arc;
 
 /// What every command's exit status means (also in the README).
 pub const EXIT_CODES: &str = "Exit status: 0 done; 1 error (one `Error: …` line on stderr); \
@@ -147,7 +145,7 @@ fn log_filter(command: &Command) -> Option<&'static str> {
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     let _logs = crate::server::logging::init(cli.log_format, log_filter(&cli.command));
     match cli.command {
-        Command::Serve(args) => app::serve_until_signal(args).await,
+        Command::Serve(args) => crate::app::serve_until_signal(args.config()).await,
         Command::Review(args) => review(args).await,
         Command::Crds => emit(&crate::crd::crds_yaml()),
         Command::Status(args) => crate::cli::commands::status(args).await,
@@ -181,26 +179,15 @@ async fn review(args: ReviewArgs) -> anyhow::Result<()> {
         }
         body = serde_json::to_vec(&value)?;
     }
-    // A dry run only reads: the embedded ledger is copied into memory, read-only, so it
-    // works while `serve` holds the file and creates nothing when there is none yet.
-    let copy: Option<Arc<dyn Ledger>> =
-        if args.dry_run && args.webhook.ledger_kind() == LedgerKind::Embedded {
-            let state_dir = &args.webhook.state_dir;
-            let claims = if crate::ledger::embedded::exists_in(state_dir) {
-                crate::ledger::embedded::read_claims(state_dir)?
-            } else {
-                Vec::new()
-            };
-            let memory = MemoryLedger::new();
-            for claim in claims {
-                memory.create(claim.into()).await?;
-            }
-            Some(Arc::new(memory))
-        } else {
-            None
-        };
-    let recording = copy.is_none() && args.webhook.ledger_kind() == LedgerKind::Embedded;
-    let built = app::build_with(&args.webhook, Default::default(), copy)
+    // A dry run only reads: the embedded ledger is copied into memory as `status` reads it,
+    // so it works while `serve` holds the journal and creates nothing when there is none yet.
+    let config = args.webhook.config();
+    let options = OpenOptions {
+        read_only: args.dry_run,
+        ..OpenOptions::default()
+    };
+    let recording = !args.dry_run && matches!(config.ledger, LedgerConfig::Embedded { .. });
+    let built = crate::app::build(&config, Default::default(), &options)
         .await
         .with_context(|| {
             if recording {
@@ -228,6 +215,7 @@ async fn review(args: ReviewArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ledger::ClusterSource;
 
     #[test]
     fn durations() {
@@ -348,25 +336,40 @@ mod tests {
             }
         };
         let cluster = Some(ClusterSource::InCluster);
+        let ledger = |source: &LedgerArgs, cluster: Option<ClusterSource>| {
+            source.config(cluster).map(|c| c.ledger)
+        };
+        let embedded = |dir: &str| LedgerConfig::Embedded {
+            state_dir: dir.into(),
+        };
         assert_eq!(
-            choose_books(&source(None, Some("s")), cluster.clone()),
-            Ok(Books::Embedded("s".into()))
+            ledger(&source(None, Some("s")), cluster.clone()),
+            Ok(embedded("s"))
+        );
+        let in_cluster = crate::ledger::KubeAccess {
+            source: ClusterSource::InCluster,
+            context: None,
+        };
+        assert_eq!(
+            ledger(&source(None, None), cluster.clone()),
+            Ok(LedgerConfig::Kubernetes(in_cluster.clone()))
+        );
+        // the kubernetes ledger's API server is where pods are looked up too
+        assert_eq!(
+            source(None, None).config(cluster.clone()).unwrap().api_server,
+            Some(in_cluster)
         );
         assert_eq!(
-            choose_books(&source(None, None), cluster.clone()),
-            Ok(Books::Kubernetes(ClusterSource::InCluster))
+            ledger(&source(Some(LedgerKind::Embedded), None), cluster.clone()),
+            Ok(embedded(DEFAULT_STATE_DIR))
         );
-        assert_eq!(
-            choose_books(&source(Some(LedgerKind::Embedded), None), cluster.clone()),
-            Ok(Books::Embedded(DEFAULT_STATE_DIR.into()))
-        );
-        assert_eq!(
-            choose_books(&source(Some(LedgerKind::Etcd), None), None),
-            Ok(Books::Etcd)
-        );
-        let error = choose_books(&source(None, None), None).unwrap_err();
+        assert!(matches!(
+            ledger(&source(Some(LedgerKind::Etcd), None), None),
+            Ok(LedgerConfig::Etcd(options)) if options.prefix == "/ip-webhook/"
+        ));
+        let error = ledger(&source(None, None), None).unwrap_err();
         assert!(error.starts_with("no cluster found: no --kubeconfig, $KUBECONFIG is unset, ~/.kube/config does not exist"), "{error}");
-        assert!(choose_books(&source(Some(LedgerKind::Kubernetes), None), None).is_err());
+        assert!(ledger(&source(Some(LedgerKind::Kubernetes), None), None).is_err());
     }
 
     #[test]

@@ -25,41 +25,11 @@ use etcd_client::{
 use tonic::Code as tonic_code;
 
 use super::claim::{CreateRule, create_rule, may_step, released, same_grant};
-use super::{Claim, CreateOutcome, Ledger, LedgerError, ObservedChange, unix_now};
+use super::{Claim, CreateOutcome, EtcdOptions, Ledger, LedgerError, ObservedChange, unix_now};
 
 /// How many compare failures one create or release tolerates (other replicas writing the same
 /// key between our read and our write) before reporting contention.
 const MAX_COMPARE_ATTEMPTS: usize = 32;
-
-/// Where the etcd cluster is and how to talk to it.
-#[derive(Debug, Clone)]
-pub struct EtcdOptions {
-    /// `http://host:2379` or `https://host:2379` (a bare `host:port` means http).
-    pub endpoints: Vec<String>,
-    /// Key prefix; normalised to one leading and one trailing `/` ([`normalize_prefix`]).
-    pub prefix: String,
-    pub ca_file: Option<PathBuf>,
-    pub cert_file: Option<PathBuf>,
-    pub key_file: Option<PathBuf>,
-    /// Deadline of one etcd request, and of the retries of one ledger call.
-    pub timeout: Duration,
-    /// The watch reloads the whole prefix this often (and after a gap or a reconnect).
-    pub resync_period: Duration,
-}
-
-impl Default for EtcdOptions {
-    fn default() -> EtcdOptions {
-        EtcdOptions {
-            endpoints: vec!["http://127.0.0.1:2379".into()],
-            prefix: "/ip-webhook/".into(),
-            ca_file: None,
-            cert_file: None,
-            key_file: None,
-            timeout: Duration::from_secs(5),
-            resync_period: Duration::from_secs(300),
-        }
-    }
-}
 
 pub struct EtcdLedger {
     client: Client,

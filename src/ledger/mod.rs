@@ -18,15 +18,20 @@ pub mod etcd;
 pub mod health;
 pub mod kubernetes;
 pub mod memory;
+pub mod open;
 pub mod pod_lookup;
 mod record;
 pub mod timed;
 
 pub use embedded::EmbeddedLedger;
 #[cfg(feature = "etcd")]
-pub use etcd::{EtcdLedger, EtcdOptions};
+pub use etcd::EtcdLedger;
 pub use kubernetes::KubeLedger;
 pub use memory::MemoryLedger;
+pub use open::{
+    ApiServer, ClusterSource, EtcdOptions, KubeAccess, LedgerConfig, OpenError, OpenOptions, Opened, connect,
+    open,
+};
 pub use timed::TimedLedger;
 
 /// Lifecycle of a claim: `Reserved → Bound → Terminating → Released` (rules in [`claim`]).

@@ -17,7 +17,7 @@ use clap::Parser;
 use http_body_util::{BodyExt, Full};
 use hyper::StatusCode;
 use hyper_util::rt::TokioIo;
-use ip_webhook::cli::app::{self, Launched};
+use ip_webhook::app::{self, Launched, ServeConfig};
 use ip_webhook::cli::{Cli, Command as CliCommand, ServeArgs};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
@@ -130,6 +130,9 @@ impl HttpsClient {
     }
 }
 
+/// `serve`'s arguments: loopback ports, the state dir, the embedded ledger unless `extra` names
+/// another or a kubeconfig. For tests of the command line itself; a test that starts a server
+/// in this process builds its [`ServeConfig`] with [`serve_config`].
 pub fn serve_args(state_dir: &Path, extra: &[&str]) -> ServeArgs {
     let mut argv = vec![
         "ip-webhook".to_string(),
@@ -165,12 +168,43 @@ pub struct TestServer {
     pub state_dir: tempfile::TempDir,
 }
 
+/// What `serve` runs with its defaults, on loopback ports (chosen by the kernel), with the
+/// embedded ledger and the self-signed certificate in `state_dir`: a test changes the fields
+/// it is about.
+pub fn serve_config(state_dir: &Path) -> ServeConfig {
+    serve_args(state_dir, &[]).config()
+}
+
+/// [`serve_config`] serving the PEM files `cert` and `key`, read again every `reload`.
+pub fn with_cert_files(state_dir: &Path, cert: &Path, key: &Path, reload: Duration) -> ServeConfig {
+    ServeConfig {
+        tls: app::TlsConfig::Files {
+            cert: cert.to_path_buf(),
+            key: key.to_path_buf(),
+        },
+        tls_reload_interval: reload,
+        ..serve_config(state_dir)
+    }
+}
+
 impl TestServer {
+    /// A server with `serve`'s defaults and these flags.
     pub async fn start(extra: &[&str]) -> TestServer {
         let state_dir = tempfile::tempdir().unwrap();
-        let launched = app::launch(&serve_args(state_dir.path(), extra))
-            .await
-            .expect("server starts");
+        let config = serve_args(state_dir.path(), extra).config();
+        TestServer::launch(state_dir, &config).await
+    }
+
+    /// A server with [`serve_config`], changed by `change`.
+    pub async fn start_with(change: impl FnOnce(&mut ServeConfig)) -> TestServer {
+        let state_dir = tempfile::tempdir().unwrap();
+        let mut config = serve_config(state_dir.path());
+        change(&mut config);
+        TestServer::launch(state_dir, &config).await
+    }
+
+    async fn launch(state_dir: tempfile::TempDir, config: &ServeConfig) -> TestServer {
+        let launched = app::launch(config).await.expect("server starts");
         let ca = std::fs::read(state_dir.path().join("ca.crt")).unwrap();
         let client = HttpsClient::new(launched.running.https_addr, &ca);
         TestServer {
