@@ -1,6 +1,10 @@
 //! The `review` and `crds` commands run the same code as the server, offline.
 
+mod common;
+
 use std::process::Command;
+
+use serde_json::Value;
 
 fn ip_webhook(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_ip-webhook"))
@@ -173,4 +177,69 @@ fn serve_refuses_an_etcd_prefix_with_characters_no_key_space_means() {
             "{stderr}"
         );
     }
+}
+
+/// `review --dry-run` decides over exactly what a live server holds: it reads the server's
+/// journal as `status` does (the server keeps its lock). With 10.0.0.10 Bound through the
+/// server, the README's review is not offered 10.0.0.10 (the server's own dry run offers the
+/// same IP), and `review --validate --dry-run` denies a static 10.0.0.10 with the server's
+/// words.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_dry_run_sees_what_a_live_server_holds() {
+    let server = common::TestServer::start_with(|_| {}).await;
+    let dir = server.state_dir.path().to_str().unwrap().to_string();
+    let fixture: Value = serde_json::from_str(&std::fs::read_to_string(FIXTURE).unwrap()).unwrap();
+    // Bind 10.0.0.10 through the server: the README's /mutate, then the pod's /validate once
+    // it has a name and a UID.
+    let mutated = server.mutate(&fixture).await;
+    assert_eq!(common::allocated_ip(&mutated), "10.0.0.10");
+    let mut pod = common::apply(&fixture["request"]["object"], &mutated);
+    pod["metadata"]["name"] = "web-7d4b9c8f6d-abcde".into();
+    pod["metadata"]["uid"] = "0b6f3c1e-2d4a-4e5f-9a8b-7c6d5e4f3a21".into();
+    let bound = server.validate(&common::create("u-bind", pod)).await;
+    assert_eq!(bound["allowed"], true, "{bound}");
+    let (ok, json, stderr) = ip_webhook(&["status", "--state-dir", &dir, "-o", "json"]);
+    assert!(ok, "{stderr}");
+    assert!(
+        json.contains("\"phase\": \"Bound\"") && json.contains("10.0.0.10"),
+        "{json}"
+    );
+
+    let (ok, stdout, stderr) = ip_webhook(&["review", "--dry-run", "--state-dir", &dir, FIXTURE]);
+    assert!(ok, "{stderr}");
+    let offline: Value = serde_json::from_str(&stdout).unwrap();
+    let offered = common::allocated_ip(&offline["response"]);
+    assert_ne!(offered, "10.0.0.10", "{stdout}");
+    let mut dry_run = fixture.clone();
+    dry_run["request"]["dryRun"] = true.into();
+    let live = server.mutate(&dry_run).await;
+    assert_eq!(offered, common::allocated_ip(&live));
+
+    let mut conflicting = fixture.clone();
+    conflicting["request"]["uid"] = "u-static".into();
+    conflicting["request"]["object"]["metadata"]["annotations"]["cni.projectcalico.org/ipAddrs"] =
+        "[\"10.0.0.10\"]".into();
+    let file = server.state_dir.path().join("static.json");
+    std::fs::write(&file, conflicting.to_string()).unwrap();
+    let (ok, stdout, stderr) = ip_webhook(&[
+        "review",
+        "--validate",
+        "--dry-run",
+        "--state-dir",
+        &dir,
+        file.to_str().unwrap(),
+    ]);
+    assert!(ok, "{stderr}");
+    let offline: Value = serde_json::from_str(&stdout).unwrap();
+    conflicting["request"]["dryRun"] = true.into();
+    let live = server.validate(&conflicting).await;
+    assert_eq!(live["allowed"], false, "{live}");
+    assert_eq!(offline["response"]["allowed"], false, "{stdout}");
+    assert_eq!(offline["response"]["status"], live["status"]);
+    assert!(
+        common::message(&live).contains("static IP 10.0.0.10")
+            && common::message(&live).contains("default/web-7d4b9c8f6d-abcde"),
+        "{live}"
+    );
+    server.launched.shutdown().await;
 }

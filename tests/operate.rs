@@ -866,6 +866,18 @@ async fn errors_are_one_line_with_an_exit_code_and_never_a_backtrace() {
         &stderr,
         "no cluster found: no --kubeconfig, $KUBECONFIG is unset, ~/.kube/config does not exist and this is not a pod; give --kubeconfig FILE, or --state-dir DIR",
     );
+    assert!(!stderr.contains("holds one"), "{stderr}");
+    // ... and where `serve`'s default state dir holds a ledger (a journal), the error says so
+    let served = tempfile::tempdir().unwrap();
+    seed(&served.path().join("ip-webhook-state")).await;
+    let (code, _, stderr) = operator(&["status"], None, served.path());
+    assert_eq!(code, 1);
+    assert!(
+        stderr.trim_end().ends_with(
+            "to read the embedded ledger of `ip-webhook serve` (./ip-webhook-state holds one)"
+        ),
+        "{stderr}"
+    );
 
     // a missing state dir is named, and not created
     let missing = dir.join("state");
