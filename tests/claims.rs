@@ -97,7 +97,7 @@ fn named(mut pod: Value, name: &str) -> Value {
 }
 
 async fn server() -> TestServer {
-    TestServer::start(&["--release-delay", "0s"]).await
+    TestServer::start_with(|c| c.webhook.settings.release_delay = Duration::ZERO).await
 }
 
 #[tokio::test]
@@ -330,7 +330,11 @@ async fn ipv6_labels_are_always_valid_label_values() {
 /// RFC 3339 date.
 #[tokio::test]
 async fn a_huge_grace_period_is_capped_and_status_prints_the_release_date() {
-    let server = TestServer::start(&["--release-delay", "0s", "--max-release-grace", "3s"]).await;
+    let server = TestServer::start_with(|c| {
+        c.webhook.settings.release_delay = Duration::ZERO;
+        c.webhook.settings.max_release_grace = Duration::from_secs(3);
+    })
+    .await;
     let web = pod("default", "web", "web-7d4b9c-", Some("10.91.9.1"));
     let running = admit(&server, web.clone()).await.unwrap();
     let deleted = server

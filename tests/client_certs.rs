@@ -64,14 +64,13 @@ async fn only_clients_with_an_allowed_certificate_are_served() {
     let ca_file = dir.path().join("client-ca.crt");
     let first = ca("front-proxy CA");
     write(&ca_file, &first.pem);
-    let server = TestServer::start(&[
-        "--client-ca-file",
-        ca_file.to_str().unwrap(),
-        "--client-allowed-names",
-        "kube-apiserver,apiserver.example",
-        "--tls-reload-interval",
-        "500ms",
-    ])
+    let server = TestServer::start_with(|c| {
+        c.client_ca = Some(ip_webhook::app::ClientCaConfig {
+            file: ca_file.clone(),
+            allowed_names: vec!["kube-apiserver".into(), "apiserver.example".into()],
+        });
+        c.tls_reload_interval = Duration::from_millis(500);
+    })
     .await;
 
     // no certificate: refused, counted

@@ -264,8 +264,8 @@ async fn readiness_waits_for_the_pod_ip_and_workload_indexes() {
         "/fake/fail",
         json!({"method": "GET", "path": "^/apis/apps/v1/deployments$", "code": 500, "count": 1_000_000}),
     );
-    let kubeconfig = fake.kubeconfig().display().to_string();
-    let server = TestServer::start(&["--ledger", "kubernetes", "--kubeconfig", &kubeconfig]).await;
+    let kubeconfig = fake.kubeconfig();
+    let server = TestServer::start_with(|c| common::kubernetes_ledger(c, &kubeconfig)).await;
     let until = Instant::now() + Duration::from_millis(1500);
     while Instant::now() < until {
         let (code, body) = server.admin_get("/readyz").await;

@@ -6,6 +6,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use common::*;
+use ip_webhook::admission::annotations::Cni;
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
 
@@ -46,7 +47,7 @@ async fn patch_applied_by_rfc6902_leaves_a_valid_pod() {
 
 #[tokio::test]
 async fn existing_maps_are_kept_and_ipv6_labels_have_no_colons() {
-    let server = TestServer::start(&["--cni", "kube-ovn"]).await;
+    let server = TestServer::start_with(|c| c.webhook.settings.cni = Cni::KubeOvn).await;
     let no_labels = pod("default", "db", "db-", Some("fd00::10-fd00::11,10.2.0.5"));
     let response = server.mutate(&create("u-1", no_labels.clone())).await;
     let ops = patch_of(&response);
@@ -89,7 +90,7 @@ async fn existing_maps_are_kept_and_ipv6_labels_have_no_colons() {
 
 #[tokio::test]
 async fn labels_map_is_created_when_absent() {
-    let server = TestServer::start(&["--app-label", "team"]).await;
+    let server = TestServer::start_with(|c| c.webhook.settings.app_label = "team".into()).await;
     let mut p = pod("default", "ignored", "p-", Some("10.4.0.1"));
     p["metadata"].as_object_mut().unwrap().remove("labels");
     // the app label is configurable; with no labels at all the pod is refused ...
@@ -337,7 +338,8 @@ async fn malformed_ip_annotations_are_denied_with_the_reason() {
 
 #[tokio::test]
 async fn delete_releases_and_the_same_pod_name_gets_its_ip_back() {
-    let server = TestServer::start(&["--release-delay", "0s"]).await;
+    let server =
+        TestServer::start_with(|c| c.webhook.settings.release_delay = Duration::ZERO).await;
     let list = "10.9.0.1-10.9.0.5";
     let named = |name: &str| {
         let mut p = pod("default", "db", "", Some(list));
@@ -411,7 +413,7 @@ async fn pools_file_pods_draw_from_their_pool() {
         "- apiVersion: ip-webhook.io/v1alpha1\n  kind: FixedIPPool\n  metadata: {name: blue}\n  spec:\n    cidr: 10.20.0.0/30\n    namespaces: [prod]\n",
     )
     .unwrap();
-    let server = TestServer::start(&["--pools-file", pools.to_str().unwrap()]).await;
+    let server = TestServer::start_with(|c| c.webhook.pools_file = Some(pools.clone())).await;
     let mut p = pod("prod", "api", "api-", None);
     p["metadata"]["annotations"]["ip-webhook.io/ip-pool"] = json!("blue");
     assert_eq!(
@@ -511,7 +513,7 @@ async fn transport_errors_get_a_status_and_a_message() {
 
 #[tokio::test]
 async fn a_client_that_dribbles_its_head_is_cut_off() {
-    let server = TestServer::start(&["--read-timeout", "1s"]).await;
+    let server = TestServer::start_with(|c| read_timeout(c, Duration::from_secs(1))).await;
     let tcp = tokio::net::TcpStream::connect(server.launched.running.https_addr)
         .await
         .unwrap();

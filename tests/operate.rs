@@ -417,7 +417,8 @@ fn assert_monitoring_uses_real_metrics(exposition: &str) {
 async fn check_reports_each_part_of_a_running_install() {
     use ip_webhook::ops::doctor::{self, Status};
     let pools = fixture("status-pools.yaml");
-    let server = common::TestServer::start(&["--pools-file", &pools]).await;
+    let server =
+        common::TestServer::start_with(|c| c.webhook.pools_file = Some(pools.clone().into())).await;
     // one app with one IP, now used up: capacity warns
     let pod = common::pod("default", "solo", "solo-", Some("10.0.0.99"));
     let response = server.mutate(&common::create("u-solo", pod.clone())).await;
@@ -1111,7 +1112,12 @@ async fn check_verifies_the_service_name_and_the_clusters_ca_bundles() {
     use kube::api::{Api, ApiResource, DynamicObject, PostParams};
 
     let service = "ip-webhook.ip-webhook-system.svc";
-    let server = common::TestServer::start(&["--dns-name", service]).await;
+    let server = common::TestServer::start_with(|c| {
+        c.tls = ip_webhook::app::TlsConfig::SelfSigned {
+            dns_names: vec![service.to_string()],
+        }
+    })
+    .await;
     let ca_file = server.state_dir.path().join("ca.crt");
     let ca = std::fs::read(&ca_file).unwrap();
     let url = format!(

@@ -293,7 +293,8 @@ async fn tls_1_0_and_1_1_clients_are_refused_with_a_protocol_version_alert() {
 
 #[tokio::test]
 async fn a_client_that_keeps_dribbling_its_head_is_cut_off_at_the_read_timeout() {
-    let server = common::TestServer::start(&["--read-timeout", "1s"]).await;
+    let server =
+        common::TestServer::start_with(|c| common::read_timeout(c, Duration::from_secs(1))).await;
     let tcp = tokio::net::TcpStream::connect(server.launched.running.https_addr)
         .await
         .unwrap();

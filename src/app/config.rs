@@ -63,6 +63,7 @@ pub struct ServeConfig {
     pub limits: Limits,
     /// Apps that get per-app metrics series.
     pub metrics_max_apps: usize,
-    /// The reconciler, the Lease and the leak sweeper, when there is an API server.
+    /// The reconciler, the Lease and the leak sweeper, when there is an API server. Its
+    /// `app_label` and `cni` are taken from `webhook.settings`, so the two never disagree.
     pub cluster: ClusterOptions,
 }

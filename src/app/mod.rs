@@ -254,7 +254,8 @@ fn serving_certificate(config: &ServeConfig, metrics: &Arc<Metrics>) -> anyhow::
             Ok((resolver, Some(reloader), None))
         }
         TlsConfig::SelfSigned { dns_names } => {
-            let (generated, kept) = crate::server::certs::self_signed_in(&config.state_dir, dns_names)?;
+            let (generated, kept) =
+                crate::server::certs::self_signed_in(&config.state_dir, dns_names)?;
             tracing::info!(
                 new_ca = kept.new_ca,
                 new_certificate = kept.new_cert,
@@ -335,7 +336,10 @@ pub async fn launch(config: &ServeConfig) -> anyhow::Result<Launched> {
         (None, Some(access)) => Some(crate::ledger::connect(access).await?.watches),
         _ => None,
     };
-    let pods_client = api_server.as_ref().map(|a| a.watches.clone()).or(pod_api.clone());
+    let pods_client = api_server
+        .as_ref()
+        .map(|a| a.watches.clone())
+        .or(pod_api.clone());
     let pod_lookup: Option<Arc<dyn PodLookup>> = pods_client.map(|client| {
         Arc::new(PodDirectory::new(
             client,
@@ -378,18 +382,22 @@ fn start_cluster(
     api_server: Option<ApiServer>,
     pod_api: Option<kube::Client>,
 ) -> Option<ClusterHandle> {
+    // The cluster reads pods by the decisions' app label and watches their CNI's objects.
+    let options = crate::cluster::ClusterOptions {
+        app_label: config.webhook.settings.app_label.clone(),
+        cni: config.webhook.settings.cni,
+        ..config.cluster.clone()
+    };
     if let Some(api_server) = api_server {
         return Some(crate::cluster::start(
             api_server.watches,
             webhook.clone(),
             ready.clone(),
-            config.cluster.clone(),
+            options,
         ));
     }
     ready.store(true, std::sync::atomic::Ordering::SeqCst);
-    pod_api.map(|client| {
-        crate::cluster::start_sweeper(client, webhook.clone(), config.cluster.clone())
-    })
+    pod_api.map(|client| crate::cluster::start_sweeper(client, webhook.clone(), options))
 }
 
 /// `serve`: run until SIGTERM or SIGINT, then drain and flush.

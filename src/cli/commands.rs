@@ -10,7 +10,6 @@
 use std::io::Read;
 use std::path::Path;
 
-
 use anyhow::{Context, anyhow, bail};
 use base64::Engine;
 use serde::Serialize;
@@ -64,10 +63,14 @@ async fn read(config: &OperatorConfig, pools_file: Option<&Path>) -> anyhow::Res
     let opened = crate::ledger::open(&config.ledger, &options).await?;
     let both = async {
         let pools = crate::app::pools(pools_file, opened.api_server.as_ref()).await?;
-        let claims = opened.ledger.load().await.with_context(|| match &opened.api_server {
-            Some(api_server) => format!("reading IPClaims from {}", api_server.name),
-            None => format!("reading the {} ledger", config.ledger.kind()),
-        })?;
+        let claims = opened
+            .ledger
+            .load()
+            .await
+            .with_context(|| match &opened.api_server {
+                Some(api_server) => format!("reading IPClaims from {}", api_server.name),
+                None => format!("reading the {} ledger", config.ledger.kind()),
+            })?;
         anyhow::Ok((claims, pools))
     };
     let both = both.await;

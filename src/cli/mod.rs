@@ -356,7 +356,10 @@ mod tests {
         );
         // the kubernetes ledger's API server is where pods are looked up too
         assert_eq!(
-            source(None, None).config(cluster.clone()).unwrap().api_server,
+            source(None, None)
+                .config(cluster.clone())
+                .unwrap()
+                .api_server,
             Some(in_cluster)
         );
         assert_eq!(

@@ -29,8 +29,8 @@ pub use etcd::EtcdLedger;
 pub use kubernetes::KubeLedger;
 pub use memory::MemoryLedger;
 pub use open::{
-    ApiServer, ClusterSource, EtcdOptions, KubeAccess, LedgerConfig, OpenError, OpenOptions, Opened, connect,
-    open,
+    ApiServer, ClusterSource, EtcdOptions, KubeAccess, LedgerConfig, OpenError, OpenOptions,
+    Opened, connect, open,
 };
 pub use timed::TimedLedger;
 

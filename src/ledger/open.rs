@@ -256,11 +256,16 @@ async fn installed(api_server: &ApiServer) -> Result<(), OpenError> {
         .list_metadata(&kube::api::ListParams::default().limit(1))
         .await;
     match probe {
-        Err(kube::Error::Api(status)) if status.code == 404 => Err(OpenError::NotInstalled(format!(
-            "{} serves no IPClaims (ipclaims.ip-webhook.io): ip-webhook is not installed there (wrong --context?)",
+        Err(kube::Error::Api(status)) if status.code == 404 => {
+            Err(OpenError::NotInstalled(format!(
+                "{} serves no IPClaims (ipclaims.ip-webhook.io): ip-webhook is not installed there (wrong --context?)",
+                api_server.name
+            )))
+        }
+        Err(error) => Err(kube_error(format!(
+            "reading IPClaims from {}",
             api_server.name
-        ))),
-        Err(error) => Err(kube_error(format!("reading IPClaims from {}", api_server.name))(error)),
+        ))(error)),
         Ok(_) => Ok(()),
     }
 }
@@ -352,8 +357,7 @@ pub fn clients_from(mut config: kube::Config) -> Result<(kube::Client, kube::Cli
     admission.write_timeout = Some(ADMISSION_API_TIMEOUT);
     admission.connect_timeout = Some(ADMISSION_API_TIMEOUT);
     let build = |config| {
-        kube::Client::try_from(config)
-            .map_err(kube_error("building the Kubernetes client".into()))
+        kube::Client::try_from(config).map_err(kube_error("building the Kubernetes client".into()))
     };
     Ok((build(config)?, build(admission)?))
 }
@@ -387,4 +391,3 @@ impl Default for EtcdOptions {
         }
     }
 }
-

@@ -187,6 +187,19 @@ pub fn with_cert_files(state_dir: &Path, cert: &Path, key: &Path, reload: Durati
     }
 }
 
+/// `--read-timeout`: the deadline of a request's head, and again of its body.
+pub fn read_timeout(config: &mut ServeConfig, timeout: Duration) {
+    config.limits.header_read = timeout;
+    config.limits.body_read = timeout;
+}
+
+/// The kubernetes ledger (IPClaims) of the API server `kubeconfig` describes.
+pub fn kubernetes_ledger(config: &mut ServeConfig, kubeconfig: &Path) {
+    config.webhook.ledger = ip_webhook::ledger::LedgerConfig::Kubernetes(
+        ip_webhook::ledger::KubeAccess::new(Some(kubeconfig), None),
+    );
+}
+
 impl TestServer {
     /// A server with `serve`'s defaults and these flags.
     pub async fn start(extra: &[&str]) -> TestServer {
