@@ -1180,16 +1180,13 @@ async fn helm_generated_certificate_is_trusted_through_ca_bundle_for_the_service
     let key = dir.path().join("tls.key");
     std::fs::write(&cert, decode(&secret["data"]["tls.crt"])).unwrap();
     std::fs::write(&key, decode(&secret["data"]["tls.key"])).unwrap();
-    let args = common::serve_args(
+    let config = common::with_cert_files(
         dir.path(),
-        &[
-            "--tls-cert-file",
-            cert.to_str().unwrap(),
-            "--tls-key-file",
-            key.to_str().unwrap(),
-        ],
+        &cert,
+        &key,
+        common::serve_config(dir.path()).tls_reload_interval,
     );
-    let launched = ip_webhook::cli::app::launch(&args)
+    let launched = ip_webhook::app::launch(&config)
         .await
         .expect("server starts");
     let addr = launched.running.https_addr;
@@ -2412,9 +2409,12 @@ async fn alerts_and_dashboard_query_the_metrics_and_labels_the_server_exports() 
     // A webhook with a pool app, a list app and a refusal, so every family has samples.
     let dir = tempfile::tempdir().unwrap();
     let pools = repo().join("tests/fixtures/status-pools.yaml");
-    let args = common::serve_args(dir.path(), &["--pools-file", pools.to_str().unwrap()]);
+    let mut config = common::serve_config(dir.path()).webhook;
+    config.pools_file = Some(pools);
     let metrics = std::sync::Arc::new(Metrics::new());
-    let (webhook, ledger) = ip_webhook::cli::app::build_webhook(&args.webhook, metrics.clone())
+    let ip_webhook::app::Built {
+        webhook, ledger, ..
+    } = ip_webhook::app::build(&config, metrics.clone(), &Default::default())
         .await
         .expect("webhook builds");
     let mut pooled = common::pod("prod", "api", "api-", None);
