@@ -31,12 +31,79 @@ pub enum Cni {
     KubeOvn,
 }
 
+/// A pod annotation that names its IPs to a CNI: its key, the CNI that reads it, and how that
+/// CNI parses it.
+#[derive(Debug, Clone, Copy)]
+pub struct IpAnnotation {
+    pub key: &'static str,
+    pub cni: Cni,
+    pub parse: fn(&str) -> Result<Vec<IpAddr>, String>,
+}
+
+/// Every IP annotation ip-webhook reads, checks and keeps unchanged on a pod that holds a
+/// claim, whatever `--cni` says (a pod may carry another CNI's annotation by hand). A new
+/// CNI's annotation is one more entry here.
+pub const IP_ANNOTATIONS: [IpAnnotation; 3] = [
+    IpAnnotation {
+        key: CALICO_IP_ADDRS,
+        cni: Cni::Calico,
+        parse: parse_calico_ip_addrs,
+    },
+    IpAnnotation {
+        key: CALICO_IP_ADDRS_NO_IPAM,
+        cni: Cni::Calico,
+        parse: parse_calico_ip_addrs,
+    },
+    IpAnnotation {
+        key: OVN_IP_ADDRESS,
+        cni: Cni::KubeOvn,
+        parse: parse_ovn_ip_address,
+    },
+];
+
+/// What `--cni` chooses: the CNI's name on the command line and the annotation ip-webhook
+/// writes for it (the first entry of [`IP_ANNOTATIONS`] it reads).
+#[derive(Debug, Clone, Copy)]
+pub struct CniDescriptor {
+    pub cni: Cni,
+    pub name: &'static str,
+    pub annotation: &'static str,
+}
+
+/// The CNIs `--cni` can name.
+pub const CNIS: [CniDescriptor; 2] = [
+    CniDescriptor {
+        cni: Cni::Calico,
+        name: "calico",
+        annotation: CALICO_IP_ADDRS,
+    },
+    CniDescriptor {
+        cni: Cni::KubeOvn,
+        name: "kube-ovn",
+        annotation: OVN_IP_ADDRESS,
+    },
+];
+
 impl Cni {
+    /// This CNI's entry of [`CNIS`].
+    pub fn descriptor(self) -> &'static CniDescriptor {
+        CNIS.iter()
+            .find(|d| d.cni == self)
+            .expect("every Cni has an entry in CNIS")
+    }
+
+    /// The CNI `--cni` names `name`, if any.
+    pub fn from_name(name: &str) -> Option<Cni> {
+        CNIS.iter().find(|d| d.name == name).map(|d| d.cni)
+    }
+
+    /// Its name on the command line (`calico`, `kube-ovn`).
+    pub fn name(self) -> &'static str {
+        self.descriptor().name
+    }
+
     pub fn annotation(self) -> &'static str {
-        match self {
-            Cni::Calico => CALICO_IP_ADDRS,
-            Cni::KubeOvn => OVN_IP_ADDRESS,
-        }
+        self.descriptor().annotation
     }
 
     /// The annotation value for `ips`: `["10.0.0.10","fd00::a"]` or `10.0.0.10,fd00::a`.
@@ -172,16 +239,12 @@ pub fn static_ips(
             "annotations {CALICO_IP_ADDRS} and {CALICO_IP_ADDRS_NO_IPAM} are both set; Calico refuses a pod with both, so it could never start: keep one"
         ));
     }
-    for key in [CALICO_IP_ADDRS, CALICO_IP_ADDRS_NO_IPAM] {
-        if let Some(value) = set(key) {
-            let ips = parse_calico_ip_addrs(value).map_err(|e| format!("annotation {key}: {e}"))?;
+    for annotation in &IP_ANNOTATIONS {
+        if let Some(value) = set(annotation.key) {
+            let key = annotation.key;
+            let ips = (annotation.parse)(value).map_err(|e| format!("annotation {key}: {e}"))?;
             out.push((key, ips));
         }
-    }
-    if let Some(value) = set(OVN_IP_ADDRESS) {
-        let ips =
-            parse_ovn_ip_address(value).map_err(|e| format!("annotation {OVN_IP_ADDRESS}: {e}"))?;
-        out.push((OVN_IP_ADDRESS, ips));
     }
     Ok(out)
 }
@@ -226,10 +289,10 @@ pub fn carried_with(
 
 /// The keys that stay as they are on a pod that holds a claim: what names its IP to a CNI,
 /// and ip-webhook's own marks.
-pub const IMMUTABLE_ANNOTATIONS: [&str; 5] = [
-    CALICO_IP_ADDRS,
-    CALICO_IP_ADDRS_NO_IPAM,
-    OVN_IP_ADDRESS,
+pub const IMMUTABLE_ANNOTATIONS: [&str; IP_ANNOTATIONS.len() + 2] = [
+    IP_ANNOTATIONS[0].key,
+    IP_ANNOTATIONS[1].key,
+    IP_ANNOTATIONS[2].key,
     STATUS,
     CLAIM_TOKEN,
 ];
@@ -252,12 +315,12 @@ pub fn changed_mark<'a>(
         map.and_then(|m| m.get(key)).map(String::as_str)
     };
     let same_ips = |key: &str, a: &str, b: &str| -> bool {
-        let parse = |v: &str| match key {
-            OVN_IP_ADDRESS => parse_ovn_ip_address(v).ok(),
-            ALLOCATED_IP_LABEL => {
+        let parse = |v: &str| match IP_ANNOTATIONS.iter().find(|a| a.key == key) {
+            Some(annotation) => (annotation.parse)(v).ok(),
+            None if key == ALLOCATED_IP_LABEL => {
                 crate::ipam::ipset::ip_from_label_value(v).map(|ip| vec![ip.to_canonical()])
             }
-            _ => parse_calico_ip_addrs(v).ok(),
+            None => None,
         };
         let (mut a, mut b) = match (parse(a), parse(b)) {
             (Some(a), Some(b)) => (a, b),
@@ -303,6 +366,36 @@ pub fn changed_mark<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One table per extension point: each CNI `--cni` names writes an annotation it reads,
+    /// every IP annotation is kept unchanged on a claim holder, and the names round-trip.
+    #[test]
+    fn the_cni_tables_agree() {
+        for descriptor in &CNIS {
+            assert_eq!(Cni::from_name(descriptor.name), Some(descriptor.cni));
+            assert_eq!(descriptor.cni.name(), descriptor.name);
+            let written = IP_ANNOTATIONS
+                .iter()
+                .find(|a| a.key == descriptor.annotation)
+                .expect("the written annotation is read too");
+            assert_eq!(written.cni, descriptor.cni);
+        }
+        assert_eq!(Cni::from_name("cilium"), None);
+        for annotation in &IP_ANNOTATIONS {
+            assert!(
+                IMMUTABLE_ANNOTATIONS.contains(&annotation.key),
+                "{}",
+                annotation.key
+            );
+            assert!(CNIS.iter().any(|d| d.cni == annotation.cni));
+        }
+        assert_eq!(
+            Cni::Calico.format(&["10.0.0.10".parse().unwrap()]),
+            "[\"10.0.0.10\"]"
+        );
+        let ips = (IP_ANNOTATIONS[2].parse)("10.0.0.10").unwrap();
+        assert_eq!(Cni::KubeOvn.format(&ips), "10.0.0.10");
+    }
 
     fn ips(list: &[&str]) -> Vec<IpAddr> {
         list.iter().map(|s| s.parse().unwrap()).collect()

@@ -27,12 +27,10 @@ fn log_format_parser() -> impl clap::builder::TypedValueParser<Value = LogFormat
     })
 }
 
-/// `--cni`: the command line's names for [`Cni`].
+/// `--cni`: the names of [`crate::admission::annotations::CNIS`].
 fn cni_parser() -> impl clap::builder::TypedValueParser<Value = Cni> {
-    PossibleValuesParser::new(["calico", "kube-ovn"]).map(|name| match name.as_str() {
-        "kube-ovn" => Cni::KubeOvn,
-        _ => Cni::Calico,
-    })
+    PossibleValuesParser::new(crate::admission::annotations::CNIS.map(|d| d.name))
+        .try_map(|name| Cni::from_name(&name).ok_or_else(|| format!("no CNI is named {name:?}")))
 }
 
 // Parsed once per process; boxing the large variants would buy nothing.
