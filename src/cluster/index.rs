@@ -26,7 +26,7 @@ use super::Caches;
 use crate::ipam::foreign::{ForeignIps, ForeignUse};
 use crate::metrics::{CacheKindLabels, Metrics};
 use crate::webhook::Webhook;
-use crate::webhook::workloads::{self, WorkloadId};
+use crate::webhook::workloads::{self, WORKLOAD_KINDS, WorkloadId};
 
 /// A pod as the IP index keeps it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -494,16 +494,6 @@ pub async fn watch_ovn_ips(api: Api<DynamicObject>, caches: Arc<Caches>, metrics
     }
 }
 
-/// The workload kinds watched: `(group, version, kind, plural)`.
-const WORKLOAD_RESOURCES: [(&str, &str, &str, &str); 6] = [
-    ("apps", "v1", "Deployment", "deployments"),
-    ("apps", "v1", "StatefulSet", "statefulsets"),
-    ("apps", "v1", "ReplicaSet", "replicasets"),
-    ("apps", "v1", "DaemonSet", "daemonsets"),
-    ("batch", "v1", "Job", "jobs"),
-    ("batch", "v1", "CronJob", "cronjobs"),
-];
-
 /// Every workload kind into the webhook's registry, which from then on answers from the
 /// watches only (admissions no longer record into it).
 pub fn spawn_workload_watches(
@@ -513,23 +503,23 @@ pub fn spawn_workload_watches(
 ) -> Vec<tokio::task::JoinHandle<()>> {
     webhook.workloads.set_watched();
     let synced: Arc<Vec<AtomicBool>> = Arc::new(
-        WORKLOAD_RESOURCES
+        WORKLOAD_KINDS
             .iter()
             .map(|_| AtomicBool::new(false))
             .collect(),
     );
-    WORKLOAD_RESOURCES
+    WORKLOAD_KINDS
         .iter()
         .enumerate()
-        .map(|(i, (group, version, kind, plural))| {
+        .map(|(i, workload)| {
             let resource = ApiResource::from_gvk_with_plural(
-                &GroupVersionKind::gvk(group, version, kind),
-                plural,
+                &GroupVersionKind::gvk(workload.group, workload.version, workload.kind),
+                workload.plural,
             );
             let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
             tokio::spawn(watch_workloads(
                 api,
-                kind,
+                workload.kind,
                 webhook.clone(),
                 caches.clone(),
                 synced.clone(),

@@ -212,172 +212,214 @@ pub async fn explain(
             denied: None,
             replicas: Vec::new(),
         };
-        let (template, count, pods): (Value, u64, PodNaming) = match (group, object.kind.as_str()) {
-            ("", "Pod") => (value.clone(), 1, PodNaming::AsIs),
-            (group, kind) if workloads::is_workload(group, kind) => {
-                let body = review(
-                    &format!("explain-{index}"),
-                    (group, version, kind),
-                    &namespace,
-                    Some(&name),
-                    value,
-                );
-                let failed = |e: ReviewError| ExplainError::Review {
-                    what: label.clone(),
-                    reason: e.to_string(),
-                };
-                let incoming = admission::decode(&body).map_err(failed)?;
-                let response = validate::validate(webhook, &incoming)
-                    .await
-                    .map_err(failed)?
-                    .response;
-                outcome.warnings = response.warnings;
-                if !response.allowed {
-                    outcome.denied = response.message;
-                }
-                let spec = &object.spec;
-                let (template, default_count) = match kind {
-                    "CronJob" => (
-                        spec["jobTemplate"]["spec"]["template"].clone(),
-                        spec["jobTemplate"]["spec"]["parallelism"]
-                            .as_u64()
-                            .unwrap_or(1),
-                    ),
-                    "Job" => (
-                        spec["template"].clone(),
-                        spec["parallelism"].as_u64().unwrap_or(1),
-                    ),
-                    _ => (
-                        spec["template"].clone(),
-                        spec["replicas"].as_u64().unwrap_or(1),
-                    ),
-                };
-                let naming = match kind {
-                    "StatefulSet" => PodNaming::Ordinal {
-                        owner: name.clone(),
-                    },
-                    _ => PodNaming::Generated {
-                        owner_kind: match kind {
-                            "Deployment" => "ReplicaSet".to_string(),
-                            "CronJob" => "Job".to_string(),
-                            other => other.to_string(),
-                        },
-                        owner: name.clone(),
-                    },
-                };
-                (template, replicas.unwrap_or(default_count), naming)
-            }
-            (_, kind) => {
-                return Err(ExplainError::Document {
-                    index,
-                    reason: format!(
-                        "{kind:?} ({}) is not a Pod or a workload (Deployment, StatefulSet, ReplicaSet, DaemonSet, Job, CronJob)",
-                        object.api_version
-                    ),
-                });
-            }
+        let target = Target {
+            index,
+            group,
+            version,
+            name: &name,
+            namespace: &namespace,
+            label: &label,
         };
+        let (template, count, pods) =
+            object_pods(webhook, &object, value, &target, replicas, &mut outcome).await?;
         let existing = existing_pods(webhook, &pods, &template, &namespace);
         for replica in 0..count {
             if let Some(claims) = pods.existing(&existing, replica) {
-                let first = &claims[0];
-                outcome.replicas.push(ReplicaOutcome {
-                    replica,
-                    pod: first.pod.display(),
-                    allowed: true,
-                    ips: claims.iter().map(|c| c.ip).collect(),
-                    why: claims
-                        .iter()
-                        .map(|c| {
-                            match c.release_at {
-                                Some(at) => format!(
-                                    "already holds it ({:?} since {}; released at {} once the pod is gone)",
-                                    c.phase,
-                                    crate::ipam::usage::rfc3339(c.created_at),
-                                    crate::ipam::usage::rfc3339(at)
-                                ),
-                                None => format!(
-                                    "already holds it ({:?} since {})",
-                                    c.phase,
-                                    crate::ipam::usage::rfc3339(c.created_at)
-                                ),
-                            }
-                        })
-                        .collect(),
-                    existing: true,
-                    refused: None,
-                });
+                outcome.replicas.push(existing_outcome(replica, claims));
                 continue;
             }
-            let pod = pods.pod(&template, replica, &namespace);
-            let uid = format!("explain-{index}-{replica}");
-            let pod_name = pod["metadata"]["name"].as_str().map(str::to_string);
-            let body = review(
-                &uid,
-                ("", "v1", "Pod"),
-                &namespace,
-                pod_name.as_deref(),
-                &pod,
-            );
-            let failed = |e: ReviewError| ExplainError::Review {
-                what: format!("{label} replica {replica}"),
-                reason: e.to_string(),
-            };
-            let incoming = admission::decode(&body).map_err(failed)?;
-            let decision = mutate::decide_create(webhook, &incoming)
-                .await
-                .map_err(failed)?;
-            let shown = match &pod_name {
-                Some(name) if !name.is_empty() => format!("{namespace}/{name}"),
-                _ => format!(
-                    "{namespace}/{}*",
-                    pod["metadata"]["generateName"].as_str().unwrap_or("")
-                ),
-            };
-            let ordinal = matches!(pods, PodNaming::Ordinal { .. }).then_some(replica);
-            // the decision line `serve` would log (shown with -v)
-            tracing::info!(
-                uid = uid.as_str(),
-                pod = shown.as_str(),
-                app = decision.app().unwrap_or(""),
-                ip = ?decision.ips(),
-                outcome = if matches!(decision, PodDecision::Denied { .. }) { "denied" } else { "allowed" },
-                "admission decision"
-            );
-            let (allowed, ips, why, refused) = match decision {
-                PodDecision::Unrelated => (
-                    true,
-                    Vec::new(),
-                    vec!["asks for no fixed IP (no ip-webhook.io/allocatable-ips or ip-webhook.io/ip-pool)".to_string()],
-                    None,
-                ),
-                PodDecision::AlreadyHeld(ips) => {
-                    let why = vec!["already holds it (its claim token and IPs match the ledger)".to_string(); ips.len()];
-                    (true, ips, why, None)
-                }
-                PodDecision::Granted { allocation, .. } => {
-                    let why = (0..allocation.ips.len())
-                        .map(|i| reason_text(allocation.reasons.get(i), ordinal))
-                        .collect();
-                    (true, allocation.ips, why, None)
-                }
-                PodDecision::Denied { denial, .. } => {
-                    (false, Vec::new(), Vec::new(), Some(denial.to_string()))
-                }
-            };
-            outcome.replicas.push(ReplicaOutcome {
-                replica,
-                pod: shown,
-                allowed,
-                ips,
-                why,
-                existing: false,
-                refused,
-            });
+            let admitted = replica_outcome(webhook, &pods, &template, replica, &target).await?;
+            outcome.replicas.push(admitted);
         }
         outcomes.push(outcome);
     }
     Ok(outcomes)
+}
+
+/// The object an outcome is about: its place in the input, its API group and version, name,
+/// namespace, and how the outcome names it (`Deployment prod/web`).
+struct Target<'a> {
+    index: usize,
+    group: &'a str,
+    version: &'a str,
+    name: &'a str,
+    namespace: &'a str,
+    label: &'a str,
+}
+
+/// The pod template, the number of pods and how they are named, for a Pod or a workload of
+/// [`workloads::WORKLOAD_KINDS`] (`replicas` overrides its count); a workload goes through
+/// `/validate` first, as when it is written, and its warnings and denial go into `outcome`.
+async fn object_pods(
+    webhook: &Webhook,
+    object: &Object,
+    value: &Value,
+    target: &Target<'_>,
+    replicas: Option<u64>,
+    outcome: &mut ObjectOutcome,
+) -> Result<(Value, u64, PodNaming), ExplainError> {
+    if (target.group, object.kind.as_str()) == ("", "Pod") {
+        return Ok((value.clone(), 1, PodNaming::AsIs));
+    }
+    let Some(workload) = workloads::workload_kind(target.group, &object.kind) else {
+        let kinds: Vec<&str> = workloads::WORKLOAD_KINDS.iter().map(|w| w.kind).collect();
+        return Err(ExplainError::Document {
+            index: target.index,
+            reason: format!(
+                "{:?} ({}) is not a Pod or a workload ({})",
+                object.kind,
+                object.api_version,
+                kinds.join(", ")
+            ),
+        });
+    };
+    let body = review(
+        &format!("explain-{}", target.index),
+        (target.group, target.version, workload.kind),
+        target.namespace,
+        Some(target.name),
+        value,
+    );
+    let failed = |e: ReviewError| ExplainError::Review {
+        what: target.label.to_string(),
+        reason: e.to_string(),
+    };
+    let incoming = admission::decode(&body).map_err(failed)?;
+    let response = validate::validate(webhook, &incoming)
+        .await
+        .map_err(failed)?
+        .response;
+    outcome.warnings = response.warnings;
+    if !response.allowed {
+        outcome.denied = response.message;
+    }
+    let spec = &object.spec;
+    let template = spec
+        .pointer(workload.template)
+        .cloned()
+        .unwrap_or(Value::Null);
+    let default_count = spec
+        .pointer(workload.count)
+        .and_then(Value::as_u64)
+        .unwrap_or(1);
+    let owner = target.name.to_string();
+    let naming = if workload.ordinal {
+        PodNaming::Ordinal { owner }
+    } else {
+        PodNaming::Generated {
+            owner_kind: workload.pod_owner.to_string(),
+            owner,
+        }
+    };
+    Ok((template, replicas.unwrap_or(default_count), naming))
+}
+
+/// A replica whose pod exists already: what it holds, and since when.
+fn existing_outcome(replica: u64, claims: &[Claim]) -> ReplicaOutcome {
+    let since = |c: &Claim| match c.release_at {
+        Some(at) => format!(
+            "already holds it ({:?} since {}; released at {} once the pod is gone)",
+            c.phase,
+            crate::ipam::usage::rfc3339(c.created_at),
+            crate::ipam::usage::rfc3339(at)
+        ),
+        None => format!(
+            "already holds it ({:?} since {})",
+            c.phase,
+            crate::ipam::usage::rfc3339(c.created_at)
+        ),
+    };
+    ReplicaOutcome {
+        replica,
+        pod: claims[0].pod.display(),
+        allowed: true,
+        ips: claims.iter().map(|c| c.ip).collect(),
+        why: claims.iter().map(since).collect(),
+        existing: true,
+        refused: None,
+    }
+}
+
+/// Replica `replica`'s Pod CREATE through `/mutate`'s decision, and what it would get.
+async fn replica_outcome(
+    webhook: &Webhook,
+    pods: &PodNaming,
+    template: &Value,
+    replica: u64,
+    target: &Target<'_>,
+) -> Result<ReplicaOutcome, ExplainError> {
+    let namespace = target.namespace;
+    let pod = pods.pod(template, replica, namespace);
+    let uid = format!("explain-{}-{replica}", target.index);
+    let pod_name = pod["metadata"]["name"].as_str().map(str::to_string);
+    let body = review(
+        &uid,
+        ("", "v1", "Pod"),
+        namespace,
+        pod_name.as_deref(),
+        &pod,
+    );
+    let failed = |e: ReviewError| ExplainError::Review {
+        what: format!("{} replica {replica}", target.label),
+        reason: e.to_string(),
+    };
+    let incoming = admission::decode(&body).map_err(failed)?;
+    let decision = mutate::decide_create(webhook, &incoming)
+        .await
+        .map_err(failed)?;
+    let shown = match &pod_name {
+        Some(name) if !name.is_empty() => format!("{namespace}/{name}"),
+        _ => format!(
+            "{namespace}/{}*",
+            pod["metadata"]["generateName"].as_str().unwrap_or("")
+        ),
+    };
+    let ordinal = matches!(pods, PodNaming::Ordinal { .. }).then_some(replica);
+    // the decision line `serve` would log (shown with -v)
+    tracing::info!(
+        uid = uid.as_str(),
+        pod = shown.as_str(),
+        app = decision.app().unwrap_or(""),
+        ip = ?decision.ips(),
+        outcome = if matches!(decision, PodDecision::Denied { .. }) { "denied" } else { "allowed" },
+        "admission decision"
+    );
+    let (allowed, ips, why, refused) = match decision {
+        PodDecision::Unrelated => (
+            true,
+            Vec::new(),
+            vec![
+                "asks for no fixed IP (no ip-webhook.io/allocatable-ips or ip-webhook.io/ip-pool)"
+                    .to_string(),
+            ],
+            None,
+        ),
+        PodDecision::AlreadyHeld(ips) => {
+            let why = vec![
+                "already holds it (its claim token and IPs match the ledger)".to_string();
+                ips.len()
+            ];
+            (true, ips, why, None)
+        }
+        PodDecision::Granted { allocation, .. } => {
+            let why = (0..allocation.ips.len())
+                .map(|i| reason_text(allocation.reasons.get(i), ordinal))
+                .collect();
+            (true, allocation.ips, why, None)
+        }
+        PodDecision::Denied { denial, .. } => {
+            (false, Vec::new(), Vec::new(), Some(denial.to_string()))
+        }
+    };
+    Ok(ReplicaOutcome {
+        replica,
+        pod: shown,
+        allowed,
+        ips,
+        why,
+        existing: false,
+        refused,
+    })
 }
 
 /// The held claims of the object's pods that exist already, one entry per pod (its IPs): for
