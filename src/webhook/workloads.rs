@@ -377,21 +377,7 @@ pub fn review(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Response, Re
     let Some(workload) = incoming.object::<Workload>(false)? else {
         return Ok(response.deny(format!("a {kind} review must carry request.object")));
     };
-    let id = WorkloadId {
-        kind: kind.clone(),
-        namespace: workload
-            .metadata
-            .namespace
-            .clone()
-            .filter(|n| !n.is_empty())
-            .unwrap_or_else(|| incoming.namespace().to_string()),
-        name: workload
-            .metadata
-            .name
-            .clone()
-            .or_else(|| incoming.request.name.as_deref().map(str::to_string))
-            .unwrap_or_default(),
-    };
+    let id = workload_id(incoming, &workload, &kind);
     // A workload that (no longer) asks for fixed IPs lists none: forget any list it had.
     let lists_nothing = |response: Response| {
         if remembers {
@@ -433,41 +419,10 @@ pub fn review(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Response, Re
         )));
     };
     let app_key = format!("{}/{app}", id.namespace);
-    let (set, from_pool) = match (list, pool_name) {
-        (None, None) => match ovn_list {
-            Some(Ok(set)) => (set, None),
-            Some(Err(e)) => {
-                return Ok(response.deny(format!("{id}: {path}.annotations[{OVN_IP_POOL}]: {e}")));
-            }
-            None => return Ok(response),
-        },
-        (Some(_), Some(_)) => {
-            return Ok(response.deny(format!(
-                "{id}: {path}.annotations sets both {ALLOCATABLE_IPS} and {IP_POOL}; use one"
-            )));
-        }
-        (Some(list), None) => match parse_ip_spec(list) {
-            Ok(set) => (set, None),
-            Err(e) => {
-                return Ok(
-                    response.deny(format!("{id}: {path}.annotations[{ALLOCATABLE_IPS}]: {e}"))
-                );
-            }
-        },
-        (None, Some(name)) => {
-            let pools = webhook.pools.load();
-            let Some(pool) = pools.get(name.trim()) else {
-                return Ok(response.deny(format!(
-                    "{id}: {path}.annotations[{IP_POOL}] names FixedIPPool {name:?}, which does not exist"
-                )));
-            };
-            if let Some(reason) = pool.refuses(&id.namespace, template.labels.as_ref()) {
-                return Ok(response.deny(format!(
-                    "{id} may not draw from FixedIPPool {name}: {reason}"
-                )));
-            }
-            ((*pool.usable).clone(), Some(pool.name.clone()))
-        }
+    let (set, from_pool) = match listed_set(webhook, &id, path, template, ovn_list) {
+        Ok(Some(listed)) => listed,
+        Ok(None) => return Ok(response),
+        Err(message) => return Ok(response.deny(message)),
     };
 
     if from_pool.is_none() {
@@ -476,35 +431,15 @@ pub fn review(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Response, Re
         } else {
             OVN_IP_POOL
         };
-        // the rule pods are held to as well (their lists and their static IPs)
-        match webhook.policy_refusal_for(&set, &id.namespace, template.labels.as_ref(), &app_key) {
-            Some(PolicyRefusal::Pool {
-                shared,
-                pool,
-                reason,
-            }) => {
-                return Ok(response.deny(format!(
-                    "{id}: {path}.annotations[{key}] lists {shared} of FixedIPPool {pool}, which this workload may not use: {reason}"
-                )));
-            }
-            Some(PolicyRefusal::App {
-                shared,
-                workload,
-                app,
-            }) if held_by_other_app(webhook, &set, &app_key).is_none() => {
-                return Ok(response.deny(format!(
-                    "{id}: {path}.annotations[{key}] lists {shared}, which {workload} (app {app}) already lists"
-                )));
-            }
-            _ => {}
-        }
-        if let Some(claim) = held_by_other_app(webhook, &set, &app_key) {
-            return Ok(response.deny(format!(
-                "{id}: {path}.annotations[{key}] lists {}, which pod {} of app {} holds",
-                claim.ip,
-                claim.pod.display(),
-                claim.app_key()
-            )));
+        let listed = Listed {
+            id: &id,
+            path,
+            key,
+            set: &set,
+            app_key: &app_key,
+        };
+        if let Some(message) = list_refusal(webhook, &listed, template) {
+            return Ok(response.deny(message));
         }
     }
 
@@ -534,6 +469,119 @@ pub fn review(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Response, Re
         }
     }
     Ok(response)
+}
+
+/// Which workload a review is about: its kind, its namespace (the review's when the object
+/// names none) and its name.
+fn workload_id(incoming: &Incoming<'_>, workload: &Workload, kind: &str) -> WorkloadId {
+    WorkloadId {
+        kind: kind.to_string(),
+        namespace: workload
+            .metadata
+            .namespace
+            .clone()
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| incoming.namespace().to_string()),
+        name: workload
+            .metadata
+            .name
+            .clone()
+            .or_else(|| incoming.request.name.as_deref().map(str::to_string))
+            .unwrap_or_default(),
+    }
+}
+
+/// The IPs a pod template asks for (its list, its FixedIPPool's usable IPs, or a Kube-OVN
+/// `ip_pool` list) and the pool's name; `Ok(None)` when it asks for none; `Err` the denial.
+fn listed_set(
+    webhook: &Webhook,
+    id: &WorkloadId,
+    path: &str,
+    template: &Meta,
+    ovn_list: Option<Result<IpSet, String>>,
+) -> Result<Option<(IpSet, Option<String>)>, String> {
+    let list = template.annotation(ALLOCATABLE_IPS);
+    let pool_name = template.annotation(IP_POOL);
+    Ok(Some(match (list, pool_name) {
+        (None, None) => match ovn_list {
+            Some(Ok(set)) => (set, None),
+            Some(Err(e)) => return Err(format!("{id}: {path}.annotations[{OVN_IP_POOL}]: {e}")),
+            None => return Ok(None),
+        },
+        (Some(_), Some(_)) => {
+            return Err(format!(
+                "{id}: {path}.annotations sets both {ALLOCATABLE_IPS} and {IP_POOL}; use one"
+            ));
+        }
+        (Some(list), None) => match parse_ip_spec(list) {
+            Ok(set) => (set, None),
+            Err(e) => return Err(format!("{id}: {path}.annotations[{ALLOCATABLE_IPS}]: {e}")),
+        },
+        (None, Some(name)) => {
+            let pools = webhook.pools.load();
+            let Some(pool) = pools.get(name.trim()) else {
+                return Err(format!(
+                    "{id}: {path}.annotations[{IP_POOL}] names FixedIPPool {name:?}, which does not exist"
+                ));
+            };
+            if let Some(reason) = pool.refuses(&id.namespace, template.labels.as_ref()) {
+                return Err(format!(
+                    "{id} may not draw from FixedIPPool {name}: {reason}"
+                ));
+            }
+            ((*pool.usable).clone(), Some(pool.name.clone()))
+        }
+    }))
+}
+
+/// A list of IPs a workload names, and where: for the words of a refusal.
+struct Listed<'a> {
+    id: &'a WorkloadId,
+    path: &'a str,
+    key: &'a str,
+    set: &'a IpSet,
+    app_key: &'a str,
+}
+
+/// Why a workload may not list these IPs (the rule pods are held to as well: their lists and
+/// their static IPs): a FixedIPPool's policy, another app's list, another app's claim.
+fn list_refusal(webhook: &Webhook, listed: &Listed<'_>, template: &Meta) -> Option<String> {
+    let Listed {
+        id,
+        path,
+        key,
+        set,
+        app_key,
+    } = listed;
+    match webhook.policy_refusal_for(set, &id.namespace, template.labels.as_ref(), app_key) {
+        Some(PolicyRefusal::Pool {
+            shared,
+            pool,
+            reason,
+        }) => {
+            return Some(format!(
+                "{id}: {path}.annotations[{key}] lists {shared} of FixedIPPool {pool}, which this workload may not use: {reason}"
+            ));
+        }
+        Some(PolicyRefusal::App {
+            shared,
+            workload,
+            app,
+        }) if held_by_other_app(webhook, set, app_key).is_none() => {
+            return Some(format!(
+                "{id}: {path}.annotations[{key}] lists {shared}, which {workload} (app {app}) already lists"
+            ));
+        }
+        _ => {}
+    }
+    held_by_other_app(webhook, set, app_key).map(|claim| {
+        format!(
+            "{id}: {path}.annotations[{key}] lists {}, which pod {} of app {} holds",
+            claim.ip,
+            claim.pod.display(),
+            claim.app_key()
+        )
+    })
 }
 
 /// A Kube-OVN `ovn.kubernetes.io/ip_pool` list of IPs in a pod template (a name of a
