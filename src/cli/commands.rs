@@ -472,7 +472,7 @@ async fn drift(args: CheckArgs) -> anyhow::Result<()> {
         report.retain_namespace(namespace);
     }
     print(args.output, &report, || report.to_table())?;
-    match report.drift.len() {
+    match report.drift_count() {
         0 => Ok(()),
         n => Err(AnswerIsNo(format!("{n} drift found")).into()),
     }
