@@ -290,28 +290,8 @@ async fn two_pods_running_on_one_ip_are_a_duplicate_and_the_survivor_keeps_it_us
     tokio::time::sleep(Duration::from_millis(1100)).await;
     foreign_pod(&client, "default", "legacy-1", "10.98.7.5").await;
 
-    let events: Api<k8s_openapi::api::events::v1::Event> =
-        Api::namespaced(client.clone(), "default");
-    let warned = eventually(
-        "DuplicateIP events on both pods",
-        Duration::from_secs(20),
-        || async {
-            let found: Vec<_> = events
-                .list(&Default::default())
-                .await
-                .unwrap()
-                .items
-                .into_iter()
-                .filter(|e| e.reason.as_deref() == Some("DuplicateIP"))
-                .collect();
-            let on: std::collections::BTreeSet<String> = found
-                .iter()
-                .filter_map(|e| e.regarding.as_ref()?.name.clone())
-                .collect();
-            (on.len() == 2).then_some(found)
-        },
-    )
-    .await;
+    let events = Api::namespaced(client.clone(), "default");
+    let warned = common::events::events_on(&events, "DuplicateIP", 2).await;
     let note = warned[0].note.clone().unwrap_or_default();
     assert!(
         note.contains("IP 10.98.7.5 is carried by 2 live pods: default/legacy-0, default/legacy-1 (the oldest, default/legacy-0, keeps it"),

@@ -246,30 +246,8 @@ pub async fn ask(state_dir: &Path, request: &Request) -> Result<Option<Reply>, C
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::{Claim, Ledger, MemoryLedger, Phase, PodRef, Source};
-
-    fn bound(ip: &str, namespace: &str) -> Claim {
-        Claim {
-            ip: ip.parse().unwrap(),
-            app: "web".into(),
-            pool: None,
-            pod: PodRef {
-                namespace: namespace.into(),
-                name: "web-0".into(),
-                uid: Some("u1".into()),
-                ..Default::default()
-            },
-            request_uid: "r".into(),
-            phase: Phase::Bound,
-            source: Source::Allocated,
-            created_at: 0,
-            updated_at: 0,
-            list_size: Some(2),
-            token: String::new(),
-            release_at: None,
-            sticky: false,
-        }
-    }
+    use crate::ledger::{Claim, Ledger, MemoryLedger};
+    use crate::ops::release::tests::bound;
 
     async fn serving(dir: &Path, claims: &[Claim]) -> (Arc<Allocator>, Arc<MemoryLedger>) {
         let ledger = Arc::new(MemoryLedger::new());

@@ -145,7 +145,7 @@ pub async fn release_from(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::ledger::pod_lookup::NoPodList;
     use crate::ledger::{CreateOutcome, MemoryLedger, Phase, PodRef, Source};
@@ -160,15 +160,16 @@ mod tests {
         }
     }
 
-    async fn ledger_with(ip: &str) -> MemoryLedger {
-        let ledger = MemoryLedger::new();
-        let claim = Claim {
+    /// A Bound claim of app `web` for pod `namespace/web-0` (UID `u1`), on `ip`.
+    pub(crate) fn bound(ip: &str, namespace: &str) -> Claim {
+        Claim {
             ip: ip.parse().unwrap(),
             app: "web".into(),
             pool: None,
             pod: PodRef {
-                namespace: "default".into(),
+                namespace: namespace.into(),
                 name: "web-0".into(),
+                uid: Some("u1".into()),
                 ..Default::default()
             },
             request_uid: "r".into(),
@@ -180,9 +181,13 @@ mod tests {
             token: String::new(),
             release_at: None,
             sticky: false,
-        };
+        }
+    }
+
+    async fn ledger_with(ip: &str) -> MemoryLedger {
+        let ledger = MemoryLedger::new();
         assert_eq!(
-            ledger.create(claim.clone().into()).await.unwrap(),
+            ledger.create(bound(ip, "default").into()).await.unwrap(),
             CreateOutcome::Created
         );
         ledger

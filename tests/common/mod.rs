@@ -4,6 +4,7 @@
 
 pub mod api_order;
 pub mod client_ca;
+pub mod events;
 pub mod node_loss;
 pub mod ports;
 
