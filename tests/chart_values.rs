@@ -51,10 +51,12 @@ fn text(bytes: &[u8]) -> String {
 /// `helm template` as YAML text, or the failure's stderr.
 fn template(set: &[&str], kube_version: &str) -> Result<String, String> {
     let mut command = Command::new(helm());
-    command
-        .args(["template", RELEASE])
-        .arg(chart_dir())
-        .args(["--namespace", NAMESPACE, "--kube-version", kube_version]);
+    command.args(["template", RELEASE]).arg(chart_dir()).args([
+        "--namespace",
+        NAMESPACE,
+        "--kube-version",
+        kube_version,
+    ]);
     for s in set {
         command.args(["--set", s]);
     }
@@ -93,7 +95,11 @@ fn pod(docs: &[Value]) -> &Value {
 
 fn entries(docs: &[Value]) -> BTreeMap<String, Value> {
     docs.iter()
-        .filter(|d| d["kind"].as_str().is_some_and(|k| k.ends_with("WebhookConfiguration")))
+        .filter(|d| {
+            d["kind"]
+                .as_str()
+                .is_some_and(|k| k.ends_with("WebhookConfiguration"))
+        })
         .flat_map(|d| d["webhooks"].as_array().unwrap().clone())
         .map(|w| (w["name"].as_str().unwrap().to_string(), w))
         .collect()
@@ -221,21 +227,33 @@ fn common_labels_and_annotations_reach_every_object() {
     for doc in &docs {
         let what = format!("{} {}", doc["kind"], doc["metadata"]["name"]);
         assert_eq!(doc["metadata"]["labels"]["team"], "network", "{what}");
-        assert_eq!(doc["metadata"]["labels"]["app.kubernetes.io/name"], "ip-webhook", "{what}");
-        assert_eq!(doc["metadata"]["annotations"]["owner"], "platform", "{what}");
+        assert_eq!(
+            doc["metadata"]["labels"]["app.kubernetes.io/name"], "ip-webhook",
+            "{what}"
+        );
+        assert_eq!(
+            doc["metadata"]["annotations"]["owner"], "platform",
+            "{what}"
+        );
     }
     let template = &one(&docs, "Deployment")["spec"]["template"]["metadata"];
     assert_eq!(template["labels"]["team"], "network");
     assert!(template.get("annotations").is_none(), "{template}");
     // The chart's own annotations stay beside the common ones.
-    for kind in ["MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"] {
+    for kind in [
+        "MutatingWebhookConfiguration",
+        "ValidatingWebhookConfiguration",
+    ] {
         assert_eq!(
             one(&docs, kind)["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
             format!("{NAMESPACE}/ip-webhook-serving-cert")
         );
     }
     for crd in of_kind(&docs, "CustomResourceDefinition") {
-        assert_eq!(crd["metadata"]["annotations"]["helm.sh/resource-policy"], "keep");
+        assert_eq!(
+            crd["metadata"]["annotations"]["helm.sh/resource-policy"],
+            "keep"
+        );
     }
     let embedded = render(CASES[7].1);
     let claim = one(&embedded, "PersistentVolumeClaim");
@@ -247,7 +265,11 @@ fn common_labels_and_annotations_reach_every_object() {
     let plain = render(&[]);
     for doc in &plain {
         if let Some(annotations) = doc["metadata"].get("annotations") {
-            assert!(!annotations.as_object().unwrap().is_empty(), "{}", doc["kind"]);
+            assert!(
+                !annotations.as_object().unwrap().is_empty(),
+                "{}",
+                doc["kind"]
+            );
         }
     }
 }
@@ -265,8 +287,14 @@ fn the_image_is_registry_repository_and_tag_or_digest() {
         serde_yaml::from_str(&std::fs::read_to_string(chart_dir().join("Chart.yaml")).unwrap())
             .unwrap();
     let app_version = chart["appVersion"].as_str().unwrap();
-    assert_eq!(image(&[]), format!("ghcr.io/ip-webhook/ip-webhook:{app_version}"));
-    assert_eq!(image(&["image.tag=1.2.3"]), "ghcr.io/ip-webhook/ip-webhook:1.2.3");
+    assert_eq!(
+        image(&[]),
+        format!("ghcr.io/ip-webhook/ip-webhook:{app_version}")
+    );
+    assert_eq!(
+        image(&["image.tag=1.2.3"]),
+        "ghcr.io/ip-webhook/ip-webhook:1.2.3"
+    );
     assert_eq!(
         image(&["image.registry=", "image.repository=ip-webhook"]),
         format!("ip-webhook:{app_version}")
@@ -299,19 +327,27 @@ fn security_contexts_probes_node_selector_and_priority_are_values() {
     assert_eq!(pod["priorityClassName"], "system-cluster-critical");
     // The startup probe holds liveness off for a minute; all three on the admin port.
     let startup = &container["startupProbe"];
-    assert_eq!(startup["httpGet"], json!({"path": "/healthz", "port": "admin"}));
-    let budget = startup["periodSeconds"].as_u64().unwrap() * startup["failureThreshold"].as_u64().unwrap();
+    assert_eq!(
+        startup["httpGet"],
+        json!({"path": "/healthz", "port": "admin"})
+    );
+    let budget =
+        startup["periodSeconds"].as_u64().unwrap() * startup["failureThreshold"].as_u64().unwrap();
     assert!(budget >= 60, "{startup}");
     assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
     assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
     assert!(
-        container["ports"].as_array().unwrap().iter().any(|p| p["name"] == "admin"),
+        container["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["name"] == "admin"),
         "the probes' port"
     );
 
     // OpenShift: the SCC picks the UID; probes and scheduling can be switched off.
     let docs = render(CASES[2].1);
-    let pod = pod(&docs);
+    let pod = crate::pod(&docs);
     assert_eq!(
         pod["securityContext"],
         json!({"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}})
@@ -326,8 +362,14 @@ fn security_contexts_probes_node_selector_and_priority_are_values() {
     let container = &crate::pod(&docs)["containers"][0];
     assert_eq!(container["readinessProbe"]["periodSeconds"], 9);
     assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
-    assert_eq!(container["securityContext"]["readOnlyRootFilesystem"], false);
-    assert_eq!(container["securityContext"]["capabilities"]["drop"], json!(["ALL"]));
+    assert_eq!(
+        container["securityContext"]["readOnlyRootFilesystem"],
+        false
+    );
+    assert_eq!(
+        container["securityContext"]["capabilities"]["drop"],
+        json!(["ALL"])
+    );
 }
 
 #[test]
@@ -345,21 +387,45 @@ fn crds_are_templates_kept_on_uninstall_and_can_be_left_out() {
         .collect();
     for crd in &mut rendered {
         let metadata = crd["metadata"].as_object_mut().unwrap();
-        assert_eq!(metadata["annotations"], json!({"helm.sh/resource-policy": "keep"}));
+        assert_eq!(
+            metadata["annotations"],
+            json!({"helm.sh/resource-policy": "keep"})
+        );
         assert_eq!(metadata["labels"]["app.kubernetes.io/managed-by"], "Helm");
         metadata.remove("annotations");
         metadata.remove("labels");
     }
-    // Apart from Helm's labels and the keep annotation, exactly `ip-webhook crds`.
-    assert_eq!(rendered, shipped);
+    // Apart from Helm's labels and the keep annotation, exactly `ip-webhook crds` (Helm's YAML
+    // round trip writes `minimum: 0.0` as 0: the same number to the API server).
+    assert_eq!(
+        rendered.into_iter().map(numbers_as_f64).collect::<Vec<_>>(),
+        shipped.into_iter().map(numbers_as_f64).collect::<Vec<_>>()
+    );
 
     let not_kept = render(&["crds.keep=false"]);
     for crd in of_kind(&not_kept, "CustomResourceDefinition") {
-        assert!(crd["metadata"].get("annotations").is_none(), "{}", crd["metadata"]);
+        assert!(
+            crd["metadata"].get("annotations").is_none(),
+            "{}",
+            crd["metadata"]
+        );
     }
     let off = render(&["crds.enabled=false"]);
     assert!(of_kind(&off, "CustomResourceDefinition").is_empty());
     assert_eq!(of_kind(&off, "Deployment").len(), 1);
+}
+
+fn numbers_as_f64(value: Value) -> Value {
+    match value {
+        Value::Number(n) => json!(n.as_f64().unwrap()),
+        Value::Array(items) => Value::Array(items.into_iter().map(numbers_as_f64).collect()),
+        Value::Object(map) => Value::Object(
+            map.into_iter()
+                .map(|(k, v)| (k, numbers_as_f64(v)))
+                .collect(),
+        ),
+        other => other,
+    }
 }
 
 fn names_of(selector: &Value) -> Option<Vec<String>> {
@@ -387,7 +453,11 @@ fn each_webhook_entry_takes_its_own_namespace_selector() {
     ];
     let all = entries(&render(&[]));
     for name in namespaced {
-        assert_eq!(names_of(&all[name]["namespaceSelector"]), Some(default.clone()), "{name}");
+        assert_eq!(
+            names_of(&all[name]["namespaceSelector"]),
+            Some(default.clone()),
+            "{name}"
+        );
     }
 
     let labelled = json!({"matchLabels": {"fixed-ips": "enabled"}});
@@ -407,19 +477,30 @@ fn each_webhook_entry_takes_its_own_namespace_selector() {
     }
 
     let each = entries(&render(&[
-        "mutatingWebhook.deleteNamespaceSelector.matchLabels.a=1",
-        "validatingWebhook.pods.namespaceSelector.matchLabels.b=2",
-        "validatingWebhook.podUpdates.namespaceSelector.matchLabels.c=3",
+        "mutatingWebhook.deleteNamespaceSelector.matchLabels.a=one",
+        "validatingWebhook.pods.namespaceSelector.matchLabels.b=two",
+        "validatingWebhook.podUpdates.namespaceSelector.matchLabels.c=three",
     ]));
-    assert_eq!(names_of(&each["pods.mutate.ip-webhook.io"]["namespaceSelector"]), Some(default));
+    assert_eq!(
+        names_of(&each["pods.mutate.ip-webhook.io"]["namespaceSelector"]),
+        Some(default)
+    );
     for (name, key, value) in [
-        ("pod-deletes.mutate.ip-webhook.io", "a", "1"),
-        ("pods.validate.ip-webhook.io", "b", "2"),
-        ("pod-updates.validate.ip-webhook.io", "c", "3"),
+        ("pod-deletes.mutate.ip-webhook.io", "a", "one"),
+        ("pods.validate.ip-webhook.io", "b", "two"),
+        ("pod-updates.validate.ip-webhook.io", "c", "three"),
     ] {
-        assert_eq!(each[name]["namespaceSelector"], json!({"matchLabels": {key: value}}), "{name}");
+        assert_eq!(
+            each[name]["namespaceSelector"],
+            json!({"matchLabels": {key: value}}),
+            "{name}"
+        );
     }
-    let refused = template(&["mutatingWebhook.namespaceSelector.matchLabel.x=y"], "1.31.0").unwrap_err();
+    let refused = template(
+        &["mutatingWebhook.namespaceSelector.matchLabel.x=y"],
+        "1.31.0",
+    )
+    .unwrap_err();
     assert!(refused.contains("matchLabel"), "{refused}");
 }
 
@@ -439,7 +520,10 @@ fn the_schema_refuses_kube_ovn_reservation_without_kube_ovn() {
     let docs = render(&["server.kubeOvnReservation=true", "server.cni=kube-ovn"]);
     let args = &pod(&docs)["containers"][0]["args"];
     assert!(
-        args.as_array().unwrap().iter().any(|a| a == "--kube-ovn-reservation=true"),
+        args.as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a == "--kube-ovn-reservation=true"),
         "{args}"
     );
 }
@@ -462,10 +546,17 @@ fn the_certificate_dns_names_start_without_a_blank_line() {
 fn an_existing_secret_renders_the_same_every_time_unlike_the_helm_generated_one() {
     let set = CASES[6].1;
     let first = template(set, "1.31.0").unwrap();
-    assert_eq!(first, template(set, "1.31.0").unwrap(), "a GitOps diff stays empty");
+    assert_eq!(
+        first,
+        template(set, "1.31.0").unwrap(),
+        "a GitOps diff stays empty"
+    );
     let docs = parse(&first);
     for kind in ["Certificate", "Issuer", "Secret"] {
-        assert!(of_kind(&docs, kind).is_empty(), "no {kind}: the Secret is yours");
+        assert!(
+            of_kind(&docs, kind).is_empty(),
+            "no {kind}: the Secret is yours"
+        );
     }
     let volume = pod(&docs)["volumes"]
         .as_array()
@@ -480,10 +571,16 @@ fn an_existing_secret_renders_the_same_every_time_unlike_the_helm_generated_one(
     for (name, entry) in &all {
         assert_eq!(entry["clientConfig"]["caBundle"], "Q0EK", "{name}");
     }
-    for kind in ["MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"] {
+    for kind in [
+        "MutatingWebhookConfiguration",
+        "ValidatingWebhookConfiguration",
+    ] {
         assert!(one(&docs, kind)["metadata"].get("annotations").is_none());
     }
-    for (missing, value) in [("existingSecret", "caBundle=Q0EK"), ("caBundle", "existingSecret=s")] {
+    for (missing, value) in [
+        ("existingSecret", "caBundle=Q0EK"),
+        ("caBundle", "existingSecret=s"),
+    ] {
         let refused = template(
             &[
                 "validatingWebhook.certificate.source=existing",
@@ -555,10 +652,15 @@ fn notes_say_what_was_installed_and_how_to_check_it() {
         .unwrap_or_else(|e| panic!("`{check}` is refused: {e}"));
     let (_, check_args) = matches.subcommand().unwrap();
     assert_eq!(
-        check_args.get_one::<String>("tls_server_name").map(String::as_str),
+        check_args
+            .get_one::<String>("tls_server_name")
+            .map(String::as_str),
         Some("ip-webhook.ip-webhook-system.svc")
     );
-    assert!(notes.contains("port-forward svc/ip-webhook 8443:443"), "{notes}");
+    assert!(
+        notes.contains("port-forward svc/ip-webhook 8443:443"),
+        "{notes}"
+    );
     assert!(check.contains("--url https://127.0.0.1:8443"), "{check}");
 
     let off = crate::notes(&[

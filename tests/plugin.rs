@@ -427,9 +427,15 @@ fn plugin_install_puts_kubectl_ipw_where_kubectl_finds_it() {
     let (code, out, err) = in_shell(&binary, &["plugin", "install"]);
     assert_eq!(code, 0, "{out}{err}");
     let link = bin.join("kubectl-ipw");
-    assert!(out.contains(&format!("installed {}", link.display())), "{out}");
+    assert!(
+        out.contains(&format!("installed {}", link.display())),
+        "{out}"
+    );
     assert!(out.contains("kubectl ipw --help runs it"), "{out}");
-    assert_eq!(std::fs::read_link(&link).unwrap(), binary.canonicalize().unwrap());
+    assert_eq!(
+        std::fs::read_link(&link).unwrap(),
+        binary.canonicalize().unwrap()
+    );
     // Again: nothing to do, and still success.
     let (code, out, _) = in_shell(&binary, &["plugin", "install"]);
     assert_eq!(code, 0);

@@ -47,7 +47,10 @@ fn actionlint(files: &[PathBuf]) -> (bool, String) {
 #[test]
 fn actionlint_passes_every_workflow_and_catches_a_broken_one() {
     assert!(
-        Command::new("shellcheck").arg("--version").output().is_ok_and(|o| o.status.success()),
+        Command::new("shellcheck")
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success()),
         "shellcheck is missing: run scripts/install-test-deps.sh"
     );
     let workflows: Vec<PathBuf> = std::fs::read_dir(repo().join(".github/workflows"))
@@ -63,7 +66,11 @@ fn actionlint_passes_every_workflow_and_catches_a_broken_one() {
     // shellcheck refuses: both reported.
     let text = std::fs::read_to_string(workflow_path()).unwrap();
     let broken = text
-        .replacen("needs: [binaries, manifest]", "needs: [binaries, manifests]", 1)
+        .replacen(
+            "needs: [binaries, manifest]",
+            "needs: [binaries, manifests]",
+            1,
+        )
         .replacen(
             "run: cargo build --profile dist",
             "run: cd $UNQUOTED_DIR && cargo build --profile dist",
@@ -86,9 +93,18 @@ fn the_workflow_publishes_the_image_the_chart_pulls_for_both_platforms() {
         &std::fs::read_to_string(repo().join("deploy/helm/ip-webhook/values.yaml")).unwrap(),
     )
     .unwrap();
-    assert_eq!(workflow["env"]["IMAGE_REGISTRY"], values["image"]["registry"]);
-    assert_eq!(workflow["env"]["IMAGE_REPOSITORY"], values["image"]["repository"]);
-    assert_eq!(values["image"]["tag"], "", "the chart's tag is its appVersion");
+    assert_eq!(
+        workflow["env"]["IMAGE_REGISTRY"],
+        values["image"]["registry"]
+    );
+    assert_eq!(
+        workflow["env"]["IMAGE_REPOSITORY"],
+        values["image"]["repository"]
+    );
+    assert_eq!(
+        values["image"]["tag"], "",
+        "the chart's tag is its appVersion"
+    );
 
     let jobs = &workflow["jobs"];
     let platforms: Vec<&str> = jobs["image"]["strategy"]["matrix"]["include"]
@@ -101,7 +117,11 @@ fn the_workflow_publishes_the_image_the_chart_pulls_for_both_platforms() {
     let steps = jobs["image"]["steps"].as_array().unwrap();
     let build = steps
         .iter()
-        .find(|s| s["uses"].as_str().is_some_and(|u| u.starts_with("docker/build-push-action@")))
+        .find(|s| {
+            s["uses"]
+                .as_str()
+                .is_some_and(|u| u.starts_with("docker/build-push-action@"))
+        })
         .expect("the image job builds the Dockerfile");
     assert_eq!(build["with"]["context"], ".");
     // The binaries are built as the Dockerfile builds the image's (profile, lock, features).
@@ -112,7 +132,10 @@ fn the_workflow_publishes_the_image_the_chart_pulls_for_both_platforms() {
     assert!(binaries.contains(cargo), "{binaries}");
     // The manifest job tags the joined image with the version (no "v"), the chart's tag.
     let manifest = serde_json::to_string(&jobs["manifest"]).unwrap();
-    assert!(manifest.contains(r#"imagetools create -t \"$image:$VERSION\""#), "{manifest}");
+    assert!(
+        manifest.contains(r#"imagetools create -t \"$image:$VERSION\""#),
+        "{manifest}"
+    );
 }
 
 /// The workflow's version check, run here as the runner runs it.
@@ -146,7 +169,10 @@ fn version_check(tag: &str) -> (bool, String) {
 fn the_version_check_passes_the_crate_version_and_refuses_another() {
     let version = env!("CARGO_PKG_VERSION");
     let chart = std::fs::read_to_string(repo().join("deploy/helm/ip-webhook/Chart.yaml")).unwrap();
-    assert!(chart.contains(&format!("appVersion: \"{version}\"")), "{chart}");
+    assert!(
+        chart.contains(&format!("appVersion: \"{version}\"")),
+        "{chart}"
+    );
     let (ok, out) = version_check(&format!("v{version}"));
     assert!(ok, "{out}");
     assert_eq!(out, format!("version={version}\n"));

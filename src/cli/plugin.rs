@@ -58,7 +58,10 @@ fn install(binary: &Path, args: &InstallArgs) -> anyhow::Result<String> {
             .to_path_buf(),
     };
     if !dir.is_dir() {
-        bail!("{} is not a directory: create it or give another --dir", dir.display());
+        bail!(
+            "{} is not a directory: create it or give another --dir",
+            dir.display()
+        );
     }
     let target = dir.join(PLUGIN_FILE);
     let already = if args.copy {
@@ -92,7 +95,11 @@ fn install(binary: &Path, args: &InstallArgs) -> anyhow::Result<String> {
             )
         })?;
         let how = if args.copy { "a copy of" } else { "a link to" };
-        format!("installed {} ({how} {})\n", target.display(), binary.display())
+        format!(
+            "installed {} ({how} {})\n",
+            target.display(),
+            binary.display()
+        )
     };
     if on_path(&dir) {
         line.push_str("kubectl ipw --help runs it\n");
@@ -146,7 +153,10 @@ mod tests {
         let binary = binary(from.path());
         let first = install(&binary, &args(to.path(), false, false)).unwrap();
         assert!(first.starts_with("installed "), "{first}");
-        assert_eq!(std::fs::read_link(to.path().join(PLUGIN_FILE)).unwrap(), binary);
+        assert_eq!(
+            std::fs::read_link(to.path().join(PLUGIN_FILE)).unwrap(),
+            binary
+        );
         let again = install(&binary, &args(to.path(), false, false)).unwrap();
         assert!(again.contains("is already"), "{again}");
         // not on this test's PATH: the message says how to add it
