@@ -1,8 +1,8 @@
 //! The release workflow (`.github/workflows/release.yml`), which no CI here can run (no
 //! container engine): actionlint (`.tools/venv/bin/actionlint`, with shellcheck for the `run:`
 //! scripts) passes it and still catches a broken copy; it publishes the image the chart pulls by
-//! default, for both platforms; and its version check, run here, passes for the crate's version
-//! and refuses another.
+//! default, for both platforms, and an archive for each platform of the krew manifest; and its
+//! version check, run here, passes for the crate's version and refuses another.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -130,6 +130,27 @@ fn the_workflow_publishes_the_image_the_chart_pulls_for_both_platforms() {
     assert!(dockerfile.contains(cargo));
     let binaries = serde_json::to_string(&jobs["binaries"]).unwrap();
     assert!(binaries.contains(cargo), "{binaries}");
+    // One archive for each platform of the krew manifest (deploy/krew/ipw.yaml).
+    let krew: Value = serde_yaml::from_str(
+        &std::fs::read_to_string(repo().join("deploy/krew/ipw.yaml")).unwrap(),
+    )
+    .unwrap();
+    let krew_platforms: Vec<String> = krew["spec"]["platforms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            let labels = &p["selector"]["matchLabels"];
+            format!("{}-{}", labels["os"].as_str().unwrap(), labels["arch"].as_str().unwrap())
+        })
+        .collect();
+    let archives: Vec<String> = jobs["binaries"]["strategy"]["matrix"]["include"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["platform"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(archives, krew_platforms);
     // The manifest job tags the joined image with the version (no "v"), the chart's tag.
     let manifest = serde_json::to_string(&jobs["manifest"]).unwrap();
     assert!(
