@@ -141,7 +141,11 @@ fn the_workflow_publishes_the_image_the_chart_pulls_for_both_platforms() {
         .iter()
         .map(|p| {
             let labels = &p["selector"]["matchLabels"];
-            format!("{}-{}", labels["os"].as_str().unwrap(), labels["arch"].as_str().unwrap())
+            format!(
+                "{}-{}",
+                labels["os"].as_str().unwrap(),
+                labels["arch"].as_str().unwrap()
+            )
         })
         .collect();
     let archives: Vec<String> = jobs["binaries"]["strategy"]["matrix"]["include"]
