@@ -12,6 +12,8 @@ command -v openssl >/dev/null || need_apt+=(openssl)
 command -v protoc >/dev/null || need_apt+=(protobuf-compiler)
 # etcd: the etcd-ledger race and crash tests start real 3-member clusters on loopback
 command -v etcd >/dev/null || need_apt+=(etcd-server)
+# faketime: tests/clock_skew.rs runs a replica ten minutes ahead of the others
+command -v faketime >/dev/null || need_apt+=(faketime)
 # shellcheck: actionlint runs it on the workflows' `run:` scripts
 command -v shellcheck >/dev/null || need_apt+=(shellcheck)
 if [ ${#need_apt[@]} -gt 0 ]; then

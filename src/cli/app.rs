@@ -524,6 +524,27 @@ pub async fn launch(args: &ServeArgs) -> anyhow::Result<Launched> {
     if let Some(lookup) = &pod_lookup {
         let _ = webhook.pods.set(lookup.clone());
     }
+    if args.webhook.ledger_kind() == LedgerKind::Embedded {
+        // Without it `release` needs the server stopped, as before: worth a warning, not a
+        // refusal to serve (a state dir path too long for a socket, say).
+        match crate::ops::control::listen(
+            &args.webhook.state_dir,
+            webhook.allocator.clone(),
+            pod_lookup.clone(),
+        ) {
+            Ok(control) => reloaders.push(control),
+            Err(error) => tracing::warn!(
+                %error,
+                "`release` cannot reach this server; stop it to release an IP"
+            ),
+        }
+        if pod_lookup.is_none() {
+            tracing::warn!(
+                "{}",
+                crate::ops::control::unverifiable_claims_note(crate::ops::invocation())
+            );
+        }
+    }
     reloaders.push(spawn_ledger_prober(
         ledger.clone(),
         webhook.metrics.ledger_health.clone(),

@@ -245,6 +245,13 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
         }
         .into());
     }
+    // Off-cluster, on stderr so that the table and -o json/yaml stay the same to a script.
+    if access.client.is_none() && claims.iter().any(Claim::is_held) {
+        eprintln!(
+            "note: {}",
+            crate::ops::control::unverifiable_claims_note(crate::ops::invocation())
+        );
+    }
     if let Some(client) = access.client {
         let shown = report.holder_ips();
         let held: Vec<Claim> = claims
@@ -298,23 +305,45 @@ pub async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
     })
 }
 
-/// `release`: free a leaked claim.
+/// `release`: free a leaked claim. On an embedded ledger a running server frees it (it holds
+/// the journal); otherwise the command opens the ledger itself.
 pub async fn release(args: ReleaseArgs) -> anyhow::Result<()> {
-    let access = connect(&args.source).await?;
-    let ledger: Arc<dyn Ledger> = match &access.books {
-        Books::Embedded(dir) => {
-            existing_ledger(dir)?;
-            Arc::new(
-                crate::ledger::EmbeddedLedger::open(dir, Default::default()).with_context(
-                    || {
-                        format!(
-                            "release writes the embedded ledger and needs it to itself: stop the `ip-webhook serve` that uses {} first",
-                            dir.display()
-                        )
-                    },
-                )?,
-            )
+    let request = crate::ops::release::Request {
+        ip: args.ip,
+        force: args.force,
+        namespace: args.namespace.clone(),
+    };
+    let answered = |released: bool, message: String| {
+        if released {
+            crate::cli::emit(&format!("{message}\n"))
+        } else {
+            Err(AnswerIsNo(message).into())
         }
+    };
+    let access = connect(&args.source).await?;
+    if let Books::Embedded(dir) = &access.books {
+        existing_ledger(dir)?;
+        if let Some(reply) = crate::ops::control::ask(dir, &request).await? {
+            if reply.failed {
+                bail!(
+                    "the running server could not release {}: {}",
+                    args.ip,
+                    reply.message
+                );
+            }
+            return answered(reply.released, reply.message);
+        }
+    }
+    let ledger: Arc<dyn Ledger> = match &access.books {
+        Books::Embedded(dir) => Arc::new(
+            crate::ledger::EmbeddedLedger::open(dir, Default::default()).with_context(|| {
+                format!(
+                    "release writes the embedded ledger and needs it to itself, or the `ip-webhook serve` that uses {} to answer on {}",
+                    dir.display(),
+                    crate::ops::control::socket_path(dir).display()
+                )
+            })?,
+        ),
         Books::Kubernetes(_) => {
             let admission = access.admission.clone().expect("kubernetes has a client");
             installed(&admission, &access.server).await?;
@@ -335,23 +364,7 @@ pub async fn release(args: ReleaseArgs) -> anyhow::Result<()> {
             ledger.kind()
         ))),
     };
-    if let Some(namespace) = &args.namespace {
-        let claims = ledger.load().await.context("reading the claims")?;
-        let other = claims
-            .iter()
-            .find(|c| c.ip == args.ip && c.is_held() && &c.pod.namespace != namespace);
-        if let Some(claim) = other {
-            ledger.close().await;
-            return Err(AnswerIsNo(format!(
-                "not released: {} is claimed for pod {}, not in namespace {namespace}",
-                args.ip,
-                claim.pod.display()
-            ))
-            .into());
-        }
-    }
-    let outcome =
-        crate::ops::release::release(ledger.as_ref(), pods.as_ref(), args.ip, args.force).await;
+    let outcome = crate::ops::release::release(ledger.as_ref(), pods.as_ref(), &request).await;
     ledger.close().await;
     let outcome = match (&access.books, outcome) {
         (Books::Kubernetes(_), Err(e)) => {
@@ -359,12 +372,7 @@ pub async fn release(args: ReleaseArgs) -> anyhow::Result<()> {
         }
         (_, outcome) => outcome.context("releasing")?,
     };
-    let message = outcome.message(&args.ip);
-    if outcome.released() {
-        crate::cli::emit(&format!("{message}\n"))
-    } else {
-        Err(AnswerIsNo(message).into())
-    }
+    answered(outcome.released(), outcome.message(&args.ip))
 }
 
 /// The caBundles of the webhooks in the webhook configurations named `name`, each with where
@@ -464,7 +472,7 @@ async fn drift(args: CheckArgs) -> anyhow::Result<()> {
         report.retain_namespace(namespace);
     }
     print(args.output, &report, || report.to_table())?;
-    match report.drift.len() {
+    match report.drift_count() {
         0 => Ok(()),
         n => Err(AnswerIsNo(format!("{n} drift found")).into()),
     }
