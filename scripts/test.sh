@@ -19,4 +19,20 @@ PROTOC=/nonexistent/protoc cargo clippy --lib --bins --target-dir target/no-prot
 PROTOC=/nonexistent/protoc cargo test --target-dir target/no-protoc --test operate \
   -- --exact a_build_without_etcd_says_how_to_get_it
 cargo clippy --all-targets --all-features -- -D warnings
+# The binary install of docs/install.md, `cargo install --locked --path .` with `--features
+# etcd` and without (protoc made unfindable, as a user without it runs it), each installed
+# binary run. --debug into target/: the second reuses all but the crates the feature changes.
+# Warm, this block takes about 6 s; cold, about 4 CPU-minutes on top of the test build, whose
+# dependencies resolve other features (the dev-dependencies'), so it cannot share them.
+install_root=$(mktemp -d)
+trap 'rm -rf "$install_root"' EXIT
+cargo install --locked --offline --path . --debug --quiet --features etcd \
+  --target-dir target --root "$install_root/etcd"
+"$install_root/etcd/bin/ip-webhook" --version
+PROTOC=/nonexistent/protoc cargo install --locked --offline --path . --debug --quiet \
+  --target-dir target --root "$install_root/default"
+"$install_root/default/bin/ip-webhook" --version
+# docs/install.md's next step: the plugin link next to the binary, found by real kubectl.
+PATH="$install_root/etcd/bin:$PATH" "$install_root/etcd/bin/ip-webhook" plugin install
+PATH="$install_root/etcd/bin:$PATH" .tools/kubectl ipw --help >/dev/null
 cargo test --all-targets --all-features --no-fail-fast
