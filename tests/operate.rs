@@ -984,7 +984,8 @@ async fn errors_are_one_line_with_an_exit_code_and_never_a_backtrace() {
 }
 
 /// Without the `etcd` feature, `--ledger etcd` says so in one line. (scripts/test.sh builds
-/// with --all-features for everything else and runs this one test in a build without it.)
+/// with --all-features, and checks the same answer from its `cargo install` build, which has
+/// no etcd.)
 #[cfg(not(feature = "etcd"))]
 #[test]
 fn a_build_without_etcd_says_how_to_get_it() {
