@@ -8,8 +8,10 @@
 # (.git stays out of the build context: the commit that ip_webhook_build_info reports comes
 # from the build argument, else it is "unknown".)
 #
-# Not built in CI: no container engine runs there. tests/chart.rs checks that the user and
-# entrypoint match what the chart assumes.
+# Built and published by .github/workflows/release.yml for a release tag (linux/amd64 and
+# linux/arm64, each on a native runner), as the chart's default image. This repository's CI
+# runs no container engine: tests/chart.rs checks that the user and entrypoint match what the
+# chart assumes, and tests/release.rs lints the workflow.
 
 FROM rust:1.90-bookworm AS build
 # protoc: the shipped image has the etcd ledger (the `etcd` cargo feature), whose etcd-client

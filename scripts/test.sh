@@ -15,8 +15,26 @@ cargo fmt --all -- --check
 # unfindable, so that build-script output from a protoc build cannot hide a regression
 # (about 3 min cold on 2 cores: every dependency checked once more, without etcd-client).
 PROTOC=/nonexistent/protoc cargo clippy --lib --bins --target-dir target/no-protoc -- -D warnings
-# The one test that only a build without the feature can run: `--ledger etcd` says how to get it.
-PROTOC=/nonexistent/protoc cargo test --target-dir target/no-protoc --test operate \
-  -- --exact a_build_without_etcd_says_how_to_get_it
 cargo clippy --all-targets --all-features -- -D warnings
+# The binary install of docs/install.md, `cargo install --locked --path .` (protoc made
+# unfindable, as a user without it runs it), the installed binary run, and its plugin link
+# found by real kubectl. --debug into target/. Cold, this is about 3 CPU-minutes on top of the
+# test build, whose dependencies resolve other features (the dev-dependencies'), so it cannot
+# share them; `--features etcd` is the same install with one more crate and is left to the
+# test build, which has it.
+install_root=$(mktemp -d)
+trap 'rm -rf "$install_root"' EXIT
+PROTOC=/nonexistent/protoc cargo install --locked --offline --path . --debug --quiet \
+  --target-dir target --root "$install_root"
+"$install_root/bin/ip-webhook" --version
+# What only a build without the feature can show (tests/operate.rs
+# a_build_without_etcd_says_how_to_get_it, which `cargo test` without features runs): asked for
+# the etcd ledger, it says how to get it, in one line, exit 1.
+if no_etcd=$("$install_root/bin/ip-webhook" status --ledger etcd 2>&1); then
+  echo "a build without etcd accepted --ledger etcd: $no_etcd" >&2; exit 1
+fi
+[ "$no_etcd" = "Error: this build has no etcd support; rebuild with --features etcd" ] \
+  || { echo "unexpected answer of a build without etcd: $no_etcd" >&2; exit 1; }
+PATH="$install_root/bin:$PATH" "$install_root/bin/ip-webhook" plugin install
+PATH="$install_root/bin:$PATH" .tools/kubectl ipw --help >/dev/null
 cargo test --all-targets --all-features --no-fail-fast

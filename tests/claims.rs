@@ -7,72 +7,9 @@ mod common;
 
 use std::time::Duration;
 
+use common::api_order::{admit, delete, mutate_only, next_uid};
 use common::*;
 use serde_json::{Value, json};
-
-/// What the API server made of a Pod CREATE: the stored pod, or the denial message.
-async fn admit(server: &TestServer, pod: Value) -> Result<Value, String> {
-    let uid = next_uid("mutate");
-    let mutated = server.mutate(&create(&uid, pod.clone())).await;
-    if mutated["allowed"] != true {
-        return Err(message(&mutated));
-    }
-    let mut stored = if mutated["patch"].is_string() {
-        apply(&pod, &mutated)
-    } else {
-        pod
-    };
-    // rest.BeforeCreate: the name from generateName, and the UID
-    if stored["metadata"]["name"].as_str().unwrap_or("").is_empty() {
-        let prefix = stored["metadata"]["generateName"]
-            .as_str()
-            .unwrap_or("")
-            .to_string();
-        stored["metadata"]["name"] = json!(format!("{prefix}{}", &next_uid("")[..5]));
-    }
-    stored["metadata"]["uid"] = json!(next_uid("pod"));
-    let validated = server
-        .validate(&create(&next_uid("validate"), stored.clone()))
-        .await;
-    if validated["allowed"] != true {
-        return Err(message(&validated));
-    }
-    Ok(stored)
-}
-
-/// `/mutate` only: the create then failed in a later admission step (quota, another webhook).
-async fn mutate_only(server: &TestServer, pod: Value) -> Value {
-    server.mutate(&create(&next_uid("mutate"), pod)).await
-}
-
-/// The DELETE review the API server sends when a pod's deletion starts.
-fn delete(pod: &Value, grace: Option<i64>, dry_run: bool) -> Value {
-    let mut review = review(
-        "v1",
-        &next_uid("delete"),
-        "DELETE",
-        None,
-        Some(pod.clone()),
-        dry_run,
-    );
-    review["request"]["name"] = pod["metadata"]["name"].clone();
-    if let Some(grace) = grace {
-        review["request"]["options"] = json!({
-            "kind": "DeleteOptions", "apiVersion": "meta.k8s.io/v1", "gracePeriodSeconds": grace
-        });
-    }
-    review
-}
-
-fn next_uid(what: &str) -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static NEXT: AtomicU64 = AtomicU64::new(1);
-    format!(
-        "{what}{:05x}-{}",
-        NEXT.fetch_add(1, Ordering::Relaxed),
-        std::process::id()
-    )
-}
 
 fn label(pod: &Value) -> &str {
     pod["metadata"]["labels"]["ip-webhook.io/allocated-ip"]

@@ -275,3 +275,53 @@ async fn readiness_waits_for_the_pod_ip_and_workload_indexes() {
     fake.control("/fake/fail", json!({"clear": true}));
     wait_ready(&server).await;
 }
+
+/// Two pods another IPAM runs on one IP (seen only in `status.podIPs`): a Warning Event
+/// `DuplicateIP` on each and `ip_webhook_duplicate_ips`; once the newer one goes, the IP is
+/// still refused for the older one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_pods_running_on_one_ip_are_a_duplicate_and_the_survivor_keeps_it_used() {
+    let fake = FakeApi::start();
+    let client = fake.install_crds().await;
+    let replica = fake
+        .replica(&["--lease-duration", "2s", "--lease-renew-interval", "200ms"])
+        .await;
+    foreign_pod(&client, "default", "legacy-0", "10.98.7.5").await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    foreign_pod(&client, "default", "legacy-1", "10.98.7.5").await;
+
+    let events = Api::namespaced(client.clone(), "default");
+    let warned = common::events::events_on(&events, "DuplicateIP", 2).await;
+    let note = warned[0].note.clone().unwrap_or_default();
+    assert!(
+        note.contains("IP 10.98.7.5 is carried by 2 live pods: default/legacy-0, default/legacy-1 (the oldest, default/legacy-0, keeps it"),
+        "{note}"
+    );
+    let (_, exposition) = replica.admin_get("/metrics").await;
+    assert!(
+        exposition.contains("ip_webhook_duplicate_ips 1\n"),
+        "{exposition}"
+    );
+
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    pods.delete("legacy-1", &Default::default()).await.unwrap();
+    eventually(
+        "the duplicate to clear",
+        Duration::from_secs(20),
+        || async {
+            let (_, exposition) = replica.admin_get("/metrics").await;
+            exposition
+                .contains("ip_webhook_duplicate_ips 0\n")
+                .then_some(())
+        },
+    )
+    .await;
+    let response = replica
+        .mutate(&create("s-1", static_pod("x", "10.98.7.5")))
+        .await;
+    assert_eq!(response["allowed"], false, "{response}");
+    assert_eq!(
+        message(&response),
+        "static IP 10.98.7.5 requested by default/x is already used by pod default/legacy-0"
+    );
+}

@@ -4,12 +4,12 @@
 fn chart_crds_match_the_rust_types() {
     let shipped = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/deploy/helm/ip-webhook/crds/ip-webhook-crds.yaml"
+        "/deploy/helm/ip-webhook/files/crds.yaml"
     ))
     .expect("the chart's CRD file exists");
     assert!(
         shipped == ip_webhook::crd::crds_yaml(),
-        "deploy/helm/ip-webhook/crds/ip-webhook-crds.yaml is stale; regenerate it with \
-         `cargo run -- crds > deploy/helm/ip-webhook/crds/ip-webhook-crds.yaml`"
+        "deploy/helm/ip-webhook/files/crds.yaml is stale; regenerate it with \
+         `cargo run -- crds > deploy/helm/ip-webhook/files/crds.yaml`"
     );
 }

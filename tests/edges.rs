@@ -10,7 +10,8 @@ mod rbac;
 
 use std::time::{Duration, Instant};
 
-use common::{allocated_ip, apply, create, eventually, pod};
+use common::node_loss::{delete_pod, make_node, running_pod, set_ready};
+use common::{allocated_ip, create, eventually, pod};
 use fakeapi::{FakeApi, bound_claim, create_spec, install_crd_fixture};
 use ip_webhook::cluster::cni::kube_ovn_subnets;
 use ip_webhook::cluster::kube_ovn_reservation::kube_ovn_ippools;
@@ -19,100 +20,12 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::events::v1::Event;
 use kube::Api;
-use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, DynamicObject, ListParams, PostParams};
 use rbac::assert_rbac_covers;
 use serde_json::json;
 
 fn used(group: &str, resource: &str, verb: &str) -> (String, String, String) {
     (group.into(), resource.into(), verb.into())
-}
-
-/// An RFC 3339 time `ago` seconds before now, whole seconds (as the API server writes it).
-fn seconds_ago(ago: u64) -> String {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
-    k8s_openapi::jiff::Timestamp::from_second((now - ago) as i64)
-        .unwrap()
-        .to_string()
-}
-
-/// Set a node's Ready condition (`True`, `False` or `Unknown`), changed `ago` seconds ago.
-async fn set_ready(nodes: &Api<Node>, name: &str, status: &str, ago: u64) {
-    let patch = json!({"status": {"conditions": [
-        {"type": "MemoryPressure", "status": "False", "lastTransitionTime": seconds_ago(3600)},
-        {"type": "Ready", "status": status, "lastTransitionTime": seconds_ago(ago),
-         "reason": "NodeStatusUnknown", "message": "Kubelet stopped posting node status."},
-    ]}});
-    nodes
-        .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .unwrap();
-}
-
-async fn make_node(nodes: &Api<Node>, name: &str) {
-    let node: Node = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
-    nodes.create(&PostParams::default(), &node).await.unwrap();
-    set_ready(nodes, name, "True", 3600).await;
-}
-
-/// A pod of `owner_kind` on `node`, admitted by the webhook (its list is one IP), persisted
-/// with a finalizer (so it stays Terminating, as on a dead node whose kubelet never confirms)
-/// and running on its IP. Returns the persisted pod.
-async fn running_pod(
-    server: &common::TestServer,
-    pods: &Api<Pod>,
-    (name, app, owner_kind, node, ip): (&str, &str, &str, &str, &str),
-) -> Pod {
-    let mut object = pod("default", app, "", Some(ip));
-    object["metadata"]["name"] = json!(name);
-    object["metadata"]["ownerReferences"] = json!([{
-        "apiVersion": if owner_kind == "Job" { "batch/v1" } else { "apps/v1" },
-        "kind": owner_kind, "name": app, "uid": format!("uid-{app}"), "controller": true,
-    }]);
-    object["spec"]["nodeName"] = json!(node);
-    let response = server
-        .mutate(&create(&format!("create-{name}"), object.clone()))
-        .await;
-    assert_eq!(allocated_ip(&response), ip, "{response}");
-    let mut persisted = apply(&object, &response);
-    persisted["metadata"]["finalizers"] = json!(["test.ip-webhook.io/stuck"]);
-    let created = pods
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(persisted).unwrap(),
-        )
-        .await
-        .unwrap();
-    let status = json!({"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}});
-    pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
-        .await
-        .unwrap();
-    created
-}
-
-/// The pod's deletion as the API server makes it: its DELETE review, then the deletion with
-/// a grace of 1 s (the pod stays, Terminating, held by its finalizer).
-async fn delete_pod(server: &common::TestServer, pods: &Api<Pod>, pod: &Pod) {
-    let mut review = common::review(
-        "v1",
-        &format!("delete-{}", pod.metadata.uid.as_deref().unwrap()),
-        "DELETE",
-        None,
-        Some(serde_json::to_value(pod).unwrap()),
-        false,
-    );
-    review["request"]["name"] = json!(pod.metadata.name);
-    review["request"]["options"] = json!({"gracePeriodSeconds": 1});
-    let answer = server.mutate(&review).await;
-    assert_eq!(answer["allowed"], true, "{answer}");
-    pods.delete(
-        pod.metadata.name.as_deref().unwrap(),
-        &DeleteParams::default().grace_period(1),
-    )
-    .await
-    .unwrap();
 }
 
 async fn claim_exists(claims: &Api<IPClaim>, ip: &str) -> bool {

@@ -16,6 +16,7 @@ mod rbac;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::events::events_with_reason;
 use common::{TestServer, allocated_ip, apply, create, eventually, message, pod};
 use fakeapi::{FakeApi, bound_claim, create_spec, persist_pod, wait_ready};
 use ip_webhook::cluster::cni::{
@@ -108,17 +109,6 @@ async fn a_restarted_replica_rebuilds_its_books_from_ipclaims() {
         message(&response).contains("all 2 allocatable IPs are held"),
         "{response}"
     );
-}
-
-async fn events_with_reason(events: &Api<Event>, reason: &str) -> Vec<Event> {
-    events
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|e| e.reason.as_deref() == Some(reason))
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1346,19 +1336,7 @@ async fn duplicates_are_reported_and_a_bare_label_is_not_adopted() {
         .unwrap();
 
     let events: Api<Event> = Api::namespaced(client.clone(), "default");
-    let warned = eventually(
-        "DuplicateIP events on both pods",
-        Duration::from_secs(20),
-        || async {
-            let found = events_with_reason(&events, "DuplicateIP").await;
-            let on: std::collections::BTreeSet<String> = found
-                .iter()
-                .filter_map(|e| e.regarding.as_ref()?.name.clone())
-                .collect();
-            (on.len() == 2).then_some(found)
-        },
-    )
-    .await;
+    let warned = common::events::events_on(&events, "DuplicateIP", 2).await;
     assert_eq!(warned[0].type_.as_deref(), Some("Warning"));
     let note = warned[0].note.clone().unwrap_or_default();
     assert!(

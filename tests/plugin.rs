@@ -1,6 +1,6 @@
 //! The kubectl plugin (issue 20): the binary linked as `kubectl-ipw` says `kubectl ipw` in its
 //! help, usage and errors, takes kubectl's --kubeconfig, --context and -n, and real kubectl's
-//! plugin discovery finds and runs it.
+//! plugin discovery finds and runs it, also as `ip-webhook plugin install` puts it in place.
 
 mod common;
 #[path = "common/fakeapi.rs"]
@@ -390,4 +390,77 @@ fn the_krew_manifest_passes_krews_validation_rules() {
         assert!(uri.contains(".example.invalid/"), "{uri}");
     }
     assert!(text.starts_with("# A krew plugin manifest") && text.contains("PLACEHOLDER"));
+}
+
+/// `ip-webhook plugin install` (docs/install.md): with no --dir the link goes next to the
+/// binary (as after `cargo install`, in a directory on PATH), and real kubectl's plugin
+/// discovery then lists and runs it.
+#[test]
+fn plugin_install_puts_kubectl_ipw_where_kubectl_finds_it() {
+    // The binary in a directory of its own, as `cargo install` leaves it (a hard link where
+    // the filesystem allows, so nothing large is copied).
+    let root = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let bin = root.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let binary = bin.join("ip-webhook");
+    let built = env!("CARGO_BIN_EXE_ip-webhook");
+    if std::fs::hard_link(built, &binary).is_err() {
+        std::fs::copy(built, &binary).unwrap();
+    }
+    let home = tempfile::tempdir().unwrap();
+    let in_shell = |program: &Path, args: &[&str]| {
+        let out = Command::new(program)
+            .args(args)
+            .env("PATH", &bin)
+            .env("HOME", home.path())
+            .env_remove("KUBECONFIG")
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .output()
+            .unwrap_or_else(|e| panic!("running {}: {e}", program.display()));
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+
+    let (code, out, err) = in_shell(&binary, &["plugin", "install"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let link = bin.join("kubectl-ipw");
+    assert!(
+        out.contains(&format!("installed {}", link.display())),
+        "{out}"
+    );
+    assert!(out.contains("kubectl ipw --help runs it"), "{out}");
+    assert_eq!(
+        std::fs::read_link(&link).unwrap(),
+        binary.canonicalize().unwrap()
+    );
+    // Again: nothing to do, and still success.
+    let (code, out, _) = in_shell(&binary, &["plugin", "install"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("is already"), "{out}");
+    // Another file of that name is not replaced without --force, and the refusal names it.
+    let elsewhere = tempfile::tempdir().unwrap();
+    std::fs::write(elsewhere.path().join("kubectl-ipw"), "#!/bin/sh\n").unwrap();
+    let dir = elsewhere.path().to_str().unwrap();
+    let (code, _, err) = in_shell(&binary, &["plugin", "install", "--dir", dir]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains(dir) && err.contains("--force"), "{err}");
+
+    let kubectl = kubectl();
+    let (code, out, err) = in_shell(&kubectl, &["plugin", "list"]);
+    assert_eq!(code, 0, "kubectl plugin list:\n{out}{err}");
+    assert!(out.contains(&link.display().to_string()), "{out}{err}");
+    let (code, help, err) = in_shell(&kubectl, &["ipw", "--help"]);
+    assert_eq!(code, 0, "kubectl ipw --help:\n{help}{err}");
+    assert!(
+        help.contains("Usage: kubectl ipw [OPTIONS] <COMMAND>"),
+        "{help}"
+    );
+    // The install command itself is not shown to kubectl users.
+    assert!(
+        !help.lines().any(|l| l.trim_start().starts_with("plugin ")),
+        "{help}"
+    );
 }

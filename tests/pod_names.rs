@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use common::{TestServer, apply, create, eventually, message, pod, review};
 use fakeapi::FakeApi;
+use ip_webhook::crd::FixedIPPool;
 use ip_webhook::ledger::Phase;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
@@ -40,6 +41,8 @@ struct Mode {
     name: &'static str,
     server: TestServer,
     pods: Option<Api<Pod>>,
+    /// In-cluster: the API server's client.
+    client: Option<kube::Client>,
     // kept alive for the test
     _fake: Option<FakeApi>,
     #[cfg(feature = "etcd")]
@@ -51,6 +54,7 @@ async fn embedded(extra: &[&str]) -> Mode {
         name: "embedded",
         server: TestServer::start(extra).await,
         pods: None,
+        client: None,
         _fake: None,
         #[cfg(feature = "etcd")]
         _etcd: None,
@@ -64,7 +68,8 @@ async fn in_cluster(extra: &[&str]) -> Mode {
     Mode {
         name: "in-cluster",
         server,
-        pods: Some(Api::namespaced(client, "default")),
+        pods: Some(Api::namespaced(client.clone(), "default")),
+        client: Some(client),
         _fake: Some(fake),
         #[cfg(feature = "etcd")]
         _etcd: None,
@@ -82,6 +87,7 @@ async fn etcd(test: &str, extra: &[&str]) -> Mode {
         name: "etcd",
         server: TestServer::start(&args).await,
         pods: None,
+        client: None,
         _fake: None,
         _etcd: Some(cluster),
     }
@@ -106,7 +112,7 @@ impl Mode {
         stored["metadata"]["name"] = json!(name);
         stored["metadata"]["uid"] = json!(format!("uid-{name}"));
         // in-cluster the API server's store picks the UID: stored first, validated with it
-        if let Some(pods) = &self.pods {
+        if let Some(pods) = self.pods_of(&stored) {
             let pod: Pod = serde_json::from_value(stored.clone()).unwrap();
             let created = pods.create(&Default::default(), &pod).await.unwrap();
             stored = serde_json::to_value(&created).unwrap();
@@ -116,12 +122,90 @@ impl Mode {
             .validate(&create(&next_uid("v"), stored.clone()))
             .await;
         if validated["allowed"] != true {
-            if let Some(pods) = &self.pods {
+            if let Some(pods) = self.pods_of(&stored) {
                 pods.delete(name, &DeleteParams::default()).await.unwrap();
             }
             return Err(message(&validated));
         }
         Ok(stored)
+    }
+
+    /// In-cluster: the pods of `object`'s namespace (`default` for the namespace the
+    /// scenarios use most, where `pods` points).
+    fn pods_of(&self, object: &Value) -> Option<Api<Pod>> {
+        let namespace = object["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("default");
+        match (&self.client, namespace) {
+            (_, "default") => self.pods.clone(),
+            (Some(client), namespace) => Some(Api::namespaced(client.clone(), namespace)),
+            (None, _) => None,
+        }
+    }
+
+    /// The FixedIPPools of `yaml`: in-cluster created through the API server (and waited
+    /// for), elsewhere given with `--pools-file` when the server started.
+    async fn with_pools(&self, yaml: &str) {
+        let Some(client) = &self.client else {
+            return;
+        };
+        let pools: Api<FixedIPPool> = Api::all(client.clone());
+        let wanted: Vec<FixedIPPool> = serde_yaml::from_str(yaml).unwrap();
+        for pool in &wanted {
+            pools.create(&Default::default(), pool).await.unwrap();
+        }
+        let webhook = &self.server.launched.webhook;
+        eventually(
+            "the FixedIPPools to be watched",
+            Duration::from_secs(10),
+            || async { (webhook.pools.load().iter().count() == wanted.len()).then_some(()) },
+        )
+        .await;
+    }
+
+    /// The namespaces the scenario's pods live in (in-cluster the API server wants them).
+    async fn with_namespaces(&self, names: &[&str]) {
+        let Some(client) = &self.client else {
+            return;
+        };
+        let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+        for name in names {
+            let namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+            namespaces
+                .create(&Default::default(), &namespace)
+                .await
+                .unwrap();
+        }
+    }
+
+    /// A workload CREATE: `/validate`, then (in-cluster) stored, and waited for until the
+    /// workload watch has it (in-cluster the watches, not admissions, feed the registry).
+    async fn workload(&self, review: &Value) -> Value {
+        let answer = self.server.validate(review).await;
+        if let (Some(client), true) = (&self.client, answer["allowed"] == true) {
+            let object = &review["request"]["object"];
+            let namespace = object["metadata"]["namespace"].as_str().unwrap();
+            let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+                Api::namespaced(client.clone(), namespace);
+            let mut typed: k8s_openapi::api::apps::v1::Deployment =
+                serde_json::from_value(object.clone()).unwrap();
+            let spec = typed.spec.get_or_insert_with(Default::default);
+            let app = object["spec"]["template"]["metadata"]["labels"]["app"].clone();
+            spec.selector = serde_json::from_value(json!({"matchLabels": {"app": app}})).unwrap();
+            let before = self.server.launched.webhook.workloads.len();
+            deployments
+                .create(&Default::default(), &typed)
+                .await
+                .unwrap();
+            let webhook = &self.server.launched.webhook;
+            eventually(
+                "the workload watch to see it",
+                Duration::from_secs(10),
+                || async { (webhook.workloads.len() > before).then_some(()) },
+            )
+            .await;
+        }
+        answer
     }
 
     /// The UPDATE review of `old` becoming `new`.
@@ -548,12 +632,9 @@ fn in_namespace(mut object: Value, namespace: &str) -> Value {
 /// IPs are refused (app label or not) and a `prod` pod's static IP counts in blue's usage;
 /// IPs `prod/web` lists are refused to a bare `dev` pod, listed or named, and `prod/web`
 /// still gets them.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn static_ips_keep_to_pool_and_app_policy() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("pools.yaml");
-    std::fs::write(&file, POOLS).unwrap();
-    let mode = embedded(&["--pools-file", file.to_str().unwrap()]).await;
+async fn static_ips_keep_to_pool_and_app_policy(mode: Mode) {
+    mode.with_namespaces(&["dev", "prod"]).await;
+    mode.with_pools(POOLS).await;
     for (i, app) in [Some("db"), None, Some("db"), None].into_iter().enumerate() {
         let object = in_namespace(
             static_pod(
@@ -600,8 +681,7 @@ async fn static_ips_keep_to_pool_and_app_policy() {
     assert_eq!((blue.held, blue.free), (1, Some(253)), "{blue:?}");
 
     let web = mode
-        .server
-        .validate(&deployment(
+        .workload(&deployment(
             "prod",
             "web",
             "web",
@@ -653,18 +733,49 @@ async fn static_ips_keep_to_pool_and_app_policy() {
         .await
         .unwrap();
     }
-    assert_eq!(webhook.allocator.held_by_app("prod", "web"), 2);
+    assert_eq!(
+        webhook.allocator.held_by_app("prod", "web"),
+        2,
+        "{}",
+        mode.name
+    );
+}
+
+/// `--pools-file` for the modes with no API server to hold FixedIPPools.
+fn pools_file() -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("pools.yaml");
+    std::fs::write(&file, POOLS).unwrap();
+    let path = file.display().to_string();
+    (dir, path)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn static_ip_policy_embedded() {
+    let (_dir, file) = pools_file();
+    static_ips_keep_to_pool_and_app_policy(embedded(&["--pools-file", &file]).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn static_ip_policy_in_cluster() {
+    static_ips_keep_to_pool_and_app_policy(in_cluster(&[]).await).await;
+}
+
+#[cfg(feature = "etcd")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn static_ip_policy_etcd() {
+    let (_dir, file) = pools_file();
+    let mode = etcd("static_ip_policy_etcd", &["--pools-file", &file]).await;
+    static_ips_keep_to_pool_and_app_policy(mode).await;
 }
 
 /// Kube-OVN `ip_pool` lists are their app's IPs: a Deployment listing them makes another
 /// app's pod naming one refused, and a pod whose `ip_pool` names an IP another app holds is
 /// refused.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kube_ovn_ip_pool_lists_count_as_their_apps_ips() {
-    let mode = embedded(&["--cni", "kube-ovn"]).await;
+async fn kube_ovn_ip_pool_lists_count_as_their_apps_ips(mode: Mode) {
+    mode.with_namespaces(&["dev", "prod"]).await;
     let web = mode
-        .server
-        .validate(&deployment(
+        .workload(&deployment(
             "prod",
             "web",
             "web",
@@ -691,8 +802,7 @@ async fn kube_ovn_ip_pool_lists_count_as_their_apps_ips() {
         "pod dev/o-*: static IP 10.16.0.11 is listed by Deployment prod/web (app prod/web); only that app's pods may have it"
     );
     let db = mode
-        .server
-        .validate(&deployment(
+        .workload(&deployment(
             "dev",
             "db",
             "db",
@@ -729,8 +839,27 @@ async fn kube_ovn_ip_pool_lists_count_as_their_apps_ips() {
     let answer = mode.server.validate(&create("v-q", pooled)).await;
     assert_eq!(
         message(&answer),
-        "pod dev/q-1: annotation ovn.kubernetes.io/ip_pool lists 10.16.0.20, which pod dev/h-1 of app dev/holder holds"
+        "pod dev/q-1: annotation ovn.kubernetes.io/ip_pool lists 10.16.0.20, which pod dev/h-1 of app dev/holder holds",
+        "{}",
+        mode.name
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kube_ovn_ip_pool_embedded() {
+    kube_ovn_ip_pool_lists_count_as_their_apps_ips(embedded(&["--cni", "kube-ovn"]).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kube_ovn_ip_pool_in_cluster() {
+    kube_ovn_ip_pool_lists_count_as_their_apps_ips(in_cluster(&["--cni", "kube-ovn"]).await).await;
+}
+
+#[cfg(feature = "etcd")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kube_ovn_ip_pool_etcd() {
+    let mode = etcd("kube_ovn_ip_pool_etcd", &["--cni", "kube-ovn"]).await;
+    kube_ovn_ip_pool_lists_count_as_their_apps_ips(mode).await;
 }
 
 /// A pod that skipped `/mutate` (a webhook outage with `Ignore`) and names its own IP carries

@@ -21,7 +21,7 @@ use crate::ipam::pools::PoolCatalog;
 #[cfg(feature = "etcd")]
 use crate::ledger::EtcdLedger;
 use crate::ledger::pod_lookup::PodLookup;
-use crate::ledger::{ApiServer, Ledger, OpenOptions, Opened, TimedLedger};
+use crate::ledger::{ApiServer, Ledger, LedgerConfig, OpenOptions, Opened, TimedLedger};
 use crate::metrics::Metrics;
 use crate::server::tls::{self, CertFiles, CertResolver};
 use crate::server::{self, Running};
@@ -349,6 +349,9 @@ pub async fn launch(config: &ServeConfig) -> anyhow::Result<Launched> {
     if let Some(lookup) = &pod_lookup {
         let _ = webhook.pods.set(lookup.clone());
     }
+    if let LedgerConfig::Embedded { state_dir } = &config.webhook.ledger {
+        reloaders.extend(control_socket(state_dir, &webhook, pod_lookup.clone()));
+    }
     reloaders.push(spawn_ledger_prober(
         ledger.clone(),
         webhook.metrics.ledger_health.clone(),
@@ -370,6 +373,35 @@ pub async fn launch(config: &ServeConfig) -> anyhow::Result<Launched> {
         reloaders,
         release_timer,
     })
+}
+
+/// The socket through which `release` frees a claim of the embedded ledger this server
+/// holds. Without it `release` needs the server stopped: worth a warning, not a refusal to
+/// serve (a state dir path too long for a socket, say).
+fn control_socket(
+    state_dir: &std::path::Path,
+    webhook: &Arc<Webhook>,
+    pod_lookup: Option<Arc<dyn PodLookup>>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let unverifiable = pod_lookup.is_none();
+    let control =
+        match crate::ops::control::listen(state_dir, webhook.allocator.clone(), pod_lookup) {
+            Ok(control) => Some(control),
+            Err(error) => {
+                tracing::warn!(
+                    %error,
+                    "`release` cannot reach this server; stop it to release an IP"
+                );
+                None
+            }
+        };
+    if unverifiable {
+        tracing::warn!(
+            "{}",
+            crate::ops::control::unverifiable_claims_note(crate::ops::invocation())
+        );
+    }
+    control
 }
 
 /// With the kubernetes ledger, the watches and the reconciler (ready once the watches have

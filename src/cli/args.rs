@@ -79,6 +79,9 @@ pub enum Command {
     /// Work on the embedded ledger's files: `ledger repair`.
     #[command(subcommand)]
     Ledger(LedgerCommand),
+    /// Install this binary as the kubectl plugin `kubectl ipw`: `plugin install`.
+    #[command(subcommand)]
+    Plugin(super::plugin::PluginCommand),
 }
 
 /// `ip-webhook ledger …`.

@@ -144,6 +144,13 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
         }
         .into());
     }
+    // Off-cluster, on stderr so that the table and -o json/yaml stay the same to a script.
+    if api_server.is_none() && claims.iter().any(Claim::is_held) {
+        eprintln!(
+            "note: {}",
+            crate::ops::control::unverifiable_claims_note(crate::ops::invocation())
+        );
+    }
     if let Some(client) = api_server.map(|a| a.watches) {
         let shown = report.holder_ips();
         let held: Vec<Claim> = claims
@@ -191,9 +198,35 @@ pub async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
     })
 }
 
-/// `release`: free a leaked claim.
+/// `release`: free a leaked claim. On an embedded ledger a running server frees it (it holds
+/// the journal); otherwise the command opens the ledger itself.
 pub async fn release(args: ReleaseArgs) -> anyhow::Result<()> {
+    let request = crate::ops::release::Request {
+        ip: args.ip,
+        force: args.force,
+        namespace: args.namespace.clone(),
+    };
+    let answered = |released: bool, message: String| {
+        if released {
+            crate::cli::emit(&format!("{message}\n"))
+        } else {
+            Err(AnswerIsNo(message).into())
+        }
+    };
     let config = operator_config(&args.source)?;
+    if let LedgerConfig::Embedded { state_dir } = &config.ledger {
+        crate::ledger::open::existing_embedded(state_dir)?;
+        if let Some(reply) = crate::ops::control::ask(state_dir, &request).await? {
+            if reply.failed {
+                bail!(
+                    "the running server could not release {}: {}",
+                    args.ip,
+                    reply.message
+                );
+            }
+            return answered(reply.released, reply.message);
+        }
+    }
     let options = OpenOptions {
         existing: true,
         ..OpenOptions::default()
@@ -204,8 +237,9 @@ pub async fn release(args: ReleaseArgs) -> anyhow::Result<()> {
                 unreachable!("only the embedded ledger fails so")
             };
             return Err(anyhow::Error::new(error).context(format!(
-                "release writes the embedded ledger and needs it to itself: stop the `ip-webhook serve` that uses {} first",
-                state_dir.display()
+                "release writes the embedded ledger and needs it to itself, or the `ip-webhook serve` that uses {} to answer on {}",
+                state_dir.display(),
+                crate::ops::control::socket_path(state_dir).display()
             )));
         }
         opened => opened?,
@@ -228,34 +262,13 @@ pub async fn release(args: ReleaseArgs) -> anyhow::Result<()> {
             ledger.kind()
         ))),
     };
-    if let Some(namespace) = &args.namespace {
-        let claims = ledger.load().await.context("reading the claims")?;
-        let other = claims
-            .iter()
-            .find(|c| c.ip == args.ip && c.is_held() && &c.pod.namespace != namespace);
-        if let Some(claim) = other {
-            ledger.close().await;
-            return Err(AnswerIsNo(format!(
-                "not released: {} is claimed for pod {}, not in namespace {namespace}",
-                args.ip,
-                claim.pod.display()
-            ))
-            .into());
-        }
-    }
-    let outcome =
-        crate::ops::release::release(ledger.as_ref(), pods.as_ref(), args.ip, args.force).await;
+    let outcome = crate::ops::release::release(ledger.as_ref(), pods.as_ref(), &request).await;
     ledger.close().await;
     let outcome = match (through, outcome) {
         (Some(server), Err(e)) => Err(e).with_context(|| format!("releasing through {server}"))?,
         (_, outcome) => outcome.context("releasing")?,
     };
-    let message = outcome.message(&args.ip);
-    if outcome.released() {
-        crate::cli::emit(&format!("{message}\n"))
-    } else {
-        Err(AnswerIsNo(message).into())
-    }
+    answered(outcome.released(), outcome.message(&args.ip))
 }
 
 /// The caBundles of the webhooks in the webhook configurations named `name`, each with where
@@ -356,7 +369,7 @@ async fn drift(args: CheckArgs) -> anyhow::Result<()> {
         report.retain_namespace(namespace);
     }
     print(args.output, &report, || report.to_table())?;
-    match report.drift.len() {
+    match report.drift_count() {
         0 => Ok(()),
         n => Err(AnswerIsNo(format!("{n} drift found")).into()),
     }

@@ -5,6 +5,7 @@ mod args;
 pub mod commands;
 mod config;
 mod parse;
+pub mod plugin;
 
 pub use args::*;
 pub use config::*;
@@ -48,7 +49,7 @@ pub fn command(plugin: bool) -> clap::Command {
     let command = Cli::command();
     if plugin {
         // The server's commands still run, but kubectl users are shown the operator's.
-        ["serve", "review", "crds"]
+        ["serve", "review", "crds", "plugin"]
             .into_iter()
             .fold(command, |c, name| c.mut_subcommand(name, |s| s.hide(true)))
             .name(PLUGIN_FILE)
@@ -131,6 +132,7 @@ fn log_filter(command: &Command) -> Option<&'static str> {
         Command::Release(args) => args.verbosity,
         Command::Check(args) => args.verbosity,
         Command::Ledger(LedgerCommand::Repair(args)) => args.verbosity,
+        Command::Plugin(_) => Verbosity::default(),
     };
     // Without -v, only ip-webhook's own warnings: a client library's error log would repeat
     // the `Error:` line.
@@ -156,6 +158,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             let repair = crate::ledger::embedded::repair::repair(&args.state_dir, args.apply)?;
             emit(&repair.to_string())
         }
+        Command::Plugin(command) => plugin::run(command),
     }
 }
 

@@ -41,6 +41,8 @@ pub struct SlimPod {
     pub deleting_at: Option<u64>,
     /// `metadata.deletionGracePeriodSeconds`: how long its containers may still run.
     pub deletion_grace: Option<u64>,
+    /// `metadata.creationTimestamp` (unix seconds): of two pods on one IP, the older keeps it.
+    pub created_at: u64,
     /// The kind of its controller owner, for node-loss release ([`super::node_loss`]).
     pub controller: Option<super::node_loss::ControllerKind>,
     /// The value of its app label (`--app-label`), empty if none: the reconciler adopts a
@@ -96,6 +98,11 @@ impl SlimPod {
             deletion_grace: meta
                 .deletion_grace_period_seconds
                 .and_then(|g| u64::try_from(g).ok()),
+            created_at: meta
+                .creation_timestamp
+                .as_ref()
+                .and_then(|t| u64::try_from(t.0.as_second()).ok())
+                .unwrap_or(0),
             controller: super::node_loss::ControllerKind::of(meta.owner_references.as_deref()),
             app: meta
                 .labels
@@ -147,9 +154,14 @@ impl OvnIp {
 
 /// B-trees, not hash maps: a hash map doubles all at once under the write lock, and
 /// admissions read `by_ip` (docs/performance.md, "B-trees instead of hash maps").
+///
+/// Invariant: `by_ip` holds an entry for every IP some entry carries; when two or more carry
+/// one IP, `shared` lists all of them (and `by_ip` points at one), so that one carrier going
+/// never hides the others.
 struct Books<T> {
     by_key: BTreeMap<Box<str>, Arc<T>>,
     by_ip: BTreeMap<IpAddr, Arc<T>>,
+    shared: BTreeMap<IpAddr, Vec<Arc<T>>>,
 }
 
 impl<T> Default for Books<T> {
@@ -157,6 +169,7 @@ impl<T> Default for Books<T> {
         Books {
             by_key: BTreeMap::new(),
             by_ip: BTreeMap::new(),
+            shared: BTreeMap::new(),
         }
     }
 }
@@ -179,11 +192,19 @@ impl HasIps for OvnIp {
 
 impl<T: HasIps> Books<T> {
     fn remove(&mut self, key: &str) {
-        if let Some(old) = self.by_key.remove(key) {
-            for ip in old.ips() {
-                if self.by_ip.get(ip).is_some_and(|v| Arc::ptr_eq(v, &old)) {
-                    self.by_ip.remove(ip);
+        let Some(old) = self.by_key.remove(key) else {
+            return;
+        };
+        for ip in old.ips() {
+            if let Some(carriers) = self.shared.get_mut(ip) {
+                carriers.retain(|v| !Arc::ptr_eq(v, &old));
+                let next = carriers[0].clone();
+                if carriers.len() == 1 {
+                    self.shared.remove(ip);
                 }
+                self.by_ip.insert(*ip, next);
+            } else if self.by_ip.get(ip).is_some_and(|v| Arc::ptr_eq(v, &old)) {
+                self.by_ip.remove(ip);
             }
         }
     }
@@ -192,14 +213,35 @@ impl<T: HasIps> Books<T> {
         self.remove(&key);
         let value = Arc::new(value);
         for ip in value.ips() {
-            self.by_ip.insert(*ip, value.clone());
+            match self.by_ip.get(ip) {
+                None => {
+                    self.by_ip.insert(*ip, value.clone());
+                }
+                // The same IP twice in one entry's list.
+                Some(held) if Arc::ptr_eq(held, &value) => {}
+                Some(held) => {
+                    let held = held.clone();
+                    let carriers = self.shared.entry(*ip).or_insert_with(|| vec![held]);
+                    if !carriers.iter().any(|v| Arc::ptr_eq(v, &value)) {
+                        carriers.push(value.clone());
+                    }
+                }
+            }
         }
         self.by_key.insert(key, value);
+    }
+
+    /// Every entry that carries `ip`.
+    fn carriers(&self, ip: &IpAddr) -> impl Iterator<Item = &Arc<T>> {
+        let shared = self.shared.get(ip);
+        let single = self.by_ip.get(ip).filter(|_| shared.is_none());
+        shared.into_iter().flatten().chain(single)
     }
 
     fn replace(&mut self, all: Vec<(Box<str>, T)>) {
         self.by_key.clear();
         self.by_ip.clear();
+        self.shared.clear();
         for (key, value) in all {
             self.upsert(key, value);
         }
@@ -284,6 +326,24 @@ impl ClusterIps {
             .collect()
     }
 
+    /// Every IP that two or more live (not Terminating) indexed pods run on, with those pods,
+    /// oldest first: what `status.podIPs` shows, whoever assigned the IPs.
+    pub fn shared_pod_ips(&self) -> Vec<(IpAddr, Vec<Arc<SlimPod>>)> {
+        read(&self.pods)
+            .shared
+            .iter()
+            .filter_map(|(ip, carriers)| {
+                let mut live: Vec<Arc<SlimPod>> = carriers
+                    .iter()
+                    .filter(|p| p.deleting_at.is_none())
+                    .cloned()
+                    .collect();
+                live.sort_by(|a, b| (a.created_at, &a.uid).cmp(&(b.created_at, &b.uid)));
+                (live.len() > 1).then_some((*ip, live))
+            })
+            .collect()
+    }
+
     /// The IPs of this pod (on a lost node, its claims released) stop counting as used.
     pub fn mark_lost(&self, uid: &str) {
         write(&self.lost).insert(uid.into());
@@ -334,11 +394,10 @@ fn pod_step<T: HasIps>(
 impl ForeignIps for ClusterIps {
     fn user(&self, ip: &IpAddr) -> Option<ForeignUse> {
         let ovn = read(&self.ovn).by_ip.get(ip).cloned();
-        let pod = read(&self.pods)
-            .by_ip
-            .get(ip)
-            .filter(|p| !read(&self.lost).contains(&p.uid))
-            .cloned();
+        let pod = {
+            let (pods, lost) = (read(&self.pods), read(&self.lost));
+            pods.carriers(ip).find(|p| !lost.contains(&p.uid)).cloned()
+        };
         match (pod, ovn) {
             (Some(pod), ovn) => Some(ForeignUse {
                 namespace: pod.namespace.to_string(),
@@ -659,6 +718,7 @@ mod tests {
             ips: vec![ip("10.98.2.7")].into(),
             deleting_at: None,
             deletion_grace: None,
+            created_at: 0,
             controller: None,
             app: "static".into(),
         }]);
@@ -706,6 +766,7 @@ mod tests {
                 ips: vec![ip(addr)].into(),
                 deleting_at: None,
                 deletion_grace: None,
+                created_at: 0,
                 controller: None,
                 app: "".into(),
             }),
@@ -737,5 +798,58 @@ mod tests {
         );
         assert!(index.user(&ip("10.0.0.2")).is_none());
         assert_eq!(index.pod_count(), 1);
+    }
+
+    #[test]
+    fn pods_sharing_an_ip_are_all_kept_and_one_going_leaves_the_others() {
+        let index = ClusterIps::default();
+        let at = |uid: &str, addr: &str, created_at: u64, deleting_at: Option<u64>| SlimPod {
+            namespace: "default".into(),
+            name: uid.into(),
+            uid: uid.into(),
+            node: "".into(),
+            ips: vec![ip(addr), ip(addr)].into(),
+            deleting_at,
+            deletion_grace: None,
+            created_at,
+            controller: None,
+            app: "".into(),
+        };
+        let apply = |pod: SlimPod| {
+            index.pod_event(watcher::Event::Apply(SlimOrGone {
+                key: pod.uid.clone(),
+                value: Some(pod),
+            }))
+        };
+        let delete = |uid: &str| {
+            index.pod_event(watcher::Event::Delete(SlimOrGone {
+                key: uid.into(),
+                value: None,
+            }))
+        };
+        apply(at("old", "10.0.0.1", 10, None));
+        // The same IP twice in one pod's list is not a second pod.
+        assert!(index.shared_pod_ips().is_empty());
+        apply(at("new", "10.0.0.1", 20, None));
+        apply(at("third", "10.0.0.1", 15, None));
+        let shared = index.shared_pod_ips();
+        assert_eq!(shared.len(), 1);
+        let order: Vec<&str> = shared[0].1.iter().map(|p| &*p.uid).collect();
+        assert_eq!(order, ["old", "third", "new"], "oldest first");
+
+        delete("old");
+        delete("third");
+        assert!(index.shared_pod_ips().is_empty());
+        // The one left still counts as using the IP.
+        assert_eq!(index.user(&ip("10.0.0.1")).unwrap().name, "new");
+        apply(at("old", "10.0.0.1", 10, Some(30)));
+        assert!(
+            index.shared_pod_ips().is_empty(),
+            "a Terminating pod is not a duplicate"
+        );
+        delete("new");
+        assert_eq!(index.user(&ip("10.0.0.1")).unwrap().name, "old");
+        delete("old");
+        assert!(index.user(&ip("10.0.0.1")).is_none());
     }
 }

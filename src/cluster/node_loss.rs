@@ -396,6 +396,7 @@ mod tests {
             app: "web".into(),
             deleting_at,
             deletion_grace: deleting_at.map(|_| 30),
+            created_at: 0,
             controller,
         }
     }

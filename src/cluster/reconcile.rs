@@ -1,6 +1,7 @@
 //! The reconciler's decisions, as a pure function of what the caches hold and the time, so
 //! every rule is testable without an API server; and the executor that carries them out.
 
+use super::index::SlimPod;
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -32,6 +33,21 @@ pub struct PodInfo {
 }
 
 impl PodInfo {
+    /// A pod as the pod-IP index saw it run: its IPs from `status.podIPs`, no claim token.
+    fn running(pod: &SlimPod) -> PodInfo {
+        PodInfo {
+            namespace: pod.namespace.to_string(),
+            name: pod.name.to_string(),
+            uid: pod.uid.to_string(),
+            ips: pod.ips.to_vec(),
+            created_at: pod.created_at,
+            terminating: pod.deleting_at.is_some(),
+            stateful: pod.controller == Some(super::node_loss::ControllerKind::StatefulSet),
+            app: pod.app.to_string(),
+            token: None,
+        }
+    }
+
     pub fn identity(&self) -> PodIdentity<'_> {
         PodIdentity {
             namespace: &self.namespace,
@@ -136,7 +152,7 @@ pub fn plan_list_adoptions(
     plan: &mut Plan,
     claims: &[Arc<IPClaim>],
     pods: &HashMap<String, PodInfo>,
-    running: &[Arc<super::index::SlimPod>],
+    running: &[Arc<SlimPod>],
     lists: &dyn AppLists,
 ) {
     let mut taken: HashSet<IpAddr> = claims
@@ -235,6 +251,37 @@ pub fn duplicates(pods: &HashMap<String, PodInfo>) -> Vec<Duplicate> {
         .collect();
     out.sort_by_key(|d| d.ip);
     out
+}
+
+/// Add to `found` (what pods carry: our label and the CNI annotations) the IPs pods run on
+/// (`status.podIPs`, from the pod-IP index, whoever assigned them): one entry per IP, each
+/// pod once, oldest first.
+pub fn add_running_duplicates(
+    found: &mut Vec<Duplicate>,
+    running: Vec<(IpAddr, Vec<Arc<SlimPod>>)>,
+) {
+    for (ip, pods) in running {
+        let index = match found.iter().position(|d| d.ip == ip) {
+            Some(index) => index,
+            None => {
+                found.push(Duplicate {
+                    ip,
+                    pods: Vec::new(),
+                });
+                found.len() - 1
+            }
+        };
+        let duplicate = &mut found[index];
+        for pod in pods {
+            if !duplicate.pods.iter().any(|p| *p.uid == *pod.uid) {
+                duplicate.pods.push(PodInfo::running(&pod));
+            }
+        }
+        duplicate
+            .pods
+            .sort_by(|a, b| (a.created_at, &a.uid).cmp(&(b.created_at, &b.uid)));
+    }
+    found.sort_by_key(|d| d.ip);
 }
 
 impl Plan {
@@ -968,7 +1015,6 @@ mod tests {
 #[cfg(test)]
 mod list_adoption_tests {
     use super::*;
-    use crate::cluster::index::SlimPod;
 
     const T0: u64 = 1_700_000_000;
 
@@ -997,6 +1043,7 @@ mod list_adoption_tests {
             app: app.into(),
             deleting_at: None,
             deletion_grace: None,
+            created_at: 0,
             controller: None,
         })
     }

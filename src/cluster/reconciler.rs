@@ -98,6 +98,10 @@ impl Reconciler {
             let done = self.executor.run(&plan).await;
             tracing::debug!(planned = plan.actions.len(), done, "reconcile pass");
         }
+        reconcile::add_running_duplicates(
+            &mut plan.duplicates,
+            self.caches.cluster_ips.shared_pod_ips(),
+        );
         self.executor.report_duplicates(&plan.duplicates).await;
         let pools: Vec<IPPool> = lock(&self.caches.pools).values().cloned().collect();
         let catalog = tolerant_catalog(&lock(&self.caches.pools));

@@ -233,7 +233,7 @@ async fn embedded_copy(state_dir: &Path) -> Result<MemoryLedger, OpenError> {
 }
 
 /// That `dir` is a state dir holding an embedded ledger, checked without creating anything.
-fn existing_embedded(dir: &Path) -> Result<(), OpenError> {
+pub fn existing_embedded(dir: &Path) -> Result<(), OpenError> {
     if !dir.is_dir() {
         return Err(OpenError::NoLedger(format!(
             "no embedded ledger: {} does not exist (give the --state-dir of `ip-webhook serve`)",

@@ -1,6 +1,7 @@
 //! The operator commands' logic, independent of the command line: `status`, `explain`,
 //! `release`, `check` (the doctor) and `check --drift`.
 
+pub mod control;
 pub mod doctor;
 pub mod drift;
 pub mod explain;

@@ -6,6 +6,17 @@ use std::net::IpAddr;
 use crate::ledger::pod_lookup::{PodLookup, PodState};
 use crate::ledger::{Claim, Ledger, LedgerError};
 
+/// What the operator asks to free.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Request {
+    pub ip: IpAddr,
+    /// Free it even when the pod still runs or cannot be checked.
+    pub force: bool,
+    /// Free it only if its pod is in this namespace (kubectl's -n, as a guard: an IP names its
+    /// claim cluster-wide).
+    pub namespace: Option<String>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     /// Freed; `forced` when the pod was live or could not be checked.
@@ -18,6 +29,11 @@ pub enum Outcome {
     Unchecked { claim: Box<Claim>, why: String },
     /// The claim changed while we looked (another admission or the reconciler); not freed.
     Changed(Box<Claim>),
+    /// The claim's pod is not in the namespace the operator named; not freed.
+    OtherNamespace {
+        claim: Box<Claim>,
+        namespace: String,
+    },
 }
 
 impl Outcome {
@@ -53,6 +69,10 @@ impl Outcome {
                 claim.pod.display(),
                 about(claim)
             ),
+            Outcome::OtherNamespace { claim, namespace } => format!(
+                "not released: {ip} is claimed for pod {}, not in namespace {namespace}",
+                claim.pod.display()
+            ),
             Outcome::Changed(claim) => format!(
                 "not released: the claim on {} changed while releasing it; look again with `{} status`",
                 about(claim),
@@ -66,26 +86,47 @@ impl Outcome {
     }
 }
 
-/// Release the held claim on `ip`, if its pod is gone (or `force`).
+/// Release the held claim on `request.ip`, if its pod is gone (or `request.force`).
 pub async fn release(
     ledger: &dyn Ledger,
     pods: &dyn PodLookup,
-    ip: IpAddr,
-    force: bool,
+    request: &Request,
 ) -> Result<Outcome, LedgerError> {
-    let Some(claim) = ledger
-        .load()
-        .await?
+    let claims = ledger.load().await?;
+    release_from(claims, pods, request, async |claim| {
+        ledger.release(claim).await
+    })
+    .await
+}
+
+/// The one rule of `release`, over `claims` as the caller sees them; `free` frees a claim and
+/// says whether it was still as seen (the running server frees through its allocator, so its
+/// held set and the ledger agree).
+pub async fn release_from(
+    claims: impl IntoIterator<Item = Claim>,
+    pods: &dyn PodLookup,
+    request: &Request,
+    free: impl AsyncFnOnce(&Claim) -> Result<bool, LedgerError>,
+) -> Result<Outcome, LedgerError> {
+    let Some(claim) = claims
         .into_iter()
-        .find(|c| c.ip == ip && c.is_held())
+        .find(|c| c.ip == request.ip && c.is_held())
     else {
         return Ok(Outcome::NotHeld);
     };
+    if let Some(namespace) = &request.namespace
+        && &claim.pod.namespace != namespace
+    {
+        return Ok(Outcome::OtherNamespace {
+            claim: Box::new(claim),
+            namespace: namespace.clone(),
+        });
+    }
     let forced = match pods.state(&claim).await {
         PodState::Gone => false,
-        PodState::Live if force => true,
+        PodState::Live if request.force => true,
         PodState::Live => return Ok(Outcome::PodLive(Box::new(claim))),
-        PodState::Unknown(_) if force => true,
+        PodState::Unknown(_) if request.force => true,
         PodState::Unknown(why) => {
             return Ok(Outcome::Unchecked {
                 claim: Box::new(claim),
@@ -93,7 +134,7 @@ pub async fn release(
             });
         }
     };
-    if ledger.release(&claim).await? {
+    if free(&claim).await? {
         Ok(Outcome::Released {
             claim: Box::new(claim),
             forced,
@@ -104,7 +145,7 @@ pub async fn release(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::ledger::pod_lookup::NoPodList;
     use crate::ledger::{CreateOutcome, MemoryLedger, Phase, PodRef, Source};
@@ -119,15 +160,16 @@ mod tests {
         }
     }
 
-    async fn ledger_with(ip: &str) -> MemoryLedger {
-        let ledger = MemoryLedger::new();
-        let claim = Claim {
+    /// A Bound claim of app `web` for pod `namespace/web-0` (UID `u1`), on `ip`.
+    pub(crate) fn bound(ip: &str, namespace: &str) -> Claim {
+        Claim {
             ip: ip.parse().unwrap(),
             app: "web".into(),
             pool: None,
             pod: PodRef {
-                namespace: "default".into(),
+                namespace: namespace.into(),
                 name: "web-0".into(),
+                uid: Some("u1".into()),
                 ..Default::default()
             },
             request_uid: "r".into(),
@@ -139,12 +181,24 @@ mod tests {
             token: String::new(),
             release_at: None,
             sticky: false,
-        };
+        }
+    }
+
+    async fn ledger_with(ip: &str) -> MemoryLedger {
+        let ledger = MemoryLedger::new();
         assert_eq!(
-            ledger.create(claim.clone().into()).await.unwrap(),
+            ledger.create(bound(ip, "default").into()).await.unwrap(),
             CreateOutcome::Created
         );
         ledger
+    }
+
+    fn ask(ip: IpAddr, force: bool) -> Request {
+        Request {
+            ip,
+            force,
+            namespace: None,
+        }
     }
 
     fn held(ledger_claims: &[Claim]) -> usize {
@@ -155,11 +209,11 @@ mod tests {
     async fn a_live_or_unknown_pod_needs_force() {
         let ip: IpAddr = "10.0.0.1".parse().unwrap();
         let ledger = ledger_with("10.0.0.1").await;
-        let live = release(&ledger, &Fixed(PodState::Live), ip, false)
+        let live = release(&ledger, &Fixed(PodState::Live), &ask(ip, false))
             .await
             .unwrap();
         assert!(matches!(live, Outcome::PodLive(_)), "{live:?}");
-        let unknown = release(&ledger, &NoPodList("off-cluster".into()), ip, false)
+        let unknown = release(&ledger, &NoPodList("off-cluster".into()), &ask(ip, false))
             .await
             .unwrap();
         assert!(
@@ -170,7 +224,7 @@ mod tests {
             unknown.message(&ip)
         );
         assert_eq!(held(&ledger.load().await.unwrap()), 1);
-        let forced = release(&ledger, &NoPodList("off-cluster".into()), ip, true)
+        let forced = release(&ledger, &NoPodList("off-cluster".into()), &ask(ip, true))
             .await
             .unwrap();
         assert_eq!(
@@ -178,7 +232,7 @@ mod tests {
             "released 10.0.0.1 (Bound, held by pod default/web-0 of app default/web since 1970-01-01T00:00:00Z) (forced); it can be allocated again"
         );
         assert_eq!(held(&ledger.load().await.unwrap()), 0);
-        let again = release(&ledger, &Fixed(PodState::Gone), ip, false)
+        let again = release(&ledger, &Fixed(PodState::Gone), &ask(ip, false))
             .await
             .unwrap();
         assert_eq!(again, Outcome::NotHeld);
@@ -188,7 +242,7 @@ mod tests {
     async fn a_gone_pod_is_released_without_force() {
         let ip: IpAddr = "10.0.0.2".parse().unwrap();
         let ledger = ledger_with("10.0.0.2").await;
-        let outcome = release(&ledger, &Fixed(PodState::Gone), ip, false)
+        let outcome = release(&ledger, &Fixed(PodState::Gone), &ask(ip, false))
             .await
             .unwrap();
         assert!(

@@ -152,11 +152,7 @@ pub fn self_signed_in(dir: &Path, dns_names: &[String]) -> Result<(SelfSigned, K
     ) {
         (Ok(cert), Ok(key)) => rcgen::KeyPair::from_pem(&key)
             .ok()
-            .filter(|_| {
-                CertificateDer::pem_slice_iter(cert.as_bytes())
-                    .next()
-                    .is_some()
-            })
+            .filter(|key| ca_pair_matches(&cert, key))
             .map(|key| (cert, key)),
         _ => None,
     };
@@ -168,8 +164,10 @@ pub fn self_signed_in(dir: &Path, dns_names: &[String]) -> Result<(SelfSigned, K
             let cert = ca_params(Some(now + days(SELF_SIGNED_CA_DAYS)))?
                 .self_signed(&key)
                 .map_err(generate)?;
+            // Each file whole or not at all; a crash between the two leaves a key that does
+            // not match the certificate, which the next start replaces as a pair.
             write_secret(&ca_key, &key.serialize_pem())?;
-            std::fs::write(&ca_crt, cert.pem()).map_err(io(&ca_crt))?;
+            write_whole(&ca_crt, cert.pem().as_bytes(), 0o644)?;
             (cert.pem(), key)
         }
     };
@@ -200,7 +198,7 @@ pub fn self_signed_in(dir: &Path, dns_names: &[String]) -> Result<(SelfSigned, K
                 Some(now + days(SELF_SIGNED_VALIDITY_DAYS)),
             )?;
             write_secret(&tls_key, &key)?;
-            std::fs::write(&tls_crt, &cert).map_err(io(&tls_crt))?;
+            write_whole(&tls_crt, cert.as_bytes(), 0o644)?;
             (cert, key)
         }
     };
@@ -214,22 +212,55 @@ pub fn self_signed_in(dir: &Path, dns_names: &[String]) -> Result<(SelfSigned, K
     ))
 }
 
-/// Write a private key readable by its owner only.
+/// Write a private key readable by its owner only, whole or not at all.
 pub(super) fn write_secret(path: &Path, text: &str) -> Result<(), TlsError> {
+    write_whole(path, text.as_bytes(), 0o600)
+}
+
+/// Write `bytes` to `path` whole or not at all (a temp file, fsync, rename, directory fsync): a
+/// full disk or a crash never leaves an empty or cut key or certificate behind.
+fn write_whole(path: &Path, bytes: &[u8], mode: u32) -> Result<(), TlsError> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let error = |e: std::io::Error| TlsError::Read {
         path: path.display().to_string(),
-        reason: e.to_string(),
+        reason: format!("cannot write it: {e}"),
     };
-    let mut file = std::fs::OpenOptions::new()
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = std::path::PathBuf::from(tmp);
+    let written = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .map_err(error)?;
-    file.write_all(text.as_bytes()).map_err(error)
+        .mode(mode)
+        .open(&tmp)
+        .and_then(|mut file| {
+            file.write_all(bytes)?;
+            file.sync_all()
+        })
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(error(e));
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(error)?;
+    }
+    Ok(())
+}
+
+/// Whether `key` is the key of the first certificate in `cert_pem`.
+fn ca_pair_matches(cert_pem: &str, key: &rcgen::KeyPair) -> bool {
+    let Some(Ok(der)) = CertificateDer::pem_slice_iter(cert_pem.as_bytes()).next() else {
+        return false;
+    };
+    x509_parser::parse_x509_certificate(&der).is_ok_and(|(_, cert)| {
+        use rcgen::PublicKeyData;
+        cert.tbs_certificate.subject_pki.raw == key.subject_public_key_info().as_slice()
+    })
 }
 
 /// Whether a kept serving certificate may be served again: it matches its key, the CA signed

@@ -685,4 +685,40 @@ mod tests {
         assert!(kept.new_cert, "{kept:?}");
         assert_ne!(served.cert_pem, other.cert_pem);
     }
+
+    /// A CA key cut short or not the certificate's (a crash between the two writes of an older
+    /// release) is replaced as a pair, so the chain served always verifies; the files are
+    /// written whole (no temp file is left).
+    #[test]
+    fn a_ca_key_that_is_cut_or_not_the_certificates_is_replaced_as_a_pair() {
+        let dir = tempfile::tempdir().unwrap();
+        let (first, _) = self_signed_in(dir.path(), &[]).unwrap();
+        let other_ca_key = {
+            let scratch = tempfile::tempdir().unwrap();
+            self_signed_in(scratch.path(), &[]).unwrap();
+            std::fs::read_to_string(scratch.path().join("ca.key")).unwrap()
+        };
+        std::fs::write(dir.path().join("ca.key"), &other_ca_key).unwrap();
+        let (replaced, kept) = self_signed_in(dir.path(), &[]).unwrap();
+        assert!(kept.new_ca && kept.new_cert, "{kept:?}");
+        assert_ne!(replaced.ca_pem, first.ca_pem);
+        assert!(leaf_still_good(
+            replaced.cert_pem.as_bytes(),
+            replaced.key_pem.as_bytes(),
+            replaced.ca_pem.as_bytes(),
+            &[],
+            jiff::Timestamp::now()
+        ));
+
+        let cut = std::fs::read_to_string(dir.path().join("ca.key")).unwrap();
+        std::fs::write(dir.path().join("ca.key"), &cut[..cut.len() / 2]).unwrap();
+        let (_, kept) = self_signed_in(dir.path(), &[]).unwrap();
+        assert!(kept.new_ca, "{kept:?}");
+        let names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.ends_with(".tmp"))
+            .collect();
+        assert!(names.is_empty(), "{names:?}");
+    }
 }

@@ -2,7 +2,10 @@
 //! in-process or as the real binary, and AdmissionReview builders.
 #![allow(dead_code)]
 
+pub mod api_order;
 pub mod client_ca;
+pub mod events;
+pub mod node_loss;
 pub mod ports;
 
 use std::io::{BufRead, BufReader};
@@ -81,6 +84,22 @@ impl HttpsClient {
             addr,
             config: client_config(ca_pem),
         }
+    }
+
+    /// POST a review to `/mutate`; the AdmissionReview's `response`.
+    pub async fn mutate(&self, review: &Value) -> Value {
+        self.post("/mutate", review.to_string())
+            .await
+            .unwrap()
+            .response()
+    }
+
+    /// POST a review to `/validate`; the AdmissionReview's `response`.
+    pub async fn validate(&self, review: &Value) -> Value {
+        self.post("/validate", review.to_string())
+            .await
+            .unwrap()
+            .response()
     }
 
     pub async fn post(&self, path: &str, body: impl Into<Bytes>) -> Result<Reply, String> {
@@ -228,19 +247,11 @@ impl TestServer {
     }
 
     pub async fn mutate(&self, review: &Value) -> Value {
-        self.client
-            .post("/mutate", review.to_string())
-            .await
-            .unwrap()
-            .response()
+        self.client.mutate(review).await
     }
 
     pub async fn validate(&self, review: &Value) -> Value {
-        self.client
-            .post("/validate", review.to_string())
-            .await
-            .unwrap()
-            .response()
+        self.client.validate(review).await
     }
 
     pub async fn admin_get(&self, path: &str) -> (u16, String) {
@@ -280,9 +291,23 @@ impl BinaryServer {
     /// `IP_WEBHOOK_TEST_BINARY` runs another build instead (to measure a finding before and
     /// after a change).
     pub fn start(args: &[&str]) -> BinaryServer {
+        BinaryServer::start_under(&[], args)
+    }
+
+    /// Run the server under `wrapper` (a command and its arguments that exec the rest, such as
+    /// `faketime -f +600s`).
+    pub fn start_under(wrapper: &[&str], args: &[&str]) -> BinaryServer {
         let binary = std::env::var_os("IP_WEBHOOK_TEST_BINARY")
             .unwrap_or_else(|| env!("CARGO_BIN_EXE_ip-webhook").into());
-        let mut child = Command::new(binary)
+        let mut command = match wrapper.split_first() {
+            Some((program, rest)) => {
+                let mut command = Command::new(program);
+                command.args(rest).arg(binary);
+                command
+            }
+            None => Command::new(binary),
+        };
+        let mut child = command
             .arg("serve")
             .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
             .args(args)

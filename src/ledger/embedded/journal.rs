@@ -174,6 +174,22 @@ pub(super) fn generations(dir: &Path, prefix: &str) -> Result<Vec<u64>, LedgerEr
     Ok(found)
 }
 
+/// The journal a ledger of snapshot `base` (0: none) and `journals` (from `base` on) lacks, if
+/// one is gone. Journal `g` is made durable before snapshot `g` is written, and journals are
+/// deleted only below a durable snapshot; the first journal of a dir is 1. So from the snapshot
+/// (or 1) to the last journal every generation is there; a gap is records lost, not a crash.
+/// The one exception: a redb ledger migrated to snapshot 1 before its first journal existed.
+fn missing_generation(base: u64, journals: &[u64], migrated: bool) -> Option<u64> {
+    if base == 1 && journals.is_empty() && migrated {
+        return None;
+    }
+    let first = if base > 0 { base } else { 1 };
+    let Some(&last) = journals.last() else {
+        return (base > 0).then_some(base);
+    };
+    (first.min(journals[0])..=last).find(|g| journals.binary_search(g).is_err())
+}
+
 /// Delete the journals and snapshots older than `generation` (a snapshot of it is durable).
 fn remove_before(dir: &Path, generation: u64) -> Result<(), LedgerError> {
     for prefix in [JOURNAL, SNAPSHOT] {
@@ -258,6 +274,15 @@ impl Journal {
             }
         }
         journals.retain(|g| *g >= base);
+        let migrated = dir.join(format!("{REDB_FILE}.migrated")).exists();
+        if let Some(gone) = missing_generation(base, &journals, migrated) {
+            return Err(marker::journal_gone(
+                dir,
+                base,
+                gone,
+                journals.first().copied(),
+            ));
+        }
         let mut journal_bytes = 0u64;
         let last = journals.last().copied();
         let mut last_format = None;
@@ -523,6 +548,10 @@ pub(super) fn read_journal(state_dir: &Path) -> Result<Vec<Claim>, LedgerError> 
             Err(LedgerError::Storage(why)) if attempt == 1 && why.contains("No such file") => {
                 tracing::debug!(%why, "a journal went away while reading; reading again");
             }
+            // a compaction between listing the snapshots and the journals looks like a gap
+            Err(LedgerError::Missing(why)) if attempt == 1 => {
+                tracing::debug!(%why, "the files changed while listing them; reading again");
+            }
             Err(LedgerError::Damaged(_)) if attempt < 3 => {
                 std::thread::sleep(std::time::Duration::from_millis(50));
             }
@@ -547,13 +576,22 @@ fn read_journal_once(state_dir: &Path) -> Result<Vec<Claim>, LedgerError> {
         }
         Ok(())
     };
+    let mut journals = generations(state_dir, JOURNAL)?;
+    journals.retain(|g| *g >= base);
+    let migrated = state_dir.join(format!("{REDB_FILE}.migrated")).exists();
+    if let Some(gone) = missing_generation(base, &journals, migrated) {
+        return Err(marker::journal_gone(
+            state_dir,
+            base,
+            gone,
+            journals.first().copied(),
+        ));
+    }
     if base > 0 {
         read(state_dir.join(name(SNAPSHOT, base)))?;
     }
-    for generation in generations(state_dir, JOURNAL)? {
-        if generation >= base {
-            read(state_dir.join(name(JOURNAL, generation)))?;
-        }
+    for generation in journals {
+        read(state_dir.join(name(JOURNAL, generation)))?;
     }
     Ok(claims.into_values().collect())
 }

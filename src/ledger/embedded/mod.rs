@@ -1003,7 +1003,7 @@ mod tests {
         let mut old = MAGIC_JSON.to_vec();
         encode_json_record(&mut old, &claim("10.7.0.1", "a"));
         encode_json_record(&mut old, &claim("10.7.0.2", "b"));
-        std::fs::write(dir.path().join(name(JOURNAL, 3)), &old).unwrap();
+        std::fs::write(dir.path().join(name(JOURNAL, 1)), &old).unwrap();
 
         let ledger = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
         assert_eq!(ledger.load().await.unwrap().len(), 2);
@@ -1015,11 +1015,11 @@ mod tests {
         ledger.close().await;
         drop(ledger);
         assert_eq!(
-            std::fs::read(dir.path().join(name(JOURNAL, 3))).unwrap(),
+            std::fs::read(dir.path().join(name(JOURNAL, 1))).unwrap(),
             old,
             "the JSON journal is left as it was"
         );
-        let next = parse_file(&dir.path().join(name(JOURNAL, 4))).unwrap();
+        let next = parse_file(&dir.path().join(name(JOURNAL, 2))).unwrap();
         assert_eq!(next.format, Some(Format::Binary));
         assert_eq!(next.claims.len(), 1);
 
@@ -1365,11 +1365,53 @@ mod tests {
         bytes[last] ^= 0xff;
         std::fs::write(&path, &bytes).unwrap();
         // a later journal makes this one not the last
-        std::fs::write(dir.path().join(name(JOURNAL, 99)), MAGIC).unwrap();
+        std::fs::write(dir.path().join(name(JOURNAL, 2)), MAGIC).unwrap();
         let err = EmbeddedLedger::open(dir.path(), CommitCounters::default())
             .err()
             .expect("corruption refuses to open");
         assert!(matches!(err, LedgerError::Corrupt { .. }), "{err}");
+    }
+
+    /// A journal gone from between the snapshot (or the first journal) and the last one, or
+    /// the snapshot the journals follow, is records lost: the ledger refuses to open (and to be
+    /// read) rather than hand out their IPs again, naming the file.
+    #[tokio::test]
+    async fn a_journal_or_snapshot_gone_from_the_middle_refuses_to_open() {
+        let refusal = |dir: &Path| {
+            let err = EmbeddedLedger::open(dir, CommitCounters::default())
+                .err()
+                .expect("refuses to open");
+            assert!(matches!(err, LedgerError::Missing(_)), "{err}");
+            assert_eq!(read_claims(dir).unwrap_err().to_string(), err.to_string());
+            err.to_string()
+        };
+        let gap = tempfile::tempdir().unwrap();
+        let first = recorded(gap.path(), &[claim("10.13.0.1", "a")]).await;
+        std::fs::copy(&first, gap.path().join(journal::name(JOURNAL, 3))).unwrap();
+        let message = refusal(gap.path());
+        let second = gap.path().join(journal::name(JOURNAL, 2));
+        assert!(
+            message.contains(&format!("{} is gone", second.display()))
+                && message.contains(&format!("create it empty (`touch {}`)", second.display())),
+            "{message}"
+        );
+        // Created empty on purpose, it opens with every record the other journals hold.
+        std::fs::File::create(&second).unwrap();
+        let ledger = EmbeddedLedger::open(gap.path(), CommitCounters::default()).unwrap();
+        assert_eq!(ledger.load().await.unwrap().len(), 1);
+        ledger.close().await;
+
+        let lost = tempfile::tempdir().unwrap();
+        let first = recorded(lost.path(), &[claim("10.13.0.2", "b")]).await;
+        std::fs::rename(&first, lost.path().join(journal::name(JOURNAL, 5))).unwrap();
+        let message = refusal(lost.path());
+        assert!(
+            message.contains(&format!(
+                "its journals start at {} and the snapshot they follow (snapshot.*) is gone",
+                journal::name(JOURNAL, 5)
+            )),
+            "{message}"
+        );
     }
 
     /// Compaction writes a snapshot, deletes the journals it covers, and a reopen reads the
@@ -1420,6 +1462,24 @@ mod tests {
             "every IP shows its last write"
         );
         assert!(claims.iter().any(|c| c.pod.name == "last" && c.is_held()));
+        reopened.close().await;
+        drop(reopened);
+
+        // The journal after the snapshot is gone: its records (10.5.1.1's claim) would be lost.
+        let base = *generations(dir.path(), SNAPSHOT).unwrap().last().unwrap();
+        let after = dir.path().join(journal::name(JOURNAL, base));
+        std::fs::remove_file(&after).unwrap();
+        let err = EmbeddedLedger::open(dir.path(), CommitCounters::default())
+            .err()
+            .expect("refuses to open");
+        assert!(
+            err.to_string().contains(&format!(
+                "{} is there, but {}, which holds the records written after it, is gone",
+                journal::name(SNAPSHOT, base),
+                after.display()
+            )),
+            "{err}"
+        );
     }
 
     /// A state dir written by the redb store opens as a journal with the same claims.

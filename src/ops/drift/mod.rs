@@ -28,7 +28,7 @@ use kube::api::DynamicObject;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::admission::annotations::ALLOCATABLE_IPS;
+use crate::admission::annotations::{ALLOCATABLE_IPS, CLAIM_TOKEN};
 use crate::cluster::index::{OvnIp, SlimPod};
 use crate::cluster::pods::holder;
 use crate::ipam::ipset::{Family, IpSet, ip_from_key, ip_key, parse_ip_spec};
@@ -46,6 +46,9 @@ pub enum DriftKind {
     PodIpDiffers,
     /// The CNI holds an IP for a pod that no longer exists.
     CniHoldsGonePod,
+    /// A Terminating pod that holds no claim: its claim was released while it terminated
+    /// (its node lost, or `release --force`). Reported, not drift: its IP is free by design.
+    TerminatingWithoutClaim,
 }
 
 impl DriftKind {
@@ -55,7 +58,14 @@ impl DriftKind {
             DriftKind::PodWithoutClaim => "pod-without-claim",
             DriftKind::PodIpDiffers => "pod-ip-differs",
             DriftKind::CniHoldsGonePod => "cni-holds-gone-pod",
+            DriftKind::TerminatingWithoutClaim => "terminating-without-claim",
         }
+    }
+
+    /// Whether a finding of this kind is drift (counted, exit status 3) rather than a state
+    /// ip-webhook chose and only reports.
+    pub fn is_drift(self) -> bool {
+        self != DriftKind::TerminatingWithoutClaim
     }
 }
 
@@ -202,6 +212,30 @@ pub fn compare(inputs: &Inputs<'_>) -> Vec<Drift> {
         let own = holding.get(key);
         if own.is_some() {
             continue; // holds a claim: compared above (kind 3)
+        }
+        // One of ours (it carries a claim token), Terminating with its claim gone.
+        let admitted = by_uid
+            .get(key)
+            .and_then(|pod| pod.metadata.annotations.as_ref())
+            .is_some_and(|a| a.contains_key(CLAIM_TOKEN));
+        if slim.deleting_at.is_some() && admitted {
+            for ip in slim.ips.iter() {
+                let now = match claimed.get(ip) {
+                    Some(claim) => format!("it is claimed for {} now", claim.pod.display()),
+                    None => "it is free".to_string(),
+                };
+                found.push(Drift {
+                    kind: DriftKind::TerminatingWithoutClaim,
+                    ip: *ip,
+                    pod: format!("{}/{}", slim.namespace, slim.name),
+                    pod_ips: Vec::new(),
+                    detail: format!(
+                        "Terminating on node {}, its claim on {ip} released (its node lost, or a forced release); {now}; the object goes once its node is deleted or the pod is force-deleted",
+                        if slim.node.is_empty() { "?" } else { &slim.node }
+                    ),
+                });
+            }
+            continue;
         }
         for ip in slim.ips.iter() {
             let detail = match claimed.get(ip) {
@@ -452,6 +486,7 @@ impl Report {
                 .map(|n| format!(" (namespace {n})"))
                 .unwrap_or_default(),
         );
+        let count = self.drift_count();
         if self.drift.is_empty() {
             return format!("No drift: {summary}.\n");
         }
@@ -468,8 +503,22 @@ impl Report {
             })
             .collect();
         let mut out = crate::ops::status::table(&["KIND", "IP", "POD", "DETAIL"], &rows);
-        out.push_str(&format!("\n{} drift found; {summary}.\n", self.drift.len()));
+        let reported = self.drift.len() - count;
+        let also = if reported > 0 {
+            format!(" ({reported} Terminating pod(s) without a claim, not drift)")
+        } else {
+            String::new()
+        };
+        match count {
+            0 => out.push_str(&format!("\nNo drift{also}: {summary}.\n")),
+            n => out.push_str(&format!("\n{n} drift found{also}; {summary}.\n")),
+        }
         out
+    }
+
+    /// The findings that are drift (what exit status 3 counts).
+    pub fn drift_count(&self) -> usize {
+        self.drift.iter().filter(|d| d.kind.is_drift()).count()
     }
 }
 
@@ -547,6 +596,82 @@ mod tests {
 
     fn old(ip: &str, name: &str, uid: &str) -> Claim {
         claim(ip, name, Some(uid), Phase::Bound, NOW - 3600)
+    }
+
+    #[test]
+    fn a_lost_nodes_terminating_pod_is_reported_as_such_not_as_drift() {
+        let terminating = |name: &str, uid: &str, ip: &str| {
+            let mut pod = pod(name, uid, ip, &[ip]);
+            pod.metadata.deletion_timestamp =
+                Some(serde_json::from_value(json!("2025-11-29T08:00:00Z")).unwrap());
+            pod
+        };
+        // web-a's claim was released on node loss and its replacement web-b holds the IP.
+        let claims = [old("10.0.0.10", "web-b", "ub")];
+        let pods = [
+            terminating("web-a", "ua", "10.0.0.10"),
+            pod("web-b", "ub", "10.0.0.10", &["10.0.0.10"]),
+            terminating("web-c", "uc", "10.0.0.11"),
+        ];
+        let listed = pod_lists(&pods).union(&parse_ip_spec("10.0.0.10-10.0.0.13").unwrap());
+        let report = Report {
+            drift: compare(&Inputs {
+                claims: &claims,
+                pods: &pods,
+                listed: &listed,
+                cni: &[],
+                app_label: "app",
+                now: NOW,
+                settle: SETTLE_SECONDS,
+            }),
+            compared: Compared::default(),
+        };
+        let found: Vec<(DriftKind, String, String)> = report
+            .drift
+            .iter()
+            .map(|d| (d.kind, d.ip.to_string(), d.pod.clone()))
+            .collect();
+        assert_eq!(
+            found,
+            [
+                (
+                    DriftKind::TerminatingWithoutClaim,
+                    "10.0.0.10".into(),
+                    "default/web-a".into()
+                ),
+                (
+                    DriftKind::TerminatingWithoutClaim,
+                    "10.0.0.11".into(),
+                    "default/web-c".into()
+                ),
+            ]
+        );
+        assert_eq!(report.drift_count(), 0);
+        assert!(report.drift[0].detail.contains("Terminating on node n1, its claim on 10.0.0.10 released (its node lost, or a forced release); it is claimed for default/web-b now"), "{}", report.drift[0].detail);
+        assert!(
+            report.drift[1].detail.contains("; it is free;"),
+            "{}",
+            report.drift[1].detail
+        );
+        assert!(
+            report
+                .to_table()
+                .contains("\nNo drift (2 Terminating pod(s) without a claim, not drift): compared"),
+            "{}",
+            report.to_table()
+        );
+
+        // A Terminating pod ip-webhook never admitted (no claim token) is still drift.
+        let mut squatter = foreign("squat", "10.0.0.12");
+        squatter.metadata.deletion_timestamp = pods[0].metadata.deletion_timestamp.clone();
+        assert_eq!(
+            run(&[], &[squatter], &[]),
+            [(
+                DriftKind::PodWithoutClaim,
+                "10.0.0.12".into(),
+                "other/squat".into()
+            )]
+        );
     }
 
     #[test]

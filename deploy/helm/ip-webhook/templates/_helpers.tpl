@@ -21,6 +21,30 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 {{ include "ip-webhook.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.global.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* metadata.annotations: global.commonAnnotations merged with (dict "root" $ "extra" DICT),
+     the extra ones winning; nothing when both are empty. Use with `with include ... nindent`. */}}
+{{- define "ip-webhook.annotations" -}}
+{{- $all := merge (dict) (.extra | default dict) (.root.Values.global.commonAnnotations | default dict) }}
+{{- with $all }}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* REGISTRY/REPOSITORY@DIGEST, or REGISTRY/REPOSITORY:TAG (TAG defaults to appVersion). */}}
+{{- define "ip-webhook.image" -}}
+{{- $image := .Values.image }}
+{{- $name := ternary (printf "%s/%s" $image.registry $image.repository) $image.repository (ne $image.registry "") }}
+{{- if $image.digest }}
+{{- printf "%s@%s" $name $image.digest }}
+{{- else }}
+{{- printf "%s:%s" $name (default .Chart.AppVersion $image.tag) }}
+{{- end }}
 {{- end }}
 
 {{- define "ip-webhook.selectorLabels" -}}
@@ -59,8 +83,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{/* The service's DNS names, shortest first: the certificate's SANs. */}}
 {{- define "ip-webhook.dnsNames" -}}
-{{- $svc := include "ip-webhook.fullname" . }}
-{{- $ns := .Release.Namespace }}
+{{- $svc := include "ip-webhook.fullname" . -}}
+{{- $ns := .Release.Namespace -}}
 - {{ $svc }}
 - {{ printf "%s.%s" $svc $ns }}
 - {{ printf "%s.%s.svc" $svc $ns }}
@@ -74,14 +98,47 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if or (eq $mode "matchConditions") (and (eq $mode "auto") (semverCompare ">=1.30.0-0" .Capabilities.KubeVersion.Version)) }}true{{ end }}
 {{- end }}
 
-{{/* The webhooks never see their own namespace, kube-system, or the listed ones. */}}
+{{/* The namespaceSelector of a namespaced webhook entry: (dict "root" $ "entry" NAME).
+     Unless overridden, the webhooks never see their own namespace, kube-system, or the
+     listed ones. pod-deletes and pod-updates fall back to pod CREATE's selector, so the pods
+     given an IP are the ones whose release and updates are seen. */}}
 {{- define "ip-webhook.namespaceSelector" -}}
+{{- $ := .root }}
+{{- $m := $.Values.mutatingWebhook }}
+{{- $v := $.Values.validatingWebhook }}
+{{- $selector := dict }}
+{{- if eq .entry "pods.mutate" }}
+{{- $selector = $m.namespaceSelector }}
+{{- else if eq .entry "pod-deletes.mutate" }}
+{{- $selector = $m.deleteNamespaceSelector | default $m.namespaceSelector }}
+{{- else if eq .entry "pods.validate" }}
+{{- $selector = $v.pods.namespaceSelector }}
+{{- else if eq .entry "pod-updates.validate" }}
+{{- $selector = $v.podUpdates.namespaceSelector | default $m.namespaceSelector }}
+{{- else if eq .entry "workloads" }}
+{{- $selector = $v.workloads.namespaceSelector }}
+{{- else }}
+{{- fail (printf "ip-webhook.namespaceSelector: unknown entry %s" .entry) }}
+{{- end }}
 namespaceSelector:
+{{- if $selector }}
+  {{- toYaml $selector | nindent 2 }}
+{{- else }}
   matchExpressions:
     - key: kubernetes.io/metadata.name
       operator: NotIn
       values:
-        {{- toYaml (concat (list .Release.Namespace "kube-system") .Values.excludeNamespaces | uniq) | nindent 8 }}
+        {{- toYaml (concat (list $.Release.Namespace "kube-system") $.Values.excludeNamespaces | uniq) | nindent 8 }}
+{{- end }}
+{{- end }}
+
+{{/* The Secret the server serves from. */}}
+{{- define "ip-webhook.servingSecret" -}}
+{{- if eq .Values.validatingWebhook.certificate.source "existing" }}
+{{- required "validatingWebhook.certificate.source=existing needs validatingWebhook.certificate.existingSecret: the kubernetes.io/tls Secret (tls.crt, tls.key) in the release namespace" .Values.validatingWebhook.certificate.existingSecret }}
+{{- else }}
+{{- include "ip-webhook.secretName" . }}
+{{- end }}
 {{- end }}
 
 {{/* Generated CA and certificate for certificate.source=helm: made once per render (cached in
@@ -107,10 +164,11 @@ namespaceSelector:
 
 {{/* metadata.annotations of a webhook configuration (cert-manager injects caBundle). */}}
 {{- define "ip-webhook.webhookAnnotations" -}}
+{{- $extra := dict }}
 {{- if include "ip-webhook.certManager" . }}
-annotations:
-  cert-manager.io/inject-ca-from: {{ printf "%s/%s" .Release.Namespace (include "ip-webhook.certificateName" .) }}
+{{- $_ := set $extra "cert-manager.io/inject-ca-from" (printf "%s/%s" .Release.Namespace (include "ip-webhook.certificateName" .)) }}
 {{- end }}
+{{- include "ip-webhook.annotations" (dict "root" . "extra" $extra) }}
 {{- end }}
 
 {{/* clientConfig for path (dict "root" $ "path" "/mutate"). */}}
@@ -124,6 +182,8 @@ clientConfig:
     port: {{ $.Values.service.port }}
   {{- if eq $.Values.validatingWebhook.certificate.source "helm" }}
   caBundle: {{ (include "ip-webhook.helmTLS" $ | fromYaml).ca | b64enc }}
+  {{- else if eq $.Values.validatingWebhook.certificate.source "existing" }}
+  caBundle: {{ required "validatingWebhook.certificate.source=existing needs validatingWebhook.certificate.caBundle: base64 of the PEM CA that signed the Secret's certificate" $.Values.validatingWebhook.certificate.caBundle }}
   {{- end }}
 {{- end }}
 
