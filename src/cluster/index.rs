@@ -219,7 +219,25 @@ pub struct ClusterIps {
     lost: RwLock<std::collections::HashSet<Box<str>>>,
     /// The label naming a pod's app (set before the pod watch starts; `app` if never set).
     app_label: std::sync::OnceLock<String>,
+    /// The apps' lists, to tell which pod events concern the reconciler ([`Self::set_lists`]).
+    lists: std::sync::OnceLock<Arc<dyn super::reconcile::AppLists>>,
+    /// Running pods on an IP of their own app's list, changed since the leader last looked.
+    marked: std::sync::Mutex<Marked>,
+    /// The indexed pods that are Terminating, kept beside the index so that node-loss release
+    /// (every second on the leader) does not visit every pod.
+    terminating: RwLock<BTreeMap<Box<str>, Arc<SlimPod>>>,
 }
+
+/// UIDs marked for the reconciler's list adoption, at most [`MARK_CAP`]; past that (or after a
+/// relist) only a visit of every pod is sure to see them all.
+#[derive(Default)]
+struct Marked {
+    uids: std::collections::HashSet<Box<str>>,
+    overflowed: bool,
+}
+
+/// Marks kept between two leader passes; a replica that does not lead stops at this.
+const MARK_CAP: usize = 4096;
 
 fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
     lock.read().unwrap_or_else(|p| p.into_inner())
@@ -261,6 +279,11 @@ impl ClusterIps {
         read(&self.pods).by_key.get(uid).cloned()
     }
 
+    /// The indexed pod running on `ip`, if one is.
+    pub fn pod_on(&self, ip: &IpAddr) -> Option<Arc<SlimPod>> {
+        read(&self.pods).by_ip.get(ip).cloned()
+    }
+
     /// Every indexed pod.
     pub fn pods(&self) -> Vec<Arc<SlimPod>> {
         read(&self.pods).by_key.values().cloned().collect()
@@ -276,12 +299,31 @@ impl ClusterIps {
 
     /// Every indexed pod that is Terminating (deletionTimestamp set).
     pub fn terminating_pods(&self) -> Vec<Arc<SlimPod>> {
-        read(&self.pods)
+        read(&self.terminating).values().cloned().collect()
+    }
+
+    /// Keep [`Self::terminating_pods`] in step with one pod's change (`None`: gone or not
+    /// running on IPs of its own).
+    fn note_terminating(&self, uid: &str, pod: Option<&SlimPod>) {
+        match pod.filter(|p| p.deleting_at.is_some()) {
+            Some(pod) => {
+                write(&self.terminating).insert(uid.into(), Arc::new(pod.clone()));
+            }
+            None => {
+                write(&self.terminating).remove(uid);
+            }
+        }
+    }
+
+    /// Rebuild [`Self::terminating_pods`] from the index (after a relist).
+    fn rebuild_terminating(&self) {
+        let pods = read(&self.pods);
+        *write(&self.terminating) = pods
             .by_key
-            .values()
-            .filter(|p| p.deleting_at.is_some())
-            .cloned()
-            .collect()
+            .iter()
+            .filter(|(_, p)| p.deleting_at.is_some())
+            .map(|(k, p)| (k.clone(), p.clone()))
+            .collect();
     }
 
     /// The IPs of this pod (on a lost node, its claims released) stop counting as used.
@@ -297,14 +339,76 @@ impl ClusterIps {
 
     /// Apply one pod event (a pod without IPs of its own is removed).
     pub fn pod_event(&self, event: watcher::Event<SlimOrGone>) {
+        let touched = touched(&event);
         pod_step(&self.pods, &self.pods_synced, event);
+        if let Some((uid, pod)) = touched {
+            self.note_terminating(&uid, pod.as_ref());
+        }
+    }
+
+    /// Tell the pod watch which app lists hold which IPs, so that only the events of pods on
+    /// an IP of their own app's list wake the reconciler.
+    pub fn set_lists(&self, lists: Arc<dyn super::reconcile::AppLists>) {
+        let _ = self.lists.set(lists);
+    }
+
+    /// Whether the reconciler's list adoption cares about this pod: it has an app, and its
+    /// app's list (and no other) holds one of its IPs. Without lists, any pod with an app.
+    pub fn concerns_lists(&self, pod: &SlimPod) -> bool {
+        if pod.app.is_empty() {
+            return false;
+        }
+        let Some(lists) = self.lists.get() else {
+            return true;
+        };
+        let own = format!("{}/{}", pod.namespace, pod.app);
+        pod.ips
+            .iter()
+            .any(|ip| lists.sole_app_listing(*ip).as_deref() == Some(own.as_str()))
+    }
+
+    /// Mark a pod for the reconciler's next list adoption.
+    fn mark(&self, uid: &str) {
+        let mut marked = self.marked.lock().unwrap_or_else(|p| p.into_inner());
+        if marked.uids.len() >= MARK_CAP {
+            marked.overflowed = true;
+            marked.uids.clear();
+        }
+        if !marked.overflowed {
+            marked.uids.insert(uid.into());
+        }
+    }
+
+    /// Everything must be looked at again (a relist).
+    fn mark_all(&self) {
+        let mut marked = self.marked.lock().unwrap_or_else(|p| p.into_inner());
+        marked.overflowed = true;
+        marked.uids.clear();
+    }
+
+    /// The pods marked since the last call; `None` when the count was lost (a relist, or more
+    /// than [`MARK_CAP`]): then every pod needs a look.
+    pub fn take_marked(&self) -> Option<Vec<Box<str>>> {
+        let mut marked = self.marked.lock().unwrap_or_else(|p| p.into_inner());
+        let taken = std::mem::take(&mut *marked);
+        (!taken.overflowed).then(|| taken.uids.into_iter().collect())
     }
 
     /// Build the pod index from a list in one go (benchmarks, tests).
     pub fn set_pods(&self, pods: Vec<SlimPod>) {
         let all = pods.into_iter().map(|p| (p.uid.clone(), p)).collect();
         write(&self.pods).replace(all);
+        self.rebuild_terminating();
         self.pods_synced.store(true, Ordering::SeqCst);
+    }
+}
+
+/// The pod an event changes outside a relist, and what it becomes.
+fn touched(event: &watcher::Event<SlimOrGone>) -> Option<(Box<str>, Option<SlimPod>)> {
+    match event {
+        watcher::Event::Apply(SlimOrGone { key, value }) => Some((key.clone(), value.clone())),
+        watcher::Event::Delete(SlimOrGone { key, .. }) => Some((key.clone(), None)),
+        _ => None,
     }
 }
 
@@ -430,9 +534,28 @@ pub async fn watch_pod_ips(api: Api<Pod>, caches: Arc<Caches>, metrics: Arc<Metr
                     continue;
                 };
                 let relisted = matches!(event, watcher::Event::InitDone);
+                let concerns = match &event {
+                    watcher::Event::Apply(SlimOrGone {
+                        value: Some(pod), ..
+                    }) => index.concerns_lists(pod).then(|| pod.uid.clone()),
+                    _ => None,
+                };
+                let changed = touched(&event);
                 relist.step(&index.pods, &index.pods_synced, event);
                 gauge.set(index.pod_count() as i64);
+                if let Some((uid, pod)) = changed {
+                    index.note_terminating(&uid, pod.as_ref());
+                }
                 if relisted {
+                    index.rebuild_terminating();
+                    index.mark_all();
+                }
+                if let Some(uid) = &concerns {
+                    index.mark(uid);
+                }
+                // Only pods the reconciler acts on wake it; the rest of the cluster's churn
+                // costs each replica this index update and nothing more.
+                if relisted || concerns.is_some() {
                     caches.changed.notify_one();
                 }
             }
@@ -595,7 +718,11 @@ async fn watch_workloads(
             }
             Ok(watcher::Event::Apply(object)) => {
                 match workloads::listing_of(kind, &object, &app_label) {
-                    Some(listing) => registry.record(listing.id, listing.app, &listing.set),
+                    Some(listing) => {
+                        registry.record(listing.id, listing.app, &listing.set);
+                        // a list may now cover a running pod: the reconciler looks again
+                        caches.changed.notify_one();
+                    }
                     None => registry.forget(&id_of(&object)),
                 }
             }
@@ -700,6 +827,90 @@ mod tests {
             index.user(&ip("10.98.2.7")).unwrap().ovn_ip.as_deref(),
             Some("static-7584848b74-fw9dm.default")
         );
+    }
+
+    fn slim(uid: &str, app: &str, addr: &str, deleting: bool) -> SlimPod {
+        SlimPod {
+            namespace: "ns".into(),
+            name: uid.into(),
+            uid: uid.into(),
+            node: "n1".into(),
+            ips: vec![ip(addr)].into(),
+            deleting_at: deleting.then_some(5),
+            deletion_grace: None,
+            controller: None,
+            app: app.into(),
+        }
+    }
+
+    struct OneList;
+
+    impl super::super::reconcile::AppLists for OneList {
+        fn sole_app_listing(&self, at: IpAddr) -> Option<String> {
+            (at == ip("10.0.0.7")).then(|| "ns/web".to_string())
+        }
+    }
+
+    #[test]
+    fn only_pods_on_their_own_apps_list_concern_the_reconciler() {
+        let index = ClusterIps::default();
+        // without lists, any pod with an app might
+        assert!(index.concerns_lists(&slim("a", "web", "10.9.0.1", false)));
+        assert!(!index.concerns_lists(&slim("a", "", "10.0.0.7", false)));
+        index.set_lists(Arc::new(OneList));
+        assert!(index.concerns_lists(&slim("a", "web", "10.0.0.7", false)));
+        assert!(!index.concerns_lists(&slim("b", "other", "10.0.0.7", false)));
+        assert!(!index.concerns_lists(&slim("c", "web", "10.9.0.1", false)));
+    }
+
+    #[test]
+    fn marks_are_taken_once_and_too_many_mean_look_at_everything() {
+        let index = ClusterIps::default();
+        assert_eq!(index.take_marked(), Some(vec![]));
+        index.mark("a");
+        index.mark("a");
+        assert_eq!(index.take_marked(), Some(vec!["a".into()]));
+        assert_eq!(index.take_marked(), Some(vec![]));
+        for n in 0..=MARK_CAP {
+            index.mark(&n.to_string());
+        }
+        assert_eq!(index.take_marked(), None, "past the cap the count is lost");
+        index.mark("b");
+        index.mark_all();
+        assert_eq!(index.take_marked(), None, "a relist: every pod needs a look");
+        assert_eq!(index.take_marked(), Some(vec![]));
+    }
+
+    #[test]
+    fn terminating_pods_are_kept_beside_the_index() {
+        let index = ClusterIps::default();
+        index.set_pods(vec![
+            slim("a", "web", "10.0.0.1", true),
+            slim("b", "web", "10.0.0.2", false),
+        ]);
+        let uids = |index: &ClusterIps| -> Vec<String> {
+            index.terminating_pods().iter().map(|p| p.uid.to_string()).collect()
+        };
+        assert_eq!(uids(&index), ["a"]);
+        let apply = |pod: SlimPod| {
+            watcher::Event::Apply(SlimOrGone {
+                key: pod.uid.clone(),
+                value: Some(pod),
+            })
+        };
+        index.pod_event(apply(slim("b", "web", "10.0.0.2", true)));
+        assert_eq!(uids(&index), ["a", "b"]);
+        index.pod_event(watcher::Event::Delete(SlimOrGone {
+            key: "a".into(),
+            value: None,
+        }));
+        // finished: no longer running on IPs of its own
+        index.pod_event(watcher::Event::Apply(SlimOrGone {
+            key: "b".into(),
+            value: None,
+        }));
+        assert!(uids(&index).is_empty());
+        assert_eq!(index.pod_count(), 0);
     }
 
     #[test]
