@@ -18,7 +18,7 @@
 #   churn CPU        1,000 plain pods (no fixed IP) each ADDED, Terminating, DELETED
 #   admission CPU    per fixed-IP admission as the cluster sees it (claim Reserved, pod ADDED,
 #                    claim Bound), 50 at one per 0.56 s, with all the work it triggers
-#   full pass CPU    one resync (the leader's full pass), forced by a short --resync-period
+#   full pass CPU    one timed resync (the leader's full pass), RESYNC (90s) after start
 #   status           `ip-webhook status`: own CPU (user+sys), peak RSS, bytes read
 #   drift            `ip-webhook check --drift`: same
 set -euo pipefail
@@ -28,7 +28,8 @@ SIZES=("$@")
 [ ${#SIZES[@]} -gt 0 ] || SIZES=(5000 20000 50000 100000)
 BIN=${BIN:-target/release/ip-webhook}
 SERVER=${SERVER:-target/release/examples/scale_apiserver}
-RESYNC=${RESYNC:-60s}
+# long enough that the churn and the admissions are over before the first timed resync
+RESYNC=${RESYNC:-90s}
 if [ ! -x "$BIN" ] || [ ! -x "$SERVER" ]; then
     echo "building $BIN and $SERVER (release)" >&2
     cargo build --release --bin ip-webhook --example scale_apiserver >&2
@@ -105,6 +106,7 @@ EOF
         kill -0 "$pid" 2>/dev/null || { echo "serve died:" >&2; tail "$WORK/serve-$n.log" >&2; exit 1; }
         sleep 0.25
     done
+    ready_at=$SECONDS
     # The Lease is taken within a renew interval; the first pass follows.
     until curl -s "http://127.0.0.1:$admin/metrics" | grep -q '^ip_webhook_leader{.*} 1'; do sleep 0.25; done
     settle "$pid" 120
@@ -122,10 +124,13 @@ EOF
     settle "$pid" 120
     admit=$(awk -v a="$before" -v b="$(cpu_of "$pid")" 'BEGIN{printf "%.1f", (b-a)*1000/50}')
 
-    # The next resync is a full pass: wait for it (RESYNC after start), measure its CPU.
+    # The next resync is a full pass, RESYNC after the replica became ready: wait for it,
+    # measure its CPU.
     before=$(cpu_of "$pid")
     resync_s=${RESYNC%s}
-    sleep "$resync_s"
+    left=$((ready_at + resync_s - SECONDS))
+    [ "$left" -gt 0 ] && sleep "$left"
+    sleep 1
     settle "$pid" 120
     pass=$(awk -v a="$before" -v b="$(cpu_of "$pid")" 'BEGIN{printf "%.2f", b-a}')
 

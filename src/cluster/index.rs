@@ -28,6 +28,9 @@ use crate::metrics::{CacheKindLabels, Metrics};
 use crate::webhook::Webhook;
 use crate::webhook::workloads::{self, WorkloadId};
 
+mod changes;
+use changes::{Marked, touched};
+
 /// A pod as the IP index keeps it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlimPod {
@@ -228,17 +231,6 @@ pub struct ClusterIps {
     terminating: RwLock<BTreeMap<Box<str>, Arc<SlimPod>>>,
 }
 
-/// UIDs marked for the reconciler's list adoption, at most [`MARK_CAP`]; past that (or after a
-/// relist) only a visit of every pod is sure to see them all.
-#[derive(Default)]
-struct Marked {
-    uids: std::collections::HashSet<Box<str>>,
-    overflowed: bool,
-}
-
-/// Marks kept between two leader passes; a replica that does not lead stops at this.
-const MARK_CAP: usize = 4096;
-
 fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
     lock.read().unwrap_or_else(|p| p.into_inner())
 }
@@ -302,30 +294,6 @@ impl ClusterIps {
         read(&self.terminating).values().cloned().collect()
     }
 
-    /// Keep [`Self::terminating_pods`] in step with one pod's change (`None`: gone or not
-    /// running on IPs of its own).
-    fn note_terminating(&self, uid: &str, pod: Option<&SlimPod>) {
-        match pod.filter(|p| p.deleting_at.is_some()) {
-            Some(pod) => {
-                write(&self.terminating).insert(uid.into(), Arc::new(pod.clone()));
-            }
-            None => {
-                write(&self.terminating).remove(uid);
-            }
-        }
-    }
-
-    /// Rebuild [`Self::terminating_pods`] from the index (after a relist).
-    fn rebuild_terminating(&self) {
-        let pods = read(&self.pods);
-        *write(&self.terminating) = pods
-            .by_key
-            .iter()
-            .filter(|(_, p)| p.deleting_at.is_some())
-            .map(|(k, p)| (k.clone(), p.clone()))
-            .collect();
-    }
-
     /// The IPs of this pod (on a lost node, its claims released) stop counting as used.
     pub fn mark_lost(&self, uid: &str) {
         write(&self.lost).insert(uid.into());
@@ -346,69 +314,12 @@ impl ClusterIps {
         }
     }
 
-    /// Tell the pod watch which app lists hold which IPs, so that only the events of pods on
-    /// an IP of their own app's list wake the reconciler.
-    pub fn set_lists(&self, lists: Arc<dyn super::reconcile::AppLists>) {
-        let _ = self.lists.set(lists);
-    }
-
-    /// Whether the reconciler's list adoption cares about this pod: it has an app, and its
-    /// app's list (and no other) holds one of its IPs. Without lists, any pod with an app.
-    pub fn concerns_lists(&self, pod: &SlimPod) -> bool {
-        if pod.app.is_empty() {
-            return false;
-        }
-        let Some(lists) = self.lists.get() else {
-            return true;
-        };
-        let own = format!("{}/{}", pod.namespace, pod.app);
-        pod.ips
-            .iter()
-            .any(|ip| lists.sole_app_listing(*ip).as_deref() == Some(own.as_str()))
-    }
-
-    /// Mark a pod for the reconciler's next list adoption.
-    fn mark(&self, uid: &str) {
-        let mut marked = self.marked.lock().unwrap_or_else(|p| p.into_inner());
-        if marked.uids.len() >= MARK_CAP {
-            marked.overflowed = true;
-            marked.uids.clear();
-        }
-        if !marked.overflowed {
-            marked.uids.insert(uid.into());
-        }
-    }
-
-    /// Everything must be looked at again (a relist).
-    fn mark_all(&self) {
-        let mut marked = self.marked.lock().unwrap_or_else(|p| p.into_inner());
-        marked.overflowed = true;
-        marked.uids.clear();
-    }
-
-    /// The pods marked since the last call; `None` when the count was lost (a relist, or more
-    /// than [`MARK_CAP`]): then every pod needs a look.
-    pub fn take_marked(&self) -> Option<Vec<Box<str>>> {
-        let mut marked = self.marked.lock().unwrap_or_else(|p| p.into_inner());
-        let taken = std::mem::take(&mut *marked);
-        (!taken.overflowed).then(|| taken.uids.into_iter().collect())
-    }
-
     /// Build the pod index from a list in one go (benchmarks, tests).
     pub fn set_pods(&self, pods: Vec<SlimPod>) {
         let all = pods.into_iter().map(|p| (p.uid.clone(), p)).collect();
         write(&self.pods).replace(all);
         self.rebuild_terminating();
         self.pods_synced.store(true, Ordering::SeqCst);
-    }
-}
-
-/// The pod an event changes outside a relist, and what it becomes.
-fn touched(event: &watcher::Event<SlimOrGone>) -> Option<(Box<str>, Option<SlimPod>)> {
-    match event {
-        watcher::Event::Apply(SlimOrGone { key, value }) => Some((key.clone(), value.clone())),
-        watcher::Event::Delete(SlimOrGone { key, .. }) => Some((key.clone(), None)),
-        _ => None,
     }
 }
 
@@ -871,13 +782,17 @@ mod tests {
         index.mark("a");
         assert_eq!(index.take_marked(), Some(vec!["a".into()]));
         assert_eq!(index.take_marked(), Some(vec![]));
-        for n in 0..=MARK_CAP {
+        for n in 0..=changes::MARK_CAP {
             index.mark(&n.to_string());
         }
         assert_eq!(index.take_marked(), None, "past the cap the count is lost");
         index.mark("b");
         index.mark_all();
-        assert_eq!(index.take_marked(), None, "a relist: every pod needs a look");
+        assert_eq!(
+            index.take_marked(),
+            None,
+            "a relist: every pod needs a look"
+        );
         assert_eq!(index.take_marked(), Some(vec![]));
     }
 
@@ -889,7 +804,11 @@ mod tests {
             slim("b", "web", "10.0.0.2", false),
         ]);
         let uids = |index: &ClusterIps| -> Vec<String> {
-            index.terminating_pods().iter().map(|p| p.uid.to_string()).collect()
+            index
+                .terminating_pods()
+                .iter()
+                .map(|p| p.uid.to_string())
+                .collect()
         };
         assert_eq!(uids(&index), ["a"]);
         let apply = |pod: SlimPod| {

@@ -327,12 +327,14 @@ fn edge_tasks(
         // Only the leader releases on node loss, so only the leader watches Nodes.
         let (api, watched): (Api<k8s_openapi::api::core::v1::Node>, _) =
             (Api::all(client.clone()), nodes.clone());
-        tasks.push(tokio::spawn(while_leading(leading.clone(), move || {
-            node_loss::watch_nodes(api.clone(), watched.clone())
-        }, {
-            let nodes = nodes.clone();
-            move || nodes.forget()
-        })));
+        tasks.push(tokio::spawn(while_leading(
+            leading.clone(),
+            move || node_loss::watch_nodes(api.clone(), watched.clone()),
+            {
+                let nodes = nodes.clone();
+                move || nodes.forget()
+            },
+        )));
         let releaser = node_loss::NodeLoss {
             allocator: webhook.allocator.clone(),
             cluster_ips: caches.cluster_ips.clone(),
@@ -525,11 +527,23 @@ mod tests {
         // a pod that carries none of our IPs: its events change nothing here
         assert!(!apply_pod_change(&mut pods, Change::Delete("other".into())));
         assert!(!apply_pod_change(&mut pods, Change::Nothing));
-        assert!(apply_pod_change(&mut pods, Change::Upsert("u-1".into(), info("10.0.0.7"))));
+        assert!(apply_pod_change(
+            &mut pods,
+            Change::Upsert("u-1".into(), info("10.0.0.7"))
+        ));
         // the same pod again (a status update, say): no change
-        assert!(!apply_pod_change(&mut pods, Change::Upsert("u-1".into(), info("10.0.0.7"))));
-        assert!(apply_pod_change(&mut pods, Change::Upsert("u-1".into(), info("10.0.0.8"))));
-        assert_eq!(pods["u-1"].ips, vec!["10.0.0.8".parse::<std::net::IpAddr>().unwrap()]);
+        assert!(!apply_pod_change(
+            &mut pods,
+            Change::Upsert("u-1".into(), info("10.0.0.7"))
+        ));
+        assert!(apply_pod_change(
+            &mut pods,
+            Change::Upsert("u-1".into(), info("10.0.0.8"))
+        ));
+        assert_eq!(
+            pods["u-1"].ips,
+            vec!["10.0.0.8".parse::<std::net::IpAddr>().unwrap()]
+        );
         assert!(apply_pod_change(&mut pods, Change::Delete("u-1".into())));
         assert!(pods.is_empty());
         assert!(apply_pod_change(&mut pods, Change::Replace(HashMap::new())));

@@ -117,7 +117,10 @@ impl Nodes {
     /// leads).
     pub fn forget(&self) {
         self.synced.store(false, Ordering::SeqCst);
-        self.ready.write().unwrap_or_else(|p| p.into_inner()).clear();
+        self.ready
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
     }
 
     fn apply(&self, change: Change<NodeReady>) {

@@ -143,7 +143,11 @@ impl PodDirectory {
             },
             |page| {
                 kept.extend(page.into_iter().filter_map(|pod| {
-                    let could = pod.metadata.uid.as_deref().is_some_and(|u| uids.contains(u))
+                    let could = pod
+                        .metadata
+                        .uid
+                        .as_deref()
+                        .is_some_and(|u| uids.contains(u))
                         || pod_info(&pod.metadata, &self.app_label).is_some();
                     could.then(|| Pod {
                         metadata: pod.metadata,

@@ -175,7 +175,10 @@ pub async fn watch_pods(api: Api<PartialObjectMeta<Pod>>, caches: Arc<Caches>, a
 }
 
 /// Apply one change to the pod cache; whether it changed anything (a relist always counts).
-pub(super) fn apply_pod_change(pods: &mut HashMap<String, PodInfo>, change: Change<PodInfo>) -> bool {
+pub(super) fn apply_pod_change(
+    pods: &mut HashMap<String, PodInfo>,
+    change: Change<PodInfo>,
+) -> bool {
     match change {
         Change::Upsert(uid, info) => {
             if pods.get(&uid) == Some(&info) {

@@ -95,9 +95,13 @@ where
 /// and the pod's IPs. The rest (containers, managed fields, conditions) is dropped page by page.
 pub fn slim_pod(pod: Pod, app_label: &str) -> Pod {
     let ours = |key: &str| {
-        ["ip-webhook.io/", "cni.projectcalico.org/", "ovn.kubernetes.io/"]
-            .iter()
-            .any(|prefix| key.starts_with(prefix))
+        [
+            "ip-webhook.io/",
+            "cni.projectcalico.org/",
+            "ovn.kubernetes.io/",
+        ]
+        .iter()
+        .any(|prefix| key.starts_with(prefix))
     };
     let mut metadata = pod.metadata;
     metadata.managed_fields = None;
@@ -114,12 +118,14 @@ pub fn slim_pod(pod: Pod, app_label: &str) -> Pod {
             host_network: spec.host_network,
             ..Default::default()
         }),
-        status: pod.status.map(|status| k8s_openapi::api::core::v1::PodStatus {
-            phase: status.phase,
-            pod_ip: status.pod_ip,
-            pod_ips: status.pod_ips,
-            ..Default::default()
-        }),
+        status: pod
+            .status
+            .map(|status| k8s_openapi::api::core::v1::PodStatus {
+                phase: status.phase,
+                pod_ip: status.pod_ip,
+                pod_ips: status.pod_ips,
+                ..Default::default()
+            }),
     }
 }
 
@@ -225,7 +231,10 @@ mod tests {
             SlimPod::from_pod(&pod),
             "the pod-IP view is the same"
         );
-        assert_eq!(pod_lists(std::slice::from_ref(&slim)), pod_lists(std::slice::from_ref(&pod)));
+        assert_eq!(
+            pod_lists(std::slice::from_ref(&slim)),
+            pod_lists(std::slice::from_ref(&pod))
+        );
         let meta = &slim.metadata;
         assert_eq!(meta.managed_fields, None);
         assert_eq!(meta.labels.as_ref().unwrap().len(), 2);
