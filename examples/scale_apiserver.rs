@@ -119,7 +119,9 @@ fn hash10(seed: usize) -> String {
     let mut x = (seed as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03;
     (0..10)
         .map(|_| {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ALPHABET[(x >> 33) as usize % ALPHABET.len()] as char
         })
         .collect()
@@ -158,7 +160,8 @@ fn fixed_of(i: usize) -> Option<(usize, usize)> {
 }
 
 fn deployments(pods: usize) -> usize {
-    pods.saturating_sub(fixed_pods()).div_ceil(PODS_PER_DEPLOYMENT)
+    pods.saturating_sub(fixed_pods())
+        .div_ceil(PODS_PER_DEPLOYMENT)
 }
 
 fn nodes(pods: usize) -> usize {
@@ -187,7 +190,11 @@ fn pod_shape(pods: usize, i: usize) -> PodShape {
             )
         }
     };
-    let rs_hash = hash10(deployment.len() * 7919 + deployment.bytes().map(usize::from).sum::<usize>() * 31 + i / PODS_PER_DEPLOYMENT);
+    let rs_hash = hash10(
+        deployment.len() * 7919
+            + deployment.bytes().map(usize::from).sum::<usize>() * 31
+            + i / PODS_PER_DEPLOYMENT,
+    );
     let name = format!("{deployment}-{rs_hash}-{}", &hash10(i)[..5]);
     PodShape {
         namespace,
@@ -218,10 +225,7 @@ fn fixed_annotations(shape: &PodShape) -> String {
 
 fn pod_metadata(shape: &PodShape, rv: u64, deleting: bool) -> String {
     let fixed_label = match shape.fixed_app {
-        Some(_) => format!(
-            r#","ip-webhook.io/allocated-ip":"{}""#,
-            shape.ip
-        ),
+        Some(_) => format!(r#","ip-webhook.io/allocated-ip":"{}""#, shape.ip),
         None => String::new(),
     };
     let deletion = if deleting {
@@ -299,10 +303,20 @@ fn node_json(i: usize, meta_only: bool) -> String {
 /// Deployment `d` (the fixed-IP apps first: `fixed-A` lists its IPs in its template).
 fn deployment_shape(d: usize) -> (String, String, Option<usize>, usize) {
     if d < FIXED_APPS {
-        (format!("ns-{}", d % NAMESPACES), format!("fixed-{d}"), Some(d), 3 + d % 2)
+        (
+            format!("ns-{}", d % NAMESPACES),
+            format!("fixed-{d}"),
+            Some(d),
+            3 + d % 2,
+        )
     } else {
         let p = d - FIXED_APPS;
-        (format!("ns-{}", p % NAMESPACES), format!("app-{p}"), None, PODS_PER_DEPLOYMENT)
+        (
+            format!("ns-{}", p % NAMESPACES),
+            format!("app-{p}"),
+            None,
+            PODS_PER_DEPLOYMENT,
+        )
     }
 }
 
@@ -443,15 +457,27 @@ impl Server {
         }));
     }
 
-    fn list(&self, target: &Target, q: &BTreeMap<String, String>, meta_only: bool) -> Response<Body> {
+    fn list(
+        &self,
+        target: &Target,
+        q: &BTreeMap<String, String>,
+        meta_only: bool,
+    ) -> Response<Body> {
         let rv = self.rv.load(Ordering::SeqCst);
-        let kind = if meta_only { "PartialObjectMetadataList" } else { "List" };
+        let kind = if meta_only {
+            "PartialObjectMetadataList"
+        } else {
+            "List"
+        };
         let api_version = if meta_only { "meta.k8s.io/v1" } else { "v1" };
         let mut body = String::new();
         let mut next: Option<usize> = None;
         if let Some(total) = generated(self.pods, &target.plural) {
             let whole = q.get("resourceVersion").is_some_and(|v| v == "0");
-            let limit = q.get("limit").and_then(|l| l.parse::<usize>().ok()).filter(|_| !whole);
+            let limit = q
+                .get("limit")
+                .and_then(|l| l.parse::<usize>().ok())
+                .filter(|_| !whole);
             let mut i: usize = q.get("continue").and_then(|c| c.parse().ok()).unwrap_or(0);
             let mut taken = 0;
             while i < total {
@@ -472,8 +498,16 @@ impl Server {
         } else {
             let store = self.store.lock().unwrap();
             let mut first = true;
-            for object in store.get(&target.resource).into_iter().flat_map(|m| m.values()) {
-                if target.namespace.as_deref().is_some_and(|ns| object["metadata"]["namespace"] != ns) {
+            for object in store
+                .get(&target.resource)
+                .into_iter()
+                .flat_map(|m| m.values())
+            {
+                if target
+                    .namespace
+                    .as_deref()
+                    .is_some_and(|ns| object["metadata"]["namespace"] != ns)
+                {
                     continue;
                 }
                 if !first {
@@ -481,13 +515,19 @@ impl Server {
                 }
                 first = false;
                 if meta_only {
-                    let _ = write!(body, r#"{{"kind":"PartialObjectMetadata","apiVersion":"meta.k8s.io/v1","metadata":{}}}"#, object["metadata"]);
+                    let _ = write!(
+                        body,
+                        r#"{{"kind":"PartialObjectMetadata","apiVersion":"meta.k8s.io/v1","metadata":{}}}"#,
+                        object["metadata"]
+                    );
                 } else {
                     body.push_str(&object.to_string());
                 }
             }
         }
-        let cont = next.map(|n| format!(r#","continue":"{n}""#)).unwrap_or_default();
+        let cont = next
+            .map(|n| format!(r#","continue":"{n}""#))
+            .unwrap_or_default();
         self.reply(
             StatusCode::OK,
             format!(r#"{{"kind":"{kind}","apiVersion":"{api_version}","metadata":{{"resourceVersion":"{rv}"{cont}}},"items":[{body}]}}"#),
@@ -502,11 +542,18 @@ impl Server {
                 match events.recv().await {
                     Ok(event) => {
                         if event.resource != target.resource
-                            || target.namespace.as_ref().is_some_and(|ns| *ns != event.namespace)
+                            || target
+                                .namespace
+                                .as_ref()
+                                .is_some_and(|ns| *ns != event.namespace)
                         {
                             continue;
                         }
-                        let line = if meta_only { event.meta.clone() } else { event.full.clone() };
+                        let line = if meta_only {
+                            event.meta.clone()
+                        } else {
+                            event.full.clone()
+                        };
                         server.count(line.len());
                         if tx.send(line).await.is_err() {
                             return;
@@ -542,13 +589,18 @@ impl Server {
                 if meta.get("name").is_none()
                     && let Some(prefix) = meta.get("generateName").and_then(Value::as_str)
                 {
-                    meta["name"] = json!(format!("{prefix}{}", &hash10(self.next_rv() as usize)[..5]));
+                    meta["name"] =
+                        json!(format!("{prefix}{}", &hash10(self.next_rv() as usize)[..5]));
                 }
                 let name = meta["name"].as_str().unwrap_or("").to_string();
                 let key = format!("{ns}/{name}");
                 if objects.contains_key(&key) {
                     drop(store);
-                    return self.status(StatusCode::CONFLICT, "AlreadyExists", &format!("{} {name:?} already exists", target.plural));
+                    return self.status(
+                        StatusCode::CONFLICT,
+                        "AlreadyExists",
+                        &format!("{} {name:?} already exists", target.plural),
+                    );
                 }
                 let rv = self.next_rv();
                 meta["uid"] = json!(uid(9, rv as usize));
@@ -567,7 +619,11 @@ impl Server {
                 let key = format!("{ns}/{name}");
                 let Some(current) = objects.get(&key).cloned() else {
                     drop(store);
-                    return self.status(StatusCode::NOT_FOUND, "NotFound", &format!("{} {name:?} not found", target.plural));
+                    return self.status(
+                        StatusCode::NOT_FOUND,
+                        "NotFound",
+                        &format!("{} {name:?} not found", target.plural),
+                    );
                 };
                 let mut object = current.clone();
                 match *method {
@@ -576,10 +632,19 @@ impl Server {
                         return self.reply(StatusCode::OK, current.to_string());
                     }
                     Method::DELETE => {
-                        let precondition = incoming.as_ref().and_then(|o| o.pointer("/preconditions/resourceVersion")).and_then(Value::as_str);
-                        if precondition.is_some_and(|rv| Some(rv) != current["metadata"]["resourceVersion"].as_str()) {
+                        let precondition = incoming
+                            .as_ref()
+                            .and_then(|o| o.pointer("/preconditions/resourceVersion"))
+                            .and_then(Value::as_str);
+                        if precondition.is_some_and(|rv| {
+                            Some(rv) != current["metadata"]["resourceVersion"].as_str()
+                        }) {
                             drop(store);
-                            return self.status(StatusCode::CONFLICT, "Conflict", "the object has been modified");
+                            return self.status(
+                                StatusCode::CONFLICT,
+                                "Conflict",
+                                "the object has been modified",
+                            );
                         }
                         objects.remove(&key);
                         let rv = self.next_rv();
@@ -591,7 +656,12 @@ impl Server {
                             drop(store);
                             return self.status(StatusCode::BAD_REQUEST, "BadRequest", "not JSON");
                         };
-                        if new["metadata"]["resourceVersion"].as_str().is_some_and(|rv| Some(rv) != current["metadata"]["resourceVersion"].as_str()) {
+                        if new["metadata"]["resourceVersion"]
+                            .as_str()
+                            .is_some_and(|rv| {
+                                Some(rv) != current["metadata"]["resourceVersion"].as_str()
+                            })
+                        {
                             drop(store);
                             return self.status(StatusCode::CONFLICT, "Conflict", "the object has been modified; please apply your changes to the latest version and try again");
                         }
@@ -600,14 +670,17 @@ impl Server {
                         } else {
                             let keep_status = object.get("status").cloned();
                             object = new;
-                            if let Some(status) = keep_status.filter(|_| target.plural == "ipclaims") {
+                            if let Some(status) =
+                                keep_status.filter(|_| target.plural == "ipclaims")
+                            {
                                 object["status"] = status;
                             }
                         }
                         let rv = self.next_rv();
                         object["metadata"]["resourceVersion"] = json!(rv.to_string());
                         object["metadata"]["uid"] = current["metadata"]["uid"].clone();
-                        object["metadata"]["creationTimestamp"] = current["metadata"]["creationTimestamp"].clone();
+                        object["metadata"]["creationTimestamp"] =
+                            current["metadata"]["creationTimestamp"].clone();
                         objects.insert(key, object.clone());
                         ("MODIFIED", object)
                     }
@@ -617,11 +690,17 @@ impl Server {
                             return self.status(StatusCode::BAD_REQUEST, "BadRequest", "not JSON");
                         };
                         if let Some(ops) = patch.as_array() {
-                            match serde_json::from_value::<json_patch::Patch>(Value::Array(ops.clone())) {
+                            match serde_json::from_value::<json_patch::Patch>(Value::Array(
+                                ops.clone(),
+                            )) {
                                 Ok(p) if json_patch::patch(&mut object, &p).is_ok() => {}
                                 _ => {
                                     drop(store);
-                                    return self.status(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", "the JSON patch does not apply");
+                                    return self.status(
+                                        StatusCode::UNPROCESSABLE_ENTITY,
+                                        "Invalid",
+                                        "the JSON patch does not apply",
+                                    );
                                 }
                             }
                         } else {
@@ -634,18 +713,30 @@ impl Server {
                     }
                     _ => {
                         drop(store);
-                        return self.status(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed", "method not allowed");
+                        return self.status(
+                            StatusCode::METHOD_NOT_ALLOWED,
+                            "MethodNotAllowed",
+                            "method not allowed",
+                        );
                     }
                 }
             }
             _ => {
                 drop(store);
-                return self.status(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed", "method not allowed");
+                return self.status(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "MethodNotAllowed",
+                    "method not allowed",
+                );
             }
         };
         drop(store);
         self.broadcast(&target.resource, &ns, kind, &object);
-        let code = if kind == "ADDED" { StatusCode::CREATED } else { StatusCode::OK };
+        let code = if kind == "ADDED" {
+            StatusCode::CREATED
+        } else {
+            StatusCode::OK
+        };
         self.reply(code, object.to_string())
     }
 
@@ -693,7 +784,12 @@ impl Server {
             let key = format!("/{}", shape.ip);
             let resource = "ip-webhook.io/v1alpha1/ipclaims";
             claim["metadata"]["resourceVersion"] = json!(self.next_rv().to_string());
-            self.store.lock().unwrap().entry(resource.into()).or_default().insert(key.clone(), claim.clone());
+            self.store
+                .lock()
+                .unwrap()
+                .entry(resource.into())
+                .or_default()
+                .insert(key.clone(), claim.clone());
             self.broadcast(resource, "", "ADDED", &claim);
             tokio::time::sleep(Duration::from_millis(20)).await;
             let rv = self.next_rv();
@@ -704,15 +800,27 @@ impl Server {
             claim["spec"]["podUid"] = json!(shape.uid);
             claim["status"] = json!({"phase": "Bound", "reservedAt": CREATED});
             claim["metadata"]["resourceVersion"] = json!(self.next_rv().to_string());
-            self.store.lock().unwrap().entry(resource.into()).or_default().insert(key, claim.clone());
+            self.store
+                .lock()
+                .unwrap()
+                .entry(resource.into())
+                .or_default()
+                .insert(key, claim.clone());
             self.broadcast(resource, "", "MODIFIED", &claim);
             tokio::time::sleep(interval.saturating_sub(Duration::from_millis(40))).await;
         }
     }
 
-    async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+    async fn handle(
+        self: Arc<Self>,
+        request: Request<Incoming>,
+    ) -> Result<Response<Body>, Infallible> {
         let (parts, body) = request.into_parts();
-        let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+        let body = body
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
         let path = parts.uri.path().to_string();
         let q = query(&parts.uri);
         let watching = q.get("watch").is_some_and(|w| w == "true" || w == "1");
@@ -731,7 +839,9 @@ impl Server {
                 "stats" => {
                     let requests = self.requests.lock().unwrap().clone();
                     let bytes = self.bytes.load(Ordering::Relaxed);
-                    Response::new(full(json!({"bytes": bytes, "requests": requests}).to_string()))
+                    Response::new(full(
+                        json!({"bytes": bytes, "requests": requests}).to_string(),
+                    ))
                 }
                 "reset" => {
                     self.bytes.store(0, Ordering::Relaxed);
@@ -743,7 +853,10 @@ impl Server {
                     Response::new(full("{}"))
                 }
                 "admit" => {
-                    let interval = q.get("interval_ms").and_then(|n| n.parse().ok()).unwrap_or(560);
+                    let interval = q
+                        .get("interval_ms")
+                        .and_then(|n| n.parse().ok())
+                        .unwrap_or(560);
                     self.clone().admit(n, Duration::from_millis(interval)).await;
                     Response::new(full("{}"))
                 }
@@ -751,10 +864,17 @@ impl Server {
             });
         }
         if path == "/version" {
-            return Ok(self.reply(StatusCode::OK, json!({"major": "1", "minor": "33", "gitVersion": "v1.33.0"}).to_string()));
+            return Ok(self.reply(
+                StatusCode::OK,
+                json!({"major": "1", "minor": "33", "gitVersion": "v1.33.0"}).to_string(),
+            ));
         }
         let Some(target) = parse_path(&path) else {
-            return Ok(self.status(StatusCode::NOT_FOUND, "NotFound", "the server could not find the requested resource"));
+            return Ok(self.status(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                "the server could not find the requested resource",
+            ));
         };
         let meta_only = parts
             .headers
@@ -771,8 +891,15 @@ impl Server {
                     json.contains(&format!(r#""name":"{name}""#))
                 });
                 match found {
-                    Some(i) => self.reply(StatusCode::OK, generated_json(self.pods, &target.plural, i, meta_only)),
-                    None => self.status(StatusCode::NOT_FOUND, "NotFound", &format!("{} {name:?} not found", target.plural)),
+                    Some(i) => self.reply(
+                        StatusCode::OK,
+                        generated_json(self.pods, &target.plural, i, meta_only),
+                    ),
+                    None => self.status(
+                        StatusCode::NOT_FOUND,
+                        "NotFound",
+                        &format!("{} {name:?} not found", target.plural),
+                    ),
                 }
             }
             _ => self.write(&parts.method, &target, &body, &path),
@@ -813,8 +940,14 @@ where
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let port: u16 = args.get(1).and_then(|p| p.parse().ok()).expect("usage: scale_apiserver PORT PODS");
-    let pods: usize = args.get(2).and_then(|p| p.parse().ok()).expect("usage: scale_apiserver PORT PODS");
+    let port: u16 = args
+        .get(1)
+        .and_then(|p| p.parse().ok())
+        .expect("usage: scale_apiserver PORT PODS");
+    let pods: usize = args
+        .get(2)
+        .and_then(|p| p.parse().ok())
+        .expect("usage: scale_apiserver PORT PODS");
     let pods = pods.max(fixed_pods());
     let (events, _) = broadcast::channel(1 << 16);
     let server = Arc::new(Server {
@@ -827,16 +960,25 @@ async fn main() {
     });
     {
         let mut store = server.store.lock().unwrap();
-        let claims = store.entry("ip-webhook.io/v1alpha1/ipclaims".into()).or_default();
+        let claims = store
+            .entry("ip-webhook.io/v1alpha1/ipclaims".into())
+            .or_default();
         for i in 0..fixed_pods() {
             let claim = claim_of(pods, i);
-            claims.insert(format!("/{}", claim["metadata"]["name"].as_str().unwrap()), claim);
+            claims.insert(
+                format!("/{}", claim["metadata"]["name"].as_str().unwrap()),
+                claim,
+            );
         }
     }
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.expect("bind");
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .expect("bind");
     eprintln!("scale_apiserver: {pods} pods on 127.0.0.1:{port}");
     loop {
-        let Ok((stream, _)) = listener.accept().await else { continue };
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
         let server = server.clone();
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |r| server.clone().handle(r));
