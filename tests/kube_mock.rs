@@ -569,6 +569,8 @@ async fn a_full_resync_frees_an_ip_whose_pod_delete_the_watch_missed() {
         lists: None,
         sightings: Default::default(),
         started: tokio::time::Instant::now(),
+        listed_seen: Default::default(),
+        claimed_seen: Default::default(),
     };
     // The leader has seen the claim bound for longer than the admission window.
     seen_for(&reconciler, &caches.claim_list(), Duration::from_secs(121)).await;
@@ -875,6 +877,8 @@ async fn a_pass_expires_old_reservations_and_keeps_a_gone_statefulset_pods_ip() 
         lists: None,
         sightings: Default::default(),
         started: tokio::time::Instant::now(),
+        listed_seen: Default::default(),
+        claimed_seen: Default::default(),
     };
     // Ages on the leader's own clock: the young reservation was first seen 60 s ago, the others
     // long before; the times the claims carry play no part.

@@ -28,6 +28,9 @@ use crate::metrics::{CacheKindLabels, Metrics};
 use crate::webhook::Webhook;
 use crate::webhook::workloads::{self, WORKLOAD_KINDS, WorkloadId};
 
+mod changes;
+use changes::{Marked, touched};
+
 /// A pod as the IP index keeps it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlimPod {
@@ -162,6 +165,8 @@ struct Books<T> {
     by_key: BTreeMap<Box<str>, Arc<T>>,
     by_ip: BTreeMap<IpAddr, Arc<T>>,
     shared: BTreeMap<IpAddr, Vec<Arc<T>>>,
+    /// Bumped whenever `shared` changes.
+    shared_changes: u64,
 }
 
 impl<T> Default for Books<T> {
@@ -170,6 +175,7 @@ impl<T> Default for Books<T> {
             by_key: BTreeMap::new(),
             by_ip: BTreeMap::new(),
             shared: BTreeMap::new(),
+            shared_changes: 0,
         }
     }
 }
@@ -197,6 +203,7 @@ impl<T: HasIps> Books<T> {
         };
         for ip in old.ips() {
             if let Some(carriers) = self.shared.get_mut(ip) {
+                self.shared_changes += 1;
                 carriers.retain(|v| !Arc::ptr_eq(v, &old));
                 let next = carriers[0].clone();
                 if carriers.len() == 1 {
@@ -224,6 +231,7 @@ impl<T: HasIps> Books<T> {
                     let carriers = self.shared.entry(*ip).or_insert_with(|| vec![held]);
                     if !carriers.iter().any(|v| Arc::ptr_eq(v, &value)) {
                         carriers.push(value.clone());
+                        self.shared_changes += 1;
                     }
                 }
             }
@@ -261,6 +269,13 @@ pub struct ClusterIps {
     lost: RwLock<std::collections::HashSet<Box<str>>>,
     /// The label naming a pod's app (set before the pod watch starts; `app` if never set).
     app_label: std::sync::OnceLock<String>,
+    /// The apps' lists, to tell which pod events concern the reconciler ([`Self::set_lists`]).
+    lists: std::sync::OnceLock<Arc<dyn super::reconcile::AppLists>>,
+    /// Running pods on an IP of their own app's list, changed since the leader last looked.
+    marked: std::sync::Mutex<Marked>,
+    /// The indexed pods that are Terminating, kept beside the index so that node-loss release
+    /// (every second on the leader) does not visit every pod.
+    terminating: RwLock<BTreeMap<Box<str>, Arc<SlimPod>>>,
 }
 
 fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
@@ -303,6 +318,11 @@ impl ClusterIps {
         read(&self.pods).by_key.get(uid).cloned()
     }
 
+    /// The indexed pod running on `ip`, if one is.
+    pub fn pod_on(&self, ip: &IpAddr) -> Option<Arc<SlimPod>> {
+        read(&self.pods).by_ip.get(ip).cloned()
+    }
+
     /// Every indexed pod.
     pub fn pods(&self) -> Vec<Arc<SlimPod>> {
         read(&self.pods).by_key.values().cloned().collect()
@@ -318,30 +338,7 @@ impl ClusterIps {
 
     /// Every indexed pod that is Terminating (deletionTimestamp set).
     pub fn terminating_pods(&self) -> Vec<Arc<SlimPod>> {
-        read(&self.pods)
-            .by_key
-            .values()
-            .filter(|p| p.deleting_at.is_some())
-            .cloned()
-            .collect()
-    }
-
-    /// Every IP that two or more live (not Terminating) indexed pods run on, with those pods,
-    /// oldest first: what `status.podIPs` shows, whoever assigned the IPs.
-    pub fn shared_pod_ips(&self) -> Vec<(IpAddr, Vec<Arc<SlimPod>>)> {
-        read(&self.pods)
-            .shared
-            .iter()
-            .filter_map(|(ip, carriers)| {
-                let mut live: Vec<Arc<SlimPod>> = carriers
-                    .iter()
-                    .filter(|p| p.deleting_at.is_none())
-                    .cloned()
-                    .collect();
-                live.sort_by(|a, b| (a.created_at, &a.uid).cmp(&(b.created_at, &b.uid)));
-                (live.len() > 1).then_some((*ip, live))
-            })
-            .collect()
+        read(&self.terminating).values().cloned().collect()
     }
 
     /// The IPs of this pod (on a lost node, its claims released) stop counting as used.
@@ -357,13 +354,18 @@ impl ClusterIps {
 
     /// Apply one pod event (a pod without IPs of its own is removed).
     pub fn pod_event(&self, event: watcher::Event<SlimOrGone>) {
+        let touched = touched(&event);
         pod_step(&self.pods, &self.pods_synced, event);
+        if let Some((uid, pod)) = touched {
+            self.note_terminating(&uid, pod.as_ref());
+        }
     }
 
     /// Build the pod index from a list in one go (benchmarks, tests).
     pub fn set_pods(&self, pods: Vec<SlimPod>) {
         let all = pods.into_iter().map(|p| (p.uid.clone(), p)).collect();
         write(&self.pods).replace(all);
+        self.rebuild_terminating();
         self.pods_synced.store(true, Ordering::SeqCst);
     }
 }
@@ -489,9 +491,30 @@ pub async fn watch_pod_ips(api: Api<Pod>, caches: Arc<Caches>, metrics: Arc<Metr
                     continue;
                 };
                 let relisted = matches!(event, watcher::Event::InitDone);
+                let concerns = match &event {
+                    watcher::Event::Apply(SlimOrGone {
+                        value: Some(pod), ..
+                    }) => index.concerns_lists(pod).then(|| pod.uid.clone()),
+                    _ => None,
+                };
+                let changed = touched(&event);
+                let shared_before = index.shared_changes();
                 relist.step(&index.pods, &index.pods_synced, event);
                 gauge.set(index.pod_count() as i64);
+                if let Some((uid, pod)) = changed {
+                    index.note_terminating(&uid, pod.as_ref());
+                }
                 if relisted {
+                    index.rebuild_terminating();
+                    index.mark_all();
+                }
+                if let Some(uid) = &concerns {
+                    index.mark(uid);
+                }
+                // Only pods the reconciler acts on wake it; the rest of the cluster's churn
+                // costs each replica this index update and nothing more.
+                // ... and two pods coming to share an IP, or ceasing to (a duplicate to report)
+                if relisted || concerns.is_some() || index.shared_changes() != shared_before {
                     caches.changed.notify_one();
                 }
             }
@@ -644,7 +667,11 @@ async fn watch_workloads(
             }
             Ok(watcher::Event::Apply(object)) => {
                 match workloads::listing_of(kind, &object, &app_label) {
-                    Some(listing) => registry.record(listing.id, listing.app, &listing.set),
+                    Some(listing) => {
+                        registry.record(listing.id, listing.app, &listing.set);
+                        // a list may now cover a running pod: the reconciler looks again
+                        caches.changed.notify_one();
+                    }
                     None => registry.forget(&id_of(&object)),
                 }
             }
@@ -750,6 +777,99 @@ mod tests {
             index.user(&ip("10.98.2.7")).unwrap().ovn_ip.as_deref(),
             Some("static-7584848b74-fw9dm.default")
         );
+    }
+
+    fn slim(uid: &str, app: &str, addr: &str, deleting: bool) -> SlimPod {
+        SlimPod {
+            namespace: "ns".into(),
+            name: uid.into(),
+            uid: uid.into(),
+            node: "n1".into(),
+            ips: vec![ip(addr)].into(),
+            deleting_at: deleting.then_some(5),
+            deletion_grace: None,
+            created_at: 0,
+            controller: None,
+            app: app.into(),
+        }
+    }
+
+    struct OneList;
+
+    impl super::super::reconcile::AppLists for OneList {
+        fn sole_app_listing(&self, at: IpAddr) -> Option<String> {
+            (at == ip("10.0.0.7")).then(|| "ns/web".to_string())
+        }
+    }
+
+    #[test]
+    fn only_pods_on_their_own_apps_list_concern_the_reconciler() {
+        let index = ClusterIps::default();
+        // without lists, any pod with an app might
+        assert!(index.concerns_lists(&slim("a", "web", "10.9.0.1", false)));
+        assert!(!index.concerns_lists(&slim("a", "", "10.0.0.7", false)));
+        index.set_lists(Arc::new(OneList));
+        assert!(index.concerns_lists(&slim("a", "web", "10.0.0.7", false)));
+        assert!(!index.concerns_lists(&slim("b", "other", "10.0.0.7", false)));
+        assert!(!index.concerns_lists(&slim("c", "web", "10.9.0.1", false)));
+    }
+
+    #[test]
+    fn marks_are_taken_once_and_too_many_mean_look_at_everything() {
+        let index = ClusterIps::default();
+        assert_eq!(index.take_marked(), Some(vec![]));
+        index.mark("a");
+        index.mark("a");
+        assert_eq!(index.take_marked(), Some(vec!["a".into()]));
+        assert_eq!(index.take_marked(), Some(vec![]));
+        for n in 0..=changes::MARK_CAP {
+            index.mark(&n.to_string());
+        }
+        assert_eq!(index.take_marked(), None, "past the cap the count is lost");
+        index.mark("b");
+        index.mark_all();
+        assert_eq!(
+            index.take_marked(),
+            None,
+            "a relist: every pod needs a look"
+        );
+        assert_eq!(index.take_marked(), Some(vec![]));
+    }
+
+    #[test]
+    fn terminating_pods_are_kept_beside_the_index() {
+        let index = ClusterIps::default();
+        index.set_pods(vec![
+            slim("a", "web", "10.0.0.1", true),
+            slim("b", "web", "10.0.0.2", false),
+        ]);
+        let uids = |index: &ClusterIps| -> Vec<String> {
+            index
+                .terminating_pods()
+                .iter()
+                .map(|p| p.uid.to_string())
+                .collect()
+        };
+        assert_eq!(uids(&index), ["a"]);
+        let apply = |pod: SlimPod| {
+            watcher::Event::Apply(SlimOrGone {
+                key: pod.uid.clone(),
+                value: Some(pod),
+            })
+        };
+        index.pod_event(apply(slim("b", "web", "10.0.0.2", true)));
+        assert_eq!(uids(&index), ["a", "b"]);
+        index.pod_event(watcher::Event::Delete(SlimOrGone {
+            key: "a".into(),
+            value: None,
+        }));
+        // finished: no longer running on IPs of its own
+        index.pod_event(watcher::Event::Apply(SlimOrGone {
+            key: "b".into(),
+            value: None,
+        }));
+        assert!(uids(&index).is_empty());
+        assert_eq!(index.pod_count(), 0);
     }
 
     #[test]

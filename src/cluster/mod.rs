@@ -32,7 +32,7 @@ mod reconciler;
 pub mod sweep;
 mod watches;
 
-pub use reconciler::Reconciler;
+pub use reconciler::{Reconciler, list_pages};
 pub use watches::{pod_info, tolerant_catalog, watch_claims, watch_pods, watch_pools};
 
 pub use reconcile::{PodInfo, Rules};
@@ -84,6 +84,8 @@ pub struct Caches {
     /// Pods' actual IPs, Kube-OVN IP objects, workloads' lists ([`index`]).
     pub cluster_ips: Arc<index::ClusterIps>,
     pods_synced: AtomicBool,
+    /// When the pod watch last (re)listed: a full pass takes its pods from a list this recent.
+    pods_listed_at: Mutex<Option<tokio::time::Instant>>,
     claims_synced: AtomicBool,
     pools_synced: AtomicBool,
     /// Something changed: the reconciler may have work.
@@ -106,6 +108,11 @@ impl Caches {
 
     pub fn pod_map(&self) -> HashMap<String, PodInfo> {
         lock(&self.pods).clone()
+    }
+
+    /// Whether the pod watch (re)listed within `period`.
+    pub fn pods_listed_within(&self, period: Duration) -> bool {
+        lock(&self.pods_listed_at).is_some_and(|at| at.elapsed() < period)
     }
 }
 
@@ -213,6 +220,7 @@ pub fn start(
         )),
     ];
     webhook.allocator.set_foreign(caches.cluster_ips.clone());
+    caches.cluster_ips.set_lists(webhook.clone());
     tasks.push(tokio::spawn(index::watch_pod_ips(
         Api::all(client.clone()),
         caches.clone(),
@@ -292,6 +300,8 @@ pub fn start(
         lists: Some(webhook.clone()),
         sightings: Default::default(),
         started: tokio::time::Instant::now(),
+        listed_seen: Default::default(),
+        claimed_seen: Default::default(),
     };
     tasks.push(tokio::spawn(reconciler.run(leading.clone(), ready)));
     ClusterHandle {
@@ -314,9 +324,16 @@ fn edge_tasks(
     let mut tasks = Vec::new();
     if !options.node_lost_grace.is_zero() {
         let nodes = Arc::new(node_loss::Nodes::default());
-        tasks.push(tokio::spawn(node_loss::watch_nodes(
-            Api::all(client.clone()),
-            nodes.clone(),
+        // Only the leader releases on node loss, so only the leader watches Nodes.
+        let (api, watched): (Api<k8s_openapi::api::core::v1::Node>, _) =
+            (Api::all(client.clone()), nodes.clone());
+        tasks.push(tokio::spawn(while_leading(
+            leading.clone(),
+            move || node_loss::watch_nodes(api.clone(), watched.clone()),
+            {
+                let nodes = nodes.clone();
+                move || nodes.forget()
+            },
         )));
         let releaser = node_loss::NodeLoss {
             allocator: webhook.allocator.clone(),
@@ -358,6 +375,34 @@ fn edge_tasks(
         )));
     }
     tasks
+}
+
+/// Run `task` while this replica leads: started when it becomes the leader, dropped (and
+/// `stopped` called) when it stops being one.
+async fn while_leading<F, Fut>(mut leading: watch::Receiver<bool>, task: F, stopped: impl Fn())
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    loop {
+        while !*leading.borrow_and_update() {
+            if leading.changed().await.is_err() {
+                return;
+            }
+        }
+        let mut follower = leading.clone();
+        tokio::select! {
+            _ = task() => {}
+            _ = async {
+                while *follower.borrow_and_update() {
+                    if follower.changed().await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                }
+            } => {}
+        }
+        stopped();
+    }
 }
 
 /// With a ledger other than IPClaims (etcd, embedded) and an API server: the Lease election and
@@ -462,6 +507,46 @@ mod tests {
             "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "x", "uid": "r", "controller": true}],
         }));
         assert!(!pod_info(&replicaset, "app").unwrap().stateful);
+    }
+
+    #[test]
+    fn only_a_change_to_the_pod_cache_counts_as_one() {
+        use watches::{Change, apply_pod_change};
+        let info = |ip: &str| PodInfo {
+            namespace: "prod".into(),
+            name: "web-0".into(),
+            uid: "u-1".into(),
+            ips: vec![ip.parse().unwrap()],
+            created_at: 1,
+            terminating: false,
+            stateful: false,
+            app: "web".into(),
+            token: None,
+        };
+        let mut pods = HashMap::new();
+        // a pod that carries none of our IPs: its events change nothing here
+        assert!(!apply_pod_change(&mut pods, Change::Delete("other".into())));
+        assert!(!apply_pod_change(&mut pods, Change::Nothing));
+        assert!(apply_pod_change(
+            &mut pods,
+            Change::Upsert("u-1".into(), info("10.0.0.7"))
+        ));
+        // the same pod again (a status update, say): no change
+        assert!(!apply_pod_change(
+            &mut pods,
+            Change::Upsert("u-1".into(), info("10.0.0.7"))
+        ));
+        assert!(apply_pod_change(
+            &mut pods,
+            Change::Upsert("u-1".into(), info("10.0.0.8"))
+        ));
+        assert_eq!(
+            pods["u-1"].ips,
+            vec!["10.0.0.8".parse::<std::net::IpAddr>().unwrap()]
+        );
+        assert!(apply_pod_change(&mut pods, Change::Delete("u-1".into())));
+        assert!(pods.is_empty());
+        assert!(apply_pod_change(&mut pods, Change::Replace(HashMap::new())));
     }
 
     #[test]

@@ -113,6 +113,16 @@ impl Nodes {
             .copied()
     }
 
+    /// Forget every node until the next list (the watch stopped: this replica no longer
+    /// leads).
+    pub fn forget(&self) {
+        self.synced.store(false, Ordering::SeqCst);
+        self.ready
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+    }
+
     fn apply(&self, change: Change<NodeReady>) {
         let mut ready = self.ready.write().unwrap_or_else(|p| p.into_inner());
         match change {

@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 
 use async_trait::async_trait;
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{ListParams, PartialObjectMeta};
 use kube::{Api, Client, Resource};
@@ -65,19 +66,53 @@ impl PodDirectory {
     }
 
     /// The node of each claim's pod, by IP, for the claims whose pod exists and is scheduled.
-    /// A namespace whose pods cannot be listed is left out, and named in the second value.
+    /// A claim that names its pod costs one read of that pod; the others (reservations that
+    /// name none yet) one paged list of their namespace, of which only the pods that could
+    /// hold them are kept. What could not be read is left out, and named in the second value.
     pub async fn nodes(&self, claims: &[Claim]) -> (BTreeMap<IpAddr, String>, Vec<String>) {
         let mut by_namespace: HashMap<&str, Vec<&Claim>> = HashMap::new();
+        let mut named: Vec<&Claim> = Vec::new();
         for claim in claims.iter().filter(|c| c.is_held()) {
-            by_namespace
-                .entry(claim.pod.namespace.as_str())
-                .or_default()
-                .push(claim);
+            if claim.pod.name.is_empty() {
+                by_namespace
+                    .entry(claim.pod.namespace.as_str())
+                    .or_default()
+                    .push(claim);
+            } else {
+                named.push(claim);
+            }
         }
         let mut nodes = BTreeMap::new();
         let mut failures = Vec::new();
+        let reads = futures::stream::iter(named.into_iter().map(|claim| async move {
+            let read = self
+                .api(&claim.pod.namespace)
+                .get_opt(&claim.pod.name)
+                .await
+                .map_err(|error| {
+                    format!(
+                        "reading pod {}/{} failed: {error}",
+                        claim.pod.namespace, claim.pod.name
+                    )
+                });
+            (claim, read)
+        }))
+        .buffer_unordered(CONCURRENT_READS)
+        .collect::<Vec<_>>()
+        .await;
+        for (claim, read) in reads {
+            match read {
+                Ok(pod) => {
+                    let pods: Vec<Pod> = pod.into_iter().collect();
+                    if let Some(node) = self.holder(&pods, claim).and_then(node_of) {
+                        nodes.insert(claim.ip, node);
+                    }
+                }
+                Err(why) => failures.push(why),
+            }
+        }
         for (namespace, claims) in by_namespace {
-            let pods = match self.list(namespace).await {
+            let pods = match self.candidates(namespace, &claims).await {
                 Ok(pods) => pods,
                 Err(why) => {
                     failures.push(why);
@@ -85,10 +120,7 @@ impl PodDirectory {
                 }
             };
             for claim in claims {
-                let node = self
-                    .holder(&pods, claim)
-                    .and_then(|pod| pod.spec.as_ref()?.node_name.clone());
-                if let Some(node) = node {
+                if let Some(node) = self.holder(&pods, claim).and_then(node_of) {
                     nodes.insert(claim.ip, node);
                 }
             }
@@ -96,6 +128,49 @@ impl PodDirectory {
         failures.sort();
         (nodes, failures)
     }
+
+    /// The pods of `namespace` that could hold one of `claims` (its UID, or an IP of ours),
+    /// read page by page and cut down to their metadata and node.
+    async fn candidates(&self, namespace: &str, claims: &[&Claim]) -> Result<Vec<Pod>, String> {
+        let uids: std::collections::HashSet<&str> =
+            claims.iter().filter_map(|c| c.pod.uid.as_deref()).collect();
+        let api = self.api(namespace);
+        let mut kept = Vec::new();
+        super::reconciler::list_pages(
+            |params| {
+                let api = api.clone();
+                async move { api.list(&params).await }
+            },
+            |page| {
+                kept.extend(page.into_iter().filter_map(|pod| {
+                    let could = pod
+                        .metadata
+                        .uid
+                        .as_deref()
+                        .is_some_and(|u| uids.contains(u))
+                        || pod_info(&pod.metadata, &self.app_label).is_some();
+                    could.then(|| Pod {
+                        metadata: pod.metadata,
+                        spec: pod.spec.map(|spec| k8s_openapi::api::core::v1::PodSpec {
+                            node_name: spec.node_name,
+                            ..Default::default()
+                        }),
+                        status: None,
+                    })
+                }))
+            },
+        )
+        .await
+        .map_err(|error| list_failed(namespace, error))?;
+        Ok(kept)
+    }
+}
+
+/// Reads of single pods `status` has in flight at once.
+const CONCURRENT_READS: usize = 16;
+
+fn node_of(pod: &Pod) -> Option<String> {
+    pod.spec.as_ref()?.node_name.clone()
 }
 
 #[async_trait]

@@ -7,7 +7,8 @@ use crate::ledger::kubernetes::from_resource;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
 use kube::{Api, Client};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -30,6 +31,10 @@ pub struct Reconciler {
     /// The leader's own clock for the ages of claims: monotonic, so neither another
     /// machine's clock nor a step of this one's wall clock can age a claim.
     pub started: tokio::time::Instant,
+    /// The apps' lists as the last pass saw them ([`reconcile::AppLists::listed_version`]).
+    pub listed_seen: std::sync::Mutex<Option<u64>>,
+    /// The IPs claimed as the last pass saw them.
+    pub claimed_seen: std::sync::Mutex<HashSet<IpAddr>>,
 }
 
 /// How long the loop lets a burst of watch events settle before a pass.
@@ -68,10 +73,34 @@ impl Reconciler {
 
     /// One pass. A full pass lists claims (and, for the leader, pods) from the API server
     /// rather than trusting the watches, and rebuilds the allocator's index from the list.
+    ///
+    /// A replica that does not lead copies nothing: it only rebuilds its index on a full
+    /// pass. The leader's incremental pass costs what changed: the claims, the pods that carry
+    /// an IP of ours, and the running pods the pod-IP index marked as touching an app's list
+    /// since the last pass; every running pod is visited only on a full pass, or when the
+    /// apps' lists changed.
     pub async fn pass(&self, full: bool, is_leader: bool) -> Option<tokio::time::Instant> {
-        let (claims, pods) = if full {
-            match self.fresh_lists(is_leader).await {
+        if !is_leader {
+            lock(&self.sightings).clear();
+            if full && let Err(error) = self.fresh_claims().await {
+                tracing::warn!(%error, "full resync failed; using the watch caches");
+            }
+            return None;
+        }
+        // A pod list younger than the resync period (the watch's own, at start) is as fresh as
+        // a full pass needs: a new leader does not read every pod twice.
+        let relist_pods = full && !self.caches.pods_listed_within(self.options.resync_period);
+        let (claims, pods) = if relist_pods {
+            match self.fresh_lists().await {
                 Ok(lists) => lists,
+                Err(error) => {
+                    tracing::warn!(%error, "full resync failed; using the watch caches");
+                    (self.caches.claim_list(), self.caches.pod_map())
+                }
+            }
+        } else if full {
+            match self.fresh_claims().await {
+                Ok(claims) => (claims, self.caches.pod_map()),
                 Err(error) => {
                     tracing::warn!(%error, "full resync failed; using the watch caches");
                     (self.caches.claim_list(), self.caches.pod_map())
@@ -80,10 +109,6 @@ impl Reconciler {
         } else {
             (self.caches.claim_list(), self.caches.pod_map())
         };
-        if !is_leader {
-            lock(&self.sightings).clear();
-            return None;
-        }
         let now = self.clock();
         let mut plan = {
             let mut seen = lock(&self.sightings);
@@ -91,7 +116,7 @@ impl Reconciler {
             reconcile::plan(&claims, &pods, &seen, now, self.options.rules)
         };
         if let Some(lists) = &self.lists {
-            let running = self.caches.cluster_ips.pods();
+            let running = self.adoption_candidates(full, &claims, lists.as_ref());
             reconcile::plan_list_adoptions(&mut plan, &claims, &pods, &running, lists.as_ref());
         }
         if !plan.actions.is_empty() {
@@ -105,11 +130,53 @@ impl Reconciler {
         self.executor.report_duplicates(&plan.duplicates).await;
         let pools: Vec<IPPool> = lock(&self.caches.pools).values().cloned().collect();
         let catalog = tolerant_catalog(&lock(&self.caches.pools));
-        let statuses = reconcile::pool_statuses(&catalog, &self.caches.claim_list());
+        let statuses = reconcile::pool_statuses(&catalog, &claims);
         self.executor.write_pool_statuses(&pools, &statuses).await;
         plan.next_due.map(|at| {
             tokio::time::Instant::now() + Duration::from_secs(at.saturating_sub(now).max(1))
         })
+    }
+
+    /// The running pods list adoption looks at: all of them on a full pass, after the index
+    /// lost count of what changed, or once the apps' lists changed (a list may now cover a
+    /// pod that was running all along); otherwise those the pod-IP index marked, and those
+    /// on the IPs of claims gone since the last pass (their pod may now need one).
+    fn adoption_candidates(
+        &self,
+        full: bool,
+        claims: &[Arc<IPClaim>],
+        lists: &dyn reconcile::AppLists,
+    ) -> Vec<Arc<super::index::SlimPod>> {
+        let index = &self.caches.cluster_ips;
+        let marked = index.take_marked();
+        let claimed: HashSet<IpAddr> = claims
+            .iter()
+            .filter_map(|c| c.spec.ip.parse().ok())
+            .collect();
+        let released: Vec<IpAddr> = {
+            let mut last = lock(&self.claimed_seen);
+            let released = last.difference(&claimed).copied().collect();
+            *last = claimed;
+            released
+        };
+        let listed = lists.listed_version();
+        let lists_changed = {
+            let mut last = lock(&self.listed_seen);
+            let changed = listed.is_none() || *last != listed;
+            *last = listed;
+            changed
+        };
+        match marked {
+            Some(uids) if !full && !lists_changed => {
+                let mut pods: Vec<Arc<super::index::SlimPod>> =
+                    uids.iter().filter_map(|uid| index.pod(uid)).collect();
+                pods.extend(released.iter().filter_map(|ip| index.pod_on(ip)));
+                pods.sort_by(|a, b| a.uid.cmp(&b.uid));
+                pods.dedup_by(|a, b| a.uid == b.uid);
+                pods
+            }
+            _ => index.pods(),
+        }
     }
 
     /// Seconds on the leader's own monotonic clock.
@@ -117,36 +184,84 @@ impl Reconciler {
         self.started.elapsed().as_secs()
     }
 
-    async fn fresh_lists(
-        &self,
-        with_pods: bool,
-    ) -> Result<(Vec<Arc<IPClaim>>, HashMap<String, PodInfo>), ClusterError> {
+    /// Claims from the API server, page by page, into the allocator's index.
+    async fn fresh_claims(&self) -> Result<Vec<Arc<IPClaim>>, ClusterError> {
         let claims_api: Api<IPClaim> = Api::all(self.client.clone());
-        let list = claims_api
-            .list(&ListParams::default())
-            .await
-            .map_err(|e| ClusterError::api("listing", "IPClaims", e))?;
-        let claims: Vec<Arc<IPClaim>> = list.items.into_iter().map(Arc::new).collect();
+        let mut claims: Vec<Arc<IPClaim>> = Vec::new();
+        list_pages(
+            |params| {
+                let api = claims_api.clone();
+                async move { api.list(&params).await }
+            },
+            |page| claims.extend(page.into_iter().map(Arc::new)),
+        )
+        .await
+        .map_err(|e| ClusterError::api("listing", "IPClaims", e))?;
         self.allocator.replace_all(
             claims
                 .iter()
                 .filter_map(|c| from_resource(c).ok())
                 .collect(),
         );
+        Ok(claims)
+    }
+
+    /// Claims and the metadata of pods from the API server, page by page: each page of pods
+    /// is reduced to the [`PodInfo`] of those that carry an IP before the next is read.
+    async fn fresh_lists(
+        &self,
+    ) -> Result<(Vec<Arc<IPClaim>>, HashMap<String, PodInfo>), ClusterError> {
+        let claims = self.fresh_claims().await?;
         let mut pods = HashMap::new();
-        if with_pods {
-            let pods_api: Api<Pod> = Api::all(self.client.clone());
-            let list = pods_api
-                .list_metadata(&ListParams::default())
-                .await
-                .map_err(|e| ClusterError::api("listing", "pods", e))?;
-            for pod in list.items {
-                if let Some(info) = pod_info(&pod.metadata, &self.options.app_label) {
-                    pods.insert(info.uid.clone(), info);
+        let pods_api: Api<Pod> = Api::all(self.client.clone());
+        let app_label = &self.options.app_label;
+        list_pages(
+            |params| {
+                let api = pods_api.clone();
+                async move { api.list_metadata(&params).await }
+            },
+            |page| {
+                for pod in page {
+                    if let Some(info) = pod_info(&pod.metadata, app_label) {
+                        pods.insert(info.uid.clone(), info);
+                    }
                 }
-            }
-        }
+            },
+        )
+        .await
+        .map_err(|e| ClusterError::api("listing", "pods", e))?;
         Ok((claims, pods))
+    }
+}
+
+/// Objects per page of a full list: what client-go's reflector asks for (`pager.go`,
+/// `defaultPageSize = 500`), so that no response holds the whole cluster.
+pub(super) const PAGE: u32 = 500;
+
+/// List page by page (`limit` and `continue`, one consistent snapshot on the API server),
+/// handing each page to `each` before reading the next.
+pub async fn list_pages<K, F, Fut>(
+    mut list: F,
+    mut each: impl FnMut(Vec<K>),
+) -> Result<(), kube::Error>
+where
+    K: Clone,
+    F: FnMut(ListParams) -> Fut,
+    Fut: std::future::Future<Output = Result<kube::api::ObjectList<K>, kube::Error>>,
+{
+    let mut token: Option<String> = None;
+    loop {
+        let mut params = ListParams::default().limit(PAGE);
+        if let Some(token) = token.take() {
+            params = params.continue_token(&token);
+        }
+        let page = list(params).await?;
+        let next = page.metadata.continue_.clone().filter(|t| !t.is_empty());
+        each(page.items);
+        match next {
+            Some(next) => token = Some(next),
+            None => return Ok(()),
+        }
     }
 }
 
@@ -154,5 +269,53 @@ async fn sleep_until(at: Option<tokio::time::Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::api::ObjectList;
+
+    fn page(items: Vec<u32>, next: Option<&str>) -> ObjectList<u32> {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"continue": next},
+            "items": items,
+        }))
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_list_is_read_page_by_page_with_the_continue_token() {
+        let asked = std::sync::Mutex::new(Vec::new());
+        let mut pages = vec![
+            page(vec![1, 2], Some("t1")),
+            page(vec![3], Some("t2")),
+            page(vec![4], Some("")),
+        ]
+        .into_iter();
+        let mut seen = Vec::new();
+        list_pages(
+            |params: ListParams| {
+                asked
+                    .lock()
+                    .unwrap()
+                    .push((params.limit, params.continue_token.clone()));
+                let next = pages.next().unwrap();
+                async move { Ok(next) }
+            },
+            |items: Vec<u32>| seen.push(items),
+        )
+        .await
+        .unwrap();
+        assert_eq!(seen, vec![vec![1, 2], vec![3], vec![4]]);
+        assert_eq!(
+            *asked.lock().unwrap(),
+            vec![
+                (Some(PAGE), None),
+                (Some(PAGE), Some("t1".to_string())),
+                (Some(PAGE), Some("t2".to_string())),
+            ]
+        );
     }
 }

@@ -11,7 +11,7 @@
 use crate::admission::annotations::{CLAIM_TOKEN, carried_ips};
 use crate::crd::{IPClaim, IPPool};
 use crate::ipam::allocator::Allocator;
-use crate::ipam::pools::PoolCatalog;
+use crate::ipam::pools::{Pool, PoolCatalog, PoolError};
 use crate::ledger::claim::is_token;
 use crate::ledger::kubernetes::from_resource;
 use crate::ledger::{ObservedChange, unix_now};
@@ -147,7 +147,11 @@ pub(super) async fn drive<K, S, F>(
     }
 }
 
-/// Pods that carry an IP, as [`PodInfo`] keyed by UID.
+/// Pods that carry an IP, as [`PodInfo`] keyed by UID. Metadata only: kube 5 asks for
+/// `PartialObjectMetadata(List)` for an `Api<PartialObjectMeta<_>>` (kube-core
+/// `Resource::metadata_api`), and the watcher lists in pages of 500; a [`PodInfo`] reads
+/// nothing else. Only a change to the cache
+/// wakes the reconciler: the events of pods that carry none of our IPs change nothing here.
 pub async fn watch_pods(api: Api<PartialObjectMeta<Pod>>, caches: Arc<Caches>, app_label: String) {
     let mut mirror = Mirror::new();
     let stream = watcher(api, watcher::Config::default()).default_backoff();
@@ -157,24 +161,39 @@ pub async fn watch_pods(api: Api<PartialObjectMeta<Pod>>, caches: Arc<Caches>, a
             |pod: &PartialObjectMeta<Pod>| pod.metadata.uid.clone(),
             |pod| pod_info(&pod.metadata, &app_label),
         );
-        let mut pods = lock(&caches.pods);
-        match change {
-            Change::Upsert(uid, info) => {
-                pods.insert(uid, info);
-            }
-            Change::Delete(uid) => {
-                pods.remove(&uid);
-            }
-            Change::Replace(all) => {
-                *pods = all;
-                caches.pods_synced.store(true, Ordering::SeqCst);
-            }
-            Change::Nothing => return,
+        let relisted = matches!(change, Change::Replace(_));
+        let changed = apply_pod_change(&mut lock(&caches.pods), change);
+        if relisted {
+            *lock(&caches.pods_listed_at) = Some(tokio::time::Instant::now());
+            caches.pods_synced.store(true, Ordering::SeqCst);
         }
-        drop(pods);
-        caches.changed.notify_one();
+        if changed {
+            caches.changed.notify_one();
+        }
     })
     .await
+}
+
+/// Apply one change to the pod cache; whether it changed anything (a relist always counts).
+pub(super) fn apply_pod_change(
+    pods: &mut HashMap<String, PodInfo>,
+    change: Change<PodInfo>,
+) -> bool {
+    match change {
+        Change::Upsert(uid, info) => {
+            if pods.get(&uid) == Some(&info) {
+                return false;
+            }
+            pods.insert(uid, info);
+            true
+        }
+        Change::Delete(uid) => pods.remove(&uid).is_some(),
+        Change::Replace(all) => {
+            *pods = all;
+            true
+        }
+        Change::Nothing => false,
+    }
 }
 
 /// IPClaims, fed into the allocator's index as they change.
@@ -222,7 +241,9 @@ pub async fn watch_claims(api: Api<IPClaim>, caches: Arc<Caches>, allocator: Arc
 }
 
 /// Build a catalog from whatever pools are valid, oldest first; a pool that is invalid or
-/// overlaps an older one is left out (and logged) rather than taking every pool down.
+/// overlaps an older one is left out (and logged) rather than taking every pool down. Each
+/// pool is checked against the pools accepted so far through the catalog's range index, once:
+/// n log n in the pools.
 pub fn tolerant_catalog(pools: &BTreeMap<String, IPPool>) -> PoolCatalog {
     let mut ordered: Vec<&IPPool> = pools.values().collect();
     ordered.sort_by_key(|p| {
@@ -231,15 +252,28 @@ pub fn tolerant_catalog(pools: &BTreeMap<String, IPPool>) -> PoolCatalog {
             p.metadata.name.clone(),
         )
     });
-    let mut accepted: Vec<IPPool> = Vec::new();
-    for pool in ordered {
-        accepted.push(pool.clone());
-        if let Err(error) = PoolCatalog::new(&accepted) {
+    let mut catalog = PoolCatalog::default();
+    for resource in ordered {
+        let pool = match Pool::from_resource(resource) {
+            Ok(pool) => pool,
+            Err(error) => {
+                tracing::warn!(%error, "IPPool left out of the catalog");
+                continue;
+            }
+        };
+        if let Some(other) = catalog.overlapping(&pool) {
+            let error = PoolError::Overlap {
+                pool: pool.name.clone(),
+                cidr: pool.cidr.to_string(),
+                other: other.name.clone(),
+                other_cidr: other.cidr.to_string(),
+            };
             tracing::warn!(%error, "IPPool left out of the catalog");
-            accepted.pop();
+            continue;
         }
+        catalog.insert(pool);
     }
-    PoolCatalog::new(&accepted).unwrap_or_default()
+    catalog
 }
 
 /// IPPools, rebuilt into the webhook's catalog on every change.

@@ -26,22 +26,28 @@ impl DuplicateStatus {
 }
 
 /// Every IP two or more live pods carry in the cluster behind `client`, found as the
-/// reconciler finds them (the pods' `allocated-ip` label and CNI annotations; one metadata
-/// list of all pods).
+/// reconciler finds them (the pods' `allocated-ip` label and CNI annotations): the metadata of
+/// all pods, page by page, each page cut down to the pods that carry an IP of ours.
 pub async fn cluster_duplicates(
     client: &kube::Client,
     app_label: &str,
 ) -> Result<Vec<DuplicateStatus>, kube::Error> {
     let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::all(client.clone());
-    let list = pods
-        .list_metadata(&kube::api::ListParams::default())
-        .await?;
-    let infos = list
-        .items
-        .iter()
-        .filter_map(|pod| crate::cluster::pod_info(&pod.metadata, app_label))
-        .map(|info| (info.uid.clone(), info))
-        .collect();
+    let mut infos = std::collections::HashMap::new();
+    crate::cluster::list_pages(
+        |params| {
+            let pods = pods.clone();
+            async move { pods.list_metadata(&params).await }
+        },
+        |page| {
+            for pod in page {
+                if let Some(info) = crate::cluster::pod_info(&pod.metadata, app_label) {
+                    infos.insert(info.uid.clone(), info);
+                }
+            }
+        },
+    )
+    .await?;
     Ok(crate::cluster::reconcile::duplicates(&infos)
         .iter()
         .map(DuplicateStatus::from_found)

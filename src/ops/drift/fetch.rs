@@ -7,6 +7,8 @@ use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use kube::{Api, Client};
 
 use super::{CniHold, calico_holds, kube_ovn_holds, pod_lists};
+#[cfg(test)]
+use crate::cluster::index::SlimPod;
 use crate::cluster::index::kube_ovn_ips;
 use crate::ipam::ipset::IpSet;
 use crate::ipam::pools::PoolCatalog;
@@ -58,19 +60,72 @@ where
     K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
     let mut items = Vec::new();
+    let served = list_each(api, what, |page| items.extend(page)).await?;
+    Ok(served.then_some(items))
+}
+
+/// Hand each page of `api` (500 objects) to `each` before reading the next, so that what is
+/// kept of a kind is what `each` keeps; `Ok(false)` when not served (404).
+async fn list_each<K>(
+    api: &Api<K>,
+    what: &'static str,
+    mut each: impl FnMut(Vec<K>),
+) -> Result<bool, FetchError>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
     let mut params = ListParams::default().limit(500);
     loop {
         match api.list(&params).await {
             Ok(page) => {
-                items.extend(page.items);
+                each(page.items);
                 match page.metadata.continue_.filter(|c| !c.is_empty()) {
                     Some(token) => params = params.continue_token(&token),
-                    None => return Ok(Some(items)),
+                    None => return Ok(true),
                 }
             }
-            Err(kube::Error::Api(status)) if status.code == 404 => return Ok(None),
+            Err(kube::Error::Api(status)) if status.code == 404 => return Ok(false),
             Err(source) => return Err(FetchError::List { what, source }),
         }
+    }
+}
+
+/// A pod cut down to what the comparison reads: identity, owners, deletion, the labels and
+/// annotations of ours and of the CNIs (`app_label` too), the node, host networking, the phase
+/// and the pod's IPs. The rest (containers, managed fields, conditions) is dropped page by page.
+pub fn slim_pod(pod: Pod, app_label: &str) -> Pod {
+    let ours = |key: &str| {
+        [
+            "ip-webhook.io/",
+            "cni.projectcalico.org/",
+            "ovn.kubernetes.io/",
+        ]
+        .iter()
+        .any(|prefix| key.starts_with(prefix))
+    };
+    let mut metadata = pod.metadata;
+    metadata.managed_fields = None;
+    if let Some(labels) = metadata.labels.as_mut() {
+        labels.retain(|key, _| key == app_label || ours(key));
+    }
+    if let Some(annotations) = metadata.annotations.as_mut() {
+        annotations.retain(|key, _| ours(key));
+    }
+    Pod {
+        metadata,
+        spec: pod.spec.map(|spec| k8s_openapi::api::core::v1::PodSpec {
+            node_name: spec.node_name,
+            host_network: spec.host_network,
+            ..Default::default()
+        }),
+        status: pod
+            .status
+            .map(|status| k8s_openapi::api::core::v1::PodStatus {
+                phase: status.phase,
+                pod_ip: status.pod_ip,
+                pod_ips: status.pod_ips,
+                ..Default::default()
+            }),
     }
 }
 
@@ -82,7 +137,11 @@ pub async fn read(
     app_label: &str,
 ) -> Result<Cluster, FetchError> {
     let pods_api: Api<Pod> = Api::all(client.clone());
-    let pods = list_all(&pods_api, "pods").await?.unwrap_or_default();
+    let mut pods = Vec::new();
+    list_each(&pods_api, "pods", |page| {
+        pods.extend(page.into_iter().map(|pod| slim_pod(pod, app_label)))
+    })
+    .await?;
     let mut listed = pools
         .iter()
         .fold(pod_lists(&pods), |set, pool| set.union(&pool.usable));
@@ -93,17 +152,18 @@ pub async fn read(
             &format!("{}s", kind.to_lowercase()),
         );
         let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
-        match list_all(&api, "workloads").await {
-            Ok(objects) => {
-                for object in objects.iter().flatten() {
-                    if let Some(listing) =
-                        crate::webhook::workloads::listing_of(kind, object, app_label)
-                    {
-                        listed = listed.union(&listing.set);
-                    }
+        let read = list_each(&api, "workloads", |page| {
+            for object in &page {
+                if let Some(listing) =
+                    crate::webhook::workloads::listing_of(kind, object, app_label)
+                {
+                    listed = listed.union(&listing.set);
                 }
             }
-            Err(error) => warnings.push(format!("{kind}s: {error}")),
+        })
+        .await;
+        if let Err(error) = read {
+            warnings.push(format!("{kind}s: {error}"));
         }
     }
     let mut cni = Vec::new();
@@ -140,4 +200,48 @@ pub async fn read(
         calico_allocations,
         warnings,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slim_pod_keeps_what_the_comparison_reads() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": "web-0", "namespace": "prod", "uid": "u1",
+                "creationTimestamp": "2026-01-01T00:00:00Z",
+                "deletionTimestamp": "2026-01-01T00:01:00Z",
+                "labels": {"team": "x", "app": "web", "ip-webhook.io/allocated-ip": "10.0.0.7"},
+                "annotations": {"big": "y", "cni.projectcalico.org/ipAddrs": "[\"10.0.0.7\"]",
+                                "ovn.kubernetes.io/ip_address": "10.0.0.8",
+                                "ip-webhook.io/allocatable-ips": "10.0.0.7-10.0.0.9"},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web", "uid": "r", "controller": true}],
+                "managedFields": [{"manager": "kubectl", "operation": "Update"}],
+            },
+            "spec": {"nodeName": "n1", "hostNetwork": false, "containers": [{"name": "main", "image": "x"}]},
+            "status": {"phase": "Running", "podIP": "10.0.0.7", "podIPs": [{"ip": "10.0.0.7"}],
+                       "conditions": [{"type": "Ready", "status": "True"}]},
+        }))
+        .unwrap();
+        let slim = slim_pod(pod.clone(), "app");
+        assert_eq!(
+            SlimPod::from_pod(&slim),
+            SlimPod::from_pod(&pod),
+            "the pod-IP view is the same"
+        );
+        assert_eq!(
+            pod_lists(std::slice::from_ref(&slim)),
+            pod_lists(std::slice::from_ref(&pod))
+        );
+        let meta = &slim.metadata;
+        assert_eq!(meta.managed_fields, None);
+        assert_eq!(meta.labels.as_ref().unwrap().len(), 2);
+        assert_eq!(meta.annotations.as_ref().unwrap().len(), 3);
+        assert_eq!(meta.owner_references, pod.metadata.owner_references);
+        assert_eq!(meta.deletion_timestamp, pod.metadata.deletion_timestamp);
+        assert!(slim.spec.as_ref().unwrap().containers.is_empty());
+        assert_eq!(slim.status.as_ref().unwrap().conditions, None);
+    }
 }

@@ -1,0 +1,181 @@
+#!/usr/bin/env bash
+# One in-cluster replica (IPClaim ledger) against a cluster of N pods, for each N given
+# (default: 5000 20000 50000 100000). The API server is examples/scale_apiserver.rs (generated
+# pods, nodes, Deployments, ReplicaSets; 100 fixed-IP apps with 350 bound claims): it counts the
+# bytes it sends. ip-webhook's own CPU comes from /proc/PID/stat, its memory from
+# /proc/PID/status (VmHWM: peak RSS; VmRSS: now). Prints one table, a column per N, and the
+# growth exponent of each row between the smallest and the largest N (1.0: grows with the
+# cluster; 0: flat).
+#
+#   scripts/bench-scale.sh [N ...]
+#   BIN=target/release/ip-webhook scripts/bench-scale.sh 5000 20000
+#
+# Rows:
+#   start bytes      bytes the API server sent the replica until its first leader pass settled
+#   start CPU        the replica's CPU from exec until then (lists, index, the leader's pass)
+#   peak RSS         VmHWM at the end of the run (start, pass, churn, admissions)
+#   steady RSS       VmRSS at the end of the run, and per pod of the cluster
+#   churn CPU        1,000 plain pods (no fixed IP) each ADDED, Terminating, DELETED
+#   admission CPU    per fixed-IP admission as the cluster sees it (claim Reserved, pod ADDED,
+#                    claim Bound), 50 at one per 0.56 s, with all the work it triggers
+#   full pass CPU    one timed resync (the leader's full pass), RESYNC (90s) after start
+#   status           `ip-webhook status`: own CPU (user+sys), peak RSS, bytes read
+#   drift            `ip-webhook check --drift`: same
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SIZES=("$@")
+[ ${#SIZES[@]} -gt 0 ] || SIZES=(5000 20000 50000 100000)
+BIN=${BIN:-target/release/ip-webhook}
+SERVER=${SERVER:-target/release/examples/scale_apiserver}
+# long enough that the churn and the admissions are over before the first timed resync
+RESYNC=${RESYNC:-90s}
+if [ ! -x "$BIN" ] || [ ! -x "$SERVER" ]; then
+    echo "building $BIN and $SERVER (release)" >&2
+    cargo build --release --bin ip-webhook --example scale_apiserver >&2
+fi
+TICKS=$(getconf CLK_TCK)
+WORK=$(mktemp -d)
+PIDS=()
+cleanup() {
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+cpu_of() { awk -v t="$TICKS" '{printf "%.2f", ($14+$15)/t}' "/proc/$1/stat"; }
+kib_of() { awk -v k="$2:" '$1==k {print $2}' "/proc/$1/status"; }
+bytes_sent() { curl -s "http://127.0.0.1:$1/bench/stats" | python3 -c 'import json,sys; print(json.load(sys.stdin)["bytes"])'; }
+# Wait until the replica's CPU has not moved by more than 0.02 s for 3 s (at most $2 s).
+settle() {
+    local pid=$1 limit=$2 last now still=0 waited=0
+    last=$(cpu_of "$pid")
+    while [ "$still" -lt 6 ] && [ "$waited" -lt $((limit * 2)) ]; do
+        sleep 0.5
+        now=$(cpu_of "$pid")
+        if awk -v a="$last" -v b="$now" 'BEGIN{exit !(b-a<=0.02)}'; then still=$((still + 1)); else still=0; fi
+        last=$now
+        waited=$((waited + 1))
+    done
+}
+# Own CPU seconds, peak RSS (MiB) and the bytes the API server sent, of one command.
+measure_cmd() {
+    local port=$1; shift
+    curl -s -X POST "http://127.0.0.1:$port/bench/reset" >/dev/null
+    # `check --drift` exits 1 when it finds drift (the run's churn leaves some): not a failure
+    /usr/bin/time -f "%U %S %M" -o "$WORK/time" "$@" >"$WORK/out" 2>"$WORK/err" || true
+    if ! grep -qE '^[0-9.]+ [0-9.]+ [0-9]+$' "$WORK/time"; then
+        echo "command failed: $*" >&2; tail -3 "$WORK/err" >&2
+    fi
+    local bytes
+    bytes=$(bytes_sent "$port")
+    grep -E '^[0-9.]+ [0-9.]+ [0-9]+$' "$WORK/time" |
+        awk -v b="$bytes" '{printf "%.2f s, %.0f MiB, %.1f MB", $1+$2, $3/1024, b/1e6}'
+}
+
+declare -A ROW
+for n in "${SIZES[@]}"; do
+    api=$(free_port)
+    "$SERVER" "$api" "$n" 2>"$WORK/server-$n.log" &
+    PIDS+=($!)
+    for _ in $(seq 50); do curl -s "http://127.0.0.1:$api/bench/stats" >/dev/null && break; sleep 0.1; done
+    cat >"$WORK/kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: bench
+  cluster:
+    server: http://127.0.0.1:$api
+contexts:
+- name: bench
+  context: {cluster: bench, user: bench}
+current-context: bench
+users:
+- name: bench
+  user: {}
+EOF
+    admin=$(free_port)
+    "$BIN" serve --kubeconfig "$WORK/kubeconfig" --ledger kubernetes --listen 127.0.0.1:0 \
+        --admin-listen "127.0.0.1:$admin" --state-dir "$WORK/state-$n" --lease-namespace default \
+        --resync-period "$RESYNC" >"$WORK/serve-$n.log" 2>&1 &
+    pid=$!
+    PIDS+=("$pid")
+    for _ in $(seq 1200); do
+        curl -sf "http://127.0.0.1:$admin/readyz" >/dev/null && break
+        kill -0 "$pid" 2>/dev/null || { echo "serve died:" >&2; tail "$WORK/serve-$n.log" >&2; exit 1; }
+        sleep 0.25
+    done
+    ready_at=$SECONDS
+    # The Lease is taken within a renew interval; the first pass follows.
+    until curl -s "http://127.0.0.1:$admin/metrics" | grep -q '^ip_webhook_leader{.*} 1'; do sleep 0.25; done
+    settle "$pid" 120
+    start_cpu=$(cpu_of "$pid")
+    start_bytes=$(bytes_sent "$api")
+    start_hwm=$(kib_of "$pid" VmHWM)
+
+    before=$(cpu_of "$pid")
+    curl -s -X POST "http://127.0.0.1:$api/bench/churn?n=1000" >/dev/null
+    settle "$pid" 120
+    churn=$(awk -v a="$before" -v b="$(cpu_of "$pid")" 'BEGIN{printf "%.2f", b-a}')
+
+    before=$(cpu_of "$pid")
+    curl -s -X POST "http://127.0.0.1:$api/bench/admit?n=50&interval_ms=560" >/dev/null
+    settle "$pid" 120
+    admit=$(awk -v a="$before" -v b="$(cpu_of "$pid")" 'BEGIN{printf "%.1f", (b-a)*1000/50}')
+
+    # The next resync is a full pass, RESYNC after the replica became ready: wait for it,
+    # measure its CPU.
+    before=$(cpu_of "$pid")
+    resync_s=${RESYNC%s}
+    left=$((ready_at + resync_s - SECONDS))
+    [ "$left" -gt 0 ] && sleep "$left"
+    sleep 1
+    settle "$pid" 120
+    pass=$(awk -v a="$before" -v b="$(cpu_of "$pid")" 'BEGIN{printf "%.2f", b-a}')
+
+    hwm=$(kib_of "$pid" VmHWM)
+    rss=$(kib_of "$pid" VmRSS)
+    status=$(measure_cmd "$api" "$BIN" status --kubeconfig "$WORK/kubeconfig" --ledger kubernetes)
+    drift=$(measure_cmd "$api" "$BIN" check --drift --kubeconfig "$WORK/kubeconfig" --ledger kubernetes)
+    kill "$pid"; wait "$pid" 2>/dev/null || true
+    kill "${PIDS[-2]}" 2>/dev/null || true
+
+    ROW[bytes,$n]=$(awk -v b="$start_bytes" 'BEGIN{printf "%.1f MB", b/1e6}')
+    ROW[startcpu,$n]="$start_cpu s"
+    ROW[starthwm,$n]="$((start_hwm / 1024)) MiB"
+    ROW[hwm,$n]="$((hwm / 1024)) MiB"
+    ROW[rss,$n]="$((rss / 1024)) MiB ($((rss * 1024 / n)) B/pod)"
+    ROW[churn,$n]="$churn s"
+    ROW[admit,$n]="$admit ms"
+    ROW[pass,$n]="$pass s"
+    ROW[status,$n]=$status
+    ROW[drift,$n]=$drift
+    echo "done: $n pods" >&2
+done
+
+first=${SIZES[0]}
+last=${SIZES[-1]}
+num() { grep -oE '^[0-9.]+' <<<"$1"; }
+exponent() {
+    local a b
+    a=$(num "${ROW[$1,$first]}")
+    b=$(num "${ROW[$1,$last]}")
+    awk -v a="$a" -v b="$b" -v x="$first" -v y="$last" \
+        'BEGIN{ if (a<=0||b<=0||x==y) print "-"; else printf "%.2f", log(b/a)/log(y/x) }'
+}
+printf '| pods in the cluster |'
+for n in "${SIZES[@]}"; do printf ' %s |' "$n"; done
+printf ' growth exponent |\n|---|'
+for _ in "${SIZES[@]}"; do printf -- '---|'; done
+printf -- '---|\n'
+for row in "bytes:bytes read while starting" "startcpu:CPU until the first leader pass settled" \
+    "starthwm:peak RSS after the leader pass" "hwm:peak RSS through churn and admissions" \
+    "rss:steady RSS at the end" "churn:CPU for 1,000 plain pods created and deleted" \
+    "admit:CPU per fixed-IP admission with the work it triggers" "pass:CPU of one full resync pass" \
+    "status:status (CPU, peak RSS, bytes read)" "drift:check --drift (CPU, peak RSS, bytes read)"; do
+    key=${row%%:*}
+    printf '| %s |' "${row#*:}"
+    for n in "${SIZES[@]}"; do printf ' %s |' "${ROW[$key,$n]}"; done
+    printf ' %s |\n' "$(exponent "$key")"
+done
