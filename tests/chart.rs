@@ -10,53 +10,19 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
+use std::process::Command;
 
 use base64::Engine;
 use clap::Parser;
-use serde::Deserialize;
 use serde_json::{Value, json};
 
-const NAMESPACE: &str = "ip-webhook-system";
-const RELEASE: &str = "ip-webhook";
+use common::helm::{
+    NAMESPACE, RELEASE, chart_dir, helm, of_kind, one, parse_documents, repo, run, template_text,
+    text, venv_tool,
+};
+
 const SERVICE_DNS: &str = "ip-webhook.ip-webhook-system.svc";
-
-fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn chart_dir() -> PathBuf {
-    repo().join("deploy/helm/ip-webhook")
-}
-
-/// The real Helm binary. A chart test fails without it (no test passes by skipping).
-fn helm() -> PathBuf {
-    tool(repo().join(".tools/helm"))
-}
-
-fn venv_tool(name: &str) -> PathBuf {
-    tool(repo().join(".tools/venv/bin").join(name))
-}
-
-fn tool(path: PathBuf) -> PathBuf {
-    assert!(
-        path.is_file(),
-        "{} is missing: run scripts/install-test-deps.sh",
-        path.display()
-    );
-    path
-}
-
-fn run(command: &mut Command) -> Output {
-    command
-        .output()
-        .unwrap_or_else(|e| panic!("running {command:?}: {e}"))
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
 
 /// One documented way to install the chart.
 struct Case {
@@ -157,47 +123,11 @@ fn case(name: &str) -> &'static Case {
 const KUBE_VERSIONS: &[&str] = &["1.29.0", "1.31.0"];
 
 /// `helm template` output as YAML text, or the failure's stderr.
-fn template_text(helm: &Path, set: &[&str], kube_version: &str) -> Result<String, String> {
-    let mut command = Command::new(helm);
-    command
-        .arg("template")
-        .arg(RELEASE)
-        .arg(chart_dir())
-        .args(["--namespace", NAMESPACE, "--include-crds"])
-        .args(["--kube-version", kube_version]);
-    for s in set {
-        command.args(["--set", s]);
-    }
-    let output = run(&mut command);
-    if output.status.success() {
-        Ok(text(&output.stdout))
-    } else {
-        Err(text(&output.stderr))
-    }
-}
-
-fn parse_documents(yaml: &str) -> Vec<Value> {
-    serde_yaml::Deserializer::from_str(yaml)
-        .map(|doc| Value::deserialize(doc).expect("helm output is YAML"))
-        .filter(|doc| !doc.is_null())
-        .collect()
-}
-
 /// The rendered documents of `set` for Kubernetes `kube_version`.
 fn render(helm: &Path, set: &[&str], kube_version: &str) -> Vec<Value> {
     let yaml = template_text(helm, set, kube_version)
         .unwrap_or_else(|e| panic!("helm template {set:?} failed: {e}"));
     parse_documents(&yaml)
-}
-
-fn of_kind<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
-    docs.iter().filter(|d| d["kind"] == kind).collect()
-}
-
-fn one<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
-    let found = of_kind(docs, kind);
-    assert_eq!(found.len(), 1, "expected one {kind}, got {}", found.len());
-    found[0]
 }
 
 fn kinds(docs: &[Value]) -> BTreeSet<String> {

@@ -5,88 +5,28 @@
 //! fixed-secret certificate mode, the schema's refusals, NOTES.txt and the generated README.
 //! tests/chart.rs covers the webhooks, RBAC, CEL and the documented install cases.
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
-use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+
 use serde_json::{Value, json};
 
-const NAMESPACE: &str = "ip-webhook-system";
-const RELEASE: &str = "ip-webhook";
-
-fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn chart_dir() -> PathBuf {
-    repo().join("deploy/helm/ip-webhook")
-}
-
-/// A tool of scripts/install-test-deps.sh; the test fails without it (no test skips).
-fn tool(relative: &str) -> PathBuf {
-    let path = repo().join(relative);
-    assert!(
-        path.is_file(),
-        "{} is missing: run scripts/install-test-deps.sh",
-        path.display()
-    );
-    path
-}
-
-fn helm() -> PathBuf {
-    tool(".tools/helm")
-}
-
-fn run(command: &mut Command) -> Output {
-    command
-        .output()
-        .unwrap_or_else(|e| panic!("running {command:?}: {e}"))
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use common::helm::{
+    NAMESPACE, RELEASE, chart_dir, helm, of_kind, one, parse_documents, repo, run, template_text,
+    text, venv_tool,
+};
 
 /// `helm template` as YAML text, or the failure's stderr.
 fn template(set: &[&str], kube_version: &str) -> Result<String, String> {
-    let mut command = Command::new(helm());
-    command.args(["template", RELEASE]).arg(chart_dir()).args([
-        "--namespace",
-        NAMESPACE,
-        "--kube-version",
-        kube_version,
-    ]);
-    for s in set {
-        command.args(["--set", s]);
-    }
-    let output = run(&mut command);
-    if output.status.success() {
-        Ok(text(&output.stdout))
-    } else {
-        Err(text(&output.stderr))
-    }
-}
-
-fn parse(yaml: &str) -> Vec<Value> {
-    serde_yaml::Deserializer::from_str(yaml)
-        .map(|doc| Value::deserialize(doc).expect("helm output is YAML"))
-        .filter(|doc| !doc.is_null())
-        .collect()
+    template_text(&helm(), set, kube_version)
 }
 
 fn render(set: &[&str]) -> Vec<Value> {
-    parse(&template(set, "1.31.0").unwrap_or_else(|e| panic!("helm template {set:?}: {e}")))
-}
-
-fn of_kind<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
-    docs.iter().filter(|d| d["kind"] == kind).collect()
-}
-
-fn one<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
-    let found = of_kind(docs, kind);
-    assert_eq!(found.len(), 1, "expected one {kind}, got {}", found.len());
-    found[0]
+    parse_documents(
+        &template(set, "1.31.0").unwrap_or_else(|e| panic!("helm template {set:?}: {e}")),
+    )
 }
 
 fn pod(docs: &[Value]) -> &Value {
@@ -184,7 +124,7 @@ fn lint_case(helm: &Path, name: &str, set: &[&str], kube_version: &str) {
 #[test]
 fn every_case_lints_and_passes_strict_schema_validation() {
     let helm = helm();
-    let kubernetes_validate = tool(".tools/venv/bin/kubernetes-validate");
+    let kubernetes_validate = venv_tool("kubernetes-validate");
     let dir = tempfile::tempdir().unwrap();
     let mut all_files = Vec::new();
     let mut custom = Vec::new();
@@ -199,7 +139,7 @@ fn every_case_lints_and_passes_strict_schema_validation() {
             let yaml = template(set, kube_version).unwrap();
             let file = dir.path().join(format!("{name}-{kube_version}.yaml"));
             std::fs::write(&file, &yaml).unwrap();
-            for doc in parse(&yaml) {
+            for doc in parse_documents(&yaml) {
                 let kind = doc["kind"].as_str().unwrap().to_string();
                 let name = doc["metadata"]["name"].as_str().unwrap();
                 if ["Certificate", "Issuer", "ServiceMonitor"].contains(&kind.as_str()) {
@@ -230,7 +170,7 @@ fn every_case_lints_and_passes_strict_schema_validation() {
         }
         all_files.extend(files);
     }
-    let crs = run(Command::new(tool(".tools/venv/bin/python"))
+    let crs = run(Command::new(venv_tool("python"))
         .arg(repo().join("tests/chart/validate_crs.py"))
         .args(&all_files));
     let report = text(&crs.stdout);
@@ -403,7 +343,8 @@ fn crds_are_templates_kept_on_uninstall_and_can_be_left_out() {
         !chart_dir().join("crds").exists(),
         "crds/ is installed once and never upgraded by Helm: the CRDs are templates"
     );
-    let shipped = parse(&std::fs::read_to_string(chart_dir().join("files/crds.yaml")).unwrap());
+    let shipped =
+        parse_documents(&std::fs::read_to_string(chart_dir().join("files/crds.yaml")).unwrap());
     assert_eq!(shipped.len(), 2);
     let docs = render(&[]);
     let mut rendered: Vec<Value> = of_kind(&docs, "CustomResourceDefinition")
@@ -576,7 +517,7 @@ fn an_existing_secret_renders_the_same_every_time_unlike_the_helm_generated_one(
         template(set, "1.31.0").unwrap(),
         "a GitOps diff stays empty"
     );
-    let docs = parse(&first);
+    let docs = parse_documents(&first);
     for kind in ["Certificate", "Issuer", "Secret"] {
         assert!(
             of_kind(&docs, kind).is_empty(),
@@ -700,7 +641,7 @@ fn notes_say_what_was_installed_and_how_to_check_it() {
 
 #[test]
 fn the_chart_readme_is_generated_from_the_values() {
-    let python = tool(".tools/venv/bin/python");
+    let python = venv_tool("python");
     let output = run(Command::new(python)
         .arg(repo().join("scripts/chart-readme.py"))
         .arg("-"));

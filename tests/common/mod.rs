@@ -5,6 +5,7 @@
 pub mod api_order;
 pub mod client_ca;
 pub mod events;
+pub mod helm;
 pub mod node_loss;
 pub mod ports;
 
