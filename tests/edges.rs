@@ -148,13 +148,10 @@ async fn a_deployment_pod_on_a_lost_node_is_freed_after_the_grace_and_a_stateful
         || {
             let events = &events;
             async move {
-                events
-                    .list(&ListParams::default())
+                common::events::events_with_reason(events, "NodeLostIPReleased")
                     .await
-                    .unwrap()
-                    .items
                     .into_iter()
-                    .find(|e| e.reason.as_deref() == Some("NodeLostIPReleased"))
+                    .next()
             }
         },
     )
