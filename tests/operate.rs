@@ -341,6 +341,32 @@ async fn explain_names_the_document_it_cannot_use() {
 }
 
 #[tokio::test]
+async fn explain_suggests_the_known_key_for_a_mistyped_one() {
+    let state = tempfile::tempdir().unwrap();
+    let file = state.path().join("pod.yaml");
+    std::fs::write(
+        &file,
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n  namespace: default\n  labels: {app: web}\n  annotations: {ip-webhook.io/allocatable-ip: 10.0.0.12}\nspec: {containers: [{name: c, image: i}]}\n",
+    )
+    .unwrap();
+    let dir = state.path().join("state");
+    seed(&dir).await;
+    let (ok, text, stderr) = ip_webhook(&[
+        "explain",
+        "-f",
+        file.to_str().unwrap(),
+        "--state-dir",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(ok, "{stderr}");
+    assert!(
+        text.contains(r#"Pod default/p
+  warning: metadata.annotations["ip-webhook.io/allocatable-ip"]: ip-webhook reads no such key and ignores it; did you mean "ip-webhook.io/allocatable-ips"?"#),
+        "{text}"
+    );
+}
+
+#[tokio::test]
 async fn release_needs_force_off_cluster_and_says_what_it_did() {
     let state = tempfile::tempdir().unwrap();
     seed(state.path()).await;
