@@ -448,7 +448,6 @@ pub fn review(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Response, Re
         }
     }
 
-    let mut response = response;
     match webhook.cni_check(&set, &id) {
         Ok(warnings) => {
             for warning in warnings {
