@@ -703,11 +703,34 @@ async fn operator_commands_read_the_cluster_of_kubeconfig_and_create_nothing() {
     assert_one_error_line(
         &stderr,
         &format!(
-            "the API server http://127.0.0.1:{}/ (from $KUBECONFIG ({})) serves no IPClaims (ipclaims.ip-webhook.io): ip-webhook is not installed there (wrong --context?)",
+            "the API server http://127.0.0.1:{}/ (from $KUBECONFIG ({})) serves no IPClaims (ipclaims.ip-webhook.io): ip-webhook is not installed there (wrong --context?); install its CRDs with `ip-webhook crds | kubectl apply -f -` or the Helm chart",
             fake.port,
             kubeconfig.display()
         ),
     );
+    // `serve` says the same, and writes nothing
+    let state = cwd.path().join("state");
+    let (code, _, stderr) = run(&[
+        "serve",
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--state-dir",
+        state.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 1, "{stderr}");
+    assert_one_error_line(
+        &stderr,
+        &format!(
+            "the API server http://127.0.0.1:{}/ (from --kubeconfig {}) serves no IPClaims (ipclaims.ip-webhook.io): ip-webhook is not installed there (wrong --context?); install its CRDs with `ip-webhook crds | kubectl apply -f -` or the Helm chart",
+            fake.port,
+            kubeconfig.display()
+        ),
+    );
+    assert!(!state.join("ca.crt").exists(), "{stderr}");
 
     let client = fake.client().await;
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
