@@ -280,7 +280,22 @@ mod tests {
                 .unwrap_err()
                 .contains("IP address or localhost")
         );
-        assert!(addr("8443").is_err());
+        let missing = |text: &str, why: &str| {
+            assert_eq!(
+                addr(text),
+                Err(format!(
+                    "{text:?} is not a listen address like :8443, 0.0.0.0:8443 or [::]:8443 ({why})"
+                ))
+            )
+        };
+        missing("localhost", "the port is missing: write localhost:8443");
+        missing("127.0.0.1", "the port is missing: write 127.0.0.1:8443");
+        missing("::1", "the port is missing: write [::1]:8443");
+        missing("[::]", "the port is missing: write [::]:8443");
+        missing(
+            "8443",
+            "the host is missing: write :8443 for every IPv4 address",
+        );
     }
 
     #[test]
