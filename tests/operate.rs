@@ -240,7 +240,8 @@ async fn explain_walks_replicas_through_mutate_without_recording() {
         &pools,
     ];
     let (ok, json, stderr) = ip_webhook(&[&args[..], &["-o", "json"]].concat());
-    assert!(ok, "{stderr}");
+    assert!(!ok, "two replicas are refused: {stderr}");
+    assert_eq!(stderr, "Error: 2 of 10 replicas would be refused\n");
     let outcomes: Value = serde_json::from_str(&json).unwrap();
     let summary = |object: &Value| -> Vec<String> {
         object["replicas"]
@@ -295,7 +296,7 @@ async fn explain_walks_replicas_through_mutate_without_recording() {
     );
 
     let (ok, text, stderr) = ip_webhook(&args);
-    assert!(ok, "{stderr}");
+    assert!(!ok, "{stderr}");
     assert!(
         text.contains("StatefulSet prod/db\n  warning: StatefulSet prod/db asks for 4 replicas"),
         "{text}"
@@ -807,12 +808,15 @@ async fn operator_commands_read_the_cluster_of_kubeconfig_and_create_nothing() {
     // explain decides over the cluster's claims and pools, and prints only its own output
     let explain = ["explain", "-f", &fixture("explain.yaml"), "-o", "json"];
     let (code, json, stderr) = run(&explain);
-    assert_eq!((code, stderr.as_str()), (0, ""));
+    assert_eq!(
+        (code, stderr.as_str()),
+        (3, "Error: 2 of 10 replicas would be refused\n")
+    );
     let outcomes: Value = serde_json::from_str(&json).unwrap();
     assert_eq!(outcomes[2]["object"], "Pod prod/api-1");
     assert_eq!(outcomes[2]["replicas"][0]["ips"][0], "10.20.0.2", "{json}");
     let (code, verbose_json, stderr) = run(&[&explain[..], &["-v"]].concat());
-    assert_eq!(code, 0);
+    assert_eq!(code, 3, "{stderr}");
     assert_eq!(verbose_json, json);
     assert!(stderr.contains("admission decision"), "{stderr}");
 
@@ -929,7 +933,7 @@ async fn errors_are_one_line_with_an_exit_code_and_never_a_backtrace() {
         "{stderr}"
     );
 
-    // a missing state dir is named, and not created
+    // a missing state dir is named, not created, and explained against as an empty ledger
     let missing = dir.join("state");
     let (code, _, stderr) = operator(
         &[
@@ -942,11 +946,15 @@ async fn errors_are_one_line_with_an_exit_code_and_never_a_backtrace() {
         None,
         dir,
     );
-    assert_eq!(code, 1);
-    assert_one_error_line(
-        &stderr,
-        &format!("no embedded ledger: {} does not exist", missing.display()),
+    assert_eq!(code, 3, "{stderr}");
+    assert_eq!(
+        stderr,
+        format!(
+            "note: no embedded ledger: {} does not exist (give the --state-dir of `ip-webhook serve`); explaining against an empty ledger\nError: 3 of 10 replicas would be refused\n",
+            missing.display()
+        )
     );
+    assert!(!missing.exists());
     std::fs::create_dir(&missing).unwrap();
     let (code, _, stderr) = operator(
         &["status", "--state-dir", missing.to_str().unwrap()],
@@ -1112,7 +1120,10 @@ async fn a_running_servers_ledger_is_read_and_its_ca_kept() {
         None,
         cwd.path(),
     );
-    assert_eq!((code, stderr.as_str()), (0, ""));
+    assert_eq!(
+        (code, stderr.as_str()),
+        (3, "Error: 3 of 10 replicas would be refused\n")
+    );
     let (code, json, stderr) = operator(
         &[
             "review",
