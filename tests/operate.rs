@@ -565,8 +565,10 @@ async fn one_json_log_line_per_decision() {
     use std::sync::Arc;
     let captured = Captured::default();
     let writer = captured.clone();
+    // as `--log-format json` builds it (`server::logging::init`): fields at the top level
     let subscriber = tracing_subscriber::fmt()
         .json()
+        .flatten_event(true)
         .with_max_level(tracing::Level::INFO)
         .with_writer(move || writer.clone())
         .finish();
@@ -596,21 +598,21 @@ async fn one_json_log_line_per_decision() {
     let decisions: Vec<Value> = text
         .lines()
         .map(|l| serde_json::from_str::<Value>(l).unwrap())
-        .filter(|l| l["fields"]["message"] == "admission decision")
+        .filter(|l| l["message"] == "admission decision")
         .collect();
     assert_eq!(decisions.len(), 2, "{text}");
     let first = &decisions[0];
-    assert_eq!(first["fields"]["uid"], "uid-1");
-    assert_eq!(first["fields"]["namespace"], "default");
-    assert_eq!(first["fields"]["app"], "default/web");
-    assert_eq!(first["fields"]["ip"], "10.0.0.10");
-    assert_eq!(first["fields"]["outcome"], "allowed");
-    assert!(first["fields"]["latency_us"].as_u64().is_some(), "{first}");
+    assert_eq!(first["uid"], "uid-1");
+    assert_eq!(first["namespace"], "default");
+    assert_eq!(first["app"], "default/web");
+    assert_eq!(first["ip"], "10.0.0.10");
+    assert_eq!(first["outcome"], "allowed");
+    assert!(first["latency_us"].as_u64().is_some(), "{first}");
     let second = &decisions[1];
-    assert_eq!(second["fields"]["outcome"], "denied");
-    assert_eq!(second["fields"]["ip"], "", "{second}");
+    assert_eq!(second["outcome"], "denied");
+    assert_eq!(second["ip"], "", "{second}");
     assert!(
-        second["fields"]["reason"]
+        second["reason"]
             .as_str()
             .unwrap()
             .contains("all 1 allocatable IPs are held"),
