@@ -156,6 +156,33 @@ fn serve_takes_a_port_only_listen_and_go_durations() {
     );
 }
 
+/// A busy port: one line naming the address, and no self-signed CA written into the fresh
+/// state dir (the listeners are bound first).
+#[test]
+fn serve_on_a_busy_port_names_it_and_writes_no_ca() {
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = busy.local_addr().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ip-webhook"))
+        .args(["serve", "--listen", &addr.to_string()])
+        .args(["--admin-listen", "127.0.0.1:0", "--ledger", "embedded"])
+        .args(["--state-dir", state.path().to_str().unwrap()])
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env("RUST_LOG", "off")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        stderr,
+        format!(
+            "Error: cannot listen on {addr} (the HTTPS listener): the address is in use (another process listens there; stop it or choose another address)\n"
+        )
+    );
+    assert!(!state.path().join("ca.crt").exists());
+    assert!(!state.path().join("tls.crt").exists());
+}
+
 /// A prefix etcd users would not mean (a leading space, a tab, a non-ASCII letter) is its own
 /// key space: two replicas given different spellings would hand one IP out twice. Refused
 /// before anything starts, naming the character.

@@ -651,3 +651,45 @@ async fn kube_ovn_subnets_and_calico_pools_when_switched_on() {
         );
     }
 }
+
+/// A mistyped `ip-webhook.io/` key asks for nothing, so the pod or workload is admitted as it
+/// is: the answer warns, naming the key and the known key closest to it.
+#[tokio::test]
+async fn mistyped_keys_are_warned_about_with_the_closest_known_key() {
+    let (server, _dir) = server(&[]).await;
+    let mut typo = pod("prod", "t", "t-", None);
+    typo["metadata"]["labels"]["ip-webhook.io/fixed-ip"] = json!("");
+    typo["metadata"]["annotations"]["ip-webhook.io/allocatable-ip"] = json!("10.70.9.1");
+    let response = server.mutate(&create("typo-1", typo)).await;
+    assert_eq!(response["allowed"], true, "{response}");
+    assert!(response.get("patch").is_none(), "{response}");
+    assert_eq!(
+        response["warnings"],
+        json!([
+            r#"metadata.annotations["ip-webhook.io/allocatable-ip"]: ip-webhook reads no such key and ignores it; did you mean "ip-webhook.io/allocatable-ips"?"#
+        ]),
+        "{response}"
+    );
+    // the same pod spelled right gets its IP and no warning
+    let right = pod("prod", "t", "t-", Some("10.70.9.1"));
+    let response = server.mutate(&create("typo-2", right)).await;
+    assert_eq!(allocated_ip(&response), "10.70.9.1", "{response}");
+    assert!(response.get("warnings").is_none(), "{response}");
+
+    let w = workload(
+        "Deployment",
+        "w",
+        "w",
+        json!({"ip-webhook.io/allocatable-ips": "10.70.8.1-10.70.8.3", "ip-webhook.io/ippool": "blue"}),
+        json!({"replicas": 2}),
+    );
+    let response = check_workload(&server, w).await;
+    assert_eq!(response["allowed"], true, "{response}");
+    assert_eq!(
+        response["warnings"],
+        json!([
+            r#"spec.template.metadata.annotations["ip-webhook.io/ippool"]: ip-webhook reads no such key and ignores it; did you mean "ip-webhook.io/ip-pool"?"#
+        ]),
+        "{response}"
+    );
+}

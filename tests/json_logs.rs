@@ -12,7 +12,7 @@ fn json_line(line: &str) -> Value {
         serde_json::from_str(line).unwrap_or_else(|e| panic!("not a JSON line ({e}): {line:?}"));
     assert!(value["timestamp"].is_string(), "{line}");
     assert!(value["level"].is_string(), "{line}");
-    assert!(value["fields"]["message"].is_string(), "{line}");
+    assert!(value["message"].is_string(), "{line}");
     value
 }
 
@@ -56,10 +56,10 @@ fn json_log_format_writes_json_from_the_first_line() {
         };
         let value = json_line(&line);
         seen.push(line);
-        if value["fields"]["message"] == "self-signed CA written" {
+        if value["message"] == "self-signed CA written" {
             break;
         }
-        if value["fields"]["message"] == "ip-webhook serving" {
+        if value["message"] == "ip-webhook serving" {
             serving = Some(value);
         }
     }
@@ -67,7 +67,7 @@ fn json_log_format_writes_json_from_the_first_line() {
     child.wait().unwrap();
     let serving = serving.unwrap_or_else(|| panic!("no serving event in {seen:#?}"));
     // The line carries what the plain-text format prints: where it listens, and the build.
-    let fields = &serving["fields"];
+    let fields = &serving;
     for field in ["https", "admin"] {
         let addr: std::net::SocketAddr = fields[field].as_str().unwrap().parse().unwrap();
         assert!(
@@ -79,8 +79,8 @@ fn json_log_format_writes_json_from_the_first_line() {
     assert_eq!(fields["version"], env!("CARGO_PKG_VERSION"));
     assert!(fields["commit"].is_string());
     let ca = seen.last().map(|l| json_line(l)).unwrap();
-    assert_eq!(ca["fields"]["message"], "self-signed CA written");
-    assert!(ca["fields"]["ca_bundle"].as_str().unwrap().len() > 100);
+    assert_eq!(ca["message"], "self-signed CA written");
+    assert!(ca["ca_bundle"].as_str().unwrap().len() > 100);
     // Nothing in plain text on stdout either.
     let mut stdout = String::new();
     child
@@ -128,10 +128,7 @@ fn json_log_format_reports_a_failed_start_as_json_first() {
         .collect();
     assert_eq!(errors.len(), 1, "{stderr}");
     assert!(
-        errors[0]["fields"]["error"]
-            .as_str()
-            .unwrap()
-            .contains(&address),
+        errors[0]["error"].as_str().unwrap().contains(&address),
         "the error names the address: {stderr}"
     );
     assert_eq!(String::from_utf8_lossy(&output.stdout), "");

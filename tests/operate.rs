@@ -240,7 +240,8 @@ async fn explain_walks_replicas_through_mutate_without_recording() {
         &pools,
     ];
     let (ok, json, stderr) = ip_webhook(&[&args[..], &["-o", "json"]].concat());
-    assert!(ok, "{stderr}");
+    assert!(!ok, "two replicas are refused: {stderr}");
+    assert_eq!(stderr, "Error: 2 of 10 replicas would be refused\n");
     let outcomes: Value = serde_json::from_str(&json).unwrap();
     let summary = |object: &Value| -> Vec<String> {
         object["replicas"]
@@ -295,7 +296,7 @@ async fn explain_walks_replicas_through_mutate_without_recording() {
     );
 
     let (ok, text, stderr) = ip_webhook(&args);
-    assert!(ok, "{stderr}");
+    assert!(!ok, "{stderr}");
     assert!(
         text.contains("StatefulSet prod/db\n  warning: StatefulSet prod/db asks for 4 replicas"),
         "{text}"
@@ -337,6 +338,32 @@ async fn explain_names_the_document_it_cannot_use() {
     assert!(
         stderr.contains("document 0: \"Service\" (v1) is not a Pod or a workload"),
         "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn explain_suggests_the_known_key_for_a_mistyped_one() {
+    let state = tempfile::tempdir().unwrap();
+    let file = state.path().join("pod.yaml");
+    std::fs::write(
+        &file,
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n  namespace: default\n  labels: {app: web}\n  annotations: {ip-webhook.io/allocatable-ip: 10.0.0.12}\nspec: {containers: [{name: c, image: i}]}\n",
+    )
+    .unwrap();
+    let dir = state.path().join("state");
+    seed(&dir).await;
+    let (ok, text, stderr) = ip_webhook(&[
+        "explain",
+        "-f",
+        file.to_str().unwrap(),
+        "--state-dir",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(ok, "{stderr}");
+    assert!(
+        text.contains(r#"Pod default/p
+  warning: metadata.annotations["ip-webhook.io/allocatable-ip"]: ip-webhook reads no such key and ignores it; did you mean "ip-webhook.io/allocatable-ips"?"#),
+        "{text}"
     );
 }
 
@@ -538,8 +565,10 @@ async fn one_json_log_line_per_decision() {
     use std::sync::Arc;
     let captured = Captured::default();
     let writer = captured.clone();
+    // as `--log-format json` builds it (`server::logging::init`): fields at the top level
     let subscriber = tracing_subscriber::fmt()
         .json()
+        .flatten_event(true)
         .with_max_level(tracing::Level::INFO)
         .with_writer(move || writer.clone())
         .finish();
@@ -569,21 +598,21 @@ async fn one_json_log_line_per_decision() {
     let decisions: Vec<Value> = text
         .lines()
         .map(|l| serde_json::from_str::<Value>(l).unwrap())
-        .filter(|l| l["fields"]["message"] == "admission decision")
+        .filter(|l| l["message"] == "admission decision")
         .collect();
     assert_eq!(decisions.len(), 2, "{text}");
     let first = &decisions[0];
-    assert_eq!(first["fields"]["uid"], "uid-1");
-    assert_eq!(first["fields"]["namespace"], "default");
-    assert_eq!(first["fields"]["app"], "default/web");
-    assert_eq!(first["fields"]["ip"], "10.0.0.10");
-    assert_eq!(first["fields"]["outcome"], "allowed");
-    assert!(first["fields"]["latency_us"].as_u64().is_some(), "{first}");
+    assert_eq!(first["uid"], "uid-1");
+    assert_eq!(first["namespace"], "default");
+    assert_eq!(first["app"], "default/web");
+    assert_eq!(first["ip"], "10.0.0.10");
+    assert_eq!(first["outcome"], "allowed");
+    assert!(first["latency_us"].as_u64().is_some(), "{first}");
     let second = &decisions[1];
-    assert_eq!(second["fields"]["outcome"], "denied");
-    assert_eq!(second["fields"]["ip"], "", "{second}");
+    assert_eq!(second["outcome"], "denied");
+    assert_eq!(second["ip"], "", "{second}");
     assert!(
-        second["fields"]["reason"]
+        second["reason"]
             .as_str()
             .unwrap()
             .contains("all 1 allocatable IPs are held"),
@@ -677,11 +706,34 @@ async fn operator_commands_read_the_cluster_of_kubeconfig_and_create_nothing() {
     assert_one_error_line(
         &stderr,
         &format!(
-            "the API server http://127.0.0.1:{}/ (from $KUBECONFIG ({})) serves no IPClaims (ipclaims.ip-webhook.io): ip-webhook is not installed there (wrong --context?)",
+            "the API server http://127.0.0.1:{}/ (from $KUBECONFIG ({})) serves no IPClaims (ipclaims.ip-webhook.io): ip-webhook is not installed there (wrong --context?); install its CRDs with `ip-webhook crds | kubectl apply -f -` or the Helm chart",
             fake.port,
             kubeconfig.display()
         ),
     );
+    // `serve` says the same, and writes nothing
+    let state = cwd.path().join("state");
+    let (code, _, stderr) = run(&[
+        "serve",
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--state-dir",
+        state.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 1, "{stderr}");
+    assert_one_error_line(
+        &stderr,
+        &format!(
+            "the API server http://127.0.0.1:{}/ (from --kubeconfig {}) serves no IPClaims (ipclaims.ip-webhook.io): ip-webhook is not installed there (wrong --context?); install its CRDs with `ip-webhook crds | kubectl apply -f -` or the Helm chart",
+            fake.port,
+            kubeconfig.display()
+        ),
+    );
+    assert!(!state.join("ca.crt").exists(), "{stderr}");
 
     let client = fake.client().await;
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
@@ -758,12 +810,15 @@ async fn operator_commands_read_the_cluster_of_kubeconfig_and_create_nothing() {
     // explain decides over the cluster's claims and pools, and prints only its own output
     let explain = ["explain", "-f", &fixture("explain.yaml"), "-o", "json"];
     let (code, json, stderr) = run(&explain);
-    assert_eq!((code, stderr.as_str()), (0, ""));
+    assert_eq!(
+        (code, stderr.as_str()),
+        (3, "Error: 2 of 10 replicas would be refused\n")
+    );
     let outcomes: Value = serde_json::from_str(&json).unwrap();
     assert_eq!(outcomes[2]["object"], "Pod prod/api-1");
     assert_eq!(outcomes[2]["replicas"][0]["ips"][0], "10.20.0.2", "{json}");
     let (code, verbose_json, stderr) = run(&[&explain[..], &["-v"]].concat());
-    assert_eq!(code, 0);
+    assert_eq!(code, 3, "{stderr}");
     assert_eq!(verbose_json, json);
     assert!(stderr.contains("admission decision"), "{stderr}");
 
@@ -880,7 +935,7 @@ async fn errors_are_one_line_with_an_exit_code_and_never_a_backtrace() {
         "{stderr}"
     );
 
-    // a missing state dir is named, and not created
+    // a missing state dir is named, not created, and explained against as an empty ledger
     let missing = dir.join("state");
     let (code, _, stderr) = operator(
         &[
@@ -893,11 +948,15 @@ async fn errors_are_one_line_with_an_exit_code_and_never_a_backtrace() {
         None,
         dir,
     );
-    assert_eq!(code, 1);
-    assert_one_error_line(
-        &stderr,
-        &format!("no embedded ledger: {} does not exist", missing.display()),
+    assert_eq!(code, 3, "{stderr}");
+    assert_eq!(
+        stderr,
+        format!(
+            "note: no embedded ledger: {} does not exist (give the --state-dir of `ip-webhook serve`); explaining against an empty ledger\nError: 3 of 10 replicas would be refused\n",
+            missing.display()
+        )
     );
+    assert!(!missing.exists());
     std::fs::create_dir(&missing).unwrap();
     let (code, _, stderr) = operator(
         &["status", "--state-dir", missing.to_str().unwrap()],
@@ -1063,7 +1122,10 @@ async fn a_running_servers_ledger_is_read_and_its_ca_kept() {
         None,
         cwd.path(),
     );
-    assert_eq!((code, stderr.as_str()), (0, ""));
+    assert_eq!(
+        (code, stderr.as_str()),
+        (3, "Error: 3 of 10 replicas would be refused\n")
+    );
     let (code, json, stderr) = operator(
         &[
             "review",

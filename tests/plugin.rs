@@ -267,8 +267,10 @@ async fn kubectl_ipw_reads_the_cluster_of_kubeconfig_context_and_namespace() {
             .chain(at(&["-n", "default"]))
             .collect(),
     );
-    assert_eq!(code, 0, "{}: {stderr}", strs(&at(&[])));
-    assert!(!text.is_empty());
+    // the fixture asks for more replicas than its lists hold: exit 3, after the answer
+    assert_eq!(code, 3, "{}: {stderr}", strs(&at(&[])));
+    assert_eq!(stderr.trim(), "Error: 3 of 10 replicas would be refused");
+    assert!(text.contains("REFUSED"), "{text}");
 
     // release: -n guards against freeing another namespace's IP
     let (code, _, stderr) = run_kubectl(

@@ -363,9 +363,117 @@ pub fn changed_mark<'a>(
     None
 }
 
+/// The prefix of ip-webhook's own keys.
+pub const KEY_PREFIX: &str = "ip-webhook.io/";
+
+/// The `ip-webhook.io/` annotations read or written on a pod or a pod template.
+const KNOWN_ANNOTATIONS: [&str; 4] = [ALLOCATABLE_IPS, IP_POOL, STATUS, CLAIM_TOKEN];
+
+/// The `ip-webhook.io/` labels read or written on a pod or a pod template.
+const KNOWN_LABELS: [&str; 2] = [FIXED_IP_LABEL, ALLOCATED_IP_LABEL];
+
+/// One warning per `ip-webhook.io/` label or annotation under `path` (`metadata`,
+/// `spec.template.metadata`) that ip-webhook does not read, naming the known key closest to
+/// it: nothing reads a mistyped key, so without the warning the pod is admitted as one that
+/// asks for nothing.
+pub fn unknown_key_warnings(marks: PodMarks<'_>, path: &str) -> Vec<String> {
+    let (labels, annotations) = marks;
+    let mut warnings = Vec::new();
+    let places = [
+        ("labels", labels, &KNOWN_LABELS[..], &KNOWN_ANNOTATIONS[..]),
+        (
+            "annotations",
+            annotations,
+            &KNOWN_ANNOTATIONS[..],
+            &KNOWN_LABELS[..],
+        ),
+    ];
+    for (place, map, known, other) in places {
+        for key in map.into_iter().flat_map(|m| m.keys()) {
+            if !key.starts_with(KEY_PREFIX) || known.contains(&key.as_str()) {
+                continue;
+            }
+            let (article, other_place) = if place == "labels" {
+                ("an", "annotation")
+            } else {
+                ("a", "label")
+            };
+            let hint = if other.contains(&key.as_str()) {
+                format!("it is read as {article} {other_place}, not from {path}.{place}")
+            } else {
+                let closest = known
+                    .iter()
+                    .chain(other)
+                    .min_by_key(|k| strsim::levenshtein(key, k))
+                    .copied()
+                    .unwrap_or(ALLOCATABLE_IPS);
+                if known.contains(&closest) {
+                    format!("did you mean {closest:?}?")
+                } else {
+                    format!("did you mean the {other_place} {closest:?}?")
+                }
+            };
+            warnings.push(format!(
+                "{path}.{place}[{key:?}]: ip-webhook reads no such key and ignores it; {hint}"
+            ));
+        }
+    }
+    warnings
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn marks_of(
+        labels: &[&str],
+        annotations: &[&str],
+    ) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
+        let map = |keys: &[&str]| {
+            keys.iter()
+                .map(|k| (k.to_string(), String::new()))
+                .collect()
+        };
+        (map(labels), map(annotations))
+    }
+
+    #[test]
+    fn unknown_keys_are_named_with_the_closest_known_key() {
+        let (labels, annotations) = marks_of(
+            &[
+                "app",
+                "ip-webhook.io/fixed-ips",
+                "ip-webhook.io/allocatable-ips",
+            ],
+            &[
+                ALLOCATABLE_IPS,
+                "ip-webhook.io/allocatable-ip",
+                "ip-webhook.io/ippool",
+                "ip-webhook.io/allocated-ip",
+                "other.io/x",
+            ],
+        );
+        let warnings = unknown_key_warnings(
+            (Some(&labels), Some(&annotations)),
+            "spec.template.metadata",
+        );
+        assert_eq!(
+            warnings,
+            [
+                r#"spec.template.metadata.labels["ip-webhook.io/allocatable-ips"]: ip-webhook reads no such key and ignores it; it is read as an annotation, not from spec.template.metadata.labels"#,
+                r#"spec.template.metadata.labels["ip-webhook.io/fixed-ips"]: ip-webhook reads no such key and ignores it; did you mean "ip-webhook.io/fixed-ip"?"#,
+                r#"spec.template.metadata.annotations["ip-webhook.io/allocatable-ip"]: ip-webhook reads no such key and ignores it; did you mean "ip-webhook.io/allocatable-ips"?"#,
+                r#"spec.template.metadata.annotations["ip-webhook.io/allocated-ip"]: ip-webhook reads no such key and ignores it; it is read as a label, not from spec.template.metadata.annotations"#,
+                r#"spec.template.metadata.annotations["ip-webhook.io/ippool"]: ip-webhook reads no such key and ignores it; did you mean "ip-webhook.io/ip-pool"?"#,
+            ]
+        );
+        let (labels, annotations) = marks_of(
+            &[FIXED_IP_LABEL, ALLOCATED_IP_LABEL],
+            &[IP_POOL, STATUS, CLAIM_TOKEN],
+        );
+        assert!(unknown_key_warnings((Some(&labels), Some(&annotations)), "metadata").is_empty());
+        assert!(unknown_key_warnings((None, None), "metadata").is_empty());
+    }
 
     /// One table per extension point: each CNI `--cni` names writes an annotation it reads,
     /// every IP annotation is kept unchanged on a claim holder, and the names round-trip.

@@ -308,6 +308,8 @@ pub async fn launch(config: &ServeConfig) -> anyhow::Result<Launched> {
         ledger,
         api_server,
     } = build(&config.webhook, metrics.clone(), &OpenOptions::default()).await?;
+    // Bound before the self-signed CA is written: a busy port leaves no new CA behind.
+    let listeners = server::bind(config.listen, config.admin_listen).await?;
     let (resolver, reloader, ca_bundle) = serving_certificate(config, &metrics)?;
     let mut reloaders: Vec<tokio::task::JoinHandle<()>> = reloader.into_iter().collect();
     let clients = match &config.client_ca {
@@ -324,13 +326,11 @@ pub async fn launch(config: &ServeConfig) -> anyhow::Result<Launched> {
     let running = server::start(
         webhook.clone(),
         tls_config,
-        config.listen,
-        config.admin_listen,
+        listeners,
         config.limits,
         ready.clone(),
     )
-    .await
-    .with_context(|| format!("binding {} and {}", config.listen, config.admin_listen))?;
+    .with_context(|| format!("serving {} and {}", config.listen, config.admin_listen))?;
     // With another ledger, the API server that says whether a claim's pod is gone.
     let pod_api = match (&api_server, &config.webhook.pod_api_server) {
         (None, Some(access)) => Some(crate::ledger::connect(access).await?.watches),

@@ -55,9 +55,18 @@ struct Contents {
 /// Every claim and pool, read without writing anything (an embedded ledger is read as
 /// `status` reads it, also while a server holds it).
 async fn read(config: &OperatorConfig, pools_file: Option<&Path>) -> anyhow::Result<Contents> {
+    read_as(config, pools_file, true).await
+}
+
+/// [`read`]; with `existing` false, an absent embedded ledger reads as an empty one.
+async fn read_as(
+    config: &OperatorConfig,
+    pools_file: Option<&Path>,
+    existing: bool,
+) -> anyhow::Result<Contents> {
     let options = OpenOptions {
         read_only: true,
-        existing: true,
+        existing,
         ..OpenOptions::default()
     };
     let opened = crate::ledger::open(&config.ledger, &options).await?;
@@ -188,14 +197,43 @@ pub async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
     let objects = crate::ops::explain::parse_objects(&text)
         .with_context(|| format!("reading {}", args.file))?;
     let config = operator_config(&args.source)?;
-    let read = read(&config, args.pools_file.as_deref()).await?;
+    // A manifest can be explained before anything runs: no ledger yet is an empty one,
+    // said on stderr so that the output stays the same to a script.
+    if let LedgerConfig::Embedded { state_dir } = &config.ledger
+        && let Err(missing) = crate::ledger::open::existing_embedded(state_dir)
+    {
+        eprintln!("note: {missing}; explaining against an empty ledger");
+    }
+    let read = read_as(&config, args.pools_file.as_deref(), false).await?;
     let settings = crate::cli::settings(&args.app_label, args.cni);
     let sandbox = crate::ops::explain::sandbox(read.claims, settings, read.pools).await?;
     let outcomes =
         crate::ops::explain::explain(&sandbox, &objects, &args.namespace, args.replicas).await?;
     print(args.output, &outcomes, || {
         crate::ops::explain::to_text(&outcomes)
-    })
+    })?;
+    // Exit 3 when anything would be refused, so that `explain` can gate a CI job.
+    let replicas: usize = outcomes.iter().map(|o| o.replicas.len()).sum();
+    let refused = outcomes
+        .iter()
+        .flat_map(|o| &o.replicas)
+        .filter(|r| !r.allowed)
+        .count();
+    let denied = outcomes.iter().filter(|o| o.denied.is_some()).count();
+    let mut no = Vec::new();
+    if refused > 0 {
+        no.push(format!("{refused} of {replicas} replicas would be refused"));
+    }
+    if denied > 0 {
+        no.push(format!(
+            "{denied} of {} objects would be denied when written",
+            outcomes.len()
+        ));
+    }
+    if !no.is_empty() {
+        return Err(AnswerIsNo(no.join("; ")).into());
+    }
+    Ok(())
 }
 
 /// `release`: free a leaked claim. On an embedded ledger a running server frees it (it holds

@@ -28,7 +28,8 @@ use crate::server::logging::LogFormat;
 /// What every command's exit status means (also in the README).
 pub const EXIT_CODES: &str = "Exit status: 0 done; 1 error (one `Error: …` line on stderr); \
 2 bad command line; 3 the command ran and the answer is no (a `check` failed, `check --drift` \
-found drift, `release` freed nothing, a `status` filter matched nothing).";
+found drift, `release` freed nothing, a `status` filter matched nothing, `explain` found a replica \
+that would be refused).";
 
 /// The name the binary runs under as a kubectl plugin (`kubectl ipw …`).
 pub const PLUGIN_FILE: &str = "kubectl-ipw";
@@ -75,7 +76,7 @@ pub fn parse_env() -> Cli {
 }
 
 /// The command ran, and its answer is no: a `check` failed, `release` freed nothing, a
-/// filter matched nothing. Exits 3 (an error exits 1).
+/// filter matched nothing, `explain` found a replica that would be refused. Exits 3 (an error exits 1).
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct AnswerIsNo(pub String);
@@ -280,7 +281,22 @@ mod tests {
                 .unwrap_err()
                 .contains("IP address or localhost")
         );
-        assert!(addr("8443").is_err());
+        let missing = |text: &str, why: &str| {
+            assert_eq!(
+                addr(text),
+                Err(format!(
+                    "{text:?} is not a listen address like :8443, 0.0.0.0:8443 or [::]:8443 ({why})"
+                ))
+            )
+        };
+        missing("localhost", "the port is missing: write localhost:8443");
+        missing("127.0.0.1", "the port is missing: write 127.0.0.1:8443");
+        missing("::1", "the port is missing: write [::1]:8443");
+        missing("[::]", "the port is missing: write [::]:8443");
+        missing(
+            "8443",
+            "the host is missing: write :8443 for every IPv4 address",
+        );
     }
 
     #[test]

@@ -69,6 +69,25 @@ pub fn parse_listen(text: &str) -> Result<SocketAddr, String> {
     let bad = |why: &str| {
         format!("{text:?} is not a listen address like :8443, 0.0.0.0:8443 or [::]:8443 ({why})")
     };
+    // A host alone (`localhost`, `10.0.0.1`, `[::1]`) or a port alone (`8443`): say which half
+    // is missing, with the address that was probably meant.
+    let host = text.strip_prefix('[').and_then(|h| h.strip_suffix(']'));
+    if text == "localhost"
+        || text.parse::<std::net::Ipv4Addr>().is_ok()
+        || host.is_some_and(|h| h.parse::<std::net::Ipv6Addr>().is_ok())
+        || text.parse::<std::net::Ipv6Addr>().is_ok()
+    {
+        let host = match text.parse::<std::net::Ipv6Addr>() {
+            Ok(_) => format!("[{text}]"),
+            Err(_) => text.to_string(),
+        };
+        return Err(bad(&format!("the port is missing: write {host}:8443")));
+    }
+    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad(&format!(
+            "the host is missing: write :{text} for every IPv4 address"
+        )));
+    }
     if let Some(port) = text.strip_prefix(':') {
         let port: u16 = port.parse().map_err(|_| bad("bad port"))?;
         return Ok(SocketAddr::from(([0, 0, 0, 0], port)));

@@ -42,9 +42,9 @@ pub struct OpenOptions {
     /// writes on; the copy is what it had made durable), so nothing is created or changed.
     /// The other kinds are opened as they are: a dry-run review writes nothing to them.
     pub read_only: bool,
-    /// The ledger must exist already: an embedded state dir with a journal or snapshot, an
-    /// API server that serves IPClaims. Without, an absent embedded ledger is created (or,
-    /// read-only, read as empty).
+    /// The embedded ledger must exist already (a state dir with a journal or snapshot);
+    /// without, an absent one is created (or, read-only, read as empty). An API server must
+    /// serve IPClaims either way.
     pub existing: bool,
     /// The writer's counters of an embedded ledger opened for writing.
     pub counters: CommitCounters,
@@ -185,9 +185,9 @@ pub async fn open(config: &LedgerConfig, options: &OpenOptions) -> Result<Opened
         }
         LedgerConfig::Kubernetes(access) => {
             let api_server = connect(access).await?;
-            if options.existing {
-                installed(&api_server).await?;
-            }
+            // Every use lists IPClaims first (`serve` loads them all): without the CRD that
+            // list is a 404, which says nothing about what is missing.
+            installed(&api_server).await?;
             Ok(Opened {
                 api_server: Some(api_server.clone()),
                 ..plain(Arc::new(KubeLedger::new(api_server.admission)))
@@ -250,7 +250,8 @@ pub fn existing_embedded(dir: &Path) -> Result<(), OpenError> {
 }
 
 /// Whether the API server serves ip-webhook's IPClaims at all: a cluster without them (no
-/// ip-webhook installed, or the wrong context) gets a sentence, not a 404 Status dump.
+/// ip-webhook installed, or the wrong context) gets one sentence saying how to install them,
+/// not a 404 Status dump.
 async fn installed(api_server: &ApiServer) -> Result<(), OpenError> {
     let probe = kube::Api::<crate::crd::IPClaim>::all(api_server.admission.clone())
         .list_metadata(&kube::api::ListParams::default().limit(1))
@@ -258,7 +259,7 @@ async fn installed(api_server: &ApiServer) -> Result<(), OpenError> {
     match probe {
         Err(kube::Error::Api(status)) if status.code == 404 => {
             Err(OpenError::NotInstalled(format!(
-                "{} serves no IPClaims (ipclaims.ip-webhook.io): ip-webhook is not installed there (wrong --context?)",
+                "{} serves no IPClaims (ipclaims.ip-webhook.io): ip-webhook is not installed there (wrong --context?); install its CRDs with `ip-webhook crds | kubectl apply -f -` or the Helm chart",
                 api_server.name
             )))
         }

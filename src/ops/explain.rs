@@ -55,7 +55,8 @@ pub struct ReplicaOutcome {
 pub struct ObjectOutcome {
     /// `Deployment prod/web`.
     pub object: String,
-    /// Warnings (and a denial) from the workload check `/validate` runs when the object is written.
+    /// Warnings (and a denial) the webhook gives the object when it is written: `/validate`'s
+    /// workload check, or the unknown-key warnings `/mutate` gives a Pod.
     pub warnings: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub denied: Option<String>,
@@ -259,6 +260,11 @@ async fn object_pods(
     outcome: &mut ObjectOutcome,
 ) -> Result<(Value, u64, PodNaming), ExplainError> {
     if (target.group, object.kind.as_str()) == ("", "Pod") {
+        // The warnings /mutate gives the pod when it is created.
+        let meta: admission::Meta =
+            serde_json::from_value(object.metadata.clone()).unwrap_or_default();
+        let marks = (meta.labels.as_ref(), meta.annotations.as_ref());
+        outcome.warnings = admission::annotations::unknown_key_warnings(marks, "metadata");
         return Ok((value.clone(), 1, PodNaming::AsIs));
     }
     let Some(workload) = workloads::workload_kind(target.group, &object.kind) else {

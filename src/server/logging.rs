@@ -37,6 +37,23 @@ pub enum LogFormat {
     Json,
 }
 
+/// The filter `text` with rustls's per-connection SNI warnings kept to debug: a client that
+/// connects by IP address (a kubelet probe, `curl https://10.0.0.5:8443`) sends the IP as SNI,
+/// which rustls ignores with a WARN on every handshake (rustls `src/msgs/handshake.rs`,
+/// "Illegal SNI extension: ignoring IP address presented as hostname"). Shown at debug and
+/// finer, or when `text` names rustls itself.
+pub fn with_quiet_sni(text: &str) -> String {
+    let verbose = text.split(',').any(|directive| {
+        let level = directive.rsplit('=').next().unwrap_or("").trim();
+        matches!(level.to_ascii_lowercase().as_str(), "debug" | "trace")
+    });
+    if verbose || text.contains("rustls") {
+        text.to_string()
+    } else {
+        format!("{text},rustls::msgs::handshake=error")
+    }
+}
+
 /// Install the global subscriber. Keep the guard until the process ends. `level`, when given,
 /// replaces `RUST_LOG` (the operator commands: `warn` unless `-v`).
 pub fn init(format: LogFormat, level: Option<&str>) -> LogGuard {
@@ -45,16 +62,21 @@ pub fn init(format: LogFormat, level: Option<&str>) -> LogGuard {
         std::sync::atomic::Ordering::Relaxed,
     );
     let (writer, guard) = buffered(Box::new(std::io::stderr()));
-    let filter = match level {
-        Some(level) => tracing_subscriber::EnvFilter::new(level),
-        None => tracing_subscriber::EnvFilter::try_from_default_env()
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+    let text = match level {
+        Some(level) => level.to_string(),
+        None => std::env::var(tracing_subscriber::EnvFilter::DEFAULT_ENV)
+            .ok()
+            .filter(|v| !v.trim().is_empty())
+            .unwrap_or_else(|| "info".into()),
     };
+    let filter = tracing_subscriber::EnvFilter::try_new(with_quiet_sni(&text))
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(writer);
     let _ = match format {
-        LogFormat::Json => builder.json().try_init(),
+        // Fields at the top level, as zap-based peers write them (`{"level":…,"message":…}`).
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
         LogFormat::Text => builder.event_format(Text).try_init(),
     };
     guard
@@ -370,6 +392,23 @@ mod tests {
             sink.text().ends_with("fourth\n"),
             "dropping the guard flushes"
         );
+    }
+
+    #[test]
+    fn sni_warnings_stay_at_debug() {
+        assert_eq!(with_quiet_sni("info"), "info,rustls::msgs::handshake=error");
+        assert_eq!(
+            with_quiet_sni("warn,ip_webhook=info"),
+            "warn,ip_webhook=info,rustls::msgs::handshake=error"
+        );
+        for shown in [
+            "debug",
+            "info,ip_webhook=DEBUG",
+            "trace",
+            "info,rustls=warn",
+        ] {
+            assert_eq!(with_quiet_sni(shown), shown);
+        }
     }
 
     #[test]

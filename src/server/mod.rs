@@ -22,6 +22,8 @@
 
 mod admin;
 use admin::serve_admin;
+mod bind;
+pub use bind::{BindError, Listeners, bind};
 mod body;
 pub mod certs;
 mod slots;
@@ -138,19 +140,19 @@ impl Running {
     }
 }
 
-/// Bind both listeners and serve until [`Running::shutdown`].
-pub async fn start(
+/// Serve both listeners (see [`bind`]) until [`Running::shutdown`].
+pub fn start(
     webhook: Arc<Webhook>,
     tls: Arc<rustls::ServerConfig>,
-    listen: SocketAddr,
-    admin_listen: SocketAddr,
+    listeners: Listeners,
     limits: Limits,
     ready: Arc<AtomicBool>,
 ) -> std::io::Result<Running> {
-    let https_listener = TcpListener::bind(listen).await?;
-    let admin_listener = TcpListener::bind(admin_listen).await?;
-    let https_addr = https_listener.local_addr()?;
-    let admin_addr = admin_listener.local_addr()?;
+    let (https_addr, admin_addr) = listeners.addrs()?;
+    let Listeners {
+        https: https_listener,
+        admin: admin_listener,
+    } = listeners;
     let (shutdown, signal) = watch::channel(false);
     let admin = tokio::spawn(serve_admin(
         admin_listener,

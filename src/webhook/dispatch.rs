@@ -77,6 +77,15 @@ impl Webhook {
             ),
             Endpoint::validate => validate::validate(self, &incoming).await?,
         };
+        let response = match (&endpoint, incoming.request.kind.kind.as_str()) {
+            // A pod's keys are checked at /mutate only, so the user sees each warning once.
+            (Endpoint::mutate, "Pod")
+                if incoming.request.operation == admission::Operation::Create =>
+            {
+                unknown_key_warnings(&incoming, response)?
+            }
+            _ => response,
+        };
         let mut ip_text = String::new();
         for (i, ip) in ips.iter().enumerate() {
             if i > 0 {
@@ -106,4 +115,19 @@ impl Webhook {
         );
         Ok(response)
     }
+}
+
+/// `response` with a warning for each `ip-webhook.io/` key of the pod that nothing reads.
+fn unknown_key_warnings(
+    incoming: &admission::Incoming<'_>,
+    mut response: admission::Response,
+) -> Result<admission::Response, ReviewError> {
+    if let Some(pod) = incoming.metadata(false)? {
+        let meta = &pod.metadata;
+        let marks = (meta.labels.as_ref(), meta.annotations.as_ref());
+        for warning in admission::annotations::unknown_key_warnings(marks, "metadata") {
+            response = response.warn(warning);
+        }
+    }
+    Ok(response)
 }

@@ -401,6 +401,11 @@ pub fn review(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Response, Re
         },
         (None, None) => return lists_nothing(response),
     };
+    let mut response = response;
+    let marks = (template.labels.as_ref(), template.annotations.as_ref());
+    for warning in crate::admission::annotations::unknown_key_warnings(marks, path) {
+        response = response.warn(warning);
+    }
     let list = template.annotation(ALLOCATABLE_IPS);
     let pool_name = template.annotation(IP_POOL);
     let ovn_list = ovn_pool_set(template);
@@ -443,7 +448,6 @@ pub fn review(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Response, Re
         }
     }
 
-    let mut response = response;
     match webhook.cni_check(&set, &id) {
         Ok(warnings) => {
             for warning in warnings {
