@@ -18,8 +18,8 @@ use clap::Parser;
 use serde_json::{Value, json};
 
 use common::helm::{
-    NAMESPACE, RELEASE, chart_dir, helm, of_kind, one, parse_documents, repo, run, template_text,
-    text, venv_tool,
+    NAMESPACE, RELEASE, chart_dir, helm, kubernetes_validate, of_kind, one, parse_documents, repo,
+    run, template_text, text, venv_tool,
 };
 
 const SERVICE_DNS: &str = "ip-webhook.ip-webhook-system.svc";
@@ -208,7 +208,6 @@ const CUSTOM_KINDS: &[&str] = &["Certificate", "Issuer", "ServiceMonitor", "Prom
 #[test]
 fn every_rendered_document_passes_strict_schema_validation() {
     let helm = helm();
-    let kubernetes_validate = venv_tool("kubernetes-validate");
     let python = venv_tool("python");
     let dir = tempfile::tempdir().unwrap();
     // file -> the (kind, name) of each rendered document
@@ -235,15 +234,7 @@ fn every_rendered_document_passes_strict_schema_validation() {
             rendered.insert(file.display().to_string(), names);
             files.push(file);
         }
-        let output = run(Command::new(&kubernetes_validate)
-            .args(["--strict", "-k", kube_version])
-            .args(&files));
-        let report = text(&output.stdout);
-        assert!(
-            output.status.success(),
-            "kubernetes-validate --strict -k {kube_version} failed:\n{report}{}",
-            text(&output.stderr)
-        );
+        let report = kubernetes_validate(&files, kube_version);
         let version = &kube_version[..4];
         for file in files.iter().map(|f| f.display().to_string()) {
             for (kind, name) in &rendered[&file] {

@@ -14,8 +14,8 @@ use std::process::Command;
 use serde_json::{Value, json};
 
 use common::helm::{
-    NAMESPACE, RELEASE, chart_dir, helm, of_kind, one, parse_documents, repo, run, template_text,
-    text, venv_tool,
+    NAMESPACE, RELEASE, chart_dir, helm, kubernetes_validate, of_kind, one, parse_documents, repo,
+    run, template_text, text, venv_tool,
 };
 
 /// `helm template` as YAML text, or the failure's stderr.
@@ -124,7 +124,6 @@ fn lint_case(helm: &Path, name: &str, set: &[&str], kube_version: &str) {
 #[test]
 fn every_case_lints_and_passes_strict_schema_validation() {
     let helm = helm();
-    let kubernetes_validate = venv_tool("kubernetes-validate");
     let dir = tempfile::tempdir().unwrap();
     let mut all_files = Vec::new();
     let mut custom = Vec::new();
@@ -156,15 +155,7 @@ fn every_case_lints_and_passes_strict_schema_validation() {
             }
             files.push(file);
         }
-        let output = run(Command::new(&kubernetes_validate)
-            .args(["--strict", "-k", kube_version])
-            .args(&files));
-        let report = text(&output.stdout);
-        assert!(
-            output.status.success(),
-            "kubernetes-validate --strict -k {kube_version}:\n{report}{}",
-            text(&output.stderr)
-        );
+        let report = kubernetes_validate(&files, kube_version);
         for pass in &expected {
             assert!(report.contains(pass), "missing `{pass}` in:\n{report}");
         }

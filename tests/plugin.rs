@@ -409,22 +409,7 @@ fn plugin_install_puts_kubectl_ipw_where_kubectl_finds_it() {
     if std::fs::hard_link(built, &binary).is_err() {
         std::fs::copy(built, &binary).unwrap();
     }
-    let home = tempfile::tempdir().unwrap();
-    let in_shell = |program: &Path, args: &[&str]| {
-        let out = Command::new(program)
-            .args(args)
-            .env("PATH", &bin)
-            .env("HOME", home.path())
-            .env_remove("KUBECONFIG")
-            .env_remove("KUBERNETES_SERVICE_HOST")
-            .output()
-            .unwrap_or_else(|e| panic!("running {}: {e}", program.display()));
-        (
-            out.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
+    let in_shell = |program: &Path, args: &[&str]| run(program, args, &bin);
 
     let (code, out, err) = in_shell(&binary, &["plugin", "install"]);
     assert_eq!(code, 0, "{out}{err}");

@@ -87,3 +87,18 @@ pub fn one<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
     assert_eq!(found.len(), 1, "expected one {kind}, got {}", found.len());
     found[0]
 }
+
+/// `kubernetes-validate --strict` of `files` for Kubernetes `kube_version`: its report; the
+/// test fails, with the report, unless every file passes.
+pub fn kubernetes_validate(files: &[PathBuf], kube_version: &str) -> String {
+    let output = run(Command::new(venv_tool("kubernetes-validate"))
+        .args(["--strict", "-k", kube_version])
+        .args(files));
+    let report = text(&output.stdout);
+    assert!(
+        output.status.success(),
+        "kubernetes-validate --strict -k {kube_version} failed:\n{report}{}",
+        text(&output.stderr)
+    );
+    report
+}

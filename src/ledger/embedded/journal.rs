@@ -190,6 +190,20 @@ fn missing_generation(base: u64, journals: &[u64], migrated: bool) -> Option<u64
     (first.min(journals[0])..=last).find(|g| journals.binary_search(g).is_err())
 }
 
+/// Refuse a ledger of snapshot `base` and `journals` (from `base` on) that lacks a file.
+fn complete(dir: &Path, base: u64, journals: &[u64]) -> Result<(), LedgerError> {
+    let migrated = dir.join(format!("{REDB_FILE}.migrated")).exists();
+    match missing_generation(base, journals, migrated) {
+        Some(gone) => Err(marker::journal_gone(
+            dir,
+            base,
+            gone,
+            journals.first().copied(),
+        )),
+        None => Ok(()),
+    }
+}
+
 /// Delete the journals and snapshots older than `generation` (a snapshot of it is durable).
 fn remove_before(dir: &Path, generation: u64) -> Result<(), LedgerError> {
     for prefix in [JOURNAL, SNAPSHOT] {
@@ -274,15 +288,7 @@ impl Journal {
             }
         }
         journals.retain(|g| *g >= base);
-        let migrated = dir.join(format!("{REDB_FILE}.migrated")).exists();
-        if let Some(gone) = missing_generation(base, &journals, migrated) {
-            return Err(marker::journal_gone(
-                dir,
-                base,
-                gone,
-                journals.first().copied(),
-            ));
-        }
+        complete(dir, base, &journals)?;
         let mut journal_bytes = 0u64;
         let last = journals.last().copied();
         let mut last_format = None;
@@ -578,15 +584,7 @@ fn read_journal_once(state_dir: &Path) -> Result<Vec<Claim>, LedgerError> {
     };
     let mut journals = generations(state_dir, JOURNAL)?;
     journals.retain(|g| *g >= base);
-    let migrated = state_dir.join(format!("{REDB_FILE}.migrated")).exists();
-    if let Some(gone) = missing_generation(base, &journals, migrated) {
-        return Err(marker::journal_gone(
-            state_dir,
-            base,
-            gone,
-            journals.first().copied(),
-        ));
-    }
+    complete(state_dir, base, &journals)?;
     if base > 0 {
         read(state_dir.join(name(SNAPSHOT, base)))?;
     }
