@@ -5,9 +5,8 @@
 //! carrying only our label, are never adopted.
 
 mod common;
-#[path = "common/fakeapi.rs"]
-mod fakeapi;
 
+use common::fakeapi;
 use std::time::Duration;
 
 use common::{allocated_ip, create, eventually, pod};

@@ -3,9 +3,8 @@
 //! send it for a hand edit, a deletion and the server's own writes.
 
 mod common;
-#[path = "common/fakeapi.rs"]
-mod fakeapi;
 
+use common::fakeapi;
 use std::time::Duration;
 
 use common::{TestServer, allocated_ip, apply, create, message, pod};

@@ -2,21 +2,11 @@
 
 mod common;
 
+use common::{Ran, ip_webhook};
+
 use std::process::Command;
 
 use serde_json::Value;
-
-fn ip_webhook(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_ip-webhook"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 const FIXTURE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -28,8 +18,9 @@ fn review_dry_run_answers_without_recording() {
     let state = tempfile::tempdir().unwrap();
     let dir = state.path().to_str().unwrap();
     for _ in 0..2 {
-        let (ok, stdout, stderr) =
-            ip_webhook(&["review", "--dry-run", "--state-dir", dir, FIXTURE]);
+        let Ran {
+            ok, stdout, stderr, ..
+        } = ip_webhook(&["review", "--dry-run", "--state-dir", dir, FIXTURE]);
         assert!(ok, "{stderr}");
         let review: serde_json::Value = serde_json::from_str(&stdout).unwrap();
         assert_eq!(review["response"]["allowed"], true);
@@ -37,9 +28,13 @@ fn review_dry_run_answers_without_recording() {
     }
     // a real review records the claim, so the same review (same uid) gets the same answer and
     // a validate of a pod that writes that IP by hand is refused
-    let (ok, first, _) = ip_webhook(&["review", "--state-dir", dir, FIXTURE]);
+    let Ran {
+        ok, stdout: first, ..
+    } = ip_webhook(&["review", "--state-dir", dir, FIXTURE]);
     assert!(ok);
-    let (ok, again, _) = ip_webhook(&["review", "--state-dir", dir, FIXTURE]);
+    let Ran {
+        ok, stdout: again, ..
+    } = ip_webhook(&["review", "--state-dir", dir, FIXTURE]);
     assert!(ok);
     assert_eq!(first, again);
     let conflicting = std::fs::read_to_string(FIXTURE).unwrap().replace(
@@ -48,7 +43,9 @@ fn review_dry_run_answers_without_recording() {
     );
     let file = state.path().join("conflict.json");
     std::fs::write(&file, conflicting).unwrap();
-    let (ok, stdout, stderr) = ip_webhook(&[
+    let Ran {
+        ok, stdout, stderr, ..
+    } = ip_webhook(&[
         "review",
         "--validate",
         "--state-dir",
@@ -72,7 +69,7 @@ fn review_of_garbage_fails_with_the_reason() {
     let state = tempfile::tempdir().unwrap();
     let file = state.path().join("bad.json");
     std::fs::write(&file, "{\"kind\":\"Pod\"}").unwrap();
-    let (ok, _, stderr) = ip_webhook(&[
+    let Ran { ok, stderr, .. } = ip_webhook(&[
         "review",
         "--state-dir",
         state.path().to_str().unwrap(),
@@ -87,7 +84,7 @@ fn review_of_garbage_fails_with_the_reason() {
 
 #[test]
 fn crds_command_prints_both_crds() {
-    let (ok, stdout, _) = ip_webhook(&["crds"]);
+    let Ran { ok, stdout, .. } = ip_webhook(&["crds"]);
     assert!(ok);
     assert_eq!(stdout, ip_webhook::crd::crds_yaml());
 }
@@ -146,7 +143,7 @@ fn serve_takes_a_port_only_listen_and_go_durations() {
     let _ = child.kill();
     let _ = child.wait();
 
-    let (ok, _, stderr) = ip_webhook(&["serve", "--read-timeout", "1m30"]);
+    let Ran { ok, stderr, .. } = ip_webhook(&["serve", "--read-timeout", "1m30"]);
     assert!(!ok);
     assert!(
         stderr.contains(
@@ -193,7 +190,8 @@ fn serve_refuses_an_etcd_prefix_with_characters_no_key_space_means() {
         ("/ipw\t", "'\\t' at byte 4"),
         ("/ipwé/", "'é' at byte 4"),
     ] {
-        let (ok, _, stderr) = ip_webhook(&["serve", "--ledger", "etcd", "--etcd-prefix", prefix]);
+        let Ran { ok, stderr, .. } =
+            ip_webhook(&["serve", "--ledger", "etcd", "--etcd-prefix", prefix]);
         assert!(!ok, "{prefix:?} accepted");
         assert!(
             stderr.contains("--etcd-prefix") && stderr.contains(shown),
@@ -225,14 +223,21 @@ async fn review_dry_run_sees_what_a_live_server_holds() {
     pod["metadata"]["uid"] = "0b6f3c1e-2d4a-4e5f-9a8b-7c6d5e4f3a21".into();
     let bound = server.validate(&common::create("u-bind", pod)).await;
     assert_eq!(bound["allowed"], true, "{bound}");
-    let (ok, json, stderr) = ip_webhook(&["status", "--state-dir", &dir, "-o", "json"]);
+    let Ran {
+        ok,
+        stdout: json,
+        stderr,
+        ..
+    } = ip_webhook(&["status", "--state-dir", &dir, "-o", "json"]);
     assert!(ok, "{stderr}");
     assert!(
         json.contains("\"phase\": \"Bound\"") && json.contains("10.0.0.10"),
         "{json}"
     );
 
-    let (ok, stdout, stderr) = ip_webhook(&["review", "--dry-run", "--state-dir", &dir, FIXTURE]);
+    let Ran {
+        ok, stdout, stderr, ..
+    } = ip_webhook(&["review", "--dry-run", "--state-dir", &dir, FIXTURE]);
     assert!(ok, "{stderr}");
     let offline: Value = serde_json::from_str(&stdout).unwrap();
     let offered = common::allocated_ip(&offline["response"]);
@@ -248,7 +253,9 @@ async fn review_dry_run_sees_what_a_live_server_holds() {
         "[\"10.0.0.10\"]".into();
     let file = server.state_dir.path().join("static.json");
     std::fs::write(&file, conflicting.to_string()).unwrap();
-    let (ok, stdout, stderr) = ip_webhook(&[
+    let Ran {
+        ok, stdout, stderr, ..
+    } = ip_webhook(&[
         "review",
         "--validate",
         "--dry-run",

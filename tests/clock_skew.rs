@@ -3,11 +3,8 @@
 //! machine wrote with another machine's clock.
 
 mod common;
-#[path = "common/etcd_cluster.rs"]
-mod etcd_cluster;
-#[path = "common/fakeapi.rs"]
-mod fakeapi;
 
+use common::{etcd_cluster, fakeapi};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 

@@ -3,9 +3,8 @@
 //! directly in the API server (never admitted by any replica).
 
 mod common;
-#[path = "common/fakeapi.rs"]
-mod fakeapi;
 
+use common::fakeapi;
 use std::time::{Duration, Instant};
 
 use common::{TestServer, allocated_ip, create, eventually, message, pod};

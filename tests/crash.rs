@@ -2,9 +2,8 @@
 //! in flight: nothing granted is ever lost, nothing is ever granted twice.
 
 mod common;
-#[path = "common/load.rs"]
-mod load;
 
+use common::load;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

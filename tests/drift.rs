@@ -3,16 +3,16 @@
 //! cluster reports none and exits 0, and an embedded ledger is compared as `status` reads it.
 
 mod common;
-#[path = "common/fakeapi.rs"]
-mod fakeapi;
 
-use std::process::Command;
+use common::{Ran, ip_webhook};
+
+use common::{claims, fakeapi};
 use std::time::Duration;
 
 use common::eventually;
 use fakeapi::{FakeApi, install_crd_fixture};
 use ip_webhook::crd::IPClaim;
-use ip_webhook::ledger::{Claim, KubeLedger, Ledger, Phase, PodRef, Source};
+use ip_webhook::ledger::{Claim, KubeLedger, Ledger, Phase, PodRef};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
@@ -20,20 +20,6 @@ use serde_json::{Value, json};
 
 const TOKEN: &str = "0123456789abcdef0123456789abcdef";
 const LIST: &str = "10.0.0.10-10.0.0.17";
-
-fn ip_webhook(args: &[&str]) -> (Option<i32>, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_ip-webhook"))
-        .args(args)
-        .env_remove("KUBECONFIG")
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .output()
-        .unwrap();
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 /// Install the Kube-OVN and Calico IPAM CRDs of tests/fixtures/cni-crds.yaml.
 async fn install_cni_crds(client: &Client) {
@@ -120,24 +106,15 @@ async fn running_pod(client: &Client, namespace: &str, object: Value, ips: &[&st
 
 fn claim(ip: &str, name: &str, uid: &str) -> Claim {
     Claim {
-        ip: ip.parse().unwrap(),
-        app: "web".into(),
-        pool: None,
         pod: PodRef {
-            namespace: "default".into(),
-            name: name.into(),
             generate_name: "web-".into(),
             uid: Some(uid.into()),
+            ..claims::pod_ref("default", name)
         },
-        request_uid: format!("req-{ip}"),
         phase: Phase::Bound,
-        source: Source::Allocated,
-        created_at: 0,
-        updated_at: 0,
         list_size: Some(8),
         token: TOKEN.into(),
-        release_at: None,
-        sticky: false,
+        ..claims::at(claims::claim(ip, "web", name), 0)
     }
 }
 
@@ -237,13 +214,23 @@ async fn a_clean_cluster_has_no_drift_and_exits_0() {
     let fake = FakeApi::start();
     clean_cluster(&fake).await;
     let kubeconfig = fake.kubeconfig().display().to_string();
-    let (code, out, err) = ip_webhook(&["check", "--drift", "--kubeconfig", &kubeconfig]);
+    let Ran {
+        code,
+        stdout: out,
+        stderr: err,
+        ..
+    } = ip_webhook(&["check", "--drift", "--kubeconfig", &kubeconfig]);
     assert_eq!(code, Some(0), "{out}{err}");
     assert_eq!(
         out,
         "No drift: compared 1 claims, 2 pods, 1 Kube-OVN IP objects, 1 Calico IPAM allocations.\n"
     );
-    let (code, json, err) = ip_webhook(&[
+    let Ran {
+        code,
+        stdout: json,
+        stderr: err,
+        ..
+    } = ip_webhook(&[
         "check",
         "--drift",
         "--kubeconfig",
@@ -292,7 +279,12 @@ async fn each_kind_of_drift_is_found_and_exits_3() {
     .await;
 
     let kubeconfig = fake.kubeconfig().display().to_string();
-    let (code, json, err) = ip_webhook(&[
+    let Ran {
+        code,
+        stdout: json,
+        stderr: err,
+        ..
+    } = ip_webhook(&[
         "check",
         "--drift",
         "--kubeconfig",
@@ -342,7 +334,11 @@ async fn each_kind_of_drift_is_found_and_exits_3() {
     assert_eq!(report["compared"]["calico_allocations"], 2);
 
     // The table names each kind; -n keeps one namespace's pods.
-    let (code, table, _) = ip_webhook(&["check", "--drift", "--kubeconfig", &kubeconfig]);
+    let Ran {
+        code,
+        stdout: table,
+        ..
+    } = ip_webhook(&["check", "--drift", "--kubeconfig", &kubeconfig]);
     assert_eq!(code, Some(3));
     for kind in [
         "claim-without-pod",
@@ -353,7 +349,11 @@ async fn each_kind_of_drift_is_found_and_exits_3() {
         assert!(table.contains(kind), "{kind} missing:\n{table}");
     }
     assert!(table.starts_with("KIND "), "{table}");
-    let (code, table, _) = ip_webhook(&[
+    let Ran {
+        code,
+        stdout: table,
+        ..
+    } = ip_webhook(&[
         "check",
         "--drift",
         "--kubeconfig",
@@ -392,7 +392,12 @@ async fn an_embedded_ledger_is_compared_with_the_cluster() {
 
     let kubeconfig = fake.kubeconfig().display().to_string();
     let dir = state.path().display().to_string();
-    let (code, table, err) = ip_webhook(&[
+    let Ran {
+        code,
+        stdout: table,
+        stderr: err,
+        ..
+    } = ip_webhook(&[
         "check",
         "--drift",
         "--kubeconfig",
@@ -418,7 +423,9 @@ async fn an_embedded_ledger_is_compared_with_the_cluster() {
         "{table}"
     );
     // Without a cluster there is nothing to compare with.
-    let (code, _, err) = ip_webhook(&["check", "--drift", "--state-dir", &dir]);
+    let Ran {
+        code, stderr: err, ..
+    } = ip_webhook(&["check", "--drift", "--state-dir", &dir]);
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("give --kubeconfig FILE"), "{err}");
 }

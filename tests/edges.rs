@@ -3,11 +3,8 @@
 //! (`--kube-ovn-reservation`).
 
 mod common;
-#[path = "common/fakeapi.rs"]
-mod fakeapi;
-#[path = "common/rbac.rs"]
-mod rbac;
 
+use common::{fakeapi, rbac};
 use std::time::{Duration, Instant};
 
 use common::node_loss::{delete_pod, make_node, running_pod, set_ready};

@@ -4,11 +4,8 @@
 //! when no `etcd` binary is installed.
 
 mod common;
-#[path = "common/etcd_cluster.rs"]
-mod etcd_cluster;
-#[path = "common/load.rs"]
-mod load;
 
+use common::{etcd_cluster, load};
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::path::Path;

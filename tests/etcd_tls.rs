@@ -3,12 +3,8 @@
 //! exists.
 
 mod common;
-#[path = "common/etcd_cluster.rs"]
-mod etcd_cluster;
 
-#[path = "common/claims.rs"]
-mod claims;
-
+use common::{claims, etcd_cluster};
 use std::path::Path;
 use std::time::Duration;
 

@@ -4,11 +4,8 @@
 //! single-member etcd on loopback.
 
 mod common;
-#[path = "common/etcd_cluster.rs"]
-mod etcd_cluster;
-#[path = "common/fakeapi.rs"]
-mod fakeapi;
 
+use common::{etcd_cluster, fakeapi};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;

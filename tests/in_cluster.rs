@@ -4,14 +4,11 @@
 //! binding, reclaiming and expiring claims and writing FixedIPPool status.
 
 mod common;
+
 // The etcd case needs the `etcd` feature; scripts/test.sh builds with --all-features.
 #[cfg(feature = "etcd")]
-#[path = "common/etcd_cluster.rs"]
-mod etcd_cluster;
-#[path = "common/fakeapi.rs"]
-mod fakeapi;
-#[path = "common/rbac.rs"]
-mod rbac;
+use common::etcd_cluster;
+use common::{fakeapi, rbac};
 
 use std::process::Command;
 use std::time::{Duration, Instant};

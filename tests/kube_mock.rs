@@ -3,8 +3,9 @@
 //! kube-apiserver's: `Status` bodies with reasons, list `resourceVersion`s, a watch that ends
 //! with an `ERROR` event carrying `410 Expired`. Time is paused: no test sleeps for real.
 
-#[path = "common/claims.rs"]
-mod claims;
+mod common;
+
+use common::claims;
 
 use std::net::IpAddr;
 use std::sync::Arc;

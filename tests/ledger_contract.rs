@@ -10,16 +10,11 @@
 //!   and the model agree; a released or expired IP can be allocated again.
 
 mod common;
-// The etcd cases need the `etcd` feature; scripts/test.sh builds with --all-features.
+
 #[cfg(feature = "etcd")]
-#[path = "common/etcd_cluster.rs"]
-mod etcd_cluster;
-#[path = "common/fakeapi.rs"]
-mod fakeapi;
-
-#[path = "common/claims.rs"]
-mod claims;
-
+use common::etcd_cluster;
+use common::{claims, fakeapi};
+// The etcd cases need the `etcd` feature; scripts/test.sh builds with --all-features.
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::path::PathBuf;

@@ -12,13 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use ip_webhook::ledger::embedded::CommitCounters;
-use ip_webhook::ledger::{Claim, EmbeddedLedger, Ledger, Phase, PodRef, Source};
-
-fn binary() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_ip-webhook"));
-    command.env_remove("KUBERNETES_SERVICE_HOST");
-    command
-}
+use ip_webhook::ledger::{Claim, EmbeddedLedger, Ledger, Phase};
 
 /// Run the binary with `args` to its end (at most 20 s): (success, stdout, stderr).
 fn run(args: &[&str]) -> (bool, String, String) {
@@ -63,26 +57,14 @@ fn serve_refuses(dir: &Path) -> String {
 }
 
 fn claim(i: u32) -> Claim {
+    let ip = format!("10.40.{}.{}", i / 250, i % 250 + 1);
     Claim {
-        ip: format!("10.40.{}.{}", i / 250, i % 250 + 1)
-            .parse()
-            .unwrap(),
-        app: "web".into(),
-        pool: None,
-        pod: PodRef {
-            namespace: "prod".into(),
-            name: format!("web-{i}"),
-            ..Default::default()
-        },
+        pod: claims::pod_ref("prod", &format!("web-{i}")),
         request_uid: format!("uid-{i}"),
         phase: Phase::Bound,
-        source: Source::Allocated,
-        created_at: 1_764_000_000,
-        updated_at: 1_764_000_000,
         list_size: Some(1000),
         token: format!("token-{i}"),
-        release_at: None,
-        sticky: false,
+        ..claims::at(claims::claim(&ip, "web", ""), 1_764_000_000)
     }
 }
 

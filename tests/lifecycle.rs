@@ -6,12 +6,9 @@
 //! the pods are gone and the timers have run no claim is left but a StatefulSet pod's
 //! Released one.
 
-#[path = "common/admission.rs"]
-mod admission;
 mod common;
-#[path = "common/fakeapi.rs"]
-mod fakeapi;
 
+use common::{admission, fakeapi};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

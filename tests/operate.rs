@@ -2,29 +2,14 @@
 //! YAML), `explain`, `release`, `check`, and the monitoring files against the real metrics.
 
 mod common;
-#[path = "common/fakeapi.rs"]
-mod fakeapi;
 
-#[path = "common/claims.rs"]
-mod claims;
+use common::{Ran, ip_webhook};
 
+use common::{claims, fakeapi};
 use std::path::Path;
-use std::process::Command;
 
 use ip_webhook::ledger::{Claim, EmbeddedLedger, Ledger, Phase, PodRef, Source};
 use serde_json::Value;
-
-fn ip_webhook(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_ip-webhook"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 fn fixture(name: &str) -> String {
     format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"))
@@ -151,11 +136,21 @@ async fn status_prints_pools_apps_and_holders() {
     seed(state.path()).await;
     let dir = state.path().to_str().unwrap();
     let pools = fixture("status-pools.yaml");
-    let (ok, table, stderr) = ip_webhook(&["status", "--state-dir", dir, "--pools-file", &pools]);
+    let Ran {
+        ok,
+        stdout: table,
+        stderr,
+        ..
+    } = ip_webhook(&["status", "--state-dir", dir, "--pools-file", &pools]);
     assert!(ok, "{stderr}");
     check_golden("status.txt", &table);
 
-    let (ok, json, stderr) = ip_webhook(&[
+    let Ran {
+        ok,
+        stdout: json,
+        stderr,
+        ..
+    } = ip_webhook(&[
         "pools",
         "--state-dir",
         dir,
@@ -208,7 +203,12 @@ async fn status_prints_pools_apps_and_holders() {
     );
     assert_eq!(web["holders"][0]["since"], "2025-11-29T07:06:40Z");
 
-    let (ok, yaml, stderr) = ip_webhook(&[
+    let Ran {
+        ok,
+        stdout: yaml,
+        stderr,
+        ..
+    } = ip_webhook(&[
         "status",
         "--state-dir",
         dir,
@@ -239,7 +239,12 @@ async fn explain_walks_replicas_through_mutate_without_recording() {
         "--pools-file",
         &pools,
     ];
-    let (ok, json, stderr) = ip_webhook(&[&args[..], &["-o", "json"]].concat());
+    let Ran {
+        ok,
+        stdout: json,
+        stderr,
+        ..
+    } = ip_webhook(&[&args[..], &["-o", "json"]].concat());
     assert!(!ok, "two replicas are refused: {stderr}");
     assert_eq!(stderr, "Error: 2 of 10 replicas would be refused\n");
     let outcomes: Value = serde_json::from_str(&json).unwrap();
@@ -295,7 +300,12 @@ async fn explain_walks_replicas_through_mutate_without_recording() {
         ["prod/api-1 10.20.0.2 (lowest free IP of the list)"]
     );
 
-    let (ok, text, stderr) = ip_webhook(&args);
+    let Ran {
+        ok,
+        stdout: text,
+        stderr,
+        ..
+    } = ip_webhook(&args);
     assert!(!ok, "{stderr}");
     assert!(
         text.contains("StatefulSet prod/db\n  warning: StatefulSet prod/db asks for 4 replicas"),
@@ -304,7 +314,9 @@ async fn explain_walks_replicas_through_mutate_without_recording() {
     assert!(text.contains("#3        prod/db-3   REFUSED"), "{text}");
 
     // nothing was recorded: the ledger still holds the seeded four
-    let (ok, json, _) = ip_webhook(&["status", "--state-dir", dir, "-o", "json"]);
+    let Ran {
+        ok, stdout: json, ..
+    } = ip_webhook(&["status", "--state-dir", dir, "-o", "json"]);
     assert!(ok);
     let report: Value = serde_json::from_str(&json).unwrap();
     let held: u64 = report["apps"]
@@ -327,7 +339,7 @@ async fn explain_names_the_document_it_cannot_use() {
     .unwrap();
     let dir = state.path().join("state");
     seed(&dir).await;
-    let (ok, _, stderr) = ip_webhook(&[
+    let Ran { ok, stderr, .. } = ip_webhook(&[
         "explain",
         "-f",
         file.to_str().unwrap(),
@@ -352,7 +364,12 @@ async fn explain_suggests_the_known_key_for_a_mistyped_one() {
     .unwrap();
     let dir = state.path().join("state");
     seed(&dir).await;
-    let (ok, text, stderr) = ip_webhook(&[
+    let Ran {
+        ok,
+        stdout: text,
+        stderr,
+        ..
+    } = ip_webhook(&[
         "explain",
         "-f",
         file.to_str().unwrap(),
@@ -372,26 +389,31 @@ async fn release_needs_force_off_cluster_and_says_what_it_did() {
     let state = tempfile::tempdir().unwrap();
     seed(state.path()).await;
     let dir = state.path().to_str().unwrap();
-    let (ok, _, stderr) = ip_webhook(&["release", "10.0.0.10", "--state-dir", dir]);
+    let Ran { ok, stderr, .. } = ip_webhook(&["release", "10.0.0.10", "--state-dir", dir]);
     assert!(!ok);
     assert!(stderr.contains("refused: cannot tell whether pod default/web-7d4b9c8f6d-abcde still runs (the embedded ledger has no pod list"), "{stderr}");
     assert!(stderr.contains("rerun with --force"), "{stderr}");
 
-    let (ok, stdout, stderr) = ip_webhook(&["release", "10.0.0.10", "--force", "--state-dir", dir]);
+    let Ran {
+        ok, stdout, stderr, ..
+    } = ip_webhook(&["release", "10.0.0.10", "--force", "--state-dir", dir]);
     assert!(ok, "{stderr}");
     assert_eq!(
         stdout,
         "released 10.0.0.10 (Bound, held by pod default/web-7d4b9c8f6d-abcde of app default/web since 2025-11-29T07:06:40Z) (forced); it can be allocated again\n"
     );
 
-    let (ok, _, stderr) = ip_webhook(&["release", "10.0.0.10", "--force", "--state-dir", dir]);
+    let Ran { ok, stderr, .. } =
+        ip_webhook(&["release", "10.0.0.10", "--force", "--state-dir", dir]);
     assert!(!ok);
     assert!(
         stderr.contains("nothing to release: no claim holds 10.0.0.10"),
         "{stderr}"
     );
 
-    let (ok, json, _) = ip_webhook(&[
+    let Ran {
+        ok, stdout: json, ..
+    } = ip_webhook(&[
         "status",
         "--state-dir",
         dir,
@@ -495,7 +517,9 @@ async fn check_reports_each_part_of_a_running_install() {
     std::fs::write(&other_ca, &other.ca_pem).unwrap();
     let url = options.url.clone();
     let admin = options.admin_url.clone().unwrap();
-    let (ok, stdout, stderr) = tokio::task::spawn_blocking(move || {
+    let Ran {
+        ok, stdout, stderr, ..
+    } = tokio::task::spawn_blocking(move || {
         ip_webhook(&[
             "check",
             "--url",
@@ -626,13 +650,10 @@ async fn one_json_log_line_per_decision() {
 /// ~/.kube/config), not in a pod, RUST_BACKTRACE=1 (as many shells have it), in `cwd`.
 fn operator(args: &[&str], kubeconfig: Option<&Path>, cwd: &Path) -> (i32, String, String) {
     let home = tempfile::tempdir().unwrap();
-    let mut command = Command::new(env!("CARGO_BIN_EXE_ip-webhook"));
+    let mut command = common::binary();
     command
         .args(args)
         .current_dir(cwd)
-        .env_remove("KUBECONFIG")
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .env_remove("RUST_LOG")
         .env("HOME", home.path())
         .env("RUST_BACKTRACE", "1");
     if let Some(path) = kubeconfig {

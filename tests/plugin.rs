@@ -3,14 +3,13 @@
 //! plugin discovery finds and runs it, also as `ip-webhook plugin install` puts it in place.
 
 mod common;
-#[path = "common/fakeapi.rs"]
-mod fakeapi;
 
+use common::{claims, fakeapi};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use fakeapi::FakeApi;
-use ip_webhook::ledger::{Claim, KubeLedger, Ledger, Phase, PodRef, Source};
+use ip_webhook::ledger::{Claim, KubeLedger, Ledger, Phase, PodRef};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::Api;
 use kube::api::PostParams;
@@ -63,24 +62,13 @@ fn kubectl() -> PathBuf {
 
 fn claim(ip: &str, namespace: &str, app: &str, pod: &str, uid: &str) -> Claim {
     Claim {
-        ip: ip.parse().unwrap(),
-        app: app.into(),
-        pool: None,
         pod: PodRef {
-            namespace: namespace.into(),
-            name: pod.into(),
-            generate_name: String::new(),
             uid: Some(uid.into()),
+            ..claims::pod_ref(namespace, pod)
         },
-        request_uid: format!("req-{ip}"),
         phase: Phase::Bound,
-        source: Source::Allocated,
-        created_at: 1_764_400_000,
-        updated_at: 1_764_400_000,
         list_size: Some(4),
-        token: String::new(),
-        release_at: None,
-        sticky: false,
+        ..claims::at(claims::claim(ip, app, pod), 1_764_400_000)
     }
 }
 

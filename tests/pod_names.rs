@@ -5,12 +5,10 @@
 //! policy. The ledger-dependent cases run in the embedded, in-cluster and etcd modes.
 
 mod common;
-#[cfg(feature = "etcd")]
-#[path = "common/etcd_cluster.rs"]
-mod etcd_cluster;
-#[path = "common/fakeapi.rs"]
-mod fakeapi;
 
+#[cfg(feature = "etcd")]
+use common::etcd_cluster;
+use common::fakeapi;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;

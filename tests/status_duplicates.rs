@@ -2,10 +2,8 @@
 //! the table and in `-o json`, the oldest pod first, as the reconciler finds them.
 
 mod common;
-#[path = "common/fakeapi.rs"]
-mod fakeapi;
 
-use std::process::Command;
+use common::fakeapi;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -15,12 +13,10 @@ use serde_json::{Value, json};
 
 fn status(args: &[&str], kubeconfig: &std::path::Path) -> (i32, String, String) {
     let home = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_ip-webhook"))
+    let out = common::binary()
         .arg("status")
         .args(args)
         .current_dir(home.path())
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .env_remove("RUST_LOG")
         .env("HOME", home.path())
         .env("KUBECONFIG", kubeconfig)
         .output()

@@ -318,44 +318,23 @@ impl EtcdLedger {
         apply: impl Fn(ObservedChange) + Send,
         reload: impl Fn(Vec<Claim>) + Send,
     ) {
-        use etcd_client::{EventType, WatchOptions};
         let mut next = self.loaded_revision.load(Ordering::Acquire) + 1;
         let mut closed = self.closed.subscribe();
         let mut resync_at = tokio::time::Instant::now() + self.resync_period;
         let mut why_reload: Option<&'static str> = None;
         while !*closed.borrow_and_update() {
             if let Some(why) = why_reload.take() {
-                match self.load().await {
-                    Ok(claims) => {
-                        let count = claims.len();
-                        reload(claims);
-                        super::index_resyncs().inc();
-                        next = self.loaded_revision.load(Ordering::Acquire) + 1;
-                        tracing::info!(
-                            reason = why,
-                            records = count,
-                            revision = next - 1,
-                            "reloaded the etcd index"
-                        );
-                        resync_at = tokio::time::Instant::now() + self.resync_period;
-                    }
-                    Err(LedgerError::Closed) => return,
-                    Err(error) => {
-                        tracing::warn!(%error, reason = why, "reloading the etcd index failed; retrying");
-                        why_reload = Some(why);
-                        tokio::select! {
-                            _ = closed.wait_for(|closed| *closed) => return,
-                            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
-                        }
-                        continue;
-                    }
-                }
+                let Some(revision) = self.reload_index(why, &reload, &mut closed).await else {
+                    return;
+                };
+                next = revision + 1;
+                resync_at = tokio::time::Instant::now() + self.resync_period;
             }
-            let options = WatchOptions::new()
+            let options = etcd_client::WatchOptions::new()
                 .with_prefix()
                 .with_prev_key()
                 .with_start_revision(next);
-            let mut stream = match self
+            let stream = match self
                 .client
                 .clone()
                 .watch(self.prefix.clone(), Some(options))
@@ -365,85 +344,142 @@ impl EtcdLedger {
                 Err(error) => {
                     tracing::warn!(%error, "etcd watch failed to start; retrying");
                     why_reload = Some("reconnect");
-                    tokio::select! {
-                        _ = closed.wait_for(|closed| *closed) => return,
-                        _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                    if pause(&mut closed, Duration::from_millis(500)).await {
+                        return;
                     }
                     continue;
                 }
             };
-            loop {
-                let message = tokio::select! {
-                    _ = closed.wait_for(|closed| *closed) => return,
-                    _ = tokio::time::sleep_until(resync_at) => {
-                        why_reload = Some("period");
-                        break;
-                    }
-                    message = stream.message() => message,
-                };
-                let message = match message {
-                    Ok(Some(message)) => message,
-                    Ok(None) => {
-                        why_reload = Some("reconnect");
-                        break;
-                    }
-                    Err(error) => {
-                        tracing::warn!(%error, "etcd watch broke; reconnecting");
-                        why_reload = Some("reconnect");
-                        tokio::time::sleep(Duration::from_millis(200)).await;
-                        break;
-                    }
-                };
-                if message.compact_revision() > 0 && message.compact_revision() >= next {
-                    // history the watch had not seen was compacted away: events are lost, so
-                    // the whole prefix is read again
-                    tracing::warn!(
-                        from = next,
-                        to = message.compact_revision(),
-                        "etcd compacted revisions the watch had not seen; reloading the index"
+            match self
+                .follow(stream, &mut next, resync_at, &apply, &mut closed)
+                .await
+            {
+                Some(why) => why_reload = Some(why),
+                None => return,
+            }
+        }
+    }
+
+    /// Read the whole prefix into the index again (`why` says what made it stale), retrying
+    /// until it works; the revision it read at, or `None` once the ledger is closed.
+    async fn reload_index(
+        &self,
+        why: &'static str,
+        reload: &impl Fn(Vec<Claim>),
+        closed: &mut tokio::sync::watch::Receiver<bool>,
+    ) -> Option<i64> {
+        loop {
+            match self.load().await {
+                Ok(claims) => {
+                    let count = claims.len();
+                    reload(claims);
+                    super::index_resyncs().inc();
+                    let revision = self.loaded_revision.load(Ordering::Acquire);
+                    tracing::info!(
+                        reason = why,
+                        records = count,
+                        revision,
+                        "reloaded the etcd index"
                     );
-                    why_reload = Some("compaction");
-                    break;
+                    return Some(revision);
                 }
-                if message.canceled() {
-                    why_reload = Some("reconnect");
-                    break;
-                }
-                for event in message.events() {
-                    let Some(kv) = event.kv() else { continue };
-                    next = next.max(kv.mod_revision() + 1);
-                    let key = String::from_utf8_lossy(kv.key()).into_owned();
-                    let fresh = {
-                        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-                        let last = seen.entry(key.clone()).or_insert(0);
-                        let fresh = kv.mod_revision() > *last;
-                        *last = (*last).max(kv.mod_revision());
-                        fresh
-                    };
-                    if !fresh {
-                        continue;
+                Err(LedgerError::Closed) => return None,
+                Err(error) => {
+                    tracing::warn!(%error, reason = why, "reloading the etcd index failed; retrying");
+                    if pause(closed, Duration::from_millis(500)).await || *closed.borrow() {
+                        return None;
                     }
-                    let change = match event.event_type() {
-                        EventType::Put => match self.decode(kv) {
-                            Ok(claim) if claim.is_held() => ObservedChange::Held(claim),
-                            Ok(claim) => ObservedChange::Released(claim),
-                            Err(error) => {
-                                super::skip_corrupt(
-                                    &error,
-                                    "ignoring an etcd record that cannot be read",
-                                );
-                                continue;
-                            }
-                        },
-                        EventType::Delete => match event.prev_kv().map(|kv| self.decode(kv)) {
-                            Some(Ok(claim)) => ObservedChange::Released(claim),
-                            _ => continue,
-                        },
-                    };
+                }
+            }
+        }
+    }
+
+    /// Apply a watch stream's events until it must be replaced: the reason to reload the
+    /// index then (`reconnect`, `compaction`, `period`), or `None` once the ledger is closed.
+    async fn follow(
+        &self,
+        mut stream: etcd_client::WatchStream,
+        next: &mut i64,
+        resync_at: tokio::time::Instant,
+        apply: &impl Fn(ObservedChange),
+        closed: &mut tokio::sync::watch::Receiver<bool>,
+    ) -> Option<&'static str> {
+        loop {
+            let message = tokio::select! {
+                _ = closed.wait_for(|closed| *closed) => return None,
+                _ = tokio::time::sleep_until(resync_at) => return Some("period"),
+                message = stream.message() => message,
+            };
+            let message = match message {
+                Ok(Some(message)) => message,
+                Ok(None) => return Some("reconnect"),
+                Err(error) => {
+                    tracing::warn!(%error, "etcd watch broke; reconnecting");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    return Some("reconnect");
+                }
+            };
+            if message.compact_revision() > 0 && message.compact_revision() >= *next {
+                // history the watch had not seen was compacted away: events are lost, so
+                // the whole prefix is read again
+                tracing::warn!(
+                    from = *next,
+                    to = message.compact_revision(),
+                    "etcd compacted revisions the watch had not seen; reloading the index"
+                );
+                return Some("compaction");
+            }
+            if message.canceled() {
+                return Some("reconnect");
+            }
+            for event in message.events() {
+                if let Some(change) = self.observed(event, next) {
                     apply(change);
                 }
             }
         }
+    }
+
+    /// What one watch event changes in the index: nothing for an event at or below the
+    /// revision already applied for its key (a restarted watch repeats them), nor for a record
+    /// that cannot be read.
+    fn observed(&self, event: &etcd_client::Event, next: &mut i64) -> Option<ObservedChange> {
+        use etcd_client::EventType;
+        let kv = event.kv()?;
+        *next = (*next).max(kv.mod_revision() + 1);
+        let key = String::from_utf8_lossy(kv.key()).into_owned();
+        let fresh = {
+            let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+            let last = seen.entry(key).or_insert(0);
+            let fresh = kv.mod_revision() > *last;
+            *last = (*last).max(kv.mod_revision());
+            fresh
+        };
+        if !fresh {
+            return None;
+        }
+        match event.event_type() {
+            EventType::Put => match self.decode(kv) {
+                Ok(claim) if claim.is_held() => Some(ObservedChange::Held(claim)),
+                Ok(claim) => Some(ObservedChange::Released(claim)),
+                Err(error) => {
+                    super::skip_corrupt(&error, "ignoring an etcd record that cannot be read");
+                    None
+                }
+            },
+            EventType::Delete => match event.prev_kv().map(|kv| self.decode(kv)) {
+                Some(Ok(claim)) => Some(ObservedChange::Released(claim)),
+                _ => None,
+            },
+        }
+    }
+}
+
+/// Sleep `period` unless the ledger closes first; whether it closed.
+async fn pause(closed: &mut tokio::sync::watch::Receiver<bool>, period: Duration) -> bool {
+    tokio::select! {
+        _ = closed.wait_for(|closed| *closed) => true,
+        _ = tokio::time::sleep(period) => false,
     }
 }
 

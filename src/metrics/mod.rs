@@ -260,84 +260,107 @@ impl Collector for CapacityCollector {
             gauge.metric_type(),
         )?;
         gauge.encode(family)?;
-        let pool = |p: &crate::ipam::usage::PoolStatus| {
-            PoolOrApp::Pool(PoolLabels {
-                pool: p.name.clone(),
-            })
-        };
-        let app = |a: &crate::ipam::usage::AppStatus| {
-            PoolOrApp::App(AppLabels {
-                app_namespace: a.namespace.clone(),
-                app: a.app.clone(),
-            })
-        };
-        let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-        let sized = |size: Option<u64>| size.map(count);
-        let ratio =
-            |held: u64, size: Option<u64>| size.filter(|s| *s > 0).map(|s| held as f64 / s as f64);
-        let p = &report.pools;
-        let a = &report.apps;
-        encode_gauges(
-            &mut encoder,
-            "pool_size_ips",
-            "Usable IPs of each FixedIPPool",
-            p.iter()
-                .filter_map(|x| Some((pool(x), sized(x.size)?)))
-                .collect(),
-        )?;
-        encode_gauges(
-            &mut encoder,
-            "pool_held_ips",
-            "IPs of each FixedIPPool held (reserved or bound)",
-            p.iter().map(|x| (pool(x), count(x.held))).collect(),
-        )?;
-        encode_gauges(
-            &mut encoder,
-            "pool_reserved_ips",
-            "IPs of each FixedIPPool reserved at admission, no pod seen yet",
-            p.iter().map(|x| (pool(x), count(x.reserved))).collect(),
-        )?;
-        encode_gauges(
-            &mut encoder,
-            "pool_utilization_ratio",
-            "Held / usable IPs of each FixedIPPool (1 = exhausted)",
-            p.iter()
-                .filter_map(|x| Some((pool(x), ratio(x.held, x.size)?)))
-                .collect(),
-        )?;
-        encode_gauges(
-            &mut encoder,
-            "app_size_ips",
-            "IPs of each app's list (or its pool's)",
-            a.iter()
-                .filter_map(|x| Some((app(x), sized(x.size)?)))
-                .collect(),
-        )?;
-        encode_gauges(
-            &mut encoder,
-            "app_held_ips",
-            "IPs held per app",
-            a.iter().map(|x| (app(x), count(x.held))).collect(),
-        )?;
-        encode_gauges(
-            &mut encoder,
-            "app_free_ips",
-            "IPs each app could still get",
-            a.iter()
-                .filter_map(|x| Some((app(x), sized(x.free)?)))
-                .collect(),
-        )?;
-        // Lists and pools alike: 1 always means the app's next pod is refused.
-        encode_gauges(
-            &mut encoder,
-            "app_utilization_ratio",
-            "Taken / usable IPs of each app's list or pool (1 = the next pod is refused)",
-            a.iter()
-                .filter_map(|x| Some((app(x), app_utilization(x)?)))
-                .collect(),
-        )?;
-        Ok(())
+        encode_pool_gauges(&mut encoder, &report.pools)?;
+        encode_app_gauges(&mut encoder, &report.apps)
     }
+}
+
+fn gauge_count(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// `pool_*`: each FixedIPPool's size, held and reserved IPs, and utilization.
+fn encode_pool_gauges(
+    encoder: &mut DescriptorEncoder,
+    pools: &[crate::ipam::usage::PoolStatus],
+) -> Result<(), std::fmt::Error> {
+    let pool = |p: &crate::ipam::usage::PoolStatus| {
+        PoolOrApp::Pool(PoolLabels {
+            pool: p.name.clone(),
+        })
+    };
+    let ratio =
+        |held: u64, size: Option<u64>| size.filter(|s| *s > 0).map(|s| held as f64 / s as f64);
+    encode_gauges(
+        encoder,
+        "pool_size_ips",
+        "Usable IPs of each FixedIPPool",
+        pools
+            .iter()
+            .filter_map(|x| Some((pool(x), gauge_count(x.size?))))
+            .collect(),
+    )?;
+    encode_gauges(
+        encoder,
+        "pool_held_ips",
+        "IPs of each FixedIPPool held (reserved or bound)",
+        pools
+            .iter()
+            .map(|x| (pool(x), gauge_count(x.held)))
+            .collect(),
+    )?;
+    encode_gauges(
+        encoder,
+        "pool_reserved_ips",
+        "IPs of each FixedIPPool reserved at admission, no pod seen yet",
+        pools
+            .iter()
+            .map(|x| (pool(x), gauge_count(x.reserved)))
+            .collect(),
+    )?;
+    encode_gauges(
+        encoder,
+        "pool_utilization_ratio",
+        "Held / usable IPs of each FixedIPPool (1 = exhausted)",
+        pools
+            .iter()
+            .filter_map(|x| Some((pool(x), ratio(x.held, x.size)?)))
+            .collect(),
+    )
+}
+
+/// `app_*`: each app's list (or pool) size, held and free IPs, and utilization.
+fn encode_app_gauges(
+    encoder: &mut DescriptorEncoder,
+    apps: &[crate::ipam::usage::AppStatus],
+) -> Result<(), std::fmt::Error> {
+    let app = |a: &crate::ipam::usage::AppStatus| {
+        PoolOrApp::App(AppLabels {
+            app_namespace: a.namespace.clone(),
+            app: a.app.clone(),
+        })
+    };
+    encode_gauges(
+        encoder,
+        "app_size_ips",
+        "IPs of each app's list (or its pool's)",
+        apps.iter()
+            .filter_map(|x| Some((app(x), gauge_count(x.size?))))
+            .collect(),
+    )?;
+    encode_gauges(
+        encoder,
+        "app_held_ips",
+        "IPs held per app",
+        apps.iter().map(|x| (app(x), gauge_count(x.held))).collect(),
+    )?;
+    encode_gauges(
+        encoder,
+        "app_free_ips",
+        "IPs each app could still get",
+        apps.iter()
+            .filter_map(|x| Some((app(x), gauge_count(x.free?))))
+            .collect(),
+    )?;
+    // Lists and pools alike: 1 always means the app's next pod is refused.
+    encode_gauges(
+        encoder,
+        "app_utilization_ratio",
+        "Taken / usable IPs of each app's list or pool (1 = the next pod is refused)",
+        apps.iter()
+            .filter_map(|x| Some((app(x), app_utilization(x)?)))
+            .collect(),
+    )
 }
 
 /// Taken / usable IPs of what the app draws from: its own list (taken = held by the app), or
@@ -375,6 +398,22 @@ fn encode_gauges<N: EncodeGaugeValue + Copy>(
     Ok(())
 }
 
+/// `ip_webhook_build_info`: the version and commit of the running binary.
+fn register_build_info(registry: &mut Registry) {
+    let build_info = Family::<BuildLabels, Gauge>::default();
+    build_info
+        .get_or_create(&BuildLabels {
+            version: env!("CARGO_PKG_VERSION"),
+            commit: COMMIT,
+        })
+        .set(1);
+    registry.register(
+        "build_info",
+        "Always 1; the version and git commit of the running binary",
+        build_info,
+    );
+}
+
 impl Default for Metrics {
     fn default() -> Self {
         Metrics::new()
@@ -382,127 +421,137 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Every metric, registered: the process's, then each group of the webhook's own under
+    /// `ip_webhook_` (one `register_*` per group, so a new metric goes beside its kind).
     pub fn new() -> Metrics {
+        let mut metrics = Metrics::unregistered();
         let mut root = Registry::default();
         root.register_collector(Box::new(ProcessCollector));
         let registry = root.sub_registry_with_prefix("ip_webhook");
-        let build_info = Family::<BuildLabels, Gauge>::default();
-        build_info
-            .get_or_create(&BuildLabels {
-                version: env!("CARGO_PKG_VERSION"),
-                commit: COMMIT,
-            })
-            .set(1);
-        registry.register(
-            "build_info",
-            "Always 1; the version and git commit of the running binary",
-            build_info,
-        );
-        let requests = Family::<RequestLabels, Counter>::default();
+        register_build_info(registry);
+        metrics.register_requests(registry);
+        metrics.register_claims(registry);
+        metrics.register_ledger(registry);
+        metrics.register_cluster(registry);
+        metrics.register_tls(registry);
+        registry.register_collector(Box::new(CapacityCollector {
+            source: metrics.capacity.clone(),
+            max_apps: metrics.max_apps.clone(),
+        }));
+        metrics.registry = root;
+        metrics
+    }
+
+    /// The metrics with their starting values, in an empty registry.
+    fn unregistered() -> Metrics {
+        Metrics {
+            registry: Registry::default(),
+            requests: Family::default(),
+            // 10 µs .. ~5 s
+            latency: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.00001, 2.5, 15))
+            }),
+            in_flight: Family::default(),
+            panics: Counter::default(),
+            allocations: Family::default(),
+            exhausted_refusals: Family::default(),
+            exhausted_unattributed: Counter::default(),
+            app_series_overflow: Counter::default(),
+            client_cert_refusals: Family::default(),
+            load_refusals: Family::default(),
+            tls_checks: Counter::default(),
+            releases: Counter::default(),
+            releases_refused: Counter::default(),
+            node_lost_releases: Counter::default(),
+            reservations_expired: Counter::default(),
+            leaks_reclaimed: Counter::default(),
+            ledger: CommitCounters::default(),
+            duplicate_ips: Gauge::default(),
+            adoptions: Family::default(),
+            ledger_health: Arc::new(crate::ledger::health::LedgerHealth::new()),
+            watch_health: Default::default(),
+            // 50 µs .. ~13 s
+            ledger_latency: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.00005, 2.0, 19))
+            }),
+            tls_reloads: Family::default(),
+            certificate_expiry: Gauge::default(),
+            leader: Family::default(),
+            cache_objects: Family::default(),
+            capacity: Arc::new(OnceLock::new()),
+            max_apps: Arc::new(AtomicUsize::new(DEFAULT_MAX_APPS)),
+            exhausted_series: AtomicUsize::new(0),
+        }
+    }
+
+    /// Admission requests: how many, how long, and those refused by the load limits.
+    fn register_requests(&self, registry: &mut Registry) {
         registry.register(
             "requests",
             "Admission requests by webhook and outcome",
-            requests.clone(),
+            self.requests.clone(),
         );
-        // 10 µs .. ~5 s
-        let latency = Family::<WebhookLabels, Histogram>::new_with_constructor(|| {
-            Histogram::new(exponential_buckets(0.00001, 2.5, 15))
-        });
         registry.register(
             "webhook_latency_seconds",
             "Time to answer an admission request",
-            latency.clone(),
+            self.latency.clone(),
         );
-        let in_flight = Family::<WebhookLabels, Gauge>::default();
         registry.register(
             "requests_in_flight",
             "Admission requests being answered",
-            in_flight.clone(),
+            self.in_flight.clone(),
         );
-        let panics = Counter::default();
         registry.register(
             "panics_recovered",
             "Handler panics caught and answered with 500",
-            panics.clone(),
+            self.panics.clone(),
         );
-        let allocations = Family::<AllocationLabels, Counter>::default();
-        registry.register(
-            "allocations",
-            "IP allocation decisions by outcome",
-            allocations.clone(),
-        );
-        let exhausted_refusals = Family::<ExhaustedLabels, Counter>::default();
-        registry.register(
-            "exhausted_refusals",
-            "Pods refused because every IP of their list or pool was held (apps that hold IPs)",
-            exhausted_refusals.clone(),
-        );
-        let exhausted_unattributed = Counter::default();
-        registry.register(
-            "exhausted_refusals_unattributed",
-            "Exhaustion refusals of apps that hold no IP, or past --metrics-max-apps (no per-app series)",
-            exhausted_unattributed.clone(),
-        );
-        let app_series_overflow = Counter::default();
-        registry.register(
-            "metrics_app_series_overflow",
-            "Per-app series not created because --metrics-max-apps apps have series",
-            app_series_overflow.clone(),
-        );
-        let client_cert_refusals = Family::<ReasonLabels, Counter>::default();
-        registry.register(
-            "tls_client_refusals",
-            "TLS handshakes refused for the client certificate (missing, untrusted, name)",
-            client_cert_refusals.clone(),
-        );
-        // every reason starts at 0, so alerts on increase() see the series from the start
-        for reason in ["missing", "untrusted", "name"] {
-            drop(client_cert_refusals.get_or_create(&ReasonLabels { reason }));
-        }
-        let load_refusals = Family::<ReasonLabels, Counter>::default();
         for reason in ["max_connections", "handshake_evicted", "max_inflight_bytes"] {
-            drop(load_refusals.get_or_create(&ReasonLabels { reason }));
+            drop(self.load_refusals.get_or_create(&ReasonLabels { reason }));
         }
         registry.register(
             "load_refusals",
             "Connections refused at accept (max_connections) or closed in their TLS handshake to make room (handshake_evicted), and requests refused (max_inflight_bytes), by the load limits",
-            load_refusals.clone(),
+            self.load_refusals.clone(),
         );
-        let tls_checks = Counter::default();
+    }
+
+    /// Claims: allocations, exhaustion, releases.
+    fn register_claims(&self, registry: &mut Registry) {
         registry.register(
-            "tls_reload_checks",
-            "Times the certificate files were read and compared (file events and polls)",
-            tls_checks.clone(),
+            "allocations",
+            "IP allocation decisions by outcome",
+            self.allocations.clone(),
         );
-        let reservations_expired = Counter::default();
         registry.register(
-            "reservations_expired",
-            "Reservations no pod picked up within the TTL, dropped by the reconciler",
-            reservations_expired.clone(),
+            "exhausted_refusals",
+            "Pods refused because every IP of their list or pool was held (apps that hold IPs)",
+            self.exhausted_refusals.clone(),
         );
-        let leaks_reclaimed = Counter::default();
         registry.register(
-            "leaks_reclaimed",
-            "Claims of pods gone without a release, reclaimed by the reconciler (or the leak sweeper)",
-            leaks_reclaimed.clone(),
+            "exhausted_refusals_unattributed",
+            "Exhaustion refusals of apps that hold no IP, or past --metrics-max-apps (no per-app series)",
+            self.exhausted_unattributed.clone(),
         );
-        let duplicate_ips = Gauge::default();
         registry.register(
-            "duplicate_ips",
-            "IPs that two or more live pods carry, as the reconciler's last pass saw (Warning Events DuplicateIP on the pods)",
-            duplicate_ips.clone(),
+            "metrics_app_series_overflow",
+            "Per-app series not created because --metrics-max-apps apps have series",
+            self.app_series_overflow.clone(),
         );
-        let adoptions = Family::<ReasonLabels, Counter>::default();
-        for reason in AdoptReason::ALL {
-            drop(adoptions.get_or_create(&ReasonLabels {
-                reason: reason.label(),
-            }));
-        }
         registry.register(
-            "adoptions",
-            "Claims the reconciler recorded for pods that held none, by reason (token: admitted by ip-webhook, record lost; app_list: running on an IP of its own app's list before ip-webhook was installed)",
-            adoptions.clone(),
+            "releases",
+            "Claims released (pod deleted)",
+            self.releases.clone(),
         );
+        registry.register(
+            "releases_refused",
+            "Pod DELETEs admitted whose pod still ran when its grace period ended: its IP was kept",
+            self.releases_refused.clone(),
+        );
+    }
+
+    /// The ledger: call latency, unreadable records, and the embedded writer's commits.
+    fn register_ledger(&self, registry: &mut Registry) {
         registry.register(
             "ledger_corrupt_records",
             "Ledger records that could not be read (hand-edited or foreign), skipped; their IP stays held",
@@ -513,58 +562,12 @@ impl Metrics {
             "Times the index was reloaded whole from a shared ledger (etcd: compaction gap, reconnect, --resync-period)",
             crate::ledger::index_resyncs().clone(),
         );
-        // 50 µs .. ~13 s
-        let ledger_latency = Family::<LedgerLabels, Histogram>::new_with_constructor(|| {
-            Histogram::new(exponential_buckets(0.00005, 2.0, 19))
-        });
         registry.register(
             "ledger_operation_seconds",
             "Time of each ledger call (create, release, load)",
-            ledger_latency.clone(),
+            self.ledger_latency.clone(),
         );
-        let certificate_expiry = Gauge::default();
-        registry.register(
-            "tls_certificate_expiry_timestamp_seconds",
-            "notAfter of the serving certificate, unix seconds",
-            certificate_expiry.clone(),
-        );
-        let leader = Family::<LeaseLabels, Gauge>::default();
-        registry.register(
-            "leader",
-            "1 while this replica holds the reconciler's Lease",
-            leader.clone(),
-        );
-        let cache_objects = Family::<CacheKindLabels, Gauge>::default();
-        registry.register(
-            "cache_objects",
-            "Objects held by the watch-fed indexes (pods with IPs, Kube-OVN IPs, workloads listing IPs)",
-            cache_objects.clone(),
-        );
-        let capacity = Arc::new(OnceLock::new());
-        let max_apps = Arc::new(AtomicUsize::new(DEFAULT_MAX_APPS));
-        registry.register_collector(Box::new(CapacityCollector {
-            source: capacity.clone(),
-            max_apps: max_apps.clone(),
-        }));
-        let releases = Counter::default();
-        registry.register(
-            "releases",
-            "Claims released (pod deleted)",
-            releases.clone(),
-        );
-        let releases_refused = Counter::default();
-        registry.register(
-            "releases_refused",
-            "Pod DELETEs admitted whose pod still ran when its grace period ended: its IP was kept",
-            releases_refused.clone(),
-        );
-        let node_lost_releases = Counter::default();
-        registry.register(
-            "node_lost_releases",
-            "Claims released because their pod was stuck Terminating on a node NotReady for longer than --node-lost-grace",
-            node_lost_releases.clone(),
-        );
-        let ledger = CommitCounters::default();
+        let ledger = &self.ledger;
         registry.register(
             "ledger_commits",
             "Ledger transactions committed (one fsync each)",
@@ -595,44 +598,81 @@ impl Metrics {
             "1 while the embedded ledger cannot make room for new records because its disk (the --state-dir's file system) is full",
             ledger.disk_full.clone(),
         );
-        let tls_reloads = Family::<ResultLabels, Counter>::default();
+    }
+
+    /// In-cluster: the reconciler's work, the Lease, the watch-fed caches.
+    fn register_cluster(&self, registry: &mut Registry) {
+        registry.register(
+            "reservations_expired",
+            "Reservations no pod picked up within the TTL, dropped by the reconciler",
+            self.reservations_expired.clone(),
+        );
+        registry.register(
+            "leaks_reclaimed",
+            "Claims of pods gone without a release, reclaimed by the reconciler (or the leak sweeper)",
+            self.leaks_reclaimed.clone(),
+        );
+        registry.register(
+            "duplicate_ips",
+            "IPs that two or more live pods carry, as the reconciler's last pass saw (Warning Events DuplicateIP on the pods)",
+            self.duplicate_ips.clone(),
+        );
+        for reason in AdoptReason::ALL {
+            drop(self.adoptions.get_or_create(&ReasonLabels {
+                reason: reason.label(),
+            }));
+        }
+        registry.register(
+            "adoptions",
+            "Claims the reconciler recorded for pods that held none, by reason (token: admitted by ip-webhook, record lost; app_list: running on an IP of its own app's list before ip-webhook was installed)",
+            self.adoptions.clone(),
+        );
+        registry.register(
+            "node_lost_releases",
+            "Claims released because their pod was stuck Terminating on a node NotReady for longer than --node-lost-grace",
+            self.node_lost_releases.clone(),
+        );
+        registry.register(
+            "leader",
+            "1 while this replica holds the reconciler's Lease",
+            self.leader.clone(),
+        );
+        registry.register(
+            "cache_objects",
+            "Objects held by the watch-fed indexes (pods with IPs, Kube-OVN IPs, workloads listing IPs)",
+            self.cache_objects.clone(),
+        );
+    }
+
+    /// TLS: client certificates refused, certificate reloads and expiry.
+    fn register_tls(&self, registry: &mut Registry) {
+        // every reason starts at 0, so alerts on increase() see the series from the start
+        for reason in ["missing", "untrusted", "name"] {
+            drop(
+                self.client_cert_refusals
+                    .get_or_create(&ReasonLabels { reason }),
+            );
+        }
+        registry.register(
+            "tls_client_refusals",
+            "TLS handshakes refused for the client certificate (missing, untrusted, name)",
+            self.client_cert_refusals.clone(),
+        );
+        registry.register(
+            "tls_reload_checks",
+            "Times the certificate files were read and compared (file events and polls)",
+            self.tls_checks.clone(),
+        );
+        registry.register(
+            "tls_certificate_expiry_timestamp_seconds",
+            "notAfter of the serving certificate, unix seconds",
+            self.certificate_expiry.clone(),
+        );
         registry.register(
             "tls_reloads",
             "Serving certificate reloads by result",
-            tls_reloads.clone(),
+            self.tls_reloads.clone(),
         );
-        Metrics {
-            registry: root,
-            requests,
-            latency,
-            in_flight,
-            panics,
-            allocations,
-            exhausted_refusals,
-            exhausted_unattributed,
-            app_series_overflow,
-            client_cert_refusals,
-            load_refusals,
-            tls_checks,
-            releases,
-            releases_refused,
-            node_lost_releases,
-            reservations_expired,
-            leaks_reclaimed,
-            ledger,
-            duplicate_ips,
-            adoptions,
-            ledger_health: Arc::new(crate::ledger::health::LedgerHealth::new()),
-            watch_health: Default::default(),
-            ledger_latency,
-            tls_reloads,
-            certificate_expiry,
-            leader,
-            cache_objects,
-            capacity,
-            max_apps,
-            exhausted_series: AtomicUsize::new(0),
-        }
     }
 
     /// At most `max` apps get per-app series (`--metrics-max-apps`).

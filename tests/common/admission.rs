@@ -1,9 +1,7 @@
 //! Pods through the fake API server's admission: replicas registered as the backends of the
 //! pod webhooks of the shipped manifest (`deploy/manifests/ip-webhook.yaml`), pods created and
 //! deleted with kube-rs as controllers do, and a census of what the cluster holds (live pods
-//! sharing an IP, pods without their claim, claims without their pod). Include with
-//! `#[path = "common/admission.rs"] mod admission;` next to `mod common;` and
-//! `#[path = "common/fakeapi.rs"] mod fakeapi;`.
+//! sharing an IP, pods without their claim, claims without their pod).
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -15,7 +13,7 @@ use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
 
-use super::common::TestServer;
+use super::TestServer;
 use super::fakeapi::FakeApi;
 
 /// The pod webhooks of the shipped manifest (`deploy/manifests/ip-webhook.yaml`), each served

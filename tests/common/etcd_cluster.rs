@@ -1,5 +1,4 @@
 //! Real etcd members on loopback for tests: each in its own temp dir, on free ports.
-//! Include with `#[path = "common/etcd_cluster.rs"] mod etcd_cluster;`.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
@@ -23,7 +22,7 @@ pub fn etcd_binary(test: &str) -> PathBuf {
     })
 }
 
-use crate::common::ports::listen_port;
+use super::ports::listen_port;
 
 struct Member {
     name: String,

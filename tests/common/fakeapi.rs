@@ -1,6 +1,5 @@
 //! A running `tests/support/fakeapi.py` (an in-memory Kubernetes API server, this project's
-//! own test tool) and a kubeconfig that points at it. Include with
-//! `#[path = "common/fakeapi.rs"] mod fakeapi;` next to `mod common;`.
+//! own test tool) and a kubeconfig that points at it.
 #![allow(dead_code)]
 
 use std::io::{Read, Write};
@@ -15,10 +14,10 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{ApiResource, DynamicObject, PostParams};
 use kube::{Api, Client, CustomResourceExt};
 
-use crate::common::ports;
+use super::ports;
 use serde_json::Value;
 
-use super::common::TestServer;
+use super::TestServer;
 
 /// A running fakeapi.py and a kubeconfig that points at it.
 pub struct FakeApi {
@@ -269,7 +268,7 @@ pub async fn persist_pod(pods: &Api<Pod>, mut object: Value, name: &str) -> Pod 
 
 /// Wait until the IPClaim of `ip` is Bound (at most `within`); returns it.
 pub async fn bound_claim(claims: &Api<IPClaim>, ip: &str, within: Duration) -> IPClaim {
-    super::common::eventually(
+    super::eventually(
         &format!("the claim of {ip} to be bound"),
         within,
         || async move {

@@ -1,6 +1,5 @@
 //! Concurrent Pod CREATE load against one or more webhook replicas, and the bookkeeping the
-//! race and crash tests check. Include with `#[path = "common/load.rs"] mod load;` after
-//! `mod common;`.
+//! race and crash tests check.
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, HashMap};
@@ -9,7 +8,7 @@ use std::sync::{Arc, RwLock};
 
 use serde_json::Value;
 
-use crate::common::{HttpsClient, allocated_ip, create, pod};
+use super::{HttpsClient, allocated_ip, create, pod};
 
 /// What one client saw for one review.
 #[derive(Debug, Clone, PartialEq, Eq)]

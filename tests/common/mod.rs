@@ -2,12 +2,18 @@
 //! in-process or as the real binary, and AdmissionReview builders.
 #![allow(dead_code)]
 
+pub mod admission;
 pub mod api_order;
+pub mod claims;
 pub mod client_ca;
+pub mod etcd_cluster;
 pub mod events;
+pub mod fakeapi;
 pub mod helm;
+pub mod load;
 pub mod node_loss;
 pub mod ports;
+pub mod rbac;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -26,6 +32,38 @@ use ip_webhook::cli::{Cli, Command as CliCommand, ServeArgs};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::{Value, json};
+
+/// The built binary, with none of the environment that would point it at a cluster
+/// (`KUBECONFIG`, `KUBERNETES_SERVICE_HOST`) or change what it logs (`RUST_LOG`).
+pub fn binary() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ip-webhook"));
+    command
+        .env_remove("KUBECONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("RUST_LOG");
+    command
+}
+
+/// What a run of the binary to its end printed.
+pub struct Ran {
+    /// Exit status 0.
+    pub ok: bool,
+    /// The exit code; `None` if a signal ended it.
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Run the binary ([`binary`]) with `args` to its end.
+pub fn ip_webhook(args: &[&str]) -> Ran {
+    let out = binary().args(args).output().unwrap();
+    Ran {
+        ok: out.status.success(),
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
 
 pub fn client_config(ca_pem: &[u8]) -> Arc<rustls::ClientConfig> {
     let mut roots = rustls::RootCertStore::empty();

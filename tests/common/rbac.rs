@@ -7,7 +7,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::fakeapi::FakeApi;
+use super::fakeapi::FakeApi;
 
 /// (apiGroup, resource[/subresource], verb) of one API request, as RBAC sees it.
 pub fn rbac_request(method: &str, path: &str, query: &str) -> Option<(String, String, String)> {

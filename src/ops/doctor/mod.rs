@@ -181,6 +181,8 @@ pub async fn run(options: &Options) -> Vec<Check> {
     checks
 }
 
+/// The webhook's port, checked in order: TLS reachable, its certificate, an admission answer.
+/// A step that fails ends the list, since the next would only repeat its failure.
 async fn webhook_checks(options: &Options, checks: &mut Vec<Check>) {
     let (host, port, path) = match split_url(&options.url, "https") {
         Ok(parts) => parts,
@@ -191,76 +193,9 @@ async fn webhook_checks(options: &Options, checks: &mut Vec<Check>) {
     } else {
         path
     };
-    let provider = crate::server::tls::provider();
-    let verifier = match &options.ca_pem {
-        None => None,
-        Some(pem) => {
-            let mut roots = rustls::RootCertStore::empty();
-            let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(pem)
-                .filter_map(Result::ok)
-                .collect();
-            let (added, _) = roots.add_parsable_certificates(certs);
-            if added == 0 {
-                checks.push(check(
-                    "certificate",
-                    Status::Fail,
-                    "the caBundle holds no PEM certificate",
-                ));
-                return;
-            }
-            match rustls::client::WebPkiServerVerifier::builder_with_provider(
-                Arc::new(roots),
-                provider.clone(),
-            )
-            .build()
-            {
-                Ok(v) => Some(v),
-                Err(e) => {
-                    return checks.push(check(
-                        "certificate",
-                        Status::Fail,
-                        format!("the caBundle is not usable: {e}"),
-                    ));
-                }
-            }
-        }
-    };
-    let inspector = Arc::new(Inspector {
-        verifier,
-        seen: Mutex::new(None),
-        schemes: provider.signature_verification_algorithms,
-    });
-    let builder = rustls::ClientConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-        .expect("ring supports TLS 1.2 and 1.3")
-        .dangerous()
-        .with_custom_certificate_verifier(inspector.clone());
-    let key = match &options.client_pem {
-        None => None,
-        Some((chain, key)) => match certified_key(chain, key) {
-            Ok(key) => Some(key),
-            Err(e) => {
-                return checks.push(check(
-                    "webhook",
-                    Status::Fail,
-                    format!("cannot use the client certificate: {e}"),
-                ));
-            }
-        },
-    };
-    let identity = Arc::new(ClientIdentity::new(key));
-    let mut config = builder.with_client_cert_resolver(identity.clone());
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let name = options.server_name.clone().unwrap_or_else(|| host.clone());
-    let server_name = match ServerName::try_from(name.clone()) {
-        Ok(name) => name,
-        Err(e) => {
-            return checks.push(check(
-                "webhook",
-                Status::Fail,
-                format!("{name:?} is not a host name: {e}"),
-            ));
-        }
+    let client = match Client::new(options, &host) {
+        Ok(client) => client,
+        Err(failed) => return checks.push(failed),
     };
     let address = format!(
         "{}:{port}",
@@ -270,29 +205,7 @@ async fn webhook_checks(options: &Options, checks: &mut Vec<Check>) {
             host.clone()
         }
     );
-    let connected = tokio::time::timeout(options.timeout, async {
-        let tcp = TcpStream::connect(&address)
-            .await
-            .map_err(|e| format!("cannot connect to {address}: {e}"))?;
-        tokio_rustls::TlsConnector::from(Arc::new(config))
-            .connect(server_name, tcp)
-            .await
-            .map_err(|e| {
-                let refusal = identity.refusal(alert_in(&e));
-                format!(
-                    "TLS handshake with {address} failed: {}",
-                    refusal.unwrap_or_else(|| e.to_string())
-                )
-            })
-    })
-    .await
-    .unwrap_or_else(|_| {
-        Err(format!(
-            "no answer from {address} within {:?}",
-            options.timeout
-        ))
-    });
-    let tls = match connected {
+    let tls = match client.connect(&address, options.timeout).await {
         Ok(tls) => {
             let version = tls
                 .get_ref()
@@ -309,40 +222,7 @@ async fn webhook_checks(options: &Options, checks: &mut Vec<Check>) {
         }
         Err(e) => return checks.push(check("reachable", Status::Fail, e)),
     };
-    let seen = inspector
-        .seen
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .take();
-    if let Some((chain, verdict)) = seen {
-        let leaf = chain.first().cloned().unwrap_or_default();
-        checks.push(match verdict {
-            Ok(()) => check(
-                "certificate",
-                Status::Ok,
-                format!("valid for {name} and signed by the caBundle"),
-            ),
-            Err(_) if options.ca_pem.is_none() && options.cluster_bundles.is_some() => check(
-                "certificate",
-                Status::Skip,
-                "no --ca-file or --ca-bundle: judged by the cluster's caBundles (cabundle)",
-            ),
-            Err(reason) if options.ca_pem.is_none() => check("certificate", Status::Warn, reason),
-            Err(reason) => check(
-                "certificate",
-                Status::Fail,
-                format!("the API server would refuse it: {reason}"),
-            ),
-        });
-        if let Some(bundles) = &options.cluster_bundles {
-            checks.push(cluster_bundle_check(bundles, &chain, &name));
-        }
-        checks.push(expiry_check(
-            &leaf,
-            options.min_days,
-            crate::ledger::unix_now() as i64,
-        ));
-    }
+    certificate_checks(options, &client, checks);
     let host_header = format!("{host}:{port}");
     let answer = tokio::time::timeout(
         options.timeout,
@@ -356,7 +236,173 @@ async fn webhook_checks(options: &Options, checks: &mut Vec<Check>) {
     )
     .await
     .unwrap_or_else(|_| Err((format!("no answer within {:?}", options.timeout), None)));
-    checks.push(match answer {
+    checks.push(admission_check(&path, answer, &client.identity));
+}
+
+/// The TLS client `check` connects with: it records the chain the server presents (and the
+/// verdict of the caBundle on it) instead of refusing it, so every later check can say why.
+struct Client {
+    config: Arc<rustls::ClientConfig>,
+    inspector: Arc<Inspector>,
+    identity: Arc<ClientIdentity>,
+    /// The name the certificate is judged for (and sent as SNI).
+    name: String,
+    server_name: ServerName<'static>,
+}
+
+impl Client {
+    fn new(options: &Options, host: &str) -> Result<Self, Check> {
+        let provider = crate::server::tls::provider();
+        let verifier = match &options.ca_pem {
+            None => None,
+            Some(pem) => Some(ca_verifier(pem, &provider)?),
+        };
+        let inspector = Arc::new(Inspector {
+            verifier,
+            seen: Mutex::new(None),
+            schemes: provider.signature_verification_algorithms,
+        });
+        let builder = rustls::ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+            .expect("ring supports TLS 1.2 and 1.3")
+            .dangerous()
+            .with_custom_certificate_verifier(inspector.clone());
+        let key = match &options.client_pem {
+            None => None,
+            Some((chain, key)) => Some(certified_key(chain, key).map_err(|e| {
+                check(
+                    "webhook",
+                    Status::Fail,
+                    format!("cannot use the client certificate: {e}"),
+                )
+            })?),
+        };
+        let identity = Arc::new(ClientIdentity::new(key));
+        let mut config = builder.with_client_cert_resolver(identity.clone());
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let name = options
+            .server_name
+            .clone()
+            .unwrap_or_else(|| host.to_string());
+        let server_name = ServerName::try_from(name.clone()).map_err(|e| {
+            check(
+                "webhook",
+                Status::Fail,
+                format!("{name:?} is not a host name: {e}"),
+            )
+        })?;
+        Ok(Client {
+            config: Arc::new(config),
+            inspector,
+            identity,
+            name,
+            server_name,
+        })
+    }
+
+    async fn connect(
+        &self,
+        address: &str,
+        timeout: Duration,
+    ) -> Result<tokio_rustls::client::TlsStream<TcpStream>, String> {
+        let connected = async {
+            let tcp = TcpStream::connect(address)
+                .await
+                .map_err(|e| format!("cannot connect to {address}: {e}"))?;
+            tokio_rustls::TlsConnector::from(self.config.clone())
+                .connect(self.server_name.clone(), tcp)
+                .await
+                .map_err(|e| {
+                    let refusal = self.identity.refusal(alert_in(&e));
+                    format!(
+                        "TLS handshake with {address} failed: {}",
+                        refusal.unwrap_or_else(|| e.to_string())
+                    )
+                })
+        };
+        tokio::time::timeout(timeout, connected)
+            .await
+            .unwrap_or_else(|_| Err(format!("no answer from {address} within {timeout:?}")))
+    }
+}
+
+/// The verifier of the caBundle given with `--ca-file`/`--ca-bundle`.
+fn ca_verifier(
+    pem: &[u8],
+    provider: &Arc<rustls::crypto::CryptoProvider>,
+) -> Result<Arc<rustls::client::WebPkiServerVerifier>, Check> {
+    let mut roots = rustls::RootCertStore::empty();
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(pem)
+        .filter_map(Result::ok)
+        .collect();
+    let (added, _) = roots.add_parsable_certificates(certs);
+    if added == 0 {
+        return Err(check(
+            "certificate",
+            Status::Fail,
+            "the caBundle holds no PEM certificate",
+        ));
+    }
+    rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+        .build()
+        .map_err(|e| {
+            check(
+                "certificate",
+                Status::Fail,
+                format!("the caBundle is not usable: {e}"),
+            )
+        })
+}
+
+/// What the chain the server presented says: whether the caBundle (or the cluster's) signs it
+/// for the name, and how long it has left.
+fn certificate_checks(options: &Options, client: &Client, checks: &mut Vec<Check>) {
+    let seen = client
+        .inspector
+        .seen
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take();
+    let Some((chain, verdict)) = seen else {
+        return;
+    };
+    let name = &client.name;
+    let leaf = chain.first().cloned().unwrap_or_default();
+    checks.push(match verdict {
+        Ok(()) => check(
+            "certificate",
+            Status::Ok,
+            format!("valid for {name} and signed by the caBundle"),
+        ),
+        Err(_) if options.ca_pem.is_none() && options.cluster_bundles.is_some() => check(
+            "certificate",
+            Status::Skip,
+            "no --ca-file or --ca-bundle: judged by the cluster's caBundles (cabundle)",
+        ),
+        Err(reason) if options.ca_pem.is_none() => check("certificate", Status::Warn, reason),
+        Err(reason) => check(
+            "certificate",
+            Status::Fail,
+            format!("the API server would refuse it: {reason}"),
+        ),
+    });
+    if let Some(bundles) = &options.cluster_bundles {
+        checks.push(cluster_bundle_check(bundles, &chain, name));
+    }
+    checks.push(expiry_check(
+        &leaf,
+        options.min_days,
+        crate::ledger::unix_now() as i64,
+    ));
+}
+
+/// Whether the harmless dry-run review got the answer a working webhook gives.
+fn admission_check(
+    path: &str,
+    answer: Result<(http::StatusCode, Vec<u8>), Failure>,
+    identity: &ClientIdentity,
+) -> Check {
+    match answer {
         Err((e, alert)) => {
             let e = identity.refusal(alert).unwrap_or(e);
             check("admission", Status::Fail, format!("POST {path}: {e}"))
@@ -386,7 +432,7 @@ async fn webhook_checks(options: &Options, checks: &mut Vec<Check>) {
                 )
             }
         }
-    });
+    }
 }
 
 async fn admin_get(
