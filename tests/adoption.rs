@@ -6,10 +6,9 @@
 
 mod common;
 
-use common::fakeapi;
 use std::time::Duration;
 
-use common::{allocated_ip, create, eventually, pod};
+use common::{allocated_ip, create, eventually, fakeapi, pod};
 use fakeapi::{FakeApi, bound_claim};
 use ip_webhook::crd::IPClaim;
 use k8s_openapi::api::apps::v1::Deployment;

@@ -4,10 +4,9 @@
 
 mod common;
 
-use common::fakeapi;
 use std::time::Duration;
 
-use common::{TestServer, allocated_ip, apply, create, message, pod};
+use common::{TestServer, allocated_ip, apply, create, fakeapi, message, pod};
 use fakeapi::{FakeApi, bound_claim, persist_pod};
 use ip_webhook::crd::IPClaim;
 use k8s_openapi::api::core::v1::Pod;

@@ -4,13 +4,12 @@
 
 mod common;
 
-use common::{etcd_cluster, fakeapi};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::api_order::{admit, delete};
 use common::node_loss::{delete_pod, make_node, running_pod, set_ready};
-use common::{BinaryServer, HttpsClient, http_get, pod};
+use common::{BinaryServer, HttpsClient, etcd_cluster, fakeapi, http_get, pod};
 use etcd_cluster::{EtcdCluster, etcd_binary};
 use fakeapi::{FakeApi, bound_claim};
 use ip_webhook::crd::IPClaim;

@@ -4,10 +4,9 @@
 
 mod common;
 
-use common::fakeapi;
 use std::time::{Duration, Instant};
 
-use common::{TestServer, allocated_ip, create, eventually, message, pod};
+use common::{TestServer, allocated_ip, create, eventually, fakeapi, message, pod};
 use fakeapi::{FakeApi, wait_ready};
 use ip_webhook::cluster::index::kube_ovn_ips;
 use k8s_openapi::api::apps::v1::Deployment;

@@ -3,13 +3,12 @@
 
 mod common;
 
-use common::load;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{BinaryServer, HttpsClient, allocated_ip};
+use common::{BinaryServer, HttpsClient, allocated_ip, load};
 use ip_webhook::ledger::embedded::CommitCounters;
 use ip_webhook::ledger::{EmbeddedLedger, Ledger};
 use load::{Job, Tally};

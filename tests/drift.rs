@@ -4,12 +4,9 @@
 
 mod common;
 
-use common::{Ran, ip_webhook};
-
-use common::{claims, fakeapi};
 use std::time::Duration;
 
-use common::eventually;
+use common::{Ran, claims, eventually, fakeapi, ip_webhook};
 use fakeapi::{FakeApi, install_crd_fixture};
 use ip_webhook::crd::IPClaim;
 use ip_webhook::ledger::{Claim, KubeLedger, Ledger, Phase, PodRef};

@@ -4,11 +4,10 @@
 
 mod common;
 
-use common::{fakeapi, rbac};
 use std::time::{Duration, Instant};
 
 use common::node_loss::{delete_pod, make_node, running_pod, set_ready};
-use common::{allocated_ip, create, eventually, pod};
+use common::{allocated_ip, create, eventually, fakeapi, pod, rbac};
 use fakeapi::{FakeApi, bound_claim, create_spec, install_crd_fixture};
 use ip_webhook::cluster::cni::kube_ovn_subnets;
 use ip_webhook::cluster::kube_ovn_reservation::kube_ovn_ippools;

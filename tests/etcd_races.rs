@@ -5,7 +5,6 @@
 
 mod common;
 
-use common::{etcd_cluster, load};
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::path::Path;
@@ -13,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::{BinaryServer, HttpsClient};
+use common::{BinaryServer, HttpsClient, etcd_cluster, load};
 use etcd_cluster::{EtcdCluster, etcd_binary};
 use ip_webhook::ledger::{EtcdLedger, EtcdOptions, Ledger};
 use load::{Job, Slot, Tally};

@@ -8,13 +8,12 @@ mod common;
 // The etcd case needs the `etcd` feature; scripts/test.sh builds with --all-features.
 #[cfg(feature = "etcd")]
 use common::etcd_cluster;
-use common::{fakeapi, rbac};
 
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::events::events_with_reason;
-use common::{TestServer, allocated_ip, apply, create, eventually, message, pod};
+use common::{TestServer, allocated_ip, apply, create, eventually, fakeapi, message, pod, rbac};
 use fakeapi::{FakeApi, bound_claim, create_spec, persist_pod, wait_ready};
 use ip_webhook::cluster::cni::{
     RESERVATION_NAME, calico_ippools, calico_reservations, kube_ovn_subnets,

@@ -11,10 +11,10 @@
 
 mod common;
 
+// The etcd cases need the `etcd` feature; scripts/test.sh builds with --all-features.
 #[cfg(feature = "etcd")]
 use common::etcd_cluster;
 use common::{claims, fakeapi};
-// The etcd cases need the `etcd` feature; scripts/test.sh builds with --all-features.
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::path::PathBuf;

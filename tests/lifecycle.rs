@@ -8,14 +8,13 @@
 
 mod common;
 
-use common::{admission, fakeapi};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use admission::{Census, api_error, create_pod, delete_pod, replicaset_pod, statefulset_pod};
-use common::TestServer;
+use common::{TestServer, admission, fakeapi};
 use fakeapi::FakeApi;
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, Client};

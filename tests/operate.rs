@@ -3,9 +3,7 @@
 
 mod common;
 
-use common::{Ran, ip_webhook};
-
-use common::{claims, fakeapi};
+use common::{Ran, claims, fakeapi, ip_webhook};
 use std::path::Path;
 
 use ip_webhook::ledger::{Claim, EmbeddedLedger, Ledger, Phase, PodRef, Source};

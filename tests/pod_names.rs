@@ -8,12 +8,11 @@ mod common;
 
 #[cfg(feature = "etcd")]
 use common::etcd_cluster;
-use common::fakeapi;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use common::{TestServer, apply, create, eventually, message, pod, review};
+use common::{TestServer, apply, create, eventually, fakeapi, message, pod, review};
 use fakeapi::FakeApi;
 use ip_webhook::crd::FixedIPPool;
 use ip_webhook::ledger::Phase;

@@ -386,7 +386,7 @@ impl EtcdLedger {
                 Err(LedgerError::Closed) => return None,
                 Err(error) => {
                     tracing::warn!(%error, reason = why, "reloading the etcd index failed; retrying");
-                    if pause(closed, Duration::from_millis(500)).await || *closed.borrow() {
+                    if pause(closed, Duration::from_millis(500)).await {
                         return None;
                     }
                 }

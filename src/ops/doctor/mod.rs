@@ -253,10 +253,11 @@ struct Client {
 impl Client {
     fn new(options: &Options, host: &str) -> Result<Self, Check> {
         let provider = crate::server::tls::provider();
-        let verifier = match &options.ca_pem {
-            None => None,
-            Some(pem) => Some(ca_verifier(pem, &provider)?),
-        };
+        let verifier = options
+            .ca_pem
+            .as_deref()
+            .map(|pem| ca_verifier(pem, &provider))
+            .transpose()?;
         let inspector = Arc::new(Inspector {
             verifier,
             seen: Mutex::new(None),
@@ -267,16 +268,18 @@ impl Client {
             .expect("ring supports TLS 1.2 and 1.3")
             .dangerous()
             .with_custom_certificate_verifier(inspector.clone());
-        let key = match &options.client_pem {
-            None => None,
-            Some((chain, key)) => Some(certified_key(chain, key).map_err(|e| {
+        let key = options
+            .client_pem
+            .as_ref()
+            .map(|(chain, key)| certified_key(chain, key))
+            .transpose()
+            .map_err(|e| {
                 check(
                     "webhook",
                     Status::Fail,
                     format!("cannot use the client certificate: {e}"),
                 )
-            })?),
-        };
+            })?;
         let identity = Arc::new(ClientIdentity::new(key));
         let mut config = builder.with_client_cert_resolver(identity.clone());
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
