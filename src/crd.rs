@@ -110,6 +110,10 @@ pub struct IPClaimSpec {
     /// (absent in claims made before it existed).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub token: String,
+    /// How many IPs the app's list held when the claim was made: `status` shows it as the
+    /// app's SIZE (the newest claim's), and FREE and USED from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub list_size: Option<u64>,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]

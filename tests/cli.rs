@@ -89,6 +89,47 @@ fn crds_command_prints_both_crds() {
     assert_eq!(stdout, ip_webhook::crd::crds_yaml());
 }
 
+/// The bash completion script completes the commands and a command's flags, as bash itself
+/// runs it (the function it registers, with the words typed so far).
+#[test]
+fn completion_bash_completes_commands_and_flags() {
+    let Ran { ok, stdout, stderr, .. } = ip_webhook(&["completion", "bash"]);
+    assert!(ok, "{stderr}");
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("ip-webhook.bash");
+    std::fs::write(&script, &stdout).unwrap();
+    // what bash offers after `ip-webhook <words…>`, the last word being completed
+    let offered = |words: &str| -> Vec<String> {
+        // bash calls the registered function with the command, the word being completed and
+        // the word before it (bash(1), "Programmable Completion")
+        let program = format!(
+            r#"source {script}
+COMP_WORDS=(ip-webhook {words})
+COMP_CWORD=$((${{#COMP_WORDS[@]}} - 1))
+COMP_LINE="ip-webhook {words}"
+COMP_POINT=${{#COMP_LINE}}
+function=$(complete -p ip-webhook | sed -E 's/.*-F ([^ ]+).*/\1/')
+"$function" ip-webhook "${{COMP_WORDS[COMP_CWORD]}}" "${{COMP_WORDS[COMP_CWORD-1]}}"
+printf '%s\n' "${{COMPREPLY[@]}}""#,
+            script = script.display()
+        );
+        let out = Command::new("bash").args(["-c", &program]).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .split_whitespace()
+            .map(str::to_string)
+            .collect()
+    };
+    let commands = offered("st");
+    assert!(commands.contains(&"status".to_string()), "{commands:?}");
+    assert!(!commands.contains(&"serve".to_string()), "only words that start with st: {commands:?}");
+    let flags = offered("status --state");
+    assert_eq!(flags, ["--state-dir"], "status's flags");
+    let Ran { ok, stderr, .. } = ip_webhook(&["completion", "tcsh"]);
+    assert!(!ok && stderr.contains("possible values: bash"), "{stderr}");
+}
+
 /// `--listen :PORT` as Go programs take it, and Go durations in the flags; the serving process
 /// runs with transparent huge pages off.
 #[test]

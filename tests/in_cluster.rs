@@ -336,6 +336,13 @@ async fn release_and_status_look_up_the_pods_behind_the_claims() {
     };
     assert_eq!(node_of("10.77.0.1"), Some(json!("node-a")), "{json}");
     assert_eq!(node_of("10.77.0.2"), Some(Value::Null), "{json}");
+    // the list's size travels in the IPClaims: SIZE, FREE and USED are known in-cluster too
+    let app = &report["apps"][0];
+    assert_eq!(
+        (&app["size"], &app["held"], &app["free"]),
+        (&json!(3), &json!(2), &json!(1)),
+        "{json}"
+    );
 
     // The pod holding 10.77.0.1 exists: refused without --force.
     let (ok, _, stderr) = operator(&["release", "10.77.0.1"]).await;

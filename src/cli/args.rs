@@ -82,6 +82,16 @@ pub enum Command {
     /// Install this binary as the kubectl plugin `kubectl ipw`: `plugin install`.
     #[command(subcommand)]
     Plugin(super::plugin::PluginCommand),
+    /// Print a shell completion script: `source <(ip-webhook completion bash)`.
+    ///
+    /// bash: add that line to ~/.bashrc; zsh: `ip-webhook completion zsh >
+    /// "${fpath[1]}/_ip-webhook"`; fish: `ip-webhook completion fish >
+    /// ~/.config/fish/completions/ip-webhook.fish`.
+    Completion {
+        /// The shell to complete for.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 /// `ip-webhook ledger …`.

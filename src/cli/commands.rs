@@ -199,10 +199,15 @@ pub async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
     let config = operator_config(&args.source)?;
     // A manifest can be explained before anything runs: no ledger yet is an empty one,
     // said on stderr so that the output stays the same to a script.
-    if let LedgerConfig::Embedded { state_dir } = &config.ledger
-        && let Err(missing) = crate::ledger::open::existing_embedded(state_dir)
-    {
-        eprintln!("note: {missing}; explaining against an empty ledger");
+    if let LedgerConfig::Embedded { state_dir } = &config.ledger {
+        match crate::ledger::open::existing_embedded(state_dir) {
+            Err(OpenError::NoLedger(missing)) => {
+                eprintln!("note: {missing}; explaining against an empty ledger")
+            }
+            // a state dir that cannot be read is not an empty ledger
+            Err(error) => return Err(error.into()),
+            Ok(()) => {}
+        }
     }
     let read = read_as(&config, args.pools_file.as_deref(), false).await?;
     let settings = crate::cli::settings(&args.app_label, args.cni);

@@ -133,7 +133,7 @@ fn log_filter(command: &Command) -> Option<&'static str> {
         Command::Release(args) => args.verbosity,
         Command::Check(args) => args.verbosity,
         Command::Ledger(LedgerCommand::Repair(args)) => args.verbosity,
-        Command::Plugin(_) => Verbosity::default(),
+        Command::Plugin(_) | Command::Completion { .. } => Verbosity::default(),
     };
     // Without -v, only ip-webhook's own warnings: a client library's error log would repeat
     // the `Error:` line.
@@ -160,6 +160,24 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             emit(&repair.to_string())
         }
         Command::Plugin(command) => plugin::run(command),
+        Command::Completion { shell } => {
+            let mut script = Vec::new();
+            clap_complete::generate(
+                shell,
+                &mut <Cli as clap::CommandFactory>::command(),
+                "ip-webhook",
+                &mut script,
+            );
+            let mut script = String::from_utf8_lossy(&script).into_owned();
+            if shell == clap_complete::Shell::Bash {
+                // clap_complete's bash script spells a hyphenated program's subcommand states
+                // two ways (`ip__webhook__subcmd__status` in its loop, `ip__subcmd__webhook__…`
+                // in its case arms), so no subcommand's flags ever complete (clap-rs/clap#6421):
+                // the arms are given the loop's spelling.
+                script = script.replace("ip__subcmd__webhook", "ip__webhook");
+            }
+            emit(&script)
+        }
     }
 }
 

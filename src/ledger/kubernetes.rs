@@ -119,6 +119,7 @@ pub fn to_resource(claim: &Claim) -> IPClaim {
             source: source_name(claim.source).to_string(),
             sticky: claim.sticky,
             token: claim.token.clone(),
+            list_size: claim.list_size,
         },
     );
     resource.metadata = ObjectMeta {
@@ -248,7 +249,7 @@ pub fn from_resource(resource: &IPClaim) -> Result<Claim, LedgerError> {
         },
         created_at: reserved_at,
         updated_at,
-        list_size: None,
+        list_size: spec.list_size,
         token: spec.token.clone(),
         release_at: status.release_at.as_deref().and_then(unix_seconds),
         sticky: spec.sticky,

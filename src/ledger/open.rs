@@ -127,6 +127,10 @@ pub enum OpenError {
     /// No embedded ledger where one must exist.
     #[error("{0}")]
     NoLedger(String),
+    /// The embedded ledger's state dir exists but cannot be read (permissions, not a
+    /// directory): the message names it and the cause.
+    #[error("{0}")]
+    Unreadable(String),
     /// The embedded ledger could not be opened (another process holds it, damage, …).
     #[error(transparent)]
     Embedded(LedgerError),
@@ -217,7 +221,7 @@ pub async fn open(config: &LedgerConfig, options: &OpenOptions) -> Result<Opened
 /// the way `status` reads it ([`super::embedded::read_claims`]), not opened. No ledger there
 /// yet reads as an empty one.
 async fn embedded_copy(state_dir: &Path) -> Result<MemoryLedger, OpenError> {
-    let claims = if super::embedded::exists_in(state_dir) {
+    let claims = if listable_state_dir(state_dir)? && super::embedded::exists_in(state_dir) {
         super::embedded::read_claims(state_dir).map_err(OpenError::Embedded)?
     } else {
         Vec::new()
@@ -234,7 +238,7 @@ async fn embedded_copy(state_dir: &Path) -> Result<MemoryLedger, OpenError> {
 
 /// That `dir` is a state dir holding an embedded ledger, checked without creating anything.
 pub fn existing_embedded(dir: &Path) -> Result<(), OpenError> {
-    if !dir.is_dir() {
+    if !listable_state_dir(dir)? {
         return Err(OpenError::NoLedger(format!(
             "no embedded ledger: {} does not exist (give the --state-dir of `ip-webhook serve`)",
             dir.display()
@@ -247,6 +251,36 @@ pub fn existing_embedded(dir: &Path) -> Result<(), OpenError> {
         )));
     }
     Ok(())
+}
+
+/// Whether the state dir `dir` exists (`false` only when it is absent), having listed it: a dir
+/// that cannot be read (EACCES, a path through a file) is an error naming it and the cause,
+/// never an absent or empty ledger, which would hand out again the IPs it records.
+pub fn listable_state_dir(dir: &Path) -> Result<bool, OpenError> {
+    use std::os::unix::fs::MetadataExt;
+    let unreadable = |e: std::io::Error, about: String| {
+        OpenError::Unreadable(format!(
+            "cannot read the state dir {}{about}: {e}",
+            dir.display()
+        ))
+    };
+    let meta = match std::fs::metadata(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(unreadable(e, String::new())),
+        Ok(meta) => meta,
+    };
+    if !meta.is_dir() {
+        return Err(OpenError::Unreadable(format!(
+            "the state dir {} is not a directory (give the --state-dir of `ip-webhook serve`)",
+            dir.display()
+        )));
+    }
+    // Owner and mode: what a permission error is about.
+    let about = format!(" (owner uid {}, mode {:04o})", meta.uid(), meta.mode() & 0o7777);
+    std::fs::read_dir(dir)
+        .and_then(|mut entries| entries.next().transpose())
+        .map_err(|e| unreadable(e, about))?;
+    Ok(true)
 }
 
 /// Whether the API server serves ip-webhook's IPClaims at all: a cluster without them (no

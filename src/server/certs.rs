@@ -132,14 +132,11 @@ pub struct Kept {
 pub fn self_signed_in(dir: &Path, dns_names: &[String]) -> Result<(SelfSigned, Kept), TlsError> {
     let now = jiff::Timestamp::now();
     let days = |n: i64| jiff::SignedDuration::from_hours(24 * n);
-    let io = |path: &Path| {
-        let path = path.display().to_string();
-        move |e: std::io::Error| TlsError::Read {
-            path,
-            reason: e.to_string(),
-        }
-    };
-    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    std::fs::create_dir_all(dir).map_err(|e| TlsError::Write {
+        action: "create the directory",
+        path: dir.display().to_string(),
+        reason: e.to_string(),
+    })?;
     let (ca_crt, ca_key, tls_crt, tls_key) = (
         dir.join("ca.crt"),
         dir.join("ca.key"),
@@ -147,10 +144,10 @@ pub fn self_signed_in(dir: &Path, dns_names: &[String]) -> Result<(SelfSigned, K
         dir.join("tls.key"),
     );
     let kept_ca = match (
-        std::fs::read_to_string(&ca_crt),
-        std::fs::read_to_string(&ca_key),
+        read_unless_absent(&ca_crt, |p| std::fs::read_to_string(p))?,
+        read_unless_absent(&ca_key, |p| std::fs::read_to_string(p))?,
     ) {
-        (Ok(cert), Ok(key)) => rcgen::KeyPair::from_pem(&key)
+        (Some(cert), Some(key)) => rcgen::KeyPair::from_pem(&key)
             .ok()
             .filter(|key| ca_pair_matches(&cert, key))
             .map(|key| (cert, key)),
@@ -171,8 +168,11 @@ pub fn self_signed_in(dir: &Path, dns_names: &[String]) -> Result<(SelfSigned, K
             (cert.pem(), key)
         }
     };
-    let kept_leaf = match (std::fs::read(&tls_crt), std::fs::read(&tls_key)) {
-        (Ok(cert), Ok(key)) if !new_ca => Some((cert, key)),
+    let kept_leaf = match (
+        read_unless_absent(&tls_crt, |p| std::fs::read(p))?,
+        read_unless_absent(&tls_key, |p| std::fs::read(p))?,
+    ) {
+        (Some(cert), Some(key)) if !new_ca => Some((cert, key)),
         _ => None,
     }
     .filter(|(cert, key)| {
@@ -212,6 +212,30 @@ pub fn self_signed_in(dir: &Path, dns_names: &[String]) -> Result<(SelfSigned, K
     ))
 }
 
+/// The contents of `path`, `None` when it does not exist (or is no text: replaced like a
+/// mismatched pair). Any other failure (a file this user may not read) is an error naming the
+/// file: replacing a CA that is there but unreadable would break every caBundle copied from it.
+fn read_unless_absent<T>(
+    path: &Path,
+    read: impl FnOnce(&Path) -> std::io::Result<T>,
+) -> Result<Option<T>, TlsError> {
+    match read(path) {
+        Ok(contents) => Ok(Some(contents)),
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::InvalidData
+            ) =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(TlsError::Read {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        }),
+    }
+}
+
 /// Write a private key readable by its owner only, whole or not at all.
 pub(super) fn write_secret(path: &Path, text: &str) -> Result<(), TlsError> {
     write_whole(path, text.as_bytes(), 0o600)
@@ -222,9 +246,10 @@ pub(super) fn write_secret(path: &Path, text: &str) -> Result<(), TlsError> {
 fn write_whole(path: &Path, bytes: &[u8], mode: u32) -> Result<(), TlsError> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let error = |e: std::io::Error| TlsError::Read {
+    let error = |e: std::io::Error| TlsError::Write {
+        action: "write",
         path: path.display().to_string(),
-        reason: format!("cannot write it: {e}"),
+        reason: e.to_string(),
     };
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");

@@ -37,6 +37,13 @@ use crate::metrics::{Metrics, ResultLabels};
 pub enum TlsError {
     #[error("cannot read {path}: {reason}")]
     Read { path: String, reason: String },
+    /// Creating or writing a file or directory (the self-signed CA's) failed.
+    #[error("cannot {action} {path}: {reason}")]
+    Write {
+        action: &'static str,
+        path: String,
+        reason: String,
+    },
     #[error("{path} holds no PEM certificate")]
     NoCertificate { path: String },
     #[error("{path} holds no usable PEM private key: {reason}")]

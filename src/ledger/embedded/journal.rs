@@ -17,6 +17,7 @@ use room::Stalled;
 use super::marker;
 use super::{
     JOURNAL, LOCK_FILE, REDB_FILE, Records, Reply, Request, SNAPSHOT, apply, redb_store, storage,
+    storage_at,
 };
 use crate::ledger::record::{Format, MAGIC, Parsed, encode_record, parse_file};
 use crate::ledger::{Claim, Damage, LedgerError};
@@ -136,7 +137,7 @@ fn write_snapshot_to<'a>(
 ) -> Result<(), LedgerError> {
     let mut buf = Vec::with_capacity(1 << 20);
     buf.extend_from_slice(MAGIC);
-    let mut file = File::create(tmp).map_err(storage("create snapshot"))?;
+    let mut file = File::create(tmp).map_err(storage_at("create the snapshot", tmp))?;
     for claim in claims {
         encode_record(&mut buf, claim)?;
         if buf.len() >= 1 << 20 {
@@ -155,8 +156,8 @@ fn write_snapshot_to<'a>(
 /// The generations of the files named `prefix<generation>` in `dir`.
 pub(super) fn generations(dir: &Path, prefix: &str) -> Result<Vec<u64>, LedgerError> {
     let mut found = Vec::new();
-    for entry in std::fs::read_dir(dir).map_err(storage("list state dir"))? {
-        let entry = entry.map_err(storage("list state dir"))?;
+    for entry in std::fs::read_dir(dir).map_err(storage_at("list the state dir", dir))? {
+        let entry = entry.map_err(storage_at("list the state dir", dir))?;
         let file_name = entry.file_name();
         let Some(file_name) = file_name.to_str() else {
             continue;
@@ -226,7 +227,7 @@ impl Journal {
             .truncate(false)
             .write(true)
             .open(&lock_path)
-            .map_err(storage("open lock file"))?;
+            .map_err(storage_at("open the lock file", &lock_path))?;
         lock.try_lock().map_err(|e| {
             LedgerError::Storage(format!(
                 "cannot open {} (is another ip-webhook using this --state-dir?): {e}",
@@ -316,7 +317,7 @@ impl Journal {
                 let file = OpenOptions::new()
                     .write(true)
                     .open(&path)
-                    .map_err(storage("open journal"))?;
+                    .map_err(storage_at("open the journal", &path))?;
                 file.set_len(parsed.good)
                     .map_err(storage("truncate journal"))?;
                 file.sync_all().map_err(storage("sync journal"))?;
@@ -337,7 +338,7 @@ impl Journal {
                 let file = OpenOptions::new()
                     .write(true)
                     .open(&path)
-                    .map_err(storage("open journal"))?;
+                    .map_err(storage_at("open the journal", &path))?;
                 if file.metadata().map_err(storage("stat journal"))?.len() == 0 {
                     file.write_all_at(MAGIC, 0)
                         .map_err(storage("write journal"))?;
@@ -385,7 +386,7 @@ impl Journal {
             .create_new(true)
             .write(true)
             .open(&path)
-            .map_err(storage("create journal"))?;
+            .map_err(storage_at("create the journal", &path))?;
         if let Err(error) = file
             .write_all(MAGIC)
             .and_then(|()| file.sync_all())

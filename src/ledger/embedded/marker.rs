@@ -7,7 +7,7 @@ use std::fs::File;
 use std::io::Write;
 use std::path::Path;
 
-use super::{LOCK_FILE, REDB_FILE, storage};
+use super::{LOCK_FILE, REDB_FILE, storage, storage_at};
 use crate::ledger::LedgerError;
 
 /// The marker's file name.
@@ -56,7 +56,7 @@ pub(super) fn ensure(dir: &Path) -> Result<(), LedgerError> {
         return Ok(());
     }
     let tmp = dir.join(format!("{MARKER}.tmp"));
-    let mut file = File::create(&tmp).map_err(storage("create ledger.id"))?;
+    let mut file = File::create(&tmp).map_err(storage_at("create", &tmp))?;
     let created = crate::ledger::unix_now();
     writeln!(
         file,

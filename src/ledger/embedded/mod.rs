@@ -287,6 +287,15 @@ fn storage<E: std::fmt::Display>(context: &str) -> impl FnOnce(E) -> LedgerError
     move |e| LedgerError::Storage(format!("{context}: {e}"))
 }
 
+/// `cannot WHAT PATH: CAUSE`: a file system call that failed, naming the file (a permission
+/// error without its path says nothing about which file to fix).
+fn storage_at<'a, E: std::fmt::Display>(
+    what: &'a str,
+    path: &'a Path,
+) -> impl FnOnce(E) -> LedgerError + 'a {
+    move |e| LedgerError::Storage(format!("cannot {what} {}: {e}", path.display()))
+}
+
 impl EmbeddedLedger {
     /// Open (or create) the ledger in `state_dir` with the journal, or with redb when the
     /// environment says `IP_WEBHOOK_EMBEDDED_STORE=redb` (for `scripts/bench-load.sh`'s

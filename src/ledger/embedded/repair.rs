@@ -10,7 +10,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use super::journal::{generations, name};
-use super::{JOURNAL, LOCK_FILE, SNAPSHOT, storage};
+use super::{JOURNAL, LOCK_FILE, SNAPSHOT, storage, storage_at};
 use crate::ledger::LedgerError;
 use crate::ledger::record::{Stretch, parse_bytes};
 
@@ -83,7 +83,7 @@ pub fn repair(state_dir: &Path, apply: bool) -> Result<Repair, LedgerError> {
             .truncate(false)
             .write(true)
             .open(&path)
-            .map_err(storage("open lock file"))?;
+            .map_err(storage_at("open the lock file", &path))?;
         lock.try_lock().map_err(|e| {
             LedgerError::Storage(format!(
                 "cannot lock {} (stop the ip-webhook that uses this --state-dir first): {e}",
