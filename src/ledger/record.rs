@@ -54,7 +54,7 @@ pub(super) struct Parsed {
     /// next record goes here.
     pub(super) good: u64,
     /// Whether bytes other than zeros follow the last valid record. A journal's zeros are room
-    /// made for records to come (`journal.rs`, `PREALLOCATE`); anything else, with no valid
+    /// made for records to come (`journal.rs`, `GROW_STEP`); anything else, with no valid
     /// record after it, is the write a crash cut short (never answered: a commit answers only
     /// after its `fdatasync`).
     pub(super) torn: bool,

@@ -21,8 +21,8 @@
 //!   `fdatasync` per batch, the claims held in memory. The records go into zeros the journal
 //!   wrote and synced ahead of them, so a commit never grows the file and its `fdatasync` has
 //!   no size to record (issue 18 round 6). The writer makes that room between batches, after
-//!   one has its answers and once less than 256 KiB is left, up to the next MiB (round 7: no
-//!   batch waits for it). When the journals outgrow twice the
+//!   one has its answers and once less than 256 KiB is left, one 64 KiB step at a time (no
+//!   batch waits for it, and none waits behind more than one step). When the journals outgrow twice the
 //!   live records a background thread writes a `snapshot.<generation>` of every claim (temp
 //!   file, fsync, rename, directory fsync) and deletes the journals it covers. On open: the
 //!   newest snapshot, then the journals after it; zeros after the last record are room; a torn
@@ -156,8 +156,21 @@ impl CommitCounters {
     }
 }
 
-/// The answer to one request, and when the writer sent it (for the `wakeup` stage).
-type Answer<T> = oneshot::Sender<(Result<T, LedgerError>, Instant)>;
+/// The answer to one request, and when the writer took and answered its batch.
+type Answer<T> = oneshot::Sender<(Result<T, LedgerError>, Times)>;
+
+/// When the writer took a request's batch and when it sent the answers: with the request's
+/// own clock, its `queue`, `commit` and `wakeup` stages.
+#[derive(Clone, Copy)]
+struct Times {
+    taken: Instant,
+    answered: Instant,
+}
+
+/// A ledger answer or a journal step slower than this is logged (WARN) with its stages: on a
+/// local disk it is a stall, and the line says whether the queue, the commit (and in it the
+/// write or the `fdatasync`) or the wake-up of the request's thread took the time.
+pub(super) const SLOW: std::time::Duration = std::time::Duration::from_millis(20);
 
 enum Request {
     Create(Arc<Claim>, Answer<CreateOutcome>),
@@ -175,11 +188,11 @@ enum Msg {
 
 impl Request {
     /// Answer with `error`, unapplied.
-    fn refuse(self, error: LedgerError, answered: Instant) {
+    fn refuse(self, error: LedgerError, times: Times) {
         match self {
-            Request::Create(_, tx) => drop(tx.send((Err(error), answered))),
+            Request::Create(_, tx) => drop(tx.send((Err(error), times))),
             Request::Release(_, tx) | Request::Transition(_, tx) => {
-                drop(tx.send((Err(error), answered)))
+                drop(tx.send((Err(error), times)))
             }
         }
     }
@@ -364,14 +377,34 @@ impl EmbeddedLedger {
         Ok(())
     }
 
-    async fn ask<T>(&self, request: impl FnOnce(Answer<T>) -> Request) -> Result<T, LedgerError> {
+    /// Send `request` (for admission request `uid`) and wait for its answer.
+    async fn ask<T>(
+        &self,
+        uid: &str,
+        request: impl FnOnce(Answer<T>) -> Request,
+    ) -> Result<T, LedgerError> {
         let (tx, rx) = oneshot::channel();
+        let asked = Instant::now();
         self.send(Msg::Op(request(tx))).await?;
-        let (result, answered) = rx
+        let (result, times) = rx
             .await
             .map_err(|_| LedgerError::Storage("ledger commit aborted".into()))?;
-        self.counters
-            .stage(Stage::Wakeup, answered.elapsed().as_secs_f64());
+        let woken = Instant::now();
+        self.counters.stage(
+            Stage::Wakeup,
+            woken.duration_since(times.answered).as_secs_f64(),
+        );
+        if woken.duration_since(asked) >= SLOW {
+            let us = |from: Instant, to: Instant| to.saturating_duration_since(from).as_micros() as u64;
+            tracing::warn!(
+                request_uid = uid,
+                total_us = us(asked, woken),
+                queue_us = us(asked, times.taken),
+                commit_us = us(times.taken, times.answered),
+                wakeup_us = us(times.answered, woken),
+                "slow ledger answer"
+            );
+        }
         result
     }
 }
@@ -534,11 +567,22 @@ fn commit_batch(
                 counters.commit_seconds.observe(seconds);
                 counters.stage(Stage::Commit, seconds);
             }
-            let answered = Instant::now();
+            let times = Times {
+                taken: started,
+                answered: Instant::now(),
+            };
+            if times.answered.duration_since(started) >= SLOW {
+                tracing::warn!(
+                    batch = replies.len(),
+                    writes,
+                    commit_us = times.answered.duration_since(started).as_micros() as u64,
+                    "slow ledger commit"
+                );
+            }
             for reply in replies {
                 match reply {
-                    Reply::Create(tx, outcome) => drop(tx.send((Ok(outcome), answered))),
-                    Reply::Changed(tx, changed) => drop(tx.send((Ok(changed), answered))),
+                    Reply::Create(tx, outcome) => drop(tx.send((Ok(outcome), times))),
+                    Reply::Changed(tx, changed) => drop(tx.send((Ok(changed), times))),
                 }
             }
         }
@@ -559,16 +603,19 @@ fn commit_batch(
             } else {
                 tracing::error!(%message, "ledger commit failed");
             }
-            let answered = Instant::now();
+            let times = Times {
+                taken: started,
+                answered: Instant::now(),
+            };
             for reply in replies {
                 match reply {
-                    Reply::Create(tx, _) => drop(tx.send((Err(again(&error)), answered))),
-                    Reply::Changed(tx, _) => drop(tx.send((Err(again(&error)), answered))),
+                    Reply::Create(tx, _) => drop(tx.send((Err(again(&error)), times))),
+                    Reply::Changed(tx, _) => drop(tx.send((Err(again(&error)), times))),
                 }
             }
             // refused before the claim rules ran: every request of the batch hears it too
             for request in batch.drain(..) {
-                request.refuse(again(&error), answered);
+                request.refuse(again(&error), times);
             }
         }
     }
@@ -644,17 +691,22 @@ impl Ledger for EmbeddedLedger {
     }
 
     async fn create(&self, claim: Arc<Claim>) -> Result<CreateOutcome, LedgerError> {
-        self.ask(|tx| Request::Create(claim, tx)).await
+        let uid = claim.request_uid.clone();
+        self.ask(&uid, |tx| Request::Create(claim, tx)).await
     }
 
     async fn release(&self, claim: &Claim) -> Result<bool, LedgerError> {
-        self.ask(|tx| Request::Release(Box::new(claim.clone()), tx))
-            .await
+        self.ask(&claim.request_uid, |tx| {
+            Request::Release(Box::new(claim.clone()), tx)
+        })
+        .await
     }
 
     async fn transition(&self, current: &Claim, next: &Claim) -> Result<bool, LedgerError> {
-        self.ask(|tx| Request::Transition(Box::new((current.clone(), next.clone())), tx))
-            .await
+        self.ask(&next.request_uid, |tx| {
+            Request::Transition(Box::new((current.clone(), next.clone())), tx)
+        })
+        .await
     }
 
     async fn ping(&self) -> Result<(), LedgerError> {
@@ -1087,7 +1139,7 @@ mod tests {
         let len = std::fs::metadata(&path).unwrap().len();
         assert_eq!(
             len,
-            journal::PREALLOCATE,
+            (MAGIC.len() as u64 + journal::ROOM_LOW).next_multiple_of(journal::GROW_STEP),
             "room made ahead of the first record"
         );
         assert!(first.good < len && !first.torn);
@@ -1103,7 +1155,7 @@ mod tests {
 
         // more records than one step of room holds
         let per_record = second.good - first.good;
-        let more = journal::PREALLOCATE / per_record + 5;
+        let more = journal::ROOM_LOW / per_record + 5;
         let claims: Vec<Claim> = (0..more)
             .map(|i| {
                 claim(
@@ -1119,9 +1171,9 @@ mod tests {
         assert!(!grown.torn);
         assert_eq!(grown.claims.len() as u64, 2 + more);
         let len = std::fs::metadata(&path).unwrap().len();
-        assert_eq!(len % journal::PREALLOCATE, 0, "room grows in whole steps");
+        assert_eq!(len % journal::GROW_STEP, 0, "room grows in whole steps");
         assert!(
-            (grown.good + journal::ROOM_LOW..grown.good + journal::ROOM_LOW + journal::PREALLOCATE)
+            (grown.good + journal::ROOM_LOW..grown.good + journal::ROOM_LOW + journal::GROW_STEP)
                 .contains(&len),
             "room made ahead of the next commit: {len} bytes for records up to {}",
             grown.good
@@ -1263,7 +1315,8 @@ mod tests {
     fn a_full_disk_refuses_only_what_does_not_fit_and_resumes_when_space_returns() {
         let dir = tempfile::tempdir().unwrap();
         let mut journal = Journal::open(dir.path()).unwrap();
-        journal.space = Some(journal::PREALLOCATE);
+        let space = journal::ROOM_LOW + journal::GROW_STEP;
+        journal.space = Some(space);
         journal.grow_ahead();
         let commit = |journal: &mut Journal, i: u32| {
             let (tx, _rx) = oneshot::channel();
@@ -1282,7 +1335,7 @@ mod tests {
         };
         assert_eq!(journal.disk_full.get(), 1);
         assert!(
-            acknowledged as u64 > (journal::PREALLOCATE - journal::ROOM_LOW) / 100,
+            acknowledged as u64 > (space - journal::ROOM_LOW) / 100,
             "commits stopped with room left: {acknowledged}"
         );
         let message = refusal.to_string();
@@ -1314,7 +1367,8 @@ mod tests {
 
     /// A commit writes into room made before it: it never grows the file (its `fdatasync` then
     /// has no size to record, and no batch waits for zeros). The writer grows the room after a
-    /// batch has its answers, once less than `ROOM_LOW` is left, to the next step.
+    /// batch has its answers, once less than `ROOM_LOW` is left, by one step: the writer
+    /// never pauses for more than one step's write and sync between two batches.
     #[test]
     fn commits_write_into_room_made_ahead_and_never_grow_the_file() {
         let dir = tempfile::tempdir().unwrap();
@@ -1322,7 +1376,11 @@ mod tests {
         let path = journal_path(dir.path());
         let len = || std::fs::metadata(&path).unwrap().len();
         journal.grow_ahead();
-        assert_eq!(len(), journal::PREALLOCATE, "room before the first commit");
+        assert_eq!(
+            len(),
+            (MAGIC.len() as u64 + journal::ROOM_LOW).next_multiple_of(journal::GROW_STEP),
+            "room before the first commit"
+        );
         let (mut grown, mut commits) = (0, 0);
         while grown < 3 {
             let i = commits;
@@ -1340,8 +1398,13 @@ mod tests {
             if after != before {
                 grown += 1;
                 assert!(before - good < journal::ROOM_LOW, "grew with room to spare");
+                assert_eq!(
+                    after - before,
+                    journal::GROW_STEP,
+                    "a growth after a batch smaller than a step is one step"
+                );
             }
-            assert_eq!(after % journal::PREALLOCATE, 0);
+            assert_eq!(after % journal::GROW_STEP, 0);
             assert!(
                 after - good >= journal::ROOM_LOW,
                 "room left after commit {i}"
