@@ -249,10 +249,7 @@ fn main() -> anyhow::Result<()> {
     let [url, fixture, mode, connections, seconds, ca, rest @ ..] = args.as_slice() else {
         bail!("usage: bench_client URL FIXTURE MODE CONNECTIONS SECONDS CA_PEM [RUN_ID [RATE]]");
     };
-    let rate: Option<f64> = rest
-        .get(1)
-        .map(|r| r.parse().context("RATE"))
-        .transpose()?;
+    let rate: Option<f64> = rest.get(1).map(|r| r.parse().context("RATE")).transpose()?;
     if rate.is_some_and(|r| !(r > 0.0)) {
         bail!("RATE must be more than 0 requests per second");
     }

@@ -572,10 +572,10 @@ mod tests {
         .collect();
         let mut by_request = ByRequest::default();
         // a forced collision: every IP filed under uid-a's key
-        by_request
-            .0
-            .0
-            .insert(ByKey::key("uid-a"), Ips::Many(claims.keys().copied().collect()));
+        by_request.0.0.insert(
+            ByKey::key("uid-a"),
+            Ips::Many(claims.keys().copied().collect()),
+        );
         let ips = |by_request: &ByRequest, uid| -> Vec<String> {
             by_request
                 .claims(uid, &claims)
@@ -608,7 +608,11 @@ mod tests {
         by_key.remove("pod", v6);
         assert_eq!(by_key.0.get(&ByKey::key("pod")), Some(&Ips::One(v4)));
         by_key.remove("pod", v6);
-        assert_eq!(by_key.0.len(), 1, "removing an IP the key lacks changes nothing");
+        assert_eq!(
+            by_key.0.len(),
+            1,
+            "removing an IP the key lacks changes nothing"
+        );
         by_key.remove("pod", v4);
         assert!(by_key.0.is_empty(), "a key with no IP left is dropped");
         // an enum no larger than the Vec it replaces, so the B-tree's nodes do not grow

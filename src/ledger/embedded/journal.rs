@@ -439,14 +439,10 @@ impl Journal {
         }
         let started = Instant::now();
         let mut wrote = started;
-        if let Err(e) = self
-            .file
-            .write_all_at(&self.buf, self.end)
-            .and_then(|()| {
-                wrote = Instant::now();
-                self.file.sync_data()
-            })
-        {
+        if let Err(e) = self.file.write_all_at(&self.buf, self.end).and_then(|()| {
+            wrote = Instant::now();
+            self.file.sync_data()
+        }) {
             tracing::error!(error = %e, "a journal write failed; no record is written until its bytes are known again");
             self.poisoned = Some((Stalled::new(&e), self.end + len));
             return Err(self.io_error("journal write", &e));

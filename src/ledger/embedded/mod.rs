@@ -395,7 +395,8 @@ impl EmbeddedLedger {
             woken.duration_since(times.answered).as_secs_f64(),
         );
         if woken.duration_since(asked) >= SLOW {
-            let us = |from: Instant, to: Instant| to.saturating_duration_since(from).as_micros() as u64;
+            let us =
+                |from: Instant, to: Instant| to.saturating_duration_since(from).as_micros() as u64;
             tracing::warn!(
                 request_uid = uid,
                 total_us = us(asked, woken),
