@@ -10,6 +10,7 @@
 //! cargo build --release --example ledger_load
 //! taskset -c 0 target/release/examples/ledger_load load  DIR [journal|redb] [CONNS] [SECONDS]
 //! taskset -c 0 target/release/examples/ledger_load probe DIR [COUNT]
+//! taskset -c 0 target/release/examples/ledger_load probe-for DIR SECONDS
 //! taskset -c 0 target/release/examples/ledger_load restart DIR [journal|redb] [CLAIMS]
 //! ```
 
@@ -39,7 +40,8 @@ fn claim(n: u32) -> Claim {
         created_at: 1_764_460_800,
         updated_at: 1_764_460_800,
         list_size: Some(1 << 20),
-        token: format!("c{n:015x}"),
+        // shaped as `new_token` makes them: 32 hex digits
+        token: format!("{n:032x}"),
         release_at: None,
         sticky: false,
     }
@@ -197,6 +199,50 @@ async fn load(dir: &Path, store: Store, conns: usize, seconds: u64) {
     ledger.close().await;
 }
 
+/// The disk's own tail: 512-byte appends, each followed by `fdatasync`, for `seconds`. The
+/// slowest of them is what no ledger on this file system can beat; `scripts/bench-open-loop.sh`
+/// judges the server's slowest durable answer against it.
+fn probe_for(dir: &Path, seconds: f64) {
+    std::fs::create_dir_all(dir).unwrap();
+    let path = dir.join("fsync-probe-for");
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    let record = [b'x'; 512];
+    let until = Instant::now() + Duration::from_secs_f64(seconds);
+    let mut times = Vec::with_capacity(1 << 16);
+    let mut slowest = (0.0, std::time::SystemTime::now());
+    while Instant::now() < until {
+        let (started, at) = (Instant::now(), std::time::SystemTime::now());
+        file.write_all(&record).unwrap();
+        file.sync_data().unwrap();
+        let took = started.elapsed().as_secs_f64();
+        if took > slowest.0 {
+            slowest = (took, at);
+        }
+        times.push(took);
+    }
+    times.sort_by(f64::total_cmp);
+    let at_ms = slowest
+        .1
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    println!(
+        "fdatasync probe (append 512 B, {seconds}s) in {}: syncs={} p50={:.0}us p99={:.0}us p99.9={:.0}us max={:.0}us max_at_unix_ms={at_ms}",
+        dir.display(),
+        times.len(),
+        percentile(&times, 0.5) * 1e6,
+        percentile(&times, 0.99) * 1e6,
+        percentile(&times, 0.999) * 1e6,
+        times.last().copied().unwrap_or(0.0) * 1e6,
+    );
+    drop(file);
+    std::fs::remove_file(&path).unwrap();
+}
+
 /// `fdatasync` after each of `count` writes: a 300-byte record written into zeros already
 /// synced, as one journal commit does since issue 18 round 6 (`room`); the same record
 /// appended, growing the file, as one did before; and 4 KiB overwritten in place, as a page
@@ -292,7 +338,7 @@ async fn restart(dir: &Path, store: Store, claims: u32) {
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let usage = "usage: ledger_load load DIR [journal|redb] [CONNS] [SECONDS] | probe DIR [COUNT] | restart DIR [journal|redb] [CLAIMS]";
+    let usage = "usage: ledger_load load DIR [journal|redb] [CONNS] [SECONDS] | probe DIR [COUNT] | probe-for DIR SECONDS | restart DIR [journal|redb] [CLAIMS]";
     let mode = args.get(1).expect(usage).as_str();
     let dir = Path::new(args.get(2).expect(usage));
     match mode {
@@ -304,6 +350,10 @@ async fn main() {
         "probe" => probe(
             dir,
             args.get(3).and_then(|a| a.parse().ok()).unwrap_or(2000),
+        ),
+        "probe-for" => probe_for(
+            dir,
+            args.get(3).and_then(|a| a.parse().ok()).unwrap_or(15.0),
         ),
         "restart" => {
             let claims = args.get(4).and_then(|a| a.parse().ok()).unwrap_or(100_000);

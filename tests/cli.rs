@@ -93,7 +93,9 @@ fn crds_command_prints_both_crds() {
 /// runs it (the function it registers, with the words typed so far).
 #[test]
 fn completion_bash_completes_commands_and_flags() {
-    let Ran { ok, stdout, stderr, .. } = ip_webhook(&["completion", "bash"]);
+    let Ran {
+        ok, stdout, stderr, ..
+    } = ip_webhook(&["completion", "bash"]);
     assert!(ok, "{stderr}");
     let dir = tempfile::tempdir().unwrap();
     let script = dir.path().join("ip-webhook.bash");
@@ -113,8 +115,15 @@ function=$(complete -p ip-webhook | sed -E 's/.*-F ([^ ]+).*/\1/')
 printf '%s\n' "${{COMPREPLY[@]}}""#,
             script = script.display()
         );
-        let out = Command::new("bash").args(["-c", &program]).output().unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let out = Command::new("bash")
+            .args(["-c", &program])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8(out.stdout)
             .unwrap()
             .split_whitespace()
@@ -123,7 +132,10 @@ printf '%s\n' "${{COMPREPLY[@]}}""#,
     };
     let commands = offered("st");
     assert!(commands.contains(&"status".to_string()), "{commands:?}");
-    assert!(!commands.contains(&"serve".to_string()), "only words that start with st: {commands:?}");
+    assert!(
+        !commands.contains(&"serve".to_string()),
+        "only words that start with st: {commands:?}"
+    );
     let flags = offered("status --state");
     assert_eq!(flags, ["--state-dir"], "status's flags");
     let Ran { ok, stderr, .. } = ip_webhook(&["completion", "tcsh"]);

@@ -591,7 +591,7 @@ async fn one_json_log_line_per_decision() {
     let subscriber = tracing_subscriber::fmt()
         .json()
         .flatten_event(true)
-        .with_max_level(tracing::Level::INFO)
+        .with_max_level(tracing::Level::DEBUG)
         .with_writer(move || writer.clone())
         .finish();
     let _guard = tracing::subscriber::set_default(subscriber);
@@ -609,19 +609,42 @@ async fn one_json_log_line_per_decision() {
         Arc::new(ip_webhook::metrics::Metrics::new()),
     );
     let pod = common::pod("default", "web", "web-", Some("10.0.0.10"));
-    for uid in ["uid-1", "uid-2"] {
-        let body = common::create(uid, pod.clone()).to_string();
+    // a dry run, a grant, the grant's request retried, a denial
+    let dry_run = common::review("v1", "uid-0", "CREATE", Some(pod.clone()), None, true);
+    let bodies = [
+        dry_run,
+        common::create("uid-1", pod.clone()),
+        common::create("uid-1", pod.clone()),
+        common::create("uid-2", pod.clone()),
+    ];
+    for body in bodies {
         webhook
-            .review(Endpoint::mutate, body.as_bytes())
+            .review(Endpoint::mutate, body.to_string().as_bytes())
             .await
             .unwrap();
     }
     let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
-    let decisions: Vec<Value> = text
+    let every: Vec<Value> = text
         .lines()
         .map(|l| serde_json::from_str::<Value>(l).unwrap())
         .filter(|l| l["message"] == "admission decision")
         .collect();
+    // what changed the books (the grant) and the denial at INFO, the rest at DEBUG
+    let levels: Vec<(&str, &str)> = every
+        .iter()
+        .map(|l| (l["uid"].as_str().unwrap(), l["level"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        levels,
+        [
+            ("uid-0", "DEBUG"),
+            ("uid-1", "INFO"),
+            ("uid-1", "DEBUG"),
+            ("uid-2", "INFO")
+        ],
+        "{text}"
+    );
+    let decisions: Vec<&Value> = every.iter().filter(|l| l["level"] == "INFO").collect();
     assert_eq!(decisions.len(), 2, "{text}");
     let first = &decisions[0];
     assert_eq!(first["uid"], "uid-1");

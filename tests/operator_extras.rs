@@ -7,7 +7,6 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::process::Command;
 
-
 const BIN: &str = env!("CARGO_BIN_EXE_ip-webhook");
 
 /// Whether this process runs as root, which the permission bits do not stop.
@@ -99,7 +98,13 @@ fn permission_errors_name_the_path_and_the_cause() {
     let journal = std::fs::read_dir(&state)
         .unwrap()
         .map(|e| e.unwrap().path())
-        .find(|p| p.file_name().unwrap().to_str().unwrap().starts_with("journal."))
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .starts_with("journal.")
+        })
         .unwrap();
     chmod(&journal, 0o000);
     let (code, _, stderr) = unprivileged(&["status", "--state-dir", dir], cwd);

@@ -296,7 +296,7 @@ pub struct CheckArgs {
     pub source: LedgerArgs,
 }
 
-/// `check --drift` (issue 20): the claims against the pods and the CNI's records.
+/// `check --drift`: the claims against the pods and the CNI's records.
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Drift (--drift)")]
 pub struct DriftArgs {

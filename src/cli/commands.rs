@@ -368,7 +368,7 @@ fn retain_namespace(report: &mut Report, namespace: &str) {
         .retain(|p| report.apps.iter().any(|a| a.pool.as_ref() == Some(&p.name)));
 }
 
-/// `check --drift`: the claims against the cluster's pods and the CNI's records (issue 20).
+/// `check --drift`: the claims against the cluster's pods and the CNI's records.
 async fn drift(args: CheckArgs) -> anyhow::Result<()> {
     let config = operator_config(&args.source)?;
     if config.api_server.is_none() {

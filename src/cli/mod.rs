@@ -475,7 +475,7 @@ mod tests {
         for flag in ["pools-file", "cni"] {
             assert!(!check.iter().any(|f| f == flag), "check lists --{flag}");
         }
-        // --drift reads the claims as status does (issue 20).
+        // --drift reads the claims as status does.
         for flag in [
             "tls-server-name",
             "kubeconfig",

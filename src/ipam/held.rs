@@ -148,7 +148,51 @@ fn name_recurs(pod: &PodRef) -> bool {
 /// token), keyed by a hash of it: B-tree keys that compare in one instruction. Readers check
 /// each claim's own field, so two keys that share a hash cost a filter, never a wrong answer.
 #[derive(Default)]
-pub(super) struct ByKey(BTreeMap<u64, Vec<IpAddr>>);
+pub(super) struct ByKey(BTreeMap<u64, Ips>);
+
+/// The IPs under one key, in the order they were indexed. Almost every key has one IP (a
+/// dual-stack pod two), kept inline: a `Vec` per key was a heap allocation of about 80 bytes
+/// for every claim, twice (request and token). A boxed slice, not a `Vec`, keeps the enum at
+/// 24 bytes, the size of the `Vec` it replaces in the B-tree's nodes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Ips {
+    One(IpAddr),
+    Many(Box<[IpAddr]>),
+}
+
+impl Ips {
+    fn push(&mut self, ip: IpAddr) {
+        let mut ips = self.as_slice().to_vec();
+        ips.push(ip);
+        *self = Ips::Many(ips.into_boxed_slice());
+    }
+
+    /// Drop `ip`; `false` when nothing is left.
+    fn remove(&mut self, ip: IpAddr) -> bool {
+        if !self.as_slice().contains(&ip) {
+            return true;
+        }
+        let left: Vec<IpAddr> = self
+            .as_slice()
+            .iter()
+            .copied()
+            .filter(|held| *held != ip)
+            .collect();
+        *self = match left.as_slice() {
+            [] => return false,
+            [one] => Ips::One(*one),
+            _ => Ips::Many(left.into_boxed_slice()),
+        };
+        true
+    }
+
+    pub(super) fn as_slice(&self) -> &[IpAddr] {
+        match self {
+            Ips::One(ip) => std::slice::from_ref(ip),
+            Ips::Many(ips) => ips,
+        }
+    }
+}
 
 impl ByKey {
     fn key(key: &str) -> u64 {
@@ -157,16 +201,20 @@ impl ByKey {
     }
 
     fn add(&mut self, key: &str, ip: IpAddr) {
-        self.0.entry(Self::key(key)).or_default().push(ip);
+        match self.0.entry(Self::key(key)) {
+            std::collections::btree_map::Entry::Vacant(entry) => {
+                entry.insert(Ips::One(ip));
+            }
+            std::collections::btree_map::Entry::Occupied(mut entry) => entry.get_mut().push(ip),
+        }
     }
 
     fn remove(&mut self, key: &str, ip: IpAddr) {
         let key = Self::key(key);
-        if let Some(ips) = self.0.get_mut(&key) {
-            ips.retain(|held| *held != ip);
-            if ips.is_empty() {
-                self.0.remove(&key);
-            }
+        if let Some(ips) = self.0.get_mut(&key)
+            && !ips.remove(ip)
+        {
+            self.0.remove(&key);
         }
     }
 
@@ -178,7 +226,8 @@ impl ByKey {
         owns: impl Fn(&Claim) -> bool,
     ) -> Vec<&'a Claim> {
         self.0.get(&Self::key(key)).map_or_else(Vec::new, |ips| {
-            ips.iter()
+            ips.as_slice()
+                .iter()
                 .filter_map(|ip| claims.get(ip).map(|claim| &**claim))
                 .filter(|claim| owns(claim))
                 .collect()
@@ -523,10 +572,10 @@ mod tests {
         .collect();
         let mut by_request = ByRequest::default();
         // a forced collision: every IP filed under uid-a's key
-        by_request
-            .0
-            .0
-            .insert(ByKey::key("uid-a"), claims.keys().copied().collect());
+        by_request.0.0.insert(
+            ByKey::key("uid-a"),
+            Ips::Many(claims.keys().copied().collect()),
+        );
         let ips = |by_request: &ByRequest, uid| -> Vec<String> {
             by_request
                 .claims(uid, &claims)
@@ -541,5 +590,32 @@ mod tests {
         assert!(ips(&by_request, "uid-b").is_empty());
         by_request.add("uid-b", "10.0.0.2".parse().unwrap());
         assert_eq!(ips(&by_request, "uid-b"), ["10.0.0.2"]);
+    }
+
+    #[test]
+    fn a_key_keeps_its_ips_in_order_and_one_ip_inline() {
+        let v6: IpAddr = "fd00::1".parse().unwrap();
+        let v4: IpAddr = "10.0.0.1".parse().unwrap();
+        let mut by_key = ByKey::default();
+        by_key.add("pod", v6);
+        assert_eq!(by_key.0.get(&ByKey::key("pod")), Some(&Ips::One(v6)));
+        by_key.add("pod", v4);
+        assert_eq!(
+            by_key.0[&ByKey::key("pod")].as_slice(),
+            [v6, v4],
+            "in the order indexed, not the order of the addresses"
+        );
+        by_key.remove("pod", v6);
+        assert_eq!(by_key.0.get(&ByKey::key("pod")), Some(&Ips::One(v4)));
+        by_key.remove("pod", v6);
+        assert_eq!(
+            by_key.0.len(),
+            1,
+            "removing an IP the key lacks changes nothing"
+        );
+        by_key.remove("pod", v4);
+        assert!(by_key.0.is_empty(), "a key with no IP left is dropped");
+        // an enum no larger than the Vec it replaces, so the B-tree's nodes do not grow
+        assert!(std::mem::size_of::<Ips>() <= std::mem::size_of::<Vec<IpAddr>>());
     }
 }

@@ -276,7 +276,11 @@ pub fn listable_state_dir(dir: &Path) -> Result<bool, OpenError> {
         )));
     }
     // Owner and mode: what a permission error is about.
-    let about = format!(" (owner uid {}, mode {:04o})", meta.uid(), meta.mode() & 0o7777);
+    let about = format!(
+        " (owner uid {}, mode {:04o})",
+        meta.uid(),
+        meta.mode() & 0o7777
+    );
     std::fs::read_dir(dir)
         .and_then(|mut entries| entries.next().transpose())
         .map_err(|e| unreadable(e, about))?;

@@ -2,7 +2,7 @@
 //! records of `length (u32 LE) | CRC-32C of the payload (u32 LE) | payload`, one claim each.
 //!
 //! The magic says how payloads are encoded:
-//! - `IPWJRNL2`, written since issue 18 round 4: a compact binary claim ([`encode_claim`]),
+//! - `IPWJRNL2`, the format written: a compact binary claim ([`encode_claim`]),
 //!   about half the bytes of the JSON one and several times cheaper to write and read.
 //! - `IPWJRNL1`: the claim as JSON. Still read; never written again. The journal stops
 //!   appending to a file of this format when it opens (the appends go to a new journal), and
@@ -54,7 +54,7 @@ pub(super) struct Parsed {
     /// next record goes here.
     pub(super) good: u64,
     /// Whether bytes other than zeros follow the last valid record. A journal's zeros are room
-    /// made for records to come (`journal.rs`, `PREALLOCATE`); anything else, with no valid
+    /// made for records to come (`journal.rs`, `GROW_STEP`); anything else, with no valid
     /// record after it, is the write a crash cut short (never answered: a commit answers only
     /// after its `fdatasync`).
     pub(super) torn: bool,

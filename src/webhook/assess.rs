@@ -77,6 +77,10 @@ pub struct Answer {
     pub app: Option<String>,
     /// The IPs the decision concerns (granted, or carried by the pod validated).
     pub ips: Vec<IpAddr>,
+    /// The decision recorded new claims (an allocation or static IPs, not a dry run or a
+    /// retried request): its line is logged at INFO, as a denial's is; other allowed
+    /// decisions at DEBUG.
+    pub granted: bool,
 }
 
 impl From<Response> for Answer {
@@ -85,6 +89,7 @@ impl From<Response> for Answer {
             response,
             app: None,
             ips: Vec::new(),
+            granted: false,
         }
     }
 }

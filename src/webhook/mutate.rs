@@ -29,6 +29,8 @@ pub enum PodDecision {
         app: String,
         allocation: Allocation,
         patch: Vec<u8>,
+        /// New claims were recorded (not a dry run, not a retried request's own claim).
+        recorded: bool,
     },
     Denied {
         app: Option<String>,
@@ -58,12 +60,18 @@ impl PodDecision {
     fn respond(self, response: Response) -> Answer {
         let app = self.app().map(str::to_string);
         let ips = self.ips().to_vec();
+        let granted = matches!(self, PodDecision::Granted { recorded: true, .. });
         let response = match self {
             PodDecision::Granted { patch, .. } => response.with_patch(patch),
             PodDecision::Denied { denial, .. } => response.deny(denial.to_string()),
             PodDecision::Unrelated | PodDecision::AlreadyHeld(_) => response,
         };
-        Answer { response, app, ips }
+        Answer {
+            response,
+            app,
+            ips,
+            granted,
+        }
     }
 }
 
@@ -188,7 +196,7 @@ pub async fn decide_create(
             } else {
                 AllocationOutcome::static_recorded
             };
-            webhook.metrics.allocation(outcome);
+            webhook.metrics.allocation(outcome.clone());
             tracing::debug!(pod = %ask.view.display(), reasons = ?allocation.reasons, "allocated");
             webhook.events.assigned(&Assigned {
                 request_uid: incoming.uid(),
@@ -203,6 +211,10 @@ pub async fn decide_create(
                 app: app_key,
                 allocation,
                 patch,
+                recorded: matches!(
+                    outcome,
+                    AllocationOutcome::allocated | AllocationOutcome::static_recorded
+                ),
             })
         }
         Err(error) => {

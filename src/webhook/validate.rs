@@ -162,17 +162,20 @@ async fn validate_pod(
                 old.metadata.annotations.as_ref(),
             ),
             response,
+            granted: false,
         });
     }
     let mut answer = Answer {
         app: view.app.is_some().then(|| view.app_key()),
         ips: Vec::new(),
         response,
+        granted: false,
     };
     match assess(webhook, view) {
         Ok(ask) => {
             answer.ips = ask.carried.clone();
-            answer.response = pod_verdict(webhook, incoming, ask, answer.response).await;
+            answer.response =
+                pod_verdict(webhook, incoming, ask, answer.response, &mut answer.granted).await;
         }
         Err(denial) => answer.response = answer.response.deny(denial.to_string()),
     }
@@ -231,12 +234,14 @@ fn update_refusal(view: &PodView<'_>, old: &Meta, new: &Meta) -> Option<String> 
 }
 
 /// The answer for an assessed pod: warnings, conflicts with other pods' claims, and (CREATE,
-/// not dry run) the claims recorded or bound for it.
+/// not dry run) the claims recorded or bound for it; `granted` is set when claims were
+/// recorded.
 async fn pod_verdict(
     webhook: &Webhook,
     incoming: &Incoming<'_>,
     ask: PodAsk<'_>,
     response: Response,
+    granted: &mut bool,
 ) -> Response {
     let mut response = response;
     for warning in &ask.warnings {
@@ -302,6 +307,7 @@ async fn pod_verdict(
         if let Err(error) = webhook.allocator.claim_static(&unrecorded, &request).await {
             return response.deny(Denial::from(error).to_string());
         }
+        *granted = true;
         let recorded = PodIdentity {
             token: Some(&token),
             ..identity

@@ -9,6 +9,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread;
+use std::time::Instant;
 
 mod room;
 
@@ -32,19 +33,28 @@ const COMPACT_MIN_BYTES: u64 = 16 << 10;
 /// A journal grows by this many zero bytes at a time, written and synced before any record
 /// goes there. A commit then overwrites bytes the file already has: its `fdatasync` writes the
 /// data and flushes the disk, and the file system's own journal has no new size or extent to
-/// commit (PostgreSQL pre-zeroes its WAL segments for the same reason). Measured in issue 18
-/// round 6: about a quarter less CPU per commit on this kind of disk.
+/// commit (PostgreSQL pre-zeroes its WAL segments for the same reason): about a quarter less
+/// CPU per commit on the benchmark's disk (docs/performance.md).
+///
+/// One step is one write and one `fdatasync`, made by the writer between two batches: the
+/// next batch waits for it, so a step costs about one small commit. A step much larger (1 MiB:
+/// 16 writes and a sync of the whole MiB) would be one long pause of the writer every ~9,000
+/// claims, holding every admission that waits for the next batch; in 64 KiB steps the same
+/// zeros are made one step after each of a few batches.
 #[cfg(not(test))]
-pub(super) const PREALLOCATE: u64 = 1 << 20;
+pub(super) const GROW_STEP: u64 = 64 << 10;
 #[cfg(test)]
-pub(super) const PREALLOCATE: u64 = 4 << 10;
+pub(super) const GROW_STEP: u64 = 1 << 10;
 
-/// When less room than this is left after a commit, the writer grows the journal to the next
-/// [`PREALLOCATE`] boundary past it once the batch has its answers ([`Journal::grow_ahead`]),
-/// so that no commit waits for the zeros and their `fdatasync` (issue 18 round 7: before, the
-/// batch that found the room full paid 1 MiB of zeros and a second sync, about 6 ms on the
-/// benchmark's VM).
-pub(super) const ROOM_LOW: u64 = PREALLOCATE / 4;
+/// When less room than this is left after a commit, the writer grows the journal, by whole
+/// [`GROW_STEP`]s, until at least this much is left, once the batch has its answers
+/// ([`Journal::grow_ahead`]), so that no commit waits for the zeros and their `fdatasync` (a
+/// batch that found the room full would pay the zeros and a second sync). A batch uses much
+/// less than a step, so each growth is one step.
+#[cfg(not(test))]
+pub(super) const ROOM_LOW: u64 = 256 << 10;
+#[cfg(test)]
+pub(super) const ROOM_LOW: u64 = 4 << 10;
 
 /// The zeros a journal grows by, written this many at a time. A static (read-only, never
 /// touched) source: a fresh zeroed buffer per growth made the writer fault in and clear a
@@ -427,14 +437,24 @@ impl Journal {
                 return Err(refused);
             }
         }
-        if let Err(e) = self
-            .file
-            .write_all_at(&self.buf, self.end)
-            .and_then(|()| self.file.sync_data())
-        {
+        let started = Instant::now();
+        let mut wrote = started;
+        if let Err(e) = self.file.write_all_at(&self.buf, self.end).and_then(|()| {
+            wrote = Instant::now();
+            self.file.sync_data()
+        }) {
             tracing::error!(error = %e, "a journal write failed; no record is written until its bytes are known again");
             self.poisoned = Some((Stalled::new(&e), self.end + len));
             return Err(self.io_error("journal write", &e));
+        }
+        let synced = Instant::now();
+        if synced.duration_since(started) >= super::SLOW {
+            tracing::warn!(
+                bytes = len,
+                write_us = wrote.duration_since(started).as_micros() as u64,
+                sync_us = synced.duration_since(wrote).as_micros() as u64,
+                "slow journal commit: the write and fdatasync of one batch"
+            );
         }
         self.refusing = None;
         self.end += len;

@@ -20,10 +20,10 @@
 //!   records (`journal.<generation>`; the format is in [`super::record`]), one `write` and one
 //!   `fdatasync` per batch, the claims held in memory. The records go into zeros the journal
 //!   wrote and synced ahead of them, so a commit never grows the file and its `fdatasync` has
-//!   no size to record (issue 18 round 6). The writer makes that room between batches, after
-//!   one has its answers and once less than 256 KiB is left, up to the next MiB (round 7: no
-//!   batch waits for it). When the journals outgrow twice the
-//!   live records a background thread writes a `snapshot.<generation>` of every claim (temp
+//!   no size to record. The writer makes that room between batches, after one has its
+//!   answers and once less than 256 KiB is left, one 64 KiB step at a time (no batch waits for
+//!   it, and none waits behind more than one step). When the journals outgrow twice the live
+//!   records a background thread writes a `snapshot.<generation>` of every claim (temp
 //!   file, fsync, rename, directory fsync) and deletes the journals it covers. On open: the
 //!   newest snapshot, then the journals after it; zeros after the last record are room; a torn
 //!   record at the end of the last journal with no valid record after it (a crash mid-write,
@@ -35,29 +35,31 @@
 //!   what ip-webhook used before. A state dir holding only `ledger.redb` is migrated to the
 //!   journal on first open (the file is kept as `ledger.redb.migrated`).
 
-use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Instant;
 
 use async_trait::async_trait;
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use redb::Database;
 use tokio::sync::oneshot;
 
-use super::claim::{CreateRule, create_rule, may_step, released, same_grant};
-use super::{Claim, CreateOutcome, Ledger, LedgerError, unix_now};
+use super::{Claim, CreateOutcome, Ledger, LedgerError};
 
+mod counters;
 mod journal;
 mod marker;
 mod redb_store;
 pub mod repair;
+mod writer;
 
+pub use counters::{CommitCounters, StageLabels};
+pub use writer::writer_batch_policy;
+
+use counters::Stage;
 use journal::{Journal, generations};
+use writer::{
+    Answer, Backend, Inbox, Msg, Records, Reply, Request, SLOW, Seal, apply, writer_loop,
+};
 
 const REDB_FILE: &str = "ledger.redb";
 const LOCK_FILE: &str = "ledger.lock";
@@ -70,210 +72,9 @@ pub enum Store {
     /// Append-only checksummed journal plus snapshots (the default).
     #[default]
     Journal,
-    /// One redb file, as before issue 18 (kept for comparison and migration).
+    /// One redb file: the store a state dir is migrated from, and the comparison
+    /// `scripts/bench-load.sh` measures the journal against.
     Redb,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct StageLabels {
-    /// `queue` (request sent to the writer until its batch starts), `commit` (batch start until
-    /// durable), `wakeup` (answer sent until the request task runs again).
-    pub stage: &'static str,
-}
-
-/// Counters and histograms the writer updates; the metrics registry holds clones of them.
-#[derive(Clone, Debug)]
-pub struct CommitCounters {
-    /// Commits that wrote something (one `fdatasync` each).
-    pub commits: Counter,
-    /// Claim writes made durable.
-    pub writes: Counter,
-    /// Time of each commit that wrote something (apply, write, fsync).
-    pub commit_seconds: Histogram,
-    /// Requests per batch the writer took.
-    pub batch_size: Histogram,
-    /// Time of each stage of a durable request.
-    pub stage_seconds: Family<StageLabels, Histogram>,
-    /// 1 while the journal cannot grow its room for lack of space (its disk is full).
-    pub disk_full: prometheus_client::metrics::gauge::Gauge,
-    /// `stage_seconds`' three series, looked up once: an observation then takes neither the
-    /// family's lock nor a hash of its labels.
-    stages: [Histogram; 3],
-}
-
-/// The stages of a durable request, as `stage_seconds` labels them.
-#[derive(Clone, Copy)]
-enum Stage {
-    Queue,
-    Commit,
-    Wakeup,
-}
-
-impl Stage {
-    const ALL: [Stage; 3] = [Stage::Queue, Stage::Commit, Stage::Wakeup];
-
-    fn label(self) -> &'static str {
-        match self {
-            Stage::Queue => "queue",
-            Stage::Commit => "commit",
-            Stage::Wakeup => "wakeup",
-        }
-    }
-}
-
-fn seconds_buckets() -> impl Iterator<Item = f64> {
-    // 10 µs .. ~10 s
-    exponential_buckets(0.00001, 2.0, 21)
-}
-
-impl Default for CommitCounters {
-    fn default() -> Self {
-        let stage_seconds = Family::<StageLabels, Histogram>::new_with_constructor(|| {
-            Histogram::new(seconds_buckets())
-        });
-        // a clone shares the series it was cloned from
-        let stages = Stage::ALL.map(|stage| {
-            let labels = StageLabels {
-                stage: stage.label(),
-            };
-            stage_seconds.get_or_create(&labels).clone()
-        });
-        CommitCounters {
-            commits: Counter::default(),
-            writes: Counter::default(),
-            commit_seconds: Histogram::new(seconds_buckets()),
-            batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 13)),
-            stage_seconds,
-            disk_full: Default::default(),
-            stages,
-        }
-    }
-}
-
-impl CommitCounters {
-    fn stage(&self, stage: Stage, seconds: f64) {
-        self.stages[stage as usize].observe(seconds);
-    }
-}
-
-/// The answer to one request, and when the writer sent it (for the `wakeup` stage).
-type Answer<T> = oneshot::Sender<(Result<T, LedgerError>, Instant)>;
-
-enum Request {
-    Create(Arc<Claim>, Answer<CreateOutcome>),
-    Release(Box<Claim>, Answer<bool>),
-    /// `(current, next)`: a phase change.
-    Transition(Box<(Claim, Claim)>, Answer<bool>),
-}
-
-enum Msg {
-    Op(Request),
-    Load(oneshot::Sender<Result<Vec<Arc<Claim>>, LedgerError>>),
-    /// Whether the store takes commits (and a retry of what stopped it).
-    Ping(oneshot::Sender<Result<(), LedgerError>>),
-}
-
-impl Request {
-    /// Answer with `error`, unapplied.
-    fn refuse(self, error: LedgerError, answered: Instant) {
-        match self {
-            Request::Create(_, tx) => drop(tx.send((Err(error), answered))),
-            Request::Release(_, tx) | Request::Transition(_, tx) => {
-                drop(tx.send((Err(error), answered)))
-            }
-        }
-    }
-}
-
-/// Where requests wait for the writer: one batch at a time.
-struct Inbox {
-    state: Mutex<InboxState>,
-    /// The writer waits here for a sealed batch (or the close).
-    ready: Condvar,
-}
-
-struct InboxState {
-    /// The batch being formed, in arrival order, with when each request arrived.
-    batch: Vec<(Msg, Instant)>,
-    /// The batch's first request has let the runtime run what it had ready: the writer may
-    /// take it. Requests still join a sealed batch until the writer takes it.
-    sealed: bool,
-    /// The writer is waiting on `ready` (only then does sealing wake it).
-    idle: bool,
-    /// No more requests: the writer commits what it holds and ends.
-    closed: bool,
-}
-
-impl Inbox {
-    fn new() -> Inbox {
-        Inbox {
-            state: Mutex::new(InboxState {
-                batch: Vec::with_capacity(64),
-                sealed: false,
-                idle: false,
-                closed: false,
-            }),
-            ready: Condvar::new(),
-        }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, InboxState> {
-        // the state stays consistent across a panic (plain fields, set in one step)
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Queue `msg`; returns whether it opened the batch (then the caller must seal it).
-    fn push(&self, msg: Msg) -> Result<bool, LedgerError> {
-        let mut state = self.lock();
-        if state.closed {
-            return Err(LedgerError::Closed);
-        }
-        let opened = state.batch.is_empty();
-        state.batch.push((msg, Instant::now()));
-        Ok(opened)
-    }
-
-    /// The batch is complete: let the writer take it (waking it if it waits).
-    fn seal(&self) {
-        let mut state = self.lock();
-        if state.batch.is_empty() || state.sealed {
-            return;
-        }
-        state.sealed = true;
-        let wake = state.idle;
-        drop(state);
-        if wake {
-            self.ready.notify_one();
-        }
-    }
-
-    fn close(&self) {
-        self.lock().closed = true;
-        self.ready.notify_one();
-    }
-
-    /// Wait for a sealed batch and swap it for `spare` (an empty vector whose allocation is
-    /// reused). Returns `false` once the inbox is closed and empty.
-    fn take(&self, spare: &mut Vec<(Msg, Instant)>) -> bool {
-        let mut state = self.lock();
-        while !state.sealed && !state.closed {
-            state.idle = true;
-            state = self.ready.wait(state).unwrap_or_else(|p| p.into_inner());
-            state.idle = false;
-        }
-        state.sealed = false;
-        std::mem::swap(&mut state.batch, spare);
-        !(spare.is_empty() && state.closed)
-    }
-}
-
-/// Seals the batch its request opened, also when that request is dropped before it could.
-struct Seal<'a>(&'a Inbox);
-
-impl Drop for Seal<'_> {
-    fn drop(&mut self) {
-        self.0.seal();
-    }
 }
 
 pub struct EmbeddedLedger {
@@ -373,235 +174,36 @@ impl EmbeddedLedger {
         Ok(())
     }
 
-    async fn ask<T>(&self, request: impl FnOnce(Answer<T>) -> Request) -> Result<T, LedgerError> {
+    /// Send `request` (for admission request `uid`) and wait for its answer.
+    async fn ask<T>(
+        &self,
+        uid: &str,
+        request: impl FnOnce(Answer<T>) -> Request,
+    ) -> Result<T, LedgerError> {
         let (tx, rx) = oneshot::channel();
+        let asked = Instant::now();
         self.send(Msg::Op(request(tx))).await?;
-        let (result, answered) = rx
+        let (result, times) = rx
             .await
             .map_err(|_| LedgerError::Storage("ledger commit aborted".into()))?;
-        self.counters
-            .stage(Stage::Wakeup, answered.elapsed().as_secs_f64());
+        let woken = Instant::now();
+        self.counters.stage(
+            Stage::Wakeup,
+            woken.duration_since(times.answered).as_secs_f64(),
+        );
+        if woken.duration_since(asked) >= SLOW {
+            let us =
+                |from: Instant, to: Instant| to.saturating_duration_since(from).as_micros() as u64;
+            tracing::warn!(
+                request_uid = uid,
+                total_us = us(asked, woken),
+                queue_us = us(asked, times.taken),
+                commit_us = us(times.taken, times.answered),
+                wakeup_us = us(times.answered, woken),
+                "slow ledger answer"
+            );
+        }
         result
-    }
-}
-
-enum Backend {
-    Redb(Database),
-    Journal(Box<Journal>),
-}
-
-/// Run the calling thread (the writer) as `SCHED_BATCH`: the same share of the CPU, but its
-/// wake-up, when a batch is sealed or its `fdatasync` returns, does not preempt the thread
-/// that runs requests on the same core. Those requests are filling the next batch; preempted,
-/// they paid two context switches per commit and made batches half the size (issue 18 round
-/// 6). With a core to itself the writer runs at once either way. Any thread may choose this
-/// policy, so it needs no privilege; the thread's niceness is set to 0.
-#[cfg(target_os = "linux")]
-pub fn writer_batch_policy() -> Result<(), String> {
-    use thread_priority::unix::{
-        NormalThreadSchedulePolicy, ThreadSchedulePolicy, set_thread_priority_and_policy,
-        thread_native_id,
-    };
-    // The crate maps 0..=99 onto niceness 19..=-20; 47 is 0 (a unit test checks).
-    let nice_zero = thread_priority::ThreadPriority::Crossplatform(47u8.try_into()?);
-    set_thread_priority_and_policy(
-        thread_native_id(),
-        nice_zero,
-        ThreadSchedulePolicy::Normal(NormalThreadSchedulePolicy::Batch),
-    )
-    .map_err(|error| format!("{error:?}"))
-}
-
-#[cfg(not(target_os = "linux"))]
-pub fn writer_batch_policy() -> Result<(), String> {
-    Err("SCHED_BATCH is Linux's".into())
-}
-
-fn writer_loop(mut backend: Backend, inbox: &Inbox, counters: CommitCounters) {
-    let mut taken = Vec::with_capacity(64);
-    let mut requests = Vec::with_capacity(64);
-    backend.grow_ahead();
-    while inbox.take(&mut taken) {
-        let started = Instant::now();
-        counters.batch_size.observe(taken.len() as f64);
-        for (msg, queued) in taken.drain(..) {
-            counters.stage(Stage::Queue, started.duration_since(queued).as_secs_f64());
-            match msg {
-                Msg::Op(request) => requests.push(request),
-                Msg::Load(reply) => {
-                    // the writes queued before it are committed first: a load sees them
-                    if !requests.is_empty() {
-                        commit_batch(&mut backend, &mut requests, &counters, Instant::now());
-                    }
-                    drop(reply.send(backend.load()));
-                }
-                Msg::Ping(reply) => {
-                    if !requests.is_empty() {
-                        commit_batch(&mut backend, &mut requests, &counters, Instant::now());
-                    }
-                    drop(reply.send(backend.ping()));
-                }
-            }
-        }
-        if !requests.is_empty() {
-            commit_batch(&mut backend, &mut requests, &counters, started);
-        }
-        // the batch has its answers: room for the next ones is made now, not in their commit
-        backend.grow_ahead();
-    }
-    if let Backend::Journal(journal) = &mut backend {
-        journal.finish_compaction();
-    }
-}
-
-enum Reply {
-    Create(Answer<CreateOutcome>, CreateOutcome),
-    Changed(Answer<bool>, bool),
-}
-
-/// Where the claim rules read and write during one batch.
-trait Records {
-    fn read(&mut self, ip: IpAddr) -> Result<Option<Arc<Claim>>, LedgerError>;
-    fn write(&mut self, claim: Arc<Claim>) -> Result<(), LedgerError>;
-}
-
-/// Apply the claim rules to every request of the batch; returns the answers and the count of
-/// writes.
-fn apply(
-    records: &mut impl Records,
-    batch: &mut Vec<Request>,
-    replies: &mut Vec<Reply>,
-) -> Result<u64, LedgerError> {
-    let mut writes = 0u64;
-    // on an error the requests not reached are dropped with the drain: their waiters see
-    // their answer channel close
-    for request in batch.drain(..) {
-        match request {
-            Request::Create(claim, reply) => {
-                let existing = records.read(claim.ip)?;
-                let outcome = match create_rule(existing.as_deref(), &claim) {
-                    CreateRule::Write => {
-                        records.write(claim)?;
-                        writes += 1;
-                        CreateOutcome::Created
-                    }
-                    CreateRule::Existing => CreateOutcome::for_existing(
-                        Arc::unwrap_or_clone(existing.expect("a rule about an existing record")),
-                        &claim,
-                    ),
-                    CreateRule::Held => CreateOutcome::AlreadyHeld(Box::new(Arc::unwrap_or_clone(
-                        existing.expect("a rule about an existing record"),
-                    ))),
-                };
-                replies.push(Reply::Create(reply, outcome));
-            }
-            Request::Release(claim, reply) => {
-                let changed = match records.read(claim.ip)? {
-                    Some(held) if held.is_held() && same_grant(&held, &claim) => {
-                        records.write(Arc::new(released(&held, unix_now())))?;
-                        writes += 1;
-                        true
-                    }
-                    _ => false,
-                };
-                replies.push(Reply::Changed(reply, changed));
-            }
-            Request::Transition(pair, reply) => {
-                let (current, next) = *pair;
-                let changed = match records.read(next.ip)? {
-                    Some(record) if may_step(&record, &current, &next) => {
-                        records.write(Arc::new(next))?;
-                        writes += 1;
-                        true
-                    }
-                    _ => false,
-                };
-                replies.push(Reply::Changed(reply, changed));
-            }
-        }
-    }
-    Ok(writes)
-}
-
-fn commit_batch(
-    backend: &mut Backend,
-    batch: &mut Vec<Request>,
-    counters: &CommitCounters,
-    started: Instant,
-) {
-    let mut replies = Vec::with_capacity(batch.len());
-    let result = match backend {
-        Backend::Redb(db) => redb_store::commit(db, batch, &mut replies),
-        Backend::Journal(journal) => journal.commit(batch, &mut replies),
-    };
-    match result {
-        Ok(writes) => {
-            if writes > 0 {
-                counters.commits.inc();
-                counters.writes.inc_by(writes);
-                let seconds = started.elapsed().as_secs_f64();
-                counters.commit_seconds.observe(seconds);
-                counters.stage(Stage::Commit, seconds);
-            }
-            let answered = Instant::now();
-            for reply in replies {
-                match reply {
-                    Reply::Create(tx, outcome) => drop(tx.send((Ok(outcome), answered))),
-                    Reply::Changed(tx, changed) => drop(tx.send((Ok(changed), answered))),
-                }
-            }
-        }
-        Err(error) => {
-            // Nothing of this batch is durable: every waiter hears the error; requests not
-            // yet reached in the batch were dropped, and their waiters see the channel close.
-            let message = error.to_string();
-            let again = |error: &LedgerError| match error {
-                LedgerError::DiskFull { dir, error } => LedgerError::DiskFull {
-                    dir: dir.clone(),
-                    error: error.clone(),
-                },
-                _ => LedgerError::Storage(message.clone()),
-            };
-            if matches!(error, LedgerError::DiskFull { .. }) {
-                // said once by the journal (WARN), and on /readyz
-                tracing::debug!(%message, "ledger commit refused");
-            } else {
-                tracing::error!(%message, "ledger commit failed");
-            }
-            let answered = Instant::now();
-            for reply in replies {
-                match reply {
-                    Reply::Create(tx, _) => drop(tx.send((Err(again(&error)), answered))),
-                    Reply::Changed(tx, _) => drop(tx.send((Err(again(&error)), answered))),
-                }
-            }
-            // refused before the claim rules ran: every request of the batch hears it too
-            for request in batch.drain(..) {
-                request.refuse(again(&error), answered);
-            }
-        }
-    }
-}
-
-impl Backend {
-    fn grow_ahead(&mut self) {
-        if let Backend::Journal(journal) = self {
-            journal.grow_ahead();
-        }
-    }
-
-    fn ping(&mut self) -> Result<(), LedgerError> {
-        match self {
-            Backend::Redb(_) => Ok(()),
-            Backend::Journal(journal) => journal.ping(),
-        }
-    }
-
-    fn load(&self) -> Result<Vec<Arc<Claim>>, LedgerError> {
-        match self {
-            Backend::Redb(db) => Ok(redb_store::load(db)?.into_iter().map(Arc::new).collect()),
-            Backend::Journal(journal) => Ok(journal.load()),
-        }
     }
 }
 
@@ -653,17 +255,22 @@ impl Ledger for EmbeddedLedger {
     }
 
     async fn create(&self, claim: Arc<Claim>) -> Result<CreateOutcome, LedgerError> {
-        self.ask(|tx| Request::Create(claim, tx)).await
+        let uid = claim.request_uid.clone();
+        self.ask(&uid, |tx| Request::Create(claim, tx)).await
     }
 
     async fn release(&self, claim: &Claim) -> Result<bool, LedgerError> {
-        self.ask(|tx| Request::Release(Box::new(claim.clone()), tx))
-            .await
+        self.ask(&claim.request_uid, |tx| {
+            Request::Release(Box::new(claim.clone()), tx)
+        })
+        .await
     }
 
     async fn transition(&self, current: &Claim, next: &Claim) -> Result<bool, LedgerError> {
-        self.ask(|tx| Request::Transition(Box::new((current.clone(), next.clone())), tx))
-            .await
+        self.ask(&next.request_uid, |tx| {
+            Request::Transition(Box::new((current.clone(), next.clone())), tx)
+        })
+        .await
     }
 
     async fn ping(&self) -> Result<(), LedgerError> {
@@ -815,7 +422,9 @@ mod tests {
         ledger.close().await;
         let reopened: Arc<dyn Ledger> = crate::ledger::timed::TimedLedger::wrap(
             Arc::new(EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap()),
-            Family::new_with_constructor(|| Histogram::new(seconds_buckets())),
+            prometheus_client::metrics::family::Family::new_with_constructor(|| {
+                prometheus_client::metrics::histogram::Histogram::new(counters::seconds_buckets())
+            }),
         );
         let first = reopened.load_shared().await.unwrap();
         let again = reopened.load_shared().await.unwrap();
@@ -858,12 +467,11 @@ mod tests {
         );
     }
 
-    /// The cause issue 18 found: a batch used to be whatever had reached the writer when it
-    /// woke, so admissions that cost more CPU than a commit (a debug build, a slow core) each
-    /// found the writer idle and got a commit of their own, unless each ledger call ran on a
-    /// task of its own. Now the request that opens a batch yields once before sealing it:
-    /// every admission the runtime has ready joins it, each still busy for longer than a
-    /// commit takes, with no task per request.
+    /// A batch is not whatever has reached the writer when it wakes: admissions that cost
+    /// more CPU than a commit (a debug build, a slow core) would each find the writer idle and
+    /// get a commit of their own. The request that opens a batch yields once before sealing
+    /// it, so every admission the runtime has ready joins it, each still busy for longer than
+    /// a commit takes, with no task per request.
     #[tokio::test(flavor = "current_thread")]
     async fn admissions_slower_than_a_commit_still_share_one() {
         let dir = tempfile::tempdir().unwrap();
@@ -1096,7 +704,7 @@ mod tests {
         let len = std::fs::metadata(&path).unwrap().len();
         assert_eq!(
             len,
-            journal::PREALLOCATE,
+            (MAGIC.len() as u64 + journal::ROOM_LOW).next_multiple_of(journal::GROW_STEP),
             "room made ahead of the first record"
         );
         assert!(first.good < len && !first.torn);
@@ -1112,7 +720,7 @@ mod tests {
 
         // more records than one step of room holds
         let per_record = second.good - first.good;
-        let more = journal::PREALLOCATE / per_record + 5;
+        let more = journal::ROOM_LOW / per_record + 5;
         let claims: Vec<Claim> = (0..more)
             .map(|i| {
                 claim(
@@ -1128,9 +736,9 @@ mod tests {
         assert!(!grown.torn);
         assert_eq!(grown.claims.len() as u64, 2 + more);
         let len = std::fs::metadata(&path).unwrap().len();
-        assert_eq!(len % journal::PREALLOCATE, 0, "room grows in whole steps");
+        assert_eq!(len % journal::GROW_STEP, 0, "room grows in whole steps");
         assert!(
-            (grown.good + journal::ROOM_LOW..grown.good + journal::ROOM_LOW + journal::PREALLOCATE)
+            (grown.good + journal::ROOM_LOW..grown.good + journal::ROOM_LOW + journal::GROW_STEP)
                 .contains(&len),
             "room made ahead of the next commit: {len} bytes for records up to {}",
             grown.good
@@ -1272,7 +880,8 @@ mod tests {
     fn a_full_disk_refuses_only_what_does_not_fit_and_resumes_when_space_returns() {
         let dir = tempfile::tempdir().unwrap();
         let mut journal = Journal::open(dir.path()).unwrap();
-        journal.space = Some(journal::PREALLOCATE);
+        let space = journal::ROOM_LOW + journal::GROW_STEP;
+        journal.space = Some(space);
         journal.grow_ahead();
         let commit = |journal: &mut Journal, i: u32| {
             let (tx, _rx) = oneshot::channel();
@@ -1291,7 +900,7 @@ mod tests {
         };
         assert_eq!(journal.disk_full.get(), 1);
         assert!(
-            acknowledged as u64 > (journal::PREALLOCATE - journal::ROOM_LOW) / 100,
+            acknowledged as u64 > (space - journal::ROOM_LOW) / 100,
             "commits stopped with room left: {acknowledged}"
         );
         let message = refusal.to_string();
@@ -1323,7 +932,8 @@ mod tests {
 
     /// A commit writes into room made before it: it never grows the file (its `fdatasync` then
     /// has no size to record, and no batch waits for zeros). The writer grows the room after a
-    /// batch has its answers, once less than `ROOM_LOW` is left, to the next step.
+    /// batch has its answers, once less than `ROOM_LOW` is left, by one step: the writer
+    /// never pauses for more than one step's write and sync between two batches.
     #[test]
     fn commits_write_into_room_made_ahead_and_never_grow_the_file() {
         let dir = tempfile::tempdir().unwrap();
@@ -1331,7 +941,11 @@ mod tests {
         let path = journal_path(dir.path());
         let len = || std::fs::metadata(&path).unwrap().len();
         journal.grow_ahead();
-        assert_eq!(len(), journal::PREALLOCATE, "room before the first commit");
+        assert_eq!(
+            len(),
+            (MAGIC.len() as u64 + journal::ROOM_LOW).next_multiple_of(journal::GROW_STEP),
+            "room before the first commit"
+        );
         let (mut grown, mut commits) = (0, 0);
         while grown < 3 {
             let i = commits;
@@ -1349,8 +963,13 @@ mod tests {
             if after != before {
                 grown += 1;
                 assert!(before - good < journal::ROOM_LOW, "grew with room to spare");
+                assert_eq!(
+                    after - before,
+                    journal::GROW_STEP,
+                    "a growth after a batch smaller than a step is one step"
+                );
             }
-            assert_eq!(after % journal::PREALLOCATE, 0);
+            assert_eq!(after % journal::GROW_STEP, 0);
             assert!(
                 after - good >= journal::ROOM_LOW,
                 "room left after commit {i}"

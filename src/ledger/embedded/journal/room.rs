@@ -6,7 +6,7 @@
 use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
-use super::{Journal, PREALLOCATE, ROOM_LOW, ZEROS};
+use super::{GROW_STEP, Journal, ROOM_LOW, ZEROS};
 use crate::ledger::LedgerError;
 
 impl Journal {
@@ -80,7 +80,7 @@ impl Journal {
 
     /// Grow the room until `len` more bytes fit, unless the disk was found full less than a
     /// backoff ago; `Ok` once they fit, also when the disk filled up before the growth reached
-    /// its [`PREALLOCATE`] boundary. Notes a full disk (WARN, gauge) and its end (INFO).
+    /// its [`GROW_STEP`] boundary. Notes a full disk (WARN, gauge) and its end (INFO).
     pub(super) fn try_grow(&mut self, len: u64) -> Result<(), LedgerError> {
         if self.full.as_ref().is_some_and(|full| !full.may_retry()) {
             return Err(self.full_error());
@@ -118,7 +118,7 @@ impl Journal {
         }
     }
 
-    /// Grow the file with synced zeros, up to a [`PREALLOCATE`] boundary, until `len` more
+    /// Grow the file with synced zeros, up to a [`GROW_STEP`] boundary, until `len` more
     /// bytes fit after `end`. A commit calls it only for a batch larger than the room
     /// [`Journal::grow_ahead`] left. When the disk fills up on the way, the zeros written
     /// before are synced and kept as room.
@@ -126,7 +126,7 @@ impl Journal {
         if self.end + len <= self.allocated {
             return Ok(());
         }
-        let target = (self.end + len).next_multiple_of(PREALLOCATE);
+        let target = (self.end + len).next_multiple_of(GROW_STEP);
         let mut at = self.allocated;
         let written = (|| {
             while at < target {
@@ -152,11 +152,19 @@ impl Journal {
     }
 
     /// After a commit has answered: when less than [`ROOM_LOW`] is left, make that much room
-    /// now, while no batch waits on it. A failure (a full disk) leaves the room as it is:
+    /// now, while no batch waits on it: one [`GROW_STEP`] after a batch smaller than a step. A failure (a full disk) leaves the room as it is:
     /// commits go on in it.
     pub(in crate::ledger::embedded) fn grow_ahead(&mut self) {
         if self.poisoned.is_none() && self.end + ROOM_LOW > self.allocated {
+            let (started, from) = (Instant::now(), self.allocated);
             let _ = self.try_grow(ROOM_LOW);
+            if started.elapsed() >= crate::ledger::embedded::SLOW {
+                tracing::warn!(
+                    bytes = self.allocated - from,
+                    took_us = started.elapsed().as_micros() as u64,
+                    "slow journal growth: zeros written and synced ahead of the records"
+                );
+            }
         }
     }
 
