@@ -547,6 +547,22 @@ async fn claim_rules_transcript(ledger: &dyn Ledger) -> Vec<String> {
         ledger.release(&db0_ending).await.unwrap()
     ));
     out.push(format!("record: {}", record(ledger, "10.60.0.2").await));
+    // the recreated db-0's /validate records the IP its /mutate granted: the same token, in
+    // another admission request, with the pod's UID. The grant answers; replacing it (a
+    // delete, then a write) would free the IP to any other create in between.
+    let validated = Claim {
+        request_uid: "req-db0-3-validate".into(),
+        pod: PodRef {
+            uid: Some("uid-d3".into()),
+            ..again.pod.clone()
+        },
+        ..again.clone()
+    };
+    out.push(format!(
+        "db-0's /validate records its IP: {}",
+        outcome(ledger.create(validated.into()).await.unwrap())
+    ));
+    out.push(format!("record: {}", record(ledger, "10.60.0.2").await));
     out
 }
 
@@ -577,6 +593,8 @@ const EXPECTED_TRANSCRIPT: &[&str] = &[
     "db-0 recreated: created",
     "record: Reserved req-db0-3 -",
     "old db-0 released: false",
+    "record: Reserved req-db0-3 -",
+    "db-0's /validate records its IP: existing req-db0-3",
     "record: Reserved req-db0-3 -",
 ];
 

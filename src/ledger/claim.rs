@@ -55,6 +55,13 @@ pub fn same_admission(a: &Claim, b: &Claim) -> bool {
         && a.pod.namespace == b.pod.namespace
 }
 
+/// Whether two records carry one grant's token: the IPs a pod's /mutate was granted, recorded
+/// again by its /validate (another admission request, which may reach a replica whose copy of
+/// the ledger has not shown the grant yet).
+pub fn same_token(a: &Claim, b: &Claim) -> bool {
+    !a.token.is_empty() && a.token == b.token && a.pod.namespace == b.pod.namespace
+}
+
 /// Whether `record` is still the grant `given` was (same admission, same token): the
 /// condition for releasing it or changing its phase.
 pub fn same_grant(record: &Claim, given: &Claim) -> bool {
@@ -94,6 +101,9 @@ pub fn create_rule(existing: Option<&Claim>, new: &Claim) -> CreateRule {
         Some(existing) if existing.is_held() && same_admission(existing, new) => {
             CreateRule::Existing
         }
+        // The pod's own grant: it answers. A takeover would delete it and write anew, and any
+        // other create in between would be given the IP the pod already carries.
+        Some(existing) if existing.is_held() && same_token(existing, new) => CreateRule::Existing,
         Some(existing) if !existing.locks_ip() => CreateRule::Write,
         Some(existing) if may_take_over(existing, new) => CreateRule::Write,
         Some(_) => CreateRule::Held,
@@ -335,6 +345,12 @@ mod tests {
         }
         let running = claim("db-0", Some("u-old"), "t1", Phase::Bound);
         assert_eq!(create_rule(Some(&running), &db0), CreateRule::Held);
+        // /validate recording what /mutate granted (the same token, another request): the
+        // grant answers, a takeover by name would delete it
+        let mut validated = db0.clone();
+        validated.request_uid = "req-validate".into();
+        validated.pod.uid = Some("u-new".into());
+        assert_eq!(create_rule(Some(&db0), &validated), CreateRule::Existing);
         let mut other_app = claim("db-0", None, "t1", Phase::Reserved);
         other_app.app = "cache".into();
         assert_eq!(create_rule(Some(&other_app), &db0), CreateRule::Held);

@@ -223,11 +223,13 @@ pub enum CreateOutcome {
 }
 
 impl CreateOutcome {
-    /// The answer to a create that found the same admission's record: `Created` when it is
-    /// this very claim (the same token: an earlier attempt's answer was lost), else
-    /// `Existing` (another replica recorded the admission first). Every adapter answers so.
+    /// The answer to a create that found the same admission's record or the same grant's:
+    /// `Created` when it is this very claim (the same admission and token: an earlier
+    /// attempt's answer was lost), else `Existing` with the record (another replica recorded
+    /// the admission first, or /mutate granted what /validate records), so that the caller's
+    /// copy holds the record itself. Every adapter answers so.
     pub fn for_existing(existing: Claim, new: &Claim) -> CreateOutcome {
-        if existing.token == new.token {
+        if claim::same_admission(&existing, new) && existing.token == new.token {
             CreateOutcome::Created
         } else {
             CreateOutcome::Existing(Box::new(existing))
