@@ -367,6 +367,118 @@ async fn each_kind_of_drift_is_found_and_exits_3() {
     assert!(table.contains("other/squatter"), "{table}");
 }
 
+/// `release --from-report` reads what `check --drift -o json` wrote: it shows what it would
+/// free (nothing written), frees the claims without a pod with --apply, and never touches a
+/// finding of another kind nor a claim that is gone by then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_from_report_frees_the_claims_without_a_pod() {
+    let fake = FakeApi::start();
+    let client = clean_cluster(&fake).await;
+    bound_claim(&client, "10.0.0.11", "web-gone", "uid-of-a-gone-pod").await;
+    let uid = web_pod(&client, "web-b", "10.0.0.12", &["10.0.0.13"]).await;
+    bound_claim(&client, "10.0.0.12", "web-b", &uid).await;
+    let kubeconfig = fake.kubeconfig().display().to_string();
+    let Ran { code, stdout, .. } = ip_webhook(&[
+        "check",
+        "--drift",
+        "--kubeconfig",
+        &kubeconfig,
+        "-o",
+        "json",
+    ]);
+    assert_eq!(code, Some(3));
+    let dir = tempfile::tempdir().unwrap();
+    let report = dir.path().join("drift.json");
+    std::fs::write(&report, &stdout).unwrap();
+    let report = report.to_str().unwrap();
+    let claims: Api<IPClaim> = Api::all(client.clone());
+
+    let Ran {
+        ok, stdout, stderr, ..
+    } = ip_webhook(&[
+        "release",
+        "--from-report",
+        report,
+        "--kubeconfig",
+        &kubeconfig,
+    ]);
+    assert!(ok, "{stderr}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{stdout}");
+    assert!(
+        lines[0].starts_with(
+            "would release 10.0.0.11 (Bound, held by pod default/web-gone of app default/web"
+        ),
+        "{stdout}"
+    );
+    assert_eq!(
+        lines[1],
+        "would release 1 of 1 claims without a pod; rerun with --apply to release them"
+    );
+    assert!(
+        claims.get_opt("10.0.0.11").await.unwrap().is_some(),
+        "a dry run writes nothing"
+    );
+
+    let Ran {
+        ok, stdout, stderr, ..
+    } = ip_webhook(&[
+        "release",
+        "--from-report",
+        report,
+        "--apply",
+        "--kubeconfig",
+        &kubeconfig,
+    ]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.starts_with("released 10.0.0.11 (Bound"), "{stdout}");
+    assert!(
+        stdout.ends_with("released 1 of 1 claims without a pod\n"),
+        "{stdout}"
+    );
+    eventually("the claim is deleted", Duration::from_secs(5), || async {
+        claims
+            .get_opt("10.0.0.11")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    assert!(
+        claims.get_opt("10.0.0.12").await.unwrap().is_some(),
+        "a pod-ip-differs finding is not a claim to free"
+    );
+
+    // the report is stale now: nothing of it is freed twice, and the exit status says so
+    let Ran {
+        code,
+        stdout,
+        stderr,
+        ..
+    } = ip_webhook(&[
+        "release",
+        "--from-report",
+        report,
+        "--apply",
+        "--kubeconfig",
+        &kubeconfig,
+    ]);
+    assert_eq!(code, Some(3), "{stdout}{stderr}");
+    assert!(
+        stdout.starts_with("nothing to release: no claim holds 10.0.0.11"),
+        "{stdout}"
+    );
+    assert_eq!(stderr.trim(), "Error: 1 of 1 findings not released (above)");
+
+    let Ran { ok, stderr, .. } = ip_webhook(&["release", "--from-report", "/no/such/report"]);
+    assert!(!ok);
+    assert!(
+        stderr.starts_with("Error: reading the report /no/such/report: "),
+        "{stderr}"
+    );
+}
+
 /// Without the CNI CRDs, the pods are still compared and the CNIs reported as not installed;
 /// an embedded ledger (--state-dir) is compared with the cluster of --kubeconfig.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

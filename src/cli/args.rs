@@ -226,11 +226,19 @@ pub struct ExplainArgs {
 #[derive(Debug, Clone, Args)]
 pub struct ReleaseArgs {
     /// The IP to free.
-    #[arg(value_name = "IP")]
-    pub ip: std::net::IpAddr,
+    #[arg(value_name = "IP", required_unless_present = "from_report")]
+    pub ip: Option<std::net::IpAddr>,
     /// Release even when the pod still runs or cannot be checked (off-cluster it never can).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "from_report")]
     pub force: bool,
+    /// Free the claims without a pod that `check --drift -o json` wrote to FILE (`-` reads
+    /// standard input), each only if its claim is still that pod's and the pod is gone; shows
+    /// what it would free unless --apply.
+    #[arg(long, value_name = "FILE", conflicts_with = "ip")]
+    pub from_report: Option<PathBuf>,
+    /// With --from-report: free them (without, nothing is written).
+    #[arg(long, requires = "from_report")]
+    pub apply: bool,
     /// Release only if the claim's pod is in this namespace (kubectl's -n, as a guard: an IP
     /// names its claim cluster-wide).
     #[arg(short, long, value_name = "NAMESPACE")]

@@ -244,34 +244,97 @@ pub async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
 /// `release`: free a leaked claim. On an embedded ledger a running server frees it (it holds
 /// the journal); otherwise the command opens the ledger itself.
 pub async fn release(args: ReleaseArgs) -> anyhow::Result<()> {
-    let request = crate::ops::release::Request {
-        ip: args.ip,
-        force: args.force,
-        namespace: args.namespace.clone(),
-    };
-    let answered = |released: bool, message: String| {
-        if released {
-            crate::cli::emit(&format!("{message}\n"))
-        } else {
-            Err(AnswerIsNo(message).into())
+    let requests = match (&args.from_report, args.ip) {
+        (Some(file), _) => {
+            let text = if file == Path::new("-") {
+                let mut text = String::new();
+                std::io::stdin()
+                    .read_to_string(&mut text)
+                    .context("reading the report from standard input")?;
+                text
+            } else {
+                std::fs::read_to_string(file)
+                    .with_context(|| format!("reading the report {}", file.display()))?
+            };
+            crate::ops::release::requests_from_report(&text, args.namespace.as_deref(), !args.apply)
+                .with_context(|| format!("{}", file.display()))?
         }
+        (None, Some(ip)) => vec![crate::ops::release::Request::one(
+            ip,
+            args.force,
+            args.namespace.clone(),
+        )],
+        (None, None) => unreachable!("clap requires an IP or --from-report"),
     };
+    let answers = release_each(&args, &requests).await?;
+    let refused: Vec<&String> = answers
+        .iter()
+        .filter(|(released, _)| !released)
+        .map(|(_, message)| message)
+        .collect();
+    match &args.from_report {
+        None if refused.is_empty() => crate::cli::emit(&format!("{}\n", answers[0].1)),
+        None => Err(AnswerIsNo(answers[0].1.clone()).into()),
+        Some(file) => {
+            let mut out: String = answers
+                .iter()
+                .map(|(_, message)| format!("{message}\n"))
+                .collect();
+            let freed = answers.len() - refused.len();
+            out.push_str(&match (args.apply, answers.len()) {
+                (_, 0) => format!("{} holds no claim without a pod\n", file.display()),
+                (true, n) => format!("released {freed} of {n} claims without a pod\n"),
+                (false, n) => format!(
+                    "would release {freed} of {n} claims without a pod; rerun with --apply to release them\n"
+                ),
+            });
+            if refused.is_empty() {
+                crate::cli::emit(&out)
+            } else {
+                crate::cli::emit(&out)?;
+                Err(AnswerIsNo(format!(
+                    "{} of {} findings not released (above)",
+                    refused.len(),
+                    answers.len()
+                ))
+                .into())
+            }
+        }
+    }
+}
+
+/// Each request under the release rule, through the running server's control socket when it
+/// holds the embedded ledger, else through the ledger opened once: `(released, message)` each.
+async fn release_each(
+    args: &ReleaseArgs,
+    requests: &[crate::ops::release::Request],
+) -> anyhow::Result<Vec<(bool, String)>> {
     let config = operator_config(&args.source)?;
+    let mut answers = Vec::with_capacity(requests.len());
+    if requests.is_empty() {
+        return Ok(answers);
+    }
     if let LedgerConfig::Embedded { state_dir } = &config.ledger {
         crate::ledger::open::existing_embedded(state_dir)?;
-        if let Some(reply) = crate::ops::control::ask(state_dir, &request).await? {
-            if reply.failed {
-                bail!(
+        for request in requests {
+            match crate::ops::control::ask(state_dir, request).await? {
+                Some(reply) if reply.failed => bail!(
                     "the running server could not release {}: {}",
-                    args.ip,
+                    request.ip,
                     reply.message
-                );
+                ),
+                Some(reply) => answers.push((reply.released, reply.message)),
+                None => break,
             }
-            return answered(reply.released, reply.message);
         }
+        if answers.len() == requests.len() {
+            return Ok(answers);
+        }
+        answers.clear();
     }
     let options = OpenOptions {
         existing: true,
+        read_only: requests.iter().all(|r| r.dry_run),
         ..OpenOptions::default()
     };
     let opened = match crate::ledger::open(&config.ledger, &options).await {
@@ -289,12 +352,12 @@ pub async fn release(args: ReleaseArgs) -> anyhow::Result<()> {
     };
     let ledger = opened.ledger;
     if args.force
-        && let Some(api_server) = &opened.api_server
+        && let (Some(api_server), Some(ip)) = (&opened.api_server, args.ip)
     {
         // --force is the operator's word: the IPClaim guard lets a claim annotated so go
-        crate::webhook::claim_guard::mark_forced(&api_server.admission, &args.ip)
+        crate::webhook::claim_guard::mark_forced(&api_server.admission, &ip)
             .await
-            .with_context(|| format!("marking the IPClaim of {} forced", args.ip))?;
+            .with_context(|| format!("marking the IPClaim of {ip} forced"))?;
     }
     let through = opened.api_server.as_ref().map(|a| a.name.clone());
     let api_server = pods_api(&config, opened.api_server).await?;
@@ -305,13 +368,23 @@ pub async fn release(args: ReleaseArgs) -> anyhow::Result<()> {
             ledger.kind()
         ))),
     };
-    let outcome = crate::ops::release::release(ledger.as_ref(), pods.as_ref(), &request).await;
+    for request in requests {
+        let outcome = crate::ops::release::release(ledger.as_ref(), pods.as_ref(), request).await;
+        let outcome = match (&through, outcome) {
+            (Some(server), Err(e)) => {
+                ledger.close().await;
+                Err(e).with_context(|| format!("releasing {} through {server}", request.ip))?
+            }
+            (_, Err(e)) => {
+                ledger.close().await;
+                Err(e).with_context(|| format!("releasing {}", request.ip))?
+            }
+            (_, Ok(outcome)) => outcome,
+        };
+        answers.push((outcome.released(), outcome.message(&request.ip)));
+    }
     ledger.close().await;
-    let outcome = match (through, outcome) {
-        (Some(server), Err(e)) => Err(e).with_context(|| format!("releasing through {server}"))?,
-        (_, outcome) => outcome.context("releasing")?,
-    };
-    answered(outcome.released(), outcome.message(&args.ip))
+    Ok(answers)
 }
 
 /// The caBundles of the webhooks in the webhook configurations named `name`, each with where

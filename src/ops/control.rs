@@ -260,11 +260,7 @@ mod tests {
     }
 
     fn request(ip: &str, force: bool, namespace: Option<&str>) -> Request {
-        Request {
-            ip: ip.parse().unwrap(),
-            force,
-            namespace: namespace.map(str::to_string),
-        }
+        Request::one(ip.parse().unwrap(), force, namespace.map(str::to_string))
     }
 
     #[tokio::test]

@@ -15,6 +15,70 @@ pub struct Request {
     /// Free it only if its pod is in this namespace (kubectl's -n, as a guard: an IP names its
     /// claim cluster-wide).
     pub namespace: Option<String>,
+    /// Free it only if its claim is still for this pod, as `status` and `check --drift` name
+    /// it (`namespace/name`, `namespace/generateName*`): a report's finding, not whatever
+    /// holds the IP now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    /// Judge it under the same rule, and free nothing.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dry_run: bool,
+}
+
+impl Request {
+    /// Free `ip` (`--force`, `-n` as given).
+    pub fn one(ip: IpAddr, force: bool, namespace: Option<String>) -> Request {
+        Request {
+            ip,
+            force,
+            namespace,
+            pod: None,
+            dry_run: false,
+        }
+    }
+}
+
+/// A `check --drift -o json` report that `release --from-report` cannot use.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ReportError(String);
+
+/// The requests `release --from-report` makes of a `check --drift -o json` report: one per
+/// `claim-without-pod` finding (the only kind whose fix is freeing a claim; a CNI's record of
+/// a gone pod is the CNI's to free), each freed only if its claim is still for the pod the
+/// report named and that pod is gone, never forced. `namespace` keeps the findings about
+/// pods of one namespace; `dry_run` frees nothing.
+pub fn requests_from_report(
+    text: &str,
+    namespace: Option<&str>,
+    dry_run: bool,
+) -> Result<Vec<Request>, ReportError> {
+    #[derive(serde::Deserialize)]
+    struct Report {
+        drift: Vec<Finding>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Finding {
+        kind: String,
+        ip: IpAddr,
+        pod: String,
+    }
+    let report: Report = serde_json::from_str(text).map_err(|e| {
+        ReportError(format!(
+            "not a report of `check --drift -o json` (a JSON object with a \"drift\" list of findings with kind, ip and pod): {e}"
+        ))
+    })?;
+    Ok(report
+        .drift
+        .into_iter()
+        .filter(|finding| finding.kind == "claim-without-pod")
+        .filter(|finding| namespace.is_none_or(|ns| finding.pod.split('/').next() == Some(ns)))
+        .map(|finding| Request {
+            pod: Some(finding.pod),
+            dry_run,
+            ..Request::one(finding.ip, false, namespace.map(str::to_string))
+        })
+        .collect())
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,6 +98,10 @@ pub enum Outcome {
         claim: Box<Claim>,
         namespace: String,
     },
+    /// The claim is now another pod's than the one the request named; not freed.
+    OtherPod { claim: Box<Claim>, pod: String },
+    /// A dry run: the rule would free it.
+    WouldRelease { claim: Box<Claim>, forced: bool },
 }
 
 impl Outcome {
@@ -73,6 +141,15 @@ impl Outcome {
                 "not released: {ip} is claimed for pod {}, not in namespace {namespace}",
                 claim.pod.display()
             ),
+            Outcome::OtherPod { claim, pod } => format!(
+                "not released: {} is no longer the claim of pod {pod} the report found",
+                about(claim)
+            ),
+            Outcome::WouldRelease { claim, forced } => format!(
+                "would release {}{}",
+                about(claim),
+                if *forced { " (forced)" } else { "" }
+            ),
             Outcome::Changed(claim) => format!(
                 "not released: the claim on {} changed while releasing it; look again with `{} status`",
                 about(claim),
@@ -81,8 +158,12 @@ impl Outcome {
         }
     }
 
+    /// Freed, or (a dry run) it would be.
     pub fn released(&self) -> bool {
-        matches!(self, Outcome::Released { .. })
+        matches!(
+            self,
+            Outcome::Released { .. } | Outcome::WouldRelease { .. }
+        )
     }
 }
 
@@ -122,6 +203,14 @@ pub async fn release_from(
             namespace: namespace.clone(),
         });
     }
+    if let Some(pod) = &request.pod
+        && claim.pod.display() != *pod
+    {
+        return Ok(Outcome::OtherPod {
+            claim: Box::new(claim),
+            pod: pod.clone(),
+        });
+    }
     let forced = match pods.state(&claim).await {
         PodState::Gone => false,
         PodState::Live if request.force => true,
@@ -134,6 +223,12 @@ pub async fn release_from(
             });
         }
     };
+    if request.dry_run {
+        return Ok(Outcome::WouldRelease {
+            claim: Box::new(claim),
+            forced,
+        });
+    }
     if free(&claim).await? {
         Ok(Outcome::Released {
             claim: Box::new(claim),
@@ -194,11 +289,7 @@ pub(crate) mod tests {
     }
 
     fn ask(ip: IpAddr, force: bool) -> Request {
-        Request {
-            ip,
-            force,
-            namespace: None,
-        }
+        Request::one(ip, force, None)
     }
 
     fn held(ledger_claims: &[Claim]) -> usize {
@@ -250,5 +341,71 @@ pub(crate) mod tests {
             "{outcome:?}"
         );
         assert_eq!(held(&ledger.load().await.unwrap()), 0);
+    }
+
+    /// A report's findings: each freed under the one rule, only while its claim is still the
+    /// pod the report found; a dry run judges them alike and frees nothing.
+    #[tokio::test]
+    async fn a_report_frees_only_its_own_findings_while_they_hold() {
+        let ledger = ledger_with("10.0.0.3").await;
+        ledger
+            .create(bound("10.0.0.4", "default").into())
+            .await
+            .unwrap();
+        let report = serde_json::json!({"drift": [
+            {"kind": "claim-without-pod", "ip": "10.0.0.3", "pod": "default/web-0", "detail": "…"},
+            {"kind": "claim-without-pod", "ip": "10.0.0.4", "pod": "default/web-9", "detail": "…"},
+            {"kind": "claim-without-pod", "ip": "10.0.0.5", "pod": "other/web-0", "detail": "…"},
+            {"kind": "cni-holds-gone-pod", "ip": "10.0.0.6", "pod": "default/gone", "detail": "…"},
+        ], "compared": {}})
+        .to_string();
+        let requests = requests_from_report(&report, Some("default"), true).unwrap();
+        let ips: Vec<String> = requests.iter().map(|r| r.ip.to_string()).collect();
+        assert_eq!(ips, ["10.0.0.3", "10.0.0.4"], "one namespace, claims only");
+        assert!(requests.iter().all(|r| r.dry_run && !r.force));
+
+        let mut messages = Vec::new();
+        for request in &requests {
+            let outcome = release(&ledger, &Fixed(PodState::Gone), request)
+                .await
+                .unwrap();
+            messages.push(outcome.message(&request.ip));
+        }
+        assert!(
+            messages[0].starts_with("would release 10.0.0.3 (Bound"),
+            "{messages:?}"
+        );
+        assert!(
+            messages[1].contains("is no longer the claim of pod default/web-9"),
+            "{messages:?}"
+        );
+        assert_eq!(
+            held(&ledger.load().await.unwrap()),
+            2,
+            "a dry run frees nothing"
+        );
+
+        let applied = requests_from_report(&report, None, false).unwrap();
+        assert_eq!(applied.len(), 3);
+        let outcome = release(&ledger, &Fixed(PodState::Gone), &applied[0])
+            .await
+            .unwrap();
+        assert!(
+            matches!(outcome, Outcome::Released { forced: false, .. }),
+            "{outcome:?}"
+        );
+        let live = release(&ledger, &Fixed(PodState::Live), &applied[1])
+            .await
+            .unwrap();
+        assert!(matches!(live, Outcome::OtherPod { .. }), "{live:?}");
+        assert_eq!(held(&ledger.load().await.unwrap()), 1);
+
+        let error = requests_from_report("[1, 2]", None, true)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.starts_with("not a report of `check --drift -o json`"),
+            "{error}"
+        );
     }
 }
