@@ -142,6 +142,23 @@ async fn status_prints_pools_apps_and_holders() {
     } = ip_webhook(&["status", "--state-dir", dir, "--pools-file", &pools]);
     assert!(ok, "{stderr}");
     check_golden("status.txt", &table);
+    // -o wide: the same tables, the holders with their pool, pod UID, token and request
+    let Ran {
+        ok,
+        stdout: wide,
+        stderr,
+        ..
+    } = ip_webhook(&[
+        "status",
+        "--state-dir",
+        dir,
+        "--pools-file",
+        &pools,
+        "-o",
+        "wide",
+    ]);
+    assert!(ok, "{stderr}");
+    check_golden("status-wide.txt", &wide);
 
     let Ran {
         ok,

@@ -124,6 +124,9 @@ pub struct RepairArgs {
 pub enum OutputFormat {
     /// Text for people.
     Table,
+    /// The table with more columns (`status`: each holder's pool, pod UID, claim token and
+    /// admission request).
+    Wide,
     Json,
     Yaml,
 }

@@ -24,13 +24,16 @@ use crate::ipam::usage::Report;
 use crate::ledger::pod_lookup::{NoPodList, PodLookup};
 use crate::ledger::{ApiServer, Claim, KubeAccess, LedgerConfig, OpenError, OpenOptions};
 
+/// `value` in `format`; `table` writes the text for people, given whether `-o wide` asked
+/// for its extra columns.
 fn print<T: Serialize>(
     format: OutputFormat,
     value: &T,
-    table: impl FnOnce() -> String,
+    table: impl FnOnce(bool) -> String,
 ) -> anyhow::Result<()> {
     let text = match format {
-        OutputFormat::Table => table(),
+        OutputFormat::Table => table(false),
+        OutputFormat::Wide => table(true),
         OutputFormat::Json => serde_json::to_string_pretty(value)? + "\n",
         OutputFormat::Yaml => serde_yaml::to_string(value)?,
     };
@@ -180,7 +183,7 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
         }
         report.fill_nodes(&nodes);
     }
-    print(args.output, &report, || report.to_table())
+    print(args.output, &report, |wide| report.to_table_with(wide))
 }
 
 /// `explain`: the replicas of each object through `/mutate` over an in-memory copy.
@@ -214,7 +217,7 @@ pub async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
     let sandbox = crate::ops::explain::sandbox(read.claims, settings, read.pools).await?;
     let outcomes =
         crate::ops::explain::explain(&sandbox, &objects, &args.namespace, args.replicas).await?;
-    print(args.output, &outcomes, || {
+    print(args.output, &outcomes, |_| {
         crate::ops::explain::to_text(&outcomes)
     })?;
     // Exit 3 when anything would be refused, so that `explain` can gate a CI job.
@@ -484,7 +487,7 @@ async fn drift(args: CheckArgs) -> anyhow::Result<()> {
     if let Some(namespace) = &args.drift.namespace {
         report.retain_namespace(namespace);
     }
-    print(args.output, &report, || report.to_table())?;
+    print(args.output, &report, |_| report.to_table())?;
     match report.drift_count() {
         0 => Ok(()),
         n => Err(AnswerIsNo(format!("{n} drift found")).into()),
@@ -557,7 +560,7 @@ pub async fn check(args: CheckArgs) -> anyhow::Result<()> {
         timeout: args.timeout,
     };
     let checks = crate::ops::doctor::run(&options).await;
-    print(args.output, &checks, || {
+    print(args.output, &checks, |_| {
         crate::ops::doctor::to_text(&checks)
     })?;
     let failed = checks

@@ -29,6 +29,17 @@ pub struct Holder {
     /// `Terminating`: when the IP is released, once the pod is gone (RFC 3339, UTC).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub release_at: Option<String>,
+    /// The UID of the pod the claim is bound to (none while Reserved).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod_uid: Option<String>,
+    /// The claim token the pod carries as `ip-webhook.io/claim`.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub token: String,
+    /// The admission request that made the claim.
+    pub request_uid: String,
+    /// Kept for the pod's name once it is gone (a StatefulSet pod's).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub sticky: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -149,6 +160,10 @@ fn holder(claim: &Claim) -> Holder {
         source: claim.source,
         since: rfc3339(claim.created_at),
         release_at: claim.release_at.map(rfc3339),
+        pod_uid: claim.pod.uid.clone(),
+        token: claim.token.clone(),
+        request_uid: claim.request_uid.clone(),
+        sticky: claim.sticky,
     }
 }
 

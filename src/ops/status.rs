@@ -57,6 +57,12 @@ pub async fn cluster_duplicates(
 impl Report {
     /// The kubectl-style text: a pool table, an app table and a holder table.
     pub fn to_table(&self) -> String {
+        self.to_table_with(false)
+    }
+
+    /// [`Report::to_table`]; `wide` (`-o wide`) adds each holder's pool, pod UID, claim token
+    /// and admission request.
+    pub fn to_table_with(&self, wide: bool) -> String {
         let mut out = String::new();
         if !self.pools.is_empty() {
             let rows = self
@@ -99,7 +105,7 @@ impl Report {
                 let rows = holders
                     .iter()
                     .map(|h| {
-                        vec![
+                        let mut row = vec![
                             h.ip.to_string(),
                             if h.app.ends_with('/') {
                                 "-".to_string()
@@ -114,13 +120,30 @@ impl Report {
                             },
                             format!("{:?}", h.source),
                             h.since.clone(),
-                        ]
+                        ];
+                        if wide {
+                            let dash = |text: &str| {
+                                if text.is_empty() {
+                                    "-".to_string()
+                                } else {
+                                    text.to_string()
+                                }
+                            };
+                            row.extend([
+                                dash(h.pool.as_deref().unwrap_or("")),
+                                dash(h.pod_uid.as_deref().unwrap_or("")),
+                                dash(&h.token),
+                                dash(&h.request_uid),
+                            ]);
+                        }
+                        row
                     })
                     .collect::<Vec<_>>();
-                out.push_str(&table(
-                    &["IP", "APP", "POD", "NODE", "PHASE", "SOURCE", "SINCE"],
-                    &rows,
-                ));
+                let mut headers = vec!["IP", "APP", "POD", "NODE", "PHASE", "SOURCE", "SINCE"];
+                if wide {
+                    headers.extend(["POOL", "POD UID", "CLAIM TOKEN", "REQUEST"]);
+                }
+                out.push_str(&table(&headers, &rows));
             }
         }
         if !self.duplicates.is_empty() {
