@@ -19,7 +19,9 @@ use crate::metrics::watch_health::WatchHealth;
 use crate::metrics::{LeaseLabels, Metrics};
 use crate::webhook::Webhook;
 
+pub mod app_lists;
 pub mod cni;
+pub mod controller;
 pub mod events;
 pub mod executor;
 pub mod index;

@@ -1,6 +1,7 @@
 //! The reconciler's decisions, as a pure function of what the caches hold and the time, so
 //! every rule is testable without an API server; and the executor that carries them out.
 
+use super::app_lists::AppLists;
 use super::index::SlimPod;
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
@@ -42,7 +43,7 @@ impl PodInfo {
             ips: pod.ips.to_vec(),
             created_at: pod.created_at,
             terminating: pod.deleting_at.is_some(),
-            stateful: pod.controller == Some(super::node_loss::ControllerKind::StatefulSet),
+            stateful: pod.controller == Some(super::controller::ControllerKind::StatefulSet),
             app: pod.app.to_string(),
             token: None,
         }
@@ -118,43 +119,6 @@ pub enum Action {
         pod: PodInfo,
         reason: AdoptReason,
     },
-}
-
-/// Which app (`namespace/app`) lists an IP: in-cluster, the watched workloads' pod templates
-/// (the same on every replica).
-pub trait AppLists: Send + Sync {
-    /// The one app whose list holds `ip`; `None` when no app's does, or two apps' do.
-    fn sole_app_listing(&self, ip: IpAddr) -> Option<String>;
-
-    /// A value that changes when the set of listed IPs does; `None`: unknown, so the
-    /// reconciler visits every running pod each pass.
-    fn listed_version(&self) -> Option<u64> {
-        None
-    }
-}
-
-impl AppLists for crate::webhook::workloads::WorkloadRegistry {
-    fn sole_app_listing(&self, ip: IpAddr) -> Option<String> {
-        let mut apps = self.apps_listing(ip);
-        if apps.len() == 1 { apps.pop() } else { None }
-    }
-
-    fn listed_version(&self) -> Option<u64> {
-        use std::hash::{Hash, Hasher};
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        self.listed().hash(&mut hasher);
-        Some(hasher.finish())
-    }
-}
-
-impl AppLists for crate::webhook::Webhook {
-    fn sole_app_listing(&self, ip: IpAddr) -> Option<String> {
-        self.workloads.sole_app_listing(ip)
-    }
-
-    fn listed_version(&self) -> Option<u64> {
-        self.workloads.listed_version()
-    }
 }
 
 /// Issue 17: a pod that runs (`status.podIPs`, set by the kubelet and the CNI, never by the
