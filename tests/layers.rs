@@ -1,7 +1,8 @@
 //! The shape of `src/`, checked: the top-level units (folders and files) import each other
 //! without cycles, the files inside a unit import each other without cycles, only the command
-//! line uses clap, and no source file holds more than [`MAX_LINES`] lines before its unit
-//! tests. ARCHITECTURE.md describes the layers.
+//! line uses clap, no source file holds more than [`MAX_LINES`] lines before its unit tests,
+//! and no function there runs over [`MAX_FN_LINES`] lines. ARCHITECTURE.md describes the
+//! layers.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -15,6 +16,10 @@ const ALLOWED: &[(&str, &str)] = &[];
 /// belongs in a file of its own, which takes this entry away.
 const ALLOWED_FILE_IMPORTS: &[(&str, &str)] =
     &[("ledger::embedded::marker", "ledger::embedded::journal")];
+
+/// Functions allowed over [`MAX_FN_LINES`], as (file under `src/`, function): the embedded
+/// ledger's journal `open`, which is split with the rest of `ledger/embedded/`.
+const ALLOWED_LONG_FNS: &[(&str, &str)] = &[("ledger/embedded/journal.rs", "open")];
 
 /// The units from the bottom up, as ARCHITECTURE.md lists them: each imports only units before
 /// it (a stricter rule than "no cycle", and the one a reader of the folders relies on).
@@ -34,6 +39,10 @@ const ORDER: &[&str] = &[
 
 /// Lines a source file may hold before its `#[cfg(test)]` unit tests.
 const MAX_LINES: usize = 700;
+
+/// Lines a function may run over, from its `fn` line to its closing brace, before the unit
+/// tests: a longer one decides more than one thing, and each part gets a name.
+const MAX_FN_LINES: usize = 80;
 
 fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).expect("reading src/") {
@@ -438,4 +447,124 @@ fn file_imports_resolve_against_the_module_tree() {
     ] {
         assert!(joined.contains(expected), "{expected} in {joined:?}");
     }
+}
+
+/// A line's code for counting braces: string literals emptied, a char literal (`'{'`)
+/// dropped, the comment cut off.
+fn brace_code(line: &str) -> String {
+    let chars: Vec<char> = line.chars().collect();
+    let mut out = String::new();
+    let mut at = 0;
+    while at < chars.len() {
+        match chars[at] {
+            '"' => {
+                at += 1;
+                while at < chars.len() && chars[at] != '"' {
+                    at += if chars[at] == '\\' { 2 } else { 1 };
+                }
+                out.push_str("\"\"");
+                at += 1;
+            }
+            '\'' if chars.get(at + 2) == Some(&'\'') => at += 3,
+            '\'' if chars.get(at + 1) == Some(&'\\') && chars.get(at + 3) == Some(&'\'') => at += 4,
+            '/' if chars.get(at + 1) == Some(&'/') => break,
+            c => {
+                out.push(c);
+                at += 1;
+            }
+        }
+    }
+    out
+}
+
+/// The name of the function a line starts (`pub(crate) async fn name(`), if it does.
+fn fn_name(line: &str) -> Option<&str> {
+    let mut rest = line.trim_start();
+    if let Some(after) = rest.strip_prefix("pub") {
+        rest = match after.strip_prefix('(') {
+            Some(scoped) => &scoped[scoped.find(')')? + 1..],
+            None => after,
+        };
+        if !rest.starts_with(char::is_whitespace) {
+            return None;
+        }
+        rest = rest.trim_start();
+    }
+    for qualifier in ["async ", "const "] {
+        if let Some(after) = rest.strip_prefix(qualifier) {
+            rest = after.trim_start();
+        }
+    }
+    let rest = rest.strip_prefix("fn ")?.trim_start();
+    let end = rest
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .unwrap_or(rest.len());
+    (end > 0).then(|| &rest[..end])
+}
+
+/// Each function of `code` (a file before its unit tests) with a body, as (name, lines from
+/// its `fn` line to its closing brace). A function inside another counts in its lines only.
+fn function_lengths(code: &str) -> Vec<(String, usize)> {
+    let lines: Vec<&str> = code.lines().collect();
+    let mut found = Vec::new();
+    let mut at = 0;
+    while at < lines.len() {
+        let Some(name) = fn_name(lines[at]) else {
+            at += 1;
+            continue;
+        };
+        let (mut depth, mut started, mut end) = (0i64, false, at);
+        while end < lines.len() {
+            let line = brace_code(lines[end]);
+            let opens = line.matches('{').count() as i64;
+            if !started && opens == 0 && line.contains(';') {
+                break; // a declaration without a body
+            }
+            depth += opens - line.matches('}').count() as i64;
+            started |= opens > 0;
+            if started && depth <= 0 {
+                break;
+            }
+            end += 1;
+        }
+        if started {
+            found.push((name.to_string(), end - at + 1));
+            at = end + 1;
+        } else {
+            at += 1;
+        }
+    }
+    found
+}
+
+#[test]
+fn no_function_runs_over_the_limit_before_the_unit_tests() {
+    let mut over = Vec::new();
+    let mut counted = 0;
+    for (_, path, text) in src_files() {
+        for (name, lines) in function_lengths(&before_unit_tests(&text)) {
+            counted += 1;
+            let file = path.to_string_lossy();
+            if lines > MAX_FN_LINES && !ALLOWED_LONG_FNS.contains(&(file.as_ref(), name.as_str())) {
+                over.push(format!("src/{}: {name} runs {lines} lines", path.display()));
+            }
+        }
+    }
+    assert!(counted > 500, "only {counted} functions found in src/");
+    assert!(
+        over.is_empty(),
+        "functions over {MAX_FN_LINES} lines (split them by what each part decides): {over:#?}"
+    );
+}
+
+#[test]
+fn function_lengths_count_from_the_fn_line_to_its_closing_brace() {
+    let code = "pub(crate) async fn outer(x: u8) -> u8 {\n    let s = \"}}\"; // }\n    let c = '{';\n    fn inner() {}\n    x\n}\nfn declared();\npub const fn one()\n-> u8\n{\n    1\n}\n";
+    assert_eq!(
+        function_lengths(code),
+        [("outer".to_string(), 6), ("one".to_string(), 5)]
+    );
+    assert_eq!(fn_name("    pub fn fine() {"), Some("fine"));
+    assert_eq!(fn_name("let fnord = 1;"), None);
+    assert_eq!(fn_name("publish fn x"), None);
 }
