@@ -1,12 +1,25 @@
 //! The shape of `src/`, checked: the top-level units (folders and files) import each other
-//! without cycles, only the command line uses clap, and no source file holds more than
-//! [`MAX_LINES`] lines before its unit tests. ARCHITECTURE.md describes the layers.
+//! without cycles, the files inside a unit import each other without cycles, only the command
+//! line uses clap, no source file holds more than [`MAX_LINES`] lines before its unit tests,
+//! and no function there runs over [`MAX_FN_LINES`] lines. ARCHITECTURE.md describes the
+//! layers.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// Imports between top-level units allowed although they close a cycle: none.
 const ALLOWED: &[(&str, &str)] = &[];
+
+/// Imports between files of one unit allowed although they close a cycle, as (from, to):
+/// `marker.rs` names the journal files its refusals point at with `journal.rs`'s `name`,
+/// while `journal.rs` asks `marker.rs` whether a journal went missing. The file naming
+/// belongs in a file of its own, which takes this entry away.
+const ALLOWED_FILE_IMPORTS: &[(&str, &str)] =
+    &[("ledger::embedded::marker", "ledger::embedded::journal")];
+
+/// Functions allowed over [`MAX_FN_LINES`], as (file under `src/`, function): the embedded
+/// ledger's journal `open`, which is split with the rest of `ledger/embedded/`.
+const ALLOWED_LONG_FNS: &[(&str, &str)] = &[("ledger/embedded/journal.rs", "open")];
 
 /// The units from the bottom up, as ARCHITECTURE.md lists them: each imports only units before
 /// it (a stricter rule than "no cycle", and the one a reader of the folders relies on).
@@ -26,6 +39,10 @@ const ORDER: &[&str] = &[
 
 /// Lines a source file may hold before its `#[cfg(test)]` unit tests.
 const MAX_LINES: usize = 700;
+
+/// Lines a function may run over, from its `fn` line to its closing brace, before the unit
+/// tests: a longer one decides more than one thing, and each part gets a name.
+const MAX_FN_LINES: usize = 80;
 
 fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).expect("reading src/") {
@@ -257,4 +274,297 @@ fn no_source_file_is_over_the_limit_before_its_unit_tests() {
         over.is_empty(),
         "over {MAX_LINES} lines before the unit tests: {over:?}"
     );
+}
+
+/// The code of a file above its unit-test module (what the program, not its tests, imports).
+fn before_unit_tests(text: &str) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    let end = lines
+        .windows(2)
+        .position(|pair| pair[0].starts_with("#[cfg(test)]") && pair[1].starts_with("mod tests"))
+        .unwrap_or(lines.len());
+    lines[..end].join("\n")
+}
+
+/// The module path of a source file: `cluster/index.rs` and `cluster/index/mod.rs` are
+/// `["cluster", "index"]`.
+fn module_path(relative: &Path) -> Vec<String> {
+    let mut parts: Vec<String> = relative
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().to_string())
+        .collect();
+    let last = parts.pop().unwrap();
+    let stem = last.strip_suffix(".rs").unwrap_or(&last);
+    if stem != "mod" {
+        parts.push(stem.to_string());
+    }
+    parts
+}
+
+/// The paths `code` names from `super::`, `self::` or `crate::`, each resolved against
+/// `module` (the file's module path) to absolute segments; a `{a, b::c}` group gives one path
+/// per member (its first segment after the group is enough to find the file).
+fn module_uses(code: &str, module: &[String]) -> Vec<Vec<String>> {
+    let ident = |s: &str| -> String {
+        s.chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let mut found = Vec::new();
+    let bytes = code.as_bytes();
+    let mut at = 0;
+    while at < code.len() {
+        let rest = &code[at..];
+        let starts_word = at == 0
+            || !(bytes[at - 1].is_ascii_alphanumeric()
+                || bytes[at - 1] == b'_'
+                || bytes[at - 1] == b':');
+        let root = ["crate::", "super::", "self::"]
+            .into_iter()
+            .find(|root| starts_word && rest.starts_with(root));
+        let Some(root) = root else {
+            at += rest.chars().next().map_or(1, char::len_utf8);
+            continue;
+        };
+        let mut base: Vec<String> = match root {
+            "crate::" => Vec::new(),
+            "super::" => module[..module.len().saturating_sub(1)].to_vec(),
+            _ => module.to_vec(),
+        };
+        let mut tail = &rest[root.len()..];
+        while let Some(more) = tail.strip_prefix("super::") {
+            base.pop();
+            tail = more;
+        }
+        loop {
+            let tail_trim = tail.trim_start();
+            if let Some(group) = tail_trim.strip_prefix('{') {
+                let end = group.find('}').unwrap_or(group.len());
+                for part in group[..end].split(',') {
+                    let name = ident(part.trim());
+                    if !name.is_empty() && name != "self" {
+                        let mut path = base.clone();
+                        path.push(name);
+                        found.push(path);
+                    }
+                }
+                found.push(base.clone());
+                break;
+            }
+            let name = ident(tail_trim);
+            if name.is_empty() {
+                found.push(base.clone());
+                break;
+            }
+            base.push(name.clone());
+            match tail_trim[name.len()..].strip_prefix("::") {
+                Some(more) => tail = more,
+                None => {
+                    found.push(base.clone());
+                    break;
+                }
+            }
+        }
+        at += root.len();
+    }
+    found
+}
+
+/// For each top-level unit, the imports between its files: file -> files it names, where a
+/// path names the deepest file module it starts with. A file naming its own ancestor module
+/// (a child reading what its parent shares) or its descendant (a parent wiring its children)
+/// is the module tree, not an import between peers, and is left out.
+fn file_graphs() -> BTreeMap<String, BTreeMap<String, BTreeSet<String>>> {
+    let files: Vec<(String, Vec<String>, String)> = src_files()
+        .into_iter()
+        .filter(|(unit, _, _)| unit != "main" && unit != "lib")
+        .map(|(unit, path, text)| (unit, module_path(&path), code(&before_unit_tests(&text))))
+        .collect();
+    let modules: BTreeSet<Vec<String>> = files.iter().map(|(_, m, _)| m.clone()).collect();
+    let mut graphs: BTreeMap<String, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
+    for (unit, module, code) in &files {
+        let entry = graphs
+            .entry(unit.clone())
+            .or_default()
+            .entry(module.join("::"))
+            .or_default();
+        for path in module_uses(code, module) {
+            let Some(target) = (1..=path.len())
+                .rev()
+                .map(|n| path[..n].to_vec())
+                .find(|prefix| modules.contains(prefix))
+            else {
+                continue;
+            };
+            let same_unit = target.first() == Some(unit);
+            let lineal = target.starts_with(module) || module.starts_with(&target);
+            let target = target.join("::");
+            let allowed =
+                ALLOWED_FILE_IMPORTS.contains(&(module.join("::").as_str(), target.as_str()));
+            if same_unit && !lineal && !allowed {
+                entry.insert(target);
+            }
+        }
+    }
+    graphs
+}
+
+#[test]
+fn the_files_inside_a_unit_import_each_other_without_a_cycle() {
+    let graphs = file_graphs();
+    let cluster = &graphs["cluster"];
+    assert!(
+        cluster["cluster::node_loss"].contains("cluster::index"),
+        "{cluster:#?}"
+    );
+    let cycles: Vec<String> = graphs
+        .values()
+        .filter_map(find_cycle)
+        .map(|cycle| cycle.join(" -> "))
+        .collect();
+    assert!(
+        cycles.is_empty(),
+        "import cycles between the files of a unit (move what both need to its own file): {cycles:#?}"
+    );
+}
+
+#[test]
+fn file_imports_resolve_against_the_module_tree() {
+    let module = |path: &str| module_path(Path::new(path));
+    assert_eq!(module("cluster/index.rs"), ["cluster", "index"]);
+    assert_eq!(module("cluster/mod.rs"), ["cluster"]);
+    let here = module("cluster/index/changes.rs");
+    let uses = module_uses(
+        "use super::Caches;\nuse super::super::lease::{self, Ticks};\nlet x = crate::ipam::{held::State, request};\n",
+        &here,
+    );
+    let joined: BTreeSet<String> = uses.iter().map(|p| p.join("::")).collect();
+    for expected in [
+        "cluster::index::Caches",
+        "cluster::lease::Ticks",
+        "ipam::held",
+        "ipam::request",
+    ] {
+        assert!(joined.contains(expected), "{expected} in {joined:?}");
+    }
+}
+
+/// A line's code for counting braces: string literals emptied, a char literal (`'{'`)
+/// dropped, the comment cut off.
+fn brace_code(line: &str) -> String {
+    let chars: Vec<char> = line.chars().collect();
+    let mut out = String::new();
+    let mut at = 0;
+    while at < chars.len() {
+        match chars[at] {
+            '"' => {
+                at += 1;
+                while at < chars.len() && chars[at] != '"' {
+                    at += if chars[at] == '\\' { 2 } else { 1 };
+                }
+                out.push_str("\"\"");
+                at += 1;
+            }
+            '\'' if chars.get(at + 2) == Some(&'\'') => at += 3,
+            '\'' if chars.get(at + 1) == Some(&'\\') && chars.get(at + 3) == Some(&'\'') => at += 4,
+            '/' if chars.get(at + 1) == Some(&'/') => break,
+            c => {
+                out.push(c);
+                at += 1;
+            }
+        }
+    }
+    out
+}
+
+/// The name of the function a line starts (`pub(crate) async fn name(`), if it does.
+fn fn_name(line: &str) -> Option<&str> {
+    let mut rest = line.trim_start();
+    if let Some(after) = rest.strip_prefix("pub") {
+        rest = match after.strip_prefix('(') {
+            Some(scoped) => &scoped[scoped.find(')')? + 1..],
+            None => after,
+        };
+        if !rest.starts_with(char::is_whitespace) {
+            return None;
+        }
+        rest = rest.trim_start();
+    }
+    for qualifier in ["async ", "const "] {
+        if let Some(after) = rest.strip_prefix(qualifier) {
+            rest = after.trim_start();
+        }
+    }
+    let rest = rest.strip_prefix("fn ")?.trim_start();
+    let end = rest
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .unwrap_or(rest.len());
+    (end > 0).then(|| &rest[..end])
+}
+
+/// Each function of `code` (a file before its unit tests) with a body, as (name, lines from
+/// its `fn` line to its closing brace). A function inside another counts in its lines only.
+fn function_lengths(code: &str) -> Vec<(String, usize)> {
+    let lines: Vec<&str> = code.lines().collect();
+    let mut found = Vec::new();
+    let mut at = 0;
+    while at < lines.len() {
+        let Some(name) = fn_name(lines[at]) else {
+            at += 1;
+            continue;
+        };
+        let (mut depth, mut started, mut end) = (0i64, false, at);
+        while end < lines.len() {
+            let line = brace_code(lines[end]);
+            let opens = line.matches('{').count() as i64;
+            if !started && opens == 0 && line.contains(';') {
+                break; // a declaration without a body
+            }
+            depth += opens - line.matches('}').count() as i64;
+            started |= opens > 0;
+            if started && depth <= 0 {
+                break;
+            }
+            end += 1;
+        }
+        if started {
+            found.push((name.to_string(), end - at + 1));
+            at = end + 1;
+        } else {
+            at += 1;
+        }
+    }
+    found
+}
+
+#[test]
+fn no_function_runs_over_the_limit_before_the_unit_tests() {
+    let mut over = Vec::new();
+    let mut counted = 0;
+    for (_, path, text) in src_files() {
+        for (name, lines) in function_lengths(&before_unit_tests(&text)) {
+            counted += 1;
+            let file = path.to_string_lossy();
+            if lines > MAX_FN_LINES && !ALLOWED_LONG_FNS.contains(&(file.as_ref(), name.as_str())) {
+                over.push(format!("src/{}: {name} runs {lines} lines", path.display()));
+            }
+        }
+    }
+    assert!(counted > 500, "only {counted} functions found in src/");
+    assert!(
+        over.is_empty(),
+        "functions over {MAX_FN_LINES} lines (split them by what each part decides): {over:#?}"
+    );
+}
+
+#[test]
+fn function_lengths_count_from_the_fn_line_to_its_closing_brace() {
+    let code = "pub(crate) async fn outer(x: u8) -> u8 {\n    let s = \"}}\"; // }\n    let c = '{';\n    fn inner() {}\n    x\n}\nfn declared();\npub const fn one()\n-> u8\n{\n    1\n}\n";
+    assert_eq!(
+        function_lengths(code),
+        [("outer".to_string(), 6), ("one".to_string(), 5)]
+    );
+    assert_eq!(fn_name("    pub fn fine() {"), Some("fine"));
+    assert_eq!(fn_name("let fnord = 1;"), None);
+    assert_eq!(fn_name("publish fn x"), None);
 }

@@ -306,6 +306,27 @@ pub async fn release(args: ReleaseArgs) -> anyhow::Result<()> {
     }
 }
 
+/// Each request through the control socket of the server running on `state_dir`; `None`
+/// when no server answers there.
+async fn release_through_server(
+    state_dir: &Path,
+    requests: &[crate::ops::release::Request],
+) -> anyhow::Result<Option<Vec<(bool, String)>>> {
+    let mut answers = Vec::with_capacity(requests.len());
+    for request in requests {
+        match crate::ops::control::ask(state_dir, request).await? {
+            Some(reply) if reply.failed => bail!(
+                "the running server could not release {}: {}",
+                request.ip,
+                reply.message
+            ),
+            Some(reply) => answers.push((reply.released, reply.message)),
+            None => return Ok(None),
+        }
+    }
+    Ok(Some(answers))
+}
+
 /// Each request under the release rule, through the running server's control socket when it
 /// holds the embedded ledger, else through the ledger opened once: `(released, message)` each.
 async fn release_each(
@@ -319,21 +340,9 @@ async fn release_each(
     }
     if let LedgerConfig::Embedded { state_dir } = &config.ledger {
         crate::ledger::open::existing_embedded(state_dir)?;
-        for request in requests {
-            match crate::ops::control::ask(state_dir, request).await? {
-                Some(reply) if reply.failed => bail!(
-                    "the running server could not release {}: {}",
-                    request.ip,
-                    reply.message
-                ),
-                Some(reply) => answers.push((reply.released, reply.message)),
-                None => break,
-            }
-        }
-        if answers.len() == requests.len() {
+        if let Some(answers) = release_through_server(state_dir, requests).await? {
             return Ok(answers);
         }
-        answers.clear();
     }
     let options = OpenOptions {
         existing: true,

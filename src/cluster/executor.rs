@@ -195,52 +195,12 @@ impl Executor {
         reason: AdoptReason,
     ) -> Result<bool, ClusterError> {
         let mut pod = pod.clone();
-        if reason == AdoptReason::AppList {
-            // The index said so; the API server confirms before anything is recorded.
-            let pods: Api<k8s_openapi::api::core::v1::Pod> =
-                Api::namespaced(self.pods.clone().into_client(), &pod.namespace);
-            let live = match pods.get_opt(&pod.name).await {
-                Ok(live) => live,
-                Err(error) => return Err(ClusterError::api("reading pod", &pod.name, error)),
-            };
-            let Some(live) = live.filter(|l| l.metadata.uid.as_deref() == Some(&pod.uid)) else {
-                return Ok(false);
-            };
-            let still = super::index::SlimPod::from_pod(&live).is_some_and(|s| s.ips.contains(&ip));
-            if !still || live.metadata.deletion_timestamp.is_some() {
-                return Ok(false);
-            }
-            pod.stateful = live
-                .metadata
-                .owner_references
-                .iter()
-                .flatten()
-                .any(|o| o.kind == "StatefulSet" && o.controller == Some(true));
+        // The index said so; the API server confirms before anything is recorded.
+        if reason == AdoptReason::AppList && !self.still_runs_on(ip, &mut pod).await? {
+            return Ok(false);
         }
         let pod = &pod;
-        let claim = Claim {
-            ip,
-            app: pod.app.clone(),
-            pool: None,
-            pod: PodRef {
-                namespace: pod.namespace.clone(),
-                name: pod.name.clone(),
-                generate_name: String::new(),
-                uid: Some(pod.uid.clone()),
-            },
-            request_uid: format!("adopted-{}", pod.uid),
-            phase: Phase::Bound,
-            source: match reason {
-                AdoptReason::Token => Source::Static,
-                AdoptReason::AppList => Source::Allocated,
-            },
-            created_at: unix_now(),
-            updated_at: unix_now(),
-            list_size: None,
-            token: pod.token.clone().unwrap_or_default(),
-            release_at: None,
-            sticky: pod.stateful,
-        };
+        let claim = adopted_claim(ip, pod, reason);
         let mut resource = to_resource(&claim);
         resource.spec.sticky = pod.stateful;
         let created = match self.claims.create(&PostParams::default(), &resource).await {
@@ -273,6 +233,31 @@ impl Executor {
             .inc();
         tracing::info!(%ip, pod = %format!("{}/{}", pod.namespace, pod.name), reason = reason.label(), "IP adopted");
         self.event(&created, "IPAdopted", note).await;
+        Ok(true)
+    }
+
+    /// Whether the API server still has `pod` (the same UID) running on `ip` and not being
+    /// deleted; if so, whether a StatefulSet controls it is taken from the live object.
+    async fn still_runs_on(&self, ip: IpAddr, pod: &mut PodInfo) -> Result<bool, ClusterError> {
+        let pods: Api<k8s_openapi::api::core::v1::Pod> =
+            Api::namespaced(self.pods.clone().into_client(), &pod.namespace);
+        let live = match pods.get_opt(&pod.name).await {
+            Ok(live) => live,
+            Err(error) => return Err(ClusterError::api("reading pod", &pod.name, error)),
+        };
+        let Some(live) = live.filter(|l| l.metadata.uid.as_deref() == Some(&pod.uid)) else {
+            return Ok(false);
+        };
+        let still = super::index::SlimPod::from_pod(&live).is_some_and(|s| s.ips.contains(&ip));
+        if !still || live.metadata.deletion_timestamp.is_some() {
+            return Ok(false);
+        }
+        pod.stateful = live
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|o| o.kind == "StatefulSet" && o.controller == Some(true));
         Ok(true)
     }
 
@@ -369,5 +354,33 @@ impl Executor {
                 tracing::warn!(%error, pool = %name, "could not write IPPool status");
             }
         }
+    }
+}
+
+/// The Bound claim an adopted IP gets: static for a pod that carries a claim token, allocated
+/// for a pod on its app's list; sticky for a StatefulSet's pod.
+fn adopted_claim(ip: IpAddr, pod: &PodInfo, reason: AdoptReason) -> Claim {
+    Claim {
+        ip,
+        app: pod.app.clone(),
+        pool: None,
+        pod: PodRef {
+            namespace: pod.namespace.clone(),
+            name: pod.name.clone(),
+            generate_name: String::new(),
+            uid: Some(pod.uid.clone()),
+        },
+        request_uid: format!("adopted-{}", pod.uid),
+        phase: Phase::Bound,
+        source: match reason {
+            AdoptReason::Token => Source::Static,
+            AdoptReason::AppList => Source::Allocated,
+        },
+        created_at: unix_now(),
+        updated_at: unix_now(),
+        list_size: None,
+        token: pod.token.clone().unwrap_or_default(),
+        release_at: None,
+        sticky: pod.stateful,
     }
 }

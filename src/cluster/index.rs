@@ -47,7 +47,7 @@ pub struct SlimPod {
     /// `metadata.creationTimestamp` (unix seconds): of two pods on one IP, the older keeps it.
     pub created_at: u64,
     /// The kind of its controller owner, for node-loss release ([`super::node_loss`]).
-    pub controller: Option<super::node_loss::ControllerKind>,
+    pub controller: Option<super::controller::ControllerKind>,
     /// The value of its app label (`--app-label`), empty if none: the reconciler adopts a
     /// pod's IP only into its own app's list.
     pub app: Box<str>,
@@ -106,7 +106,7 @@ impl SlimPod {
                 .as_ref()
                 .and_then(|t| u64::try_from(t.0.as_second()).ok())
                 .unwrap_or(0),
-            controller: super::node_loss::ControllerKind::of(meta.owner_references.as_deref()),
+            controller: super::controller::ControllerKind::of(meta.owner_references.as_deref()),
             app: meta
                 .labels
                 .as_ref()
@@ -270,7 +270,7 @@ pub struct ClusterIps {
     /// The label naming a pod's app (set before the pod watch starts; `app` if never set).
     app_label: std::sync::OnceLock<String>,
     /// The apps' lists, to tell which pod events concern the reconciler ([`Self::set_lists`]).
-    lists: std::sync::OnceLock<Arc<dyn super::reconcile::AppLists>>,
+    lists: std::sync::OnceLock<Arc<dyn super::app_lists::AppLists>>,
     /// Running pods on an IP of their own app's list, changed since the leader last looked.
     marked: std::sync::Mutex<Marked>,
     /// The indexed pods that are Terminating, kept beside the index so that node-loss release
@@ -796,7 +796,7 @@ mod tests {
 
     struct OneList;
 
-    impl super::super::reconcile::AppLists for OneList {
+    impl super::super::app_lists::AppLists for OneList {
         fn sole_app_listing(&self, at: IpAddr) -> Option<String> {
             (at == ip("10.0.0.7")).then(|| "ns/web".to_string())
         }

@@ -19,7 +19,9 @@ use crate::metrics::watch_health::WatchHealth;
 use crate::metrics::{LeaseLabels, Metrics};
 use crate::webhook::Webhook;
 
+pub mod app_lists;
 pub mod cni;
+pub mod controller;
 pub mod events;
 pub mod executor;
 pub mod index;
@@ -202,11 +204,42 @@ pub fn start(
     caches.cluster_ips.set_app_label(&options.app_label);
     webhook.claim_guard.watch_pods(caches.clone());
     let (leading_tx, leading) = watch::channel(false);
+    let mut tasks = watch_tasks(&client, &webhook, &caches, &options.app_label);
+    tasks.extend(cni_tasks(&client, &webhook, &caches, &leading, &options));
+    tasks.extend(edge_tasks(&client, &webhook, &caches, &leading, &options));
+    let leases = Api::<Lease>::namespaced(client.clone(), &options.lease.namespace);
+    let elector = lease::Elector::new(leases.clone(), options.lease.clone());
+    tasks.push(tokio::spawn(lease::run(elector, leading_tx)));
+    tasks.push(tokio::spawn(export_leadership(
+        leading.clone(),
+        webhook.metrics.clone(),
+        options.lease.name.clone(),
+    )));
+    let lease = options.lease.clone();
+    let reconciler = reconciler(client, &webhook, &caches, options);
+    tasks.push(tokio::spawn(reconciler.run(leading.clone(), ready)));
+    ClusterHandle {
+        caches,
+        leading,
+        leases,
+        lease,
+        tasks,
+    }
+}
+
+/// The watches every replica keeps: pods, claims and pools into `caches`, and the pods'
+/// actual IPs and the workloads' lists into the cluster's IP index.
+fn watch_tasks(
+    client: &Client,
+    webhook: &Arc<Webhook>,
+    caches: &Arc<Caches>,
+    app_label: &str,
+) -> Vec<JoinHandle<()>> {
     let mut tasks = vec![
         tokio::spawn(watch_pods(
             Api::all(client.clone()),
             caches.clone(),
-            options.app_label.clone(),
+            app_label.to_string(),
         )),
         tokio::spawn(watch_claims(
             Api::all(client.clone()),
@@ -227,10 +260,23 @@ pub fn start(
         webhook.metrics.clone(),
     )));
     tasks.extend(index::spawn_workload_watches(
-        &client,
+        client,
         webhook.clone(),
         caches.clone(),
     ));
+    tasks
+}
+
+/// The watches of the CNI's objects `options.cni` names: Kube-OVN IPs and Subnets, or Calico
+/// IPPools and IPReservations (and, leader only, keeping our IPReservation).
+fn cni_tasks(
+    client: &Client,
+    webhook: &Arc<Webhook>,
+    caches: &Arc<Caches>,
+    leading: &watch::Receiver<bool>,
+    options: &ClusterOptions,
+) -> Vec<JoinHandle<()>> {
+    let mut tasks = Vec::new();
     match options.cni {
         Cni::KubeOvn => tasks.push(tokio::spawn(index::watch_ovn_ips(
             Api::all_with(client.clone(), &index::kube_ovn_ips()),
@@ -268,17 +314,17 @@ pub fn start(
             webhook.clone(),
         ))),
     }
-    tasks.extend(edge_tasks(&client, &webhook, &caches, &leading, &options));
-    let leases = Api::<Lease>::namespaced(client.clone(), &options.lease.namespace);
-    let elector = lease::Elector::new(leases.clone(), options.lease.clone());
-    tasks.push(tokio::spawn(lease::run(elector, leading_tx)));
-    tasks.push(tokio::spawn(export_leadership(
-        leading.clone(),
-        webhook.metrics.clone(),
-        options.lease.name.clone(),
-    )));
-    let lease = options.lease.clone();
-    let reconciler = Reconciler {
+    tasks
+}
+
+/// The leader's reconciler over the watches' caches, its executor writing through `client`.
+fn reconciler(
+    client: Client,
+    webhook: &Arc<Webhook>,
+    caches: &Arc<Caches>,
+    options: ClusterOptions,
+) -> Reconciler {
+    Reconciler {
         client: client.clone(),
         caches: caches.clone(),
         allocator: webhook.allocator.clone(),
@@ -302,14 +348,6 @@ pub fn start(
         started: tokio::time::Instant::now(),
         listed_seen: Default::default(),
         claimed_seen: Default::default(),
-    };
-    tasks.push(tokio::spawn(reconciler.run(leading.clone(), ready)));
-    ClusterHandle {
-        caches,
-        leading,
-        leases,
-        lease,
-        tasks,
     }
 }
 

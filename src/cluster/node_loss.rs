@@ -25,51 +25,18 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Api;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::watch;
 
+use super::controller::ControllerKind;
 use super::index::{ClusterIps, SlimPod};
 use super::lease::LeaderTicks;
 use super::watches::{Change, Mirror, drive};
 use crate::ipam::allocator::Allocator;
 use crate::ledger::Claim;
 use crate::metrics::Metrics;
-
-/// The kind of a pod's controller owner, as far as node-loss release cares.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ControllerKind {
-    ReplicaSet,
-    Job,
-    DaemonSet,
-    StatefulSet,
-    Other,
-}
-
-impl ControllerKind {
-    /// The kind of the owner reference marked `controller: true`; `None` for a bare pod.
-    pub fn of(owners: Option<&[OwnerReference]>) -> Option<ControllerKind> {
-        let owner = owners?.iter().find(|o| o.controller == Some(true))?;
-        Some(match owner.kind.as_str() {
-            "ReplicaSet" => ControllerKind::ReplicaSet,
-            "Job" => ControllerKind::Job,
-            "DaemonSet" => ControllerKind::DaemonSet,
-            "StatefulSet" => ControllerKind::StatefulSet,
-            _ => ControllerKind::Other,
-        })
-    }
-
-    /// Whether the controller replaces a pod by one with a new name (so the old pod's IP is
-    /// not waited for by its successor).
-    pub fn replaces_under_new_name(self) -> bool {
-        matches!(
-            self,
-            ControllerKind::ReplicaSet | ControllerKind::Job | ControllerKind::DaemonSet
-        )
-    }
-}
 
 /// A node's `Ready` condition: whether it is `True`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -368,33 +335,6 @@ impl NodeLoss {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn owners(kind: &str, controller: bool) -> Vec<OwnerReference> {
-        vec![OwnerReference {
-            api_version: "apps/v1".into(),
-            kind: kind.into(),
-            name: "x".into(),
-            uid: "u".into(),
-            controller: Some(controller),
-            ..OwnerReference::default()
-        }]
-    }
-
-    #[test]
-    fn only_controllers_that_rename_replacements_qualify() {
-        for (kind, renamed) in [
-            ("ReplicaSet", true),
-            ("Job", true),
-            ("DaemonSet", true),
-            ("StatefulSet", false),
-            ("Node", false),
-        ] {
-            let of = ControllerKind::of(Some(&owners(kind, true))).unwrap();
-            assert_eq!(of.replaces_under_new_name(), renamed, "{kind}");
-        }
-        assert_eq!(ControllerKind::of(None), None);
-        assert_eq!(ControllerKind::of(Some(&owners("ReplicaSet", false))), None);
-    }
 
     fn slim(controller: Option<ControllerKind>, deleting_at: Option<u64>) -> SlimPod {
         SlimPod {

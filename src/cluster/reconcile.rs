@@ -1,6 +1,7 @@
 //! The reconciler's decisions, as a pure function of what the caches hold and the time, so
 //! every rule is testable without an API server; and the executor that carries them out.
 
+use super::app_lists::AppLists;
 use super::index::SlimPod;
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
@@ -42,7 +43,7 @@ impl PodInfo {
             ips: pod.ips.to_vec(),
             created_at: pod.created_at,
             terminating: pod.deleting_at.is_some(),
-            stateful: pod.controller == Some(super::node_loss::ControllerKind::StatefulSet),
+            stateful: pod.controller == Some(super::controller::ControllerKind::StatefulSet),
             app: pod.app.to_string(),
             token: None,
         }
@@ -118,43 +119,6 @@ pub enum Action {
         pod: PodInfo,
         reason: AdoptReason,
     },
-}
-
-/// Which app (`namespace/app`) lists an IP: in-cluster, the watched workloads' pod templates
-/// (the same on every replica).
-pub trait AppLists: Send + Sync {
-    /// The one app whose list holds `ip`; `None` when no app's does, or two apps' do.
-    fn sole_app_listing(&self, ip: IpAddr) -> Option<String>;
-
-    /// A value that changes when the set of listed IPs does; `None`: unknown, so the
-    /// reconciler visits every running pod each pass.
-    fn listed_version(&self) -> Option<u64> {
-        None
-    }
-}
-
-impl AppLists for crate::webhook::workloads::WorkloadRegistry {
-    fn sole_app_listing(&self, ip: IpAddr) -> Option<String> {
-        let mut apps = self.apps_listing(ip);
-        if apps.len() == 1 { apps.pop() } else { None }
-    }
-
-    fn listed_version(&self) -> Option<u64> {
-        use std::hash::{Hash, Hasher};
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        self.listed().hash(&mut hasher);
-        Some(hasher.finish())
-    }
-}
-
-impl AppLists for crate::webhook::Webhook {
-    fn sole_app_listing(&self, ip: IpAddr) -> Option<String> {
-        self.workloads.sole_app_listing(ip)
-    }
-
-    fn listed_version(&self) -> Option<u64> {
-        self.workloads.listed_version()
-    }
 }
 
 /// Issue 17: a pod that runs (`status.podIPs`, set by the kubelet and the CNI, never by the
@@ -423,23 +387,21 @@ pub fn plan(
     rules: Rules,
 ) -> Plan {
     let mut plan = Plan::default();
-    let mut recorded: HashSet<IpAddr> = HashSet::new();
-    let mut bound_uids: HashSet<&str> = HashSet::new();
-    let mut parsed = Vec::with_capacity(claims.len());
-    for resource in claims {
-        match from_resource(resource) {
-            Ok(claim) => {
-                recorded.insert(claim.ip);
-                parsed.push((resource, claim));
+    let parsed: Vec<(&Arc<IPClaim>, Claim)> = claims
+        .iter()
+        .filter_map(|resource| match from_resource(resource) {
+            Ok(claim) => Some((resource, claim)),
+            Err(error) => {
+                tracing::warn!(%error, "the reconciler skips an IPClaim");
+                None
             }
-            Err(error) => tracing::warn!(%error, "the reconciler skips an IPClaim"),
-        }
-    }
-    for (_, claim) in &parsed {
-        if let Some(uid) = claim.pod.uid.as_deref() {
-            bound_uids.insert(uid);
-        }
-    }
+        })
+        .collect();
+    let recorded: HashSet<IpAddr> = parsed.iter().map(|(_, claim)| claim.ip).collect();
+    let bound_uids: HashSet<&str> = parsed
+        .iter()
+        .filter_map(|(_, claim)| claim.pod.uid.as_deref())
+        .collect();
     for (resource, claim) in &parsed {
         let resource = Arc::clone(resource);
         let since = seen.since(&resource, now);
@@ -464,39 +426,12 @@ pub fn plan(
                     });
                 }
             }
-            (phase, Some(uid)) => match pods.get(uid) {
-                Some(pod) if phase == Phase::Reserved => plan.actions.push(Action::Bind {
-                    claim: resource,
-                    pod: pod.clone(),
-                }),
-                Some(_) => {}
-                // Bound at admission, the pod not stored yet (or never to be): a promise.
-                None if phase != Phase::Terminating
-                    && !seen.pod_seen(&resource)
-                    && now < promised_until =>
-                {
-                    plan.due(promised_until);
-                }
-                None if resource.spec.sticky => plan.actions.push(Action::Keep { claim: resource }),
-                // its DELETE was admitted and the pod is gone: an ordinary release
-                None if phase == Phase::Terminating => plan.actions.push(Action::Drop {
-                    claim: resource,
-                    reason: DropReason::ReleaseDone,
-                }),
-                None => plan.actions.push(Action::Drop {
-                    claim: resource,
-                    reason: DropReason::PodGone,
-                }),
-            },
+            (phase, Some(uid)) => {
+                let pod = pods.get(uid);
+                plan_for_pod(&mut plan, resource, phase, pod, seen, now, promised_until);
+            }
             (_, None) => {
-                let taker = pods
-                    .values()
-                    .filter(|pod| {
-                        !pod.terminating
-                            && !bound_uids.contains(pod.uid.as_str())
-                            && takes_up(claim, pod)
-                    })
-                    .min_by_key(|pod| (pod.created_at, pod.uid.clone()));
+                let taker = taker(claim, pods, &bound_uids);
                 match taker {
                     Some(pod) => plan.actions.push(Action::Bind {
                         claim: resource,
@@ -512,6 +447,67 @@ pub fn plan(
         }
     }
     plan.duplicates = duplicates(pods);
+    plan_token_adoptions(&mut plan, pods, &recorded);
+    plan
+}
+
+/// A held claim for the pod with its UID, `pod` as the cache has it (`None`: not there).
+fn plan_for_pod(
+    plan: &mut Plan,
+    resource: Arc<IPClaim>,
+    phase: Phase,
+    pod: Option<&PodInfo>,
+    seen: &Sightings,
+    now: u64,
+    promised_until: u64,
+) {
+    match pod {
+        Some(pod) if phase == Phase::Reserved => plan.actions.push(Action::Bind {
+            claim: resource,
+            pod: pod.clone(),
+        }),
+        Some(_) => {}
+        // Bound at admission, the pod not stored yet (or never to be): a promise.
+        None if phase != Phase::Terminating
+            && !seen.pod_seen(&resource)
+            && now < promised_until =>
+        {
+            plan.due(promised_until);
+        }
+        None if resource.spec.sticky => plan.actions.push(Action::Keep { claim: resource }),
+        // its DELETE was admitted and the pod is gone: an ordinary release
+        None if phase == Phase::Terminating => plan.actions.push(Action::Drop {
+            claim: resource,
+            reason: DropReason::ReleaseDone,
+        }),
+        None => plan.actions.push(Action::Drop {
+            claim: resource,
+            reason: DropReason::PodGone,
+        }),
+    }
+}
+
+/// The pod a claim without a pod UID (a reservation) was made for: the oldest live pod that
+/// takes it up ([`takes_up`]) and is not already the pod of another claim.
+fn taker<'p>(
+    claim: &Claim,
+    pods: &'p HashMap<String, PodInfo>,
+    bound_uids: &HashSet<&str>,
+) -> Option<&'p PodInfo> {
+    pods.values()
+        .filter(|pod| {
+            !pod.terminating && !bound_uids.contains(pod.uid.as_str()) && takes_up(claim, pod)
+        })
+        .min_by_key(|pod| (pod.created_at, pod.uid.clone()))
+}
+
+/// Adopt each IP a live pod carrying a claim token runs on that no claim records, oldest pod
+/// first.
+fn plan_token_adoptions(
+    plan: &mut Plan,
+    pods: &HashMap<String, PodInfo>,
+    recorded: &HashSet<IpAddr>,
+) {
     let mut adopted: HashSet<IpAddr> = HashSet::new();
     let mut live: Vec<&PodInfo> = pods.values().filter(|p| !p.terminating).collect();
     live.sort_by_key(|pod| (pod.created_at, pod.uid.clone()));
@@ -533,7 +529,6 @@ pub fn plan(
             }
         }
     }
-    plan
 }
 
 /// `IPPool.status` from the records: IPs of the pool held by any record.

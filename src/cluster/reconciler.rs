@@ -25,13 +25,13 @@ pub struct Reconciler {
     pub executor: super::executor::Executor,
     pub options: ClusterOptions,
     /// The apps' lists the leader adopts running pods' IPs into ([`reconcile::plan_list_adoptions`]).
-    pub lists: Option<Arc<dyn reconcile::AppLists>>,
+    pub lists: Option<Arc<dyn super::app_lists::AppLists>>,
     /// Since when the leader has seen each claim as it is, on [`Reconciler::clock`].
     pub sightings: std::sync::Mutex<reconcile::Sightings>,
     /// The leader's own clock for the ages of claims: monotonic, so neither another
     /// machine's clock nor a step of this one's wall clock can age a claim.
     pub started: tokio::time::Instant,
-    /// The apps' lists as the last pass saw them ([`reconcile::AppLists::listed_version`]).
+    /// The apps' lists as the last pass saw them ([`super::app_lists::AppLists::listed_version`]).
     pub listed_seen: std::sync::Mutex<Option<u64>>,
     /// The IPs claimed as the last pass saw them.
     pub claimed_seen: std::sync::Mutex<HashSet<IpAddr>>,
@@ -145,7 +145,7 @@ impl Reconciler {
         &self,
         full: bool,
         claims: &[Arc<IPClaim>],
-        lists: &dyn reconcile::AppLists,
+        lists: &dyn super::app_lists::AppLists,
     ) -> Vec<Arc<super::index::SlimPod>> {
         let index = &self.caches.cluster_ips;
         let marked = index.take_marked();

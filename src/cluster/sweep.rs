@@ -93,36 +93,7 @@ impl Sweeper {
                 return Vec::new();
             }
         };
-        let mut due: BTreeMap<String, Vec<Claim>> = BTreeMap::new();
-        for claim in &claims {
-            if !claim.is_held()
-                && self
-                    .uncertain
-                    .remove(&(claim.ip, claim.request_uid.clone()))
-            {
-                // an earlier release whose answer was lost did reach the ledger
-                self.metrics.leaks_reclaimed.inc();
-            }
-        }
-        self.uncertain.retain(|(ip, request)| {
-            claims
-                .iter()
-                .any(|c| c.ip == *ip && c.request_uid == *request)
-        });
-        let mut first_seen = HashMap::with_capacity(self.first_seen.len());
-        for claim in claims.into_iter().filter(Claim::is_held) {
-            let seen_since = match self.first_seen.get(&claim.ip) {
-                Some((request, since)) if *request == claim.request_uid => *since,
-                _ => now,
-            };
-            first_seen.insert(claim.ip, (claim.request_uid.clone(), seen_since));
-            if now >= seen_since + self.rules.reservation_ttl {
-                due.entry(claim.pod.namespace.clone())
-                    .or_default()
-                    .push(claim);
-            }
-        }
-        self.first_seen = first_seen;
+        let due = self.due_by_namespace(claims, now);
         let mut looked_at: HashMap<IpAddr, String> = HashMap::new();
         let mut freed = Vec::new();
         for (namespace, claims) in due {
@@ -167,6 +138,42 @@ impl Sweeper {
         self.unheld_since
             .retain(|ip, (request, _)| looked_at.get(ip) == Some(request));
         freed
+    }
+
+    /// The held claims whose reservation TTL has passed since this sweeper first saw them,
+    /// by namespace; counts the uncertain releases of earlier passes the ledger shows done.
+    fn due_by_namespace(&mut self, claims: Vec<Claim>, now: u64) -> BTreeMap<String, Vec<Claim>> {
+        let mut due: BTreeMap<String, Vec<Claim>> = BTreeMap::new();
+        for claim in &claims {
+            if !claim.is_held()
+                && self
+                    .uncertain
+                    .remove(&(claim.ip, claim.request_uid.clone()))
+            {
+                // an earlier release whose answer was lost did reach the ledger
+                self.metrics.leaks_reclaimed.inc();
+            }
+        }
+        self.uncertain.retain(|(ip, request)| {
+            claims
+                .iter()
+                .any(|c| c.ip == *ip && c.request_uid == *request)
+        });
+        let mut first_seen = HashMap::with_capacity(self.first_seen.len());
+        for claim in claims.into_iter().filter(Claim::is_held) {
+            let seen_since = match self.first_seen.get(&claim.ip) {
+                Some((request, since)) if *request == claim.request_uid => *since,
+                _ => now,
+            };
+            first_seen.insert(claim.ip, (claim.request_uid.clone(), seen_since));
+            if now >= seen_since + self.rules.reservation_ttl {
+                due.entry(claim.pod.namespace.clone())
+                    .or_default()
+                    .push(claim);
+            }
+        }
+        self.first_seen = first_seen;
+        due
     }
 
     async fn free(&mut self, claim: &Claim) -> bool {

@@ -11,8 +11,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::ipam::foreign::ForeignIps;
 use crate::ipam::held::State;
-use crate::ipam::ipset::{Family, IpSet, ip_key};
-use crate::ipam::messages::{Scope, conflict_message, foreign_message};
+use crate::ipam::ipset::{Family, ip_key};
+use crate::ipam::messages::{conflict_message, foreign_message};
+use crate::ipam::request::new_claim;
+pub use crate::ipam::request::{AllocationRequest, Reason};
 use crate::ledger::claim::{
     self, DueStep, PodIdentity, PodPresence, held_by, may_take_over, same_admission,
 };
@@ -23,46 +25,6 @@ use crate::ledger::{
 
 /// How many times one allocation may learn that its candidate was taken elsewhere.
 const MAX_CONTENDED_ATTEMPTS: usize = 64;
-
-/// What one pod asks for.
-#[derive(Debug, Clone)]
-pub struct AllocationRequest<'a> {
-    /// How the owner is named in messages.
-    pub scope: Scope<'a>,
-    pub app: &'a str,
-    pub pool: Option<&'a str>,
-    pub pod: PodRef,
-    pub request_uid: &'a str,
-    /// The claim token for this pod (a fresh one from [`claim::new_token`]); a retried
-    /// admission is answered with the token its first attempt recorded instead.
-    pub token: &'a str,
-    pub candidates: &'a IpSet,
-    /// Ordinal of a StatefulSet pod (`web-3` → 3): prefers entry N of the list.
-    pub ordinal: Option<u64>,
-    pub dry_run: bool,
-}
-
-impl AllocationRequest<'_> {
-    /// The pod asking, as the claim rules compare it with a record.
-    pub fn identity(&self) -> PodIdentity<'_> {
-        PodIdentity {
-            namespace: &self.pod.namespace,
-            name: &self.pod.name,
-            uid: self.pod.uid.as_deref(),
-            token: Some(self.token),
-        }
-    }
-}
-
-/// Why the IP was chosen (for logs and `explain`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reason {
-    StatefulSetOrdinal,
-    PreviousHolder,
-    LowestFree,
-    /// A retried admission with the same request UID gets the claim it already made.
-    SameRequest,
-}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Allocation {
@@ -634,32 +596,14 @@ enum Recorded {
     HeldBy(Box<Claim>),
 }
 
-pub(super) fn new_claim(ip: IpAddr, request: &AllocationRequest<'_>, source: Source) -> Claim {
-    let now = unix_now();
-    Claim {
-        ip,
-        app: request.app.to_string(),
-        pool: request.pool.map(str::to_string),
-        pod: request.pod.clone(),
-        request_uid: request.request_uid.to_string(),
-        phase: Phase::Reserved,
-        source,
-        created_at: now,
-        updated_at: now,
-        list_size: (!request.candidates.is_empty())
-            .then(|| u64::try_from(request.candidates.len()).unwrap_or(u64::MAX)),
-        token: request.token.to_string(),
-        release_at: None,
-        sticky: false,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::ipam::foreign::ForeignUse;
     use crate::ipam::held::RunSet;
+    use crate::ipam::ipset::IpSet;
     use crate::ipam::ipset::parse_ip_spec;
+    use crate::ipam::messages::Scope;
     use crate::ledger::MemoryLedger;
     use proptest::prelude::*;
     use std::collections::HashMap;

@@ -6,10 +6,10 @@ use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use super::allocator::{AllocationRequest, Reason, new_claim};
 use super::foreign::{ForeignIps, ForeignUse};
 use super::ipset::{Family, ip_from_key, ip_key};
 use super::messages::{HOLDERS_NAMED, holder_list};
+use super::request::{AllocationRequest, Reason, new_claim};
 use crate::ledger::claim::{may_take_over, same_grant};
 use crate::ledger::{Claim, Phase, PodRef, Source, unix_now};
 

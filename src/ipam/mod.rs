@@ -9,5 +9,6 @@ pub mod ipset;
 pub mod messages;
 pub mod overlap;
 pub mod pools;
+pub mod request;
 pub mod spec_cache;
 pub mod usage;

@@ -167,6 +167,25 @@ fn holder(claim: &Claim) -> Holder {
     }
 }
 
+/// A pool's line: its size is the FixedIPPool's (or, for a pool no longer defined, the size
+/// its newest claim recorded), its free IPs the size less those held.
+fn pool_status(name: String, tally: Tally, pools: &PoolCatalog) -> PoolStatus {
+    let defined = pools.get(&name);
+    let size = match defined {
+        Some(pool) => Some(u64::try_from(pool.usable.len()).unwrap_or(u64::MAX)),
+        None => tally.newest_size.map(|(_, size)| size),
+    };
+    PoolStatus {
+        cidr: defined.map(|p| p.cidr.to_string()),
+        size,
+        held: tally.held,
+        reserved: tally.reserved,
+        free: size.map(|s| s.saturating_sub(tally.held)),
+        holders: sorted(tally.holders),
+        name,
+    }
+}
+
 impl Report {
     /// Count the held claims per pool and per app. Every pool of `pools` is listed, used or
     /// not; `holders` says whether to list each IP (metrics only need the counts).
@@ -202,22 +221,7 @@ impl Report {
         }
         let pool_list: Vec<PoolStatus> = by_pool
             .into_iter()
-            .map(|(name, tally)| {
-                let defined = pools.get(&name);
-                let size = match defined {
-                    Some(pool) => Some(u64::try_from(pool.usable.len()).unwrap_or(u64::MAX)),
-                    None => tally.newest_size.map(|(_, size)| size),
-                };
-                PoolStatus {
-                    cidr: defined.map(|p| p.cidr.to_string()),
-                    size,
-                    held: tally.held,
-                    reserved: tally.reserved,
-                    free: size.map(|s| s.saturating_sub(tally.held)),
-                    holders: sorted(tally.holders),
-                    name,
-                }
-            })
+            .map(|(name, tally)| pool_status(name, tally, pools))
             .collect();
         let apps = by_app
             .into_iter()

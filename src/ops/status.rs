@@ -65,113 +65,135 @@ impl Report {
     pub fn to_table_with(&self, wide: bool) -> String {
         let mut out = String::new();
         if !self.pools.is_empty() {
-            let rows = self
-                .pools
-                .iter()
-                .map(|p| {
-                    let mut row = vec![
-                        p.name.clone(),
-                        p.cidr.clone().unwrap_or_else(|| "(undefined)".into()),
-                    ];
-                    row.extend(capacity_columns(p.size, p.held, p.reserved, p.free));
-                    row
-                })
-                .collect::<Vec<_>>();
-            out.push_str(&table(
-                &["POOL", "CIDR", "SIZE", "HELD", "RESERVED", "FREE", "USED"],
-                &rows,
-            ));
+            out.push_str(&self.pool_table());
         }
         if !self.apps.is_empty() {
             if !out.is_empty() {
                 out.push('\n');
             }
-            let rows = self
-                .apps
-                .iter()
-                .map(|a| {
-                    let mut row = vec![app_name(a), a.pool.clone().unwrap_or_else(|| "-".into())];
-                    row.extend(capacity_columns(a.size, a.held, a.reserved, a.free));
-                    row
-                })
-                .collect::<Vec<_>>();
-            out.push_str(&table(
-                &["APP", "POOL", "SIZE", "HELD", "RESERVED", "FREE", "USED"],
-                &rows,
-            ));
+            out.push_str(&self.app_table());
             let holders: Vec<&Holder> = self.apps.iter().flat_map(|a| &a.holders).collect();
             if !holders.is_empty() {
                 out.push('\n');
-                let rows = holders
-                    .iter()
-                    .map(|h| {
-                        let mut row = vec![
-                            h.ip.to_string(),
-                            if h.app.ends_with('/') {
-                                "-".to_string()
-                            } else {
-                                h.app.clone()
-                            },
-                            h.pod.clone(),
-                            h.node.clone().unwrap_or_else(|| "-".into()),
-                            match &h.release_at {
-                                Some(at) => format!("{:?} (release {at})", h.phase),
-                                None => format!("{:?}", h.phase),
-                            },
-                            format!("{:?}", h.source),
-                            h.since.clone(),
-                        ];
-                        if wide {
-                            let dash = |text: &str| {
-                                if text.is_empty() {
-                                    "-".to_string()
-                                } else {
-                                    text.to_string()
-                                }
-                            };
-                            row.extend([
-                                dash(h.pool.as_deref().unwrap_or("")),
-                                dash(h.pod_uid.as_deref().unwrap_or("")),
-                                dash(&h.token),
-                                dash(&h.request_uid),
-                            ]);
-                        }
-                        row
-                    })
-                    .collect::<Vec<_>>();
-                let mut headers = vec!["IP", "APP", "POD", "NODE", "PHASE", "SOURCE", "SINCE"];
-                if wide {
-                    headers.extend(["POOL", "POD UID", "CLAIM TOKEN", "REQUEST"]);
-                }
-                out.push_str(&table(&headers, &rows));
+                out.push_str(&holder_table(&holders, wide));
             }
         }
         if !self.duplicates.is_empty() {
             if !out.is_empty() {
                 out.push('\n');
             }
-            out.push_str(&format!(
-                "DUPLICATE IPS: {} IP(s) carried by two or more live pods; the oldest keeps each, delete the others\n",
-                self.duplicates.len()
-            ));
-            let rows = self
-                .duplicates
-                .iter()
-                .map(|d| {
-                    vec![
-                        d.ip.to_string(),
-                        d.keeps.clone(),
-                        d.pods.iter().skip(1).cloned().collect::<Vec<_>>().join(","),
-                    ]
-                })
-                .collect::<Vec<_>>();
-            out.push_str(&table(&["IP", "KEEPS", "ALSO ON"], &rows));
+            out.push_str(&self.duplicate_table());
         }
         if out.is_empty() {
             out.push_str("No IPs are held and no FixedIPPools are defined.\n");
         }
         out
     }
+
+    /// One row per FixedIPPool: its CIDR and capacity.
+    fn pool_table(&self) -> String {
+        let rows = self
+            .pools
+            .iter()
+            .map(|p| {
+                let mut row = vec![
+                    p.name.clone(),
+                    p.cidr.clone().unwrap_or_else(|| "(undefined)".into()),
+                ];
+                row.extend(capacity_columns(p.size, p.held, p.reserved, p.free));
+                row
+            })
+            .collect::<Vec<_>>();
+        table(
+            &["POOL", "CIDR", "SIZE", "HELD", "RESERVED", "FREE", "USED"],
+            &rows,
+        )
+    }
+
+    /// One row per app: its pool and capacity.
+    fn app_table(&self) -> String {
+        let rows = self
+            .apps
+            .iter()
+            .map(|a| {
+                let mut row = vec![app_name(a), a.pool.clone().unwrap_or_else(|| "-".into())];
+                row.extend(capacity_columns(a.size, a.held, a.reserved, a.free));
+                row
+            })
+            .collect::<Vec<_>>();
+        table(
+            &["APP", "POOL", "SIZE", "HELD", "RESERVED", "FREE", "USED"],
+            &rows,
+        )
+    }
+
+    /// The IPs carried by two or more live pods, under a line that says what to do.
+    fn duplicate_table(&self) -> String {
+        let mut out = format!(
+            "DUPLICATE IPS: {} IP(s) carried by two or more live pods; the oldest keeps each, delete the others\n",
+            self.duplicates.len()
+        );
+        let rows = self
+            .duplicates
+            .iter()
+            .map(|d| {
+                vec![
+                    d.ip.to_string(),
+                    d.keeps.clone(),
+                    d.pods.iter().skip(1).cloned().collect::<Vec<_>>().join(","),
+                ]
+            })
+            .collect::<Vec<_>>();
+        out.push_str(&table(&["IP", "KEEPS", "ALSO ON"], &rows));
+        out
+    }
+}
+
+/// One row per held IP: its app, pod, node, phase, source and age.
+/// The holder table; `wide` adds each holder's pool, pod UID, claim token and request.
+fn holder_table(holders: &[&Holder], wide: bool) -> String {
+    let dash = |text: &str| {
+        if text.is_empty() {
+            "-".to_string()
+        } else {
+            text.to_string()
+        }
+    };
+    let rows = holders
+        .iter()
+        .map(|h| {
+            let mut row = vec![
+                h.ip.to_string(),
+                if h.app.ends_with('/') {
+                    "-".to_string()
+                } else {
+                    h.app.clone()
+                },
+                h.pod.clone(),
+                h.node.clone().unwrap_or_else(|| "-".into()),
+                match &h.release_at {
+                    Some(at) => format!("{:?} (release {at})", h.phase),
+                    None => format!("{:?}", h.phase),
+                },
+                format!("{:?}", h.source),
+                h.since.clone(),
+            ];
+            if wide {
+                row.extend([
+                    dash(h.pool.as_deref().unwrap_or("")),
+                    dash(h.pod_uid.as_deref().unwrap_or("")),
+                    dash(&h.token),
+                    dash(&h.request_uid),
+                ]);
+            }
+            row
+        })
+        .collect::<Vec<_>>();
+    let mut headers = vec!["IP", "APP", "POD", "NODE", "PHASE", "SOURCE", "SINCE"];
+    if wide {
+        headers.extend(["POOL", "POD UID", "CLAIM TOKEN", "REQUEST"]);
+    }
+    table(&headers, &rows)
 }
 
 fn app_name(app: &AppStatus) -> String {

@@ -143,31 +143,7 @@ pub fn self_signed_in(dir: &Path, dns_names: &[String]) -> Result<(SelfSigned, K
         dir.join("tls.crt"),
         dir.join("tls.key"),
     );
-    let kept_ca = match (
-        read_unless_absent(&ca_crt, |p| std::fs::read_to_string(p))?,
-        read_unless_absent(&ca_key, |p| std::fs::read_to_string(p))?,
-    ) {
-        (Some(cert), Some(key)) => rcgen::KeyPair::from_pem(&key)
-            .ok()
-            .filter(|key| ca_pair_matches(&cert, key))
-            .map(|key| (cert, key)),
-        _ => None,
-    };
-    let new_ca = kept_ca.is_none();
-    let (ca_pem, ca_key_pair) = match kept_ca {
-        Some(kept) => kept,
-        None => {
-            let key = rcgen::KeyPair::generate().map_err(generate)?;
-            let cert = ca_params(Some(now + days(SELF_SIGNED_CA_DAYS)))?
-                .self_signed(&key)
-                .map_err(generate)?;
-            // Each file whole or not at all; a crash between the two leaves a key that does
-            // not match the certificate, which the next start replaces as a pair.
-            write_secret(&ca_key, &key.serialize_pem())?;
-            write_whole(&ca_crt, cert.pem().as_bytes(), 0o644)?;
-            (cert.pem(), key)
-        }
-    };
+    let (ca_pem, ca_key_pair, new_ca) = kept_or_new_ca(&ca_crt, &ca_key, now)?;
     let kept_leaf = match (
         read_unless_absent(&tls_crt, |p| std::fs::read(p))?,
         read_unless_absent(&tls_key, |p| std::fs::read(p))?,
@@ -210,6 +186,39 @@ pub fn self_signed_in(dir: &Path, dns_names: &[String]) -> Result<(SelfSigned, K
         },
         Kept { new_ca, new_cert },
     ))
+}
+
+/// The CA in `ca_crt` and `ca_key` when both are there and match, else a new one written
+/// there; with whether it is new.
+fn kept_or_new_ca(
+    ca_crt: &Path,
+    ca_key: &Path,
+    now: jiff::Timestamp,
+) -> Result<(String, rcgen::KeyPair, bool), TlsError> {
+    let kept_ca = match (
+        read_unless_absent(ca_crt, |p| std::fs::read_to_string(p))?,
+        read_unless_absent(ca_key, |p| std::fs::read_to_string(p))?,
+    ) {
+        (Some(cert), Some(key)) => rcgen::KeyPair::from_pem(&key)
+            .ok()
+            .filter(|key| ca_pair_matches(&cert, key))
+            .map(|key| (cert, key)),
+        _ => None,
+    };
+    if let Some((cert, key)) = kept_ca {
+        return Ok((cert, key, false));
+    }
+    let key = rcgen::KeyPair::generate().map_err(generate)?;
+    let cert = ca_params(Some(
+        now + jiff::SignedDuration::from_hours(24 * SELF_SIGNED_CA_DAYS),
+    ))?
+    .self_signed(&key)
+    .map_err(generate)?;
+    // Each file whole or not at all; a crash between the two leaves a key that does not match
+    // the certificate, which the next start replaces as a pair.
+    write_secret(ca_key, &key.serialize_pem())?;
+    write_whole(ca_crt, cert.pem().as_bytes(), 0o644)?;
+    Ok((cert.pem(), key, true))
 }
 
 /// The contents of `path`, `None` when it does not exist (or is no text: replaced like a

@@ -24,10 +24,12 @@ mod admin;
 use admin::serve_admin;
 mod bind;
 pub use bind::{BindError, Listeners, bind};
+mod answers;
+use answers::{busy, check_head, endpoint_of, json_response, panicked, status, unread_body};
 mod body;
 pub mod certs;
 mod slots;
-use body::{BodyError, Held, discard, read_body};
+use body::{Held, discard, read_body};
 use slots::{FIRST_BYTE_WAIT, HandshakeSlot, Noticing, Slots, admit};
 pub mod logging;
 pub mod tls;
@@ -56,7 +58,7 @@ use tokio::sync::{Semaphore, SemaphorePermit, watch};
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
-use crate::metrics::{Endpoint, Metrics, Outcome, ReasonLabels, RequestLabels};
+use crate::metrics::{Metrics, Outcome, ReasonLabels, RequestLabels};
 use crate::webhook::Webhook;
 
 /// controller-runtime's limit: the API server never sends more.
@@ -374,32 +376,13 @@ async fn serve_connection(
     budget: Arc<Semaphore>,
     mut signal: watch::Receiver<bool>,
 ) {
-    let handshake = tokio::time::timeout(limits.handshake, acceptor.accept(tcp));
-    let handshake = tokio::select! {
-        done = handshake => done,
-        () = slot.closed() => {
-            tracing::debug!(%peer, "closing a connection still in its TLS handshake to make room");
-            return;
-        }
-        _ = signal.changed() => return,
+    let shake = Handshake {
+        peer,
+        limits: &limits,
+        webhook: &webhook,
     };
-    let stream = match handshake {
-        Ok(Ok(stream)) => stream,
-        Ok(Err(error)) => {
-            if let Some(reason) = client_refusal(&error) {
-                webhook
-                    .metrics
-                    .client_cert_refusals
-                    .get_or_create(&ReasonLabels { reason })
-                    .inc();
-            }
-            tracing::debug!(%peer, %error, "TLS handshake failed");
-            return;
-        }
-        Err(_) => {
-            tracing::debug!(%peer, "TLS handshake timed out");
-            return;
-        }
+    let Some(stream) = shake.run(tcp, &mut slot, acceptor, &mut signal).await else {
+        return;
     };
     // past the handshake (with a client CA: the API server's certificate shown), the
     // connection keeps its slot until it ends
@@ -425,23 +408,7 @@ async fn serve_connection(
             }
         })
     };
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    if h2 {
-        builder = builder.http2_only();
-    }
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read)
-        .max_buf_size(H1_MAX_BUF);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .keep_alive_interval(Some(limits.idle.min(Duration::from_secs(30))))
-        .keep_alive_timeout(limits.header_read.min(Duration::from_secs(20)))
-        .initial_stream_window_size(H2_STREAM_WINDOW)
-        .initial_connection_window_size(H2_CONNECTION_WINDOW)
-        .max_header_list_size(H2_MAX_HEADER_LIST);
+    let builder = http_builder(h2, &limits);
     let connection = builder.serve_connection(TokioIo::new(io), service);
     tokio::pin!(connection);
     let tick = (limits.header_read.min(limits.idle) / 4)
@@ -476,6 +443,77 @@ async fn serve_connection(
     let _ = tokio::time::timeout(patience, connection).await;
 }
 
+/// One connection's TLS handshake, within its time limit and its slot.
+struct Handshake<'a> {
+    peer: SocketAddr,
+    limits: &'a Limits,
+    webhook: &'a Webhook,
+}
+
+impl Handshake<'_> {
+    /// The TLS stream; `None` when the handshake failed (a refused client certificate is
+    /// counted), timed out, gave its slot up to make room, or the server shuts down.
+    async fn run(
+        &self,
+        tcp: Noticing<tokio::net::TcpStream>,
+        slot: &mut HandshakeSlot,
+        acceptor: TlsAcceptor,
+        signal: &mut watch::Receiver<bool>,
+    ) -> Option<tokio_rustls::server::TlsStream<Noticing<tokio::net::TcpStream>>> {
+        let peer = self.peer;
+        let handshake = tokio::time::timeout(self.limits.handshake, acceptor.accept(tcp));
+        let handshake = tokio::select! {
+            done = handshake => done,
+            () = slot.closed() => {
+                tracing::debug!(%peer, "closing a connection still in its TLS handshake to make room");
+                return None;
+            }
+            _ = signal.changed() => return None,
+        };
+        match handshake {
+            Ok(Ok(stream)) => Some(stream),
+            Ok(Err(error)) => {
+                if let Some(reason) = client_refusal(&error) {
+                    self.webhook
+                        .metrics
+                        .client_cert_refusals
+                        .get_or_create(&ReasonLabels { reason })
+                        .inc();
+                }
+                tracing::debug!(%peer, %error, "TLS handshake failed");
+                None
+            }
+            Err(_) => {
+                tracing::debug!(%peer, "TLS handshake timed out");
+                None
+            }
+        }
+    }
+}
+
+/// The HTTP/1.1 and HTTP/2 server settings of one connection (HTTP/2 only when ALPN chose
+/// it): header and keep-alive timeouts from `limits`, buffer and window sizes.
+fn http_builder(h2: bool, limits: &Limits) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    if h2 {
+        builder = builder.http2_only();
+    }
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read)
+        .max_buf_size(H1_MAX_BUF);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(Some(limits.idle.min(Duration::from_secs(30))))
+        .keep_alive_timeout(limits.header_read.min(Duration::from_secs(20)))
+        .initial_stream_window_size(H2_STREAM_WINDOW)
+        .initial_connection_window_size(H2_CONNECTION_WINDOW)
+        .max_header_list_size(H2_MAX_HEADER_LIST);
+    builder
+}
+
 /// Route and answer one HTTPS request.
 async fn admission(
     webhook: &Webhook,
@@ -493,14 +531,9 @@ async fn admission(
         }
         response
     };
-    let endpoint = match parts.uri.path() {
-        "/mutate" => Endpoint::mutate,
-        "/validate" => Endpoint::validate,
-        path => {
-            let message =
-                format!("no such path {path:?}; ip-webhook serves POST /mutate and POST /validate");
-            return early(status(StatusCode::NOT_FOUND, &message), body);
-        }
+    let endpoint = match endpoint_of(parts.uri.path()) {
+        Ok(endpoint) => endpoint,
+        Err(response) => return early(response, body),
     };
     let count = |outcome| {
         webhook
@@ -512,25 +545,13 @@ async fn admission(
             })
             .inc();
     };
-    if parts.method != Method::POST {
-        count(Outcome::bad_request);
-        let message = format!("{} is not allowed; send POST", parts.method);
-        return early(status(StatusCode::METHOD_NOT_ALLOWED, &message), body);
-    }
-    if let Err(message) = check_content_type(&parts.headers) {
-        count(Outcome::bad_request);
-        return early(status(StatusCode::UNSUPPORTED_MEDIA_TYPE, &message), body);
-    }
-    let declared = parts
-        .headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|len| len > MAX_BODY_BYTES as u64) {
-        count(Outcome::bad_request);
-        return early(too_large(), body);
-    }
-    let declared = declared.map(|len| len as usize);
+    let declared = match check_head(&parts) {
+        Ok(declared) => declared,
+        Err(response) => {
+            count(Outcome::bad_request);
+            return early(response, body);
+        }
+    };
     let mut held = Held::default();
     if let Some(len) = declared
         && !held.take(budget, len)
@@ -543,33 +564,17 @@ async fn admission(
         read_body(body, declared, budget, &mut held),
     )
     .await;
+    let unread = |error| {
+        count(Outcome::bad_request);
+        match unread_body(error, webhook, limits) {
+            (response, Some(rest)) => early(response, rest),
+            (response, None) => response,
+        }
+    };
     let body = match collected {
         Ok(Ok(bytes)) => bytes,
-        Ok(Err(BodyError::TooLarge(body))) => {
-            count(Outcome::bad_request);
-            return early(too_large(), body);
-        }
-        Ok(Err(BodyError::Busy(body))) => {
-            count(Outcome::bad_request);
-            return early(busy(webhook, limits), body);
-        }
-        Ok(Err(BodyError::Read(error))) => {
-            count(Outcome::bad_request);
-            return status(
-                StatusCode::BAD_REQUEST,
-                &format!("cannot read the request body: {error}"),
-            );
-        }
-        Err(_) => {
-            count(Outcome::bad_request);
-            return status(
-                StatusCode::REQUEST_TIMEOUT,
-                &format!(
-                    "the request body did not arrive within {:?}",
-                    limits.body_read
-                ),
-            );
-        }
+        Ok(Err(error)) => return unread(Some(error)),
+        Err(_) => return unread(None),
     };
     let answer = recover(webhook.review(endpoint.clone(), &body)).await;
     drop(body);
@@ -578,38 +583,10 @@ async fn admission(
         Ok(Ok(json)) => json_response(StatusCode::OK, json),
         Ok(Err(error)) => status(StatusCode::BAD_REQUEST, &error.to_string()),
         Err(panic) => {
-            webhook.metrics.panics.inc();
             count(Outcome::error);
-            tracing::error!(panic = %panic, "admission handler panicked");
-            status(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                &format!(
-                    "ip-webhook hit an internal error and did not decide this request: {panic}"
-                ),
-            )
+            panicked(webhook, &panic)
         }
     }
-}
-
-fn busy(webhook: &Webhook, limits: Limits) -> Response<Full<Bytes>> {
-    webhook
-        .metrics
-        .load_refusals
-        .get_or_create(&ReasonLabels {
-            reason: "max_inflight_bytes",
-        })
-        .inc();
-    let mut response = status(
-        StatusCode::SERVICE_UNAVAILABLE,
-        &format!(
-            "ip-webhook is busy: {} bytes of request bodies are already in flight (--max-inflight-bytes); retry",
-            limits.max_inflight_bytes
-        ),
-    );
-    response
-        .headers_mut()
-        .insert(header::RETRY_AFTER, http::HeaderValue::from_static("1"));
-    response
 }
 
 /// Run a future; a panic inside becomes `Err(message)` instead of tearing down the connection.
@@ -624,54 +601,6 @@ pub async fn recover<T>(future: impl Future<Output = T>) -> Result<T, String> {
                 .or_else(|| payload.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "panic".to_string())
         })
-}
-
-fn check_content_type(headers: &http::HeaderMap) -> Result<(), String> {
-    let value = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok());
-    let media = value.map(|v| {
-        v.split(';')
-            .next()
-            .unwrap_or("")
-            .trim()
-            .to_ascii_lowercase()
-    });
-    match media.as_deref() {
-        Some("application/json") => Ok(()),
-        Some(other) => Err(format!(
-            "Content-Type {other:?} is not supported; send application/json"
-        )),
-        None => Err("Content-Type is missing; send application/json".to_string()),
-    }
-}
-
-fn too_large() -> Response<Full<Bytes>> {
-    status(
-        StatusCode::PAYLOAD_TOO_LARGE,
-        &format!("the request body is larger than {MAX_BODY_BYTES} bytes (7 MiB)"),
-    )
-}
-
-fn json_response(code: StatusCode, body: Vec<u8>) -> Response<Full<Bytes>> {
-    Response::builder()
-        .status(code)
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(Full::new(Bytes::from(body)))
-        .expect("static response parts")
-}
-
-/// A `metav1.Status` body, the shape Kubernetes clients understand.
-fn status(code: StatusCode, message: &str) -> Response<Full<Bytes>> {
-    let body = serde_json::json!({
-        "kind": "Status",
-        "apiVersion": "v1",
-        "status": "Failure",
-        "message": message,
-        "reason": code.canonical_reason().unwrap_or("").replace(' ', ""),
-        "code": code.as_u16(),
-    });
-    json_response(code, serde_json::to_vec(&body).expect("json"))
 }
 
 #[cfg(test)]
@@ -751,25 +680,5 @@ mod tests {
         );
         assert_eq!(client_refusal(&io(rustls::Error::DecryptError)), None);
         assert_eq!(client_refusal(&std::io::Error::other("reset")), None);
-    }
-
-    #[test]
-    fn content_types() {
-        let mut headers = http::HeaderMap::new();
-        assert!(
-            check_content_type(&headers)
-                .unwrap_err()
-                .contains("missing")
-        );
-        headers.insert(
-            header::CONTENT_TYPE,
-            "application/json; charset=utf-8".parse().unwrap(),
-        );
-        assert!(check_content_type(&headers).is_ok());
-        headers.insert(header::CONTENT_TYPE, "text/plain".parse().unwrap());
-        assert_eq!(
-            check_content_type(&headers).unwrap_err(),
-            "Content-Type \"text/plain\" is not supported; send application/json"
-        );
     }
 }

@@ -10,6 +10,7 @@ pub mod events;
 pub mod mutate;
 pub mod release_timer;
 pub mod validate;
+pub mod workload_kinds;
 pub mod workloads;
 
 use std::fmt;

@@ -12,7 +12,7 @@ use crate::ipam::ipset::ip_label_value;
 use crate::ledger::claim::{PodIdentity, PodPresence, is_token, new_token};
 use crate::ledger::{PodRef, unix_now};
 use crate::metrics::AllocationOutcome;
-use crate::webhook::assess::{Answer, Denial, assess};
+use crate::webhook::assess::{Answer, Denial, PodAsk, assess};
 use crate::webhook::events::{Assigned, Refused};
 use crate::webhook::{Candidates, PodView, Webhook};
 
@@ -143,16 +143,7 @@ pub async fn decide_create(
     if ask.is_unrelated() {
         return Ok(PodDecision::Unrelated);
     }
-    // Our own patch seen again (reinvocation, a retried call): the marker and the token are
-    // worth something only when the ledger says this token holds every IP the pod carries.
-    if ask.marked
-        && !ask.carried.is_empty()
-        && webhook
-            .allocator
-            .held_by(&ask.identity(), &ask.carried)
-            .len()
-            == ask.carried.len()
-    {
+    if already_held(webhook, &ask) {
         return Ok(PodDecision::AlreadyHeld(ask.carried));
     }
     if let Some(denial) =
@@ -187,35 +178,13 @@ pub async fn decide_create(
     };
     match result {
         Ok(allocation) => {
-            let outcome = if request.dry_run {
-                AllocationOutcome::dry_run
-            } else if allocation.reasons.contains(&Reason::SameRequest) {
-                AllocationOutcome::reused
-            } else if ask.carried.is_empty() {
-                AllocationOutcome::allocated
-            } else {
-                AllocationOutcome::static_recorded
-            };
-            webhook.metrics.allocation(outcome.clone());
-            tracing::debug!(pod = %ask.view.display(), reasons = ?allocation.reasons, "allocated");
-            webhook.events.assigned(&Assigned {
-                request_uid: incoming.uid(),
-                pod: &request.pod,
-                app: &app_key,
-                ips: &allocation.ips,
-                reasons: &allocation.reasons,
-                dry_run: request.dry_run,
-            });
-            let patch = patch_for(webhook, meta, &allocation);
-            Ok(PodDecision::Granted {
-                app: app_key,
+            let granted = Grant {
+                ask: &ask,
+                request: &request,
                 allocation,
-                patch,
-                recorded: matches!(
-                    outcome,
-                    AllocationOutcome::allocated | AllocationOutcome::static_recorded
-                ),
-            })
+                app_key,
+            };
+            Ok(granted.decide(webhook, meta))
         }
         Err(error) => {
             if matches!(error, AllocError::Exhausted(_)) {
@@ -226,6 +195,69 @@ pub async fn decide_create(
                 );
             }
             Ok(refused(&context, Some(app_key), Denial::from(error)))
+        }
+    }
+}
+
+/// Our own patch seen again (reinvocation, a retried call): the marker and the token are
+/// worth something only when the ledger says this token holds every IP the pod carries.
+fn already_held(webhook: &Webhook, ask: &PodAsk<'_>) -> bool {
+    ask.marked
+        && !ask.carried.is_empty()
+        && webhook
+            .allocator
+            .held_by(&ask.identity(), &ask.carried)
+            .len()
+            == ask.carried.len()
+}
+
+/// A granted allocation, before it is counted, reported and patched onto the pod.
+struct Grant<'a> {
+    ask: &'a PodAsk<'a>,
+    request: &'a AllocationRequest<'a>,
+    allocation: Allocation,
+    app_key: String,
+}
+
+impl Grant<'_> {
+    /// Count the outcome (dry run, a retried request's claim, a new allocation or the pod's
+    /// own static IPs recorded), report it to the event sink and build the patch.
+    fn decide(self, webhook: &Webhook, meta: &crate::admission::Meta) -> PodDecision {
+        let Grant {
+            ask,
+            request,
+            allocation,
+            app_key,
+        } = self;
+        let outcome = if request.dry_run {
+            AllocationOutcome::dry_run
+        } else if allocation.reasons.contains(&Reason::SameRequest) {
+            AllocationOutcome::reused
+        } else if ask.carried.is_empty() {
+            AllocationOutcome::allocated
+        } else {
+            AllocationOutcome::static_recorded
+        };
+        let recorded = matches!(
+            outcome,
+            AllocationOutcome::allocated | AllocationOutcome::static_recorded
+        );
+        webhook.metrics.allocation(outcome);
+        tracing::debug!(pod = %ask.view.display(), reasons = ?allocation.reasons, "allocated");
+        webhook.events.assigned(&Assigned {
+            request_uid: request.request_uid,
+            pod: &request.pod,
+            app: &app_key,
+            ips: &allocation.ips,
+            reasons: &allocation.reasons,
+            dry_run: request.dry_run,
+        });
+        let patch = patch_for(webhook, meta, &allocation);
+        PodDecision::Granted {
+            app: app_key,
+            allocation,
+            patch,
+            recorded,
         }
     }
 }

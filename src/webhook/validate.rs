@@ -2,6 +2,8 @@
 //! overlapping IPPools, conflicting workload templates, and (when switched on) overlapping
 //! Kube-OVN Subnets and Calico IPPools.
 
+use std::net::IpAddr;
+
 use crate::admission::annotations::{
     ALLOCATED_IP_LABEL, CLAIM_TOKEN, STATUS, STATUS_MUTATED, carried_ips, changed_mark,
 };
@@ -251,8 +253,45 @@ async fn pod_verdict(
         return response;
     }
     let identity = ask.identity();
-    let pod_ref = ask.view.pod_ref();
     let mine = webhook.allocator.held_by(&identity, &ask.carried);
+    let unrecorded = match unrecorded_ips(webhook, incoming, &ask, &mine) {
+        Ok(unrecorded) => unrecorded,
+        Err(denial) => return response.deny(denial.to_string()),
+    };
+    if incoming.dry_run() || incoming.request.operation != Operation::Create {
+        return response;
+    }
+    // IPs no claim covers (the pod skipped /mutate: a webhook outage with `Ignore`, a selector
+    // gap): recorded for it now as static IPs, so the next pod cannot be given them.
+    if !unrecorded.is_empty() {
+        if let Err(denial) = record_static(webhook, incoming, &ask, &unrecorded).await {
+            return response.deny(denial.to_string());
+        }
+        *granted = true;
+    }
+    if mine.iter().any(|c| c.pod.uid.is_none())
+        && let Err(error) = webhook
+            .allocator
+            .bind(&identity, &ask.carried, ask.view.is_stateful())
+            .await
+    {
+        return response.deny(
+            Denial::Ledger(format!("binding the claims to the pod's UID: {error}")).to_string(),
+        );
+    }
+    response
+}
+
+/// The carried IPs no claim of this pod's covers, and free for it; a denial for an IP another
+/// pod's claim locks (or the cluster says is in use).
+fn unrecorded_ips(
+    webhook: &Webhook,
+    incoming: &Incoming<'_>,
+    ask: &PodAsk<'_>,
+    mine: &[Claim],
+) -> Result<Vec<IpAddr>, Denial> {
+    let identity = ask.identity();
+    let pod_ref = ask.view.pod_ref();
     let mut unrecorded = Vec::new();
     for ip in &ask.carried {
         if mine.iter().any(|c| c.ip == *ip) {
@@ -268,67 +307,62 @@ async fn pod_verdict(
                         || incoming.dry_run()
                         || incoming.request.operation != Operation::Create) =>
             {
-                return response.deny(conflict_message(ip, &pod_ref, &holder));
+                return Err(Denial::Conflict(conflict_message(ip, &pod_ref, &holder)));
             }
             Some(holder) if holder.locks_ip() => unrecorded.push(*ip),
             _ => match webhook.allocator.foreign_conflict(ip, &pod_ref) {
-                Some(message) => return response.deny(message),
+                Some(message) => return Err(Denial::Conflict(message)),
                 None => unrecorded.push(*ip),
             },
         }
     }
-    if incoming.dry_run() || incoming.request.operation != Operation::Create {
-        return response;
+    Ok(unrecorded)
+}
+
+/// Record `unrecorded` for the pod as static IPs under its token (a new one if it has none)
+/// and bind them to it.
+async fn record_static(
+    webhook: &Webhook,
+    incoming: &Incoming<'_>,
+    ask: &PodAsk<'_>,
+    unrecorded: &[IpAddr],
+) -> Result<(), Denial> {
+    let identity = ask.identity();
+    let pod_ref = ask.view.pod_ref();
+    let empty = Candidates {
+        set: Default::default(),
+        pool: None,
+    };
+    let chosen = ask.candidates.as_ref().unwrap_or(&empty);
+    let scope = ask.scope();
+    let token = identity
+        .token
+        .map(str::to_string)
+        .unwrap_or_else(|| new_token(incoming.uid()));
+    let request = AllocationRequest {
+        scope,
+        app: ask.view.app.unwrap_or(""),
+        pool: chosen.pool.as_deref(),
+        pod: pod_ref.clone(),
+        request_uid: incoming.uid(),
+        token: &token,
+        candidates: &chosen.set,
+        ordinal: None,
+        dry_run: false,
+    };
+    if let Err(error) = webhook.allocator.claim_static(unrecorded, &request).await {
+        return Err(Denial::from(error));
     }
-    // IPs no claim covers (the pod skipped /mutate: a webhook outage with `Ignore`, a selector
-    // gap): recorded for it now as static IPs, so the next pod cannot be given them.
-    if !unrecorded.is_empty() {
-        let empty = Candidates {
-            set: Default::default(),
-            pool: None,
-        };
-        let chosen = ask.candidates.as_ref().unwrap_or(&empty);
-        let scope = ask.scope();
-        let token = identity
-            .token
-            .map(str::to_string)
-            .unwrap_or_else(|| new_token(incoming.uid()));
-        let request = AllocationRequest {
-            scope,
-            app: ask.view.app.unwrap_or(""),
-            pool: chosen.pool.as_deref(),
-            pod: pod_ref.clone(),
-            request_uid: incoming.uid(),
-            token: &token,
-            candidates: &chosen.set,
-            ordinal: None,
-            dry_run: false,
-        };
-        if let Err(error) = webhook.allocator.claim_static(&unrecorded, &request).await {
-            return response.deny(Denial::from(error).to_string());
-        }
-        *granted = true;
-        let recorded = PodIdentity {
-            token: Some(&token),
-            ..identity
-        };
-        if let Err(error) = webhook
-            .allocator
-            .bind(&recorded, &unrecorded, ask.view.is_stateful())
-            .await
-        {
-            tracing::warn!(%error, pod = %ask.view.display(), "could not bind the recorded claims");
-        }
-    }
-    if mine.iter().any(|c| c.pod.uid.is_none())
-        && let Err(error) = webhook
-            .allocator
-            .bind(&identity, &ask.carried, ask.view.is_stateful())
-            .await
+    let recorded = PodIdentity {
+        token: Some(&token),
+        ..identity
+    };
+    if let Err(error) = webhook
+        .allocator
+        .bind(&recorded, unrecorded, ask.view.is_stateful())
+        .await
     {
-        return response.deny(
-            Denial::Ledger(format!("binding the claims to the pod's UID: {error}")).to_string(),
-        );
+        tracing::warn!(%error, pod = %ask.view.display(), "could not bind the recorded claims");
     }
-    response
+    Ok(())
 }

@@ -13,85 +13,7 @@ use crate::ipam::overlap::RangeIndex;
 use crate::ledger::Claim;
 use crate::webhook::{PolicyRefusal, Webhook};
 
-/// A workload kind whose pod template is checked, watched in-cluster and explained: where
-/// its resource is, where its pod template and pod count are, and how its pods are owned.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WorkloadKind {
-    pub group: &'static str,
-    pub version: &'static str,
-    pub kind: &'static str,
-    /// The resource's plural (`deployments`).
-    pub plural: &'static str,
-    /// JSON pointer into `spec` to the pod template.
-    pub template: &'static str,
-    /// JSON pointer into `spec` to the number of pods at once (1 when absent).
-    pub count: &'static str,
-    /// The kind of the pods' controller: the ReplicaSet of a Deployment, the Job of a CronJob,
-    /// else the workload itself.
-    pub pod_owner: &'static str,
-    /// Pods named `NAME-ORDINAL` (a StatefulSet), not from `generateName`.
-    pub ordinal: bool,
-}
-
-const fn kind(
-    group: &'static str,
-    kind: &'static str,
-    plural: &'static str,
-    pod_owner: &'static str,
-) -> WorkloadKind {
-    WorkloadKind {
-        group,
-        version: "v1",
-        kind,
-        plural,
-        template: "/template",
-        count: "/replicas",
-        pod_owner,
-        ordinal: false,
-    }
-}
-
-/// Every workload kind: the one list the webhook, the cluster's watches and `explain` read.
-pub const WORKLOAD_KINDS: [WorkloadKind; 6] = [
-    kind("apps", "Deployment", "deployments", "ReplicaSet"),
-    WorkloadKind {
-        ordinal: true,
-        ..kind("apps", "StatefulSet", "statefulsets", "StatefulSet")
-    },
-    kind("apps", "ReplicaSet", "replicasets", "ReplicaSet"),
-    kind("apps", "DaemonSet", "daemonsets", "DaemonSet"),
-    WorkloadKind {
-        count: "/parallelism",
-        ..kind("batch", "Job", "jobs", "Job")
-    },
-    WorkloadKind {
-        template: "/jobTemplate/spec/template",
-        count: "/jobTemplate/spec/parallelism",
-        ..kind("batch", "CronJob", "cronjobs", "Job")
-    },
-];
-
-/// The workload kinds checked, as `(group, kind)`, from [`WORKLOAD_KINDS`].
-pub const KINDS: [(&str, &str); WORKLOAD_KINDS.len()] = {
-    let mut kinds = [("", ""); WORKLOAD_KINDS.len()];
-    let mut i = 0;
-    while i < kinds.len() {
-        kinds[i] = (WORKLOAD_KINDS[i].group, WORKLOAD_KINDS[i].kind);
-        i += 1;
-    }
-    kinds
-};
-
-/// The workload kind `kind` of API group `group`, if it is one.
-pub fn workload_kind(group: &str, kind: &str) -> Option<&'static WorkloadKind> {
-    WORKLOAD_KINDS
-        .iter()
-        .find(|w| w.group == group && w.kind == kind)
-}
-
-pub fn is_workload(group: &str, kind: &str) -> bool {
-    workload_kind(group, kind).is_some()
-}
+pub use super::workload_kinds::{KINDS, WORKLOAD_KINDS, WorkloadKind, is_workload, workload_kind};
 
 #[derive(Debug, Deserialize, Default)]
 struct Workload {
@@ -99,6 +21,28 @@ struct Workload {
     metadata: Meta,
     #[serde(default)]
     spec: WorkloadSpec,
+}
+
+impl Workload {
+    /// Its pod template's metadata, where that sits in the object, and how many pods it runs
+    /// at once; `None` when it has no pod template.
+    fn pod_template(&self) -> Option<(&Meta, &'static str, Option<i64>)> {
+        match (&self.spec.template, &self.spec.job_template) {
+            (Some(template), _) => Some((
+                &template.metadata,
+                "spec.template.metadata",
+                self.spec.replicas.or(self.spec.parallelism),
+            )),
+            (None, Some(job)) => job.spec.template.as_ref().map(|template| {
+                (
+                    &template.metadata,
+                    "spec.jobTemplate.spec.template.metadata",
+                    job.spec.parallelism,
+                )
+            }),
+            (None, None) => None,
+        }
+    }
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -359,12 +303,7 @@ pub fn review(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Response, Re
     let remembers = !incoming.dry_run() && !webhook.workloads.watched();
     if incoming.request.operation == Operation::Delete {
         if remembers {
-            let name = incoming.request.name.as_deref().unwrap_or("").to_string();
-            webhook.workloads.forget(&WorkloadId {
-                kind,
-                namespace: incoming.namespace().to_string(),
-                name,
-            });
+            forget_deleted(webhook, incoming, kind);
         }
         return Ok(response);
     }
@@ -385,21 +324,8 @@ pub fn review(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Response, Re
         }
         Ok(response)
     };
-    let (template, path, replicas) = match (&workload.spec.template, &workload.spec.job_template) {
-        (Some(template), _) => (
-            &template.metadata,
-            "spec.template.metadata",
-            workload.spec.replicas.or(workload.spec.parallelism),
-        ),
-        (None, Some(job)) => match &job.spec.template {
-            Some(template) => (
-                &template.metadata,
-                "spec.jobTemplate.spec.template.metadata",
-                job.spec.parallelism,
-            ),
-            None => return lists_nothing(response),
-        },
-        (None, None) => return lists_nothing(response),
+    let Some((template, path, replicas)) = workload.pod_template() else {
+        return lists_nothing(response);
     };
     let mut response = response;
     let marks = (template.labels.as_ref(), template.annotations.as_ref());
@@ -412,16 +338,11 @@ pub fn review(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Response, Re
     if list.is_none() && pool_name.is_none() && ovn_list.is_none() {
         return lists_nothing(response);
     }
-    let app_label = &webhook.settings.app_label;
-    let app = template.label(app_label).filter(|a| !a.is_empty());
-    if app.is_none() && list.is_none() && pool_name.is_none() {
-        // a Kube-OVN ip_pool alone: no app to hold its IPs for (Kube-OVN checks it itself)
-        return lists_nothing(response);
-    }
-    let Some(app) = app else {
-        return Ok(response.deny(format!(
-            "{id}: the pod template asks for fixed IPs but {path}.labels has no {app_label:?} label; ip-webhook needs it (with the namespace) to know which app the IPs belong to"
-        )));
+    let ours = list.is_some() || pool_name.is_some();
+    let app = match template_app(webhook, &id, path, template, ours) {
+        Ok(Some(app)) => app,
+        Ok(None) => return lists_nothing(response),
+        Err(message) => return Ok(response.deny(message)),
     };
     let app_key = format!("{}/{app}", id.namespace);
     let (set, from_pool) = match listed_set(webhook, &id, path, template, ovn_list) {
@@ -431,15 +352,9 @@ pub fn review(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Response, Re
     };
 
     if from_pool.is_none() {
-        let key = if list.is_some() {
-            ALLOCATABLE_IPS
-        } else {
-            OVN_IP_POOL
-        };
         let listed = Listed {
             id: &id,
             path,
-            key,
             set: &set,
             app_key: &app_key,
         };
@@ -448,31 +363,72 @@ pub fn review(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Response, Re
         }
     }
 
-    match webhook.cni_check(&set, &id) {
-        Ok(warnings) => {
-            for warning in warnings {
-                response = response.warn(warning);
-            }
-        }
+    let cni_warnings = match webhook.cni_check(&set, &id) {
+        Ok(warnings) => warnings,
         Err(message) => return Ok(response.deny(message)),
-    }
-    for warning in capacity_warnings(&id, &workload.spec, replicas, &set, from_pool.as_deref()) {
+    };
+    let capacity = capacity_warnings(&id, &workload.spec, replicas, &set, from_pool.as_deref());
+    for warning in cni_warnings.into_iter().chain(capacity) {
         response = response.warn(warning);
     }
+    if remembers {
+        remember(webhook, &workload, id, app_key, &set, from_pool.is_some());
+    }
+    Ok(response)
+}
+
+/// The app (its label) a template asking for fixed IPs gives them to; `None`: none is
+/// needed, as for a Kube-OVN ip_pool alone (`ours` false: no list or pool of ours), which
+/// Kube-OVN checks itself; an error when the label is missing.
+fn template_app<'t>(
+    webhook: &Webhook,
+    id: &WorkloadId,
+    path: &str,
+    template: &'t Meta,
+    ours: bool,
+) -> Result<Option<&'t str>, String> {
+    let app_label = &webhook.settings.app_label;
+    match template.label(app_label).filter(|a| !a.is_empty()) {
+        Some(app) => Ok(Some(app)),
+        None if !ours => Ok(None),
+        None => Err(format!(
+            "{id}: the pod template asks for fixed IPs but {path}.labels has no {app_label:?} label; ip-webhook needs it (with the namespace) to know which app the IPs belong to"
+        )),
+    }
+}
+
+/// A deleted workload lists nothing any more.
+fn forget_deleted(webhook: &Webhook, incoming: &Incoming<'_>, kind: String) {
+    let name = incoming.request.name.as_deref().unwrap_or("").to_string();
+    webhook.workloads.forget(&WorkloadId {
+        kind,
+        namespace: incoming.namespace().to_string(),
+        name,
+    });
+}
+
+/// Record the list an admitted workload gives its pods; a list from a pool, a workload a
+/// controller owns (its owner's list is the one that counts) or one without a name lists
+/// nothing of its own.
+fn remember(
+    webhook: &Webhook,
+    workload: &Workload,
+    id: WorkloadId,
+    app_key: String,
+    set: &IpSet,
+    from_pool: bool,
+) {
     let owned_by_controller = workload
         .metadata
         .owner_references
         .iter()
         .flatten()
         .any(|o| o.controller.unwrap_or(false));
-    if remembers {
-        if from_pool.is_none() && !owned_by_controller && !id.name.is_empty() {
-            webhook.workloads.record(id, app_key, &set);
-        } else {
-            webhook.workloads.forget(&id);
-        }
+    if !from_pool && !owned_by_controller && !id.name.is_empty() {
+        webhook.workloads.record(id, app_key, set);
+    } else {
+        webhook.workloads.forget(&id);
     }
-    Ok(response)
 }
 
 /// Which workload a review is about: its kind, its namespace (the review's when the object
@@ -542,7 +498,6 @@ fn listed_set(
 struct Listed<'a> {
     id: &'a WorkloadId,
     path: &'a str,
-    key: &'a str,
     set: &'a IpSet,
     app_key: &'a str,
 }
@@ -553,10 +508,15 @@ fn list_refusal(webhook: &Webhook, listed: &Listed<'_>, template: &Meta) -> Opti
     let Listed {
         id,
         path,
-        key,
         set,
         app_key,
     } = listed;
+    // the annotation the list came from: the list's own, or else Kube-OVN's ip_pool
+    let key = if template.annotation(ALLOCATABLE_IPS).is_some() {
+        ALLOCATABLE_IPS
+    } else {
+        OVN_IP_POOL
+    };
     match webhook.policy_refusal_for(set, &id.namespace, template.labels.as_ref(), app_key) {
         Some(PolicyRefusal::Pool {
             shared,

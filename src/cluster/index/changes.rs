@@ -46,7 +46,7 @@ impl ClusterIps {
 
     /// Tell the pod watch which app lists hold which IPs, so that only the events of pods on
     /// an IP of their own app's list wake the reconciler.
-    pub fn set_lists(&self, lists: Arc<dyn crate::cluster::reconcile::AppLists>) {
+    pub fn set_lists(&self, lists: Arc<dyn crate::cluster::app_lists::AppLists>) {
         let _ = self.lists.set(lists);
     }
 

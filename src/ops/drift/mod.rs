@@ -118,44 +118,78 @@ pub const SETTLE_SECONDS: u64 = 120;
 pub fn compare(inputs: &Inputs<'_>) -> Vec<Drift> {
     let mut found = Vec::new();
     let held: Vec<&Claim> = inputs.claims.iter().filter(|c| c.is_held()).collect();
-    let running: HashMap<(&str, &str), SlimPod> = inputs
-        .pods
-        .iter()
-        .filter_map(|pod| {
-            let meta = &pod.metadata;
-            Some((
-                (meta.namespace.as_deref()?, meta.uid.as_deref()?),
-                SlimPod::from_pod(pod)?,
-            ))
-        })
-        .collect();
-    let existing: HashSet<(&str, &str)> = inputs
-        .pods
-        .iter()
-        .filter_map(|pod| {
-            Some((
-                pod.metadata.namespace.as_deref()?,
-                pod.metadata.name.as_deref()?,
-            ))
-        })
-        .collect();
+    let pods = PodViews::of(inputs.pods);
+    let holding = claims_against_pods(inputs, &held, &pods, &mut found);
+    let claimed: HashMap<IpAddr, &Claim> = held.iter().map(|c| (c.ip, *c)).collect();
+    pods_without_claims(inputs, &pods, &holding, &claimed, &mut found);
+    cni_holds_of_gone_pods(inputs, &pods, &claimed, &mut found);
+    found.sort_by(|a, b| (a.kind, ip_key(&a.ip), &a.pod).cmp(&(b.kind, ip_key(&b.ip), &b.pod)));
+    found.dedup();
+    found
+}
 
-    // Bound claims find their pod by UID here (as `holder` does, without a scan per claim);
-    // reservations, few and short-lived, through `holder`.
-    let by_uid: HashMap<(&str, &str), &Pod> = inputs
-        .pods
-        .iter()
-        .filter_map(|pod| {
-            let meta = &pod.metadata;
-            Some(((meta.namespace.as_deref()?, meta.uid.as_deref()?), pod))
-        })
-        .collect();
+/// The cluster's pods as [`compare`] looks them up.
+struct PodViews<'a> {
+    /// Pods running on IPs of their own, by namespace and UID.
+    running: HashMap<(&'a str, &'a str), SlimPod>,
+    /// Every pod, by namespace and name.
+    existing: HashSet<(&'a str, &'a str)>,
+    /// Every pod, by namespace and UID: Bound claims find their pod here (as `holder` does,
+    /// without a scan per claim); reservations, few and short-lived, through `holder`.
+    by_uid: HashMap<(&'a str, &'a str), &'a Pod>,
+}
 
-    // Each held claim and the pod holding it: kinds 1 and 3.
+impl<'a> PodViews<'a> {
+    fn of(pods: &'a [Pod]) -> PodViews<'a> {
+        let running = pods
+            .iter()
+            .filter_map(|pod| {
+                let meta = &pod.metadata;
+                Some((
+                    (meta.namespace.as_deref()?, meta.uid.as_deref()?),
+                    SlimPod::from_pod(pod)?,
+                ))
+            })
+            .collect();
+        let existing = pods
+            .iter()
+            .filter_map(|pod| {
+                Some((
+                    pod.metadata.namespace.as_deref()?,
+                    pod.metadata.name.as_deref()?,
+                ))
+            })
+            .collect();
+        let by_uid = pods
+            .iter()
+            .filter_map(|pod| {
+                let meta = &pod.metadata;
+                Some(((meta.namespace.as_deref()?, meta.uid.as_deref()?), pod))
+            })
+            .collect();
+        PodViews {
+            running,
+            existing,
+            by_uid,
+        }
+    }
+}
+
+/// Each held claim and the pod holding it: kinds 1 (no pod) and 3 (the pod runs on another
+/// IP). Returns the claims each pod (namespace, UID) holds.
+fn claims_against_pods<'a>(
+    inputs: &Inputs<'a>,
+    held: &[&'a Claim],
+    pods: &PodViews<'a>,
+    found: &mut Vec<Drift>,
+) -> HashMap<(&'a str, &'a str), Vec<&'a Claim>> {
     let mut holding: HashMap<(&str, &str), Vec<&Claim>> = HashMap::new();
-    for claim in &held {
+    for claim in held {
         let pod = match claim.pod.uid.as_deref() {
-            Some(uid) => by_uid.get(&(claim.pod.namespace.as_str(), uid)).copied(),
+            Some(uid) => pods
+                .by_uid
+                .get(&(claim.pod.namespace.as_str(), uid))
+                .copied(),
             None => holder(inputs.pods, claim, inputs.app_label),
         };
         let Some(pod) = pod else {
@@ -183,7 +217,7 @@ pub fn compare(inputs: &Inputs<'_>) -> Vec<Drift> {
             continue;
         };
         holding.entry((namespace, uid)).or_default().push(claim);
-        let Some(slim) = running.get(&(namespace, uid)) else {
+        let Some(slim) = pods.running.get(&(namespace, uid)) else {
             continue; // not running on IPs of its own (yet, or any more)
         };
         let family = Family::of(&claim.ip);
@@ -202,39 +236,33 @@ pub fn compare(inputs: &Inputs<'_>) -> Vec<Drift> {
             });
         }
     }
+    holding
+}
 
-    // Running pods on IPs that matter, without a claim of their own: kind 2.
-    let claimed: HashMap<IpAddr, &Claim> = held.iter().map(|c| (c.ip, *c)).collect();
-    let mut keys: Vec<&(&str, &str)> = running.keys().collect();
+/// Running pods on IPs that matter, without a claim of their own: kind 2 (and our own pods
+/// left Terminating after their claim was released).
+fn pods_without_claims(
+    inputs: &Inputs<'_>,
+    pods: &PodViews<'_>,
+    holding: &HashMap<(&str, &str), Vec<&Claim>>,
+    claimed: &HashMap<IpAddr, &Claim>,
+    found: &mut Vec<Drift>,
+) {
+    let mut keys: Vec<&(&str, &str)> = pods.running.keys().collect();
     keys.sort();
     for key in keys {
-        let slim = &running[key];
-        let own = holding.get(key);
-        if own.is_some() {
+        let slim = &pods.running[key];
+        if holding.contains_key(key) {
             continue; // holds a claim: compared above (kind 3)
         }
         // One of ours (it carries a claim token), Terminating with its claim gone.
-        let admitted = by_uid
+        let admitted = pods
+            .by_uid
             .get(key)
             .and_then(|pod| pod.metadata.annotations.as_ref())
             .is_some_and(|a| a.contains_key(CLAIM_TOKEN));
         if slim.deleting_at.is_some() && admitted {
-            for ip in slim.ips.iter() {
-                let now = match claimed.get(ip) {
-                    Some(claim) => format!("it is claimed for {} now", claim.pod.display()),
-                    None => "it is free".to_string(),
-                };
-                found.push(Drift {
-                    kind: DriftKind::TerminatingWithoutClaim,
-                    ip: *ip,
-                    pod: format!("{}/{}", slim.namespace, slim.name),
-                    pod_ips: Vec::new(),
-                    detail: format!(
-                        "Terminating on node {}, its claim on {ip} released (its node lost, or a forced release); {now}; the object goes once its node is deleted or the pod is force-deleted",
-                        if slim.node.is_empty() { "?" } else { &slim.node }
-                    ),
-                });
-            }
+            terminating_without_claim(slim, claimed, found);
             continue;
         }
         for ip in slim.ips.iter() {
@@ -258,13 +286,47 @@ pub fn compare(inputs: &Inputs<'_>) -> Vec<Drift> {
             });
         }
     }
+}
 
-    // The CNI's records for pods that are gone: kind 4.
+/// One of our pods, Terminating with its claim released: each of its IPs, and who holds it now.
+fn terminating_without_claim(
+    slim: &SlimPod,
+    claimed: &HashMap<IpAddr, &Claim>,
+    found: &mut Vec<Drift>,
+) {
+    for ip in slim.ips.iter() {
+        let now = match claimed.get(ip) {
+            Some(claim) => format!("it is claimed for {} now", claim.pod.display()),
+            None => "it is free".to_string(),
+        };
+        found.push(Drift {
+            kind: DriftKind::TerminatingWithoutClaim,
+            ip: *ip,
+            pod: format!("{}/{}", slim.namespace, slim.name),
+            pod_ips: Vec::new(),
+            detail: format!(
+                "Terminating on node {}, its claim on {ip} released (its node lost, or a forced release); {now}; the object goes once its node is deleted or the pod is force-deleted",
+                if slim.node.is_empty() { "?" } else { &slim.node }
+            ),
+        });
+    }
+}
+
+/// The CNI's records for pods that are gone, on IPs that are listed or claimed: kind 4.
+fn cni_holds_of_gone_pods(
+    inputs: &Inputs<'_>,
+    pods: &PodViews<'_>,
+    claimed: &HashMap<IpAddr, &Claim>,
+    found: &mut Vec<Drift>,
+) {
     for hold in inputs.cni {
         if !(inputs.listed.contains(&hold.ip) || claimed.contains_key(&hold.ip)) {
             continue;
         }
-        if existing.contains(&(hold.namespace.as_str(), hold.pod.as_str())) {
+        if pods
+            .existing
+            .contains(&(hold.namespace.as_str(), hold.pod.as_str()))
+        {
             continue;
         }
         found.push(Drift {
@@ -275,9 +337,6 @@ pub fn compare(inputs: &Inputs<'_>) -> Vec<Drift> {
             detail: format!("{} holds it for a pod that is gone", hold.record),
         });
     }
-    found.sort_by(|a, b| (a.kind, ip_key(&a.ip), &a.pod).cmp(&(b.kind, ip_key(&b.ip), &b.pod)));
-    found.dedup();
-    found
 }
 
 /// Whether a claim without a pod is drift rather than a change in progress.

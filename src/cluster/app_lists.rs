@@ -1,0 +1,41 @@
+//! Which app lists an IP, as the pod index (which pod events concern the reconciler) and the
+//! reconciler's plans (`reconcile.rs`, list adoptions) both ask it.
+
+use std::net::IpAddr;
+
+/// Which app (`namespace/app`) lists an IP: in-cluster, the watched workloads' pod templates
+/// (the same on every replica).
+pub trait AppLists: Send + Sync {
+    /// The one app whose list holds `ip`; `None` when no app's does, or two apps' do.
+    fn sole_app_listing(&self, ip: IpAddr) -> Option<String>;
+
+    /// A value that changes when the set of listed IPs does; `None`: unknown, so the
+    /// reconciler visits every running pod each pass.
+    fn listed_version(&self) -> Option<u64> {
+        None
+    }
+}
+
+impl AppLists for crate::webhook::workloads::WorkloadRegistry {
+    fn sole_app_listing(&self, ip: IpAddr) -> Option<String> {
+        let mut apps = self.apps_listing(ip);
+        if apps.len() == 1 { apps.pop() } else { None }
+    }
+
+    fn listed_version(&self) -> Option<u64> {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        self.listed().hash(&mut hasher);
+        Some(hasher.finish())
+    }
+}
+
+impl AppLists for crate::webhook::Webhook {
+    fn sole_app_listing(&self, ip: IpAddr) -> Option<String> {
+        self.workloads.sole_app_listing(ip)
+    }
+
+    fn listed_version(&self) -> Option<u64> {
+        self.workloads.listed_version()
+    }
+}
