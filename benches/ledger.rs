@@ -1,5 +1,4 @@
-//! Embedded ledger commits, both stores (the journal, the default, and redb, before issue 18):
-//! `batch` concurrent creates, which the writer thread gathers into as few commits (fsyncs) as
+//! Embedded ledger commits: `batch` concurrent creates, which the writer thread gathers into as few commits (fsyncs) as
 //! it can. Time per batch; throughput in claims. The restart figures (open + load of 100,000
 //! claims, bytes per claim) are `examples/ledger_load.rs restart`.
 //!
@@ -10,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use ip_webhook::ledger::embedded::{CommitCounters, Store};
+use ip_webhook::ledger::embedded::CommitCounters;
 use ip_webhook::ledger::{Claim, CreateOutcome, EmbeddedLedger, Ledger, Phase, PodRef, Source};
 
 fn claim(n: u32) -> Claim {
@@ -42,12 +41,12 @@ fn commits(c: &mut Criterion) {
         .expect("runtime");
     let mut group = c.benchmark_group("ledger_commit");
     group.sample_size(20);
-    for (store, label) in [(Store::Journal, "journal"), (Store::Redb, "redb")] {
+    {
+        let label = "journal";
         let dir = tempfile::tempdir().expect("temp dir");
         let counters = CommitCounters::default();
-        let ledger = Arc::new(
-            EmbeddedLedger::open_store(dir.path(), counters.clone(), store).expect("ledger opens"),
-        );
+        let ledger =
+            Arc::new(EmbeddedLedger::open(dir.path(), counters.clone()).expect("ledger opens"));
         let next = AtomicU32::new(0);
         for batch in [1u32, 16, 256] {
             group.throughput(Throughput::Elements(u64::from(batch)));

@@ -1,5 +1,5 @@
 #![forbid(unsafe_code)]
-//! The embedded ledger alone under the load benchmark's durable workload (issue 18): N tasks
+//! The embedded ledger alone under the load benchmark's durable workload: N tasks
 //! each making new claims as fast as the ledger answers, on whatever cores the process is
 //! pinned to. Prints claims/s, latency p50/p99, process CPU per claim, commits, the batch size
 //! and the stages of a request (queue, commit, wake-up) from the ledger's own histograms; an
@@ -11,7 +11,7 @@
 //! taskset -c 0 target/release/examples/ledger_load load  DIR [journal|redb] [CONNS] [SECONDS]
 //! taskset -c 0 target/release/examples/ledger_load probe DIR [COUNT]
 //! taskset -c 0 target/release/examples/ledger_load probe-for DIR SECONDS
-//! taskset -c 0 target/release/examples/ledger_load restart DIR [journal|redb] [CLAIMS]
+//! taskset -c 0 target/release/examples/ledger_load restart DIR [CLAIMS]
 //! ```
 
 use std::io::Write;
@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use ip_webhook::ledger::embedded::{CommitCounters, Store};
+use ip_webhook::ledger::embedded::CommitCounters;
 use ip_webhook::ledger::{Claim, CreateOutcome, EmbeddedLedger, Ledger, Phase, PodRef, Source};
 
 fn claim(n: u32) -> Claim {
@@ -44,13 +44,6 @@ fn claim(n: u32) -> Claim {
         token: format!("{n:032x}"),
         release_at: None,
         sticky: false,
-    }
-}
-
-fn store(arg: Option<&String>) -> Store {
-    match arg.map(String::as_str) {
-        Some("redb") => Store::Redb,
-        _ => Store::Journal,
     }
 }
 
@@ -131,9 +124,9 @@ fn histogram_summary(text: &str, name: &str) -> Vec<String> {
         .collect()
 }
 
-async fn load(dir: &Path, store: Store, conns: usize, seconds: u64) {
+async fn load(dir: &Path, conns: usize, seconds: u64) {
     let counters = CommitCounters::default();
-    let ledger = Arc::new(EmbeddedLedger::open_store(dir, counters.clone(), store).unwrap());
+    let ledger = Arc::new(EmbeddedLedger::open(dir, counters.clone()).unwrap());
     let next = Arc::new(AtomicU32::new(0));
     // warm-up
     let run = |duration: Duration| {
@@ -175,7 +168,7 @@ async fn load(dir: &Path, store: Store, conns: usize, seconds: u64) {
     let n = latencies.len() as f64;
     let commits = counters.commits.get() - counters_before.0;
     println!(
-        "store={store:?} conns={conns} claims/s={:.0} p50={:.0}us p99={:.0}us p99.9={:.0}us max={:.0}us cpu/claim={:.1}us commits={} claims/commit={:.1}",
+        "conns={conns} claims/s={:.0} p50={:.0}us p99={:.0}us p99.9={:.0}us max={:.0}us cpu/claim={:.1}us commits={} claims/commit={:.1}",
         n / elapsed,
         percentile(&latencies, 0.5) * 1e6,
         percentile(&latencies, 0.99) * 1e6,
@@ -294,10 +287,9 @@ fn probe(dir: &Path, count: usize) {
     }
 }
 
-async fn restart(dir: &Path, store: Store, claims: u32) {
+async fn restart(dir: &Path, claims: u32) {
     {
-        let ledger =
-            Arc::new(EmbeddedLedger::open_store(dir, CommitCounters::default(), store).unwrap());
+        let ledger = Arc::new(EmbeddedLedger::open(dir, CommitCounters::default()).unwrap());
         let next = Arc::new(AtomicU32::new(0));
         let mut tasks = Vec::new();
         for _ in 0..256 {
@@ -323,12 +315,12 @@ async fn restart(dir: &Path, store: Store, claims: u32) {
         .map(|e| e.unwrap().metadata().unwrap().len())
         .sum();
     let started = Instant::now();
-    let ledger = EmbeddedLedger::open_store(dir, CommitCounters::default(), store).unwrap();
+    let ledger = EmbeddedLedger::open(dir, CommitCounters::default()).unwrap();
     let loaded = ledger.load().await.unwrap();
     let elapsed = started.elapsed();
     assert_eq!(loaded.len(), claims as usize);
     println!(
-        "store={store:?} claims={claims} bytes={bytes} bytes/claim={:.0} open+load={:.3}s",
+        "claims={claims} bytes={bytes} bytes/claim={:.0} open+load={:.3}s",
         bytes as f64 / f64::from(claims),
         elapsed.as_secs_f64()
     );
@@ -338,14 +330,14 @@ async fn restart(dir: &Path, store: Store, claims: u32) {
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let usage = "usage: ledger_load load DIR [journal|redb] [CONNS] [SECONDS] | probe DIR [COUNT] | probe-for DIR SECONDS | restart DIR [journal|redb] [CLAIMS]";
+    let usage = "usage: ledger_load load DIR [CONNS] [SECONDS] | probe DIR [COUNT] | probe-for DIR SECONDS | restart DIR [CLAIMS]";
     let mode = args.get(1).expect(usage).as_str();
     let dir = Path::new(args.get(2).expect(usage));
     match mode {
         "load" => {
-            let conns = args.get(4).and_then(|a| a.parse().ok()).unwrap_or(16);
-            let seconds = args.get(5).and_then(|a| a.parse().ok()).unwrap_or(5);
-            load(dir, store(args.get(3)), conns, seconds).await;
+            let conns = args.get(3).and_then(|a| a.parse().ok()).unwrap_or(16);
+            let seconds = args.get(4).and_then(|a| a.parse().ok()).unwrap_or(5);
+            load(dir, conns, seconds).await;
         }
         "probe" => probe(
             dir,
@@ -356,8 +348,8 @@ async fn main() {
             args.get(3).and_then(|a| a.parse().ok()).unwrap_or(15.0),
         ),
         "restart" => {
-            let claims = args.get(4).and_then(|a| a.parse().ok()).unwrap_or(100_000);
-            restart(dir, store(args.get(3)), claims).await;
+            let claims = args.get(3).and_then(|a| a.parse().ok()).unwrap_or(100_000);
+            restart(dir, claims).await;
         }
         _ => panic!("{usage}"),
     }

@@ -39,9 +39,8 @@
 # per cell, default 3; the run with the median CPU per request is reported, as shared machines
 # are noisy), BENCH_WARMUP (seconds, default 1), BENCH_CONNECTIONS (default "1 16 64"),
 # BENCH_SERVER_CPU / BENCH_LOAD_CPU (default 0 / 1), BENCH_SCENARIOS (default "floor
-# floor-durable kube mutate-dry-run validate mutate-durable"; add mutate-durable-redb for the
-# redb store as it was before issue 18, floor-parse and floor-parse-durable for the floors with
-# work), BENCH_PROFILE (cargo profile, default dist),
+# floor-durable kube mutate-dry-run validate mutate-durable"; add floor-parse and
+# floor-parse-durable for the floors with work), BENCH_PROFILE (cargo profile, default dist),
 # BENCH_PROBE (fdatasync probes, default 2000; 0 skips).
 # A benchmark, not a test: it never fails on a number.
 set -euo pipefail
@@ -319,12 +318,6 @@ for conns in $connections; do
     # a fresh ledger per run, so every run starts from the same state
     start_server ip-webhook-durable-"$conns" "$bin/ip-webhook" serve --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 --state-dir "$work/durable-state-$conns"
     measure mutate-durable "$conns" /mutate durable "$server_pid" "$work/durable-state-$conns/ca.crt"
-    stop_server "$server_pid"
-  fi
-  if has mutate-durable-redb; then
-    # the store before issue 18, for comparison
-    start_server ip-webhook-durable-redb-"$conns" env IP_WEBHOOK_EMBEDDED_STORE=redb "$bin/ip-webhook" serve --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 --state-dir "$work/durable-redb-state-$conns"
-    measure mutate-durable-redb "$conns" /mutate durable "$server_pid"
     stop_server "$server_pid"
   fi
 done

@@ -281,7 +281,7 @@ ip_webhook empty "$work/empty-state"
 for _ in $(seq 1 100); do curl -sf "http://$admin_addr/readyz" >/dev/null && break; sleep 0.05; done
 empty_kib=$(rss_kib "$server_pid")
 stop_server "$server_pid"
-fill=$(taskset -c "$server_cpu" "$bin/examples/ledger_load" restart "$work/full-state" journal "$claims")
+fill=$(taskset -c "$server_cpu" "$bin/examples/ledger_load" restart "$work/full-state" "$claims")
 say "  $fill"
 started=$(date +%s%N)
 ip_webhook full "$work/full-state"

@@ -13,27 +13,26 @@
 //! a commit (a debug build, a slow core) the requests the runtime had ready still share one
 //! commit, and a lone request waits for one `yield_now` only.
 //!
-//! Two stores sit behind the writer (both measured side by side: docs/performance.md, "The
-//! journal instead of redb"):
+//! The store (`journal.rs`) is an append-only journal of checksummed records
+//! (`journal.<generation>`; the format is in [`super::record`]), one `write` and one
+//! `fdatasync` per batch, the claims held in memory (measured against the redb B-tree it
+//! replaced: docs/performance.md, "The journal instead of redb"). The records go into zeros
+//! the journal wrote and synced ahead of them, so a commit never grows the file and its
+//! `fdatasync` has no size to record. The writer makes that room between batches, after one
+//! has its answers and once less than 256 KiB is left, one 64 KiB step at a time (no batch
+//! waits for it, and none waits behind more than one step). When the journals outgrow twice
+//! the live records a background thread writes a `snapshot.<generation>` of every claim (temp
+//! file, fsync, rename, directory fsync) and deletes the journals it covers. On open: the
+//! newest snapshot, then the journals after it; zeros after the last record are room; a torn
+//! record at the end of the last journal with no valid record after it (a crash mid-write,
+//! never answered) is cut off; a stretch that is no valid record with valid records after it
+//! is damage and refuses to start, changing nothing (`ledger repair`, [`repair`]). A full disk
+//! refuses the commits that do not fit in the room made and resumes by itself
+//! (`journal/room.rs`); a dir that lost its journal refuses to start empty (`marker.rs`).
 //!
-//! - [`Store::Journal`] (the default, `journal.rs`): an append-only journal of checksummed
-//!   records (`journal.<generation>`; the format is in [`super::record`]), one `write` and one
-//!   `fdatasync` per batch, the claims held in memory. The records go into zeros the journal
-//!   wrote and synced ahead of them, so a commit never grows the file and its `fdatasync` has
-//!   no size to record. The writer makes that room between batches, after one has its
-//!   answers and once less than 256 KiB is left, one 64 KiB step at a time (no batch waits for
-//!   it, and none waits behind more than one step). When the journals outgrow twice the live
-//!   records a background thread writes a `snapshot.<generation>` of every claim (temp
-//!   file, fsync, rename, directory fsync) and deletes the journals it covers. On open: the
-//!   newest snapshot, then the journals after it; zeros after the last record are room; a torn
-//!   record at the end of the last journal with no valid record after it (a crash mid-write,
-//!   never answered) is cut off; a stretch that is no valid record with valid records after it
-//!   is damage and refuses to start, changing nothing (`ledger repair`, [`repair`]). A full disk
-//!   refuses the commits that do not fit in the room made and resumes by itself
-//!   (`journal/room.rs`); a dir that lost its journal refuses to start empty (`marker.rs`).
-//! - [`Store::Redb`] (`redb_store.rs`): one redb file (`ledger.redb`, copy-on-write B-tree),
-//!   what ip-webhook used before. A state dir holding only `ledger.redb` is migrated to the
-//!   journal on first open (the file is kept as `ledger.redb.migrated`).
+//! A state dir of an older release holds one redb file (`ledger.redb`, `redb_store.rs`): it is
+//! read once and migrated to the journal on first open (the file is kept as
+//! `ledger.redb.migrated`).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -57,25 +56,12 @@ pub use writer::writer_batch_policy;
 
 use counters::Stage;
 use journal::{Journal, generations};
-use writer::{
-    Answer, Backend, Inbox, Msg, Records, Reply, Request, SLOW, Seal, apply, writer_loop,
-};
+use writer::{Answer, Inbox, Msg, Records, Reply, Request, SLOW, Seal, apply, writer_loop};
 
 const REDB_FILE: &str = "ledger.redb";
 const LOCK_FILE: &str = "ledger.lock";
 const JOURNAL: &str = "journal.";
 const SNAPSHOT: &str = "snapshot.";
-
-/// Which store keeps the claims.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Store {
-    /// Append-only checksummed journal plus snapshots (the default).
-    #[default]
-    Journal,
-    /// One redb file: the store a state dir is migrated from, and the comparison
-    /// `scripts/bench-load.sh` measures the journal against.
-    Redb,
-}
 
 pub struct EmbeddedLedger {
     dir: PathBuf,
@@ -98,45 +84,19 @@ fn storage_at<'a, E: std::fmt::Display>(
 }
 
 impl EmbeddedLedger {
-    /// Open (or create) the ledger in `state_dir` with the journal, or with redb when the
-    /// environment says `IP_WEBHOOK_EMBEDDED_STORE=redb` (for `scripts/bench-load.sh`'s
-    /// comparison only). Fails with a clear message when another process has it open.
+    /// Open (or create) the ledger in `state_dir`; a state dir that holds only the redb file
+    /// of older releases is migrated to the journal first. Fails with a clear message when
+    /// another process has it open.
     pub fn open(state_dir: &Path, counters: CommitCounters) -> Result<EmbeddedLedger, LedgerError> {
-        let store = match std::env::var("IP_WEBHOOK_EMBEDDED_STORE").as_deref() {
-            Ok("redb") => Store::Redb,
-            _ => Store::Journal,
-        };
-        EmbeddedLedger::open_store(state_dir, counters, store)
-    }
-
-    /// Open with a chosen store (the benchmarks compare them).
-    pub fn open_store(
-        state_dir: &Path,
-        counters: CommitCounters,
-        store: Store,
-    ) -> Result<EmbeddedLedger, LedgerError> {
         std::fs::create_dir_all(state_dir).map_err(|e| {
             LedgerError::Storage(format!(
                 "cannot create state dir {}: {e}",
                 state_dir.display()
             ))
         })?;
-        let backend = match store {
-            Store::Redb => {
-                if !generations(state_dir, JOURNAL)?.is_empty() {
-                    return Err(LedgerError::Storage(format!(
-                        "{} holds a journal ledger; the redb store would not see its claims",
-                        state_dir.display()
-                    )));
-                }
-                Backend::Redb(redb_store::open_redb(&state_dir.join(REDB_FILE))?)
-            }
-            Store::Journal => {
-                let mut journal = Journal::open(state_dir)?;
-                journal.disk_full = counters.disk_full.clone();
-                Backend::Journal(Box::new(journal))
-            }
-        };
+        let mut journal = Journal::open(state_dir)?;
+        journal.disk_full = counters.disk_full.clone();
+        let backend = Box::new(journal);
         let inbox = Arc::new(Inbox::new());
         let writer_inbox = inbox.clone();
         let writer_counters = counters.clone();
@@ -563,35 +523,30 @@ mod tests {
         assert!(err.to_string().contains("another ip-webhook"), "{err}");
     }
 
-    /// Both stores give the same answers and survive a reopen.
+    /// Claims and a release survive a reopen.
     #[tokio::test]
-    async fn both_stores_keep_claims_across_reopen() {
-        for store in [Store::Journal, Store::Redb] {
-            let dir = tempfile::tempdir().unwrap();
-            let ledger =
-                EmbeddedLedger::open_store(dir.path(), CommitCounters::default(), store).unwrap();
-            for i in 0..20u32 {
-                let ip = format!("10.2.0.{i}");
-                assert_eq!(
-                    ledger
-                        .create(claim(&ip, &format!("p{i}")).into())
-                        .await
-                        .unwrap(),
-                    CreateOutcome::Created,
-                    "{store:?}"
-                );
-            }
-            assert!(ledger.release(&claim("10.2.0.3", "p3")).await.unwrap());
-            ledger.close().await;
-            drop(ledger);
-            let reopened =
-                EmbeddedLedger::open_store(dir.path(), CommitCounters::default(), store).unwrap();
-            let claims = reopened.load().await.unwrap();
-            assert_eq!(claims.len(), 20, "{store:?}");
-            let released: Vec<_> = claims.iter().filter(|c| !c.is_held()).collect();
-            assert_eq!(released.len(), 1, "{store:?}");
-            assert_eq!(released[0].pod.name, "p3", "{store:?}");
+    async fn claims_survive_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
+        for i in 0..20u32 {
+            let ip = format!("10.2.0.{i}");
+            assert_eq!(
+                ledger
+                    .create(claim(&ip, &format!("p{i}")).into())
+                    .await
+                    .unwrap(),
+                CreateOutcome::Created
+            );
         }
+        assert!(ledger.release(&claim("10.2.0.3", "p3")).await.unwrap());
+        ledger.close().await;
+        drop(ledger);
+        let reopened = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
+        let claims = reopened.load().await.unwrap();
+        assert_eq!(claims.len(), 20);
+        let released: Vec<_> = claims.iter().filter(|c| !c.is_held()).collect();
+        assert_eq!(released.len(), 1);
+        assert_eq!(released[0].pod.name, "p3");
     }
 
     fn journal_path(dir: &Path) -> PathBuf {
@@ -1116,12 +1071,11 @@ mod tests {
     #[tokio::test]
     async fn a_redb_ledger_is_migrated_on_first_open() {
         let dir = tempfile::tempdir().unwrap();
-        let old =
-            EmbeddedLedger::open_store(dir.path(), CommitCounters::default(), Store::Redb).unwrap();
-        old.create(claim("10.6.0.1", "a").into()).await.unwrap();
-        old.create(claim("10.6.0.2", "b").into()).await.unwrap();
-        old.close().await;
-        drop(old);
+        redb_store::write(
+            &dir.path().join(REDB_FILE),
+            &[claim("10.6.0.1", "a"), claim("10.6.0.2", "b")],
+        )
+        .unwrap();
         let ledger = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
         assert_eq!(ledger.load().await.unwrap().len(), 2);
         assert!(!dir.path().join(REDB_FILE).exists());

@@ -1,13 +1,11 @@
-//! The redb store: one redb file (`ledger.redb`, a copy-on-write B-tree), what ip-webhook used
-//! before the journal. Kept for the benchmarks' comparison and to migrate old state dirs.
+//! The redb file (`ledger.redb`, a copy-on-write B-tree) that older releases kept the claims
+//! in: read to migrate such a state dir to the journal, and by `status` before that.
 
-use std::net::IpAddr;
 use std::path::Path;
-use std::sync::Arc;
 
 use redb::{ConcurrencyMode, Database, ReadableDatabase, ReadableTable, TableDefinition};
 
-use super::{Records, Reply, Request, apply, storage};
+use super::storage;
 use crate::ledger::{Claim, LedgerError};
 
 const CLAIMS: TableDefinition<&str, &[u8]> = TableDefinition::new("claims");
@@ -42,44 +40,22 @@ pub(super) fn load(db: &Database) -> Result<Vec<Claim>, LedgerError> {
     Ok(claims)
 }
 
-struct RedbRecords<'a, 'txn>(&'a mut redb::Table<'txn, &'static str, &'static [u8]>);
-
-impl Records for RedbRecords<'_, '_> {
-    fn read(&mut self, ip: IpAddr) -> Result<Option<Arc<Claim>>, LedgerError> {
-        let key = ip.to_string();
-        match self.0.get(key.as_str()).map_err(storage("read"))? {
-            Some(bytes) => decode(&key, bytes.value()).map(|claim| Some(Arc::new(claim))),
-            None => Ok(None),
+/// `claims` written to the redb file at `path` as older releases wrote them (JSON per IP):
+/// the state dir a migration starts from.
+#[cfg(test)]
+pub(super) fn write(path: &Path, claims: &[Claim]) -> Result<(), LedgerError> {
+    let db = open_redb(path)?;
+    let txn = db.begin_write().map_err(storage("begin"))?;
+    {
+        let mut table = txn.open_table(CLAIMS).map_err(storage("open table"))?;
+        for claim in claims {
+            let bytes = serde_json::to_vec(claim).map_err(storage("encode"))?;
+            table
+                .insert(claim.ip.to_string().as_str(), bytes.as_slice())
+                .map_err(storage("write"))?;
         }
     }
-
-    fn write(&mut self, claim: Arc<Claim>) -> Result<(), LedgerError> {
-        let key = claim.ip.to_string();
-        let bytes = serde_json::to_vec(&*claim).map_err(storage("encode"))?;
-        self.0
-            .insert(key.as_str(), bytes.as_slice())
-            .map_err(storage("write"))?;
-        Ok(())
-    }
-}
-
-pub(super) fn commit(
-    db: &Database,
-    batch: &mut Vec<Request>,
-    replies: &mut Vec<Reply>,
-) -> Result<u64, LedgerError> {
-    let txn = db.begin_write().map_err(storage("begin"))?;
-    let writes = {
-        let mut table = txn.open_table(CLAIMS).map_err(storage("open table"))?;
-        apply(&mut RedbRecords(&mut table), batch, replies)?
-    };
-    if writes == 0 {
-        // nothing changed: no fsync for a batch of refusals
-        txn.abort().map_err(storage("abort"))?;
-    } else {
-        txn.commit().map_err(storage("commit"))?;
-    }
-    Ok(writes)
+    txn.commit().map_err(storage("commit"))
 }
 
 /// Every claim in `state_dir/ledger.redb`, read without creating or changing anything, also

@@ -1,17 +1,15 @@
 //! The writer thread and its inbox: requests join a batch ([`Inbox`]), the writer applies the
-//! claim rules to the whole batch, commits it with one write and one `fdatasync` (or one redb
-//! transaction), and only then answers every request of it.
+//! claim rules to the whole batch, commits it to the journal with one write and one
+//! `fdatasync`, and only then answers every request of it.
 
 use std::net::IpAddr;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
-use redb::Database;
 use tokio::sync::oneshot;
 
 use super::counters::{CommitCounters, Stage};
 use super::journal::Journal;
-use super::redb_store;
 use crate::ledger::claim::{CreateRule, create_rule, may_step, released, same_grant};
 use crate::ledger::{Claim, CreateOutcome, LedgerError, unix_now};
 
@@ -148,11 +146,6 @@ impl Drop for Seal<'_> {
     }
 }
 
-pub(super) enum Backend {
-    Redb(Database),
-    Journal(Box<Journal>),
-}
-
 /// Run the calling thread (the writer) as `SCHED_BATCH`: the same share of the CPU, but its
 /// wake-up, when a batch is sealed or its `fdatasync` returns, does not preempt the thread
 /// that runs requests on the same core. Those requests are filling the next batch; preempted,
@@ -179,10 +172,10 @@ pub fn writer_batch_policy() -> Result<(), String> {
     Err("SCHED_BATCH is Linux's".into())
 }
 
-pub(super) fn writer_loop(mut backend: Backend, inbox: &Inbox, counters: CommitCounters) {
+pub(super) fn writer_loop(mut journal: Box<Journal>, inbox: &Inbox, counters: CommitCounters) {
     let mut taken = Vec::with_capacity(64);
     let mut requests = Vec::with_capacity(64);
-    backend.grow_ahead();
+    journal.grow_ahead();
     while inbox.take(&mut taken) {
         let started = Instant::now();
         counters.batch_size.observe(taken.len() as f64);
@@ -193,27 +186,25 @@ pub(super) fn writer_loop(mut backend: Backend, inbox: &Inbox, counters: CommitC
                 Msg::Load(reply) => {
                     // the writes queued before it are committed first: a load sees them
                     if !requests.is_empty() {
-                        commit_batch(&mut backend, &mut requests, &counters, Instant::now());
+                        commit_batch(&mut journal, &mut requests, &counters, Instant::now());
                     }
-                    drop(reply.send(backend.load()));
+                    drop(reply.send(Ok(journal.load())));
                 }
                 Msg::Ping(reply) => {
                     if !requests.is_empty() {
-                        commit_batch(&mut backend, &mut requests, &counters, Instant::now());
+                        commit_batch(&mut journal, &mut requests, &counters, Instant::now());
                     }
-                    drop(reply.send(backend.ping()));
+                    drop(reply.send(journal.ping()));
                 }
             }
         }
         if !requests.is_empty() {
-            commit_batch(&mut backend, &mut requests, &counters, started);
+            commit_batch(&mut journal, &mut requests, &counters, started);
         }
         // the batch has its answers: room for the next ones is made now, not in their commit
-        backend.grow_ahead();
+        journal.grow_ahead();
     }
-    if let Backend::Journal(journal) = &mut backend {
-        journal.finish_compaction();
-    }
+    journal.finish_compaction();
 }
 
 pub(super) enum Reply {
@@ -286,16 +277,13 @@ pub(super) fn apply(
 }
 
 fn commit_batch(
-    backend: &mut Backend,
+    journal: &mut Journal,
     batch: &mut Vec<Request>,
     counters: &CommitCounters,
     started: Instant,
 ) {
     let mut replies = Vec::with_capacity(batch.len());
-    let result = match backend {
-        Backend::Redb(db) => redb_store::commit(db, batch, &mut replies),
-        Backend::Journal(journal) => journal.commit(batch, &mut replies),
-    };
+    let result = journal.commit(batch, &mut replies);
     match result {
         Ok(writes) => {
             if writes > 0 {
@@ -355,28 +343,6 @@ fn commit_batch(
             for request in batch.drain(..) {
                 request.refuse(again(&error), times);
             }
-        }
-    }
-}
-
-impl Backend {
-    pub(super) fn grow_ahead(&mut self) {
-        if let Backend::Journal(journal) = self {
-            journal.grow_ahead();
-        }
-    }
-
-    pub(super) fn ping(&mut self) -> Result<(), LedgerError> {
-        match self {
-            Backend::Redb(_) => Ok(()),
-            Backend::Journal(journal) => journal.ping(),
-        }
-    }
-
-    pub(super) fn load(&self) -> Result<Vec<Arc<Claim>>, LedgerError> {
-        match self {
-            Backend::Redb(db) => Ok(redb_store::load(db)?.into_iter().map(Arc::new).collect()),
-            Backend::Journal(journal) => Ok(journal.load()),
         }
     }
 }
