@@ -34,8 +34,11 @@ pub(super) fn check_head(
         let message = format!("{} is not allowed; send POST", parts.method);
         return Err(status(StatusCode::METHOD_NOT_ALLOWED, &message));
     }
-    if let Err(message) = check_content_type(&parts.headers) {
-        return Err(status(StatusCode::UNSUPPORTED_MEDIA_TYPE, &message));
+    if let Err(refused) = check_content_type(&parts.headers) {
+        return Err(status(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            &refused.to_string(),
+        ));
     }
     let declared = parts
         .headers
@@ -109,7 +112,16 @@ pub(super) fn busy(webhook: &Webhook, limits: Limits) -> Response<Full<Bytes>> {
     response
 }
 
-pub(super) fn check_content_type(headers: &http::HeaderMap) -> Result<(), String> {
+/// Why a request's Content-Type is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(super) enum ContentTypeError {
+    #[error("Content-Type {0:?} is not supported; send application/json")]
+    Unsupported(String),
+    #[error("Content-Type is missing; send application/json")]
+    Missing,
+}
+
+pub(super) fn check_content_type(headers: &http::HeaderMap) -> Result<(), ContentTypeError> {
     let value = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok());
@@ -122,10 +134,8 @@ pub(super) fn check_content_type(headers: &http::HeaderMap) -> Result<(), String
     });
     match media.as_deref() {
         Some("application/json") => Ok(()),
-        Some(other) => Err(format!(
-            "Content-Type {other:?} is not supported; send application/json"
-        )),
-        None => Err("Content-Type is missing; send application/json".to_string()),
+        Some(other) => Err(ContentTypeError::Unsupported(other.to_string())),
+        None => Err(ContentTypeError::Missing),
     }
 }
 
@@ -167,6 +177,7 @@ mod tests {
         assert!(
             check_content_type(&headers)
                 .unwrap_err()
+                .to_string()
                 .contains("missing")
         );
         headers.insert(
@@ -176,7 +187,7 @@ mod tests {
         assert!(check_content_type(&headers).is_ok());
         headers.insert(header::CONTENT_TYPE, "text/plain".parse().unwrap());
         assert_eq!(
-            check_content_type(&headers).unwrap_err(),
+            check_content_type(&headers).unwrap_err().to_string(),
             "Content-Type \"text/plain\" is not supported; send application/json"
         );
     }

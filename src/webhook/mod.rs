@@ -115,7 +115,11 @@ impl Webhook {
 
     /// Whether the CNI can use these fixed IPs (Calico pools / Kube-OVN subnets, when known):
     /// `Err` is a denial, `Ok` carries warnings.
-    pub fn cni_check(&self, ips: &IpSet, whose: &dyn fmt::Display) -> Result<Vec<String>, String> {
+    pub fn cni_check(
+        &self,
+        ips: &IpSet,
+        whose: &dyn fmt::Display,
+    ) -> Result<Vec<String>, cni_pools::CniRefusal> {
         match self.settings.cni {
             Cni::Calico => self.networks.calico_check(ips, whose),
             Cni::KubeOvn => self.networks.ovn_check(ips, whose).map(|()| Vec::new()),
