@@ -533,7 +533,7 @@ async fn admission(
     };
     let endpoint = match endpoint_of(parts.uri.path()) {
         Ok(endpoint) => endpoint,
-        Err(response) => return early(response, body),
+        Err(response) => return early(*response, body),
     };
     let count = |outcome| {
         webhook
@@ -549,7 +549,7 @@ async fn admission(
         Ok(declared) => declared,
         Err(response) => {
             count(Outcome::bad_request);
-            return early(response, body);
+            return early(*response, body);
         }
     };
     let mut held = Held::default();

@@ -388,16 +388,16 @@ fn template_app<'t>(
     path: &str,
     template: &'t Meta,
     ours: bool,
-) -> Result<Option<&'t str>, TemplateRefusal> {
+) -> Result<Option<&'t str>, Box<TemplateRefusal>> {
     let app_label = &webhook.settings.app_label;
     match template.label(app_label).filter(|a| !a.is_empty()) {
         Some(app) => Ok(Some(app)),
         None if !ours => Ok(None),
-        None => Err(TemplateRefusal::NoAppLabel {
+        None => Err(Box::new(TemplateRefusal::NoAppLabel {
             id: id.clone(),
             path: path.to_string(),
             app_label: app_label.clone(),
-        }),
+        })),
     }
 }
 
@@ -503,7 +503,7 @@ fn listed_set(
     path: &str,
     template: &Meta,
     ovn_list: Option<Result<IpSet, AnnotationError>>,
-) -> Result<Option<(IpSet, Option<String>)>, TemplateRefusal> {
+) -> Result<Option<(IpSet, Option<String>)>, Box<TemplateRefusal>> {
     let list = template.annotation(ALLOCATABLE_IPS);
     let pool_name = template.annotation(IP_POOL);
     let at = || (id.clone(), path.to_string());
@@ -512,19 +512,19 @@ fn listed_set(
             Some(Ok(set)) => (set, None),
             Some(Err(error)) => {
                 let (id, path) = at();
-                return Err(TemplateRefusal::OvnList { id, path, error });
+                return Err(Box::new(TemplateRefusal::OvnList { id, path, error }));
             }
             None => return Ok(None),
         },
         (Some(_), Some(_)) => {
             let (id, path) = at();
-            return Err(TemplateRefusal::ListAndPool { id, path });
+            return Err(Box::new(TemplateRefusal::ListAndPool { id, path }));
         }
         (Some(list), None) => match parse_ip_spec(list) {
             Ok(set) => (set, None),
             Err(error) => {
                 let (id, path) = at();
-                return Err(TemplateRefusal::List { id, path, error });
+                return Err(Box::new(TemplateRefusal::List { id, path, error }));
             }
         },
         (None, Some(name)) => {
@@ -532,14 +532,14 @@ fn listed_set(
             let Some(pool) = pools.get(name.trim()) else {
                 let (id, path) = at();
                 let pool = name.to_string();
-                return Err(TemplateRefusal::NoSuchPool { id, path, pool });
+                return Err(Box::new(TemplateRefusal::NoSuchPool { id, path, pool }));
             };
             if let Some(reason) = pool.refuses(&id.namespace, template.labels.as_ref()) {
-                return Err(TemplateRefusal::PoolRefuses {
+                return Err(Box::new(TemplateRefusal::PoolRefuses {
                     id: id.clone(),
                     pool: name.to_string(),
                     reason,
-                });
+                }));
             }
             ((*pool.usable).clone(), Some(pool.name.clone()))
         }
