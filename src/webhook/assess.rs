@@ -198,7 +198,9 @@ pub fn assess<'m>(webhook: &Webhook, view: PodView<'m>) -> Result<PodAsk<'m>, De
         });
     }
     let carried = carried_with(&statics, meta.labels.as_ref());
-    let candidates = webhook.candidates(&view).map_err(Denial::Candidates)?;
+    let candidates = webhook
+        .candidates(&view)
+        .map_err(|refused| Denial::Candidates(refused.to_string()))?;
     if candidates.is_some() && view.app.is_none() {
         return Err(Denial::NoAppLabel {
             pod: view.display(),
