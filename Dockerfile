@@ -10,7 +10,7 @@
 #
 # Built and published by .github/workflows/release.yml for a release tag (linux/amd64 and
 # linux/arm64, each on a native runner), as the chart's default image. This repository's CI
-# runs no container engine: tests/chart.rs checks that the user and entrypoint match what the
+# runs no container engine: tests/chart/deployment.rs checks that the user and entrypoint match what the
 # chart assumes, and tests/release.rs lints the workflow.
 
 FROM rust:1.90-bookworm AS build

@@ -20,7 +20,7 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
 fi
 
-# --- Helm chart checks (tests/chart.rs) ---------------------------------------------------
+# --- Helm chart checks (tests/chart/) ---------------------------------------------------
 # Schema validation of rendered manifests: kubernetes-validate for built-in kinds, and the
 # cloudcoil pydantic models (generated from the upstream CRDs) for cert-manager and
 # prometheus-operator resources. In their own venv so pip never fights the system Python.

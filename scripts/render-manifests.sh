@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Renders the Helm chart with its defaults into deploy/manifests/ip-webhook.yaml, for
-# `kubectl apply` without Helm. tests/chart.rs fails when the file is stale.
+# `kubectl apply` without Helm. tests/chart/schema.rs fails when the file is stale.
 # Usage: scripts/render-manifests.sh [OUTPUT]   (OUTPUT "-" prints to standard output)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -3,7 +3,7 @@
 //! digest, security contexts and probes, the Linux nodeSelector and the default priority, CRDs
 //! as templates (`crds.enabled`, `crds.keep`), a namespaceSelector for each webhook entry, the
 //! fixed-secret certificate mode, the schema's refusals, NOTES.txt and the generated README.
-//! tests/chart.rs covers the webhooks, RBAC, CEL and the documented install cases.
+//! tests/chart/ covers the webhooks, RBAC, CEL and the documented install cases.
 
 mod common;
 
@@ -131,7 +131,7 @@ fn every_case_lints_and_passes_strict_schema_validation() {
         let mut files = Vec::new();
         let mut expected = Vec::new();
         for (name, set) in CASES {
-            // tests/chart.rs lints its cases on both versions; once is enough for these.
+            // tests/chart/schema.rs lints its cases on both versions; once is enough for these.
             if kube_version == "1.31.0" {
                 lint_case(&helm, name, set, kube_version);
             }

@@ -37,7 +37,44 @@ pub enum Cni {
 pub struct IpAnnotation {
     pub key: &'static str,
     pub cni: Cni,
-    pub parse: fn(&str) -> Result<Vec<IpAddr>, String>,
+    pub parse: fn(&str) -> Result<Vec<IpAddr>, AnnotationError>,
+}
+
+/// Why an IP annotation cannot be read as its CNI reads it. Values are quoted shortened
+/// ([`excerpt`]), so a huge value gives a short message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AnnotationError {
+    #[error("{value:?} is not a JSON array of IP strings (example: [\"10.0.0.10\"])")]
+    NotJsonArray { value: String },
+    #[error(
+        "{value:?} has spaces around {ip}: the CNI reads each IP exactly as written (Go's net.ParseIP, no trimming), so the pod's network could never be set up; write the IP without spaces"
+    )]
+    Spaces { value: String, ip: String },
+    #[error("{item:?} is not an IP address")]
+    NotAnIp { item: String },
+    #[error(
+        "{value:?} has two {family} addresses ({first} and {second}); a pod gets at most one per family"
+    )]
+    TwoOfFamily {
+        value: String,
+        family: &'static str,
+        first: IpAddr,
+        second: IpAddr,
+    },
+    #[error("{value:?} names no IP")]
+    NoIp { value: String },
+    #[error("{value:?}: {item:?} is not an IP address")]
+    PoolEntry { value: String, item: String },
+    #[error(
+        "annotations {CALICO_IP_ADDRS} and {CALICO_IP_ADDRS_NO_IPAM} are both set; Calico refuses a pod with both, so it could never start: keep one"
+    )]
+    BothCalico,
+    /// An annotation of [`IP_ANNOTATIONS`] that does not parse.
+    #[error("annotation {key}: {error}")]
+    Annotation {
+        key: &'static str,
+        error: Box<AnnotationError>,
+    },
 }
 
 /// Every IP annotation ip-webhook reads, checks and keeps unchanged on a pod that holds a
@@ -131,13 +168,11 @@ impl Cni {
 /// `net.ParseIP` per item, one IPv4 (`To4() != nil`) and one IPv6 at most
 /// (projectcalico/calico `cni-plugin/pkg/k8s/k8s.go`, `validateAndExtractIPs` and
 /// `parseIPAddrs`). JSON whitespace between items is fine; inside an item it is not.
-pub fn parse_calico_ip_addrs(value: &str) -> Result<Vec<IpAddr>, String> {
-    let items: Vec<String> = serde_json::from_str(value).map_err(|_| {
-        format!(
-            "{:?} is not a JSON array of IP strings (example: [\"10.0.0.10\"])",
-            excerpt(value)
-        )
-    })?;
+pub fn parse_calico_ip_addrs(value: &str) -> Result<Vec<IpAddr>, AnnotationError> {
+    let items: Vec<String> =
+        serde_json::from_str(value).map_err(|_| AnnotationError::NotJsonArray {
+            value: excerpt(value),
+        })?;
     parse_one_per_family(items.iter().map(String::as_str), value)
 }
 
@@ -145,45 +180,50 @@ pub fn parse_calico_ip_addrs(value: &str) -> Result<Vec<IpAddr>, String> {
 /// each item given to `net.ParseIP` untrimmed, as the Kube-OVN controller does
 /// (kubeovn/kube-ovn `pkg/controller/pod.go`, `acquireStaticAddress`; its webhook's
 /// `pkg/util/validator.go`, `ValidatePodNetwork`, does not trim either).
-pub fn parse_ovn_ip_address(value: &str) -> Result<Vec<IpAddr>, String> {
+pub fn parse_ovn_ip_address(value: &str) -> Result<Vec<IpAddr>, AnnotationError> {
     parse_one_per_family(value.split(','), value)
 }
 
 /// One item as Go's `net.ParseIP` reads it: exactly as written (no trimming), and an
 /// IPv4-mapped IPv6 address (`::ffff:10.0.0.5`) is that IPv4 address (`To4()` is non-nil), so
 /// it is returned as IPv4: one address has one identity in the ledger, conflicts and labels.
-fn parse_cni_ip(item: &str, whole: &str) -> Result<IpAddr, String> {
+fn parse_cni_ip(item: &str, whole: &str) -> Result<IpAddr, AnnotationError> {
     if let Ok(ip) = IpAddr::from_str(item) {
         return Ok(ip.to_canonical());
     }
     let trimmed = item.trim();
     if trimmed != item && IpAddr::from_str(trimmed).is_ok() {
-        return Err(format!(
-            "{:?} has spaces around {trimmed}: the CNI reads each IP exactly as written (Go's net.ParseIP, no trimming), so the pod's network could never be set up; write the IP without spaces",
-            excerpt(whole)
-        ));
+        return Err(AnnotationError::Spaces {
+            value: excerpt(whole),
+            ip: trimmed.to_string(),
+        });
     }
-    Err(format!("{:?} is not an IP address", excerpt(item)))
+    Err(AnnotationError::NotAnIp {
+        item: excerpt(item),
+    })
 }
 
 fn parse_one_per_family<'a>(
     items: impl Iterator<Item = &'a str>,
     whole: &str,
-) -> Result<Vec<IpAddr>, String> {
+) -> Result<Vec<IpAddr>, AnnotationError> {
     let mut ips: Vec<IpAddr> = Vec::new();
     for item in items {
         let ip = parse_cni_ip(item, whole)?;
         if let Some(other) = ips.iter().find(|o| Family::of(o) == Family::of(&ip)) {
-            return Err(format!(
-                "{:?} has two {} addresses ({other} and {ip}); a pod gets at most one per family",
-                excerpt(whole),
-                Family::of(&ip).name()
-            ));
+            return Err(AnnotationError::TwoOfFamily {
+                value: excerpt(whole),
+                family: Family::of(&ip).name(),
+                first: *other,
+                second: ip,
+            });
         }
         ips.push(ip);
     }
     if ips.is_empty() {
-        return Err(format!("{:?} names no IP", excerpt(whole)));
+        return Err(AnnotationError::NoIp {
+            value: excerpt(whole),
+        });
     }
     Ok(ips)
 }
@@ -194,7 +234,7 @@ fn parse_one_per_family<'a>(
 /// trimmed. A single entry that is not an IP and has no `,` names an IPPool object instead:
 /// `Ok(None)`. The webhook's check (`pkg/util/validator.go`, `ValidatePodNetwork`) trims each
 /// address of an entry before `net.ParseIP`, as here. IPv4-mapped forms are IPv4.
-pub fn parse_ovn_ip_pool(value: &str) -> Result<Option<Vec<IpAddr>>, String> {
+pub fn parse_ovn_ip_pool(value: &str) -> Result<Option<Vec<IpAddr>>, AnnotationError> {
     let value_trimmed = value.trim();
     if value_trimmed.is_empty() {
         return Ok(None);
@@ -206,12 +246,9 @@ pub fn parse_ovn_ip_pool(value: &str) -> Result<Option<Vec<IpAddr>>, String> {
     for entry in value.split(';') {
         for item in entry.split(',') {
             let item = item.trim();
-            let ip = IpAddr::from_str(item).map_err(|_| {
-                format!(
-                    "{:?}: {:?} is not an IP address",
-                    excerpt(value),
-                    excerpt(item)
-                )
+            let ip = IpAddr::from_str(item).map_err(|_| AnnotationError::PoolEntry {
+                value: excerpt(value),
+                item: excerpt(item),
             })?;
             ips.push(ip.to_canonical());
         }
@@ -228,21 +265,22 @@ pub fn parse_ovn_ip_pool(value: &str) -> Result<Option<Vec<IpAddr>>, String> {
 /// `ipAddrsNoIpam` (its `CmdAddK8s`), so that is refused here too, at admission.
 pub fn static_ips(
     annotations: Option<&std::collections::BTreeMap<String, String>>,
-) -> Result<Vec<(&'static str, Vec<IpAddr>)>, String> {
+) -> Result<Vec<(&'static str, Vec<IpAddr>)>, AnnotationError> {
     let mut out = Vec::new();
     let Some(annotations) = annotations else {
         return Ok(out);
     };
     let set = |key: &str| annotations.get(key).filter(|v| !v.is_empty());
     if set(CALICO_IP_ADDRS).is_some() && set(CALICO_IP_ADDRS_NO_IPAM).is_some() {
-        return Err(format!(
-            "annotations {CALICO_IP_ADDRS} and {CALICO_IP_ADDRS_NO_IPAM} are both set; Calico refuses a pod with both, so it could never start: keep one"
-        ));
+        return Err(AnnotationError::BothCalico);
     }
     for annotation in &IP_ANNOTATIONS {
         if let Some(value) = set(annotation.key) {
             let key = annotation.key;
-            let ips = (annotation.parse)(value).map_err(|e| format!("annotation {key}: {e}"))?;
+            let ips = (annotation.parse)(value).map_err(|error| AnnotationError::Annotation {
+                key,
+                error: Box::new(error),
+            })?;
             out.push((key, ips));
         }
     }
@@ -536,7 +574,7 @@ mod tests {
         ];
         for (value, message) in cases {
             assert_eq!(
-                parse_calico_ip_addrs(value).unwrap_err(),
+                parse_calico_ip_addrs(value).unwrap_err().to_string(),
                 message,
                 "{value}"
             );
@@ -547,10 +585,16 @@ mod tests {
     fn errors_about_huge_values_stay_short() {
         let huge = format!("[{}]", "\"1\",".repeat(200_000));
         for message in [
-            parse_calico_ip_addrs(&"x".repeat(1 << 20)).unwrap_err(),
-            parse_calico_ip_addrs(&huge).unwrap_err(),
-            parse_ovn_ip_address(&"1".repeat(1 << 20)).unwrap_err(),
-            parse_ovn_ip_address(&format!("10.0.0.1,10.0.0.2{}", " ".repeat(1 << 20))).unwrap_err(),
+            parse_calico_ip_addrs(&"x".repeat(1 << 20))
+                .unwrap_err()
+                .to_string(),
+            parse_calico_ip_addrs(&huge).unwrap_err().to_string(),
+            parse_ovn_ip_address(&"1".repeat(1 << 20))
+                .unwrap_err()
+                .to_string(),
+            parse_ovn_ip_address(&format!("10.0.0.1,10.0.0.2{}", " ".repeat(1 << 20)))
+                .unwrap_err()
+                .to_string(),
         ] {
             assert!(message.len() < 400, "a {}-byte message", message.len());
         }
@@ -678,7 +722,7 @@ mod tests {
                     assert!(got.iter().all(|ip| *ip == ip.to_canonical()), "{source}");
                 }
                 Err(part) => {
-                    let message = got.expect_err(source);
+                    let message = got.expect_err(source).to_string();
                     assert!(
                         message.starts_with(&format!("annotation {key}: "))
                             && message.contains(part),
@@ -699,7 +743,12 @@ mod tests {
                 r#"["10.0.0.2"]"#.to_string(),
             ),
         ]);
-        assert!(static_ips(Some(&both)).unwrap_err().contains("both set"));
+        assert!(
+            static_ips(Some(&both))
+                .unwrap_err()
+                .to_string()
+                .contains("both set")
+        );
         let one_empty = BTreeMap::from([
             (CALICO_IP_ADDRS.to_string(), String::new()),
             (
@@ -737,6 +786,7 @@ mod tests {
         assert!(
             parse_ovn_ip_pool("10.16.0.10,bad")
                 .unwrap_err()
+                .to_string()
                 .contains("\"bad\" is not an IP address")
         );
     }
@@ -834,8 +884,14 @@ mod tests {
         assert!(
             parse_ovn_ip_address("fd00::1,fd00::2")
                 .unwrap_err()
+                .to_string()
                 .contains("two IPv6")
         );
-        assert!(parse_ovn_ip_address("x").unwrap_err().contains("not an IP"));
+        assert!(
+            parse_ovn_ip_address("x")
+                .unwrap_err()
+                .to_string()
+                .contains("not an IP")
+        );
     }
 }

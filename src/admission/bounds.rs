@@ -32,7 +32,28 @@ pub const MAX_UID: usize = 128;
 #[error("{field}: {reason}")]
 pub struct OutOfBounds {
     pub field: String,
-    pub reason: String,
+    pub reason: BoundReason,
+}
+
+/// Why a value breaks its bound; a value is quoted only when it is within its length.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BoundReason {
+    #[error(
+        "{len} bytes long; at most {max} are allowed (the API server never sends a longer one)"
+    )]
+    TooLong { len: usize, max: usize },
+    #[error(
+        "{0:?} is not a DNS label (lower-case letters, digits and '-', starting and ending with a letter or digit)"
+    )]
+    NotDnsLabel(String),
+    #[error(
+        "{0:?} is not a DNS subdomain (lower-case letters, digits, '-' and '.', each part starting and ending with a letter or digit)"
+    )]
+    NotDnsSubdomain(String),
+    #[error(
+        "{0:?} is not a label value (letters, digits, '-', '_' and '.', starting and ending with a letter or digit)"
+    )]
+    NotLabelValue(String),
 }
 
 /// Check the names of `incoming` (the request, `object` and `oldObject`). `app_label` is the
@@ -57,7 +78,7 @@ pub fn check(incoming: &Incoming<'_>, app_label: &str) -> Result<(), OutOfBounds
 
 /// Names the field of a broken bound. The name is written only then: a review within bounds
 /// (every one the API server sends) costs no formatting.
-fn at(field: impl FnOnce() -> String) -> impl FnOnce(String) -> OutOfBounds {
+fn at(field: impl FnOnce() -> String) -> impl FnOnce(BoundReason) -> OutOfBounds {
     move |reason| OutOfBounds {
         field: field(),
         reason,
@@ -93,15 +114,15 @@ fn metadata(prefix: &str, meta: &Meta, app_label: &str) -> Result<(), OutOfBound
 }
 
 /// Why a value breaks its bound.
-type Reason = Result<(), String>;
+type Reason = Result<(), BoundReason>;
 
 /// Refuse `value` when longer than `max` characters (bytes: every allowed character is ASCII).
 fn too_long(value: &str, max: usize) -> Reason {
     if value.len() > max {
-        return Err(format!(
-            "{} bytes long; at most {max} are allowed (the API server never sends a longer one)",
-            value.len()
-        ));
+        return Err(BoundReason::TooLong {
+            len: value.len(),
+            max,
+        });
     }
     Ok(())
 }
@@ -131,9 +152,7 @@ fn is_dns_label(text: &[u8]) -> bool {
 fn dns_label(value: &str) -> Reason {
     too_long(value, MAX_DNS_LABEL)?;
     if !value.is_empty() && !is_dns_label(value.as_bytes()) {
-        return Err(format!(
-            "{value:?} is not a DNS label (lower-case letters, digits and '-', starting and ending with a letter or digit)"
-        ));
+        return Err(BoundReason::NotDnsLabel(value.to_string()));
     }
     Ok(())
 }
@@ -155,9 +174,7 @@ fn dns_subdomain(value: &str, prefix: bool) -> Reason {
         _ => value.split('.').all(|part| is_dns_label(part.as_bytes())),
     };
     if !valid {
-        return Err(format!(
-            "{value:?} is not a DNS subdomain (lower-case letters, digits, '-' and '.', each part starting and ending with a letter or digit)"
-        ));
+        return Err(BoundReason::NotDnsSubdomain(value.to_string()));
     }
     Ok(())
 }
@@ -177,9 +194,7 @@ fn label_value(value: &str) -> Reason {
         }
     };
     if !ok {
-        return Err(format!(
-            "{value:?} is not a label value (letters, digits, '-', '_' and '.', starting and ending with a letter or digit)"
-        ));
+        return Err(BoundReason::NotLabelValue(value.to_string()));
     }
     Ok(())
 }

@@ -227,11 +227,24 @@ pub struct OperatorConfig {
     pub api_server: Option<KubeAccess>,
 }
 
+/// Why an operator command has no ledger to read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// No `--ledger`, no `--state-dir` and no cluster: `hint` names a ledger at the default
+    /// state dir, if one is there.
+    #[error(
+        "no cluster found: no --kubeconfig, $KUBECONFIG is unset, ~/.kube/config does \
+         not exist and this is not a pod; give --kubeconfig FILE, or --state-dir DIR \
+         to read the embedded ledger of `ip-webhook serve`{hint}"
+    )]
+    NoCluster { hint: String },
+}
+
 impl LedgerArgs {
     /// Choose the ledger of an operator command: `--ledger` if given; else `--state-dir` means
     /// the embedded ledger; else the cluster kubectl would use (`cluster`); else an error
     /// saying where it looked and what to pass.
-    pub fn config(&self, cluster: Option<ClusterSource>) -> Result<OperatorConfig, String> {
+    pub fn config(&self, cluster: Option<ClusterSource>) -> Result<OperatorConfig, ConfigError> {
         let explicit = self.cluster.kubeconfig.is_some() || self.cluster.context.is_some();
         let access = |source: ClusterSource| KubeAccess {
             source,
@@ -259,11 +272,7 @@ impl LedgerArgs {
                 } else {
                     String::new()
                 };
-                return Err(format!(
-                    "no cluster found: no --kubeconfig, $KUBECONFIG is unset, ~/.kube/config does \
-                     not exist and this is not a pod; give --kubeconfig FILE, or --state-dir DIR \
-                     to read the embedded ledger of `ip-webhook serve`{hint}"
-                ));
+                return Err(ConfigError::NoCluster { hint });
             }
         };
         // With another ledger, pods are looked up where the flags point (or in a pod).

@@ -245,7 +245,12 @@ mod tests {
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert_eq!(parse_duration("10"), Ok(Duration::from_secs(10)));
         assert!(parse_duration("2 weeks").is_err());
-        assert!(parse_duration("5d").unwrap_err().contains("unknown unit"));
+        assert!(
+            parse_duration("5d")
+                .unwrap_err()
+                .to_string()
+                .contains("unknown unit")
+        );
     }
 
     /// The values Go's time.ParseDuration takes (and the chart's schema allows).
@@ -282,13 +287,18 @@ mod tests {
         assert!(
             parse_duration("1m30")
                 .unwrap_err()
+                .to_string()
                 .contains("30 has no unit")
         );
     }
 
     #[test]
     fn listen_addresses() {
-        let addr = |text: &str| parse_listen(text).map(|a| a.to_string());
+        let addr = |text: &str| {
+            parse_listen(text)
+                .map(|a| a.to_string())
+                .map_err(|e| e.to_string())
+        };
         assert_eq!(addr(":8443"), Ok("0.0.0.0:8443".into()));
         assert_eq!(addr("127.0.0.1:8443"), Ok("127.0.0.1:8443".into()));
         assert_eq!(addr("[::]:8443"), Ok("[::]:8443".into()));
@@ -320,7 +330,12 @@ mod tests {
     #[test]
     fn apps_are_namespace_slash_name() {
         assert_eq!(parse_app("prod/web"), Ok("prod/web".into()));
-        assert!(parse_app("web").unwrap_err().contains("e.g. default/web"));
+        assert!(
+            parse_app("web")
+                .unwrap_err()
+                .to_string()
+                .contains("e.g. default/web")
+        );
         for bad in ["/web", "prod/", "a/b/c", ""] {
             assert!(parse_app(bad).is_err(), "{bad:?}");
         }
@@ -407,7 +422,7 @@ mod tests {
             ledger(&source(Some(LedgerKind::Etcd), None), None),
             Ok(LedgerConfig::Etcd(options)) if options.prefix == "/ip-webhook/"
         ));
-        let error = ledger(&source(None, None), None).unwrap_err();
+        let error = ledger(&source(None, None), None).unwrap_err().to_string();
         assert!(error.starts_with("no cluster found: no --kubeconfig, $KUBECONFIG is unset, ~/.kube/config does not exist"), "{error}");
         assert!(ledger(&source(Some(LedgerKind::Kubernetes), None), None).is_err());
     }
@@ -564,7 +579,12 @@ mod tests {
         assert_eq!(parse_size("64Mi"), Ok(64 * 1024 * 1024));
         assert_eq!(parse_size("7340032"), Ok(7340032));
         assert_eq!(parse_size("1Gi"), Ok(1 << 30));
-        assert!(parse_size("64MB").unwrap_err().contains("unknown unit"));
+        assert!(
+            parse_size("64MB")
+                .unwrap_err()
+                .to_string()
+                .contains("unknown unit")
+        );
         assert!(parse_size("lots").is_err());
     }
 

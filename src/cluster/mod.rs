@@ -47,6 +47,11 @@ pub enum ClusterError {
         name: String,
         source: kube::Error,
     },
+    #[error("listing the pods of namespace {namespace:?} failed: {source}")]
+    ListPods {
+        namespace: String,
+        source: kube::Error,
+    },
 }
 
 impl ClusterError {

@@ -16,8 +16,8 @@ use crate::ledger::Claim;
 use crate::ledger::claim::PodPresence;
 use crate::ledger::pod_lookup::{PodLookup, PodState};
 
-use super::pod_info;
 use super::reconcile::takes_up;
+use super::{ClusterError, pod_info};
 
 /// Lists pods through the API server (the operator's kubeconfig, or the service account).
 pub struct PodDirectory {
@@ -35,7 +35,7 @@ impl PodDirectory {
 
     /// Every pod of `namespace`, whole (for `spec.nodeName`); the error says which list
     /// failed and why.
-    pub async fn list(&self, namespace: &str) -> Result<Vec<Pod>, String> {
+    pub async fn list(&self, namespace: &str) -> Result<Vec<Pod>, ClusterError> {
         self.api(namespace)
             .list(&ListParams::default())
             .await
@@ -48,7 +48,7 @@ impl PodDirectory {
     pub async fn list_metadata(
         &self,
         namespace: &str,
-    ) -> Result<Vec<PartialObjectMeta<Pod>>, String> {
+    ) -> Result<Vec<PartialObjectMeta<Pod>>, ClusterError> {
         self.api(namespace)
             .list_metadata(&ListParams::default())
             .await
@@ -115,7 +115,7 @@ impl PodDirectory {
             let pods = match self.candidates(namespace, &claims).await {
                 Ok(pods) => pods,
                 Err(why) => {
-                    failures.push(why);
+                    failures.push(why.to_string());
                     continue;
                 }
             };
@@ -131,7 +131,11 @@ impl PodDirectory {
 
     /// The pods of `namespace` that could hold one of `claims` (its UID, or an IP of ours),
     /// read page by page and cut down to their metadata and node.
-    async fn candidates(&self, namespace: &str, claims: &[&Claim]) -> Result<Vec<Pod>, String> {
+    async fn candidates(
+        &self,
+        namespace: &str,
+        claims: &[&Claim],
+    ) -> Result<Vec<Pod>, ClusterError> {
         let uids: std::collections::HashSet<&str> =
             claims.iter().filter_map(|c| c.pod.uid.as_deref()).collect();
         let api = self.api(namespace);
@@ -179,7 +183,7 @@ impl PodLookup for PodDirectory {
         match self.list_metadata(&claim.pod.namespace).await {
             Ok(pods) if self.holder(&pods, claim).is_some() => PodState::Live,
             Ok(_) => PodState::Gone,
-            Err(why) => PodState::Unknown(why),
+            Err(why) => PodState::Unknown(why.to_string()),
         }
     }
 
@@ -228,8 +232,11 @@ pub fn holder<'a, P: Resource>(pods: &'a [P], claim: &Claim, app_label: &str) ->
         .min_by_key(|pod| pod.meta().creation_timestamp.clone())
 }
 
-fn list_failed(namespace: &str, error: kube::Error) -> String {
-    format!("listing the pods of namespace {namespace:?} failed: {error}")
+fn list_failed(namespace: &str, source: kube::Error) -> ClusterError {
+    ClusterError::ListPods {
+        namespace: namespace.to_string(),
+        source,
+    }
 }
 
 #[cfg(test)]

@@ -168,7 +168,7 @@ pub enum IpSpecError {
     Entry {
         index: usize,
         entry: String,
-        reason: String,
+        reason: EntryError,
     },
     #[error("entry {index} {entry:?} overlaps entry {other_index} {other:?}")]
     Overlap {
@@ -177,6 +177,32 @@ pub enum IpSpecError {
         other_index: usize,
         other: String,
     },
+}
+
+/// Why one entry of a list (an IP, a CIDR or a range) is not usable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EntryError {
+    #[error(
+        "IPv4-mapped IPv6 addresses (::ffff:a.b.c.d) cannot be given to pods; write the IPv4 address instead"
+    )]
+    V4Mapped,
+    #[error("not a valid CIDR")]
+    NotCidr,
+    #[error("host bits are set; did you mean {0}?")]
+    HostBits(IpNet),
+    /// The text (shortened) that is not an IP address.
+    #[error("{0:?} is not an IP address")]
+    NotAnIp(String),
+    #[error("a range cannot mix IPv4 and IPv6")]
+    MixedFamilies,
+    #[error("the range is reversed ({first} is after {last})")]
+    Reversed { first: IpAddr, last: IpAddr },
+}
+
+/// An IP address of an entry, or why it is not one.
+fn entry_ip(text: &str) -> Result<IpAddr, EntryError> {
+    let trimmed = text.trim();
+    IpAddr::from_str(trimmed).map_err(|_| EntryError::NotAnIp(excerpt(trimmed)))
 }
 
 /// One inclusive range of one family.
@@ -345,25 +371,22 @@ fn overlap(spec: &str, syntax: RangeSyntax) -> IpSpecError {
 /// `::ffff:0.0.0.0/96`: IPv4-mapped IPv6 addresses.
 const V4_MAPPED: (u128, u128) = (0xffff_0000_0000, 0xffff_ffff_ffff);
 
-fn parse_entry(entry: &str, syntax: RangeSyntax) -> Result<IpRange, String> {
+fn parse_entry(entry: &str, syntax: RangeSyntax) -> Result<IpRange, EntryError> {
     let range = parse_entry_range(entry, syntax)?;
     let overlaps = range.start <= V4_MAPPED.1 && V4_MAPPED.0 <= range.end;
     let spans = range.start < V4_MAPPED.0 && V4_MAPPED.1 < range.end;
     // a wider CIDR or range around them (`::/0`) just leaves them out
     if range.family == Family::V6 && overlaps && !spans {
-        return Err(
-            "IPv4-mapped IPv6 addresses (::ffff:a.b.c.d) cannot be given to pods; write the IPv4 address instead"
-                .to_string(),
-        );
+        return Err(EntryError::V4Mapped);
     }
     Ok(range)
 }
 
-fn parse_entry_range(entry: &str, syntax: RangeSyntax) -> Result<IpRange, String> {
+fn parse_entry_range(entry: &str, syntax: RangeSyntax) -> Result<IpRange, EntryError> {
     if entry.contains('/') {
-        let net = IpNet::from_str(entry).map_err(|_| "not a valid CIDR".to_string())?;
+        let net = IpNet::from_str(entry).map_err(|_| EntryError::NotCidr)?;
         if net.trunc() != net {
-            return Err(format!("host bits are set; did you mean {}?", net.trunc()));
+            return Err(EntryError::HostBits(net.trunc()));
         }
         return Ok(IpRange::from_net(&net));
     }
@@ -372,15 +395,15 @@ fn parse_entry_range(entry: &str, syntax: RangeSyntax) -> Result<IpRange, String
         RangeSyntax::DotDot => "..",
     };
     if let Some((first, last)) = entry.split_once(separator) {
-        let first = parse_ip(first).map_err(|e| e.to_string())?;
-        let last = parse_ip(last).map_err(|e| e.to_string())?;
+        let first = entry_ip(first)?;
+        let last = entry_ip(last)?;
         let (fa, start) = ip_key(&first);
         let (fb, end) = ip_key(&last);
         if fa != fb {
-            return Err("a range cannot mix IPv4 and IPv6".to_string());
+            return Err(EntryError::MixedFamilies);
         }
         if start > end {
-            return Err(format!("the range is reversed ({first} is after {last})"));
+            return Err(EntryError::Reversed { first, last });
         }
         return Ok(IpRange {
             family: fa,
@@ -388,9 +411,7 @@ fn parse_entry_range(entry: &str, syntax: RangeSyntax) -> Result<IpRange, String
             end,
         });
     }
-    parse_ip(entry)
-        .map(IpRange::single)
-        .map_err(|e| e.to_string())
+    entry_ip(entry).map(IpRange::single)
 }
 
 impl IpSet {

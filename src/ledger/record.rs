@@ -83,6 +83,30 @@ impl Parsed {
     }
 }
 
+/// Why a record whose CRC matches does not decode to a claim; each names the field it was
+/// reading.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    #[error("the record ends inside {field}")]
+    Ends { field: &'static str },
+    #[error("{field} is longer than 64 bits")]
+    Overlong { field: &'static str },
+    #[error("{field} too long")]
+    TooLong { field: &'static str },
+    #[error("{field} is not UTF-8")]
+    NotUtf8 { field: &'static str },
+    #[error("{field} presence is {value}, not 0 or 1")]
+    Presence { field: &'static str, value: u8 },
+    #[error("unknown {field} {value}")]
+    Unknown { field: &'static str, value: u8 },
+    #[error("sticky is {0}, not 0 or 1")]
+    Sticky(u8),
+    #[error("{0} bytes after the claim")]
+    Trailing(usize),
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+}
+
 /// The largest record a resynchronising scan takes for one: claim records are a few hundred
 /// bytes (names and labels are bounded by the API server), and a bound keeps the scan over a
 /// damaged stretch linear in practice.
@@ -95,7 +119,7 @@ fn record_at(
     at: usize,
     format: Format,
     max_len: usize,
-) -> Option<(Result<Claim, String>, usize)> {
+) -> Option<(Result<Claim, RecordError>, usize)> {
     if bytes.len() - at < HEADER {
         return None;
     }
@@ -111,7 +135,7 @@ fn record_at(
     }
     let claim = match format {
         Format::Binary => decode_claim(payload),
-        Format::Json => serde_json::from_slice(payload).map_err(|e| e.to_string()),
+        Format::Json => serde_json::from_slice(payload).map_err(RecordError::from),
     };
     Some((claim, end))
 }
@@ -229,12 +253,17 @@ fn encode_claim(buf: &mut Vec<u8>, claim: &Claim) {
     buf.push(u8::from(claim.sticky));
 }
 
-fn decode_claim(payload: &[u8]) -> Result<Claim, String> {
+fn decode_claim(payload: &[u8]) -> Result<Claim, RecordError> {
     let mut r = Reader(payload);
     let ip = match r.byte("ip family")? {
         4 => IpAddr::V4(Ipv4Addr::from(r.array::<4>("IPv4 address")?)),
         6 => IpAddr::V6(Ipv6Addr::from(r.array::<16>("IPv6 address")?)),
-        other => return Err(format!("unknown ip family {other}")),
+        value => {
+            return Err(RecordError::Unknown {
+                field: "ip family",
+                value,
+            });
+        }
     };
     let claim = Claim {
         ip,
@@ -252,12 +281,22 @@ fn decode_claim(payload: &[u8]) -> Result<Claim, String> {
             1 => Phase::Bound,
             2 => Phase::Terminating,
             3 => Phase::Released,
-            other => return Err(format!("unknown phase {other}")),
+            value => {
+                return Err(RecordError::Unknown {
+                    field: "phase",
+                    value,
+                });
+            }
         },
         source: match r.byte("source")? {
             0 => Source::Allocated,
             1 => Source::Static,
-            other => return Err(format!("unknown source {other}")),
+            value => {
+                return Err(RecordError::Unknown {
+                    field: "source",
+                    value,
+                });
+            }
         },
         created_at: r.u64("createdAt")?,
         updated_at: r.u64("updatedAt")?,
@@ -267,11 +306,11 @@ fn decode_claim(payload: &[u8]) -> Result<Claim, String> {
         sticky: match r.byte("sticky")? {
             0 => false,
             1 => true,
-            other => return Err(format!("sticky is {other}, not 0 or 1")),
+            other => return Err(RecordError::Sticky(other)),
         },
     };
     if !r.0.is_empty() {
-        return Err(format!("{} bytes after the claim", r.0.len()));
+        return Err(RecordError::Trailing(r.0.len()));
     }
     Ok(claim)
 }
@@ -303,24 +342,24 @@ fn put_opt<T>(buf: &mut Vec<u8>, value: Option<T>, put: fn(&mut Vec<u8>, T)) {
 struct Reader<'a>(&'a [u8]);
 
 impl Reader<'_> {
-    fn take(&mut self, n: usize, field: &str) -> Result<&[u8], String> {
+    fn take(&mut self, n: usize, field: &'static str) -> Result<&[u8], RecordError> {
         if self.0.len() < n {
-            return Err(format!("the record ends inside {field}"));
+            return Err(RecordError::Ends { field });
         }
         let (head, rest) = self.0.split_at(n);
         self.0 = rest;
         Ok(head)
     }
 
-    fn byte(&mut self, field: &str) -> Result<u8, String> {
+    fn byte(&mut self, field: &'static str) -> Result<u8, RecordError> {
         Ok(self.take(1, field)?[0])
     }
 
-    fn array<const N: usize>(&mut self, field: &str) -> Result<[u8; N], String> {
+    fn array<const N: usize>(&mut self, field: &'static str) -> Result<[u8; N], RecordError> {
         Ok(self.take(N, field)?.try_into().expect("N bytes"))
     }
 
-    fn u64(&mut self, field: &str) -> Result<u64, String> {
+    fn u64(&mut self, field: &'static str) -> Result<u64, RecordError> {
         let mut value = 0u64;
         for shift in (0..64).step_by(7) {
             let byte = self.byte(field)?;
@@ -329,24 +368,24 @@ impl Reader<'_> {
                 return Ok(value);
             }
         }
-        Err(format!("{field} is longer than 64 bits"))
+        Err(RecordError::Overlong { field })
     }
 
-    fn string(&mut self, field: &str) -> Result<String, String> {
-        let len = usize::try_from(self.u64(field)?).map_err(|_| format!("{field} too long"))?;
+    fn string(&mut self, field: &'static str) -> Result<String, RecordError> {
+        let len = usize::try_from(self.u64(field)?).map_err(|_| RecordError::TooLong { field })?;
         let bytes = self.take(len, field)?;
-        String::from_utf8(bytes.to_vec()).map_err(|_| format!("{field} is not UTF-8"))
+        String::from_utf8(bytes.to_vec()).map_err(|_| RecordError::NotUtf8 { field })
     }
 
     fn optional<T>(
         &mut self,
-        field: &str,
-        read: impl FnOnce(&mut Self) -> Result<T, String>,
-    ) -> Result<Option<T>, String> {
+        field: &'static str,
+        read: impl FnOnce(&mut Self) -> Result<T, RecordError>,
+    ) -> Result<Option<T>, RecordError> {
         match self.byte(field)? {
             0 => Ok(None),
             1 => read(self).map(Some),
-            other => Err(format!("{field} presence is {other}, not 0 or 1")),
+            value => Err(RecordError::Presence { field, value }),
         }
     }
 }
@@ -471,21 +510,29 @@ mod tests {
     #[test]
     fn a_damaged_payload_is_refused_naming_the_field() {
         let good = binary(&full());
-        let cut = decode_claim(&good[..good.len() - 3]).unwrap_err();
+        let cut = decode_claim(&good[..good.len() - 3])
+            .unwrap_err()
+            .to_string();
         assert!(cut.contains("ends inside"), "{cut}");
         let mut longer = good.clone();
         longer.push(0);
         assert_eq!(
-            decode_claim(&longer).unwrap_err(),
+            decode_claim(&longer).unwrap_err().to_string(),
             "1 bytes after the claim"
         );
         let mut family = good.clone();
         family[0] = 5;
-        assert_eq!(decode_claim(&family).unwrap_err(), "unknown ip family 5");
+        assert_eq!(
+            decode_claim(&family).unwrap_err().to_string(),
+            "unknown ip family 5"
+        );
         // the app's first byte turned into an invalid UTF-8 byte
         let mut app = good;
         app[18] = 0xff;
-        assert_eq!(decode_claim(&app).unwrap_err(), "app is not UTF-8");
+        assert_eq!(
+            decode_claim(&app).unwrap_err().to_string(),
+            "app is not UTF-8"
+        );
     }
 
     #[test]

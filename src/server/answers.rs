@@ -13,14 +13,14 @@ use crate::metrics::{Endpoint, ReasonLabels};
 use crate::webhook::Webhook;
 
 /// The endpoint a path names, or a 404 naming the two there are.
-pub(super) fn endpoint_of(path: &str) -> Result<Endpoint, Response<Full<Bytes>>> {
+pub(super) fn endpoint_of(path: &str) -> Result<Endpoint, Box<Response<Full<Bytes>>>> {
     match path {
         "/mutate" => Ok(Endpoint::mutate),
         "/validate" => Ok(Endpoint::validate),
         path => {
             let message =
                 format!("no such path {path:?}; ip-webhook serves POST /mutate and POST /validate");
-            Err(status(StatusCode::NOT_FOUND, &message))
+            Err(Box::new(status(StatusCode::NOT_FOUND, &message)))
         }
     }
 }
@@ -29,13 +29,16 @@ pub(super) fn endpoint_of(path: &str) -> Result<Endpoint, Response<Full<Bytes>>>
 /// than JSON, a declared length over [`MAX_BODY_BYTES`]); else the declared length.
 pub(super) fn check_head(
     parts: &http::request::Parts,
-) -> Result<Option<usize>, Response<Full<Bytes>>> {
+) -> Result<Option<usize>, Box<Response<Full<Bytes>>>> {
     if parts.method != Method::POST {
         let message = format!("{} is not allowed; send POST", parts.method);
-        return Err(status(StatusCode::METHOD_NOT_ALLOWED, &message));
+        return Err(Box::new(status(StatusCode::METHOD_NOT_ALLOWED, &message)));
     }
-    if let Err(message) = check_content_type(&parts.headers) {
-        return Err(status(StatusCode::UNSUPPORTED_MEDIA_TYPE, &message));
+    if let Err(refused) = check_content_type(&parts.headers) {
+        return Err(Box::new(status(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            &refused.to_string(),
+        )));
     }
     let declared = parts
         .headers
@@ -43,7 +46,7 @@ pub(super) fn check_head(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|len| len > MAX_BODY_BYTES as u64) {
-        return Err(too_large());
+        return Err(Box::new(too_large()));
     }
     Ok(declared.map(|len| len as usize))
 }
@@ -109,7 +112,16 @@ pub(super) fn busy(webhook: &Webhook, limits: Limits) -> Response<Full<Bytes>> {
     response
 }
 
-pub(super) fn check_content_type(headers: &http::HeaderMap) -> Result<(), String> {
+/// Why a request's Content-Type is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(super) enum ContentTypeError {
+    #[error("Content-Type {0:?} is not supported; send application/json")]
+    Unsupported(String),
+    #[error("Content-Type is missing; send application/json")]
+    Missing,
+}
+
+pub(super) fn check_content_type(headers: &http::HeaderMap) -> Result<(), ContentTypeError> {
     let value = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok());
@@ -122,10 +134,8 @@ pub(super) fn check_content_type(headers: &http::HeaderMap) -> Result<(), String
     });
     match media.as_deref() {
         Some("application/json") => Ok(()),
-        Some(other) => Err(format!(
-            "Content-Type {other:?} is not supported; send application/json"
-        )),
-        None => Err("Content-Type is missing; send application/json".to_string()),
+        Some(other) => Err(ContentTypeError::Unsupported(other.to_string())),
+        None => Err(ContentTypeError::Missing),
     }
 }
 
@@ -167,6 +177,7 @@ mod tests {
         assert!(
             check_content_type(&headers)
                 .unwrap_err()
+                .to_string()
                 .contains("missing")
         );
         headers.insert(
@@ -176,7 +187,7 @@ mod tests {
         assert!(check_content_type(&headers).is_ok());
         headers.insert(header::CONTENT_TYPE, "text/plain".parse().unwrap());
         assert_eq!(
-            check_content_type(&headers).unwrap_err(),
+            check_content_type(&headers).unwrap_err().to_string(),
             "Content-Type \"text/plain\" is not supported; send application/json"
         );
     }

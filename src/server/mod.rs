@@ -533,7 +533,7 @@ async fn admission(
     };
     let endpoint = match endpoint_of(parts.uri.path()) {
         Ok(endpoint) => endpoint,
-        Err(response) => return early(response, body),
+        Err(response) => return early(*response, body),
     };
     let count = |outcome| {
         webhook
@@ -549,7 +549,7 @@ async fn admission(
         Ok(declared) => declared,
         Err(response) => {
             count(Outcome::bad_request);
-            return early(response, body);
+            return early(*response, body);
         }
     };
     let mut held = Held::default();
@@ -584,22 +584,29 @@ async fn admission(
         Ok(Err(error)) => status(StatusCode::BAD_REQUEST, &error.to_string()),
         Err(panic) => {
             count(Outcome::error);
-            panicked(webhook, &panic)
+            panicked(webhook, &panic.message)
         }
     }
 }
 
-/// Run a future; a panic inside becomes `Err(message)` instead of tearing down the connection.
-pub async fn recover<T>(future: impl Future<Output = T>) -> Result<T, String> {
+/// A panic caught while deciding a request: its message (`panic` when it had none).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct Panic {
+    pub message: String,
+}
+
+/// Run a future; a panic inside becomes `Err(Panic)` instead of tearing down the connection.
+pub async fn recover<T>(future: impl Future<Output = T>) -> Result<T, Panic> {
     AssertUnwindSafe(future)
         .catch_unwind()
         .await
-        .map_err(|payload| {
-            payload
+        .map_err(|payload| Panic {
+            message: payload
                 .downcast_ref::<&str>()
                 .map(|s| s.to_string())
                 .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "panic".to_string())
+                .unwrap_or_else(|| "panic".to_string()),
         })
 }
 
@@ -610,7 +617,12 @@ mod tests {
     #[tokio::test]
     async fn a_panic_becomes_an_error_value() {
         let caught = recover(async { panic!("boom at {}", 42) }).await;
-        assert_eq!(caught, Err::<(), _>("boom at 42".to_string()));
+        assert_eq!(
+            caught,
+            Err::<(), _>(Panic {
+                message: "boom at 42".to_string()
+            })
+        );
         assert_eq!(recover(async { 7 }).await, Ok(7));
     }
 

@@ -7,7 +7,8 @@ use std::net::IpAddr;
 
 use crate::admission::Response;
 use crate::admission::annotations::{
-    CLAIM_TOKEN, OVN_IP_POOL, STATUS, STATUS_MUTATED, carried_with, parse_ovn_ip_pool, static_ips,
+    AnnotationError, CLAIM_TOKEN, OVN_IP_POOL, STATUS, STATUS_MUTATED, carried_with,
+    parse_ovn_ip_pool, static_ips,
 };
 use crate::ipam::allocator::AllocError;
 use crate::ipam::ipset::IpSet;
@@ -24,7 +25,7 @@ pub enum Denial {
     /// An IP annotation cannot be read.
     Malformed {
         pod: String,
-        message: String,
+        message: AnnotationError,
     },
     /// The list or pool cannot be used (unknown pool, bad list, a pool the pod may not use).
     Candidates(String),
@@ -202,7 +203,9 @@ pub fn assess<'m>(webhook: &Webhook, view: PodView<'m>) -> Result<PodAsk<'m>, De
         });
     }
     let carried = carried_with(&statics, meta.labels.as_ref());
-    let candidates = webhook.candidates(&view).map_err(Denial::Candidates)?;
+    let candidates = webhook
+        .candidates(&view)
+        .map_err(|refused| Denial::Candidates(refused.to_string()))?;
     if candidates.is_some() && view.app.is_none() {
         return Err(Denial::NoAppLabel {
             pod: view.display(),
@@ -250,7 +253,11 @@ pub fn assess<'m>(webhook: &Webhook, view: PodView<'m>) -> Result<PodAsk<'m>, De
     ];
     let mut warnings = Vec::new();
     for set in sets.into_iter().flatten() {
-        warnings.extend(webhook.cni_check(set, &whose).map_err(Denial::Cni)?);
+        warnings.extend(
+            webhook
+                .cni_check(set, &whose)
+                .map_err(|refused| Denial::Cni(refused.to_string()))?,
+        );
     }
     ask.warnings = warnings;
     Ok(ask)
@@ -267,10 +274,13 @@ fn check_ovn_ip_pool(webhook: &Webhook, view: &PodView<'_>) -> Result<(), Denial
     let ips = match parse_ovn_ip_pool(value) {
         Ok(Some(ips)) => ips,
         Ok(None) => return Ok(()),
-        Err(message) => {
+        Err(error) => {
             return Err(Denial::Malformed {
                 pod: view.display(),
-                message: format!("annotation {OVN_IP_POOL}: {message}"),
+                message: AnnotationError::Annotation {
+                    key: OVN_IP_POOL,
+                    error: Box::new(error),
+                },
             });
         }
     };

@@ -217,24 +217,47 @@ fn differing(
         .collect()
 }
 
+/// Why the claim of a review cannot be read: the denial, naming the claim (`what`) and the
+/// field.
+#[derive(Debug, thiserror::Error)]
+enum UnreadClaim {
+    #[error("an IPClaim {operation} review must carry {field}; refusing IPClaim {what:?} unjudged")]
+    Missing {
+        operation: &'static str,
+        field: &'static str,
+        what: String,
+    },
+    #[error("IPClaim {what:?}: {field} is not an IPClaim ({reason}); refusing it unjudged")]
+    NotAClaim {
+        what: String,
+        field: &'static str,
+        reason: String,
+    },
+    #[error("IPClaim {what:?}: {source}")]
+    Review { what: String, source: ReviewError },
+}
+
 /// The claim in `object` (or `oldObject`); `Err` is the denial for a claim that cannot be read.
-fn claim_in(incoming: &Incoming<'_>, old: bool) -> Result<IPClaim, String> {
+fn claim_in(incoming: &Incoming<'_>, old: bool) -> Result<IPClaim, UnreadClaim> {
     let field = if old {
         "request.oldObject"
     } else {
         "request.object"
     };
-    let what = incoming.request.name.as_deref().unwrap_or("");
+    let what = incoming.request.name.as_deref().unwrap_or("").to_string();
     match incoming.object::<IPClaim>(old) {
         Ok(Some(claim)) => Ok(claim),
-        Ok(None) => Err(format!(
-            "an IPClaim {} review must carry {field}; refusing IPClaim {what:?} unjudged",
-            incoming.request.operation.as_str()
-        )),
-        Err(ReviewError::BadObject { reason, .. }) => Err(format!(
-            "IPClaim {what:?}: {field} is not an IPClaim ({reason}); refusing it unjudged"
-        )),
-        Err(other) => Err(format!("IPClaim {what:?}: {other}")),
+        Ok(None) => Err(UnreadClaim::Missing {
+            operation: incoming.request.operation.as_str(),
+            field,
+            what,
+        }),
+        Err(ReviewError::BadObject { reason, .. }) => Err(UnreadClaim::NotAClaim {
+            what,
+            field,
+            reason,
+        }),
+        Err(source) => Err(UnreadClaim::Review { what, source }),
     }
 }
 
@@ -255,7 +278,7 @@ pub fn review(guard: &ClaimGuard, incoming: &Incoming<'_>) -> Response {
     }
     let old = match claim_in(incoming, true) {
         Ok(old) => old,
-        Err(message) => return response.deny(message),
+        Err(unread) => return response.deny(unread.to_string()),
     };
     if let Some(name) = request.name.as_deref()
         && !name.is_empty()
@@ -271,7 +294,7 @@ pub fn review(guard: &ClaimGuard, incoming: &Incoming<'_>) -> Response {
         Operation::Update => {
             let new = match claim_in(incoming, false) {
                 Ok(new) => new,
-                Err(message) => return response.deny(message),
+                Err(unread) => return response.deny(unread.to_string()),
             };
             let changed = if status_write {
                 changed_status(&old, &new)

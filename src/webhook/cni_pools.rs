@@ -12,7 +12,7 @@ use std::sync::RwLock;
 use serde::Deserialize;
 
 use crate::admission::{Incoming, Meta, Operation, Response, ReviewError};
-use crate::ipam::ipset::{IpRange, IpSet, RangeSyntax, parse_ip_spec_with};
+use crate::ipam::ipset::{IpRange, IpSet, IpSpecError, RangeSyntax, parse_ip_spec_with};
 use crate::ipam::overlap::RangeIndex;
 
 pub const KUBE_OVN_GROUP: &str = "kubeovn.io";
@@ -181,7 +181,7 @@ impl NetworkRegistry {
         &self,
         ips: &IpSet,
         whose: &dyn fmt::Display,
-    ) -> Result<Vec<String>, String> {
+    ) -> Result<Vec<String>, CniRefusal> {
         let state = self.read();
         if !state.calico_synced || ips.is_empty() {
             return Ok(Vec::new());
@@ -209,9 +209,11 @@ impl NetworkRegistry {
                         .join(", ")
                 )
             };
-            return Err(format!(
-                "IP {first} of {whose} lies in no enabled Calico IPPool that allows Workload use, so Calico would fail the pod with \"The provided IP address is not in a configured pool\"; {known}"
-            ));
+            return Err(CniRefusal::OutsideCalicoPools {
+                ip: first.to_string(),
+                whose: whose.to_string(),
+                known,
+            });
         }
         let mut warnings = Vec::new();
         let mut pools: Vec<&CalicoPool> =
@@ -234,7 +236,7 @@ impl NetworkRegistry {
 
     /// Fixed IPs against Kube-OVN's Subnets: each must lie in a Subnet's cidrBlock and outside
     /// its excludeIps.
-    pub fn ovn_check(&self, ips: &IpSet, whose: &dyn fmt::Display) -> Result<(), String> {
+    pub fn ovn_check(&self, ips: &IpSet, whose: &dyn fmt::Display) -> Result<(), CniRefusal> {
         let state = self.read();
         if !state.ovn_synced || ips.is_empty() {
             return Ok(());
@@ -251,10 +253,11 @@ impl NetworkRegistry {
                 }
                 let excluded = inside.subtract(&inside.subtract(&subnet.excluded));
                 if let Some(bad) = excluded.ranges().first() {
-                    return Err(format!(
-                        "IP {bad} of {whose} lies in excludeIps of Kube-OVN Subnet {}, so Kube-OVN will not assign it",
-                        subnet.name
-                    ));
+                    return Err(CniRefusal::OvnExcluded {
+                        ip: bad.to_string(),
+                        whose: whose.to_string(),
+                        subnet: subnet.name.clone(),
+                    });
                 }
                 rest = rest.subtract(&inside);
             }
@@ -264,13 +267,81 @@ impl NetworkRegistry {
                     .map(|s| format!("{} {}", s.name, cidrs_text(&s.cidrs)))
                     .collect::<Vec<_>>()
                     .join(", ");
-                return Err(format!(
-                    "IP {bad} of {whose} lies in no Kube-OVN Subnet (Subnets: {known})"
-                ));
+                return Err(CniRefusal::OutsideOvnSubnets {
+                    ip: bad.to_string(),
+                    whose: whose.to_string(),
+                    known,
+                });
             }
         }
         Ok(())
     }
+}
+
+/// Why the CNI would not give a workload or pod its fixed IPs.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CniRefusal {
+    #[error(
+        "IP {ip} of {whose} lies in no enabled Calico IPPool that allows Workload use, so Calico would fail the pod with \"The provided IP address is not in a configured pool\"; {known}"
+    )]
+    OutsideCalicoPools {
+        ip: String,
+        whose: String,
+        known: String,
+    },
+    #[error(
+        "IP {ip} of {whose} lies in excludeIps of Kube-OVN Subnet {subnet}, so Kube-OVN will not assign it"
+    )]
+    OvnExcluded {
+        ip: String,
+        whose: String,
+        subnet: String,
+    },
+    #[error("IP {ip} of {whose} lies in no Kube-OVN Subnet (Subnets: {known})")]
+    OutsideOvnSubnets {
+        ip: String,
+        whose: String,
+        known: String,
+    },
+}
+
+/// Why a CIDR list of a CNI object is unusable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CidrError {
+    #[error("{0:?} is not a valid CIDR")]
+    NotCidr(String),
+    #[error("{part} has host bits set; did you mean {network}?")]
+    HostBits { part: String, network: ipnet::IpNet },
+    #[error("is empty")]
+    Empty,
+}
+
+/// Why a Kube-OVN Subnet or a Calico IPPool cannot be used; each names the object.
+#[derive(Debug, thiserror::Error)]
+pub enum CniObjectError {
+    #[error("{kind} {name}: {error}")]
+    Json {
+        kind: &'static str,
+        name: String,
+        error: serde_json::Error,
+    },
+    #[error("{kind} {name}: {field} {error}")]
+    Cidr {
+        kind: &'static str,
+        name: String,
+        field: &'static str,
+        error: CidrError,
+    },
+    #[error("Subnet {name}: spec.excludeIps: {error}")]
+    ExcludeIps { name: String, error: IpSpecError },
+    #[error("Subnet {name}: spec.excludeIps {outside} lies outside spec.cidrBlock {cidr_block}")]
+    ExcludedOutside {
+        name: String,
+        outside: String,
+        cidr_block: String,
+    },
+    #[error("Calico IPPool {name}: spec.cidr must be one CIDR")]
+    NotOneCidr { name: String },
 }
 
 fn shorten(text: &str) -> String {
@@ -282,22 +353,22 @@ fn shorten(text: &str) -> String {
 }
 
 /// Parse a CIDR list (`10.16.0.0/16,fd00:10:16::/64`) into whole-network ranges.
-fn cidr_block(text: &str) -> Result<IpSet, String> {
+fn cidr_block(text: &str) -> Result<IpSet, CidrError> {
     let mut ranges = Vec::new();
     for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let net: ipnet::IpNet = part
             .parse()
-            .map_err(|_| format!("{part:?} is not a valid CIDR"))?;
+            .map_err(|_| CidrError::NotCidr(part.to_string()))?;
         if net.trunc() != net {
-            return Err(format!(
-                "{part} has host bits set; did you mean {}?",
-                net.trunc()
-            ));
+            return Err(CidrError::HostBits {
+                part: part.to_string(),
+                network: net.trunc(),
+            });
         }
         ranges.push(IpRange::from_net_all(&net));
     }
     if ranges.is_empty() {
-        return Err("is empty".into());
+        return Err(CidrError::Empty);
     }
     Ok(IpSet::from_ranges(ranges))
 }
@@ -355,7 +426,7 @@ pub fn review_subnet(
     let response = incoming.respond();
     let subnet = match OvnSubnet::from_spec(&name, &spec) {
         Ok(subnet) => subnet,
-        Err(message) => return Ok(response.deny(message)),
+        Err(refused) => return Ok(response.deny(refused.to_string())),
     };
     if let Some((range, other)) = registry
         .read()
@@ -390,7 +461,7 @@ pub fn review_calico_pool(
     let response = incoming.respond();
     let pool = match CalicoPool::from_spec(&name, &spec) {
         Ok(pool) => pool,
-        Err(message) => return Ok(response.deny(message)),
+        Err(refused) => return Ok(response.deny(refused.to_string())),
     };
     if let Some((range, other)) = registry
         .read()
@@ -411,26 +482,38 @@ pub fn review_calico_pool(
 
 impl OvnSubnet {
     /// From a Subnet object's JSON (as a watch delivers it).
-    pub fn from_json(name: &str, spec: &serde_json::Value) -> Result<OvnSubnet, String> {
+    pub fn from_json(name: &str, spec: &serde_json::Value) -> Result<OvnSubnet, CniObjectError> {
         let spec: SubnetSpec =
-            serde_json::from_value(spec.clone()).map_err(|e| format!("Subnet {name}: {e}"))?;
+            serde_json::from_value(spec.clone()).map_err(|error| CniObjectError::Json {
+                kind: "Subnet",
+                name: name.to_string(),
+                error,
+            })?;
         OvnSubnet::from_spec(name, &spec)
     }
 
-    fn from_spec(name: &str, spec: &SubnetSpec) -> Result<OvnSubnet, String> {
-        let cidrs = cidr_block(&spec.cidr_block)
-            .map_err(|e| format!("Subnet {name}: spec.cidrBlock {e}"))?;
+    fn from_spec(name: &str, spec: &SubnetSpec) -> Result<OvnSubnet, CniObjectError> {
+        let cidrs = cidr_block(&spec.cidr_block).map_err(|error| CniObjectError::Cidr {
+            kind: "Subnet",
+            name: name.to_string(),
+            field: "spec.cidrBlock",
+            error,
+        })?;
         let excluded = match spec.exclude_ips.as_ref().filter(|e| !e.is_empty()) {
             None => IpSet::default(),
             Some(entries) => {
-                let set = parse_ip_spec_with(&entries.join(","), RangeSyntax::DotDot)
-                    .map_err(|e| format!("Subnet {name}: spec.excludeIps: {e}"))?;
+                let set = parse_ip_spec_with(&entries.join(","), RangeSyntax::DotDot).map_err(
+                    |error| CniObjectError::ExcludeIps {
+                        name: name.to_string(),
+                        error,
+                    },
+                )?;
                 if !set.is_subset_of(&cidrs) {
-                    return Err(format!(
-                        "Subnet {name}: spec.excludeIps {} lies outside spec.cidrBlock {}",
-                        set.subtract(&cidrs),
-                        spec.cidr_block
-                    ));
+                    return Err(CniObjectError::ExcludedOutside {
+                        name: name.to_string(),
+                        outside: set.subtract(&cidrs).to_string(),
+                        cidr_block: spec.cidr_block.clone(),
+                    });
                 }
                 set
             }
@@ -451,17 +534,32 @@ impl OvnSubnet {
 
 impl CalicoPool {
     /// From a Calico IPPool object's JSON (as a watch delivers it).
-    pub fn from_json(name: &str, spec: &serde_json::Value) -> Result<CalicoPool, String> {
-        let spec: CalicoPoolSpec = serde_json::from_value(spec.clone())
-            .map_err(|e| format!("Calico IPPool {name}: {e}"))?;
+    pub fn from_json(name: &str, spec: &serde_json::Value) -> Result<CalicoPool, CniObjectError> {
+        let spec: CalicoPoolSpec =
+            serde_json::from_value(spec.clone()).map_err(|error| CniObjectError::Json {
+                kind: "Calico IPPool",
+                name: name.to_string(),
+                error,
+            })?;
         CalicoPool::from_spec(name, &spec)
     }
 
-    fn from_spec(name: &str, spec: &CalicoPoolSpec) -> Result<CalicoPool, String> {
+    fn from_spec(name: &str, spec: &CalicoPoolSpec) -> Result<CalicoPool, CniObjectError> {
         let cidr = match cidr_block(&spec.cidr) {
             Ok(set) if set.ranges().len() == 1 => set.ranges()[0],
-            Ok(_) => return Err(format!("Calico IPPool {name}: spec.cidr must be one CIDR")),
-            Err(e) => return Err(format!("Calico IPPool {name}: spec.cidr {e}")),
+            Ok(_) => {
+                return Err(CniObjectError::NotOneCidr {
+                    name: name.to_string(),
+                });
+            }
+            Err(error) => {
+                return Err(CniObjectError::Cidr {
+                    kind: "Calico IPPool",
+                    name: name.to_string(),
+                    field: "spec.cidr",
+                    error,
+                });
+            }
         };
         Ok(CalicoPool {
             name: name.to_string(),
@@ -545,7 +643,9 @@ mod tests {
         ];
         for (ips, expected) in cases {
             assert_eq!(
-                registry.calico_check(&parse_ip_spec(ips).unwrap(), &"app default/web"),
+                registry
+                    .calico_check(&parse_ip_spec(ips).unwrap(), &"app default/web")
+                    .map_err(|e| e.to_string()),
                 expected,
                 "{ips}"
             );
@@ -563,6 +663,7 @@ mod tests {
             empty
                 .calico_check(&parse_ip_spec("10.0.0.1").unwrap(), &"x")
                 .unwrap_err()
+                .to_string()
                 .ends_with("there are no Calico IPPools")
         );
     }
@@ -580,11 +681,15 @@ mod tests {
             Ok(())
         );
         assert_eq!(
-            registry.ovn_check(&parse_ip_spec("10.16.0.8-10.16.0.12").unwrap(), &"app default/web"),
+            registry
+                .ovn_check(&parse_ip_spec("10.16.0.8-10.16.0.12").unwrap(), &"app default/web")
+                .map_err(|e| e.to_string()),
             Err("IP 10.16.0.8-10.16.0.10 of app default/web lies in excludeIps of Kube-OVN Subnet ovn-default, so Kube-OVN will not assign it".into())
         );
         assert_eq!(
-            registry.ovn_check(&parse_ip_spec("10.17.0.1").unwrap(), &"app default/web"),
+            registry
+                .ovn_check(&parse_ip_spec("10.17.0.1").unwrap(), &"app default/web")
+                .map_err(|e| e.to_string()),
             Err("IP 10.17.0.1 of app default/web lies in no Kube-OVN Subnet (Subnets: ovn-default 10.16.0.0/16,fd00:10:16::/64)".into())
         );
     }

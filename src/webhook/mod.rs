@@ -21,7 +21,7 @@ use arc_swap::ArcSwap;
 use crate::admission::annotations::{ALLOCATABLE_IPS, Cni, IP_POOL};
 use crate::admission::{Incoming, Meta};
 use crate::ipam::allocator::Allocator;
-use crate::ipam::ipset::IpSet;
+use crate::ipam::ipset::{IpSet, IpSpecError};
 use crate::ipam::messages::Scope;
 use crate::ipam::pools::PoolCatalog;
 use crate::ipam::spec_cache::SpecCache;
@@ -115,7 +115,11 @@ impl Webhook {
 
     /// Whether the CNI can use these fixed IPs (Calico pools / Kube-OVN subnets, when known):
     /// `Err` is a denial, `Ok` carries warnings.
-    pub fn cni_check(&self, ips: &IpSet, whose: &dyn fmt::Display) -> Result<Vec<String>, String> {
+    pub fn cni_check(
+        &self,
+        ips: &IpSet,
+        whose: &dyn fmt::Display,
+    ) -> Result<Vec<String>, cni_pools::CniRefusal> {
         match self.settings.cni {
             Cni::Calico => self.networks.calico_check(ips, whose),
             Cni::KubeOvn => self.networks.ovn_check(ips, whose).map(|()| Vec::new()),
@@ -123,26 +127,30 @@ impl Webhook {
     }
 
     /// The IPs a pod may get: its `allocatable-ips` list or its pool. `Ok(None)` when it asks
-    /// for neither; `Err` is a denial message.
-    pub fn candidates(&self, pod: &PodView<'_>) -> Result<Option<Candidates>, String> {
+    /// for neither; `Err` is the denial.
+    pub fn candidates(
+        &self,
+        pod: &PodView<'_>,
+    ) -> Result<Option<Candidates>, Box<CandidatesRefusal>> {
         let list = pod.meta.annotation(ALLOCATABLE_IPS);
         let pool = pod.meta.annotation(IP_POOL);
         match (list, pool) {
             (None, None) => Ok(None),
-            (Some(_), Some(_)) => Err(format!(
-                "pod {} sets both {ALLOCATABLE_IPS} and {IP_POOL}; use one",
-                pod.display()
-            )),
+            (Some(_), Some(_)) => Err(Box::new(CandidatesRefusal::ListAndPool {
+                pod: pod.display(),
+            })),
             (Some(list), None) => {
-                let set = self.specs.parse(list).map_err(|e| {
-                    format!("pod {}: annotation {ALLOCATABLE_IPS}: {e}", pod.display())
+                let set = self.specs.parse(list).map_err(|error| {
+                    Box::new(CandidatesRefusal::List {
+                        pod: pod.display(),
+                        error,
+                    })
                 })?;
                 if let Some(refusal) = self.policy_refusal(&set, pod) {
-                    return Err(format!(
-                        "pod {}: annotation {ALLOCATABLE_IPS} {}",
-                        pod.display(),
-                        refusal.lists()
-                    ));
+                    return Err(Box::new(CandidatesRefusal::Policy {
+                        pod: pod.display(),
+                        lists: refusal.lists(),
+                    }));
                 }
                 Ok(Some(Candidates { set, pool: None }))
             }
@@ -155,16 +163,18 @@ impl Webhook {
                     } else {
                         format!("known pools: {}", known.join(", "))
                     };
-                    return Err(format!(
-                        "pod {} asks for FixedIPPool {name:?} ({IP_POOL}), which does not exist; {known}",
-                        pod.display()
-                    ));
+                    return Err(Box::new(CandidatesRefusal::NoSuchPool {
+                        pod: pod.display(),
+                        pool: name.to_string(),
+                        known,
+                    }));
                 };
                 if let Some(reason) = found.refuses(&pod.namespace, pod.meta.labels.as_ref()) {
-                    return Err(format!(
-                        "pod {} may not draw from FixedIPPool {name}: {reason}",
-                        pod.display()
-                    ));
+                    return Err(Box::new(CandidatesRefusal::PoolRefuses {
+                        pod: pod.display(),
+                        pool: name.to_string(),
+                        reason,
+                    }));
                 }
                 Ok(Some(Candidates {
                     set: found.usable.clone(),
@@ -173,6 +183,30 @@ impl Webhook {
             }
         }
     }
+}
+
+/// Why a pod cannot draw from the list or pool it names; each names the pod.
+#[derive(Debug, thiserror::Error)]
+pub enum CandidatesRefusal {
+    #[error("pod {pod} sets both {ALLOCATABLE_IPS} and {IP_POOL}; use one")]
+    ListAndPool { pod: String },
+    #[error("pod {pod}: annotation {ALLOCATABLE_IPS}: {error}")]
+    List { pod: String, error: IpSpecError },
+    /// The list holds IPs the pod may not have (`lists` says whose).
+    #[error("pod {pod}: annotation {ALLOCATABLE_IPS} {lists}")]
+    Policy { pod: String, lists: String },
+    #[error("pod {pod} asks for FixedIPPool {pool:?} ({IP_POOL}), which does not exist; {known}")]
+    NoSuchPool {
+        pod: String,
+        pool: String,
+        known: String,
+    },
+    #[error("pod {pod} may not draw from FixedIPPool {pool}: {reason}")]
+    PoolRefuses {
+        pod: String,
+        pool: String,
+        reason: String,
+    },
 }
 
 impl Webhook {

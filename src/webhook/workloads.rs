@@ -6,9 +6,11 @@ use std::sync::Mutex;
 
 use serde::Deserialize;
 
-use crate::admission::annotations::{ALLOCATABLE_IPS, IP_POOL, OVN_IP_POOL, parse_ovn_ip_pool};
+use crate::admission::annotations::{
+    ALLOCATABLE_IPS, AnnotationError, IP_POOL, OVN_IP_POOL, parse_ovn_ip_pool,
+};
 use crate::admission::{Incoming, Meta, Operation, Response, ReviewError};
-use crate::ipam::ipset::{Family, IpSet, parse_ip_spec};
+use crate::ipam::ipset::{Family, IpSet, IpSpecError, parse_ip_spec};
 use crate::ipam::overlap::RangeIndex;
 use crate::ledger::Claim;
 use crate::webhook::{PolicyRefusal, Webhook};
@@ -342,13 +344,13 @@ pub fn review(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Response, Re
     let app = match template_app(webhook, &id, path, template, ours) {
         Ok(Some(app)) => app,
         Ok(None) => return lists_nothing(response),
-        Err(message) => return Ok(response.deny(message)),
+        Err(refused) => return Ok(response.deny(refused.to_string())),
     };
     let app_key = format!("{}/{app}", id.namespace);
     let (set, from_pool) = match listed_set(webhook, &id, path, template, ovn_list) {
         Ok(Some(listed)) => listed,
         Ok(None) => return Ok(response),
-        Err(message) => return Ok(response.deny(message)),
+        Err(refused) => return Ok(response.deny(refused.to_string())),
     };
 
     if from_pool.is_none() {
@@ -365,7 +367,7 @@ pub fn review(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Response, Re
 
     let cni_warnings = match webhook.cni_check(&set, &id) {
         Ok(warnings) => warnings,
-        Err(message) => return Ok(response.deny(message)),
+        Err(refused) => return Ok(response.deny(refused.to_string())),
     };
     let capacity = capacity_warnings(&id, &workload.spec, replicas, &set, from_pool.as_deref());
     for warning in cni_warnings.into_iter().chain(capacity) {
@@ -386,14 +388,16 @@ fn template_app<'t>(
     path: &str,
     template: &'t Meta,
     ours: bool,
-) -> Result<Option<&'t str>, String> {
+) -> Result<Option<&'t str>, Box<TemplateRefusal>> {
     let app_label = &webhook.settings.app_label;
     match template.label(app_label).filter(|a| !a.is_empty()) {
         Some(app) => Ok(Some(app)),
         None if !ours => Ok(None),
-        None => Err(format!(
-            "{id}: the pod template asks for fixed IPs but {path}.labels has no {app_label:?} label; ip-webhook needs it (with the namespace) to know which app the IPs belong to"
-        )),
+        None => Err(Box::new(TemplateRefusal::NoAppLabel {
+            id: id.clone(),
+            path: path.to_string(),
+            app_label: app_label.clone(),
+        })),
     }
 }
 
@@ -451,6 +455,46 @@ fn workload_id(incoming: &Incoming<'_>, workload: &Workload, kind: &str) -> Work
     }
 }
 
+/// Why a workload's pod template cannot have the fixed IPs it asks for; each names the
+/// workload and the template's place in it.
+#[derive(Debug, thiserror::Error)]
+enum TemplateRefusal {
+    #[error(
+        "{id}: the pod template asks for fixed IPs but {path}.labels has no {app_label:?} label; ip-webhook needs it (with the namespace) to know which app the IPs belong to"
+    )]
+    NoAppLabel {
+        id: WorkloadId,
+        path: String,
+        app_label: String,
+    },
+    #[error("{id}: {path}.annotations[{OVN_IP_POOL}]: {error}")]
+    OvnList {
+        id: WorkloadId,
+        path: String,
+        error: AnnotationError,
+    },
+    #[error("{id}: {path}.annotations sets both {ALLOCATABLE_IPS} and {IP_POOL}; use one")]
+    ListAndPool { id: WorkloadId, path: String },
+    #[error("{id}: {path}.annotations[{ALLOCATABLE_IPS}]: {error}")]
+    List {
+        id: WorkloadId,
+        path: String,
+        error: IpSpecError,
+    },
+    #[error("{id}: {path}.annotations[{IP_POOL}] names FixedIPPool {pool:?}, which does not exist")]
+    NoSuchPool {
+        id: WorkloadId,
+        path: String,
+        pool: String,
+    },
+    #[error("{id} may not draw from FixedIPPool {pool}: {reason}")]
+    PoolRefuses {
+        id: WorkloadId,
+        pool: String,
+        reason: String,
+    },
+}
+
 /// The IPs a pod template asks for (its list, its FixedIPPool's usable IPs, or a Kube-OVN
 /// `ip_pool` list) and the pool's name; `Ok(None)` when it asks for none; `Err` the denial.
 fn listed_set(
@@ -458,36 +502,44 @@ fn listed_set(
     id: &WorkloadId,
     path: &str,
     template: &Meta,
-    ovn_list: Option<Result<IpSet, String>>,
-) -> Result<Option<(IpSet, Option<String>)>, String> {
+    ovn_list: Option<Result<IpSet, AnnotationError>>,
+) -> Result<Option<(IpSet, Option<String>)>, Box<TemplateRefusal>> {
     let list = template.annotation(ALLOCATABLE_IPS);
     let pool_name = template.annotation(IP_POOL);
+    let at = || (id.clone(), path.to_string());
     Ok(Some(match (list, pool_name) {
         (None, None) => match ovn_list {
             Some(Ok(set)) => (set, None),
-            Some(Err(e)) => return Err(format!("{id}: {path}.annotations[{OVN_IP_POOL}]: {e}")),
+            Some(Err(error)) => {
+                let (id, path) = at();
+                return Err(Box::new(TemplateRefusal::OvnList { id, path, error }));
+            }
             None => return Ok(None),
         },
         (Some(_), Some(_)) => {
-            return Err(format!(
-                "{id}: {path}.annotations sets both {ALLOCATABLE_IPS} and {IP_POOL}; use one"
-            ));
+            let (id, path) = at();
+            return Err(Box::new(TemplateRefusal::ListAndPool { id, path }));
         }
         (Some(list), None) => match parse_ip_spec(list) {
             Ok(set) => (set, None),
-            Err(e) => return Err(format!("{id}: {path}.annotations[{ALLOCATABLE_IPS}]: {e}")),
+            Err(error) => {
+                let (id, path) = at();
+                return Err(Box::new(TemplateRefusal::List { id, path, error }));
+            }
         },
         (None, Some(name)) => {
             let pools = webhook.pools.load();
             let Some(pool) = pools.get(name.trim()) else {
-                return Err(format!(
-                    "{id}: {path}.annotations[{IP_POOL}] names FixedIPPool {name:?}, which does not exist"
-                ));
+                let (id, path) = at();
+                let pool = name.to_string();
+                return Err(Box::new(TemplateRefusal::NoSuchPool { id, path, pool }));
             };
             if let Some(reason) = pool.refuses(&id.namespace, template.labels.as_ref()) {
-                return Err(format!(
-                    "{id} may not draw from FixedIPPool {name}: {reason}"
-                ));
+                return Err(Box::new(TemplateRefusal::PoolRefuses {
+                    id: id.clone(),
+                    pool: name.to_string(),
+                    reason,
+                }));
             }
             ((*pool.usable).clone(), Some(pool.name.clone()))
         }
@@ -551,7 +603,7 @@ fn list_refusal(webhook: &Webhook, listed: &Listed<'_>, template: &Meta) -> Opti
 /// A Kube-OVN `ovn.kubernetes.io/ip_pool` list of IPs in a pod template (a name of a
 /// Kube-OVN IPPool is not a list): the IPs Kube-OVN gives the workload's pods, so they are its
 /// app's, like an `allocatable-ips` list.
-fn ovn_pool_set(template: &Meta) -> Option<Result<IpSet, String>> {
+fn ovn_pool_set(template: &Meta) -> Option<Result<IpSet, AnnotationError>> {
     match parse_ovn_ip_pool(template.annotation(OVN_IP_POOL)?) {
         Ok(Some(ips)) => Some(Ok(IpSet::from_ips(ips))),
         Ok(None) => None,

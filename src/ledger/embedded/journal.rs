@@ -17,8 +17,8 @@ use room::Stalled;
 
 use super::marker;
 use super::{
-    JOURNAL, LOCK_FILE, REDB_FILE, Records, Reply, Request, SNAPSHOT, apply, redb_store, storage,
-    storage_at,
+    JOURNAL, LOCK_FILE, REDB_FILE, Records, Reply, Request, SNAPSHOT, apply, generations, name,
+    redb_store, storage, storage_at,
 };
 use crate::ledger::record::{Format, MAGIC, Parsed, encode_record, parse_file};
 use crate::ledger::{Claim, Damage, LedgerError};
@@ -114,10 +114,6 @@ pub(super) fn damaged(dir: &Path, path: &Path, parsed: &Parsed) -> LedgerError {
     }))
 }
 
-pub(super) fn name(prefix: &str, generation: u64) -> String {
-    format!("{prefix}{generation:020}")
-}
-
 fn sync_dir(dir: &Path) -> Result<(), LedgerError> {
     File::open(dir)
         .and_then(|d| d.sync_all())
@@ -163,28 +159,6 @@ fn write_snapshot_to<'a>(
     sync_dir(dir)
 }
 
-/// The generations of the files named `prefix<generation>` in `dir`.
-pub(super) fn generations(dir: &Path, prefix: &str) -> Result<Vec<u64>, LedgerError> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir(dir).map_err(storage_at("list the state dir", dir))? {
-        let entry = entry.map_err(storage_at("list the state dir", dir))?;
-        let file_name = entry.file_name();
-        let Some(file_name) = file_name.to_str() else {
-            continue;
-        };
-        if let Some(generation) = file_name.strip_prefix(prefix) {
-            if let Ok(generation) = generation.parse::<u64>() {
-                found.push(generation);
-            } else if generation.ends_with(".tmp") {
-                // a snapshot a crash interrupted
-                let _ = std::fs::remove_file(entry.path());
-            }
-        }
-    }
-    found.sort_unstable();
-    Ok(found)
-}
-
 /// The journal a ledger of snapshot `base` (0: none) and `journals` (from `base` on) lacks, if
 /// one is gone. Journal `g` is made durable before snapshot `g` is written, and journals are
 /// deleted only below a durable snapshot; the first journal of a dir is 1. So from the snapshot
@@ -228,33 +202,146 @@ fn remove_before(dir: &Path, generation: u64) -> Result<(), LedgerError> {
     sync_dir(dir)
 }
 
+/// The claims read on open, each with the size of its record, and the bytes of the live ones.
+#[derive(Default)]
+struct Loaded {
+    claims: BTreeMap<IpAddr, Entry>,
+    live_bytes: u64,
+}
+
+impl Loaded {
+    /// A record read in file order: a later record of an IP replaces the earlier one.
+    fn install(&mut self, claim: Claim, size: u64) {
+        let entry = Entry {
+            claim: Arc::new(claim),
+            size,
+        };
+        if let Some(old) = self.claims.insert(entry.claim.ip, entry) {
+            self.live_bytes -= old.size;
+        }
+        self.live_bytes += size;
+    }
+}
+
+/// What the journals after the snapshot held: their bytes, and the last one's format and end
+/// of its last whole record.
+struct Journals {
+    bytes: u64,
+    last_format: Option<Format>,
+    last_good: u64,
+}
+
+/// Take the state dir's lock file (`flock`, released when the process ends); with whether the
+/// lock file was there before.
+fn lock_state_dir(dir: &Path) -> Result<(File, bool), LedgerError> {
+    let lock_path = dir.join(LOCK_FILE);
+    let lock_existed = lock_path.exists();
+    let lock = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(storage_at("open the lock file", &lock_path))?;
+    lock.try_lock().map_err(|e| {
+        LedgerError::Storage(format!(
+            "cannot open {} (is another ip-webhook using this --state-dir?): {e}",
+            lock_path.display()
+        ))
+    })?;
+    Ok((lock, lock_existed))
+}
+
+/// A state dir of an older release, with only `ledger.redb`: every claim of it becomes
+/// snapshot 1, and the file is kept as `ledger.redb.migrated`.
+fn migrate_redb(dir: &Path) -> Result<(), LedgerError> {
+    let redb = dir.join(REDB_FILE);
+    let claims = redb_store::load(&redb_store::open_redb(&redb)?)?;
+    write_snapshot(dir, 1, claims.iter())?;
+    let kept = dir.join(format!("{REDB_FILE}.migrated"));
+    std::fs::rename(&redb, &kept).map_err(storage("rename migrated redb file"))?;
+    sync_dir(dir)?;
+    tracing::info!(claims = claims.len(), kept = %kept.display(), "migrated the redb ledger to the journal");
+    Ok(())
+}
+
+/// Read snapshot `base` into `loaded`: it must be whole (snapshots are renamed into place
+/// once written and synced).
+fn load_snapshot(dir: &Path, base: u64, loaded: &mut Loaded) -> Result<(), LedgerError> {
+    let path = dir.join(name(SNAPSHOT, base));
+    let parsed = parse_file(&path)?;
+    if !parsed.damage.is_empty() {
+        return Err(damaged(dir, &path, &parsed));
+    }
+    if parsed.torn || parsed.good == 0 {
+        return Err(LedgerError::Corrupt {
+            ip: path.display().to_string(),
+            reason: format!(
+                "bad record at byte {} of a snapshot (snapshots are written whole, then renamed)",
+                parsed.good
+            ),
+        });
+    }
+    for (claim, size) in parsed.claims {
+        loaded.install(claim, size);
+    }
+    Ok(())
+}
+
+/// Read `journals` in order into `loaded`. Only the last one may end in a torn write (a commit
+/// a crash cut short, never answered): it is cut off.
+fn load_journals(
+    dir: &Path,
+    journals: &[u64],
+    loaded: &mut Loaded,
+) -> Result<Journals, LedgerError> {
+    let mut read = Journals {
+        bytes: 0,
+        last_format: None,
+        last_good: 0,
+    };
+    let last = journals.last().copied();
+    for &generation in journals {
+        let path = dir.join(name(JOURNAL, generation));
+        let parsed = parse_file(&path)?;
+        if !parsed.damage.is_empty() {
+            return Err(damaged(dir, &path, &parsed));
+        }
+        read.last_format = parsed.format;
+        read.last_good = parsed.good;
+        if parsed.torn {
+            if Some(generation) != last {
+                return Err(LedgerError::Corrupt {
+                    ip: path.display().to_string(),
+                    reason: format!(
+                        "bad record at byte {} of a journal that a later one follows (only the last journal can end in a torn write)",
+                        parsed.good
+                    ),
+                });
+            }
+            tracing::warn!(path = %path.display(), kept = parsed.good, "cutting a torn record off the journal");
+            let file = OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .map_err(storage_at("open the journal", &path))?;
+            file.set_len(parsed.good)
+                .map_err(storage("truncate journal"))?;
+            file.sync_all().map_err(storage("sync journal"))?;
+        }
+        read.bytes += parsed.good;
+        for (claim, size) in parsed.claims {
+            loaded.install(claim, size);
+        }
+    }
+    Ok(read)
+}
+
 impl Journal {
     pub(super) fn open(dir: &Path) -> Result<Journal, LedgerError> {
-        let lock_path = dir.join(LOCK_FILE);
-        let lock_existed = lock_path.exists();
-        let lock = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .map_err(storage_at("open the lock file", &lock_path))?;
-        lock.try_lock().map_err(|e| {
-            LedgerError::Storage(format!(
-                "cannot open {} (is another ip-webhook using this --state-dir?): {e}",
-                lock_path.display()
-            ))
-        })?;
+        let (lock, lock_existed) = lock_state_dir(dir)?;
         let mut snapshots = generations(dir, SNAPSHOT)?;
         let mut journals = generations(dir, JOURNAL)?;
-        let redb = dir.join(REDB_FILE);
-        if snapshots.is_empty() && journals.is_empty() && redb.exists() {
-            // migrate: every claim of the redb file becomes snapshot 1
-            let claims = redb_store::load(&redb_store::open_redb(&redb)?)?;
-            write_snapshot(dir, 1, claims.iter())?;
-            let kept = dir.join(format!("{REDB_FILE}.migrated"));
-            std::fs::rename(&redb, &kept).map_err(storage("rename migrated redb file"))?;
-            sync_dir(dir)?;
-            tracing::info!(claims = claims.len(), kept = %kept.display(), "migrated the redb ledger to the journal");
+        if snapshots.is_empty() && journals.is_empty() && dir.join(REDB_FILE).exists() {
+            migrate_redb(dir)?;
             snapshots = vec![1];
         }
         if snapshots.is_empty() && journals.is_empty() {
@@ -264,82 +351,53 @@ impl Journal {
             }
         }
         let base = snapshots.last().copied().unwrap_or(0);
-        let mut claims = BTreeMap::new();
-        let mut live_bytes = 0u64;
-        let mut install = |claim: Claim, size: u64| {
-            let ip = claim.ip;
-            if let Some(old) = claims.insert(
-                ip,
-                Entry {
-                    claim: Arc::new(claim),
-                    size,
-                },
-            ) {
-                live_bytes -= old.size;
-            }
-            live_bytes += size;
-        };
+        let mut loaded = Loaded::default();
         if base > 0 {
-            let path = dir.join(name(SNAPSHOT, base));
-            let parsed = parse_file(&path)?;
-            if !parsed.damage.is_empty() {
-                return Err(damaged(dir, &path, &parsed));
-            }
-            if parsed.torn || parsed.good == 0 {
-                return Err(LedgerError::Corrupt {
-                    ip: path.display().to_string(),
-                    reason: format!(
-                        "bad record at byte {} of a snapshot (snapshots are written whole, then renamed)",
-                        parsed.good
-                    ),
-                });
-            }
-            for (claim, size) in parsed.claims {
-                install(claim, size);
-            }
+            load_snapshot(dir, base, &mut loaded)?;
         }
         journals.retain(|g| *g >= base);
         complete(dir, base, &journals)?;
-        let mut journal_bytes = 0u64;
-        let last = journals.last().copied();
-        let mut last_format = None;
-        let mut last_good = 0;
-        for &generation in &journals {
-            let path = dir.join(name(JOURNAL, generation));
-            let parsed = parse_file(&path)?;
-            if !parsed.damage.is_empty() {
-                return Err(damaged(dir, &path, &parsed));
-            }
-            last_format = parsed.format;
-            last_good = parsed.good;
-            if parsed.torn {
-                if Some(generation) != last {
-                    return Err(LedgerError::Corrupt {
-                        ip: path.display().to_string(),
-                        reason: format!(
-                            "bad record at byte {} of a journal that a later one follows (only the last journal can end in a torn write)",
-                            parsed.good
-                        ),
-                    });
-                }
-                // a write a crash cut short: it was never answered
-                tracing::warn!(path = %path.display(), kept = parsed.good, "cutting a torn record off the journal");
-                let file = OpenOptions::new()
-                    .write(true)
-                    .open(&path)
-                    .map_err(storage_at("open the journal", &path))?;
-                file.set_len(parsed.good)
-                    .map_err(storage("truncate journal"))?;
-                file.sync_all().map_err(storage("sync journal"))?;
-            }
-            journal_bytes += parsed.good;
-            for (claim, size) in parsed.claims {
-                install(claim, size);
-            }
+        let read = load_journals(dir, &journals, &mut loaded)?;
+        let (generation, file, end) =
+            Journal::open_tail(dir, base, journals.last().copied(), &read)?;
+        let allocated = file.metadata().map_err(storage("stat journal"))?.len();
+        // after the first journal exists (a crash in between leaves a journal and no marker,
+        // which the next open mends); a dir of an older release gets its marker here too
+        if let Err(error) = marker::ensure(dir) {
+            tracing::warn!(%error, "cannot write the ledger's marker file; a lost journal would then not be noticed");
         }
-        let (generation, file, end) = match last {
-            // binary records are not appended to a JSON-format journal: they start the next one
-            Some(generation) if last_format == Some(Format::Json) => {
+        Ok(Journal {
+            dir: dir.to_path_buf(),
+            claims: loaded.claims,
+            live_bytes: loaded.live_bytes,
+            file,
+            end,
+            allocated,
+            generation,
+            journal_bytes: read.bytes,
+            compactor: None,
+            full: None,
+            poisoned: None,
+            refusing: None,
+            disk_full: Default::default(),
+            #[cfg(test)]
+            space: None,
+            buf: Vec::with_capacity(64 << 10),
+            _lock: lock,
+        })
+    }
+
+    /// The journal the next records go to, with its generation and where they start: the last
+    /// one, after its last whole record; a new one after a JSON-format journal (binary records
+    /// are not appended to it) or when there is none.
+    fn open_tail(
+        dir: &Path,
+        base: u64,
+        last: Option<u64>,
+        read: &Journals,
+    ) -> Result<(u64, File, u64), LedgerError> {
+        Ok(match last {
+            Some(generation) if read.last_format == Some(Format::Json) => {
                 let file = Journal::create_file(dir, generation + 1)?;
                 (generation + 1, file, MAGIC.len() as u64)
             }
@@ -354,39 +412,13 @@ impl Journal {
                         .map_err(storage("write journal"))?;
                     file.sync_data().map_err(storage("sync journal"))?;
                 }
-                let end = last_good.max(MAGIC.len() as u64);
-                (generation, file, end)
+                (generation, file, read.last_good.max(MAGIC.len() as u64))
             }
             None => {
                 let generation = base.max(1);
                 let file = Journal::create_file(dir, generation)?;
                 (generation, file, MAGIC.len() as u64)
             }
-        };
-        let allocated = file.metadata().map_err(storage("stat journal"))?.len();
-        // after the first journal exists (a crash in between leaves a journal and no marker,
-        // which the next open mends); a dir of an older release gets its marker here too
-        if let Err(error) = marker::ensure(dir) {
-            tracing::warn!(%error, "cannot write the ledger's marker file; a lost journal would then not be noticed");
-        }
-        Ok(Journal {
-            dir: dir.to_path_buf(),
-            claims,
-            live_bytes,
-            file,
-            end,
-            allocated,
-            generation,
-            journal_bytes,
-            compactor: None,
-            full: None,
-            poisoned: None,
-            refusing: None,
-            disk_full: Default::default(),
-            #[cfg(test)]
-            space: None,
-            buf: Vec::with_capacity(64 << 10),
-            _lock: lock,
         })
     }
 

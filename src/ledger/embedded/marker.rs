@@ -78,18 +78,18 @@ pub(super) fn ensure(dir: &Path) -> Result<(), LedgerError> {
 /// gone: the records in it are lost, and starting without them would hand out again the IPs
 /// they recorded. `first` is the first journal there.
 pub(super) fn journal_gone(dir: &Path, base: u64, gone: u64, first: Option<u64>) -> LedgerError {
-    let journal = dir.join(super::journal::name(super::JOURNAL, gone));
+    let journal = dir.join(super::name(super::JOURNAL, gone));
     let refusing = "Refusing to start without those records, which would hand out again the IPs running pods hold";
     let detail = match first {
         Some(first) if base == 0 && first > gone => format!(
             "its journals start at {} and the snapshot they follow (snapshot.*) is gone. {refusing}. Restore the snapshot from a backup",
-            super::journal::name(super::JOURNAL, first)
+            super::name(super::JOURNAL, first)
         ),
         _ => {
             let what = if base > 0 {
                 format!(
                     "{} is there, but {}, which holds the records written after it, is gone",
-                    super::journal::name(super::SNAPSHOT, base),
+                    super::name(super::SNAPSHOT, base),
                     journal.display()
                 )
             } else {

@@ -55,13 +55,41 @@ pub use counters::{CommitCounters, StageLabels};
 pub use writer::writer_batch_policy;
 
 use counters::Stage;
-use journal::{Journal, generations};
+use journal::Journal;
 use writer::{Answer, Inbox, Msg, Records, Reply, Request, SLOW, Seal, apply, writer_loop};
 
 const REDB_FILE: &str = "ledger.redb";
 const LOCK_FILE: &str = "ledger.lock";
 const JOURNAL: &str = "journal.";
 const SNAPSHOT: &str = "snapshot.";
+
+/// The file `prefix<generation>` (`journal.`, `snapshot.`), the generation zero-padded so that
+/// names sort as generations do.
+pub(super) fn name(prefix: &str, generation: u64) -> String {
+    format!("{prefix}{generation:020}")
+}
+
+/// The generations of the files named `prefix<generation>` in `dir`.
+pub(super) fn generations(dir: &Path, prefix: &str) -> Result<Vec<u64>, LedgerError> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(storage_at("list the state dir", dir))? {
+        let entry = entry.map_err(storage_at("list the state dir", dir))?;
+        let file_name = entry.file_name();
+        let Some(file_name) = file_name.to_str() else {
+            continue;
+        };
+        if let Some(generation) = file_name.strip_prefix(prefix) {
+            if let Ok(generation) = generation.parse::<u64>() {
+                found.push(generation);
+            } else if generation.ends_with(".tmp") {
+                // a snapshot a crash interrupted
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
+    found.sort_unstable();
+    Ok(found)
+}
 
 pub struct EmbeddedLedger {
     dir: PathBuf,
@@ -261,7 +289,7 @@ mod tests {
     use super::*;
     use crate::ledger::record::{Format, MAGIC, encode_record, parse_file};
     use crate::ledger::{Phase, PodRef, Source};
-    use journal::name;
+
     use std::fs::OpenOptions;
     use std::os::unix::fs::FileExt;
 
@@ -972,9 +1000,9 @@ mod tests {
         };
         let gap = tempfile::tempdir().unwrap();
         let first = recorded(gap.path(), &[claim("10.13.0.1", "a")]).await;
-        std::fs::copy(&first, gap.path().join(journal::name(JOURNAL, 3))).unwrap();
+        std::fs::copy(&first, gap.path().join(name(JOURNAL, 3))).unwrap();
         let message = refusal(gap.path());
-        let second = gap.path().join(journal::name(JOURNAL, 2));
+        let second = gap.path().join(name(JOURNAL, 2));
         assert!(
             message.contains(&format!("{} is gone", second.display()))
                 && message.contains(&format!("create it empty (`touch {}`)", second.display())),
@@ -988,12 +1016,12 @@ mod tests {
 
         let lost = tempfile::tempdir().unwrap();
         let first = recorded(lost.path(), &[claim("10.13.0.2", "b")]).await;
-        std::fs::rename(&first, lost.path().join(journal::name(JOURNAL, 5))).unwrap();
+        std::fs::rename(&first, lost.path().join(name(JOURNAL, 5))).unwrap();
         let message = refusal(lost.path());
         assert!(
             message.contains(&format!(
                 "its journals start at {} and the snapshot they follow (snapshot.*) is gone",
-                journal::name(JOURNAL, 5)
+                name(JOURNAL, 5)
             )),
             "{message}"
         );
@@ -1052,7 +1080,7 @@ mod tests {
 
         // The journal after the snapshot is gone: its records (10.5.1.1's claim) would be lost.
         let base = *generations(dir.path(), SNAPSHOT).unwrap().last().unwrap();
-        let after = dir.path().join(journal::name(JOURNAL, base));
+        let after = dir.path().join(name(JOURNAL, base));
         std::fs::remove_file(&after).unwrap();
         let err = EmbeddedLedger::open(dir.path(), CommitCounters::default())
             .err()
@@ -1060,7 +1088,7 @@ mod tests {
         assert!(
             err.to_string().contains(&format!(
                 "{} is there, but {}, which holds the records written after it, is gone",
-                journal::name(SNAPSHOT, base),
+                name(SNAPSHOT, base),
                 after.display()
             )),
             "{err}"

@@ -9,8 +9,7 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use super::journal::{generations, name};
-use super::{JOURNAL, LOCK_FILE, SNAPSHOT, storage, storage_at};
+use super::{JOURNAL, LOCK_FILE, SNAPSHOT, generations, name, storage, storage_at};
 use crate::ledger::LedgerError;
 use crate::ledger::record::{Stretch, parse_bytes};
 

@@ -11,7 +11,32 @@ use rustls::{DigitallySignedStruct, SignatureScheme};
 use super::{CaBundles, Check, Status, check};
 
 /// The served chain (DER, leaf first) and what the verifier said of it.
-pub(super) type Seen = (Vec<Vec<u8>>, Result<(), String>);
+pub(super) type Seen = (Vec<Vec<u8>>, Result<(), CertError>);
+
+/// Why a certificate is not trusted, or not usable.
+#[derive(Debug, thiserror::Error)]
+pub enum CertError {
+    #[error("it holds no PEM certificate")]
+    NoPem,
+    #[error("it is not usable: {0}")]
+    Unusable(rustls::client::VerifierBuilderError),
+    #[error("no certificate was served")]
+    NothingServed,
+    #[error(transparent)]
+    Name(#[from] rustls::pki_types::InvalidDnsNameError),
+    #[error(transparent)]
+    Refused(#[from] rustls::Error),
+    #[error("it has no caBundle")]
+    NoCaBundle,
+    #[error("not verified: no --ca-file, --ca-bundle or cluster given")]
+    NotVerified,
+    #[error("the client certificate file: {0}")]
+    ClientCertFile(rustls::pki_types::pem::Error),
+    #[error("the client certificate file holds no PEM certificate")]
+    NoClientCert,
+    #[error("the client key file: {0}")]
+    ClientKeyFile(rustls::pki_types::pem::Error),
+}
 
 /// Accepts any certificate but remembers the leaf and what the real verifier said of it, so
 /// one handshake both inspects and judges the certificate.
@@ -35,8 +60,8 @@ impl ServerCertVerifier for Inspector {
             Some(verifier) => verifier
                 .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
                 .map(|_| ())
-                .map_err(|e| e.to_string()),
-            None => Err("not verified: no --ca-file, --ca-bundle or cluster given".to_string()),
+                .map_err(CertError::from),
+            None => Err(CertError::NotVerified),
         };
         let chain = std::iter::once(end_entity)
             .chain(intermediates)
@@ -71,32 +96,36 @@ impl ServerCertVerifier for Inspector {
 
 /// Whether `pem` (a caBundle) signs `chain` (leaf first) for `name`, as the API server would
 /// check it.
-pub(super) fn verify_with_bundle(pem: &[u8], chain: &[Vec<u8>], name: &str) -> Result<(), String> {
+pub(super) fn verify_with_bundle(
+    pem: &[u8],
+    chain: &[Vec<u8>],
+    name: &str,
+) -> Result<(), CertError> {
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(pem)
         .filter_map(Result::ok)
         .collect();
     let mut roots = rustls::RootCertStore::empty();
     let (added, _) = roots.add_parsable_certificates(certs);
     if added == 0 {
-        return Err("it holds no PEM certificate".into());
+        return Err(CertError::NoPem);
     }
     let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
         Arc::new(roots),
         crate::server::tls::provider(),
     )
     .build()
-    .map_err(|e| format!("it is not usable: {e}"))?;
-    let (leaf, intermediates) = chain.split_first().ok_or("no certificate was served")?;
+    .map_err(CertError::Unusable)?;
+    let (leaf, intermediates) = chain.split_first().ok_or(CertError::NothingServed)?;
     let leaf = CertificateDer::from(leaf.clone());
     let intermediates: Vec<CertificateDer<'_>> = intermediates
         .iter()
         .map(|c| CertificateDer::from(c.clone()))
         .collect();
-    let server_name = ServerName::try_from(name.to_string()).map_err(|e| e.to_string())?;
+    let server_name = ServerName::try_from(name.to_string())?;
     verifier
         .verify_server_cert(&leaf, &intermediates, &server_name, &[], UnixTime::now())
         .map(|_| ())
-        .map_err(|e| e.to_string())
+        .map_err(CertError::from)
 }
 
 /// The webhook configurations' caBundles against the served chain: OK when every one of them
@@ -121,7 +150,7 @@ pub fn cluster_bundle_check(
         .iter()
         .filter_map(|(source, pem)| {
             let verdict = if pem.is_empty() {
-                Err("it has no caBundle".to_string())
+                Err(CertError::NoCaBundle)
             } else {
                 verify_with_bundle(pem, chain, name)
             };

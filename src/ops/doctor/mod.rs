@@ -18,7 +18,7 @@ mod client_auth;
 mod prometheus;
 mod url;
 
-use certs::{Inspector, cluster_bundle_check, expiry_check};
+use certs::{CertError, Inspector, cluster_bundle_check, expiry_check};
 use client_auth::{ClientIdentity, alert_in};
 use prometheus::{capacity_check, leader_check};
 pub use url::{UrlError, split_url};
@@ -150,17 +150,17 @@ where
 }
 
 /// A PEM chain and key as rustls presents them.
-fn certified_key(chain: &[u8], key: &[u8]) -> Result<rustls::sign::CertifiedKey, String> {
+fn certified_key(chain: &[u8], key: &[u8]) -> Result<rustls::sign::CertifiedKey, CertError> {
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(chain)
         .collect::<Result<_, _>>()
-        .map_err(|e| format!("the client certificate file: {e}"))?;
+        .map_err(CertError::ClientCertFile)?;
     if chain.is_empty() {
-        return Err("the client certificate file holds no PEM certificate".into());
+        return Err(CertError::NoClientCert);
     }
-    let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(key)
-        .map_err(|e| format!("the client key file: {e}"))?;
+    let key =
+        rustls::pki_types::PrivateKeyDer::from_pem_slice(key).map_err(CertError::ClientKeyFile)?;
     rustls::sign::CertifiedKey::from_der(chain, key, &crate::server::tls::provider())
-        .map_err(|e| e.to_string())
+        .map_err(CertError::from)
 }
 
 fn snippet(body: &[u8]) -> String {
@@ -382,7 +382,9 @@ fn certificate_checks(options: &Options, client: &Client, checks: &mut Vec<Check
             Status::Skip,
             "no --ca-file or --ca-bundle: judged by the cluster's caBundles (cabundle)",
         ),
-        Err(reason) if options.ca_pem.is_none() => check("certificate", Status::Warn, reason),
+        Err(reason) if options.ca_pem.is_none() => {
+            check("certificate", Status::Warn, reason.to_string())
+        }
         Err(reason) => check(
             "certificate",
             Status::Fail,
