@@ -55,6 +55,9 @@ struct PodCase {
     marked: bool,
     /// It carries a Kube-OVN ip_pool (pods.validate sees it, to count its IPs as its app's).
     ovn_pool: bool,
+    /// It carries a label or annotation key under `ip-webhook.io/`, known or mistyped
+    /// (pod-wants-fixed-ip sends it to /mutate, which warns about a mistyped one).
+    our_key: bool,
 }
 
 fn pod_cases() -> Vec<PodCase> {
@@ -67,6 +70,7 @@ fn pod_cases() -> Vec<PodCase> {
             holds_ip: false,
             marked: false,
             ovn_pool: false,
+            our_key: false,
         },
         PodCase {
             name: "no metadata at all",
@@ -75,6 +79,7 @@ fn pod_cases() -> Vec<PodCase> {
             holds_ip: false,
             marked: false,
             ovn_pool: false,
+            our_key: false,
         },
         PodCase {
             name: "empty maps",
@@ -83,6 +88,7 @@ fn pod_cases() -> Vec<PodCase> {
             holds_ip: false,
             marked: false,
             ovn_pool: false,
+            our_key: false,
         },
         PodCase {
             name: "unrelated annotations and labels",
@@ -91,6 +97,7 @@ fn pod_cases() -> Vec<PodCase> {
             holds_ip: false,
             marked: false,
             ovn_pool: false,
+            our_key: false,
         },
         PodCase {
             name: "allocatable-ips annotation",
@@ -99,6 +106,7 @@ fn pod_cases() -> Vec<PodCase> {
             holds_ip: false,
             marked: false,
             ovn_pool: false,
+            our_key: true,
         },
         PodCase {
             name: "ip-pool annotation, no labels",
@@ -107,6 +115,7 @@ fn pod_cases() -> Vec<PodCase> {
             holds_ip: false,
             marked: false,
             ovn_pool: false,
+            our_key: true,
         },
         PodCase {
             name: "fixed-ip label only",
@@ -115,6 +124,7 @@ fn pod_cases() -> Vec<PodCase> {
             holds_ip: true,
             marked: false,
             ovn_pool: false,
+            our_key: true,
         },
         PodCase {
             name: "hand-written Calico static IP",
@@ -123,6 +133,7 @@ fn pod_cases() -> Vec<PodCase> {
             holds_ip: true,
             marked: false,
             ovn_pool: false,
+            our_key: false,
         },
         PodCase {
             name: "hand-written Kube-OVN static IP",
@@ -131,6 +142,7 @@ fn pod_cases() -> Vec<PodCase> {
             holds_ip: true,
             marked: false,
             ovn_pool: false,
+            our_key: false,
         },
         PodCase {
             name: "mutated pod",
@@ -146,6 +158,7 @@ fn pod_cases() -> Vec<PodCase> {
             holds_ip: true,
             marked: true,
             ovn_pool: false,
+            our_key: true,
         },
         PodCase {
             name: "allocated label without annotations",
@@ -154,6 +167,7 @@ fn pod_cases() -> Vec<PodCase> {
             holds_ip: true,
             marked: true,
             ovn_pool: false,
+            our_key: true,
         },
         PodCase {
             name: "claim token only",
@@ -164,6 +178,7 @@ fn pod_cases() -> Vec<PodCase> {
             holds_ip: true,
             marked: true,
             ovn_pool: false,
+            our_key: true,
         },
         PodCase {
             name: "status marker only",
@@ -172,6 +187,7 @@ fn pod_cases() -> Vec<PodCase> {
             holds_ip: true,
             marked: true,
             ovn_pool: false,
+            our_key: true,
         },
         PodCase {
             name: "Calico ipAddrsNoIpam",
@@ -182,6 +198,7 @@ fn pod_cases() -> Vec<PodCase> {
             holds_ip: true,
             marked: false,
             ovn_pool: false,
+            our_key: false,
         },
         PodCase {
             name: "Kube-OVN ip_pool list",
@@ -192,6 +209,25 @@ fn pod_cases() -> Vec<PodCase> {
             holds_ip: false,
             marked: false,
             ovn_pool: true,
+            our_key: false,
+        },
+        PodCase {
+            name: "mistyped annotation of ours",
+            pod: meta(json!({"annotations": {"ip-webhook.io/allocatable-ip": "10.0.0.10"}})),
+            wants_ip: false,
+            holds_ip: false,
+            marked: false,
+            ovn_pool: false,
+            our_key: true,
+        },
+        PodCase {
+            name: "mistyped label of ours",
+            pod: meta(json!({"labels": {"ip-webhook.io/fixedip": ""}})),
+            wants_ip: false,
+            holds_ip: false,
+            marked: false,
+            ovn_pool: false,
+            our_key: true,
         },
     ]
 }
@@ -229,8 +265,12 @@ fn cel_match_conditions_select_the_right_pods_and_never_error() {
             let update = evaluate(expression, &case.pod, &case.pod);
             let delete = evaluate(expression, &null, &case.pod);
             let (on_create, on_update, on_delete) = match condition.as_str() {
-                // Reads object: true for the pods that ask, false when object is null.
-                "pod-wants-fixed-ip" => (case.wants_ip, case.wants_ip, false),
+                // Reads object: true for the pods that ask or carry a key of ours, false when
+                // object is null.
+                "pod-wants-fixed-ip" => {
+                    let sent = case.wants_ip || case.our_key;
+                    (sent, sent, false)
+                }
                 // Reads oldObject only: false on CREATE, where oldObject is null.
                 "pod-holds-ip" => (false, case.holds_ip, case.holds_ip),
                 // Asks or names an IP before or after, unless it carries our marks before

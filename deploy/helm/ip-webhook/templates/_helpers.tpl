@@ -194,6 +194,14 @@ clientConfig:
 {{ $o }} != null && has({{ $o }}.metadata) && ((has({{ $o }}.metadata.annotations) && ('ip-webhook.io/allocatable-ips' in {{ $o }}.metadata.annotations || 'ip-webhook.io/ip-pool' in {{ $o }}.metadata.annotations || 'cni.projectcalico.org/ipAddrs' in {{ $o }}.metadata.annotations || 'cni.projectcalico.org/ipAddrsNoIpam' in {{ $o }}.metadata.annotations || 'ovn.kubernetes.io/ip_address' in {{ $o }}.metadata.annotations)) || (has({{ $o }}.metadata.labels) && 'ip-webhook.io/fixed-ip' in {{ $o }}.metadata.labels))
 {{- end }}
 
+{{/* CEL: the pod carries a label or annotation key of ours (`ip-webhook.io/...`), known or
+     not: /mutate sees it, so a mistyped key gets a warning naming the known one instead of
+     being ignored in silence. Argument: object or oldObject. */}}
+{{- define "ip-webhook.celPodHasOurKey" -}}
+{{- $o := . -}}
+{{ $o }} != null && has({{ $o }}.metadata) && ((has({{ $o }}.metadata.annotations) && {{ $o }}.metadata.annotations.exists(k, k.startsWith('ip-webhook.io/'))) || (has({{ $o }}.metadata.labels) && {{ $o }}.metadata.labels.exists(k, k.startsWith('ip-webhook.io/'))))
+{{- end }}
+
 {{/* CEL: the deleted pod may hold an IP in our books: a static IP, the allocated label, or
      any other of our marks (marker, claim token), so a pod stripped of some still has its
      DELETE seen (the server finds its claims by UID and token). */}}
