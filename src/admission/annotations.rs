@@ -98,13 +98,72 @@ pub const IP_ANNOTATIONS: [IpAnnotation; 3] = [
     },
 ];
 
-/// What `--cni` chooses: the CNI's name on the command line and the annotation ip-webhook
-/// writes for it (the first entry of [`IP_ANNOTATIONS`] it reads).
+/// What `--cni` chooses, and everything about a CNI the other layers read instead of matching
+/// on its name: the name on the command line, the annotation ip-webhook writes (the first
+/// entry of [`IP_ANNOTATIONS`] it reads; those entries say how it parses each) and how its
+/// value is written, which of the CNI's objects a static IP must fall in, and the objects an
+/// in-cluster replica watches (the chart grants each; `tests/chart/rbac.rs` checks it). A new
+/// CNI is an entry here and in [`IP_ANNOTATIONS`], plus handlers for object kinds not known
+/// yet.
 #[derive(Debug, Clone, Copy)]
 pub struct CniDescriptor {
     pub cni: Cni,
     pub name: &'static str,
     pub annotation: &'static str,
+    /// How [`Cni::format`] writes IPs into `annotation`.
+    pub format: ListFormat,
+    /// Where /validate checks that a static IP can be set up (`webhook::Webhook::cni_check`).
+    pub pools: PoolCheck,
+    /// The CNI's objects an in-cluster replica watches (`cluster::cni_tasks`).
+    pub watches: &'static [CniObject],
+}
+
+/// How an annotation writes a list of IPs: `open`, the IPs joined by `separator`, `close`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListFormat {
+    pub open: &'static str,
+    pub separator: &'static str,
+    pub close: &'static str,
+}
+
+/// The CNI's objects a static IP must fall in, as the CNI would set it up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolCheck {
+    /// Calico `IPPool`s: an IP in none is refused, one in a disabled pool warned about.
+    CalicoIpPools,
+    /// Kube-OVN `Subnet`s: an IP outside the pod's subnet is refused.
+    KubeOvnSubnets,
+}
+
+/// A kind of CNI object an in-cluster replica reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CniObject {
+    /// Calico `IPPool`s, for [`PoolCheck::CalicoIpPools`].
+    CalicoIpPools,
+    /// Calico `IPReservation`s: IPs Calico keeps out of its own assignment (and, with
+    /// `--calico-reservation`, the one ip-webhook keeps).
+    CalicoIpReservations,
+    /// Kube-OVN `Subnet`s, for [`PoolCheck::KubeOvnSubnets`].
+    KubeOvnSubnets,
+    /// Kube-OVN `IP`s: which pod Kube-OVN gave each IP, for the cluster's IP index.
+    KubeOvnIps,
+}
+
+impl CniObject {
+    /// API group, version, kind and plural.
+    pub fn resource(self) -> (&'static str, &'static str, &'static str, &'static str) {
+        match self {
+            CniObject::CalicoIpPools => ("crd.projectcalico.org", "v1", "IPPool", "ippools"),
+            CniObject::CalicoIpReservations => (
+                "crd.projectcalico.org",
+                "v1",
+                "IPReservation",
+                "ipreservations",
+            ),
+            CniObject::KubeOvnSubnets => ("kubeovn.io", "v1", "Subnet", "subnets"),
+            CniObject::KubeOvnIps => ("kubeovn.io", "v1", "IP", "ips"),
+        }
+    }
 }
 
 /// The CNIs `--cni` can name.
@@ -113,11 +172,27 @@ pub const CNIS: [CniDescriptor; 2] = [
         cni: Cni::Calico,
         name: "calico",
         annotation: CALICO_IP_ADDRS,
+        // a JSON array of strings, as parse_calico_ip_addrs reads it
+        format: ListFormat {
+            open: "[\"",
+            separator: "\",\"",
+            close: "\"]",
+        },
+        pools: PoolCheck::CalicoIpPools,
+        watches: &[CniObject::CalicoIpPools, CniObject::CalicoIpReservations],
     },
     CniDescriptor {
         cni: Cni::KubeOvn,
         name: "kube-ovn",
         annotation: OVN_IP_ADDRESS,
+        // comma-separated, as parse_ovn_ip_address reads it
+        format: ListFormat {
+            open: "",
+            separator: ",",
+            close: "",
+        },
+        pools: PoolCheck::KubeOvnSubnets,
+        watches: &[CniObject::KubeOvnIps, CniObject::KubeOvnSubnets],
     },
 ];
 
@@ -146,10 +221,11 @@ impl Cni {
     /// The annotation value for `ips`: `["10.0.0.10","fd00::a"]` or `10.0.0.10,fd00::a`.
     pub fn format(self, ips: &[IpAddr]) -> String {
         // IPs print without characters JSON would escape
-        let (open, separator, close) = match self {
-            Cni::Calico => ("[\"", "\",\"", "\"]"),
-            Cni::KubeOvn => ("", ",", ""),
-        };
+        let ListFormat {
+            open,
+            separator,
+            close,
+        } = self.descriptor().format;
         let mut text = String::with_capacity(2 + ips.len() * 42);
         text.push_str(open);
         for (i, ip) in ips.iter().enumerate() {

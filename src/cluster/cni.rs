@@ -18,32 +18,30 @@ use tokio::sync::watch;
 use super::lease::LeaderTicks;
 use super::watches::{Change, Mirror};
 use super::{Caches, lock};
+use crate::admission::annotations::CniObject;
 use crate::ipam::ipset::{IpRange, IpSet, parse_ip};
 use crate::webhook::Webhook;
 use crate::webhook::cni_pools::{CalicoPool, OvnSubnet};
 
 /// The IPReservation ip-webhook keeps (remove it by hand after uninstalling).
 pub const RESERVATION_NAME: &str = "ip-webhook-fixed-ips";
-const CALICO_GROUP: &str = "crd.projectcalico.org";
 
-fn resource(group: &str, kind: &str, plural: &str) -> ApiResource {
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, "v1", kind), plural)
+/// The API resource of a CNI object kind a replica reads.
+pub fn api_resource(object: CniObject) -> ApiResource {
+    let (group, version, kind, plural) = object.resource();
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
 }
 
 pub fn calico_ippools() -> ApiResource {
-    resource(CALICO_GROUP, "IPPool", "ippools")
+    api_resource(CniObject::CalicoIpPools)
 }
 
 pub fn calico_reservations() -> ApiResource {
-    resource(CALICO_GROUP, "IPReservation", "ipreservations")
+    api_resource(CniObject::CalicoIpReservations)
 }
 
 pub fn kube_ovn_subnets() -> ApiResource {
-    resource(
-        crate::webhook::cni_pools::KUBE_OVN_GROUP,
-        "Subnet",
-        "subnets",
-    )
+    api_resource(CniObject::KubeOvnSubnets)
 }
 
 /// What the IPReservation watch learned that the reservation keeper needs.

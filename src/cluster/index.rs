@@ -528,7 +528,7 @@ pub async fn watch_pod_ips(api: Api<Pod>, caches: Arc<Caches>, metrics: Arc<Metr
 
 /// Kube-OVN `IP` objects.
 pub fn kube_ovn_ips() -> ApiResource {
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("kubeovn.io", "v1", "IP"), "ips")
+    super::cni::api_resource(crate::admission::annotations::CniObject::KubeOvnIps)
 }
 
 /// Kube-OVN `IP` objects into `index`. While the CRD is not served (404) the index counts as

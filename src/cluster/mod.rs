@@ -13,7 +13,7 @@ use kube::{Api, Client};
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
-use crate::admission::annotations::Cni;
+use crate::admission::annotations::{Cni, CniObject};
 use crate::crd::{IPClaim, IPPool};
 use crate::metrics::watch_health::WatchHealth;
 use crate::metrics::{LeaseLabels, Metrics};
@@ -272,8 +272,9 @@ fn watch_tasks(
     tasks
 }
 
-/// The watches of the CNI's objects `options.cni` names: Kube-OVN IPs and Subnets, or Calico
-/// IPPools and IPReservations (and, leader only, keeping our IPReservation).
+/// The watches of the objects `options.cni`'s descriptor names (`CniDescriptor::watches`):
+/// Kube-OVN IPs and Subnets, or Calico IPPools and IPReservations (and, leader only, keeping
+/// our IPReservation).
 fn cni_tasks(
     client: &Client,
     webhook: &Arc<Webhook>,
@@ -281,43 +282,44 @@ fn cni_tasks(
     leading: &watch::Receiver<bool>,
     options: &ClusterOptions,
 ) -> Vec<JoinHandle<()>> {
-    let mut tasks = Vec::new();
-    match options.cni {
-        Cni::KubeOvn => tasks.push(tokio::spawn(index::watch_ovn_ips(
-            Api::all_with(client.clone(), &index::kube_ovn_ips()),
-            caches.clone(),
-            webhook.metrics.clone(),
-        ))),
-        Cni::Calico => caches.cluster_ips.without_ovn(),
+    let watches = options.cni.descriptor().watches;
+    if !watches.contains(&CniObject::KubeOvnIps) {
+        caches.cluster_ips.without_ovn();
     }
-    match options.cni {
-        Cni::Calico => {
-            let reservations = Api::all_with(client.clone(), &cni::calico_reservations());
-            let state = Arc::new(cni::ReservationState::default());
-            tasks.push(tokio::spawn(cni::watch_calico_pools(
-                Api::all_with(client.clone(), &cni::calico_ippools()),
-                webhook.clone(),
-            )));
-            tasks.push(tokio::spawn(cni::watch_calico_reservations(
-                reservations.clone(),
-                webhook.clone(),
-                state.clone(),
-            )));
-            if options.calico_reservation {
-                tasks.push(tokio::spawn(cni::keep_reservation(
-                    reservations,
+    let mut tasks = Vec::new();
+    for object in watches {
+        let api = Api::all_with(client.clone(), &cni::api_resource(*object));
+        match object {
+            CniObject::KubeOvnIps => tasks.push(tokio::spawn(index::watch_ovn_ips(
+                api,
+                caches.clone(),
+                webhook.metrics.clone(),
+            ))),
+            CniObject::KubeOvnSubnets => {
+                tasks.push(tokio::spawn(cni::watch_subnets(api, webhook.clone())))
+            }
+            CniObject::CalicoIpPools => {
+                tasks.push(tokio::spawn(cni::watch_calico_pools(api, webhook.clone())))
+            }
+            CniObject::CalicoIpReservations => {
+                let state = Arc::new(cni::ReservationState::default());
+                tasks.push(tokio::spawn(cni::watch_calico_reservations(
+                    api.clone(),
                     webhook.clone(),
-                    caches.clone(),
-                    state,
-                    leading.clone(),
-                    RESERVATION_CHECK,
+                    state.clone(),
                 )));
+                if options.calico_reservation {
+                    tasks.push(tokio::spawn(cni::keep_reservation(
+                        api,
+                        webhook.clone(),
+                        caches.clone(),
+                        state,
+                        leading.clone(),
+                        RESERVATION_CHECK,
+                    )));
+                }
             }
         }
-        Cni::KubeOvn => tasks.push(tokio::spawn(cni::watch_subnets(
-            Api::all_with(client.clone(), &cni::kube_ovn_subnets()),
-            webhook.clone(),
-        ))),
     }
     tasks
 }

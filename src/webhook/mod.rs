@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use crate::admission::annotations::{ALLOCATABLE_IPS, Cni, IP_POOL};
+use crate::admission::annotations::{ALLOCATABLE_IPS, Cni, IP_POOL, PoolCheck};
 use crate::admission::{Incoming, Meta};
 use crate::ipam::allocator::Allocator;
 use crate::ipam::ipset::{IpSet, IpSpecError};
@@ -120,9 +120,9 @@ impl Webhook {
         ips: &IpSet,
         whose: &dyn fmt::Display,
     ) -> Result<Vec<String>, cni_pools::CniRefusal> {
-        match self.settings.cni {
-            Cni::Calico => self.networks.calico_check(ips, whose),
-            Cni::KubeOvn => self.networks.ovn_check(ips, whose).map(|()| Vec::new()),
+        match self.settings.cni.descriptor().pools {
+            PoolCheck::CalicoIpPools => self.networks.calico_check(ips, whose),
+            PoolCheck::KubeOvnSubnets => self.networks.ovn_check(ips, whose).map(|()| Vec::new()),
         }
     }
 

@@ -3,7 +3,7 @@
 use super::*;
 
 /// The rendered CEL conditions, by entry name, on Kubernetes 1.31.
-fn rendered_conditions(helm: &Path) -> Vec<(String, String, String)> {
+pub(super) fn rendered_conditions(helm: &Path) -> Vec<(String, String, String)> {
     let docs = render(helm, &[], "1.31.0");
     let mut out = Vec::new();
     for kind in [

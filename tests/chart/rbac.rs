@@ -122,3 +122,37 @@ fn rbac_grants_what_the_server_needs_and_the_cni_extras_only_when_switched_on() 
     assert!(args.contains(&"--node-lost-grace=0"), "{args:?}");
     assert!(args.contains(&"--kube-ovn-reservation=true"), "{args:?}");
 }
+
+/// Each CNI's descriptor (`CNIS`) names the objects an in-cluster replica of it watches; the
+/// chart rendered for that CNI lets the service account list and watch every one of them, and
+/// its pod webhooks' conditions name the annotation the descriptor says is written.
+#[test]
+fn each_cnis_descriptor_is_what_the_chart_grants_and_matches() {
+    let helm = helm();
+    let conditions = super::match_conditions::rendered_conditions(&helm);
+    for descriptor in ip_webhook::admission::annotations::CNIS {
+        let set = format!("server.cni={}", descriptor.name);
+        let docs = render(&helm, &[&set], "1.31.0");
+        let rules = rules_of(one(&docs, "ClusterRole"));
+        for object in descriptor.watches {
+            let (group, _, _, plural) = object.resource();
+            assert!(
+                rules.iter().any(|(g, r, verbs)| g == group
+                    && r == plural
+                    && verbs.contains("list")
+                    && verbs.contains("watch")),
+                "{}: no list and watch on {group}/{plural}: {rules:?}",
+                descriptor.name
+            );
+        }
+        assert!(
+            conditions
+                .iter()
+                .any(|(_, name, expression)| name == "pod-wants-fixed-ip"
+                    && expression.contains(descriptor.annotation)),
+            "{}: pod-wants-fixed-ip does not name {}",
+            descriptor.name,
+            descriptor.annotation
+        );
+    }
+}
