@@ -131,9 +131,10 @@ rss_kib() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status"; }
 stat_ticks() { awk '/^cpu / { t = 0; for (i = 2; i <= NF; i++) t += $i; print t, $9 }' /proc/stat; }
 
 # steal BEFORE AFTER: "S s (P %)": seconds of steal over all CPUs, and its share of their time
+# (the ternary in parentheses: a bare `>` among awk's printf arguments is a redirection)
 steal() {
   awk -v b="$1" -v a="$2" -v t="$clk_tck" 'BEGIN { split(b, x, " "); split(a, y, " ")
-    d = y[1] - x[1]; s = y[2] - x[2]; printf "%.2f s (%.1f %%)", s / t, d > 0 ? 100 * s / d : 0 }'
+    d = y[1] - x[1]; s = y[2] - x[2]; printf "%.2f s (%.1f %%)", s / t, (d > 0 ? 100 * s / d : 0) }'
 }
 
 metric() { # metric NAME [FILTER]: a counter family's sum from the admin /metrics
