@@ -14,7 +14,9 @@ command -v protoc >/dev/null || need_apt+=(protobuf-compiler)
 command -v etcd >/dev/null || need_apt+=(etcd-server)
 # faketime: tests/clock_skew.rs runs a replica ten minutes ahead of the others
 command -v faketime >/dev/null || need_apt+=(faketime)
-# shellcheck: actionlint runs it on the workflows' `run:` scripts
+# setpriv: tests/operator_extras.rs drops root's file capabilities to meet permission bits
+command -v setpriv >/dev/null || need_apt+=(util-linux)
+# actionlint runs shellcheck on the workflows' `run:` scripts
 command -v shellcheck >/dev/null || need_apt+=(shellcheck)
 if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"

@@ -392,16 +392,23 @@ async fn release_from_report_frees_the_claims_without_a_pod() {
     std::fs::write(&report, &stdout).unwrap();
     let report = report.to_str().unwrap();
     let claims: Api<IPClaim> = Api::all(client.clone());
+    let release = |apply: bool| {
+        let mut args = vec![
+            "release",
+            "--from-report",
+            report,
+            "--kubeconfig",
+            &kubeconfig,
+        ];
+        if apply {
+            args.push("--apply");
+        }
+        ip_webhook(&args)
+    };
 
     let Ran {
         ok, stdout, stderr, ..
-    } = ip_webhook(&[
-        "release",
-        "--from-report",
-        report,
-        "--kubeconfig",
-        &kubeconfig,
-    ]);
+    } = release(false);
     assert!(ok, "{stderr}");
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(lines.len(), 2, "{stdout}");
@@ -422,14 +429,7 @@ async fn release_from_report_frees_the_claims_without_a_pod() {
 
     let Ran {
         ok, stdout, stderr, ..
-    } = ip_webhook(&[
-        "release",
-        "--from-report",
-        report,
-        "--apply",
-        "--kubeconfig",
-        &kubeconfig,
-    ]);
+    } = release(true);
     assert!(ok, "{stderr}");
     assert!(stdout.starts_with("released 10.0.0.11 (Bound"), "{stdout}");
     assert!(
@@ -456,14 +456,7 @@ async fn release_from_report_frees_the_claims_without_a_pod() {
         stdout,
         stderr,
         ..
-    } = ip_webhook(&[
-        "release",
-        "--from-report",
-        report,
-        "--apply",
-        "--kubeconfig",
-        &kubeconfig,
-    ]);
+    } = release(true);
     assert_eq!(code, Some(3), "{stdout}{stderr}");
     assert!(
         stdout.starts_with("nothing to release: no claim holds 10.0.0.11"),

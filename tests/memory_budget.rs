@@ -9,7 +9,7 @@ mod common;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use common::{BinaryServer, pod, review};
+use common::{BinaryServer, claims, pod, review};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
@@ -200,25 +200,17 @@ const HELD_CLAIMS: u32 = 200_000;
 /// A claim as `/mutate` records it for a ReplicaSet's pod: a 36-character request UID, a
 /// 32-digit token, no pod name or UID yet.
 fn held_claim(n: u32) -> ip_webhook::ledger::Claim {
-    use ip_webhook::ledger::{Claim, Phase, PodRef, Source};
-    Claim {
-        ip: std::net::Ipv4Addr::from(u32::from(std::net::Ipv4Addr::new(10, 64, 0, 0)) + n).into(),
-        app: "web".into(),
-        pool: None,
-        pod: PodRef {
-            namespace: "default".into(),
+    let ip = std::net::Ipv4Addr::from(u32::from(std::net::Ipv4Addr::new(10, 64, 0, 0)) + n);
+    let base = claims::at(claims::claim(&ip.to_string(), "web", ""), 1_764_460_800);
+    ip_webhook::ledger::Claim {
+        pod: ip_webhook::ledger::PodRef {
             generate_name: "web-7d4b9c8f6d-".into(),
-            ..Default::default()
+            ..base.pod.clone()
         },
         request_uid: format!("5f0c8a9e-3b1d-4c7a-9e2f-{n:012}"),
-        phase: Phase::Reserved,
-        source: Source::Allocated,
-        created_at: 1_764_460_800,
-        updated_at: 1_764_460_800,
         list_size: Some(1 << 22),
         token: format!("{n:032x}"),
-        release_at: None,
-        sticky: false,
+        ..base
     }
 }
 

@@ -382,16 +382,18 @@ async fn release_each(
     };
     for request in requests {
         let outcome = crate::ops::release::release(ledger.as_ref(), pods.as_ref(), request).await;
-        let outcome = match (&through, outcome) {
-            (Some(server), Err(e)) => {
+        let outcome = match outcome {
+            Ok(outcome) => outcome,
+            Err(e) => {
                 ledger.close().await;
-                Err(e).with_context(|| format!("releasing {} through {server}", request.ip))?
+                let through = through
+                    .as_ref()
+                    .map(|server| format!(" through {server}"))
+                    .unwrap_or_default();
+                return Err(
+                    anyhow::Error::new(e).context(format!("releasing {}{through}", request.ip))
+                );
             }
-            (_, Err(e)) => {
-                ledger.close().await;
-                Err(e).with_context(|| format!("releasing {}", request.ip))?
-            }
-            (_, Ok(outcome)) => outcome,
         };
         answers.push((outcome.released(), outcome.message(&request.ip)));
     }
