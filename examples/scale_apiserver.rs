@@ -14,8 +14,9 @@
 //! gets metadata only. Watches stream the events of the store and of the churn below.
 //!
 //! Control endpoints (not Kubernetes):
-//! - `GET /bench/stats`: `{"bytes": B, "requests": {"GET /api/v1/pods": n, ...}}`, the bytes of
-//!   every response body sent since start or the last `/bench/reset`;
+//! - `GET /bench/stats`: `{"bytes": B, "bytes_by": {"pods list": b, "nodes watch (meta)": b,
+//!   ...}, "requests": {"GET /api/v1/pods": n, ...}}`, the bytes of every response body sent
+//!   since start or the last `/bench/reset`, in all and per resource and kind of response;
 //! - `POST /bench/reset`;
 //! - `POST /bench/churn?n=1000`: n plain pods (no fixed IP) each ADDED running, MODIFIED
 //!   Terminating and DELETED on the pod watches, 100 pods per 10 ms;
@@ -61,6 +62,8 @@ struct Server {
     pods: usize,
     rv: AtomicU64,
     bytes: AtomicU64,
+    /// bytes sent per resource and kind of response (`pods list`, `nodes watch (meta)`)
+    bytes_by: Mutex<BTreeMap<String, u64>>,
     requests: Mutex<BTreeMap<String, u64>>,
     /// resource → "namespace/name" → object
     store: Mutex<BTreeMap<String, BTreeMap<String, Value>>>,
@@ -428,6 +431,14 @@ impl Server {
         self.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
     }
 
+    fn count_for(&self, resource: &str, what: &str, meta_only: bool, bytes: usize) {
+        let label = format!(
+            "{resource} {what}{}",
+            if meta_only { " (meta)" } else { "" }
+        );
+        *self.bytes_by.lock().unwrap().entry(label).or_default() += bytes as u64;
+    }
+
     fn reply(&self, status: StatusCode, body: String) -> Response<Body> {
         self.count(body.len());
         Response::builder()
@@ -528,10 +539,11 @@ impl Server {
         let cont = next
             .map(|n| format!(r#","continue":"{n}""#))
             .unwrap_or_default();
-        self.reply(
-            StatusCode::OK,
-            format!(r#"{{"kind":"{kind}","apiVersion":"{api_version}","metadata":{{"resourceVersion":"{rv}"{cont}}},"items":[{body}]}}"#),
-        )
+        let body = format!(
+            r#"{{"kind":"{kind}","apiVersion":"{api_version}","metadata":{{"resourceVersion":"{rv}"{cont}}},"items":[{body}]}}"#
+        );
+        self.count_for(&target.resource, "list", meta_only, body.len());
+        self.reply(StatusCode::OK, body)
     }
 
     fn watch(self: &Arc<Self>, target: Target, meta_only: bool) -> Response<Body> {
@@ -555,6 +567,7 @@ impl Server {
                             event.full.clone()
                         };
                         server.count(line.len());
+                        server.count_for(&target.resource, "watch", meta_only, line.len());
                         if tx.send(line).await.is_err() {
                             return;
                         }
@@ -839,12 +852,14 @@ impl Server {
                 "stats" => {
                     let requests = self.requests.lock().unwrap().clone();
                     let bytes = self.bytes.load(Ordering::Relaxed);
+                    let by = self.bytes_by.lock().unwrap().clone();
                     Response::new(full(
-                        json!({"bytes": bytes, "requests": requests}).to_string(),
+                        json!({"bytes": bytes, "bytes_by": by, "requests": requests}).to_string(),
                     ))
                 }
                 "reset" => {
                     self.bytes.store(0, Ordering::Relaxed);
+                    self.bytes_by.lock().unwrap().clear();
                     self.requests.lock().unwrap().clear();
                     Response::new(full("{}"))
                 }
@@ -954,6 +969,7 @@ async fn main() {
         pods,
         rv: AtomicU64::new(100),
         bytes: AtomicU64::new(0),
+        bytes_by: Mutex::new(BTreeMap::new()),
         requests: Mutex::default(),
         store: Mutex::default(),
         events,

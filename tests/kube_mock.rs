@@ -551,10 +551,7 @@ async fn a_full_resync_frees_an_ip_whose_pod_delete_the_watch_missed() {
     );
     let caches = Arc::new(Caches::default());
     // The watch missed the delete: the cache still has the pod.
-    caches
-        .pods
-        .lock()
-        .unwrap()
+    Arc::make_mut(&mut caches.pods.lock().unwrap())
         .insert("uid-db".into(), pod_info("db-0", "uid-db", "10.0.0.8"));
     caches
         .claims

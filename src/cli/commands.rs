@@ -479,6 +479,7 @@ async fn drift(args: CheckArgs) -> anyhow::Result<()> {
     let drift = crate::ops::drift::compare(&crate::ops::drift::Inputs {
         claims: &claims,
         pods: &cluster.pods,
+        plain: &cluster.plain,
         listed: &cluster.listed,
         cni: &cluster.cni,
         app_label: &args.drift.app_label,
@@ -489,7 +490,7 @@ async fn drift(args: CheckArgs) -> anyhow::Result<()> {
         drift,
         compared: crate::ops::drift::Compared {
             claims: claims.iter().filter(|c| c.is_held()).count(),
-            pods: cluster.pods.len(),
+            pods: cluster.pods.len() + cluster.plain.len(),
             kube_ovn_ips: cluster.kube_ovn_ips,
             calico_allocations: cluster.calico_allocations,
             namespace: None,

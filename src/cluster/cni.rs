@@ -148,7 +148,7 @@ pub async fn watch_calico_pools(api: Api<DynamicObject>, webhook: Arc<Webhook>) 
     let mut mirror = Mirror::new();
     let mut known = HashSet::new();
     watch_objects(api, "calico ippools", |event| {
-        let change = mirror.step(event, name_of, |object| {
+        let change = mirror.step(&event, name_of, |object| {
             let name = name_of(object)?;
             CalicoPool::from_json(&name, spec_of(object))
                 .inspect_err(|error| tracing::warn!(%error, "ignoring a Calico IPPool"))
@@ -205,7 +205,7 @@ pub async fn watch_calico_reservations(
     let mut mirror = Mirror::new();
     let mut all: BTreeMap<String, (Vec<String>, IpSet)> = BTreeMap::new();
     watch_objects(api, "calico ipreservations", |event| {
-        let change = mirror.step(event, name_of, |object| Some(reserved_cidrs(object)));
+        let change = mirror.step(&event, name_of, |object| Some(reserved_cidrs(object)));
         match change {
             Change::Upsert(name, value) => {
                 all.insert(name, value);
@@ -233,7 +233,7 @@ pub async fn watch_subnets(api: Api<DynamicObject>, webhook: Arc<Webhook>) {
     let mut mirror = Mirror::new();
     let mut known = HashSet::new();
     watch_objects(api, "kube-ovn subnets", |event| {
-        let change = mirror.step(event, name_of, |object| {
+        let change = mirror.step(&event, name_of, |object| {
             let name = name_of(object)?;
             OvnSubnet::from_json(&name, spec_of(object))
                 .inspect_err(|error| tracing::warn!(%error, "ignoring a Kube-OVN Subnet"))

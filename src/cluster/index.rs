@@ -29,7 +29,9 @@ use crate::webhook::Webhook;
 use crate::webhook::workloads::{self, WORKLOAD_KINDS, WorkloadId};
 
 mod changes;
+mod pod_watch;
 use changes::{Marked, touched};
+pub use pod_watch::watch_pods;
 
 /// A pod as the IP index keeps it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -468,64 +470,6 @@ fn status_code(error: &watcher::Error) -> Option<u16> {
     }
 }
 
-/// Pods' actual IPs into `index`. Each pod is slimmed as its event arrives; the full object
-/// is dropped at once.
-pub async fn watch_pod_ips(api: Api<Pod>, caches: Arc<Caches>, metrics: Arc<Metrics>) {
-    let index = &caches.cluster_ips;
-    let mut relist = Relist { pending: None };
-    let gauge = metrics
-        .cache_objects
-        .get_or_create_owned(&CacheKindLabels { kind: "pod" });
-    let stream = watcher(api, watcher::Config::default()).default_backoff();
-    let mut stream = std::pin::pin!(stream);
-    while let Some(item) = stream.next().await {
-        match item {
-            Ok(event) => {
-                caches.health.ok("pod ips");
-                let Some(event) = slim_event(event, |pod: &Pod| {
-                    Some(SlimOrGone {
-                        key: pod.metadata.uid.as_deref()?.into(),
-                        value: SlimPod::from_pod_labelled(pod, index.app_label()),
-                    })
-                }) else {
-                    continue;
-                };
-                let relisted = matches!(event, watcher::Event::InitDone);
-                let concerns = match &event {
-                    watcher::Event::Apply(SlimOrGone {
-                        value: Some(pod), ..
-                    }) => index.concerns_lists(pod).then(|| pod.uid.clone()),
-                    _ => None,
-                };
-                let changed = touched(&event);
-                let shared_before = index.shared_changes();
-                relist.step(&index.pods, &index.pods_synced, event);
-                gauge.set(index.pod_count() as i64);
-                if let Some((uid, pod)) = changed {
-                    index.note_terminating(&uid, pod.as_ref());
-                }
-                if relisted {
-                    index.rebuild_terminating();
-                    index.mark_all();
-                }
-                if let Some(uid) = &concerns {
-                    index.mark(uid);
-                }
-                // Only pods the reconciler acts on wake it; the rest of the cluster's churn
-                // costs each replica this index update and nothing more.
-                // ... and two pods coming to share an IP, or ceasing to (a duplicate to report)
-                if relisted || concerns.is_some() || index.shared_changes() != shared_before {
-                    caches.changed.notify_one();
-                }
-            }
-            Err(error) => {
-                caches.health.failed("pod ips");
-                tracing::warn!(%error, watch = "pod ips", "watch error; retrying")
-            }
-        }
-    }
-}
-
 /// Kube-OVN `IP` objects.
 pub fn kube_ovn_ips() -> ApiResource {
     super::cni::api_resource(crate::admission::annotations::CniObject::KubeOvnIps)
@@ -571,7 +515,7 @@ pub async fn watch_ovn_ips(api: Api<DynamicObject>, caches: Arc<Caches>, metrics
         }
         gauge.set(index.ovn_count() as i64);
         if relisted {
-            caches.changed.notify_one();
+            caches.mark_changed();
         }
     }
 }
@@ -628,7 +572,7 @@ async fn watch_workloads(
                 .workloads_synced
                 .swap(true, Ordering::SeqCst)
         {
-            caches.changed.notify_one();
+            caches.mark_changed();
         }
     };
     let app_label = webhook.settings.app_label.clone();
@@ -670,7 +614,7 @@ async fn watch_workloads(
                     Some(listing) => {
                         registry.record(listing.id, listing.app, &listing.set);
                         // a list may now cover a running pod: the reconciler looks again
-                        caches.changed.notify_one();
+                        caches.mark_changed();
                     }
                     None => registry.forget(&id_of(&object)),
                 }

@@ -184,7 +184,7 @@ pub async fn watch_subnets(api: Api<DynamicObject>, state: Arc<OvnReservationSta
     let stream = watcher(api, watcher::Config::default()).default_backoff();
     drive(stream, "kube-ovn subnets (reservation)", None, |event| {
         let change = mirror.step(
-            event,
+            &event,
             |o: &DynamicObject| o.metadata.name.clone(),
             |o| {
                 let spec = o.data.get("spec").unwrap_or(&Value::Null);
@@ -202,7 +202,7 @@ pub async fn watch_pools(api: Api<DynamicObject>, state: Arc<OvnReservationState
     let stream = watcher(api, watcher::Config::default()).default_backoff();
     drive(stream, "kube-ovn ippools", None, |event| {
         let change = mirror.step(
-            event,
+            &event,
             |o: &DynamicObject| o.metadata.name.clone(),
             OvnPool::from_object,
         );

@@ -35,7 +35,7 @@ pub mod sweep;
 mod watches;
 
 pub use reconciler::{Reconciler, list_pages};
-pub use watches::{pod_info, tolerant_catalog, watch_claims, watch_pods, watch_pools};
+pub use watches::{pod_info, tolerant_catalog, watch_claims, watch_pools};
 
 pub use reconcile::{PodInfo, Rules};
 
@@ -85,7 +85,7 @@ pub struct ClusterOptions {
 /// What the watches hold. Pods are kept as [`PodInfo`] only, and only pods that carry an IP.
 #[derive(Default)]
 pub struct Caches {
-    pub pods: Mutex<HashMap<String, PodInfo>>,
+    pub pods: Mutex<Arc<HashMap<String, PodInfo>>>,
     pub claims: Mutex<BTreeMap<String, Arc<IPClaim>>>,
     pub pools: Mutex<BTreeMap<String, IPPool>>,
     /// Pods' actual IPs, Kube-OVN IP objects, workloads' lists ([`index`]).
@@ -95,8 +95,11 @@ pub struct Caches {
     pods_listed_at: Mutex<Option<tokio::time::Instant>>,
     claims_synced: AtomicBool,
     pools_synced: AtomicBool,
-    /// Something changed: the reconciler may have work.
-    pub changed: Notify,
+    /// Something changed: the reconciler may have work ([`Caches::mark_changed`]).
+    changed: Notify,
+    /// A change no pass has started from yet: the reconciler's wakeups that come after a
+    /// pass already saw their change cost nothing.
+    unseen_change: AtomicBool,
     /// Whether the watches that admission decisions read are live (`/readyz`).
     pub health: Arc<WatchHealth>,
 }
@@ -109,11 +112,29 @@ impl Caches {
             && self.cluster_ips.synced()
     }
 
+    /// Tell the reconciler the caches changed.
+    pub fn mark_changed(&self) {
+        self.unseen_change.store(true, Ordering::SeqCst);
+        self.changed.notify_one();
+    }
+
+    /// Wait for [`Caches::mark_changed`] (or a permit it left while no one waited).
+    pub async fn changes(&self) {
+        self.changed.notified().await
+    }
+
+    /// Whether a change came since the last call: a pass calls it as it starts, since it
+    /// reads the caches as they are from then on.
+    pub fn take_unseen_change(&self) -> bool {
+        self.unseen_change.swap(false, Ordering::SeqCst)
+    }
+
     pub fn claim_list(&self) -> Vec<Arc<IPClaim>> {
         lock(&self.claims).values().cloned().collect()
     }
 
-    pub fn pod_map(&self) -> HashMap<String, PodInfo> {
+    /// The pods that carry our IPs, as of now: a shared copy, not a clone.
+    pub fn pod_map(&self) -> Arc<HashMap<String, PodInfo>> {
         lock(&self.pods).clone()
     }
 
@@ -241,11 +262,6 @@ fn watch_tasks(
     app_label: &str,
 ) -> Vec<JoinHandle<()>> {
     let mut tasks = vec![
-        tokio::spawn(watch_pods(
-            Api::all(client.clone()),
-            caches.clone(),
-            app_label.to_string(),
-        )),
         tokio::spawn(watch_claims(
             Api::all(client.clone()),
             caches.clone(),
@@ -259,10 +275,11 @@ fn watch_tasks(
     ];
     webhook.allocator.set_foreign(caches.cluster_ips.clone());
     caches.cluster_ips.set_lists(webhook.clone());
-    tasks.push(tokio::spawn(index::watch_pod_ips(
+    tasks.push(tokio::spawn(index::watch_pods(
         Api::all(client.clone()),
         caches.clone(),
         webhook.metrics.clone(),
+        app_label.to_string(),
     )));
     tasks.extend(index::spawn_workload_watches(
         client,
@@ -568,7 +585,7 @@ mod tests {
             app: "web".into(),
             token: None,
         };
-        let mut pods = HashMap::new();
+        let mut pods = Arc::new(HashMap::new());
         // a pod that carries none of our IPs: its events change nothing here
         assert!(!apply_pod_change(&mut pods, Change::Delete("other".into())));
         assert!(!apply_pod_change(&mut pods, Change::Nothing));
@@ -589,9 +606,35 @@ mod tests {
             pods["u-1"].ips,
             vec!["10.0.0.8".parse::<std::net::IpAddr>().unwrap()]
         );
+        // a pass holds the cache as it was: a change no-op keeps sharing it, a real one copies
+        let pass = pods.clone();
+        assert!(!apply_pod_change(
+            &mut pods,
+            Change::Upsert("u-1".into(), info("10.0.0.8"))
+        ));
+        assert!(Arc::ptr_eq(&pass, &pods), "nothing changed: nothing copied");
         assert!(apply_pod_change(&mut pods, Change::Delete("u-1".into())));
         assert!(pods.is_empty());
+        assert_eq!(pass.len(), 1, "the pass's copy is the one it read");
         assert!(apply_pod_change(&mut pods, Change::Replace(HashMap::new())));
+    }
+
+    #[tokio::test]
+    async fn a_wakeup_for_a_change_a_pass_already_saw_is_told_apart() {
+        let caches = Caches::default();
+        assert!(!caches.take_unseen_change());
+        // a burst of changes: one permit, one unseen change
+        caches.mark_changed();
+        caches.mark_changed();
+        // the pass starts (and so sees them) before the loop waits again
+        assert!(caches.take_unseen_change());
+        // the permit the burst left wakes the loop at once, with nothing new to see
+        tokio::time::timeout(Duration::from_secs(1), caches.changes())
+            .await
+            .expect("the permit wakes the loop");
+        assert!(!caches.take_unseen_change(), "no second pass for it");
+        caches.mark_changed();
+        assert!(caches.take_unseen_change(), "a later change is seen");
     }
 
     #[test]

@@ -115,7 +115,7 @@ pub async fn watch_nodes(api: Api<Node>, nodes: Arc<Nodes>) {
     let stream = watcher(api, watcher::Config::default()).default_backoff();
     drive(stream, "nodes", None, |event| {
         let change = mirror.step(
-            event,
+            &event,
             |node: &Node| node.metadata.name.clone(),
             NodeReady::of,
         );

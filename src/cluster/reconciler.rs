@@ -43,7 +43,7 @@ const SETTLE: Duration = Duration::from_millis(200);
 impl Reconciler {
     pub async fn run(self, mut leading: watch::Receiver<bool>, ready: Arc<AtomicBool>) {
         while !self.caches.synced() {
-            self.caches.changed.notified().await;
+            self.caches.changes().await;
         }
         ready.store(true, Ordering::SeqCst);
         tracing::info!("caches synced; ready");
@@ -60,13 +60,17 @@ impl Reconciler {
                     // A new leader starts from a full resync.
                     *leading.borrow()
                 }
-                _ = self.caches.changed.notified() => {
+                _ = self.caches.changes() => {
                     tokio::time::sleep(SETTLE).await;
+                    if !self.caches.take_unseen_change() {
+                        continue; // the last pass started after this change: it saw it
+                    }
                     false
                 }
                 _ = sleep_until(due) => false,
             };
             let is_leader = *leading.borrow();
+            self.caches.take_unseen_change();
             due = self.pass(full, is_leader).await;
         }
     }
@@ -210,7 +214,7 @@ impl Reconciler {
     /// is reduced to the [`PodInfo`] of those that carry an IP before the next is read.
     async fn fresh_lists(
         &self,
-    ) -> Result<(Vec<Arc<IPClaim>>, HashMap<String, PodInfo>), ClusterError> {
+    ) -> Result<(Vec<Arc<IPClaim>>, Arc<HashMap<String, PodInfo>>), ClusterError> {
         let claims = self.fresh_claims().await?;
         let mut pods = HashMap::new();
         let pods_api: Api<Pod> = Api::all(self.client.clone());
@@ -230,7 +234,7 @@ impl Reconciler {
         )
         .await
         .map_err(|e| ClusterError::api("listing", "pods", e))?;
-        Ok((claims, pods))
+        Ok((claims, Arc::new(pods)))
     }
 }
 

@@ -20,7 +20,6 @@ use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::Api;
-use kube::api::PartialObjectMeta;
 use kube::runtime::{WatchStreamExt, watcher};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -86,7 +85,7 @@ impl<T> Mirror<T> {
 
     pub(super) fn step<K>(
         &mut self,
-        event: watcher::Event<K>,
+        event: &watcher::Event<K>,
         key: impl Fn(&K) -> Option<String>,
         value: impl Fn(&K) -> Option<T>,
     ) -> Change<T> {
@@ -97,19 +96,19 @@ impl<T> Mirror<T> {
             }
             watcher::Event::InitApply(object) => {
                 if let (Some(pending), Some(k), Some(v)) =
-                    (self.pending.as_mut(), key(&object), value(&object))
+                    (self.pending.as_mut(), key(object), value(object))
                 {
                     pending.insert(k, v);
                 }
                 Change::Nothing
             }
             watcher::Event::InitDone => Change::Replace(self.pending.take().unwrap_or_default()),
-            watcher::Event::Apply(object) => match (key(&object), value(&object)) {
+            watcher::Event::Apply(object) => match (key(object), value(object)) {
                 (Some(k), Some(v)) => Change::Upsert(k, v),
                 (Some(k), None) => Change::Delete(k),
                 _ => Change::Nothing,
             },
-            watcher::Event::Delete(object) => match key(&object) {
+            watcher::Event::Delete(object) => match key(object) {
                 Some(k) => Change::Delete(k),
                 None => Change::Nothing,
             },
@@ -147,36 +146,35 @@ pub(super) async fn drive<K, S, F>(
     }
 }
 
-/// Pods that carry an IP, as [`PodInfo`] keyed by UID. Metadata only: kube 5 asks for
-/// `PartialObjectMetadata(List)` for an `Api<PartialObjectMeta<_>>` (kube-core
-/// `Resource::metadata_api`), and the watcher lists in pages of 500; a [`PodInfo`] reads
-/// nothing else. Only a change to the cache
-/// wakes the reconciler: the events of pods that carry none of our IPs change nothing here.
-pub async fn watch_pods(api: Api<PartialObjectMeta<Pod>>, caches: Arc<Caches>, app_label: String) {
-    let mut mirror = Mirror::new();
-    let stream = watcher(api, watcher::Config::default()).default_backoff();
-    drive(stream, "pods", Some(&caches.health), |event| {
-        let change = mirror.step(
-            event,
-            |pod: &PartialObjectMeta<Pod>| pod.metadata.uid.clone(),
-            |pod| pod_info(&pod.metadata, &app_label),
-        );
-        let relisted = matches!(change, Change::Replace(_));
-        let changed = apply_pod_change(&mut lock(&caches.pods), change);
-        if relisted {
-            *lock(&caches.pods_listed_at) = Some(tokio::time::Instant::now());
-            caches.pods_synced.store(true, Ordering::SeqCst);
-        }
-        if changed {
-            caches.changed.notify_one();
-        }
-    })
-    .await
+/// One pod event into the cache of pods that carry an IP ([`PodInfo`] keyed by UID, read
+/// from the pod's metadata): whether it changed anything the reconciler acts on. The pod
+/// watch itself is [`super::index::watch_pods`], which feeds the cluster's IP index from the
+/// same events.
+pub(super) fn pod_cache_event(
+    caches: &Caches,
+    mirror: &mut Mirror<PodInfo>,
+    event: &watcher::Event<Pod>,
+    app_label: &str,
+) -> bool {
+    let change = mirror.step(
+        event,
+        |pod: &Pod| pod.metadata.uid.clone(),
+        |pod| pod_info(&pod.metadata, app_label),
+    );
+    let relisted = matches!(change, Change::Replace(_));
+    let changed = apply_pod_change(&mut lock(&caches.pods), change);
+    if relisted {
+        *lock(&caches.pods_listed_at) = Some(tokio::time::Instant::now());
+        caches.pods_synced.store(true, Ordering::SeqCst);
+    }
+    changed
 }
 
 /// Apply one change to the pod cache; whether it changed anything (a relist always counts).
+/// The cache is shared with the pass that last read it ([`Caches::pod_map`]): it is copied
+/// only when a change comes while a pass still holds it, never for a change that is none.
 pub(super) fn apply_pod_change(
-    pods: &mut HashMap<String, PodInfo>,
+    pods: &mut Arc<HashMap<String, PodInfo>>,
     change: Change<PodInfo>,
 ) -> bool {
     match change {
@@ -184,12 +182,14 @@ pub(super) fn apply_pod_change(
             if pods.get(&uid) == Some(&info) {
                 return false;
             }
-            pods.insert(uid, info);
+            Arc::make_mut(pods).insert(uid, info);
             true
         }
-        Change::Delete(uid) => pods.remove(&uid).is_some(),
+        Change::Delete(uid) => {
+            pods.contains_key(&uid) && Arc::make_mut(pods).remove(&uid).is_some()
+        }
         Change::Replace(all) => {
-            *pods = all;
+            *pods = Arc::new(all);
             true
         }
         Change::Nothing => false,
@@ -202,7 +202,7 @@ pub async fn watch_claims(api: Api<IPClaim>, caches: Arc<Caches>, allocator: Arc
     let stream = watcher(api, watcher::Config::default()).default_backoff();
     drive(stream, "ipclaims", Some(&caches.health), |event| {
         let change = mirror.step(
-            event,
+            &event,
             |claim: &IPClaim| claim.metadata.name.clone(),
             |claim| Some(Arc::new(claim.clone())),
         );
@@ -235,7 +235,7 @@ pub async fn watch_claims(api: Api<IPClaim>, caches: Arc<Caches>, allocator: Arc
             Change::Nothing => return,
         }
         drop(claims);
-        caches.changed.notify_one();
+        caches.mark_changed();
     })
     .await
 }
@@ -282,7 +282,7 @@ pub async fn watch_pools(api: Api<IPPool>, caches: Arc<Caches>, webhook: Arc<Web
     let stream = watcher(api, watcher::Config::default()).default_backoff();
     drive(stream, "ippools", Some(&caches.health), |event| {
         let change = mirror.step(
-            event,
+            &event,
             |pool: &IPPool| pool.metadata.name.clone(),
             |pool| Some(pool.clone()),
         );
@@ -307,7 +307,7 @@ pub async fn watch_pools(api: Api<IPPool>, caches: Arc<Caches>, webhook: Arc<Web
         }
         webhook.pools.store(Arc::new(tolerant_catalog(&pools)));
         drop(pools);
-        caches.changed.notify_one();
+        caches.mark_changed();
     })
     .await
 }

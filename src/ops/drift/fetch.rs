@@ -6,10 +6,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use kube::{Api, Client};
 
-use super::{CniHold, calico_holds, kube_ovn_holds, pod_lists};
-#[cfg(test)]
-use crate::cluster::index::SlimPod;
-use crate::cluster::index::kube_ovn_ips;
+use super::{CniHold, PlainPod, calico_holds, kube_ovn_holds, pod_lists};
+use crate::cluster::index::{SlimPod, kube_ovn_ips};
 use crate::ipam::ipset::IpSet;
 use crate::ipam::pools::PoolCatalog;
 
@@ -25,7 +23,10 @@ pub enum FetchError {
 
 /// The cluster's side of the comparison.
 pub struct Cluster {
+    /// The pods that carry our or the CNIs' labels or annotations, cut down.
     pub pods: Vec<Pod>,
+    /// The other pods, as compact records.
+    pub plain: Vec<PlainPod>,
     /// Every app's list (pods' and workloads' `allocatable-ips`) and every FixedIPPool.
     pub listed: IpSet,
     pub cni: Vec<CniHold>,
@@ -90,26 +91,58 @@ where
     }
 }
 
+/// Whether a label or annotation key is ours or a CNI's: a pod with one is kept as an object.
+fn marked_key(key: &str) -> bool {
+    [
+        "ip-webhook.io/",
+        "cni.projectcalico.org/",
+        "ovn.kubernetes.io/",
+    ]
+    .iter()
+    .any(|prefix| key.starts_with(prefix))
+}
+
+/// A pod as the comparison keeps it.
+#[derive(Debug)]
+pub enum KeptPod {
+    /// It carries our or the CNIs' labels or annotations: cut down ([`slim_pod`]).
+    Marked(Box<Pod>),
+    Plain(PlainPod),
+}
+
+/// `pod` as the comparison keeps it; `None` for a plain pod without a namespace, name or UID.
+pub fn keep_pod(pod: Pod, app_label: &str) -> Option<KeptPod> {
+    let meta = &pod.metadata;
+    let marked = meta.labels.iter().flatten().any(|(key, _)| marked_key(key))
+        || meta
+            .annotations
+            .iter()
+            .flatten()
+            .any(|(key, _)| marked_key(key));
+    if marked {
+        return Some(KeptPod::Marked(Box::new(slim_pod(pod, app_label))));
+    }
+    if let Some(slim) = SlimPod::from_pod(&pod) {
+        return Some(KeptPod::Plain(PlainPod::Running(slim)));
+    }
+    Some(KeptPod::Plain(PlainPod::Idle {
+        namespace: meta.namespace.as_deref()?.into(),
+        name: meta.name.as_deref()?.into(),
+        uid: meta.uid.as_deref()?.into(),
+    }))
+}
+
 /// A pod cut down to what the comparison reads: identity, owners, deletion, the labels and
 /// annotations of ours and of the CNIs (`app_label` too), the node, host networking, the phase
 /// and the pod's IPs. The rest (containers, managed fields, conditions) is dropped page by page.
 pub fn slim_pod(pod: Pod, app_label: &str) -> Pod {
-    let ours = |key: &str| {
-        [
-            "ip-webhook.io/",
-            "cni.projectcalico.org/",
-            "ovn.kubernetes.io/",
-        ]
-        .iter()
-        .any(|prefix| key.starts_with(prefix))
-    };
     let mut metadata = pod.metadata;
     metadata.managed_fields = None;
     if let Some(labels) = metadata.labels.as_mut() {
-        labels.retain(|key, _| key == app_label || ours(key));
+        labels.retain(|key, _| key == app_label || marked_key(key));
     }
     if let Some(annotations) = metadata.annotations.as_mut() {
-        annotations.retain(|key, _| ours(key));
+        annotations.retain(|key, _| marked_key(key));
     }
     Pod {
         metadata,
@@ -137,9 +170,14 @@ pub async fn read(
     app_label: &str,
 ) -> Result<Cluster, FetchError> {
     let pods_api: Api<Pod> = Api::all(client.clone());
-    let mut pods = Vec::new();
+    let (mut pods, mut plain) = (Vec::new(), Vec::new());
     list_each(&pods_api, "pods", |page| {
-        pods.extend(page.into_iter().map(|pod| slim_pod(pod, app_label)))
+        for kept in page.into_iter().filter_map(|pod| keep_pod(pod, app_label)) {
+            match kept {
+                KeptPod::Marked(pod) => pods.push(*pod),
+                KeptPod::Plain(pod) => plain.push(pod),
+            }
+        }
     })
     .await?;
     let mut listed = pools
@@ -194,6 +232,7 @@ pub async fn read(
     }
     Ok(Cluster {
         pods,
+        plain,
         listed,
         cni,
         kube_ovn_ips: ovn.map(|o| o.len()),

@@ -94,11 +94,43 @@ pub struct CniHold {
     pub record: String,
 }
 
+/// A pod that carries none of our or the CNIs' labels and annotations, kept as the
+/// comparison needs it: that it exists (a CNI record or a claim may name it), and the IPs it
+/// runs on. The cluster's pods are mostly these: a compact record each instead of an object.
+#[derive(Debug, Clone)]
+pub enum PlainPod {
+    /// Runs on IPs of its own.
+    Running(SlimPod),
+    /// Not (yet, or any more): host-network, finished, or no IP assigned.
+    Idle {
+        namespace: Box<str>,
+        name: Box<str>,
+        uid: Box<str>,
+    },
+}
+
+impl PlainPod {
+    /// Namespace, name, UID.
+    fn identity(&self) -> (&str, &str, &str) {
+        match self {
+            PlainPod::Running(slim) => (&slim.namespace, &slim.name, &slim.uid),
+            PlainPod::Idle {
+                namespace,
+                name,
+                uid,
+            } => (namespace, name, uid),
+        }
+    }
+}
+
 /// Everything the comparison looks at.
 pub struct Inputs<'a> {
     pub claims: &'a [Claim],
-    /// Every pod of the cluster (or of the namespaces compared), whole.
+    /// The pods of the cluster (or of the namespaces compared) that carry our or the CNIs'
+    /// labels or annotations, cut down ([`fetch::slim_pod`]).
     pub pods: &'a [Pod],
+    /// The other pods.
+    pub plain: &'a [PlainPod],
     /// The IPs of every app's list and every FixedIPPool.
     pub listed: &'a IpSet,
     /// The CNI's own records (Kube-OVN `IP` objects, Calico IPAM allocations).
@@ -118,7 +150,7 @@ pub const SETTLE_SECONDS: u64 = 120;
 pub fn compare(inputs: &Inputs<'_>) -> Vec<Drift> {
     let mut found = Vec::new();
     let held: Vec<&Claim> = inputs.claims.iter().filter(|c| c.is_held()).collect();
-    let pods = PodViews::of(inputs.pods);
+    let pods = PodViews::of(inputs.pods, inputs.plain);
     let holding = claims_against_pods(inputs, &held, &pods, &mut found);
     let claimed: HashMap<IpAddr, &Claim> = held.iter().map(|c| (c.ip, *c)).collect();
     pods_without_claims(inputs, &pods, &holding, &claimed, &mut found);
@@ -134,44 +166,42 @@ struct PodViews<'a> {
     running: HashMap<(&'a str, &'a str), SlimPod>,
     /// Every pod, by namespace and name.
     existing: HashSet<(&'a str, &'a str)>,
-    /// Every pod, by namespace and UID: Bound claims find their pod here (as `holder` does,
-    /// without a scan per claim); reservations, few and short-lived, through `holder`.
-    by_uid: HashMap<(&'a str, &'a str), &'a Pod>,
+    /// Every pod, by namespace and UID (the object, for the pods that carry our marks): Bound
+    /// claims find their pod here (as `holder` does, without a scan per claim); reservations,
+    /// few and short-lived, through `holder`.
+    by_uid: HashMap<(&'a str, &'a str), Option<&'a Pod>>,
 }
 
 impl<'a> PodViews<'a> {
-    fn of(pods: &'a [Pod]) -> PodViews<'a> {
-        let running = pods
-            .iter()
-            .filter_map(|pod| {
-                let meta = &pod.metadata;
-                Some((
-                    (meta.namespace.as_deref()?, meta.uid.as_deref()?),
-                    SlimPod::from_pod(pod)?,
-                ))
-            })
-            .collect();
-        let existing = pods
-            .iter()
-            .filter_map(|pod| {
-                Some((
-                    pod.metadata.namespace.as_deref()?,
-                    pod.metadata.name.as_deref()?,
-                ))
-            })
-            .collect();
-        let by_uid = pods
-            .iter()
-            .filter_map(|pod| {
-                let meta = &pod.metadata;
-                Some(((meta.namespace.as_deref()?, meta.uid.as_deref()?), pod))
-            })
-            .collect();
-        PodViews {
-            running,
-            existing,
-            by_uid,
+    fn of(pods: &'a [Pod], plain: &'a [PlainPod]) -> PodViews<'a> {
+        let mut views = PodViews {
+            running: HashMap::new(),
+            existing: HashSet::new(),
+            by_uid: HashMap::new(),
+        };
+        for pod in pods {
+            let meta = &pod.metadata;
+            let (Some(namespace), Some(uid)) = (meta.namespace.as_deref(), meta.uid.as_deref())
+            else {
+                continue;
+            };
+            if let Some(name) = meta.name.as_deref() {
+                views.existing.insert((namespace, name));
+            }
+            views.by_uid.insert((namespace, uid), Some(pod));
+            if let Some(slim) = SlimPod::from_pod(pod) {
+                views.running.insert((namespace, uid), slim);
+            }
         }
+        for pod in plain {
+            let (namespace, name, uid) = pod.identity();
+            views.existing.insert((namespace, name));
+            views.by_uid.insert((namespace, uid), None);
+            if let PlainPod::Running(slim) = pod {
+                views.running.insert((namespace, uid), slim.clone());
+            }
+        }
+        views
     }
 }
 
@@ -185,14 +215,19 @@ fn claims_against_pods<'a>(
 ) -> HashMap<(&'a str, &'a str), Vec<&'a Claim>> {
     let mut holding: HashMap<(&str, &str), Vec<&Claim>> = HashMap::new();
     for claim in held {
-        let pod = match claim.pod.uid.as_deref() {
+        let key = match claim.pod.uid.as_deref() {
             Some(uid) => pods
                 .by_uid
-                .get(&(claim.pod.namespace.as_str(), uid))
-                .copied(),
-            None => holder(inputs.pods, claim, inputs.app_label),
+                .get_key_value(&(claim.pod.namespace.as_str(), uid))
+                .map(|(key, _)| *key),
+            None => holder(inputs.pods, claim, inputs.app_label).and_then(|pod| {
+                Some((
+                    pod.metadata.namespace.as_deref()?,
+                    pod.metadata.uid.as_deref()?,
+                ))
+            }),
         };
-        let Some(pod) = pod else {
+        let Some((namespace, uid)) = key else {
             if settled(claim, inputs.now, inputs.settle) {
                 found.push(Drift {
                     kind: DriftKind::ClaimWithoutPod,
@@ -208,12 +243,6 @@ fn claims_against_pods<'a>(
                     ),
                 });
             }
-            continue;
-        };
-        let (Some(namespace), Some(uid)) = (
-            pod.metadata.namespace.as_deref(),
-            pod.metadata.uid.as_deref(),
-        ) else {
             continue;
         };
         holding.entry((namespace, uid)).or_default().push(claim);
@@ -259,6 +288,8 @@ fn pods_without_claims(
         let admitted = pods
             .by_uid
             .get(key)
+            .copied()
+            .flatten()
             .and_then(|pod| pod.metadata.annotations.as_ref())
             .is_some_and(|a| a.contains_key(CLAIM_TOKEN));
         if slim.deleting_at.is_some() && admitted {
@@ -637,11 +668,28 @@ mod tests {
         .unwrap()
     }
 
+    /// `pods` as `check --drift` keeps them: the marked ones cut down, the rest plain.
+    fn kept(pods: &[Pod]) -> (Vec<Pod>, Vec<PlainPod>) {
+        let (mut marked, mut plain) = (Vec::new(), Vec::new());
+        for kept in pods
+            .iter()
+            .filter_map(|p| fetch::keep_pod(p.clone(), "app"))
+        {
+            match kept {
+                fetch::KeptPod::Marked(pod) => marked.push(*pod),
+                fetch::KeptPod::Plain(pod) => plain.push(pod),
+            }
+        }
+        (marked, plain)
+    }
+
     fn run(claims: &[Claim], pods: &[Pod], cni: &[CniHold]) -> Vec<(DriftKind, String, String)> {
         let listed = pod_lists(pods).union(&parse_ip_spec("10.0.0.10-10.0.0.13").unwrap());
+        let (pods, plain) = kept(pods);
         compare(&Inputs {
             claims,
-            pods,
+            pods: &pods,
+            plain: &plain,
             listed: &listed,
             cni,
             app_label: "app",
@@ -673,10 +721,12 @@ mod tests {
             terminating("web-c", "uc", "10.0.0.11"),
         ];
         let listed = pod_lists(&pods).union(&parse_ip_spec("10.0.0.10-10.0.0.13").unwrap());
+        let (pods, plain) = kept(&pods);
         let report = Report {
             drift: compare(&Inputs {
                 claims: &claims,
                 pods: &pods,
+                plain: &plain,
                 listed: &listed,
                 cni: &[],
                 app_label: "app",
@@ -854,9 +904,11 @@ mod tests {
     fn a_pod_whose_ip_differs_from_its_claim_is_found() {
         let claims = [old("10.0.0.10", "web-a", "ua")];
         let pods = [pod("web-a", "ua", "10.0.0.10", &["10.0.0.13", "fd00::1"])];
+        let (pods, plain) = kept(&pods);
         let report = compare(&Inputs {
             claims: &claims,
             pods: &pods,
+            plain: &plain,
             listed: &parse_ip_spec("10.0.0.10-10.0.0.13").unwrap(),
             cni: &[],
             app_label: "app",
@@ -901,6 +953,49 @@ mod tests {
                 "10.0.0.11".into(),
                 "default/web-gone".into()
             )]
+        );
+    }
+
+    #[test]
+    fn plain_pods_are_kept_compact_and_judged_as_whole_ones() {
+        // a Bound claim whose pod carries none of our marks any more (labels edited away)
+        let mut unmarked = pod("web-a", "ua", "10.0.0.10", &["10.0.0.11"]);
+        unmarked.metadata.labels = Some([("app".to_string(), "web".to_string())].into());
+        unmarked.metadata.annotations = None;
+        let mut idle = foreign("sleeper", "10.0.0.12");
+        idle.metadata.namespace = Some("default".into());
+        idle.status = None;
+        let pods = [unmarked, foreign("squatter", "10.0.0.13"), idle];
+        let (marked, plain) = kept(&pods);
+        assert!(marked.is_empty(), "{marked:?}");
+        assert!(matches!(plain[0], PlainPod::Running(_)), "{plain:?}");
+        assert!(matches!(plain[2], PlainPod::Idle { .. }), "{plain:?}");
+        let claims = [old("10.0.0.10", "web-a", "ua")];
+        let holds = [
+            hold("10.0.0.12", "default", "sleeper"),
+            hold("10.0.0.10", "default", "web-gone"),
+        ];
+        assert_eq!(
+            run(&claims, &pods, &holds),
+            [
+                (
+                    DriftKind::PodWithoutClaim,
+                    "10.0.0.13".into(),
+                    "other/squatter".into()
+                ),
+                // the claim's pod is found by UID among the plain pods, on another IP
+                (
+                    DriftKind::PodIpDiffers,
+                    "10.0.0.10".into(),
+                    "default/web-a".into()
+                ),
+                // the sleeper exists, so only web-gone's record is of a gone pod
+                (
+                    DriftKind::CniHoldsGonePod,
+                    "10.0.0.10".into(),
+                    "default/web-gone".into()
+                ),
+            ]
         );
     }
 
@@ -1000,10 +1095,12 @@ mod tests {
     fn the_table_and_json_forms() {
         let pods = [foreign("squatter", "10.0.0.12")];
         let listed = parse_ip_spec("10.0.0.10-10.0.0.13").unwrap();
+        let (pods, plain) = kept(&pods);
         let mut report = Report {
             drift: compare(&Inputs {
                 claims: &[],
                 pods: &pods,
+                plain: &plain,
                 listed: &listed,
                 cni: &[],
                 app_label: "app",
