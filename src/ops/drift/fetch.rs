@@ -2,9 +2,13 @@
 //! IPAM blocks from the API server, turned into the plain data [`super::compare`] takes.
 //! A CNI whose resources the API server does not serve (404) is reported as not installed.
 
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams};
-use kube::{Api, Client};
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Pod, PodIP, PodSpec, PodStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, ObjectList};
+use kube::{Api, Client, Resource};
+use serde::Deserialize;
 
 use super::{CniHold, PlainPod, calico_holds, kube_ovn_holds, pod_lists};
 use crate::cluster::index::{SlimPod, kube_ovn_ips};
@@ -91,6 +95,102 @@ where
     }
 }
 
+/// A pod as `check --drift` reads it from a list: the fields [`slim_pod`] keeps, and no
+/// others. Serde passes over the rest (containers, managed fields, conditions) without
+/// building them, which is most of the cost of reading a big cluster's pods.
+#[derive(Clone, Debug, Default, Deserialize)]
+struct ListedPod {
+    #[serde(default)]
+    metadata: ListedMeta,
+    spec: Option<ListedSpec>,
+    status: Option<ListedStatus>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ListedMeta {
+    name: Option<String>,
+    namespace: Option<String>,
+    uid: Option<String>,
+    generate_name: Option<String>,
+    labels: Option<BTreeMap<String, String>>,
+    annotations: Option<BTreeMap<String, String>>,
+    owner_references: Option<Vec<OwnerReference>>,
+    creation_timestamp: Option<Time>,
+    deletion_timestamp: Option<Time>,
+    deletion_grace_period_seconds: Option<i64>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ListedSpec {
+    node_name: Option<String>,
+    host_network: Option<bool>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ListedStatus {
+    phase: Option<String>,
+    #[serde(rename = "podIP")]
+    pod_ip: Option<String>,
+    #[serde(rename = "podIPs")]
+    pod_ips: Option<Vec<PodIP>>,
+}
+
+impl ListedPod {
+    fn into_pod(self) -> Pod {
+        let meta = self.metadata;
+        Pod {
+            metadata: ObjectMeta {
+                name: meta.name,
+                namespace: meta.namespace,
+                uid: meta.uid,
+                generate_name: meta.generate_name,
+                labels: meta.labels,
+                annotations: meta.annotations,
+                owner_references: meta.owner_references,
+                creation_timestamp: meta.creation_timestamp,
+                deletion_timestamp: meta.deletion_timestamp,
+                deletion_grace_period_seconds: meta.deletion_grace_period_seconds,
+                ..Default::default()
+            },
+            spec: self.spec.map(|spec| PodSpec {
+                node_name: spec.node_name,
+                host_network: spec.host_network,
+                ..Default::default()
+            }),
+            status: self.status.map(|status| PodStatus {
+                phase: status.phase,
+                pod_ip: status.pod_ip,
+                pod_ips: status.pod_ips,
+                ..Default::default()
+            }),
+        }
+    }
+}
+
+/// Every pod of the cluster, page by page, each page read as [`ListedPod`]s and handed to
+/// `each` as pods before the next is read.
+async fn list_pods(client: &Client, mut each: impl FnMut(Vec<Pod>)) -> Result<(), FetchError> {
+    let request = kube::core::Request::new(Pod::url_path(&(), None));
+    crate::cluster::list_pages(
+        |params: ListParams| {
+            let built = request.list(&params);
+            async move {
+                let built = built.map_err(kube::Error::BuildRequest)?;
+                client.request::<ObjectList<ListedPod>>(built).await
+            }
+        },
+        |page| each(page.into_iter().map(ListedPod::into_pod).collect()),
+    )
+    .await
+    .map_err(|source| FetchError::List {
+        what: "pods",
+        source,
+    })
+}
+
 /// Whether a label or annotation key is ours or a CNI's: a pod with one is kept as an object.
 fn marked_key(key: &str) -> bool {
     [
@@ -132,12 +232,25 @@ pub fn keep_pod(pod: Pod, app_label: &str) -> Option<KeptPod> {
     }))
 }
 
-/// A pod cut down to what the comparison reads: identity, owners, deletion, the labels and
-/// annotations of ours and of the CNIs (`app_label` too), the node, host networking, the phase
-/// and the pod's IPs. The rest (containers, managed fields, conditions) is dropped page by page.
+/// A pod cut down to what the comparison reads: identity, owners, creation and deletion, the
+/// labels and annotations of ours and of the CNIs (`app_label` too), the node, host
+/// networking, the phase and the pod's IPs ([`ListedPod`] reads these and no others). The
+/// rest (containers, managed fields, conditions) is dropped page by page.
 pub fn slim_pod(pod: Pod, app_label: &str) -> Pod {
-    let mut metadata = pod.metadata;
-    metadata.managed_fields = None;
+    let meta = pod.metadata;
+    let mut metadata = ObjectMeta {
+        name: meta.name,
+        namespace: meta.namespace,
+        uid: meta.uid,
+        generate_name: meta.generate_name,
+        labels: meta.labels,
+        annotations: meta.annotations,
+        owner_references: meta.owner_references,
+        creation_timestamp: meta.creation_timestamp,
+        deletion_timestamp: meta.deletion_timestamp,
+        deletion_grace_period_seconds: meta.deletion_grace_period_seconds,
+        ..Default::default()
+    };
     if let Some(labels) = metadata.labels.as_mut() {
         labels.retain(|key, _| key == app_label || marked_key(key));
     }
@@ -169,9 +282,8 @@ pub async fn read(
     pools: &PoolCatalog,
     app_label: &str,
 ) -> Result<Cluster, FetchError> {
-    let pods_api: Api<Pod> = Api::all(client.clone());
     let (mut pods, mut plain) = (Vec::new(), Vec::new());
-    list_each(&pods_api, "pods", |page| {
+    list_pods(client, |page| {
         for kept in page.into_iter().filter_map(|pod| keep_pod(pod, app_label)) {
             match kept {
                 KeptPod::Marked(pod) => pods.push(*pod),
@@ -282,5 +394,48 @@ mod tests {
         assert_eq!(meta.deletion_timestamp, pod.metadata.deletion_timestamp);
         assert!(slim.spec.as_ref().unwrap().containers.is_empty());
         assert_eq!(slim.status.as_ref().unwrap().conditions, None);
+    }
+
+    #[test]
+    fn a_pod_read_from_a_list_is_the_slim_pod_the_whole_one_makes() {
+        let mut whole = serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {
+                "name": "web-0", "namespace": "prod", "uid": "u1", "generateName": "web-",
+                "resourceVersion": "812", "generation": 1, "finalizers": ["x/y"],
+                "creationTimestamp": "2026-01-01T00:00:00Z",
+                "deletionTimestamp": "2026-01-01T00:01:00Z", "deletionGracePeriodSeconds": 30,
+                "labels": {"team": "x", "app": "web", "ip-webhook.io/allocated-ip": "10.0.0.7"},
+                "annotations": {"big": "y", "ip-webhook.io/claim": "t"},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "web", "uid": "s", "controller": true}],
+                "managedFields": [{"manager": "kubectl", "operation": "Update", "fieldsV1": {"f:metadata": {}}}],
+            },
+            "spec": {"nodeName": "n1", "hostNetwork": false,
+                     "containers": [{"name": "main", "image": "x", "env": [{"name": "A", "value": "b"}]}]},
+            "status": {"phase": "Running", "podIP": "10.0.0.7",
+                       "podIPs": [{"ip": "10.0.0.7"}, {"ip": "fd00::7"}],
+                       "conditions": [{"type": "Ready", "status": "True"}],
+                       "containerStatuses": [{"name": "main", "ready": true, "restartCount": 0, "image": "x", "imageID": "", "state": {"running": {}}}]},
+        });
+        let read = |value: &serde_json::Value| {
+            let listed: ListedPod = serde_json::from_value(value.clone()).unwrap();
+            let pod: Pod = serde_json::from_value(value.clone()).unwrap();
+            (listed.into_pod(), pod)
+        };
+        let (listed, pod) = read(&whole);
+        assert_eq!(
+            slim_pod(listed.clone(), "app"),
+            slim_pod(pod.clone(), "app")
+        );
+        assert!(matches!(keep_pod(listed, "app"), Some(KeptPod::Marked(_))));
+        // a plain pod: the same compact record either way
+        whole["metadata"]["labels"] = serde_json::json!({"app": "web"});
+        whole["metadata"]["annotations"] = serde_json::json!({});
+        let (listed, pod) = read(&whole);
+        let compact = |pod: Pod| match keep_pod(pod, "app") {
+            Some(KeptPod::Plain(PlainPod::Running(slim))) => slim,
+            other => panic!("not a running plain pod: {other:?}"),
+        };
+        assert_eq!(compact(listed), compact(pod));
     }
 }
