@@ -244,11 +244,19 @@ impl Shared {
         }
     }
 
+    /// Writes each line within [`FLUSH_EVERY`] of its logging, and with nothing logged sleeps
+    /// until something is: an idle server's flusher does not wake.
     fn flush_periodically(&self) {
         loop {
             let stopping = {
-                let pending = self.pending();
-                let (pending, _) = relock(self.wake.wait_timeout(pending, FLUSH_EVERY));
+                let mut pending = self.pending();
+                while pending.lines.is_empty() && !pending.stopping {
+                    pending = relock(self.wake.wait(pending));
+                }
+                // the first line waits for company, unless the buffer fills first
+                if !pending.stopping && pending.lines.len() < FLUSH_AT_BYTES {
+                    pending = relock(self.wake.wait_timeout(pending, FLUSH_EVERY)).0;
+                }
                 pending.stopping
             };
             self.flush();
@@ -289,18 +297,20 @@ pub struct LineWriter<'a> {
 
 impl Write for LineWriter<'_> {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        let waiting = {
+        let (first, waiting) = {
             let mut pending = self.shared.pending();
+            let first = pending.lines.is_empty();
             pending.lines.extend_from_slice(bytes);
             if pending.stopping {
-                BLOCK_AT_BYTES
+                (first, BLOCK_AT_BYTES)
             } else {
-                pending.lines.len()
+                (first, pending.lines.len())
             }
         };
         if self.at_once || waiting >= BLOCK_AT_BYTES {
             self.shared.flush();
-        } else if waiting >= FLUSH_AT_BYTES {
+        } else if first || waiting >= FLUSH_AT_BYTES {
+            // the first line wakes the idle flusher; a full buffer cuts its wait short
             self.shared.wake.notify_one();
         }
         Ok(bytes.len())
@@ -511,5 +521,17 @@ mod tests {
             std::thread::sleep(Duration::from_millis(5));
         }
         assert_eq!(sink.text(), "waiting\n");
+        // idle since: the flusher sleeps without a timeout, and the next line wakes it
+        std::thread::sleep(FLUSH_EVERY * 4);
+        line.write_all(b"later\n").unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while sink.text() == "waiting\n" {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the idle flusher never woke"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(sink.text(), "waiting\nlater\n");
     }
 }
