@@ -27,6 +27,7 @@ pub mod executor;
 pub mod index;
 pub mod kube_ovn_reservation;
 pub mod lease;
+pub mod listed_pod;
 pub mod node_loss;
 pub mod pods;
 pub mod reconcile;

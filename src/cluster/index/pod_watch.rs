@@ -9,17 +9,18 @@ use kube::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 
 use super::super::Caches;
+use super::super::listed_pod::ListedPod;
 use super::super::watches::{Mirror, pod_cache_event};
 use super::{ClusterIps, Relist, SlimOrGone, SlimPod, slim_event, touched};
 use crate::metrics::{CacheKindLabels, Metrics};
 
 /// The one pod watch: every pod, whole, since the decisions read `status.podIPs` and
-/// `spec.nodeName`, which no metadata-only response carries. Each event feeds two books:
-/// the cache of pods that carry our IPs ([`super::watches::pod_cache_event`], for the
-/// reconciler) and the cluster's IP index. Each pod is slimmed as its event arrives; the full
-/// object is dropped at once.
+/// `spec.nodeName`, which no metadata-only response carries; read as [`ListedPod`]s, so
+/// that only those fields are built. Each event feeds two books: the cache of pods that carry
+/// our IPs ([`pod_cache_event`], for the reconciler) and the cluster's IP index. Each pod is
+/// slimmed as its event arrives and dropped at once.
 pub async fn watch_pods(
-    api: Api<Pod>,
+    api: Api<ListedPod>,
     caches: Arc<Caches>,
     metrics: Arc<Metrics>,
     app_label: String,
@@ -35,6 +36,7 @@ pub async fn watch_pods(
         match item {
             Ok(event) => {
                 caches.health.ok("pods");
+                let event = unwrapped(event);
                 let cache_changed = pod_cache_event(&caches, &mut mirror, &event, &app_label);
                 let index_wakes = index_pod_event(&caches.cluster_ips, &mut relist, event);
                 gauge.set(caches.cluster_ips.pod_count() as i64);
@@ -87,4 +89,14 @@ fn index_pod_event(
         index.mark(uid);
     }
     relisted || concerns.is_some() || index.shared_changes() != shared_before
+}
+
+fn unwrapped(event: watcher::Event<ListedPod>) -> watcher::Event<Pod> {
+    match event {
+        watcher::Event::Init => watcher::Event::Init,
+        watcher::Event::InitDone => watcher::Event::InitDone,
+        watcher::Event::InitApply(ListedPod(pod)) => watcher::Event::InitApply(pod),
+        watcher::Event::Apply(ListedPod(pod)) => watcher::Event::Apply(pod),
+        watcher::Event::Delete(ListedPod(pod)) => watcher::Event::Delete(pod),
+    }
 }

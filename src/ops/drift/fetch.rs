@@ -2,16 +2,14 @@
 //! IPAM blocks from the API server, turned into the plain data [`super::compare`] takes.
 //! A CNI whose resources the API server does not serve (404) is reported as not installed.
 
-use std::collections::BTreeMap;
-
-use k8s_openapi::api::core::v1::{Pod, PodIP, PodSpec, PodStatus};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, ObjectList};
 use kube::{Api, Client, Resource};
-use serde::Deserialize;
 
 use super::{CniHold, PlainPod, calico_holds, kube_ovn_holds, pod_lists};
 use crate::cluster::index::{SlimPod, kube_ovn_ips};
+use crate::cluster::listed_pod::ListedPod;
 use crate::ipam::ipset::IpSet;
 use crate::ipam::pools::PoolCatalog;
 
@@ -95,83 +93,8 @@ where
     }
 }
 
-/// A pod as `check --drift` reads it from a list: the fields [`slim_pod`] keeps, and no
-/// others. Serde passes over the rest (containers, managed fields, conditions) without
-/// building them, which is most of the cost of reading a big cluster's pods.
-#[derive(Clone, Debug, Default, Deserialize)]
-struct ListedPod {
-    #[serde(default)]
-    metadata: ListedMeta,
-    spec: Option<ListedSpec>,
-    status: Option<ListedStatus>,
-}
-
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct ListedMeta {
-    name: Option<String>,
-    namespace: Option<String>,
-    uid: Option<String>,
-    generate_name: Option<String>,
-    labels: Option<BTreeMap<String, String>>,
-    annotations: Option<BTreeMap<String, String>>,
-    owner_references: Option<Vec<OwnerReference>>,
-    creation_timestamp: Option<Time>,
-    deletion_timestamp: Option<Time>,
-    deletion_grace_period_seconds: Option<i64>,
-}
-
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct ListedSpec {
-    node_name: Option<String>,
-    host_network: Option<bool>,
-}
-
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct ListedStatus {
-    phase: Option<String>,
-    #[serde(rename = "podIP")]
-    pod_ip: Option<String>,
-    #[serde(rename = "podIPs")]
-    pod_ips: Option<Vec<PodIP>>,
-}
-
-impl ListedPod {
-    fn into_pod(self) -> Pod {
-        let meta = self.metadata;
-        Pod {
-            metadata: ObjectMeta {
-                name: meta.name,
-                namespace: meta.namespace,
-                uid: meta.uid,
-                generate_name: meta.generate_name,
-                labels: meta.labels,
-                annotations: meta.annotations,
-                owner_references: meta.owner_references,
-                creation_timestamp: meta.creation_timestamp,
-                deletion_timestamp: meta.deletion_timestamp,
-                deletion_grace_period_seconds: meta.deletion_grace_period_seconds,
-                ..Default::default()
-            },
-            spec: self.spec.map(|spec| PodSpec {
-                node_name: spec.node_name,
-                host_network: spec.host_network,
-                ..Default::default()
-            }),
-            status: self.status.map(|status| PodStatus {
-                phase: status.phase,
-                pod_ip: status.pod_ip,
-                pod_ips: status.pod_ips,
-                ..Default::default()
-            }),
-        }
-    }
-}
-
-/// Every pod of the cluster, page by page, each page read as [`ListedPod`]s and handed to
-/// `each` as pods before the next is read.
+/// Every pod of the cluster, page by page, each page read as [`ListedPod`]s (the fields the
+/// comparison keeps) and handed to `each` as pods before the next is read.
 async fn list_pods(client: &Client, mut each: impl FnMut(Vec<Pod>)) -> Result<(), FetchError> {
     let request = kube::core::Request::new(Pod::url_path(&(), None));
     crate::cluster::list_pages(
@@ -182,7 +105,7 @@ async fn list_pods(client: &Client, mut each: impl FnMut(Vec<Pod>)) -> Result<()
                 client.request::<ObjectList<ListedPod>>(built).await
             }
         },
-        |page| each(page.into_iter().map(ListedPod::into_pod).collect()),
+        |page| each(page.into_iter().map(|pod| pod.0).collect()),
     )
     .await
     .map_err(|source| FetchError::List {
@@ -234,7 +157,7 @@ pub fn keep_pod(pod: Pod, app_label: &str) -> Option<KeptPod> {
 
 /// A pod cut down to what the comparison reads: identity, owners, creation and deletion, the
 /// labels and annotations of ours and of the CNIs (`app_label` too), the node, host
-/// networking, the phase and the pod's IPs ([`ListedPod`] reads these and no others). The
+/// networking, the phase and the pod's IPs ([`ListedPod`] reads these, and the resource version, and no others). The
 /// rest (containers, managed fields, conditions) is dropped page by page.
 pub fn slim_pod(pod: Pod, app_label: &str) -> Pod {
     let meta = pod.metadata;
@@ -420,7 +343,7 @@ mod tests {
         let read = |value: &serde_json::Value| {
             let listed: ListedPod = serde_json::from_value(value.clone()).unwrap();
             let pod: Pod = serde_json::from_value(value.clone()).unwrap();
-            (listed.into_pod(), pod)
+            (listed.0, pod)
         };
         let (listed, pod) = read(&whole);
         assert_eq!(
