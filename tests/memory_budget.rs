@@ -207,9 +207,9 @@ fn held_claim(n: u32) -> ip_webhook::ledger::Claim {
             generate_name: "web-7d4b9c8f6d-".into(),
             ..base.pod.clone()
         },
-        request_uid: format!("5f0c8a9e-3b1d-4c7a-9e2f-{n:012}"),
+        request_uid: format!("5f0c8a9e-3b1d-4c7a-9e2f-{n:012}").into(),
         list_size: Some(1 << 22),
-        token: format!("{n:032x}"),
+        token: format!("{n:032x}").into(),
         ..base
     }
 }

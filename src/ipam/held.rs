@@ -11,7 +11,7 @@ use super::ipset::{Family, ip_from_key, ip_key};
 use super::messages::{HOLDERS_NAMED, holder_list};
 use super::request::{AllocationRequest, Reason, new_claim};
 use crate::ledger::claim::{may_take_over, same_grant};
-use crate::ledger::{Claim, Phase, PodRef, Source, unix_now};
+use crate::ledger::{Claim, Phase, PodRef, Shared, Source, Text, unix_now};
 
 /// Held addresses of one family as maximal runs `start -> end` (inclusive).
 #[derive(Debug, Default, Clone)]
@@ -96,7 +96,7 @@ fn release_time(claim: &Claim) -> Option<u64> {
 /// its grace period.
 #[derive(Debug, Clone)]
 pub(super) struct LocalRelease {
-    request_uid: String,
+    request_uid: Text,
     /// The release time as the record carries it: a new DELETE writes a new one.
     written: u64,
     pub(super) due: u64,
@@ -312,7 +312,7 @@ pub(super) struct State {
     pub(super) local_release: BTreeMap<IpAddr, LocalRelease>,
     /// Last IPs of a pod name of an app: `(namespace, app, pod name)`, for names that can come
     /// back ([`name_recurs`]).
-    pub(super) history: BTreeMap<(String, String, String), Vec<IpAddr>>,
+    pub(super) history: BTreeMap<(Shared, Shared, Text), Vec<IpAddr>>,
     pub(super) held_per_app: AppCounts,
 }
 
@@ -441,7 +441,7 @@ impl State {
         if !request.pod.name.is_empty() {
             let key = (
                 request.pod.namespace.clone(),
-                request.app.to_string(),
+                Shared::from(request.app),
                 request.pod.name.clone(),
             );
             if let Some(ip) = self
@@ -535,7 +535,7 @@ mod tests {
             created_at: 1,
             updated_at: 1,
             list_size: None,
-            token: String::new(),
+            token: Default::default(),
             release_at: None,
             sticky: false,
         }
