@@ -4,7 +4,8 @@
 //! [`Text`] is a string of one claim's own (a request UID, a token, a pod's name or UID): 16
 //! bytes where a `String` is 24, its heap copy exactly its length. [`Shared`] is a string that
 //! many claims carry alike (a namespace, an app, a pool, a ReplicaSet's `generateName`): every
-//! claim holds the one interned copy. Both read as `&str` (`Deref`), compare with `str`,
+//! claim holds the one interned copy, through a thin pointer of 8 bytes (the `Arc` holds a
+//! `Box<str>`: the second indirection is paid once per distinct string, not per claim). Both read as `&str` (`Deref`), compare with `str`,
 //! `&str` and `String`, and serialize as plain strings.
 
 use std::borrow::Borrow;
@@ -21,13 +22,13 @@ pub struct Text(Box<str>);
 
 /// A string that many claims carry alike, interned: equal strings share one copy.
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Shared(Arc<str>);
+pub struct Shared(Arc<Box<str>>);
 
 /// The interned strings: each kept while a [`Shared`] holds it. Swept when it has grown to
 /// twice what the last sweep left, so its size stays within twice the strings in use and a
 /// sweep's cost is spread over the strings interned since the last one.
 struct Interner {
-    strings: HashSet<Arc<str>>,
+    strings: HashSet<Shared>,
     sweep_at: usize,
 }
 
@@ -53,16 +54,18 @@ impl Shared {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some(held) = interner.strings.get(text) {
-            return Shared(held.clone());
+            return held.clone();
         }
         if interner.strings.len() >= interner.sweep_at {
-            // a count of 1 is the interner's own: no `Shared` holds the string any more
-            interner.strings.retain(|held| Arc::strong_count(held) > 1);
+            // a count of 1 is the interner's own: no other `Shared` holds the string any more
+            interner
+                .strings
+                .retain(|held| Arc::strong_count(&held.0) > 1);
             interner.sweep_at = (interner.strings.len() * 2).max(SWEEP_FLOOR);
         }
-        let held: Arc<str> = Arc::from(text);
+        let held = Shared(Arc::new(text.into()));
         interner.strings.insert(held.clone());
-        Shared(held)
+        held
     }
 }
 
@@ -76,6 +79,16 @@ impl Default for Shared {
 impl Text {
     pub fn new(text: &str) -> Text {
         Text(text.into())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Shared {
+    pub fn as_str(&self) -> &str {
+        &self.0
     }
 }
 
@@ -118,94 +131,88 @@ impl From<&String> for Text {
 /// What both types offer alike: reading, comparing, printing and serializing as a `str`.
 macro_rules! as_str {
     ($type:ident) => {
-        impl $type {
-            pub fn as_str(&self) -> &str {
-                &self.0
-            }
-        }
-
         impl Deref for $type {
             type Target = str;
             fn deref(&self) -> &str {
-                &self.0
+                self.as_str()
             }
         }
 
         impl AsRef<str> for $type {
             fn as_ref(&self) -> &str {
-                &self.0
+                self.as_str()
             }
         }
 
         impl Borrow<str> for $type {
             fn borrow(&self) -> &str {
-                &self.0
+                self.as_str()
             }
         }
 
         impl From<$type> for String {
             fn from(text: $type) -> String {
-                text.0.to_string()
+                text.as_str().to_string()
             }
         }
 
         impl From<&$type> for String {
             fn from(text: &$type) -> String {
-                text.0.to_string()
+                text.as_str().to_string()
             }
         }
 
         impl fmt::Display for $type {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                fmt::Display::fmt(&*self.0, f)
+                fmt::Display::fmt(self.as_str(), f)
             }
         }
 
         impl fmt::Debug for $type {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                fmt::Debug::fmt(&*self.0, f)
+                fmt::Debug::fmt(self.as_str(), f)
             }
         }
 
         impl PartialEq<str> for $type {
             fn eq(&self, other: &str) -> bool {
-                *self.0 == *other
+                self.as_str() == other
             }
         }
 
         impl PartialEq<&str> for $type {
             fn eq(&self, other: &&str) -> bool {
-                *self.0 == **other
+                self.as_str() == *other
             }
         }
 
         impl PartialEq<String> for $type {
             fn eq(&self, other: &String) -> bool {
-                *self.0 == **other
+                self.as_str() == *other
             }
         }
 
         impl PartialEq<$type> for str {
             fn eq(&self, other: &$type) -> bool {
-                *self == *other.0
+                self == other.as_str()
             }
         }
 
         impl PartialEq<$type> for &str {
             fn eq(&self, other: &$type) -> bool {
-                **self == *other.0
+                *self == other.as_str()
             }
         }
 
         impl PartialEq<$type> for String {
             fn eq(&self, other: &$type) -> bool {
-                **self == *other.0
+                *self == other.as_str()
             }
         }
 
         impl Serialize for $type {
             fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-                serializer.serialize_str(&self.0)
+                serializer.serialize_str(self.as_str())
             }
         }
 
@@ -229,6 +236,7 @@ mod tests {
         let a = Shared::from("team-a/web");
         let b = Shared::from(String::from("team-a/web"));
         assert!(Arc::ptr_eq(&a.0, &b.0));
+        assert_eq!(std::mem::size_of::<Option<Shared>>(), 8);
         assert_eq!(a, "team-a/web");
         assert_eq!(Shared::default(), "");
     }
@@ -259,6 +267,6 @@ mod tests {
         let back: Shared = serde_json::from_str("\"default\"").unwrap();
         assert_eq!(back, Shared::from("default"));
         assert_eq!(std::mem::size_of::<Text>(), 16);
-        assert_eq!(std::mem::size_of::<Option<Shared>>(), 16);
+        assert_eq!(std::mem::size_of::<Option<Text>>(), 16);
     }
 }
