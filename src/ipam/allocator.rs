@@ -64,13 +64,14 @@ impl Allocator {
         let mut state = State::default();
         let mut claims = ledger.load_shared().await?;
         claims.sort_by_key(|c| c.updated_at);
+        let mut held = Vec::with_capacity(claims.len());
         for claim in claims {
+            state.remember(&claim);
             if claim.locks_ip() {
-                state.hold(claim);
-            } else {
-                state.remember(&claim);
+                held.push(claim);
             }
         }
+        state.index_all(held);
         Ok(Allocator {
             ledger,
             state: Mutex::new(state),
