@@ -46,16 +46,16 @@ async fn allocator_holding(held: u32) -> Allocator {
             app: "web".into(),
             pool: None,
             pod: PodRef {
-                name: format!("web-held-{i}"),
+                name: format!("web-held-{i}").into(),
                 ..pod("web-held-")
             },
-            request_uid: format!("held-{i}"),
+            request_uid: format!("held-{i}").into(),
             phase: Phase::Bound,
             source: Source::Allocated,
             created_at: 1,
             updated_at: 1,
             list_size: None,
-            token: String::new(),
+            token: Default::default(),
             release_at: None,
             sticky: false,
         };

@@ -22,13 +22,13 @@ fn claim(n: u32) -> Claim {
             generate_name: "web-7d4b9c8f6d-".into(),
             ..Default::default()
         },
-        request_uid: format!("uid-{n}"),
+        request_uid: format!("uid-{n}").into(),
         phase: Phase::Reserved,
         source: Source::Allocated,
         created_at: 1,
         updated_at: 1,
         list_size: None,
-        token: String::new(),
+        token: Default::default(),
         release_at: None,
         sticky: false,
     }

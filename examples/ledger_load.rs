@@ -34,14 +34,14 @@ fn claim(n: u32) -> Claim {
             generate_name: "web-7d4b9c8f6d-".into(),
             ..Default::default()
         },
-        request_uid: format!("5f0c8a9e-3b1d-4c7a-9e2f-{n:012}"),
+        request_uid: format!("5f0c8a9e-3b1d-4c7a-9e2f-{n:012}").into(),
         phase: Phase::Reserved,
         source: Source::Allocated,
         created_at: 1_764_460_800,
         updated_at: 1_764_460_800,
         list_size: Some(1 << 20),
         // shaped as `new_token` makes them: 32 hex digits
-        token: format!("{n:032x}"),
+        token: format!("{n:032x}").into(),
         release_at: None,
         sticky: false,
     }

@@ -40,7 +40,7 @@ async fn held_claims(state_dir: &Path) -> std::collections::HashMap<std::net::Ip
     claims
         .into_iter()
         .filter(|c| c.is_held())
-        .map(|c| (c.ip, c.request_uid))
+        .map(|c| (c.ip, c.request_uid.into()))
         .collect()
 }
 

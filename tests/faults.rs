@@ -444,7 +444,7 @@ fn a_pods_final_delete_does_not_free_its_replacements_ip() {
         let replicaset_pod = |uid: &'static str| AllocationRequest {
             pod: PodRef {
                 namespace: "dev".into(),
-                name: String::new(),
+                name: Default::default(),
                 generate_name: "web-7d4b9c-".into(),
                 uid: None,
             },

@@ -102,7 +102,7 @@ impl Backend {
 fn pod(n: u8) -> PodRef {
     PodRef {
         namespace: "default".into(),
-        name: format!("p{n}"),
+        name: format!("p{n}").into(),
         ..Default::default()
     }
 }
@@ -174,7 +174,10 @@ async fn check_agreement(
     );
     for claim in &held {
         let n: u8 = claim.pod.name[1..].parse().unwrap();
-        prop_assert_eq!(model.get(&n), Some(&(claim.ip, claim.request_uid.clone())));
+        prop_assert_eq!(
+            model.get(&n),
+            Some(&(claim.ip, claim.request_uid.to_string()))
+        );
     }
     Ok(())
 }

@@ -60,10 +60,10 @@ fn claim(i: u32) -> Claim {
     let ip = format!("10.40.{}.{}", i / 250, i % 250 + 1);
     Claim {
         pod: claims::pod_ref("prod", &format!("web-{i}")),
-        request_uid: format!("uid-{i}"),
+        request_uid: format!("uid-{i}").into(),
         phase: Phase::Bound,
         list_size: Some(1000),
-        token: format!("token-{i}"),
+        token: format!("token-{i}").into(),
         ..claims::at(claims::claim(&ip, "web", ""), 1_764_000_000)
     }
 }

@@ -35,7 +35,7 @@ fn claim(
         ..claims::pod_ref(namespace, name)
     };
     Claim {
-        pool: pool.map(str::to_string),
+        pool: pool.map(Into::into),
         phase,
         source,
         list_size,
@@ -740,7 +740,7 @@ fn api_claim(
         T0,
         Some(4),
     );
-    claim.pod.uid = Some(uid.to_string());
+    claim.pod.uid = Some(uid.into());
     claim
 }
 

@@ -22,7 +22,7 @@ async fn load_held(dir: &std::path::Path) -> HashMap<String, String> {
     claims
         .into_iter()
         .filter(|c| c.is_held())
-        .map(|c| (c.ip.to_string(), c.request_uid))
+        .map(|c| (c.ip.to_string(), c.request_uid.into()))
         .collect()
 }
 

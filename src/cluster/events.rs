@@ -59,7 +59,7 @@ impl EventSink for KubeEvents {
             api_version: Some(owner.api_version.clone()),
             kind: Some(owner.kind.clone()),
             name: Some(owner.name.clone()),
-            namespace: Some(refused.pod.namespace.clone()),
+            namespace: Some(refused.pod.namespace.to_string()),
             uid: Some(owner.uid.clone()).filter(|u| !u.is_empty()),
             ..ObjectReference::default()
         };

@@ -362,15 +362,15 @@ impl Executor {
 fn adopted_claim(ip: IpAddr, pod: &PodInfo, reason: AdoptReason) -> Claim {
     Claim {
         ip,
-        app: pod.app.clone(),
+        app: pod.app.as_str().into(),
         pool: None,
         pod: PodRef {
-            namespace: pod.namespace.clone(),
-            name: pod.name.clone(),
-            generate_name: String::new(),
-            uid: Some(pod.uid.clone()),
+            namespace: pod.namespace.as_str().into(),
+            name: pod.name.as_str().into(),
+            generate_name: Default::default(),
+            uid: Some(pod.uid.as_str().into()),
         },
-        request_uid: format!("adopted-{}", pod.uid),
+        request_uid: format!("adopted-{}", pod.uid).into(),
         phase: Phase::Bound,
         source: match reason {
             AdoptReason::Token => Source::Static,
@@ -379,7 +379,7 @@ fn adopted_claim(ip: IpAddr, pod: &PodInfo, reason: AdoptReason) -> Claim {
         created_at: unix_now(),
         updated_at: unix_now(),
         list_size: None,
-        token: pod.token.clone().unwrap_or_default(),
+        token: pod.token.as_deref().unwrap_or("").into(),
         release_at: None,
         sticky: pod.stateful,
     }

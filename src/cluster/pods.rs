@@ -256,7 +256,7 @@ mod tests {
                 namespace: "default".into(),
                 name: name.into(),
                 generate_name: generate_name.into(),
-                uid: uid.map(str::to_string),
+                uid: uid.map(Into::into),
             },
             request_uid: "r-1".into(),
             phase: if uid.is_some() {
@@ -268,7 +268,7 @@ mod tests {
             created_at: AT,
             updated_at: AT,
             list_size: None,
-            token: String::new(),
+            token: Default::default(),
             release_at: None,
             sticky: false,
         }

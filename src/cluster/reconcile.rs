@@ -589,7 +589,7 @@ mod tests {
                 generate_name: generate_name.into(),
                 uid: None,
             },
-            request_uid: format!("req-{ip}-{at}"),
+            request_uid: format!("req-{ip}-{at}").into(),
             phase: Phase::Reserved,
             source: Source::Allocated,
             created_at: at,

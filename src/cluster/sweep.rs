@@ -102,13 +102,13 @@ impl Sweeper {
                 Err(why) => {
                     tracing::warn!(%namespace, "leak sweep: {why}; its claims wait for the next period");
                     for claim in &claims {
-                        looked_at.insert(claim.ip, claim.request_uid.clone());
+                        looked_at.insert(claim.ip, claim.request_uid.to_string());
                     }
                     continue;
                 }
             };
             for claim in claims {
-                looked_at.insert(claim.ip, claim.request_uid.clone());
+                looked_at.insert(claim.ip, claim.request_uid.to_string());
                 if self.pods.holder(&pods, &claim).is_some() {
                     self.unheld_since.remove(&claim.ip);
                     continue;
@@ -117,7 +117,7 @@ impl Sweeper {
                     Some((request, since)) if *request == claim.request_uid => *since,
                     _ => {
                         self.unheld_since
-                            .insert(claim.ip, (claim.request_uid.clone(), now));
+                            .insert(claim.ip, (claim.request_uid.to_string(), now));
                         now
                     }
                 };
@@ -148,7 +148,7 @@ impl Sweeper {
             if !claim.is_held()
                 && self
                     .uncertain
-                    .remove(&(claim.ip, claim.request_uid.clone()))
+                    .remove(&(claim.ip, claim.request_uid.to_string()))
             {
                 // an earlier release whose answer was lost did reach the ledger
                 self.metrics.leaks_reclaimed.inc();
@@ -165,9 +165,9 @@ impl Sweeper {
                 Some((request, since)) if *request == claim.request_uid => *since,
                 _ => now,
             };
-            first_seen.insert(claim.ip, (claim.request_uid.clone(), seen_since));
+            first_seen.insert(claim.ip, (claim.request_uid.to_string(), seen_since));
             if now >= seen_since + self.rules.reservation_ttl {
-                due.entry(claim.pod.namespace.clone())
+                due.entry(claim.pod.namespace.to_string())
                     .or_default()
                     .push(claim);
             }
@@ -193,7 +193,8 @@ impl Sweeper {
             Ok(false) => false,
             Err(error) => {
                 tracing::warn!(ip = %claim.ip, %error, "leak sweep: the release failed; trying again next period");
-                self.uncertain.insert((claim.ip, claim.request_uid.clone()));
+                self.uncertain
+                    .insert((claim.ip, claim.request_uid.to_string()));
                 false
             }
         }

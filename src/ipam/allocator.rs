@@ -20,7 +20,8 @@ use crate::ledger::claim::{
 };
 use crate::ledger::pod_lookup::PodLookup;
 use crate::ledger::{
-    Claim, CreateOutcome, Ledger, LedgerError, ObservedChange, Phase, PodRef, Source, unix_now,
+    Claim, CreateOutcome, Ledger, LedgerError, ObservedChange, Phase, PodRef, Shared, Source,
+    unix_now,
 };
 
 /// How many times one allocation may learn that its candidate was taken elsewhere.
@@ -63,13 +64,14 @@ impl Allocator {
         let mut state = State::default();
         let mut claims = ledger.load_shared().await?;
         claims.sort_by_key(|c| c.updated_at);
+        let mut held = Vec::with_capacity(claims.len());
         for claim in claims {
+            state.remember(&claim);
             if claim.locks_ip() {
-                state.hold(claim);
-            } else {
-                state.remember(&claim);
+                held.push(claim);
             }
         }
+        state.index_all(held);
         Ok(Allocator {
             ledger,
             state: Mutex::new(state),
@@ -165,7 +167,7 @@ impl Allocator {
     /// of `app`: a pod of that name that may still be in its grace period.
     pub fn terminating_under_name(&self, pod: &PodRef, app: &str) -> Vec<Claim> {
         let state = self.lock();
-        let key = (pod.namespace.clone(), app.to_string(), pod.name.clone());
+        let key = (pod.namespace.clone(), Shared::from(app), pod.name.clone());
         state
             .history
             .get(&key)
@@ -229,7 +231,7 @@ impl Allocator {
                     allocation.ips.push(claim.ip);
                     allocation.reasons.push(reason);
                     if made.is_empty() {
-                        allocation.token = claim.token.clone();
+                        allocation.token = claim.token.to_string();
                     }
                     made.push(claim);
                 }
@@ -254,7 +256,7 @@ impl Allocator {
         (same_pod && !claims.is_empty()).then(|| Allocation {
             ips: claims.iter().map(|c| c.ip).collect(),
             reasons: vec![Reason::SameRequest; claims.len()],
-            token: claims[0].token.clone(),
+            token: claims[0].token.to_string(),
         })
     }
 
@@ -338,7 +340,7 @@ impl Allocator {
                 match (elsewhere, state.claims.get(ip)) {
                     (Some(message), _) => Some(Err(AllocError::Conflict(message))),
                     (None, Some(holder)) if holder.is_held() && same_admission(holder, &probe) => {
-                        allocation.token = holder.token.clone();
+                        allocation.token = holder.token.to_string();
                         None
                     }
                     // At /validate (the pod has its UID) this copy may lag behind the ledger:
@@ -366,7 +368,7 @@ impl Allocator {
                 Some(Err(conflict)) => conflict,
                 Some(Ok(claim)) => match self.record(&claim).await {
                     Ok(Recorded::Ours(claim)) => {
-                        allocation.token = claim.token.clone();
+                        allocation.token = claim.token.to_string();
                         made.push(claim);
                         continue;
                     }
@@ -374,7 +376,7 @@ impl Allocator {
                     // cache: a watch that lags behind another replica's /mutate has not
                     // shown this pod's own reservation yet.
                     Ok(Recorded::HeldBy(holder)) if held_by(&holder, &request.identity()) => {
-                        allocation.token = holder.token.clone();
+                        allocation.token = holder.token.to_string();
                         continue;
                     }
                     Ok(Recorded::HeldBy(holder)) => {
@@ -658,7 +660,7 @@ mod tests {
             created_at: 1,
             updated_at: 1,
             list_size: None,
-            token: String::new(),
+            token: Default::default(),
             release_at: None,
             sticky: false,
         }
@@ -1294,7 +1296,7 @@ mod tests {
                     let claims = alloc.claims();
                     prop_assert_eq!(claims.len(), live.len());
                     for claim in claims {
-                        prop_assert_eq!(live.get(&claim.pod.name).map(|(ip, _)| ip), Some(&claim.ip));
+                        prop_assert_eq!(live.get(claim.pod.name.as_str()).map(|(ip, _)| ip), Some(&claim.ip));
                     }
                 }
                 Ok(())

@@ -11,7 +11,7 @@ use super::ipset::{Family, ip_from_key, ip_key};
 use super::messages::{HOLDERS_NAMED, holder_list};
 use super::request::{AllocationRequest, Reason, new_claim};
 use crate::ledger::claim::{may_take_over, same_grant};
-use crate::ledger::{Claim, Phase, PodRef, Source, unix_now};
+use crate::ledger::{Claim, Phase, PodRef, Shared, Source, Text, unix_now};
 
 /// Held addresses of one family as maximal runs `start -> end` (inclusive).
 #[derive(Debug, Default, Clone)]
@@ -96,7 +96,7 @@ fn release_time(claim: &Claim) -> Option<u64> {
 /// its grace period.
 #[derive(Debug, Clone)]
 pub(super) struct LocalRelease {
-    request_uid: String,
+    request_uid: Text,
     /// The release time as the record carries it: a new DELETE writes a new one.
     written: u64,
     pub(super) due: u64,
@@ -312,7 +312,7 @@ pub(super) struct State {
     pub(super) local_release: BTreeMap<IpAddr, LocalRelease>,
     /// Last IPs of a pod name of an app: `(namespace, app, pod name)`, for names that can come
     /// back ([`name_recurs`]).
-    pub(super) history: BTreeMap<(String, String, String), Vec<IpAddr>>,
+    pub(super) history: BTreeMap<(Shared, Shared, Text), Vec<IpAddr>>,
     pub(super) held_per_app: AppCounts,
 }
 
@@ -329,17 +329,56 @@ impl State {
         if let Some(previous) = self.claims.insert(claim.ip, claim.clone()) {
             self.forget_indexes(&previous);
         }
-        let (family, value) = ip_key(&claim.ip);
-        self.held.entry(family).or_default().insert(value);
+        self.index_rest(&claim);
+        self.remember(&claim);
+    }
+
+    /// Index `claims`, in this order, into an index that holds none: what [`State::hold`] of
+    /// each would leave (a later claim on an IP replaces an earlier one), but for the name
+    /// history, which the caller keeps ([`State::remember`]) in its own order.
+    ///
+    /// The map by IP is built at once from the sorted claims, its nodes full: filled one
+    /// claim at a time in ascending order (as a ledger lists them) a B-tree keeps its nodes
+    /// about half full, and rebuilding it afterwards does not give the freed nodes' memory
+    /// back. Building it first, and the maps by key after it one claim at a time, lets their
+    /// nodes reuse the memory the sort took (docs/performance.md, "Memory per held claim").
+    pub(super) fn index_all(&mut self, claims: Vec<Arc<Claim>>) {
+        debug_assert!(self.claims.is_empty(), "an index that holds no claim");
+        let mut by_ip: Vec<(usize, Arc<Claim>)> = claims.into_iter().enumerate().collect();
+        // stable: the claims on one IP stay in their order
+        by_ip.sort_by_key(|(_, claim)| claim.ip);
+        by_ip.dedup_by(|later, earlier| {
+            // `dedup_by` keeps the first of a run of equal IPs: keep the later claim in it
+            let same = later.1.ip == earlier.1.ip;
+            if same {
+                std::mem::swap(later, earlier);
+            }
+            same
+        });
+        self.claims = by_ip
+            .iter()
+            .map(|(_, claim)| (claim.ip, claim.clone()))
+            .collect();
+        by_ip.sort_by_key(|(order, _)| *order);
+        for (_, claim) in by_ip {
+            self.index_rest(&claim);
+        }
+    }
+
+    /// What `hold` indexes besides the claim by IP: its keys, its IP among the held runs, its
+    /// release time, its app's count.
+    fn index_rest(&mut self, claim: &Claim) {
         self.by_request.add(&claim.request_uid, claim.ip);
-        for key in pod_keys(&claim) {
+        for key in pod_keys(claim) {
             self.by_pod.add(key, claim.ip);
         }
-        match release_time(&claim) {
+        let (family, value) = ip_key(&claim.ip);
+        self.held.entry(family).or_default().insert(value);
+        match release_time(claim) {
             Some(written) => {
                 let local = match self.local_release.get(&claim.ip) {
-                    Some(seen) if seen.is_for(&claim, written) => seen.clone(),
-                    _ => LocalRelease::of(&claim, written, unix_now()),
+                    Some(seen) if seen.is_for(claim, written) => seen.clone(),
+                    _ => LocalRelease::of(claim, written, unix_now()),
                 };
                 self.releasing.insert((local.due, claim.ip));
                 self.local_release.insert(claim.ip, local);
@@ -349,7 +388,6 @@ impl State {
             }
         }
         self.held_per_app.add(&claim.pod.namespace, &claim.app);
-        self.remember(&claim);
     }
 
     pub(super) fn forget_indexes(&mut self, claim: &Claim) {
@@ -441,7 +479,7 @@ impl State {
         if !request.pod.name.is_empty() {
             let key = (
                 request.pod.namespace.clone(),
-                request.app.to_string(),
+                Shared::from(request.app),
                 request.pod.name.clone(),
             );
             if let Some(ip) = self
@@ -535,7 +573,7 @@ mod tests {
             created_at: 1,
             updated_at: 1,
             list_size: None,
-            token: String::new(),
+            token: Default::default(),
             release_at: None,
             sticky: false,
         }
@@ -558,6 +596,60 @@ mod tests {
         let long = "a".repeat(70);
         assert!(!name_recurs(&pod(&format!("{}b2c3d", &long[..58]), &long)));
         assert!(name_recurs(&pod(&format!("{long}b2c3d"), &long)));
+    }
+
+    /// Everything a claim is indexed under, to compare two indexes by.
+    fn indexed(state: &State) -> String {
+        let claims: Vec<_> = state.claims.values().map(|c| (c.ip, c.phase)).collect();
+        let by_request: Vec<_> = state.by_request.0.0.iter().collect();
+        let by_pod: Vec<_> = state.by_pod.0.iter().collect();
+        let local: Vec<_> = state
+            .local_release
+            .iter()
+            .map(|(ip, l)| (ip, l.due))
+            .collect();
+        let runs: Vec<_> = state.held.values().map(|r| r.runs.clone()).collect();
+        format!(
+            "{claims:?} {by_request:?} {by_pod:?} {:?} {local:?} {runs:?} {}",
+            state.releasing,
+            state.held_per_app.get("", "web")
+        )
+    }
+
+    #[test]
+    fn indexing_all_at_once_leaves_what_holding_each_in_turn_does() {
+        let terminating = |ip: &str, uid: &str, token: &str| Claim {
+            phase: Phase::Terminating,
+            release_at: Some(100),
+            updated_at: 0,
+            token: token.into(),
+            pod: PodRef {
+                uid: Some(format!("pod-{uid}").into()),
+                ..PodRef::default()
+            },
+            ..claim(ip, uid)
+        };
+        let claims: Vec<Arc<Claim>> = [
+            claim("10.0.0.3", "uid-a"),
+            terminating("10.0.0.1", "uid-b", "t1"),
+            // a dual-stack pod: two IPs under one request and one token
+            terminating("fd00::1", "uid-c", "t2"),
+            terminating("10.0.0.9", "uid-c", "t2"),
+            claim("10.0.0.2", "uid-d"),
+            // a later claim on an IP replaces the earlier one
+            claim("10.0.0.3", "uid-e"),
+        ]
+        .into_iter()
+        .map(Arc::new)
+        .collect();
+        let mut one_by_one = State::default();
+        for claim in &claims {
+            one_by_one.hold(claim.clone());
+        }
+        let mut at_once = State::default();
+        at_once.index_all(claims);
+        assert_eq!(indexed(&at_once), indexed(&one_by_one));
+        assert_eq!(at_once.claims.len(), 5);
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use crate::ipam::ipset::IpSet;
 use crate::ipam::messages::Scope;
 use crate::ledger::claim::PodIdentity;
-use crate::ledger::{Claim, Phase, PodRef, Source, unix_now};
+use crate::ledger::{Claim, Phase, PodRef, Shared, Source, unix_now};
 
 /// What one pod asks for.
 #[derive(Debug, Clone)]
@@ -53,17 +53,17 @@ pub(super) fn new_claim(ip: IpAddr, request: &AllocationRequest<'_>, source: Sou
     let now = unix_now();
     Claim {
         ip,
-        app: request.app.to_string(),
-        pool: request.pool.map(str::to_string),
+        app: request.app.into(),
+        pool: request.pool.map(Shared::from),
         pod: request.pod.clone(),
-        request_uid: request.request_uid.to_string(),
+        request_uid: request.request_uid.into(),
         phase: Phase::Reserved,
         source,
         created_at: now,
         updated_at: now,
         list_size: (!request.candidates.is_empty())
             .then(|| u64::try_from(request.candidates.len()).unwrap_or(u64::MAX)),
-        token: request.token.to_string(),
+        token: request.token.into(),
         release_at: None,
         sticky: false,
     }

@@ -131,7 +131,7 @@ impl Tally {
             self.newest_size = Some((claim.created_at, size));
         }
         if claim.pool.is_some() {
-            self.pool = claim.pool.clone();
+            self.pool = claim.pool.as_deref().map(String::from);
         }
         if let Some(holder) = holder {
             self.holders.push(holder);
@@ -155,14 +155,14 @@ fn holder(claim: &Claim) -> Holder {
         pod: claim.pod.display(),
         node: None,
         app: claim.app_key(),
-        pool: claim.pool.clone(),
+        pool: claim.pool.as_deref().map(String::from),
         phase: claim.phase,
         source: claim.source,
         since: rfc3339(claim.created_at),
         release_at: claim.release_at.map(rfc3339),
-        pod_uid: claim.pod.uid.clone(),
-        token: claim.token.clone(),
-        request_uid: claim.request_uid.clone(),
+        pod_uid: claim.pod.uid.as_deref().map(String::from),
+        token: claim.token.to_string(),
+        request_uid: claim.request_uid.to_string(),
         sticky: claim.sticky,
     }
 }
@@ -215,7 +215,7 @@ impl Report {
                     .add(claim, made(holders));
             }
             by_app
-                .entry((claim.pod.namespace.clone(), claim.app.clone()))
+                .entry((claim.pod.namespace.to_string(), claim.app.to_string()))
                 .or_default()
                 .add(claim, made(holders));
         }

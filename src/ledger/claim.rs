@@ -11,7 +11,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use sha2::{Digest, Sha256};
 
-use super::{Claim, Phase};
+use super::{Claim, Phase, Text};
 
 /// A pod as a review, a watch or a lookup shows it.
 #[derive(Debug, Clone, Copy, Default)]
@@ -138,9 +138,9 @@ pub fn bound(claim: &Claim, name: &str, uid: &str, now: u64) -> Claim {
     let mut next = claim.clone();
     next.phase = Phase::Bound;
     if next.pod.name.is_empty() {
-        next.pod.name = name.to_string();
+        next.pod.name = name.into();
     }
-    next.pod.uid = Some(uid.to_string());
+    next.pod.uid = Some(uid.into());
     next.release_at = None;
     next.updated_at = now;
     next
@@ -151,10 +151,10 @@ pub fn terminating(claim: &Claim, pod: &PodIdentity<'_>, release_at: u64, now: u
     let mut next = claim.clone();
     next.phase = Phase::Terminating;
     if next.pod.name.is_empty() {
-        next.pod.name = pod.name.to_string();
+        next.pod.name = pod.name.into();
     }
     if next.pod.uid.is_none() {
-        next.pod.uid = pod.uid.map(str::to_string);
+        next.pod.uid = pod.uid.map(Text::from);
     }
     next.release_at = Some(release_at);
     next.updated_at = now;
@@ -246,7 +246,7 @@ mod tests {
                 namespace: "default".into(),
                 name: name.into(),
                 generate_name: "web-7d4b9c-".into(),
-                uid: uid.map(str::to_string),
+                uid: uid.map(Into::into),
             },
             request_uid: "req-1".into(),
             phase,

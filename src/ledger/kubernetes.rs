@@ -109,16 +109,16 @@ pub fn to_resource(claim: &Claim) -> IPClaim {
         &claim_name(&claim.ip),
         IPClaimSpec {
             ip: claim.ip.to_string(),
-            namespace: claim.pod.namespace.clone(),
-            app: claim.app.clone(),
-            pool: claim.pool.clone(),
-            pod_name: claim.pod.name.clone(),
-            generate_name: claim.pod.generate_name.clone(),
-            pod_uid: claim.pod.uid.clone(),
-            request_uid: claim.request_uid.clone(),
+            namespace: claim.pod.namespace.as_str().into(),
+            app: claim.app.as_str().into(),
+            pool: claim.pool.as_deref().map(Into::into),
+            pod_name: claim.pod.name.as_str().into(),
+            generate_name: claim.pod.generate_name.as_str().into(),
+            pod_uid: claim.pod.uid.as_deref().map(Into::into),
+            request_uid: claim.request_uid.as_str().into(),
             source: source_name(claim.source).to_string(),
             sticky: claim.sticky,
-            token: claim.token.clone(),
+            token: claim.token.as_str().into(),
             list_size: claim.list_size,
         },
     );
@@ -232,15 +232,19 @@ pub fn from_resource(resource: &IPClaim) -> Result<Claim, LedgerError> {
     let spec = &resource.spec;
     Ok(Claim {
         ip,
-        app: spec.app.clone(),
-        pool: spec.pool.clone(),
+        app: spec.app.as_str().into(),
+        pool: spec.pool.as_deref().map(Into::into),
         pod: PodRef {
-            namespace: spec.namespace.clone(),
-            name: spec.pod_name.clone(),
-            generate_name: spec.generate_name.clone(),
-            uid: spec.pod_uid.clone().filter(|u| !u.is_empty()),
+            namespace: spec.namespace.as_str().into(),
+            name: spec.pod_name.as_str().into(),
+            generate_name: spec.generate_name.as_str().into(),
+            uid: spec
+                .pod_uid
+                .as_deref()
+                .filter(|u| !u.is_empty())
+                .map(Into::into),
         },
-        request_uid: spec.request_uid.clone(),
+        request_uid: spec.request_uid.as_str().into(),
         phase: parse_phase(&status.phase),
         source: if spec.source == "Static" {
             Source::Static
@@ -250,7 +254,7 @@ pub fn from_resource(resource: &IPClaim) -> Result<Claim, LedgerError> {
         created_at: reserved_at,
         updated_at,
         list_size: spec.list_size,
-        token: spec.token.clone(),
+        token: spec.token.as_str().into(),
         release_at: status.release_at.as_deref().and_then(unix_seconds),
         sticky: spec.sticky,
     })
@@ -553,7 +557,7 @@ mod tests {
             pool: Some("blue".into()),
             pod: PodRef {
                 namespace: "default".into(),
-                name: String::new(),
+                name: Default::default(),
                 generate_name: "web-7d9f-".into(),
                 uid: None,
             },
@@ -563,7 +567,7 @@ mod tests {
             created_at: 1_700_000_000,
             updated_at: 1_700_000_000,
             list_size: None,
-            token: String::new(),
+            token: Default::default(),
             release_at: None,
             sticky: false,
         };
@@ -601,7 +605,7 @@ mod tests {
             created_at: 0,
             updated_at: 0,
             list_size: None,
-            token: String::new(),
+            token: Default::default(),
             release_at: None,
             sticky: false,
         });

@@ -371,10 +371,13 @@ impl Reader<'_> {
         Err(RecordError::Overlong { field })
     }
 
-    fn string(&mut self, field: &'static str) -> Result<String, RecordError> {
+    /// A string field, made straight into the claim's type for it (no `String` in between).
+    fn string<T: for<'s> From<&'s str>>(&mut self, field: &'static str) -> Result<T, RecordError> {
         let len = usize::try_from(self.u64(field)?).map_err(|_| RecordError::TooLong { field })?;
         let bytes = self.take(len, field)?;
-        String::from_utf8(bytes.to_vec()).map_err(|_| RecordError::NotUtf8 { field })
+        std::str::from_utf8(bytes)
+            .map(T::from)
+            .map_err(|_| RecordError::NotUtf8 { field })
     }
 
     fn optional<T>(
@@ -459,19 +462,19 @@ mod tests {
     fn bare() -> Claim {
         Claim {
             ip: "10.0.0.7".parse().unwrap(),
-            app: String::new(),
+            app: Default::default(),
             pool: None,
             pod: PodRef {
                 namespace: "default".into(),
                 ..Default::default()
             },
-            request_uid: String::new(),
+            request_uid: Default::default(),
             phase: Phase::Reserved,
             source: Source::Allocated,
             created_at: 0,
             updated_at: 127,
             list_size: None,
-            token: String::new(),
+            token: Default::default(),
             release_at: None,
             sticky: false,
         }

@@ -667,13 +667,13 @@ mod tests {
                     name: "web-0".into(),
                     ..PodRef::default()
                 },
-                request_uid: format!("r-{ip}"),
+                request_uid: format!("r-{ip}").into(),
                 phase: Phase::Bound,
                 source: Source::Allocated,
                 created_at: 1,
                 updated_at: 1,
                 list_size: Some(1),
-                token: String::new(),
+                token: Default::default(),
                 release_at: None,
                 sticky: false,
             };

@@ -448,7 +448,7 @@ fn existing_pods(
     let mut pods: Vec<(String, Vec<Claim>)> = Vec::new();
     for claim in webhook.allocator.claims() {
         let pod = &claim.pod;
-        let name = if pod.name.is_empty() {
+        let name: &str = if pod.name.is_empty() {
             &pod.generate_name
         } else {
             &pod.name
@@ -464,9 +464,9 @@ fn existing_pods(
             continue;
         }
         let key = if pod.name.is_empty() {
-            claim.request_uid.clone()
+            claim.request_uid.to_string()
         } else {
-            pod.name.clone()
+            pod.name.to_string()
         };
         match pods.iter_mut().find(|(k, _)| *k == key) {
             Some((_, claims)) => claims.push(claim),

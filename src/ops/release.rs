@@ -273,7 +273,7 @@ pub(crate) mod tests {
             created_at: 0,
             updated_at: 0,
             list_size: Some(2),
-            token: String::new(),
+            token: Default::default(),
             release_at: None,
             sticky: false,
         }

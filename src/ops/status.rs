@@ -264,13 +264,13 @@ mod tests {
                 name: pod.into(),
                 ..Default::default()
             },
-            request_uid: format!("r-{pod}"),
+            request_uid: format!("r-{pod}").into(),
             phase,
             source: Source::Allocated,
             created_at: 1_700_000_000,
             updated_at: 1_700_000_000,
             list_size: size,
-            token: String::new(),
+            token: Default::default(),
             release_at: None,
             sticky: false,
         }

@@ -354,7 +354,7 @@ fn judge_delete(guard: &ClaimGuard, old: &IPClaim, name: &str, response: Respons
     }
     // An unreadable record (edited by force) is judged by what it says about its pod.
     let (phase, uid) = match from_resource(old) {
-        Ok(claim) => (claim.phase, claim.pod.uid),
+        Ok(claim) => (claim.phase, claim.pod.uid.map(String::from)),
         Err(_) => {
             let phase = match old.status.as_ref().map(|s| s.phase.as_str()) {
                 Some("Released") => Phase::Released,

@@ -342,10 +342,15 @@ impl<'m> PodView<'m> {
 
     pub fn pod_ref(&self) -> PodRef {
         PodRef {
-            namespace: self.namespace.clone(),
-            name: self.name().to_string(),
-            generate_name: self.meta.generate_name.clone().unwrap_or_default(),
-            uid: self.meta.uid.clone().filter(|u| !u.is_empty()),
+            namespace: self.namespace.as_str().into(),
+            name: self.name().into(),
+            generate_name: self.meta.generate_name.as_deref().unwrap_or("").into(),
+            uid: self
+                .meta
+                .uid
+                .as_deref()
+                .filter(|u| !u.is_empty())
+                .map(Into::into),
         }
     }
 

@@ -202,11 +202,10 @@ fn remove_before(dir: &Path, generation: u64) -> Result<(), LedgerError> {
     sync_dir(dir)
 }
 
-/// The claims read on open, each with the size of its record, and the bytes of the live ones.
+/// The records read on open, in file order, each with the size of its record.
 #[derive(Default)]
 struct Loaded {
-    claims: BTreeMap<IpAddr, Entry>,
-    live_bytes: u64,
+    records: Vec<(IpAddr, Entry)>,
 }
 
 impl Loaded {
@@ -216,10 +215,27 @@ impl Loaded {
             claim: Arc::new(claim),
             size,
         };
-        if let Some(old) = self.claims.insert(entry.claim.ip, entry) {
-            self.live_bytes -= old.size;
-        }
-        self.live_bytes += size;
+        self.records.push((entry.claim.ip, entry));
+    }
+
+    /// The last record of each IP, and the bytes of those. The map is built from the sorted
+    /// records at once, its nodes full: inserted one at a time in ascending order (as a
+    /// snapshot is read) a B-tree keeps its nodes about half full, and rebuilding it later
+    /// does not give the freed nodes' memory back (docs/performance.md, "Memory per held
+    /// claim").
+    fn finish(mut self) -> (BTreeMap<IpAddr, Entry>, u64) {
+        // stable: the records of one IP stay in file order
+        self.records.sort_by_key(|(ip, _)| *ip);
+        self.records.dedup_by(|later, earlier| {
+            // `dedup_by` keeps the first of a run of equal keys: keep the later record in it
+            let same = later.0 == earlier.0;
+            if same {
+                std::mem::swap(later, earlier);
+            }
+            same
+        });
+        let live_bytes = self.records.iter().map(|(_, entry)| entry.size).sum();
+        (self.records.into_iter().collect(), live_bytes)
     }
 }
 
@@ -366,10 +382,11 @@ impl Journal {
         if let Err(error) = marker::ensure(dir) {
             tracing::warn!(%error, "cannot write the ledger's marker file; a lost journal would then not be noticed");
         }
+        let (claims, live_bytes) = loaded.finish();
         Ok(Journal {
             dir: dir.to_path_buf(),
-            claims: loaded.claims,
-            live_bytes: loaded.live_bytes,
+            claims,
+            live_bytes,
             file,
             end,
             allocated,
@@ -645,4 +662,39 @@ fn read_journal_once(state_dir: &Path) -> Result<Vec<Claim>, LedgerError> {
         read(state_dir.join(name(JOURNAL, generation)))?;
     }
     Ok(claims.into_values().collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::{Phase, unreadable_holder};
+
+    #[test]
+    fn the_last_record_of_each_ip_is_kept_with_its_size() {
+        let mut loaded = Loaded::default();
+        let ip = |n: u8| IpAddr::from([10, 0, 0, n]);
+        let record = |n: u8, phase: Phase| Claim {
+            phase,
+            ..unreadable_holder(ip(n), "r")
+        };
+        loaded.install(record(2, Phase::Reserved), 10);
+        loaded.install(record(1, Phase::Reserved), 20);
+        loaded.install(record(2, Phase::Bound), 30);
+        loaded.install(record(2, Phase::Terminating), 40);
+        loaded.install(record(3, Phase::Reserved), 50);
+        let (claims, live_bytes) = loaded.finish();
+        let kept: Vec<(IpAddr, Phase, u64)> = claims
+            .iter()
+            .map(|(ip, entry)| (*ip, entry.claim.phase, entry.size))
+            .collect();
+        assert_eq!(
+            kept,
+            [
+                (ip(1), Phase::Reserved, 20),
+                (ip(2), Phase::Terminating, 40),
+                (ip(3), Phase::Reserved, 50)
+            ]
+        );
+        assert_eq!(live_bytes, 110);
+    }
 }

@@ -351,13 +351,13 @@ mod tests {
                 name: pod.into(),
                 ..Default::default()
             },
-            request_uid: format!("uid-{pod}"),
+            request_uid: format!("uid-{pod}").into(),
             phase: Phase::Reserved,
             source: Source::Allocated,
             created_at: 1,
             updated_at: 1,
             list_size: None,
-            token: String::new(),
+            token: Default::default(),
             release_at: None,
             sticky: false,
         }
