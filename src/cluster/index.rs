@@ -24,6 +24,7 @@ use serde_json::Value;
 
 use super::Caches;
 use crate::ipam::foreign::{ForeignIps, ForeignUse};
+use crate::ledger::text::Shared;
 use crate::metrics::{CacheKindLabels, Metrics};
 use crate::webhook::Webhook;
 use crate::webhook::workloads::{self, WORKLOAD_KINDS, WorkloadId};
@@ -36,10 +37,12 @@ pub use pod_watch::watch_pods;
 /// A pod as the IP index keeps it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlimPod {
-    pub namespace: Box<str>,
+    /// Interned, as `node` and `app`: many pods carry each alike, and the index holds every
+    /// running pod of the cluster.
+    pub namespace: Shared,
     pub name: Box<str>,
     pub uid: Box<str>,
-    pub node: Box<str>,
+    pub node: Shared,
     pub ips: Box<[IpAddr]>,
     /// `metadata.deletionTimestamp` (unix seconds, the API server's clock): the pod is
     /// Terminating.
@@ -52,7 +55,7 @@ pub struct SlimPod {
     pub controller: Option<super::controller::ControllerKind>,
     /// The value of its app label (`--app-label`), empty if none: the reconciler adopts a
     /// pod's IP only into its own app's list.
-    pub app: Box<str>,
+    pub app: Shared,
 }
 
 impl SlimPod {

@@ -144,9 +144,11 @@ impl LossClock {
         for pod in pods.iter().filter(|p| p.deleting_at.is_some()) {
             let since = self.terminating.get(&pod.uid).copied().unwrap_or(now);
             terminating.insert(pod.uid.clone(), since);
-            if nodes.get(&pod.node).is_some_and(|n| !n.ready) && !down.contains_key(&pod.node) {
-                let since = self.down.get(&pod.node).copied().unwrap_or(now);
-                down.insert(pod.node.clone(), since);
+            if nodes.get(pod.node.as_str()).is_some_and(|n| !n.ready)
+                && !down.contains_key(pod.node.as_str())
+            {
+                let since = self.down.get(pod.node.as_str()).copied().unwrap_or(now);
+                down.insert(pod.node.as_str().into(), since);
             }
         }
         self.terminating = terminating;
@@ -177,7 +179,7 @@ pub fn lost_since(pod: &SlimPod, clock: &LossClock, now: u64, grace: u64) -> Opt
     if now < terminating.saturating_add(own_grace) {
         return None;
     }
-    let down = *clock.down.get(&pod.node)?;
+    let down = *clock.down.get(pod.node.as_str())?;
     (now.saturating_sub(down) > grace).then_some(down)
 }
 

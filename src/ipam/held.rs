@@ -608,7 +608,13 @@ mod tests {
             .iter()
             .map(|(ip, l)| (ip, l.due))
             .collect();
-        let runs: Vec<_> = state.held.values().map(|r| r.runs.clone()).collect();
+        // `held` is a hash map: its order says nothing
+        let mut runs: Vec<String> = state
+            .held
+            .values()
+            .map(|r| format!("{:?}", r.runs))
+            .collect();
+        runs.sort();
         format!(
             "{claims:?} {by_request:?} {by_pod:?} {:?} {local:?} {runs:?} {}",
             state.releasing,
