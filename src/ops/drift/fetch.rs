@@ -3,7 +3,6 @@
 //! A CNI whose resources the API server does not serve (404) is reported as not installed.
 
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, ObjectList};
 use kube::{Api, Client, Resource};
 
@@ -155,46 +154,33 @@ pub fn keep_pod(pod: Pod, app_label: &str) -> Option<KeptPod> {
     }))
 }
 
-/// A pod cut down to what the comparison reads: identity, owners, creation and deletion, the
-/// labels and annotations of ours and of the CNIs (`app_label` too), the node, host
-/// networking, the phase and the pod's IPs ([`ListedPod`] reads these, and the resource version, and no others). The
-/// rest (containers, managed fields, conditions) is dropped page by page.
-pub fn slim_pod(pod: Pod, app_label: &str) -> Pod {
-    let meta = pod.metadata;
-    let mut metadata = ObjectMeta {
-        name: meta.name,
-        namespace: meta.namespace,
-        uid: meta.uid,
-        generate_name: meta.generate_name,
-        labels: meta.labels,
-        annotations: meta.annotations,
-        owner_references: meta.owner_references,
-        creation_timestamp: meta.creation_timestamp,
-        deletion_timestamp: meta.deletion_timestamp,
-        deletion_grace_period_seconds: meta.deletion_grace_period_seconds,
-        ..Default::default()
-    };
+/// A pod as the comparison keeps it: read as a [`ListedPod`] (identity, owners, creation and
+/// deletion, labels and annotations, node, host networking, phase, IPs, and nothing else),
+/// with only our and the CNIs' labels (and `app_label`) and annotations left.
+pub fn slim_pod(mut pod: Pod, app_label: &str) -> Pod {
+    let metadata = &mut pod.metadata;
     if let Some(labels) = metadata.labels.as_mut() {
         labels.retain(|key, _| key == app_label || marked_key(key));
     }
     if let Some(annotations) = metadata.annotations.as_mut() {
         annotations.retain(|key, _| marked_key(key));
     }
-    Pod {
-        metadata,
-        spec: pod.spec.map(|spec| k8s_openapi::api::core::v1::PodSpec {
-            node_name: spec.node_name,
-            host_network: spec.host_network,
-            ..Default::default()
-        }),
-        status: pod
-            .status
-            .map(|status| k8s_openapi::api::core::v1::PodStatus {
-                phase: status.phase,
-                pod_ip: status.pod_ip,
-                pod_ips: status.pod_ips,
-                ..Default::default()
-            }),
+    pod
+}
+
+/// Sort one page of pods (read as [`ListedPod`]s) into the marked ones, cut down, and the
+/// plain ones.
+pub fn keep_pods(
+    page: Vec<Pod>,
+    app_label: &str,
+    marked: &mut Vec<Pod>,
+    plain: &mut Vec<PlainPod>,
+) {
+    for kept in page.into_iter().filter_map(|pod| keep_pod(pod, app_label)) {
+        match kept {
+            KeptPod::Marked(pod) => marked.push(*pod),
+            KeptPod::Plain(pod) => plain.push(pod),
+        }
     }
 }
 
@@ -207,12 +193,7 @@ pub async fn read(
 ) -> Result<Cluster, FetchError> {
     let (mut pods, mut plain) = (Vec::new(), Vec::new());
     list_pods(client, |page| {
-        for kept in page.into_iter().filter_map(|pod| keep_pod(pod, app_label)) {
-            match kept {
-                KeptPod::Marked(pod) => pods.push(*pod),
-                KeptPod::Plain(pod) => plain.push(pod),
-            }
-        }
+        keep_pods(page, app_label, &mut pods, &mut plain)
     })
     .await?;
     let mut listed = pools
@@ -280,6 +261,13 @@ pub async fn read(
 mod tests {
     use super::*;
 
+    /// `pod` as the list read gives it.
+    fn listed(pod: &Pod) -> Pod {
+        serde_json::from_value::<ListedPod>(serde_json::to_value(pod).unwrap())
+            .unwrap()
+            .0
+    }
+
     #[test]
     fn a_slim_pod_keeps_what_the_comparison_reads() {
         let pod: Pod = serde_json::from_value(serde_json::json!({
@@ -299,7 +287,7 @@ mod tests {
                        "conditions": [{"type": "Ready", "status": "True"}]},
         }))
         .unwrap();
-        let slim = slim_pod(pod.clone(), "app");
+        let slim = slim_pod(listed(&pod), "app");
         assert_eq!(
             SlimPod::from_pod(&slim),
             SlimPod::from_pod(&pod),
@@ -346,9 +334,24 @@ mod tests {
             (listed.0, pod)
         };
         let (listed, pod) = read(&whole);
+        // everything the comparison reads of a pod, the same either way
+        let read_fields = |pod: &Pod| {
+            let meta = &pod.metadata;
+            (
+                SlimPod::from_pod(pod),
+                crate::cluster::pod_info(meta, "app"),
+                pod_lists(std::slice::from_ref(pod)),
+                (meta.generate_name.clone(), meta.owner_references.clone()),
+                (meta.labels.clone(), meta.annotations.clone()),
+                (
+                    meta.deletion_timestamp.clone(),
+                    meta.deletion_grace_period_seconds,
+                ),
+            )
+        };
         assert_eq!(
-            slim_pod(listed.clone(), "app"),
-            slim_pod(pod.clone(), "app")
+            read_fields(&slim_pod(listed.clone(), "app")),
+            read_fields(&slim_pod(pod.clone(), "app"))
         );
         assert!(matches!(keep_pod(listed, "app"), Some(KeptPod::Marked(_))));
         // a plain pod: the same compact record either way

@@ -668,18 +668,17 @@ mod tests {
         .unwrap()
     }
 
-    /// `pods` as `check --drift` keeps them: the marked ones cut down, the rest plain.
+    /// `pods` as `check --drift` keeps them: read as listed, the marked ones cut down, the
+    /// rest plain.
     fn kept(pods: &[Pod]) -> (Vec<Pod>, Vec<PlainPod>) {
         let (mut marked, mut plain) = (Vec::new(), Vec::new());
-        for kept in pods
-            .iter()
-            .filter_map(|p| fetch::keep_pod(p.clone(), "app"))
-        {
-            match kept {
-                fetch::KeptPod::Marked(pod) => marked.push(*pod),
-                fetch::KeptPod::Plain(pod) => plain.push(pod),
-            }
-        }
+        let listed = pods.iter().map(|pod| {
+            let value = serde_json::to_value(pod).unwrap();
+            serde_json::from_value::<crate::cluster::listed_pod::ListedPod>(value)
+                .unwrap()
+                .0
+        });
+        fetch::keep_pods(listed.collect(), "app", &mut marked, &mut plain);
         (marked, plain)
     }
 
