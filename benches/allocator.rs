@@ -58,6 +58,7 @@ async fn allocator_holding(held: u32) -> Allocator {
             token: Default::default(),
             release_at: None,
             sticky: false,
+            vm: None,
         };
         ledger
             .create(claim.clone().into())
@@ -89,6 +90,7 @@ fn allocation(c: &mut Criterion) {
                 token: "0123456789abcdef0123456789abcdef",
                 candidates: &set,
                 ordinal: None,
+                vm: None,
                 dry_run: true,
             };
             let chosen = runtime

@@ -31,6 +31,7 @@ fn claim(n: u32) -> Claim {
         token: Default::default(),
         release_at: None,
         sticky: false,
+        vm: None,
     }
 }
 

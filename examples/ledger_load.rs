@@ -44,6 +44,7 @@ fn claim(n: u32) -> Claim {
         token: format!("{n:032x}").into(),
         release_at: None,
         sticky: false,
+        vm: None,
     }
 }
 

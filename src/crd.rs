@@ -114,6 +114,10 @@ pub struct IPClaimSpec {
     /// app's SIZE (the newest claim's), and FREE and USED from it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub list_size: Option<u64>,
+    /// The KubeVirt VirtualMachine (in `namespace`) the claim belongs to: its launcher pods
+    /// hold the IP in turn, and it is released only once the VM is gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vm: Option<String>,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]

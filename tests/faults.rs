@@ -38,6 +38,7 @@ fn request<'a>(set: &'a IpSet, name: &str, uid: &'a str) -> AllocationRequest<'a
         token: uid,
         candidates: set,
         ordinal: None,
+        vm: None,
         dry_run: false,
     }
 }

@@ -186,6 +186,7 @@ async fn create_conflict_learns_the_holder_and_takes_the_next_ip() {
         token: "",
         candidates: &set,
         ordinal: None,
+        vm: None,
         dry_run: false,
     };
     let allocation = allocator.allocate(&request).await.unwrap();
@@ -348,6 +349,7 @@ fn pod_info(name: &str, uid: &str, ip: &str) -> PodInfo {
         stateful: false,
         app: "web".into(),
         token: None,
+        vm: None,
     }
 }
 
@@ -365,6 +367,7 @@ fn executor(client: &Client) -> Executor {
         ),
         metrics: Arc::new(ip_webhook::metrics::Metrics::new()),
         reported_duplicates: Default::default(),
+        vms: ip_webhook::cluster::virtual_machines::VmDirectory::new(client.clone(), false),
     }
 }
 

@@ -120,6 +120,7 @@ fn request<'a>(set: &'a IpSet, n: u8, uid: &'a str) -> AllocationRequest<'a> {
         token: uid,
         candidates: set,
         ordinal: None,
+        vm: None,
         dry_run: false,
     }
 }

@@ -93,7 +93,8 @@ pub struct Request<'a> {
     /// `CreateOptions`, `DeleteOptions`…, as raw JSON (read only for a Pod DELETE's grace).
     #[serde(borrow, default)]
     pub options: Option<RawJson<'a>>,
-    /// `userInfo`, as raw JSON (read only by the IPClaim guard, [`crate::webhook::claim_guard`]).
+    /// `userInfo`, as raw JSON (read by the IPClaim guard, [`crate::webhook::claim_guard`], and
+    /// to tell KubeVirt's launcher pods, [`crate::webhook::kubevirt`]).
     #[serde(borrow, default)]
     pub user_info: Option<RawJson<'a>>,
     /// `object.metadata` as the scan read it (the serde path leaves it `NotScanned`).
@@ -149,6 +150,16 @@ pub struct Incoming<'a> {
 }
 
 impl<'a> Incoming<'a> {
+    /// `request.userInfo.username`: who the API server says sent the request.
+    pub fn username(&self) -> Option<String> {
+        #[derive(Deserialize)]
+        struct UserInfo {
+            username: Option<String>,
+        }
+        let raw = self.request.user_info?;
+        serde_json::from_str::<UserInfo>(raw.get()).ok()?.username
+    }
+
     pub fn uid(&self) -> &str {
         &self.request.uid
     }

@@ -341,10 +341,10 @@ pub async fn launch(config: &ServeConfig) -> anyhow::Result<Launched> {
         .map(|a| a.watches.clone())
         .or(pod_api.clone());
     let pod_lookup: Option<Arc<dyn PodLookup>> = pods_client.map(|client| {
-        Arc::new(PodDirectory::new(
-            client,
-            config.webhook.settings.app_label.clone(),
-        )) as Arc<dyn PodLookup>
+        Arc::new(
+            PodDirectory::new(client, config.webhook.settings.app_label.clone())
+                .release_vms_on_stop(config.webhook.settings.kubevirt.release_on_stop),
+        ) as Arc<dyn PodLookup>
     });
     if let Some(lookup) = &pod_lookup {
         let _ = webhook.pods.set(lookup.clone());

@@ -377,6 +377,16 @@ pub struct WebhookArgs {
     /// own. In a pod, its service account (read from the mounted token) is trusted anyway.
     #[arg(long, value_name = "USERNAME")]
     pub trusted_username: Vec<String>,
+    /// A user whose pods are taken for KubeVirt launcher pods (repeatable; default: KubeVirt's
+    /// controller in its default install): a launcher pod's IP is its virtual machine's,
+    /// kept across restarts and shared by a live migration's target pod. `--kubevirt-controller
+    /// ''` takes no pod for a VM's.
+    #[arg(long, value_name = "USERNAME", default_values_t = [crate::webhook::kubevirt::DEFAULT_CONTROLLER.to_string()])]
+    pub kubevirt_controller: Vec<String>,
+    /// Free a virtual machine's IP once it is stopped (no VirtualMachineInstance), not only once
+    /// the VirtualMachine is deleted.
+    #[arg(long)]
+    pub kubevirt_release_on_stop: bool,
     /// Talk to the API server described by this kubeconfig (selects --ledger kubernetes unless
     /// --ledger is given; with etcd or embedded, pods are looked up there to free leaked IPs).
     #[arg(long, value_name = "FILE")]

@@ -474,7 +474,7 @@ async fn drift(args: CheckArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("reading the cluster from {server}"))?;
     for warning in &cluster.warnings {
-        eprintln!("warning: {warning}; their lists are left out");
+        eprintln!("warning: {warning}");
     }
     let drift = crate::ops::drift::compare(&crate::ops::drift::Inputs {
         claims: &claims,
@@ -485,6 +485,7 @@ async fn drift(args: CheckArgs) -> anyhow::Result<()> {
         app_label: &args.drift.app_label,
         now: crate::ledger::unix_now(),
         settle: crate::ops::drift::SETTLE_SECONDS,
+        vms: &cluster.vms,
     });
     let mut report = crate::ops::drift::Report {
         drift,

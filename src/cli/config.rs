@@ -104,6 +104,15 @@ impl WebhookArgs {
                 release_delay: self.release_delay,
                 max_release_grace: self.max_release_grace,
                 admission_deadline: self.admission_deadline,
+                kubevirt: crate::webhook::kubevirt::KubevirtSettings {
+                    controllers: self
+                        .kubevirt_controller
+                        .iter()
+                        .filter(|user| !user.is_empty())
+                        .cloned()
+                        .collect(),
+                    release_on_stop: self.kubevirt_release_on_stop,
+                },
                 ..settings(&self.app_label, self.cni)
             },
             pools_file: self.pools_file.clone(),

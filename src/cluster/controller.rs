@@ -10,6 +10,8 @@ pub enum ControllerKind {
     Job,
     DaemonSet,
     StatefulSet,
+    /// A KubeVirt launcher pod's: its VM's IP goes only with the VM.
+    VirtualMachineInstance,
     Other,
 }
 
@@ -22,6 +24,7 @@ impl ControllerKind {
             "Job" => ControllerKind::Job,
             "DaemonSet" => ControllerKind::DaemonSet,
             "StatefulSet" => ControllerKind::StatefulSet,
+            "VirtualMachineInstance" => ControllerKind::VirtualMachineInstance,
             _ => ControllerKind::Other,
         })
     }
@@ -58,6 +61,7 @@ mod tests {
             ("Job", true),
             ("DaemonSet", true),
             ("StatefulSet", false),
+            ("VirtualMachineInstance", false),
             ("Node", false),
         ] {
             let of = ControllerKind::of(Some(&owners(kind, true))).unwrap();

@@ -3,6 +3,7 @@
 
 use super::ClusterError;
 use super::reconcile::*;
+use super::virtual_machines::VmDirectory;
 use crate::crd::{IPClaim, IPPool, IPPoolStatus};
 use crate::ledger::kubernetes::{
     claim_name, delete_exact_object, is_status, status_now, to_resource,
@@ -27,6 +28,8 @@ pub struct Executor {
     pub metrics: Arc<Metrics>,
     /// Duplicates already reported (IP and the UIDs carrying it): one Event each.
     pub reported_duplicates: std::sync::Mutex<HashSet<(IpAddr, Vec<String>)>>,
+    /// Asked before a virtual machine's claim is dropped: it goes with the VM, not its pod.
+    pub vms: VmDirectory,
 }
 
 /// The live pod of the claim's name, when it is not the claim's pod but carries the claim's IP
@@ -114,6 +117,15 @@ impl Executor {
 
     async fn drop_claim(&self, claim: &IPClaim, reason: DropReason) -> Result<bool, ClusterError> {
         let name = name_of(claim);
+        let vm = claim.spec.vm.as_deref().filter(|vm| !vm.is_empty());
+        if let Some(vm) = vm {
+            // the caches said its launcher pod is gone: the VM may still be there (stopped,
+            // restarting, migrated away from that pod), and then it keeps its IP
+            let holds = self.vms.holds_ip(&claim.spec.namespace, vm).await;
+            if holds.map_err(ClusterError::VmLookup)? {
+                return Ok(false);
+            }
+        }
         if let Some(uid) = claim.spec.pod_uid.as_deref()
             && !claim.spec.pod_name.is_empty()
         {
@@ -144,6 +156,14 @@ impl Executor {
         } else {
             format!("{}/{}", claim.spec.namespace, claim.spec.pod_name)
         };
+        // who is gone: the VM for a VM's claim, else the pod (and its UID)
+        let holder = match vm {
+            Some(vm) => format!("vm {}/{vm}", claim.spec.namespace),
+            None => format!(
+                "pod {pod} (uid {})",
+                claim.spec.pod_uid.as_deref().unwrap_or("?")
+            ),
+        };
         tracing::info!(ip = %claim.spec.ip, %pod, reason = reason.event_reason(), "claim dropped");
         match reason {
             DropReason::PodGone => {
@@ -157,9 +177,8 @@ impl Executor {
         if reason.is_leak() {
             let note = match reason {
                 DropReason::PodGone => format!(
-                    "IP {} returned to the pool: pod {pod} (uid {}) is gone and its release was missed",
-                    claim.spec.ip,
-                    claim.spec.pod_uid.as_deref().unwrap_or("?")
+                    "IP {} returned to the pool: {holder} is gone and its release was missed",
+                    claim.spec.ip
                 ),
                 _ => format!(
                     "IP {} returned to the pool: reserved for {pod} at admission, but no such pod appeared",
@@ -382,5 +401,6 @@ fn adopted_claim(ip: IpAddr, pod: &PodInfo, reason: AdoptReason) -> Claim {
         token: pod.token.as_deref().unwrap_or("").into(),
         release_at: None,
         sticky: pod.stateful,
+        vm: pod.vm.as_deref().map(Into::into),
     }
 }

@@ -33,6 +33,7 @@ pub mod pods;
 pub mod reconcile;
 mod reconciler;
 pub mod sweep;
+pub mod virtual_machines;
 mod watches;
 
 pub use reconciler::{Reconciler, list_pages};
@@ -53,6 +54,9 @@ pub enum ClusterError {
         namespace: String,
         source: kube::Error,
     },
+    /// Whether a virtual machine still holds its IP could not be read.
+    #[error("{0}")]
+    VmLookup(String),
 }
 
 impl ClusterError {
@@ -357,6 +361,11 @@ fn reconciler(
             claims: Api::all(client.clone()),
             pools: Api::all(client.clone()),
             pods: Api::all(client.clone()),
+            vms: virtual_machines::VmDirectory::new(
+                client.clone(),
+                webhook.settings.kubevirt.release_on_stop,
+            )
+            .remembering(options.resync_period),
             recorder: Recorder::new(
                 client,
                 Reporter {
@@ -480,7 +489,8 @@ pub fn start_sweeper(
     let elector = lease::Elector::new(leases.clone(), options.lease.clone());
     let sweeper = sweep::Sweeper::new(
         webhook.allocator.clone(),
-        pods::PodDirectory::new(client, &options.app_label),
+        pods::PodDirectory::new(client, &options.app_label)
+            .release_vms_on_stop(webhook.settings.kubevirt.release_on_stop),
         options.rules,
         options.resync_period,
         webhook.metrics.clone(),
@@ -554,6 +564,7 @@ mod tests {
                 stateful: true,
                 app: "web".into(),
                 token: Some("0123456789abcdef0123456789abcdef".into()),
+                vm: None,
             }
         );
     }
@@ -585,6 +596,7 @@ mod tests {
             stateful: false,
             app: "web".into(),
             token: None,
+            vm: None,
         };
         let mut pods = Arc::new(HashMap::new());
         // a pod that carries none of our IPs: its events change nothing here

@@ -8,7 +8,8 @@
 //!   without a break, for longer than `--node-lost-grace` (0 turns this off);
 //! - its controller makes a replacement under a new name: ReplicaSet, Job or DaemonSet.
 //!   StatefulSet pods and bare pods keep their IP (a StatefulSet's replacement has the same name
-//!   and takes the claim over once the old pod object is gone).
+//!   and takes the claim over once the old pod object is gone), and so do KubeVirt launcher
+//!   pods (the IP is the VM's, freed only once the VM is gone).
 //!
 //! Each release is logged (WARN), counted (`ip_webhook_node_lost_releases_total`) and told as
 //! a Warning Event on the pod's owner. Nodes are watched slimmed to their `Ready` condition.
@@ -425,8 +426,12 @@ mod tests {
             ),
             None
         );
-        // StatefulSet and bare pods keep their IP
-        for controller in [Some(ControllerKind::StatefulSet), None] {
+        // StatefulSet pods, KubeVirt launcher pods and bare pods keep their IP
+        for controller in [
+            Some(ControllerKind::StatefulSet),
+            Some(ControllerKind::VirtualMachineInstance),
+            None,
+        ] {
             let kept = slim(controller, Some(T0));
             assert_eq!(
                 lost_since(&kept, &watched(&kept, &down, T0, T0 + 3600), T0 + 3600, 300),

@@ -17,19 +17,40 @@ use crate::ledger::claim::PodPresence;
 use crate::ledger::pod_lookup::{PodLookup, PodState};
 
 use super::reconcile::takes_up;
+use super::virtual_machines::VmDirectory;
 use super::{ClusterError, pod_info};
 
 /// Lists pods through the API server (the operator's kubeconfig, or the service account).
+/// A virtual machine's claim is held while the VM is ([`VmDirectory`]), not its pod.
 pub struct PodDirectory {
     client: Client,
     app_label: String,
+    vms: VmDirectory,
 }
 
 impl PodDirectory {
     pub fn new(client: Client, app_label: impl Into<String>) -> PodDirectory {
         PodDirectory {
+            vms: VmDirectory::new(client.clone(), false),
             client,
             app_label: app_label.into(),
+        }
+    }
+
+    /// Free a virtual machine's claim once the VM is stopped (`--kubevirt-release-on-stop`).
+    pub fn release_vms_on_stop(mut self, release_on_stop: bool) -> PodDirectory {
+        self.vms = VmDirectory::new(self.client.clone(), release_on_stop);
+        self
+    }
+
+    /// Whether the VM of a VM's claim still holds it, read now (not from the memo the
+    /// reconciler's drops use: a release is decided once, on what the API server says).
+    async fn vm_state(&self, claim: &Claim, vm: &str) -> PodState {
+        let state = self.vms.state(&claim.pod.namespace, vm).await;
+        match self.vms.verdict(state) {
+            Ok(true) => PodState::Live,
+            Ok(false) => PodState::Gone,
+            Err(why) => PodState::Unknown(why),
         }
     }
 
@@ -180,6 +201,9 @@ fn node_of(pod: &Pod) -> Option<String> {
 #[async_trait]
 impl PodLookup for PodDirectory {
     async fn state(&self, claim: &Claim) -> PodState {
+        if let Some(vm) = &claim.vm {
+            return self.vm_state(claim, vm).await;
+        }
         match self.list_metadata(&claim.pod.namespace).await {
             Ok(pods) if self.holder(&pods, claim).is_some() => PodState::Live,
             Ok(_) => PodState::Gone,
@@ -188,7 +212,7 @@ impl PodLookup for PodDirectory {
     }
 
     async fn presence(&self, claim: &Claim) -> PodPresence {
-        if claim.pod.name.is_empty() {
+        if claim.pod.name.is_empty() || claim.vm.is_some() {
             return self.state(claim).await.into();
         }
         match self
@@ -271,6 +295,7 @@ mod tests {
             token: Default::default(),
             release_at: None,
             sticky: false,
+            vm: None,
         }
     }
 

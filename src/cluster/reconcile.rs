@@ -31,6 +31,8 @@ pub struct PodInfo {
     pub app: String,
     /// The claim token it carries (`ip-webhook.io/claim`), if any.
     pub token: Option<String>,
+    /// The KubeVirt VM it is a launcher pod of ([`crate::webhook::kubevirt::launcher_vm`]).
+    pub vm: Option<String>,
 }
 
 impl PodInfo {
@@ -46,6 +48,7 @@ impl PodInfo {
             stateful: pod.controller == Some(super::controller::ControllerKind::StatefulSet),
             app: pod.app.to_string(),
             token: None,
+            vm: None,
         }
     }
 
@@ -171,6 +174,7 @@ pub fn plan_list_adoptions(
                 stateful: known.is_some_and(|k| k.stateful),
                 app: slim.app.to_string(),
                 token: known.and_then(|k| k.token.clone()),
+                vm: known.and_then(|k| k.vm.clone()),
             }
         })
         .filter(|pod| !pod.terminating && pod.token.is_none())
@@ -211,6 +215,16 @@ pub struct Plan {
     pub duplicates: Vec<Duplicate>,
 }
 
+/// Whether `carriers` of one IP are more than one holder: the launcher pods of one virtual
+/// machine (a live migration's source and target) are one.
+fn more_than_one_holder(carriers: &[&PodInfo]) -> bool {
+    let Some((first, rest)) = carriers.split_first() else {
+        return false;
+    };
+    rest.iter()
+        .any(|pod| pod.vm.is_none() || pod.vm != first.vm || pod.namespace != first.namespace)
+}
+
 /// Every IP that two or more live (not terminating) pods carry, by IP.
 pub fn duplicates(pods: &HashMap<String, PodInfo>) -> Vec<Duplicate> {
     let mut by_ip: HashMap<IpAddr, Vec<&PodInfo>> = HashMap::new();
@@ -221,7 +235,7 @@ pub fn duplicates(pods: &HashMap<String, PodInfo>) -> Vec<Duplicate> {
     }
     let mut out: Vec<Duplicate> = by_ip
         .into_iter()
-        .filter(|(_, carriers)| carriers.len() > 1)
+        .filter(|(_, carriers)| more_than_one_holder(carriers))
         .map(|(ip, mut carriers)| {
             carriers.sort_by_key(|pod| (pod.created_at, pod.uid.clone()));
             Duplicate {
@@ -480,6 +494,12 @@ fn plan_for_pod(
             claim: resource,
             reason: DropReason::ReleaseDone,
         }),
+        // A virtual machine's claim outlives its launcher pods: the executor drops it only
+        // once the VM is gone, and that is its ordinary release, not a leak.
+        None if resource.spec.vm.is_some() => plan.actions.push(Action::Drop {
+            claim: resource,
+            reason: DropReason::ReleaseDone,
+        }),
         None => plan.actions.push(Action::Drop {
             claim: resource,
             reason: DropReason::PodGone,
@@ -598,6 +618,7 @@ mod tests {
             token: TOKEN.into(),
             release_at: None,
             sticky: false,
+            vm: None,
         });
         resource.metadata.creation_timestamp =
             Some(Time(Timestamp::from_second(at as i64).unwrap()));
@@ -640,6 +661,7 @@ mod tests {
             stateful: false,
             app: "web".into(),
             token: None,
+            vm: None,
         }
     }
 
@@ -685,6 +707,32 @@ mod tests {
                 }
             })
             .collect()
+    }
+
+    #[test]
+    fn the_launcher_pods_of_one_vm_on_one_ip_are_no_duplicate() {
+        let launcher = |name: &str, uid: &str, vm: &str| PodInfo {
+            vm: Some(vm.into()),
+            ..pod("default", name, uid, "10.0.0.5", 10)
+        };
+        let migration: HashMap<String, PodInfo> = [
+            launcher("virt-launcher-db-a", "u1", "db"),
+            launcher("virt-launcher-db-b", "u2", "db"),
+        ]
+        .into_iter()
+        .map(|p| (p.uid.clone(), p))
+        .collect();
+        assert!(duplicates(&migration).is_empty());
+        // two VMs, or a VM's pod and another pod, on one IP are
+        for other in [
+            launcher("virt-launcher-cache-a", "u3", "cache"),
+            pod("default", "web-x", "u3", "10.0.0.5", 11),
+        ] {
+            let mut pods = migration.clone();
+            pods.insert(other.uid.clone(), other);
+            assert_eq!(duplicates(&pods).len(), 1);
+            assert_eq!(duplicates(&pods)[0].pods.len(), 3);
+        }
     }
 
     #[test]
@@ -1107,6 +1155,7 @@ mod list_adoption_tests {
             stateful: false,
             app: "web".into(),
             token: None,
+            vm: None,
         };
         let cache = |p: &PodInfo| HashMap::from([(p.uid.clone(), p.clone())]);
         assert!(adoptions(&[], &cache(&known), std::slice::from_ref(&own)).is_empty());
@@ -1163,6 +1212,7 @@ mod list_adoption_tests {
             stateful: false,
             app: "web".into(),
             token: None,
+            vm: None,
         };
         let cache = HashMap::from([(squat.uid.clone(), squat.clone())]);
         let mut plan = plan(&[], &cache, &Sightings::default(), T0 + 1, RULES);

@@ -16,6 +16,7 @@ use crate::ledger::claim::is_token;
 use crate::ledger::kubernetes::from_resource;
 use crate::ledger::{ObservedChange, unix_now};
 use crate::webhook::Webhook;
+use crate::webhook::kubevirt::launcher_vm_of_object;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -62,6 +63,7 @@ pub fn pod_info(meta: &ObjectMeta, app_label: &str) -> Option<PodInfo> {
             .and_then(|a| a.get(CLAIM_TOKEN))
             .filter(|t| is_token(t))
             .cloned(),
+        vm: launcher_vm_of_object(meta).map(str::to_string),
     })
 }
 

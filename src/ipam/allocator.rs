@@ -631,6 +631,7 @@ mod tests {
             token: uid,
             candidates: set,
             ordinal: None,
+            vm: None,
             dry_run: false,
         }
     }
@@ -663,6 +664,7 @@ mod tests {
             token: Default::default(),
             release_at: None,
             sticky: false,
+            vm: None,
         }
     }
 
@@ -907,6 +909,51 @@ mod tests {
         assert_eq!(first.ips, again.ips);
         assert_eq!(again.reasons, vec![Reason::SameRequest]);
         assert_eq!(alloc.claims().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_vms_launcher_pods_take_its_ip_in_turn_and_others_never_do() {
+        let alloc = allocator().await;
+        let set = parse_ip_spec("10.0.0.10-10.0.0.14").unwrap();
+        let launcher = |token: &'static str| AllocationRequest {
+            vm: Some("db"),
+            ..request(&set, pod(""), token)
+        };
+        let first = alloc.allocate(&launcher("t1")).await.unwrap();
+        let bound = PodIdentity {
+            uid: Some("u1"),
+            ..identity("virt-launcher-db-aaaaa", "t1")
+        };
+        assert_eq!(
+            alloc.bind(&bound, &first.ips, false).await.unwrap().len(),
+            1
+        );
+        // an ordinary pod of the app gets another IP
+        let plain = alloc
+            .allocate(&request(&set, pod(""), "t-plain"))
+            .await
+            .unwrap();
+        assert_ne!(plain.ips, first.ips);
+        // a migration target while the source's claim is Bound, then a restart after the
+        // target's DELETE: each launcher pod gets the VM's IP, its previous one
+        for token in ["t2", "t3"] {
+            let next = alloc.allocate(&launcher(token)).await.unwrap();
+            assert_eq!(next.ips, first.ips, "{token}");
+            assert_eq!(next.reasons, vec![Reason::PreviousHolder]);
+            let holder = alloc.holder(&first.ips[0]).unwrap();
+            assert_eq!(holder.token.as_str(), token);
+            assert_eq!(holder.holder(), "vm default/db");
+        }
+        // the source's DELETE names a grant the claim no longer is: nothing changes
+        let gone = alloc.terminate(&bound, &first.ips, 0).await.unwrap();
+        assert!(gone.is_empty(), "{gone:?}");
+        assert_eq!(alloc.holder(&first.ips[0]).unwrap().phase, Phase::Reserved);
+        // another VM's launcher pod does not get it
+        let other_vm = AllocationRequest {
+            vm: Some("cache"),
+            ..request(&set, pod(""), "t-cache")
+        };
+        assert_ne!(alloc.allocate(&other_vm).await.unwrap().ips, first.ips);
     }
 
     #[tokio::test]

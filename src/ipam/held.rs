@@ -122,10 +122,6 @@ impl LocalRelease {
     }
 }
 
-/// Whether a pod of this name can come back under the same name: a fixed name (a StatefulSet's
-/// `db-0`, a bare pod created again) can; a name the API server made from `generateName` (a
-/// Deployment's or a Job's pods: the prefix, cut to 58 characters, and five random ones) never
-/// does, and keeping it would grow the name history with every pod such an app ever ran.
 /// The keys [`State::by_pod`] files a claim under: its pod's UID and its token (non-empty).
 fn pod_keys(claim: &Claim) -> impl Iterator<Item = &str> {
     [claim.pod.uid.as_deref().unwrap_or(""), claim.token.as_str()]
@@ -133,6 +129,20 @@ fn pod_keys(claim: &Claim) -> impl Iterator<Item = &str> {
         .filter(|key| !key.is_empty())
 }
 
+/// The name the history remembers a claim's IPs under, if its holder can come back: a
+/// virtual machine's name (as `vm/NAME`, which no pod name can be), or a pod name that
+/// recurs ([`name_recurs`]).
+fn recurring_name(pod: &PodRef, vm: Option<&str>) -> Option<Text> {
+    match vm {
+        Some(vm) => Some(format!("vm/{vm}").into()),
+        None => name_recurs(pod).then(|| pod.name.clone()),
+    }
+}
+
+/// Whether a pod of this name can come back under the same name: a fixed name (a StatefulSet's
+/// `db-0`, a bare pod created again) can; a name the API server made from `generateName` (a
+/// Deployment's or a Job's pods: the prefix, cut to 58 characters, and five random ones) never
+/// does, and keeping it would grow the name history with every pod such an app ever ran.
 fn name_recurs(pod: &PodRef) -> bool {
     if pod.name.is_empty() {
         return false;
@@ -418,14 +428,10 @@ impl State {
     }
 
     pub(super) fn remember(&mut self, claim: &Claim) {
-        if !name_recurs(&claim.pod) {
+        let Some(name) = recurring_name(&claim.pod, claim.vm.as_deref()) else {
             return;
-        }
-        let key = (
-            claim.pod.namespace.clone(),
-            claim.app.clone(),
-            claim.pod.name.clone(),
-        );
+        };
+        let key = (claim.pod.namespace.clone(), claim.app.clone(), name);
         let ips = self.history.entry(key).or_default();
         ips.retain(|ip| Family::of(ip) != Family::of(&claim.ip));
         ips.push(claim.ip);
@@ -433,9 +439,9 @@ impl State {
 
     /// A record the same pod name of the same app may take over ([`claim::may_take_over`]):
     /// a reservation whose pod was never created, a terminating pod's claim, or a released
-    /// one kept for the name.
+    /// one kept for the name; for a virtual machine's launcher pod, its VM's claim.
     pub(super) fn kept_for(&self, ip: &IpAddr, request: &AllocationRequest<'_>) -> bool {
-        !request.pod.name.is_empty()
+        (request.vm.is_some() || !request.pod.name.is_empty())
             && self.claims.get(ip).is_some_and(|held| {
                 may_take_over(held, &new_claim(*ip, request, Source::Allocated))
             })
@@ -476,11 +482,15 @@ impl State {
         {
             return Some((ip, Reason::StatefulSetOrdinal));
         }
-        if !request.pod.name.is_empty() {
+        let returning = match request.vm {
+            Some(_) => recurring_name(&request.pod, request.vm),
+            None => (!request.pod.name.is_empty()).then(|| request.pod.name.clone()),
+        };
+        if let Some(name) = returning {
             let key = (
                 request.pod.namespace.clone(),
                 Shared::from(request.app),
-                request.pod.name.clone(),
+                name,
             );
             if let Some(ip) = self
                 .history
@@ -532,7 +542,7 @@ impl State {
                 break;
             }
             if let Some(claim) = self.claims.get(&ip) {
-                holders.push(format!("{ip} by {}", claim.pod.display()));
+                holders.push(format!("{ip} by {}", claim.holder()));
                 named += 1;
             } else if let Some(user) = self.used_elsewhere(&ip, &request.pod, foreign) {
                 holders.push(format!("{ip} by {} outside ip-webhook", user.describe()));
@@ -576,6 +586,7 @@ mod tests {
             token: Default::default(),
             release_at: None,
             sticky: false,
+            vm: None,
         }
     }
 

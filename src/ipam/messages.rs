@@ -61,7 +61,7 @@ pub fn conflict_message(ip: &IpAddr, requester: &PodRef, holder: &Claim) -> Stri
     format!(
         "static IP {ip} requested by {} is already held by {}{app}",
         requester.display(),
-        holder.pod.display()
+        holder.holder()
     )
 }
 

@@ -23,6 +23,9 @@ pub struct AllocationRequest<'a> {
     pub candidates: &'a IpSet,
     /// Ordinal of a StatefulSet pod (`web-3` → 3): prefers entry N of the list.
     pub ordinal: Option<u64>,
+    /// The KubeVirt VM whose launcher pod this is: the claim is the VM's
+    /// ([`crate::ledger::Claim::vm`]).
+    pub vm: Option<&'a str>,
     pub dry_run: bool,
 }
 
@@ -66,5 +69,6 @@ pub(super) fn new_claim(ip: IpAddr, request: &AllocationRequest<'_>, source: Sou
         token: request.token.into(),
         release_at: None,
         sticky: false,
+        vm: request.vm.map(Shared::from),
     }
 }

@@ -152,7 +152,7 @@ pub fn rfc3339(unix_seconds: u64) -> String {
 fn holder(claim: &Claim) -> Holder {
     Holder {
         ip: claim.ip,
-        pod: claim.pod.display(),
+        pod: claim.holder(),
         node: None,
         app: claim.app_key(),
         pool: claim.pool.as_deref().map(String::from),

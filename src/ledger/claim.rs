@@ -74,6 +74,9 @@ pub fn same_grant(record: &Claim, given: &Claim) -> bool {
 /// admitted, or a released record. The API server allows one pod per name, so the new pod is
 /// the only one that can carry it from now on.
 pub fn may_take_over(existing: &Claim, new: &Claim) -> bool {
+    if new.vm.is_some() || existing.vm.is_some() {
+        return same_virtual_machine(existing, new);
+    }
     !new.pod.name.is_empty()
         && existing.pod.namespace == new.pod.namespace
         && existing.pod.name == new.pod.name
@@ -82,6 +85,20 @@ pub fn may_take_over(existing: &Claim, new: &Claim) -> bool {
             existing.phase,
             Phase::Reserved | Phase::Terminating | Phase::Released
         )
+}
+
+/// Whether `new`, an admission of a virtual machine's launcher pod, may take over `existing`:
+/// a claim of the same VM (namespace and name) and app, in any phase. KubeVirt runs one
+/// VirtualMachineInstance per VM and one launcher pod per VMI, but for a live migration's
+/// target pod, which must come up on the IP the source pod still runs on: the claim moves to
+/// the newest launcher pod, and the source's DELETE, whose token and UID it no longer names,
+/// frees nothing. Only pods the KubeVirt controller creates are taken for launcher pods
+/// (`crate::webhook::kubevirt`).
+pub fn same_virtual_machine(existing: &Claim, new: &Claim) -> bool {
+    new.vm.is_some()
+        && existing.vm == new.vm
+        && existing.pod.namespace == new.pod.namespace
+        && existing.app == new.app
 }
 
 /// What a ledger does with `create(new)` given the record it holds on that IP.
@@ -257,6 +274,7 @@ mod tests {
             token: token.into(),
             release_at: None,
             sticky: false,
+            vm: None,
         }
     }
 
@@ -354,6 +372,48 @@ mod tests {
         let mut other_app = claim("db-0", None, "t1", Phase::Reserved);
         other_app.app = "cache".into();
         assert_eq!(create_rule(Some(&other_app), &db0), CreateRule::Held);
+    }
+
+    #[test]
+    fn a_virtual_machines_launcher_pods_take_its_claim_over_in_any_phase() {
+        let vm = |name: &str, token: &str, phase: Phase| Claim {
+            vm: Some(name.into()),
+            ..claim("", Some("u-source"), token, phase)
+        };
+        let mut target = vm("db", "t-target", Phase::Reserved);
+        target.request_uid = "req-target".into();
+        target.pod.uid = None;
+        // a restart (Terminating, Released) and a migration (Bound: the source still runs)
+        for phase in [
+            Phase::Reserved,
+            Phase::Bound,
+            Phase::Terminating,
+            Phase::Released,
+        ] {
+            let source = vm("db", "t-source", phase);
+            assert_eq!(
+                create_rule(Some(&source), &target),
+                CreateRule::Write,
+                "{phase:?}"
+            );
+        }
+        // another VM, another app, another namespace, a pod that is no launcher: held
+        let other_vm = vm("cache", "t1", Phase::Bound);
+        assert_eq!(create_rule(Some(&other_vm), &target), CreateRule::Held);
+        let mut other_app = vm("db", "t1", Phase::Bound);
+        other_app.app = "cache".into();
+        assert_eq!(create_rule(Some(&other_app), &target), CreateRule::Held);
+        let mut elsewhere = vm("db", "t1", Phase::Bound);
+        elsewhere.pod.namespace = "prod".into();
+        assert_eq!(create_rule(Some(&elsewhere), &target), CreateRule::Held);
+        let plain_pod = claim("", Some("u1"), "t1", Phase::Bound);
+        assert_eq!(create_rule(Some(&plain_pod), &target), CreateRule::Held);
+        let mut plain_new = claim("", None, "t9", Phase::Reserved);
+        plain_new.request_uid = "req-9".into();
+        assert_eq!(
+            create_rule(Some(&vm("db", "t1", Phase::Terminating)), &plain_new),
+            CreateRule::Held
+        );
     }
 
     #[test]

@@ -120,6 +120,7 @@ pub fn to_resource(claim: &Claim) -> IPClaim {
             sticky: claim.sticky,
             token: claim.token.as_str().into(),
             list_size: claim.list_size,
+            vm: claim.vm.as_deref().map(Into::into),
         },
     );
     resource.metadata = ObjectMeta {
@@ -257,6 +258,11 @@ pub fn from_resource(resource: &IPClaim) -> Result<Claim, LedgerError> {
         token: spec.token.as_str().into(),
         release_at: status.release_at.as_deref().and_then(unix_seconds),
         sticky: spec.sticky,
+        vm: spec
+            .vm
+            .as_deref()
+            .filter(|vm| !vm.is_empty())
+            .map(Into::into),
     })
 }
 
@@ -570,6 +576,7 @@ mod tests {
             token: Default::default(),
             release_at: None,
             sticky: false,
+            vm: None,
         };
         let mut resource = to_resource(&claim);
         assert_eq!(
@@ -608,6 +615,7 @@ mod tests {
             token: Default::default(),
             release_at: None,
             sticky: false,
+            vm: None,
         });
         resource.spec.ip = "10.0.0.6".into();
         let error = from_resource(&resource).unwrap_err().to_string();

@@ -140,6 +140,12 @@ pub struct Claim {
     /// Kept for the same pod name after its pod went (a StatefulSet pod, in-cluster).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub sticky: bool,
+    /// The KubeVirt virtual machine (in the pod's namespace) whose launcher pods hold the IP:
+    /// the claim is the VM's, not one pod's. A restarted VM's new launcher pod takes it over,
+    /// a migration's target pod shares it with the source, and it is released only once the
+    /// VM is verified gone (`crate::webhook::kubevirt`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vm: Option<Shared>,
 }
 
 impl Claim {
@@ -156,6 +162,23 @@ impl Claim {
     /// `namespace/app`.
     pub fn app_key(&self) -> String {
         format!("{}/{}", self.pod.namespace, self.app)
+    }
+
+    /// Who holds the IP, as status, explain and refusals name it: `vm namespace/name` for a
+    /// virtual machine's claim, the pod (`namespace/name`) otherwise.
+    pub fn holder(&self) -> String {
+        match &self.vm {
+            Some(vm) => format!("vm {}/{vm}", self.pod.namespace),
+            None => self.pod.display(),
+        }
+    }
+
+    /// [`Claim::holder`] with what it is: `pod namespace/name` or `vm namespace/name`.
+    pub fn named_holder(&self) -> String {
+        match &self.vm {
+            Some(_) => self.holder(),
+            None => format!("pod {}", self.pod.display()),
+        }
     }
 }
 
@@ -204,6 +227,7 @@ pub fn unreadable_holder(ip: IpAddr, record: &str) -> Claim {
         token: Text::default(),
         release_at: None,
         sticky: false,
+        vm: None,
     }
 }
 

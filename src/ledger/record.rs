@@ -99,8 +99,8 @@ pub enum RecordError {
     Presence { field: &'static str, value: u8 },
     #[error("unknown {field} {value}")]
     Unknown { field: &'static str, value: u8 },
-    #[error("sticky is {0}, not 0 or 1")]
-    Sticky(u8),
+    #[error("the flags byte is {0}: unknown flags")]
+    Flags(u8),
     #[error("{0} bytes after the claim")]
     Trailing(usize),
     #[error(transparent)]
@@ -250,8 +250,20 @@ fn encode_claim(buf: &mut Vec<u8>, claim: &Claim) {
     put_opt(buf, claim.list_size, put_u64);
     put_str(buf, &claim.token);
     put_opt(buf, claim.release_at, put_u64);
-    buf.push(u8::from(claim.sticky));
+    // The last byte holds flags: `sticky`, and fields added since, each followed by its value
+    // when set. A claim without them is the byte (0 or 1) an older release wrote and reads.
+    let sticky = if claim.sticky { FLAG_STICKY } else { 0 };
+    let flags = sticky | if claim.vm.is_some() { FLAG_VM } else { 0 };
+    buf.push(flags);
+    if let Some(vm) = &claim.vm {
+        put_str(buf, vm);
+    }
 }
+
+/// In the flags byte: the claim is kept for its pod name.
+const FLAG_STICKY: u8 = 1;
+/// In the flags byte: the claim's virtual machine follows.
+const FLAG_VM: u8 = 2;
 
 fn decode_claim(payload: &[u8]) -> Result<Claim, RecordError> {
     let mut r = Reader(payload);
@@ -265,7 +277,7 @@ fn decode_claim(payload: &[u8]) -> Result<Claim, RecordError> {
             });
         }
     };
-    let claim = Claim {
+    let mut claim = Claim {
         ip,
         app: r.string("app")?,
         pool: r.optional("pool", |r| r.string("pool"))?,
@@ -303,12 +315,17 @@ fn decode_claim(payload: &[u8]) -> Result<Claim, RecordError> {
         list_size: r.optional("listSize", |r| r.u64("listSize"))?,
         token: r.string("token")?,
         release_at: r.optional("releaseAt", |r| r.u64("releaseAt"))?,
-        sticky: match r.byte("sticky")? {
-            0 => false,
-            1 => true,
-            other => return Err(RecordError::Sticky(other)),
-        },
+        sticky: false,
+        vm: None,
     };
+    let flags = r.byte("flags")?;
+    if flags & !(FLAG_STICKY | FLAG_VM) != 0 {
+        return Err(RecordError::Flags(flags));
+    }
+    claim.sticky = flags & FLAG_STICKY != 0;
+    if flags & FLAG_VM != 0 {
+        claim.vm = Some(r.string("vm")?);
+    }
     if !r.0.is_empty() {
         return Err(RecordError::Trailing(r.0.len()));
     }
@@ -456,6 +473,7 @@ mod tests {
             token: "tok-1234567890abcdef".into(),
             release_at: Some(0),
             sticky: true,
+            vm: Some("db".into()),
         }
     }
 
@@ -477,6 +495,7 @@ mod tests {
             token: Default::default(),
             release_at: None,
             sticky: false,
+            vm: None,
         }
     }
 
@@ -502,6 +521,20 @@ mod tests {
     }
 
     #[test]
+    fn a_claim_without_a_vm_is_written_as_before_the_vm_existed() {
+        let plain = binary(&bare());
+        // the last byte is `sticky`: nothing follows it
+        assert_eq!(plain.last(), Some(&0));
+        let with_vm = binary(&Claim {
+            vm: Some("db".into()),
+            ..bare()
+        });
+        assert_eq!(&with_vm[..plain.len() - 1], &plain[..plain.len() - 1]);
+        assert_eq!(&with_vm[plain.len() - 1..], &[FLAG_VM, 2, b'd', b'b']);
+        assert_eq!(decode_claim(&with_vm).unwrap().vm.as_deref(), Some("db"));
+    }
+
+    #[test]
     fn the_binary_payload_is_at_most_half_the_json_one() {
         for claim in [full(), bare()] {
             let json = serde_json::to_vec(&claim).unwrap().len();
@@ -522,6 +555,12 @@ mod tests {
         assert_eq!(
             decode_claim(&longer).unwrap_err().to_string(),
             "1 bytes after the claim"
+        );
+        let mut flags = binary(&bare());
+        *flags.last_mut().unwrap() = 4;
+        assert_eq!(
+            decode_claim(&flags).unwrap_err().to_string(),
+            "the flags byte is 4: unknown flags"
         );
         let mut family = good.clone();
         family[0] = 5;

@@ -233,6 +233,7 @@ mod tests {
             token: token.into(),
             release_at: None,
             sticky: false,
+            vm: None,
         }
     }
 

@@ -676,6 +676,7 @@ mod tests {
                 token: Default::default(),
                 release_at: None,
                 sticky: false,
+                vm: None,
             };
             ledger.create(claim.clone().into()).await.unwrap();
         }

@@ -337,7 +337,7 @@ fn existing_outcome(replica: u64, claims: &[Claim]) -> ReplicaOutcome {
     };
     ReplicaOutcome {
         replica,
-        pod: claims[0].pod.display(),
+        pod: claims[0].holder(),
         allowed: true,
         ips: claims.iter().map(|c| c.ip).collect(),
         why: claims.iter().map(since).collect(),

@@ -114,9 +114,9 @@ impl Outcome {
                 format!(" of app {}", c.app_key())
             };
             format!(
-                "{ip} ({:?}, held by pod {}{app} since {})",
+                "{ip} ({:?}, held by {}{app} since {})",
                 c.phase,
-                c.pod.display(),
+                c.named_holder(),
                 crate::ipam::usage::rfc3339(c.created_at)
             )
         };
@@ -128,18 +128,18 @@ impl Outcome {
             ),
             Outcome::NotHeld => format!("nothing to release: no claim holds {ip}"),
             Outcome::PodLive(claim) => format!(
-                "refused: pod {} still exists and holds {}; delete the pod instead, or pass --force to free the IP under it (it could then be given twice)",
-                claim.pod.display(),
+                "refused: {} still exists and holds {}; delete the pod instead, or pass --force to free the IP under it (it could then be given twice)",
+                claim.named_holder(),
                 about(claim)
             ),
             Outcome::Unchecked { claim, why } => format!(
-                "refused: cannot tell whether pod {} still runs ({why}); if you know it is gone, rerun with --force to release {}",
-                claim.pod.display(),
+                "refused: cannot tell whether {} still runs ({why}); if you know it is gone, rerun with --force to release {}",
+                claim.named_holder(),
                 about(claim)
             ),
             Outcome::OtherNamespace { claim, namespace } => format!(
-                "not released: {ip} is claimed for pod {}, not in namespace {namespace}",
-                claim.pod.display()
+                "not released: {ip} is claimed for {}, not in namespace {namespace}",
+                claim.named_holder()
             ),
             Outcome::OtherPod { claim, pod } => format!(
                 "not released: {} is no longer the claim of pod {pod} the report found",
@@ -276,6 +276,7 @@ pub(crate) mod tests {
             token: Default::default(),
             release_at: None,
             sticky: false,
+            vm: None,
         }
     }
 

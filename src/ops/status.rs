@@ -273,6 +273,7 @@ mod tests {
             token: Default::default(),
             release_at: None,
             sticky: false,
+            vm: None,
         }
     }
 
@@ -316,6 +317,7 @@ mod tests {
             stateful: false,
             app: app.into(),
             token: None,
+            vm: None,
         };
         let found = Duplicate {
             ip: "10.97.40.1".parse().unwrap(),

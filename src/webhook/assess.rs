@@ -298,9 +298,9 @@ fn check_ovn_ip_pool(webhook: &Webhook, view: &PodView<'_>) -> Result<(), Denial
             && holder.app_key() != app_key
         {
             return Err(Denial::Conflict(format!(
-                "pod {}: annotation {OVN_IP_POOL} lists {ip}, which pod {} of app {} holds",
+                "pod {}: annotation {OVN_IP_POOL} lists {ip}, which {} of app {} holds",
                 view.display(),
-                holder.pod.display(),
+                holder.named_holder(),
                 holder.app_key()
             )));
         }

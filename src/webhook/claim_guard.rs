@@ -152,15 +152,6 @@ pub fn handles(incoming: &Incoming<'_>) -> bool {
     kind.group == crd::GROUP && kind.kind == "IPClaim"
 }
 
-fn username(incoming: &Incoming<'_>) -> Option<String> {
-    #[derive(Deserialize)]
-    struct UserInfo {
-        username: Option<String>,
-    }
-    let raw = incoming.request.user_info?;
-    serde_json::from_str::<UserInfo>(raw.get()).ok()?.username
-}
-
 fn forced(claim: &IPClaim) -> bool {
     claim
         .metadata
@@ -273,7 +264,10 @@ pub fn review(guard: &ClaimGuard, incoming: &Incoming<'_>) -> Response {
     if !matches!(request.operation, Operation::Update | Operation::Delete) {
         return response;
     }
-    if username(incoming).is_some_and(|user| guard.is_trusted(&user)) {
+    if incoming
+        .username()
+        .is_some_and(|user| guard.is_trusted(&user))
+    {
         return response;
     }
     let old = match claim_in(incoming, true) {

@@ -7,6 +7,7 @@ pub mod claim_guard;
 pub mod cni_pools;
 pub mod dispatch;
 pub mod events;
+pub mod kubevirt;
 pub mod mutate;
 pub mod release_timer;
 pub mod validate;
@@ -51,6 +52,8 @@ pub struct Settings {
     /// (`--admission-deadline`): below the webhook's `timeoutSeconds`, so a slow ledger gets
     /// a clear denial before the API server gives up.
     pub admission_deadline: std::time::Duration,
+    /// Which pods are KubeVirt launcher pods, and when a VM's IP is freed.
+    pub kubevirt: kubevirt::KubevirtSettings,
 }
 
 impl Default for Settings {
@@ -63,6 +66,7 @@ impl Default for Settings {
             release_delay: std::time::Duration::from_secs(5),
             max_release_grace: std::time::Duration::from_secs(24 * 3600),
             admission_deadline: std::time::Duration::from_secs(4),
+            kubevirt: kubevirt::KubevirtSettings::default(),
         }
     }
 }
@@ -320,6 +324,8 @@ pub struct PodView<'m> {
     pub meta: &'m Meta,
     pub namespace: String,
     pub app: Option<&'m str>,
+    /// The KubeVirt VM this is a launcher pod of ([`kubevirt::admitted_vm`]).
+    pub vm: Option<&'m str>,
 }
 
 impl<'m> PodView<'m> {
@@ -333,6 +339,7 @@ impl<'m> PodView<'m> {
             meta,
             namespace,
             app: meta.label(&settings.app_label).filter(|a| !a.is_empty()),
+            vm: kubevirt::admitted_vm(meta, incoming, &settings.kubevirt),
         }
     }
 

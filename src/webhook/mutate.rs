@@ -168,6 +168,7 @@ pub async fn decide_create(
         token: &token,
         candidates: &chosen.set,
         ordinal: ask.view.statefulset_ordinal(),
+        vm: ask.view.vm,
         dry_run: incoming.dry_run(),
     };
     let result = if ask.carried.is_empty() {

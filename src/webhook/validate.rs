@@ -56,7 +56,7 @@ fn holders_text(claims: &[Claim]) -> String {
     let named: Vec<String> = claims
         .iter()
         .take(POOL_HOLDERS_NAMED)
-        .map(|c| format!("{} by {}", c.ip, c.pod.display()))
+        .map(|c| format!("{} by {}", c.ip, c.holder()))
         .collect();
     holder_list(&named, claims.len() as u128)
 }
@@ -348,6 +348,7 @@ async fn record_static(
         token: &token,
         candidates: &chosen.set,
         ordinal: None,
+        vm: ask.view.vm,
         dry_run: false,
     };
     if let Err(error) = webhook.allocator.claim_static(unrecorded, &request).await {

@@ -592,9 +592,9 @@ fn list_refusal(webhook: &Webhook, listed: &Listed<'_>, template: &Meta) -> Opti
     }
     held_by_other_app(webhook, set, app_key).map(|claim| {
         format!(
-            "{id}: {path}.annotations[{key}] lists {}, which pod {} of app {} holds",
+            "{id}: {path}.annotations[{key}] lists {}, which {} of app {} holds",
             claim.ip,
-            claim.pod.display(),
+            claim.named_holder(),
             claim.app_key()
         )
     })

@@ -21,6 +21,7 @@ pub fn claim(ip: &str, app: &str, pod: &str) -> Claim {
         token: Default::default(),
         release_at: None,
         sticky: false,
+        vm: None,
     }
 }
 

@@ -9,8 +9,11 @@ use kube::{Api, Client, Resource};
 use super::{CniHold, PlainPod, calico_holds, kube_ovn_holds, pod_lists};
 use crate::cluster::index::{SlimPod, kube_ovn_ips};
 use crate::cluster::listed_pod::ListedPod;
+use crate::cluster::virtual_machines::{virtual_machine_instances, virtual_machines};
 use crate::ipam::ipset::IpSet;
 use crate::ipam::pools::PoolCatalog;
+use crate::webhook::kubevirt::LAUNCHER_LABEL;
+use std::collections::HashSet;
 
 #[derive(Debug, thiserror::Error)]
 pub enum FetchError {
@@ -37,6 +40,9 @@ pub struct Cluster {
     pub calico_allocations: Option<usize>,
     /// Lists that could not be read but the comparison went on without (workloads).
     pub warnings: Vec<String>,
+    /// The KubeVirt VirtualMachines and VirtualMachineInstances (namespace, name) that exist:
+    /// a VM's claim is held by them, not by a pod. Empty where KubeVirt is not installed.
+    pub vms: HashSet<(String, String)>,
 }
 
 /// Calico's IPAM handles: their presence says Calico IPAM runs here.
@@ -160,7 +166,8 @@ pub fn keep_pod(pod: Pod, app_label: &str) -> Option<KeptPod> {
 pub fn slim_pod(mut pod: Pod, app_label: &str) -> Pod {
     let metadata = &mut pod.metadata;
     if let Some(labels) = metadata.labels.as_mut() {
-        labels.retain(|key, _| key == app_label || marked_key(key));
+        // KubeVirt's launcher label, with the owners, says whose launcher pod it is
+        labels.retain(|key, _| key == app_label || key == LAUNCHER_LABEL.0 || marked_key(key));
     }
     if let Some(annotations) = metadata.annotations.as_mut() {
         annotations.retain(|key, _| marked_key(key));
@@ -217,7 +224,7 @@ pub async fn read(
         })
         .await;
         if let Err(error) = read {
-            warnings.push(format!("{kind}s: {error}"));
+            warnings.push(format!("{kind}s: {error}; their lists are left out"));
         }
     }
     let mut cni = Vec::new();
@@ -246,7 +253,9 @@ pub async fn read(
         calico_allocations = Some(holds.len());
         cni.extend(holds);
     }
+    let vms = virtual_machines_and_instances(client, &mut warnings).await;
     Ok(Cluster {
+        vms,
         pods,
         plain,
         listed,
@@ -255,6 +264,36 @@ pub async fn read(
         calico_allocations,
         warnings,
     })
+}
+
+/// The KubeVirt VirtualMachines and VirtualMachineInstances that exist (namespace, name); a
+/// list that cannot be read is a warning (none where KubeVirt is not installed).
+async fn virtual_machines_and_instances(
+    client: &Client,
+    warnings: &mut Vec<String>,
+) -> HashSet<(String, String)> {
+    let mut vms = HashSet::new();
+    for (resource, what) in [
+        (virtual_machines(), "KubeVirt VirtualMachines"),
+        (
+            virtual_machine_instances(),
+            "KubeVirt VirtualMachineInstances",
+        ),
+    ] {
+        let api = Api::<DynamicObject>::all_with(client.clone(), &resource);
+        match list_all(&api, what).await {
+            Ok(objects) => vms.extend(
+                objects
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|object| Some((object.metadata.namespace?, object.metadata.name?))),
+            ),
+            Err(error) => warnings.push(format!(
+                "{what}: {error}; the claims of stopped VMs are reported as without a pod"
+            )),
+        }
+    }
+    vms
 }
 
 #[cfg(test)]

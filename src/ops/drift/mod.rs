@@ -33,6 +33,7 @@ use crate::cluster::index::{OvnIp, SlimPod};
 use crate::cluster::pods::holder;
 use crate::ipam::ipset::{Family, IpSet, ip_from_key, ip_key, parse_ip_spec};
 use crate::ledger::{Claim, Phase};
+use crate::webhook::kubevirt::launcher_vm_of_object;
 
 /// What kind of drift a finding is; the JSON names are stable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -141,6 +142,9 @@ pub struct Inputs<'a> {
     pub now: u64,
     /// Claims changed this recently (seconds) are not reported as without a pod.
     pub settle: u64,
+    /// The KubeVirt VMs and VMIs (namespace, name) that exist: a VM's claim with no launcher
+    /// pod is held while its VM is.
+    pub vms: &'a HashSet<(String, String)>,
 }
 
 /// The default of [`Inputs::settle`]: `serve`'s default reservation TTL.
@@ -228,11 +232,11 @@ fn claims_against_pods<'a>(
             }),
         };
         let Some((namespace, uid)) = key else {
-            if settled(claim, inputs.now, inputs.settle) {
+            if settled(claim, inputs.now, inputs.settle) && !vm_holds(inputs, claim) {
                 found.push(Drift {
                     kind: DriftKind::ClaimWithoutPod,
                     ip: claim.ip,
-                    pod: claim.pod.display(),
+                    pod: claim.holder(),
                     pod_ips: Vec::new(),
                     detail: format!(
                         "{:?} claim of {} has no pod (`{} release {}` frees it)",
@@ -268,6 +272,28 @@ fn claims_against_pods<'a>(
     holding
 }
 
+/// Whether `claim` is a virtual machine's whose VirtualMachine or VMI exists: stopped, or
+/// between launcher pods, it holds its IP with no pod.
+fn vm_holds(inputs: &Inputs<'_>, claim: &Claim) -> bool {
+    claim.vm.as_ref().is_some_and(|vm| {
+        inputs
+            .vms
+            .contains(&(claim.pod.namespace.to_string(), vm.to_string()))
+    })
+}
+
+/// Whether `pod` is a launcher pod of the VM whose claim is `claim`: a live migration's
+/// source runs on the IP its target holds the claim for.
+fn vms_launcher(pod: Option<&Pod>, claim: &Claim) -> bool {
+    let Some(meta) = pod.map(|p| &p.metadata) else {
+        return false;
+    };
+    let vm = launcher_vm_of_object(meta);
+    vm.is_some()
+        && vm == claim.vm.as_deref()
+        && meta.namespace.as_deref() == Some(claim.pod.namespace.as_str())
+}
+
 /// Running pods on IPs that matter, without a claim of their own: kind 2 (and our own pods
 /// left Terminating after their claim was released).
 fn pods_without_claims(
@@ -285,11 +311,8 @@ fn pods_without_claims(
             continue; // holds a claim: compared above (kind 3)
         }
         // One of ours (it carries a claim token), Terminating with its claim gone.
-        let admitted = pods
-            .by_uid
-            .get(key)
-            .copied()
-            .flatten()
+        let object = pods.by_uid.get(key).copied().flatten();
+        let admitted = object
             .and_then(|pod| pod.metadata.annotations.as_ref())
             .is_some_and(|a| a.contains_key(CLAIM_TOKEN));
         if slim.deleting_at.is_some() && admitted {
@@ -298,9 +321,10 @@ fn pods_without_claims(
         }
         for ip in slim.ips.iter() {
             let detail = match claimed.get(ip) {
+                Some(claim) if vms_launcher(object, claim) => continue,
                 Some(claim) => format!(
                     "runs on {ip}, which is claimed for {} ({})",
-                    claim.pod.display(),
+                    claim.holder(),
                     describe_app(claim)
                 ),
                 None if inputs.listed.contains(ip) => {
@@ -327,7 +351,7 @@ fn terminating_without_claim(
 ) {
     for ip in slim.ips.iter() {
         let now = match claimed.get(ip) {
-            Some(claim) => format!("it is claimed for {} now", claim.pod.display()),
+            Some(claim) => format!("it is claimed for {} now", claim.holder()),
             None => "it is free".to_string(),
         };
         found.push(Drift {
@@ -641,6 +665,7 @@ mod tests {
             token: TOKEN.into(),
             release_at: None,
             sticky: false,
+            vm: None,
         }
     }
 
@@ -694,6 +719,7 @@ mod tests {
             app_label: "app",
             now: NOW,
             settle: SETTLE_SECONDS,
+            vms: &HashSet::new(),
         })
         .into_iter()
         .map(|d| (d.kind, d.ip.to_string(), d.pod))
@@ -702,6 +728,86 @@ mod tests {
 
     fn old(ip: &str, name: &str, uid: &str) -> Claim {
         claim(ip, name, Some(uid), Phase::Bound, NOW - 3600)
+    }
+
+    #[test]
+    fn a_vms_claim_is_held_by_the_vm_and_its_launcher_pods() {
+        let vm_claim = |ip: &str, vm: &str, pod: &str, uid: &str| Claim {
+            vm: Some(vm.into()),
+            ..old(ip, pod, uid)
+        };
+        let launcher = |name: &str, uid: &str, vm: &str, ip: &str| {
+            let mut pod = pod(name, uid, ip, &[ip]);
+            let meta = &mut pod.metadata;
+            meta.labels
+                .as_mut()
+                .unwrap()
+                .insert("kubevirt.io".into(), "virt-launcher".into());
+            meta.owner_references = Some(vec![
+                serde_json::from_value(json!({
+                    "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+                    "name": vm, "uid": format!("vmi-{vm}"), "controller": true,
+                }))
+                .unwrap(),
+            ]);
+            pod
+        };
+        let claims = [
+            // a live migration: the target holds the claim, the source still runs on the IP
+            vm_claim("10.0.0.10", "db", "virt-launcher-db-dst", "u-dst"),
+            // stopped: no launcher pod, the VirtualMachine exists
+            vm_claim("10.0.0.11", "stopped", "virt-launcher-stopped-x", "u-gone"),
+            // deleted: neither a VM nor a pod
+            vm_claim(
+                "10.0.0.12",
+                "deleted",
+                "virt-launcher-deleted-x",
+                "u-gone-2",
+            ),
+            // another VM's pod on a VM's IP is still drift
+            vm_claim("10.0.0.13", "cache", "virt-launcher-cache-a", "u-cache"),
+        ];
+        let pods = [
+            launcher("virt-launcher-db-src", "u-src", "db", "10.0.0.10"),
+            launcher("virt-launcher-db-dst", "u-dst", "db", "10.0.0.10"),
+            launcher("virt-launcher-cache-a", "u-cache", "cache", "10.0.0.13"),
+            launcher("virt-launcher-web-a", "u-web", "web", "10.0.0.13"),
+        ];
+        let vms: HashSet<(String, String)> = ["db", "stopped", "cache", "web"]
+            .into_iter()
+            .map(|vm| ("default".to_string(), vm.to_string()))
+            .collect();
+        let listed = pod_lists(&pods).union(&parse_ip_spec("10.0.0.10-10.0.0.13").unwrap());
+        let (pods, plain) = kept(&pods);
+        let found: Vec<(DriftKind, String, String)> = compare(&Inputs {
+            claims: &claims,
+            pods: &pods,
+            plain: &plain,
+            listed: &listed,
+            cni: &[],
+            app_label: "app",
+            now: NOW,
+            settle: SETTLE_SECONDS,
+            vms: &vms,
+        })
+        .into_iter()
+        .map(|d| (d.kind, d.ip.to_string(), d.pod))
+        .collect();
+        assert_eq!(
+            found,
+            [
+                (
+                    DriftKind::ClaimWithoutPod,
+                    "10.0.0.12".into(),
+                    "vm default/deleted".into()
+                ),
+                (
+                    DriftKind::PodWithoutClaim,
+                    "10.0.0.13".into(),
+                    "default/virt-launcher-web-a".into()
+                ),
+            ]
+        );
     }
 
     #[test]
@@ -731,6 +837,7 @@ mod tests {
                 app_label: "app",
                 now: NOW,
                 settle: SETTLE_SECONDS,
+                vms: &HashSet::new(),
             }),
             compared: Compared::default(),
         };
@@ -913,6 +1020,7 @@ mod tests {
             app_label: "app",
             now: NOW,
             settle: SETTLE_SECONDS,
+            vms: &HashSet::new(),
         });
         assert_eq!(report.len(), 1, "{report:?}");
         assert_eq!(report[0].kind, DriftKind::PodIpDiffers);
@@ -1105,6 +1213,7 @@ mod tests {
                 app_label: "app",
                 now: NOW,
                 settle: SETTLE_SECONDS,
+                vms: &HashSet::new(),
             }),
             compared: Compared {
                 claims: 0,

@@ -1,0 +1,132 @@
+//! Whether a KubeVirt virtual machine still holds its IP: the question a VM's claim is
+//! released on ([`crate::ledger::Claim::vm`]), asked of the API server, never of a cache.
+//!
+//! A VM holds its IP while its VirtualMachine or its VirtualMachineInstance exists (a VMI
+//! without a VM is a VM of its own); a stopped VM (a VirtualMachine with no VMI) keeps it
+//! unless `--kubevirt-release-on-stop` is given. Read with two metadata GETs, served by the
+//! API server from etcd with a quorum read, so the answer is never older than the claim.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::{Api, Client};
+
+use crate::webhook::kubevirt::GROUP;
+
+/// Where a VM stands, as far as its IP is concerned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VmState {
+    /// Its VirtualMachineInstance exists (running, starting, migrating or shutting down).
+    Running,
+    /// Its VirtualMachine exists and no VMI does.
+    Stopped,
+    /// Neither exists.
+    Gone,
+    /// The API server could not say; why.
+    Unknown(String),
+}
+
+/// The longest a VM found holding its IP is not asked about again
+/// ([`VmDirectory::remembering`]): the reconciler plans to drop a stopped VM's claim on every
+/// pass, and each would otherwise cost two reads.
+pub const KEPT_AT_MOST: Duration = Duration::from_secs(30);
+
+/// Reads VirtualMachines and VirtualMachineInstances.
+pub struct VmDirectory {
+    client: Client,
+    release_on_stop: bool,
+    /// VMs (namespace, name) found holding their IP, and when.
+    kept: Mutex<HashMap<(String, String), Instant>>,
+    /// How long [`VmDirectory::holds_ip`] trusts such a finding.
+    kept_for: Duration,
+}
+
+fn resource(kind: &str, plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(GROUP, "v1", kind), plural)
+}
+
+/// KubeVirt's `VirtualMachine`s (`kubevirt.io/v1`).
+pub fn virtual_machines() -> ApiResource {
+    resource("VirtualMachine", "virtualmachines")
+}
+
+/// KubeVirt's `VirtualMachineInstance`s (`kubevirt.io/v1`).
+pub fn virtual_machine_instances() -> ApiResource {
+    resource("VirtualMachineInstance", "virtualmachineinstances")
+}
+
+impl VmDirectory {
+    pub fn new(client: Client, release_on_stop: bool) -> VmDirectory {
+        VmDirectory {
+            client,
+            release_on_stop,
+            kept: Mutex::default(),
+            kept_for: Duration::ZERO,
+        }
+    }
+
+    /// Answer [`VmDirectory::holds_ip`] from a finding that the VM holds its IP for this long
+    /// (at most [`KEPT_AT_MOST`]): the reconciler's, which sees a deleted VM's claim again at
+    /// its next pass, at the latest the next resync.
+    pub fn remembering(mut self, kept_for: Duration) -> VmDirectory {
+        self.kept_for = kept_for.min(KEPT_AT_MOST);
+        self
+    }
+
+    /// The VM `namespace/name` as the API server has it now.
+    pub async fn state(&self, namespace: &str, name: &str) -> VmState {
+        let exists = |kind: &'static str, resource: ApiResource| async move {
+            let api: Api<DynamicObject> =
+                Api::namespaced_with(self.client.clone(), namespace, &resource);
+            api.get_metadata_opt(name)
+                .await
+                .map(|found| found.is_some())
+                .map_err(|error| format!("reading {kind} {namespace}/{name} failed: {error}"))
+        };
+        match exists("VirtualMachineInstance", virtual_machine_instances()).await {
+            Ok(true) => return VmState::Running,
+            Ok(false) => {}
+            Err(why) => return VmState::Unknown(why),
+        }
+        match exists("VirtualMachine", virtual_machines()).await {
+            Ok(true) => VmState::Stopped,
+            Ok(false) => VmState::Gone,
+            Err(why) => VmState::Unknown(why),
+        }
+    }
+
+    /// Whether the VM still holds its IP: `Ok(true)` running (or stopped, unless released on
+    /// stop), `Ok(false)` once it may be freed, `Err` when the API server could not say.
+    pub async fn holds_ip(&self, namespace: &str, name: &str) -> Result<bool, String> {
+        let key = (namespace.to_string(), name.to_string());
+        if self.recently_kept(&key) {
+            return Ok(true);
+        }
+        let holds = self.verdict(self.state(namespace, name).await)?;
+        let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        if holds {
+            kept.insert(key, Instant::now());
+        } else {
+            kept.remove(&key);
+        }
+        Ok(holds)
+    }
+
+    /// Whether the VM holds its IP in `state`.
+    pub fn verdict(&self, state: VmState) -> Result<bool, String> {
+        match state {
+            VmState::Running => Ok(true),
+            VmState::Stopped => Ok(!self.release_on_stop),
+            VmState::Gone => Ok(false),
+            VmState::Unknown(why) => Err(why),
+        }
+    }
+
+    fn recently_kept(&self, key: &(String, String)) -> bool {
+        let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        kept.retain(|_, at| at.elapsed() < self.kept_for);
+        kept.contains_key(key)
+    }
+}

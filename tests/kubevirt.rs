@@ -1,0 +1,381 @@
+//! KubeVirt virtual machines keep their IP, end to end against `fakeapi.py` with KubeVirt's
+//! CRDs installed from tests/fixtures/kubevirt-crds.yaml: a replica with the IPClaim ledger,
+//! launcher pods admitted as KubeVirt's controller creates them (its user, its labels, the
+//! VMI as controller), then stored, deleted and their DELETEs reviewed as the API server
+//! would. A VM restarted three times keeps its IP and keeps it while stopped; a live
+//! migration's target pod shares it with the source, whose DELETE frees nothing; the IP is
+//! freed once the VM is deleted; and the same pod from any other user is an ordinary pod.
+
+mod common;
+
+use std::time::Duration;
+
+use common::events::events_with_reason;
+use common::fakeapi::{FakeApi, install_crd_fixture, persist_pod};
+use common::{allocated_ip, apply, create, eventually, message, rbac};
+use ip_webhook::crd::IPClaim;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, PostParams};
+use kube::{Api, Client};
+use serde_json::{Value, json};
+
+const CONTROLLER: &str = "system:serviceaccount:kubevirt:kubevirt-controller";
+const LIST: &str = "10.90.0.1-10.90.0.20";
+
+fn kubevirt(client: &Client, kind: &str, plural: &str) -> Api<DynamicObject> {
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("kubevirt.io", "v1", kind),
+        plural,
+    );
+    Api::namespaced_with(client.clone(), "default", &resource)
+}
+
+struct Cluster {
+    client: Client,
+    vms: Api<DynamicObject>,
+    vmis: Api<DynamicObject>,
+    pods: Api<Pod>,
+    claims: Api<IPClaim>,
+}
+
+impl Cluster {
+    async fn new(fake: &FakeApi) -> Cluster {
+        let client = fake.install_crds().await;
+        install_crd_fixture(&client, "kubevirt-crds.yaml").await;
+        Cluster {
+            vms: kubevirt(&client, "VirtualMachine", "virtualmachines"),
+            vmis: kubevirt(&client, "VirtualMachineInstance", "virtualmachineinstances"),
+            pods: Api::namespaced(client.clone(), "default"),
+            claims: Api::all(client.clone()),
+            client,
+        }
+    }
+
+    /// A VirtualMachine whose template gives its launcher pods the app label and its list.
+    async fn create_vm(&self, name: &str) {
+        let vm: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"runStrategy": "Always", "template": {"metadata": {
+                "labels": {"app": name},
+                "annotations": {"ip-webhook.io/allocatable-ips": LIST},
+            }}},
+        }))
+        .unwrap();
+        self.vms.create(&PostParams::default(), &vm).await.unwrap();
+    }
+
+    /// The VM's VirtualMachineInstance (same name, as KubeVirt's VM controller makes it); its UID.
+    async fn start_vmi(&self, name: &str) -> String {
+        let vmi: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {},
+        }))
+        .unwrap();
+        let created = self
+            .vmis
+            .create(&PostParams::default(), &vmi)
+            .await
+            .unwrap();
+        created.metadata.uid.unwrap()
+    }
+
+    async fn delete(&self, api: &Api<DynamicObject>, name: &str) {
+        api.delete(name, &DeleteParams::default()).await.unwrap();
+    }
+
+    async fn claim(&self, ip: &str) -> Option<IPClaim> {
+        self.claims.get_opt(ip).await.unwrap()
+    }
+
+    /// Wait until the claim of `ip` is Bound to the pod `pod`.
+    async fn bound_to(&self, ip: &str, pod: &str) -> IPClaim {
+        eventually(
+            &format!("the claim of {ip} to be bound to {pod}"),
+            Duration::from_secs(15),
+            || async {
+                let claim = self.claim(ip).await?;
+                (claim.spec.pod_name == pod && claim.status.as_ref()?.phase == "Bound")
+                    .then_some(claim)
+            },
+        )
+        .await
+    }
+}
+
+/// A launcher pod of VMI `vm` (UID `vmi_uid`) as KubeVirt's controller writes it
+/// (kubevirt/kubevirt pkg/virt-controller/services/template.go): labels from the VM's template
+/// and its own, the VMI as controlling owner; `migration` labels a migration's target pod.
+fn launcher(vm: &str, vmi_uid: &str, migration: Option<&str>) -> Value {
+    let mut labels = json!({
+        "app": vm,
+        "kubevirt.io": "virt-launcher",
+        "kubevirt.io/created-by": vmi_uid,
+        "vm.kubevirt.io/name": vm,
+    });
+    if let Some(job) = migration {
+        labels["kubevirt.io/migrationJobUID"] = json!(job);
+    }
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "generateName": format!("virt-launcher-{vm}-"),
+            "namespace": "default",
+            "labels": labels,
+            "annotations": {
+                "ip-webhook.io/allocatable-ips": LIST,
+                "kubevirt.io/domain": vm,
+            },
+            "ownerReferences": [{
+                "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+                "name": vm, "uid": vmi_uid, "controller": true, "blockOwnerDeletion": true,
+            }],
+        },
+        "spec": {"containers": [{"name": "compute", "image": "quay.io/kubevirt/virt-launcher"}]},
+    })
+}
+
+/// A CREATE review of `pod` sent by `user`.
+fn create_as(uid: &str, pod: Value, user: &str) -> Value {
+    let mut review = create(uid, pod);
+    review["request"]["userInfo"] = json!({"username": user});
+    review
+}
+
+fn delete_review(pod: &Pod) -> Value {
+    let mut review = common::review(
+        "v1",
+        &format!("delete-{}", pod.metadata.uid.as_deref().unwrap_or("x")),
+        "DELETE",
+        None,
+        Some(serde_json::to_value(pod).unwrap()),
+        false,
+    );
+    review["request"]["name"] = json!(pod.metadata.name);
+    review["request"]["options"] = json!({"gracePeriodSeconds": 0});
+    review["request"]["userInfo"] = json!({"username": CONTROLLER});
+    review
+}
+
+/// Admit a launcher pod (as KubeVirt's controller) and store it as `name`; its IP and the pod.
+async fn launch(
+    server: &common::TestServer,
+    cluster: &Cluster,
+    object: Value,
+    name: &str,
+) -> (String, Pod) {
+    let response = server
+        .mutate(&create_as(
+            &format!("create-{name}"),
+            object.clone(),
+            CONTROLLER,
+        ))
+        .await;
+    assert_eq!(response["allowed"], true, "{response}");
+    let ip = allocated_ip(&response);
+    let stored = persist_pod(&cluster.pods, apply(&object, &response), name).await;
+    (ip, stored)
+}
+
+/// Delete a launcher pod the way the API server does: its DELETE reviewed, the object gone.
+async fn remove_pod(server: &common::TestServer, cluster: &Cluster, pod: &Pod) {
+    let answer = server.mutate(&delete_review(pod)).await;
+    assert_eq!(answer["allowed"], true, "{answer}");
+    let name = pod.metadata.name.as_deref().unwrap();
+    cluster
+        .pods
+        .delete(name, &DeleteParams::default())
+        .await
+        .unwrap();
+}
+
+/// An ordinary pod of app `app` asking for an IP from the list: which it gets.
+async fn plain_pod_ip(server: &common::TestServer, app: &str, uid: &str) -> String {
+    let response = server
+        .mutate(&create(
+            uid,
+            common::pod("default", app, "other-", Some(LIST)),
+        ))
+        .await;
+    assert_eq!(response["allowed"], true, "{response}");
+    allocated_ip(&response)
+}
+
+async fn replica(fake: &FakeApi) -> common::TestServer {
+    fake.replica(&[
+        "--release-delay",
+        "0s",
+        "--lease-duration",
+        "2s",
+        "--lease-renew-interval",
+        "200ms",
+        "--resync-period",
+        "3s",
+        // a launcher pod may go before the leader saw it stored: its claim is a promise for
+        // this long, then judged by the VM
+        "--reservation-ttl",
+        "2s",
+    ])
+    .await
+}
+
+/// Wait for the release timer and the reconciler to have seen the change (they run every
+/// second and on every watch event); then the claim of `ip` must still be the VM's.
+async fn still_the_vms(cluster: &Cluster, ip: &str, vm: &str) -> IPClaim {
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let claim = cluster.claim(ip).await.expect("the VM's claim is kept");
+    assert_eq!(claim.spec.vm.as_deref(), Some(vm), "{claim:?}");
+    claim
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vm_restarted_three_times_keeps_its_ip_and_deleting_it_frees_the_ip() {
+    let fake = FakeApi::start();
+    let cluster = Cluster::new(&fake).await;
+    let server = replica(&fake).await;
+    cluster.create_vm("db").await;
+
+    let mut first_ip = None;
+    for start in 0..4 {
+        let vmi_uid = cluster.start_vmi("db").await;
+        let name = format!("virt-launcher-db-{start}");
+        let (ip, pod) = launch(&server, &cluster, launcher("db", &vmi_uid, None), &name).await;
+        assert_eq!(*first_ip.get_or_insert(ip.clone()), ip, "start {start}");
+        let claim = cluster.bound_to(&ip, &name).await;
+        assert_eq!(claim.spec.vm.as_deref(), Some("db"));
+        // a pod that is not the VM's never gets its IP, running or stopped
+        assert_ne!(
+            plain_pod_ip(&server, "db", &format!("other-{start}")).await,
+            ip
+        );
+        // stop: the launcher pod goes, then the VMI; the VirtualMachine stays
+        remove_pod(&server, &cluster, &pod).await;
+        cluster.delete(&cluster.vmis, "db").await;
+        still_the_vms(&cluster, &ip, "db").await;
+    }
+    let ip = first_ip.unwrap();
+    assert_ne!(
+        plain_pod_ip(&server, "db", "other-stopped").await,
+        ip,
+        "a stopped VM keeps its IP"
+    );
+
+    // Deleting the stopped VM frees its IP: the reconciler's next pass (at the latest the
+    // next resync) finds neither a VirtualMachine nor a VMI behind the claim.
+    cluster.delete(&cluster.vms, "db").await;
+    eventually(
+        "the deleted VM's claim to be released",
+        Duration::from_secs(20),
+        || async { cluster.claim(&ip).await.is_none().then_some(()) },
+    )
+    .await;
+    let next = eventually("the IP to be given again", Duration::from_secs(10), || {
+        let server = &server;
+        async move {
+            let response = server
+                .mutate(&create(
+                    "after",
+                    common::pod("default", "db", "x-", Some("10.90.0.1")),
+                ))
+                .await;
+            (response["allowed"] == true).then(|| allocated_ip(&response))
+        }
+    })
+    .await;
+    assert_eq!(next, ip);
+    let (_, metrics) = server.admin_get("/metrics").await;
+    assert!(
+        metrics.contains("ip_webhook_leaks_reclaimed_total 0"),
+        "a VM's release is no leak: {metrics}"
+    );
+    rbac::assert_rbac_covers(&fake);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_migration_shares_the_ip_and_the_sources_delete_frees_nothing() {
+    let fake = FakeApi::start();
+    let cluster = Cluster::new(&fake).await;
+    let server = replica(&fake).await;
+    cluster.create_vm("mig").await;
+    let vmi_uid = cluster.start_vmi("mig").await;
+    let (ip, source) = launch(
+        &server,
+        &cluster,
+        launcher("mig", &vmi_uid, None),
+        "virt-launcher-mig-src",
+    )
+    .await;
+    cluster.bound_to(&ip, "virt-launcher-mig-src").await;
+
+    // The same pod from a user other than KubeVirt's controller is an ordinary pod: it does
+    // not get the VM's IP.
+    let forged = server
+        .mutate(&create_as(
+            "forged",
+            launcher("mig", &vmi_uid, Some("job-1")),
+            "system:serviceaccount:default:intruder",
+        ))
+        .await;
+    assert_eq!(forged["allowed"], true, "{forged}");
+    assert_ne!(allocated_ip(&forged), ip, "{forged}");
+
+    // The migration's target pod comes up on the IP while the source still runs.
+    let (target_ip, target) = launch(
+        &server,
+        &cluster,
+        launcher("mig", &vmi_uid, Some("job-1")),
+        "virt-launcher-mig-dst",
+    )
+    .await;
+    assert_eq!(target_ip, ip);
+    cluster.bound_to(&ip, "virt-launcher-mig-dst").await;
+    assert!(
+        cluster
+            .pods
+            .get_opt("virt-launcher-mig-src")
+            .await
+            .unwrap()
+            .is_some(),
+        "both pods run together"
+    );
+    assert_ne!(plain_pod_ip(&server, "mig", "other-during").await, ip);
+
+    // The migration is over: KubeVirt deletes the source pod. Its DELETE frees nothing.
+    remove_pod(&server, &cluster, &source).await;
+    let claim = still_the_vms(&cluster, &ip, "mig").await;
+    assert_eq!(claim.spec.pod_name, "virt-launcher-mig-dst");
+    assert_eq!(claim.status.unwrap().phase, "Bound");
+    assert_ne!(plain_pod_ip(&server, "mig", "other-after").await, ip);
+    let events: Api<Event> = Api::all(cluster.client.clone());
+    assert!(
+        events_with_reason(&events, "DuplicateIP").await.is_empty(),
+        "a migration's two pods are one holder"
+    );
+
+    // The VM is deleted: its VMI and its pod go, and the IP is free.
+    cluster.delete(&cluster.vmis, "mig").await;
+    cluster.delete(&cluster.vms, "mig").await;
+    remove_pod(&server, &cluster, &target).await;
+    eventually(
+        "the migrated VM's claim to be released",
+        Duration::from_secs(15),
+        || async { cluster.claim(&ip).await.is_none().then_some(()) },
+    )
+    .await;
+    let refused_other = server
+        .mutate(&create(
+            "static-after",
+            common::pod("default", "mig", "x-", Some(&ip)),
+        ))
+        .await;
+    assert_eq!(
+        refused_other["allowed"],
+        true,
+        "{}",
+        message(&refused_other)
+    );
+    assert_eq!(allocated_ip(&refused_other), ip);
+    rbac::assert_rbac_covers(&fake);
+}
