@@ -567,6 +567,55 @@ async fn claim_rules_transcript(ledger: &dyn Ledger) -> Vec<String> {
         outcome(ledger.create(validated.into()).await.unwrap())
     ));
     out.push(format!("record: {}", record(ledger, "10.60.0.2").await));
+    out.extend(vm_transcript(ledger).await);
+    out
+}
+
+/// A KubeVirt VM's claim: its next launcher pod (a migration's target) takes it over while
+/// it is Bound; the VM is kept in the record; the source's stale grant frees nothing.
+async fn vm_transcript(ledger: &dyn Ledger) -> Vec<String> {
+    let mut out = Vec::new();
+    let launcher = |request: &str, token: &str| Claim {
+        vm: Some("vm-1".into()),
+        ..reserved("10.60.0.3", "", request, token)
+    };
+    let source = launcher("req-vm-1", "tok-v1");
+    out.push(format!(
+        "create vm-1's pod: {}",
+        outcome(ledger.create(source.clone().into()).await.unwrap())
+    ));
+    let running = rules::bound(&source, "virt-launcher-vm-1-a", "uid-v1", 1_764_400_110);
+    out.push(format!(
+        "bind it: {}",
+        ledger.transition(&source, &running).await.unwrap()
+    ));
+    let plain = reserved("10.60.0.3", "", "req-plain", "tok-p");
+    out.push(format!(
+        "a plain pod on vm-1's IP: {}",
+        outcome(ledger.create(plain.into()).await.unwrap())
+    ));
+    let target = launcher("req-vm-2", "tok-v2");
+    out.push(format!(
+        "vm-1's migration target: {}",
+        outcome(ledger.create(target.into()).await.unwrap())
+    ));
+    let ip: IpAddr = "10.60.0.3".parse().unwrap();
+    let held = ledger
+        .load()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|c| c.ip == ip);
+    out.push(format!(
+        "record: {}, vm {}",
+        record(ledger, "10.60.0.3").await,
+        held.and_then(|c| c.vm).as_deref().unwrap_or("-")
+    ));
+    out.push(format!(
+        "the source released: {}",
+        ledger.release(&running).await.unwrap()
+    ));
+    out.push(format!("record: {}", record(ledger, "10.60.0.3").await));
     out
 }
 
@@ -600,6 +649,13 @@ const EXPECTED_TRANSCRIPT: &[&str] = &[
     "record: Reserved req-db0-3 -",
     "db-0's /validate records its IP: existing req-db0-3",
     "record: Reserved req-db0-3 -",
+    "create vm-1's pod: created",
+    "bind it: true",
+    "a plain pod on vm-1's IP: held by req-vm-1",
+    "vm-1's migration target: created",
+    "record: Reserved req-vm-2 -, vm vm-1",
+    "the source released: false",
+    "record: Reserved req-vm-2 -",
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

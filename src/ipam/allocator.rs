@@ -957,6 +957,48 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn kube_ovns_record_of_a_vms_ip_under_the_vms_name_is_no_other_user() {
+        let alloc = allocator().await;
+        let set = parse_ip_spec("10.0.0.10-10.0.0.11").unwrap();
+        // Kube-OVN's IP object names the VM, as it does with keep-vm-ip
+        alloc.set_foreign(Arc::new(Foreign(vec![("10.0.0.10", "db")])));
+        let launcher = |token: &'static str| AllocationRequest {
+            vm: Some("db"),
+            ..request(&set, pod(""), token)
+        };
+        // the first start skips the IP (no claim says it is the VM's yet)...
+        let first = alloc.allocate(&launcher("t1")).await.unwrap();
+        assert_eq!(first.ips[0].to_string(), "10.0.0.11");
+        // ...a VM whose claim is on the IP Kube-OVN records for it keeps it
+        alloc
+            .release_held(&identity("", "t1"), &first.ips)
+            .await
+            .unwrap();
+        let held = Claim {
+            vm: Some("db".into()),
+            token: "t0".into(),
+            ..external(
+                "10.0.0.10",
+                "virt-launcher-db-old",
+                "r0",
+                Phase::Terminating,
+            )
+        };
+        alloc.apply_observed(ObservedChange::Held(held));
+        let again = alloc.allocate(&launcher("t2")).await.unwrap();
+        assert_eq!(again.ips[0].to_string(), "10.0.0.10");
+        // another VM's launcher pod gets the other IP
+        let other = AllocationRequest {
+            vm: Some("cache"),
+            ..request(&set, pod(""), "t3")
+        };
+        assert_eq!(
+            alloc.allocate(&other).await.unwrap().ips[0].to_string(),
+            "10.0.0.11"
+        );
+    }
+
+    #[tokio::test]
     async fn statefulset_ordinal_and_previous_holder_preferences() {
         let alloc = allocator().await;
         let set = parse_ip_spec("10.0.0.10-10.0.0.14").unwrap();

@@ -448,7 +448,7 @@ impl State {
     }
 
     /// Who outside the ledger uses `ip`, as the cluster says: not the requesting pod itself,
-    /// nor the pod the ledger's claim on `ip` names (that is the ledger's to judge).
+    /// nor the pod (or the VM) the ledger's claim on `ip` names (that is the ledger's to judge).
     pub(super) fn used_elsewhere(
         &self,
         ip: &IpAddr,
@@ -461,6 +461,16 @@ impl State {
         }
         match self.claims.get(ip) {
             Some(claim) if user.is_pod(&claim.pod.namespace, &claim.pod.name) => None,
+            // Kube-OVN records a KubeVirt VM's IP under the VM's name, not its launcher pod's
+            // (kubeovn/kube-ovn pkg/controller/pod.go, getNameByPod, with keep-vm-ip)
+            Some(claim)
+                if claim
+                    .vm
+                    .as_deref()
+                    .is_some_and(|vm| user.is_pod(&claim.pod.namespace, vm)) =>
+            {
+                None
+            }
             _ => Some(user),
         }
     }

@@ -32,6 +32,8 @@ fn rbac_grants_what_the_server_needs_and_the_cni_extras_only_when_switched_on() 
         grant("ip-webhook.io", "ipclaims/status", "update,patch"),
         grant("ip-webhook.io", "fixedippools", "get,list,watch"),
         grant("ip-webhook.io", "fixedippools/status", "update,patch"),
+        grant("kubevirt.io", "virtualmachineinstances", "get"),
+        grant("kubevirt.io", "virtualmachines", "get"),
     ];
     let calico = [
         grant("crd.projectcalico.org", "ippools", "list,watch"),
@@ -60,6 +62,24 @@ fn rbac_grants_what_the_server_needs_and_the_cni_extras_only_when_switched_on() 
     expected_ovn.extend(kube_ovn.clone());
     expected_ovn.sort();
     assert_eq!(rules_of(one(&ovn, "ClusterRole")), expected_ovn);
+    // no KubeVirt controller named: no pod is a VM's, and no VM is read
+    let no_vms = render(&helm, &["server.kubevirt.controllers=null"], "1.31.0");
+    let without_vms: Vec<_> = plain
+        .iter()
+        .chain(calico.iter())
+        .filter(|(group, _, _)| group != "kubevirt.io")
+        .cloned()
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    assert_eq!(rules_of(one(&no_vms, "ClusterRole")), without_vms);
+    let args = &one(&no_vms, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"];
+    assert!(
+        args.as_array()
+            .unwrap()
+            .contains(&json!("--kubevirt-controller=")),
+        "{args}"
+    );
     let role = one(&docs, "Role");
     assert_eq!(role["metadata"]["namespace"], NAMESPACE);
     assert_eq!(
