@@ -250,10 +250,12 @@ pub fn duplicates(pods: &HashMap<String, PodInfo>) -> Vec<Duplicate> {
 
 /// Add to `found` (what pods carry: our label and the CNI annotations) the IPs pods run on
 /// (`status.podIPs`, from the pod-IP index, whoever assigned them): one entry per IP, each
-/// pod once, oldest first.
+/// pod once, oldest first. `known` (the reconciler's pods, by UID) says which are a VM's
+/// launcher pods: a live migration's two pods on one IP are one holder, no duplicate.
 pub fn add_running_duplicates(
     found: &mut Vec<Duplicate>,
     running: Vec<(IpAddr, Vec<Arc<SlimPod>>)>,
+    known: &HashMap<String, PodInfo>,
 ) {
     for (ip, pods) in running {
         let index = match found.iter().position(|d| d.ip == ip) {
@@ -269,13 +271,16 @@ pub fn add_running_duplicates(
         let duplicate = &mut found[index];
         for pod in pods {
             if !duplicate.pods.iter().any(|p| *p.uid == *pod.uid) {
-                duplicate.pods.push(PodInfo::running(&pod));
+                let mut info = PodInfo::running(&pod);
+                info.vm = known.get(&*pod.uid).and_then(|k| k.vm.clone());
+                duplicate.pods.push(info);
             }
         }
         duplicate
             .pods
             .sort_by(|a, b| (a.created_at, &a.uid).cmp(&(b.created_at, &b.uid)));
     }
+    found.retain(|d| more_than_one_holder(&d.pods.iter().collect::<Vec<_>>()));
     found.sort_by_key(|d| d.ip);
 }
 
@@ -733,6 +738,24 @@ mod tests {
             assert_eq!(duplicates(&pods).len(), 1);
             assert_eq!(duplicates(&pods)[0].pods.len(), 3);
         }
+        // the same two pods seen running on the IP (`status.podIPs`, the pod-IP index)
+        let seen_running = |uids: &[&str]| {
+            let pods = uids
+                .iter()
+                .map(|uid| {
+                    super::list_adoption_tests::running("default", uid, uid, "10.0.0.5", "db")
+                })
+                .collect();
+            let mut found = Vec::new();
+            add_running_duplicates(
+                &mut found,
+                vec![("10.0.0.5".parse().unwrap(), pods)],
+                &migration,
+            );
+            found
+        };
+        assert!(seen_running(&["u1", "u2"]).is_empty());
+        assert_eq!(seen_running(&["u1", "u-unknown"]).len(), 1);
     }
 
     #[test]
@@ -1093,7 +1116,7 @@ mod list_adoption_tests {
         }
     }
 
-    fn running(ns: &str, name: &str, uid: &str, ip: &str, app: &str) -> Arc<SlimPod> {
+    pub(super) fn running(ns: &str, name: &str, uid: &str, ip: &str, app: &str) -> Arc<SlimPod> {
         Arc::new(SlimPod {
             namespace: ns.into(),
             name: name.into(),

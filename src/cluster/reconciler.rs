@@ -130,6 +130,7 @@ impl Reconciler {
         reconcile::add_running_duplicates(
             &mut plan.duplicates,
             self.caches.cluster_ips.shared_pod_ips(),
+            &pods,
         );
         self.executor.report_duplicates(&plan.duplicates).await;
         let pools: Vec<IPPool> = lock(&self.caches.pools).values().cloned().collect();
