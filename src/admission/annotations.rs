@@ -69,6 +69,10 @@ pub enum AnnotationError {
         "annotations {CALICO_IP_ADDRS} and {CALICO_IP_ADDRS_NO_IPAM} are both set; Calico refuses a pod with both, so it could never start: keep one"
     )]
     BothCalico,
+    /// Multus's `k8s.v1.cni.cncf.io/networks` as Multus would refuse it
+    /// ([`super::networks`]).
+    #[error("k8s.v1.cni.cncf.io/networks {value:?}: {reason}")]
+    Networks { value: String, reason: String },
     /// An annotation of [`IP_ANNOTATIONS`] that does not parse.
     #[error("annotation {key}: {error}")]
     Annotation {
