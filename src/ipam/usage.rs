@@ -17,6 +17,10 @@ pub struct Holder {
     pub ip: IpAddr,
     /// `namespace/name`, or `namespace/generateName*` before the pod has its name.
     pub pod: String,
+    /// The KubeVirt VM (`namespace/name`) whose claim this is: its launcher pods hold it in
+    /// turn ([`Claim::vm`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vm: Option<String>,
     /// The node the pod runs on, when the caller knows it (in-cluster).
     pub node: Option<String>,
     /// `namespace/app`.
@@ -152,7 +156,11 @@ pub fn rfc3339(unix_seconds: u64) -> String {
 fn holder(claim: &Claim) -> Holder {
     Holder {
         ip: claim.ip,
-        pod: claim.holder(),
+        pod: claim.pod.display(),
+        vm: claim
+            .vm
+            .as_ref()
+            .map(|vm| format!("{}/{vm}", claim.pod.namespace)),
         node: None,
         app: claim.app_key(),
         pool: claim.pool.as_deref().map(String::from),

@@ -128,9 +128,10 @@ impl Outcome {
             ),
             Outcome::NotHeld => format!("nothing to release: no claim holds {ip}"),
             Outcome::PodLive(claim) => format!(
-                "refused: {} still exists and holds {}; delete the pod instead, or pass --force to free the IP under it (it could then be given twice)",
+                "refused: {} still exists and holds {}; delete the {} instead, or pass --force to free the IP under it (it could then be given twice)",
                 claim.named_holder(),
-                about(claim)
+                about(claim),
+                if claim.vm.is_some() { "VM" } else { "pod" }
             ),
             Outcome::Unchecked { claim, why } => format!(
                 "refused: cannot tell whether {} still runs ({why}); if you know it is gone, rerun with --force to release {}",

@@ -169,7 +169,10 @@ fn holder_table(holders: &[&Holder], wide: bool) -> String {
                 } else {
                     h.app.clone()
                 },
-                h.pod.clone(),
+                match &h.vm {
+                    Some(vm) => format!("vm {vm}"),
+                    None => h.pod.clone(),
+                },
                 h.node.clone().unwrap_or_else(|| "-".into()),
                 match &h.release_at {
                     Some(at) => format!("{:?} (release {at})", h.phase),
@@ -361,6 +364,29 @@ mod tests {
                 .get("duplicates")
                 .is_none()
         );
+    }
+
+    #[test]
+    fn a_vms_claim_is_shown_as_the_vms() {
+        let claims = [Claim {
+            vm: Some("db".into()),
+            ..claim(
+                "10.0.0.30",
+                "db",
+                "virt-launcher-db-x2x9q",
+                Phase::Bound,
+                Some(4),
+            )
+        }];
+        let report = Report::build(&claims, &PoolCatalog::default(), true);
+        let table = report.to_table();
+        assert!(
+            table.contains("10.0.0.30   default/db   vm default/db "),
+            "{table}"
+        );
+        let json = serde_json::to_value(&report.apps[0].holders[0]).unwrap();
+        assert_eq!(json["vm"], "default/db");
+        assert_eq!(json["pod"], "default/virt-launcher-db-x2x9q");
     }
 
     #[test]
