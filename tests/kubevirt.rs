@@ -204,7 +204,11 @@ async fn plain_pod_ip(server: &common::TestServer, app: &str, uid: &str) -> Stri
 }
 
 async fn replica(fake: &FakeApi) -> common::TestServer {
-    fake.replica(&[
+    replica_with(fake, &[]).await
+}
+
+async fn replica_with(fake: &FakeApi, extra: &[&str]) -> common::TestServer {
+    let mut args = vec![
         "--release-delay",
         "0s",
         "--lease-duration",
@@ -217,8 +221,9 @@ async fn replica(fake: &FakeApi) -> common::TestServer {
         // this long, then judged by the VM
         "--reservation-ttl",
         "2s",
-    ])
-    .await
+    ];
+    args.extend_from_slice(extra);
+    fake.replica(&args).await
 }
 
 /// Wait for the release timer and the reconciler to have seen the change (they run every
@@ -378,4 +383,34 @@ async fn a_live_migration_shares_the_ip_and_the_sources_delete_frees_nothing() {
     );
     assert_eq!(allocated_ip(&refused_other), ip);
     rbac::assert_rbac_covers(&fake);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_release_on_stop_a_stopped_vm_gives_its_ip_back() {
+    let fake = FakeApi::start();
+    let cluster = Cluster::new(&fake).await;
+    let server = replica_with(&fake, &["--kubevirt-release-on-stop"]).await;
+    cluster.create_vm("web").await;
+    let vmi_uid = cluster.start_vmi("web").await;
+    let (ip, pod) = launch(
+        &server,
+        &cluster,
+        launcher("web", &vmi_uid, None),
+        "virt-launcher-web-a",
+    )
+    .await;
+    cluster.bound_to(&ip, "virt-launcher-web-a").await;
+    // stopped: the VMI goes, then its pod; the VirtualMachine stays
+    cluster.delete(&cluster.vmis, "web").await;
+    remove_pod(&server, &cluster, &pod).await;
+    eventually(
+        "the stopped VM's claim to be released",
+        Duration::from_secs(20),
+        || async { cluster.claim(&ip).await.is_none().then_some(()) },
+    )
+    .await;
+    assert!(
+        cluster.vms.get_opt("web").await.unwrap().is_some(),
+        "the VM itself is still there"
+    );
 }
