@@ -6,10 +6,11 @@
 //! pod) until the pod's UID is known, and the UID after that. Names are compared only for
 //! fixed names (a StatefulSet's `db-0`); a `generateName` prefix never identifies a pod.
 
+use std::fmt::Write;
+use std::hash::{BuildHasher, Hasher, RandomState};
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
-
-use sha2::{Digest, Sha256};
 
 use super::{Claim, Phase, Text};
 
@@ -221,25 +222,32 @@ pub fn due_step(presence: &PodPresence) -> DueStep {
     }
 }
 
-/// A fresh claim token: 32 hex digits, unique per call (a hash of the admission request's
-/// UID, the time, the process and a counter; not a secret, only an identity).
+/// A fresh claim token: 32 hex digits, unique per call and not to be guessed: two SipHash
+/// outputs (std's `RandomState`, keyed once per process from the OS's randomness) over the
+/// admission request's UID, a counter and the time. A token is the claim's identity until
+/// the pod's UID is known, so a pod that could guess another pod's pending token could pass
+/// for it; it is not a secret once written on the pod. (SipHash instead of a SHA-256 of the
+/// same inputs: a twentieth of the instructions, and keyed.)
 pub fn new_token(request_uid: &str) -> String {
+    static KEYS: OnceLock<RandomState> = OnceLock::new();
     static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let mut hasher = Sha256::new();
-    hasher.update(request_uid.as_bytes());
+    let keys = KEYS.get_or_init(RandomState::new);
+    let count = COUNTER.fetch_add(1, Ordering::Relaxed);
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos())
         .unwrap_or(0);
-    hasher.update(nanos.to_le_bytes());
-    hasher.update(std::process::id().to_le_bytes());
-    hasher.update(COUNTER.fetch_add(1, Ordering::Relaxed).to_le_bytes());
-    let digest = hasher.finalize();
-    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let half = |lane: u8| {
+        let mut hasher = keys.build_hasher();
+        hasher.write_u8(lane);
+        hasher.write(request_uid.as_bytes());
+        hasher.write_u64(count);
+        hasher.write_u128(nanos);
+        hasher.finish()
+    };
     let mut token = String::with_capacity(32);
-    for byte in &digest[..16] {
-        token.push(char::from(HEX[usize::from(byte >> 4)]));
-        token.push(char::from(HEX[usize::from(byte & 0xf)]));
+    for value in [half(0), half(1)] {
+        write!(token, "{value:016x}").expect("writing to a String cannot fail");
     }
     token
 }
@@ -456,6 +464,11 @@ mod tests {
         }
         assert!(!is_token("x"));
         assert!(!is_token(&"g".repeat(32)));
+        // many calls for one request: all distinct, and the two halves are two hashes
+        let many: std::collections::HashSet<String> =
+            (0..10_000).map(|_| new_token("same-request")).collect();
+        assert_eq!(many.len(), 10_000);
+        assert!(many.iter().all(|t| is_token(t) && t[..16] != t[16..]));
     }
 
     #[test]
