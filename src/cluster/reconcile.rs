@@ -217,27 +217,23 @@ fn oldest_first(a: &PodInfo, b: &PodInfo) -> std::cmp::Ordering {
     (a.created_at, &a.uid).cmp(&(b.created_at, &b.uid))
 }
 
-/// Every IP that two or more live (not terminating) pods carry, by IP.
+/// Every IP that two or more live (not terminating) pods carry, by IP: one sorted list of
+/// (IP, pod) pairs, not a map of a list per IP (a pass makes one allocation, not one per IP).
 pub fn duplicates(pods: &HashMap<String, PodInfo>) -> Vec<Duplicate> {
-    let mut by_ip: HashMap<IpAddr, Vec<&PodInfo>> = HashMap::new();
-    for pod in pods.values().filter(|p| !p.terminating) {
-        for ip in &pod.ips {
-            by_ip.entry(*ip).or_default().push(pod);
-        }
-    }
-    let mut out: Vec<Duplicate> = by_ip
-        .into_iter()
-        .filter(|(_, carriers)| carriers.len() > 1)
-        .map(|(ip, mut carriers)| {
-            carriers.sort_by(|a, b| oldest_first(a, b));
-            Duplicate {
-                ip,
-                pods: carriers.into_iter().cloned().collect(),
-            }
-        })
+    let mut carried: Vec<(IpAddr, &PodInfo)> = pods
+        .values()
+        .filter(|p| !p.terminating)
+        .flat_map(|pod| pod.ips.iter().map(move |ip| (*ip, pod)))
         .collect();
-    out.sort_by_key(|d| d.ip);
-    out
+    carried.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| oldest_first(a.1, b.1)));
+    carried
+        .chunk_by(|a, b| a.0 == b.0)
+        .filter(|carriers| carriers.len() > 1)
+        .map(|carriers| Duplicate {
+            ip: carriers[0].0,
+            pods: carriers.iter().map(|(_, pod)| (*pod).clone()).collect(),
+        })
+        .collect()
 }
 
 /// Add to `found` (what pods carry: our label and the CNI annotations) the IPs pods run on
@@ -1166,6 +1162,38 @@ mod tests {
         );
         // the claim goes to the older pod
         assert_eq!(summary(&plan), ["adopt 10.0.0.5 uid-a"]);
+    }
+
+    /// Each shared IP once, by IP, its carriers oldest first (then by UID); a pod on two
+    /// shared IPs is in both, and an IP one live pod carries is none.
+    #[test]
+    fn duplicates_are_listed_by_ip_with_every_carrier() {
+        let mut a = pod("default", "a", "uid-a", "10.0.0.9", T0 + 2);
+        a.ips.push("10.0.0.2".parse().unwrap());
+        let b = pod("default", "b", "uid-b", "10.0.0.9", T0);
+        let c = pod("default", "c", "uid-c", "10.0.0.9", T0 + 2);
+        let d = pod("default", "d", "uid-d", "10.0.0.2", T0 + 1);
+        let alone = pod("default", "e", "uid-e", "10.0.0.1", T0);
+        let found = duplicates(&pods(&[c.clone(), alone, a.clone(), d.clone(), b.clone()]));
+        let listed: Vec<(String, Vec<&str>)> = found
+            .iter()
+            .map(|dup| {
+                let uids = dup.pods.iter().map(|p| p.uid.as_str()).collect();
+                (dup.ip.to_string(), uids)
+            })
+            .collect();
+        assert_eq!(
+            listed,
+            [
+                ("10.0.0.2".to_string(), vec!["uid-d", "uid-a"]),
+                ("10.0.0.9".to_string(), vec!["uid-b", "uid-a", "uid-c"]),
+            ]
+        );
+        assert_eq!(
+            found[1].pods,
+            [b, a, c],
+            "whole PodInfos, not only their UIDs"
+        );
     }
 }
 
