@@ -507,20 +507,33 @@ impl Server {
                 i += 1;
             }
         } else {
+            // as the generated kinds: `limit` and `continue` (an offset among the matches)
+            // unless `resourceVersion=0`, so that a `limit=1` list (the ledger's ping) reads
+            // one object, as from kube-apiserver
+            let whole = q.get("resourceVersion").is_some_and(|v| v == "0");
+            let limit = q
+                .get("limit")
+                .and_then(|l| l.parse::<usize>().ok())
+                .filter(|_| !whole);
+            let offset: usize = q.get("continue").and_then(|c| c.parse().ok()).unwrap_or(0);
             let store = self.store.lock().unwrap();
-            let mut first = true;
-            for object in store
+            let matching: Vec<&Value> = store
                 .get(&target.resource)
                 .into_iter()
                 .flat_map(|m| m.values())
-            {
-                if target
-                    .namespace
-                    .as_deref()
-                    .is_some_and(|ns| object["metadata"]["namespace"] != ns)
-                {
-                    continue;
-                }
+                .filter(|object| {
+                    target
+                        .namespace
+                        .as_deref()
+                        .is_none_or(|ns| object["metadata"]["namespace"] == ns)
+                })
+                .collect();
+            let end = limit.map_or(matching.len(), |l| (offset + l).min(matching.len()));
+            if end < matching.len() {
+                next = Some(end);
+            }
+            let mut first = true;
+            for object in matching.iter().take(end).skip(offset) {
                 if !first {
                     body.push(',');
                 }

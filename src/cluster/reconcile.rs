@@ -3,6 +3,7 @@
 
 use super::app_lists::AppLists;
 use super::index::SlimPod;
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -217,35 +218,36 @@ pub struct Plan {
 
 /// Whether `carriers` of one IP are more than one holder: the launcher pods of one virtual
 /// machine (a live migration's source and target) are one.
-fn more_than_one_holder(carriers: &[&PodInfo]) -> bool {
-    let Some((first, rest)) = carriers.split_first() else {
+fn more_than_one_holder<'a>(carriers: impl IntoIterator<Item = &'a PodInfo>) -> bool {
+    let mut carriers = carriers.into_iter();
+    let Some(first) = carriers.next() else {
         return false;
     };
-    rest.iter()
-        .any(|pod| pod.vm.is_none() || pod.vm != first.vm || pod.namespace != first.namespace)
+    carriers.any(|pod| pod.vm.is_none() || pod.vm != first.vm || pod.namespace != first.namespace)
 }
 
-/// Every IP that two or more live (not terminating) pods carry, by IP.
+/// Oldest first: by creation time, then UID (compared in place, not copied per comparison).
+fn oldest_first(a: &PodInfo, b: &PodInfo) -> std::cmp::Ordering {
+    (a.created_at, &a.uid).cmp(&(b.created_at, &b.uid))
+}
+
+/// Every IP that two or more live (not terminating) pods carry, by IP: one sorted list of
+/// (IP, pod) pairs, not a map of a list per IP (a pass makes one allocation, not one per IP).
 pub fn duplicates(pods: &HashMap<String, PodInfo>) -> Vec<Duplicate> {
-    let mut by_ip: HashMap<IpAddr, Vec<&PodInfo>> = HashMap::new();
-    for pod in pods.values().filter(|p| !p.terminating) {
-        for ip in &pod.ips {
-            by_ip.entry(*ip).or_default().push(pod);
-        }
-    }
-    let mut out: Vec<Duplicate> = by_ip
-        .into_iter()
-        .filter(|(_, carriers)| more_than_one_holder(carriers))
-        .map(|(ip, mut carriers)| {
-            carriers.sort_by_key(|pod| (pod.created_at, pod.uid.clone()));
-            Duplicate {
-                ip,
-                pods: carriers.into_iter().cloned().collect(),
-            }
-        })
+    let mut carried: Vec<(IpAddr, &PodInfo)> = pods
+        .values()
+        .filter(|p| !p.terminating)
+        .flat_map(|pod| pod.ips.iter().map(move |ip| (*ip, pod)))
         .collect();
-    out.sort_by_key(|d| d.ip);
-    out
+    carried.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| oldest_first(a.1, b.1)));
+    carried
+        .chunk_by(|a, b| a.0 == b.0)
+        .filter(|carriers| more_than_one_holder(carriers.iter().map(|(_, pod)| *pod)))
+        .map(|carriers| Duplicate {
+            ip: carriers[0].0,
+            pods: carriers.iter().map(|(_, pod)| (*pod).clone()).collect(),
+        })
+        .collect()
 }
 
 /// Add to `found` (what pods carry: our label and the CNI annotations) the IPs pods run on
@@ -280,7 +282,7 @@ pub fn add_running_duplicates(
             .pods
             .sort_by(|a, b| (a.created_at, &a.uid).cmp(&(b.created_at, &b.uid)));
     }
-    found.retain(|d| more_than_one_holder(&d.pods.iter().collect::<Vec<_>>()));
+    found.retain(|d| more_than_one_holder(&d.pods));
     found.sort_by_key(|d| d.ip);
 }
 
@@ -313,9 +315,16 @@ impl ClaimState {
 /// claim's age is how long this leader has watched it, never a time another machine wrote
 /// compared with this machine's clock: replicas' clocks may disagree by minutes. A new leader
 /// starts its own count, so it waits a whole window before freeing anything.
+///
+/// Each sighting also keeps the object it last read and the [`Claim`] it parsed to: the watch
+/// cache hands every pass the same `Arc` until the claim changes, so a pass reads only the
+/// claims that changed since the last one, and one it holds is never freed, so no other object
+/// can share its address.
 #[derive(Debug, Default)]
 pub struct Sightings {
     first: HashMap<String, Sighting>,
+    /// How many times [`Sightings::observe`] ran: which sightings the last one listed.
+    observed: u64,
 }
 
 #[derive(Debug)]
@@ -325,22 +334,59 @@ struct Sighting {
     /// The pod with the claim's UID was in the pod cache: the API server stored it, so the
     /// promise made at admission was kept.
     pod_seen: bool,
+    /// The object as last observed and what it parsed to (`None`: not observed yet).
+    read: Option<Read>,
+    /// The [`Sightings::observe`] that last listed the claim.
+    listed_in: u64,
+}
+
+#[derive(Debug)]
+struct Read {
+    resource: Arc<IPClaim>,
+    claim: Result<Claim, crate::ledger::LedgerError>,
+}
+
+impl Sighting {
+    /// Whether this is the sighting of `resource` as it is now.
+    fn is_of(&self, resource: &Arc<IPClaim>) -> bool {
+        self.read
+            .as_ref()
+            .is_some_and(|read| Arc::ptr_eq(&read.resource, resource))
+            || self.state == ClaimState::of(resource)
+    }
 }
 
 impl Sightings {
     /// Note `claims` as seen at `now`, with the pods of `pods` (by UID); forget the claims no
-    /// longer listed.
+    /// longer listed. A claim that is the very object the last call saw costs a lookup.
     pub fn observe(&mut self, claims: &[Arc<IPClaim>], pods: &HashMap<String, PodInfo>, now: u64) {
-        let mut listed = HashSet::with_capacity(claims.len());
+        self.observed += 1;
+        let pass = self.observed;
         for resource in claims {
-            let name = resource.metadata.name.clone().unwrap_or_default();
+            let name = resource.metadata.name.as_deref().unwrap_or_default();
+            let pod_here = |uid: Option<&String>| uid.is_some_and(|uid| pods.contains_key(uid));
+            let unchanged = self.first.get_mut(name).filter(|seen| {
+                seen.read
+                    .as_ref()
+                    .is_some_and(|read| Arc::ptr_eq(&read.resource, resource))
+            });
+            if let Some(seen) = unchanged {
+                seen.pod_seen |= pod_here(resource.spec.pod_uid.as_ref());
+                seen.listed_in = pass;
+                continue;
+            }
             let state = ClaimState::of(resource);
-            let pod_here = state
-                .pod_uid
-                .as_ref()
-                .is_some_and(|uid| pods.contains_key(uid));
-            match self.first.get_mut(&name) {
-                Some(seen) if seen.state == state => seen.pod_seen |= pod_here,
+            let read = Some(Read {
+                resource: Arc::clone(resource),
+                claim: from_resource(resource),
+            });
+            let pod_here = pod_here(state.pod_uid.as_ref());
+            match self.first.get_mut(name) {
+                Some(seen) if seen.state == state => {
+                    seen.pod_seen |= pod_here;
+                    seen.read = read;
+                    seen.listed_in = pass;
+                }
                 previous => {
                     // a phase change of the same pod's claim: that pod was still seen
                     let pod_seen = pod_here
@@ -353,30 +399,54 @@ impl Sightings {
                         state,
                         since: now,
                         pod_seen,
+                        read,
+                        listed_in: pass,
                     };
-                    self.first.insert(name.clone(), seen);
+                    self.first.insert(name.to_string(), seen);
                 }
             }
-            listed.insert(name);
         }
-        self.first.retain(|name, _| listed.contains(name));
+        self.first.retain(|_, seen| seen.listed_in == pass);
     }
 
-    fn sighting(&self, resource: &IPClaim) -> Option<&Sighting> {
+    fn sighting(&self, resource: &Arc<IPClaim>) -> Option<&Sighting> {
         let name = resource.metadata.name.as_deref().unwrap_or_default();
-        self.first
-            .get(name)
-            .filter(|seen| seen.state == ClaimState::of(resource))
+        self.first.get(name).filter(|seen| seen.is_of(resource))
     }
 
     /// Since when `resource` has been in its present state; `now` for one not seen before.
-    pub fn since(&self, resource: &IPClaim, now: u64) -> u64 {
+    pub fn since(&self, resource: &Arc<IPClaim>, now: u64) -> u64 {
         self.sighting(resource).map_or(now, |seen| seen.since)
     }
 
     /// Whether the pod `resource` is bound to has been seen since the claim was.
-    pub fn pod_seen(&self, resource: &IPClaim) -> bool {
+    pub fn pod_seen(&self, resource: &Arc<IPClaim>) -> bool {
         self.sighting(resource).is_some_and(|seen| seen.pod_seen)
+    }
+
+    /// The claim `resource` records: parsed when [`Sightings::observe`] saw this very object,
+    /// parsed now otherwise; `None` (and a warning) for one that cannot be read.
+    fn claim<'a>(&'a self, resource: &Arc<IPClaim>) -> Option<Cow<'a, Claim>> {
+        let name = resource.metadata.name.as_deref().unwrap_or_default();
+        let read = self
+            .first
+            .get(name)
+            .and_then(|seen| seen.read.as_ref())
+            .filter(|read| Arc::ptr_eq(&read.resource, resource));
+        let skip = |error: &crate::ledger::LedgerError| {
+            tracing::warn!(%error, "the reconciler skips an IPClaim");
+        };
+        match read.map(|read| &read.claim) {
+            Some(Ok(claim)) => Some(Cow::Borrowed(claim)),
+            Some(Err(error)) => {
+                skip(error);
+                None
+            }
+            None => from_resource(resource)
+                .map(Cow::Owned)
+                .inspect_err(skip)
+                .ok(),
+        }
     }
 
     pub fn clear(&mut self) {
@@ -406,15 +476,9 @@ pub fn plan(
     rules: Rules,
 ) -> Plan {
     let mut plan = Plan::default();
-    let parsed: Vec<(&Arc<IPClaim>, Claim)> = claims
+    let parsed: Vec<(&Arc<IPClaim>, Cow<'_, Claim>)> = claims
         .iter()
-        .filter_map(|resource| match from_resource(resource) {
-            Ok(claim) => Some((resource, claim)),
-            Err(error) => {
-                tracing::warn!(%error, "the reconciler skips an IPClaim");
-                None
-            }
-        })
+        .filter_map(|resource| Some((resource, seen.claim(resource)?)))
         .collect();
     let recorded: HashSet<IpAddr> = parsed.iter().map(|(_, claim)| claim.ip).collect();
     let bound_uids: HashSet<&str> = parsed
@@ -523,7 +587,7 @@ fn taker<'p>(
         .filter(|pod| {
             !pod.terminating && !bound_uids.contains(pod.uid.as_str()) && takes_up(claim, pod)
         })
-        .min_by_key(|pod| (pod.created_at, pod.uid.clone()))
+        .min_by(|a, b| oldest_first(a, b))
 }
 
 /// Adopt each IP a live pod carrying a claim token runs on that no claim records, oldest pod
@@ -535,7 +599,7 @@ fn plan_token_adoptions(
 ) {
     let mut adopted: HashSet<IpAddr> = HashSet::new();
     let mut live: Vec<&PodInfo> = pods.values().filter(|p| !p.terminating).collect();
-    live.sort_by_key(|pod| (pod.created_at, pod.uid.clone()));
+    live.sort_by(|a, b| oldest_first(a, b));
     for pod in live {
         // Only a pod carrying a claim token was admitted by us: the webhooks see every pod
         // with one of our markers, and `/validate` refuses a token the ledger does not back.
@@ -688,11 +752,13 @@ mod tests {
                     state: ClaimState::of(resource),
                     since: from_resource(resource).unwrap().updated_at,
                     pod_seen: false,
+                    read: None,
+                    listed_in: 0,
                 };
                 (name, seen)
             })
             .collect();
-        Sightings { first }
+        Sightings { first, observed: 0 }
     }
 
     fn summary(plan: &Plan) -> Vec<String> {
@@ -915,6 +981,81 @@ mod tests {
         assert_eq!(seen.since(&rebound[0], T0 + 170), T0 + 170);
     }
 
+    /// A pass reads a claim once: while the watch cache hands it the same object, the parse
+    /// of the last pass stands; any other object of the same name (a new resourceVersion, a
+    /// full resync's list) is read again, and a claim no longer listed leaves the cache.
+    #[test]
+    fn a_claim_is_parsed_again_only_when_its_object_changes() {
+        let first = pod("default", "db-0", "uid-1", "10.0.0.9", T0);
+        let claim = bound(reserved("10.0.0.9", "default", "db-0", "", T0), &first, T0);
+        let other = Arc::new(reserved("10.0.0.8", "default", "", "web-", T0));
+        let listed = vec![Arc::new(claim.clone()), Arc::clone(&other)];
+        let mut seen = Sightings::default();
+        seen.observe(&listed, &pods(&[]), T0);
+        let read = seen.claim(&listed[0]).unwrap();
+        assert!(
+            matches!(read, Cow::Borrowed(_)),
+            "the parse of observe is reused"
+        );
+        assert_eq!(read.pod.uid.as_deref(), Some("uid-1"));
+        // the same object again: still the one parse, and the pod seen since is noted
+        seen.observe(&listed, &pods(std::slice::from_ref(&first)), T0 + 10);
+        assert!(matches!(seen.claim(&listed[0]), Some(Cow::Borrowed(_))));
+        assert!(seen.pod_seen(&listed[0]));
+        assert_eq!(seen.since(&listed[0], T0 + 20), T0);
+
+        // a new object of the same name, bound to another pod, at a new resourceVersion
+        let second = pod("default", "db-0", "uid-2", "10.0.0.9", T0 + 30);
+        let mut rebound = bound(claim, &second, T0 + 30);
+        rebound.metadata.resource_version = Some("2".into());
+        let rebound = Arc::new(rebound);
+        // not observed yet: read now, not taken from the cache of the old object
+        let fresh = seen.claim(&rebound).unwrap();
+        assert!(matches!(fresh, Cow::Owned(_)));
+        assert_eq!(fresh.pod.uid.as_deref(), Some("uid-2"));
+        seen.observe(&[Arc::clone(&rebound)], &pods(&[]), T0 + 40);
+        let cached = seen.claim(&rebound).unwrap();
+        assert!(matches!(cached, Cow::Borrowed(_)));
+        assert_eq!(cached.pod.uid.as_deref(), Some("uid-2"));
+        assert_eq!(
+            seen.since(&rebound, T0 + 50),
+            T0 + 40,
+            "a changed claim is seen anew"
+        );
+        assert!(!seen.pod_seen(&rebound));
+        // the old object, and the claim no longer listed, are let go
+        assert!(
+            seen.claim(&listed[0])
+                .is_some_and(|c| matches!(c, Cow::Owned(_)))
+        );
+        assert_eq!(Arc::strong_count(&listed[0]), 1);
+        assert_eq!(
+            Arc::strong_count(&other),
+            2,
+            "held by `listed` and `other` only"
+        );
+        assert_eq!(seen.first.len(), 1);
+        assert_eq!(seen.since(&other, T0 + 50), T0 + 50);
+    }
+
+    /// A claim that cannot be read is skipped on every pass, from the cache as when first read.
+    #[test]
+    fn an_unreadable_claim_is_skipped_on_every_pass() {
+        let mut broken = reserved("10.0.0.7", "default", "", "web-", T0);
+        broken.spec.ip = "not-an-ip".into();
+        let claims = arcs(vec![broken]);
+        let mut seen = Sightings::default();
+        for at in [T0, T0 + 500] {
+            seen.observe(&claims, &pods(&[]), at);
+            assert!(seen.claim(&claims[0]).is_none());
+            assert!(
+                plan(&claims, &pods(&[]), &seen, at, RULES)
+                    .actions
+                    .is_empty()
+            );
+        }
+    }
+
     /// A phase is what the record says, and the status subresource can be written by hand: a
     /// Released claim whose pod still runs is bound again, never freed.
     #[test]
@@ -1092,6 +1233,38 @@ mod tests {
         );
         // the claim goes to the older pod
         assert_eq!(summary(&plan), ["adopt 10.0.0.5 uid-a"]);
+    }
+
+    /// Each shared IP once, by IP, its carriers oldest first (then by UID); a pod on two
+    /// shared IPs is in both, and an IP one live pod carries is none.
+    #[test]
+    fn duplicates_are_listed_by_ip_with_every_carrier() {
+        let mut a = pod("default", "a", "uid-a", "10.0.0.9", T0 + 2);
+        a.ips.push("10.0.0.2".parse().unwrap());
+        let b = pod("default", "b", "uid-b", "10.0.0.9", T0);
+        let c = pod("default", "c", "uid-c", "10.0.0.9", T0 + 2);
+        let d = pod("default", "d", "uid-d", "10.0.0.2", T0 + 1);
+        let alone = pod("default", "e", "uid-e", "10.0.0.1", T0);
+        let found = duplicates(&pods(&[c.clone(), alone, a.clone(), d.clone(), b.clone()]));
+        let listed: Vec<(String, Vec<&str>)> = found
+            .iter()
+            .map(|dup| {
+                let uids = dup.pods.iter().map(|p| p.uid.as_str()).collect();
+                (dup.ip.to_string(), uids)
+            })
+            .collect();
+        assert_eq!(
+            listed,
+            [
+                ("10.0.0.2".to_string(), vec!["uid-d", "uid-a"]),
+                ("10.0.0.9".to_string(), vec!["uid-b", "uid-a", "uid-c"]),
+            ]
+        );
+        assert_eq!(
+            found[1].pods,
+            [b, a, c],
+            "whole PodInfos, not only their UIDs"
+        );
     }
 }
 
