@@ -41,7 +41,8 @@
 # BENCH_SERVER_CPU / BENCH_LOAD_CPU (default 0 / 1), BENCH_SCENARIOS (default "floor
 # floor-durable kube mutate-dry-run validate mutate-durable"; add floor-parse and
 # floor-parse-durable for the floors with work), BENCH_PROFILE (cargo profile, default dist),
-# BENCH_PROBE (fdatasync probes, default 2000; 0 skips).
+# BENCH_PROBE (fdatasync probes, default 2000; 0 skips), BENCH_BIN (a directory with ip-webhook
+# and examples/ already built, as target/release is: no cargo build; to compare two builds).
 # A benchmark, not a test: it never fails on a number.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -71,10 +72,14 @@ for tool in taskset curl awk; do
   command -v "$tool" >/dev/null || { echo "$tool is required" >&2; exit 1; }
 done
 
-echo "building (profile $profile; dist is what ships, ~10 min cold): ip-webhook, examples bench_floor, bench_kube_baseline, ledger_load, bench_client" >&2
-cargo build --profile "$profile" --quiet --bin ip-webhook --example bench_floor --example bench_kube_baseline --example ledger_load --example bench_client
-target_dir=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
-if [ "$profile" = dev ]; then bin="$target_dir/debug"; else bin="$target_dir/$profile"; fi
+if [ -n "${BENCH_BIN:-}" ]; then
+  bin=$BENCH_BIN
+else
+  echo "building (profile $profile; dist is what ships, ~10 min cold): ip-webhook, examples bench_floor, bench_kube_baseline, ledger_load, bench_client" >&2
+  cargo build --profile "$profile" --quiet --bin ip-webhook --example bench_floor --example bench_kube_baseline --example ledger_load --example bench_client
+  target_dir=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+  if [ "$profile" = dev ]; then bin="$target_dir/debug"; else bin="$target_dir/$profile"; fi
+fi
 
 work=$(mktemp -d)
 pids=()
