@@ -23,10 +23,6 @@ use crate::admission::{Incoming, Meta, OwnerRef};
 
 /// The label KubeVirt puts on every launcher pod, and its value there.
 pub const LAUNCHER_LABEL: (&str, &str) = ("kubevirt.io", "virt-launcher");
-/// The label naming the VM (the VMI's name) on a launcher pod.
-pub const VM_NAME_LABEL: &str = "vm.kubevirt.io/name";
-/// The label of a live migration's target pod.
-pub const MIGRATION_JOB_LABEL: &str = "kubevirt.io/migrationJobUID";
 /// The API group of VirtualMachines and VirtualMachineInstances.
 pub const GROUP: &str = "kubevirt.io";
 /// The user KubeVirt's controller creates launcher pods as, in its default install.

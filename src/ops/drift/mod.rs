@@ -708,6 +708,15 @@ mod tests {
     }
 
     fn run(claims: &[Claim], pods: &[Pod], cni: &[CniHold]) -> Vec<(DriftKind, String, String)> {
+        run_with_vms(claims, pods, cni, &HashSet::new())
+    }
+
+    fn run_with_vms(
+        claims: &[Claim],
+        pods: &[Pod],
+        cni: &[CniHold],
+        vms: &HashSet<(String, String)>,
+    ) -> Vec<(DriftKind, String, String)> {
         let listed = pod_lists(pods).union(&parse_ip_spec("10.0.0.10-10.0.0.13").unwrap());
         let (pods, plain) = kept(pods);
         compare(&Inputs {
@@ -719,7 +728,7 @@ mod tests {
             app_label: "app",
             now: NOW,
             settle: SETTLE_SECONDS,
-            vms: &HashSet::new(),
+            vms,
         })
         .into_iter()
         .map(|d| (d.kind, d.ip.to_string(), d.pod))
@@ -777,22 +786,7 @@ mod tests {
             .into_iter()
             .map(|vm| ("default".to_string(), vm.to_string()))
             .collect();
-        let listed = pod_lists(&pods).union(&parse_ip_spec("10.0.0.10-10.0.0.13").unwrap());
-        let (pods, plain) = kept(&pods);
-        let found: Vec<(DriftKind, String, String)> = compare(&Inputs {
-            claims: &claims,
-            pods: &pods,
-            plain: &plain,
-            listed: &listed,
-            cni: &[],
-            app_label: "app",
-            now: NOW,
-            settle: SETTLE_SECONDS,
-            vms: &vms,
-        })
-        .into_iter()
-        .map(|d| (d.kind, d.ip.to_string(), d.pod))
-        .collect();
+        let found = run_with_vms(&claims, &pods, &[], &vms);
         assert_eq!(
             found,
             [
