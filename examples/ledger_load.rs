@@ -39,7 +39,7 @@ fn claim(n: u32) -> Claim {
         source: Source::Allocated,
         created_at: 1_764_460_800,
         updated_at: 1_764_460_800,
-        list_size: Some(1 << 20),
+        list_size: std::num::NonZeroU64::new(1 << 20),
         // shaped as `new_token` makes them: 32 hex digits
         token: format!("{n:032x}").into(),
         release_at: None,

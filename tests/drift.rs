@@ -109,7 +109,7 @@ fn claim(ip: &str, name: &str, uid: &str) -> Claim {
             ..claims::pod_ref("default", name)
         },
         phase: Phase::Bound,
-        list_size: Some(8),
+        list_size: std::num::NonZeroU64::new(8),
         token: TOKEN.into(),
         ..claims::at(claims::claim(ip, "web", name), 0)
     }

@@ -62,7 +62,7 @@ fn claim(i: u32) -> Claim {
         pod: claims::pod_ref("prod", &format!("web-{i}")),
         request_uid: format!("uid-{i}").into(),
         phase: Phase::Bound,
-        list_size: Some(1000),
+        list_size: std::num::NonZeroU64::new(1000),
         token: format!("token-{i}").into(),
         ..claims::at(claims::claim(&ip, "web", ""), 1_764_000_000)
     }

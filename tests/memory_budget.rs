@@ -209,7 +209,7 @@ fn held_claim(n: u32) -> ip_webhook::ledger::Claim {
             ..base.pod.clone()
         },
         request_uid: format!("5f0c8a9e-3b1d-4c7a-9e2f-{n:012}").into(),
-        list_size: Some(1 << 22),
+        list_size: std::num::NonZeroU64::new(1 << 22),
         token: format!("{n:032x}").into(),
         ..base
     }

@@ -38,7 +38,7 @@ fn claim(
         pool: pool.map(Into::into),
         phase,
         source,
-        list_size,
+        list_size: list_size.and_then(std::num::NonZeroU64::new),
         ..claim
     }
 }

@@ -67,7 +67,7 @@ fn claim(ip: &str, namespace: &str, app: &str, pod: &str, uid: &str) -> Claim {
             ..claims::pod_ref(namespace, pod)
         },
         phase: Phase::Bound,
-        list_size: Some(4),
+        list_size: std::num::NonZeroU64::new(4),
         ..claims::at(claims::claim(ip, app, pod), 1_764_400_000)
     }
 }

@@ -64,8 +64,9 @@ pub(super) fn new_claim(ip: IpAddr, request: &AllocationRequest<'_>, source: Sou
         source,
         created_at: now,
         updated_at: now,
-        list_size: (!request.candidates.is_empty())
-            .then(|| u64::try_from(request.candidates.len()).unwrap_or(u64::MAX)),
+        list_size: std::num::NonZeroU64::new(
+            u64::try_from(request.candidates.len()).unwrap_or(u64::MAX),
+        ),
         token: request.token.into(),
         release_at: None,
         sticky: false,

@@ -132,7 +132,7 @@ impl Tally {
                 .newest_size
                 .is_none_or(|(at, _)| claim.created_at >= at)
         {
-            self.newest_size = Some((claim.created_at, size));
+            self.newest_size = Some((claim.created_at, size.get()));
         }
         if claim.pool.is_some() {
             self.pool = claim.pool.as_deref().map(String::from);

@@ -119,7 +119,7 @@ pub fn to_resource(claim: &Claim) -> IPClaim {
             source: source_name(claim.source).to_string(),
             sticky: claim.sticky,
             token: claim.token.as_str().into(),
-            list_size: claim.list_size,
+            list_size: claim.list_size.map(std::num::NonZeroU64::get),
             vm: claim.vm.as_deref().map(Into::into),
         },
     );
@@ -254,7 +254,7 @@ pub fn from_resource(resource: &IPClaim) -> Result<Claim, LedgerError> {
         },
         created_at: reserved_at,
         updated_at,
-        list_size: spec.list_size,
+        list_size: spec.list_size.and_then(std::num::NonZeroU64::new),
         token: spec.token.as_str().into(),
         release_at: status.release_at.as_deref().and_then(unix_seconds),
         sticky: spec.sticky,

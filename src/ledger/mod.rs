@@ -5,6 +5,7 @@
 
 use std::fmt;
 use std::net::IpAddr;
+use std::num::NonZeroU64;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -128,8 +129,14 @@ pub struct Claim {
     /// How many IPs the app's list (or the pool) had when this claim was made, all families
     /// counted (saturating): what `status` reports as the app's size. Absent in records
     /// written before it existed and for static IPs outside any list.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub list_size: Option<u64>,
+    /// Never zero (a list of no IPs makes no claim; a record's 0 reads as absent): the niche
+    /// keeps `Claim` in 168 bytes.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "zero_is_none"
+    )]
+    pub list_size: Option<NonZeroU64>,
     /// The claim's identity, written on the pod as `ip-webhook.io/claim`: unique per admitted
     /// pod (its IPv4 and IPv6 claims share it). Empty in records written before it existed.
     #[serde(default, skip_serializing_if = "str::is_empty")]
@@ -146,6 +153,14 @@ pub struct Claim {
     /// VM is verified gone (`crate::webhook::kubevirt`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vm: Option<Shared>,
+}
+
+/// A count written as a number, 0 read as absent.
+fn zero_is_none<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<NonZeroU64>, D::Error> {
+    let value: Option<u64> = serde::Deserialize::deserialize(deserializer)?;
+    Ok(value.and_then(NonZeroU64::new))
 }
 
 impl Claim {
@@ -374,11 +389,25 @@ mod tests {
 
     /// The allocator holds every claim for the life of the process, in an `Arc` (16 bytes
     /// more): at most 176 bytes in it lands in mimalloc's 192-byte class, not the 320-byte
-    /// one a claim of `String`s (264 bytes) took.
+    /// one a claim of `String`s (264 bytes) took. 168 it is: each claim passes by value
+    /// through the load's vectors and maps, whose growth counted in the RSS at ready (8 bytes
+    /// more cost 32 bytes of RSS per held claim, tests/memory_budget.rs).
+    #[test]
+    fn a_list_size_of_zero_reads_as_absent() {
+        let mut claim =
+            serde_json::to_value(unreadable_holder("10.0.0.1".parse().unwrap(), "x")).unwrap();
+        claim["list_size"] = serde_json::json!(0);
+        let read: Claim = serde_json::from_value(claim.clone()).unwrap();
+        assert_eq!(read.list_size, None);
+        claim["list_size"] = serde_json::json!(7);
+        let read: Claim = serde_json::from_value(claim).unwrap();
+        assert_eq!(read.list_size, NonZeroU64::new(7));
+    }
+
     #[test]
     fn a_claim_fits_the_192_byte_class_in_its_arc() {
         assert!(
-            std::mem::size_of::<Claim>() <= 176,
+            std::mem::size_of::<Claim>() <= 168,
             "{}",
             std::mem::size_of::<Claim>()
         );

@@ -247,7 +247,7 @@ fn encode_claim(buf: &mut Vec<u8>, claim: &Claim) {
     });
     put_u64(buf, claim.created_at);
     put_u64(buf, claim.updated_at);
-    put_opt(buf, claim.list_size, put_u64);
+    put_opt(buf, claim.list_size.map(std::num::NonZeroU64::get), put_u64);
     put_str(buf, &claim.token);
     put_opt(buf, claim.release_at, put_u64);
     // The last byte holds flags: `sticky`, and fields added since, each followed by its value
@@ -312,7 +312,9 @@ fn decode_claim(payload: &[u8]) -> Result<Claim, RecordError> {
         },
         created_at: r.u64("createdAt")?,
         updated_at: r.u64("updatedAt")?,
-        list_size: r.optional("listSize", |r| r.u64("listSize"))?,
+        list_size: r
+            .optional("listSize", |r| r.u64("listSize"))?
+            .and_then(std::num::NonZeroU64::new),
         token: r.string("token")?,
         release_at: r.optional("releaseAt", |r| r.u64("releaseAt"))?,
         sticky: false,
@@ -469,7 +471,7 @@ mod tests {
             source: Source::Static,
             created_at: 1_764_400_000,
             updated_at: u64::MAX,
-            list_size: Some(1 << 40),
+            list_size: std::num::NonZeroU64::new(1 << 40),
             token: "tok-1234567890abcdef".into(),
             release_at: Some(0),
             sticky: true,

@@ -672,7 +672,7 @@ mod tests {
                 source: Source::Allocated,
                 created_at: 1,
                 updated_at: 1,
-                list_size: Some(1),
+                list_size: std::num::NonZeroU64::new(1),
                 token: Default::default(),
                 release_at: None,
                 sticky: false,

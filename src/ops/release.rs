@@ -273,7 +273,7 @@ pub(crate) mod tests {
             source: Source::Allocated,
             created_at: 0,
             updated_at: 0,
-            list_size: Some(2),
+            list_size: std::num::NonZeroU64::new(2),
             token: Default::default(),
             release_at: None,
             sticky: false,

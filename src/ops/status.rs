@@ -272,7 +272,7 @@ mod tests {
             source: Source::Allocated,
             created_at: 1_700_000_000,
             updated_at: 1_700_000_000,
-            list_size: size,
+            list_size: size.and_then(std::num::NonZeroU64::new),
             token: Default::default(),
             release_at: None,
             sticky: false,

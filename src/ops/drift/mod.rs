@@ -661,7 +661,7 @@ mod tests {
             source: Source::Allocated,
             created_at: at,
             updated_at: at,
-            list_size: Some(4),
+            list_size: std::num::NonZeroU64::new(4),
             token: TOKEN.into(),
             release_at: None,
             sticky: false,
