@@ -1183,21 +1183,6 @@ async fn kube_ovn_subnets_and_exclude_ips_gate_fixed_ips_through_the_watch() {
 }
 
 /// A Pod DELETE review, as the API server sends it when the pod's deletion starts.
-fn delete_review(pod: &Pod, grace: i64) -> Value {
-    let object = serde_json::to_value(pod).unwrap();
-    let mut review = common::review(
-        "v1",
-        &format!("delete-{}", pod.metadata.uid.as_deref().unwrap_or("x")),
-        "DELETE",
-        None,
-        Some(object),
-        false,
-    );
-    review["request"]["name"] = json!(pod.metadata.name);
-    review["request"]["options"] = json!({"gracePeriodSeconds": grace});
-    review
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delete_review_frees_the_ip_only_once_the_pod_is_verified_gone() {
     let fake = FakeApi::start();
@@ -1217,7 +1202,7 @@ async fn a_delete_review_frees_the_ip_only_once_the_pod_is_verified_gone() {
 
     // A forged DELETE review for the running pod (grace 0): the claim turns Terminating, but
     // the pod is still there when the grace ends, so it keeps its IP.
-    let answer = server.mutate(&delete_review(&running, 0)).await;
+    let answer = server.mutate(&common::delete_review(&running, 0)).await;
     assert_eq!(answer["allowed"], true);
     eventually(
         "the release to be refused",
@@ -1247,7 +1232,7 @@ async fn a_delete_review_frees_the_ip_only_once_the_pod_is_verified_gone() {
     );
 
     // The real deletion: the pod goes, its DELETE review comes, and the IP is free again.
-    let answer = server.mutate(&delete_review(&running, 0)).await;
+    let answer = server.mutate(&common::delete_review(&running, 0)).await;
     assert_eq!(answer["allowed"], true);
     pods.delete("api-abcde", &DeleteParams::default())
         .await

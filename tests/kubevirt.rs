@@ -144,17 +144,9 @@ fn create_as(uid: &str, pod: Value, user: &str) -> Value {
     review
 }
 
+/// A launcher pod's DELETE review, sent by KubeVirt's controller.
 fn delete_review(pod: &Pod) -> Value {
-    let mut review = common::review(
-        "v1",
-        &format!("delete-{}", pod.metadata.uid.as_deref().unwrap_or("x")),
-        "DELETE",
-        None,
-        Some(serde_json::to_value(pod).unwrap()),
-        false,
-    );
-    review["request"]["name"] = json!(pod.metadata.name);
-    review["request"]["options"] = json!({"gracePeriodSeconds": 0});
+    let mut review = common::delete_review(pod, 0);
     review["request"]["userInfo"] = json!({"username": CONTROLLER});
     review
 }

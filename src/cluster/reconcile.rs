@@ -278,9 +278,7 @@ pub fn add_running_duplicates(
                 duplicate.pods.push(info);
             }
         }
-        duplicate
-            .pods
-            .sort_by(|a, b| (a.created_at, &a.uid).cmp(&(b.created_at, &b.uid)));
+        duplicate.pods.sort_by(oldest_first);
     }
     found.retain(|d| more_than_one_holder(&d.pods));
     found.sort_by_key(|d| d.ip);

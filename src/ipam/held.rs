@@ -134,9 +134,13 @@ fn pod_keys(claim: &Claim) -> impl Iterator<Item = &str> {
 /// recurs ([`name_recurs`]).
 fn recurring_name(pod: &PodRef, vm: Option<&str>) -> Option<Text> {
     match vm {
-        Some(vm) => Some(format!("vm/{vm}").into()),
+        Some(vm) => Some(vm_history_name(vm)),
         None => name_recurs(pod).then(|| pod.name.clone()),
     }
+}
+
+fn vm_history_name(vm: &str) -> Text {
+    format!("vm/{vm}").into()
 }
 
 /// Whether a pod of this name can come back under the same name: a fixed name (a StatefulSet's
@@ -493,7 +497,7 @@ impl State {
             return Some((ip, Reason::StatefulSetOrdinal));
         }
         let returning = match request.vm {
-            Some(_) => recurring_name(&request.pod, request.vm),
+            Some(vm) => Some(vm_history_name(vm)),
             None => (!request.pod.name.is_empty()).then(|| request.pod.name.clone()),
         };
         if let Some(name) = returning {

@@ -483,6 +483,21 @@ pub fn create(uid: &str, pod: Value) -> Value {
     review("v1", uid, "CREATE", Some(pod), None, false)
 }
 
+/// The DELETE review the API server sends for a stored `pod`, with `gracePeriodSeconds`.
+pub fn delete_review(pod: &k8s_openapi::api::core::v1::Pod, grace: i64) -> Value {
+    let mut review = review(
+        "v1",
+        &format!("delete-{}", pod.metadata.uid.as_deref().unwrap_or("x")),
+        "DELETE",
+        None,
+        Some(serde_json::to_value(pod).unwrap()),
+        false,
+    );
+    review["request"]["name"] = json!(pod.metadata.name);
+    review["request"]["options"] = json!({"gracePeriodSeconds": grace});
+    review
+}
+
 /// Decode the base64 JSON Patch of a response.
 pub fn patch_of(response: &Value) -> Value {
     use base64::Engine;

@@ -7,7 +7,7 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use super::api_order::Reviewer;
-use super::{allocated_ip, apply, create, pod, review};
+use super::{allocated_ip, apply, create, pod};
 
 /// An RFC 3339 time `ago` seconds before now, whole seconds (as the API server writes it).
 pub fn seconds_ago(ago: u64) -> String {
@@ -78,16 +78,7 @@ pub async fn running_pod(
 /// The pod's deletion as the API server makes it: its DELETE review, then the deletion with
 /// a grace of 1 s (the pod stays, Terminating, held by its finalizer).
 pub async fn delete_pod(server: &impl Reviewer, pods: &Api<Pod>, pod: &Pod) {
-    let mut review = review(
-        "v1",
-        &format!("delete-{}", pod.metadata.uid.as_deref().unwrap()),
-        "DELETE",
-        None,
-        Some(serde_json::to_value(pod).unwrap()),
-        false,
-    );
-    review["request"]["name"] = json!(pod.metadata.name);
-    review["request"]["options"] = json!({"gracePeriodSeconds": 1});
+    let review = super::delete_review(pod, 1);
     let answer = server.reviewer().mutate(&review).await;
     assert_eq!(answer["allowed"], true, "{answer}");
     pods.delete(
