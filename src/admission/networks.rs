@@ -23,6 +23,7 @@ use serde_json::{Map, Value};
 
 use super::annotations::AnnotationError;
 use crate::ipam::ipset::excerpt;
+use crate::ledger::network::is_dns_label;
 
 /// The annotation a pod names its network attachments in.
 pub const NETWORKS: &str = "k8s.v1.cni.cncf.io/networks";
@@ -254,16 +255,6 @@ fn parse_ip_request(text: &str, whole: &str) -> Result<(IpAddr, Option<u8>), Ann
             Ok((ip, Some(prefix)))
         }
     }
-}
-
-/// `[a-z0-9]([-a-z0-9]*[a-z0-9])?`, as Multus checks a namespace and a name.
-fn is_dns_label(text: &str) -> bool {
-    let bytes = text.as_bytes();
-    let inner = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit();
-    !bytes.is_empty()
-        && inner(&bytes[0])
-        && inner(&bytes[bytes.len() - 1])
-        && bytes.iter().all(|b| inner(b) || *b == b'-')
 }
 
 /// A MAC address as Go's `net.ParseMAC` reads one: 6, 8 or 20 bytes, as pairs of hex digits
