@@ -414,7 +414,13 @@ async fn the_embedded_ledger_keeps_each_networks_claims_apart_across_a_restart()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_network_annotations_get_a_clear_denial() {
     let server = TestServer::start(&["--network", "default/storage"]).await;
-    let cases: [(&str, Value, &str); 4] = [
+    let cases: [(&str, Value, &str); 5] = [
+        (
+            "twice",
+            json!({NETWORKS: "storage@net1,storage@net2", "storage.default.ip-webhook.io/allocatable-ips": "10.50.0.1-10.50.0.2",
+                   "storage.default.ip-webhook.io/prefix-length": "24"}),
+            "attaches network default/storage more than once",
+        ),
         (
             "no prefix",
             json!({NETWORKS: "storage", "storage.default.ip-webhook.io/allocatable-ips": "10.50.0.1"}),
@@ -521,4 +527,38 @@ async fn with_kube_ovn_the_attachment_annotation_carries_the_ip_and_other_fields
                 "mac": "c2:b0:57:49:47:f1", "default-route": ["10.50.0.254"],
                 "ips": ["10.50.0.7/24"]}])
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_refused_on_one_network_keeps_nothing_on_the_others() {
+    let server = TestServer::start(&[
+        "--network",
+        "default/storage",
+        "--network",
+        "default/backup",
+    ])
+    .await;
+    let pod = |backup: &str| {
+        let mut pod = web_pod();
+        pod["metadata"]["annotations"]["storage.default.ip-webhook.io/allocatable-ips"] =
+            json!("10.50.0.1-10.50.0.2");
+        pod["metadata"]["annotations"]["backup.default.ip-webhook.io/allocatable-ips"] =
+            json!(backup);
+        pod
+    };
+    let first = server.mutate(&create("first", pod("10.51.0.1"))).await;
+    assert_eq!(first["allowed"], true, "{first}");
+    let taken = network_ips(&apply(&pod("10.51.0.1"), &first))[0].2.clone();
+    // storage has room, backup has none: refused, and storage's second IP is given back
+    let refused = server.mutate(&create("second", pod("10.51.0.1"))).await;
+    assert_eq!(refused["allowed"], false, "{refused}");
+    assert!(
+        message(&refused).contains("network default/backup"),
+        "{refused}"
+    );
+    let third = server.mutate(&create("third", pod("10.51.0.2"))).await;
+    assert_eq!(third["allowed"], true, "{third}");
+    let storage = network_ips(&apply(&pod("10.51.0.2"), &third))[0].2.clone();
+    assert_ne!(storage, taken);
+    assert_eq!(storage.len(), 1, "{storage:?}");
 }

@@ -22,7 +22,7 @@ use crate::admission::annotations::{AnnotationError, Cni};
 use crate::admission::networks::{Attachment, NETWORKS, parse_networks, write_networks};
 use crate::admission::patch::MetadataPatch;
 use crate::admission::{Incoming, Meta};
-use crate::ipam::allocator::{AllocError, AllocationRequest, Allocator};
+use crate::ipam::allocator::{AllocError, AllocationRequest, Allocator, Reason};
 use crate::ipam::ipset::{Family, IpSet};
 use crate::ipam::messages::conflict_message;
 use crate::ledger::claim::{PodIdentity, new_token};
@@ -142,6 +142,12 @@ pub fn asks(webhook: &Webhook, view: &PodView<'_>) -> Result<Option<NetworkAsks>
         };
         if webhook.secondary.get(&network).is_none() {
             continue;
+        }
+        if asks.iter().any(|ask: &NetworkAsk| ask.network == network) {
+            return Err(Denial::Candidates(format!(
+                "pod {}: its {NETWORKS} attaches network {network} more than once; ip-webhook gives a pod one fixed IP per network",
+                view.display()
+            )));
         }
         let key = list_annotation(&network);
         let list = meta.annotation(&key);
@@ -271,6 +277,8 @@ pub async fn grant(
 ) -> Result<Vec<NetworkGrant>, Denial> {
     let identity = request.identity();
     let mut granted: Vec<NetworkGrant> = Vec::new();
+    // what this request recorded, given back if a later network refuses the pod
+    let mut recorded: Vec<NetworkGrant> = Vec::new();
     for ask in &asks.asks {
         let Some(allocator) = webhook.secondary.get(&ask.network) else {
             continue;
@@ -293,12 +301,18 @@ pub async fn grant(
             allocator.claim_static(&ask.carried, &network_request).await
         };
         match result {
-            Ok(allocation) => granted.push(NetworkGrant {
-                network: ask.network.clone(),
-                ips: allocation.ips,
-            }),
+            Ok(allocation) => {
+                let grant = NetworkGrant {
+                    network: ask.network.clone(),
+                    ips: allocation.ips,
+                };
+                if !allocation.reasons.contains(&Reason::SameRequest) {
+                    recorded.push(grant.clone());
+                }
+                granted.push(grant);
+            }
             Err(error) => {
-                give_back(webhook, &granted, &identity, request.dry_run).await;
+                give_back(webhook, &recorded, &identity, request.dry_run).await;
                 return Err(network_denial(&ask.network, error));
             }
         }
@@ -346,7 +360,8 @@ pub fn add_to_patch(
 ) {
     let mut attachments = asks.attachments.clone();
     for (ask, grant) in asks.asks.iter().zip(granted) {
-        if let Some(prefix) = ask.prefix {
+        // IPs the pod named by hand stay as it wrote them
+        if let Some(prefix) = ask.prefix.filter(|_| ask.carried.is_empty()) {
             let ips: Vec<(IpAddr, u8)> = grant.ips.iter().map(|ip| (*ip, prefix)).collect();
             attachments[ask.attachment].set_ips(&ips);
         }
