@@ -562,3 +562,115 @@ async fn a_pod_refused_on_one_network_keeps_nothing_on_the_others() {
     assert_ne!(storage, taken);
     assert_eq!(storage.len(), 1, "{storage:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_drift_compares_a_networks_claims_with_what_multus_reports() {
+    let fake = FakeApi::start();
+    let client = fake.install_crds().await;
+    create_attachments(&client).await;
+    let server = fake.replica(&replica_args()).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    // ours, on 10.50.0.1; Multus reports the interface came up on 10.50.0.2 instead
+    let mut object = web_pod();
+    object["metadata"]["annotations"][NETWORKS] = json!("storage@net1");
+    let annotations = object["metadata"]["annotations"].as_object_mut().unwrap();
+    annotations.remove("backup.default.ip-webhook.io/allocatable-ips");
+    let response = server.mutate(&create("ours", object.clone())).await;
+    assert_eq!(response["allowed"], true, "{response}");
+    let mut patched = apply(&object, &response);
+    let claimed = network_ips(&patched)[0].2[0]
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
+    let other = if claimed == "10.50.0.2" {
+        "10.50.0.1"
+    } else {
+        "10.50.0.2"
+    };
+    let status = |ip: &str| {
+        json!(format!(
+            r#"[{{"name":"k8s-pod-network","interface":"eth0","ips":["10.244.0.9"],"default":true}},{{"name":"default/storage","interface":"net1","ips":["{ip}"]}}]"#
+        ))
+    };
+    patched["metadata"]["annotations"]["k8s.v1.cni.cncf.io/network-status"] = status(other);
+    let ours = persist_pod(&pods, patched, "web-ours").await;
+    let validated = server
+        .validate(&create("v-ours", serde_json::to_value(&ours).unwrap()))
+        .await;
+    assert_eq!(validated["allowed"], true, "{validated}");
+    // not ours: a pod another IPAM put on 10.50.0.3 of the list, with no claim
+    let squatter = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"namespace": "default", "labels": {"app": "other"}, "annotations": {
+            NETWORKS: "storage", "k8s.v1.cni.cncf.io/network-status": status("10.50.0.3"),
+        }},
+        "spec": {"containers": [{"name": "c", "image": "registry.example/app:1"}]},
+    });
+    persist_pod(&pods, squatter, "squatter").await;
+    let kubeconfig = fake.kubeconfig().display().to_string();
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "check",
+            "--drift",
+            "--kubeconfig",
+            kubeconfig.as_str(),
+            "-o",
+            "json",
+        ];
+        args.extend_from_slice(extra);
+        let ran = common::ip_webhook(&args);
+        let report: Value = serde_json::from_str(&ran.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {} {}", ran.stdout, ran.stderr));
+        let found: Vec<(String, String, String)> = report["drift"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| {
+                let text = |key: &str| d[key].as_str().unwrap().to_string();
+                (text("kind"), text("ip"), text("pod"))
+            })
+            .collect();
+        (ran.code, found)
+    };
+    let (code, found) = run(&["--network", "default/storage"]);
+    assert_eq!(code, Some(3), "{found:?}");
+    let row = |kind: &str, ip: &str, pod: &str| (kind.to_string(), ip.to_string(), pod.to_string());
+    assert_eq!(
+        found,
+        [
+            row("pod-without-claim", "10.50.0.3", "default/squatter"),
+            row("pod-ip-differs", &claimed, "default/web-ours"),
+        ]
+    );
+    // the primary interface's comparison does not see the network's IPs
+    let (_, primary) = run(&[]);
+    assert!(
+        primary.iter().all(|(_, ip, _)| !ip.starts_with("10.50.")),
+        "{primary:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statefulset_pod_gets_its_ordinals_entry_on_each_network() {
+    let server = TestServer::start(&["--network", "default/storage"]).await;
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": "db-2", "namespace": "default", "labels": {"app": "db"},
+            "annotations": {
+                NETWORKS: "storage",
+                "ip-webhook.io/allocatable-ips": "10.60.1.0-10.60.1.9",
+                "storage.default.ip-webhook.io/allocatable-ips": "10.52.0.10-10.52.0.19",
+                "storage.default.ip-webhook.io/prefix-length": "24",
+            },
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db",
+                                 "uid": "sts-uid", "controller": true}],
+        },
+        "spec": {"containers": [{"name": "c", "image": "registry.example/db:1"}]},
+    });
+    let response = server.mutate(&create("db-2", pod.clone())).await;
+    assert_eq!(response["allowed"], true, "{response}");
+    assert_eq!(common::allocated_ip(&response), "10.60.1.2");
+    assert_eq!(network_ips(&apply(&pod, &response))[0].2, ["10.52.0.12/24"]);
+}

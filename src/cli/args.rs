@@ -201,8 +201,9 @@ pub struct StatusArgs {
 
 #[derive(Debug, Clone, Args)]
 pub struct ExplainArgs {
-    /// YAML or JSON with Pods, Deployments, StatefulSets, ReplicaSets, DaemonSets, Jobs or
-    /// CronJobs (several documents allowed), or - for standard input.
+    /// YAML or JSON with Pods, Deployments, StatefulSets, ReplicaSets, DaemonSets, Jobs,
+    /// CronJobs or KubeVirt VirtualMachines (several documents allowed), or - for standard
+    /// input.
     #[arg(short = 'f', long = "filename", value_name = "FILE|-")]
     pub file: String,
     /// Namespace of objects that name none.
@@ -325,6 +326,10 @@ pub struct DriftArgs {
     /// With --drift: the pod label that names a pod's app.
     #[arg(long, default_value = "app", value_name = "KEY")]
     pub app_label: String,
+    /// With --drift: compare the claims of this secondary network (a `serve --network`) with
+    /// the IPs Multus reports for it, instead of the primary interface's.
+    #[arg(long, value_name = "NAMESPACE/NAME", value_parser = crate::ledger::network::Network::parse, conflicts_with = "url")]
+    pub network: Option<crate::ledger::network::Network>,
 }
 
 /// Where claims are recorded.

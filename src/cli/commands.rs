@@ -57,14 +57,9 @@ struct Contents {
 }
 
 /// Every claim and pool, read without writing anything (an embedded ledger is read as
-/// `status` reads it, also while a server holds it).
-async fn read(config: &OperatorConfig, pools_file: Option<&Path>) -> anyhow::Result<Contents> {
-    read_as(config, pools_file, true, None).await
-}
-
-/// [`read`]; with `existing` false, an absent embedded ledger reads as an empty one; with
-/// `network`, the claims of that secondary network.
-async fn read_as(
+/// `status` reads it, also while a server holds it); with `existing` false, an absent embedded
+/// ledger reads as an empty one; with `network`, the claims of that secondary network.
+async fn read(
     config: &OperatorConfig,
     pools_file: Option<&Path>,
     existing: bool,
@@ -120,7 +115,7 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
         claims,
         pools,
         api_server,
-    } = read_as(
+    } = read(
         &config,
         args.pools_file.as_deref(),
         true,
@@ -238,7 +233,7 @@ pub async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
             Ok(()) => {}
         }
     }
-    let read = read_as(&config, args.pools_file.as_deref(), false, None).await?;
+    let read = read(&config, args.pools_file.as_deref(), false, None).await?;
     let settings = crate::cli::settings(&args.app_label, args.cni);
     let sandbox = crate::ops::explain::sandbox(read.claims, settings, read.pools).await?;
     let outcomes =
@@ -493,12 +488,15 @@ async fn drift(args: CheckArgs) -> anyhow::Result<()> {
         claims,
         pools,
         api_server,
-    } = read(&config, None).await?;
+    } = read(&config, None, true, args.drift.network.as_ref()).await?;
     let api_server = api_server.expect("an API server was configured");
     let (client, server) = (api_server.watches, api_server.name);
-    let cluster = crate::ops::drift::fetch::read(&client, &pools, &args.drift.app_label)
+    let mut cluster = crate::ops::drift::fetch::read(&client, &pools, &args.drift.app_label)
         .await
         .with_context(|| format!("reading the cluster from {server}"))?;
+    if let Some(network) = &args.drift.network {
+        cluster = crate::ops::drift::network::project(cluster, network);
+    }
     for warning in &cluster.warnings {
         eprintln!("warning: {warning}");
     }
@@ -512,6 +510,7 @@ async fn drift(args: CheckArgs) -> anyhow::Result<()> {
         now: crate::ledger::unix_now(),
         settle: crate::ops::drift::SETTLE_SECONDS,
         vms: &cluster.vms,
+        network: args.drift.network.as_ref(),
     });
     let mut report = crate::ops::drift::Report {
         drift,

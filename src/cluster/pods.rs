@@ -97,9 +97,7 @@ impl PodDirectory {
     pub fn holder<'a, P: Resource>(&self, pods: &'a [P], claim: &Claim) -> Option<&'a P> {
         match &self.network {
             None => holder(pods, claim, &self.app_label),
-            Some(network) => holder_by(pods, claim, |meta| {
-                network_pod_info(meta, &self.app_label, network)
-            }),
+            Some(network) => network_holder(pods, claim, &self.app_label, network),
         }
     }
 
@@ -263,6 +261,19 @@ impl PodLookup for PodDirectory {
 /// ([`super::reconcile::takes_up`]). A terminating pod still holds its IP.
 pub fn holder<'a, P: Resource>(pods: &'a [P], claim: &Claim, app_label: &str) -> Option<&'a P> {
     holder_by(pods, claim, |meta| pod_info(meta, app_label))
+}
+
+/// [`holder`] for a claim of the secondary network `network`, whose pod carries its IPs in
+/// the networks annotation.
+pub fn network_holder<'a, P: Resource>(
+    pods: &'a [P],
+    claim: &Claim,
+    app_label: &str,
+    network: &Network,
+) -> Option<&'a P> {
+    holder_by(pods, claim, |meta| {
+        network_pod_info(meta, app_label, network)
+    })
 }
 
 /// [`holder`], with the IPs a pod carries read by `info`.
