@@ -250,7 +250,17 @@ pub fn start(
     )));
     let lease = options.lease.clone();
     tasks.extend(network_sweepers(&client, &webhook, &options, &leading));
-    let reconciler = reconciler(client, &webhook, &caches, options);
+    let vms = Arc::new(
+        virtual_machines::VmDirectory::new(
+            client.clone(),
+            webhook.settings.kubevirt.release_on_stop,
+        )
+        .remembering(options.resync_period),
+    );
+    tasks.extend(vm_watches(
+        &client, &webhook, &caches, &leading, &options, &vms,
+    ));
+    let reconciler = reconciler(client, &webhook, &caches, options, vms);
     tasks.push(tokio::spawn(reconciler.run(leading.clone(), ready)));
     ClusterHandle {
         caches,
@@ -355,6 +365,7 @@ fn reconciler(
     webhook: &Arc<Webhook>,
     caches: &Arc<Caches>,
     options: ClusterOptions,
+    vms: Arc<virtual_machines::VmDirectory>,
 ) -> Reconciler {
     Reconciler {
         client: client.clone(),
@@ -364,11 +375,7 @@ fn reconciler(
             claims: Api::all(client.clone()),
             pools: Api::all(client.clone()),
             pods: Api::all(client.clone()),
-            vms: virtual_machines::VmDirectory::new(
-                client.clone(),
-                webhook.settings.kubevirt.release_on_stop,
-            )
-            .remembering(options.resync_period),
+            vms,
             recorder: Recorder::new(
                 client,
                 Reporter {
@@ -508,6 +515,47 @@ pub fn start_sweeper(
         lease: options.lease,
         tasks,
     }
+}
+
+/// With KubeVirt launcher pods taken for VMs: the leader follows deletions of VirtualMachines
+/// (and of VMIs, when a stopped VM's IP is freed), so a VM's claim is dropped at its VM's
+/// deletion, not at the next resync.
+fn vm_watches(
+    client: &Client,
+    webhook: &Webhook,
+    caches: &Arc<Caches>,
+    leading: &watch::Receiver<bool>,
+    options: &ClusterOptions,
+    vms: &Arc<virtual_machines::VmDirectory>,
+) -> Vec<JoinHandle<()>> {
+    let kubevirt = &webhook.settings.kubevirt;
+    if kubevirt.controllers.is_empty() {
+        return Vec::new();
+    }
+    let mut resources = vec![virtual_machines::virtual_machines()];
+    if kubevirt.release_on_stop {
+        resources.push(virtual_machines::virtual_machine_instances());
+    }
+    resources
+        .into_iter()
+        .map(|resource| {
+            let (client, caches, vms) = (client.clone(), caches.clone(), vms.clone());
+            let recheck = options.resync_period;
+            tokio::spawn(while_leading(
+                leading.clone(),
+                move || {
+                    virtual_machines::watch_deletions(
+                        client.clone(),
+                        resource.clone(),
+                        vms.clone(),
+                        caches.clone(),
+                        recheck,
+                    )
+                },
+                || {},
+            ))
+        })
+        .collect()
 }
 
 /// One leak sweeper per secondary network, run by the Lease holder: whatever the ledger, a
