@@ -578,16 +578,32 @@ mod tests {
     use super::*;
 
     fn is_dns_subdomain(name: &str) -> bool {
-        name.len() <= 253
-            && name.split('.').all(|label| {
-                !label.is_empty()
-                    && label.len() <= 63
-                    && label
-                        .bytes()
-                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                    && !label.starts_with('-')
-                    && !label.ends_with('-')
-            })
+        name.len() <= 253 && name.split('.').all(super::super::network::is_dns_label)
+    }
+
+    #[test]
+    fn a_networks_ipclaim_is_named_and_labelled_for_its_network_and_read_back() {
+        let network = Network::parse("tenant-a/storage").unwrap();
+        for ip in ["10.50.0.7", "fd00::7"] {
+            let claim = Claim {
+                ip: ip.parse().unwrap(),
+                ..reserved_claim()
+            };
+            let resource = network_resource(&claim, Some(&network));
+            let name = resource.metadata.name.clone().unwrap();
+            assert!(name.ends_with(".storage.tenant-a"), "{name}");
+            assert!(is_dns_subdomain(&name), "{name}");
+            assert_eq!(network_of(&resource), Some(network.clone()));
+            assert_eq!(from_resource(&resource).unwrap().ip, claim.ip);
+            // the primary interface's object of the same IP is another name, unlabelled
+            let primary = to_resource(&claim);
+            assert_ne!(primary.metadata.name.as_deref(), Some(name.as_str()));
+            assert_eq!(network_of(&primary), None);
+            // a network's object under another name is damage, not a claim
+            let mut misnamed = resource.clone();
+            misnamed.metadata.name = Some(claim_name(&claim.ip));
+            assert!(from_resource(&misnamed).is_err());
+        }
     }
 
     #[test]
@@ -628,9 +644,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn claim_round_trips_through_the_resource() {
-        let claim = Claim {
+    /// A reservation of a `generateName` pod, as admission records one.
+    fn reserved_claim() -> Claim {
+        Claim {
             ip: "fd00::a".parse().unwrap(),
             app: "web".into(),
             pool: Some("blue".into()),
@@ -650,7 +666,12 @@ mod tests {
             release_at: None,
             sticky: false,
             vm: None,
-        };
+        }
+    }
+
+    #[test]
+    fn claim_round_trips_through_the_resource() {
+        let claim = reserved_claim();
         let mut resource = to_resource(&claim);
         assert_eq!(
             resource.metadata.name.as_deref(),
