@@ -4,7 +4,12 @@ use super::*;
 
 /// The rendered CEL conditions, by entry name, on Kubernetes 1.31.
 pub(super) fn rendered_conditions(helm: &Path) -> Vec<(String, String, String)> {
-    let docs = render(helm, &[], "1.31.0");
+    rendered_conditions_with(helm, &[])
+}
+
+/// [`rendered_conditions`] with these `--set` values.
+fn rendered_conditions_with(helm: &Path, set: &[&str]) -> Vec<(String, String, String)> {
+    let docs = render(helm, set, "1.31.0");
     let mut out = Vec::new();
     for kind in [
         "MutatingWebhookConfiguration",
@@ -318,6 +323,45 @@ fn cel_pod_updates_are_judged_by_the_pod_as_stored() {
     assert_eq!(evaluate(&names_ip, &named, &plain), Ok(true));
     // a hand-written static IP removed from an unmarked pod: pods.validate sees it
     assert_eq!(evaluate(&names_ip, &plain, &named), Ok(true));
+}
+
+/// With server.networks, a pod that attaches Multus networks (or names a list for one) is sent
+/// to /mutate and to pods.validate at its CREATE; without, no Multus pod is (it would wait on
+/// a webhook that has nothing to give it).
+#[test]
+fn cel_sends_multus_pods_only_when_secondary_networks_are_managed() {
+    let helm = helm();
+    let network_pods = [
+        json!({"metadata": {"annotations": {"k8s.v1.cni.cncf.io/networks": "storage@net1"}}}),
+        json!({"metadata": {"annotations": {"storage.default.ip-webhook.io/allocatable-ips": "10.50.0.1"}}}),
+    ];
+    let plain = json!({"metadata": {"annotations": {"a": "b"}}});
+    for (set, managed) in [
+        (&["server.networks={default/storage}"][..], true),
+        (&[][..], false),
+    ] {
+        let all = rendered_conditions_with(&helm, set);
+        for name in ["pod-wants-fixed-ip", "pod-names-ip"] {
+            let (_, _, expression) = all.iter().find(|(_, n, _)| n == name).unwrap();
+            for pod in &network_pods {
+                assert_eq!(
+                    evaluate(expression, pod, &Value::Null),
+                    Ok(managed),
+                    "{name} {set:?} {pod}"
+                );
+            }
+            assert_eq!(
+                evaluate(expression, &plain, &Value::Null),
+                Ok(false),
+                "{name} {set:?}"
+            );
+            assert_eq!(
+                evaluate(expression, &Value::Null, &plain),
+                Ok(false),
+                "{name} {set:?}"
+            );
+        }
+    }
 }
 
 #[test]
