@@ -194,16 +194,14 @@ clientConfig:
 {{ $o }} != null && has({{ $o }}.metadata) && ((has({{ $o }}.metadata.annotations) && ('ip-webhook.io/allocatable-ips' in {{ $o }}.metadata.annotations || 'ip-webhook.io/ip-pool' in {{ $o }}.metadata.annotations || 'cni.projectcalico.org/ipAddrs' in {{ $o }}.metadata.annotations || 'cni.projectcalico.org/ipAddrsNoIpam' in {{ $o }}.metadata.annotations || 'ovn.kubernetes.io/ip_address' in {{ $o }}.metadata.annotations)) || (has({{ $o }}.metadata.labels) && 'ip-webhook.io/fixed-ip' in {{ $o }}.metadata.labels))
 {{- end }}
 
-{{/* CEL: with server.networks set, the pod attaches Multus networks or names a list for one
-     (`NAME.NAMESPACE.ip-webhook.io/allocatable-ips`): /mutate gives it its IPs there, and
-     checks a hand-named `ips` entry; without, false, so no Multus pod waits on the webhook.
-     Argument: (dict "root" $ "o" "object"). */}}
+{{/* CEL, as a further alternative (` || (...)`): with server.networks set, the pod attaches
+     Multus networks or names a list for one (`NAME.NAMESPACE.ip-webhook.io/allocatable-ips`):
+     /mutate gives it its IPs there, and checks a hand-named `ips` entry. Without, nothing, so
+     no Multus pod waits on the webhook. Argument: (dict "root" $ "o" "object"). */}}
 {{- define "ip-webhook.celPodOnNetworks" -}}
 {{- $o := .o -}}
 {{- if .root.Values.server.networks -}}
-{{ $o }} != null && has({{ $o }}.metadata) && has({{ $o }}.metadata.annotations) && ('k8s.v1.cni.cncf.io/networks' in {{ $o }}.metadata.annotations || {{ $o }}.metadata.annotations.exists(k, k.endsWith('.ip-webhook.io/allocatable-ips')))
-{{- else -}}
-false
+{{ " || " }}({{ $o }} != null && has({{ $o }}.metadata) && has({{ $o }}.metadata.annotations) && ('k8s.v1.cni.cncf.io/networks' in {{ $o }}.metadata.annotations || {{ $o }}.metadata.annotations.exists(k, k.endsWith('.ip-webhook.io/allocatable-ips'))))
 {{- end }}
 {{- end }}
 
@@ -233,7 +231,7 @@ oldObject != null && has(oldObject.metadata) && ((has(oldObject.metadata.labels)
      in a Kube-OVN ip_pool list), and is not one of ours already (those go to
      pod-updates.validate, which fails closed). */}}
 {{- define "ip-webhook.celPodValidates" -}}
-(({{ include "ip-webhook.celPodWantsIP" "object" }}) || ({{ include "ip-webhook.celPodWantsIP" "oldObject" }}) || ({{ include "ip-webhook.celPodOnNetworks" (dict "root" . "o" "object") }}) || (object != null && has(object.metadata) && has(object.metadata.annotations) && 'ovn.kubernetes.io/ip_pool' in object.metadata.annotations)) && !({{ include "ip-webhook.celPodMarked" "oldObject" }})
+(({{ include "ip-webhook.celPodWantsIP" "object" }}) || ({{ include "ip-webhook.celPodWantsIP" "oldObject" }}){{ include "ip-webhook.celPodOnNetworks" (dict "root" . "o" "object") }} || (object != null && has(object.metadata) && has(object.metadata.annotations) && 'ovn.kubernetes.io/ip_pool' in object.metadata.annotations)) && !({{ include "ip-webhook.celPodMarked" "oldObject" }})
 {{- end }}
 
 {{- define "ip-webhook.objectSelector" -}}
