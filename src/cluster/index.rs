@@ -262,6 +262,9 @@ impl<T: HasIps> Books<T> {
     }
 }
 
+/// A pod's namespace and name.
+type PodName = (Shared, Box<str>);
+
 /// The pod, Kube-OVN IP and Calico IPAM indexes, and whether each has synced.
 #[derive(Default)]
 pub struct ClusterIps {
@@ -282,7 +285,7 @@ pub struct ClusterIps {
     /// Pods on lost nodes whose claims were released ([`super::node_loss`]), by UID, with
     /// their namespace and name (what Calico's IPAM names them by): their IPs no longer count
     /// as used.
-    lost: RwLock<BTreeMap<Box<str>, (Shared, Box<str>)>>,
+    lost: RwLock<BTreeMap<Box<str>, PodName>>,
     /// The label naming a pod's app (set before the pod watch starts; `app` if never set).
     app_label: std::sync::OnceLock<String>,
     /// The apps' lists, to tell which pod events concern the reconciler ([`Self::set_lists`]).
