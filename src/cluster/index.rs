@@ -280,8 +280,8 @@ pub struct ClusterIps {
     workloads_synced: AtomicBool,
     /// Set once, before the pod watch starts: other pods' IPs come from Calico's IPAM.
     calico_ipam: AtomicBool,
-    /// A block changed an IP an app lists ([`Self::take_listed_calico_change`]).
-    listed_calico_change: AtomicBool,
+    /// Listed IPs a block newly gave a pod ([`Self::take_listed_calico_changes`]).
+    listed_calico: std::sync::Mutex<calico::ListedChanges>,
     /// Pods on lost nodes whose claims were released ([`super::node_loss`]), by UID, with
     /// their namespace and name (what Calico's IPAM names them by): their IPs no longer count
     /// as used.

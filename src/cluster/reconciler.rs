@@ -192,8 +192,9 @@ impl Reconciler {
 
     /// With Calico's IPAM as the source of other pods' IPs, the pods Calico gave an IP on an
     /// app's list that no claim records: they carry no label of ours, so no watch has them,
-    /// and each is read from the API server (at most [`CALICO_READS`] a pass). Looked for when
-    /// `every` (a full look), or when a block changed a listed IP since the last pass.
+    /// and each is read from the API server (at most [`CALICO_READS`] a pass). Looked for
+    /// in every block when `every` (a full look), else at the listed IPs blocks gave a pod
+    /// since the last pass.
     async fn calico_candidates(
         &self,
         every: bool,
@@ -201,13 +202,14 @@ impl Reconciler {
         lists: &dyn super::app_lists::AppLists,
     ) -> Vec<Arc<super::index::SlimPod>> {
         let index = &self.caches.cluster_ips;
-        let changed = index.take_listed_calico_change();
-        if !index.uses_calico_ipam() || !(every || changed) {
+        let changed = index.take_listed_calico_changes();
+        if !index.uses_calico_ipam() || changed.as_ref().is_some_and(|c| !every && c.is_empty()) {
             return Vec::new();
         }
+        let only = changed.as_deref().filter(|_| !every);
         let mut found = Vec::new();
         for held in index
-            .listed_calico_holds(lists, claimed)
+            .listed_calico_holds(lists, claimed, only)
             .into_iter()
             .take(CALICO_READS)
         {
@@ -221,7 +223,7 @@ impl Reconciler {
                 Ok(None) => {}
                 Err(error) => {
                     tracing::warn!(%error, ip = %held.ip, pod = %format!("{}/{}", held.namespace, held.pod), "cannot read the pod Calico gave a listed IP; looking again next pass");
-                    index.note_listed_calico_change();
+                    index.note_listed_calico_change(held.ip);
                 }
             }
         }

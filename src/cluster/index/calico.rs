@@ -212,51 +212,99 @@ impl ClusterIps {
 
     /// The IPs Calico gives pods that are on an app's list (`lists` names one app for them),
     /// are not in `claimed`, and on which no indexed pod runs: what the reconciler's list
-    /// adoption reads the pods of, since those pods are not watched.
+    /// adoption reads the pods of, since those pods are not watched. `only`: of these IPs
+    /// (those [`Self::take_listed_calico_changes`] gave), else of every block.
     pub fn listed_calico_holds(
         &self,
         lists: &dyn AppLists,
         claimed: &std::collections::HashSet<IpAddr>,
+        only: Option<&[IpAddr]>,
     ) -> Vec<CalicoHeld> {
         let blocks = read(&self.calico);
         let pods = read(&self.pods);
-        let mut found = Vec::new();
-        for block in blocks.by_key.values() {
-            for (ip, (namespace, pod)) in block.ips.iter().zip(block.owners.iter()) {
-                if claimed.contains(ip)
-                    || pods.by_ip.contains_key(ip)
-                    || lists.sole_app_listing(*ip).is_none()
-                {
-                    continue;
-                }
-                found.push(CalicoHeld {
-                    ip: *ip,
-                    namespace: namespace.clone(),
-                    pod: pod.clone(),
-                });
-            }
-        }
-        found
-    }
-
-    /// Whether a block changed an IP that an app lists since the last call.
-    pub fn take_listed_calico_change(&self) -> bool {
-        self.listed_calico_change.swap(false, Ordering::SeqCst)
-    }
-
-    /// Look at the listed IPs Calico gives again on the next pass (a read failed).
-    pub fn note_listed_calico_change(&self) {
-        self.listed_calico_change.store(true, Ordering::SeqCst);
-    }
-
-    fn lists_any(&self, block: &IpamBlock) -> bool {
-        let Some(lists) = self.lists.get() else {
-            return true;
+        let wanted = |ip: &IpAddr| {
+            !claimed.contains(ip)
+                && !pods.by_ip.contains_key(ip)
+                && lists.sole_app_listing(*ip).is_some()
         };
-        block
-            .ips
-            .iter()
-            .any(|ip| lists.sole_app_listing(*ip).is_some())
+        let held = |ip: &IpAddr, (namespace, pod): (&Shared, &str)| CalicoHeld {
+            ip: *ip,
+            namespace: namespace.clone(),
+            pod: pod.into(),
+        };
+        match only {
+            Some(ips) => ips
+                .iter()
+                .filter(|ip| wanted(ip))
+                .filter_map(|ip| {
+                    let owner = blocks.carriers(ip).find_map(|b| b.owner(ip))?;
+                    Some(held(ip, owner))
+                })
+                .collect(),
+            None => blocks
+                .by_key
+                .values()
+                .flat_map(|block| block.ips.iter().zip(block.owners.iter()))
+                .filter(|(ip, _)| wanted(ip))
+                .map(|(ip, (namespace, pod))| held(ip, (namespace, &**pod)))
+                .collect(),
+        }
+    }
+
+    /// The listed IPs blocks gave a pod since the last call; `None` when the count was lost
+    /// (more than [`LISTED_CAP`]): then every block needs a look.
+    pub fn take_listed_calico_changes(&self) -> Option<Vec<IpAddr>> {
+        let mut changes = self.listed_calico.lock().unwrap_or_else(|p| p.into_inner());
+        let taken = std::mem::take(&mut *changes);
+        (!taken.overflowed).then(|| taken.ips.into_iter().collect())
+    }
+
+    /// Look at `ip` again on the next pass (reading its pod failed).
+    pub fn note_listed_calico_change(&self, ip: IpAddr) {
+        self.listed_calico
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .note(ip);
+    }
+
+    /// Note the IPs on an app's list that `block` gives a pod it did not give them before
+    /// (`old`); whether there was one.
+    fn note_listed(&self, old: Option<&IpamBlock>, block: &IpamBlock) -> bool {
+        let Some(lists) = self.lists.get() else {
+            return false;
+        };
+        let mut noted = false;
+        for (ip, owner) in block.ips.iter().zip(block.owners.iter()) {
+            let before = old.and_then(|o| o.owner(ip));
+            if before == Some((&owner.0, &*owner.1)) || lists.sole_app_listing(*ip).is_none() {
+                continue;
+            }
+            self.note_listed_calico_change(*ip);
+            noted = true;
+        }
+        noted
+    }
+}
+
+/// Listed IPs newly given a pod, kept between two leader passes, at most [`LISTED_CAP`].
+#[derive(Default)]
+pub(super) struct ListedChanges {
+    ips: std::collections::BTreeSet<IpAddr>,
+    overflowed: bool,
+}
+
+/// Past this many, a pass looks at every block.
+pub(super) const LISTED_CAP: usize = 4096;
+
+impl ListedChanges {
+    fn note(&mut self, ip: IpAddr) {
+        if self.ips.len() >= LISTED_CAP {
+            self.overflowed = true;
+            self.ips.clear();
+        }
+        if !self.overflowed {
+            self.ips.insert(ip);
+        }
     }
 }
 
@@ -286,20 +334,18 @@ pub async fn watch_ipam_blocks(
                 }) else {
                     continue;
                 };
+                // a listed IP newly given a pod: its pod may need adoption
                 let listed = match &event {
                     watcher::Event::Apply(SlimOrGone {
-                        value: Some(block), ..
-                    }) => index.lists_any(block),
-                    watcher::Event::Delete(SlimOrGone { key, .. }) => read(&index.calico)
-                        .by_key
-                        .get(key)
-                        .is_some_and(|block| index.lists_any(block)),
+                        key,
+                        value: Some(block),
+                    }) => {
+                        let old = read(&index.calico).by_key.get(key).cloned();
+                        index.note_listed(old.as_deref(), block)
+                    }
                     _ => false,
                 };
                 relist.step(&index.calico, &index.calico_synced, event);
-                if listed {
-                    index.listed_calico_change.store(true, Ordering::SeqCst);
-                }
                 if relisted || listed {
                     caches.mark_changed();
                 }
@@ -354,10 +400,8 @@ mod tests {
         let v6 = spec(json!({"cidr": "fd00::/122", "allocations": [null, null, 0],
             "attributes": [{"handle_id": "h", "secondary": {"namespace": "ns", "pod": "p"}}]}));
         assert_eq!(v6.holds()[0].ip.to_string(), "fd00::2");
-        let junk = spec(
-            json!({"cidr": "10.0.0.0/31", "allocations": [5, "x", 0, 0, 0],
-            "attributes": [{"secondary": {"namespace": "a", "pod": "b"}}]}),
-        );
+        let junk = spec(json!({"cidr": "10.0.0.0/31", "allocations": [0, "x", 5, 0],
+            "attributes": [{"secondary": {"namespace": "a", "pod": "b"}}]}));
         let holds = junk.holds();
         assert_eq!(holds.len(), 1, "{holds:?}");
         assert_eq!(holds[0].ip.to_string(), "10.0.0.0");
@@ -390,5 +434,66 @@ mod tests {
         super::super::write(&index.lost).insert("u-api".into(), ("prod".into(), "api-1".into()));
         assert_eq!(index.user(&ip("10.1.0.2")), None);
         assert!(index.user(&ip("10.1.0.0")).is_some());
+    }
+
+    #[test]
+    fn only_listed_ips_newly_given_a_pod_are_noted_for_adoption() {
+        struct Lists;
+        impl AppLists for Lists {
+            fn sole_app_listing(&self, ip: IpAddr) -> Option<String> {
+                (ip.to_string() == "10.1.0.2").then(|| "prod/api".into())
+            }
+        }
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let index = ClusterIps::default();
+        index.set_lists(Arc::new(Lists));
+        let block = |owners: &[(usize, &str)]| {
+            let attributes: Vec<_> = owners
+                .iter()
+                .map(|(_, pod)| json!({"secondary": {"namespace": "prod", "pod": pod}}))
+                .collect();
+            let mut allocations = vec![serde_json::Value::Null; 64];
+            for (n, (ordinal, _)) in owners.iter().enumerate() {
+                allocations[*ordinal] = json!(n);
+            }
+            IpamBlock::from_holds(
+                spec(json!({"cidr": "10.1.0.0/26", "allocations": allocations, "attributes": attributes}))
+                    .holds(),
+            )
+        };
+        let first = block(&[(0, "db-0"), (2, "api-1")]);
+        assert!(index.note_listed(None, &first));
+        assert_eq!(
+            index.take_listed_calico_changes(),
+            Some(vec![ip("10.1.0.2")])
+        );
+        // the block again with another allocation: nothing new on a listed IP
+        let second = block(&[(0, "db-0"), (2, "api-1"), (3, "x-1")]);
+        assert!(!index.note_listed(Some(&first), &second));
+        assert_eq!(index.take_listed_calico_changes(), Some(vec![]));
+        // the listed IP given to another pod is new again
+        let third = block(&[(0, "db-0"), (2, "api-2")]);
+        assert!(index.note_listed(Some(&second), &third));
+
+        super::super::write(&index.calico).upsert("b".into(), third);
+        let claimed = std::collections::HashSet::new();
+        let holds = index.listed_calico_holds(&Lists, &claimed, None);
+        let found: Vec<String> = holds
+            .iter()
+            .map(|h| format!("{} {}/{}", h.ip, h.namespace, h.pod))
+            .collect();
+        assert_eq!(found, ["10.1.0.2 prod/api-2"]);
+        let only = [ip("10.1.0.0"), ip("10.1.0.2")];
+        assert_eq!(
+            index
+                .listed_calico_holds(&Lists, &claimed, Some(&only))
+                .len(),
+            1
+        );
+        let claimed = std::collections::HashSet::from([ip("10.1.0.2")]);
+        assert!(
+            index.listed_calico_holds(&Lists, &claimed, None).is_empty(),
+            "claimed already"
+        );
     }
 }
