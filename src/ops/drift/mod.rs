@@ -492,7 +492,11 @@ pub fn calico_holds(object: &DynamicObject) -> Vec<CniHold> {
         .get("spec")
         .and_then(|spec| serde_json::from_value(spec.clone()).ok())
         .unwrap_or_default();
-    let block = object.metadata.name.as_deref().unwrap_or("");
+    block_holds(object.metadata.name.as_deref().unwrap_or(""), &spec)
+}
+
+/// [`calico_holds`] of the block named `block`, read as the in-cluster index reads it.
+pub fn block_holds(block: &str, spec: &BlockSpec) -> Vec<CniHold> {
     spec.holds()
         .into_iter()
         .map(|hold| CniHold {
