@@ -14,7 +14,6 @@
 //! release cooldown (`releasedAt` set) hold no pod's IP.
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -44,13 +43,42 @@ pub struct IpamHold {
     pub handle: String,
 }
 
-/// An `IPAMBlock` as read from lists and watches: only the fields the holds are made of.
+/// An `IPAMBlock` as read from lists and watches: only the fields the holds are made of (of
+/// the metadata, the name and the resource version the watcher resumes from; managed fields
+/// and annotations are passed over unbuilt).
 #[derive(Clone, Debug, Default, Deserialize)]
+#[serde(from = "RawBlock")]
 pub struct IpamBlockObject {
-    #[serde(default)]
     pub metadata: ObjectMeta,
-    #[serde(default)]
     pub spec: BlockSpec,
+}
+
+#[derive(Deserialize)]
+struct RawBlock {
+    #[serde(default)]
+    metadata: BlockMeta,
+    #[serde(default)]
+    spec: BlockSpec,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct BlockMeta {
+    name: Option<String>,
+    resource_version: Option<String>,
+}
+
+impl From<RawBlock> for IpamBlockObject {
+    fn from(raw: RawBlock) -> IpamBlockObject {
+        IpamBlockObject {
+            metadata: ObjectMeta {
+                name: raw.metadata.name,
+                resource_version: raw.metadata.resource_version,
+                ..ObjectMeta::default()
+            },
+            spec: raw.spec,
+        }
+    }
 }
 
 /// `spec` of an `IPAMBlock`: what [`BlockSpec::holds`] reads.
@@ -69,9 +97,19 @@ struct Attribute {
     #[serde(default)]
     handle_id: Option<String>,
     #[serde(default)]
-    secondary: Option<BTreeMap<String, serde_json::Value>>,
+    secondary: Option<Owner>,
     #[serde(default, rename = "releasedAt")]
     released_at: Option<serde::de::IgnoredAny>,
+}
+
+/// `secondary` (ActiveOwnerAttrs): the keys read; `node`, `timestamp` and the rest are
+/// passed over.
+#[derive(Clone, Debug, Default, Deserialize)]
+struct Owner {
+    #[serde(default)]
+    namespace: Option<String>,
+    #[serde(default)]
+    pod: Option<String>,
 }
 
 impl BlockSpec {
@@ -96,15 +134,9 @@ impl BlockSpec {
             if attribute.released_at.is_some() || ordinal as u128 >= size {
                 continue;
             }
-            let owner = |key: &str| {
-                attribute
-                    .secondary
-                    .as_ref()
-                    .and_then(|s| s.get(key))
-                    .and_then(serde_json::Value::as_str)
-                    .unwrap_or("")
-            };
-            let (namespace, pod) = (owner("namespace"), owner("pod"));
+            let owner = attribute.secondary.as_ref();
+            let namespace = owner.and_then(|o| o.namespace.as_deref()).unwrap_or("");
+            let pod = owner.and_then(|o| o.pod.as_deref()).unwrap_or("");
             if namespace.is_empty() || pod.is_empty() {
                 continue;
             }
