@@ -2,8 +2,8 @@
 //! (tests/fixtures/cni-crds.yaml), a replica watches whole only the pods carrying our label
 //! and learns every other pod's IP from the blocks: an IP a block gives a pod is refused as a
 //! static IP and skipped by allocation, a block changed later is picked up, and a pod running
-//! on its app's list IP without a claim is still adopted. With `--pod-ips-from pods` every pod
-//! is watched whole, as when the blocks are not served.
+//! on its app's list IP without a claim is still adopted. With `--pod-ips-from pods`, or no
+//! block at all (Calico's IPAM gives no pod an IP), every pod is watched whole.
 
 mod common;
 
@@ -239,6 +239,27 @@ async fn with_pod_ips_from_pods_every_pod_is_watched_whole() {
         .mutate(&create("s-1", static_pod("x", "10.98.0.9")))
         .await;
     assert_eq!(response["allowed"], false, "{response}");
+    assert_eq!(
+        message(&response),
+        "static IP 10.98.0.9 requested by default/x is already used by pod default/other-ipam-0"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_crd_but_no_block_every_pod_is_watched_whole() {
+    let fake = FakeApi::start();
+    let client = fake.install_crds().await;
+    install_crd_fixture(&client, "cni-crds.yaml").await;
+    running_pod(&client, "default", "other-ipam-0", "legacy", "10.98.0.9").await;
+    let server = fake.replica(&[]).await;
+    let queries = pod_queries(&fake);
+    assert!(
+        queries.iter().any(|q| !q.contains("labelSelector")),
+        "the pods are watched without a selector: {queries:?}"
+    );
+    let response = server
+        .mutate(&create("s-1", static_pod("x", "10.98.0.9")))
+        .await;
     assert_eq!(
         message(&response),
         "static IP 10.98.0.9 requested by default/x is already used by pod default/other-ipam-0"

@@ -66,13 +66,17 @@ pub async fn watch_pod_ips(
     }
 }
 
-/// Whether `ipamblocks.crd.projectcalico.org` is served and readable: `Err` says why not
-/// (absent: Calico's etcd datastore or another IPAM; forbidden: the RBAC rule is missing).
+/// Whether `ipamblocks.crd.projectcalico.org` is served, readable and in use: `Err` says why
+/// not (absent: Calico's etcd datastore; forbidden: the RBAC rule is missing; no block at all:
+/// Calico's IPAM gives no pod an IP here, another IPAM plugin may, and only every pod tells).
 /// Any other failure (the API server not reachable yet) is asked again.
 async fn calico_ipam_served(blocks: &Api<IpamBlockObject>) -> Result<(), &'static str> {
     let mut wait = Duration::from_millis(200);
     loop {
         match blocks.list(&ListParams::default().limit(1)).await {
+            Ok(list) if list.items.is_empty() => {
+                return Err("no Calico IPAMBlock exists (yet)");
+            }
             Ok(_) => return Ok(()),
             Err(kube::Error::Api(status)) if status.code == 404 => {
                 return Err("ipamblocks.crd.projectcalico.org is not served");
