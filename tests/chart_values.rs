@@ -486,6 +486,23 @@ fn the_schema_refuses_kube_ovn_reservation_without_kube_ovn() {
 }
 
 #[test]
+fn secondary_networks_are_flags_and_the_schema_refuses_a_name_that_is_not_one() {
+    let docs = render(&["server.networks={default/storage,tenant-a/backup}"]);
+    let args = &pod(&docs)["containers"][0]["args"];
+    let networks: Vec<&str> = args
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|a| a.as_str()?.strip_prefix("--network="))
+        .collect();
+    assert_eq!(networks, ["default/storage", "tenant-a/backup"], "{args}");
+    for bad in ["storage", "Default/storage", "a/b/c"] {
+        let refused = template(&[&format!("server.networks={{{bad}}}")], "1.31.0").unwrap_err();
+        assert!(refused.contains("/server/networks"), "{bad}: {refused}");
+    }
+}
+
+#[test]
 fn the_certificate_dns_names_start_without_a_blank_line() {
     let yaml = template(&[], "1.31.0").unwrap();
     let certificate = yaml

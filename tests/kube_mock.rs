@@ -367,7 +367,7 @@ fn executor(client: &Client) -> Executor {
         ),
         metrics: Arc::new(ip_webhook::metrics::Metrics::new()),
         reported_duplicates: Default::default(),
-        vms: ip_webhook::cluster::virtual_machines::VmDirectory::new(client.clone(), false),
+        vms: ip_webhook::cluster::virtual_machines::VmDirectory::new(client.clone(), false).into(),
     }
 }
 

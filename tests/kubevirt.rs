@@ -200,6 +200,10 @@ async fn replica(fake: &FakeApi) -> common::TestServer {
 }
 
 async fn replica_with(fake: &FakeApi, extra: &[&str]) -> common::TestServer {
+    replica_resyncing(fake, "3s", extra).await
+}
+
+async fn replica_resyncing(fake: &FakeApi, resync: &str, extra: &[&str]) -> common::TestServer {
     let mut args = vec![
         "--release-delay",
         "0s",
@@ -208,7 +212,7 @@ async fn replica_with(fake: &FakeApi, extra: &[&str]) -> common::TestServer {
         "--lease-renew-interval",
         "200ms",
         "--resync-period",
-        "3s",
+        resync,
         // a launcher pod may go before the leader saw it stored: its claim is a promise for
         // this long, then judged by the VM
         "--reservation-ttl",
@@ -405,4 +409,39 @@ async fn with_release_on_stop_a_stopped_vm_gives_its_ip_back() {
         cluster.vms.get_opt("web").await.unwrap().is_some(),
         "the VM itself is still there"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vm_deleted_while_stopped_is_freed_at_its_deletion_not_at_the_next_resync() {
+    let fake = FakeApi::start();
+    let cluster = Cluster::new(&fake).await;
+    // a resync far beyond the test: only the watch of VM deletions can free the IP in time
+    let server = replica_resyncing(&fake, "10m", &[]).await;
+    cluster.create_vm("cold").await;
+    let vmi_uid = cluster.start_vmi("cold").await;
+    let (ip, pod) = launch(
+        &server,
+        &cluster,
+        launcher("cold", &vmi_uid, None),
+        "virt-launcher-cold-a",
+    )
+    .await;
+    cluster.bound_to(&ip, "virt-launcher-cold-a").await;
+    // stopped: kept (the leader found, and remembers, that the VM holds its IP)
+    cluster.delete(&cluster.vmis, "cold").await;
+    remove_pod(&server, &cluster, &pod).await;
+    still_the_vms(&cluster, &ip, "cold").await;
+    cluster.delete(&cluster.vms, "cold").await;
+    eventually(
+        "the deleted VM's claim to be released",
+        Duration::from_secs(10),
+        || async { cluster.claim(&ip).await.is_none().then_some(()) },
+    )
+    .await;
+    let (_, metrics) = server.admin_get("/metrics").await;
+    assert!(
+        metrics.contains("ip_webhook_leaks_reclaimed_total 0"),
+        "a VM's release is no leak: {metrics}"
+    );
+    rbac::assert_rbac_covers(&fake);
 }

@@ -705,3 +705,65 @@ async fn every_adapter_keeps_the_claim_rules() {
         "kubernetes"
     );
 }
+
+/// A secondary network's books, opened as `serve --network` opens them, keep every claim rule
+/// and are apart from the primary interface's in each ledger that keeps books on disk or in a
+/// server: the primary interface's claim on an IP is no claim on the network, and the
+/// network's claims are not in the primary interface's list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_networks_books_keep_the_rules_apart_from_the_primary_interfaces() {
+    use ip_webhook::ledger::network::Network;
+    use ip_webhook::ledger::{KubeAccess, LedgerConfig, OpenOptions};
+    let network = Network::parse("default/storage").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let fake = fakeapi::FakeApi::start();
+    fake.install_crds().await;
+    #[allow(unused_mut)]
+    let mut configs = vec![
+        LedgerConfig::Embedded {
+            state_dir: dir.path().to_path_buf(),
+        },
+        LedgerConfig::Kubernetes(KubeAccess::new(Some(&fake.kubeconfig()), None)),
+    ];
+    #[cfg(feature = "etcd")]
+    let (_member, endpoint) = etcd_member("a_networks_books_keep_the_rules_apart");
+    #[cfg(feature = "etcd")]
+    configs.push(LedgerConfig::Etcd(EtcdOptions {
+        endpoints: vec![endpoint],
+        prefix: "/books/".into(),
+        timeout: Duration::from_secs(10),
+        ..EtcdOptions::default()
+    }));
+    for config in configs {
+        let open = |network: Option<Network>| {
+            let options = OpenOptions {
+                network,
+                ..OpenOptions::default()
+            };
+            let config = config.clone();
+            async move { ip_webhook::ledger::open(&config, &options).await.unwrap() }
+        };
+        let kind = config.kind();
+        let primary = open(None).await.ledger;
+        let first = reserved("10.60.0.1", "web-0", "req-primary", "tok-p");
+        let created = primary.create(Arc::new(first)).await.unwrap();
+        assert_eq!(outcome(created), "created", "{kind}");
+        let books = open(Some(network.clone())).await.ledger;
+        assert_eq!(
+            claim_rules_transcript(&*books).await,
+            EXPECTED_TRANSCRIPT,
+            "{kind}: the network's books"
+        );
+        let listed = primary.load().await.unwrap();
+        assert_eq!(
+            listed
+                .iter()
+                .map(|c| c.request_uid.to_string())
+                .collect::<Vec<_>>(),
+            ["req-primary"],
+            "{kind}: the primary interface lists only its own"
+        );
+        books.close().await;
+        primary.close().await;
+    }
+}

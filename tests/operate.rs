@@ -343,6 +343,58 @@ async fn explain_walks_replicas_through_mutate_without_recording() {
     assert_eq!(held, 4);
 }
 
+/// A KubeVirt VirtualMachine is explained as its launcher pod, which KubeVirt's controller
+/// creates from the VM's template: the VM's IP, named as the VM's.
+#[tokio::test]
+async fn explain_shows_a_virtual_machines_ip_as_its_vms() {
+    let state = tempfile::tempdir().unwrap();
+    let file = state.path().join("vm.yaml");
+    std::fs::write(
+        &file,
+        "apiVersion: kubevirt.io/v1\nkind: VirtualMachine\nmetadata: {name: db, namespace: default}\n\
+         spec:\n  runStrategy: Always\n  template:\n    metadata:\n      labels: {app: db}\n\
+         \x20     annotations: {ip-webhook.io/allocatable-ips: 10.90.0.1-10.90.0.4}\n    spec: {}\n",
+    )
+    .unwrap();
+    let dir = state.path().join("state");
+    let explain = |dir: &Path| {
+        let ran = ip_webhook(&[
+            "explain",
+            "-f",
+            file.to_str().unwrap(),
+            "--state-dir",
+            dir.to_str().unwrap(),
+            "-o",
+            "json",
+        ]);
+        assert!(ran.ok, "{}", ran.stderr);
+        let outcomes: Value = serde_json::from_str(&ran.stdout).unwrap();
+        assert_eq!(outcomes[0]["object"], "VirtualMachine default/db");
+        let replicas = outcomes[0]["replicas"].as_array().unwrap().clone();
+        assert_eq!(replicas.len(), 1, "a VM runs one launcher pod: {outcomes}");
+        assert_eq!(replicas[0]["pod"], "vm default/db");
+        replicas[0].clone()
+    };
+    let fresh = explain(&dir);
+    assert_eq!(fresh["ips"][0], "10.90.0.1");
+    assert_eq!(fresh["existing"], false);
+    // the VM holds 10.90.0.3 already (its launcher pod is gone, the VM stopped): kept for it
+    let ledger = EmbeddedLedger::open(&dir, Default::default()).unwrap();
+    let held = Claim {
+        vm: Some("db".into()),
+        pod: PodRef {
+            generate_name: "virt-launcher-db-".into(),
+            ..claims::pod_ref("default", "virt-launcher-db-x7k2p")
+        },
+        ..claims::claim("10.90.0.3", "db", "virt-launcher-db-x7k2p")
+    };
+    ledger.create(held.into()).await.unwrap();
+    ledger.close().await;
+    let kept = explain(&dir);
+    assert_eq!(kept["ips"][0], "10.90.0.3", "{kept}");
+    assert_eq!(kept["existing"], true, "{kept}");
+}
+
 #[tokio::test]
 async fn explain_names_the_document_it_cannot_use() {
     let state = tempfile::tempdir().unwrap();
@@ -363,7 +415,7 @@ async fn explain_names_the_document_it_cannot_use() {
     ]);
     assert!(!ok);
     assert!(
-        stderr.contains("document 0: \"Service\" (v1) is not a Pod or a workload"),
+        stderr.contains("document 0: \"Service\" (v1) is not a Pod, a workload"),
         "{stderr}"
     );
 }

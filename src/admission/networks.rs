@@ -23,6 +23,7 @@ use serde_json::{Map, Value};
 
 use super::annotations::AnnotationError;
 use crate::ipam::ipset::excerpt;
+use crate::ledger::network::is_dns_label;
 
 /// The annotation a pod names its network attachments in.
 pub const NETWORKS: &str = "k8s.v1.cni.cncf.io/networks";
@@ -100,6 +101,30 @@ pub fn parse_networks(
 /// The JSON form of `attachments`, as the annotation's new value.
 pub fn write_networks(attachments: &[Attachment]) -> String {
     Value::Array(attachments.iter().map(Attachment::to_json).collect()).to_string()
+}
+
+/// The annotation Multus writes once a pod's interfaces are up: one entry per interface, its
+/// network named `namespace/name` and the IPs it got (k8snetworkplumbingwg
+/// network-attachment-definition-client `pkg/apis/k8s.cni.cncf.io/v1/types.go`,
+/// `NetworkStatusAnnot` and `NetworkStatus`).
+pub const NETWORK_STATUS: &str = "k8s.v1.cni.cncf.io/network-status";
+
+/// The IPs a `k8s.v1.cni.cncf.io/network-status` value says the network `namespace/name` gave
+/// the pod; none for a value that cannot be read.
+pub fn status_ips(value: &str, namespace: &str, name: &str) -> Vec<IpAddr> {
+    let Ok(Value::Array(entries)) = serde_json::from_str::<Value>(value) else {
+        return Vec::new();
+    };
+    let network = format!("{namespace}/{name}");
+    entries
+        .iter()
+        .filter(|entry| entry["name"].as_str() == Some(network.as_str()))
+        .flat_map(|entry| entry["ips"].as_array().into_iter().flatten())
+        .filter_map(|ip| {
+            let text = ip.as_str()?;
+            text.split('/').next()?.parse().ok()
+        })
+        .collect()
 }
 
 fn networks_error(value: &str, reason: impl Into<String>) -> AnnotationError {
@@ -256,16 +281,6 @@ fn parse_ip_request(text: &str, whole: &str) -> Result<(IpAddr, Option<u8>), Ann
     }
 }
 
-/// `[a-z0-9]([-a-z0-9]*[a-z0-9])?`, as Multus checks a namespace and a name.
-fn is_dns_label(text: &str) -> bool {
-    let bytes = text.as_bytes();
-    let inner = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit();
-    !bytes.is_empty()
-        && inner(&bytes[0])
-        && inner(&bytes[bytes.len() - 1])
-        && bytes.iter().all(|b| inner(b) || *b == b'-')
-}
-
 /// A MAC address as Go's `net.ParseMAC` reads one: 6, 8 or 20 bytes, as pairs of hex digits
 /// separated by `:` or `-`, or groups of four separated by `.`.
 fn is_mac(text: &str) -> bool {
@@ -286,6 +301,31 @@ fn is_mac(text: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The shape of Multus's own test fixtures (network-attachment-definition-client
+    /// `pkg/utils/net-attach-def_test.go`): the primary network's entry, then each attachment's.
+    #[test]
+    fn the_network_status_gives_each_networks_ips() {
+        let status = r#"[
+            {"name": "k8s-pod-network", "interface": "eth0", "ips": ["10.244.1.5"], "default": true, "dns": {}},
+            {"name": "default/storage", "interface": "net1", "ips": ["10.50.0.1", "fd00::1"], "mac": "c2:b0:57:49:47:f1", "dns": {}},
+            {"name": "other/storage", "interface": "net2", "ips": ["10.51.0.1/24"]}
+        ]"#;
+        let ips = |namespace, name| status_ips(status, namespace, name);
+        assert_eq!(
+            ips("default", "storage"),
+            [
+                "10.50.0.1".parse::<IpAddr>().unwrap(),
+                "fd00::1".parse().unwrap()
+            ]
+        );
+        assert_eq!(
+            ips("other", "storage"),
+            ["10.51.0.1".parse::<IpAddr>().unwrap()]
+        );
+        assert!(ips("default", "backup").is_empty());
+        assert!(status_ips("not json", "default", "storage").is_empty());
+    }
 
     fn names(value: &str) -> Vec<(String, Option<String>)> {
         parse_networks(value, "default")

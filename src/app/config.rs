@@ -26,6 +26,9 @@ pub struct WebhookConfig {
     pub pod_api_server: Option<KubeAccess>,
     /// The instance named as the source of Events (the pod's name).
     pub instance: Option<String>,
+    /// The secondary networks (Multus attachments) whose IPs are given out, each with books
+    /// of its own.
+    pub networks: Vec<crate::ledger::network::Network>,
 }
 
 /// The serving certificate.

@@ -26,6 +26,7 @@ use crate::metrics::Metrics;
 use crate::server::tls::{self, CertFiles, CertResolver};
 use crate::server::{self, Running};
 use crate::webhook::Webhook;
+use crate::webhook::secondary::SecondaryNetworks;
 
 /// What [`build`] made; `api_server` is the kubernetes ledger's.
 pub struct Built {
@@ -66,7 +67,9 @@ pub async fn build(
         spawn_etcd_watch(etcd, Arc::downgrade(&allocator));
     }
     let pools = pools(config.pools_file.as_deref(), api_server.as_ref()).await?;
-    let mut webhook = Webhook::new(config.settings.clone(), allocator, pools, metrics);
+    let secondary = secondary_networks(config, &metrics, &options).await?;
+    let mut webhook =
+        Webhook::new(config.settings.clone(), allocator, pools, metrics).with_secondary(secondary);
     for user in &config.trusted_usernames {
         webhook.claim_guard.trust(user);
     }
@@ -81,6 +84,41 @@ pub async fn build(
         ledger,
         api_server,
     })
+}
+
+/// An allocator for each secondary network, over its own books in the ledger `config`
+/// names (opened as `options` say).
+async fn secondary_networks(
+    config: &WebhookConfig,
+    metrics: &Arc<Metrics>,
+    options: &OpenOptions,
+) -> anyhow::Result<SecondaryNetworks> {
+    let mut by_network = std::collections::BTreeMap::new();
+    for network in &config.networks {
+        let options = OpenOptions {
+            network: Some(network.clone()),
+            ..options.clone()
+        };
+        let opened = crate::ledger::open(&config.ledger, &options)
+            .await
+            .with_context(|| format!("opening the claims of secondary network {network}"))?;
+        let ledger = TimedLedger::wrap_watched(
+            opened.ledger,
+            metrics.ledger_latency.clone(),
+            metrics.ledger_health.clone(),
+        );
+        let allocator = Arc::new(
+            Allocator::new(ledger)
+                .await
+                .with_context(|| format!("loading the claims of secondary network {network}"))?,
+        );
+        #[cfg(feature = "etcd")]
+        if let Some(etcd) = opened.etcd {
+            spawn_etcd_watch(etcd, Arc::downgrade(&allocator));
+        }
+        by_network.insert(network.clone(), allocator);
+    }
+    Ok(SecondaryNetworks::new(by_network))
 }
 
 /// The pools decisions draw from: the file's, or the API server's FixedIPPools (those that
@@ -169,14 +207,17 @@ pub struct Launched {
     /// `/readyz` answers 200 once this is set.
     pub ready: Arc<AtomicBool>,
     reloaders: Vec<tokio::task::JoinHandle<()>>,
-    release_timer: tokio::task::JoinHandle<()>,
+    /// The primary interface's, and one per secondary network.
+    release_timers: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Launched {
     /// Stop accepting, finish in-flight admissions, flush the ledger.
     pub async fn shutdown(self) {
         self.running.shutdown().await;
-        self.release_timer.abort();
+        for timer in self.release_timers {
+            timer.abort();
+        }
         for reloader in self.reloaders {
             reloader.abort();
         }
@@ -184,6 +225,9 @@ impl Launched {
             cluster.shutdown().await;
         }
         self.ledger.close().await;
+        for (_, allocator) in self.webhook.secondary.iter() {
+            allocator.ledger().close().await;
+        }
     }
 }
 
@@ -356,12 +400,7 @@ pub async fn launch(config: &ServeConfig) -> anyhow::Result<Launched> {
         ledger.clone(),
         webhook.metrics.ledger_health.clone(),
     ));
-    let release_timer = tokio::spawn(crate::webhook::release_timer::run(
-        webhook.allocator.clone(),
-        pod_lookup,
-        webhook.metrics.clone(),
-        crate::webhook::release_timer::PERIOD,
-    ));
+    let release_timers = release_timers(&webhook, pod_lookup);
     let cluster = start_cluster(config, &webhook, &ready, api_server, pod_api);
     Ok(Launched {
         running,
@@ -371,8 +410,26 @@ pub async fn launch(config: &ServeConfig) -> anyhow::Result<Launched> {
         cluster,
         ready,
         reloaders,
-        release_timer,
+        release_timers,
     })
+}
+
+/// One release timer for the primary interface's claims and one per secondary network.
+fn release_timers(
+    webhook: &Arc<Webhook>,
+    pod_lookup: Option<Arc<dyn PodLookup>>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    std::iter::once(&webhook.allocator)
+        .chain(webhook.secondary.iter().map(|(_, allocator)| allocator))
+        .map(|allocator| {
+            tokio::spawn(crate::webhook::release_timer::run(
+                allocator.clone(),
+                pod_lookup.clone(),
+                webhook.metrics.clone(),
+                crate::webhook::release_timer::PERIOD,
+            ))
+        })
+        .collect()
 }
 
 /// The socket through which `release` frees a claim of the embedded ledger this server

@@ -188,6 +188,10 @@ pub struct StatusArgs {
     /// YAML list of FixedIPPool objects (off-cluster; in a cluster they are read from it).
     #[arg(long, value_name = "FILE")]
     pub pools_file: Option<PathBuf>,
+    /// Show the claims of this secondary network (a `serve --network`) instead of the
+    /// primary interface's.
+    #[arg(long, value_name = "NAMESPACE/NAME", value_parser = crate::ledger::network::Network::parse)]
+    pub network: Option<crate::ledger::network::Network>,
     #[command(flatten)]
     pub verbosity: Verbosity,
     // Last: it ends with the etcd flags under their own help heading.
@@ -197,8 +201,9 @@ pub struct StatusArgs {
 
 #[derive(Debug, Clone, Args)]
 pub struct ExplainArgs {
-    /// YAML or JSON with Pods, Deployments, StatefulSets, ReplicaSets, DaemonSets, Jobs or
-    /// CronJobs (several documents allowed), or - for standard input.
+    /// YAML or JSON with Pods, Deployments, StatefulSets, ReplicaSets, DaemonSets, Jobs,
+    /// CronJobs or KubeVirt VirtualMachines (several documents allowed), or - for standard
+    /// input.
     #[arg(short = 'f', long = "filename", value_name = "FILE|-")]
     pub file: String,
     /// Namespace of objects that name none.
@@ -321,6 +326,10 @@ pub struct DriftArgs {
     /// With --drift: the pod label that names a pod's app.
     #[arg(long, default_value = "app", value_name = "KEY")]
     pub app_label: String,
+    /// With --drift: compare the claims of this secondary network (a `serve --network`) with
+    /// the IPs Multus reports for it, instead of the primary interface's.
+    #[arg(long, value_name = "NAMESPACE/NAME", value_parser = crate::ledger::network::Network::parse, conflicts_with = "url")]
+    pub network: Option<crate::ledger::network::Network>,
 }
 
 /// Where claims are recorded.
@@ -387,6 +396,11 @@ pub struct WebhookArgs {
     /// the VirtualMachine is deleted.
     #[arg(long)]
     pub kubevirt_release_on_stop: bool,
+    /// A Multus network attachment whose IPs ip-webhook gives out (repeatable): the
+    /// NAMESPACE/NAME of its NetworkAttachmentDefinition. A pod names its list for it in
+    /// `NAME.NAMESPACE.ip-webhook.io/allocatable-ips`; each network's claims are kept apart.
+    #[arg(long = "network", value_name = "NAMESPACE/NAME", value_parser = crate::ledger::network::Network::parse)]
+    pub networks: Vec<crate::ledger::network::Network>,
     /// Talk to the API server described by this kubeconfig (selects --ledger kubernetes unless
     /// --ledger is given; with etcd or embedded, pods are looked up there to free leaked IPs).
     #[arg(long, value_name = "FILE")]

@@ -21,6 +21,7 @@ use crate::cli::{
 use crate::cluster::pods::PodDirectory;
 use crate::ipam::pools::PoolCatalog;
 use crate::ipam::usage::Report;
+use crate::ledger::network::Network;
 use crate::ledger::pod_lookup::{NoPodList, PodLookup};
 use crate::ledger::{ApiServer, Claim, KubeAccess, LedgerConfig, OpenError, OpenOptions};
 
@@ -56,20 +57,18 @@ struct Contents {
 }
 
 /// Every claim and pool, read without writing anything (an embedded ledger is read as
-/// `status` reads it, also while a server holds it).
-async fn read(config: &OperatorConfig, pools_file: Option<&Path>) -> anyhow::Result<Contents> {
-    read_as(config, pools_file, true).await
-}
-
-/// [`read`]; with `existing` false, an absent embedded ledger reads as an empty one.
-async fn read_as(
+/// `status` reads it, also while a server holds it); with `existing` false, an absent embedded
+/// ledger reads as an empty one; with `network`, the claims of that secondary network.
+async fn read(
     config: &OperatorConfig,
     pools_file: Option<&Path>,
     existing: bool,
+    network: Option<&Network>,
 ) -> anyhow::Result<Contents> {
     let options = OpenOptions {
         read_only: true,
         existing,
+        network: network.cloned(),
         ..OpenOptions::default()
     };
     let opened = crate::ledger::open(&config.ledger, &options).await?;
@@ -116,7 +115,13 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
         claims,
         pools,
         api_server,
-    } = read(&config, args.pools_file.as_deref()).await?;
+    } = read(
+        &config,
+        args.pools_file.as_deref(),
+        true,
+        args.network.as_ref(),
+    )
+    .await?;
     let mut report = Report::build(&claims, &pools, true);
     let known_apps: Vec<String> = report.apps.iter().map(|a| a.key()).collect();
     let known_pools: Vec<String> = report.pools.iter().map(|p| p.name.clone()).collect();
@@ -164,26 +169,42 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
         );
     }
     if let Some(client) = api_server.map(|a| a.watches) {
-        let shown = report.holder_ips();
-        let held: Vec<Claim> = claims
-            .into_iter()
-            .filter(|c| c.is_held() && shown.contains(&c.ip))
-            .collect();
-        match crate::ops::status::cluster_duplicates(&client, &args.app_label).await {
+        cluster_view(&mut report, claims, client, &args).await;
+    }
+    print(args.output, &report, |wide| report.to_table_with(wide))
+}
+
+/// What the cluster adds to `status`: the duplicates among the pods (the primary interface's)
+/// and each holder's node.
+async fn cluster_view(
+    report: &mut Report,
+    claims: Vec<Claim>,
+    client: kube::Client,
+    args: &StatusArgs,
+) {
+    let shown = report.holder_ips();
+    let held: Vec<Claim> = claims
+        .into_iter()
+        .filter(|c| c.is_held() && shown.contains(&c.ip))
+        .collect();
+    let mut directory = PodDirectory::new(client.clone(), &args.app_label);
+    match &args.network {
+        // pods' IPs on a secondary network are in their networks annotation, which the
+        // duplicates (read from the CNI's annotations and status.podIPs) do not cover
+        Some(network) => directory = directory.for_network(network.clone()),
+        None => match crate::ops::status::cluster_duplicates(&client, &args.app_label).await {
             Ok(found) => {
                 report.duplicates = found;
                 report.retain(args.app.as_deref(), None);
             }
             Err(error) => eprintln!("warning: listing pods to find duplicate IPs: {error}"),
-        }
-        let directory = PodDirectory::new(client, &args.app_label);
-        let (nodes, failures) = directory.nodes(&held).await;
-        for failure in failures {
-            eprintln!("warning: {failure}; NODE is left empty for its pods");
-        }
-        report.fill_nodes(&nodes);
+        },
     }
-    print(args.output, &report, |wide| report.to_table_with(wide))
+    let (nodes, failures) = directory.nodes(&held).await;
+    for failure in failures {
+        eprintln!("warning: {failure}; NODE is left empty for its pods");
+    }
+    report.fill_nodes(&nodes);
 }
 
 /// `explain`: the replicas of each object through `/mutate` over an in-memory copy.
@@ -212,7 +233,7 @@ pub async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
             Ok(()) => {}
         }
     }
-    let read = read_as(&config, args.pools_file.as_deref(), false).await?;
+    let read = read(&config, args.pools_file.as_deref(), false, None).await?;
     let settings = crate::cli::settings(&args.app_label, args.cni);
     let sandbox = crate::ops::explain::sandbox(read.claims, settings, read.pools).await?;
     let outcomes =
@@ -467,12 +488,15 @@ async fn drift(args: CheckArgs) -> anyhow::Result<()> {
         claims,
         pools,
         api_server,
-    } = read(&config, None).await?;
+    } = read(&config, None, true, args.drift.network.as_ref()).await?;
     let api_server = api_server.expect("an API server was configured");
     let (client, server) = (api_server.watches, api_server.name);
-    let cluster = crate::ops::drift::fetch::read(&client, &pools, &args.drift.app_label)
+    let mut cluster = crate::ops::drift::fetch::read(&client, &pools, &args.drift.app_label)
         .await
         .with_context(|| format!("reading the cluster from {server}"))?;
+    if let Some(network) = &args.drift.network {
+        cluster = crate::ops::drift::network::project(cluster, network);
+    }
     for warning in &cluster.warnings {
         eprintln!("warning: {warning}");
     }
@@ -486,6 +510,7 @@ async fn drift(args: CheckArgs) -> anyhow::Result<()> {
         now: crate::ledger::unix_now(),
         settle: crate::ops::drift::SETTLE_SECONDS,
         vms: &cluster.vms,
+        network: args.drift.network.as_ref(),
     });
     let mut report = crate::ops::drift::Report {
         drift,

@@ -124,6 +124,7 @@ impl WebhookArgs {
                 .collect(),
             pod_api_server,
             instance: std::env::var("POD_NAME").ok(),
+            networks: self.networks.clone(),
         }
     }
 }

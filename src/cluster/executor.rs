@@ -29,7 +29,8 @@ pub struct Executor {
     /// Duplicates already reported (IP and the UIDs carrying it): one Event each.
     pub reported_duplicates: std::sync::Mutex<HashSet<(IpAddr, Vec<String>)>>,
     /// Asked before a virtual machine's claim is dropped: it goes with the VM, not its pod.
-    pub vms: VmDirectory,
+    /// Shared with the watch of VM deletions, which makes it forget what it remembered.
+    pub vms: std::sync::Arc<VmDirectory>,
 }
 
 /// The live pod of the claim's name, when it is not the claim's pod but carries the claim's IP

@@ -15,6 +15,8 @@ use tokio::task::JoinHandle;
 
 use crate::admission::annotations::{Cni, CniObject};
 use crate::crd::{IPClaim, IPPool};
+use crate::ipam::allocator::Allocator;
+use crate::ledger::network::Network;
 use crate::metrics::watch_health::WatchHealth;
 use crate::metrics::{LeaseLabels, Metrics};
 use crate::webhook::Webhook;
@@ -260,7 +262,18 @@ pub fn start(
         options.lease.name.clone(),
     )));
     let lease = options.lease.clone();
-    let reconciler = reconciler(client, &webhook, &caches, options);
+    tasks.extend(network_sweepers(&client, &webhook, &options, &leading));
+    let vms = Arc::new(
+        virtual_machines::VmDirectory::new(
+            client.clone(),
+            webhook.settings.kubevirt.release_on_stop,
+        )
+        .remembering(options.resync_period),
+    );
+    tasks.extend(vm_watches(
+        &client, &webhook, &caches, &leading, &options, &vms,
+    ));
+    let reconciler = reconciler(client, &webhook, &caches, options, vms);
     tasks.push(tokio::spawn(reconciler.run(leading.clone(), ready)));
     ClusterHandle {
         caches,
@@ -369,6 +382,7 @@ fn reconciler(
     webhook: &Arc<Webhook>,
     caches: &Arc<Caches>,
     options: ClusterOptions,
+    vms: Arc<virtual_machines::VmDirectory>,
 ) -> Reconciler {
     Reconciler {
         client: client.clone(),
@@ -378,11 +392,7 @@ fn reconciler(
             claims: Api::all(client.clone()),
             pools: Api::all(client.clone()),
             pods: Api::all(client.clone()),
-            vms: virtual_machines::VmDirectory::new(
-                client.clone(),
-                webhook.settings.kubevirt.release_on_stop,
-            )
-            .remembering(options.resync_period),
+            vms,
             recorder: Recorder::new(
                 client,
                 Reporter {
@@ -504,15 +514,8 @@ pub fn start_sweeper(
     let (leading_tx, leading) = watch::channel(false);
     let leases = Api::<Lease>::namespaced(client.clone(), &options.lease.namespace);
     let elector = lease::Elector::new(leases.clone(), options.lease.clone());
-    let sweeper = sweep::Sweeper::new(
-        webhook.allocator.clone(),
-        pods::PodDirectory::new(client, &options.app_label)
-            .release_vms_on_stop(webhook.settings.kubevirt.release_on_stop),
-        options.rules,
-        options.resync_period,
-        webhook.metrics.clone(),
-    );
-    let tasks = vec![
+    let sweeper = sweeper_of(&client, &webhook, &options, &webhook.allocator, None);
+    let mut tasks = vec![
         tokio::spawn(lease::run(elector, leading_tx)),
         tokio::spawn(export_leadership(
             leading.clone(),
@@ -521,6 +524,7 @@ pub fn start_sweeper(
         )),
         tokio::spawn(sweeper.run(leading.clone())),
     ];
+    tasks.extend(network_sweepers(&client, &webhook, &options, &leading));
     ClusterHandle {
         caches: Arc::new(Caches::default()),
         leading,
@@ -528,6 +532,89 @@ pub fn start_sweeper(
         lease: options.lease,
         tasks,
     }
+}
+
+/// With KubeVirt launcher pods taken for VMs: the leader follows deletions of VirtualMachines
+/// (and of VMIs, when a stopped VM's IP is freed), so a VM's claim is dropped at its VM's
+/// deletion, not at the next resync.
+fn vm_watches(
+    client: &Client,
+    webhook: &Webhook,
+    caches: &Arc<Caches>,
+    leading: &watch::Receiver<bool>,
+    options: &ClusterOptions,
+    vms: &Arc<virtual_machines::VmDirectory>,
+) -> Vec<JoinHandle<()>> {
+    let kubevirt = &webhook.settings.kubevirt;
+    if kubevirt.controllers.is_empty() {
+        return Vec::new();
+    }
+    let mut resources = vec![virtual_machines::virtual_machines()];
+    if kubevirt.release_on_stop {
+        resources.push(virtual_machines::virtual_machine_instances());
+    }
+    resources
+        .into_iter()
+        .map(|resource| {
+            let (client, caches, vms) = (client.clone(), caches.clone(), vms.clone());
+            let recheck = options.resync_period;
+            tokio::spawn(while_leading(
+                leading.clone(),
+                move || {
+                    virtual_machines::watch_deletions(
+                        client.clone(),
+                        resource.clone(),
+                        vms.clone(),
+                        caches.clone(),
+                        recheck,
+                    )
+                },
+                || {},
+            ))
+        })
+        .collect()
+}
+
+/// One leak sweeper per secondary network, run by the Lease holder: whatever the ledger, a
+/// network's claims are freed as the embedded and etcd ledgers' are (the reconciler reads
+/// the primary interface's IPClaims only): a reservation no pod took up, a pod gone without
+/// an admission DELETE.
+fn network_sweepers(
+    client: &Client,
+    webhook: &Arc<Webhook>,
+    options: &ClusterOptions,
+    leading: &watch::Receiver<bool>,
+) -> Vec<JoinHandle<()>> {
+    webhook
+        .secondary
+        .iter()
+        .map(|(network, allocator)| {
+            let sweeper = sweeper_of(client, webhook, options, allocator, Some(network));
+            tokio::spawn(sweeper.run(leading.clone()))
+        })
+        .collect()
+}
+
+/// The leak sweeper of `allocator`'s claims: the primary interface's, or `network`'s.
+fn sweeper_of(
+    client: &Client,
+    webhook: &Webhook,
+    options: &ClusterOptions,
+    allocator: &Arc<Allocator>,
+    network: Option<&Network>,
+) -> sweep::Sweeper {
+    let mut pods = pods::PodDirectory::new(client.clone(), &options.app_label)
+        .release_vms_on_stop(webhook.settings.kubevirt.release_on_stop);
+    if let Some(network) = network {
+        pods = pods.for_network(network.clone());
+    }
+    sweep::Sweeper::new(
+        allocator.clone(),
+        pods,
+        options.rules,
+        options.resync_period,
+        webhook.metrics.clone(),
+    )
 }
 
 /// Keep the `ip_webhook_leader{lease}` gauge equal to this replica's leadership.

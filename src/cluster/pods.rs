@@ -18,7 +18,9 @@ use crate::ledger::pod_lookup::{PodLookup, PodState};
 
 use super::reconcile::takes_up;
 use super::virtual_machines::VmDirectory;
+use super::watches::network_pod_info;
 use super::{ClusterError, pod_info};
+use crate::ledger::network::Network;
 
 /// Lists pods through the API server (the operator's kubeconfig, or the service account).
 /// A virtual machine's claim is held while the VM is ([`VmDirectory`]), not its pod.
@@ -26,6 +28,9 @@ pub struct PodDirectory {
     client: Client,
     app_label: String,
     vms: VmDirectory,
+    /// The secondary network whose claims are looked up (a pod carries those IPs in its
+    /// networks annotation); `None`: the primary interface's.
+    network: Option<Network>,
 }
 
 impl PodDirectory {
@@ -34,7 +39,14 @@ impl PodDirectory {
             vms: VmDirectory::new(client.clone(), false),
             client,
             app_label: app_label.into(),
+            network: None,
         }
+    }
+
+    /// Look up the pods of the claims of secondary network `network`.
+    pub fn for_network(mut self, network: Network) -> PodDirectory {
+        self.network = Some(network);
+        self
     }
 
     /// Free a virtual machine's claim once the VM is stopped (`--kubevirt-release-on-stop`).
@@ -83,7 +95,10 @@ impl PodDirectory {
 
     /// The pod among `pods` (of the claim's namespace) that holds `claim`.
     pub fn holder<'a, P: Resource>(&self, pods: &'a [P], claim: &Claim) -> Option<&'a P> {
-        holder(pods, claim, &self.app_label)
+        match &self.network {
+            None => holder(pods, claim, &self.app_label),
+            Some(network) => network_holder(pods, claim, &self.app_label, network),
+        }
     }
 
     /// The node of each claim's pod, by IP, for the claims whose pod exists and is scheduled.
@@ -245,6 +260,28 @@ impl PodLookup for PodDirectory {
 /// that (a reservation), one that carries its IP and its claim token
 /// ([`super::reconcile::takes_up`]). A terminating pod still holds its IP.
 pub fn holder<'a, P: Resource>(pods: &'a [P], claim: &Claim, app_label: &str) -> Option<&'a P> {
+    holder_by(pods, claim, |meta| pod_info(meta, app_label))
+}
+
+/// [`holder`] for a claim of the secondary network `network`, whose pod carries its IPs in
+/// the networks annotation.
+pub fn network_holder<'a, P: Resource>(
+    pods: &'a [P],
+    claim: &Claim,
+    app_label: &str,
+    network: &Network,
+) -> Option<&'a P> {
+    holder_by(pods, claim, |meta| {
+        network_pod_info(meta, app_label, network)
+    })
+}
+
+/// [`holder`], with the IPs a pod carries read by `info`.
+fn holder_by<'a, P: Resource>(
+    pods: &'a [P],
+    claim: &Claim,
+    info: impl Fn(&kube::api::ObjectMeta) -> Option<super::PodInfo>,
+) -> Option<&'a P> {
     if let Some(uid) = claim.pod.uid.as_deref() {
         return pods.iter().find(|pod| {
             pod.meta().namespace.as_deref() == Some(claim.pod.namespace.as_str())
@@ -252,7 +289,7 @@ pub fn holder<'a, P: Resource>(pods: &'a [P], claim: &Claim, app_label: &str) ->
         });
     }
     pods.iter()
-        .filter(|pod| pod_info(pod.meta(), app_label).is_some_and(|info| takes_up(claim, &info)))
+        .filter(|pod| info(pod.meta()).is_some_and(|info| takes_up(claim, &info)))
         .min_by_key(|pod| pod.meta().creation_timestamp.clone())
 }
 

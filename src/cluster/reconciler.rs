@@ -3,7 +3,7 @@
 
 use crate::crd::{IPClaim, IPPool};
 use crate::ipam::allocator::Allocator;
-use crate::ledger::kubernetes::from_resource;
+use crate::ledger::kubernetes::{PRIMARY_SELECTOR, from_resource};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
 use kube::{Api, Client};
@@ -242,6 +242,8 @@ impl Reconciler {
         list_pages(
             |params| {
                 let api = claims_api.clone();
+                // the primary interface's claims; a secondary network's are its sweeper's
+                let params = params.labels(PRIMARY_SELECTOR);
                 async move { api.list(&params).await }
             },
             |page| claims.extend(page.into_iter().map(Arc::new)),

@@ -7,10 +7,12 @@
 //! API server from etcd with a quorum read, so the answer is never older than the claim.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use kube::api::PartialObjectMeta;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 
 use crate::webhook::kubevirt::GROUP;
@@ -124,9 +126,58 @@ impl VmDirectory {
         }
     }
 
+    /// Forget that the VM `namespace/name` held its IP: it (or its VMI) was deleted, and the
+    /// next lookup asks the API server.
+    pub fn forget(&self, namespace: &str, name: &str) {
+        let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        kept.remove(&(namespace.to_string(), name.to_string()));
+    }
+
     fn recently_kept(&self, key: &(String, String)) -> bool {
         let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
         kept.retain(|_, at| at.elapsed() < self.kept_for);
         kept.contains_key(key)
+    }
+}
+
+/// Follow deletions of `resource` (VirtualMachines, or VirtualMachineInstances when a stopped
+/// VM's IP is freed) by their metadata: each deletion forgets what `vms` remembered of that
+/// VM and wakes the reconciler, so a VM deleted while stopped is freed at once, not at the
+/// next resync. Where KubeVirt is not installed (the API server does not serve the resource),
+/// looks again every `recheck` and wakes nothing; nothing here gates readiness.
+pub async fn watch_deletions(
+    client: Client,
+    resource: ApiResource,
+    vms: Arc<VmDirectory>,
+    caches: Arc<super::Caches>,
+    recheck: Duration,
+) {
+    loop {
+        let served = client
+            .list_api_group_resources(&resource.api_version)
+            .await
+            .is_ok_and(|list| list.resources.iter().any(|r| r.name == resource.plural));
+        if !served {
+            tokio::time::sleep(recheck).await;
+            continue;
+        }
+        // metadata only: a deletion is all that is read
+        let api: Api<PartialObjectMeta<DynamicObject>> = Api::all_with(client.clone(), &resource);
+        let stream = watcher(api, watcher::Config::default()).default_backoff();
+        super::watches::drive(stream, "virtual machines", None, |event| match event {
+            watcher::Event::Delete(object) => {
+                if let (Some(namespace), Some(name)) = (
+                    object.metadata.namespace.as_deref(),
+                    object.metadata.name.as_deref(),
+                ) {
+                    vms.forget(namespace, name);
+                }
+                caches.mark_changed();
+            }
+            // after a relist, a deletion missed meanwhile shows only as an absence
+            watcher::Event::InitDone => caches.mark_changed(),
+            _ => {}
+        })
+        .await;
     }
 }

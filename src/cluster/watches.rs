@@ -9,11 +9,13 @@
 //! `kube_runtime::watcher` with its backoff.
 
 use crate::admission::annotations::{CLAIM_TOKEN, carried_ips};
+use crate::admission::networks::{NETWORKS, parse_networks};
 use crate::crd::{IPClaim, IPPool};
 use crate::ipam::allocator::Allocator;
 use crate::ipam::pools::{Pool, PoolCatalog, PoolError};
 use crate::ledger::claim::is_token;
-use crate::ledger::kubernetes::from_resource;
+use crate::ledger::kubernetes::{PRIMARY_SELECTOR, from_resource};
+use crate::ledger::network::Network;
 use crate::ledger::{ObservedChange, unix_now};
 use crate::webhook::Webhook;
 use crate::webhook::kubevirt::launcher_vm_of_object;
@@ -23,6 +25,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -36,6 +39,24 @@ pub(super) fn unix(time: Option<&Time>) -> u64 {
 /// The compact record of a pod, or `None` when the pod carries no IP we track.
 pub fn pod_info(meta: &ObjectMeta, app_label: &str) -> Option<PodInfo> {
     let ips = carried_ips(meta.labels.as_ref(), meta.annotations.as_ref());
+    pod_info_with(meta, app_label, ips)
+}
+
+/// The compact record of a pod as a secondary network's books see it: the IPs its networks
+/// annotation names on `network`; `None` when it names none.
+pub fn network_pod_info(meta: &ObjectMeta, app_label: &str, network: &Network) -> Option<PodInfo> {
+    let namespace = meta.namespace.as_deref().unwrap_or_default();
+    let value = meta.annotations.as_ref()?.get(NETWORKS)?;
+    let ips = parse_networks(value, namespace)
+        .ok()?
+        .into_iter()
+        .filter(|a| a.namespace == network.namespace && a.name == network.name)
+        .flat_map(|a| a.ips.into_iter().map(|(ip, _)| ip))
+        .collect();
+    pod_info_with(meta, app_label, ips)
+}
+
+fn pod_info_with(meta: &ObjectMeta, app_label: &str, ips: Vec<IpAddr>) -> Option<PodInfo> {
     if ips.is_empty() {
         return None;
     }
@@ -201,7 +222,9 @@ pub(super) fn apply_pod_change(
 /// IPClaims, fed into the allocator's index as they change.
 pub async fn watch_claims(api: Api<IPClaim>, caches: Arc<Caches>, allocator: Arc<Allocator>) {
     let mut mirror = Mirror::new();
-    let stream = watcher(api, watcher::Config::default()).default_backoff();
+    // the primary interface's claims; a secondary network's are its sweeper's
+    let config = watcher::Config::default().labels(PRIMARY_SELECTOR);
+    let stream = watcher(api, config).default_backoff();
     drive(stream, "ipclaims", Some(&caches.health), |event| {
         let change = mirror.step(
             &event,

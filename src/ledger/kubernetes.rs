@@ -19,6 +19,7 @@ use kube::api::{DeleteParams, ListParams, PostParams, Preconditions};
 use kube::{Api, Client};
 
 use super::claim::{CreateRule, create_rule, may_step, same_grant};
+use super::network::{NETWORK_LABEL, NETWORK_NAMESPACE_LABEL, Network};
 use super::{
     Claim, CreateOutcome, Ledger, LedgerError, Phase, PodRef, Source, skip_corrupt, unix_now,
     unreadable_holder,
@@ -105,8 +106,32 @@ fn unix_seconds(text: &str) -> Option<u64> {
 
 /// The object admission creates for `claim` (no status: the API server would drop it).
 pub fn to_resource(claim: &Claim) -> IPClaim {
+    network_resource(claim, None)
+}
+
+/// The name of the IPClaim of `ip` in the books of `network` (the primary interface's: none).
+pub fn network_claim_name(ip: &IpAddr, network: Option<&Network>) -> String {
+    match network {
+        None => claim_name(ip),
+        Some(network) => claim_name(ip) + &network.claim_suffix(),
+    }
+}
+
+/// The object for `claim` in the books of `network`: its name carries the network, and its
+/// labels name it.
+fn network_resource(claim: &Claim, network: Option<&Network>) -> IPClaim {
+    let name = network_claim_name(&claim.ip, network);
+    let mut labels: std::collections::BTreeMap<String, String> = [(
+        "app.kubernetes.io/managed-by".to_string(),
+        "ip-webhook".to_string(),
+    )]
+    .into();
+    if let Some(network) = network {
+        labels.insert(NETWORK_LABEL.into(), network.name.clone());
+        labels.insert(NETWORK_NAMESPACE_LABEL.into(), network.namespace.clone());
+    }
     let mut resource = IPClaim::new(
-        &claim_name(&claim.ip),
+        &name,
         IPClaimSpec {
             ip: claim.ip.to_string(),
             namespace: claim.pod.namespace.as_str().into(),
@@ -124,14 +149,8 @@ pub fn to_resource(claim: &Claim) -> IPClaim {
         },
     );
     resource.metadata = ObjectMeta {
-        name: Some(claim_name(&claim.ip)),
-        labels: Some(
-            [(
-                "app.kubernetes.io/managed-by".to_string(),
-                "ip-webhook".to_string(),
-            )]
-            .into(),
-        ),
+        name: Some(name),
+        labels: Some(labels),
         finalizers: Some(vec![FINALIZER.to_string()]),
         ..ObjectMeta::default()
     };
@@ -198,6 +217,15 @@ pub fn from_resource(resource: &IPClaim) -> Result<Claim, LedgerError> {
         .ip
         .parse()
         .map_err(|_| corrupt(format!("spec.ip {:?} is not an IP", resource.spec.ip)))?;
+    if let Some(network) = network_of(resource) {
+        let want = network_claim_name(&ip, Some(&network));
+        if name != want {
+            return Err(corrupt(format!(
+                "an IPClaim of network {network} for spec.ip {ip} is named {want}"
+            )));
+        }
+        return claim_of(resource, ip);
+    }
     match ip_from_claim_name(&name) {
         Some(named) if named == ip => {}
         Some(named) => {
@@ -213,6 +241,23 @@ pub fn from_resource(resource: &IPClaim) -> Result<Claim, LedgerError> {
             )));
         }
     }
+    claim_of(resource, ip)
+}
+
+/// The network whose books an IPClaim is in, from its labels; `None`: the primary interface's.
+pub fn network_of(resource: &IPClaim) -> Option<Network> {
+    let labels = resource.metadata.labels.as_ref()?;
+    Some(Network {
+        name: labels.get(NETWORK_LABEL)?.clone(),
+        namespace: labels
+            .get(NETWORK_NAMESPACE_LABEL)
+            .cloned()
+            .unwrap_or_default(),
+    })
+}
+
+/// The claim an IPClaim named right for `ip` records.
+fn claim_of(resource: &IPClaim, ip: IpAddr) -> Result<Claim, LedgerError> {
     let created_at = resource
         .metadata
         .creation_timestamp
@@ -296,15 +341,43 @@ fn storage(what: &str, error: kube::Error) -> LedgerError {
     LedgerError::Storage(format!("{what}: {error}"))
 }
 
+/// The IPClaims of the primary interface: those no secondary network's label marks.
+pub const PRIMARY_SELECTOR: &str = "!ip-webhook.io/network";
+
 pub struct KubeLedger {
     api: Api<IPClaim>,
+    /// Whose books: the primary interface's (`None`) or a secondary network's.
+    network: Option<Network>,
 }
 
 impl KubeLedger {
+    /// The primary interface's IPClaims.
     pub fn new(client: Client) -> KubeLedger {
         KubeLedger {
             api: Api::all(client),
+            network: None,
         }
+    }
+
+    /// The IPClaims of the secondary network `network`.
+    pub fn for_network(client: Client, network: Network) -> KubeLedger {
+        KubeLedger {
+            api: Api::all(client),
+            network: Some(network),
+        }
+    }
+
+    fn name(&self, ip: &IpAddr) -> String {
+        network_claim_name(ip, self.network.as_ref())
+    }
+
+    /// The list of these books' IPClaims.
+    fn listing(&self) -> ListParams {
+        let selector = match &self.network {
+            None => PRIMARY_SELECTOR.to_string(),
+            Some(network) => network.selector(),
+        };
+        ListParams::default().labels(&selector)
     }
 
     pub fn api(&self) -> &Api<IPClaim> {
@@ -353,7 +426,7 @@ impl Ledger for KubeLedger {
     async fn load(&self) -> Result<Vec<Claim>, LedgerError> {
         let list = self
             .api
-            .list(&ListParams::default())
+            .list(&self.listing())
             .await
             .map_err(|e| storage("listing IPClaims", e))?;
         let mut claims = Vec::with_capacity(list.items.len());
@@ -368,7 +441,7 @@ impl Ledger for KubeLedger {
 
     async fn ping(&self) -> Result<(), LedgerError> {
         self.api
-            .list(&ListParams::default().limit(1))
+            .list(&self.listing().limit(1))
             .await
             .map(|_| ())
             .map_err(|e| storage("listing IPClaims", e))
@@ -376,8 +449,8 @@ impl Ledger for KubeLedger {
 
     async fn create(&self, claim: Arc<Claim>) -> Result<CreateOutcome, LedgerError> {
         let claim = &*claim;
-        let name = claim_name(&claim.ip);
-        let resource = to_resource(claim);
+        let name = self.name(&claim.ip);
+        let resource = network_resource(claim, self.network.as_ref());
         for _ in 0..CREATE_ATTEMPTS {
             let error = match self.api.create(&PostParams::default(), &resource).await {
                 Ok(_) => return Ok(CreateOutcome::Created),
@@ -418,7 +491,7 @@ impl Ledger for KubeLedger {
     }
 
     async fn release(&self, claim: &Claim) -> Result<bool, LedgerError> {
-        let name = claim_name(&claim.ip);
+        let name = self.name(&claim.ip);
         let Some((existing, held)) = self.read_held(&name, "releasing").await? else {
             return Ok(false);
         };
@@ -448,7 +521,7 @@ impl Ledger for KubeLedger {
     }
 
     async fn transition(&self, current: &Claim, next: &Claim) -> Result<bool, LedgerError> {
-        let name = claim_name(&next.ip);
+        let name = self.name(&next.ip);
         let Some((existing, held)) = self.read_held(&name, "changing").await? else {
             return Ok(false);
         };
@@ -505,16 +578,32 @@ mod tests {
     use super::*;
 
     fn is_dns_subdomain(name: &str) -> bool {
-        name.len() <= 253
-            && name.split('.').all(|label| {
-                !label.is_empty()
-                    && label.len() <= 63
-                    && label
-                        .bytes()
-                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                    && !label.starts_with('-')
-                    && !label.ends_with('-')
-            })
+        name.len() <= 253 && name.split('.').all(super::super::network::is_dns_label)
+    }
+
+    #[test]
+    fn a_networks_ipclaim_is_named_and_labelled_for_its_network_and_read_back() {
+        let network = Network::parse("tenant-a/storage").unwrap();
+        for ip in ["10.50.0.7", "fd00::7"] {
+            let claim = Claim {
+                ip: ip.parse().unwrap(),
+                ..reserved_claim()
+            };
+            let resource = network_resource(&claim, Some(&network));
+            let name = resource.metadata.name.clone().unwrap();
+            assert!(name.ends_with(".storage.tenant-a"), "{name}");
+            assert!(is_dns_subdomain(&name), "{name}");
+            assert_eq!(network_of(&resource), Some(network.clone()));
+            assert_eq!(from_resource(&resource).unwrap().ip, claim.ip);
+            // the primary interface's object of the same IP is another name, unlabelled
+            let primary = to_resource(&claim);
+            assert_ne!(primary.metadata.name.as_deref(), Some(name.as_str()));
+            assert_eq!(network_of(&primary), None);
+            // a network's object under another name is damage, not a claim
+            let mut misnamed = resource.clone();
+            misnamed.metadata.name = Some(claim_name(&claim.ip));
+            assert!(from_resource(&misnamed).is_err());
+        }
     }
 
     #[test]
@@ -555,9 +644,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn claim_round_trips_through_the_resource() {
-        let claim = Claim {
+    /// A reservation of a `generateName` pod, as admission records one.
+    fn reserved_claim() -> Claim {
+        Claim {
             ip: "fd00::a".parse().unwrap(),
             app: "web".into(),
             pool: Some("blue".into()),
@@ -577,7 +666,12 @@ mod tests {
             release_at: None,
             sticky: false,
             vm: None,
-        };
+        }
+    }
+
+    #[test]
+    fn claim_round_trips_through_the_resource() {
+        let claim = reserved_claim();
         let mut resource = to_resource(&claim);
         assert_eq!(
             resource.metadata.name.as_deref(),

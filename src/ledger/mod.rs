@@ -19,6 +19,7 @@ pub mod etcd;
 pub mod health;
 pub mod kubernetes;
 pub mod memory;
+pub mod network;
 pub mod open;
 pub mod pod_lookup;
 mod record;

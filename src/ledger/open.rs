@@ -11,6 +11,7 @@ use std::time::Duration;
 use super::embedded::CommitCounters;
 #[cfg(feature = "etcd")]
 use super::etcd::EtcdLedger;
+use super::network::Network;
 use super::{EmbeddedLedger, KubeLedger, Ledger, LedgerError, MemoryLedger};
 
 /// Which ledger, and where it is.
@@ -48,6 +49,9 @@ pub struct OpenOptions {
     pub existing: bool,
     /// The writer's counters of an embedded ledger opened for writing.
     pub counters: CommitCounters,
+    /// Whose books: the primary interface's (`None`), or a secondary network's, kept apart
+    /// ([`Network`] says where each ledger keeps them).
+    pub network: Option<Network>,
 }
 
 /// Where an API server was found, in kubectl's order.
@@ -174,6 +178,7 @@ pub async fn open(config: &LedgerConfig, options: &OpenOptions) -> Result<Opened
         #[cfg(feature = "etcd")]
         etcd: None,
     };
+    let config = &books_of(config, options.network.as_ref())?;
     match config {
         LedgerConfig::Embedded { state_dir } => {
             if options.existing {
@@ -192,9 +197,15 @@ pub async fn open(config: &LedgerConfig, options: &OpenOptions) -> Result<Opened
             // Every use lists IPClaims first (`serve` loads them all): without the CRD that
             // list is a 404, which says nothing about what is missing.
             installed(&api_server).await?;
+            let ledger = match &options.network {
+                None => KubeLedger::new(api_server.admission.clone()),
+                Some(network) => {
+                    KubeLedger::for_network(api_server.admission.clone(), network.clone())
+                }
+            };
             Ok(Opened {
-                api_server: Some(api_server.clone()),
-                ..plain(Arc::new(KubeLedger::new(api_server.admission)))
+                api_server: Some(api_server),
+                ..plain(Arc::new(ledger))
             })
         }
         #[cfg(feature = "etcd")]
@@ -214,6 +225,32 @@ pub async fn open(config: &LedgerConfig, options: &OpenOptions) -> Result<Opened
         #[cfg(not(feature = "etcd"))]
         LedgerConfig::Etcd(_) => Err(OpenError::NoEtcd),
     }
+}
+
+/// Where the books of `network` are for `config`: a state dir inside the primary one, an
+/// etcd prefix beside the primary one; the API server's are the same IPClaims, told apart by
+/// label.
+fn books_of(config: &LedgerConfig, network: Option<&Network>) -> Result<LedgerConfig, OpenError> {
+    let Some(network) = network else {
+        return Ok(config.clone());
+    };
+    Ok(match config {
+        LedgerConfig::Embedded { state_dir } => LedgerConfig::Embedded {
+            state_dir: network.state_dir(state_dir),
+        },
+        LedgerConfig::Kubernetes(access) => LedgerConfig::Kubernetes(access.clone()),
+        LedgerConfig::Etcd(etcd) => {
+            let prefix = network.etcd_prefix(&etcd.prefix).ok_or_else(|| {
+                OpenError::NoLedger(format!(
+                    "secondary network {network}: its claims need an etcd prefix of their own beside --etcd-prefix, and every key is under the prefix /; give --etcd-prefix a name (/ip-webhook/)"
+                ))
+            })?;
+            LedgerConfig::Etcd(EtcdOptions {
+                prefix,
+                ..etcd.clone()
+            })
+        }
+    })
 }
 
 /// Every claim of the embedded ledger in `state_dir` as a [`MemoryLedger`], read without

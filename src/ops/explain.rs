@@ -14,6 +14,7 @@ use crate::ipam::allocator::{Allocator, Reason};
 use crate::ipam::pools::PoolCatalog;
 use crate::ledger::{Claim, CreateOutcome, Ledger, LedgerError, MemoryLedger};
 use crate::metrics::Metrics;
+use crate::webhook::kubevirt;
 use crate::webhook::mutate::{self, PodDecision};
 use crate::webhook::validate;
 use crate::webhook::workloads;
@@ -140,12 +141,14 @@ pub fn parse_objects(text: &str) -> Result<Vec<Value>, ExplainError> {
     Ok(objects)
 }
 
+/// A CREATE review of `object`, sent by `user` when given.
 fn review(
     uid: &str,
     kind: (&str, &str, &str),
     namespace: &str,
     name: Option<&str>,
     object: &Value,
+    user: Option<&str>,
 ) -> Vec<u8> {
     let (group, version, kind) = kind;
     let mut request = json!({
@@ -158,6 +161,9 @@ fn review(
     });
     if let Some(name) = name {
         request["name"] = json!(name);
+    }
+    if let Some(user) = user {
+        request["userInfo"] = json!({"username": user});
     }
     serde_json::to_vec(&json!({
         "apiVersion": crate::admission::V1,
@@ -267,12 +273,18 @@ async fn object_pods(
         outcome.warnings = admission::annotations::unknown_key_warnings(marks, "metadata");
         return Ok((value.clone(), 1, PodNaming::AsIs));
     }
+    if (target.group, object.kind.as_str()) == (kubevirt::GROUP, "VirtualMachine") {
+        // one launcher pod runs a VM at a time, made from the VM's template
+        let template = object.spec.get("template").cloned().unwrap_or(Value::Null);
+        let vm = target.name.to_string();
+        return Ok((template, 1, PodNaming::Launcher { vm }));
+    }
     let Some(workload) = workloads::workload_kind(target.group, &object.kind) else {
         let kinds: Vec<&str> = workloads::WORKLOAD_KINDS.iter().map(|w| w.kind).collect();
         return Err(ExplainError::Document {
             index: target.index,
             reason: format!(
-                "{:?} ({}) is not a Pod or a workload ({})",
+                "{:?} ({}) is not a Pod, a workload ({}) or a KubeVirt VirtualMachine",
                 object.kind,
                 object.api_version,
                 kinds.join(", ")
@@ -285,6 +297,7 @@ async fn object_pods(
         target.namespace,
         Some(target.name),
         value,
+        None,
     );
     let failed = |e: ReviewError| ExplainError::Review {
         what: target.label.to_string(),
@@ -358,12 +371,18 @@ async fn replica_outcome(
     let pod = pods.pod(template, replica, namespace);
     let uid = format!("explain-{}-{replica}", target.index);
     let pod_name = pod["metadata"]["name"].as_str().map(str::to_string);
+    // KubeVirt's controller creates a VM's launcher pod
+    let user = match pods {
+        PodNaming::Launcher { .. } => webhook.settings.kubevirt.controllers.first(),
+        _ => None,
+    };
     let body = review(
         &uid,
         ("", "v1", "Pod"),
         namespace,
         pod_name.as_deref(),
         &pod,
+        user.map(String::as_str),
     );
     let failed = |e: ReviewError| ExplainError::Review {
         what: format!("{} replica {replica}", target.label),
@@ -373,8 +392,9 @@ async fn replica_outcome(
     let decision = mutate::decide_create(webhook, &incoming)
         .await
         .map_err(failed)?;
-    let shown = match &pod_name {
-        Some(name) if !name.is_empty() => format!("{namespace}/{name}"),
+    let shown = match (&pod_name, pods) {
+        (_, PodNaming::Launcher { vm }) => format!("vm {namespace}/{vm}"),
+        (Some(name), _) if !name.is_empty() => format!("{namespace}/{name}"),
         _ => format!(
             "{namespace}/{}*",
             pod["metadata"]["generateName"].as_str().unwrap_or("")
@@ -390,7 +410,24 @@ async fn replica_outcome(
         outcome = if matches!(decision, PodDecision::Denied { .. }) { "denied" } else { "allowed" },
         "admission decision"
     );
-    let (allowed, ips, why, refused) = match decision {
+    let (allowed, ips, why, refused) = decision_outcome(decision, ordinal);
+    Ok(ReplicaOutcome {
+        replica,
+        pod: shown,
+        allowed,
+        ips,
+        why,
+        existing: false,
+        refused,
+    })
+}
+
+/// What a replica's decision comes to: allowed, its IPs, why each, the refusal.
+fn decision_outcome(
+    decision: PodDecision,
+    ordinal: Option<u64>,
+) -> (bool, Vec<IpAddr>, Vec<String>, Option<String>) {
+    match decision {
         PodDecision::Unrelated => (
             true,
             Vec::new(),
@@ -416,16 +453,7 @@ async fn replica_outcome(
         PodDecision::Denied { denial, .. } => {
             (false, Vec::new(), Vec::new(), Some(denial.to_string()))
         }
-    };
-    Ok(ReplicaOutcome {
-        replica,
-        pod: shown,
-        allowed,
-        ips,
-        why,
-        existing: false,
-        refused,
-    })
+    }
 }
 
 /// The held claims of the object's pods that exist already, one entry per pod (its IPs): for
@@ -444,6 +472,11 @@ fn existing_pods(
         PodNaming::AsIs => (template["metadata"]["name"].as_str(), None),
         PodNaming::Ordinal { owner } => (None, Some(format!("{owner}-"))),
         PodNaming::Generated { owner, .. } => (None, Some(format!("{owner}-"))),
+        PodNaming::Launcher { .. } => (None, None),
+    };
+    let vm = match naming {
+        PodNaming::Launcher { vm } => Some(vm.as_str()),
+        _ => None,
     };
     let mut pods: Vec<(String, Vec<Claim>)> = Vec::new();
     for claim in webhook.allocator.claims() {
@@ -455,10 +488,11 @@ fn existing_pods(
         };
         let belongs = pod.namespace == namespace
             && claim.app == app
-            && match (exact, &prefix) {
-                (Some(exact), _) => !exact.is_empty() && pod.name == exact,
-                (None, Some(prefix)) => name.starts_with(prefix.as_str()),
-                (None, None) => false,
+            && match (exact, &prefix, vm) {
+                (_, _, Some(vm)) => claim.vm.as_deref() == Some(vm),
+                (Some(exact), _, _) => !exact.is_empty() && pod.name == exact,
+                (None, Some(prefix), _) => name.starts_with(prefix.as_str()),
+                (None, None, None) => false,
             };
         if !belongs {
             continue;
@@ -488,6 +522,11 @@ enum PodNaming {
         owner_kind: String,
         owner: String,
     },
+    /// A KubeVirt VM's launcher pod (`virt-launcher-VM-`), controlled by its VMI, whose claim
+    /// is the VM's.
+    Launcher {
+        vm: String,
+    },
 }
 
 impl PodNaming {
@@ -498,7 +537,7 @@ impl PodNaming {
                 let name = format!("{owner}-{replica}");
                 pods.iter().find(|(key, _)| *key == name)
             }
-            PodNaming::AsIs => pods.first(),
+            PodNaming::AsIs | PodNaming::Launcher { .. } => pods.first(),
             PodNaming::Generated { .. } => pods.get(usize::try_from(replica).ok()?),
         };
         found.map(|(_, claims)| claims.as_slice())
@@ -531,6 +570,20 @@ impl PodNaming {
                 meta["generateName"] = json!(format!("{owner}-"));
                 meta["ownerReferences"] =
                     json!([{"kind": owner_kind, "name": owner, "controller": true}]);
+            }
+            PodNaming::Launcher { vm } => {
+                // as kubevirt's pkg/virt-controller/services/template.go writes the pod
+                meta["generateName"] = json!(format!("virt-launcher-{vm}-"));
+                let (key, value) = kubevirt::LAUNCHER_LABEL;
+                if !meta["labels"].is_object() {
+                    meta["labels"] = json!({});
+                }
+                meta["labels"][key] = json!(value);
+                meta["labels"]["vm.kubevirt.io/name"] = json!(vm);
+                meta["ownerReferences"] = json!([{
+                    "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+                    "name": vm, "controller": true,
+                }]);
             }
         }
         pod

@@ -10,6 +10,7 @@ pub mod events;
 pub mod kubevirt;
 pub mod mutate;
 pub mod release_timer;
+pub mod secondary;
 pub mod validate;
 pub mod workload_kinds;
 pub mod workloads;
@@ -86,6 +87,8 @@ pub struct Webhook {
     pub claim_guard: crate::webhook::claim_guard::ClaimGuard,
     /// Asks the API server whether a claim's pod still exists (set when there is one).
     pub pods: std::sync::OnceLock<Arc<dyn crate::ledger::pod_lookup::PodLookup>>,
+    /// The allocators of the secondary networks IPs are given out on.
+    pub secondary: secondary::SecondaryNetworks,
 }
 
 impl Webhook {
@@ -108,7 +111,14 @@ impl Webhook {
             events: Arc::new(NoEvents),
             claim_guard: Default::default(),
             pods: Default::default(),
+            secondary: Default::default(),
         }
+    }
+
+    /// Give IPs out on these secondary networks too, each from its own allocator.
+    pub fn with_secondary(mut self, secondary: secondary::SecondaryNetworks) -> Webhook {
+        self.secondary = secondary;
+        self
     }
 
     /// Send Pod CREATE outcomes to `events` instead of nowhere.

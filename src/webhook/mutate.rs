@@ -14,6 +14,7 @@ use crate::ledger::{PodRef, unix_now};
 use crate::metrics::AllocationOutcome;
 use crate::webhook::assess::{Answer, Denial, PodAsk, assess};
 use crate::webhook::events::{Assigned, Refused};
+use crate::webhook::secondary::{self, NetworkAsks, NetworkGrant};
 use crate::webhook::{Candidates, PodView, Webhook};
 
 /// What `/mutate` decided for a Pod CREATE: the typed result that the response, the decision
@@ -28,6 +29,8 @@ pub enum PodDecision {
     Granted {
         app: String,
         allocation: Allocation,
+        /// The IPs granted on secondary networks.
+        networks: Vec<NetworkGrant>,
         patch: Vec<u8>,
         /// New claims were recorded (not a dry run, not a retried request's own claim).
         recorded: bool,
@@ -121,8 +124,9 @@ async fn name_still_held(webhook: &Webhook, pod: &PodRef, app: &str) -> Option<D
     None
 }
 
-/// Decide a Pod CREATE: assess it, then grant (allocate or record its static IPs) or deny.
-/// Records the claims (unless dry run), counts the outcome and reports it to the event sink.
+/// Decide a Pod CREATE: assess it, then grant (allocate or record its static IPs, on the
+/// primary interface and on each managed secondary network it asks of) or deny. Records the
+/// claims (unless dry run), counts the outcome and reports it to the event sink.
 pub async fn decide_create(
     webhook: &Webhook,
     incoming: &Incoming<'_>,
@@ -140,27 +144,38 @@ pub async fn decide_create(
         Ok(ask) => ask,
         Err(denial) => return Ok(refused(&context, None, denial)),
     };
-    if ask.is_unrelated() {
-        return Ok(PodDecision::Unrelated);
-    }
-    if already_held(webhook, &ask) {
-        return Ok(PodDecision::AlreadyHeld(ask.carried));
+    let networks = match secondary::asks(webhook, &ask.view) {
+        Ok(networks) => networks,
+        Err(denial) => return Ok(refused(&context, Some(ask.view.app_key()), denial)),
+    };
+    // the primary interface asks for nothing, or is our own earlier answer
+    let primary_held = already_held(webhook, &ask);
+    let primary_done = ask.is_unrelated() || primary_held;
+    let networks_held = networks
+        .as_ref()
+        .is_none_or(|n| secondary::all_held(webhook, n, &ask.identity()));
+    if primary_done && networks_held {
+        return Ok(match networks.is_none() && ask.is_unrelated() {
+            true => PodDecision::Unrelated,
+            false => PodDecision::AlreadyHeld(ask.carried),
+        });
     }
     if let Some(denial) =
         name_still_held(webhook, &ask.view.pod_ref(), ask.view.app.unwrap_or("")).await
     {
         return Ok(refused(&context, Some(ask.view.app_key()), denial));
     }
-    let app_key = ask.view.app_key();
-    let scope = ask.scope();
     let empty = Candidates {
         set: Default::default(),
         pool: None,
     };
     let chosen = ask.candidates.as_ref().unwrap_or(&empty);
-    let token = new_token(incoming.uid());
+    let token = match ask.token {
+        Some(token) if primary_held => token.to_string(),
+        _ => new_token(incoming.uid()),
+    };
     let request = AllocationRequest {
-        scope,
+        scope: ask.scope(),
         app: ask.view.app.unwrap_or(""),
         pool: chosen.pool.as_deref(),
         pod: ask.view.pod_ref(),
@@ -171,33 +186,19 @@ pub async fn decide_create(
         vm: ask.view.vm,
         dry_run: incoming.dry_run(),
     };
-    let result = if ask.carried.is_empty() {
-        webhook.allocator.allocate(&request).await
-    } else {
-        // IPs the pod carries without a claim of its own: asked for as static IPs
-        webhook.allocator.claim_static(&ask.carried, &request).await
+    let grant = Grant {
+        ask: &ask,
+        request: &request,
+        allocation: None,
+        networks: Vec::new(),
+        app_key: ask.view.app_key(),
     };
-    match result {
-        Ok(allocation) => {
-            let granted = Grant {
-                ask: &ask,
-                request: &request,
-                allocation,
-                app_key,
-            };
-            Ok(granted.decide(webhook, meta))
-        }
-        Err(error) => {
-            if matches!(error, AllocError::Exhausted(_)) {
-                webhook.metrics.exhausted(
-                    &ask.view.namespace,
-                    ask.view.app.unwrap_or(""),
-                    request.pool,
-                );
-            }
-            Ok(refused(&context, Some(app_key), Denial::from(error)))
-        }
-    }
+    Ok(
+        match grant.record(webhook, primary_done, networks.as_ref()).await {
+            Ok(grant) => grant.decide(webhook, meta, networks.as_ref()),
+            Err(denial) => refused(&context, Some(ask.view.app_key()), denial),
+        },
+    )
 }
 
 /// Our own patch seen again (reinvocation, a retried call): the marker and the token are
@@ -216,20 +217,89 @@ fn already_held(webhook: &Webhook, ask: &PodAsk<'_>) -> bool {
 struct Grant<'a> {
     ask: &'a PodAsk<'a>,
     request: &'a AllocationRequest<'a>,
-    allocation: Allocation,
+    /// The primary interface's (none when it asks for nothing, or holds its IPs already).
+    allocation: Option<Allocation>,
+    networks: Vec<NetworkGrant>,
     app_key: String,
 }
 
 impl Grant<'_> {
+    /// Record the primary interface's claims (unless `primary_done`), then each network's
+    /// under the same token; a network's refusal gives back what this request recorded.
+    async fn record(
+        mut self,
+        webhook: &Webhook,
+        primary_done: bool,
+        networks: Option<&NetworkAsks>,
+    ) -> Result<Self, Denial> {
+        let (ask, request) = (self.ask, self.request);
+        if !primary_done {
+            let result = if ask.carried.is_empty() {
+                webhook.allocator.allocate(request).await
+            } else {
+                // IPs the pod carries without a claim of its own: asked for as static IPs
+                webhook.allocator.claim_static(&ask.carried, request).await
+            };
+            match result {
+                Ok(allocation) => self.allocation = Some(allocation),
+                Err(error) => {
+                    if matches!(error, AllocError::Exhausted(_)) {
+                        webhook
+                            .metrics
+                            .exhausted(&ask.view.namespace, request.app, request.pool);
+                    }
+                    return Err(Denial::from(error));
+                }
+            }
+        }
+        let Some(networks) = networks else {
+            return Ok(self);
+        };
+        // a retried request is answered with the token its first attempt recorded
+        let token = self.allocation.as_ref().map(|a| a.token.clone());
+        let network_request = AllocationRequest {
+            token: token.as_deref().unwrap_or(request.token),
+            ..request.clone()
+        };
+        match secondary::grant(webhook, networks, &network_request).await {
+            Ok(granted) => self.networks = granted,
+            Err(denial) => {
+                if let Some(allocation) = &self.allocation
+                    && !request.dry_run
+                    && !allocation.reasons.contains(&Reason::SameRequest)
+                    && let Err(error) = webhook
+                        .allocator
+                        .release_held(&network_request.identity(), &allocation.ips)
+                        .await
+                {
+                    tracing::warn!(%error, pod = %ask.view.display(), "could not give back a refused pod's claims; the reconciler frees them");
+                }
+                return Err(denial);
+            }
+        }
+        Ok(self)
+    }
+
     /// Count the outcome (dry run, a retried request's claim, a new allocation or the pod's
     /// own static IPs recorded), report it to the event sink and build the patch.
-    fn decide(self, webhook: &Webhook, meta: &crate::admission::Meta) -> PodDecision {
+    fn decide(
+        self,
+        webhook: &Webhook,
+        meta: &crate::admission::Meta,
+        networks: Option<&NetworkAsks>,
+    ) -> PodDecision {
         let Grant {
             ask,
             request,
             allocation,
+            networks: granted,
             app_key,
         } = self;
+        let allocation = allocation.unwrap_or_else(|| Allocation {
+            ips: ask.carried.clone(),
+            reasons: Vec::new(),
+            token: request.token.to_string(),
+        });
         let outcome = if request.dry_run {
             AllocationOutcome::dry_run
         } else if allocation.reasons.contains(&Reason::SameRequest) {
@@ -244,7 +314,7 @@ impl Grant<'_> {
             AllocationOutcome::allocated | AllocationOutcome::static_recorded
         );
         webhook.metrics.allocation(outcome);
-        tracing::debug!(pod = %ask.view.display(), reasons = ?allocation.reasons, "allocated");
+        tracing::debug!(pod = %ask.view.display(), reasons = ?allocation.reasons, networks = ?granted, "allocated");
         webhook.events.assigned(&Assigned {
             request_uid: request.request_uid,
             pod: &request.pod,
@@ -253,11 +323,15 @@ impl Grant<'_> {
             reasons: &allocation.reasons,
             dry_run: request.dry_run,
         });
-        let patch = patch_for(webhook, meta, &allocation);
+        let mut patch = metadata_patch(webhook, meta, &allocation);
+        if let Some(networks) = networks {
+            secondary::add_to_patch(webhook, meta, networks, &granted, &mut patch);
+        }
         PodDecision::Granted {
             app: app_key,
             allocation,
-            patch,
+            networks: granted,
+            patch: patch.to_json(),
             recorded,
         }
     }
@@ -271,11 +345,23 @@ pub fn patch_for(
     meta: &crate::admission::Meta,
     allocation: &Allocation,
 ) -> Vec<u8> {
+    metadata_patch(webhook, meta, allocation).to_json()
+}
+
+/// [`patch_for`]'s operations, to which a secondary network's may be added. An allocation
+/// of no IP (a pod that asks only of secondary networks) writes no CNI annotation or label.
+fn metadata_patch(
+    webhook: &Webhook,
+    meta: &crate::admission::Meta,
+    allocation: &Allocation,
+) -> MetadataPatch {
     let cni = webhook.settings.cni;
     let has_annotations = meta.annotations.is_some();
     let mut patch = MetadataPatch::default();
     let mut annotations_present = has_annotations;
-    if static_ips(meta.annotations.as_ref()).is_ok_and(|statics| statics.is_empty()) {
+    if !allocation.ips.is_empty()
+        && static_ips(meta.annotations.as_ref()).is_ok_and(|statics| statics.is_empty())
+    {
         patch.add(
             "annotations",
             annotations_present,
@@ -296,11 +382,13 @@ pub fn patch_for(
             &allocation.token,
         );
     }
-    let label = ip_label_value(&allocation.ips[0]);
-    if meta.label(ALLOCATED_IP_LABEL) != Some(label.as_str()) {
-        patch.add("labels", meta.labels.is_some(), ALLOCATED_IP_LABEL, &label);
+    if let Some(first) = allocation.ips.first() {
+        let label = ip_label_value(first);
+        if meta.label(ALLOCATED_IP_LABEL) != Some(label.as_str()) {
+            patch.add("labels", meta.labels.is_some(), ALLOCATED_IP_LABEL, &label);
+        }
     }
-    patch.to_json()
+    patch
 }
 
 /// What a refusal is reported with (besides its message and outcome).
@@ -403,5 +491,6 @@ async fn delete(
             tracing::warn!(%error, pod = name, "could not mark the pod's claims terminating")
         }
     }
+    secondary::terminate(webhook, meta, &identity, release_at).await;
     Ok(response)
 }

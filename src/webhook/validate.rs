@@ -18,6 +18,7 @@ use crate::ledger::Claim;
 use crate::ledger::claim::{PodIdentity, is_token, new_token};
 use crate::webhook::assess::{Answer, Denial, PodAsk, assess};
 use crate::webhook::cni_pools;
+use crate::webhook::secondary;
 use crate::webhook::workloads;
 use crate::webhook::{Candidates, PodView, Webhook};
 
@@ -152,7 +153,8 @@ async fn validate_pod(
         && holds_claim(webhook, &view, &old.metadata)
     {
         // What names the pod's IP stays as admitted; nothing else of an update concerns us.
-        let refusal = update_refusal(&view, &old.metadata, meta);
+        let refusal = update_refusal(&view, &old.metadata, meta)
+            .or_else(|| secondary::update_refusal(webhook, &view, &old.metadata));
         let response = match refusal {
             Some(message) => response.deny(message),
             None => response,
@@ -176,8 +178,20 @@ async fn validate_pod(
     match assess(webhook, view) {
         Ok(ask) => {
             answer.ips = ask.carried.clone();
-            answer.response =
-                pod_verdict(webhook, incoming, ask, answer.response, &mut answer.granted).await;
+            answer.response = pod_verdict(
+                webhook,
+                incoming,
+                &ask,
+                answer.response,
+                &mut answer.granted,
+            )
+            .await;
+            if answer.response.allowed
+                && incoming.request.operation == Operation::Create
+                && let Err(message) = secondary::validate_create(webhook, incoming, &ask).await
+            {
+                answer.response = answer.response.deny(message);
+            }
         }
         Err(denial) => answer.response = answer.response.deny(denial.to_string()),
     }
@@ -241,7 +255,7 @@ fn update_refusal(view: &PodView<'_>, old: &Meta, new: &Meta) -> Option<String> 
 async fn pod_verdict(
     webhook: &Webhook,
     incoming: &Incoming<'_>,
-    ask: PodAsk<'_>,
+    ask: &PodAsk<'_>,
     response: Response,
     granted: &mut bool,
 ) -> Response {
@@ -254,7 +268,7 @@ async fn pod_verdict(
     }
     let identity = ask.identity();
     let mine = webhook.allocator.held_by(&identity, &ask.carried);
-    let unrecorded = match unrecorded_ips(webhook, incoming, &ask, &mine) {
+    let unrecorded = match unrecorded_ips(webhook, incoming, ask, &mine) {
         Ok(unrecorded) => unrecorded,
         Err(denial) => return response.deny(denial.to_string()),
     };
@@ -264,7 +278,7 @@ async fn pod_verdict(
     // IPs no claim covers (the pod skipped /mutate: a webhook outage with `Ignore`, a selector
     // gap): recorded for it now as static IPs, so the next pod cannot be given them.
     if !unrecorded.is_empty() {
-        if let Err(denial) = record_static(webhook, incoming, &ask, &unrecorded).await {
+        if let Err(denial) = record_static(webhook, incoming, ask, &unrecorded).await {
             return response.deny(denial.to_string());
         }
         *granted = true;

@@ -32,8 +32,8 @@ fn rbac_grants_what_the_server_needs_and_the_cni_extras_only_when_switched_on() 
         grant("ip-webhook.io", "ipclaims/status", "update,patch"),
         grant("ip-webhook.io", "fixedippools", "get,list,watch"),
         grant("ip-webhook.io", "fixedippools/status", "update,patch"),
-        grant("kubevirt.io", "virtualmachineinstances", "get"),
-        grant("kubevirt.io", "virtualmachines", "get"),
+        grant("kubevirt.io", "virtualmachineinstances", "get,list,watch"),
+        grant("kubevirt.io", "virtualmachines", "get,list,watch"),
     ];
     let calico = [
         grant("crd.projectcalico.org", "ippools", "list,watch"),

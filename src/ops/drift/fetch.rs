@@ -127,15 +127,23 @@ async fn list_pods(client: &Client, mut each: impl FnMut(Vec<Pod>)) -> Result<()
     })
 }
 
-/// Whether a label or annotation key is ours or a CNI's: a pod with one is kept as an object.
+/// Whether a label or annotation key is ours, a CNI's or Multus's (a secondary network's IPs,
+/// with `--network`): a pod with one is kept as an object. A secondary network's own keys are
+/// under a subdomain of ours or Kube-OVN's (`storage.default.ip-webhook.io/allocatable-ips`).
 fn marked_key(key: &str) -> bool {
-    [
-        "ip-webhook.io/",
-        "cni.projectcalico.org/",
-        "ovn.kubernetes.io/",
-    ]
-    .iter()
-    .any(|prefix| key.starts_with(prefix))
+    let Some((prefix, _)) = key.split_once('/') else {
+        return false;
+    };
+    let under = |domain: &str| {
+        prefix == domain
+            || prefix
+                .strip_suffix(domain)
+                .is_some_and(|sub| sub.ends_with('.'))
+    };
+    under("ip-webhook.io")
+        || under("ovn.kubernetes.io")
+        || prefix == "cni.projectcalico.org"
+        || prefix == "k8s.v1.cni.cncf.io"
 }
 
 /// A pod as the comparison keeps it.
@@ -313,6 +321,29 @@ async fn virtual_machines_and_instances(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn our_keys_the_cnis_multus_and_a_networks_own_are_marked() {
+        for key in [
+            "ip-webhook.io/claim",
+            "storage.default.ip-webhook.io/allocatable-ips",
+            "cni.projectcalico.org/ipAddrs",
+            "ovn.kubernetes.io/ip_address",
+            "storage.default.ovn.kubernetes.io/ip_address",
+            "k8s.v1.cni.cncf.io/network-status",
+        ] {
+            assert!(marked_key(key), "{key}");
+        }
+        for key in [
+            "app",
+            "example.com/ip-webhook.io",
+            "notip-webhook.io/claim",
+            "x.cni.projectcalico.org/ipAddrs",
+            "kubectl.kubernetes.io/restartedAt",
+        ] {
+            assert!(!marked_key(key), "{key}");
+        }
+    }
 
     /// `pod` as the list read gives it.
     fn listed(pod: &Pod) -> Pod {

@@ -19,6 +19,7 @@
 //! before their `release_at` are left out of kind 1.
 
 pub mod fetch;
+pub mod network;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
@@ -31,8 +32,9 @@ use serde_json::Value;
 use crate::admission::annotations::{ALLOCATABLE_IPS, CLAIM_TOKEN};
 use crate::cluster::index::calico::BlockSpec;
 use crate::cluster::index::{OvnIp, SlimPod};
-use crate::cluster::pods::holder;
+use crate::cluster::pods::{holder, network_holder};
 use crate::ipam::ipset::{Family, IpSet, ip_key, parse_ip_spec};
+use crate::ledger::network::Network;
 use crate::ledger::{Claim, Phase};
 use crate::webhook::kubevirt::launcher_vm_of_object;
 
@@ -146,6 +148,9 @@ pub struct Inputs<'a> {
     /// The KubeVirt VMs and VMIs (namespace, name) that exist: a VM's claim with no launcher
     /// pod is held while its VM is.
     pub vms: &'a HashSet<(String, String)>,
+    /// The secondary network whose claims these are (the pods projected onto it,
+    /// [`network::project`]); `None`: the primary interface's.
+    pub network: Option<&'a Network>,
 }
 
 /// The default of [`Inputs::settle`]: `serve`'s default reservation TTL.
@@ -225,7 +230,11 @@ fn claims_against_pods<'a>(
                 .by_uid
                 .get_key_value(&(claim.pod.namespace.as_str(), uid))
                 .map(|(key, _)| *key),
-            None => holder(inputs.pods, claim, inputs.app_label).and_then(|pod| {
+            None => match inputs.network {
+                None => holder(inputs.pods, claim, inputs.app_label),
+                Some(network) => network_holder(inputs.pods, claim, inputs.app_label, network),
+            }
+            .and_then(|pod| {
                 Some((
                     pod.metadata.namespace.as_deref()?,
                     pod.metadata.uid.as_deref()?,
@@ -685,6 +694,7 @@ mod tests {
             now: NOW,
             settle: SETTLE_SECONDS,
             vms,
+            network: None,
         })
         .into_iter()
         .map(|d| (d.kind, d.ip.to_string(), d.pod))
@@ -788,6 +798,7 @@ mod tests {
                 now: NOW,
                 settle: SETTLE_SECONDS,
                 vms: &HashSet::new(),
+                network: None,
             }),
             compared: Compared::default(),
         };
@@ -971,6 +982,7 @@ mod tests {
             now: NOW,
             settle: SETTLE_SECONDS,
             vms: &HashSet::new(),
+            network: None,
         });
         assert_eq!(report.len(), 1, "{report:?}");
         assert_eq!(report[0].kind, DriftKind::PodIpDiffers);
@@ -1164,6 +1176,7 @@ mod tests {
                 now: NOW,
                 settle: SETTLE_SECONDS,
                 vms: &HashSet::new(),
+                network: None,
             }),
             compared: Compared {
                 claims: 0,

@@ -1,0 +1,518 @@
+//! Fixed IPs on secondary networks (Multus attachments named by `--network`): what a pod
+//! asks of each, the IP chosen per network from the pod's list for it, and where that
+//! network's IPAM reads it.
+//!
+//! Each managed network has an allocator over books of its own
+//! ([`crate::ledger::network::Network`]), so every rule of the primary interface (tokens,
+//! UIDs, the lifecycle, StatefulSet ordinals, static requests) holds per network, and the same
+//! address on two networks is two claims. A pod names its list for a network in
+//! `NAME.NAMESPACE.ip-webhook.io/allocatable-ips`; the chosen IP is written in the `ips` of
+//! that network's entry in `k8s.v1.cni.cncf.io/networks` (with the prefix length of
+//! `NAME.NAMESPACE.ip-webhook.io/prefix-length`, which the `static` IPAM needs), and with
+//! `--cni kube-ovn` in Kube-OVN's attachment annotation
+//! `NAME.NAMESPACE.ovn.kubernetes.io/ip_address` (kube-ovn `pkg/util/const.go`,
+//! `IPAddressAnnotationTemplate` with the provider `NAME.NAMESPACE.ovn`). An `ips` entry the
+//! pod writes by hand is a static request on that network.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use crate::admission::annotations::{AnnotationError, Cni};
+use crate::admission::networks::{Attachment, NETWORKS, parse_networks, write_networks};
+use crate::admission::patch::MetadataPatch;
+use crate::admission::{Incoming, Meta};
+use crate::ipam::allocator::{AllocError, AllocationRequest, Allocator, Reason};
+use crate::ipam::ipset::{Family, IpSet};
+use crate::ipam::messages::conflict_message;
+use crate::ledger::claim::{PodIdentity, new_token};
+use crate::ledger::network::Network;
+use crate::webhook::assess::{Denial, PodAsk};
+use crate::webhook::{PodView, Webhook};
+
+/// The allocator of each secondary network ip-webhook gives IPs out on.
+#[derive(Default)]
+pub struct SecondaryNetworks {
+    by_network: BTreeMap<Network, Arc<Allocator>>,
+}
+
+impl SecondaryNetworks {
+    pub fn new(by_network: BTreeMap<Network, Arc<Allocator>>) -> SecondaryNetworks {
+        SecondaryNetworks { by_network }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_network.is_empty()
+    }
+
+    pub fn get(&self, network: &Network) -> Option<&Arc<Allocator>> {
+        self.by_network.get(network)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&Network, &Arc<Allocator>)> {
+        self.by_network.iter()
+    }
+}
+
+/// The annotation in which a pod names the IPs it may get on `network`.
+pub fn list_annotation(network: &Network) -> String {
+    format!(
+        "{}.{}.ip-webhook.io/allocatable-ips",
+        network.name, network.namespace
+    )
+}
+
+/// The annotation giving the prefix length written with each IP on `network`.
+pub fn prefix_annotation(network: &Network) -> String {
+    format!(
+        "{}.{}.ip-webhook.io/prefix-length",
+        network.name, network.namespace
+    )
+}
+
+/// Kube-OVN's annotation for the IP of an attachment of the provider `NAME.NAMESPACE.ovn`.
+pub fn kube_ovn_annotation(network: &Network) -> String {
+    format!(
+        "{}.{}.ovn.kubernetes.io/ip_address",
+        network.name, network.namespace
+    )
+}
+
+/// What a pod asks of one managed network.
+#[derive(Debug)]
+pub struct NetworkAsk {
+    pub network: Network,
+    /// Its entry among the pod's attachments.
+    attachment: usize,
+    /// The pod's list for it (none: only IPs named by hand).
+    list: Option<Arc<IpSet>>,
+    prefix: Option<u8>,
+    /// The IPs the entry's `ips` names (a static request, or our own earlier answer).
+    pub carried: Vec<IpAddr>,
+}
+
+/// A pod's attachments, and what it asks of the managed networks among them.
+#[derive(Debug)]
+pub struct NetworkAsks {
+    attachments: Vec<Attachment>,
+    pub asks: Vec<NetworkAsk>,
+}
+
+/// The IPs granted on one network.
+#[derive(Debug, Clone)]
+pub struct NetworkGrant {
+    pub network: Network,
+    pub ips: Vec<IpAddr>,
+}
+
+/// Read what `view` asks of the managed networks: `None` when it asks nothing of them (or
+/// none is managed). Multus reads the networks annotation as it likes for the networks
+/// ip-webhook does not manage; for a managed one, an unreadable annotation, list or prefix, a
+/// list for a network the pod does not attach, or an `ips` entry outside its list is refused.
+pub fn asks(webhook: &Webhook, view: &PodView<'_>) -> Result<Option<NetworkAsks>, Denial> {
+    if webhook.secondary.is_empty() {
+        return Ok(None);
+    }
+    let meta = view.meta;
+    let malformed = |message: AnnotationError| Denial::Malformed {
+        pod: view.display(),
+        message,
+    };
+    let attachments = match meta.annotation(NETWORKS) {
+        Some(value) => parse_networks(value, &view.namespace).map_err(malformed)?,
+        None => Vec::new(),
+    };
+    for (network, _) in webhook.secondary.iter() {
+        let key = list_annotation(network);
+        let attached = attachments
+            .iter()
+            .any(|a| a.namespace == network.namespace && a.name == network.name);
+        if !attached && meta.annotation(&key).is_some() {
+            return Err(Denial::Candidates(format!(
+                "pod {}: annotation {key} names IPs on network {network}, which its {NETWORKS} does not attach",
+                view.display()
+            )));
+        }
+    }
+    let mut asks = Vec::new();
+    for (attachment, entry) in attachments.iter().enumerate() {
+        let network = Network {
+            namespace: entry.namespace.clone(),
+            name: entry.name.clone(),
+        };
+        if webhook.secondary.get(&network).is_none() {
+            continue;
+        }
+        if asks.iter().any(|ask: &NetworkAsk| ask.network == network) {
+            return Err(Denial::Candidates(format!(
+                "pod {}: its {NETWORKS} attaches network {network} more than once; ip-webhook gives a pod one fixed IP per network",
+                view.display()
+            )));
+        }
+        let key = list_annotation(&network);
+        let list = meta.annotation(&key);
+        let carried: Vec<IpAddr> = entry.ips.iter().map(|(ip, _)| *ip).collect();
+        if list.is_none() && carried.is_empty() {
+            continue;
+        }
+        let ask = NetworkAsk {
+            list: list
+                .map(|l| parse_list(webhook, view, &key, l))
+                .transpose()?,
+            prefix: prefix_of(view, &network)?,
+            network,
+            attachment,
+            carried,
+        };
+        check_ask(webhook, view, &ask)?;
+        asks.push(ask);
+    }
+    Ok((!asks.is_empty()).then_some(NetworkAsks { attachments, asks }))
+}
+
+fn parse_list(
+    webhook: &Webhook,
+    view: &PodView<'_>,
+    key: &str,
+    list: &str,
+) -> Result<Arc<IpSet>, Denial> {
+    webhook.specs.parse(list).map_err(|error| {
+        Denial::Candidates(format!("pod {}: annotation {key}: {error}", view.display()))
+    })
+}
+
+/// The prefix length of `NAME.NAMESPACE.ip-webhook.io/prefix-length`, if given.
+fn prefix_of(view: &PodView<'_>, network: &Network) -> Result<Option<u8>, Denial> {
+    let key = prefix_annotation(network);
+    let Some(value) = view.meta.annotation(&key) else {
+        return Ok(None);
+    };
+    match value.trim().parse::<u8>() {
+        Ok(prefix) if prefix <= 128 => Ok(Some(prefix)),
+        _ => Err(Denial::Candidates(format!(
+            "pod {}: annotation {key}: {value:?} is not a prefix length (0-32 for IPv4, 0-128 for IPv6)",
+            view.display()
+        ))),
+    }
+}
+
+/// A list needs the app label (its claims are the app's); IPs named by hand must be in the
+/// list when there is one; the IPs written for the network's IPAM need a prefix length unless
+/// Kube-OVN's attachment annotation carries them.
+fn check_ask(webhook: &Webhook, view: &PodView<'_>, ask: &NetworkAsk) -> Result<(), Denial> {
+    if ask.list.is_some() && view.app.is_none() {
+        return Err(Denial::NoAppLabel {
+            pod: view.display(),
+            app_label: webhook.settings.app_label.clone(),
+        });
+    }
+    if let Some(list) = &ask.list
+        && let Some(outside) = ask.carried.iter().find(|ip| !list.contains(ip))
+    {
+        return Err(Denial::OutsideList {
+            ip: *outside,
+            pod: view.display(),
+            scope: format!(
+                "list {} of app {}",
+                list_annotation(&ask.network),
+                view.app_key()
+            ),
+        });
+    }
+    let shortest = ask
+        .list
+        .iter()
+        .flat_map(|list| list.families())
+        .chain(ask.carried.iter().map(Family::of))
+        .min_by_key(|family| family.bits());
+    if let (Some(prefix), Some(family)) = (ask.prefix, shortest)
+        && u32::from(prefix) > family.bits()
+    {
+        return Err(Denial::Candidates(format!(
+            "pod {}: annotation {}: /{prefix} is longer than an {} address",
+            view.display(),
+            prefix_annotation(&ask.network),
+            family.name()
+        )));
+    }
+    if ask.list.is_some() && ask.prefix.is_none() && webhook.settings.cni != Cni::KubeOvn {
+        return Err(Denial::Candidates(format!(
+            "pod {}: network {}: annotation {} is missing: the IPs written in the network's `ips` need a prefix length (the static IPAM reads them as CIDRs)",
+            view.display(),
+            ask.network,
+            prefix_annotation(&ask.network)
+        )));
+    }
+    Ok(())
+}
+
+/// Whether every ask is our own earlier answer (a reinvocation, a retried call): each
+/// network's carried IPs held under `identity`.
+pub fn all_held(webhook: &Webhook, asks: &NetworkAsks, identity: &PodIdentity<'_>) -> bool {
+    asks.asks
+        .iter()
+        .all(|ask| already_held(webhook, ask, identity))
+}
+
+/// Whether the claims on the ask's network hold every IP it carries under `identity` (its
+/// token, its UID once bound): the pod is seen again with our own answer.
+fn already_held(webhook: &Webhook, ask: &NetworkAsk, identity: &PodIdentity<'_>) -> bool {
+    !ask.carried.is_empty()
+        && webhook
+            .secondary
+            .get(&ask.network)
+            .is_some_and(|allocator| {
+                allocator.held_by(identity, &ask.carried).len() == ask.carried.len()
+            })
+}
+
+/// Grant each ask: the IPs it carries recorded as static IPs on its network (unless they are
+/// its own already), or one IP per family chosen from its list. `request` is the primary
+/// interface's (its token, pod, ordinal and VM), with each network's list. On a refusal, what
+/// this request recorded on the networks before it is given back.
+pub async fn grant(
+    webhook: &Webhook,
+    asks: &NetworkAsks,
+    request: &AllocationRequest<'_>,
+) -> Result<Vec<NetworkGrant>, Denial> {
+    let identity = request.identity();
+    let mut granted: Vec<NetworkGrant> = Vec::new();
+    // what this request recorded, given back if a later network refuses the pod
+    let mut recorded: Vec<NetworkGrant> = Vec::new();
+    for ask in &asks.asks {
+        let Some(allocator) = webhook.secondary.get(&ask.network) else {
+            continue;
+        };
+        if already_held(webhook, ask, &identity) {
+            granted.push(NetworkGrant {
+                network: ask.network.clone(),
+                ips: ask.carried.clone(),
+            });
+            continue;
+        }
+        let empty = IpSet::default();
+        let network_request = AllocationRequest {
+            candidates: ask.list.as_deref().unwrap_or(&empty),
+            ..request.clone()
+        };
+        let result = if ask.carried.is_empty() {
+            allocator.allocate(&network_request).await
+        } else {
+            allocator.claim_static(&ask.carried, &network_request).await
+        };
+        match result {
+            Ok(allocation) => {
+                let grant = NetworkGrant {
+                    network: ask.network.clone(),
+                    ips: allocation.ips,
+                };
+                if !allocation.reasons.contains(&Reason::SameRequest) {
+                    recorded.push(grant.clone());
+                }
+                granted.push(grant);
+            }
+            Err(error) => {
+                give_back(webhook, &recorded, &identity, request.dry_run).await;
+                return Err(network_denial(&ask.network, error));
+            }
+        }
+    }
+    Ok(granted)
+}
+
+fn network_denial(network: &Network, error: AllocError) -> Denial {
+    match Denial::from(error) {
+        Denial::Exhausted(message) => Denial::Exhausted(format!("network {network}: {message}")),
+        Denial::Conflict(message) => Denial::Conflict(format!("network {network}: {message}")),
+        Denial::Ledger(message) => Denial::Ledger(format!("network {network}: {message}")),
+        other => other,
+    }
+}
+
+/// Give back the claims `granted` recorded for a pod that is refused after all.
+pub async fn give_back(
+    webhook: &Webhook,
+    granted: &[NetworkGrant],
+    identity: &PodIdentity<'_>,
+    dry_run: bool,
+) {
+    if dry_run {
+        return;
+    }
+    for grant in granted {
+        if let Some(allocator) = webhook.secondary.get(&grant.network)
+            && let Err(error) = allocator.release_held(identity, &grant.ips).await
+        {
+            tracing::warn!(network = %grant.network, %error, "could not give back a refused pod's claims; the sweeper frees them");
+        }
+    }
+}
+
+/// Add to `patch` what hands the granted IPs to each network's IPAM: the networks
+/// annotation in its JSON form with each granted entry's `ips` (and their prefix length), and
+/// with Kube-OVN, its attachment annotation. Values already as wanted are left alone.
+pub fn add_to_patch(
+    webhook: &Webhook,
+    meta: &Meta,
+    asks: &NetworkAsks,
+    granted: &[NetworkGrant],
+    patch: &mut MetadataPatch,
+) {
+    let mut attachments = asks.attachments.clone();
+    for (ask, grant) in asks.asks.iter().zip(granted) {
+        // IPs the pod named by hand stay as it wrote them
+        if let Some(prefix) = ask.prefix.filter(|_| ask.carried.is_empty()) {
+            let ips: Vec<(IpAddr, u8)> = grant.ips.iter().map(|ip| (*ip, prefix)).collect();
+            attachments[ask.attachment].set_ips(&ips);
+        }
+        if webhook.settings.cni == Cni::KubeOvn {
+            let key = kube_ovn_annotation(&ask.network);
+            let value = Cni::KubeOvn.format(&grant.ips);
+            if meta.annotation(&key) != Some(value.as_str()) {
+                patch.add("annotations", true, &key, &value);
+            }
+        }
+    }
+    if attachments != asks.attachments {
+        patch.add("annotations", true, NETWORKS, &write_networks(&attachments));
+    }
+}
+
+/// The IPs a pod carries on each managed network (the `ips` of its networks annotation), for
+/// its DELETE and its validation; none when the annotation cannot be read.
+pub fn carried(webhook: &Webhook, meta: &Meta, namespace: &str) -> Vec<(Network, Vec<IpAddr>)> {
+    if webhook.secondary.is_empty() {
+        return Vec::new();
+    }
+    let Some(Ok(attachments)) = meta
+        .annotation(NETWORKS)
+        .map(|value| parse_networks(value, namespace))
+    else {
+        return Vec::new();
+    };
+    webhook
+        .secondary
+        .iter()
+        .map(|(network, _)| {
+            let ips = attachments
+                .iter()
+                .filter(|a| a.namespace == network.namespace && a.name == network.name)
+                .flat_map(|a| a.ips.iter().map(|(ip, _)| *ip))
+                .collect();
+            (network.clone(), ips)
+        })
+        .collect()
+}
+
+/// A pod CREATE's `/validate` on the managed networks: every IP it carries on one is its own
+/// claim (by UID once bound, else by token), then bound to its UID; or free, then recorded
+/// for it now as a static IP (it skipped `/mutate`); or held by another pod: refused, naming
+/// both. `Err` is the denial's message.
+pub async fn validate_create(
+    webhook: &Webhook,
+    incoming: &Incoming<'_>,
+    ask: &PodAsk<'_>,
+) -> Result<(), String> {
+    if webhook.secondary.is_empty() {
+        return Ok(());
+    }
+    let (view, identity) = (&ask.view, &ask.identity());
+    let token = identity
+        .token
+        .map(str::to_string)
+        .unwrap_or_else(|| new_token(incoming.uid()));
+    let empty = IpSet::default();
+    let request = &AllocationRequest {
+        scope: ask.scope(),
+        app: view.app.unwrap_or(""),
+        pool: None,
+        pod: view.pod_ref(),
+        request_uid: incoming.uid(),
+        token: &token,
+        candidates: &empty,
+        ordinal: None,
+        vm: view.vm,
+        dry_run: incoming.dry_run(),
+    };
+    for (network, ips) in carried(webhook, view.meta, &view.namespace) {
+        let Some(allocator) = webhook.secondary.get(&network) else {
+            continue;
+        };
+        let mine = allocator.held_by(identity, &ips);
+        let mut unrecorded = Vec::new();
+        for ip in ips.iter().filter(|ip| !mine.iter().any(|c| c.ip == **ip)) {
+            match allocator.holder(ip) {
+                Some(holder) if holder.locks_ip() => {
+                    return Err(format!(
+                        "network {network}: {}",
+                        conflict_message(ip, &request.pod, &holder)
+                    ));
+                }
+                _ => unrecorded.push(*ip),
+            }
+        }
+        if request.dry_run {
+            continue;
+        }
+        if !unrecorded.is_empty() {
+            allocator
+                .claim_static(&unrecorded, request)
+                .await
+                .map_err(|error| network_denial(&network, error).to_string())?;
+        }
+        let recorded = PodIdentity {
+            token: Some(request.token),
+            ..*identity
+        };
+        if let Err(error) = allocator.bind(&recorded, &ips, view.is_stateful()).await {
+            return Err(format!(
+                "network {network}: binding the claims to the pod's UID: {error}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A pod's DELETE on the managed networks: its claims on each turn `Terminating` until
+/// `release_at`, found by who the pod is and by the IPs its networks annotation names.
+pub async fn terminate(
+    webhook: &Webhook,
+    meta: &Meta,
+    identity: &PodIdentity<'_>,
+    release_at: u64,
+) {
+    for (network, ips) in carried(webhook, meta, identity.namespace) {
+        let Some(allocator) = webhook.secondary.get(&network) else {
+            continue;
+        };
+        match allocator.terminate(identity, &ips, release_at).await {
+            Ok(terminating) if !terminating.is_empty() => {
+                let ips: Vec<IpAddr> = terminating.iter().map(|c| c.ip).collect();
+                tracing::info!(pod = %format!("{}/{}", identity.namespace, identity.name), %network, ips = ?ips, release_at, "terminating on a secondary network");
+            }
+            Ok(_) => {}
+            // A DELETE is never blocked on our books; the release timer and sweeper catch up.
+            Err(error) => {
+                tracing::warn!(%error, %network, pod = identity.name, "could not mark the pod's claims terminating")
+            }
+        }
+    }
+}
+
+/// The refusal of an update that changes the networks annotation of a pod holding claims on
+/// a managed network: a DELETE reads the IPs there, and the sandbox's next start would ask
+/// the network's IPAM for IPs nobody recorded.
+pub fn update_refusal(webhook: &Webhook, view: &PodView<'_>, old: &Meta) -> Option<String> {
+    let (before, after) = (old.annotation(NETWORKS), view.meta.annotation(NETWORKS));
+    if before == after
+        || carried(webhook, old, &view.namespace)
+            .iter()
+            .all(|(_, ips)| ips.is_empty())
+    {
+        return None;
+    }
+    Some(format!(
+        "pod {} holds IP claims on secondary networks, so annotation {NETWORKS} cannot be changed: it names the pod's IPs to Multus and to ip-webhook; to give the pod other IPs, delete the pod and create it again instead",
+        view.display()
+    ))
+}
