@@ -1,7 +1,10 @@
 //! A fast stand-in API server for `scripts/bench-scale.sh`: a cluster of N realistic pods
 //! (4–7 KB each, with `status.podIPs`, `spec.nodeName`, a ReplicaSet owner), N/30 nodes, their
-//! Deployments and ReplicaSets (nine old revisions each), and 100 fixed-IP apps (350 pods, one
-//! bound IPClaim each), served over plain HTTP on loopback.
+//! Deployments and ReplicaSets (nine old revisions each), 100 fixed-IP apps (350 pods, one
+//! bound IPClaim each), and Calico's `IPAMBlock`s of every pod's IP (a /26 each, as Calico's
+//! default block size; the attributes as Calico's CNI plugin writes them), served over plain
+//! HTTP on loopback. Pod lists and watches honour the one label selector the replica sends
+//! (`ip-webhook.io/allocated-ip`: the pod carries that label).
 //!
 //!   cargo build --release --example scale_apiserver
 //!   target/release/examples/scale_apiserver PORT PODS
@@ -19,10 +22,11 @@
 //!   since start or the last `/bench/reset`, in all and per resource and kind of response;
 //! - `POST /bench/reset`;
 //! - `POST /bench/churn?n=1000`: n plain pods (no fixed IP) each ADDED running, MODIFIED
-//!   Terminating and DELETED on the pod watches, 100 pods per 10 ms;
+//!   Terminating and DELETED on the pod watches, 100 pods per 10 ms, and its block MODIFIED
+//!   when its IP is allocated (a full block) and released;
 //! - `POST /bench/admit?n=50&interval_ms=560`: n fixed-IP admissions as the cluster sees them:
-//!   the IPClaim created Reserved, the pod ADDED with its IP, the claim bound to it, one every
-//!   `interval_ms`. Answers when all are sent.
+//!   the IPClaim created Reserved, the pod ADDED with its IP (and its block MODIFIED), the
+//!   claim bound to it, one every `interval_ms`. Answers when all are sent.
 //!
 //! This is a benchmark tool: no authentication, no validation beyond what the webhook needs.
 
@@ -54,9 +58,13 @@ const CREATED: &str = "2026-01-01T00:00:00Z";
 struct Event {
     resource: String,
     namespace: String,
+    /// The object carries the label `ip-webhook.io/allocated-ip`.
+    labelled: bool,
     full: Bytes,
     meta: Bytes,
 }
+
+const OUR_LABEL: &str = "ip-webhook.io/allocated-ip";
 
 struct Server {
     pods: usize,
@@ -175,6 +183,16 @@ fn fixed_ip(a: usize, r: usize) -> String {
     format!("10.200.{}.{}", a / 50, (a % 50) * 5 + r + 1)
 }
 
+/// The IP of plain pod `i`: consecutive pods on consecutive IPs, so 64 pods fill a /26.
+fn plain_ip(i: usize) -> [u8; 4] {
+    [
+        10,
+        (64 + (i >> 16) % 64) as u8,
+        ((i >> 8) & 255) as u8,
+        (i & 255) as u8,
+    ]
+}
+
 fn pod_shape(pods: usize, i: usize) -> PodShape {
     let (namespace, deployment, fixed_app, ip) = match fixed_of(i) {
         Some((a, r)) => (
@@ -189,7 +207,10 @@ fn pod_shape(pods: usize, i: usize) -> PodShape {
                 format!("ns-{}", d % NAMESPACES),
                 format!("app-{d}"),
                 None,
-                format!("10.{}.{}.{}", 64 + (i >> 16) % 64, (i >> 8) & 255, i & 255),
+                {
+                    let [a, b, c, d] = plain_ip(i);
+                    format!("{a}.{b}.{c}.{d}")
+                },
             )
         }
     };
@@ -383,6 +404,7 @@ fn generated(pods: usize, plural: &str) -> Option<usize> {
         "nodes" => nodes(pods),
         "deployments" => FIXED_APPS + deployments(pods),
         "replicasets" => (FIXED_APPS + deployments(pods)) * (OLD_REVISIONS + 1),
+        "ipamblocks" => FIXED_BLOCKS + plain_blocks(pods).len(),
         _ => return None,
     })
 }
@@ -390,7 +412,7 @@ fn generated(pods: usize, plural: &str) -> Option<usize> {
 fn generated_namespace(pods: usize, plural: &str, i: usize) -> Option<String> {
     match plural {
         "pods" => Some(pod_shape(pods, i).namespace),
-        "nodes" => None,
+        "nodes" | "ipamblocks" => None,
         "replicasets" => Some(deployment_shape(i / (OLD_REVISIONS + 1)).0),
         _ => Some(deployment_shape(i).0),
     }
@@ -401,8 +423,117 @@ fn generated_json(pods: usize, plural: &str, i: usize, meta_only: bool) -> Strin
         "pods" => pod_json(&pod_shape(pods, i), 5, false, meta_only),
         "nodes" => node_json(i, meta_only),
         "replicasets" => workload_json("ReplicaSet", i, meta_only),
+        "ipamblocks" => generated_block(pods, i, meta_only),
         _ => workload_json("Deployment", i, meta_only),
     }
+}
+
+// --- Calico's IPAM blocks ----------------------------------------------------------------
+
+/// Blocks of the fixed pods' IPs: 10.200.X.0/24 in four /26s, X in 0..2.
+const FIXED_BLOCKS: usize = 8;
+const BLOCK: usize = 64;
+
+/// The blocks of the plain pods (pod `i` is the `i % 64`-th address of block `i / 64`).
+fn plain_blocks(pods: usize) -> std::ops::Range<usize> {
+    let first = fixed_pods() / BLOCK;
+    first..pods.saturating_sub(1) / BLOCK + 1
+}
+
+fn ip_octets(ip: &str) -> [u8; 4] {
+    let mut octets = [0u8; 4];
+    for (slot, part) in octets.iter_mut().zip(ip.split('.')) {
+        *slot = part.parse().unwrap_or(0);
+    }
+    octets
+}
+
+/// One `IPAMBlock` of `base` (a /26), with each allocated ordinal's pod, as Calico writes it
+/// (`libcalico-go/lib/apis/internalapi/ipam_block.go`; attributes from the CNI plugin).
+fn block_json(base: [u8; 4], node: &str, owners: &[(usize, &PodShape)], meta_only: bool) -> String {
+    let [a, b, c, d] = base;
+    let name = format!("{a}-{b}-{c}-{d}-26");
+    let metadata = format!(
+        r#"{{"name":"{name}","uid":"{}","resourceVersion":"5","creationTimestamp":"{CREATED}","annotations":{{"projectcalico.org/metadata":"{{\"creationTimestamp\":null}}"}}}}"#,
+        uid(
+            11,
+            (a as usize) << 24 | (b as usize) << 16 | (c as usize) << 8 | d as usize
+        )
+    );
+    if meta_only {
+        return format!(
+            r#"{{"kind":"PartialObjectMetadata","apiVersion":"meta.k8s.io/v1","metadata":{metadata}}}"#
+        );
+    }
+    let mut allocations = vec!["null".to_string(); BLOCK];
+    let mut attributes = Vec::new();
+    let mut sequence = Vec::new();
+    for (n, (ordinal, shape)) in owners.iter().enumerate() {
+        allocations[*ordinal] = n.to_string();
+        let sha = format!(
+            "{:016x}",
+            (*ordinal as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                ^ shape.uid.len() as u64
+                ^ u64::from(d)
+        );
+        attributes.push(format!(
+            r#"{{"handle_id":"k8s-pod-network.{sha}{sha}{sha}{sha}","secondary":{{"namespace":"{}","node":"{}","pod":"{}","timestamp":"2026-01-01 00:00:00.123456789 +0000 UTC"}}}}"#,
+            shape.namespace, shape.node, shape.name
+        ));
+        sequence.push(format!(r#""{ordinal}":{}"#, 1000 + ordinal));
+    }
+    let unallocated: Vec<String> = (0..BLOCK)
+        .filter(|o| allocations[*o] == "null")
+        .map(|o| o.to_string())
+        .collect();
+    format!(
+        r#"{{"apiVersion":"crd.projectcalico.org/v1","kind":"IPAMBlock","metadata":{metadata},"spec":{{"affinity":"host:{node}","allocations":[{}],"attributes":[{}],"cidr":"{a}.{b}.{c}.{d}/26","deleted":false,"sequenceNumber":1100,"sequenceNumberForAllocation":{{{}}},"strictAffinity":false,"unallocated":[{}]}}}}"#,
+        allocations.join(","),
+        attributes.join(","),
+        sequence.join(","),
+        unallocated.join(",")
+    )
+}
+
+/// Block `j`: the fixed pods' blocks first, then the plain pods'.
+fn generated_block(pods: usize, j: usize, meta_only: bool) -> String {
+    if j < FIXED_BLOCKS {
+        let base = [10, 200, (j / 4) as u8, (j % 4 * BLOCK) as u8];
+        let shapes: Vec<PodShape> = (0..fixed_pods()).map(|i| pod_shape(pods, i)).collect();
+        let owners: Vec<(usize, &PodShape)> = shapes
+            .iter()
+            .filter_map(|shape| {
+                let [_, _, c, d] = ip_octets(&shape.ip);
+                (c == base[2] && d & 0xC0 == base[3]).then_some((usize::from(d & 0x3F), shape))
+            })
+            .collect();
+        let node = owners.first().map_or("node-0", |(_, s)| s.node.as_str());
+        return block_json(base, node, &owners, meta_only);
+    }
+    let block = plain_blocks(pods).start + (j - FIXED_BLOCKS);
+    let first = (block * BLOCK).max(fixed_pods());
+    let shapes: Vec<PodShape> = (first..((block + 1) * BLOCK).min(pods))
+        .map(|i| pod_shape(pods, i))
+        .collect();
+    let owners: Vec<(usize, &PodShape)> = shapes
+        .iter()
+        .map(|shape| (usize::from(ip_octets(&shape.ip)[3] & 0x3F), shape))
+        .collect();
+    let base = plain_ip(block * BLOCK);
+    let node = owners.first().map_or("node-0", |(_, s)| s.node.as_str());
+    block_json(base, node, &owners, meta_only)
+}
+
+/// The pod of the `k`-th admission of `/bench/admit`: app `fixed-(k % 100)`, IP
+/// 10.201.(k / 250).(k % 250 + 1).
+fn admitted_shape(pods: usize, k: usize) -> PodShape {
+    let a = k % FIXED_APPS;
+    let mut shape = pod_shape(pods, pods + 2_000_000 + k);
+    shape.namespace = format!("ns-{}", a % NAMESPACES);
+    shape.deployment = format!("fixed-{a}");
+    shape.ip = format!("10.201.{}.{}", k / 250, k % 250 + 1);
+    shape.fixed_app = Some(a);
+    shape
 }
 
 /// The bound IPClaim of fixed pod `i`.
@@ -463,8 +594,22 @@ impl Server {
         let _ = self.events.send(Arc::new(Event {
             resource: resource.into(),
             namespace: namespace.into(),
+            labelled: object["metadata"]["labels"].get(OUR_LABEL).is_some(),
             full: format!("{{\"type\":\"{kind}\",\"object\":{object}}}\n").into(),
             meta: format!("{{\"type\":\"{kind}\",\"object\":{meta}}}\n").into(),
+        }));
+    }
+
+    /// A MODIFIED event of the block at `base` holding `owners`.
+    fn broadcast_block(&self, base: [u8; 4], node: &str, owners: &[(usize, &PodShape)]) {
+        let full = block_json(base, node, owners, false);
+        let meta = block_json(base, node, owners, true);
+        let _ = self.events.send(Arc::new(Event {
+            resource: "crd.projectcalico.org/v1/ipamblocks".into(),
+            namespace: String::new(),
+            labelled: false,
+            full: format!("{{\"type\":\"MODIFIED\",\"object\":{full}}}\n").into(),
+            meta: format!("{{\"type\":\"MODIFIED\",\"object\":{meta}}}\n").into(),
         }));
     }
 
@@ -484,6 +629,12 @@ impl Server {
         let mut body = String::new();
         let mut next: Option<usize> = None;
         if let Some(total) = generated(self.pods, &target.plural) {
+            // the fixed pods, the first ones, are the pods that carry our label
+            let total = if target.plural == "pods" && selects_ours(q) {
+                total.min(fixed_pods())
+            } else {
+                total
+            };
             let whole = q.get("resourceVersion").is_some_and(|v| v == "0");
             let limit = q
                 .get("limit")
@@ -559,7 +710,13 @@ impl Server {
         self.reply(StatusCode::OK, body)
     }
 
-    fn watch(self: &Arc<Self>, target: Target, meta_only: bool) -> Response<Body> {
+    fn watch(
+        self: &Arc<Self>,
+        target: Target,
+        q: &BTreeMap<String, String>,
+        meta_only: bool,
+    ) -> Response<Body> {
+        let ours = selects_ours(q);
         let mut events = self.events.subscribe();
         let server = self.clone();
         let stream = async_stream(move |tx| async move {
@@ -567,6 +724,7 @@ impl Server {
                 match events.recv().await {
                     Ok(event) => {
                         if event.resource != target.resource
+                            || (ours && !event.labelled)
                             || target
                                 .namespace
                                 .as_ref()
@@ -771,6 +929,17 @@ impl Server {
             let i = self.pods + 1_000_000 + k;
             let mut shape = pod_shape(self.pods, i);
             shape.namespace = format!("ns-{}", k % NAMESPACES);
+            // its block, full: the others of its /26 run on as far as the replica can tell
+            let block = i / BLOCK * BLOCK;
+            let neighbours: Vec<PodShape> = (block..block + BLOCK)
+                .filter(|j| *j != i)
+                .map(|j| pod_shape(self.pods, j))
+                .collect();
+            let mut owners: Vec<(usize, &PodShape)> = neighbours
+                .iter()
+                .map(|s| (usize::from(ip_octets(&s.ip)[3] & 0x3F), s))
+                .collect();
+            let base = plain_ip(block);
             for (kind, deleting) in [("ADDED", false), ("MODIFIED", true), ("DELETED", true)] {
                 let rv = self.next_rv();
                 let full = pod_json(&shape, rv, deleting, false);
@@ -778,9 +947,21 @@ impl Server {
                 let _ = self.events.send(Arc::new(Event {
                     resource: "/v1/pods".into(),
                     namespace: shape.namespace.clone(),
+                    labelled: false,
                     full: format!("{{\"type\":\"{kind}\",\"object\":{full}}}\n").into(),
                     meta: format!("{{\"type\":\"{kind}\",\"object\":{meta}}}\n").into(),
                 }));
+                match kind {
+                    "ADDED" => {
+                        owners.push((i % BLOCK, &shape));
+                        self.broadcast_block(base, &shape.node, &owners);
+                    }
+                    "DELETED" => {
+                        owners.pop();
+                        self.broadcast_block(base, &shape.node, &owners);
+                    }
+                    _ => {}
+                }
             }
             if k % 100 == 99 {
                 tokio::time::sleep(Duration::from_millis(10)).await;
@@ -794,11 +975,7 @@ impl Server {
         for k in 0..n {
             let a = k % FIXED_APPS;
             let i = self.pods + 2_000_000 + k;
-            let mut shape = pod_shape(self.pods, i);
-            shape.namespace = format!("ns-{}", a % NAMESPACES);
-            shape.deployment = format!("fixed-{a}");
-            shape.ip = format!("10.201.{}.{}", k / 250, k % 250 + 1);
-            shape.fixed_app = Some(a);
+            let shape = admitted_shape(self.pods, k);
             let token = format!("{:032x}", 0xC1A1_0000_0000usize + a * 16 + shape.ip.len());
             let mut claim = json!({
                 "apiVersion": "ip-webhook.io/v1alpha1", "kind": "IPClaim",
@@ -821,6 +998,17 @@ impl Server {
             let rv = self.next_rv();
             let pod: Value = serde_json::from_str(&pod_json(&shape, rv, false, false)).unwrap();
             self.broadcast("/v1/pods", &shape.namespace, "ADDED", &pod);
+            // Calico allocated its IP: its block, with the admissions before it in that /26
+            let base = [10, 201, (k / 250) as u8, ((k % 250 + 1) & 0xC0) as u8];
+            let shapes: Vec<PodShape> = (0..=k)
+                .filter(|j| j / 250 == k / 250 && (j % 250 + 1) & 0xC0 == (k % 250 + 1) & 0xC0)
+                .map(|j| admitted_shape(self.pods, j))
+                .collect();
+            let owners: Vec<(usize, &PodShape)> = shapes
+                .iter()
+                .map(|s| (usize::from(ip_octets(&s.ip)[3] & 0x3F), s))
+                .collect();
+            self.broadcast_block(base, &shape.node, &owners);
             tokio::time::sleep(Duration::from_millis(20)).await;
             claim["spec"]["podName"] = json!(shape.name);
             claim["spec"]["podUid"] = json!(shape.uid);
@@ -910,7 +1098,7 @@ impl Server {
             .and_then(|a| a.to_str().ok())
             .is_some_and(|a| a.contains("as=PartialObjectMetadata"));
         Ok(match (&parts.method, &target.name) {
-            (&Method::GET, None) if watching => self.watch(target, meta_only),
+            (&Method::GET, None) if watching => self.watch(target, &q, meta_only),
             (&Method::GET, None) => self.list(&target, &q, meta_only),
             (&Method::GET, Some(name)) if generated(self.pods, &target.plural).is_some() => {
                 let total = generated(self.pods, &target.plural).unwrap();
@@ -933,6 +1121,12 @@ impl Server {
             _ => self.write(&parts.method, &target, &body, &path),
         })
     }
+}
+
+/// Whether a list or watch selects the pods carrying our label (the one selector the replica
+/// sends; any other is not honoured).
+fn selects_ours(q: &BTreeMap<String, String>) -> bool {
+    q.get("labelSelector").is_some_and(|s| s == OUR_LABEL)
 }
 
 fn merge(target: &mut Value, patch: &Value) {

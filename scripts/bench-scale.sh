@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One in-cluster replica (IPClaim ledger) against a cluster of N pods, for each N given
 # (default: 5000 20000 50000 100000). The API server is examples/scale_apiserver.rs (generated
-# pods, nodes, Deployments, ReplicaSets; 100 fixed-IP apps with 350 bound claims): it counts the
-# bytes it sends. ip-webhook's own CPU comes from /proc/PID/stat, its memory from
+# pods, nodes, Deployments, ReplicaSets, Calico IPAMBlocks; 100 fixed-IP apps with 350 bound
+# claims): it counts the bytes it sends. ip-webhook's own CPU comes from /proc/PID/stat, its memory from
 # /proc/PID/status (VmHWM: peak RSS; VmRSS: now). Prints one table, a column per N, and the
 # growth exponent of each row between the smallest and the largest N (1.0: grows with the
 # cluster; 0: flat).

@@ -506,6 +506,7 @@ fn options() -> ClusterOptions {
         calico_reservation: true,
         node_lost_grace: Duration::from_secs(300),
         kube_ovn_reservation: false,
+        pod_ips: ip_webhook::cluster::PodIpSource::Pods,
     }
 }
 

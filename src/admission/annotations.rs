@@ -151,6 +151,9 @@ pub enum CniObject {
     KubeOvnSubnets,
     /// Kube-OVN `IP`s: which pod Kube-OVN gave each IP, for the cluster's IP index.
     KubeOvnIps,
+    /// Calico `IPAMBlock`s: which pod Calico's IPAM gave each IP, for the cluster's IP index
+    /// (read with the pod watch, which then watches only our pods whole).
+    CalicoIpamBlocks,
 }
 
 impl CniObject {
@@ -166,6 +169,9 @@ impl CniObject {
             ),
             CniObject::KubeOvnSubnets => ("kubeovn.io", "v1", "Subnet", "subnets"),
             CniObject::KubeOvnIps => ("kubeovn.io", "v1", "IP", "ips"),
+            CniObject::CalicoIpamBlocks => {
+                ("crd.projectcalico.org", "v1", "IPAMBlock", "ipamblocks")
+            }
         }
     }
 }
@@ -183,7 +189,11 @@ pub const CNIS: [CniDescriptor; 2] = [
             close: "\"]",
         },
         pools: PoolCheck::CalicoIpPools,
-        watches: &[CniObject::CalicoIpPools, CniObject::CalicoIpReservations],
+        watches: &[
+            CniObject::CalicoIpPools,
+            CniObject::CalicoIpReservations,
+            CniObject::CalicoIpamBlocks,
+        ],
     },
     CniDescriptor {
         cni: Cni::KubeOvn,

@@ -453,6 +453,18 @@ pub struct ClusterArgs {
     /// IPs ip-webhook may hand out, so Kube-OVN's random allocation skips them.
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub kube_ovn_reservation: bool,
+    /// Where the IPs of pods not given one by ip-webhook come from. auto: with --cni calico,
+    /// Calico's IPAMBlocks when served (only pods carrying our label are then watched whole),
+    /// else every pod; pods: every pod, whole (a Calico that uses another IPAM plugin).
+    #[arg(long, value_enum, default_value_t = PodIpsFrom::Auto, value_name = "SOURCE")]
+    pub pod_ips_from: PodIpsFrom,
+}
+
+/// `--pod-ips-from`.
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum PodIpsFrom {
+    Auto,
+    Pods,
 }
 
 /// How to reach etcd for `--ledger etcd` (a build with the `etcd` cargo feature).

@@ -5,7 +5,7 @@
 use super::*;
 use crate::app::{ClientCaConfig, ServeConfig, TlsConfig, WebhookConfig};
 use crate::cluster::lease::LeaseSettings;
-use crate::cluster::{ClusterOptions, Rules};
+use crate::cluster::{ClusterOptions, PodIpSource, Rules};
 use crate::ledger::{ClusterSource, EtcdOptions, KubeAccess, LedgerConfig};
 use crate::server::Limits;
 use crate::webhook::Settings;
@@ -224,6 +224,10 @@ impl ServeArgs {
             calico_reservation: cluster.calico_reservation,
             node_lost_grace: cluster.node_lost_grace,
             kube_ovn_reservation: cluster.kube_ovn_reservation,
+            pod_ips: match cluster.pod_ips_from {
+                PodIpsFrom::Auto => PodIpSource::Auto,
+                PodIpsFrom::Pods => PodIpSource::Pods,
+            },
         }
     }
 }

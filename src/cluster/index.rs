@@ -29,10 +29,11 @@ use crate::metrics::{CacheKindLabels, Metrics};
 use crate::webhook::Webhook;
 use crate::webhook::workloads::{self, WORKLOAD_KINDS, WorkloadId};
 
+pub mod calico;
 mod changes;
 mod pod_watch;
 use changes::{Marked, touched};
-pub use pod_watch::watch_pods;
+pub use pod_watch::{watch_pod_ips, watch_pods};
 
 /// A pod as the IP index keeps it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -261,17 +262,30 @@ impl<T: HasIps> Books<T> {
     }
 }
 
-/// The pod and Kube-OVN IP indexes, and whether each has synced.
+/// A pod's namespace and name.
+type PodName = (Shared, Box<str>);
+
+/// The pod, Kube-OVN IP and Calico IPAM indexes, and whether each has synced.
 #[derive(Default)]
 pub struct ClusterIps {
+    /// Every pod running on IPs of its own; with [`Self::uses_calico_ipam`], only the pods
+    /// carrying our label.
     pods: RwLock<Books<SlimPod>>,
     ovn: RwLock<Books<OvnIp>>,
+    /// Calico's `IPAMBlock`s by name, when they are the source of other pods' IPs.
+    calico: RwLock<Books<calico::IpamBlock>>,
     pods_synced: AtomicBool,
     ovn_synced: AtomicBool,
+    calico_synced: AtomicBool,
     workloads_synced: AtomicBool,
-    /// UIDs of pods on lost nodes whose claims were released ([`super::node_loss`]): their
-    /// IPs no longer count as used.
-    lost: RwLock<std::collections::HashSet<Box<str>>>,
+    /// Set once, before the pod watch starts: other pods' IPs come from Calico's IPAM.
+    calico_ipam: AtomicBool,
+    /// Listed IPs a block newly gave a pod ([`Self::take_listed_calico_changes`]).
+    listed_calico: std::sync::Mutex<calico::ListedChanges>,
+    /// Pods on lost nodes whose claims were released ([`super::node_loss`]), by UID, with
+    /// their namespace and name (what Calico's IPAM names them by): their IPs no longer count
+    /// as used.
+    lost: RwLock<BTreeMap<Box<str>, PodName>>,
     /// The label naming a pod's app (set before the pod watch starts; `app` if never set).
     app_label: std::sync::OnceLock<String>,
     /// The apps' lists, to tell which pod events concern the reconciler ([`Self::set_lists`]).
@@ -296,7 +310,18 @@ impl ClusterIps {
     pub fn synced(&self) -> bool {
         self.pods_synced.load(Ordering::SeqCst)
             && self.ovn_synced.load(Ordering::SeqCst)
+            && self.calico_synced.load(Ordering::SeqCst)
             && self.workloads_synced.load(Ordering::SeqCst)
+    }
+
+    /// Other pods' IPs come from every pod, whole: no Calico IPAM index to wait for.
+    pub fn without_calico_ipam(&self) {
+        self.calico_synced.store(true, Ordering::SeqCst);
+    }
+
+    /// Other pods' IPs come from Calico's IPAM (set before the watches start).
+    pub fn with_calico_ipam(&self) {
+        self.calico_ipam.store(true, Ordering::SeqCst);
     }
 
     /// Mark the indexes that are not run (no Kube-OVN) as synced.
@@ -348,13 +373,18 @@ impl ClusterIps {
 
     /// The IPs of this pod (on a lost node, its claims released) stop counting as used.
     pub fn mark_lost(&self, uid: &str) {
-        write(&self.lost).insert(uid.into());
+        let name = read(&self.pods)
+            .by_key
+            .get(uid)
+            .map(|p| (p.namespace.clone(), p.name.clone()))
+            .unwrap_or_default();
+        write(&self.lost).insert(uid.into(), name);
     }
 
     /// Forget lost pods that are no longer indexed (gone at last).
     pub fn prune_lost(&self) {
         let pods = read(&self.pods);
-        write(&self.lost).retain(|uid| pods.by_key.contains_key(uid));
+        write(&self.lost).retain(|uid, _| pods.by_key.contains_key(uid));
     }
 
     /// Apply one pod event (a pod without IPs of its own is removed).
@@ -403,7 +433,9 @@ impl ForeignIps for ClusterIps {
         let ovn = read(&self.ovn).by_ip.get(ip).cloned();
         let pod = {
             let (pods, lost) = (read(&self.pods), read(&self.lost));
-            pods.carriers(ip).find(|p| !lost.contains(&p.uid)).cloned()
+            pods.carriers(ip)
+                .find(|p| !lost.contains_key(&p.uid))
+                .cloned()
         };
         match (pod, ovn) {
             (Some(pod), ovn) => Some(ForeignUse {
@@ -418,7 +450,11 @@ impl ForeignIps for ClusterIps {
                 name: ovn.pod.to_string(),
                 ovn_ip: Some(ovn.name.to_string()),
             }),
-            (None, None) => None,
+            (None, None) => self.calico_user(ip).map(|(namespace, name)| ForeignUse {
+                namespace,
+                name,
+                ovn_ip: None,
+            }),
         }
     }
 }

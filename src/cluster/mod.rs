@@ -87,6 +87,19 @@ pub struct ClusterOptions {
     pub node_lost_grace: Duration,
     /// With Kube-OVN: keep Kube-OVN IPPools over our IPs ([`kube_ovn_reservation`], leader only).
     pub kube_ovn_reservation: bool,
+    /// Where the IPs of pods not ours come from ([`index::watch_pod_ips`]).
+    pub pod_ips: PodIpSource,
+}
+
+/// Where a replica learns which IPs the cluster's pods run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PodIpSource {
+    /// With Calico: its `IPAMBlock`s when the API server serves them, and only the pods
+    /// carrying our label watched whole; otherwise every pod, whole.
+    #[default]
+    Auto,
+    /// Every pod, whole (`status.podIPs`): for a Calico that does not use its own IPAM.
+    Pods,
 }
 
 /// What the watches hold. Pods are kept as [`PodInfo`] only, and only pods that carry an IP.
@@ -237,7 +250,7 @@ pub fn start(
     caches.cluster_ips.set_app_label(&options.app_label);
     webhook.claim_guard.watch_pods(caches.clone());
     let (leading_tx, leading) = watch::channel(false);
-    let mut tasks = watch_tasks(&client, &webhook, &caches, &options.app_label);
+    let mut tasks = watch_tasks(&client, &webhook, &caches, &options);
     tasks.extend(cni_tasks(&client, &webhook, &caches, &leading, &options));
     tasks.extend(edge_tasks(&client, &webhook, &caches, &leading, &options));
     let leases = Api::<Lease>::namespaced(client.clone(), &options.lease.namespace);
@@ -277,7 +290,7 @@ fn watch_tasks(
     client: &Client,
     webhook: &Arc<Webhook>,
     caches: &Arc<Caches>,
-    app_label: &str,
+    options: &ClusterOptions,
 ) -> Vec<JoinHandle<()>> {
     let mut tasks = vec![
         tokio::spawn(watch_claims(
@@ -293,11 +306,13 @@ fn watch_tasks(
     ];
     webhook.allocator.set_foreign(caches.cluster_ips.clone());
     caches.cluster_ips.set_lists(webhook.clone());
-    tasks.push(tokio::spawn(index::watch_pods(
-        Api::all(client.clone()),
+    tasks.push(tokio::spawn(index::watch_pod_ips(
+        client.clone(),
         caches.clone(),
         webhook.metrics.clone(),
-        app_label.to_string(),
+        options.app_label.clone(),
+        options.pod_ips,
+        options.cni,
     )));
     tasks.extend(index::spawn_workload_watches(
         client,
@@ -336,6 +351,8 @@ fn cni_tasks(
             CniObject::CalicoIpPools => {
                 tasks.push(tokio::spawn(cni::watch_calico_pools(api, webhook.clone())))
             }
+            // read by the pod-IP watch, which decides whether to (`index::watch_pod_ips`)
+            CniObject::CalicoIpamBlocks => {}
             CniObject::CalicoIpReservations => {
                 let state = Arc::new(cni::ReservationState::default());
                 tasks.push(tokio::spawn(cni::watch_calico_reservations(

@@ -120,7 +120,9 @@ impl Reconciler {
             reconcile::plan(&claims, &pods, &seen, now, self.options.rules)
         };
         if let Some(lists) = &self.lists {
-            let running = self.adoption_candidates(full, &claims, lists.as_ref());
+            let running = self
+                .adoption_candidates(full, &claims, lists.as_ref())
+                .await;
             reconcile::plan_list_adoptions(&mut plan, &claims, &pods, &running, lists.as_ref());
         }
         if !plan.actions.is_empty() {
@@ -145,8 +147,10 @@ impl Reconciler {
     /// The running pods list adoption looks at: all of them on a full pass, after the index
     /// lost count of what changed, or once the apps' lists changed (a list may now cover a
     /// pod that was running all along); otherwise those the pod-IP index marked, and those
-    /// on the IPs of claims gone since the last pass (their pod may now need one).
-    fn adoption_candidates(
+    /// on the IPs of claims gone since the last pass (their pod may now need one). With
+    /// Calico's IPAM as the source of other pods' IPs, also the pods behind Calico's listed
+    /// IPs ([`Self::calico_candidates`]).
+    async fn adoption_candidates(
         &self,
         full: bool,
         claims: &[Arc<IPClaim>],
@@ -161,7 +165,7 @@ impl Reconciler {
         let released: Vec<IpAddr> = {
             let mut last = lock(&self.claimed_seen);
             let released = last.difference(&claimed).copied().collect();
-            *last = claimed;
+            *last = claimed.clone();
             released
         };
         let listed = lists.listed_version();
@@ -171,17 +175,59 @@ impl Reconciler {
             *last = listed;
             changed
         };
-        match marked {
+        let (mut pods, every) = match marked {
             Some(uids) if !full && !lists_changed => {
                 let mut pods: Vec<Arc<super::index::SlimPod>> =
                     uids.iter().filter_map(|uid| index.pod(uid)).collect();
                 pods.extend(released.iter().filter_map(|ip| index.pod_on(ip)));
-                pods.sort_by(|a, b| a.uid.cmp(&b.uid));
-                pods.dedup_by(|a, b| a.uid == b.uid);
-                pods
+                (pods, !released.is_empty())
             }
-            _ => index.pods(),
+            _ => (index.pods(), true),
+        };
+        pods.extend(self.calico_candidates(every, &claimed, lists).await);
+        pods.sort_by(|a, b| a.uid.cmp(&b.uid));
+        pods.dedup_by(|a, b| a.uid == b.uid);
+        pods
+    }
+
+    /// With Calico's IPAM as the source of other pods' IPs, the pods Calico gave an IP on an
+    /// app's list that no claim records: they carry no label of ours, so no watch has them,
+    /// and each is read from the API server (at most [`CALICO_READS`] a pass). Looked for
+    /// in every block when `every` (a full look), else at the listed IPs blocks gave a pod
+    /// since the last pass.
+    async fn calico_candidates(
+        &self,
+        every: bool,
+        claimed: &HashSet<IpAddr>,
+        lists: &dyn super::app_lists::AppLists,
+    ) -> Vec<Arc<super::index::SlimPod>> {
+        let index = &self.caches.cluster_ips;
+        let changed = index.take_listed_calico_changes();
+        if !index.uses_calico_ipam() || changed.as_ref().is_some_and(|c| !every && c.is_empty()) {
+            return Vec::new();
         }
+        let only = changed.as_deref().filter(|_| !every);
+        let mut found = Vec::new();
+        for held in index
+            .listed_calico_holds(lists, claimed, only)
+            .into_iter()
+            .take(CALICO_READS)
+        {
+            let api: Api<Pod> = Api::namespaced(self.client.clone(), &held.namespace);
+            match api.get_opt(&held.pod).await {
+                Ok(Some(pod)) => {
+                    let slim =
+                        super::index::SlimPod::from_pod_labelled(&pod, &self.options.app_label);
+                    found.extend(slim.filter(|s| s.ips.contains(&held.ip)).map(Arc::new));
+                }
+                Ok(None) => {}
+                Err(error) => {
+                    tracing::warn!(%error, ip = %held.ip, pod = %format!("{}/{}", held.namespace, held.pod), "cannot read the pod Calico gave a listed IP; looking again next pass");
+                    index.note_listed_calico_change(held.ip);
+                }
+            }
+        }
+        found
     }
 
     /// Seconds on the leader's own monotonic clock.
@@ -222,9 +268,16 @@ impl Reconciler {
         let mut pods = HashMap::new();
         let pods_api: Api<Pod> = Api::all(self.client.clone());
         let app_label = &self.options.app_label;
+        // the pod watch's own choice: with Calico's IPAM, only the pods carrying our label
+        let ours = self.caches.cluster_ips.uses_calico_ipam();
         list_pages(
             |params| {
                 let api = pods_api.clone();
+                let params = if ours {
+                    params.labels(crate::admission::annotations::ALLOCATED_IP_LABEL)
+                } else {
+                    params
+                };
                 async move { api.list_metadata(&params).await }
             },
             |page| {
@@ -240,6 +293,10 @@ impl Reconciler {
         Ok((claims, Arc::new(pods)))
     }
 }
+
+/// Pods read one by one per pass for list adoption under Calico's IPAM
+/// ([`Reconciler::calico_candidates`]); more wait for the next full pass.
+const CALICO_READS: usize = 64;
 
 /// Objects per page of a full list: what client-go's reflector asks for (`pager.go`,
 /// `defaultPageSize = 500`), so that no response holds the whole cluster.

@@ -42,6 +42,7 @@ fn rbac_grants_what_the_server_needs_and_the_cni_extras_only_when_switched_on() 
             "ipreservations",
             "list,watch,create,patch",
         ),
+        grant("crd.projectcalico.org", "ipamblocks", "list,watch"),
     ];
     let kube_ovn = [
         grant("kubeovn.io", "ips", "list,watch"),
@@ -53,6 +54,21 @@ fn rbac_grants_what_the_server_needs_and_the_cni_extras_only_when_switched_on() 
     expected.extend(calico.clone());
     expected.sort();
     assert_eq!(rules_of(one(&docs, "ClusterRole")), expected);
+    // every pod read whole: Calico's IPAM blocks are not read
+    let from_pods = render(&helm, &["server.podIPsFrom=pods"], "1.31.0");
+    let rules = rules_of(one(&from_pods, "ClusterRole"));
+    assert!(
+        !rules.iter().any(|(_, r, _)| r == "ipamblocks"),
+        "{rules:?}"
+    );
+    assert_eq!(rules.len(), expected.len() - 1);
+    let args = &one(&from_pods, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"];
+    assert!(
+        args.as_array()
+            .unwrap()
+            .contains(&json!("--pod-ips-from=pods")),
+        "{args}"
+    );
     let mut plain = base.clone();
     plain.sort();
     let off = render(&helm, &["rbac.calico=false"], "1.31.0");

@@ -1,36 +1,119 @@
 //! The one pod watch of every replica, feeding both the reconciler's cache of the pods that
-//! carry our IPs and the cluster's IP index from the same events.
+//! carry our IPs and the cluster's IP index from the same events; and where the IPs of the
+//! other pods come from ([`watch_pod_ips`]).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::Api;
+use kube::api::ListParams;
 use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
 
-use super::super::Caches;
 use super::super::listed_pod::ListedPod;
 use super::super::watches::{Mirror, pod_cache_event};
+use super::super::{Caches, PodIpSource};
+use super::calico::{IpamBlockObject, watch_ipam_blocks};
 use super::{ClusterIps, Relist, SlimOrGone, SlimPod, slim_event, touched};
+use crate::admission::annotations::{ALLOCATED_IP_LABEL, Cni};
 use crate::metrics::{CacheKindLabels, Metrics};
 
-/// The one pod watch: every pod, whole, since the decisions read `status.podIPs` and
-/// `spec.nodeName`, which no metadata-only response carries; read as [`ListedPod`]s, so
-/// that only those fields are built. Each event feeds two books: the cache of pods that carry
-/// our IPs ([`pod_cache_event`], for the reconciler) and the cluster's IP index. Each pod is
-/// slimmed as its event arrives and dropped at once.
+/// Where other pods' IPs come from, decided once at start: with `--cni calico` and
+/// [`PodIpSource::Auto`], Calico's `IPAMBlock`s if the API server serves them, and then only
+/// the pods carrying our label ([`ALLOCATED_IP_LABEL`], which `/mutate` writes on every pod it
+/// gives an IP and `/validate` keeps) are watched whole; otherwise every pod, whole. Measured at
+/// 100,000 pods: the whole-pod list is 552 MB, the blocks about 25 MB
+/// (docs/performance.md, "What the replica asks the API server for").
+pub async fn watch_pod_ips(
+    client: Client,
+    caches: Arc<Caches>,
+    metrics: Arc<Metrics>,
+    app_label: String,
+    source: PodIpSource,
+    cni: Cni,
+) {
+    let index = &caches.cluster_ips;
+    let blocks: Api<IpamBlockObject> = Api::all(client.clone());
+    let from_calico = match (source, cni) {
+        (PodIpSource::Auto, Cni::Calico) => calico_ipam_served(&blocks).await,
+        (PodIpSource::Pods, _) => Err("--pod-ips-from pods"),
+        (_, _) => Err("the CNI is not Calico"),
+    };
+    match from_calico {
+        Ok(()) => {
+            index.with_calico_ipam();
+            tracing::info!(
+                label = ALLOCATED_IP_LABEL,
+                "other pods' IPs from Calico's IPAMBlocks; only pods carrying the label are watched whole"
+            );
+            let ours = watcher::Config::default().labels(ALLOCATED_IP_LABEL);
+            let pods = watch_pods(
+                Api::all(client),
+                caches.clone(),
+                metrics.clone(),
+                app_label,
+                ours,
+            );
+            futures::join!(pods, watch_ipam_blocks(blocks, caches.clone(), metrics));
+        }
+        Err(reason) => {
+            index.without_calico_ipam();
+            tracing::info!(reason, "pods' IPs from every pod, watched whole");
+            let all = watcher::Config::default();
+            watch_pods(Api::all(client), caches, metrics, app_label, all).await
+        }
+    }
+}
+
+/// Whether `ipamblocks.crd.projectcalico.org` is served, readable and in use: `Err` says why
+/// not (absent: Calico's etcd datastore; forbidden: the RBAC rule is missing; no block at all:
+/// Calico's IPAM gives no pod an IP here, another IPAM plugin may, and only every pod tells).
+/// Any other failure (the API server not reachable yet) is asked again.
+async fn calico_ipam_served(blocks: &Api<IpamBlockObject>) -> Result<(), &'static str> {
+    let mut wait = Duration::from_millis(200);
+    loop {
+        match blocks.list(&ListParams::default().limit(1)).await {
+            Ok(list) if list.items.is_empty() => {
+                return Err("no Calico IPAMBlock exists (yet)");
+            }
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 404 => {
+                return Err("ipamblocks.crd.projectcalico.org is not served");
+            }
+            Err(kube::Error::Api(status)) if status.code == 403 => {
+                tracing::warn!(
+                    "listing Calico IPAMBlocks is forbidden: grant the rule of deploy/rbac.yaml (chart: rbac.calico); every pod is watched whole instead"
+                );
+                return Err("listing ipamblocks.crd.projectcalico.org is forbidden");
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot tell whether Calico's IPAMBlocks are served; asking again");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(10));
+            }
+        }
+    }
+}
+
+/// The one pod watch: the pods `config` selects, whole, since the decisions read
+/// `status.podIPs` and `spec.nodeName`, which no metadata-only response carries; read as
+/// [`ListedPod`]s, so that only those fields are built. Each event feeds two books: the cache
+/// of pods that carry our IPs ([`pod_cache_event`], for the reconciler) and the cluster's IP
+/// index. Each pod is slimmed as its event arrives and dropped at once.
 pub async fn watch_pods(
     api: Api<ListedPod>,
     caches: Arc<Caches>,
     metrics: Arc<Metrics>,
     app_label: String,
+    config: watcher::Config,
 ) {
     let mut mirror = Mirror::new();
     let mut relist = Relist { pending: None };
     let gauge = metrics
         .cache_objects
         .get_or_create_owned(&CacheKindLabels { kind: "pod" });
-    let stream = watcher(api, watcher::Config::default()).default_backoff();
+    let stream = watcher(api, config).default_backoff();
     let mut stream = std::pin::pin!(stream);
     while let Some(item) = stream.next().await {
         match item {

@@ -6,7 +6,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, ObjectList};
 use kube::{Api, Client, Resource};
 
-use super::{CniHold, PlainPod, calico_holds, kube_ovn_holds, pod_lists};
+use super::{CniHold, PlainPod, block_holds, kube_ovn_holds, pod_lists};
+use crate::cluster::index::calico::IpamBlockObject;
 use crate::cluster::index::{SlimPod, kube_ovn_ips};
 use crate::cluster::listed_pod::ListedPod;
 use crate::cluster::virtual_machines::{virtual_machine_instances, virtual_machines};
@@ -50,11 +51,6 @@ pub fn calico_ipam_handles() -> ApiResource {
     calico("IPAMHandle", "ipamhandles")
 }
 
-/// Calico's IPAM blocks: which pod each allocated IP is for.
-pub fn calico_ipam_blocks() -> ApiResource {
-    calico("IPAMBlock", "ipamblocks")
-}
-
 fn calico(kind: &str, plural: &str) -> ApiResource {
     ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk("crd.projectcalico.org", "v1", kind),
@@ -70,6 +66,18 @@ where
     let mut items = Vec::new();
     let served = list_each(api, what, |page| items.extend(page)).await?;
     Ok(served.then_some(items))
+}
+
+/// Whether `api` is served (a list of one object answers; 404: not served).
+async fn served<K>(api: &Api<K>, what: &'static str) -> Result<bool, FetchError>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match api.list(&ListParams::default().limit(1)).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
+        Err(source) => Err(FetchError::List { what, source }),
+    }
 }
 
 /// Hand each page of `api` (500 objects) to `each` before reading the next, so that what is
@@ -244,20 +252,26 @@ pub async fn read(
     if let Some(objects) = &ovn {
         cni.extend(objects.iter().flat_map(kube_ovn_holds));
     }
-    let handles = list_all(
+    let handles = served(
         &Api::<DynamicObject>::all_with(client.clone(), &calico_ipam_handles()),
         "Calico IPAM handles (ipamhandles.crd.projectcalico.org)",
     )
     .await?;
     let mut calico_allocations = None;
-    if handles.is_some() {
-        let blocks = list_all(
-            &Api::<DynamicObject>::all_with(client.clone(), &calico_ipam_blocks()),
+    if handles {
+        // page by page, each block read as the fields its holds are made of
+        let mut holds: Vec<CniHold> = Vec::new();
+        list_each(
+            &Api::<IpamBlockObject>::all(client.clone()),
             "Calico IPAM blocks (ipamblocks.crd.projectcalico.org)",
+            |page| {
+                for block in &page {
+                    let name = block.metadata.name.as_deref().unwrap_or("");
+                    holds.extend(block_holds(name, &block.spec));
+                }
+            },
         )
-        .await?
-        .unwrap_or_default();
-        let holds: Vec<CniHold> = blocks.iter().flat_map(calico_holds).collect();
+        .await?;
         calico_allocations = Some(holds.len());
         cni.extend(holds);
     }

@@ -30,9 +30,10 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::admission::annotations::{ALLOCATABLE_IPS, CLAIM_TOKEN};
+use crate::cluster::index::calico::BlockSpec;
 use crate::cluster::index::{OvnIp, SlimPod};
 use crate::cluster::pods::{holder, network_holder};
-use crate::ipam::ipset::{Family, IpSet, ip_from_key, ip_key, parse_ip_spec};
+use crate::ipam::ipset::{Family, IpSet, ip_key, parse_ip_spec};
 use crate::ledger::network::Network;
 use crate::ledger::{Claim, Phase};
 use crate::webhook::kubevirt::launcher_vm_of_object;
@@ -488,77 +489,32 @@ pub fn kube_ovn_holds(object: &DynamicObject) -> Vec<CniHold> {
         .collect()
 }
 
-/// Who a Calico `IPAMBlock` (`ipamblocks.crd.projectcalico.org`) says holds its IPs.
-///
-/// Calico's data model (projectcalico/calico, `libcalico-go/lib/apis/internalapi/ipam_block.go`
-/// and `ipam_handle.go`; attribute keys in `libcalico-go/lib/backend/model/block.go`):
-/// `spec.allocations[i]` is, for the block's i-th address (`spec.cidr` plus i), null when free,
-/// else an index into `spec.attributes`; that attribute's `secondary` map (ActiveOwnerAttrs)
-/// holds `namespace`, `pod` and `node`, which the CNI plugin writes for every pod it gives an
-/// IP (`cni-plugin/pkg/ipamplugin/ipam_plugin.go`), and `handle_id` names the `IPAMHandle`.
-/// An `IPAMHandle` holds only its handle ID (`k8s-pod-network.<container ID>`) and a count of
-/// addresses per block: it cannot say which pod an IP is for. So the pod is read from the
-/// block, as Calico's own leak detection does (`kube-controllers/pkg/controllers/node/ipam.go`,
-/// `allocationIsValid`: an allocation with `namespace` and `pod` whose pod is not found is a
-/// leak). Allocations without both keys (tunnel addresses, IPs from before these attributes)
-/// and allocations in their release cooldown (`releasedAt` set) are left out.
+/// Who a Calico `IPAMBlock` (`ipamblocks.crd.projectcalico.org`) says holds its IPs, read as
+/// the in-cluster index reads it ([`crate::cluster::index::calico`], which cites Calico's data
+/// model). An `IPAMHandle` holds only its handle ID and a count of addresses per block: it
+/// cannot say which pod an IP is for, so the pod is read from the block, as Calico's own leak
+/// detection does (`kube-controllers/pkg/controllers/node/ipam.go`, `allocationIsValid`: an
+/// allocation with `namespace` and `pod` whose pod is not found is a leak).
 pub fn calico_holds(object: &DynamicObject) -> Vec<CniHold> {
-    let spec = object.data.get("spec").unwrap_or(&Value::Null);
-    let Some(cidr) = spec
-        .get("cidr")
-        .and_then(Value::as_str)
-        .and_then(|c| c.parse::<ipnet::IpNet>().ok())
-    else {
-        return Vec::new();
-    };
-    let (family, base) = ip_key(&cidr.network());
-    let size: u128 = 1u128
-        .checked_shl(cidr.max_prefix_len().saturating_sub(cidr.prefix_len()) as u32)
-        .unwrap_or(u128::MAX);
-    let empty = Vec::new();
-    let allocations = spec
-        .get("allocations")
-        .and_then(Value::as_array)
-        .unwrap_or(&empty);
-    let attributes = spec
-        .get("attributes")
-        .and_then(Value::as_array)
-        .unwrap_or(&empty);
-    let block = object.metadata.name.as_deref().unwrap_or("");
-    let mut holds = Vec::new();
-    for (ordinal, entry) in allocations.iter().enumerate() {
-        let Some(index) = entry.as_u64() else {
-            continue;
-        };
-        let Some(attribute) = attributes.get(index as usize) else {
-            continue;
-        };
-        if attribute.get("releasedAt").is_some_and(|v| !v.is_null()) {
-            continue;
-        }
-        let owner = |key: &str| {
-            attribute
-                .get("secondary")
-                .and_then(|s| s.get(key))
-                .and_then(Value::as_str)
-                .unwrap_or("")
-        };
-        let (namespace, pod) = (owner("namespace"), owner("pod"));
-        if namespace.is_empty() || pod.is_empty() || ordinal as u128 >= size {
-            continue;
-        }
-        let handle = attribute
-            .get("handle_id")
-            .and_then(Value::as_str)
-            .unwrap_or("?");
-        holds.push(CniHold {
-            ip: ip_from_key(family, base + ordinal as u128),
-            namespace: namespace.to_string(),
-            pod: pod.to_string(),
-            record: format!("Calico IPAMBlock {block} (handle {handle})"),
-        });
-    }
-    holds
+    let spec: BlockSpec = object
+        .data
+        .get("spec")
+        .and_then(|spec| serde_json::from_value(spec.clone()).ok())
+        .unwrap_or_default();
+    block_holds(object.metadata.name.as_deref().unwrap_or(""), &spec)
+}
+
+/// [`calico_holds`] of the block named `block`, read as the in-cluster index reads it.
+pub fn block_holds(block: &str, spec: &BlockSpec) -> Vec<CniHold> {
+    spec.holds()
+        .into_iter()
+        .map(|hold| CniHold {
+            ip: hold.ip,
+            namespace: hold.namespace,
+            pod: hold.pod,
+            record: format!("Calico IPAMBlock {block} (handle {})", hold.handle),
+        })
+        .collect()
 }
 
 /// What was compared, for the report.
