@@ -14,6 +14,13 @@ pub trait AppLists: Send + Sync {
     fn listed_version(&self) -> Option<u64> {
         None
     }
+
+    /// Whether a held claim on `ip` is for the pod `namespace/pod` (by name, or by the
+    /// `generateName` of a reservation made before the pod had one): that pod needs no
+    /// adoption.
+    fn claimed_for(&self, _ip: IpAddr, _namespace: &str, _pod: &str) -> bool {
+        false
+    }
 }
 
 impl AppLists for crate::webhook::workloads::WorkloadRegistry {
@@ -37,5 +44,17 @@ impl AppLists for crate::webhook::Webhook {
 
     fn listed_version(&self) -> Option<u64> {
         self.workloads.listed_version()
+    }
+
+    fn claimed_for(&self, ip: IpAddr, namespace: &str, pod: &str) -> bool {
+        self.allocator.holder(&ip).is_some_and(|claim| {
+            let named = &claim.pod;
+            claim.is_held()
+                && *named.namespace == *namespace
+                && (*named.name == *pod
+                    || (named.name.is_empty()
+                        && !named.generate_name.is_empty()
+                        && pod.starts_with(&*named.generate_name)))
+        })
     }
 }

@@ -308,7 +308,11 @@ impl ClusterIps {
         let mut noted = false;
         for (ip, owner) in block.ips.iter().zip(block.owners.iter()) {
             let before = old.and_then(|o| o.owner(ip));
-            if before == Some((&owner.0, &*owner.1)) || lists.sole_app_listing(*ip).is_none() {
+            // a pod we gave the IP (its claim names it) needs no adoption
+            if before == Some((&owner.0, &*owner.1))
+                || lists.sole_app_listing(*ip).is_none()
+                || lists.claimed_for(*ip, &owner.0, &owner.1)
+            {
                 continue;
             }
             self.note_listed_calico_change(*ip);
@@ -494,6 +498,23 @@ mod tests {
             )
         };
         let first = block(&[(0, "db-0"), (2, "api-1")]);
+        // the pod our claim on the IP names needs no adoption: no pass is woken for it
+        struct Claimed;
+        impl AppLists for Claimed {
+            fn sole_app_listing(&self, ip: IpAddr) -> Option<String> {
+                Lists.sole_app_listing(ip)
+            }
+            fn claimed_for(&self, ip: IpAddr, namespace: &str, pod: &str) -> bool {
+                (ip.to_string(), namespace, pod) == ("10.1.0.2".into(), "prod", "api-1")
+            }
+        }
+        let ours = ClusterIps::default();
+        ours.set_lists(Arc::new(Claimed));
+        assert!(!ours.note_listed(None, &first));
+        assert!(
+            ours.note_listed(None, &block(&[(2, "api-2")])),
+            "another pod's"
+        );
         assert!(index.note_listed(None, &first));
         assert_eq!(
             index.take_listed_calico_changes(),
