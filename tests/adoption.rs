@@ -8,10 +8,10 @@ mod common;
 
 use std::time::Duration;
 
+use common::fakeapi::create_listed_deployment;
 use common::{allocated_ip, create, eventually, fakeapi, pod};
 use fakeapi::{FakeApi, bound_claim};
 use ip_webhook::crd::IPClaim;
-use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
@@ -55,24 +55,7 @@ async fn a_pod_running_on_its_apps_ip_before_install_is_adopted_and_others_are_n
         .await
         .unwrap();
     // the app's list, in a Deployment no replica admitted
-    let deployment: Deployment = serde_json::from_value(json!({
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": "web", "namespace": "legacy"},
-        "spec": {
-            "replicas": 2,
-            "selector": {"matchLabels": {"app": "web"}},
-            "template": {
-                "metadata": {"labels": {"app": "web"},
-                             "annotations": {"ip-webhook.io/allocatable-ips": "10.99.0.1-10.99.0.3"}},
-                "spec": {"containers": [{"name": "c", "image": "i"}]},
-            },
-        },
-    }))
-    .unwrap();
-    Api::<Deployment>::namespaced(client.clone(), "legacy")
-        .create(&PostParams::default(), &deployment)
-        .await
-        .unwrap();
+    create_listed_deployment(&client, "legacy", "web", "10.99.0.1-10.99.0.3").await;
     let web = running_pod(
         &client,
         "web-old-1",

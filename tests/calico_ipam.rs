@@ -9,10 +9,10 @@ mod common;
 
 use std::time::Duration;
 
+use common::fakeapi::create_listed_deployment;
 use common::{allocated_ip, create, eventually, fakeapi, message, pod};
 use fakeapi::{FakeApi, bound_claim, install_crd_fixture};
 use ip_webhook::crd::IPClaim;
-use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
@@ -136,24 +136,7 @@ async fn other_pods_ips_come_from_calicos_blocks_and_only_our_pods_are_watched_w
     let (fake, client) = cluster_with_blocks().await;
     // the app's list, in a Deployment no replica admitted, and a pod of it running on one of
     // its IPs, known to the replica only through Calico's block
-    let deployment: Deployment = serde_json::from_value(json!({
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": "web", "namespace": "legacy"},
-        "spec": {
-            "replicas": 2,
-            "selector": {"matchLabels": {"app": "web"}},
-            "template": {
-                "metadata": {"labels": {"app": "web"},
-                             "annotations": {"ip-webhook.io/allocatable-ips": "10.99.0.1-10.99.0.3"}},
-                "spec": {"containers": [{"name": "c", "image": "i"}]},
-            },
-        },
-    }))
-    .unwrap();
-    Api::<Deployment>::namespaced(client.clone(), "legacy")
-        .create(&PostParams::default(), &deployment)
-        .await
-        .unwrap();
+    create_listed_deployment(&client, "legacy", "web", "10.99.0.1-10.99.0.3").await;
     let web = running_pod(&client, "legacy", "web-old-1", "web", "10.99.0.2").await;
     put_block(
         &client,

@@ -259,6 +259,30 @@ pub async fn create_spec(
     api.create(&PostParams::default(), &object).await.unwrap();
 }
 
+/// Create Deployment `namespace/name` of 2 replicas whose pods (label `app: NAME`) name
+/// `list` in `ip-webhook.io/allocatable-ips`.
+pub async fn create_listed_deployment(client: &Client, namespace: &str, name: &str, list: &str) {
+    let deployment: k8s_openapi::api::apps::v1::Deployment =
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "replicas": 2,
+                "selector": {"matchLabels": {"app": name}},
+                "template": {
+                    "metadata": {"labels": {"app": name},
+                                 "annotations": {"ip-webhook.io/allocatable-ips": list}},
+                    "spec": {"containers": [{"name": "c", "image": "i"}]},
+                },
+            },
+        }))
+        .unwrap();
+    Api::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &deployment)
+        .await
+        .unwrap();
+}
+
 /// Create the pod an admission answered for (`object` with the patch applied) under `name`.
 pub async fn persist_pod(pods: &Api<Pod>, mut object: Value, name: &str) -> Pod {
     object["metadata"]["name"] = serde_json::json!(name);
