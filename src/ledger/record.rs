@@ -9,9 +9,14 @@
 //!   the next snapshot rewrites its claims in the new format.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::path::Path;
 
 use super::{Claim, LedgerError, Phase, PodRef, Source};
+
+mod read;
+
+#[cfg(test)]
+pub(super) use read::parse_file;
+pub(super) use read::{Scan, Stretch, scan_bytes, scan_file};
 
 /// First bytes of every journal and snapshot file written now.
 pub(super) const MAGIC: &[u8; 8] = b"IPWJRNL2";
@@ -46,43 +51,6 @@ fn seal_record(buf: &mut [u8], start: usize) -> Result<u64, LedgerError> {
     Ok((buf.len() - start) as u64)
 }
 
-/// What reading a journal or snapshot file found.
-pub(super) struct Parsed {
-    /// Every valid record, in file order (also those after a damaged stretch).
-    pub(super) claims: Vec<(Claim, u64)>,
-    /// Where the records end: the end of the last valid record (or the magic). A journal's
-    /// next record goes here.
-    pub(super) good: u64,
-    /// Whether bytes other than zeros follow the last valid record. A journal's zeros are room
-    /// made for records to come (`journal.rs`, `GROW_STEP`); anything else, with no valid
-    /// record after it, is the write a crash cut short (never answered: a commit answers only
-    /// after its `fdatasync`).
-    pub(super) torn: bool,
-    /// The stretches of bytes that are no valid record but have valid records after them:
-    /// not a torn write but damage (a flipped bit, a lost page), in file order.
-    pub(super) damage: Vec<Stretch>,
-    /// `None` when the file is too short to hold its magic (a crash right after creating it).
-    pub(super) format: Option<Format>,
-}
-
-/// A damaged stretch of a file: `len` bytes at byte `offset`, after the first `before` of
-/// the file's valid records.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Stretch {
-    pub(super) offset: u64,
-    pub(super) len: u64,
-    pub(super) before: usize,
-}
-
-impl Parsed {
-    /// Valid records after the first damaged stretch.
-    pub(super) fn records_after_damage(&self) -> usize {
-        self.damage
-            .first()
-            .map_or(0, |first| self.claims.len() - first.before)
-    }
-}
-
 /// Why a record whose CRC matches does not decode to a claim; each names the field it was
 /// reading.
 #[derive(Debug, thiserror::Error)]
@@ -105,114 +73,6 @@ pub enum RecordError {
     Trailing(usize),
     #[error(transparent)]
     Json(#[from] serde_json::Error),
-}
-
-/// The largest record a resynchronising scan takes for one: claim records are a few hundred
-/// bytes (names and labels are bounded by the API server), and a bound keeps the scan over a
-/// damaged stretch linear in practice.
-const MAX_SCANNED_RECORD: usize = 1 << 20;
-
-/// The record at `at`, if one is there: its length is not zero, it fits, its CRC matches.
-/// `Some(Err)` is a record whose CRC matches but whose payload does not decode.
-fn record_at(
-    bytes: &[u8],
-    at: usize,
-    format: Format,
-    max_len: usize,
-) -> Option<(Result<Claim, RecordError>, usize)> {
-    if bytes.len() - at < HEADER {
-        return None;
-    }
-    let len = u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes")) as usize;
-    if len == 0 || len > max_len || len > bytes.len() - at - HEADER {
-        return None;
-    }
-    let crc = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().expect("4 bytes"));
-    let end = at + HEADER + len;
-    let payload = &bytes[at + HEADER..end];
-    if crc32c(payload) != crc {
-        return None;
-    }
-    let claim = match format {
-        Format::Binary => decode_claim(payload),
-        Format::Json => serde_json::from_slice(payload).map_err(RecordError::from),
-    };
-    Some((claim, end))
-}
-
-/// The first offset after `from` where a whole record starts (its CRC matches and its payload
-/// decodes: a stretch of damage is not taken for records by chance).
-fn next_record(bytes: &[u8], from: usize, format: Format) -> Option<usize> {
-    (from..bytes.len().saturating_sub(HEADER)).find(|&at| {
-        // most bytes of a journal's room are zeros: a zero length is no record
-        bytes[at] | bytes[at + 1] | bytes[at + 2] | bytes[at + 3] != 0
-            && matches!(
-                record_at(bytes, at, format, MAX_SCANNED_RECORD),
-                Some((Ok(_), _))
-            )
-    })
-}
-
-pub(super) fn parse_file(path: &Path) -> Result<Parsed, LedgerError> {
-    let bytes = std::fs::read(path)
-        .map_err(|e| LedgerError::Storage(format!("cannot read {}: {e}", path.display())))?;
-    parse_bytes(path, &bytes)
-}
-
-pub(super) fn parse_bytes(path: &Path, bytes: &[u8]) -> Result<Parsed, LedgerError> {
-    let corrupt = |reason: String| LedgerError::Corrupt {
-        ip: path.display().to_string(),
-        reason,
-    };
-    if bytes.len() < MAGIC.len() {
-        // created, crash before the magic was durable
-        return Ok(Parsed {
-            claims: Vec::new(),
-            good: 0,
-            torn: !bytes.is_empty(),
-            damage: Vec::new(),
-            format: None,
-        });
-    }
-    let format = match &bytes[..MAGIC.len()] {
-        magic if magic == MAGIC => Format::Binary,
-        magic if magic == MAGIC_JSON => Format::Json,
-        _ => return Err(corrupt("not an ip-webhook journal (bad magic)".into())),
-    };
-    let mut at = MAGIC.len();
-    let mut good = at;
-    let mut claims = Vec::new();
-    let mut damage = Vec::new();
-    loop {
-        match record_at(bytes, at, format, usize::MAX) {
-            Some((claim, end)) => {
-                let claim = claim.map_err(|e| corrupt(format!("record at byte {at}: {e}")))?;
-                claims.push((claim, (end - at) as u64));
-                at = end;
-                good = end;
-            }
-            // no record here: the end of the records, a torn write, or damage with records
-            // after it
-            None => match next_record(bytes, at + 1, format) {
-                Some(next) => {
-                    damage.push(Stretch {
-                        offset: at as u64,
-                        len: (next - at) as u64,
-                        before: claims.len(),
-                    });
-                    at = next;
-                }
-                None => break,
-            },
-        }
-    }
-    Ok(Parsed {
-        claims,
-        good: good as u64,
-        torn: bytes[good..].iter().any(|&b| b != 0),
-        damage,
-        format: Some(format),
-    })
 }
 
 /// The claim, field by field in a fixed order: strings and integers as LEB128 lengths and
@@ -616,11 +476,11 @@ mod tests {
             let path = dir.path().join("file");
             std::fs::write(&path, &bytes).unwrap();
             let parsed = parse_file(&path).unwrap();
-            assert_eq!(parsed.format, Some(format));
+            assert_eq!(parsed.scan.format, Some(format));
             let claims: Vec<Claim> = parsed.claims.into_iter().map(|(c, _)| c).collect();
             assert_eq!(claims, [full(), bare()]);
-            assert_eq!(parsed.good, whole);
-            assert!(parsed.torn);
+            assert_eq!(parsed.scan.good, whole);
+            assert!(parsed.scan.torn);
         }
     }
 
@@ -637,7 +497,7 @@ mod tests {
         std::fs::write(&path, &bytes).unwrap();
         let parsed = parse_file(&path).unwrap();
         assert_eq!(
-            (parsed.claims.len(), parsed.good, parsed.torn),
+            (parsed.claims.len(), parsed.scan.good, parsed.scan.torn),
             (1, whole as u64, false)
         );
 
@@ -648,7 +508,7 @@ mod tests {
         std::fs::write(&path, &bytes).unwrap();
         let parsed = parse_file(&path).unwrap();
         assert_eq!(
-            (parsed.claims.len(), parsed.good, parsed.torn),
+            (parsed.claims.len(), parsed.scan.good, parsed.scan.torn),
             (1, whole as u64, true)
         );
 
@@ -656,7 +516,7 @@ mod tests {
         std::fs::write(&path, &bytes).unwrap();
         let parsed = parse_file(&path).unwrap();
         assert_eq!(parsed.claims.len(), 2, "the whole record is read");
-        assert!(!parsed.torn);
+        assert!(!parsed.scan.torn);
     }
 
     #[test]

@@ -20,7 +20,7 @@ use super::{
     JOURNAL, LOCK_FILE, REDB_FILE, Records, Reply, Request, SNAPSHOT, apply, generations, name,
     redb_store, storage, storage_at,
 };
-use crate::ledger::record::{Format, MAGIC, Parsed, encode_record, parse_file};
+use crate::ledger::record::{Format, MAGIC, Scan, encode_record, scan_file};
 use crate::ledger::{Claim, Damage, LedgerError};
 
 /// Compaction starts when the journals since the last snapshot exceed twice the live records
@@ -103,14 +103,14 @@ pub(super) struct Journal {
 }
 
 /// The refusal for a file with damage that valid records follow.
-pub(super) fn damaged(dir: &Path, path: &Path, parsed: &Parsed) -> LedgerError {
+pub(super) fn damaged(dir: &Path, path: &Path, scan: &Scan) -> LedgerError {
     LedgerError::Damaged(Box::new(Damage {
         path: path.to_path_buf(),
         state_dir: dir.to_path_buf(),
-        offset: parsed.damage.first().map_or(0, |d| d.offset),
-        records_after: parsed.records_after_damage(),
-        stretches: parsed.damage.len(),
-        damaged_bytes: parsed.damage.iter().map(|d| d.len).sum(),
+        offset: scan.damage.first().map_or(0, |d| d.offset),
+        records_after: scan.records_after_damage(),
+        stretches: scan.damage.len(),
+        damaged_bytes: scan.damage.iter().map(|d| d.len).sum(),
     }))
 }
 
@@ -281,24 +281,22 @@ fn migrate_redb(dir: &Path) -> Result<(), LedgerError> {
 }
 
 /// Read snapshot `base` into `loaded`: it must be whole (snapshots are renamed into place
-/// once written and synced).
+/// once written and synced). A file with damage fails the open, so what it put in `loaded`
+/// is never used.
 fn load_snapshot(dir: &Path, base: u64, loaded: &mut Loaded) -> Result<(), LedgerError> {
     let path = dir.join(name(SNAPSHOT, base));
-    let parsed = parse_file(&path)?;
-    if !parsed.damage.is_empty() {
-        return Err(damaged(dir, &path, &parsed));
+    let scan = scan_file(&path, |claim, size| loaded.install(claim, size))?;
+    if !scan.damage.is_empty() {
+        return Err(damaged(dir, &path, &scan));
     }
-    if parsed.torn || parsed.good == 0 {
+    if scan.torn || scan.good == 0 {
         return Err(LedgerError::Corrupt {
             ip: path.display().to_string(),
             reason: format!(
                 "bad record at byte {} of a snapshot (snapshots are written whole, then renamed)",
-                parsed.good
+                scan.good
             ),
         });
-    }
-    for (claim, size) in parsed.claims {
-        loaded.install(claim, size);
     }
     Ok(())
 }
@@ -318,35 +316,32 @@ fn load_journals(
     let last = journals.last().copied();
     for &generation in journals {
         let path = dir.join(name(JOURNAL, generation));
-        let parsed = parse_file(&path)?;
-        if !parsed.damage.is_empty() {
-            return Err(damaged(dir, &path, &parsed));
+        let scan = scan_file(&path, |claim, size| loaded.install(claim, size))?;
+        if !scan.damage.is_empty() {
+            return Err(damaged(dir, &path, &scan));
         }
-        read.last_format = parsed.format;
-        read.last_good = parsed.good;
-        if parsed.torn {
+        read.last_format = scan.format;
+        read.last_good = scan.good;
+        if scan.torn {
             if Some(generation) != last {
                 return Err(LedgerError::Corrupt {
                     ip: path.display().to_string(),
                     reason: format!(
                         "bad record at byte {} of a journal that a later one follows (only the last journal can end in a torn write)",
-                        parsed.good
+                        scan.good
                     ),
                 });
             }
-            tracing::warn!(path = %path.display(), kept = parsed.good, "cutting a torn record off the journal");
+            tracing::warn!(path = %path.display(), kept = scan.good, "cutting a torn record off the journal");
             let file = OpenOptions::new()
                 .write(true)
                 .open(&path)
                 .map_err(storage_at("open the journal", &path))?;
-            file.set_len(parsed.good)
+            file.set_len(scan.good)
                 .map_err(storage("truncate journal"))?;
             file.sync_all().map_err(storage("sync journal"))?;
         }
-        read.bytes += parsed.good;
-        for (claim, size) in parsed.claims {
-            loaded.install(claim, size);
-        }
+        read.bytes += scan.good;
     }
     Ok(read)
 }
@@ -643,12 +638,11 @@ fn read_journal_once(state_dir: &Path) -> Result<Vec<Claim>, LedgerError> {
         .unwrap_or(0);
     let mut claims: HashMap<IpAddr, Claim> = HashMap::new();
     let mut read = |path: PathBuf| -> Result<(), LedgerError> {
-        let parsed = parse_file(&path)?;
-        if !parsed.damage.is_empty() {
-            return Err(damaged(state_dir, &path, &parsed));
-        }
-        for (claim, _) in parsed.claims {
+        let scan = scan_file(&path, |claim, _| {
             claims.insert(claim.ip, claim);
+        })?;
+        if !scan.damage.is_empty() {
+            return Err(damaged(state_dir, &path, &scan));
         }
         Ok(())
     };

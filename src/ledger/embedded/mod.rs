@@ -621,7 +621,7 @@ mod tests {
             "the JSON journal is left as it was"
         );
         let next = parse_file(&dir.path().join(name(JOURNAL, 2))).unwrap();
-        assert_eq!(next.format, Some(Format::Binary));
+        assert_eq!(next.scan.format, Some(Format::Binary));
         assert_eq!(next.claims.len(), 1);
 
         let reopened = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
@@ -644,7 +644,7 @@ mod tests {
             &[claim("10.3.0.1", "a"), claim("10.3.0.2", "b")],
         )
         .await;
-        let whole = parse_file(&path).unwrap().good;
+        let whole = parse_file(&path).unwrap().scan.good;
         let mut record = Vec::new();
         encode_record(&mut record, &claim("10.3.0.3", "c")).unwrap();
         // where the writer puts its next record: into the zeros made room for
@@ -693,7 +693,7 @@ mod tests {
             (MAGIC.len() as u64 + journal::ROOM_LOW).next_multiple_of(journal::GROW_STEP),
             "room made ahead of the first record"
         );
-        assert!(first.good < len && !first.torn);
+        assert!(first.scan.good < len && !first.scan.torn);
 
         recorded(dir.path(), &[claim("10.5.0.2", "b")]).await;
         let second = parse_file(&path).unwrap();
@@ -705,7 +705,7 @@ mod tests {
         assert_eq!(std::fs::metadata(&path).unwrap().len(), len);
 
         // more records than one step of room holds
-        let per_record = second.good - first.good;
+        let per_record = second.scan.good - first.scan.good;
         let more = journal::ROOM_LOW / per_record + 5;
         let claims: Vec<Claim> = (0..more)
             .map(|i| {
@@ -719,15 +719,16 @@ mod tests {
         let paths: Vec<_> = generations(dir.path(), JOURNAL).unwrap();
         assert_eq!(paths.len(), 1, "no compaction in between: {paths:?}");
         let grown = parse_file(&path).unwrap();
-        assert!(!grown.torn);
+        assert!(!grown.scan.torn);
         assert_eq!(grown.claims.len() as u64, 2 + more);
         let len = std::fs::metadata(&path).unwrap().len();
         assert_eq!(len % journal::GROW_STEP, 0, "room grows in whole steps");
         assert!(
-            (grown.good + journal::ROOM_LOW..grown.good + journal::ROOM_LOW + journal::GROW_STEP)
+            (grown.scan.good + journal::ROOM_LOW
+                ..grown.scan.good + journal::ROOM_LOW + journal::GROW_STEP)
                 .contains(&len),
             "room made ahead of the next commit: {len} bytes for records up to {}",
-            grown.good
+            grown.scan.good
         );
         let ledger = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
         assert_eq!(ledger.load().await.unwrap().len() as u64, 2 + more);
@@ -753,7 +754,7 @@ mod tests {
             let dir = tempfile::tempdir().unwrap();
             let path = recorded(dir.path(), &many("10.11", claims)).await;
             let mut bytes = std::fs::read(&path).unwrap();
-            let good = parse_file(&path).unwrap().good as usize;
+            let good = parse_file(&path).unwrap().scan.good as usize;
             let at = if page {
                 bytes[4096..8192].fill(0);
                 4096
@@ -943,7 +944,7 @@ mod tests {
             let mut replies = Vec::new();
             assert_eq!(journal.commit(&mut batch, &mut replies).unwrap(), 1);
             assert_eq!(len(), before, "commit {i} grew the journal");
-            let good = parse_file(&path).unwrap().good;
+            let good = parse_file(&path).unwrap().scan.good;
             journal.grow_ahead();
             let after = len();
             if after != before {
@@ -964,7 +965,7 @@ mod tests {
         }
         drop(journal);
         let reopened = parse_file(&path).unwrap();
-        assert!(!reopened.torn);
+        assert!(!reopened.scan.torn);
         assert_eq!(reopened.claims.len(), commits);
     }
 
@@ -975,7 +976,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = recorded(dir.path(), &[claim("10.4.0.1", "a")]).await;
         let mut bytes = std::fs::read(&path).unwrap();
-        let last = parse_file(&path).unwrap().good as usize - 3;
+        let last = parse_file(&path).unwrap().scan.good as usize - 3;
         bytes[last] ^= 0xff;
         std::fs::write(&path, &bytes).unwrap();
         // a later journal makes this one not the last

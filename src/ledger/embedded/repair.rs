@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use super::{JOURNAL, LOCK_FILE, SNAPSHOT, generations, name, storage, storage_at};
 use crate::ledger::LedgerError;
-use crate::ledger::record::{Stretch, parse_bytes};
+use crate::ledger::record::{Stretch, scan_bytes};
 
 /// One damaged file and what its repair does.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,13 +97,13 @@ pub fn repair(state_dir: &Path, apply: bool) -> Result<Repair, LedgerError> {
     for path in ledger_files(state_dir)? {
         let bytes = std::fs::read(&path)
             .map_err(|e| LedgerError::Storage(format!("cannot read {}: {e}", path.display())))?;
-        let parsed = parse_bytes(&path, &bytes)?;
-        if parsed.damage.is_empty() {
+        let scan = scan_bytes(&path, &bytes)?;
+        if scan.damage.is_empty() {
             continue;
         }
-        let after = parsed.records_after_damage();
-        let torn_tail = if parsed.torn {
-            bytes[parsed.good as usize..]
+        let after = scan.records_after_damage();
+        let torn_tail = if scan.torn {
+            bytes[scan.good as usize..]
                 .iter()
                 .rposition(|&b| b != 0)
                 .map_or(0, |last| last as u64 + 1)
@@ -112,9 +112,9 @@ pub fn repair(state_dir: &Path, apply: bool) -> Result<Repair, LedgerError> {
         };
         let mut repair = FileRepair {
             path: path.clone(),
-            kept_before: parsed.claims.len() - after,
+            kept_before: scan.records - after,
             kept_after: after,
-            dropped: parsed.damage.iter().map(|d| (d.offset, d.len)).collect(),
+            dropped: scan.damage.iter().map(|d| (d.offset, d.len)).collect(),
             torn_tail,
             kept_as: None,
         };
@@ -123,7 +123,7 @@ pub fn repair(state_dir: &Path, apply: bool) -> Result<Repair, LedgerError> {
                 state_dir,
                 &path,
                 &bytes,
-                &kept_bytes(&bytes, parsed.good, &parsed.damage),
+                &kept_bytes(&bytes, scan.good, &scan.damage),
             )?);
         }
         files.push(repair);
