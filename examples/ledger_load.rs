@@ -12,7 +12,13 @@
 //! taskset -c 0 target/release/examples/ledger_load probe DIR [COUNT]
 //! taskset -c 0 target/release/examples/ledger_load probe-for DIR SECONDS
 //! taskset -c 0 target/release/examples/ledger_load restart DIR [CLAIMS]
+//! taskset -c 0 target/release/examples/ledger_load compact DIR [CLAIMS] [SECONDS]
 //! ```
+//!
+//! `compact` holds CLAIMS claims and steps them between Bound and Terminating as fast as the
+//! ledger answers, so the journals grow past twice the live records again and again and the
+//! ledger compacts while commits go on: it prints the slowest step and how many snapshots were
+//! written, to set beside `probe-for` of the same dir.
 
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr};
@@ -23,6 +29,11 @@ use std::time::{Duration, Instant};
 
 use ip_webhook::ledger::embedded::CommitCounters;
 use ip_webhook::ledger::{Claim, CreateOutcome, EmbeddedLedger, Ledger, Phase, PodRef, Source};
+
+// as the `ip-webhook` binary does: glibc's malloc here spent 60-85 ms at a time consolidating
+// the claims a compaction let go, on whichever thread allocated next
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn claim(n: u32) -> Claim {
     Claim {
@@ -288,27 +299,32 @@ fn probe(dir: &Path, count: usize) {
     }
 }
 
+/// Claims 0..`claims` made in `ledger`, 256 at a time.
+async fn fill(ledger: &Arc<EmbeddedLedger>, claims: u32) {
+    let next = Arc::new(AtomicU32::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..256 {
+        let ledger = ledger.clone();
+        let next = next.clone();
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let n = next.fetch_add(1, Ordering::Relaxed);
+                if n >= claims {
+                    break;
+                }
+                ledger.create(claim(n).into()).await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
 async fn restart(dir: &Path, claims: u32) {
     {
         let ledger = Arc::new(EmbeddedLedger::open(dir, CommitCounters::default()).unwrap());
-        let next = Arc::new(AtomicU32::new(0));
-        let mut tasks = Vec::new();
-        for _ in 0..256 {
-            let ledger = ledger.clone();
-            let next = next.clone();
-            tasks.push(tokio::spawn(async move {
-                loop {
-                    let n = next.fetch_add(1, Ordering::Relaxed);
-                    if n >= claims {
-                        break;
-                    }
-                    ledger.create(claim(n).into()).await.unwrap();
-                }
-            }));
-        }
-        for t in tasks {
-            t.await.unwrap();
-        }
+        fill(&ledger, claims).await;
         ledger.close().await;
     }
     let bytes: u64 = std::fs::read_dir(dir)
@@ -328,10 +344,83 @@ async fn restart(dir: &Path, claims: u32) {
     ledger.close().await;
 }
 
+/// The newest snapshot's generation in `dir` (0: none).
+fn newest_snapshot(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| {
+            let name = e.unwrap().file_name().into_string().ok()?;
+            name.strip_prefix("snapshot.")?.parse().ok()
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+async fn compact(dir: &Path, claims: u32, seconds: u64) {
+    const TASKS: u32 = 16;
+    let ledger = Arc::new(EmbeddedLedger::open(dir, CommitCounters::default()).unwrap());
+    fill(&ledger, claims).await;
+    let before = newest_snapshot(dir);
+    // each task's claims as the ledger holds them, made before any step is timed
+    let shares: Vec<Vec<Claim>> = (0..TASKS)
+        .map(|task| (task..claims).step_by(TASKS as usize).map(claim).collect())
+        .collect();
+    let until = Instant::now() + Duration::from_secs(seconds);
+    let mut tasks = Vec::new();
+    for mut held in shares {
+        let ledger = ledger.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::with_capacity(1 << 20);
+            'steps: loop {
+                for current in &mut held {
+                    if Instant::now() >= until {
+                        break 'steps;
+                    }
+                    let mut next = current.clone();
+                    next.phase = match current.phase {
+                        Phase::Bound => Phase::Terminating,
+                        _ => Phase::Bound,
+                    };
+                    next.pod.uid = Some("0c9d4b1e-uid".into());
+                    next.updated_at += 1;
+                    let started = Instant::now();
+                    assert!(ledger.transition(current, &next).await.unwrap());
+                    latencies.push(started.elapsed().as_secs_f64());
+                    *current = next;
+                }
+            }
+            latencies
+        }));
+    }
+    let mut latencies = Vec::new();
+    for t in tasks {
+        latencies.extend(t.await.unwrap());
+    }
+    ledger.close().await;
+    latencies.sort_by(f64::total_cmp);
+    println!(
+        "claims={claims} steps/s={:.0} p50={:.0}us p99={:.0}us p99.9={:.0}us max={:.0}us over_20ms={} snapshots_written={}",
+        latencies.len() as f64 / seconds as f64,
+        percentile(&latencies, 0.5) * 1e6,
+        percentile(&latencies, 0.99) * 1e6,
+        percentile(&latencies, 0.999) * 1e6,
+        latencies.last().copied().unwrap_or(0.0) * 1e6,
+        latencies.iter().filter(|l| **l > 0.020).count(),
+        newest_snapshot(dir) - before,
+    );
+}
+
 #[tokio::main]
 async fn main() {
+    // the ledger's own stall trace (WARN lines of answers and commits slower than 20 ms)
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_env("RUST_LOG"))
+        .with_writer(std::io::stderr)
+        .init();
+    // as `ip-webhook serve` does: no stall of a huge page cleared or compacted on first touch
+    let _ = rustix::thread::disable_transparent_huge_pages(true);
     let args: Vec<String> = std::env::args().collect();
-    let usage = "usage: ledger_load load DIR [CONNS] [SECONDS] | probe DIR [COUNT] | probe-for DIR SECONDS | restart DIR [CLAIMS]";
+    let usage = "usage: ledger_load load DIR [CONNS] [SECONDS] | probe DIR [COUNT] | probe-for DIR SECONDS | restart DIR [CLAIMS] | compact DIR [CLAIMS] [SECONDS]";
     let mode = args.get(1).expect(usage).as_str();
     let dir = Path::new(args.get(2).expect(usage));
     match mode {
@@ -351,6 +440,11 @@ async fn main() {
         "restart" => {
             let claims = args.get(3).and_then(|a| a.parse().ok()).unwrap_or(100_000);
             restart(dir, claims).await;
+        }
+        "compact" => {
+            let claims = args.get(3).and_then(|a| a.parse().ok()).unwrap_or(200_000);
+            let seconds = args.get(4).and_then(|a| a.parse().ok()).unwrap_or(30);
+            compact(dir, claims, seconds).await;
         }
         _ => panic!("{usage}"),
     }

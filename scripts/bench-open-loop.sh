@@ -7,7 +7,8 @@
 #      fresh server and state dir, every request a new admission with a request uid never used
 #      before (the run id is in each uid): the slowest request <= the disk's own slowest
 #      fdatasync (a probe of the same dir in this run) + 20 ms in all but one run, and CPU per
-#      request <= 1.3x the dry run's;
+#      request <= 1.3x the dry run's; beside it, what durability alone costs on this disk and
+#      core (the floor with a group-committed record per request, bench_floor --journal);
 #   3. durable, open loop: a constant BENCH_RATE admissions/s for BENCH_OPEN_SECONDS
 #      (examples/bench_client.rs with a rate: each request's latency counts from when it was due,
 #      so a stall counts for every request it held up): p99 <= 2 ms and the slowest <= the
@@ -23,7 +24,7 @@
 # from it shows that here, and a stall that the probe or the floor show in the same run is the
 # host's, not the server's.
 #
-#   scripts/bench-open-loop.sh                 # the full run: about 6 minutes after the build
+#   scripts/bench-open-loop.sh                 # the full run: about 3 minutes after the build
 #   BENCH_SHORT=1 scripts/bench-open-loop.sh   # a quick check that it works (about 1 minute)
 #
 # Environment: BENCH_PROFILE (cargo profile, default dist: what ships), BENCH_SERVER_CPU /
@@ -81,11 +82,17 @@ else
 fi
 
 work=$(mktemp -d)
+# The servers' logs (a line per grant: ~70 MB in a saturated run) go to memory when the machine
+# has a tmpfs: written to the disk under test, the kernel writes them back about 30 s later, and
+# every fdatasync then waits behind that writeback (40-60 ms on this VM), so a run would time
+# the harness's own files. For the same reason the build's output, and each removed state dir,
+# are synced before the next measurement starts.
+logs=$(mktemp -d -p /dev/shm 2>/dev/null || mktemp -d)
 pids=()
 cleanup() {
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
-  rm -rf "$work"
+  rm -rf "$work" "$logs"
 }
 trap cleanup EXIT
 clk_tck=$(getconf CLK_TCK)
@@ -99,7 +106,7 @@ say() { echo "$*" | tee -a "$runs" >&2; }
 start_server() {
   local name=$1
   shift
-  local log="$work/$name.log"
+  local log="$logs/$name.log"
   : >"$log"
   taskset -c "$server_cpu" "$@" >"$log" 2>&1 &
   server_pid=$!
@@ -199,6 +206,7 @@ echo "machine: $(nproc) cores, $(sed -n 's/^model name[[:space:]]*: //p' /proc/c
 echo "server on core $server_cpu, clients on core $load_cpu; profile $profile" >&2
 
 # --- the disk's own tail, same file system as every state dir below
+sync
 s0=$(stat_ticks)
 probe=$(taskset -c "$server_cpu" "$bin/examples/ledger_load" probe-for "$work/probe" "$p_secs")
 s1=$(stat_ticks)
@@ -247,12 +255,22 @@ for run in $(seq 1 "$s_runs"); do
   passes=$((passes + ok))
   printf '  durable run %d: cpu %6.1f µs/req  %7.0f req/s  wrk p99 (corrected) %8.0f µs  slowest %8.0f µs  %s  claims %d  RSS +%.0f B/claim  host steal %s %s %s %s\n' \
     "$run" "$cpu" "$rps" "$p99" "$max" "$([ "$ok" = 1 ] && echo ok || echo OVER)" "$held" "$(awk -v a="$rss0" -v b="$rss1" -v n="$held" 'BEGIN { print n ? (b - a) * 1024 / n : 0 }')" "$st1" "$st2" "$st3" "$st4" | tee -a "$runs" >&2
-  stall_trace "$work/sat-$run.log" 2>&1 | tee -a "$runs" >&2
+  stall_trace "$logs/sat-$run.log" 2>&1 | tee -a "$runs" >&2
   stop_server "$server_pid"
   rm -rf "$work/sat-state-$run"
+  sync -f "$work"
 done
 sat_cpu=$(median_cpu "$work/sat.txt")
 slowest=$(awk '{ print $4 }' "$work/sat.txt" | paste -sd' ')
+# the price of durability alone on this disk and core: the floor with a group-committed record
+# per request (bench_floor --journal), against the plain floor of part 1
+start_server floor-durable "$bin/examples/bench_floor" 127.0.0.1:0 --ca-out "$work/floor-durable-ca.pem" --journal "$work/floor-journal"
+: >"$work/floor-durable.txt"
+wrk_run "$server_pid" "https://$server_addr/mutate" as-is 16 "$s_secs" floor-durable "$work/floor-durable.txt"
+stop_server "$server_pid"
+read -r fd_cpu fd_rps _ fd_max _ st1 st2 st3 st4 < <(tail -1 "$work/floor-durable.txt")
+say "$(printf '  floor-durable: cpu %6.1f µs/req  %7.0f req/s  slowest %8.0f µs  host steal %s %s %s %s' "$fd_cpu" "$fd_rps" "$fd_max" "$st1" "$st2" "$st3" "$st4")"
+say "$(awk -v fd="$fd_cpu" -v f="$floor_cpu" -v s="$sat_cpu" -v d="$dry_cpu" 'BEGIN { printf "    limit: a durable answer alone (floor-durable - floor) costs %.1f µs/req; ip-webhook durable - dry run: %.1f µs/req; the 1.3× target allows %.1f", fd - f, s - d, 0.3 * d }')"
 need=$((s_runs > 1 ? s_runs - 1 : 1))
 ms() { awk -v v="$1" 'BEGIN { printf "%.1f ms", v / 1000 }'; }
 verdict "2. durable, 16 conn., ${s_secs} s runs: runs whose slowest request ≤ the probe's slowest fdatasync + 20 ms" \
@@ -267,7 +285,7 @@ s0=$(stat_ticks)
 open=$(taskset -c "$load_cpu" "$bin/examples/bench_client" "https://$server_addr/mutate" "$fixture" durable "$o_conns" "$o_secs" "$work/open-state/ca.crt" "open-$stamp" "$rate")
 s1=$(stat_ticks)
 say "  open loop $rate/s for ${o_secs}s over $o_conns connections: $open; host steal $(steal "$s0" "$s1")"
-stall_trace "$work/open.log" 2>&1 | tee -a "$runs" >&2
+stall_trace "$logs/open.log" 2>&1 | tee -a "$runs" >&2
 stop_server "$server_pid"
 o_p99=$(sed -n 's/.* p99_us=\([0-9]*\) .*/\1/p' <<<"$open")
 o_max=$(sed -n 's/.* max_us=\([0-9]*\) .*/\1/p' <<<"$open")

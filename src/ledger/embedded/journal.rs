@@ -12,8 +12,10 @@ use std::thread;
 use std::time::Instant;
 
 mod room;
+mod snapshot;
 
 use room::Stalled;
+use snapshot::{remove_before, sync_dir, write_snapshot};
 
 use super::marker;
 use super::{
@@ -114,51 +116,6 @@ pub(super) fn damaged(dir: &Path, path: &Path, scan: &Scan) -> LedgerError {
     }))
 }
 
-fn sync_dir(dir: &Path) -> Result<(), LedgerError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| LedgerError::Storage(format!("cannot sync {}: {e}", dir.display())))
-}
-
-/// Write every claim to `snapshot.<generation>`: temp file, fsync, rename, directory fsync.
-fn write_snapshot<'a>(
-    dir: &Path,
-    generation: u64,
-    claims: impl Iterator<Item = &'a Claim>,
-) -> Result<(), LedgerError> {
-    let tmp = dir.join(format!("{}.tmp", name(SNAPSHOT, generation)));
-    let written = write_snapshot_to(dir, &tmp, generation, claims);
-    if written.is_err() {
-        // a full disk gets its space back
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written
-}
-
-fn write_snapshot_to<'a>(
-    dir: &Path,
-    tmp: &Path,
-    generation: u64,
-    claims: impl Iterator<Item = &'a Claim>,
-) -> Result<(), LedgerError> {
-    let mut buf = Vec::with_capacity(1 << 20);
-    buf.extend_from_slice(MAGIC);
-    let mut file = File::create(tmp).map_err(storage_at("create the snapshot", tmp))?;
-    for claim in claims {
-        encode_record(&mut buf, claim)?;
-        if buf.len() >= 1 << 20 {
-            file.write_all(&buf).map_err(storage("write snapshot"))?;
-            buf.clear();
-        }
-    }
-    file.write_all(&buf).map_err(storage("write snapshot"))?;
-    file.sync_all().map_err(storage("sync snapshot"))?;
-    drop(file);
-    std::fs::rename(tmp, dir.join(name(SNAPSHOT, generation)))
-        .map_err(storage("rename snapshot"))?;
-    sync_dir(dir)
-}
-
 /// The journal a ledger of snapshot `base` (0: none) and `journals` (from `base` on) lacks, if
 /// one is gone. Journal `g` is made durable before snapshot `g` is written, and journals are
 /// deleted only below a durable snapshot; the first journal of a dir is 1. So from the snapshot
@@ -187,19 +144,6 @@ fn complete(dir: &Path, base: u64, journals: &[u64]) -> Result<(), LedgerError> 
         )),
         None => Ok(()),
     }
-}
-
-/// Delete the journals and snapshots older than `generation` (a snapshot of it is durable).
-fn remove_before(dir: &Path, generation: u64) -> Result<(), LedgerError> {
-    for prefix in [JOURNAL, SNAPSHOT] {
-        for old in generations(dir, prefix)? {
-            if old < generation {
-                std::fs::remove_file(dir.join(name(prefix, old)))
-                    .map_err(storage("remove old journal"))?;
-            }
-        }
-    }
-    sync_dir(dir)
 }
 
 /// The records read on open, in file order, each with the size of its record.

@@ -22,7 +22,8 @@
 //! has its answers and once less than 256 KiB is left, one 64 KiB step at a time (no batch
 //! waits for it, and none waits behind more than one step). When the journals outgrow twice
 //! the live records a background thread writes a `snapshot.<generation>` of every claim (temp
-//! file, fsync, rename, directory fsync) and deletes the journals it covers. On open: the
+//! file synced every 2 MiB, rename, directory fsync) and deletes the journals it covers, each
+//! shrunk a step at a time first (`journal/snapshot.rs`: neither stalls the writer's commits). On open: the
 //! newest snapshot, then the journals after it; zeros after the last record are room; a torn
 //! record at the end of the last journal with no valid record after it (a crash mid-write,
 //! never answered) is cut off; a stretch that is no valid record with valid records after it
