@@ -22,6 +22,7 @@ use crate::metrics::{LeaseLabels, Metrics};
 use crate::webhook::Webhook;
 
 pub mod app_lists;
+pub mod claim_list;
 pub mod cni;
 pub mod controller;
 pub mod events;
@@ -107,6 +108,8 @@ pub enum PodIpSource {
 pub struct Caches {
     pub pods: Mutex<Arc<HashMap<String, PodInfo>>>,
     pub claims: Mutex<BTreeMap<String, Arc<IPClaim>>>,
+    /// What the claim watch changed while a full pass's list of claims was read.
+    pub claim_list: claim_list::ListWindow,
     pub pools: Mutex<BTreeMap<String, IPPool>>,
     /// Pods' actual IPs, Kube-OVN IP objects, workloads' lists ([`index`]).
     pub cluster_ips: Arc<index::ClusterIps>,

@@ -235,11 +235,13 @@ impl Reconciler {
         self.started.elapsed().as_secs()
     }
 
-    /// Claims from the API server, page by page, into the allocator's index.
+    /// Claims from the API server, page by page, into the allocator's index; a claim the
+    /// watch changed while they were read keeps the watch's version ([`claim_list`]).
     async fn fresh_claims(&self) -> Result<Vec<Arc<IPClaim>>, ClusterError> {
         let claims_api: Api<IPClaim> = Api::all(self.client.clone());
         let mut claims: Vec<Arc<IPClaim>> = Vec::new();
-        list_pages(
+        self.caches.claim_list.open();
+        let listed = list_pages(
             |params| {
                 let api = claims_api.clone();
                 // the primary interface's claims; a secondary network's are its sweeper's
@@ -248,14 +250,21 @@ impl Reconciler {
             },
             |page| claims.extend(page.into_iter().map(Arc::new)),
         )
-        .await
-        .map_err(|e| ClusterError::api("listing", "IPClaims", e))?;
+        .await;
+        if let Err(error) = listed {
+            self.caches.claim_list.close();
+            return Err(ClusterError::api("listing", "IPClaims", error));
+        }
+        // under the watch cache's lock: no watch event falls between the merge and the index
+        let watched = lock(&self.caches.claims);
+        let claims = self.caches.claim_list.close_and_merge(claims, &watched);
         self.allocator.replace_all(
             claims
                 .iter()
                 .filter_map(|c| from_resource(c).ok())
                 .collect(),
         );
+        drop(watched);
         Ok(claims)
     }
 

@@ -243,9 +243,11 @@ pub async fn watch_claims(api: Api<IPClaim>, caches: Arc<Caches>, allocator: Arc
                         "ignoring an IPClaim that cannot be read (its IP stays held)",
                     ),
                 }
+                caches.claim_list.note(&name);
                 claims.insert(name, claim);
             }
             Change::Delete(name) => {
+                caches.claim_list.note(&name);
                 if let Some(gone) = claims.remove(&name)
                     && let Ok(parsed) = from_resource(&gone)
                 {
@@ -253,6 +255,7 @@ pub async fn watch_claims(api: Api<IPClaim>, caches: Arc<Caches>, allocator: Arc
                 }
             }
             Change::Replace(all) => {
+                caches.claim_list.note_relist();
                 allocator.replace_all(all.values().filter_map(|c| from_resource(c).ok()).collect());
                 *claims = all.into_iter().collect();
                 caches.claims_synced.store(true, Ordering::SeqCst);
