@@ -98,7 +98,7 @@ mod tests {
     use super::*;
 
     fn claim(name: &str, version: &str) -> Arc<IPClaim> {
-        let mut claim: IPClaim = serde_json::from_value(serde_json::json!({
+        let claim: IPClaim = serde_json::from_value(serde_json::json!({
             "apiVersion": "ip-webhook.io/v1alpha1",
             "kind": "IPClaim",
             "metadata": {"name": name, "resourceVersion": version},
@@ -106,7 +106,6 @@ mod tests {
                      "podName": "", "requestUid": "r", "source": "Allocated"},
         }))
         .unwrap();
-        claim.metadata.resource_version = Some(version.into());
         Arc::new(claim)
     }
 

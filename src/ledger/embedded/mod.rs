@@ -23,12 +23,12 @@
 //! waits for it, and none waits behind more than one step). When the journals outgrow twice
 //! the live records a background thread writes a `snapshot.<generation>` of every claim (temp
 //! file synced every 2 MiB, rename, directory fsync) and deletes the journals it covers, each
-//! shrunk a step at a time first (`journal/snapshot.rs`: neither stalls the writer's commits). On open: the
-//! newest snapshot, then the journals after it; zeros after the last record are room; a torn
-//! record at the end of the last journal with no valid record after it (a crash mid-write,
-//! never answered) is cut off; a stretch that is no valid record with valid records after it
-//! is damage and refuses to start, changing nothing (`ledger repair`, [`repair`]). A full disk
-//! refuses the commits that do not fit in the room made and resumes by itself
+//! shrunk a step at a time first (`journal/snapshot.rs`: neither stalls the writer's commits).
+//! On open: the newest snapshot, then the journals after it; zeros after the last record are
+//! room; a torn record at the end of the last journal with no valid record after it (a crash
+//! mid-write, never answered) is cut off; a stretch that is no valid record with valid records
+//! after it is damage and refuses to start, changing nothing (`ledger repair`, [`repair`]). A
+//! full disk refuses the commits that do not fit in the room made and resumes by itself
 //! (`journal/room.rs`); a dir that lost its journal refuses to start empty (`marker.rs`).
 //!
 //! A state dir of an older release holds one redb file (`ledger.redb`, `redb_store.rs`): it is
