@@ -9,6 +9,8 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
+use wide::u8x16;
+
 use super::{
     GroupVersionKind, Meta, MetaOnly, Operation, RawJson, Request, Review, ScannedMetadata,
 };
@@ -23,12 +25,9 @@ type Scan<T> = Result<T, Unusual>;
 /// skip loop keeps one bit per open container in a `u128`).
 const MAX_DEPTH: usize = 100;
 
-/// A byte in every lane of a word, for eight-bytes-at-a-time searches.
-const ONES: u64 = 0x0101_0101_0101_0101;
-
 /// The review in `body`, or `Unusual`.
 pub(super) fn review(body: &[u8]) -> Scan<Review<'_>> {
-    let mut s = Scanner::new(std::str::from_utf8(body).map_err(|_| Unusual)?);
+    let mut s = Scanner::new(simdutf8::basic::from_utf8(body).map_err(|_| Unusual)?);
     let mut review = Review {
         api_version: None,
         kind: None,
@@ -227,27 +226,8 @@ impl<'a> Scanner<'a> {
     /// The next byte that is not whitespace (the scanner stops on it).
     #[inline(always)]
     fn peek(&mut self) -> Option<u8> {
-        let bytes = self.bytes();
-        let mut at = self.at;
-        loop {
-            match bytes.get(at) {
-                Some(b' ' | b'\n' | b'\r' | b'\t') => at += 1,
-                next => {
-                    self.at = at;
-                    return next.copied();
-                }
-            }
-            // the spaces that follow (indentation, when the body is pretty-printed), eight at a time
-            while let Some(chunk) = bytes.get(at..at + 8) {
-                let not_spaces = u64::from_le_bytes(chunk.try_into().expect("eight bytes"))
-                    ^ (ONES * u64::from(b' '));
-                if not_spaces != 0 {
-                    at += (not_spaces.trailing_zeros() / 8) as usize;
-                    break;
-                }
-                at += 8;
-            }
-        }
+        self.at = past_whitespace(self.bytes(), self.at);
+        self.bytes().get(self.at).copied()
     }
 
     #[inline(always)]
@@ -269,10 +249,7 @@ impl<'a> Scanner<'a> {
 
     fn literal(&mut self, word: &[u8]) -> Scan<()> {
         self.peek();
-        if !self.bytes()[self.at..].starts_with(word) {
-            return Err(Unusual);
-        }
-        self.at += word.len();
+        self.at = past_word(self.bytes(), self.at, word)?;
         Ok(())
     }
 
@@ -293,36 +270,14 @@ impl<'a> Scanner<'a> {
     }
 
     /// A string's text between its quotes, checked, and whether it holds escapes.
-    /// `\u` escapes (rare; their surrogate rules are subtle) go to serde.
     fn raw_string(&mut self) -> Scan<(&'a str, bool)> {
         if self.peek() != Some(b'"') {
             return Err(Unusual);
         }
         let start = self.at + 1;
-        let escaped = self.skip_string()?;
-        Ok((&self.text[start..self.at - 1], escaped))
-    }
-
-    /// Past the string whose opening quote is at `self.at`; whether it holds escapes.
-    #[inline(always)]
-    fn skip_string(&mut self) -> Scan<bool> {
-        let bytes = self.bytes();
-        let mut at = self.at + 1;
-        let mut escaped = false;
-        loop {
-            let stop = string_stop(bytes, at).ok_or(Unusual)?;
-            if bytes[stop] == b'"' {
-                self.at = stop + 1;
-                return Ok(escaped);
-            }
-            match (bytes[stop], bytes.get(stop + 1)) {
-                (b'\\', Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't')) => {
-                    at = stop + 2;
-                    escaped = true;
-                }
-                _ => return Err(Unusual), // a control character or another escape
-            }
-        }
+        let (end, escaped) = past_string(self.bytes(), self.at)?;
+        self.at = end;
+        Ok((&self.text[start..end - 1], escaped))
     }
 
     /// A string, unescaped (borrowed when it has no escapes).
@@ -377,49 +332,56 @@ impl<'a> Scanner<'a> {
     }
 
     /// Skip one value, checking it is JSON; `depth` counts the containers around it.
-    /// One loop, no recursion: this is where most of a pod's bytes go by.
+    /// One loop, no recursion, the position in a register: this is where most of a pod's
+    /// bytes go by.
     fn skip_value(&mut self, depth: usize) -> Scan<()> {
+        let bytes = self.bytes();
+        let room = MAX_DEPTH.saturating_sub(depth);
+        let mut at = self.at;
         // One bit per open container, innermost lowest: 1 for an object, 0 for an array.
         let mut open: u128 = 0;
         let mut nesting = 0;
         loop {
             // a value
-            match self.peek().ok_or(Unusual)? {
-                b'"' => drop(self.skip_string()?),
+            at = past_whitespace(bytes, at);
+            match *bytes.get(at).ok_or(Unusual)? {
+                b'"' => at = past_string(bytes, at)?.0,
                 container @ (b'{' | b'[') => {
-                    if depth + nesting >= MAX_DEPTH {
+                    if nesting >= room {
                         return Err(Unusual);
                     }
-                    self.at += 1;
                     let is_object = container == b'{';
-                    if self.peek() == Some(if is_object { b'}' } else { b']' }) {
-                        self.at += 1;
+                    at = past_whitespace(bytes, at + 1);
+                    if bytes.get(at) == Some(if is_object { &b'}' } else { &b']' }) {
+                        at += 1;
                     } else {
                         open = open << 1 | u128::from(is_object);
                         nesting += 1;
                         if is_object {
-                            self.key()?;
+                            at = past_key(bytes, at)?;
                         }
                         continue;
                     }
                 }
-                b't' => self.literal(b"true")?,
-                b'f' => self.literal(b"false")?,
-                b'n' => self.literal(b"null")?,
-                b'-' | b'0'..=b'9' => self.number()?,
+                b't' => at = past_word(bytes, at, b"true")?,
+                b'f' => at = past_word(bytes, at, b"false")?,
+                b'n' => at = past_word(bytes, at, b"null")?,
+                b'-' | b'0'..=b'9' => at = past_number(bytes, at)?,
                 _ => return Err(Unusual),
             }
             // after a value: the next one, or the end of its container
             loop {
                 if nesting == 0 {
+                    self.at = at;
                     return Ok(());
                 }
                 let in_object = open & 1 == 1;
-                match self.peek() {
+                at = past_whitespace(bytes, at);
+                match bytes.get(at) {
                     Some(b',') => {
-                        self.at += 1;
+                        at += 1;
                         if in_object {
-                            self.key()?;
+                            at = past_key(bytes, at)?;
                         }
                         break;
                     }
@@ -427,21 +389,11 @@ impl<'a> Scanner<'a> {
                     Some(b']') if !in_object => {}
                     _ => return Err(Unusual),
                 }
-                self.at += 1;
+                at += 1;
                 open >>= 1;
                 nesting -= 1;
             }
         }
-    }
-
-    /// An object member's key and its colon.
-    #[inline(always)]
-    fn key(&mut self) -> Scan<()> {
-        if self.peek() != Some(b'"') {
-            return Err(Unusual);
-        }
-        self.skip_string()?;
-        self.eat(b':')
     }
 
     /// Skip one value and return its text.
@@ -451,56 +403,122 @@ impl<'a> Scanner<'a> {
         self.skip_value(depth)?;
         Ok(&self.text[start..self.at])
     }
+}
 
-    /// `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?`
-    fn number(&mut self) -> Scan<()> {
-        let bytes = self.bytes();
-        let digits = |at: usize| {
-            let run = bytes[at..]
-                .iter()
-                .take_while(|b| b.is_ascii_digit())
-                .count();
-            if run == 0 { Err(Unusual) } else { Ok(at + run) }
-        };
-        let mut at = self.at;
-        if bytes[at] == b'-' {
-            at += 1;
-        }
-        at = match bytes.get(at) {
-            Some(b'0') => at + 1,
-            _ => digits(at)?,
-        };
-        if bytes.get(at) == Some(&b'.') {
-            at = digits(at + 1)?;
-        }
-        if matches!(bytes.get(at), Some(b'e' | b'E')) {
-            at += 1;
-            if matches!(bytes.get(at), Some(b'+' | b'-')) {
-                at += 1;
+/// The position of the first byte at or after `at` that is not whitespace.
+#[inline(always)]
+fn past_whitespace(bytes: &[u8], mut at: usize) -> usize {
+    loop {
+        // one byte (a newline), then one more (one space alone, after a colon, when the body
+        // is pretty-printed, is the common case), then the rest of the indentation sixteen at a time
+        for _ in 0..2 {
+            match bytes.get(at) {
+                Some(b' ' | b'\n' | b'\r' | b'\t') => at += 1,
+                _ => return at,
             }
-            at = digits(at)?;
         }
-        self.at = at;
-        Ok(())
+        let space = u8x16::splat(b' ');
+        while let Some(chunk) = bytes.get(at..at + 16) {
+            let lanes = u8x16::new(chunk.try_into().expect("sixteen bytes"));
+            let spaces = lanes.simd_eq(space).to_bitmask().trailing_ones() as usize;
+            at += spaces;
+            if spaces < 16 {
+                break;
+            }
+        }
     }
 }
 
-/// The index of the first `"`, `\\` or control character in `bytes[at..]`, eight bytes at a time.
+/// Past the string whose opening quote is at `at`, and whether it holds escapes.
+/// `\u` escapes (rare; their surrogate rules are subtle) go to serde.
+#[inline(always)]
+fn past_string(bytes: &[u8], at: usize) -> Scan<(usize, bool)> {
+    let mut at = at + 1;
+    let mut escaped = false;
+    loop {
+        let stop = string_stop(bytes, at).ok_or(Unusual)?;
+        match (bytes[stop], bytes.get(stop + 1)) {
+            (b'"', _) => return Ok((stop + 1, escaped)),
+            (b'\\', Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't')) => {
+                at = stop + 2;
+                escaped = true;
+            }
+            _ => return Err(Unusual), // a control character or another escape
+        }
+    }
+}
+
+/// Past an object member's key and its colon, from the whitespace before the key.
+#[inline(always)]
+fn past_key(bytes: &[u8], at: usize) -> Scan<usize> {
+    let at = past_whitespace(bytes, at);
+    if bytes.get(at) != Some(&b'"') {
+        return Err(Unusual);
+    }
+    let (mut at, _) = past_string(bytes, at)?;
+    if bytes.get(at) != Some(&b':') {
+        at = past_whitespace(bytes, at);
+        if bytes.get(at) != Some(&b':') {
+            return Err(Unusual);
+        }
+    }
+    Ok(at + 1)
+}
+
+/// Past `word` (`true`, `false`, `null`), which must start at `at`.
+#[inline(always)]
+fn past_word(bytes: &[u8], at: usize, word: &[u8]) -> Scan<usize> {
+    match bytes[at..].starts_with(word) {
+        true => Ok(at + word.len()),
+        false => Err(Unusual),
+    }
+}
+
+/// Past the number at `at`: `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?`
+fn past_number(bytes: &[u8], mut at: usize) -> Scan<usize> {
+    let digits = |at: usize| {
+        let run = bytes[at..]
+            .iter()
+            .take_while(|b| b.is_ascii_digit())
+            .count();
+        if run == 0 { Err(Unusual) } else { Ok(at + run) }
+    };
+    if bytes[at] == b'-' {
+        at += 1;
+    }
+    at = match bytes.get(at) {
+        Some(b'0') => at + 1,
+        _ => digits(at)?,
+    };
+    if bytes.get(at) == Some(&b'.') {
+        at = digits(at + 1)?;
+    }
+    if matches!(bytes.get(at), Some(b'e' | b'E')) {
+        at += 1;
+        if matches!(bytes.get(at), Some(b'+' | b'-')) {
+            at += 1;
+        }
+        at = digits(at)?;
+    }
+    Ok(at)
+}
+
+/// The index of the first `"`, `\\` or control character in `bytes[at..]`, sixteen bytes at a time.
 #[inline(always)]
 fn string_stop(bytes: &[u8], mut at: usize) -> Option<usize> {
-    const HIGHS: u64 = 0x8080_8080_8080_8080;
-    // High bit set in each zero byte of `word`. Borrows can flag bytes above a zero byte too,
-    // never below one, so the lowest flag is exact, and that is the only one read.
-    let zero_bytes = |word: u64| word.wrapping_sub(ONES) & !word & HIGHS;
-    while let Some(chunk) = bytes.get(at..at + 8) {
-        let word = u64::from_le_bytes(chunk.try_into().expect("eight bytes"));
-        let stops = zero_bytes(word ^ (ONES * u64::from(b'"')))
-            | zero_bytes(word ^ (ONES * u64::from(b'\\')))
-            | (word.wrapping_sub(ONES * 0x20) & !word & HIGHS);
-        if stops != 0 {
-            return Some(at + (stops.trailing_zeros() / 8) as usize);
+    let (quote, backslash, last_control) =
+        (u8x16::splat(b'"'), u8x16::splat(b'\\'), u8x16::splat(0x1f));
+    while let Some(chunk) = bytes.get(at..at + 16) {
+        let lanes = u8x16::new(chunk.try_into().expect("sixteen bytes"));
+        // a lane is a control character when nothing is left of it after taking 0x1f away
+        let stops = lanes.simd_eq(quote)
+            | lanes.simd_eq(backslash)
+            | lanes.saturating_sub(last_control).simd_eq(u8x16::ZERO);
+        let mask = stops.to_bitmask();
+        if mask != 0 {
+            return Some(at + mask.trailing_zeros() as usize);
         }
-        at += 8;
+        at += 16;
     }
     let tail = bytes.get(at..)?;
     tail.iter()
@@ -510,4 +528,58 @@ fn string_stop(bytes: &[u8], mut at: usize) -> Option<usize> {
 
 fn unescape(raw: &str) -> Scan<String> {
     serde_json::from_str(&format!("\"{raw}\"")).map_err(|_| Unusual)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Where a byte at a time would stop: the reference for the sixteen-lane search.
+    fn stop_one_at_a_time(bytes: &[u8], at: usize) -> Option<usize> {
+        (at..bytes.len()).find(|&i| matches!(bytes[i], b'"' | b'\\' | 0..=0x1f))
+    }
+
+    #[test]
+    fn a_string_stops_at_its_first_quote_backslash_or_control_character_in_any_lane() {
+        for len in 0..40 {
+            for stop in [b'"', b'\\', 0x00, 0x1f, b'\n'] {
+                for place in 0..=len {
+                    let mut bytes = vec![b'a'; len];
+                    // a byte just above each stop class, which must not stop the search
+                    bytes.extend_from_slice(b" #]\x7f\xc3\xa9");
+                    if place < len {
+                        bytes[place] = stop;
+                    }
+                    for from in [0, 1.min(len)] {
+                        assert_eq!(
+                            string_stop(&bytes, from),
+                            stop_one_at_a_time(&bytes, from),
+                            "len {len}, {stop:#x} at {place}, from {from}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn whitespace_of_any_length_and_mix_is_skipped_to_the_next_token() {
+        for len in 0..50 {
+            for mix in [&b" "[..], b"\n", b"\n ", b"\t\r ", b"   \n"] {
+                let mut bytes: Vec<u8> = mix.iter().copied().cycle().take(len).collect();
+                bytes.push(b'x');
+                bytes.extend_from_slice(b"  y");
+                assert_eq!(past_whitespace(&bytes, 0), len, "{len} of {mix:?}");
+                // and at the end of the text, with nothing after the spaces
+                assert_eq!(past_whitespace(&bytes[..len], 0), len);
+            }
+        }
+    }
+
+    #[test]
+    fn a_body_that_is_not_utf8_goes_to_serde() {
+        assert!(review(b"{\"kind\": \"\xff\"}").is_err());
+        assert!(review(b"{\"kind\": \"AdmissionReview\", \"x\": \"\xc3\"}").is_err());
+        assert!(review("{\"kind\": \"Admission\u{e9}\"}".as_bytes()).is_ok());
+    }
 }

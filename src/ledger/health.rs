@@ -104,8 +104,12 @@ tokio::task_local! {
 }
 
 /// Run `future` (one admission) with every ledger call in it bounded by `deadline`.
-pub async fn with_deadline<F: Future>(deadline: Instant, future: F) -> F::Output {
-    DEADLINE.scope(deadline, future).await
+///
+/// A plain function, not an `async fn`: an `async fn` wrapper keeps its argument and the future
+/// it builds from it side by side, so every wrapping level would double the admission's future
+/// (kilobytes, copied on each move).
+pub fn with_deadline<F: Future>(deadline: Instant, future: F) -> impl Future<Output = F::Output> {
+    DEADLINE.scope(deadline, future)
 }
 
 /// The deadline of the admission being served, if any.

@@ -597,17 +597,17 @@ pub struct Panic {
 }
 
 /// Run a future; a panic inside becomes `Err(Panic)` instead of tearing down the connection.
-pub async fn recover<T>(future: impl Future<Output = T>) -> Result<T, Panic> {
-    AssertUnwindSafe(future)
-        .catch_unwind()
-        .await
-        .map_err(|payload| Panic {
+/// Not an `async fn`, for the reason [`crate::ledger::health::with_deadline`] gives.
+pub fn recover<T>(future: impl Future<Output = T>) -> impl Future<Output = Result<T, Panic>> {
+    AssertUnwindSafe(future).catch_unwind().map(|caught| {
+        caught.map_err(|payload| Panic {
             message: payload
                 .downcast_ref::<&str>()
                 .map(|s| s.to_string())
                 .or_else(|| payload.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "panic".to_string()),
         })
+    })
 }
 
 #[cfg(test)]
