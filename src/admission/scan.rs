@@ -410,7 +410,8 @@ impl<'a> Scanner<'a> {
 fn past_whitespace(bytes: &[u8], mut at: usize) -> usize {
     loop {
         // one byte (a newline), then one more (one space alone, after a colon, when the body
-        // is pretty-printed, is the common case), then the rest of the indentation sixteen at a time
+        // is pretty-printed, is the common case), then the rest of the indentation sixteen
+        // bytes at a time
         for _ in 0..2 {
             match bytes.get(at) {
                 Some(b' ' | b'\n' | b'\r' | b'\t') => at += 1,
@@ -503,7 +504,8 @@ fn past_number(bytes: &[u8], mut at: usize) -> Scan<usize> {
     Ok(at)
 }
 
-/// The index of the first `"`, `\\` or control character in `bytes[at..]`, sixteen bytes at a time.
+/// The index of the first `"`, `\\` or control character in `bytes[at..]`, sixteen bytes at a
+/// time.
 #[inline(always)]
 fn string_stop(bytes: &[u8], mut at: usize) -> Option<usize> {
     let (quote, backslash, last_control) =
