@@ -332,8 +332,8 @@ impl<'a> Scanner<'a> {
     }
 
     /// Skip one value, checking it is JSON; `depth` counts the containers around it.
-    /// One loop, no recursion, the position in a register: this is where most of a pod's
-    /// bytes go by.
+    /// One loop, no recursion, the position in a local: this is where most of a pod's bytes
+    /// go by.
     fn skip_value(&mut self, depth: usize) -> Scan<()> {
         let bytes = self.bytes();
         let room = MAX_DEPTH.saturating_sub(depth);
