@@ -480,10 +480,10 @@ async fn release_is_by_uid_a_recreated_pod_of_the_same_name_does_not_keep_the_ol
 async fn seen_for(reconciler: &Reconciler, claims: &[Arc<IPClaim>], age: Duration) {
     let now = reconciler.started.elapsed().as_secs();
     reconciler
-        .sightings
+        .view
         .lock()
         .unwrap()
-        .observe(claims, &Default::default(), now);
+        .rebuild(claims, &Default::default(), now, true);
     tokio::time::advance(age).await;
 }
 
@@ -569,10 +569,9 @@ async fn a_full_resync_frees_an_ip_whose_pod_delete_the_watch_missed() {
         executor: executor(&client),
         options: options(),
         lists: None,
-        sightings: Default::default(),
+        view: Default::default(),
         started: tokio::time::Instant::now(),
         listed_seen: Default::default(),
-        claimed_seen: Default::default(),
     };
     // The leader has seen the claim bound for longer than the admission window.
     seen_for(&reconciler, &caches.claim_list(), Duration::from_secs(121)).await;
@@ -877,10 +876,9 @@ async fn a_pass_expires_old_reservations_and_keeps_a_gone_statefulset_pods_ip() 
         executor: executor(&client),
         options: options(),
         lists: None,
-        sightings: Default::default(),
+        view: Default::default(),
         started: tokio::time::Instant::now(),
         listed_seen: Default::default(),
-        claimed_seen: Default::default(),
     };
     // Ages on the leader's own clock: the young reservation was first seen 60 s ago, the others
     // long before; the times the claims carry play no part.

@@ -9,8 +9,8 @@ pub trait AppLists: Send + Sync {
     /// The one app whose list holds `ip`; `None` when no app's does, or two apps' do.
     fn sole_app_listing(&self, ip: IpAddr) -> Option<String>;
 
-    /// A value that changes when the set of listed IPs does; `None`: unknown, so the
-    /// reconciler visits every running pod each pass.
+    /// A value that changes whenever the listed IPs, or the app that lists one, do; `None`:
+    /// unknown, so the reconciler visits every running pod each pass.
     fn listed_version(&self) -> Option<u64> {
         None
     }
@@ -30,10 +30,7 @@ impl AppLists for crate::webhook::workloads::WorkloadRegistry {
     }
 
     fn listed_version(&self) -> Option<u64> {
-        use std::hash::{Hash, Hasher};
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        self.listed().hash(&mut hasher);
-        Some(hasher.finish())
+        Some(self.generation())
     }
 }
 

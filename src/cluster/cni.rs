@@ -352,8 +352,10 @@ mod tests {
         let mut known: HashSet<String> = ["a".to_string(), "b".to_string()].into();
         let mut upserted = Vec::new();
         let mut forgotten = Vec::new();
-        let fresh: std::collections::HashMap<String, u8> =
-            [("b".to_string(), 2), ("c".to_string(), 3)].into();
+        let fresh: super::super::watches::MirrorMap<u8> =
+            [("b".to_string(), 2), ("c".to_string(), 3)]
+                .into_iter()
+                .collect();
         let replaced = apply_change(
             &mut known,
             Change::Replace(fresh),

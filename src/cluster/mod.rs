@@ -2,7 +2,7 @@
 //! step with the API server, readiness once they have synced, and the leader-elected
 //! reconciler that keeps the `IPClaim` books true.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -22,6 +22,7 @@ use crate::metrics::{LeaseLabels, Metrics};
 use crate::webhook::Webhook;
 
 pub mod app_lists;
+pub mod change_log;
 pub mod claim_list;
 pub mod cni;
 pub mod controller;
@@ -29,12 +30,15 @@ pub mod events;
 pub mod executor;
 pub mod index;
 pub mod kube_ovn_reservation;
+pub mod leader_view;
 pub mod lease;
 pub mod listed_pod;
 pub mod node_loss;
+pub mod pod_info;
 pub mod pods;
 pub mod reconcile;
 mod reconciler;
+pub mod sightings;
 pub mod sweep;
 pub mod virtual_machines;
 mod watches;
@@ -42,7 +46,7 @@ mod watches;
 pub use reconciler::{Reconciler, list_pages};
 pub use watches::{pod_info, tolerant_catalog, watch_claims, watch_pools};
 
-pub use reconcile::{PodInfo, Rules};
+pub use reconcile::{PodInfo, PodMap, Rules};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
@@ -106,8 +110,14 @@ pub enum PodIpSource {
 /// What the watches hold. Pods are kept as [`PodInfo`] only, and only pods that carry an IP.
 #[derive(Default)]
 pub struct Caches {
-    pub pods: Mutex<Arc<HashMap<String, PodInfo>>>,
+    pub pods: Mutex<Arc<PodMap>>,
     pub claims: Mutex<BTreeMap<String, Arc<IPClaim>>>,
+    /// The claims the claim watch changed since the leader's pass last took them, noted under
+    /// the lock of `claims` ([`Caches::take_claim_changes`]).
+    claim_changes: Mutex<CacheChanges>,
+    /// The pods the pod watch changed in `pods` since then, noted under its lock
+    /// ([`Caches::take_pod_changes`]).
+    pod_changes: Mutex<CacheChanges>,
     /// What the claim watch changed while a full pass's list of claims was read.
     pub claim_list: claim_list::ListWindow,
     pub pools: Mutex<BTreeMap<String, IPPool>>,
@@ -152,12 +162,46 @@ impl Caches {
         self.unseen_change.swap(false, Ordering::SeqCst)
     }
 
+    /// The claims changed since the last call, each with its object now (`None`: gone); `None`
+    /// when the changes were lost (a relist, or too many): then every claim needs a look.
+    pub fn take_claim_changes(&self) -> Option<Vec<leader_view::ClaimChange>> {
+        let claims = lock(&self.claims);
+        let names = lock(&self.claim_changes).take()?;
+        let now = |name: Box<str>| {
+            let object = claims.get(&*name).cloned();
+            (name, object)
+        };
+        Some(names.into_iter().map(now).collect())
+    }
+
+    /// Note under the claim cache's lock (`_claims`) that a claim changed (`None`: all may have).
+    pub(crate) fn note_claim_change(
+        &self,
+        _claims: &BTreeMap<String, Arc<IPClaim>>,
+        name: Option<&str>,
+    ) {
+        note(&self.claim_changes, name);
+    }
+
+    /// The pod cache now, and the UIDs of the pods changed in it since the last call (`None`:
+    /// the changes were lost).
+    pub fn take_pod_changes(&self) -> (Arc<PodMap>, Option<Vec<Box<str>>>) {
+        let pods = lock(&self.pods);
+        let uids = lock(&self.pod_changes).take();
+        (Arc::clone(&pods), uids)
+    }
+
+    /// Note under the pod cache's lock (`_pods`) that a pod changed (`None`: all may have).
+    pub(crate) fn note_pod_change(&self, _pods: &Arc<PodMap>, uid: Option<&str>) {
+        note(&self.pod_changes, uid);
+    }
+
     pub fn claim_list(&self) -> Vec<Arc<IPClaim>> {
         lock(&self.claims).values().cloned().collect()
     }
 
     /// The pods that carry our IPs, as of now: a shared copy, not a clone.
-    pub fn pod_map(&self) -> Arc<HashMap<String, PodInfo>> {
+    pub fn pod_map(&self) -> Arc<PodMap> {
         lock(&self.pods).clone()
     }
 
@@ -188,6 +232,20 @@ impl crate::webhook::claim_guard::LivePods for Caches {
             )),
             None => crate::webhook::claim_guard::PodLife::Gone,
         }
+    }
+}
+
+/// Changes to a cache between two leader passes; a replica that does not lead stops noting
+/// past [`CHANGES_CAP`], and its first pass as the leader looks at everything anyway.
+type CacheChanges = change_log::ChangeLog<Box<str>, CHANGES_CAP>;
+
+const CHANGES_CAP: usize = 4096;
+
+fn note(log: &Mutex<CacheChanges>, key: Option<&str>) {
+    let mut log = lock(log);
+    match key {
+        Some(key) => log.note(key.into()),
+        None => log.note_all(),
     }
 }
 
@@ -408,10 +466,9 @@ fn reconciler(
         },
         options,
         lists: Some(webhook.clone()),
-        sightings: Default::default(),
+        view: Default::default(),
         started: tokio::time::Instant::now(),
         listed_seen: Default::default(),
-        claimed_seen: Default::default(),
     }
 }
 
@@ -690,6 +747,44 @@ mod tests {
         assert!(!pod_info(&replicaset, "app").unwrap().stateful);
     }
 
+    /// The leader's incremental pass learns from this log which pods changed: each pod the
+    /// cache changed, once; a relist, all of them.
+    #[test]
+    fn the_pod_watch_logs_each_pod_it_changes_and_a_relist_as_everything() {
+        use kube::runtime::watcher::Event;
+        let pod = |uid: &str, labels: serde_json::Value| -> k8s_openapi::api::core::v1::Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": uid, "namespace": "d", "uid": uid, "labels": labels},
+            }))
+            .unwrap()
+        };
+        let ours =
+            |uid: &str, ip: &str| pod(uid, serde_json::json!({"ip-webhook.io/allocated-ip": ip}));
+        let caches = Caches::default();
+        let mut mirror = watches::Mirror::new();
+        let mut event = |event: Event<k8s_openapi::api::core::v1::Pod>| {
+            watches::pod_cache_event(&caches, &mut mirror, &event, "app")
+        };
+        event(Event::Init);
+        event(Event::InitApply(ours("a", "10.0.0.1")));
+        event(Event::InitDone);
+        assert_eq!(caches.take_pod_changes().1, None, "a relist: every pod");
+        assert_eq!(caches.take_pod_changes().1, Some(vec![]));
+        assert!(!event(Event::Apply(ours("a", "10.0.0.1"))));
+        event(Event::Apply(pod("plain", serde_json::json!({"app": "x"}))));
+        assert_eq!(
+            caches.take_pod_changes().1,
+            Some(vec![]),
+            "no change to the cache"
+        );
+        event(Event::Apply(ours("b", "10.0.0.2")));
+        event(Event::Apply(ours("a", "10.0.0.3")));
+        event(Event::Delete(ours("b", "10.0.0.2")));
+        let (pods, changed) = caches.take_pod_changes();
+        assert_eq!(changed, Some(vec!["a".into(), "b".into()]));
+        assert_eq!(pods.keys().collect::<Vec<_>>(), ["a"]);
+    }
+
     #[test]
     fn only_a_change_to_the_pod_cache_counts_as_one() {
         use watches::{Change, apply_pod_change};
@@ -705,7 +800,7 @@ mod tests {
             token: None,
             vm: None,
         };
-        let mut pods = Arc::new(HashMap::new());
+        let mut pods = Arc::new(PodMap::default());
         // a pod that carries none of our IPs: its events change nothing here
         assert!(!apply_pod_change(&mut pods, Change::Delete("other".into())));
         assert!(!apply_pod_change(&mut pods, Change::Nothing));
@@ -736,7 +831,10 @@ mod tests {
         assert!(apply_pod_change(&mut pods, Change::Delete("u-1".into())));
         assert!(pods.is_empty());
         assert_eq!(pass.len(), 1, "the pass's copy is the one it read");
-        assert!(apply_pod_change(&mut pods, Change::Replace(HashMap::new())));
+        assert!(apply_pod_change(
+            &mut pods,
+            Change::Replace(PodMap::default())
+        ));
     }
 
     #[tokio::test]

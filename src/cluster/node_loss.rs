@@ -101,7 +101,7 @@ impl Nodes {
                 ready.remove(&name);
             }
             Change::Replace(all) => {
-                *ready = all;
+                *ready = all.into_iter().collect();
                 self.synced.store(true, Ordering::SeqCst);
             }
             Change::Nothing => {}
@@ -356,10 +356,11 @@ mod tests {
 
     fn nodes(ready: bool) -> Nodes {
         let nodes = Nodes::default();
-        nodes.apply(Change::Replace(HashMap::from([(
-            "n1".to_string(),
-            NodeReady { ready },
-        )])));
+        nodes.apply(Change::Replace(
+            [("n1".to_string(), NodeReady { ready })]
+                .into_iter()
+                .collect(),
+        ));
         nodes
     }
 

@@ -4,64 +4,19 @@
 use super::app_lists::AppLists;
 use super::index::SlimPod;
 use std::borrow::Cow;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::net::IpAddr;
 use std::sync::Arc;
 
 use crate::crd::{IPClaim, IPPoolStatus};
 use crate::ipam::pools::PoolCatalog;
-use crate::ledger::claim::{PodIdentity, held_by};
-use crate::ledger::kubernetes::from_resource;
+use crate::ledger::claim::held_by;
 use crate::ledger::{Claim, Phase};
 use crate::metrics::AdoptReason;
 
-/// What the reconciler needs to know about a pod; everything else is dropped on arrival.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PodInfo {
-    pub namespace: String,
-    pub name: String,
-    pub uid: String,
-    /// The IPs the pod carries (`allocated-ip` label, CNI annotations).
-    pub ips: Vec<IpAddr>,
-    /// Unix seconds.
-    pub created_at: u64,
-    pub terminating: bool,
-    /// Controlled by a StatefulSet: its IP is kept for the same name after it goes.
-    pub stateful: bool,
-    /// The app label's value, empty if none.
-    pub app: String,
-    /// The claim token it carries (`ip-webhook.io/claim`), if any.
-    pub token: Option<String>,
-    /// The KubeVirt VM it is a launcher pod of ([`crate::webhook::kubevirt::launcher_vm`]).
-    pub vm: Option<String>,
-}
-
-impl PodInfo {
-    /// A pod as the pod-IP index saw it run: its IPs from `status.podIPs`, no claim token.
-    fn running(pod: &SlimPod) -> PodInfo {
-        PodInfo {
-            namespace: pod.namespace.to_string(),
-            name: pod.name.to_string(),
-            uid: pod.uid.to_string(),
-            ips: pod.ips.to_vec(),
-            created_at: pod.created_at,
-            terminating: pod.deleting_at.is_some(),
-            stateful: pod.controller == Some(super::controller::ControllerKind::StatefulSet),
-            app: pod.app.to_string(),
-            token: None,
-            vm: None,
-        }
-    }
-
-    pub fn identity(&self) -> PodIdentity<'_> {
-        PodIdentity {
-            namespace: &self.namespace,
-            name: &self.name,
-            uid: Some(&self.uid),
-            token: self.token.as_deref(),
-        }
-    }
-}
+pub(crate) use super::pod_info::FastSet;
+pub use super::pod_info::{PodInfo, PodMap};
+pub use super::sightings::Sightings;
 
 /// The reconciler's timing rules.
 #[derive(Debug, Clone, Copy)]
@@ -135,19 +90,17 @@ pub enum Action {
 /// cache (for creation time, termination and StatefulSet ownership when it knows the pod).
 pub fn plan_list_adoptions(
     plan: &mut Plan,
-    claims: &[Arc<IPClaim>],
-    pods: &HashMap<String, PodInfo>,
+    holdings: &dyn Holdings,
+    pods: &PodMap,
     running: &[Arc<SlimPod>],
     lists: &dyn AppLists,
 ) {
-    let mut taken: HashSet<IpAddr> = claims
-        .iter()
-        .filter_map(|c| c.spec.ip.parse().ok())
-        .collect();
-    let mut with_claim: HashSet<&str> = claims
-        .iter()
-        .filter_map(|c| c.spec.pod_uid.as_deref())
-        .collect();
+    if running.is_empty() {
+        return;
+    }
+    // what this plan already gives, beside what the claims hold
+    let mut taken: FastSet<IpAddr> = FastSet::default();
+    let mut with_claim: FastSet<&str> = FastSet::default();
     for action in &plan.actions {
         match action {
             Action::Adopt { ip, pod, .. } => {
@@ -162,7 +115,11 @@ pub fn plan_list_adoptions(
     }
     let mut candidates: Vec<PodInfo> = running
         .iter()
-        .filter(|slim| !slim.app.is_empty() && !with_claim.contains(&*slim.uid))
+        .filter(|slim| {
+            !slim.app.is_empty()
+                && !holdings.names_pod(&slim.uid)
+                && !with_claim.contains(&*slim.uid)
+        })
         .map(|slim| {
             let known = pods.get(&*slim.uid);
             PodInfo {
@@ -184,7 +141,10 @@ pub fn plan_list_adoptions(
     for pod in candidates {
         let own = format!("{}/{}", pod.namespace, pod.app);
         for ip in &pod.ips {
-            if taken.contains(ip) || lists.sole_app_listing(*ip).as_deref() != Some(own.as_str()) {
+            if holdings.holds_ip(ip)
+                || taken.contains(ip)
+                || lists.sole_app_listing(*ip).as_deref() != Some(own.as_str())
+            {
                 continue;
             }
             taken.insert(*ip);
@@ -195,6 +155,15 @@ pub fn plan_list_adoptions(
             });
         }
     }
+}
+
+/// What the claim objects hold, as list adoption asks it.
+pub trait Holdings {
+    /// Whether a claim object holds `ip` (its `spec.ip`, readable or not: an unreadable
+    /// claim's IP stays held).
+    fn holds_ip(&self, ip: &IpAddr) -> bool;
+    /// Whether a claim object names the pod with this UID (`spec.podUid`).
+    fn names_pod(&self, uid: &str) -> bool;
 }
 
 /// One IP carried by more than one live pod: never granted so by the webhook, but possible
@@ -231,21 +200,31 @@ fn oldest_first(a: &PodInfo, b: &PodInfo) -> std::cmp::Ordering {
     (a.created_at, &a.uid).cmp(&(b.created_at, &b.uid))
 }
 
-/// Every IP that two or more live (not terminating) pods carry, by IP: one sorted list of
-/// (IP, pod) pairs, not a map of a list per IP (a pass makes one allocation, not one per IP).
-pub fn duplicates(pods: &HashMap<String, PodInfo>) -> Vec<Duplicate> {
-    let mut carried: Vec<(IpAddr, &PodInfo)> = pods
+/// Every IP that two or more live (not terminating) pods carry, by IP: one list of (IP, pod)
+/// pairs sorted by IP, not a map of a list per IP (a pass makes one allocation, not one per
+/// IP); only the carriers of a shared IP are then put oldest first.
+pub fn duplicates(pods: &PodMap) -> Vec<Duplicate> {
+    let carried = pods
         .values()
         .filter(|p| !p.terminating)
         .flat_map(|pod| pod.ips.iter().map(move |ip| (*ip, pod)))
         .collect();
-    carried.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| oldest_first(a.1, b.1)));
+    duplicates_among(carried)
+}
+
+/// The duplicates among `carried`, (IP, live pod) pairs in any order.
+pub(crate) fn duplicates_among(mut carried: Vec<(IpAddr, &PodInfo)>) -> Vec<Duplicate> {
+    carried.sort_unstable_by_key(|(ip, _)| *ip);
     carried
         .chunk_by(|a, b| a.0 == b.0)
         .filter(|carriers| more_than_one_holder(carriers.iter().map(|(_, pod)| *pod)))
-        .map(|carriers| Duplicate {
-            ip: carriers[0].0,
-            pods: carriers.iter().map(|(_, pod)| (*pod).clone()).collect(),
+        .map(|carriers| {
+            let mut pods: Vec<PodInfo> = carriers.iter().map(|(_, pod)| (*pod).clone()).collect();
+            pods.sort_by(oldest_first);
+            Duplicate {
+                ip: carriers[0].0,
+                pods,
+            }
         })
         .collect()
 }
@@ -257,7 +236,7 @@ pub fn duplicates(pods: &HashMap<String, PodInfo>) -> Vec<Duplicate> {
 pub fn add_running_duplicates(
     found: &mut Vec<Duplicate>,
     running: Vec<(IpAddr, Vec<Arc<SlimPod>>)>,
-    known: &HashMap<String, PodInfo>,
+    known: &PodMap,
 ) {
     for (ip, pods) in running {
         let index = match found.iter().position(|d| d.ip == ip) {
@@ -285,170 +264,40 @@ pub fn add_running_duplicates(
 }
 
 impl Plan {
-    fn due(&mut self, at: u64) {
+    pub(crate) fn due(&mut self, at: u64) {
         self.next_due = Some(self.next_due.map_or(at, |due| due.min(at)));
     }
-}
 
-/// What a claim says about its holder; a change of any part restarts its age.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct ClaimState {
-    object_uid: Option<String>,
-    phase: Option<String>,
-    pod_uid: Option<String>,
-}
-
-impl ClaimState {
-    fn of(resource: &IPClaim) -> ClaimState {
-        ClaimState {
-            object_uid: resource.metadata.uid.clone(),
-            phase: resource.status.as_ref().map(|s| s.phase.clone()),
-            pod_uid: resource.spec.pod_uid.clone(),
+    /// Add what the rules said of one claim.
+    pub(crate) fn add(&mut self, claim: ClaimPlan) {
+        self.actions.extend(claim.action);
+        if let Some(at) = claim.due {
+            self.due(at);
         }
     }
 }
 
-/// When the leader first saw each claim in its present state, in seconds on the leader's own
-/// clock (the one `now` is read from), and whether it has seen the claim's pod since. A
-/// claim's age is how long this leader has watched it, never a time another machine wrote
-/// compared with this machine's clock: replicas' clocks may disagree by minutes. A new leader
-/// starts its own count, so it waits a whole window before freeing anything.
-///
-/// Each sighting also keeps the object it last read and the [`Claim`] it parsed to: the watch
-/// cache hands every pass the same `Arc` until the claim changes, so a pass reads only the
-/// claims that changed since the last one, and one it holds is never freed, so no other object
-/// can share its address.
+/// What the rules say of one claim: what to do now, and when (unix seconds on the leader's
+/// clock) they may say something else with nothing but time passing.
 #[derive(Debug, Default)]
-pub struct Sightings {
-    first: HashMap<String, Sighting>,
-    /// How many times [`Sightings::observe`] ran: which sightings the last one listed.
-    observed: u64,
+pub(crate) struct ClaimPlan {
+    pub(crate) action: Option<Action>,
+    pub(crate) due: Option<u64>,
 }
 
-#[derive(Debug)]
-struct Sighting {
-    state: ClaimState,
-    since: u64,
-    /// The pod with the claim's UID was in the pod cache: the API server stored it, so the
-    /// promise made at admission was kept.
-    pod_seen: bool,
-    /// The object as last observed and what it parsed to (`None`: not observed yet).
-    read: Option<Read>,
-    /// The [`Sightings::observe`] that last listed the claim.
-    listed_in: u64,
-}
-
-#[derive(Debug)]
-struct Read {
-    resource: Arc<IPClaim>,
-    claim: Result<Claim, crate::ledger::LedgerError>,
-}
-
-impl Sighting {
-    /// Whether this is the sighting of `resource` as it is now.
-    fn is_of(&self, resource: &Arc<IPClaim>) -> bool {
-        self.read
-            .as_ref()
-            .is_some_and(|read| Arc::ptr_eq(&read.resource, resource))
-            || self.state == ClaimState::of(resource)
-    }
-}
-
-impl Sightings {
-    /// Note `claims` as seen at `now`, with the pods of `pods` (by UID); forget the claims no
-    /// longer listed. A claim that is the very object the last call saw costs a lookup.
-    pub fn observe(&mut self, claims: &[Arc<IPClaim>], pods: &HashMap<String, PodInfo>, now: u64) {
-        self.observed += 1;
-        let pass = self.observed;
-        for resource in claims {
-            let name = resource.metadata.name.as_deref().unwrap_or_default();
-            let pod_here = |uid: Option<&String>| uid.is_some_and(|uid| pods.contains_key(uid));
-            let unchanged = self.first.get_mut(name).filter(|seen| {
-                seen.read
-                    .as_ref()
-                    .is_some_and(|read| Arc::ptr_eq(&read.resource, resource))
-            });
-            if let Some(seen) = unchanged {
-                seen.pod_seen |= pod_here(resource.spec.pod_uid.as_ref());
-                seen.listed_in = pass;
-                continue;
-            }
-            let state = ClaimState::of(resource);
-            let read = Some(Read {
-                resource: Arc::clone(resource),
-                claim: from_resource(resource),
-            });
-            let pod_here = pod_here(state.pod_uid.as_ref());
-            match self.first.get_mut(name) {
-                Some(seen) if seen.state == state => {
-                    seen.pod_seen |= pod_here;
-                    seen.read = read;
-                    seen.listed_in = pass;
-                }
-                previous => {
-                    // a phase change of the same pod's claim: that pod was still seen
-                    let pod_seen = pod_here
-                        || previous.is_some_and(|p| {
-                            p.pod_seen
-                                && p.state.pod_uid.is_some()
-                                && p.state.pod_uid == state.pod_uid
-                        });
-                    let seen = Sighting {
-                        state,
-                        since: now,
-                        pod_seen,
-                        read,
-                        listed_in: pass,
-                    };
-                    self.first.insert(name.to_string(), seen);
-                }
-            }
-        }
-        self.first.retain(|_, seen| seen.listed_in == pass);
-    }
-
-    fn sighting(&self, resource: &Arc<IPClaim>) -> Option<&Sighting> {
-        let name = resource.metadata.name.as_deref().unwrap_or_default();
-        self.first.get(name).filter(|seen| seen.is_of(resource))
-    }
-
-    /// Since when `resource` has been in its present state; `now` for one not seen before.
-    pub fn since(&self, resource: &Arc<IPClaim>, now: u64) -> u64 {
-        self.sighting(resource).map_or(now, |seen| seen.since)
-    }
-
-    /// Whether the pod `resource` is bound to has been seen since the claim was.
-    pub fn pod_seen(&self, resource: &Arc<IPClaim>) -> bool {
-        self.sighting(resource).is_some_and(|seen| seen.pod_seen)
-    }
-
-    /// The claim `resource` records: parsed when [`Sightings::observe`] saw this very object,
-    /// parsed now otherwise; `None` (and a warning) for one that cannot be read.
-    fn claim<'a>(&'a self, resource: &Arc<IPClaim>) -> Option<Cow<'a, Claim>> {
-        let name = resource.metadata.name.as_deref().unwrap_or_default();
-        let read = self
-            .first
-            .get(name)
-            .and_then(|seen| seen.read.as_ref())
-            .filter(|read| Arc::ptr_eq(&read.resource, resource));
-        let skip = |error: &crate::ledger::LedgerError| {
-            tracing::warn!(%error, "the reconciler skips an IPClaim");
-        };
-        match read.map(|read| &read.claim) {
-            Some(Ok(claim)) => Some(Cow::Borrowed(claim)),
-            Some(Err(error)) => {
-                skip(error);
-                None
-            }
-            None => from_resource(resource)
-                .map(Cow::Owned)
-                .inspect_err(skip)
-                .ok(),
+impl ClaimPlan {
+    fn act(action: Action) -> ClaimPlan {
+        ClaimPlan {
+            action: Some(action),
+            due: None,
         }
     }
 
-    pub fn clear(&mut self) {
-        self.first.clear();
+    fn wait_until(at: u64) -> ClaimPlan {
+        ClaimPlan {
+            action: None,
+            due: Some(at),
+        }
     }
 }
 
@@ -465,10 +314,12 @@ pub(crate) fn takes_up(claim: &Claim, pod: &PodInfo) -> bool {
         && (!claim.token.is_empty() || pod.created_at + CLOCK_SLACK >= claim.created_at)
 }
 
-/// Decide what to do. `pods` is keyed by pod UID; `now` is on the clock of `seen`.
+/// Decide what to do about every claim and pod: the whole state's plan, which the leader's
+/// incremental one ([`super::leader_view::LeaderView::plan`]) equals. `pods` is keyed by pod
+/// UID; `now` is on the clock of `seen`.
 pub fn plan(
     claims: &[Arc<IPClaim>],
-    pods: &HashMap<String, PodInfo>,
+    pods: &PodMap,
     seen: &Sightings,
     now: u64,
     rules: Rules,
@@ -478,136 +329,142 @@ pub fn plan(
         .iter()
         .filter_map(|resource| Some((resource, seen.claim(resource)?)))
         .collect();
-    let recorded: HashSet<IpAddr> = parsed.iter().map(|(_, claim)| claim.ip).collect();
-    let bound_uids: HashSet<&str> = parsed
+    let recorded: FastSet<IpAddr> = parsed.iter().map(|(_, claim)| claim.ip).collect();
+    let bound_uids: FastSet<&str> = parsed
         .iter()
         .filter_map(|(_, claim)| claim.pod.uid.as_deref())
         .collect();
+    let bound = |uid: &str| bound_uids.contains(uid);
     for (resource, claim) in &parsed {
-        let resource = Arc::clone(resource);
-        let since = seen.since(&resource, now);
-        let promised_until = since + rules.reservation_ttl;
-        match (claim.phase, claim.pod.uid.as_deref()) {
-            // A phase is only what the record says (the status subresource can be written by
-            // anyone allowed to): a claim whose pod still runs is never freed for its phase.
-            (Phase::Released, Some(uid)) if pods.get(uid).is_some_and(|pod| !pod.terminating) => {
-                plan.actions.push(Action::Bind {
-                    claim: resource,
-                    pod: pods[uid].clone(),
-                });
-            }
-            (Phase::Released, _) => {
-                let until = since + rules.sticky_grace;
-                if resource.spec.sticky && now < until {
-                    plan.due(until);
-                } else {
-                    plan.actions.push(Action::Drop {
-                        claim: resource,
-                        reason: DropReason::ReleaseDone,
-                    });
-                }
-            }
-            (phase, Some(uid)) => {
-                let pod = pods.get(uid);
-                plan_for_pod(&mut plan, resource, phase, pod, seen, now, promised_until);
-            }
-            (_, None) => {
-                let taker = taker(claim, pods, &bound_uids);
-                match taker {
-                    Some(pod) => plan.actions.push(Action::Bind {
-                        claim: resource,
-                        pod: pod.clone(),
-                    }),
-                    None if now >= promised_until => plan.actions.push(Action::Drop {
-                        claim: resource,
-                        reason: DropReason::ReservationExpired,
-                    }),
-                    None => plan.due(promised_until),
-                }
-            }
-        }
+        plan.add(plan_claim(resource, claim, pods, seen, now, rules, &bound));
     }
     plan.duplicates = duplicates(pods);
-    plan_token_adoptions(&mut plan, pods, &recorded);
+    plan_token_adoptions(&mut plan, pods.values(), &|ip| recorded.contains(ip));
     plan
+}
+
+/// What the rules say of one readable claim. `bound` tells whether a pod is the pod of some
+/// claim (a reservation is never taken up by one).
+pub(crate) fn plan_claim(
+    resource: &Arc<IPClaim>,
+    claim: &Claim,
+    pods: &PodMap,
+    seen: &Sightings,
+    now: u64,
+    rules: Rules,
+    bound: &dyn Fn(&str) -> bool,
+) -> ClaimPlan {
+    let resource = Arc::clone(resource);
+    let since = seen.since(&resource, now);
+    let promised_until = since + rules.reservation_ttl;
+    match (claim.phase, claim.pod.uid.as_deref()) {
+        // A phase is only what the record says (the status subresource can be written by
+        // anyone allowed to): a claim whose pod still runs is never freed for its phase.
+        (Phase::Released, Some(uid)) if pods.get(uid).is_some_and(|pod| !pod.terminating) => {
+            ClaimPlan::act(Action::Bind {
+                claim: resource,
+                pod: pods[uid].clone(),
+            })
+        }
+        (Phase::Released, _) => {
+            let until = since + rules.sticky_grace;
+            if resource.spec.sticky && now < until {
+                ClaimPlan::wait_until(until)
+            } else {
+                ClaimPlan::act(Action::Drop {
+                    claim: resource,
+                    reason: DropReason::ReleaseDone,
+                })
+            }
+        }
+        (phase, Some(uid)) => {
+            let pod = pods.get(uid);
+            plan_for_pod(resource, phase, pod, seen, now, promised_until)
+        }
+        (_, None) => match taker(claim, pods, bound) {
+            Some(pod) => ClaimPlan::act(Action::Bind {
+                claim: resource,
+                pod: pod.clone(),
+            }),
+            None if now >= promised_until => ClaimPlan::act(Action::Drop {
+                claim: resource,
+                reason: DropReason::ReservationExpired,
+            }),
+            None => ClaimPlan::wait_until(promised_until),
+        },
+    }
 }
 
 /// A held claim for the pod with its UID, `pod` as the cache has it (`None`: not there).
 fn plan_for_pod(
-    plan: &mut Plan,
     resource: Arc<IPClaim>,
     phase: Phase,
     pod: Option<&PodInfo>,
     seen: &Sightings,
     now: u64,
     promised_until: u64,
-) {
-    match pod {
-        Some(pod) if phase == Phase::Reserved => plan.actions.push(Action::Bind {
+) -> ClaimPlan {
+    let action = match pod {
+        Some(pod) if phase == Phase::Reserved => Action::Bind {
             claim: resource,
             pod: pod.clone(),
-        }),
-        Some(_) => {}
+        },
+        Some(_) => return ClaimPlan::default(),
         // Bound at admission, the pod not stored yet (or never to be): a promise.
         None if phase != Phase::Terminating
             && !seen.pod_seen(&resource)
             && now < promised_until =>
         {
-            plan.due(promised_until);
+            return ClaimPlan::wait_until(promised_until);
         }
-        None if resource.spec.sticky => plan.actions.push(Action::Keep { claim: resource }),
+        None if resource.spec.sticky => Action::Keep { claim: resource },
         // its DELETE was admitted and the pod is gone: an ordinary release
-        None if phase == Phase::Terminating => plan.actions.push(Action::Drop {
+        None if phase == Phase::Terminating => Action::Drop {
             claim: resource,
             reason: DropReason::ReleaseDone,
-        }),
+        },
         // A virtual machine's claim outlives its launcher pods: the executor drops it only
         // once the VM is gone, and that is its ordinary release, not a leak.
-        None if resource.spec.vm.is_some() => plan.actions.push(Action::Drop {
+        None if resource.spec.vm.is_some() => Action::Drop {
             claim: resource,
             reason: DropReason::ReleaseDone,
-        }),
-        None => plan.actions.push(Action::Drop {
+        },
+        None => Action::Drop {
             claim: resource,
             reason: DropReason::PodGone,
-        }),
-    }
+        },
+    };
+    ClaimPlan::act(action)
 }
 
 /// The pod a claim without a pod UID (a reservation) was made for: the oldest live pod that
 /// takes it up ([`takes_up`]) and is not already the pod of another claim.
-fn taker<'p>(
-    claim: &Claim,
-    pods: &'p HashMap<String, PodInfo>,
-    bound_uids: &HashSet<&str>,
-) -> Option<&'p PodInfo> {
+fn taker<'p>(claim: &Claim, pods: &'p PodMap, bound: &dyn Fn(&str) -> bool) -> Option<&'p PodInfo> {
     pods.values()
-        .filter(|pod| {
-            !pod.terminating && !bound_uids.contains(pod.uid.as_str()) && takes_up(claim, pod)
-        })
+        .filter(|pod| !pod.terminating && !bound(pod.uid.as_str()) && takes_up(claim, pod))
         .min_by(|a, b| oldest_first(a, b))
 }
 
 /// Adopt each IP a live pod carrying a claim token runs on that no claim records, oldest pod
-/// first.
-fn plan_token_adoptions(
+/// first. `candidates` holds at least every such pod (any others adopt nothing).
+pub(crate) fn plan_token_adoptions<'p>(
     plan: &mut Plan,
-    pods: &HashMap<String, PodInfo>,
-    recorded: &HashSet<IpAddr>,
+    candidates: impl Iterator<Item = &'p PodInfo>,
+    recorded: &dyn Fn(&IpAddr) -> bool,
 ) {
     let mut adopted: HashSet<IpAddr> = HashSet::new();
-    let mut live: Vec<&PodInfo> = pods.values().filter(|p| !p.terminating).collect();
+    // Only a pod carrying a claim token was admitted by us: the webhooks see every pod with
+    // one of our markers, and `/validate` refuses a token the ledger does not back. A bare
+    // label or CNI annotation (a pod created while no webhook saw it) is never recorded: it
+    // would hold an IP of any app or pool for whoever wrote it. A pod whose every IP is
+    // recorded adopts nothing, so only the others are put oldest first.
+    let mut live: Vec<&PodInfo> = candidates
+        .filter(|p| adopts_by_token(p, recorded))
+        .collect();
     live.sort_by(|a, b| oldest_first(a, b));
     for pod in live {
-        // Only a pod carrying a claim token was admitted by us: the webhooks see every pod
-        // with one of our markers, and `/validate` refuses a token the ledger does not back.
-        // A bare label or CNI annotation (a pod created while no webhook saw it) is never
-        // recorded: it would hold an IP of any app or pool for whoever wrote it.
-        if pod.token.is_none() {
-            continue;
-        }
         for ip in &pod.ips {
-            if !recorded.contains(ip) && adopted.insert(*ip) {
+            if !recorded(ip) && adopted.insert(*ip) {
                 plan.actions.push(Action::Adopt {
                     ip: *ip,
                     pod: pod.clone(),
@@ -618,22 +475,24 @@ fn plan_token_adoptions(
     }
 }
 
+/// Whether `pod` is a live pod carrying a claim token that runs on an IP no claim records
+/// ([`plan_token_adoptions`]).
+pub(crate) fn adopts_by_token(pod: &PodInfo, recorded: &dyn Fn(&IpAddr) -> bool) -> bool {
+    !pod.terminating && pod.token.is_some() && pod.ips.iter().any(|ip| !recorded(ip))
+}
+
 /// `IPPool.status` from the records: IPs of the pool held by any record.
 pub fn pool_statuses(
     catalog: &PoolCatalog,
-    claims: &[Arc<IPClaim>],
+    ips: impl Iterator<Item = IpAddr> + Clone,
 ) -> Vec<(String, IPPoolStatus)> {
-    let ips: Vec<IpAddr> = claims
-        .iter()
-        .filter_map(|c| c.spec.ip.parse().ok())
-        .collect();
     let mut out = Vec::new();
     for name in catalog.names() {
         let Some(pool) = catalog.get(name) else {
             continue;
         };
         let total = u64::try_from(pool.usable.len()).unwrap_or(u64::MAX);
-        let held = ips.iter().filter(|ip| pool.usable.contains(ip)).count() as u64;
+        let held = ips.clone().filter(|ip| pool.usable.contains(ip)).count() as u64;
         out.push((
             name.to_string(),
             IPPoolStatus {
@@ -732,7 +591,7 @@ mod tests {
         }
     }
 
-    fn pods(list: &[PodInfo]) -> HashMap<String, PodInfo> {
+    fn pods(list: &[PodInfo]) -> PodMap {
         list.iter().map(|p| (p.uid.clone(), p.clone())).collect()
     }
 
@@ -742,21 +601,7 @@ mod tests {
 
     /// Each claim as first seen when it was written (in these tests one clock writes and reads).
     fn as_written(claims: &[Arc<IPClaim>]) -> Sightings {
-        let first = claims
-            .iter()
-            .map(|resource| {
-                let name = resource.metadata.name.clone().unwrap_or_default();
-                let seen = Sighting {
-                    state: ClaimState::of(resource),
-                    since: from_resource(resource).unwrap().updated_at,
-                    pod_seen: false,
-                    read: None,
-                    listed_in: 0,
-                };
-                (name, seen)
-            })
-            .collect();
-        Sightings { first, observed: 0 }
+        Sightings::as_written(claims)
     }
 
     fn summary(plan: &Plan) -> Vec<String> {
@@ -784,7 +629,7 @@ mod tests {
             vm: Some(vm.into()),
             ..pod("default", name, uid, "10.0.0.5", 10)
         };
-        let migration: HashMap<String, PodInfo> = [
+        let migration: PodMap = [
             launcher("virt-launcher-db-a", "u1", "db"),
             launcher("virt-launcher-db-b", "u2", "db"),
         ]
@@ -1032,7 +877,7 @@ mod tests {
             2,
             "held by `listed` and `other` only"
         );
-        assert_eq!(seen.first.len(), 1);
+        assert_eq!(seen.len(), 1);
         assert_eq!(seen.since(&other, T0 + 50), T0 + 50);
     }
 
@@ -1312,13 +1157,24 @@ mod list_adoption_tests {
         ])
     }
 
-    fn adoptions(
-        claims: &[Arc<IPClaim>],
-        pods: &HashMap<String, PodInfo>,
-        running: &[Arc<SlimPod>],
-    ) -> Vec<String> {
+    /// What claim objects hold, read from them as a test writes them.
+    pub(super) struct Held<'a>(pub(super) &'a [Arc<IPClaim>]);
+
+    impl Holdings for Held<'_> {
+        fn holds_ip(&self, ip: &IpAddr) -> bool {
+            self.0.iter().any(|c| c.spec.ip.parse().ok() == Some(*ip))
+        }
+
+        fn names_pod(&self, uid: &str) -> bool {
+            self.0
+                .iter()
+                .any(|c| c.spec.pod_uid.as_deref() == Some(uid))
+        }
+    }
+
+    fn adoptions(claims: &[Arc<IPClaim>], pods: &PodMap, running: &[Arc<SlimPod>]) -> Vec<String> {
         let mut plan = Plan::default();
-        plan_list_adoptions(&mut plan, claims, pods, running, &lists());
+        plan_list_adoptions(&mut plan, &Held(claims), pods, running, &lists());
         plan.actions
             .iter()
             .map(|a| match a {
@@ -1334,7 +1190,7 @@ mod list_adoption_tests {
     fn a_pod_running_on_its_own_apps_ip_without_a_claim_is_adopted() {
         let own = running("legacy", "web-abc", "uid-web", "10.99.0.2", "web");
         assert_eq!(
-            adoptions(&[], &HashMap::new(), std::slice::from_ref(&own)),
+            adoptions(&[], &PodMap::default(), std::slice::from_ref(&own)),
             ["adopt 10.99.0.2 uid-web app_list"]
         );
         // what the reconciler's pod cache knows about it counts: a terminating pod, or one
@@ -1351,12 +1207,12 @@ mod list_adoption_tests {
             token: None,
             vm: None,
         };
-        let cache = |p: &PodInfo| HashMap::from([(p.uid.clone(), p.clone())]);
+        let cache = |p: &PodInfo| PodMap::from_iter([(p.uid.clone(), p.clone())]);
         assert!(adoptions(&[], &cache(&known), std::slice::from_ref(&own)).is_empty());
         // the pod index alone knowing it is terminating is enough
         let mut deleting = (*own).clone();
         deleting.deleting_at = Some(T0);
-        assert!(adoptions(&[], &HashMap::new(), &[Arc::new(deleting)]).is_empty());
+        assert!(adoptions(&[], &PodMap::default(), &[Arc::new(deleting)]).is_empty());
         known.terminating = false;
         known.token = Some("0123456789abcdef0123456789abcdef".into());
         assert!(adoptions(&[], &cache(&known), std::slice::from_ref(&own)).is_empty());
@@ -1376,7 +1232,7 @@ mod list_adoption_tests {
             // an IP of no list
             running("legacy", "web-z", "uid-z", "10.98.0.1", "web"),
         ];
-        assert!(adoptions(&[], &HashMap::new(), &pods).is_empty());
+        assert!(adoptions(&[], &PodMap::default(), &pods).is_empty());
 
         // an IP already recorded (whoever holds it), or a pod that already holds a claim
         let claim: IPClaim = serde_json::from_value(serde_json::json!({
@@ -1388,7 +1244,7 @@ mod list_adoption_tests {
         let claims = [Arc::new(claim)];
         let on_recorded = running("legacy", "web-a", "uid-a", "10.99.0.2", "web");
         let holder = running("legacy", "web-0", "uid-holder", "10.99.0.3", "web");
-        assert!(adoptions(&claims, &HashMap::new(), &[on_recorded, holder]).is_empty());
+        assert!(adoptions(&claims, &PodMap::default(), &[on_recorded, holder]).is_empty());
     }
 
     /// Issue 21, finding 2, for the list adoption too: a pod that only carries our label (no
@@ -1408,13 +1264,13 @@ mod list_adoption_tests {
             token: None,
             vm: None,
         };
-        let cache = HashMap::from([(squat.uid.clone(), squat.clone())]);
+        let cache = PodMap::from_iter([(squat.uid.clone(), squat.clone())]);
         let mut plan = plan(&[], &cache, &Sightings::default(), T0 + 1, RULES);
-        plan_list_adoptions(&mut plan, &[], &cache, &[], &lists());
+        plan_list_adoptions(&mut plan, &Held(&[]), &cache, &[], &lists());
         assert!(plan.actions.is_empty(), "{:?}", plan.actions);
         // once the kubelet reports it running there, it is its app's IP
         let index = [running("legacy", "squat", "uid-s", "10.99.0.1", "web")];
-        plan_list_adoptions(&mut plan, &[], &cache, &index, &lists());
+        plan_list_adoptions(&mut plan, &Held(&[]), &cache, &index, &lists());
         assert_eq!(plan.actions.len(), 1);
     }
 

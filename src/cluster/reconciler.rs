@@ -7,13 +7,14 @@ use crate::ledger::kubernetes::{PRIMARY_SELECTOR, from_resource};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
 use kube::{Api, Client};
-use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio::sync::watch;
 
+use super::leader_view::LeaderView;
+use super::reconcile::Holdings;
 use super::*;
 
 /// The reconcile loop: every replica marks itself ready once synced and resyncs its index;
@@ -26,15 +27,14 @@ pub struct Reconciler {
     pub options: ClusterOptions,
     /// The apps' lists the leader adopts running pods' IPs into ([`reconcile::plan_list_adoptions`]).
     pub lists: Option<Arc<dyn super::app_lists::AppLists>>,
-    /// Since when the leader has seen each claim as it is, on [`Reconciler::clock`].
-    pub sightings: std::sync::Mutex<reconcile::Sightings>,
+    /// What the leader knows of the claims and pods between passes: since when it has seen
+    /// each claim as it is (on [`Reconciler::clock`]), and what an incremental pass plans from.
+    pub view: std::sync::Mutex<LeaderView>,
     /// The leader's own clock for the ages of claims: monotonic, so neither another
     /// machine's clock nor a step of this one's wall clock can age a claim.
     pub started: tokio::time::Instant,
     /// The apps' lists as the last pass saw them ([`super::app_lists::AppLists::listed_version`]).
     pub listed_seen: std::sync::Mutex<Option<u64>>,
-    /// The IPs claimed as the last pass saw them.
-    pub claimed_seen: std::sync::Mutex<HashSet<IpAddr>>,
 }
 
 /// How long the loop lets a burst of watch events settle before a pass.
@@ -78,52 +78,26 @@ impl Reconciler {
     /// One pass. A full pass lists claims (and, for the leader, pods) from the API server
     /// rather than trusting the watches, and rebuilds the allocator's index from the list.
     ///
-    /// A replica that does not lead copies nothing: it only rebuilds its index on a full
-    /// pass. The leader's incremental pass costs what changed: the claims, the pods that carry
-    /// an IP of ours, and the running pods the pod-IP index marked as touching an app's list
-    /// since the last pass; every running pod is visited only on a full pass, or when the
-    /// apps' lists changed.
+    /// A replica that does not lead keeps nothing: it only rebuilds its index on a full pass.
+    /// The leader's incremental pass costs what changed ([`LeaderView`]): the claims and the
+    /// pods that carry an IP of ours that the watches changed, and the running pods the
+    /// pod-IP index marked as touching an app's list since the last pass; every claim and
+    /// running pod is visited only on a full pass, or when the apps' lists changed.
     pub async fn pass(&self, full: bool, is_leader: bool) -> Option<tokio::time::Instant> {
         if !is_leader {
-            lock(&self.sightings).clear();
+            lock(&self.view).clear();
             if full && let Err(error) = self.fresh_claims().await {
                 tracing::warn!(%error, "full resync failed; using the watch caches");
             }
             return None;
         }
-        // A pod list younger than the resync period (the watch's own, at start) is as fresh as
-        // a full pass needs: a new leader does not read every pod twice.
-        let relist_pods = full && !self.caches.pods_listed_within(self.options.resync_period);
-        let (claims, pods) = if relist_pods {
-            match self.fresh_lists().await {
-                Ok(lists) => lists,
-                Err(error) => {
-                    tracing::warn!(%error, "full resync failed; using the watch caches");
-                    (self.caches.claim_list(), self.caches.pod_map())
-                }
-            }
-        } else if full {
-            match self.fresh_claims().await {
-                Ok(claims) => (claims, self.caches.pod_map()),
-                Err(error) => {
-                    tracing::warn!(%error, "full resync failed; using the watch caches");
-                    (self.caches.claim_list(), self.caches.pod_map())
-                }
-            }
-        } else {
-            (self.caches.claim_list(), self.caches.pod_map())
-        };
         let now = self.clock();
-        let mut plan = {
-            let mut seen = lock(&self.sightings);
-            seen.observe(&claims, &pods, now);
-            reconcile::plan(&claims, &pods, &seen, now, self.options.rules)
-        };
+        let pods = self.update_view(full, now).await;
+        let mut plan = lock(&self.view).plan(&pods, now, self.options.rules);
         if let Some(lists) = &self.lists {
-            let running = self
-                .adoption_candidates(full, &claims, lists.as_ref())
-                .await;
-            reconcile::plan_list_adoptions(&mut plan, &claims, &pods, &running, lists.as_ref());
+            let running = self.adoption_candidates(full, lists.as_ref()).await;
+            let view = lock(&self.view);
+            reconcile::plan_list_adoptions(&mut plan, &*view, &pods, &running, lists.as_ref());
         }
         if !plan.actions.is_empty() {
             let done = self.executor.run(&plan).await;
@@ -137,11 +111,52 @@ impl Reconciler {
         self.executor.report_duplicates(&plan.duplicates).await;
         let pools: Vec<IPPool> = lock(&self.caches.pools).values().cloned().collect();
         let catalog = tolerant_catalog(&lock(&self.caches.pools));
-        let statuses = reconcile::pool_statuses(&catalog, &claims);
+        let claimed: Vec<IpAddr> = lock(&self.view).claimed_ips().collect();
+        let statuses = reconcile::pool_statuses(&catalog, claimed.iter().copied());
         self.executor.write_pool_statuses(&pools, &statuses).await;
         plan.next_due.map(|at| {
             tokio::time::Instant::now() + Duration::from_secs(at.saturating_sub(now).max(1))
         })
+    }
+
+    /// Bring the leader's view up to date and return the pods this pass plans with. A full
+    /// pass rebuilds it from fresh lists (or, when listing fails, from the watch caches);
+    /// otherwise it takes what the watches changed since the last pass, or is rebuilt from the
+    /// caches when that was lost or the view was made from a list.
+    async fn update_view(&self, full: bool, now: u64) -> Arc<PodMap> {
+        if full {
+            // what the watches change from here on is the next pass's
+            drop(self.caches.take_claim_changes());
+            drop(self.caches.take_pod_changes());
+            // A pod list younger than the resync period (the watch's own, at start) is as fresh
+            // as a full pass needs: a new leader does not read every pod twice.
+            let listed = if self.caches.pods_listed_within(self.options.resync_period) {
+                self.fresh_claims()
+                    .await
+                    .map(|claims| (claims, self.caches.pod_map()))
+            } else {
+                self.fresh_lists().await
+            };
+            let (claims, pods, from_caches) = match listed {
+                Ok((claims, pods)) => (claims, pods, false),
+                Err(error) => {
+                    tracing::warn!(%error, "full resync failed; using the watch caches");
+                    (self.caches.claim_list(), self.caches.pod_map(), true)
+                }
+            };
+            lock(&self.view).rebuild(&claims, &pods, now, from_caches);
+            return pods;
+        }
+        let claim_changes = self.caches.take_claim_changes();
+        let (pods, pod_changes) = self.caches.take_pod_changes();
+        let mut view = lock(&self.view);
+        match (claim_changes, pod_changes) {
+            (Some(claims), Some(uids)) if !view.is_stale() => {
+                view.apply(claims, &uids, &pods, now);
+            }
+            _ => view.rebuild(&self.caches.claim_list(), &pods, now, true),
+        }
+        pods
     }
 
     /// The running pods list adoption looks at: all of them on a full pass, after the index
@@ -153,21 +168,11 @@ impl Reconciler {
     async fn adoption_candidates(
         &self,
         full: bool,
-        claims: &[Arc<IPClaim>],
         lists: &dyn super::app_lists::AppLists,
     ) -> Vec<Arc<super::index::SlimPod>> {
         let index = &self.caches.cluster_ips;
         let marked = index.take_marked();
-        let claimed: HashSet<IpAddr> = claims
-            .iter()
-            .filter_map(|c| c.spec.ip.parse().ok())
-            .collect();
-        let released: Vec<IpAddr> = {
-            let mut last = lock(&self.claimed_seen);
-            let released = last.difference(&claimed).copied().collect();
-            *last = claimed.clone();
-            released
-        };
+        let released = lock(&self.view).take_released();
         let listed = lists.listed_version();
         let lists_changed = {
             let mut last = lock(&self.listed_seen);
@@ -184,7 +189,7 @@ impl Reconciler {
             }
             _ => (index.pods(), true),
         };
-        pods.extend(self.calico_candidates(every, &claimed, lists).await);
+        pods.extend(self.calico_candidates(every, lists).await);
         pods.sort_by(|a, b| a.uid.cmp(&b.uid));
         pods.dedup_by(|a, b| a.uid == b.uid);
         pods
@@ -198,7 +203,6 @@ impl Reconciler {
     async fn calico_candidates(
         &self,
         every: bool,
-        claimed: &HashSet<IpAddr>,
         lists: &dyn super::app_lists::AppLists,
     ) -> Vec<Arc<super::index::SlimPod>> {
         let index = &self.caches.cluster_ips;
@@ -207,12 +211,13 @@ impl Reconciler {
             return Vec::new();
         }
         let only = changed.as_deref().filter(|_| !every);
+        let holds = {
+            let view = lock(&self.view);
+            let claimed = |ip: &IpAddr| view.holds_ip(ip);
+            index.listed_calico_holds(lists, &claimed, only)
+        };
         let mut found = Vec::new();
-        for held in index
-            .listed_calico_holds(lists, claimed, only)
-            .into_iter()
-            .take(CALICO_READS)
-        {
+        for held in holds.into_iter().take(CALICO_READS) {
             let api: Api<Pod> = Api::namespaced(self.client.clone(), &held.namespace);
             match api.get_opt(&held.pod).await {
                 Ok(Some(pod)) => {
@@ -270,11 +275,9 @@ impl Reconciler {
 
     /// Claims and the metadata of pods from the API server, page by page: each page of pods
     /// is reduced to the [`PodInfo`] of those that carry an IP before the next is read.
-    async fn fresh_lists(
-        &self,
-    ) -> Result<(Vec<Arc<IPClaim>>, Arc<HashMap<String, PodInfo>>), ClusterError> {
+    async fn fresh_lists(&self) -> Result<(Vec<Arc<IPClaim>>, Arc<PodMap>), ClusterError> {
         let claims = self.fresh_claims().await?;
-        let mut pods = HashMap::new();
+        let mut pods = PodMap::default();
         let pods_api: Api<Pod> = Api::all(self.client.clone());
         let app_label = &self.options.app_label;
         // the pod watch's own choice: with Calico's IPAM, only the pods carrying our label

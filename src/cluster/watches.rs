@@ -91,13 +91,17 @@ fn pod_info_with(meta: &ObjectMeta, app_label: &str, ips: Vec<IpAddr>) -> Option
 /// Keeps a map in step with a watch stream: the `Init` … `InitDone` of a (re)list replaces it
 /// whole, so a delete missed while disconnected cannot linger.
 pub(super) struct Mirror<T> {
-    pending: Option<HashMap<String, T>>,
+    pending: Option<MirrorMap<T>>,
 }
+
+/// A (re)list's objects by key, hashed as the pod cache ([`PodMap`]) is, so that a relist of
+/// pods becomes the cache as it is.
+pub(super) type MirrorMap<T> = HashMap<String, T, foldhash::fast::RandomState>;
 
 pub(super) enum Change<T> {
     Upsert(String, T),
     Delete(String),
-    Replace(HashMap<String, T>),
+    Replace(MirrorMap<T>),
     Nothing,
 }
 
@@ -114,7 +118,7 @@ impl<T> Mirror<T> {
     ) -> Change<T> {
         match event {
             watcher::Event::Init => {
-                self.pending = Some(HashMap::new());
+                self.pending = Some(MirrorMap::default());
                 Change::Nothing
             }
             watcher::Event::InitApply(object) => {
@@ -185,7 +189,16 @@ pub(super) fn pod_cache_event(
         |pod| pod_info(&pod.metadata, app_label),
     );
     let relisted = matches!(change, Change::Replace(_));
-    let changed = apply_pod_change(&mut lock(&caches.pods), change);
+    let key = match &change {
+        Change::Upsert(uid, _) | Change::Delete(uid) => Some(uid.clone()),
+        Change::Replace(_) | Change::Nothing => None,
+    };
+    let mut pods = lock(&caches.pods);
+    let changed = apply_pod_change(&mut pods, change);
+    if changed {
+        caches.note_pod_change(&pods, key.as_deref());
+    }
+    drop(pods);
     if relisted {
         *lock(&caches.pods_listed_at) = Some(tokio::time::Instant::now());
         caches.pods_synced.store(true, Ordering::SeqCst);
@@ -196,10 +209,7 @@ pub(super) fn pod_cache_event(
 /// Apply one change to the pod cache; whether it changed anything (a relist always counts).
 /// The cache is shared with the pass that last read it ([`Caches::pod_map`]): it is copied
 /// only when a change comes while a pass still holds it, never for a change that is none.
-pub(super) fn apply_pod_change(
-    pods: &mut Arc<HashMap<String, PodInfo>>,
-    change: Change<PodInfo>,
-) -> bool {
+pub(super) fn apply_pod_change(pods: &mut Arc<PodMap>, change: Change<PodInfo>) -> bool {
     match change {
         Change::Upsert(uid, info) => {
             if pods.get(&uid) == Some(&info) {
@@ -244,10 +254,12 @@ pub async fn watch_claims(api: Api<IPClaim>, caches: Arc<Caches>, allocator: Arc
                     ),
                 }
                 caches.claim_list.note(&name);
+                caches.note_claim_change(&claims, Some(&name));
                 claims.insert(name, claim);
             }
             Change::Delete(name) => {
                 caches.claim_list.note(&name);
+                caches.note_claim_change(&claims, Some(&name));
                 if let Some(gone) = claims.remove(&name)
                     && let Ok(parsed) = from_resource(&gone)
                 {
@@ -256,6 +268,7 @@ pub async fn watch_claims(api: Api<IPClaim>, caches: Arc<Caches>, allocator: Arc
             }
             Change::Replace(all) => {
                 caches.claim_list.note_relist();
+                caches.note_claim_change(&claims, None);
                 allocator.replace_all(all.values().filter_map(|c| from_resource(c).ok()).collect());
                 *claims = all.into_iter().collect();
                 caches.claims_synced.store(true, Ordering::SeqCst);

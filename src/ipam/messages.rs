@@ -5,6 +5,7 @@ use std::fmt;
 use std::net::IpAddr;
 
 use super::foreign::ForeignUse;
+use super::ipset::IpSet;
 use crate::ledger::{Claim, PodName, PodRef};
 
 /// Whose IPs a message is about. Written only when a message is: a granted pod costs no
@@ -73,4 +74,14 @@ pub fn foreign_message(ip: &IpAddr, requester: &PodRef, user: &ForeignUse) -> St
         requester.display(),
         user.describe()
     )
+}
+
+/// The IPs `a` and `b` share, as canonical text (shortened when long).
+pub fn overlap_text(a: &IpSet, b: &IpSet) -> String {
+    let text = a.subtract(&a.subtract(b)).to_string();
+    if text.len() > 120 {
+        format!("{}…", text.chars().take(120).collect::<String>())
+    } else {
+        text
+    }
 }

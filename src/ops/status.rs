@@ -33,7 +33,7 @@ pub async fn cluster_duplicates(
     app_label: &str,
 ) -> Result<Vec<DuplicateStatus>, kube::Error> {
     let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::all(client.clone());
-    let mut infos = std::collections::HashMap::new();
+    let mut infos = crate::cluster::PodMap::default();
     crate::cluster::list_pages(
         |params| {
             let pods = pods.clone();

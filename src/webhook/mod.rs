@@ -13,6 +13,7 @@ pub mod release_timer;
 pub mod secondary;
 pub mod validate;
 pub mod workload_kinds;
+pub mod workload_registry;
 pub mod workloads;
 
 use std::fmt;
@@ -250,7 +251,7 @@ impl Webhook {
         for pool in pools.intersecting(set) {
             if let Some(reason) = pool.refuses(namespace, labels) {
                 return Some(PolicyRefusal::Pool {
-                    shared: workloads::overlap_text(&pool.usable, set),
+                    shared: crate::ipam::messages::overlap_text(&pool.usable, set),
                     pool: pool.name.clone(),
                     reason,
                 });

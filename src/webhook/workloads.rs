@@ -1,8 +1,7 @@
 //! Workload checks: a Deployment, StatefulSet, ReplicaSet, DaemonSet, Job or CronJob whose pod
 //! template asks for fixed IPs is checked when it is written, before any pod exists.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
+use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
@@ -11,11 +10,11 @@ use crate::admission::annotations::{
 };
 use crate::admission::{Incoming, Meta, Operation, Response, ReviewError};
 use crate::ipam::ipset::{Family, IpSet, IpSpecError, parse_ip_spec};
-use crate::ipam::overlap::RangeIndex;
 use crate::ledger::Claim;
 use crate::webhook::{PolicyRefusal, Webhook};
 
 pub use super::workload_kinds::{KINDS, WORKLOAD_KINDS, WorkloadKind, is_workload, workload_kind};
+pub use super::workload_registry::{Listing, WorkloadId, WorkloadRegistry};
 
 #[derive(Debug, Deserialize, Default)]
 struct Workload {
@@ -90,38 +89,6 @@ struct JobTemplate {
     spec: WorkloadSpec,
 }
 
-/// Who a workload is, for messages and the registry.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct WorkloadId {
-    pub kind: String,
-    pub namespace: String,
-    pub name: String,
-}
-
-impl std::fmt::Display for WorkloadId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} {}/{}", self.kind, self.namespace, self.name)
-    }
-}
-
-/// The IP lists of the workloads this process has admitted, by app: so a second app cannot
-/// list IPs the first one lists. It learns from admissions (and forgets on DELETE reviews).
-#[derive(Default)]
-pub struct WorkloadRegistry {
-    inner: Mutex<RegistryState>,
-    /// Fed by watches of every workload kind (in-cluster): admissions no longer record into
-    /// it, so every replica answers the same, restarts included.
-    watched: std::sync::atomic::AtomicBool,
-}
-
-/// What the registry keeps of one workload: who it is, its app, its list.
-#[derive(Debug, Clone)]
-pub struct Listing {
-    pub id: WorkloadId,
-    pub app: String,
-    pub set: IpSet,
-}
-
 /// The listing of a watched workload of `kind`, when its pod template lists fixed IPs (an
 /// `allocatable-ips` list or a Kube-OVN `ip_pool` list, not a pool) and no controller owns it (the owner's list counts).
 pub fn listing_of(
@@ -162,139 +129,6 @@ pub fn listing_of(
         },
         set,
     })
-}
-
-#[derive(Default)]
-struct RegistryState {
-    index: RangeIndex<WorkloadId>,
-    apps: HashMap<WorkloadId, String>,
-    lists: HashMap<WorkloadId, IpSet>,
-}
-
-impl WorkloadRegistry {
-    fn lock(&self) -> std::sync::MutexGuard<'_, RegistryState> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// From now on the watches feed the registry (see [`WorkloadRegistry::watched`]).
-    pub fn set_watched(&self) {
-        self.watched
-            .store(true, std::sync::atomic::Ordering::SeqCst);
-    }
-
-    /// Whether watches feed the registry (in-cluster).
-    pub fn watched(&self) -> bool {
-        self.watched.load(std::sync::atomic::Ordering::SeqCst)
-    }
-
-    /// How many workloads are known to list IPs.
-    pub fn len(&self) -> usize {
-        self.lock().lists.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Replace every workload of `kind` with `listings` (a watch's (re)list).
-    pub fn replace_kind(&self, kind: &str, listings: Vec<Listing>) {
-        let mut state = self.lock();
-        let stale: Vec<WorkloadId> = state
-            .lists
-            .keys()
-            .filter(|id| id.kind == kind)
-            .cloned()
-            .collect();
-        for id in stale {
-            state.index.remove(&id);
-            state.apps.remove(&id);
-            state.lists.remove(&id);
-        }
-        drop(state);
-        for listing in listings {
-            self.record(listing.id, listing.app, &listing.set);
-        }
-    }
-
-    pub fn record(&self, id: WorkloadId, app_key: String, set: &IpSet) {
-        let mut state = self.lock();
-        state.index.remove(&id);
-        state.index.insert_set(set, id.clone());
-        state.lists.insert(id.clone(), set.clone());
-        state.apps.insert(id, app_key);
-    }
-
-    pub fn forget(&self, id: &WorkloadId) {
-        let mut state = self.lock();
-        state.index.remove(id);
-        state.apps.remove(id);
-        state.lists.remove(id);
-    }
-
-    /// Every IP some admitted workload lists.
-    pub fn listed(&self) -> IpSet {
-        let state = self.lock();
-        state
-            .lists
-            .values()
-            .fold(IpSet::default(), |all, set| all.union(set))
-    }
-
-    /// Every app (`namespace/app`) whose workloads list `ip`, sorted (the reconciler's
-    /// adoption asks; an IP no workload lists costs one index lookup).
-    pub fn apps_listing(&self, ip: std::net::IpAddr) -> Vec<String> {
-        let state = self.lock();
-        if state
-            .index
-            .first_overlap(&crate::ipam::ipset::IpRange::single(ip), None)
-            .is_none()
-        {
-            return Vec::new();
-        }
-        let mut apps: Vec<String> = state
-            .lists
-            .iter()
-            .filter(|(_, set)| set.contains(&ip))
-            .filter_map(|(id, _)| state.apps.get(id).cloned())
-            .collect();
-        apps.sort();
-        apps.dedup();
-        apps
-    }
-
-    /// A workload of another app whose list overlaps `set`: (overlap, workload, its app).
-    pub fn other_app_listing(
-        &self,
-        set: &IpSet,
-        app_key: &str,
-    ) -> Option<(String, WorkloadId, String)> {
-        let state = self.lock();
-        for range in set.ranges() {
-            let mut probe = *range;
-            while let Some((found, id)) = state.index.first_overlap(&probe, None) {
-                let other_app = state.apps.get(id).cloned().unwrap_or_default();
-                if other_app != app_key {
-                    let shared = overlap_text(&IpSet::from_ranges([found]), set);
-                    return Some((shared, id.clone(), other_app));
-                }
-                if found.end >= probe.end {
-                    break;
-                }
-                probe.start = found.end + 1;
-            }
-        }
-        None
-    }
-}
-
-/// The IPs `a` and `b` share, as canonical text (shortened when long).
-pub(crate) fn overlap_text(a: &IpSet, b: &IpSet) -> String {
-    let text = a.subtract(&a.subtract(b)).to_string();
-    if text.len() > 120 {
-        format!("{}…", text.chars().take(120).collect::<String>())
-    } else {
-        text
-    }
 }
 
 /// `/validate` for a workload CREATE, UPDATE or DELETE.

@@ -249,15 +249,13 @@ impl ClusterIps {
     pub fn listed_calico_holds(
         &self,
         lists: &dyn AppLists,
-        claimed: &std::collections::HashSet<IpAddr>,
+        claimed: &dyn Fn(&IpAddr) -> bool,
         only: Option<&[IpAddr]>,
     ) -> Vec<CalicoHeld> {
         let blocks = read(&self.calico);
         let pods = read(&self.pods);
         let wanted = |ip: &IpAddr| {
-            !claimed.contains(ip)
-                && !pods.by_ip.contains_key(ip)
-                && lists.sole_app_listing(*ip).is_some()
+            !claimed(ip) && !pods.by_ip.contains_key(ip) && lists.sole_app_listing(*ip).is_some()
         };
         let held = |ip: &IpAddr, (namespace, pod): (&Shared, &str)| CalicoHeld {
             ip: *ip,
@@ -286,9 +284,10 @@ impl ClusterIps {
     /// The listed IPs blocks gave a pod since the last call; `None` when the count was lost
     /// (more than [`LISTED_CAP`]): then every block needs a look.
     pub fn take_listed_calico_changes(&self) -> Option<Vec<IpAddr>> {
-        let mut changes = self.listed_calico.lock().unwrap_or_else(|p| p.into_inner());
-        let taken = std::mem::take(&mut *changes);
-        (!taken.overflowed).then(|| taken.ips.into_iter().collect())
+        self.listed_calico
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
     }
 
     /// Look at `ip` again on the next pass (reading its pod failed).
@@ -323,26 +322,10 @@ impl ClusterIps {
 }
 
 /// Listed IPs newly given a pod, kept between two leader passes, at most [`LISTED_CAP`].
-#[derive(Default)]
-pub(super) struct ListedChanges {
-    ips: std::collections::BTreeSet<IpAddr>,
-    overflowed: bool,
-}
+pub(super) type ListedChanges = crate::cluster::change_log::ChangeLog<IpAddr, LISTED_CAP>;
 
 /// Past this many, a pass looks at every block.
 pub(super) const LISTED_CAP: usize = 4096;
-
-impl ListedChanges {
-    fn note(&mut self, ip: IpAddr) {
-        if self.ips.len() >= LISTED_CAP {
-            self.overflowed = true;
-            self.ips.clear();
-        }
-        if !self.overflowed {
-            self.ips.insert(ip);
-        }
-    }
-}
 
 /// Calico's `IPAMBlock`s into the index. The first list marks the index synced.
 pub async fn watch_ipam_blocks(
@@ -529,7 +512,7 @@ mod tests {
         assert!(index.note_listed(Some(&second), &third));
 
         super::super::write(&index.calico).upsert("b".into(), third);
-        let claimed = std::collections::HashSet::new();
+        let claimed = |_: &IpAddr| false;
         let holds = index.listed_calico_holds(&Lists, &claimed, None);
         let found: Vec<String> = holds
             .iter()
@@ -543,7 +526,7 @@ mod tests {
                 .len(),
             1
         );
-        let claimed = std::collections::HashSet::from([ip("10.1.0.2")]);
+        let claimed = |held: &IpAddr| *held == ip("10.1.0.2");
         assert!(
             index.listed_calico_holds(&Lists, &claimed, None).is_empty(),
             "claimed already"

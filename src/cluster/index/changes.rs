@@ -11,11 +11,7 @@ use super::{ClusterIps, SlimOrGone, SlimPod, read, write};
 
 /// UIDs marked for the reconciler's list adoption, at most [`MARK_CAP`]; past that (or after a
 /// relist) only a visit of every pod is sure to see them all.
-#[derive(Default)]
-pub(super) struct Marked {
-    uids: std::collections::HashSet<Box<str>>,
-    overflowed: bool,
-}
+pub(super) type Marked = crate::cluster::change_log::ChangeLog<Box<str>, MARK_CAP>;
 
 /// Marks kept between two leader passes; a replica that does not lead stops at this.
 pub(super) const MARK_CAP: usize = 4096;
@@ -67,29 +63,22 @@ impl ClusterIps {
 
     /// Mark a pod for the reconciler's next list adoption.
     pub(super) fn mark(&self, uid: &str) {
-        let mut marked = self.marked.lock().unwrap_or_else(|p| p.into_inner());
-        if marked.uids.len() >= MARK_CAP {
-            marked.overflowed = true;
-            marked.uids.clear();
-        }
-        if !marked.overflowed {
-            marked.uids.insert(uid.into());
-        }
+        self.marked_log().note(uid.into());
     }
 
     /// Everything must be looked at again (a relist).
     pub(super) fn mark_all(&self) {
-        let mut marked = self.marked.lock().unwrap_or_else(|p| p.into_inner());
-        marked.overflowed = true;
-        marked.uids.clear();
+        self.marked_log().note_all();
     }
 
     /// The pods marked since the last call; `None` when the count was lost (a relist, or more
     /// than [`MARK_CAP`]): then every pod needs a look.
     pub fn take_marked(&self) -> Option<Vec<Box<str>>> {
-        let mut marked = self.marked.lock().unwrap_or_else(|p| p.into_inner());
-        let taken = std::mem::take(&mut *marked);
-        (!taken.overflowed).then(|| taken.uids.into_iter().collect())
+        self.marked_log().take()
+    }
+
+    fn marked_log(&self) -> std::sync::MutexGuard<'_, Marked> {
+        self.marked.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Keep [`Self::terminating_pods`] in step with one pod's change (`None`: gone or not

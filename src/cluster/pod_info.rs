@@ -1,0 +1,64 @@
+//! What the reconciler knows of a pod that carries an IP ([`PodInfo`]), and the map of them
+//! by UID that its passes read ([`PodMap`]).
+
+use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
+
+use super::index::SlimPod;
+use crate::ledger::claim::PodIdentity;
+
+/// The pods that carry an IP, by UID: what a pass reads for every claim. Hashed with
+/// foldhash (seeded per process; UIDs are the API server's, not a user's choice): a pass
+/// looks up each claim's pod, and SipHash was a fifth of a pass over a few hundred claims.
+pub type PodMap = HashMap<String, PodInfo, foldhash::fast::RandomState>;
+
+/// A set hashed as [`PodMap`] is: the sets a pass builds from every claim.
+pub(crate) type FastSet<T> = HashSet<T, foldhash::fast::RandomState>;
+
+/// What the reconciler needs to know about a pod; everything else is dropped on arrival.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodInfo {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    /// The IPs the pod carries (`allocated-ip` label, CNI annotations).
+    pub ips: Vec<IpAddr>,
+    /// Unix seconds.
+    pub created_at: u64,
+    pub terminating: bool,
+    /// Controlled by a StatefulSet: its IP is kept for the same name after it goes.
+    pub stateful: bool,
+    /// The app label's value, empty if none.
+    pub app: String,
+    /// The claim token it carries (`ip-webhook.io/claim`), if any.
+    pub token: Option<String>,
+    /// The KubeVirt VM it is a launcher pod of ([`crate::webhook::kubevirt::launcher_vm`]).
+    pub vm: Option<String>,
+}
+
+impl PodInfo {
+    /// A pod as the pod-IP index saw it run: its IPs from `status.podIPs`, no claim token.
+    pub(crate) fn running(pod: &SlimPod) -> PodInfo {
+        PodInfo {
+            namespace: pod.namespace.to_string(),
+            name: pod.name.to_string(),
+            uid: pod.uid.to_string(),
+            ips: pod.ips.to_vec(),
+            created_at: pod.created_at,
+            terminating: pod.deleting_at.is_some(),
+            stateful: pod.controller == Some(super::controller::ControllerKind::StatefulSet),
+            app: pod.app.to_string(),
+            token: None,
+            vm: None,
+        }
+    }
+
+    pub fn identity(&self) -> PodIdentity<'_> {
+        PodIdentity {
+            namespace: &self.namespace,
+            name: &self.name,
+            uid: Some(&self.uid),
+            token: self.token.as_deref(),
+        }
+    }
+}
