@@ -5,9 +5,9 @@
 # claims): it counts the bytes it sends. ip-webhook's own CPU comes from a cpuacct cgroup
 # made for it (nanoseconds, all its threads, also those that ended; needs root and cgroup v1's
 # cpuacct) or else from /proc/PID/stat (10 ms steps: an admission's figure is then good to
-# +-0.2 ms), its memory from /proc/PID/status (VmHWM: peak RSS; VmRSS: now). Prints one table, a column per N, and the
-# growth exponent of each row between the smallest and the largest N (1.0: grows with the
-# cluster; 0: flat).
+# +-0.2 ms), its memory from /proc/PID/status (VmHWM: peak RSS; VmRSS: now). Prints one
+# table, a column per N, and the growth exponent of each row between the smallest and the
+# largest N (1.0: grows with the cluster; 0: flat).
 #
 #   scripts/bench-scale.sh [N ...]
 #   BIN=target/release/ip-webhook scripts/bench-scale.sh 5000 20000
