@@ -11,7 +11,9 @@ pub mod networks;
 pub mod patch;
 
 pub mod bounds;
+mod lex;
 mod scan;
+mod skip;
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -434,8 +436,8 @@ fn write_json_string(out: &mut Vec<u8>, value: &str) {
 }
 
 fn write_json_string_content(out: &mut Vec<u8>, value: &str) {
-    let escape = |b: u8| b < 0x20 || b == b'"' || b == b'\\';
-    if !value.bytes().any(escape) {
+    // nothing to escape: no quote, backslash or control character (sixteen bytes at a time)
+    if lex::string_stop(value.as_bytes(), 0).is_none() {
         out.extend_from_slice(value.as_bytes());
         return;
     }
@@ -558,6 +560,18 @@ mod tests {
             r#" { "metadata" : { "name" : "spaced" , "labels" : { "a" : "b" } } , "status" : { } } "#,
             r#"{"metadata":{"ownerReferences":[{"kind":"StatefulSet","name":"web","controller":true,"uid":"x"}],"annotations":{"k/\"q\"":"v\n\u00e9"}}}"#,
             r#"{"metadata":{"managedFields":[{"fieldsV1":{"f:metadata":{"k:{\"uid\":\"x\"}":{}}}}],"uid":"the-uid","namespace":"ns"}}"#,
+            // owner references: each field's odd but legal and illegal forms
+            r#"{"metadata":{"ownerReferences":null}}"#,
+            r#"{"metadata":{"ownerReferences":[]}}"#,
+            r#"{"metadata":{"ownerReferences":[{}, {"controller":null,"blockOwnerDeletion":true,"x":[{}]}]}}"#,
+            r#"{"metadata":{"ownerReferences":[{"name":null}]}}"#,
+            r#"{"metadata":{"ownerReferences":[{"name":"a","name":"b"}]}}"#,
+            r#"{"metadata":{"ownerReferences":[{"n\u0061me":"a"}]}}"#,
+            r#"{"metadata":{"ownerReferences":[{"controller":"yes"}]}}"#,
+            r#"{"metadata":{"ownerReferences":[{"uid":"a\"b"}],"ownerReferences":[]}}"#,
+            r#"{"metadata":{"ownerReferences":{"kind":"ReplicaSet"}}}"#,
+            r#"{"metadata":{"ownerReferences":[null]}}"#,
+            r#"{"metadata":{"ownerReferences":[ { "kind" : "ReplicaSet" } , { "uid" : "u" } ]}}"#,
         ] {
             assert_metadata_agrees(object);
         }

@@ -1,5 +1,6 @@
 //! One pass over an AdmissionReview body that checks it is JSON and picks out what a decision
-//! reads, skipping the rest (a pod's `spec`, `managedFields`, `userInfo`) without allocating.
+//! reads, skipping the rest (a pod's `spec`, `managedFields`, `userInfo`) without allocating:
+//! objects and arrays it skips go by a 64-byte block at a time ([`super::skip`]).
 //!
 //! This is the fast path of [`super::decode`]. Whenever the body holds anything it does not
 //! expect (a field of another type, a duplicate field, an escaped key, a `\u` escape, deep
@@ -11,13 +12,13 @@ use std::collections::BTreeMap;
 
 use wide::u8x16;
 
+pub(super) use super::lex::Unusual;
+use super::lex::{past_number, past_word, string_stop};
+use super::skip;
 use super::{
-    GroupVersionKind, Meta, MetaOnly, Operation, RawJson, Request, Review, ScannedMetadata,
+    GroupVersionKind, Meta, MetaOnly, Operation, OwnerRef, RawJson, Request, Review,
+    ScannedMetadata,
 };
-
-/// The fast path gives up: the serde path decides.
-#[derive(Debug, PartialEq, Eq)]
-pub(super) struct Unusual;
 
 type Scan<T> = Result<T, Unusual>;
 
@@ -69,15 +70,35 @@ fn metadata(s: &mut Scanner<'_>, depth: usize) -> Scan<Meta> {
             "labels" => meta.labels = seen.first(4, s.nullable(Scanner::string_map))?,
             "annotations" => meta.annotations = seen.first(5, s.nullable(Scanner::string_map))?,
             "ownerReferences" => {
-                let text = s.raw_value(depth + 1)?;
-                meta.owner_references =
-                    seen.first(6, serde_json::from_str(text).map_err(|_| Unusual))?;
+                let owners = s.nullable(|s| s.array(|s| owner_reference(s, depth + 2)));
+                meta.owner_references = seen.first(6, owners)?;
             }
             _ => s.skip_value(depth + 1)?,
         }
         Ok(())
     })?;
     Ok(meta)
+}
+
+/// One of `ownerReferences`; `depth` counts the containers around it.
+fn owner_reference(s: &mut Scanner<'_>, depth: usize) -> Scan<OwnerRef> {
+    let mut owner = OwnerRef::default();
+    let mut seen = Seen::default();
+    s.object(|s, key, escaped| {
+        if escaped {
+            return Err(Unusual);
+        }
+        match key {
+            "apiVersion" => owner.api_version = seen.first(0, s.string())?.into_owned(),
+            "kind" => owner.kind = seen.first(1, s.string())?.into_owned(),
+            "uid" => owner.uid = seen.first(2, s.string())?.into_owned(),
+            "name" => owner.name = seen.first(3, s.string())?.into_owned(),
+            "controller" => owner.controller = seen.first(4, s.nullable(Scanner::boolean))?,
+            _ => s.skip_value(depth + 1)?,
+        }
+        Ok(())
+    })?;
+    Ok(owner)
 }
 
 fn request<'a>(s: &mut Scanner<'a>) -> Scan<Request<'a>> {
@@ -331,69 +352,42 @@ impl<'a> Scanner<'a> {
         }
     }
 
-    /// Skip one value, checking it is JSON; `depth` counts the containers around it.
-    /// One loop, no recursion, the position in a local: this is where most of a pod's bytes
-    /// go by.
-    fn skip_value(&mut self, depth: usize) -> Scan<()> {
-        let bytes = self.bytes();
-        let room = MAX_DEPTH.saturating_sub(depth);
-        let mut at = self.at;
-        // One bit per open container, innermost lowest: 1 for an object, 0 for an array.
-        let mut open: u128 = 0;
-        let mut nesting = 0;
+    /// The items of an array, each read by `item`.
+    fn array<T>(&mut self, mut item: impl FnMut(&mut Self) -> Scan<T>) -> Scan<Vec<T>> {
+        self.eat(b'[')?;
+        let mut items = Vec::new();
+        if self.peek() == Some(b']') {
+            self.at += 1;
+            return Ok(items);
+        }
         loop {
-            // a value
-            at = past_whitespace(bytes, at);
-            match *bytes.get(at).ok_or(Unusual)? {
-                b'"' => at = past_string(bytes, at)?.0,
-                container @ (b'{' | b'[') => {
-                    if nesting >= room {
-                        return Err(Unusual);
-                    }
-                    let is_object = container == b'{';
-                    at = past_whitespace(bytes, at + 1);
-                    if bytes.get(at) == Some(if is_object { &b'}' } else { &b']' }) {
-                        at += 1;
-                    } else {
-                        open = open << 1 | u128::from(is_object);
-                        nesting += 1;
-                        if is_object {
-                            at = past_key(bytes, at)?;
-                        }
-                        continue;
-                    }
+            items.push(item(self)?);
+            match self.peek() {
+                Some(b',') => self.at += 1,
+                Some(b']') => {
+                    self.at += 1;
+                    return Ok(items);
                 }
-                b't' => at = past_word(bytes, at, b"true")?,
-                b'f' => at = past_word(bytes, at, b"false")?,
-                b'n' => at = past_word(bytes, at, b"null")?,
-                b'-' | b'0'..=b'9' => at = past_number(bytes, at)?,
                 _ => return Err(Unusual),
             }
-            // after a value: the next one, or the end of its container
-            loop {
-                if nesting == 0 {
-                    self.at = at;
-                    return Ok(());
-                }
-                let in_object = open & 1 == 1;
-                at = past_whitespace(bytes, at);
-                match bytes.get(at) {
-                    Some(b',') => {
-                        at += 1;
-                        if in_object {
-                            at = past_key(bytes, at)?;
-                        }
-                        break;
-                    }
-                    Some(b'}') if in_object => {}
-                    Some(b']') if !in_object => {}
-                    _ => return Err(Unusual),
-                }
-                at += 1;
-                open >>= 1;
-                nesting -= 1;
-            }
         }
+    }
+
+    /// Skip one value, checking it is JSON; `depth` counts the containers around it.
+    /// Containers, where most of a pod's bytes go by, are skipped a block at a time.
+    fn skip_value(&mut self, depth: usize) -> Scan<()> {
+        let bytes = self.bytes();
+        let at = past_whitespace(bytes, self.at);
+        self.at = match *bytes.get(at).ok_or(Unusual)? {
+            b'"' => past_string(bytes, at)?.0,
+            b'{' | b'[' => skip::past_container(bytes, at, MAX_DEPTH.saturating_sub(depth))?,
+            b't' => past_word(bytes, at, b"true")?,
+            b'f' => past_word(bytes, at, b"false")?,
+            b'n' => past_word(bytes, at, b"null")?,
+            b'-' | b'0'..=b'9' => past_number(bytes, at)?,
+            _ => return Err(Unusual),
+        };
+        Ok(())
     }
 
     /// Skip one value and return its text.
@@ -449,85 +443,6 @@ fn past_string(bytes: &[u8], at: usize) -> Scan<(usize, bool)> {
     }
 }
 
-/// Past an object member's key and its colon, from the whitespace before the key.
-#[inline(always)]
-fn past_key(bytes: &[u8], at: usize) -> Scan<usize> {
-    let at = past_whitespace(bytes, at);
-    if bytes.get(at) != Some(&b'"') {
-        return Err(Unusual);
-    }
-    let (mut at, _) = past_string(bytes, at)?;
-    if bytes.get(at) != Some(&b':') {
-        at = past_whitespace(bytes, at);
-        if bytes.get(at) != Some(&b':') {
-            return Err(Unusual);
-        }
-    }
-    Ok(at + 1)
-}
-
-/// Past `word` (`true`, `false`, `null`), which must start at `at`.
-#[inline(always)]
-fn past_word(bytes: &[u8], at: usize, word: &[u8]) -> Scan<usize> {
-    match bytes[at..].starts_with(word) {
-        true => Ok(at + word.len()),
-        false => Err(Unusual),
-    }
-}
-
-/// Past the number at `at`: `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?`
-fn past_number(bytes: &[u8], mut at: usize) -> Scan<usize> {
-    let digits = |at: usize| {
-        let run = bytes[at..]
-            .iter()
-            .take_while(|b| b.is_ascii_digit())
-            .count();
-        if run == 0 { Err(Unusual) } else { Ok(at + run) }
-    };
-    if bytes[at] == b'-' {
-        at += 1;
-    }
-    at = match bytes.get(at) {
-        Some(b'0') => at + 1,
-        _ => digits(at)?,
-    };
-    if bytes.get(at) == Some(&b'.') {
-        at = digits(at + 1)?;
-    }
-    if matches!(bytes.get(at), Some(b'e' | b'E')) {
-        at += 1;
-        if matches!(bytes.get(at), Some(b'+' | b'-')) {
-            at += 1;
-        }
-        at = digits(at)?;
-    }
-    Ok(at)
-}
-
-/// The index of the first `"`, `\\` or control character in `bytes[at..]`, sixteen bytes at a
-/// time.
-#[inline(always)]
-fn string_stop(bytes: &[u8], mut at: usize) -> Option<usize> {
-    let (quote, backslash, last_control) =
-        (u8x16::splat(b'"'), u8x16::splat(b'\\'), u8x16::splat(0x1f));
-    while let Some(chunk) = bytes.get(at..at + 16) {
-        let lanes = u8x16::new(chunk.try_into().expect("sixteen bytes"));
-        // a lane is a control character when nothing is left of it after taking 0x1f away
-        let stops = lanes.simd_eq(quote)
-            | lanes.simd_eq(backslash)
-            | lanes.saturating_sub(last_control).simd_eq(u8x16::ZERO);
-        let mask = stops.to_bitmask();
-        if mask != 0 {
-            return Some(at + mask.trailing_zeros() as usize);
-        }
-        at += 16;
-    }
-    let tail = bytes.get(at..)?;
-    tail.iter()
-        .position(|&b| b == b'"' || b == b'\\' || b < 0x20)
-        .map(|found| at + found)
-}
-
 fn unescape(raw: &str) -> Scan<String> {
     serde_json::from_str(&format!("\"{raw}\"")).map_err(|_| Unusual)
 }
@@ -535,34 +450,6 @@ fn unescape(raw: &str) -> Scan<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Where a byte at a time would stop: the reference for the sixteen-lane search.
-    fn stop_one_at_a_time(bytes: &[u8], at: usize) -> Option<usize> {
-        (at..bytes.len()).find(|&i| matches!(bytes[i], b'"' | b'\\' | 0..=0x1f))
-    }
-
-    #[test]
-    fn a_string_stops_at_its_first_quote_backslash_or_control_character_in_any_lane() {
-        for len in 0..40 {
-            for stop in [b'"', b'\\', 0x00, 0x1f, b'\n'] {
-                for place in 0..=len {
-                    let mut bytes = vec![b'a'; len];
-                    // a byte just above each stop class, which must not stop the search
-                    bytes.extend_from_slice(b" #]\x7f\xc3\xa9");
-                    if place < len {
-                        bytes[place] = stop;
-                    }
-                    for from in [0, 1.min(len)] {
-                        assert_eq!(
-                            string_stop(&bytes, from),
-                            stop_one_at_a_time(&bytes, from),
-                            "len {len}, {stop:#x} at {place}, from {from}"
-                        );
-                    }
-                }
-            }
-        }
-    }
 
     #[test]
     fn whitespace_of_any_length_and_mix_is_skipped_to_the_next_token() {

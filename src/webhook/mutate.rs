@@ -139,7 +139,9 @@ pub async fn decide_create(
     };
     let meta = &pod.metadata;
     let view = PodView::new(meta, incoming, &webhook.settings);
-    let context = refusal(webhook, incoming, &view);
+    // named once: each naming interns the namespace and generateName
+    let pod_ref = view.pod_ref();
+    let context = refusal(webhook, incoming, &view, &pod_ref);
     let ask = match assess(webhook, view) {
         Ok(ask) => ask,
         Err(denial) => return Ok(refused(&context, None, denial)),
@@ -160,9 +162,7 @@ pub async fn decide_create(
             false => PodDecision::AlreadyHeld(ask.carried),
         });
     }
-    if let Some(denial) =
-        name_still_held(webhook, &ask.view.pod_ref(), ask.view.app.unwrap_or("")).await
-    {
+    if let Some(denial) = name_still_held(webhook, &pod_ref, ask.view.app.unwrap_or("")).await {
         return Ok(refused(&context, Some(ask.view.app_key()), denial));
     }
     let empty = Candidates {
@@ -178,7 +178,7 @@ pub async fn decide_create(
         scope: ask.scope(),
         app: ask.view.app.unwrap_or(""),
         pool: chosen.pool.as_deref(),
-        pod: ask.view.pod_ref(),
+        pod: pod_ref.clone(),
         request_uid: incoming.uid(),
         token: &token,
         candidates: &chosen.set,
@@ -395,7 +395,7 @@ fn metadata_patch(
 struct RefusalContext<'a> {
     webhook: &'a Webhook,
     request_uid: &'a str,
-    pod: PodRef,
+    pod: &'a PodRef,
     /// The app label's value; `namespace/app` is written only for a refusal.
     app: Option<&'a str>,
     owners: &'a [OwnerRef],
@@ -406,11 +406,12 @@ fn refusal<'a>(
     webhook: &'a Webhook,
     incoming: &'a Incoming<'_>,
     view: &PodView<'a>,
+    pod: &'a PodRef,
 ) -> RefusalContext<'a> {
     RefusalContext {
         webhook,
         request_uid: incoming.uid(),
-        pod: view.pod_ref(),
+        pod,
         app: view.app,
         owners: view.meta.owner_references.as_deref().unwrap_or(&[]),
         dry_run: incoming.dry_run(),
@@ -428,7 +429,7 @@ fn refused(context: &RefusalContext<'_>, app: Option<String>, denial: Denial) ->
         .unwrap_or_default();
     context.webhook.events.refused(&Refused {
         request_uid: context.request_uid,
-        pod: &context.pod,
+        pod: context.pod,
         app: &app_key,
         owners: context.owners,
         outcome,
