@@ -8,7 +8,7 @@ use wide::u8x16;
 #[derive(Debug, PartialEq, Eq)]
 pub(super) struct Unusual;
 
-type Scan<T> = Result<T, Unusual>;
+pub(super) type Scan<T> = Result<T, Unusual>;
 
 /// Past `word` (`true`, `false`, `null`), which must start at `at`.
 #[inline(always)]
@@ -46,6 +46,18 @@ pub(super) fn past_number(bytes: &[u8], mut at: usize) -> Scan<usize> {
         at = digits(at)?;
     }
     Ok(at)
+}
+
+/// Past the number or literal starting at `at`, or `Unusual` when no number or literal starts
+/// there.
+pub(super) fn past_scalar(bytes: &[u8], at: usize) -> Scan<usize> {
+    match bytes.get(at) {
+        Some(b't') => past_word(bytes, at, b"true"),
+        Some(b'f') => past_word(bytes, at, b"false"),
+        Some(b'n') => past_word(bytes, at, b"null"),
+        Some(b'-' | b'0'..=b'9') => past_number(bytes, at),
+        _ => Err(Unusual),
+    }
 }
 
 /// The index of the first `"`, `\\` or control character in `bytes[at..]`, sixteen bytes at a

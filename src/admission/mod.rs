@@ -609,6 +609,18 @@ mod tests {
         }
     }
 
+    /// Replaces the character at `at` (a fraction of the text's length, never before byte
+    /// `from`) with `edit`, or inserts `edit` at the end.
+    pub(super) fn damage(text: &mut String, at: f64, edit: &str, from: usize) {
+        let mut at = (at * text.len() as f64) as usize;
+        while !text.is_char_boundary(at) {
+            at -= 1;
+        }
+        let end = (at + 1).min(text.len());
+        let end = if text.is_char_boundary(end) { end } else { at };
+        text.replace_range(at.max(from)..end.max(from), edit);
+    }
+
     fn compact_fixture() -> String {
         serde_json::from_str::<serde_json::Value>(REVIEW)
             .unwrap()
@@ -723,13 +735,7 @@ mod tests {
         ) {
             let mut body = if compact { compact_fixture() } else { REVIEW.to_string() };
             for (at, text) in edits {
-                let mut at = (at * body.len() as f64) as usize;
-                while !body.is_char_boundary(at) {
-                    at -= 1;
-                }
-                let end = (at + 1).min(body.len());
-                let end = if body.is_char_boundary(end) { end } else { at };
-                body.replace_range(at..end, text);
+                damage(&mut body, at, text, 0);
             }
             assert_scan_agrees(body.as_bytes());
         }

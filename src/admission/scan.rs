@@ -13,14 +13,12 @@ use std::collections::BTreeMap;
 use wide::u8x16;
 
 pub(super) use super::lex::Unusual;
-use super::lex::{past_number, past_word, string_stop};
+use super::lex::{Scan, past_scalar, past_word, string_stop};
 use super::skip;
 use super::{
     GroupVersionKind, Meta, MetaOnly, Operation, OwnerRef, RawJson, Request, Review,
     ScannedMetadata,
 };
-
-type Scan<T> = Result<T, Unusual>;
 
 /// Containers nested deeper than this take the serde path (whose own limit is 128; and the
 /// skip loop keeps one bit per open container in a `u128`).
@@ -381,11 +379,7 @@ impl<'a> Scanner<'a> {
         self.at = match *bytes.get(at).ok_or(Unusual)? {
             b'"' => past_string(bytes, at)?.0,
             b'{' | b'[' => skip::past_container(bytes, at, MAX_DEPTH.saturating_sub(depth))?,
-            b't' => past_word(bytes, at, b"true")?,
-            b'f' => past_word(bytes, at, b"false")?,
-            b'n' => past_word(bytes, at, b"null")?,
-            b'-' | b'0'..=b'9' => past_number(bytes, at)?,
-            _ => return Err(Unusual),
+            _ => past_scalar(bytes, at)?,
         };
         Ok(())
     }

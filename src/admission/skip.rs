@@ -17,9 +17,10 @@
 
 use wide::u8x16;
 
-use super::lex::{Unusual, past_number, past_word};
+use super::lex::{Unusual, past_scalar};
 
 /// Bit masks of one block: bit `i` is the block's byte `i`.
+#[derive(Default)]
 struct Masks {
     quote: u64,
     backslash: u64,
@@ -32,13 +33,7 @@ struct Masks {
 
 fn masks(block: &[u8; 64]) -> Masks {
     let splat = u8x16::splat;
-    let mut m = Masks {
-        quote: 0,
-        backslash: 0,
-        whitespace: 0,
-        structural: 0,
-        control: 0,
-    };
+    let mut m = Masks::default();
     for (lane, bytes) in block.chunks_exact(16).enumerate() {
         let v = u8x16::new(bytes.try_into().expect("sixteen bytes"));
         // `[` and `{` differ only in bit 0x20, as do `]` and `}`
@@ -267,13 +262,7 @@ impl Walk {
 
 /// A number or literal starting at `at`, which must end where a token or whitespace does.
 fn scalar(bytes: &[u8], at: usize) -> Result<(), Unusual> {
-    let end = match bytes[at] {
-        b't' => past_word(bytes, at, b"true")?,
-        b'f' => past_word(bytes, at, b"false")?,
-        b'n' => past_word(bytes, at, b"null")?,
-        _ => past_number(bytes, at)?,
-    };
-    match bytes.get(end) {
+    match bytes.get(past_scalar(bytes, at)?) {
         Some(b' ' | b'\n' | b'\r' | b'\t' | b',' | b':' | b'"' | b'{' | b'}' | b'[' | b']') => {
             Ok(())
         }
@@ -429,14 +418,8 @@ mod tests {
                 value.to_string()
             };
             for (at, edit) in edits {
-                let mut at = (at * text.len() as f64) as usize;
-                while !text.is_char_boundary(at) {
-                    at -= 1;
-                }
-                let end = (at + 1).min(text.len());
-                let end = if text.is_char_boundary(end) { end } else { at };
                 // never the opening bracket: the skip is only asked about containers
-                text.replace_range(at.max(1)..end.max(1), edit);
+                crate::admission::tests::damage(&mut text, at, edit, 1);
             }
             text.push_str(tail);
             assert_agrees(&text, pad, 100);
