@@ -17,6 +17,7 @@ pub mod rbac;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -117,6 +118,9 @@ impl Reply {
     }
 }
 
+/// Longer than any answer a test waits for (the slowest are ledger retries of a few seconds).
+const REQUEST_DEADLINE: Duration = Duration::from_secs(60);
+
 impl HttpsClient {
     pub fn new(addr: SocketAddr, ca_pem: &[u8]) -> HttpsClient {
         HttpsClient {
@@ -146,7 +150,29 @@ impl HttpsClient {
             .await
     }
 
+    /// One request on a new connection. A server that never answers fails the test here, by
+    /// name, rather than holding the suite until CI's own limit.
     pub async fn request(
+        &self,
+        method: &str,
+        path: &str,
+        content_type: Option<&str>,
+        body: Bytes,
+    ) -> Result<Reply, String> {
+        tokio::time::timeout(
+            REQUEST_DEADLINE,
+            self.request_unbounded(method, path, content_type, body),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "{method} {path} to {}: no answer within {REQUEST_DEADLINE:?}",
+                self.addr
+            )
+        })
+    }
+
+    async fn request_unbounded(
         &self,
         method: &str,
         path: &str,
@@ -346,7 +372,9 @@ impl BinaryServer {
             }
             None => Command::new(binary),
         };
+        // Its own process group, so that dropping it also kills what a wrapper forked.
         let mut child = command
+            .process_group(0)
             .arg("serve")
             .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
             .args(args)
@@ -375,15 +403,22 @@ impl BinaryServer {
         }
     }
 
+    /// SIGKILL to the server and whatever wrapped it.
     pub fn kill9(&mut self) {
-        self.child.kill().expect("SIGKILL");
+        self.kill_group().expect("SIGKILL");
         self.child.wait().unwrap();
+    }
+
+    fn kill_group(&self) -> std::io::Result<()> {
+        let group = rustix::process::Pid::from_raw(self.child.id() as i32).expect("a child's pid");
+        rustix::process::kill_process_group(group, rustix::process::Signal::KILL)?;
+        Ok(())
     }
 }
 
 impl Drop for BinaryServer {
     fn drop(&mut self) {
-        let _ = self.child.kill();
+        let _ = self.kill_group();
         let _ = self.child.wait();
     }
 }
