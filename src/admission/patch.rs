@@ -3,54 +3,62 @@
 
 use super::{write_json_string, write_json_string_content};
 
-/// Builds a JSON Patch that adds metadata labels and annotations, writing the JSON directly.
+/// Builds a JSON Patch that adds metadata labels and annotations, writing each operation's
+/// JSON as it is added.
 #[derive(Debug, Default)]
 pub struct MetadataPatch {
-    ops: Vec<(&'static str, String, String)>,
+    /// `[` and the operations so far, comma-separated (empty before the first)
+    json: Vec<u8>,
+    /// the maps this patch creates itself (with an `add` of `{}` before their first entry)
+    created: Vec<&'static str>,
 }
 
 impl MetadataPatch {
     /// `map` is `labels` or `annotations`; `present` says whether the object has that map.
     pub fn add(&mut self, map: &'static str, present: bool, key: &str, value: &str) {
-        let map_present = present || self.ops.iter().any(|(m, k, _)| *m == map && k.is_empty());
-        if !map_present {
-            self.ops.push((map, String::new(), String::new()));
+        if !present && !self.created.contains(&map) {
+            self.created.push(map);
+            self.op(map);
+            self.json.extend_from_slice(br#"","value":{}}"#);
         }
-        self.ops.push((map, key.to_string(), value.to_string()));
+        self.op(map);
+        self.json.push(b'/');
+        write_pointer_token(&mut self.json, key);
+        self.json.extend_from_slice(br#"","value":"#);
+        write_json_string(&mut self.json, value);
+        self.json.push(b'}');
+    }
+
+    /// The start of an `add` operation on `map`, up to its path's text so far.
+    fn op(&mut self, map: &str) {
+        if self.json.is_empty() {
+            self.json.reserve(512);
+            self.json.push(b'[');
+        } else {
+            self.json.push(b',');
+        }
+        self.json
+            .extend_from_slice(br#"{"op":"add","path":"/metadata/"#);
+        self.json.extend_from_slice(map.as_bytes());
     }
 
     pub fn is_empty(&self) -> bool {
-        self.ops.is_empty()
+        self.json.is_empty()
     }
 
-    pub fn to_json(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(2 + self.ops.len() * 96);
-        out.push(b'[');
-        for (i, (map, key, value)) in self.ops.iter().enumerate() {
-            if i > 0 {
-                out.push(b',');
-            }
-            out.extend_from_slice(br#"{"op":"add","path":"/metadata/"#);
-            out.extend_from_slice(map.as_bytes());
-            if key.is_empty() {
-                out.extend_from_slice(br#"","value":{}}"#);
-            } else {
-                out.push(b'/');
-                write_pointer_token(&mut out, key);
-                out.extend_from_slice(br#"","value":"#);
-                write_json_string(&mut out, value);
-                out.push(b'}');
-            }
+    pub fn to_json(mut self) -> Vec<u8> {
+        if self.json.is_empty() {
+            self.json.push(b'[');
         }
-        out.push(b']');
-        out
+        self.json.push(b']');
+        self.json
     }
 }
 
 /// Append `key` escaped as a JSON Pointer token and then as JSON string content.
 fn write_pointer_token(out: &mut Vec<u8>, key: &str) {
     let mut rest = key;
-    while let Some(at) = rest.find(['~', '/']) {
+    while let Some(at) = rest.bytes().position(|b| b == b'~' || b == b'/') {
         write_json_string_content(out, &rest[..at]);
         out.extend_from_slice(if rest.as_bytes()[at] == b'~' {
             b"~0"
