@@ -191,9 +191,10 @@ const fn single(state: State, class: usize) -> u8 {
 }
 
 /// [`single`] as a table, by row plus class: the walk does not branch on which token comes
-/// next (that cannot be predicted), only on the rarer steps.
-const SINGLE: [u8; STATES * CLASSES] = {
-    let mut table = [INVALID; STATES * CLASSES];
+/// next (that cannot be predicted), only on the rarer steps. Padded to any byte plus any byte,
+/// so that indexing it needs no bounds check in the chain every token waits on.
+const SINGLE: [u8; 512] = {
+    let mut table = [INVALID; 512];
     let mut state = 0;
     while state < STATES {
         let mut class = 0;

@@ -130,11 +130,64 @@ pub struct ResultLabels {
     pub result: &'static str,
 }
 
+/// One endpoint's series of the request families, resolved once: every admission updates
+/// them, and a family looks its labels up under a lock. (They are the families' own series,
+/// so they are exported from the start, at zero.)
+pub struct WebhookSeries {
+    pub in_flight: Gauge,
+    pub latency: Histogram,
+    allowed: Counter,
+    denied: Counter,
+    bad_request: Counter,
+    error: Counter,
+}
+
+impl WebhookSeries {
+    fn new(
+        requests: &Family<RequestLabels, Counter>,
+        latency: &Family<WebhookLabels, Histogram>,
+        in_flight: &Family<WebhookLabels, Gauge>,
+        webhook: Endpoint,
+    ) -> WebhookSeries {
+        let labels = WebhookLabels {
+            webhook: webhook.clone(),
+        };
+        let requests = |outcome| {
+            requests
+                .get_or_create(&RequestLabels {
+                    webhook: webhook.clone(),
+                    outcome,
+                })
+                .clone()
+        };
+        WebhookSeries {
+            in_flight: in_flight.get_or_create(&labels).clone(),
+            latency: latency.get_or_create(&labels).clone(),
+            allowed: requests(Outcome::allowed),
+            denied: requests(Outcome::denied),
+            bad_request: requests(Outcome::bad_request),
+            error: requests(Outcome::error),
+        }
+    }
+
+    /// The count of requests answered with `outcome`.
+    pub fn requests(&self, outcome: Outcome) -> &Counter {
+        match outcome {
+            Outcome::allowed => &self.allowed,
+            Outcome::denied => &self.denied,
+            Outcome::bad_request => &self.bad_request,
+            Outcome::error => &self.error,
+        }
+    }
+}
+
 pub struct Metrics {
     pub registry: Registry,
     pub requests: Family<RequestLabels, Counter>,
     pub latency: Family<WebhookLabels, Histogram>,
     pub in_flight: Family<WebhookLabels, Gauge>,
+    /// Each endpoint's series of the three families above, by [`Endpoint`] order.
+    webhooks: [WebhookSeries; 2],
     pub panics: Counter,
     pub allocations: Family<AllocationLabels, Counter>,
     /// Pods refused because every IP of their list or pool was held.
@@ -266,14 +319,19 @@ impl Metrics {
 
     /// The metrics with their starting values, in an empty registry.
     fn unregistered() -> Metrics {
+        let requests = Family::default();
+        // 10 µs .. ~5 s
+        let latency: Family<WebhookLabels, Histogram> =
+            Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.00001, 2.5, 15)));
+        let in_flight = Family::default();
+        let webhooks = [Endpoint::mutate, Endpoint::validate]
+            .map(|endpoint| WebhookSeries::new(&requests, &latency, &in_flight, endpoint));
         Metrics {
             registry: Registry::default(),
-            requests: Family::default(),
-            // 10 µs .. ~5 s
-            latency: Family::new_with_constructor(|| {
-                Histogram::new(exponential_buckets(0.00001, 2.5, 15))
-            }),
-            in_flight: Family::default(),
+            requests,
+            latency,
+            in_flight,
+            webhooks,
             panics: Counter::default(),
             allocations: Family::default(),
             exhausted_refusals: Family::default(),
@@ -304,6 +362,14 @@ impl Metrics {
             max_apps: Arc::new(AtomicUsize::new(DEFAULT_MAX_APPS)),
             exhausted_series: AtomicUsize::new(0),
         }
+    }
+
+    /// The series an admission to `endpoint` updates.
+    pub fn webhook(&self, endpoint: &Endpoint) -> &WebhookSeries {
+        &self.webhooks[match endpoint {
+            Endpoint::mutate => 0,
+            Endpoint::validate => 1,
+        }]
     }
 
     /// Admission requests: how many, how long, and those refused by the load limits.

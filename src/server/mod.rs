@@ -58,7 +58,7 @@ use tokio::sync::{Semaphore, SemaphorePermit, watch};
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
-use crate::metrics::{Metrics, Outcome, ReasonLabels, RequestLabels};
+use crate::metrics::{Metrics, Outcome, ReasonLabels};
 use crate::webhook::Webhook;
 
 /// controller-runtime's limit: the API server never sends more.
@@ -536,14 +536,7 @@ async fn admission(
         Err(response) => return early(*response, body),
     };
     let count = |outcome| {
-        webhook
-            .metrics
-            .requests
-            .get_or_create(&RequestLabels {
-                webhook: endpoint.clone(),
-                outcome,
-            })
-            .inc();
+        webhook.metrics.webhook(&endpoint).requests(outcome).inc();
     };
     let declared = match check_head(&parts) {
         Ok(declared) => declared,

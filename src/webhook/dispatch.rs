@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use crate::admission::{self, ReviewError};
 use crate::ipam::ipset::push_ip;
-use crate::metrics::{Endpoint, Outcome, RequestLabels, WebhookLabels};
+use crate::metrics::{Endpoint, Outcome};
 use crate::webhook::Webhook;
 use crate::webhook::assess::Answer;
 use crate::webhook::mutate;
@@ -16,33 +16,21 @@ impl Webhook {
     /// Answer one AdmissionReview body. `Err` means the body was not a usable review (HTTP 400).
     pub async fn review(&self, endpoint: Endpoint, body: &[u8]) -> Result<Vec<u8>, ReviewError> {
         let started = Instant::now();
-        let labels = WebhookLabels {
-            webhook: endpoint.clone(),
-        };
-        let in_flight = self.metrics.in_flight.get_or_create_owned(&labels);
-        in_flight.inc();
+        let series = self.metrics.webhook(&endpoint);
+        series.in_flight.inc();
         let result = crate::ledger::health::with_deadline(
             started + self.settings.admission_deadline,
-            self.decide(endpoint.clone(), body, started),
+            self.decide(endpoint, body, started),
         )
         .await;
-        in_flight.dec();
+        series.in_flight.dec();
         let outcome = match &result {
             Ok(response) if response.allowed => Outcome::allowed,
             Ok(_) => Outcome::denied,
             Err(_) => Outcome::bad_request,
         };
-        self.metrics
-            .latency
-            .get_or_create(&labels)
-            .observe(started.elapsed().as_secs_f64());
-        self.metrics
-            .requests
-            .get_or_create(&RequestLabels {
-                webhook: endpoint,
-                outcome,
-            })
-            .inc();
+        series.latency.observe(started.elapsed().as_secs_f64());
+        series.requests(outcome).inc();
         result.map(|response| response.to_json())
     }
 
