@@ -348,6 +348,8 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
 /// The real binary, started with `args` after `serve`; waits for its "serving" line.
 pub struct BinaryServer {
     pub child: Child,
+    /// Started under a wrapper, in a process group of its own: killed as a group.
+    wrapped: bool,
     pub https_addr: SocketAddr,
     pub admin_addr: SocketAddr,
 }
@@ -359,8 +361,10 @@ impl BinaryServer {
         BinaryServer::start_under(&[], args)
     }
 
-    /// Run the server under `wrapper` (a command and its arguments that exec the rest, such as
-    /// `faketime -f +600s`).
+    /// Run the server under `wrapper` (a command and its arguments that run the rest, such as
+    /// `faketime -f +600s`). The wrapper and the server get a process group of their own, so
+    /// that dropping the server also kills what the wrapper forked (faketime forks); a server
+    /// without a wrapper stays in the test's group, where a Ctrl-C of the run reaches it.
     pub fn start_under(wrapper: &[&str], args: &[&str]) -> BinaryServer {
         let binary = std::env::var_os("IP_WEBHOOK_TEST_BINARY")
             .unwrap_or_else(|| env!("CARGO_BIN_EXE_ip-webhook").into());
@@ -372,9 +376,11 @@ impl BinaryServer {
             }
             None => Command::new(binary),
         };
-        // Its own process group, so that dropping it also kills what a wrapper forked.
+        let wrapped = !wrapper.is_empty();
+        if wrapped {
+            command.process_group(0);
+        }
         let mut child = command
-            .process_group(0)
             .arg("serve")
             .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
             .args(args)
@@ -394,6 +400,7 @@ impl BinaryServer {
         let admin = between(&line, "admin http://", ")");
         BinaryServer {
             child,
+            wrapped,
             https_addr: https
                 .parse()
                 .unwrap_or_else(|_| panic!("address in {line:?}")),
@@ -405,11 +412,14 @@ impl BinaryServer {
 
     /// SIGKILL to the server and whatever wrapped it.
     pub fn kill9(&mut self) {
-        self.kill_group().expect("SIGKILL");
+        self.kill().expect("SIGKILL");
         self.child.wait().unwrap();
     }
 
-    fn kill_group(&self) -> std::io::Result<()> {
+    fn kill(&mut self) -> std::io::Result<()> {
+        if !self.wrapped {
+            return self.child.kill();
+        }
         let group = rustix::process::Pid::from_raw(self.child.id() as i32).expect("a child's pid");
         rustix::process::kill_process_group(group, rustix::process::Signal::KILL)?;
         Ok(())
@@ -418,7 +428,7 @@ impl BinaryServer {
 
 impl Drop for BinaryServer {
     fn drop(&mut self) {
-        let _ = self.kill_group();
+        let _ = self.kill();
         let _ = self.child.wait();
     }
 }
