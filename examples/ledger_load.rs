@@ -11,6 +11,7 @@
 //! taskset -c 0 target/release/examples/ledger_load load  DIR [journal|redb] [CONNS] [SECONDS]
 //! taskset -c 0 target/release/examples/ledger_load probe DIR [COUNT]
 //! taskset -c 0 target/release/examples/ledger_load probe-for DIR SECONDS
+//! taskset -c 0 target/release/examples/ledger_load commit-cost DIR [SECONDS] [RECORDS]
 //! taskset -c 0 target/release/examples/ledger_load restart DIR [CLAIMS]
 //! taskset -c 0 target/release/examples/ledger_load compact DIR [CLAIMS] [SECONDS]
 //! ```
@@ -19,6 +20,11 @@
 //! ledger answers, so the journals grow past twice the live records again and again and the
 //! ledger compacts while commits go on: it prints the slowest step and how many snapshots were
 //! written, to set beside `probe-for` of the same dir.
+//!
+//! `commit-cost` is the disk's part of one group commit, with no threads and no ledger: it
+//! overwrites space it filled with synced zeros first (as the journal does) with RECORDS
+//! (default 15, the batch a 16-connection run forms) 116-byte records and `fdatasync`s them,
+//! again and again, and prints the process's CPU per commit and per record.
 
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr};
@@ -207,6 +213,54 @@ async fn load(dir: &Path, conns: usize, seconds: u64) {
 /// The disk's own tail: 512-byte appends, each followed by `fdatasync`, for `seconds`. The
 /// slowest of them is what no ledger on this file system can beat; `scripts/bench-open-loop.sh`
 /// judges the server's slowest durable answer against it.
+/// This process's user and system CPU so far, in seconds (`/proc/self/stat`).
+fn process_cpu() -> (f64, f64) {
+    let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
+    // the fields after the command's name, which is in parentheses and may hold spaces
+    let fields: Vec<&str> = stat[stat.rfind(')').expect("a stat line") + 2..]
+        .split(' ')
+        .collect();
+    // in USER_HZ, which Linux fixes at 100 for what it reports to user space
+    let ticks = |i: usize| fields[i].parse::<f64>().expect("a tick count") / 100.0;
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name
+    (ticks(11), ticks(12))
+}
+
+fn commit_cost(dir: &Path, seconds: f64, records: usize) {
+    use std::os::unix::fs::FileExt;
+    const ROOM: u64 = 8 << 20;
+    std::fs::create_dir_all(dir).unwrap();
+    let path = dir.join("commit-cost");
+    let file = std::fs::File::create(&path).unwrap();
+    file.write_all_at(&vec![0; ROOM as usize], 0).unwrap();
+    file.sync_data().unwrap();
+    let batch = vec![b'r'; records * 116];
+    let (user, system) = process_cpu();
+    let until = Instant::now() + Duration::from_secs_f64(seconds);
+    let (mut commits, mut at) = (0u64, 0u64);
+    while Instant::now() < until {
+        file.write_all_at(&batch, at).unwrap();
+        file.sync_data().unwrap();
+        at = (at + batch.len() as u64) % (ROOM - batch.len() as u64);
+        commits += 1;
+    }
+    let (user, system) = {
+        let (u, s) = process_cpu();
+        (u - user, s - system)
+    };
+    let per_commit = (user + system) / commits as f64 * 1e6;
+    println!(
+        "commit cost (overwrite {} B: {records} records of 116 B, then fdatasync; {seconds}s) in {}: commits={commits} cpu per commit {per_commit:.1}us (user {:.1}, system {:.1}), per record {:.2}us",
+        batch.len(),
+        dir.display(),
+        user / commits as f64 * 1e6,
+        system / commits as f64 * 1e6,
+        per_commit / records as f64,
+    );
+    drop(file);
+    std::fs::remove_file(&path).unwrap();
+}
+
 fn probe_for(dir: &Path, seconds: f64) {
     std::fs::create_dir_all(dir).unwrap();
     let path = dir.join("fsync-probe-for");
@@ -420,7 +474,7 @@ async fn main() {
     // as `ip-webhook serve` does: no stall of a huge page cleared or compacted on first touch
     let _ = rustix::thread::disable_transparent_huge_pages(true);
     let args: Vec<String> = std::env::args().collect();
-    let usage = "usage: ledger_load load DIR [CONNS] [SECONDS] | probe DIR [COUNT] | probe-for DIR SECONDS | restart DIR [CLAIMS] | compact DIR [CLAIMS] [SECONDS]";
+    let usage = "usage: ledger_load load DIR [CONNS] [SECONDS] | probe DIR [COUNT] | probe-for DIR SECONDS | commit-cost DIR [SECONDS] [RECORDS] | restart DIR [CLAIMS] | compact DIR [CLAIMS] [SECONDS]";
     let mode = args.get(1).expect(usage).as_str();
     let dir = Path::new(args.get(2).expect(usage));
     match mode {
@@ -436,6 +490,11 @@ async fn main() {
         "probe-for" => probe_for(
             dir,
             args.get(3).and_then(|a| a.parse().ok()).unwrap_or(15.0),
+        ),
+        "commit-cost" => commit_cost(
+            dir,
+            args.get(3).and_then(|a| a.parse().ok()).unwrap_or(5.0),
+            args.get(4).and_then(|a| a.parse().ok()).unwrap_or(15),
         ),
         "restart" => {
             let claims = args.get(3).and_then(|a| a.parse().ok()).unwrap_or(100_000);
