@@ -210,9 +210,6 @@ async fn load(dir: &Path, conns: usize, seconds: u64) {
     ledger.close().await;
 }
 
-/// The disk's own tail: 512-byte appends, each followed by `fdatasync`, for `seconds`. The
-/// slowest of them is what no ledger on this file system can beat; `scripts/bench-open-loop.sh`
-/// judges the server's slowest durable answer against it.
 /// This process's user and system CPU so far, in seconds (`/proc/self/stat`).
 fn process_cpu() -> (f64, f64) {
     let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
@@ -226,6 +223,8 @@ fn process_cpu() -> (f64, f64) {
     (ticks(11), ticks(12))
 }
 
+/// The disk's part of one group commit of `records` claims: CPU per commit and per record, from
+/// writing them over synced zeros and `fdatasync`ing, again and again for `seconds`.
 fn commit_cost(dir: &Path, seconds: f64, records: usize) {
     use std::os::unix::fs::FileExt;
     const ROOM: u64 = 8 << 20;
@@ -261,6 +260,9 @@ fn commit_cost(dir: &Path, seconds: f64, records: usize) {
     std::fs::remove_file(&path).unwrap();
 }
 
+/// The disk's own tail: 512-byte appends, each followed by `fdatasync`, for `seconds`. The
+/// slowest of them is what no ledger on this file system can beat; `scripts/bench-open-loop.sh`
+/// judges the server's slowest durable answer against it.
 fn probe_for(dir: &Path, seconds: f64) {
     std::fs::create_dir_all(dir).unwrap();
     let path = dir.join("fsync-probe-for");
@@ -494,7 +496,10 @@ async fn main() {
         "commit-cost" => commit_cost(
             dir,
             args.get(3).and_then(|a| a.parse().ok()).unwrap_or(5.0),
-            args.get(4).and_then(|a| a.parse().ok()).unwrap_or(15),
+            args.get(4)
+                .and_then(|a| a.parse().ok())
+                .filter(|&records| records > 0)
+                .unwrap_or(15),
         ),
         "restart" => {
             let claims = args.get(3).and_then(|a| a.parse().ok()).unwrap_or(100_000);
