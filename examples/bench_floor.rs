@@ -12,10 +12,12 @@
 //! less than 256 KiB is left, after a batch has its answers), so a commit does not grow the
 //! file, and the writer runs as `SCHED_BATCH`. There is no ledger, no
 //! claim and no decision: what this costs above the plain floor is what durability itself
-//! costs on this disk and core, whatever the store.
+//! costs on this disk and core, whatever the store. `--journal-inline` makes the same commits
+//! with no writer thread: the request that seals a batch writes and syncs it on the runtime's
+//! own thread (blocking that thread for the sync), to weigh the hand-over against it.
 //!
 //! ```text
-//! bench_floor [ADDR] [--ca-out FILE] [--journal DIR] [--parse]
+//! bench_floor [ADDR] [--ca-out FILE] [--journal DIR | --journal-inline DIR] [--parse]
 //! ```
 //!
 //! `--ca-out` writes the CA certificate's PEM, for `bench_client`. `--parse` makes each answer
@@ -66,13 +68,15 @@ fn zero_fill(file: &File, from: u64, to: u64) -> std::io::Result<()> {
     file.sync_data()
 }
 
-/// Records waiting for the writer thread, each with the answer it releases. A batch forms as
+/// Records waiting for their commit, each with the answer it releases. A batch forms as
 /// ip-webhook's ledger forms one: the request that opens it yields to the runtime once, so
-/// that every request the runtime had ready joins, and then seals it for the writer.
-#[derive(Default)]
+/// that every request the runtime had ready joins, and then seals it: for the writer thread,
+/// or (`--journal-inline`) to write and sync it itself, on the runtime's thread.
 struct GroupCommit {
     inbox: Mutex<Inbox>,
     ready: Condvar,
+    /// `Some` with `--journal-inline`: the journal the sealing request commits to itself
+    inline: Option<Mutex<Journal>>,
 }
 
 #[derive(Default)]
@@ -81,11 +85,67 @@ struct Inbox {
     sealed: bool,
 }
 
-impl GroupCommit {
-    fn start(dir: &Path) -> anyhow::Result<Arc<GroupCommit>> {
+/// The journal file: records go into zeros written and synced ahead of them.
+struct Journal {
+    file: File,
+    end: u64,
+    allocated: u64,
+    bytes: Vec<u8>,
+}
+
+impl Journal {
+    fn create(dir: &Path) -> anyhow::Result<Journal> {
         std::fs::create_dir_all(dir)?;
-        let file = File::create(dir.join("floor-journal"))?;
-        let commits = Arc::new(GroupCommit::default());
+        Ok(Journal {
+            file: File::create(dir.join("floor-journal"))?,
+            end: 0,
+            allocated: 0,
+            bytes: Vec::new(),
+        })
+    }
+
+    /// Write `records` records and sync them: one `write`, one `fdatasync`.
+    fn commit(&mut self, records: usize) {
+        self.bytes.clear();
+        self.bytes.resize(records * RECORD_BYTES, b'r');
+        let len = self.bytes.len() as u64;
+        if self.end + len > self.allocated {
+            let grown = (self.end + len).next_multiple_of(ROOM_BYTES);
+            zero_fill(&self.file, self.allocated, grown).expect("floor journal room");
+            self.allocated = grown;
+        }
+        self.file
+            .write_all_at(&self.bytes, self.end)
+            .and_then(|()| self.file.sync_data())
+            .expect("floor journal write");
+        self.end += len;
+    }
+
+    /// After a batch has its answers: room for the next ones, if little is left.
+    fn keep_room(&mut self) {
+        if self.allocated - self.end < ROOM_BYTES / 4 {
+            let grown = (self.end + ROOM_BYTES / 4).next_multiple_of(ROOM_BYTES);
+            zero_fill(&self.file, self.allocated, grown).expect("floor journal room");
+            self.allocated = grown;
+        }
+    }
+}
+
+impl GroupCommit {
+    fn start(dir: &Path, inline: bool) -> anyhow::Result<Arc<GroupCommit>> {
+        let mut journal = Journal::create(dir)?;
+        if inline {
+            return Ok(Arc::new(GroupCommit {
+                inbox: Mutex::default(),
+                ready: Condvar::new(),
+                inline: Some(Mutex::new(journal)),
+            }));
+        }
+        let commits = Arc::new(GroupCommit {
+            inbox: Mutex::default(),
+            ready: Condvar::new(),
+            inline: None,
+        });
         let writer = commits.clone();
         std::thread::Builder::new()
             .name("floor-writer".into())
@@ -93,8 +153,6 @@ impl GroupCommit {
                 // as ip-webhook's ledger writer runs
                 ip_webhook::ledger::embedded::writer_batch_policy().expect("SCHED_BATCH");
                 let mut batch = Vec::new();
-                let mut bytes = Vec::new();
-                let (mut end, mut allocated) = (0u64, 0u64);
                 loop {
                     {
                         let mut inbox = writer.inbox.lock().expect("floor inbox");
@@ -104,26 +162,11 @@ impl GroupCommit {
                         inbox.sealed = false;
                         std::mem::swap(&mut inbox.waiting, &mut batch);
                     }
-                    bytes.clear();
-                    bytes.resize(batch.len() * RECORD_BYTES, b'r');
-                    let len = bytes.len() as u64;
-                    if end + len > allocated {
-                        let grown = (end + len).next_multiple_of(ROOM_BYTES);
-                        zero_fill(&file, allocated, grown).expect("floor journal room");
-                        allocated = grown;
-                    }
-                    file.write_all_at(&bytes, end)
-                        .and_then(|()| file.sync_data())
-                        .expect("floor journal write");
-                    end += len;
+                    journal.commit(batch.len());
                     for done in batch.drain(..) {
                         let _ = done.send(());
                     }
-                    if allocated - end < ROOM_BYTES / 4 {
-                        let grown = (end + ROOM_BYTES / 4).next_multiple_of(ROOM_BYTES);
-                        zero_fill(&file, allocated, grown).expect("floor journal room");
-                        allocated = grown;
-                    }
+                    journal.keep_room();
                 }
             })?;
         Ok(commits)
@@ -151,8 +194,19 @@ struct Seal<'a>(&'a GroupCommit);
 
 impl Drop for Seal<'_> {
     fn drop(&mut self) {
-        self.0.inbox.lock().expect("floor inbox").sealed = true;
-        self.0.ready.notify_one();
+        let Some(journal) = &self.0.inline else {
+            self.0.inbox.lock().expect("floor inbox").sealed = true;
+            self.0.ready.notify_one();
+            return;
+        };
+        // the journal's lock first: the next batch forms in the inbox while this one syncs
+        let mut journal = journal.lock().expect("floor journal");
+        let batch = std::mem::take(&mut self.0.inbox.lock().expect("floor inbox").waiting);
+        journal.commit(batch.len());
+        for done in batch {
+            let _ = done.send(());
+        }
+        journal.keep_room();
     }
 }
 
@@ -194,9 +248,10 @@ async fn main() -> anyhow::Result<()> {
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--ca-out" => ca_out = Some(args.next().context("--ca-out needs a file")?),
-            "--journal" => {
+            "--journal" | "--journal-inline" => {
                 let dir = args.next().context("--journal needs a directory")?;
-                journal = Some(GroupCommit::start(Path::new(&dir))?);
+                let inline = arg == "--journal-inline";
+                journal = Some(GroupCommit::start(Path::new(&dir), inline)?);
             }
             "--parse" => parse = true,
             addr => listen = addr.parse().with_context(|| format!("address {addr:?}"))?,
