@@ -65,11 +65,18 @@ fn claim(n: u32) -> Claim {
     }
 }
 
-fn cpu_seconds() -> f64 {
+/// This process's user and system CPU so far, in seconds.
+fn process_cpu() -> (f64, f64) {
     let stat = procfs::process::Process::myself()
         .and_then(|p| p.stat())
         .expect("/proc/self/stat");
-    (stat.utime + stat.stime) as f64 / procfs::ticks_per_second() as f64
+    let ticks = procfs::ticks_per_second() as f64;
+    (stat.utime as f64 / ticks, stat.stime as f64 / ticks)
+}
+
+fn cpu_seconds() -> f64 {
+    let (user, system) = process_cpu();
+    user + system
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -208,19 +215,6 @@ async fn load(dir: &Path, conns: usize, seconds: u64) {
         }
     }
     ledger.close().await;
-}
-
-/// This process's user and system CPU so far, in seconds (`/proc/self/stat`).
-fn process_cpu() -> (f64, f64) {
-    let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
-    // the fields after the command's name, which is in parentheses and may hold spaces
-    let fields: Vec<&str> = stat[stat.rfind(')').expect("a stat line") + 2..]
-        .split(' ')
-        .collect();
-    // in USER_HZ, which Linux fixes at 100 for what it reports to user space
-    let ticks = |i: usize| fields[i].parse::<f64>().expect("a tick count") / 100.0;
-    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name
-    (ticks(11), ticks(12))
 }
 
 /// The disk's part of one group commit of `records` claims: CPU per commit and per record, from
