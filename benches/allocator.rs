@@ -91,6 +91,7 @@ fn allocation(c: &mut Criterion) {
                 candidates: &set,
                 ordinal: None,
                 vm: None,
+                migration: false,
                 dry_run: true,
             };
             let chosen = runtime

@@ -118,6 +118,23 @@ pub struct IPClaimSpec {
     /// hold the IP in turn, and it is released only once the VM is gone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vm: Option<String>,
+    /// While a live migration's target pod holds the claim: the VM's source launcher pod,
+    /// which still runs the VM on this IP. Deleting the target gives the claim back to it;
+    /// deleting it leaves the claim to the target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub migration_source: Option<MigrationSource>,
+}
+
+/// A launcher pod that runs a VM on its claim's IP besides the claim's own pod.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MigrationSource {
+    pub pod_name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_uid: Option<String>,
+    /// The claim token it carries.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub token: String,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -136,6 +153,11 @@ pub struct IPClaimStatus {
     /// RFC 3339; the last phase change (for `Released`: when the pod went).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub updated_at: Option<String>,
+    /// The grant (`spec.requestUid`) this status was written for. A claim another admission
+    /// took over (its `spec` replaced in one write, the status left as it was) reads as
+    /// `Reserved` until its status is written for the new grant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_uid: Option<String>,
 }
 
 /// The CRDs as multi-document YAML, as `ip-webhook crds` prints them.

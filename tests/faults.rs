@@ -39,6 +39,7 @@ fn request<'a>(set: &'a IpSet, name: &str, uid: &'a str) -> AllocationRequest<'a
         candidates: set,
         ordinal: None,
         vm: None,
+        migration: false,
         dry_run: false,
     }
 }

@@ -187,6 +187,7 @@ async fn create_conflict_learns_the_holder_and_takes_the_next_ip() {
         candidates: &set,
         ordinal: None,
         vm: None,
+        migration: false,
         dry_run: false,
     };
     let allocation = allocator.allocate(&request).await.unwrap();

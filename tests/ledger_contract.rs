@@ -121,6 +121,7 @@ fn request<'a>(set: &'a IpSet, n: u8, uid: &'a str) -> AllocationRequest<'a> {
         candidates: set,
         ordinal: None,
         vm: None,
+        migration: false,
         dry_run: false,
     }
 }

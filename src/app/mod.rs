@@ -57,8 +57,9 @@ pub async fn build(
         metrics.ledger_latency.clone(),
         metrics.ledger_health.clone(),
     );
+    let sticky_grace = config.settings.sticky_grace.as_secs();
     let allocator = Arc::new(
-        Allocator::new(ledger.clone())
+        Allocator::keeping_sticky(ledger.clone(), sticky_grace)
             .await
             .context("loading the ledger")?,
     );
@@ -108,7 +109,7 @@ async fn secondary_networks(
             metrics.ledger_health.clone(),
         );
         let allocator = Arc::new(
-            Allocator::new(ledger)
+            Allocator::keeping_sticky(ledger, config.settings.sticky_grace.as_secs())
                 .await
                 .with_context(|| format!("loading the claims of secondary network {network}"))?,
         );
@@ -384,11 +385,12 @@ pub async fn launch(config: &ServeConfig) -> anyhow::Result<Launched> {
         .as_ref()
         .map(|a| a.watches.clone())
         .or(pod_api.clone());
-    let pod_lookup: Option<Arc<dyn PodLookup>> = pods_client.map(|client| {
-        Arc::new(
-            PodDirectory::new(client, config.webhook.settings.app_label.clone())
-                .release_vms_on_stop(config.webhook.settings.kubevirt.release_on_stop),
-        ) as Arc<dyn PodLookup>
+    let pod_lookup: Option<Arc<dyn PodLookup>> = pods_client.clone().map(|client| {
+        Arc::new(PodDirectory::of_interface(
+            client,
+            &webhook.settings,
+            crate::ledger::network::Interface::Primary,
+        )) as Arc<dyn PodLookup>
     });
     if let Some(lookup) = &pod_lookup {
         let _ = webhook.pods.set(lookup.clone());
@@ -400,7 +402,7 @@ pub async fn launch(config: &ServeConfig) -> anyhow::Result<Launched> {
         ledger.clone(),
         webhook.metrics.ledger_health.clone(),
     ));
-    let release_timers = release_timers(&webhook, pod_lookup);
+    let release_timers = release_timers(&webhook, pods_client);
     let cluster = start_cluster(config, &webhook, &ready, api_server, pod_api);
     Ok(Launched {
         running,
@@ -414,17 +416,22 @@ pub async fn launch(config: &ServeConfig) -> anyhow::Result<Launched> {
     })
 }
 
-/// One release timer for the primary interface's claims and one per secondary network.
+/// One release timer per interface ([`Webhook::interfaces`]), each asking the API server
+/// (when there is one) for the holders of its own books' claims.
 fn release_timers(
     webhook: &Arc<Webhook>,
-    pod_lookup: Option<Arc<dyn PodLookup>>,
+    pods_client: Option<kube::Client>,
 ) -> Vec<tokio::task::JoinHandle<()>> {
-    std::iter::once(&webhook.allocator)
-        .chain(webhook.secondary.iter().map(|(_, allocator)| allocator))
-        .map(|allocator| {
+    webhook
+        .interfaces()
+        .map(|(interface, allocator)| {
+            let lookup = pods_client.clone().map(|client| {
+                Arc::new(PodDirectory::of_interface(client, &webhook.settings, interface))
+                    as Arc<dyn PodLookup>
+            });
             tokio::spawn(crate::webhook::release_timer::run(
                 allocator.clone(),
-                pod_lookup.clone(),
+                lookup,
                 webhook.metrics.clone(),
                 crate::webhook::release_timer::PERIOD,
             ))

@@ -154,8 +154,10 @@ impl ServeArgs {
                 dns_names: self.dns_names.clone(),
             },
         };
+        let mut webhook = self.webhook.config();
+        webhook.settings.sticky_grace = self.cluster.sticky_grace;
         ServeConfig {
-            webhook: self.webhook.config(),
+            webhook,
             state_dir: self.webhook.state_dir.clone(),
             listen: self.listen,
             admin_listen: self.admin_listen,

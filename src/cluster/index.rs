@@ -57,6 +57,9 @@ pub struct SlimPod {
     /// The value of its app label (`--app-label`), empty if none: the reconciler adopts a
     /// pod's IP only into its own app's list.
     pub app: Shared,
+    /// The KubeVirt VM it is a launcher pod of ([`crate::webhook::kubevirt::launcher_vm`]):
+    /// the VM's launcher pods share its IP.
+    pub vm: Option<Shared>,
 }
 
 impl SlimPod {
@@ -120,6 +123,7 @@ impl SlimPod {
                 .map(|a| a.as_str())
                 .unwrap_or("")
                 .into(),
+            vm: crate::webhook::kubevirt::launcher_vm_of_object(meta).map(Shared::from),
         })
     }
 }
@@ -444,16 +448,19 @@ impl ForeignIps for ClusterIps {
                 ovn_ip: ovn
                     .filter(|o| *o.pod == *pod.name && *o.namespace == *pod.namespace)
                     .map(|o| o.name.to_string()),
+                vm: pod.vm.as_deref().map(str::to_string),
             }),
             (None, Some(ovn)) => Some(ForeignUse {
                 namespace: ovn.namespace.to_string(),
                 name: ovn.pod.to_string(),
                 ovn_ip: Some(ovn.name.to_string()),
+                vm: None,
             }),
             (None, None) => self.calico_user(ip).map(|(namespace, name)| ForeignUse {
                 namespace,
                 name,
                 ovn_ip: None,
+                vm: None,
             }),
         }
     }
@@ -731,6 +738,7 @@ mod tests {
             created_at: 0,
             controller: None,
             app: "static".into(),
+            vm: None,
         }]);
         let object: DynamicObject = serde_json::from_value(serde_json::json!({
             "apiVersion": "kubeovn.io/v1", "kind": "IP",
@@ -774,6 +782,7 @@ mod tests {
             created_at: 0,
             controller: None,
             app: app.into(),
+            vm: None,
         }
     }
 
@@ -872,6 +881,7 @@ mod tests {
                 created_at: 0,
                 controller: None,
                 app: "".into(),
+                vm: None,
             }),
         };
         relist.step(&index.pods, &index.pods_synced, watcher::Event::Init);
@@ -917,6 +927,7 @@ mod tests {
             created_at,
             controller: None,
             app: "".into(),
+            vm: None,
         };
         let apply = |pod: SlimPod| {
             index.pod_event(watcher::Event::Apply(SlimOrGone {

@@ -15,8 +15,7 @@ use tokio::task::JoinHandle;
 
 use crate::admission::annotations::{Cni, CniObject};
 use crate::crd::{IPClaim, IPPool};
-use crate::ipam::allocator::Allocator;
-use crate::ledger::network::Network;
+use crate::ledger::network::Interface;
 use crate::metrics::watch_health::WatchHealth;
 use crate::metrics::{LeaseLabels, Metrics};
 use crate::webhook::Webhook;
@@ -32,6 +31,7 @@ pub mod index;
 pub mod kube_ovn_reservation;
 pub mod leader_view;
 pub mod lease;
+pub mod lifecycle;
 pub mod listed_pod;
 pub mod node_loss;
 pub mod pod_info;
@@ -323,7 +323,7 @@ pub fn start(
         options.lease.name.clone(),
     )));
     let lease = options.lease.clone();
-    tasks.extend(network_sweepers(&client, &webhook, &options, &leading));
+    tasks.extend(sweepers(&client, &webhook, &options, &leading, false));
     let vms = Arc::new(
         virtual_machines::VmDirectory::new(
             client.clone(),
@@ -495,7 +495,7 @@ fn edge_tasks(
             },
         )));
         let releaser = node_loss::NodeLoss {
-            allocator: webhook.allocator.clone(),
+            allocators: webhook.interfaces().map(|(_, a)| a.clone()).collect(),
             cluster_ips: caches.cluster_ips.clone(),
             nodes,
             pods: client.clone(),
@@ -565,7 +565,8 @@ where
 }
 
 /// With a ledger other than IPClaims (etcd, embedded) and an API server: the Lease election and
-/// the leak sweeper ([`sweep`]). There are no watches: `caches` stays empty.
+/// the leak sweepers ([`sweep`]) of every interface's books. There are no watches: `caches`
+/// stays empty.
 pub fn start_sweeper(
     client: Client,
     webhook: Arc<Webhook>,
@@ -574,7 +575,6 @@ pub fn start_sweeper(
     let (leading_tx, leading) = watch::channel(false);
     let leases = Api::<Lease>::namespaced(client.clone(), &options.lease.namespace);
     let elector = lease::Elector::new(leases.clone(), options.lease.clone());
-    let sweeper = sweeper_of(&client, &webhook, &options, &webhook.allocator, None);
     let mut tasks = vec![
         tokio::spawn(lease::run(elector, leading_tx)),
         tokio::spawn(export_leadership(
@@ -582,9 +582,8 @@ pub fn start_sweeper(
             webhook.metrics.clone(),
             options.lease.name.clone(),
         )),
-        tokio::spawn(sweeper.run(leading.clone())),
     ];
-    tasks.extend(network_sweepers(&client, &webhook, &options, &leading));
+    tasks.extend(sweepers(&client, &webhook, &options, &leading, true));
     ClusterHandle {
         caches: Arc::new(Caches::default()),
         leading,
@@ -595,7 +594,7 @@ pub fn start_sweeper(
 }
 
 /// With KubeVirt launcher pods taken for VMs: the leader follows deletions of VirtualMachines
-/// (and of VMIs, when a stopped VM's IP is freed), so a VM's claim is dropped at its VM's
+/// and of VMIs (a stopped VM's, or one without a VM), so a VM's claim is dropped at its
 /// deletion, not at the next resync.
 fn vm_watches(
     client: &Client,
@@ -609,10 +608,11 @@ fn vm_watches(
     if kubevirt.controllers.is_empty() {
         return Vec::new();
     }
-    let mut resources = vec![virtual_machines::virtual_machines()];
-    if kubevirt.release_on_stop {
-        resources.push(virtual_machines::virtual_machine_instances());
-    }
+    // a VMI without a VM is a VM of its own: its deletion frees as a VM's does
+    let resources = [
+        virtual_machines::virtual_machines(),
+        virtual_machines::virtual_machine_instances(),
+    ];
     resources
         .into_iter()
         .map(|resource| {
@@ -635,46 +635,31 @@ fn vm_watches(
         .collect()
 }
 
-/// One leak sweeper per secondary network, run by the Lease holder: whatever the ledger, a
-/// network's claims are freed as the embedded and etcd ledgers' are (the reconciler reads
-/// the primary interface's IPClaims only): a reservation no pod took up, a pod gone without
-/// an admission DELETE.
-fn network_sweepers(
+/// The leak sweepers the Lease holder runs ([`sweep`]): one per secondary network, whatever
+/// the ledger, and one for the primary interface's books unless the reconciler keeps them
+/// (`primary`: they are not IPClaims).
+fn sweepers(
     client: &Client,
     webhook: &Arc<Webhook>,
     options: &ClusterOptions,
     leading: &watch::Receiver<bool>,
+    primary: bool,
 ) -> Vec<JoinHandle<()>> {
     webhook
-        .secondary
-        .iter()
-        .map(|(network, allocator)| {
-            let sweeper = sweeper_of(client, webhook, options, allocator, Some(network));
+        .interfaces()
+        .filter(|(interface, _)| primary || *interface != Interface::Primary)
+        .map(|(interface, allocator)| {
+            let pods = pods::PodDirectory::of_interface(client.clone(), &webhook.settings, interface);
+            let sweeper = sweep::Sweeper::new(
+                allocator.clone(),
+                pods,
+                options.rules,
+                options.resync_period,
+                webhook.metrics.clone(),
+            );
             tokio::spawn(sweeper.run(leading.clone()))
         })
         .collect()
-}
-
-/// The leak sweeper of `allocator`'s claims: the primary interface's, or `network`'s.
-fn sweeper_of(
-    client: &Client,
-    webhook: &Webhook,
-    options: &ClusterOptions,
-    allocator: &Arc<Allocator>,
-    network: Option<&Network>,
-) -> sweep::Sweeper {
-    let mut pods = pods::PodDirectory::new(client.clone(), &options.app_label)
-        .release_vms_on_stop(webhook.settings.kubevirt.release_on_stop);
-    if let Some(network) = network {
-        pods = pods.for_network(network.clone());
-    }
-    sweep::Sweeper::new(
-        allocator.clone(),
-        pods,
-        options.rules,
-        options.resync_period,
-        webhook.metrics.clone(),
-    )
 }
 
 /// Keep the `ip_webhook_leader{lease}` gauge equal to this replica's leadership.

@@ -186,7 +186,8 @@ pub fn lost_since(pod: &SlimPod, clock: &LossClock, now: u64, grace: u64) -> Opt
 
 /// The leader's node-loss releaser.
 pub struct NodeLoss {
-    pub allocator: Arc<Allocator>,
+    /// The allocator of every interface: a pod's claims on each are released.
+    pub allocators: Vec<Arc<Allocator>>,
     pub cluster_ips: Arc<ClusterIps>,
     pub nodes: Arc<Nodes>,
     /// To read a pod's owner references (for the Event) and confirm it before a release.
@@ -236,16 +237,19 @@ impl NodeLoss {
         if lost.is_empty() {
             return 0;
         }
-        let claims: Vec<Claim> = self.allocator.with_claims(|claims| {
-            claims
-                .filter(|c| c.is_held())
-                .filter(|c| c.pod.uid.as_deref().is_some_and(|u| lost.contains_key(u)))
-                .cloned()
-                .collect()
-        });
+        let mut claims: Vec<(&Arc<Allocator>, Claim)> = Vec::new();
+        for allocator in &self.allocators {
+            allocator.with_claims(|held| {
+                claims.extend(
+                    held.filter(|c| c.is_held())
+                        .filter(|c| c.pod.uid.as_deref().is_some_and(|u| lost.contains_key(u)))
+                        .map(|c| (allocator, c.clone())),
+                )
+            });
+        }
         let mut released = 0;
         let mut told: HashSet<Box<str>> = HashSet::new();
-        for claim in claims {
+        for (allocator, claim) in claims {
             let Some((pod, since)) = claim.pod.uid.as_deref().and_then(|u| lost.get(u)) else {
                 continue;
             };
@@ -264,7 +268,7 @@ impl NodeLoss {
             {
                 continue;
             }
-            match self.allocator.release_claim(&claim).await {
+            match allocator.release_claim(&claim).await {
                 Ok(true) => {}
                 Ok(false) => continue,
                 Err(error) => {
@@ -347,6 +351,7 @@ mod tests {
             node: "n1".into(),
             ips: vec!["10.0.0.1".parse().unwrap()].into(),
             app: "web".into(),
+            vm: None,
             deleting_at,
             deletion_grace: deleting_at.map(|_| 30),
             created_at: 0,

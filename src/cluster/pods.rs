@@ -16,7 +16,7 @@ use crate::ledger::Claim;
 use crate::ledger::claim::PodPresence;
 use crate::ledger::pod_lookup::{PodLookup, PodState};
 
-use super::reconcile::takes_up;
+use super::lifecycle::takes_up;
 use super::virtual_machines::VmDirectory;
 use super::watches::network_pod_info;
 use super::{ClusterError, pod_info};
@@ -40,6 +40,20 @@ impl PodDirectory {
             client,
             app_label: app_label.into(),
             network: None,
+        }
+    }
+
+    /// Who holds the claims of `interface`'s books, with `settings`' app label and VMs.
+    pub fn of_interface(
+        client: Client,
+        settings: &crate::webhook::Settings,
+        interface: crate::ledger::network::Interface<'_>,
+    ) -> PodDirectory {
+        let pods = PodDirectory::new(client, settings.app_label.clone())
+            .release_vms_on_stop(settings.kubevirt.release_on_stop);
+        match interface.network() {
+            None => pods,
+            Some(network) => pods.for_network(network.clone()),
         }
     }
 
@@ -91,6 +105,27 @@ impl PodDirectory {
 
     fn api(&self, namespace: &str) -> Api<Pod> {
         Api::namespaced(self.client.clone(), namespace)
+    }
+
+    /// What the rules read of `meta`'s pod for these books: the IPs it carries on their
+    /// interface; `None` when it carries none there.
+    pub fn info(&self, meta: &kube::api::ObjectMeta) -> Option<super::PodInfo> {
+        match &self.network {
+            None => pod_info(meta, &self.app_label),
+            Some(network) => network_pod_info(meta, &self.app_label, network),
+        }
+    }
+
+    /// [`PodDirectory::info`], or the pod with no IP when it carries none there.
+    pub fn info_or_bare(&self, meta: &kube::api::ObjectMeta) -> Option<super::PodInfo> {
+        self.info(meta)
+            .or_else(|| super::watches::bare_pod_info(meta, &self.app_label, Vec::new()))
+    }
+
+    /// Whether the VM `namespace/name` still holds its IP, read now (not from a memo): a
+    /// release is decided once, on what the API server says.
+    pub async fn vm_holds_ip(&self, namespace: &str, vm: &str) -> Result<bool, String> {
+        self.vms.verdict(self.vms.state(namespace, vm).await)
     }
 
     /// The pod among `pods` (of the claim's namespace) that holds `claim`.
@@ -258,7 +293,7 @@ impl PodLookup for PodDirectory {
 
 /// The pod among `pods` that holds `claim`: the one with its UID once it is bound; before
 /// that (a reservation), one that carries its IP and its claim token
-/// ([`super::reconcile::takes_up`]). A terminating pod still holds its IP.
+/// ([`super::lifecycle::takes_up`]). A terminating pod still holds its IP.
 pub fn holder<'a, P: Resource>(pods: &'a [P], claim: &Claim, app_label: &str) -> Option<&'a P> {
     holder_by(pods, claim, |meta| pod_info(meta, app_label))
 }

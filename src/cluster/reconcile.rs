@@ -8,55 +8,17 @@ use std::collections::HashSet;
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use super::lifecycle::{self, Age, Verdict};
 use crate::crd::{IPClaim, IPPoolStatus};
 use crate::ipam::pools::PoolCatalog;
-use crate::ledger::claim::held_by;
-use crate::ledger::{Claim, Phase};
+use crate::ledger::Claim;
 use crate::metrics::AdoptReason;
 
 pub(crate) use super::pod_info::FastSet;
 pub use super::pod_info::{PodInfo, PodMap};
 pub use super::sightings::Sightings;
 
-/// The reconciler's timing rules.
-#[derive(Debug, Clone, Copy)]
-pub struct Rules {
-    /// A claim made or bound at admission is a promise for this many seconds: the API server
-    /// stores the pod only after every validating webhook has answered, and a create can
-    /// still fail after ours (ResourceQuota, another webhook, AlreadyExists). A `Reserved`
-    /// claim no pod took up, or a claim bound to a UID no pod has, is dropped only once this
-    /// long has passed since the leader first saw it so. Keep it above the API server's
-    /// request timeout (`--request-timeout`, 60 s by default).
-    pub reservation_ttl: u64,
-    /// A released StatefulSet claim is kept this many seconds for the same pod name.
-    pub sticky_grace: u64,
-}
-
-/// Why a claim record is deleted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DropReason {
-    /// Its pod (by UID) no longer exists and no admission DELETE released it: a leak.
-    PodGone,
-    /// Admitted but never picked up by a pod within the reservation TTL: a leak.
-    ReservationExpired,
-    /// Released, and the sticky grace is over (or it was never sticky).
-    ReleaseDone,
-}
-
-impl DropReason {
-    /// Whether this reclaims an IP that would otherwise have leaked (worth an Event).
-    pub fn is_leak(self) -> bool {
-        matches!(self, DropReason::PodGone | DropReason::ReservationExpired)
-    }
-
-    pub fn event_reason(self) -> &'static str {
-        match self {
-            DropReason::PodGone => "IPReclaimed",
-            DropReason::ReservationExpired => "ReservationExpired",
-            DropReason::ReleaseDone => "IPReleased",
-        }
-    }
-}
+pub use super::lifecycle::{DropReason, Rules};
 
 #[derive(Debug, Clone)]
 pub enum Action {
@@ -301,19 +263,6 @@ impl ClaimPlan {
     }
 }
 
-/// Seconds a pod's creationTimestamp may precede its claim's: API server replicas' clocks
-/// differ a little. For records written before claim tokens, an older pod of the same name
-/// carrying the IP is not the claim's pod.
-pub(crate) const CLOCK_SLACK: u64 = 5;
-
-/// Whether `pod` is the one a not-yet-bound `claim` was made for: it carries the IP and the
-/// claim's token ([`held_by`]); a record without a token, its exact name and a later birth.
-pub(crate) fn takes_up(claim: &Claim, pod: &PodInfo) -> bool {
-    pod.ips.contains(&claim.ip)
-        && held_by(claim, &pod.identity())
-        && (!claim.token.is_empty() || pod.created_at + CLOCK_SLACK >= claim.created_at)
-}
-
 /// Decide what to do about every claim and pod: the whole state's plan, which the leader's
 /// incremental one ([`super::leader_view::LeaderView::plan`]) equals. `pods` is keyed by pod
 /// UID; `now` is on the clock of `seen`.
@@ -343,8 +292,9 @@ pub fn plan(
     plan
 }
 
-/// What the rules say of one readable claim. `bound` tells whether a pod is the pod of some
-/// claim (a reservation is never taken up by one).
+/// What the rules say of one readable claim ([`lifecycle::judge`], with its age as the
+/// leader's sightings have it). `bound` tells whether a pod is the pod of some claim (a
+/// reservation is never taken up by one).
 pub(crate) fn plan_claim(
     resource: &Arc<IPClaim>,
     claim: &Claim,
@@ -354,95 +304,26 @@ pub(crate) fn plan_claim(
     rules: Rules,
     bound: &dyn Fn(&str) -> bool,
 ) -> ClaimPlan {
-    let resource = Arc::clone(resource);
-    let since = seen.since(&resource, now);
-    let promised_until = since + rules.reservation_ttl;
-    match (claim.phase, claim.pod.uid.as_deref()) {
-        // A phase is only what the record says (the status subresource can be written by
-        // anyone allowed to): a claim whose pod still runs is never freed for its phase.
-        (Phase::Released, Some(uid)) if pods.get(uid).is_some_and(|pod| !pod.terminating) => {
-            ClaimPlan::act(Action::Bind {
-                claim: resource,
-                pod: pods[uid].clone(),
-            })
-        }
-        (Phase::Released, _) => {
-            let until = since + rules.sticky_grace;
-            if resource.spec.sticky && now < until {
-                ClaimPlan::wait_until(until)
-            } else {
-                ClaimPlan::act(Action::Drop {
-                    claim: resource,
-                    reason: DropReason::ReleaseDone,
-                })
-            }
-        }
-        (phase, Some(uid)) => {
-            let pod = pods.get(uid);
-            plan_for_pod(resource, phase, pod, seen, now, promised_until)
-        }
-        (_, None) => match taker(claim, pods, bound) {
-            Some(pod) => ClaimPlan::act(Action::Bind {
-                claim: resource,
-                pod: pod.clone(),
-            }),
-            None if now >= promised_until => ClaimPlan::act(Action::Drop {
-                claim: resource,
-                reason: DropReason::ReservationExpired,
-            }),
-            None => ClaimPlan::wait_until(promised_until),
-        },
-    }
-}
-
-/// A held claim for the pod with its UID, `pod` as the cache has it (`None`: not there).
-fn plan_for_pod(
-    resource: Arc<IPClaim>,
-    phase: Phase,
-    pod: Option<&PodInfo>,
-    seen: &Sightings,
-    now: u64,
-    promised_until: u64,
-) -> ClaimPlan {
-    let action = match pod {
-        Some(pod) if phase == Phase::Reserved => Action::Bind {
-            claim: resource,
-            pod: pod.clone(),
-        },
-        Some(_) => return ClaimPlan::default(),
-        // Bound at admission, the pod not stored yet (or never to be): a promise.
-        None if phase != Phase::Terminating
-            && !seen.pod_seen(&resource)
-            && now < promised_until =>
-        {
-            return ClaimPlan::wait_until(promised_until);
-        }
-        None if resource.spec.sticky => Action::Keep { claim: resource },
-        // its DELETE was admitted and the pod is gone: an ordinary release
-        None if phase == Phase::Terminating => Action::Drop {
-            claim: resource,
-            reason: DropReason::ReleaseDone,
-        },
-        // A virtual machine's claim outlives its launcher pods: the executor drops it only
-        // once the VM is gone, and that is its ordinary release, not a leak.
-        None if resource.spec.vm.is_some() => Action::Drop {
-            claim: resource,
-            reason: DropReason::ReleaseDone,
-        },
-        None => Action::Drop {
-            claim: resource,
-            reason: DropReason::PodGone,
-        },
+    let age = Age {
+        since: seen.since(resource, now),
+        pod_seen: seen.pod_seen(resource),
     };
-    ClaimPlan::act(action)
-}
-
-/// The pod a claim without a pod UID (a reservation) was made for: the oldest live pod that
-/// takes it up ([`takes_up`]) and is not already the pod of another claim.
-fn taker<'p>(claim: &Claim, pods: &'p PodMap, bound: &dyn Fn(&str) -> bool) -> Option<&'p PodInfo> {
-    pods.values()
-        .filter(|pod| !pod.terminating && !bound(pod.uid.as_str()) && takes_up(claim, pod))
-        .min_by(|a, b| oldest_first(a, b))
+    let claim_resource = Arc::clone(resource);
+    match lifecycle::judge(claim, age, pods, now, rules, bound) {
+        Verdict::Wait(Some(until)) => ClaimPlan::wait_until(until),
+        Verdict::Wait(None) => ClaimPlan::default(),
+        Verdict::Bind(pod) => ClaimPlan::act(Action::Bind {
+            claim: claim_resource,
+            pod: pod.clone(),
+        }),
+        Verdict::Keep => ClaimPlan::act(Action::Keep {
+            claim: claim_resource,
+        }),
+        Verdict::Drop(reason) => ClaimPlan::act(Action::Drop {
+            claim: claim_resource,
+            reason,
+        }),
+    }
 }
 
 /// Adopt each IP a live pod carrying a claim token runs on that no claim records, oldest pod
@@ -512,7 +393,7 @@ mod tests {
     use crate::crd::IPClaimStatus;
     use crate::ledger::kubernetes::rfc3339;
     use crate::ledger::kubernetes::to_resource;
-    use crate::ledger::{PodRef, Source};
+    use crate::ledger::{Phase, PodRef, Source};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use k8s_openapi::jiff::Timestamp;
 
@@ -562,6 +443,7 @@ mod tests {
             reserved_at: None,
             updated_at: Some(rfc3339(at)),
             release_at: None,
+            request_uid: None,
         });
         resource
     }
@@ -572,6 +454,7 @@ mod tests {
             reserved_at: None,
             updated_at: Some(rfc3339(at)),
             release_at: None,
+            request_uid: None,
         });
         resource
     }
@@ -1140,6 +1023,7 @@ mod list_adoption_tests {
             node: "n1".into(),
             ips: vec![ip.parse().unwrap()].into(),
             app: app.into(),
+            vm: None,
             deleting_at: None,
             deletion_grace: None,
             created_at: 0,

@@ -1,17 +1,17 @@
-//! Leaks outside the IPClaim books. With the etcd (or embedded) ledger and an API server to
-//! ask, the Lease holder frees the claims no pod holds any more: a pod deleted while no
-//! admission DELETE reached the webhook, or a reservation whose pod never came. The in-cluster
-//! reconciler does this for IPClaims; these ledgers do not bind claims to pod UIDs, so a claim's
-//! pod is found as `release` finds it ([`super::pods::holder`]: a pod created after the claim
-//! that carries its IP and matches its name or generateName), in a metadata-only pod list.
+//! The leak sweeper: the leader applies the lifecycle rule ([`super::lifecycle::judge`]) to
+//! the claims of every set of books the reconciler does not read (the etcd and embedded
+//! ledgers' with an API server to ask, and every secondary network's), one sweeper per set.
+//! It binds a reservation to the stored pod that carries its token, frees the claims no pod
+//! holds any more (a pod deleted while no admission DELETE reached the webhook, a reservation
+//! whose pod never came), keeps a StatefulSet pod's claim for its name, and frees a VM's
+//! claim only once the API server says the VM is gone.
 //!
-//! A claim is only looked at once this replica has seen it for the reservation TTL (its age on
-//! this replica's own monotonic clock, never the time another replica wrote: clocks may
-//! disagree by minutes, and a claim made at admission is a promise until its pod is stored).
-//! A claim made for a
-//! fixed pod name (a StatefulSet's) is freed only after no pod held it for the sticky grace,
-//! so a pod being recreated keeps its IP. Each release is conditional on the record being the
-//! one read, so a sweep racing an admission or another replica frees nothing it should not.
+//! A claim's pods are read in one metadata-only list of its namespace, each with the IPs it
+//! carries on these books' interface ([`PodDirectory::info`]). A claim's age is counted on
+//! this replica's own monotonic clock from when this sweeper first saw it as it is, never from
+//! a time another replica wrote: clocks may disagree by minutes, and a claim made at admission
+//! is a promise until its pod is stored. Each change is conditional on the record being the
+//! one read, so a sweep racing an admission or another replica changes nothing it should not.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
@@ -21,11 +21,12 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::ipam::allocator::Allocator;
-use crate::ledger::{Claim, ObservedChange};
+use crate::ledger::{Claim, Phase, Text, claim};
 use crate::metrics::Metrics;
 
+use super::lifecycle::{self, Age, DropReason, Rules, Verdict};
+use super::pod_info::PodMap;
 use super::pods::PodDirectory;
-use super::reconcile::Rules;
 
 pub struct Sweeper {
     allocator: Arc<Allocator>,
@@ -33,16 +34,23 @@ pub struct Sweeper {
     rules: Rules,
     period: Duration,
     metrics: Arc<Metrics>,
-    /// Since when (seconds on [`Sweeper::started`]) this replica has seen the claim on an IP,
-    /// by the claim's request.
-    first_seen: HashMap<IpAddr, (String, u64)>,
-    /// Since when no pod has held the claim on an IP, by the claim's request.
-    unheld_since: HashMap<IpAddr, (String, u64)>,
-    /// This replica's own clock for the ages above.
+    /// What this sweeper has seen of the claim on each IP, as it is now.
+    ages: HashMap<IpAddr, Sighting>,
+    /// This replica's own clock for the ages.
     started: tokio::time::Instant,
     /// Releases that failed with an error (a timeout, say) but may have been written: counted
     /// when a later sweep finds the claim released.
-    uncertain: HashSet<(IpAddr, String)>,
+    uncertain: HashSet<(IpAddr, Text)>,
+}
+
+/// A claim as it is (its grant, phase and pod), and its [`Age`].
+struct Sighting {
+    state: (Text, Phase, Option<Text>),
+    age: Age,
+}
+
+fn state_of(claim: &Claim) -> (Text, Phase, Option<Text>) {
+    (claim.request_uid.clone(), claim.phase, claim.pod.uid.clone())
 }
 
 impl Sweeper {
@@ -59,8 +67,7 @@ impl Sweeper {
             rules,
             period,
             metrics,
-            first_seen: HashMap::new(),
-            unheld_since: HashMap::new(),
+            ages: HashMap::new(),
             started: tokio::time::Instant::now(),
             uncertain: HashSet::new(),
         }
@@ -74,8 +81,7 @@ impl Sweeper {
                 self.sweep(now).await;
             } else {
                 // a new leader starts its own count of how long claims went unheld
-                self.first_seen.clear();
-                self.unheld_since.clear();
+                self.ages.clear();
             }
             tokio::select! {
                 _ = tokio::time::sleep(self.period) => {}
@@ -93,100 +99,178 @@ impl Sweeper {
                 return Vec::new();
             }
         };
+        let bound: HashSet<Text> = claims
+            .iter()
+            .filter(|c| c.locks_ip())
+            .filter_map(|c| c.pod.uid.clone())
+            .collect();
         let due = self.due_by_namespace(claims, now);
-        let mut looked_at: HashMap<IpAddr, String> = HashMap::new();
         let mut freed = Vec::new();
         for (namespace, claims) in due {
-            let pods = match self.pods.list_metadata(&namespace).await {
+            let pods = match self.pods_of(&namespace, &bound).await {
                 Ok(pods) => pods,
                 Err(why) => {
                     tracing::warn!(%namespace, "leak sweep: {why}; its claims wait for the next period");
-                    for claim in &claims {
-                        looked_at.insert(claim.ip, claim.request_uid.to_string());
-                    }
                     continue;
                 }
             };
             for claim in claims {
-                looked_at.insert(claim.ip, claim.request_uid.to_string());
-                if self.pods.holder(&pods, &claim).is_some() {
-                    self.unheld_since.remove(&claim.ip);
-                    continue;
-                }
-                let since = match self.unheld_since.get(&claim.ip) {
-                    Some((request, since)) if *request == claim.request_uid => *since,
-                    _ => {
-                        self.unheld_since
-                            .insert(claim.ip, (claim.request_uid.to_string(), now));
-                        now
-                    }
-                };
-                let grace = if claim.pod.name.is_empty() {
-                    0
-                } else {
-                    self.rules.sticky_grace
-                };
-                if now < since + grace {
-                    continue;
-                }
-                if self.free(&claim).await {
-                    self.unheld_since.remove(&claim.ip);
+                if self.act(&claim, &pods, &bound, now).await {
                     freed.push(claim.ip);
                 }
             }
         }
-        self.unheld_since
-            .retain(|ip, (request, _)| looked_at.get(ip) == Some(request));
         freed
     }
 
-    /// The held claims whose reservation TTL has passed since this sweeper first saw them,
-    /// by namespace; counts the uncertain releases of earlier passes the ledger shows done.
+    /// The claims this sweeper saw in an earlier pass as they are now (a claim just made is
+    /// looked at from the next pass on), by namespace; notes every claim's age and counts the
+    /// uncertain releases of earlier passes the ledger shows done.
     fn due_by_namespace(&mut self, claims: Vec<Claim>, now: u64) -> BTreeMap<String, Vec<Claim>> {
-        let mut due: BTreeMap<String, Vec<Claim>> = BTreeMap::new();
-        for claim in &claims {
-            if !claim.is_held()
-                && self
-                    .uncertain
-                    .remove(&(claim.ip, claim.request_uid.to_string()))
-            {
-                // an earlier release whose answer was lost did reach the ledger
-                self.metrics.leaks_reclaimed.inc();
-            }
-        }
-        self.uncertain.retain(|(ip, request)| {
+        let released: HashSet<(IpAddr, Text)> = claims
+            .iter()
+            .filter(|c| !c.locks_ip())
+            .map(|c| (c.ip, c.request_uid.clone()))
+            .collect();
+        let reclaimed = self.uncertain.intersection(&released).count();
+        self.metrics.leaks_reclaimed.inc_by(reclaimed as u64);
+        self.uncertain.retain(|key| {
             claims
                 .iter()
-                .any(|c| c.ip == *ip && c.request_uid == *request)
+                .any(|c| c.ip == key.0 && c.request_uid == key.1 && c.locks_ip())
         });
-        let mut first_seen = HashMap::with_capacity(self.first_seen.len());
-        for claim in claims.into_iter().filter(Claim::is_held) {
-            let seen_since = match self.first_seen.get(&claim.ip) {
-                Some((request, since)) if *request == claim.request_uid => *since,
-                _ => now,
+        let mut due: BTreeMap<String, Vec<Claim>> = BTreeMap::new();
+        let mut ages = HashMap::with_capacity(self.ages.len());
+        for claim in claims.into_iter().filter(Claim::locks_ip) {
+            let state = state_of(&claim);
+            let sighting = match self.ages.remove(&claim.ip) {
+                Some(seen) if seen.state == state => seen,
+                // a phase change of the same pod's claim: that pod was still seen
+                previous => Sighting {
+                    age: Age {
+                        since: now,
+                        pod_seen: previous.is_some_and(|p| {
+                            p.age.pod_seen && p.state.2.is_some() && p.state.2 == state.2
+                        }),
+                    },
+                    state,
+                },
             };
-            first_seen.insert(claim.ip, (claim.request_uid.to_string(), seen_since));
-            if now >= seen_since + self.rules.reservation_ttl {
+            if sighting.age.since < now {
                 due.entry(claim.pod.namespace.to_string())
                     .or_default()
-                    .push(claim);
+                    .push(claim.clone());
             }
+            ages.insert(claim.ip, sighting);
         }
-        self.first_seen = first_seen;
+        self.ages = ages;
         due
     }
 
-    async fn free(&mut self, claim: &Claim) -> bool {
-        match self.allocator.ledger().release(claim).await {
+    /// The pods of `namespace` the rule reads: those that carry an IP on these books'
+    /// interface, and those a claim names by UID (whatever they carry).
+    async fn pods_of(&self, namespace: &str, bound: &HashSet<Text>) -> Result<PodMap, String> {
+        let listed = self
+            .pods
+            .list_metadata(namespace)
+            .await
+            .map_err(|error| error.to_string())?;
+        let mut pods = PodMap::default();
+        for pod in &listed {
+            let named = pod
+                .metadata
+                .uid
+                .as_deref()
+                .is_some_and(|uid| bound.contains(uid));
+            let info = match named {
+                true => self.pods.info_or_bare(&pod.metadata),
+                false => self.pods.info(&pod.metadata),
+            };
+            if let Some(info) = info {
+                pods.insert(info.uid.clone(), info);
+            }
+        }
+        Ok(pods)
+    }
+
+    /// Apply the rule to `claim`; whether its IP was freed.
+    async fn act(
+        &mut self,
+        claim: &Claim,
+        pods: &PodMap,
+        bound: &HashSet<Text>,
+        now: u64,
+    ) -> bool {
+        let Some(sighting) = self.ages.get_mut(&claim.ip) else {
+            return false;
+        };
+        if claim.pod.uid.as_deref().is_some_and(|uid| pods.contains_key(uid)) {
+            sighting.age.pod_seen = true;
+        }
+        let bound = |uid: &str| bound.contains(uid);
+        match lifecycle::judge(claim, sighting.age, pods, now, self.rules, &bound) {
+            Verdict::Wait(_) => false,
+            Verdict::Bind(pod) => {
+                let next = claim::bound(claim, &pod.name, &pod.uid, crate::ledger::unix_now());
+                let next = crate::ledger::Claim {
+                    sticky: pod.stateful,
+                    ..next
+                };
+                if let Err(error) = self.allocator.transition(claim, &next).await {
+                    tracing::warn!(ip = %claim.ip, %error, "leak sweep: binding a reservation to its pod failed; trying again next period");
+                }
+                false
+            }
+            Verdict::Keep => {
+                self.release(claim, "kept the IP of a gone StatefulSet pod for its name")
+                    .await;
+                false
+            }
+            Verdict::Drop(reason) => self.drop_claim(claim, reason).await,
+        }
+    }
+
+    /// Free `claim`; a VM's only once the API server says the VM no longer holds it.
+    async fn drop_claim(&mut self, claim: &Claim, reason: DropReason) -> bool {
+        if let Some(vm) = claim.vm.as_deref() {
+            match self.pods.vm_holds_ip(&claim.pod.namespace, vm).await {
+                Ok(false) => {}
+                Ok(true) => return false,
+                Err(why) => {
+                    tracing::warn!(ip = %claim.ip, %why, "leak sweep: cannot tell whether a VM holds its IP; it stays held");
+                    return false;
+                }
+            }
+        }
+        let what = match reason {
+            DropReason::PodGone => {
+                "freed an IP no pod holds (its pod is gone without an admission DELETE)"
+            }
+            DropReason::ReservationExpired => {
+                "freed an IP reserved at admission that no pod took up"
+            }
+            DropReason::ReleaseDone => "freed the IP of a released claim",
+        };
+        let freed = self.release(claim, what).await;
+        if freed {
+            match reason {
+                DropReason::PodGone => self.metrics.leaks_reclaimed.inc(),
+                DropReason::ReservationExpired => self.metrics.reservations_expired.inc(),
+                DropReason::ReleaseDone => 0,
+            };
+        }
+        freed
+    }
+
+    async fn release(&mut self, claim: &Claim, what: &str) -> bool {
+        match self.allocator.release_claim(claim).await {
             Ok(true) => {
-                self.allocator
-                    .apply_observed(ObservedChange::Released(claim.clone()));
-                self.metrics.leaks_reclaimed.inc();
                 tracing::warn!(
                     ip = %claim.ip,
                     pod = %claim.pod.display(),
+                    holder = %claim.named_holder(),
                     app = %claim.app_key(),
-                    "freed an IP no pod holds (its pod is gone without an admission DELETE, or never came)"
+                    "{what}"
                 );
                 true
             }
@@ -194,7 +278,7 @@ impl Sweeper {
             Err(error) => {
                 tracing::warn!(ip = %claim.ip, %error, "leak sweep: the release failed; trying again next period");
                 self.uncertain
-                    .insert((claim.ip, claim.request_uid.to_string()));
+                    .insert((claim.ip, claim.request_uid.clone()));
                 false
             }
         }

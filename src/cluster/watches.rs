@@ -60,6 +60,12 @@ fn pod_info_with(meta: &ObjectMeta, app_label: &str, ips: Vec<IpAddr>) -> Option
     if ips.is_empty() {
         return None;
     }
+    bare_pod_info(meta, app_label, ips)
+}
+
+/// The compact record of any pod, with `ips` as the IPs it carries (maybe none): what the
+/// rules read of a pod a claim names by UID, whatever it carries now.
+pub(super) fn bare_pod_info(meta: &ObjectMeta, app_label: &str, ips: Vec<IpAddr>) -> Option<PodInfo> {
     Some(PodInfo {
         namespace: meta.namespace.clone().unwrap_or_default(),
         name: meta.name.clone().unwrap_or_default(),

@@ -10,7 +10,7 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::ipam::foreign::ForeignIps;
-use crate::ipam::held::State;
+use crate::ipam::held::{DEFAULT_STICKY_GRACE, State, StickyGrace};
 use crate::ipam::ipset::{Family, ip_key};
 use crate::ipam::messages::{conflict_message, foreign_message};
 use crate::ipam::request::new_claim;
@@ -61,7 +61,19 @@ pub struct Allocator {
 impl Allocator {
     /// Build the index from what the ledger holds. No decision is made before this returns.
     pub async fn new(ledger: Arc<dyn Ledger>) -> Result<Allocator, LedgerError> {
-        let mut state = State::default();
+        Allocator::keeping_sticky(ledger, DEFAULT_STICKY_GRACE).await
+    }
+
+    /// [`Allocator::new`], keeping a released StatefulSet pod's claim `sticky_grace` seconds
+    /// for its name before the release timer frees it.
+    pub async fn keeping_sticky(
+        ledger: Arc<dyn Ledger>,
+        sticky_grace: u64,
+    ) -> Result<Allocator, LedgerError> {
+        let mut state = State {
+            sticky_grace: StickyGrace(sticky_grace),
+            ..State::default()
+        };
         let mut claims = ledger.load_shared().await?;
         claims.sort_by_key(|c| c.updated_at);
         let mut held = Vec::with_capacity(claims.len());
@@ -88,9 +100,10 @@ impl Allocator {
         self.foreign.get().map(|f| &**f)
     }
 
-    /// The refusal for `pod` asking for `ip` that a pod outside the ledger uses, if one does.
-    pub fn foreign_conflict(&self, ip: &IpAddr, pod: &PodRef) -> Option<String> {
-        let user = self.lock().used_elsewhere(ip, pod, self.foreign())?;
+    /// The refusal for `pod` (a launcher pod of `vm`, if given) asking for `ip` that a pod
+    /// outside the ledger uses, if one does.
+    pub fn foreign_conflict(&self, ip: &IpAddr, pod: &PodRef, vm: Option<&str>) -> Option<String> {
+        let user = self.lock().used_elsewhere(ip, pod, vm, self.foreign())?;
         Some(foreign_message(ip, pod, &user))
     }
 
@@ -144,6 +157,7 @@ impl Allocator {
         *state = State {
             history,
             local_release,
+            sticky_grace: state.sticky_grace,
             ..State::default()
         };
         for claim in claims {
@@ -157,9 +171,9 @@ impl Allocator {
             ..
         } = &mut *state;
         local_release.retain(|ip, _| {
-            claims
-                .get(ip)
-                .is_some_and(|c| c.phase == Phase::Terminating)
+            claims.get(ip).is_some_and(|c| {
+                c.phase == Phase::Terminating || (c.phase == Phase::Released && c.sticky)
+            })
         });
     }
 
@@ -275,7 +289,11 @@ impl Allocator {
                         self.foreign(),
                     )));
                 };
-                let claim = Arc::new(new_claim(ip, request, Source::Allocated));
+                let claim = Arc::new(taking_over(
+                    new_claim(ip, request, Source::Allocated),
+                    request,
+                    state.claims.get(&ip).map(|c| &**c),
+                ));
                 if request.dry_run {
                     return Ok((claim, reason));
                 }
@@ -331,11 +349,15 @@ impl Allocator {
         };
         let mut made = Vec::new();
         for ip in ips {
-            let probe = Arc::new(new_claim(*ip, request, Source::Static));
             let step = {
                 let mut state = self.lock();
+                let probe = Arc::new(taking_over(
+                    new_claim(*ip, request, Source::Static),
+                    request,
+                    state.claims.get(ip).map(|c| &**c),
+                ));
                 let elsewhere = state
-                    .used_elsewhere(ip, &request.pod, self.foreign())
+                    .used_elsewhere(ip, &request.pod, request.vm, self.foreign())
                     .map(|user| foreign_message(ip, &request.pod, &user));
                 match (elsewhere, state.claims.get(ip)) {
                     (Some(message), _) => Some(Err(AllocError::Conflict(message))),
@@ -403,6 +425,27 @@ impl Allocator {
             .collect()
     }
 
+    /// The VM claims whose remembered migration source ([`claim::migration_source`]) is
+    /// `pod`: it runs the VM on their IP while the migration's target holds them.
+    fn claims_carried_by(&self, pod: &PodIdentity<'_>) -> Vec<Claim> {
+        let state = self.lock();
+        let mut found: Vec<Claim> = Vec::new();
+        for key in [pod.uid, pod.token].into_iter().flatten() {
+            for claim in state.by_pod.claims(key, &state.claims, |c| {
+                c.is_held()
+                    && c.pod.namespace == pod.namespace
+                    && c.vm
+                        .as_ref()
+                        .and_then(|vm| vm.source())
+                        .is_some_and(|source| source.is(pod))
+                    && !found.iter().any(|f| f.ip == c.ip)
+            }) {
+                found.push(claim.clone());
+            }
+        }
+        found
+    }
+
     /// Every claim `pod` holds, found by who it is (its UID, its claim token) rather than by
     /// the IPs it shows: a pod whose annotations or label were stripped still holds its
     /// claims. In every ledger mode the index holds every claim (embedded and memory: this
@@ -432,15 +475,24 @@ impl Allocator {
         let mut changed = Vec::new();
         for current in self.held_by(pod, ips) {
             let Some(next) = next(&current) else { continue };
-            if self.ledger.transition(&current, &next).await? {
-                let mut state = self.lock();
-                if state.unhold(&current) {
-                    state.hold(next.clone());
-                }
+            if self.transition(&current, &next).await? {
                 changed.push(next);
             }
         }
         Ok(changed)
+    }
+
+    /// Replace `current` by `next` (a phase change [`claim::may_step`] allows) through the
+    /// ledger, and in the index once the ledger has. Returns whether the record changed.
+    pub async fn transition(&self, current: &Claim, next: &Claim) -> Result<bool, LedgerError> {
+        if !self.ledger.transition(current, next).await? {
+            return Ok(false);
+        }
+        let mut state = self.lock();
+        if state.unhold(current) {
+            state.hold(next.clone());
+        }
+        Ok(true)
     }
 
     /// `/validate`: tie the pod's reservations to its final name and UID (phase `Bound`), so
@@ -470,6 +522,11 @@ impl Allocator {
     /// or token ([`Allocator::claims_of`]). The IPs stay held; [`Allocator::release_due`]
     /// frees them once the time has come and the pod is gone. A deletion already seen changes
     /// nothing.
+    ///
+    /// A VM's claim whose VM runs on in another launcher pod stays held: a live migration's
+    /// target deleted while the source runs gives the claim back to the source
+    /// ([`claim::back_to_source`]), and the source deleted once the target runs leaves the
+    /// target holding it alone ([`claim::source_gone`]).
     pub async fn terminate(
         &self,
         pod: &PodIdentity<'_>,
@@ -484,14 +541,26 @@ impl Allocator {
                 .copied()
                 .collect::<Vec<_>>(),
         );
-        self.step(pod, &all, |current| {
-            matches!(current.phase, Phase::Reserved | Phase::Bound)
-                .then(|| claim::terminating(current, pod, release_at, now))
-        })
-        .await
+        let mut changed = self
+            .step(pod, &all, |current| {
+                if !matches!(current.phase, Phase::Reserved | Phase::Bound) {
+                    return None;
+                }
+                claim::back_to_source(current, now)
+                    .or_else(|| Some(claim::terminating(current, pod, release_at, now)))
+            })
+            .await?;
+        for current in self.claims_carried_by(pod) {
+            let next = claim::source_gone(&current, now);
+            if self.transition(&current, &next).await? {
+                changed.push(next);
+            }
+        }
+        Ok(changed)
     }
 
-    /// `Terminating` claims whose release time has passed at `now`.
+    /// `Terminating` claims whose release time has passed at `now`, and released claims
+    /// kept for their pod name whose sticky grace has.
     pub fn due(&self, now: u64) -> Vec<Claim> {
         let state = self.lock();
         state
@@ -503,7 +572,8 @@ impl Allocator {
     }
 
     /// Free the `Terminating` claims that are due, once `pods` confirms each pod is gone
-    /// (`None`: no API server to ask, so the timer alone decides). A pod that still runs
+    /// (`None`: no API server to ask, so the timer alone decides), and the kept released
+    /// claims that are due (their pod was gone when they were released). A pod that still runs
     /// keeps its IP (back to `Bound`). Returns what happened to each claim looked at.
     pub async fn release_due(
         &self,
@@ -512,7 +582,9 @@ impl Allocator {
     ) -> Vec<(Claim, DueStep)> {
         let mut done = Vec::new();
         for current in self.due(now) {
+            // a released claim kept for its pod name, whose grace is over: its pod is gone
             let presence = match pods {
+                _ if current.phase == Phase::Released => PodPresence::Gone,
                 Some(pods) => pods.presence(&current).await,
                 None => PodPresence::Gone,
             };
@@ -522,12 +594,8 @@ impl Allocator {
                 DueStep::KeepBound => {
                     let uid = current.pod.uid.clone().unwrap_or_default();
                     let next = claim::bound(&current, &current.pod.name, &uid, now);
-                    match self.ledger.transition(&current, &next).await {
+                    match self.transition(&current, &next).await {
                         Ok(true) => {
-                            let mut state = self.lock();
-                            if state.unhold(&current) {
-                                state.hold(next);
-                            }
                             tracing::warn!(
                                 ip = %current.ip,
                                 pod = %current.pod.display(),
@@ -573,13 +641,18 @@ impl Allocator {
     }
 
     /// Release one claim now (its grant as recorded). Returns whether the ledger changed.
+    /// A sticky claim stays held, `Released`, for its pod name ([`claim::released`]).
     pub async fn release_claim(&self, claim: &Claim) -> Result<bool, LedgerError> {
         if !self.ledger.release(claim).await? {
             return Ok(false);
         }
+        let kept = claim::released(claim, unix_now());
         let mut state = self.lock();
         state.unhold(claim);
         state.remember(claim);
+        if kept.locks_ip() {
+            state.hold(kept);
+        }
         Ok(true)
     }
 
@@ -589,6 +662,17 @@ impl Allocator {
         }
         self.lock().unhold(claim);
     }
+}
+
+/// `claim`, made by `request` for an IP whose record is `existing`: a live migration's
+/// target taking its VM's claim over remembers the source that still runs the VM there.
+fn taking_over(mut claim: Claim, request: &AllocationRequest<'_>, existing: Option<&Claim>) -> Claim {
+    if let (true, Some(existing), Some(vm)) = (request.migration, existing, &claim.vm)
+        && claim::same_virtual_machine(existing, &claim)
+    {
+        claim.vm = Some(vm.with_source(claim::migration_source(existing)));
+    }
+    claim
 }
 
 /// What recording a claim came to.
@@ -632,6 +716,7 @@ mod tests {
             candidates: set,
             ordinal: None,
             vm: None,
+            migration: false,
             dry_run: false,
         }
     }
@@ -917,6 +1002,7 @@ mod tests {
         let set = parse_ip_spec("10.0.0.10-10.0.0.14").unwrap();
         let launcher = |token: &'static str| AllocationRequest {
             vm: Some("db"),
+            migration: false,
             ..request(&set, pod(""), token)
         };
         let first = alloc.allocate(&launcher("t1")).await.unwrap();
@@ -951,6 +1037,7 @@ mod tests {
         // another VM's launcher pod does not get it
         let other_vm = AllocationRequest {
             vm: Some("cache"),
+            migration: false,
             ..request(&set, pod(""), "t-cache")
         };
         assert_ne!(alloc.allocate(&other_vm).await.unwrap().ips, first.ips);
@@ -964,6 +1051,7 @@ mod tests {
         alloc.set_foreign(Arc::new(Foreign(vec![("10.0.0.10", "db")])));
         let launcher = |token: &'static str| AllocationRequest {
             vm: Some("db"),
+            migration: false,
             ..request(&set, pod(""), token)
         };
         // the first start skips the IP (no claim says it is the VM's yet)...
@@ -990,6 +1078,7 @@ mod tests {
         // another VM's launcher pod gets the other IP
         let other = AllocationRequest {
             vm: Some("cache"),
+            migration: false,
             ..request(&set, pod(""), "t3")
         };
         assert_eq!(
@@ -1053,6 +1142,7 @@ mod tests {
                     namespace: "default".into(),
                     name: name.to_string(),
                     ovn_ip: None,
+                    vm: None,
                 })
         }
     }
@@ -1101,7 +1191,7 @@ mod tests {
             "{err}"
         );
         assert_eq!(
-            alloc.foreign_conflict(&"10.0.0.1".parse().unwrap(), &pod("legacy-0")),
+            alloc.foreign_conflict(&"10.0.0.1".parse().unwrap(), &pod("legacy-0"), None),
             None
         );
         // Exhausted: the message names the foreign users too.

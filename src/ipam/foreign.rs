@@ -10,12 +10,18 @@ pub struct ForeignUse {
     pub name: String,
     /// The Kube-OVN `IP` object recording it, if any.
     pub ovn_ip: Option<String>,
+    /// The KubeVirt VM (in `namespace`) the pod is a launcher pod of, if it is one.
+    pub vm: Option<String>,
 }
 
 impl ForeignUse {
-    /// `pod default/x (Kube-OVN IP x.default)`.
+    /// `pod default/x (Kube-OVN IP x.default)`; a launcher pod as its VM, `vm default/db (pod
+    /// default/virt-launcher-db-x)`.
     pub fn describe(&self) -> String {
         let mut text = format!("pod {}/{}", self.namespace, self.name);
+        if let Some(vm) = &self.vm {
+            text = format!("vm {}/{vm} ({text})", self.namespace);
+        }
         if let Some(ip) = &self.ovn_ip {
             text.push_str(&format!(" (Kube-OVN IP {ip})"));
         }
@@ -24,6 +30,11 @@ impl ForeignUse {
 
     pub fn is_pod(&self, namespace: &str, name: &str) -> bool {
         !name.is_empty() && self.namespace == namespace && self.name == name
+    }
+
+    /// Whether this is a launcher pod of the VM `namespace/vm`: one of the VM's carriers.
+    pub fn runs_vm(&self, namespace: &str, vm: Option<&str>) -> bool {
+        vm.is_some() && self.namespace == namespace && self.vm.as_deref() == vm
     }
 }
 

@@ -82,10 +82,29 @@ impl RunSet {
 }
 
 /// The release time `claim` carries, if it is `Terminating` with one.
-fn release_time(claim: &Claim) -> Option<u64> {
-    claim
-        .release_at
-        .filter(|_| claim.phase == Phase::Terminating)
+/// When a claim's IP may be freed, as its record says (on the writer's clock): a
+/// `Terminating` claim's release time; a `Released` one kept for its pod name
+/// ([`crate::ledger::claim::released`]), the sticky grace after its release.
+fn release_time(claim: &Claim, sticky_grace: u64) -> Option<u64> {
+    match claim.phase {
+        Phase::Terminating => claim.release_at,
+        Phase::Released if claim.sticky => Some(claim.updated_at.saturating_add(sticky_grace)),
+        _ => None,
+    }
+}
+
+/// How long a released StatefulSet pod's claim is kept for its name unless told otherwise
+/// (`--sticky-grace`'s default).
+pub const DEFAULT_STICKY_GRACE: u64 = 300;
+
+/// Seconds a released sticky claim is kept ([`release_time`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct StickyGrace(pub(super) u64);
+
+impl Default for StickyGrace {
+    fn default() -> Self {
+        StickyGrace(DEFAULT_STICKY_GRACE)
+    }
 }
 
 /// When this process frees a `Terminating` claim, on its own clock. The record's release time
@@ -122,11 +141,19 @@ impl LocalRelease {
     }
 }
 
-/// The keys [`State::by_pod`] files a claim under: its pod's UID and its token (non-empty).
+/// The keys [`State::by_pod`] files a claim under: its pod's UID and its token, and those of
+/// the migration source a VM's claim remembers (non-empty).
 fn pod_keys(claim: &Claim) -> impl Iterator<Item = &str> {
-    [claim.pod.uid.as_deref().unwrap_or(""), claim.token.as_str()]
-        .into_iter()
-        .filter(|key| !key.is_empty())
+    let source = claim.vm.as_ref().and_then(|vm| vm.source());
+    [
+        claim.pod.uid.as_deref(),
+        Some(claim.token.as_str()),
+        source.and_then(|s| s.uid.as_deref()),
+        source.map(|s| s.token.as_str()),
+    ]
+    .into_iter()
+    .flatten()
+    .filter(|key| !key.is_empty())
 }
 
 /// The name the history remembers a claim's IPs under, if its holder can come back: a
@@ -328,6 +355,7 @@ pub(super) struct State {
     /// back ([`name_recurs`]).
     pub(super) history: BTreeMap<(Shared, Shared, Text), Vec<IpAddr>>,
     pub(super) held_per_app: AppCounts,
+    pub(super) sticky_grace: StickyGrace,
 }
 
 impl State {
@@ -388,7 +416,7 @@ impl State {
         }
         let (family, value) = ip_key(&claim.ip);
         self.held.entry(family).or_default().insert(value);
-        match release_time(claim) {
+        match release_time(claim, self.sticky_grace.0) {
             Some(written) => {
                 let local = match self.local_release.get(&claim.ip) {
                     Some(seen) if seen.is_for(claim, written) => seen.clone(),
@@ -451,20 +479,24 @@ impl State {
             })
     }
 
-    /// Who outside the ledger uses `ip`, as the cluster says: not the requesting pod itself,
-    /// nor the pod (or the VM) the ledger's claim on `ip` names (that is the ledger's to judge).
+    /// Who outside the ledger uses `ip`, as the cluster says: not the requesting pod itself
+    /// (nor, for a launcher pod, another launcher pod of its VM), nor the holder the ledger's
+    /// claim on `ip` names, a pod or a VM through any of its launcher pods (that is the
+    /// ledger's to judge).
     pub(super) fn used_elsewhere(
         &self,
         ip: &IpAddr,
         pod: &PodRef,
+        vm: Option<&str>,
         foreign: Option<&dyn ForeignIps>,
     ) -> Option<ForeignUse> {
         let user = foreign?.user(ip)?;
-        if user.is_pod(&pod.namespace, &pod.name) {
+        if user.is_pod(&pod.namespace, &pod.name) || user.runs_vm(&pod.namespace, vm) {
             return None;
         }
         match self.claims.get(ip) {
             Some(claim) if user.is_pod(&claim.pod.namespace, &claim.pod.name) => None,
+            Some(claim) if user.runs_vm(&claim.pod.namespace, claim.vm.as_deref()) => None,
             // Kube-OVN records a KubeVirt VM's IP under the VM's name, not its launcher pod's
             // (kubeovn/kube-ovn pkg/controller/pod.go, getNameByPod, with keep-vm-ip)
             Some(claim)
@@ -486,7 +518,8 @@ impl State {
         foreign: Option<&dyn ForeignIps>,
     ) -> Option<(IpAddr, Reason)> {
         let set = request.candidates;
-        let elsewhere = |ip: &IpAddr| self.used_elsewhere(ip, &request.pod, foreign).is_some();
+        let elsewhere =
+            |ip: &IpAddr| self.used_elsewhere(ip, &request.pod, request.vm, foreign).is_some();
         let free = |ip: &IpAddr| {
             set.contains(ip) && (!self.is_held(ip) || self.kept_for(ip, request)) && !elsewhere(ip)
         };
@@ -558,7 +591,7 @@ impl State {
             if let Some(claim) = self.claims.get(&ip) {
                 holders.push(format!("{ip} by {}", claim.holder()));
                 named += 1;
-            } else if let Some(user) = self.used_elsewhere(&ip, &request.pod, foreign) {
+            } else if let Some(user) = self.used_elsewhere(&ip, &request.pod, request.vm, foreign) {
                 holders.push(format!("{ip} by {} outside ip-webhook", user.describe()));
                 named += 1;
             }

@@ -6,6 +6,7 @@ use std::net::IpAddr;
 use crate::ipam::ipset::IpSet;
 use crate::ipam::messages::Scope;
 use crate::ledger::claim::PodIdentity;
+use crate::ledger::holder::VmRef;
 use crate::ledger::{Claim, Phase, PodRef, Shared, Source, unix_now};
 
 /// What one pod asks for.
@@ -26,6 +27,9 @@ pub struct AllocationRequest<'a> {
     /// The KubeVirt VM whose launcher pod this is: the claim is the VM's
     /// ([`crate::ledger::Claim::vm`]).
     pub vm: Option<&'a str>,
+    /// The pod is a live migration's target launcher pod: it takes its VM's claim over while
+    /// the source pod still runs the VM on the IP ([`crate::ledger::claim::migration_source`]).
+    pub migration: bool,
     pub dry_run: bool,
 }
 
@@ -70,6 +74,6 @@ pub(super) fn new_claim(ip: IpAddr, request: &AllocationRequest<'_>, source: Sou
         token: request.token.into(),
         release_at: None,
         sticky: false,
-        vm: request.vm.map(Shared::from),
+        vm: request.vm.map(VmRef::named),
     }
 }

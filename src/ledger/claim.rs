@@ -12,6 +12,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use super::holder::Carrier;
 use super::{Claim, Phase, Text};
 
 /// A pod as a review, a watch or a lookup shows it.
@@ -97,9 +98,53 @@ pub fn may_take_over(existing: &Claim, new: &Claim) -> bool {
 /// (`crate::webhook::kubevirt`).
 pub fn same_virtual_machine(existing: &Claim, new: &Claim) -> bool {
     new.vm.is_some()
-        && existing.vm == new.vm
+        && existing.vm.as_deref() == new.vm.as_deref()
         && existing.pod.namespace == new.pod.namespace
         && existing.app == new.app
+}
+
+/// The launcher pod a live migration's target takes its VM's claim `existing` from, which
+/// still runs the VM on the IP: the source the claim remembers already (a retried migration
+/// whose first target failed), else the claim's own pod while no DELETE of it was seen
+/// (`Reserved` or `Bound`). KubeVirt runs one migration of a VM at a time.
+pub fn migration_source(existing: &Claim) -> Option<Carrier> {
+    let remembered = existing.vm.as_ref().and_then(|vm| vm.source()).cloned();
+    remembered.or_else(|| {
+        matches!(existing.phase, Phase::Reserved | Phase::Bound).then(|| Carrier {
+            name: existing.pod.name.clone(),
+            uid: existing.pod.uid.clone(),
+            token: existing.token.clone(),
+        })
+    })
+}
+
+/// A VM's `claim` once the migration source it remembers is deleted (the migration
+/// succeeded): the target holds it alone.
+pub fn source_gone(claim: &Claim, now: u64) -> Claim {
+    let mut next = claim.clone();
+    next.vm = claim.vm.as_ref().map(|vm| vm.with_source(None));
+    next.updated_at = now;
+    next
+}
+
+/// A VM's `claim` once its own pod, a migration's target, is deleted while the source it
+/// remembers still runs the VM (the migration failed): the claim is the source pod's again,
+/// as it was before the target took it over. `None` when it remembers no source.
+pub fn back_to_source(claim: &Claim, now: u64) -> Option<Claim> {
+    let source = claim.vm.as_ref()?.source()?;
+    let mut next = source_gone(claim, now);
+    next.pod.name = source.name.clone();
+    next.pod.uid = source.uid.clone();
+    Some(next)
+}
+
+/// Whether `next` is what a DELETE of one of a VM's two launcher pods makes of `record`
+/// ([`source_gone`], [`back_to_source`]): its phase stays.
+fn is_carrier_step(record: &Claim, next: &Claim) -> bool {
+    record.vm.as_ref().is_some_and(|vm| vm.source().is_some())
+        && matches!(record.phase, Phase::Reserved | Phase::Bound)
+        && (*next == source_gone(record, next.updated_at)
+            || back_to_source(record, next.updated_at).as_ref() == Some(next))
 }
 
 /// What a ledger does with `create(new)` given the record it holds on that IP.
@@ -140,15 +185,15 @@ pub fn may_step(record: &Claim, given: &Claim, next: &Claim) -> bool {
             | (Phase::Bound, Phase::Terminating)
             | (Phase::Terminating, Phase::Bound)
     );
-    step_allowed
+    let same_pod = record
+        .pod
+        .uid
+        .as_ref()
+        .is_none_or(|uid| next.pod.uid.as_ref() == Some(uid));
+    ((step_allowed && same_pod) || is_carrier_step(record, next))
         && same_grant(record, given)
         && next.ip == record.ip
         && same_grant(record, next)
-        && record
-            .pod
-            .uid
-            .as_ref()
-            .is_none_or(|uid| next.pod.uid.as_ref() == Some(uid))
 }
 
 /// `claim` tied to the pod's final name and UID.
@@ -179,15 +224,24 @@ pub fn terminating(claim: &Claim, pod: &PodIdentity<'_>, release_at: u64, now: u
     next
 }
 
-/// `claim` given back: history of which pod name held the IP last. (The kubernetes ledger
-/// deletes the record instead, or keeps a sticky one for its pod name.)
+/// `claim` given back. A sticky claim (a StatefulSet pod's) is kept for its pod name: the
+/// record stays `Released` and still locks the IP until it is released once more, when the
+/// sticky grace is over ([`crate::cluster::lifecycle`] says when). Any other claim becomes
+/// history of which pod name held the IP last. (The kubernetes ledger deletes such a record
+/// instead.)
 pub fn released(claim: &Claim, now: u64) -> Claim {
     let mut next = claim.clone();
+    next.sticky = claim.sticky && claim.phase != Phase::Released;
     next.phase = Phase::Released;
     next.release_at = None;
-    next.sticky = false;
     next.updated_at = now;
     next
+}
+
+/// What `release(given)` writes over `record`, in every ledger: [`released`], when the record
+/// still locks its IP and is `given`'s grant; `None` leaves it as it is.
+pub fn release_of(record: &Claim, given: &Claim, now: u64) -> Option<Claim> {
+    (record.locks_ip() && same_grant(record, given)).then(|| released(record, now))
 }
 
 /// Where a `Terminating` claim's pod is, when its release falls due.

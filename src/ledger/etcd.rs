@@ -24,7 +24,7 @@ use etcd_client::{
 
 use tonic::Code as tonic_code;
 
-use super::claim::{CreateRule, create_rule, may_step, released, same_grant};
+use super::claim::{CreateRule, create_rule, may_step, release_of};
 use super::{Claim, CreateOutcome, EtcdOptions, Ledger, LedgerError, ObservedChange, unix_now};
 
 /// How many compare failures one create or release tolerates (other replicas writing the same
@@ -241,10 +241,10 @@ impl EtcdLedger {
         &self,
         key: &str,
         change: impl Fn(&Claim) -> Option<Claim>,
-        written: impl Fn(&Claim) -> bool,
     ) -> Result<bool, LedgerError> {
         let mut record = self.read(key).await?;
-        let mut attempted = false;
+        // what the last write whose answer may have been lost wrote: found there, it was written
+        let mut attempted: Option<Claim> = None;
         for _ in 0..MAX_COMPARE_ATTEMPTS {
             let Some(kv) = record else {
                 return Ok(false);
@@ -256,14 +256,14 @@ impl EtcdLedger {
                     return Ok(false);
                 }
             };
-            if attempted && written(&held) {
+            if attempted.as_ref() == Some(&held) {
                 return Ok(true);
             }
             let Some(next) = change(&held) else {
                 return Ok(false);
             };
-            attempted = true;
             let value = serde_json::to_vec(&next).map_err(|e| storage("encode", e))?;
+            attempted = Some(next);
             match self.write_if(key, Some(kv.mod_revision()), &value).await? {
                 Ok(revision) => {
                     self.note_seen(key, revision);
@@ -560,8 +560,7 @@ impl Ledger for EtcdLedger {
         let now = unix_now();
         self.update(
             &self.key(claim),
-            |held| (held.is_held() && same_grant(held, claim)).then(|| released(held, now)),
-            |held| same_grant(held, claim) && !held.is_held(),
+            |held| release_of(held, claim, now),
         )
         .await
     }
@@ -570,7 +569,6 @@ impl Ledger for EtcdLedger {
         self.update(
             &self.key(next),
             |held| may_step(held, current, next).then(|| next.clone()),
-            |held| held == next,
         )
         .await
     }

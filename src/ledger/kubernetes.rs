@@ -18,13 +18,14 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, PostParams, Preconditions};
 use kube::{Api, Client};
 
-use super::claim::{CreateRule, create_rule, may_step, same_grant};
+use super::claim::{CreateRule, create_rule, may_step, release_of};
 use super::network::{NETWORK_LABEL, NETWORK_NAMESPACE_LABEL, Network};
 use super::{
     Claim, CreateOutcome, Ledger, LedgerError, Phase, PodRef, Source, skip_corrupt, unix_now,
     unreadable_holder,
 };
-use crate::crd::{IPClaim, IPClaimSpec, IPClaimStatus};
+use super::holder::{Carrier, VmRef};
+use crate::crd::{IPClaim, IPClaimSpec, IPClaimStatus, MigrationSource};
 
 /// The finalizer every IPClaim carries: `kubectl delete ipclaim` on a running pod's claim
 /// only marks it for deletion (its IP stays held); the ledger and the reconciler remove the
@@ -146,6 +147,7 @@ fn network_resource(claim: &Claim, network: Option<&Network>) -> IPClaim {
             token: claim.token.as_str().into(),
             list_size: claim.list_size.map(std::num::NonZeroU64::get),
             vm: claim.vm.as_deref().map(Into::into),
+            migration_source: migration_source_spec(claim),
         },
     );
     resource.metadata = ObjectMeta {
@@ -155,6 +157,16 @@ fn network_resource(claim: &Claim, network: Option<&Network>) -> IPClaim {
         ..ObjectMeta::default()
     };
     resource
+}
+
+/// The migration source a VM's claim remembers, as `spec.migrationSource` writes it.
+fn migration_source_spec(claim: &Claim) -> Option<MigrationSource> {
+    let source = claim.vm.as_ref()?.source()?;
+    Some(MigrationSource {
+        pod_name: source.name.to_string(),
+        pod_uid: source.uid.as_deref().map(Into::into),
+        token: source.token.to_string(),
+    })
 }
 
 /// Delete `existing` only if it is still that very object (uid and resourceVersion), taking
@@ -264,7 +276,18 @@ fn claim_of(resource: &IPClaim, ip: IpAddr) -> Result<Claim, LedgerError> {
         .as_ref()
         .and_then(|Time(t)| u64::try_from(t.as_second()).ok())
         .unwrap_or_else(unix_now);
-    let status = resource.status.clone().unwrap_or_default();
+    // a status written for another grant than the spec's (the claim was taken over) is not
+    // this claim's: it is Reserved, as a claim without a status is
+    let status = resource
+        .status
+        .clone()
+        .filter(|status| {
+            status
+                .request_uid
+                .as_ref()
+                .is_none_or(|uid| *uid == resource.spec.request_uid)
+        })
+        .unwrap_or_default();
     let reserved_at = status
         .reserved_at
         .as_deref()
@@ -307,7 +330,14 @@ fn claim_of(resource: &IPClaim, ip: IpAddr) -> Result<Claim, LedgerError> {
             .vm
             .as_deref()
             .filter(|vm| !vm.is_empty())
-            .map(Into::into),
+            .map(|vm| {
+                let source = spec.migration_source.as_ref().map(|source| Carrier {
+                    name: source.pod_name.as_str().into(),
+                    uid: source.pod_uid.as_deref().map(Into::into),
+                    token: source.token.as_str().into(),
+                });
+                VmRef::named(vm).with_source(source)
+            }),
     })
 }
 
@@ -330,6 +360,7 @@ pub fn status_now(resource: &IPClaim, phase: Phase) -> IPClaimStatus {
         reserved_at,
         updated_at: Some(now),
         release_at: None,
+        request_uid: Some(resource.spec.request_uid.clone()),
     }
 }
 
@@ -408,6 +439,35 @@ impl KubeLedger {
         }
     }
 
+    /// Write `replacement` over `existing` in one write, if it is still that very object
+    /// (its resourceVersion): no other create can find the IP free in between, as it could
+    /// between a delete and a create. The status stays as it was, written for the old grant,
+    /// so the claim reads as `Reserved` ([`from_resource`]). An object being deleted already
+    /// goes with its finalizer instead, and the create is tried again. `Ok(false)`: it
+    /// changed or went meanwhile.
+    async fn take_over(
+        &self,
+        existing: &IPClaim,
+        replacement: &IPClaim,
+    ) -> Result<bool, LedgerError> {
+        let name = existing.metadata.name.clone().unwrap_or_default();
+        if existing.metadata.deletion_timestamp.is_some() {
+            self.delete_exact(existing).await?;
+            return Ok(false);
+        }
+        let mut replacement = replacement.clone();
+        replacement.metadata.resource_version = existing.metadata.resource_version.clone();
+        match self
+            .api
+            .replace(&name, &PostParams::default(), &replacement)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(error) if is_status(&error, 404) || is_status(&error, 409) => Ok(false),
+            Err(error) => Err(storage(&format!("taking over IPClaim {name}"), error)),
+        }
+    }
+
     /// Delete `existing` only if it is still that very object (uid and resourceVersion).
     async fn delete_exact(&self, existing: &IPClaim) -> Result<bool, LedgerError> {
         let name = existing.metadata.name.clone().unwrap_or_default();
@@ -477,10 +537,10 @@ impl Ledger for KubeLedger {
                 }
             };
             match create_rule(Some(&held), claim) {
-                CreateRule::Write => {
-                    self.delete_exact(&existing).await?;
-                    continue;
-                }
+                CreateRule::Write => match self.take_over(&existing, &resource).await? {
+                    true => return Ok(CreateOutcome::Created),
+                    false => continue,
+                },
                 CreateRule::Existing => return Ok(CreateOutcome::for_existing(held, claim)),
                 CreateRule::Held => return Ok(CreateOutcome::AlreadyHeld(Box::new(held))),
             }
@@ -495,10 +555,10 @@ impl Ledger for KubeLedger {
         let Some((existing, held)) = self.read_held(&name, "releasing").await? else {
             return Ok(false);
         };
-        if !held.is_held() || !same_grant(&held, claim) {
+        let Some(next) = release_of(&held, claim, unix_now()) else {
             return Ok(false);
-        }
-        if existing.spec.sticky && held.phase != Phase::Released {
+        };
+        if next.locks_ip() {
             let status = serde_json::json!({
                 "metadata": {"resourceVersion": existing.metadata.resource_version},
                 "status": status_now(&existing, Phase::Released),
@@ -533,10 +593,14 @@ impl Ledger for KubeLedger {
         if held.pod.uid != next.pod.uid
             || held.pod.name != next.pod.name
             || held.sticky != next.sticky
+            || held.vm != next.vm
         {
             let spec = serde_json::json!({
                 "metadata": {"resourceVersion": resource_version},
-                "spec": {"podUid": next.pod.uid, "podName": next.pod.name, "sticky": next.sticky},
+                "spec": {
+                    "podUid": next.pod.uid, "podName": next.pod.name, "sticky": next.sticky,
+                    "migrationSource": migration_source_spec(next),
+                },
             });
             match self
                 .api
@@ -687,6 +751,7 @@ mod tests {
             reserved_at: Some(rfc3339(1_700_000_000)),
             updated_at: Some(rfc3339(1_700_000_300)),
             release_at: None,
+            request_uid: None,
         });
         let released = from_resource(&resource).unwrap();
         assert_eq!(released.phase, Phase::Released);

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tokio::sync::Mutex;
 
-use super::claim::{CreateRule, create_rule, may_step, released, same_grant};
+use super::claim::{CreateRule, create_rule, may_step, release_of};
 use super::{Claim, CreateOutcome, Ledger, LedgerError, unix_now};
 
 #[derive(Default)]
@@ -63,11 +63,14 @@ impl Ledger for MemoryLedger {
     async fn release(&self, claim: &Claim) -> Result<bool, LedgerError> {
         let mut claims = self.claims.lock().await;
         match claims.get_mut(&claim.ip) {
-            Some(held) if held.is_held() && same_grant(held, claim) => {
-                *held = released(held, unix_now());
-                Ok(true)
-            }
-            _ => Ok(false),
+            Some(held) => match release_of(held, claim, unix_now()) {
+                Some(next) => {
+                    *held = next;
+                    Ok(true)
+                }
+                None => Ok(false),
+            },
+            None => Ok(false),
         }
     }
 }

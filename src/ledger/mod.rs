@@ -17,6 +17,7 @@ pub mod embedded;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 pub mod health;
+pub mod holder;
 pub mod kubernetes;
 pub mod memory;
 pub mod network;
@@ -150,10 +151,11 @@ pub struct Claim {
     pub sticky: bool,
     /// The KubeVirt virtual machine (in the pod's namespace) whose launcher pods hold the IP:
     /// the claim is the VM's, not one pod's. A restarted VM's new launcher pod takes it over,
-    /// a migration's target pod shares it with the source, and it is released only once the
-    /// VM is verified gone (`crate::webhook::kubevirt`).
+    /// a migration's target pod takes it over while its source still runs the VM (the claim
+    /// remembers the source, [`holder::VmRef::source`]), and it is released only once the VM
+    /// is verified gone (`crate::webhook::kubevirt`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub vm: Option<Shared>,
+    pub vm: Option<holder::VmRef>,
 }
 
 /// A count written as a number, 0 read as absent.

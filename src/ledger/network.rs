@@ -20,6 +20,33 @@ pub struct Network {
     pub name: String,
 }
 
+/// Where a claim's IP is used: the pod's primary interface, or one secondary network. Every
+/// lifecycle rule holds on each, each with books of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Interface<'a> {
+    Primary,
+    Network(&'a Network),
+}
+
+impl Interface<'_> {
+    /// The network, for a secondary network's books.
+    pub fn network(&self) -> Option<&Network> {
+        match self {
+            Interface::Primary => None,
+            Interface::Network(network) => Some(network),
+        }
+    }
+}
+
+impl fmt::Display for Interface<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Interface::Primary => write!(f, "the primary interface"),
+            Interface::Network(network) => write!(f, "network {network}"),
+        }
+    }
+}
+
 /// Why `--network` could not be read.
 #[derive(Debug, thiserror::Error)]
 #[error("network attachment {given:?}: {reason}")]

@@ -10,6 +10,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+use super::holder::{Carrier, VmRef};
 use super::{Claim, LedgerError, Phase, PodRef, Source};
 
 mod read;
@@ -112,11 +113,22 @@ fn encode_claim(buf: &mut Vec<u8>, claim: &Claim) {
     put_opt(buf, claim.release_at, put_u64);
     // The last byte holds flags: `sticky`, and fields added since, each followed by its value
     // when set. A claim without them is the byte (0 or 1) an older release wrote and reads.
-    let sticky = if claim.sticky { FLAG_STICKY } else { 0 };
-    let flags = sticky | if claim.vm.is_some() { FLAG_VM } else { 0 };
+    let source = claim.vm.as_ref().and_then(|vm| vm.source());
+    let mut flags = if claim.sticky { FLAG_STICKY } else { 0 };
+    if claim.vm.is_some() {
+        flags |= FLAG_VM;
+    }
+    if source.is_some() {
+        flags |= FLAG_VM_SOURCE;
+    }
     buf.push(flags);
     if let Some(vm) = &claim.vm {
         put_str(buf, vm);
+    }
+    if let Some(source) = source {
+        put_str(buf, &source.name);
+        put_opt(buf, source.uid.as_deref(), put_str);
+        put_str(buf, &source.token);
     }
 }
 
@@ -124,6 +136,8 @@ fn encode_claim(buf: &mut Vec<u8>, claim: &Claim) {
 const FLAG_STICKY: u8 = 1;
 /// In the flags byte: the claim's virtual machine follows.
 const FLAG_VM: u8 = 2;
+/// In the flags byte: the migration source its VM remembers follows the VM.
+const FLAG_VM_SOURCE: u8 = 4;
 
 fn decode_claim(payload: &[u8]) -> Result<Claim, RecordError> {
     let mut r = Reader(payload);
@@ -181,12 +195,22 @@ fn decode_claim(payload: &[u8]) -> Result<Claim, RecordError> {
         vm: None,
     };
     let flags = r.byte("flags")?;
-    if flags & !(FLAG_STICKY | FLAG_VM) != 0 {
+    if flags & !(FLAG_STICKY | FLAG_VM | FLAG_VM_SOURCE) != 0
+        || (flags & FLAG_VM_SOURCE != 0 && flags & FLAG_VM == 0)
+    {
         return Err(RecordError::Flags(flags));
     }
     claim.sticky = flags & FLAG_STICKY != 0;
     if flags & FLAG_VM != 0 {
-        claim.vm = Some(r.string("vm")?);
+        let vm: VmRef = VmRef::named(&r.string::<String>("vm")?);
+        claim.vm = Some(match flags & FLAG_VM_SOURCE {
+            0 => vm,
+            _ => vm.with_source(Some(Carrier {
+                name: r.string("migration source")?,
+                uid: r.optional("migration source uid", |r| r.string("migration source uid"))?,
+                token: r.string("migration source token")?,
+            })),
+        });
     }
     if !r.0.is_empty() {
         return Err(RecordError::Trailing(r.0.len()));
@@ -335,7 +359,11 @@ mod tests {
             token: "tok-1234567890abcdef".into(),
             release_at: Some(0),
             sticky: true,
-            vm: Some("db".into()),
+            vm: Some(VmRef::named("db").with_source(Some(Carrier {
+                name: "virt-launcher-db-abcde".into(),
+                uid: Some("1a2b3c4d-0000-4000-8000-000000000001".into()),
+                token: "tok-source".into(),
+            }))),
         }
     }
 

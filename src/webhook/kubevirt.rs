@@ -25,6 +25,10 @@ use crate::admission::{Incoming, Meta, OwnerRef};
 pub const LAUNCHER_LABEL: (&str, &str) = ("kubevirt.io", "virt-launcher");
 /// The API group of VirtualMachines and VirtualMachineInstances.
 pub const GROUP: &str = "kubevirt.io";
+/// The label KubeVirt puts on a live migration's target launcher pod (its value: the
+/// migration's UID) (kubevirt/kubevirt `staging/src/kubevirt.io/api/core/v1/types.go`,
+/// `MigrationJobLabel`).
+pub const MIGRATION_LABEL: &str = "kubevirt.io/migrationJobUID";
 /// The user KubeVirt's controller creates launcher pods as, in its default install.
 pub const DEFAULT_CONTROLLER: &str = "system:serviceaccount:kubevirt:kubevirt-controller";
 
@@ -99,6 +103,12 @@ fn owner_fields(owner: &OwnerRef) -> (&str, &str, &str, bool) {
         owner.name.as_str(),
         owner.controller.unwrap_or(false),
     )
+}
+
+/// Whether the pod is a live migration's target launcher pod ([`MIGRATION_LABEL`]); only
+/// read for a pod [`admitted_vm`] takes for a launcher pod.
+pub fn is_migration_target(meta: &Meta) -> bool {
+    meta.label(MIGRATION_LABEL).is_some_and(|uid| !uid.is_empty())
 }
 
 /// The VM whose launcher pod this admission creates: [`launcher_vm_of`], when the request's

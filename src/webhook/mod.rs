@@ -3,6 +3,7 @@
 //! Routing a review to `/mutate` or `/validate` is [`crate::webhook::dispatch`]'s.
 
 pub mod assess;
+pub mod carried;
 pub mod claim_guard;
 pub mod cni_pools;
 pub mod dispatch;
@@ -56,6 +57,9 @@ pub struct Settings {
     pub admission_deadline: std::time::Duration,
     /// Which pods are KubeVirt launcher pods, and when a VM's IP is freed.
     pub kubevirt: kubevirt::KubevirtSettings,
+    /// How long a released StatefulSet pod's claim is kept for its name (`--sticky-grace`),
+    /// in every ledger ([`crate::ledger::claim::released`]).
+    pub sticky_grace: std::time::Duration,
 }
 
 impl Default for Settings {
@@ -69,6 +73,7 @@ impl Default for Settings {
             max_release_grace: std::time::Duration::from_secs(24 * 3600),
             admission_deadline: std::time::Duration::from_secs(4),
             kubevirt: kubevirt::KubevirtSettings::default(),
+            sticky_grace: std::time::Duration::from_secs(crate::ipam::held::DEFAULT_STICKY_GRACE),
         }
     }
 }
@@ -93,6 +98,19 @@ pub struct Webhook {
 }
 
 impl Webhook {
+    /// Every interface IPs are given out on, with its allocator: the primary interface's
+    /// first, then each secondary network's. Each lifecycle task runs over all of them.
+    pub fn interfaces(
+        &self,
+    ) -> impl Iterator<Item = (crate::ledger::network::Interface<'_>, &Arc<Allocator>)> {
+        use crate::ledger::network::Interface;
+        std::iter::once((Interface::Primary, &self.allocator)).chain(
+            self.secondary
+                .iter()
+                .map(|(network, allocator)| (Interface::Network(network), allocator)),
+        )
+    }
+
     pub fn new(
         settings: Settings,
         allocator: Arc<Allocator>,
@@ -337,6 +355,8 @@ pub struct PodView<'m> {
     pub app: Option<&'m str>,
     /// The KubeVirt VM this is a launcher pod of ([`kubevirt::admitted_vm`]).
     pub vm: Option<&'m str>,
+    /// A launcher pod that is a live migration's target ([`kubevirt::is_migration_target`]).
+    pub migration: bool,
 }
 
 impl<'m> PodView<'m> {
@@ -351,6 +371,7 @@ impl<'m> PodView<'m> {
             namespace,
             app: meta.label(&settings.app_label).filter(|a| !a.is_empty()),
             vm: kubevirt::admitted_vm(meta, incoming, &settings.kubevirt),
+            migration: kubevirt::is_migration_target(meta),
         }
     }
 

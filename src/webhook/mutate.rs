@@ -184,6 +184,7 @@ pub async fn decide_create(
         candidates: &chosen.set,
         ordinal: ask.view.statefulset_ordinal(),
         vm: ask.view.vm,
+        migration: ask.view.migration,
         dry_run: incoming.dry_run(),
     };
     let grant = Grant {

@@ -21,13 +21,13 @@ use std::sync::Arc;
 use crate::admission::annotations::{AnnotationError, Cni};
 use crate::admission::networks::{Attachment, NETWORKS, parse_networks, write_networks};
 use crate::admission::patch::MetadataPatch;
-use crate::admission::{Incoming, Meta};
+use crate::admission::{Incoming, Meta, Operation};
 use crate::ipam::allocator::{AllocError, AllocationRequest, Allocator, Reason};
 use crate::ipam::ipset::{Family, IpSet};
-use crate::ipam::messages::conflict_message;
 use crate::ledger::claim::{PodIdentity, new_token};
 use crate::ledger::network::Network;
 use crate::webhook::assess::{Denial, PodAsk};
+use crate::webhook::carried;
 use crate::webhook::{PodView, Webhook};
 
 /// The allocator of each secondary network ip-webhook gives IPs out on.
@@ -404,11 +404,11 @@ pub fn carried(webhook: &Webhook, meta: &Meta, namespace: &str) -> Vec<(Network,
         .collect()
 }
 
-/// A pod CREATE's `/validate` on the managed networks: every IP it carries on one is its own
-/// claim (by UID once bound, else by token), then bound to its UID; or free, then recorded
-/// for it now as a static IP (it skipped `/mutate`); or held by another pod: refused, naming
-/// both. `Err` is the denial's message.
-pub async fn validate_create(
+/// A pod's `/validate` on the managed networks: every IP it carries on one is its own claim
+/// (by UID once bound, else by token); or free, then (a CREATE) recorded for it now as a
+/// static IP (it skipped `/mutate`); or held by another holder: refused, naming both. A
+/// CREATE's claims are then bound to its UID. `Err` is the denial's message.
+pub async fn validate(
     webhook: &Webhook,
     incoming: &Incoming<'_>,
     ask: &PodAsk<'_>,
@@ -421,6 +421,7 @@ pub async fn validate_create(
         .token
         .map(str::to_string)
         .unwrap_or_else(|| new_token(incoming.uid()));
+    let records = incoming.request.operation == Operation::Create && !incoming.dry_run();
     let empty = IpSet::default();
     let request = &AllocationRequest {
         scope: ask.scope(),
@@ -432,6 +433,7 @@ pub async fn validate_create(
         candidates: &empty,
         ordinal: None,
         vm: view.vm,
+        migration: view.migration,
         dry_run: incoming.dry_run(),
     };
     for (network, ips) in carried(webhook, view.meta, &view.namespace) {
@@ -439,19 +441,11 @@ pub async fn validate_create(
             continue;
         };
         let mine = allocator.held_by(identity, &ips);
-        let mut unrecorded = Vec::new();
-        for ip in ips.iter().filter(|ip| !mine.iter().any(|c| c.ip == **ip)) {
-            match allocator.holder(ip) {
-                Some(holder) if holder.locks_ip() => {
-                    return Err(format!(
-                        "network {network}: {}",
-                        conflict_message(ip, &request.pod, &holder)
-                    ));
-                }
-                _ => unrecorded.push(*ip),
-            }
-        }
-        if request.dry_run {
+        let ledger_decides = identity.token.is_some() && records;
+        let unrecorded =
+            carried::unrecorded(allocator, &ips, &mine, &request.pod, view.vm, ledger_decides)
+                .map_err(|message| format!("network {network}: {message}"))?;
+        if !records {
             continue;
         }
         if !unrecorded.is_empty() {
@@ -499,16 +493,17 @@ pub async fn terminate(
     }
 }
 
-/// The refusal of an update that changes the networks annotation of a pod holding claims on
-/// a managed network: a DELETE reads the IPs there, and the sandbox's next start would ask
-/// the network's IPAM for IPs nobody recorded.
+/// The refusal of an update of a pod holding a claim (on any interface) that changes its
+/// networks annotation where it carries IPs on a managed network, or changes the IPs it
+/// carries on one: a DELETE reads the IPs there, and the sandbox's next start would ask the
+/// network's IPAM for IPs nobody recorded.
 pub fn update_refusal(webhook: &Webhook, view: &PodView<'_>, old: &Meta) -> Option<String> {
     let (before, after) = (old.annotation(NETWORKS), view.meta.annotation(NETWORKS));
-    if before == after
-        || carried(webhook, old, &view.namespace)
-            .iter()
-            .all(|(_, ips)| ips.is_empty())
-    {
+    let carried_before = carried(webhook, old, &view.namespace);
+    let unchanged = before == after
+        || (carried_before.iter().all(|(_, ips)| ips.is_empty())
+            && carried(webhook, view.meta, &view.namespace) == carried_before);
+    if unchanged {
         return None;
     }
     Some(format!(

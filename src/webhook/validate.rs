@@ -11,12 +11,12 @@ use crate::admission::{Incoming, Meta, Operation, Response, ReviewError};
 use crate::crd::{self, IPPool};
 use crate::ipam::allocator::AllocationRequest;
 use crate::ipam::ipset::{IpSet, excerpt};
-use crate::ipam::messages::conflict_message;
 use crate::ipam::messages::holder_list;
 use crate::ipam::pools::{Pool, PoolError};
 use crate::ledger::Claim;
 use crate::ledger::claim::{PodIdentity, is_token, new_token};
 use crate::webhook::assess::{Answer, Denial, PodAsk, assess};
+use crate::webhook::carried;
 use crate::webhook::cni_pools;
 use crate::webhook::secondary;
 use crate::webhook::workloads;
@@ -187,8 +187,7 @@ async fn validate_pod(
             )
             .await;
             if answer.response.allowed
-                && incoming.request.operation == Operation::Create
-                && let Err(message) = secondary::validate_create(webhook, incoming, &ask).await
+                && let Err(message) = secondary::validate(webhook, incoming, &ask).await
             {
                 answer.response = answer.response.deny(message);
             }
@@ -297,40 +296,25 @@ async fn pod_verdict(
 }
 
 /// The carried IPs no claim of this pod's covers, and free for it; a denial for an IP another
-/// pod's claim locks (or the cluster says is in use).
+/// pod's claim locks (or the cluster says is in use) ([`carried::unrecorded`]).
 fn unrecorded_ips(
     webhook: &Webhook,
     incoming: &Incoming<'_>,
     ask: &PodAsk<'_>,
     mine: &[Claim],
 ) -> Result<Vec<IpAddr>, Denial> {
-    let identity = ask.identity();
-    let pod_ref = ask.view.pod_ref();
-    let mut unrecorded = Vec::new();
-    for ip in &ask.carried {
-        if mine.iter().any(|c| c.ip == *ip) {
-            continue;
-        }
-        match webhook.allocator.holder(ip) {
-            // A pod that carries a claim token was granted at a /mutate, maybe another
-            // replica's, whose record this replica's copy may not show yet (nor the release
-            // that made the IP free): the CREATE's write asks the ledger itself.
-            Some(holder)
-                if holder.locks_ip()
-                    && (identity.token.is_none()
-                        || incoming.dry_run()
-                        || incoming.request.operation != Operation::Create) =>
-            {
-                return Err(Denial::Conflict(conflict_message(ip, &pod_ref, &holder)));
-            }
-            Some(holder) if holder.locks_ip() => unrecorded.push(*ip),
-            _ => match webhook.allocator.foreign_conflict(ip, &pod_ref) {
-                Some(message) => return Err(Denial::Conflict(message)),
-                None => unrecorded.push(*ip),
-            },
-        }
-    }
-    Ok(unrecorded)
+    let ledger_decides = ask.identity().token.is_some()
+        && !incoming.dry_run()
+        && incoming.request.operation == Operation::Create;
+    carried::unrecorded(
+        &webhook.allocator,
+        &ask.carried,
+        mine,
+        &ask.view.pod_ref(),
+        ask.view.vm,
+        ledger_decides,
+    )
+    .map_err(Denial::Conflict)
 }
 
 /// Record `unrecorded` for the pod as static IPs under its token (a new one if it has none)
@@ -363,6 +347,7 @@ async fn record_static(
         candidates: &chosen.set,
         ordinal: None,
         vm: ask.view.vm,
+        migration: ask.view.migration,
         dry_run: false,
     };
     if let Err(error) = webhook.allocator.claim_static(unrecorded, &request).await {

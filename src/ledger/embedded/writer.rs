@@ -10,7 +10,7 @@ use tokio::sync::oneshot;
 
 use super::counters::{CommitCounters, Stage};
 use super::journal::Journal;
-use crate::ledger::claim::{CreateRule, create_rule, may_step, released, same_grant};
+use crate::ledger::claim::{CreateRule, create_rule, may_step, release_of};
 use crate::ledger::{Claim, CreateOutcome, LedgerError, unix_now};
 
 /// The answer to one request, and when the writer took and answered its batch.
@@ -249,14 +249,14 @@ pub(super) fn apply(
                 replies.push(Reply::Create(reply, outcome));
             }
             Request::Release(claim, reply) => {
-                let changed = match records.read(claim.ip)? {
-                    Some(held) if held.is_held() && same_grant(&held, &claim) => {
-                        records.write(Arc::new(released(&held, unix_now())))?;
-                        writes += 1;
-                        true
-                    }
-                    _ => false,
-                };
+                let next = records
+                    .read(claim.ip)?
+                    .and_then(|held| release_of(&held, &claim, unix_now()));
+                let changed = next.is_some();
+                if let Some(next) = next {
+                    records.write(Arc::new(next))?;
+                    writes += 1;
+                }
                 replies.push(Reply::Changed(reply, changed));
             }
             Request::Transition(pair, reply) => {
