@@ -443,17 +443,23 @@ async fn with_the_etcd_ledger_the_leak_sweeper_frees_the_ips_no_pod_holds() {
     // live: persisted and running. gone: persisted, then deleted with no admission DELETE.
     // never: admitted, no pod came. db-0: a StatefulSet pod, validated (bound, kept for its
     // name), deleted; its IP waits the sticky grace.
+    // each stored pod validated as the API server would (its claims bound to its UID)
+    let store = |object: Value, name: &'static str| {
+        let (server, pods) = (&server, &pods);
+        async move {
+            let stored = persist_pod(pods, object, name).await;
+            let review = create(&format!("v-{name}"), serde_json::to_value(&stored).unwrap());
+            let validated = server.validate(&review).await;
+            assert_eq!(validated["allowed"], true, "{validated}");
+        }
+    };
     let (object, live) = admit("s-live", web.clone()).await;
-    persist_pod(&pods, object, "web-live").await;
+    store(object, "web-live").await;
     let (object, gone) = admit("s-gone", web.clone()).await;
-    persist_pod(&pods, object, "web-gone").await;
+    store(object, "web-gone").await;
     let (_, never) = admit("s-never", web.clone()).await;
     let (object, sticky) = admit("s-db-0", db_0.clone()).await;
-    let stored = persist_pod(&pods, object, "db-0").await;
-    let validated = server
-        .validate(&create("v-db-0", serde_json::to_value(&stored).unwrap()))
-        .await;
-    assert_eq!(validated["allowed"], true, "{validated}");
+    store(object, "db-0").await;
     for name in ["web-gone", "db-0"] {
         pods.delete(name, &DeleteParams::default().grace_period(0))
             .await

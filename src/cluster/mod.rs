@@ -480,6 +480,39 @@ fn edge_tasks(
     leading: &watch::Receiver<bool>,
     options: &ClusterOptions,
 ) -> Vec<JoinHandle<()>> {
+    let mut tasks = node_loss_tasks(client, webhook, caches, leading, options);
+    if options.cni == Cni::KubeOvn && options.kube_ovn_reservation {
+        let state = Arc::new(kube_ovn_reservation::OvnReservationState::default());
+        let pools = Api::all_with(client.clone(), &kube_ovn_reservation::kube_ovn_ippools());
+        tasks.push(tokio::spawn(kube_ovn_reservation::watch_subnets(
+            Api::all_with(client.clone(), &cni::kube_ovn_subnets()),
+            state.clone(),
+        )));
+        tasks.push(tokio::spawn(kube_ovn_reservation::watch_pools(
+            pools.clone(),
+            state.clone(),
+        )));
+        tasks.push(tokio::spawn(kube_ovn_reservation::keep_pools(
+            pools,
+            webhook.clone(),
+            caches.clone(),
+            state,
+            leading.clone(),
+            RESERVATION_CHECK,
+        )));
+    }
+    tasks
+}
+
+/// Node-loss release ([`node_loss`]) of every interface's claims, when `options` ask for it:
+/// the leader's watch of Nodes and its releaser, over the pods `caches` index.
+fn node_loss_tasks(
+    client: &Client,
+    webhook: &Arc<Webhook>,
+    caches: &Arc<Caches>,
+    leading: &watch::Receiver<bool>,
+    options: &ClusterOptions,
+) -> Vec<JoinHandle<()>> {
     let mut tasks = Vec::new();
     if !options.node_lost_grace.is_zero() {
         let nodes = Arc::new(node_loss::Nodes::default());
@@ -513,26 +546,6 @@ fn edge_tasks(
             releaser.run(leading.clone(), node_loss::PERIOD),
         ));
     }
-    if options.cni == Cni::KubeOvn && options.kube_ovn_reservation {
-        let state = Arc::new(kube_ovn_reservation::OvnReservationState::default());
-        let pools = Api::all_with(client.clone(), &kube_ovn_reservation::kube_ovn_ippools());
-        tasks.push(tokio::spawn(kube_ovn_reservation::watch_subnets(
-            Api::all_with(client.clone(), &cni::kube_ovn_subnets()),
-            state.clone(),
-        )));
-        tasks.push(tokio::spawn(kube_ovn_reservation::watch_pools(
-            pools.clone(),
-            state.clone(),
-        )));
-        tasks.push(tokio::spawn(kube_ovn_reservation::keep_pools(
-            pools,
-            webhook.clone(),
-            caches.clone(),
-            state,
-            leading.clone(),
-            RESERVATION_CHECK,
-        )));
-    }
     tasks
 }
 
@@ -564,14 +577,17 @@ where
     }
 }
 
-/// With a ledger other than IPClaims (etcd, embedded) and an API server: the Lease election and
-/// the leak sweepers ([`sweep`]) of every interface's books. There are no watches: `caches`
-/// stays empty.
+/// With a ledger other than IPClaims (etcd, embedded) and an API server: the Lease election,
+/// the leak sweepers ([`sweep`]) of every interface's books and, when asked, node-loss
+/// release over a watch of the pods' IPs; no other watch.
 pub fn start_sweeper(
     client: Client,
     webhook: Arc<Webhook>,
     options: ClusterOptions,
 ) -> ClusterHandle {
+    // its pod watch is node-loss release's alone: no admission reads it, so readiness does not
+    // wait for it (its health is its own)
+    let caches = Arc::new(Caches::default());
     let (leading_tx, leading) = watch::channel(false);
     let leases = Api::<Lease>::namespaced(client.clone(), &options.lease.namespace);
     let elector = lease::Elector::new(leases.clone(), options.lease.clone());
@@ -584,8 +600,22 @@ pub fn start_sweeper(
         )),
     ];
     tasks.extend(sweepers(&client, &webhook, &options, &leading, true));
+    if !options.node_lost_grace.is_zero() {
+        caches.cluster_ips.set_app_label(&options.app_label);
+        tasks.push(tokio::spawn(index::watch_pod_ips(
+            client.clone(),
+            caches.clone(),
+            webhook.metrics.clone(),
+            options.app_label.clone(),
+            options.pod_ips,
+            options.cni,
+        )));
+        tasks.extend(node_loss_tasks(
+            &client, &webhook, &caches, &leading, &options,
+        ));
+    }
     ClusterHandle {
-        caches: Arc::new(Caches::default()),
+        caches,
         leading,
         leases,
         lease: options.lease,

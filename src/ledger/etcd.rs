@@ -460,7 +460,7 @@ impl EtcdLedger {
         }
         match event.event_type() {
             EventType::Put => match self.decode(kv) {
-                Ok(claim) if claim.is_held() => Some(ObservedChange::Held(claim)),
+                Ok(claim) if claim.locks_ip() => Some(ObservedChange::Held(claim)),
                 Ok(claim) => Some(ObservedChange::Released(claim)),
                 Err(error) => {
                     super::skip_corrupt(&error, "ignoring an etcd record that cannot be read");

@@ -339,9 +339,9 @@ impl fmt::Display for Damage {
 /// wrote it), as opposed to the answers of its own calls.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ObservedChange {
-    /// The claim is held.
+    /// The claim locks its IP: held, or released and kept for its pod name.
     Held(Claim),
-    /// The claim was released, or its record deleted.
+    /// The claim was released for good, or its record deleted.
     Released(Claim),
 }
 
