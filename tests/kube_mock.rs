@@ -241,33 +241,21 @@ async fn a_retried_admission_finds_its_own_claim() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_statefulset_pod_takes_back_its_kept_ip_and_others_cannot() {
+async fn a_statefulset_pod_takes_back_its_kept_ip_in_one_write_and_others_cannot() {
     let mut kept = claim("10.0.0.9", "web-0", "req-old");
     kept.phase = Phase::Released;
     kept.pod.uid = Some("pod-uid-old".into());
     let mut kept_value = stored(&kept, 8);
     kept_value["spec"]["sticky"] = json!(true);
     let (client, server) = scripted(vec![
-        // web-0 again: deletes exactly the kept record, then creates its own.
+        // web-0 again: replaces exactly the kept record in one write (no moment in which
+        // another create could find the IP free, as between a delete and a create)
         step("POST", CLAIMS, 409, already_exists("10.0.0.9")),
         step("GET", format!("{CLAIMS}/10.0.0.9"), 200, kept_value.clone()),
-        // the finalizer comes off first
         step(
-            "PATCH",
+            "PUT",
             format!("{CLAIMS}/10.0.0.9"),
             200,
-            kept_value.clone(),
-        ),
-        step(
-            "DELETE",
-            format!("{CLAIMS}/10.0.0.9"),
-            200,
-            kept_value.clone(),
-        ),
-        step(
-            "POST",
-            CLAIMS,
-            201,
             stored(&claim("10.0.0.9", "web-0", "req-new"), 9),
         ),
         // web-1 may not take it.
@@ -290,16 +278,36 @@ async fn a_statefulset_pod_takes_back_its_kept_ip_and_others_cannot() {
         CreateOutcome::AlreadyHeld(_)
     ));
     let seen = server.await.unwrap();
+    let put = &seen[2].body;
     assert_eq!(
-        seen[2].body["metadata"],
-        json!({"finalizers": null, "resourceVersion": "8"}),
-        "the finalizer comes off the exact record"
+        put["metadata"]["resourceVersion"], "8",
+        "the write is conditional on the exact record: {put}"
     );
+    assert_eq!(put["spec"]["requestUid"], "req-new", "{put}");
+    assert_eq!(put["spec"]["podUid"], Value::Null, "{put}");
     assert_eq!(
-        seen[3].body["preconditions"],
-        json!({"uid": "uid-10.0.0.9-8", "resourceVersion": "8"}),
-        "the delete is conditional on the exact record"
+        put["metadata"]["finalizers"],
+        json!(["ip-webhook.io/pod-gone"]),
+        "the claim keeps its finalizer: {put}"
     );
+}
+
+/// A status written for the grant an IPClaim held before it was taken over is not the new
+/// grant's: the claim reads as Reserved until its own status is written.
+#[test]
+fn a_status_of_the_grant_taken_over_reads_as_reserved() {
+    let mut taken = stored(&claim("10.0.0.9", "web-0", "req-new"), 9);
+    taken["status"] = json!({
+        "phase": "Released", "requestUid": "req-old", "releaseAt": "2026-01-01T00:00:00Z",
+    });
+    let resource: IPClaim = serde_json::from_value(taken.clone()).unwrap();
+    let read = ip_webhook::ledger::kubernetes::from_resource(&resource).unwrap();
+    assert_eq!(read.phase, Phase::Reserved);
+    assert_eq!(read.release_at, None);
+    taken["status"]["requestUid"] = json!("req-new");
+    let resource: IPClaim = serde_json::from_value(taken).unwrap();
+    let read = ip_webhook::ledger::kubernetes::from_resource(&resource).unwrap();
+    assert_eq!(read.phase, Phase::Released, "its own status counts");
 }
 
 #[tokio::test(start_paused = true)]

@@ -445,3 +445,368 @@ async fn a_vm_deleted_while_stopped_is_freed_at_its_deletion_not_at_the_next_res
     );
     rbac::assert_rbac_covers(&fake);
 }
+
+/// `object` as the API server stores it after our patch: its final name and UID.
+fn stored(object: Value, name: &str) -> Pod {
+    let mut object = object;
+    object["metadata"]["name"] = json!(name);
+    object["metadata"]["uid"] = json!(format!("uid-{name}"));
+    serde_json::from_value(object).unwrap()
+}
+
+/// Admit (as KubeVirt's controller) and validate a launcher pod, stored as `name`; its IP
+/// and the pod, with no API server behind the webhook.
+async fn launch_off_cluster(
+    server: &common::TestServer,
+    object: Value,
+    name: &str,
+) -> (String, Pod) {
+    let response = server
+        .mutate(&create_as(
+            &format!("create-{name}"),
+            object.clone(),
+            CONTROLLER,
+        ))
+        .await;
+    assert_eq!(response["allowed"], true, "{response}");
+    let ip = allocated_ip(&response);
+    let pod = stored(apply(&object, &response), name);
+    let validated = server
+        .validate(&create_as(
+            &format!("validate-{name}"),
+            serde_json::to_value(&pod).unwrap(),
+            CONTROLLER,
+        ))
+        .await;
+    assert_eq!(validated["allowed"], true, "{validated}");
+    (ip, pod)
+}
+
+/// Which pod holds the claim on `ip`, and in which phase; `None` once it is free.
+fn holder_of(server: &common::TestServer, ip: &str) -> Option<(String, ip_webhook::ledger::Phase)> {
+    let claim = server
+        .launched
+        .webhook
+        .allocator
+        .holder(&ip.parse().unwrap())?;
+    claim
+        .locks_ip()
+        .then(|| (claim.pod.name.to_string(), claim.phase))
+}
+
+/// With no API server to ask, the webhook knows the VM runs on from the launcher pods it
+/// admitted and saw deleted: a live migration's target that fails (KubeVirt deletes it with
+/// grace 0) gives the claim back to the source, which still runs the VM, and the retried
+/// migration's new target gets the same IP; the source's DELETE once a migration succeeds
+/// frees nothing, and only the last launcher pod's DELETE frees the IP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_an_api_server_a_failed_migration_gives_the_ip_back_to_the_source() {
+    use ip_webhook::ledger::Phase;
+    let server = common::TestServer::start(&["--release-delay", "0s"]).await;
+    let (ip, source) = launch_off_cluster(&server, launcher("db", "vmi-1", None), "src").await;
+    let (target_ip, target) =
+        launch_off_cluster(&server, launcher("db", "vmi-1", Some("job-1")), "dst-1").await;
+    assert_eq!(target_ip, ip, "the target comes up on the VM's IP");
+    assert_eq!(
+        holder_of(&server, &ip),
+        Some(("dst-1".into(), Phase::Bound))
+    );
+
+    // the migration fails: KubeVirt deletes its target at once
+    let answer = server.mutate(&delete_review(&target)).await;
+    assert_eq!(answer["allowed"], true, "{answer}");
+    // past the release timer's ticks: the source still runs the VM, so the IP is kept for it
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        holder_of(&server, &ip),
+        Some(("src".into(), Phase::Bound)),
+        "the source runs the VM on its IP"
+    );
+    let intruder = server
+        .mutate(&create(
+            "static-intruder",
+            common::pod("default", "other", "x-", Some(&ip)),
+        ))
+        .await;
+    assert_eq!(intruder["allowed"], false, "{intruder}");
+    assert!(
+        message(&intruder).contains("vm default/db"),
+        "{}",
+        message(&intruder)
+    );
+
+    // the retried migration's new target gets the VM's IP, not a second one
+    let (retry_ip, retry) =
+        launch_off_cluster(&server, launcher("db", "vmi-1", Some("job-2")), "dst-2").await;
+    assert_eq!(retry_ip, ip, "one VM, one IP");
+    // it succeeds: the source is deleted, and frees nothing
+    let answer = server.mutate(&delete_review(&source)).await;
+    assert_eq!(answer["allowed"], true, "{answer}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        holder_of(&server, &ip),
+        Some(("dst-2".into(), Phase::Bound))
+    );
+    let vm_claims = server
+        .launched
+        .webhook
+        .allocator
+        .claims()
+        .into_iter()
+        .filter(|c| c.vm.as_deref() == Some("db") && c.locks_ip())
+        .count();
+    assert_eq!(vm_claims, 1, "the VM holds one claim");
+
+    // the VM stops: its last launcher pod's DELETE frees the IP once its grace is over
+    let answer = server.mutate(&delete_review(&retry)).await;
+    assert_eq!(answer["allowed"], true, "{answer}");
+    eventually(
+        "the stopped VM's IP to be freed",
+        Duration::from_secs(10),
+        || async { holder_of(&server, &ip).is_none().then_some(()) },
+    )
+    .await;
+}
+
+/// `pod` runs on `ip`, as the kubelet and the CNI report it (`status.podIPs`).
+async fn running_on(cluster: &Cluster, pod: &Pod, ip: &str) {
+    let status = json!({"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}});
+    let name = pod.metadata.name.as_deref().unwrap();
+    cluster
+        .pods
+        .patch_status(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&status),
+        )
+        .await
+        .unwrap();
+}
+
+/// A live migration whose target fails, in a cluster: its DELETE gives the claim back to the
+/// source, and the retried migration's target comes up on the same IP, though the source runs
+/// on it as the pod index sees (the VM's launcher pods are its own, never another user of
+/// the IP). The same holds when the webhook missed the failed target's DELETE, and the claim
+/// still names that gone pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_migration_keeps_the_vms_ip_while_the_source_runs_on_it() {
+    let fake = FakeApi::start();
+    let cluster = Cluster::new(&fake).await;
+    let server = replica(&fake).await;
+    cluster.create_vm("mv").await;
+    let vmi_uid = cluster.start_vmi("mv").await;
+    let (ip, source) = launch(
+        &server,
+        &cluster,
+        launcher("mv", &vmi_uid, None),
+        "virt-launcher-mv-src",
+    )
+    .await;
+    cluster.bound_to(&ip, "virt-launcher-mv-src").await;
+    running_on(&cluster, &source, &ip).await;
+
+    for (attempt, missed) in [(1, false), (2, true)] {
+        let name = format!("virt-launcher-mv-dst-{attempt}");
+        let job = format!("job-{attempt}");
+        let (target_ip, target) = launch(
+            &server,
+            &cluster,
+            launcher("mv", &vmi_uid, Some(&job)),
+            &name,
+        )
+        .await;
+        assert_eq!(
+            target_ip, ip,
+            "attempt {attempt}: the target gets the VM's IP"
+        );
+        cluster.bound_to(&ip, &name).await;
+        // the target fails and goes: its DELETE reviewed, or (missed) not
+        if !missed {
+            let answer = server.mutate(&delete_review(&target)).await;
+            assert_eq!(answer["allowed"], true, "{answer}");
+        }
+        cluster
+            .pods
+            .delete(&name, &DeleteParams::default())
+            .await
+            .unwrap();
+        let claim = still_the_vms(&cluster, &ip, "mv").await;
+        if !missed {
+            assert_eq!(claim.spec.pod_name, "virt-launcher-mv-src", "{claim:?}");
+        }
+    }
+    let (retry_ip, _) = launch(
+        &server,
+        &cluster,
+        launcher("mv", &vmi_uid, Some("job-3")),
+        "virt-launcher-mv-dst-3",
+    )
+    .await;
+    assert_eq!(retry_ip, ip, "the third attempt too: one VM, one IP");
+    // another app's pod asking for the IP by hand is refused, naming the VM, not a pod of it
+    let mut thief = common::pod("default", "other", "thief-", None);
+    thief["metadata"]["annotations"]["cni.projectcalico.org/ipAddrs"] =
+        json!(format!("[\"{ip}\"]"));
+    let refused = server.mutate(&create("thief", thief)).await;
+    assert_eq!(refused["allowed"], false, "{refused}");
+    assert!(
+        message(&refused).contains("vm default/mv"),
+        "{}",
+        message(&refused)
+    );
+    let claims: Vec<IPClaim> = cluster
+        .claims
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items;
+    let vms = claims
+        .iter()
+        .filter(|c| c.spec.vm.as_deref() == Some("mv"))
+        .count();
+    assert_eq!(vms, 1, "the VM holds one claim: {claims:?}");
+}
+
+/// A VMI without a VirtualMachine is a VM of its own: its claim outlives its launcher pod while
+/// the VMI exists, and is freed at the VMI's deletion, not at the next resync.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vmi_without_a_vm_is_freed_at_its_deletion_not_at_the_next_resync() {
+    let fake = FakeApi::start();
+    let cluster = Cluster::new(&fake).await;
+    let server = replica_resyncing(&fake, "10m", &[]).await;
+    let vmi_uid = cluster.start_vmi("solo").await;
+    let (ip, pod) = launch(
+        &server,
+        &cluster,
+        launcher("solo", &vmi_uid, None),
+        "virt-launcher-solo-a",
+    )
+    .await;
+    cluster.bound_to(&ip, "virt-launcher-solo-a").await;
+    remove_pod(&server, &cluster, &pod).await;
+    still_the_vms(&cluster, &ip, "solo").await;
+    cluster.delete(&cluster.vmis, "solo").await;
+    eventually(
+        "the deleted VMI's claim to be released",
+        Duration::from_secs(10),
+        || async { cluster.claim(&ip).await.is_none().then_some(()) },
+    )
+    .await;
+}
+
+/// [`launch`], then the stored pod validated as the API server would: its claim bound.
+async fn launch_validated(
+    server: &common::TestServer,
+    cluster: &Cluster,
+    object: Value,
+    name: &str,
+) -> (String, Pod) {
+    let (ip, pod) = launch(server, cluster, object, name).await;
+    let review = create_as(
+        &format!("validate-{name}"),
+        serde_json::to_value(&pod).unwrap(),
+        CONTROLLER,
+    );
+    let validated = server.validate(&review).await;
+    assert_eq!(validated["allowed"], true, "{validated}");
+    (ip, pod)
+}
+
+/// With the etcd ledger the leak sweeper frees a VM's claim as the reconciler does: only once
+/// the VM is gone. A migration's target deleted with no DELETE reviewed leaves the claim naming
+/// a gone pod while the VM runs on the source, then the VM stops (its VMI and pod go): the IP
+/// stays the VM's through both, well past the sticky grace, and is freed once the VM is
+/// deleted.
+#[cfg(feature = "etcd")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_etcd_ledger_a_vms_ip_is_freed_only_once_the_vm_is_gone() {
+    use common::etcd_cluster::{EtcdCluster, etcd_binary};
+    let binary = etcd_binary("with_the_etcd_ledger_a_vms_ip_is_freed_only_once_the_vm_is_gone");
+    let etcd = EtcdCluster::start(&binary, 1);
+    let fake = FakeApi::start();
+    let cluster = Cluster::new(&fake).await;
+    let kubeconfig = fake.kubeconfig().display().to_string();
+    let endpoints = etcd.endpoints_flag();
+    let server = common::TestServer::start(&[
+        "--ledger",
+        "etcd",
+        "--etcd-endpoints",
+        &endpoints,
+        "--kubeconfig",
+        &kubeconfig,
+        "--reservation-ttl",
+        "1s",
+        "--sticky-grace",
+        "2s",
+        "--resync-period",
+        "300ms",
+        "--release-delay",
+        "0s",
+        "--lease-namespace",
+        "default",
+        "--lease-duration",
+        "2s",
+        "--lease-renew-interval",
+        "200ms",
+    ])
+    .await;
+    common::fakeapi::wait_ready(&server).await;
+    let vm_holds = |ip: &str| {
+        server
+            .launched
+            .webhook
+            .allocator
+            .holder(&ip.parse().unwrap())
+            .is_some_and(|c| c.locks_ip() && c.vm.as_deref() == Some("db"))
+    };
+    cluster.create_vm("db").await;
+    let vmi_uid = cluster.start_vmi("db").await;
+    let (ip, source) = launch_validated(
+        &server,
+        &cluster,
+        launcher("db", &vmi_uid, None),
+        "virt-launcher-db-src",
+    )
+    .await;
+    let (target_ip, _) = launch_validated(
+        &server,
+        &cluster,
+        launcher("db", &vmi_uid, Some("job-1")),
+        "virt-launcher-db-dst",
+    )
+    .await;
+    assert_eq!(target_ip, ip);
+    cluster
+        .pods
+        .delete("virt-launcher-db-dst", &DeleteParams::default())
+        .await
+        .unwrap();
+    // reservation TTL, sticky grace and many sweeps later
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(
+        vm_holds(&ip),
+        "the VM runs on the source: its IP stays held"
+    );
+    assert_ne!(plain_pod_ip(&server, "db", "other-migrated").await, ip);
+
+    // stopped: the VMI and its pod go (no DELETE reviewed); the VirtualMachine stays
+    cluster.delete(&cluster.vmis, "db").await;
+    cluster
+        .pods
+        .delete(
+            source.metadata.name.as_deref().unwrap(),
+            &DeleteParams::default(),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(vm_holds(&ip), "a stopped VM keeps its IP");
+
+    cluster.delete(&cluster.vms, "db").await;
+    eventually(
+        "the deleted VM's IP to be freed",
+        Duration::from_secs(15),
+        || async { (!vm_holds(&ip)).then_some(()) },
+    )
+    .await;
+}

@@ -674,3 +674,266 @@ async fn a_statefulset_pod_gets_its_ordinals_entry_on_each_network() {
     assert_eq!(common::allocated_ip(&response), "10.60.1.2");
     assert_eq!(network_ips(&apply(&pod, &response))[0].2, ["10.52.0.12/24"]);
 }
+
+/// `pod` with a list on network `storage` only (prefix /24), as a controller creates it.
+fn on_storage(mut pod: Value, list: &str) -> Value {
+    let annotations = pod["metadata"]["annotations"].as_object_mut().unwrap();
+    annotations.insert(NETWORKS.into(), json!("storage"));
+    annotations.insert(
+        "storage.default.ip-webhook.io/allocatable-ips".into(),
+        json!(list),
+    );
+    annotations.insert(
+        "storage.default.ip-webhook.io/prefix-length".into(),
+        json!("24"),
+    );
+    pod
+}
+
+/// The IP the stored `pod` carries on network storage.
+fn storage_ip(pod: &Pod) -> String {
+    let value = serde_json::to_value(pod).unwrap();
+    let ips = network_ips(&value);
+    ips[0].2[0].split('/').next().unwrap().to_string()
+}
+
+/// A StatefulSet pod's IP on a network lives the lifecycle its primary IP does: kept for its
+/// name for the sticky grace once the pod is gone (the pod recreated under that name gets it
+/// back, no other pod can have it meanwhile), then freed for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statefulset_pods_network_ip_is_kept_for_its_name_then_freed() {
+    use common::admission::{create_pod, delete_pod, register, statefulset_pod};
+    let fake = FakeApi::start();
+    let client = fake.install_crds().await;
+    create_attachments(&client).await;
+    let mut args = replica_args();
+    args.extend(["--sticky-grace", "3s"]);
+    let server = fake.replica(&args).await;
+    register(&fake, &[&server], json!({}));
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let claims: Api<IPClaim> = Api::all(client.clone());
+    let list = "10.53.0.1-10.53.0.3";
+    let db_0 = || {
+        let mut pod = on_storage(
+            statefulset_pod("db", 0, "db", "10.63.0.1-10.63.0.3", 0),
+            list,
+        );
+        pod["spec"].as_object_mut().unwrap().remove("nodeName");
+        pod
+    };
+    let first = create_pod(&pods, &db_0()).await.unwrap();
+    let ip = storage_ip(&first);
+    let name = format!("{ip}.storage.default");
+    let bound = eventually(
+        "the network claim to be bound",
+        Duration::from_secs(10),
+        || async {
+            let claim = claim(&claims, &name).await?;
+            (claim.status.as_ref()?.phase == "Bound").then_some(claim)
+        },
+    )
+    .await;
+    assert!(
+        bound.spec.sticky,
+        "a StatefulSet pod's network claim is kept for its name"
+    );
+
+    // gone, and back under its name within the grace: the same IP on the network
+    delete_pod(&pods, "db-0", Some(0)).await.unwrap();
+    let again = create_pod(&pods, &db_0()).await.unwrap();
+    assert_eq!(storage_ip(&again), ip, "db-0 gets its network IP back");
+
+    // gone for good: kept for the grace (another pod cannot have it), then freed
+    delete_pod(&pods, "db-0", Some(0)).await.unwrap();
+    let mut other = on_storage(common::pod("default", "db", "other-", None), &ip);
+    other["metadata"]["annotations"]["ip-webhook.io/allocatable-ips"] = json!("10.63.0.9");
+    let refused = server.mutate(&create("other", other.clone())).await;
+    assert_eq!(refused["allowed"], false, "kept for db-0: {refused}");
+    eventually(
+        "the kept network claim to be freed after the sticky grace",
+        Duration::from_secs(20),
+        || async { claim(&claims, &name).await.is_none().then_some(()) },
+    )
+    .await;
+    let given = server.mutate(&create("other-after", other)).await;
+    assert_eq!(given["allowed"], true, "{given}");
+}
+
+/// Node-loss release frees a pod's claims on every interface: a ReplicaSet pod stuck
+/// Terminating on a node gone NotReady gives back its primary IP and its network IP, so its
+/// replacement gets both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_lost_with_its_node_frees_its_network_ip_too() {
+    use common::node_loss::{make_node, set_ready};
+    use k8s_openapi::api::core::v1::Node;
+    let fake = FakeApi::start();
+    let client = fake.install_crds().await;
+    create_attachments(&client).await;
+    let mut args = replica_args();
+    args.extend(["--node-lost-grace", "2s"]);
+    let server = fake.replica(&args).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let nodes: Api<Node> = Api::all(client.clone());
+    let claims: Api<IPClaim> = Api::all(client.clone());
+    make_node(&nodes, "n1").await;
+    let mut object = on_storage(
+        common::admission::replicaset_pod("lost", "10.64.0.1", 1),
+        "10.54.0.1",
+    );
+    object["metadata"]["namespace"] = json!("default");
+    object["spec"]["nodeName"] = json!("n1");
+    let response = server.mutate(&create("create-lost", object.clone())).await;
+    assert_eq!(response["allowed"], true, "{response}");
+    let mut stored = apply(&object, &response);
+    stored["metadata"]["name"] = json!("lost-1");
+    stored["metadata"]["finalizers"] = json!(["test.ip-webhook.io/stuck"]);
+    let pod = pods
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(stored).unwrap(),
+        )
+        .await
+        .unwrap();
+    let validated = server
+        .validate(&create(
+            "validate-lost",
+            serde_json::to_value(&pod).unwrap(),
+        ))
+        .await;
+    assert_eq!(validated["allowed"], true, "{validated}");
+    let status = json!({"status": {"phase": "Running", "podIP": "10.64.0.1",
+                                   "podIPs": [{"ip": "10.64.0.1"}]}});
+    pods.patch_status(
+        "lost-1",
+        &Default::default(),
+        &kube::api::Patch::Merge(&status),
+    )
+    .await
+    .unwrap();
+    // the node stops reporting; the pod's deletion is admitted and it stays Terminating
+    set_ready(&nodes, "n1", "Unknown", 0).await;
+    let answer = server.mutate(&common::delete_review(&pod, 1)).await;
+    assert_eq!(answer["allowed"], true, "{answer}");
+    pods.delete("lost-1", &DeleteParams::default().grace_period(1))
+        .await
+        .unwrap();
+    for name in ["10.64.0.1", "10.54.0.1.storage.default"] {
+        eventually(
+            &format!("claim {name} of the lost pod to be released"),
+            Duration::from_secs(20),
+            || async { claim(&claims, name).await.is_none().then_some(()) },
+        )
+        .await;
+    }
+}
+
+/// A replica whose copy of a network's books lags (its watch of IPClaims 5 s behind) still
+/// admits a pod whose network IP another replica granted after that IP's earlier holder went:
+/// it asks the ledger, as on the primary interface, instead of refusing on its stale copy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lagging_replica_asks_the_ledger_before_refusing_a_network_ip() {
+    let fake = FakeApi::start();
+    let client = fake.install_crds().await;
+    create_attachments(&client).await;
+    let fast = fake.replica(&replica_args()).await;
+    let slow_port = fake.listen();
+    let slow = fake.replica_via(slow_port, &replica_args()).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let one_ip = || {
+        let mut pod = on_storage(common::pod("default", "solo", "solo-", None), "10.55.0.1");
+        pod["metadata"]["annotations"]
+            .as_object_mut()
+            .unwrap()
+            .remove("ip-webhook.io/allocatable-ips");
+        pod
+    };
+    // the first holder: granted by the fast replica, validated (bound) by the slow one, so
+    // the slow replica's copy shows it
+    let object = one_ip();
+    let response = fast.mutate(&create("m-1", object.clone())).await;
+    assert_eq!(response["allowed"], true, "{response}");
+    let first = persist_pod(&pods, apply(&object, &response), "solo-1").await;
+    let validated = slow
+        .validate(&create("v-1", serde_json::to_value(&first).unwrap()))
+        .await;
+    assert_eq!(validated["allowed"], true, "{validated}");
+    // from now on the slow replica learns of claims 5 s late
+    fake.control(
+        "/fake/config",
+        json!({"watchDelay": [{"port": slow_port, "resource": "ipclaims", "seconds": 5}]}),
+    );
+    // the first holder goes; the fast replica frees its IP once it is verified gone
+    let answer = fast.mutate(&common::delete_review(&first, 0)).await;
+    assert_eq!(answer["allowed"], true, "{answer}");
+    pods.delete("solo-1", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    let claims: Api<IPClaim> = Api::all(client.clone());
+    eventually(
+        "the first holder's claim to go",
+        Duration::from_secs(10),
+        || async {
+            claim(&claims, "10.55.0.1.storage.default")
+                .await
+                .is_none()
+                .then_some(())
+        },
+    )
+    .await;
+    // the next pod gets it from the fast replica; the slow one validates it
+    let object = one_ip();
+    let response = fast.mutate(&create("m-2", object.clone())).await;
+    assert_eq!(response["allowed"], true, "{response}");
+    let second = persist_pod(&pods, apply(&object, &response), "solo-2").await;
+    assert_eq!(storage_ip(&second), "10.55.0.1");
+    let validated = slow
+        .validate(&create("v-2", serde_json::to_value(&second).unwrap()))
+        .await;
+    assert_eq!(validated["allowed"], true, "{}", message(&validated));
+}
+
+/// An UPDATE may not name another holder's network IP: not by a pod holding no claim, nor by
+/// one holding only a primary claim (what names its IPs stays as admitted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_update_cannot_name_another_pods_network_ip() {
+    let server = TestServer::start(&["--network", "default/storage"]).await;
+    let object = on_storage(web_pod(), "10.56.0.1");
+    let object = {
+        let mut o = object;
+        let a = o["metadata"]["annotations"].as_object_mut().unwrap();
+        a.remove("backup.default.ip-webhook.io/allocatable-ips");
+        a.remove("backup.default.ip-webhook.io/prefix-length");
+        o
+    };
+    let response = server.mutate(&create("holder", object.clone())).await;
+    assert_eq!(response["allowed"], true, "{response}");
+    for (who, mut pod) in [
+        (
+            "a pod without a claim",
+            common::pod("default", "plain", "plain-", None),
+        ),
+        (
+            "a pod with a primary claim only",
+            common::pod("default", "prim", "prim-", Some("10.66.0.1")),
+        ),
+    ] {
+        if who.contains("primary") {
+            let granted = server.mutate(&create("prim", pod.clone())).await;
+            assert_eq!(granted["allowed"], true, "{granted}");
+            pod = apply(&pod, &granted);
+        }
+        pod["metadata"]["name"] = json!(who.replace(' ', "-"));
+        pod["metadata"]["uid"] = json!(format!("uid-{}", who.len()));
+        let mut updated = pod.clone();
+        updated["metadata"]["annotations"][NETWORKS] =
+            json!(r#"[{"name":"storage","ips":["10.56.0.1/24"]}]"#);
+        let review = common::review("v1", "u-1", "UPDATE", Some(updated), Some(pod), false);
+        let answer = server.validate(&review).await;
+        assert_eq!(answer["allowed"], false, "{who}: {answer}");
+        assert!(
+            message(&answer).contains("10.56.0.1") || message(&answer).contains(NETWORKS),
+            "{who}: {}",
+            message(&answer)
+        );
+    }
+}

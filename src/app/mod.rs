@@ -426,8 +426,11 @@ fn release_timers(
         .interfaces()
         .map(|(interface, allocator)| {
             let lookup = pods_client.clone().map(|client| {
-                Arc::new(PodDirectory::of_interface(client, &webhook.settings, interface))
-                    as Arc<dyn PodLookup>
+                Arc::new(PodDirectory::of_interface(
+                    client,
+                    &webhook.settings,
+                    interface,
+                )) as Arc<dyn PodLookup>
             });
             tokio::spawn(crate::webhook::release_timer::run(
                 allocator.clone(),

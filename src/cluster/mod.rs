@@ -365,6 +365,13 @@ fn watch_tasks(
             webhook.clone(),
         )),
     ];
+    tasks.extend(webhook.secondary.iter().map(|(network, allocator)| {
+        tokio::spawn(watches::watch_network_claims(
+            Api::all(client.clone()),
+            network.clone(),
+            allocator.clone(),
+        ))
+    }));
     webhook.allocator.set_foreign(caches.cluster_ips.clone());
     caches.cluster_ips.set_lists(webhook.clone());
     tasks.push(tokio::spawn(index::watch_pod_ips(
@@ -679,7 +686,8 @@ fn sweepers(
         .interfaces()
         .filter(|(interface, _)| primary || *interface != Interface::Primary)
         .map(|(interface, allocator)| {
-            let pods = pods::PodDirectory::of_interface(client.clone(), &webhook.settings, interface);
+            let pods =
+                pods::PodDirectory::of_interface(client.clone(), &webhook.settings, interface);
             let sweeper = sweep::Sweeper::new(
                 allocator.clone(),
                 pods,

@@ -50,7 +50,11 @@ struct Sighting {
 }
 
 fn state_of(claim: &Claim) -> (Text, Phase, Option<Text>) {
-    (claim.request_uid.clone(), claim.phase, claim.pod.uid.clone())
+    (
+        claim.request_uid.clone(),
+        claim.phase,
+        claim.pod.uid.clone(),
+    )
 }
 
 impl Sweeper {
@@ -194,17 +198,16 @@ impl Sweeper {
     }
 
     /// Apply the rule to `claim`; whether its IP was freed.
-    async fn act(
-        &mut self,
-        claim: &Claim,
-        pods: &PodMap,
-        bound: &HashSet<Text>,
-        now: u64,
-    ) -> bool {
+    async fn act(&mut self, claim: &Claim, pods: &PodMap, bound: &HashSet<Text>, now: u64) -> bool {
         let Some(sighting) = self.ages.get_mut(&claim.ip) else {
             return false;
         };
-        if claim.pod.uid.as_deref().is_some_and(|uid| pods.contains_key(uid)) {
+        if claim
+            .pod
+            .uid
+            .as_deref()
+            .is_some_and(|uid| pods.contains_key(uid))
+        {
             sighting.age.pod_seen = true;
         }
         let bound = |uid: &str| bound.contains(uid);
@@ -277,8 +280,7 @@ impl Sweeper {
             Ok(false) => false,
             Err(error) => {
                 tracing::warn!(ip = %claim.ip, %error, "leak sweep: the release failed; trying again next period");
-                self.uncertain
-                    .insert((claim.ip, claim.request_uid.clone()));
+                self.uncertain.insert((claim.ip, claim.request_uid.clone()));
                 false
             }
         }

@@ -65,7 +65,11 @@ fn pod_info_with(meta: &ObjectMeta, app_label: &str, ips: Vec<IpAddr>) -> Option
 
 /// The compact record of any pod, with `ips` as the IPs it carries (maybe none): what the
 /// rules read of a pod a claim names by UID, whatever it carries now.
-pub(super) fn bare_pod_info(meta: &ObjectMeta, app_label: &str, ips: Vec<IpAddr>) -> Option<PodInfo> {
+pub(super) fn bare_pod_info(
+    meta: &ObjectMeta,
+    app_label: &str,
+    ips: Vec<IpAddr>,
+) -> Option<PodInfo> {
     Some(PodInfo {
         namespace: meta.namespace.clone().unwrap_or_default(),
         name: meta.name.clone().unwrap_or_default(),
@@ -233,6 +237,38 @@ pub(super) fn apply_pod_change(pods: &mut Arc<PodMap>, change: Change<PodInfo>) 
         }
         Change::Nothing => false,
     }
+}
+
+/// Keep a secondary network's allocator in step with that network's IPClaims, as the claim
+/// watch does the primary interface's: another replica's claims and releases reach this
+/// replica's copy as they happen, so its choices stay fresh and a release made elsewhere makes
+/// the IP choosable here again. (Safety never depends on it: every write asks the ledger.)
+pub async fn watch_network_claims(api: Api<IPClaim>, network: Network, allocator: Arc<Allocator>) {
+    let mut mirror = Mirror::new();
+    let config = watcher::Config::default().labels(&network.selector());
+    let stream = watcher(api, config).default_backoff();
+    drive(stream, "network ipclaims", None, |event| {
+        if let watcher::Event::Delete(gone) = &event {
+            if let Ok(claim) = from_resource(gone) {
+                allocator.apply_observed(ObservedChange::Released(claim));
+            }
+            return;
+        }
+        let change = mirror.step(
+            &event,
+            |claim: &IPClaim| claim.metadata.name.clone(),
+            |claim| from_resource(claim).ok(),
+        );
+        match change {
+            // an IPClaim locks its IP for as long as it exists, whatever its phase
+            Change::Upsert(_, claim) => {
+                allocator.apply_observed(ObservedChange::Held(claim));
+            }
+            Change::Replace(all) => allocator.replace_all(all.into_values().collect()),
+            Change::Delete(_) | Change::Nothing => {}
+        }
+    })
+    .await
 }
 
 /// IPClaims, fed into the allocator's index as they change.

@@ -666,7 +666,11 @@ impl Allocator {
 
 /// `claim`, made by `request` for an IP whose record is `existing`: a live migration's
 /// target taking its VM's claim over remembers the source that still runs the VM there.
-fn taking_over(mut claim: Claim, request: &AllocationRequest<'_>, existing: Option<&Claim>) -> Claim {
+fn taking_over(
+    mut claim: Claim,
+    request: &AllocationRequest<'_>,
+    existing: Option<&Claim>,
+) -> Claim {
     if let (true, Some(existing), Some(vm)) = (request.migration, existing, &claim.vm)
         && claim::same_virtual_machine(existing, &claim)
     {

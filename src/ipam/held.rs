@@ -518,8 +518,10 @@ impl State {
         foreign: Option<&dyn ForeignIps>,
     ) -> Option<(IpAddr, Reason)> {
         let set = request.candidates;
-        let elsewhere =
-            |ip: &IpAddr| self.used_elsewhere(ip, &request.pod, request.vm, foreign).is_some();
+        let elsewhere = |ip: &IpAddr| {
+            self.used_elsewhere(ip, &request.pod, request.vm, foreign)
+                .is_some()
+        };
         let free = |ip: &IpAddr| {
             set.contains(ip) && (!self.is_held(ip) || self.kept_for(ip, request)) && !elsewhere(ip)
         };

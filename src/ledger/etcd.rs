@@ -558,18 +558,14 @@ impl Ledger for EtcdLedger {
 
     async fn release(&self, claim: &Claim) -> Result<bool, LedgerError> {
         let now = unix_now();
-        self.update(
-            &self.key(claim),
-            |held| release_of(held, claim, now),
-        )
-        .await
+        self.update(&self.key(claim), |held| release_of(held, claim, now))
+            .await
     }
 
     async fn transition(&self, current: &Claim, next: &Claim) -> Result<bool, LedgerError> {
-        self.update(
-            &self.key(next),
-            |held| may_step(held, current, next).then(|| next.clone()),
-        )
+        self.update(&self.key(next), |held| {
+            may_step(held, current, next).then(|| next.clone())
+        })
         .await
     }
 

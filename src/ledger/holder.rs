@@ -163,7 +163,10 @@ mod tests {
         assert!(carrier.is(&pod(Some("u-a"), None)));
         assert!(!carrier.is(&pod(Some("u-b"), Some("t-a"))));
         assert!(carrier.is(&pod(None, Some("t-a"))));
-        let unbound = Carrier { uid: None, ..carrier };
+        let unbound = Carrier {
+            uid: None,
+            ..carrier
+        };
         assert!(unbound.is(&pod(Some("u-x"), Some("t-a"))));
         assert!(!unbound.is(&pod(Some("u-x"), Some("t-b"))));
     }

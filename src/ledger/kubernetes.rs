@@ -19,12 +19,12 @@ use kube::api::{DeleteParams, ListParams, PostParams, Preconditions};
 use kube::{Api, Client};
 
 use super::claim::{CreateRule, create_rule, may_step, release_of};
+use super::holder::{Carrier, VmRef};
 use super::network::{NETWORK_LABEL, NETWORK_NAMESPACE_LABEL, Network};
 use super::{
     Claim, CreateOutcome, Ledger, LedgerError, Phase, PodRef, Source, skip_corrupt, unix_now,
     unreadable_holder,
 };
-use super::holder::{Carrier, VmRef};
 use crate::crd::{IPClaim, IPClaimSpec, IPClaimStatus, MigrationSource};
 
 /// The finalizer every IPClaim carries: `kubectl delete ipclaim` on a running pod's claim
@@ -326,18 +326,14 @@ fn claim_of(resource: &IPClaim, ip: IpAddr) -> Result<Claim, LedgerError> {
         token: spec.token.as_str().into(),
         release_at: status.release_at.as_deref().and_then(unix_seconds),
         sticky: spec.sticky,
-        vm: spec
-            .vm
-            .as_deref()
-            .filter(|vm| !vm.is_empty())
-            .map(|vm| {
-                let source = spec.migration_source.as_ref().map(|source| Carrier {
-                    name: source.pod_name.as_str().into(),
-                    uid: source.pod_uid.as_deref().map(Into::into),
-                    token: source.token.as_str().into(),
-                });
-                VmRef::named(vm).with_source(source)
-            }),
+        vm: spec.vm.as_deref().filter(|vm| !vm.is_empty()).map(|vm| {
+            let source = spec.migration_source.as_ref().map(|source| Carrier {
+                name: source.pod_name.as_str().into(),
+                uid: source.pod_uid.as_deref().map(Into::into),
+                token: source.token.as_str().into(),
+            });
+            VmRef::named(vm).with_source(source)
+        }),
     })
 }
 

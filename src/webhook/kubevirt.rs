@@ -108,7 +108,8 @@ fn owner_fields(owner: &OwnerRef) -> (&str, &str, &str, bool) {
 /// Whether the pod is a live migration's target launcher pod ([`MIGRATION_LABEL`]); only
 /// read for a pod [`admitted_vm`] takes for a launcher pod.
 pub fn is_migration_target(meta: &Meta) -> bool {
-    meta.label(MIGRATION_LABEL).is_some_and(|uid| !uid.is_empty())
+    meta.label(MIGRATION_LABEL)
+        .is_some_and(|uid| !uid.is_empty())
 }
 
 /// The VM whose launcher pod this admission creates: [`launcher_vm_of`], when the request's

@@ -442,9 +442,15 @@ pub async fn validate(
         };
         let mine = allocator.held_by(identity, &ips);
         let ledger_decides = identity.token.is_some() && records;
-        let unrecorded =
-            carried::unrecorded(allocator, &ips, &mine, &request.pod, view.vm, ledger_decides)
-                .map_err(|message| format!("network {network}: {message}"))?;
+        let unrecorded = carried::unrecorded(
+            allocator,
+            &ips,
+            &mine,
+            &request.pod,
+            view.vm,
+            ledger_decides,
+        )
+        .map_err(|message| format!("network {network}: {message}"))?;
         if !records {
             continue;
         }
