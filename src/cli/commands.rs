@@ -280,8 +280,13 @@ pub async fn release(args: ReleaseArgs) -> anyhow::Result<()> {
                 std::fs::read_to_string(file)
                     .with_context(|| format!("reading the report {}", file.display()))?
             };
-            crate::ops::release::requests_from_report(&text, args.namespace.as_deref(), !args.apply)
-                .with_context(|| format!("{}", file.display()))?
+            crate::ops::release::requests_from_report(
+                &text,
+                args.namespace.as_deref(),
+                crate::ops::drift::SETTLE_SECONDS,
+                !args.apply,
+            )
+            .with_context(|| format!("{}", file.display()))?
         }
         (None, Some(ip)) => vec![crate::ops::release::Request::one(
             ip,

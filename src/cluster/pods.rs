@@ -261,6 +261,22 @@ impl PodLookup for PodDirectory {
         }
     }
 
+    async fn uses_ip(&self, namespace: &str, name: &str, ip: IpAddr) -> Result<bool, String> {
+        let pod = self
+            .api(namespace)
+            .get_opt(name)
+            .await
+            .map_err(|error| format!("reading pod {namespace}/{name} failed: {error}"))?;
+        Ok(pod.is_some_and(|pod| {
+            let running = pod
+                .status
+                .iter()
+                .flat_map(|status| status.pod_ips.iter().flatten())
+                .any(|address| address.ip.parse() == Ok(ip));
+            running || pod_info(&pod.metadata, &self.app_label).is_some_and(|p| p.ips.contains(&ip))
+        }))
+    }
+
     async fn presence(&self, claim: &Claim) -> PodPresence {
         if claim.pod.name.is_empty() || claim.vm.is_some() {
             return self.state(claim).await.into();

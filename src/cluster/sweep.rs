@@ -25,7 +25,7 @@ use crate::ledger::{Claim, Phase, Text, claim};
 use crate::metrics::Metrics;
 
 use super::lifecycle::{self, Age, DropReason, Rules, Verdict};
-use super::pod_info::PodMap;
+use super::pod_info::{PodInfo, PodMap};
 use super::pods::PodDirectory;
 
 pub struct Sweeper {
@@ -41,7 +41,13 @@ pub struct Sweeper {
     /// Releases that failed with an error (a timeout, say) but may have been written: counted
     /// when a later sweep finds the claim released.
     uncertain: HashSet<(IpAddr, Text)>,
+    /// Since when (on [`Sweeper::started`]) this replica's copy has shown each reservation, by
+    /// its request.
+    reserved: HashMap<IpAddr, (Text, u64)>,
 }
+
+/// How often the leader looks for the stored pods of reservations between sweeps.
+pub const RESERVATIONS_EVERY: Duration = Duration::from_secs(1);
 
 /// A claim as it is (its grant, phase and pod), and its [`Age`].
 struct Sighting {
@@ -74,22 +80,81 @@ impl Sweeper {
             ages: HashMap::new(),
             started: tokio::time::Instant::now(),
             uncertain: HashSet::new(),
+            reserved: HashMap::new(),
         }
     }
 
-    /// Sweep every `period` while `leading` says this replica holds the Lease.
+    /// Sweep every `period` while `leading` says this replica holds the Lease, and look for
+    /// the stored pods of reservations every [`RESERVATIONS_EVERY`] in between.
     pub async fn run(mut self, mut leading: watch::Receiver<bool>) {
+        let mut next_sweep = tokio::time::Instant::now();
         loop {
             if *leading.borrow_and_update() {
                 let now = self.started.elapsed().as_secs();
-                self.sweep(now).await;
+                if tokio::time::Instant::now() >= next_sweep {
+                    self.sweep(now).await;
+                    next_sweep = tokio::time::Instant::now() + self.period;
+                } else {
+                    self.bind_reservations(now).await;
+                }
             } else {
                 // a new leader starts its own count of how long claims went unheld
                 self.ages.clear();
+                self.reserved.clear();
             }
+            let wait = RESERVATIONS_EVERY.min(self.period);
             tokio::select! {
-                _ = tokio::time::sleep(self.period) => {}
+                _ = tokio::time::sleep(wait) => {}
                 changed = leading.changed() => if changed.is_err() { return },
+            }
+        }
+    }
+
+    /// Bind each reservation this replica's copy has shown for [`RESERVATIONS_EVERY`] twice
+    /// to the stored pod that carries its token, if one is there now: a pod stored while
+    /// `/validate` was not reached (`failurePolicy: Ignore`) holds its IP by UID from then on,
+    /// so a copy of it carrying its annotations is never taken for it. The rest is the sweep's.
+    async fn bind_reservations(&mut self, now: u64) {
+        let reserved: Vec<Claim> = self.allocator.with_claims(|claims| {
+            claims
+                .filter(|c| c.phase == Phase::Reserved && c.pod.uid.is_none())
+                .cloned()
+                .collect()
+        });
+        let mut seen = HashMap::with_capacity(reserved.len());
+        let mut due: BTreeMap<String, Vec<Claim>> = BTreeMap::new();
+        for claim in reserved {
+            let since = match self.reserved.get(&claim.ip) {
+                Some((request, since)) if *request == claim.request_uid => *since,
+                _ => now,
+            };
+            if now >= since + 2 * RESERVATIONS_EVERY.as_secs() {
+                due.entry(claim.pod.namespace.to_string())
+                    .or_default()
+                    .push(claim.clone());
+            }
+            seen.insert(claim.ip, (claim.request_uid, since));
+        }
+        self.reserved = seen;
+        for (namespace, claims) in due {
+            let Ok(pods) = self.pods_of(&namespace, &HashSet::new()).await else {
+                continue;
+            };
+            let bound: HashSet<&str> = pods
+                .keys()
+                .filter(|uid| self.allocator.names_pod(uid))
+                .map(String::as_str)
+                .collect();
+            let age = Age {
+                since: now,
+                pod_seen: false,
+            };
+            for claim in claims {
+                let verdict =
+                    lifecycle::judge(&claim, age, &pods, now, self.rules, &|u| bound.contains(u));
+                if let Verdict::Bind(pod) = verdict {
+                    self.bind(&claim, pod).await;
+                }
             }
         }
     }
@@ -214,14 +279,7 @@ impl Sweeper {
         match lifecycle::judge(claim, sighting.age, pods, now, self.rules, &bound) {
             Verdict::Wait(_) => false,
             Verdict::Bind(pod) => {
-                let next = claim::bound(claim, &pod.name, &pod.uid, crate::ledger::unix_now());
-                let next = crate::ledger::Claim {
-                    sticky: pod.stateful,
-                    ..next
-                };
-                if let Err(error) = self.allocator.transition(claim, &next).await {
-                    tracing::warn!(ip = %claim.ip, %error, "leak sweep: binding a reservation to its pod failed; trying again next period");
-                }
+                self.bind(claim, pod).await;
                 false
             }
             Verdict::Keep => {
@@ -230,6 +288,21 @@ impl Sweeper {
                 false
             }
             Verdict::Drop(reason) => self.drop_claim(claim, reason).await,
+        }
+    }
+
+    /// Tie `claim` to `pod`, its final name and UID.
+    async fn bind(&self, claim: &Claim, pod: &PodInfo) {
+        let next = Claim {
+            sticky: pod.stateful,
+            ..claim::bound(claim, &pod.name, &pod.uid, crate::ledger::unix_now())
+        };
+        match self.allocator.transition(claim, &next).await {
+            Ok(true) => tracing::info!(ip = %claim.ip, pod = %format!("{}/{}", pod.namespace, pod.name), uid = %pod.uid, "claim bound to its stored pod"),
+            Ok(false) => {}
+            Err(error) => {
+                tracing::warn!(ip = %claim.ip, %error, "binding a claim to its pod failed; trying again");
+            }
         }
     }
 

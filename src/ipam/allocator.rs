@@ -9,7 +9,7 @@
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::ipam::foreign::ForeignIps;
+use crate::ipam::foreign::{ForeignIps, ForeignUse};
 use crate::ipam::held::{DEFAULT_STICKY_GRACE, State, StickyGrace};
 use crate::ipam::ipset::{Family, ip_key};
 use crate::ipam::messages::{conflict_message, foreign_message};
@@ -103,8 +103,14 @@ impl Allocator {
     /// The refusal for `pod` (a launcher pod of `vm`, if given) asking for `ip` that a pod
     /// outside the ledger uses, if one does.
     pub fn foreign_conflict(&self, ip: &IpAddr, pod: &PodRef, vm: Option<&str>) -> Option<String> {
-        let user = self.lock().used_elsewhere(ip, pod, vm, self.foreign())?;
+        let user = self.foreign_user(ip, pod, vm)?;
         Some(foreign_message(ip, pod, &user))
+    }
+
+    /// Who outside the ledger uses `ip`, as the cluster says, but `pod` (a launcher pod of
+    /// `vm`) and the holder the ledger's claim names.
+    pub fn foreign_user(&self, ip: &IpAddr, pod: &PodRef, vm: Option<&str>) -> Option<ForeignUse> {
+        self.lock().used_elsewhere(ip, pod, vm, self.foreign())
     }
 
     pub fn ledger(&self) -> &Arc<dyn Ledger> {
@@ -177,9 +183,10 @@ impl Allocator {
         });
     }
 
-    /// The `Terminating` claims last held under the fixed pod name `pod` (`namespace/name`)
-    /// of `app`: a pod of that name that may still be in its grace period.
-    pub fn terminating_under_name(&self, pod: &PodRef, app: &str) -> Vec<Claim> {
+    /// The claims that lock their IP last held under the fixed pod name `pod`
+    /// (`namespace/name`) of `app`, in any phase: the name's pod, maybe gone or in its grace
+    /// period, or a release kept for the name.
+    pub fn held_under_name(&self, pod: &PodRef, app: &str) -> Vec<Claim> {
         let state = self.lock();
         let key = (pod.namespace.clone(), Shared::from(app), pod.name.clone());
         state
@@ -188,13 +195,43 @@ impl Allocator {
             .into_iter()
             .flatten()
             .filter_map(|ip| state.claims.get(ip))
-            .filter(|c| {
-                c.phase == Phase::Terminating
-                    && c.pod.namespace == pod.namespace
-                    && c.pod.name == pod.name
-            })
+            .filter(|c| c.locks_ip() && c.pod.namespace == pod.namespace && c.pod.name == pod.name)
             .map(|c| (**c).clone())
             .collect()
+    }
+
+    /// Bring this copy of a shared ledger in step with the records on `ips` as the ledger
+    /// holds them now: a replica's copy may lag behind another replica's writes, and a decision
+    /// a stale copy would get wrong reads them first. An in-process ledger's copy is exact.
+    pub async fn refresh(&self, ips: &[IpAddr]) -> Result<(), LedgerError> {
+        if !self.ledger.shared() {
+            return Ok(());
+        }
+        for ip in ips {
+            let record = self.ledger.get(*ip).await?;
+            let mut state = self.lock();
+            match record {
+                Some(claim) if claim.locks_ip() => {
+                    state.remember(&claim);
+                    state.hold(claim);
+                }
+                _ => {
+                    if let Some(current) = state.claims.get(ip).cloned() {
+                        state.unhold(&current);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether a claim this copy holds is bound to the pod with this UID.
+    pub fn names_pod(&self, uid: &str) -> bool {
+        let state = self.lock();
+        let bound = state
+            .by_pod
+            .claims(uid, &state.claims, |c| c.pod.uid.as_deref() == Some(uid));
+        !bound.is_empty()
     }
 
     /// Who holds `ip`, if anyone.

@@ -569,6 +569,21 @@ impl Ledger for EtcdLedger {
         .await
     }
 
+    async fn get(&self, ip: std::net::IpAddr) -> Result<Option<Claim>, LedgerError> {
+        let key = format!("{}{ip}", self.prefix);
+        let Some(kv) = self.read(&key).await? else {
+            return Ok(None);
+        };
+        Ok(Some(self.decode(&kv).unwrap_or_else(|error| {
+            super::skip_corrupt(&error, "an unreadable etcd record holds this IP");
+            super::unreadable_holder(ip, &format!("etcd key {key}"))
+        })))
+    }
+
+    fn shared(&self) -> bool {
+        true
+    }
+
     async fn ping(&self) -> Result<(), LedgerError> {
         self.retrying("status", |mut client| async move { client.status().await })
             .await

@@ -495,6 +495,22 @@ impl Ledger for KubeLedger {
         Ok(claims)
     }
 
+    async fn get(&self, ip: IpAddr) -> Result<Option<Claim>, LedgerError> {
+        let name = self.name(&ip);
+        match self.api.get_opt(&name).await {
+            Ok(Some(resource)) => Ok(Some(from_resource(&resource).unwrap_or_else(|error| {
+                skip_corrupt(&error, "an unreadable IPClaim holds this IP");
+                unreadable_holder(ip, &format!("IPClaim {name}"))
+            }))),
+            Ok(None) => Ok(None),
+            Err(error) => Err(storage(&format!("reading IPClaim {name}"), error)),
+        }
+    }
+
+    fn shared(&self) -> bool {
+        true
+    }
+
     async fn ping(&self) -> Result<(), LedgerError> {
         self.api
             .list(&self.listing().limit(1))

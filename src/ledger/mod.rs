@@ -376,6 +376,21 @@ pub trait Ledger: Send + Sync + 'static {
     /// allows. Returns whether a record changed.
     async fn transition(&self, current: &Claim, next: &Claim) -> Result<bool, LedgerError>;
 
+    /// The record on `ip` as the ledger holds it now (an unreadable one as
+    /// [`unreadable_holder`]): what a replica asks when its copy may lag. Every ledger answers
+    /// correctly by default, with a whole [`Ledger::load`]; a shared one reads the one record.
+    async fn get(&self, ip: IpAddr) -> Result<Option<Claim>, LedgerError> {
+        let claims = self.load().await?;
+        Ok(claims.into_iter().rfind(|claim| claim.ip == ip))
+    }
+
+    /// Whether other processes write to this ledger too (IPClaims, etcd): then this process's
+    /// copy of it may lag behind, and [`Ledger::get`] is worth asking before a decision that a
+    /// stale copy would get wrong. An in-process ledger's copy is the ledger.
+    fn shared(&self) -> bool {
+        false
+    }
+
     /// A cheap call that answers only when the ledger can serve (the readiness prober uses
     /// it while no admission arrives). In-process ledgers always can.
     async fn ping(&self) -> Result<(), LedgerError> {

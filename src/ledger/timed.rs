@@ -202,6 +202,14 @@ impl Ledger for TimedLedger {
         self.measured("transition", call).await
     }
 
+    async fn get(&self, ip: std::net::IpAddr) -> Result<Option<Claim>, LedgerError> {
+        self.measured("get", self.inner.get(ip)).await
+    }
+
+    fn shared(&self) -> bool {
+        self.inner.shared()
+    }
+
     async fn ping(&self) -> Result<(), LedgerError> {
         let result = self.inner.ping().await;
         self.count(&result);

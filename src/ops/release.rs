@@ -4,7 +4,7 @@
 use std::net::IpAddr;
 
 use crate::ledger::pod_lookup::{PodLookup, PodState};
-use crate::ledger::{Claim, Ledger, LedgerError};
+use crate::ledger::{Claim, Ledger, LedgerError, Phase, unix_now};
 
 /// What the operator asks to free.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -20,9 +20,58 @@ pub struct Request {
     /// holds the IP now.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod: Option<String>,
+    /// Free it only if its claim is still this very claim (its grant and pod UID): a report
+    /// about a gone pod must not free the claim of the pod that took its name since.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim: Option<FoundClaim>,
+    /// Free it only once it has not changed for this many seconds ([`settled`]): a claim
+    /// bound a moment ago may have its pod between `/validate` and the store.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settle: Option<u64>,
     /// Judge it under the same rule, and free nothing.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub dry_run: bool,
+}
+
+/// Which claim a report found: its grant (the admission request and token) and the pod UID it
+/// was bound to.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FoundClaim {
+    pub request_uid: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub token: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_uid: Option<String>,
+}
+
+impl FoundClaim {
+    pub fn of(claim: &Claim) -> FoundClaim {
+        FoundClaim {
+            request_uid: claim.request_uid.to_string(),
+            token: claim.token.to_string(),
+            pod_uid: claim.pod.uid.as_deref().map(str::to_string),
+        }
+    }
+
+    /// Whether `claim` is still the claim found.
+    pub fn is(&self, claim: &Claim) -> bool {
+        *self == FoundClaim::of(claim)
+    }
+}
+
+/// Whether `claim` has stood still for `settle` seconds at `now`, and is not waiting out a
+/// DELETE's grace: a claim made or bound at admission is a promise until its pod is stored,
+/// and may look podless for that long.
+pub fn settled(claim: &Claim, now: u64, settle: u64) -> bool {
+    if claim.phase == Phase::Terminating && claim.release_at.is_some_and(|at| at > now) {
+        return false; // its pod may be gone; the IP waits for release_at by design
+    }
+    claim
+        .updated_at
+        .max(claim.created_at)
+        .saturating_add(settle)
+        <= now
 }
 
 impl Request {
@@ -33,6 +82,8 @@ impl Request {
             force,
             namespace,
             pod: None,
+            claim: None,
+            settle: None,
             dry_run: false,
         }
     }
@@ -45,12 +96,14 @@ pub struct ReportError(String);
 
 /// The requests `release --from-report` makes of a `check --drift -o json` report: one per
 /// `claim-without-pod` finding (the only kind whose fix is freeing a claim; a CNI's record of
-/// a gone pod is the CNI's to free), each freed only if its claim is still for the pod the
-/// report named and that pod is gone, never forced. `namespace` keeps the findings about
-/// pods of one namespace; `dry_run` frees nothing.
+/// a gone pod is the CNI's to free), each freed only if its claim is still the very claim the
+/// report found (its grant and pod UID, not only its pod's name, which a recreated pod takes),
+/// has not changed for `settle` seconds, and its pod is gone, never forced. `namespace`
+/// keeps the findings about pods of one namespace; `dry_run` frees nothing.
 pub fn requests_from_report(
     text: &str,
     namespace: Option<&str>,
+    settle: u64,
     dry_run: bool,
 ) -> Result<Vec<Request>, ReportError> {
     #[derive(serde::Deserialize)]
@@ -62,23 +115,34 @@ pub fn requests_from_report(
         kind: String,
         ip: IpAddr,
         pod: String,
+        claim: Option<FoundClaim>,
     }
     let report: Report = serde_json::from_str(text).map_err(|e| {
         ReportError(format!(
             "not a report of `check --drift -o json` (a JSON object with a \"drift\" list of findings with kind, ip and pod): {e}"
         ))
     })?;
-    Ok(report
+    report
         .drift
         .into_iter()
         .filter(|finding| finding.kind == "claim-without-pod")
         .filter(|finding| namespace.is_none_or(|ns| finding.pod.split('/').next() == Some(ns)))
-        .map(|finding| Request {
-            pod: Some(finding.pod),
-            dry_run,
-            ..Request::one(finding.ip, false, namespace.map(str::to_string))
+        .map(|finding| {
+            let claim = finding.claim.ok_or_else(|| {
+                ReportError(format!(
+                    "the finding about {} names no claim (its \"claim\" is missing): make the report again with this version's `check --drift -o json`",
+                    finding.ip
+                ))
+            })?;
+            Ok(Request {
+                pod: Some(finding.pod),
+                claim: Some(claim),
+                settle: Some(settle),
+                dry_run,
+                ..Request::one(finding.ip, false, namespace.map(str::to_string))
+            })
         })
-        .collect())
+        .collect()
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -100,6 +164,8 @@ pub enum Outcome {
     },
     /// The claim is now another pod's than the one the request named; not freed.
     OtherPod { claim: Box<Claim>, pod: String },
+    /// The claim changed within the request's settle time; not freed.
+    Recent { claim: Box<Claim>, settle: u64 },
     /// A dry run: the rule would free it.
     WouldRelease { claim: Box<Claim>, forced: bool },
 }
@@ -144,6 +210,10 @@ impl Outcome {
             ),
             Outcome::OtherPod { claim, pod } => format!(
                 "not released: {} is no longer the claim of pod {pod} the report found",
+                about(claim)
+            ),
+            Outcome::Recent { claim, settle } => format!(
+                "not released: {} changed within the last {settle} s; its pod may still be on its way to the API server, look again later",
                 about(claim)
             ),
             Outcome::WouldRelease { claim, forced } => format!(
@@ -204,12 +274,24 @@ pub async fn release_from(
             namespace: namespace.clone(),
         });
     }
+    let another = request
+        .claim
+        .as_ref()
+        .is_some_and(|found| !found.is(&claim));
     if let Some(pod) = &request.pod
-        && claim.pod.display() != *pod
+        && (claim.pod.display() != *pod || another)
     {
         return Ok(Outcome::OtherPod {
             claim: Box::new(claim),
             pod: pod.clone(),
+        });
+    }
+    if let Some(settle) = request.settle
+        && !settled(&claim, unix_now(), settle)
+    {
+        return Ok(Outcome::Recent {
+            claim: Box::new(claim),
+            settle,
         });
     }
     let forced = match pods.state(&claim).await {
@@ -346,24 +428,39 @@ pub(crate) mod tests {
     }
 
     /// A report's findings: each freed under the one rule, only while its claim is still the
-    /// pod the report found; a dry run judges them alike and frees nothing.
+    /// very claim the report found (not another pod's, not one a recreated pod of the same
+    /// name made since) and has stood still for the settle time; a dry run judges them alike
+    /// and frees nothing.
     #[tokio::test]
     async fn a_report_frees_only_its_own_findings_while_they_hold() {
         let ledger = ledger_with("10.0.0.3").await;
-        ledger
-            .create(bound("10.0.0.4", "default").into())
-            .await
-            .unwrap();
+        for ip in ["10.0.0.4", "10.0.0.7"] {
+            ledger.create(bound(ip, "default").into()).await.unwrap();
+        }
+        let mut recent = bound("10.0.0.8", "default");
+        recent.updated_at = unix_now();
+        ledger.create(recent.clone().into()).await.unwrap();
+        let found = |ip: &str| serde_json::to_value(FoundClaim::of(&bound(ip, "default"))).unwrap();
+        // the web-0 the report found was replaced by a new web-0 (another grant, another UID)
+        let mut old_web_0 = bound("10.0.0.7", "default");
+        old_web_0.request_uid = "r-old".into();
+        old_web_0.pod.uid = Some("u-old".into());
         let report = serde_json::json!({"drift": [
-            {"kind": "claim-without-pod", "ip": "10.0.0.3", "pod": "default/web-0", "detail": "…"},
-            {"kind": "claim-without-pod", "ip": "10.0.0.4", "pod": "default/web-9", "detail": "…"},
-            {"kind": "claim-without-pod", "ip": "10.0.0.5", "pod": "other/web-0", "detail": "…"},
+            {"kind": "claim-without-pod", "ip": "10.0.0.3", "pod": "default/web-0", "detail": "…", "claim": found("10.0.0.3")},
+            {"kind": "claim-without-pod", "ip": "10.0.0.4", "pod": "default/web-9", "detail": "…", "claim": found("10.0.0.4")},
+            {"kind": "claim-without-pod", "ip": "10.0.0.5", "pod": "other/web-0", "detail": "…", "claim": found("10.0.0.5")},
             {"kind": "cni-holds-gone-pod", "ip": "10.0.0.6", "pod": "default/gone", "detail": "…"},
+            {"kind": "claim-without-pod", "ip": "10.0.0.7", "pod": "default/web-0", "detail": "…", "claim": FoundClaim::of(&old_web_0)},
+            {"kind": "claim-without-pod", "ip": "10.0.0.8", "pod": "default/web-0", "detail": "…", "claim": FoundClaim::of(&recent)},
         ], "compared": {}})
         .to_string();
-        let requests = requests_from_report(&report, Some("default"), true).unwrap();
+        let requests = requests_from_report(&report, Some("default"), 120, true).unwrap();
         let ips: Vec<String> = requests.iter().map(|r| r.ip.to_string()).collect();
-        assert_eq!(ips, ["10.0.0.3", "10.0.0.4"], "one namespace, claims only");
+        assert_eq!(
+            ips,
+            ["10.0.0.3", "10.0.0.4", "10.0.0.7", "10.0.0.8"],
+            "one namespace, claims only"
+        );
         assert!(requests.iter().all(|r| r.dry_run && !r.force));
 
         let mut messages = Vec::new();
@@ -381,14 +478,22 @@ pub(crate) mod tests {
             messages[1].contains("is no longer the claim of pod default/web-9"),
             "{messages:?}"
         );
+        assert!(
+            messages[2].contains("is no longer the claim of pod default/web-0"),
+            "a recreated pod of the name has another claim: {messages:?}"
+        );
+        assert!(
+            messages[3].contains("changed within the last 120 s"),
+            "{messages:?}"
+        );
         assert_eq!(
             held(&ledger.load().await.unwrap()),
-            2,
+            4,
             "a dry run frees nothing"
         );
 
-        let applied = requests_from_report(&report, None, false).unwrap();
-        assert_eq!(applied.len(), 3);
+        let applied = requests_from_report(&report, None, 120, false).unwrap();
+        assert_eq!(applied.len(), 5);
         let outcome = release(&ledger, &Fixed(PodState::Gone), &applied[0])
             .await
             .unwrap();
@@ -400,14 +505,28 @@ pub(crate) mod tests {
             .await
             .unwrap();
         assert!(matches!(live, Outcome::OtherPod { .. }), "{live:?}");
-        assert_eq!(held(&ledger.load().await.unwrap()), 1);
+        for request in &applied[3..] {
+            let outcome = release(&ledger, &Fixed(PodState::Gone), request)
+                .await
+                .unwrap();
+            assert!(!outcome.released(), "{outcome:?}");
+        }
+        assert_eq!(held(&ledger.load().await.unwrap()), 3);
 
-        let error = requests_from_report("[1, 2]", None, true)
+        let error = requests_from_report("[1, 2]", None, 120, true)
             .unwrap_err()
             .to_string();
         assert!(
             error.starts_with("not a report of `check --drift -o json`"),
             "{error}"
         );
+        let unnamed = serde_json::json!({"drift": [
+            {"kind": "claim-without-pod", "ip": "10.0.0.3", "pod": "default/web-0", "detail": "…"},
+        ]})
+        .to_string();
+        let error = requests_from_report(&unnamed, None, 120, true)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("names no claim"), "{error}");
     }
 }

@@ -9,8 +9,8 @@ use crate::admission::patch::MetadataPatch;
 use crate::admission::{Incoming, Operation, OwnerRef, Response, ReviewError};
 use crate::ipam::allocator::{AllocError, Allocation, AllocationRequest, Reason};
 use crate::ipam::ipset::ip_label_value;
-use crate::ledger::claim::{PodIdentity, PodPresence, is_token, new_token};
-use crate::ledger::{PodRef, unix_now};
+use crate::ledger::claim::{self, PodIdentity, PodPresence, held_by, is_token, new_token};
+use crate::ledger::{Claim, Phase, PodRef, unix_now};
 use crate::metrics::AllocationOutcome;
 use crate::webhook::assess::{Answer, Denial, PodAsk, assess};
 use crate::webhook::events::{Assigned, Refused};
@@ -94,34 +94,86 @@ pub async fn mutate(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Answer
     }
 }
 
-/// A CREATE of a fixed name (a StatefulSet's `db-0`) whose earlier pod is still in its grace
-/// period: the API server will refuse it (AlreadyExists) after the webhooks, and a takeover of
-/// the old pod's claim now would leave the old pod, still running, with no claim. With an API
-/// server to ask, such a create is refused while the old pod exists; once it is gone, the new
-/// pod takes its claim over.
-async fn name_still_held(webhook: &Webhook, pod: &PodRef, app: &str) -> Option<Denial> {
+/// A CREATE of a fixed name (a StatefulSet's `db-0`) takes over the claims its name held, on
+/// every interface, once their pod is verified gone: with an API server, asked there (after
+/// reading the claims from a shared ledger, since this replica's copy may lag behind the
+/// DELETE another replica saw); off-cluster, once the DELETE this webhook saw has its grace
+/// over. While that pod still exists the create is refused: the API server would answer it
+/// AlreadyExists after the webhooks, and a takeover now would leave the running pod, or the
+/// stored pod a reservation was made for, without its claim. A claim of a gone pod that is
+/// still `Reserved` or `Bound` (its DELETE was missed, or is not seen here yet) is moved to
+/// `Terminating` first, so the create can take it over.
+async fn take_back_name(
+    webhook: &Webhook,
+    identity: &PodIdentity<'_>,
+    pod: &PodRef,
+    app: &str,
+) -> Option<Denial> {
     if pod.name.is_empty() {
         return None;
     }
-    let lookup = webhook.pods.get()?;
-    for claim in webhook.allocator.terminating_under_name(pod, app) {
-        let uid = claim.pod.uid.as_deref().unwrap_or("?");
-        let why = match lookup.presence(&claim).await {
-            PodPresence::Gone => continue,
-            PodPresence::Terminating | PodPresence::Running => format!(
-                "pod {} (uid {uid}) still exists and holds {}; a pod of the same name can be created once it is gone",
-                claim.pod.display(),
-                claim.ip
-            ),
-            PodPresence::Unknown(why) => format!(
-                "cannot tell whether pod {} (uid {uid}), which holds {}, is gone: {why}",
-                claim.pod.display(),
-                claim.ip
-            ),
-        };
-        return Some(Denial::Conflict(why));
+    let now = unix_now();
+    for (interface, allocator) in webhook.interfaces() {
+        let ips: Vec<IpAddr> = allocator
+            .held_under_name(pod, app)
+            .iter()
+            .map(|c| c.ip)
+            .collect();
+        if let Err(error) = allocator.refresh(&ips).await {
+            tracing::warn!(%error, %interface, "cannot read the claims of a pod name; deciding on this replica's copy");
+        }
+        for claim in allocator.held_under_name(pod, app) {
+            // a kept release is the name's to take; the pod's own claim (a retried or
+            // reinvoked admission) is no earlier pod's
+            if claim.phase == Phase::Released || held_by(&claim, identity) {
+                continue;
+            }
+            let presence = match webhook.pods.get() {
+                Some(lookup) => lookup.presence(&claim).await,
+                None => match presence_off_cluster(&claim, now) {
+                    Some(presence) => presence,
+                    None => continue,
+                },
+            };
+            let uid = claim.pod.uid.as_deref().unwrap_or("?");
+            let why = match presence {
+                PodPresence::Gone => {
+                    if matches!(claim.phase, Phase::Reserved | Phase::Bound) {
+                        let gone = claim::terminating(&claim, &PodIdentity::default(), now, now);
+                        if let Err(error) = allocator.transition(&claim, &gone).await {
+                            tracing::warn!(%error, ip = %claim.ip, "cannot end the claim of a gone pod");
+                        }
+                    }
+                    continue;
+                }
+                PodPresence::Terminating | PodPresence::Running => format!(
+                    "pod {} (uid {uid}) still exists and holds {} on {interface}; a pod of the same name can be created once it is gone",
+                    claim.pod.display(),
+                    claim.ip
+                ),
+                PodPresence::Unknown(why) => format!(
+                    "cannot tell whether pod {} (uid {uid}), which holds {} on {interface}, is gone: {why}",
+                    claim.pod.display(),
+                    claim.ip
+                ),
+            };
+            return Some(Denial::Conflict(why));
+        }
     }
     None
+}
+
+/// Where the pod of a claim is, as a webhook with no API server knows it: in its grace until
+/// the release time of the DELETE it saw. `None` for a claim whose DELETE it did not see: it
+/// tells nothing, and the claim rules alone decide (a reservation whose pod never came is the
+/// name's to take over, a bound claim is not).
+fn presence_off_cluster(claim: &Claim, now: u64) -> Option<PodPresence> {
+    match claim.phase {
+        Phase::Terminating if claim.release_at.is_some_and(|at| now < at) => {
+            Some(PodPresence::Terminating)
+        }
+        _ => None,
+    }
 }
 
 /// Decide a Pod CREATE: assess it, then grant (allocate or record its static IPs, on the
@@ -162,7 +214,14 @@ pub async fn decide_create(
             false => PodDecision::AlreadyHeld(ask.carried),
         });
     }
-    if let Some(denial) = name_still_held(webhook, &pod_ref, ask.view.app.unwrap_or("")).await {
+    if let Some(denial) = take_back_name(
+        webhook,
+        &ask.identity(),
+        &pod_ref,
+        ask.view.app.unwrap_or(""),
+    )
+    .await
+    {
         return Ok(refused(&context, Some(ask.view.app_key()), denial));
     }
     let empty = Candidates {

@@ -27,7 +27,7 @@ use crate::ipam::ipset::{Family, IpSet};
 use crate::ledger::claim::{PodIdentity, new_token};
 use crate::ledger::network::Network;
 use crate::webhook::assess::{Denial, PodAsk};
-use crate::webhook::carried;
+use crate::webhook::carried::{self, Carried};
 use crate::webhook::{PodView, Webhook};
 
 /// The allocator of each secondary network ip-webhook gives IPs out on.
@@ -442,15 +442,15 @@ pub async fn validate(
         };
         let mine = allocator.held_by(identity, &ips);
         let ledger_decides = identity.token.is_some() && records;
-        let unrecorded = carried::unrecorded(
-            allocator,
-            &ips,
-            &mine,
-            &request.pod,
-            view.vm,
-            ledger_decides,
-        )
-        .map_err(|message| format!("network {network}: {message}"))?;
+        let on_network = Carried {
+            ips: &ips,
+            mine: &mine,
+            pod: &request.pod,
+            vm: view.vm,
+        };
+        let unrecorded = carried::unrecorded(allocator, None, on_network, ledger_decides)
+            .await
+            .map_err(|message| format!("network {network}: {message}"))?;
         if !records {
             continue;
         }

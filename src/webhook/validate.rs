@@ -16,7 +16,7 @@ use crate::ipam::pools::{Pool, PoolError};
 use crate::ledger::Claim;
 use crate::ledger::claim::{PodIdentity, is_token, new_token};
 use crate::webhook::assess::{Answer, Denial, PodAsk, assess};
-use crate::webhook::carried;
+use crate::webhook::carried::{self, Carried};
 use crate::webhook::cni_pools;
 use crate::webhook::secondary;
 use crate::webhook::workloads;
@@ -267,7 +267,7 @@ async fn pod_verdict(
     }
     let identity = ask.identity();
     let mine = webhook.allocator.held_by(&identity, &ask.carried);
-    let unrecorded = match unrecorded_ips(webhook, incoming, ask, &mine) {
+    let unrecorded = match unrecorded_ips(webhook, incoming, ask, &mine).await {
         Ok(unrecorded) => unrecorded,
         Err(denial) => return response.deny(denial.to_string()),
     };
@@ -297,7 +297,7 @@ async fn pod_verdict(
 
 /// The carried IPs no claim of this pod's covers, and free for it; a denial for an IP another
 /// pod's claim locks (or the cluster says is in use) ([`carried::unrecorded`]).
-fn unrecorded_ips(
+async fn unrecorded_ips(
     webhook: &Webhook,
     incoming: &Incoming<'_>,
     ask: &PodAsk<'_>,
@@ -306,15 +306,17 @@ fn unrecorded_ips(
     let ledger_decides = ask.identity().token.is_some()
         && !incoming.dry_run()
         && incoming.request.operation == Operation::Create;
-    carried::unrecorded(
-        &webhook.allocator,
-        &ask.carried,
+    let pod = ask.view.pod_ref();
+    let carried = Carried {
+        ips: &ask.carried,
         mine,
-        &ask.view.pod_ref(),
-        ask.view.vm,
-        ledger_decides,
-    )
-    .map_err(Denial::Conflict)
+        pod: &pod,
+        vm: ask.view.vm,
+    };
+    let pods = webhook.pods.get().map(|p| &**p);
+    carried::unrecorded(&webhook.allocator, pods, carried, ledger_decides)
+        .await
+        .map_err(Denial::Conflict)
 }
 
 /// Record `unrecorded` for the pod as static IPs under its token (a new one if it has none)

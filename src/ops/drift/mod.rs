@@ -34,8 +34,8 @@ use crate::cluster::index::calico::BlockSpec;
 use crate::cluster::index::{OvnIp, SlimPod};
 use crate::cluster::pods::{holder, network_holder};
 use crate::ipam::ipset::{Family, IpSet, ip_key, parse_ip_spec};
+use crate::ledger::Claim;
 use crate::ledger::network::Network;
-use crate::ledger::{Claim, Phase};
 use crate::webhook::kubevirt::launcher_vm_of_object;
 
 /// What kind of drift a finding is; the JSON names are stable.
@@ -86,6 +86,10 @@ pub struct Drift {
     pub pod_ips: Vec<IpAddr>,
     /// What was seen, in a sentence.
     pub detail: String,
+    /// The claim a `claim-without-pod` finding is about, which `release --from-report` frees
+    /// only while it is still that very claim.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub claim: Option<crate::ops::release::FoundClaim>,
 }
 
 /// Who the CNI says an IP belongs to.
@@ -242,7 +246,9 @@ fn claims_against_pods<'a>(
             }),
         };
         let Some((namespace, uid)) = key else {
-            if settled(claim, inputs.now, inputs.settle) && !vm_holds(inputs, claim) {
+            if crate::ops::release::settled(claim, inputs.now, inputs.settle)
+                && !vm_holds(inputs, claim)
+            {
                 found.push(Drift {
                     kind: DriftKind::ClaimWithoutPod,
                     ip: claim.ip,
@@ -255,6 +261,7 @@ fn claims_against_pods<'a>(
                         crate::ops::invocation(),
                         claim.ip
                     ),
+                    claim: Some(crate::ops::release::FoundClaim::of(claim)),
                 });
             }
             continue;
@@ -276,6 +283,7 @@ fn claims_against_pods<'a>(
                     describe_app(claim),
                     join(&slim.ips)
                 ),
+                claim: None,
             });
         }
     }
@@ -348,6 +356,7 @@ fn pods_without_claims(
                 pod: format!("{}/{}", slim.namespace, slim.name),
                 pod_ips: Vec::new(),
                 detail,
+                claim: None,
             });
         }
     }
@@ -373,6 +382,7 @@ fn terminating_without_claim(
                 "Terminating on node {}, its claim on {ip} released (its node lost, or a forced release); {now}; the object goes once its node is deleted or the pod is force-deleted",
                 if slim.node.is_empty() { "?" } else { &slim.node }
             ),
+            claim: None,
         });
     }
 }
@@ -400,20 +410,9 @@ fn cni_holds_of_gone_pods(
             pod: format!("{}/{}", hold.namespace, hold.pod),
             pod_ips: Vec::new(),
             detail: format!("{} holds it for a pod that is gone", hold.record),
+            claim: None,
         });
     }
-}
-
-/// Whether a claim without a pod is drift rather than a change in progress.
-fn settled(claim: &Claim, now: u64, settle: u64) -> bool {
-    if claim.phase == Phase::Terminating && claim.release_at.is_some_and(|at| at > now) {
-        return false; // its pod may be gone; the IP waits for release_at by design
-    }
-    claim
-        .updated_at
-        .max(claim.created_at)
-        .saturating_add(settle)
-        <= now
 }
 
 fn describe_app(claim: &Claim) -> String {
@@ -604,7 +603,7 @@ impl Report {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::{PodRef, Source};
+    use crate::ledger::{Phase, PodRef, Source};
     use serde_json::json;
 
     const NOW: u64 = 1_764_400_000;
