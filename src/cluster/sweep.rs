@@ -298,7 +298,9 @@ impl Sweeper {
             ..claim::bound(claim, &pod.name, &pod.uid, crate::ledger::unix_now())
         };
         match self.allocator.transition(claim, &next).await {
-            Ok(true) => tracing::info!(ip = %claim.ip, pod = %format!("{}/{}", pod.namespace, pod.name), uid = %pod.uid, "claim bound to its stored pod"),
+            Ok(true) => {
+                tracing::info!(ip = %claim.ip, pod = %format!("{}/{}", pod.namespace, pod.name), uid = %pod.uid, "claim bound to its stored pod")
+            }
             Ok(false) => {}
             Err(error) => {
                 tracing::warn!(ip = %claim.ip, %error, "binding a claim to its pod failed; trying again");

@@ -165,8 +165,19 @@ pub fn create_rule(existing: Option<&Claim>, new: &Claim) -> CreateRule {
             CreateRule::Existing
         }
         // The pod's own grant: it answers. A takeover would delete it and write anew, and any
-        // other create in between would be given the IP the pod already carries.
-        Some(existing) if existing.is_held() && same_token(existing, new) => CreateRule::Existing,
+        // other create in between would be given the IP the pod already carries. Once bound,
+        // the grant is its pod's UID's: a copy carrying the token is another pod.
+        Some(existing)
+            if existing.is_held()
+                && same_token(existing, new)
+                && existing
+                    .pod
+                    .uid
+                    .as_ref()
+                    .is_none_or(|uid| new.pod.uid.as_ref() == Some(uid)) =>
+        {
+            CreateRule::Existing
+        }
         Some(existing) if !existing.locks_ip() => CreateRule::Write,
         Some(existing) if may_take_over(existing, new) => CreateRule::Write,
         Some(_) => CreateRule::Held,
