@@ -213,9 +213,17 @@ async fn a_retried_statefulset_pod_keeps_one_ip() {
     .unwrap();
     assert_eq!(label(&other), "10.91.4.2");
 
-    // deleted and recreated under the same name: the same IP, even during the grace
-    let deleted = server.mutate(&delete(&stored, Some(30), false)).await;
+    // deleted: while its grace runs the old pod exists (the API server would refuse a second
+    // db-0 as AlreadyExists), so a create of the name is refused, naming it; once the grace is
+    // over the recreated pod gets the same IP
+    let deleted = server.mutate(&delete(&stored, Some(2), false)).await;
     assert_eq!(deleted["allowed"], true);
+    let early = admit(&server, db0()).await.unwrap_err();
+    assert!(
+        early.contains("default/db-0") && early.contains("still exists"),
+        "{early}"
+    );
+    tokio::time::sleep(Duration::from_millis(2500)).await;
     let recreated = admit(&server, db0()).await.unwrap();
     assert_eq!(label(&recreated), "10.91.4.1");
     // and the old pod's late release does not free the new pod's IP

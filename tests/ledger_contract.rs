@@ -28,8 +28,10 @@ use ip_webhook::ipam::messages::Scope;
 use ip_webhook::ledger::claim::PodIdentity;
 use ip_webhook::ledger::claim::{self as rules, PodIdentity as Identity};
 use ip_webhook::ledger::embedded::CommitCounters;
+use ip_webhook::ledger::holder::VmRef;
 use ip_webhook::ledger::{
-    Claim, CreateOutcome, EmbeddedLedger, KubeLedger, Ledger, MemoryLedger, ObservedChange, PodRef,
+    Claim, CreateOutcome, EmbeddedLedger, KubeLedger, Ledger, MemoryLedger, ObservedChange, Phase,
+    PodRef,
 };
 #[cfg(feature = "etcd")]
 use ip_webhook::ledger::{EtcdLedger, EtcdOptions};
@@ -569,6 +571,149 @@ async fn claim_rules_transcript(ledger: &dyn Ledger) -> Vec<String> {
     ));
     out.push(format!("record: {}", record(ledger, "10.60.0.2").await));
     out.extend(vm_transcript(ledger).await);
+    out.extend(lifecycle_transcript(ledger).await);
+    out
+}
+
+/// The record on `ip` as [`Ledger::get`] reads it (`phase request pod-uid`, `kept` when a
+/// release keeps it for its name), which must be what [`Ledger::load`] lists.
+async fn got(ledger: &dyn Ledger, ip: &str) -> String {
+    let ip: IpAddr = ip.parse().unwrap();
+    let one = ledger.get(ip).await.unwrap();
+    let listed = ledger
+        .load()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|c| c.ip == ip);
+    assert_eq!(one, listed, "get and load read one record");
+    match one {
+        Some(c) if c.locks_ip() => format!(
+            "{:?} {} {}{}",
+            c.phase,
+            c.request_uid,
+            c.pod.uid.as_deref().unwrap_or("-"),
+            if c.phase == Phase::Released {
+                " kept"
+            } else {
+                ""
+            }
+        ),
+        _ => "free".into(),
+    }
+}
+
+/// The lifecycle's steps every ledger keeps alike: a StatefulSet pod's release is kept for
+/// its name until it is released once more; a copy carrying a bound claim's token is another
+/// pod; a migration's target that took a VM's claim over gives it back to the source it
+/// remembers when it goes, and keeps it alone when the source goes.
+async fn lifecycle_transcript(ledger: &dyn Ledger) -> Vec<String> {
+    let mut out = Vec::new();
+    let db = reserved("10.60.0.4", "db-2", "req-db2", "tok-db2");
+    ledger.create(db.clone().into()).await.unwrap();
+    let bound = Claim {
+        sticky: true,
+        ..rules::bound(&db, "db-2", "uid-db2", 1_764_400_200)
+    };
+    out.push(format!(
+        "bind db-2: {}",
+        ledger.transition(&db, &bound).await.unwrap()
+    ));
+    let copy = Claim {
+        request_uid: "req-copy".into(),
+        pod: PodRef {
+            uid: Some("uid-copy".into()),
+            ..bound.pod.clone()
+        },
+        ..db.clone()
+    };
+    out.push(format!(
+        "a copy with db-2's token: {}",
+        outcome(ledger.create(copy.into()).await.unwrap())
+    ));
+    out.push(format!(
+        "release db-2: {}",
+        ledger.release(&bound).await.unwrap()
+    ));
+    out.push(format!("record: {}", got(ledger, "10.60.0.4").await));
+    let other = reserved("10.60.0.4", "other-0", "req-other", "tok-other");
+    out.push(format!(
+        "another pod on the kept IP: {}",
+        outcome(ledger.create(other.clone().into()).await.unwrap())
+    ));
+    out.push(format!(
+        "the sticky grace over: {}",
+        ledger.release(&bound).await.unwrap()
+    ));
+    out.push(format!("record: {}", got(ledger, "10.60.0.4").await));
+    out.push(format!(
+        "another pod now: {}",
+        outcome(ledger.create(other.into()).await.unwrap())
+    ));
+
+    let vm = |request: &str, token: &str| Claim {
+        vm: Some("vm-2".into()),
+        ..reserved("10.60.0.5", "", request, token)
+    };
+    let source = vm("req-src", "tok-src");
+    ledger.create(source.clone().into()).await.unwrap();
+    let source = rules::bound(&source, "virt-launcher-vm-2-a", "uid-src", 1_764_400_300);
+    ledger
+        .transition(&vm("req-src", "tok-src"), &source)
+        .await
+        .unwrap();
+    let target = Claim {
+        vm: Some(VmRef::named("vm-2").with_source(rules::migration_source(&source))),
+        ..vm("req-dst", "tok-dst")
+    };
+    out.push(format!(
+        "the migration's target: {}",
+        outcome(ledger.create(target.clone().into()).await.unwrap())
+    ));
+    let target = rules::bound(&target, "virt-launcher-vm-2-b", "uid-dst", 1_764_400_301);
+    let reserved_target = Claim {
+        phase: Phase::Reserved,
+        pod: PodRef {
+            uid: None,
+            name: "".into(),
+            ..target.pod.clone()
+        },
+        ..target.clone()
+    };
+    out.push(format!(
+        "bind the target: {}",
+        ledger.transition(&reserved_target, &target).await.unwrap()
+    ));
+    let back = rules::back_to_source(&target, 1_764_400_302).unwrap();
+    out.push(format!(
+        "the target fails: {}",
+        ledger.transition(&target, &back).await.unwrap()
+    ));
+    out.push(format!("record: {}", got(ledger, "10.60.0.5").await));
+    let retry = Claim {
+        vm: Some(VmRef::named("vm-2").with_source(rules::migration_source(&back))),
+        ..vm("req-dst2", "tok-dst2")
+    };
+    out.push(format!(
+        "the retried migration's target: {}",
+        outcome(ledger.create(retry.clone().into()).await.unwrap())
+    ));
+    let gone = rules::source_gone(&retry, 1_764_400_303);
+    out.push(format!(
+        "the source goes: {}",
+        ledger.transition(&retry, &gone).await.unwrap()
+    ));
+    let remembered = ledger
+        .get("10.60.0.5".parse().unwrap())
+        .await
+        .unwrap()
+        .and_then(|c| c.vm)
+        .map(|vm| format!("{:?}", vm.source().map(|s| s.name.to_string())));
+    out.push(format!(
+        "record: {}, source {}",
+        got(ledger, "10.60.0.5").await,
+        remembered.unwrap_or_default()
+    ));
     out
 }
 
@@ -657,6 +802,21 @@ const EXPECTED_TRANSCRIPT: &[&str] = &[
     "record: Reserved req-vm-2 -, vm vm-1",
     "the source released: false",
     "record: Reserved req-vm-2 -",
+    "bind db-2: true",
+    "a copy with db-2's token: held by req-db2",
+    "release db-2: true",
+    "record: Released req-db2 uid-db2 kept",
+    "another pod on the kept IP: held by req-db2",
+    "the sticky grace over: true",
+    "record: free",
+    "another pod now: created",
+    "the migration's target: created",
+    "bind the target: true",
+    "the target fails: true",
+    "record: Bound req-dst uid-src",
+    "the retried migration's target: created",
+    "the source goes: true",
+    "record: Reserved req-dst2 -, source None",
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

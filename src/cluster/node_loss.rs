@@ -211,7 +211,7 @@ impl NodeLoss {
         let mut last_pass: Option<tokio::time::Instant> = None;
         loop {
             ticks
-                .next(|| self.nodes.synced() && self.cluster_ips.synced())
+                .next(|| self.nodes.synced() && self.cluster_ips.pods_synced())
                 .await;
             // passes skipped (not leading, not synced): what was seen before may have changed
             // unseen, so the count starts again

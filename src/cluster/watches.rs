@@ -17,6 +17,7 @@ use crate::ledger::claim::is_token;
 use crate::ledger::kubernetes::{PRIMARY_SELECTOR, from_resource};
 use crate::ledger::network::Network;
 use crate::ledger::{ObservedChange, unix_now};
+use crate::metrics::watch_health::WatchHealth;
 use crate::webhook::Webhook;
 use crate::webhook::kubevirt::launcher_vm_of_object;
 use futures::{Stream, StreamExt};

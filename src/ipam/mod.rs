@@ -9,6 +9,7 @@ pub mod ipset;
 pub mod messages;
 pub mod overlap;
 pub mod pools;
+pub mod release;
 pub mod request;
 pub mod spec_cache;
 pub mod usage;

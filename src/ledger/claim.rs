@@ -141,10 +141,20 @@ pub fn back_to_source(claim: &Claim, now: u64) -> Option<Claim> {
 /// Whether `next` is what a DELETE of one of a VM's two launcher pods makes of `record`
 /// ([`source_gone`], [`back_to_source`]): its phase stays.
 fn is_carrier_step(record: &Claim, next: &Claim) -> bool {
-    record.vm.as_ref().is_some_and(|vm| vm.source().is_some())
-        && matches!(record.phase, Phase::Reserved | Phase::Bound)
-        && (*next == source_gone(record, next.updated_at)
-            || back_to_source(record, next.updated_at).as_ref() == Some(next))
+    let Some(source) = record.vm.as_ref().and_then(|vm| vm.source()) else {
+        return false;
+    };
+    let pod_after = |name: &Text, uid: &Option<Text>| {
+        next.pod.namespace == record.pod.namespace
+            && next.pod.generate_name == record.pod.generate_name
+            && next.pod.name == *name
+            && next.pod.uid == *uid
+    };
+    matches!(record.phase, Phase::Reserved | Phase::Bound)
+        && next.phase == record.phase
+        && next.vm.as_deref() == record.vm.as_deref()
+        && next.vm.as_ref().is_some_and(|vm| vm.source().is_none())
+        && (pod_after(&record.pod.name, &record.pod.uid) || pod_after(&source.name, &source.uid))
 }
 
 /// What a ledger does with `create(new)` given the record it holds on that IP.

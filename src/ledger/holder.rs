@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::claim::PodIdentity;
 use super::{Shared, Text};
 
 /// The KubeVirt VM (in the claim's namespace) whose launcher pods hold a claim, and, while a
@@ -36,12 +35,12 @@ pub struct Carrier {
 }
 
 impl Carrier {
-    /// Whether `pod` (of the claim's namespace) is this launcher pod: by UID when both have
-    /// one, else by the token it carries.
-    pub fn is(&self, pod: &PodIdentity<'_>) -> bool {
-        match (self.uid.as_deref(), pod.uid) {
+    /// Whether the pod (of the claim's namespace) with this UID and claim token is this
+    /// launcher pod: by UID when both have one, else by the token it carries.
+    pub fn is(&self, uid: Option<&str>, token: Option<&str>) -> bool {
+        match (self.uid.as_deref(), uid) {
             (Some(mine), Some(theirs)) => mine == theirs,
-            _ => !self.token.is_empty() && pod.token == Some(self.token.as_str()),
+            _ => !self.token.is_empty() && token == Some(self.token.as_str()),
         }
     }
 }
@@ -154,20 +153,14 @@ mod tests {
             uid: Some("u-a".into()),
             token: "t-a".into(),
         };
-        let pod = |uid: Option<&'static str>, token: Option<&'static str>| PodIdentity {
-            namespace: "default",
-            name: "virt-launcher-db-a",
-            uid,
-            token,
-        };
-        assert!(carrier.is(&pod(Some("u-a"), None)));
-        assert!(!carrier.is(&pod(Some("u-b"), Some("t-a"))));
-        assert!(carrier.is(&pod(None, Some("t-a"))));
+        assert!(carrier.is(Some("u-a"), None));
+        assert!(!carrier.is(Some("u-b"), Some("t-a")));
+        assert!(carrier.is(None, Some("t-a")));
         let unbound = Carrier {
             uid: None,
             ..carrier
         };
-        assert!(unbound.is(&pod(Some("u-x"), Some("t-a"))));
-        assert!(!unbound.is(&pod(Some("u-x"), Some("t-b"))));
+        assert!(unbound.is(Some("u-x"), Some("t-a")));
+        assert!(!unbound.is(Some("u-x"), Some("t-b")));
     }
 }

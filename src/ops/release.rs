@@ -427,6 +427,27 @@ pub(crate) mod tests {
         assert_eq!(held(&ledger.load().await.unwrap()), 0);
     }
 
+    /// A `check --drift -o json` report: findings about claims that hold (10.0.0.3), that
+    /// another pod holds now (10.0.0.4), in another namespace (10.0.0.5), a CNI's record
+    /// (10.0.0.6), a claim a recreated pod of the name made since (10.0.0.7) and a claim that
+    /// changed a moment ago (`recent`, 10.0.0.8).
+    fn report_of(recent: &Claim) -> String {
+        let found = |ip: &str| serde_json::to_value(FoundClaim::of(&bound(ip, "default"))).unwrap();
+        // the web-0 the report found was replaced by a new web-0 (another grant, another UID)
+        let mut old_web_0 = bound("10.0.0.7", "default");
+        old_web_0.request_uid = "r-old".into();
+        old_web_0.pod.uid = Some("u-old".into());
+        serde_json::json!({"drift": [
+            {"kind": "claim-without-pod", "ip": "10.0.0.3", "pod": "default/web-0", "detail": "…", "claim": found("10.0.0.3")},
+            {"kind": "claim-without-pod", "ip": "10.0.0.4", "pod": "default/web-9", "detail": "…", "claim": found("10.0.0.4")},
+            {"kind": "claim-without-pod", "ip": "10.0.0.5", "pod": "other/web-0", "detail": "…", "claim": found("10.0.0.5")},
+            {"kind": "cni-holds-gone-pod", "ip": "10.0.0.6", "pod": "default/gone", "detail": "…"},
+            {"kind": "claim-without-pod", "ip": "10.0.0.7", "pod": "default/web-0", "detail": "…", "claim": FoundClaim::of(&old_web_0)},
+            {"kind": "claim-without-pod", "ip": "10.0.0.8", "pod": "default/web-0", "detail": "…", "claim": FoundClaim::of(recent)},
+        ], "compared": {}})
+        .to_string()
+    }
+
     /// A report's findings: each freed under the one rule, only while its claim is still the
     /// very claim the report found (not another pod's, not one a recreated pod of the same
     /// name made since) and has stood still for the settle time; a dry run judges them alike
@@ -440,20 +461,7 @@ pub(crate) mod tests {
         let mut recent = bound("10.0.0.8", "default");
         recent.updated_at = unix_now();
         ledger.create(recent.clone().into()).await.unwrap();
-        let found = |ip: &str| serde_json::to_value(FoundClaim::of(&bound(ip, "default"))).unwrap();
-        // the web-0 the report found was replaced by a new web-0 (another grant, another UID)
-        let mut old_web_0 = bound("10.0.0.7", "default");
-        old_web_0.request_uid = "r-old".into();
-        old_web_0.pod.uid = Some("u-old".into());
-        let report = serde_json::json!({"drift": [
-            {"kind": "claim-without-pod", "ip": "10.0.0.3", "pod": "default/web-0", "detail": "…", "claim": found("10.0.0.3")},
-            {"kind": "claim-without-pod", "ip": "10.0.0.4", "pod": "default/web-9", "detail": "…", "claim": found("10.0.0.4")},
-            {"kind": "claim-without-pod", "ip": "10.0.0.5", "pod": "other/web-0", "detail": "…", "claim": found("10.0.0.5")},
-            {"kind": "cni-holds-gone-pod", "ip": "10.0.0.6", "pod": "default/gone", "detail": "…"},
-            {"kind": "claim-without-pod", "ip": "10.0.0.7", "pod": "default/web-0", "detail": "…", "claim": FoundClaim::of(&old_web_0)},
-            {"kind": "claim-without-pod", "ip": "10.0.0.8", "pod": "default/web-0", "detail": "…", "claim": FoundClaim::of(&recent)},
-        ], "compared": {}})
-        .to_string();
+        let report = report_of(&recent);
         let requests = requests_from_report(&report, Some("default"), 120, true).unwrap();
         let ips: Vec<String> = requests.iter().map(|r| r.ip.to_string()).collect();
         assert_eq!(
@@ -512,7 +520,11 @@ pub(crate) mod tests {
             assert!(!outcome.released(), "{outcome:?}");
         }
         assert_eq!(held(&ledger.load().await.unwrap()), 3);
+    }
 
+    /// What is not a report of `check --drift -o json`, or names no claim, is refused.
+    #[test]
+    fn a_report_without_claims_is_refused() {
         let error = requests_from_report("[1, 2]", None, 120, true)
             .unwrap_err()
             .to_string();

@@ -103,15 +103,11 @@ pub async fn mutate(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Answer
 /// stored pod a reservation was made for, without its claim. A claim of a gone pod that is
 /// still `Reserved` or `Bound` (its DELETE was missed, or is not seen here yet) is moved to
 /// `Terminating` first, so the create can take it over.
-async fn take_back_name(
-    webhook: &Webhook,
-    identity: &PodIdentity<'_>,
-    pod: &PodRef,
-    app: &str,
-) -> Option<Denial> {
+async fn take_back_name(webhook: &Webhook, ask: &PodAsk<'_>, pod: &PodRef) -> Option<Denial> {
     if pod.name.is_empty() {
         return None;
     }
+    let (identity, app) = (&ask.identity(), ask.view.app.unwrap_or(""));
     let now = unix_now();
     for (interface, allocator) in webhook.interfaces() {
         let ips: Vec<IpAddr> = allocator
@@ -214,14 +210,7 @@ pub async fn decide_create(
             false => PodDecision::AlreadyHeld(ask.carried),
         });
     }
-    if let Some(denial) = take_back_name(
-        webhook,
-        &ask.identity(),
-        &pod_ref,
-        ask.view.app.unwrap_or(""),
-    )
-    .await
-    {
+    if let Some(denial) = take_back_name(webhook, &ask, &pod_ref).await {
         return Ok(refused(&context, Some(ask.view.app_key()), denial));
     }
     let empty = Candidates {
