@@ -372,6 +372,7 @@ async fn the_embedded_ledger_keeps_each_networks_claims_apart_across_a_restart()
     });
     let response = server.mutate(&create("db", db.clone())).await;
     assert_eq!(network_ips(&apply(&db, &response))[0].2, ["10.70.0.5/16"]);
+    let mut db = db;
     server.launched.shutdown().await;
     assert!(state.path().join("networks/default.storage").is_dir());
     // `status --network` shows that network's books, `status` the primary interface's
@@ -393,6 +394,36 @@ async fn the_embedded_ledger_keeps_each_networks_claims_apart_across_a_restart()
             "{network:?}: {text}"
         );
     }
+    // `explain --network` shows what a new pod would get on the network, beside its IP
+    let manifest = state.path().join("db.json");
+    std::fs::write(&manifest, db.to_string()).unwrap();
+    let manifest = manifest.display().to_string();
+    let explain = [
+        "explain",
+        "--state-dir",
+        &dir,
+        "-f",
+        &manifest,
+        "--network",
+        "default/storage",
+    ];
+    let ran = common::ip_webhook(&explain);
+    assert_eq!(ran.code, Some(3), "a refusal: {}", ran.stderr);
+    assert!(
+        ran.stdout.contains("REFUSED") && ran.stdout.contains("10.70.0.5"),
+        "the network's only IP is held: {}",
+        ran.stdout
+    );
+    db["metadata"]["annotations"]["storage.default.ip-webhook.io/allocatable-ips"] =
+        json!("10.70.0.5-10.70.0.6");
+    std::fs::write(&manifest, db.to_string()).unwrap();
+    let ran = common::ip_webhook(&explain);
+    assert!(
+        ran.ok && ran.stdout.contains("on network default/storage: 10.70.0.6"),
+        "{}{}",
+        ran.stdout,
+        ran.stderr
+    );
     let ran = common::ip_webhook(&["status", "--state-dir", &dir, "--network", "default/other"]);
     assert!(!ran.ok);
     assert!(

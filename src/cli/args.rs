@@ -224,6 +224,10 @@ pub struct ExplainArgs {
     /// YAML list of FixedIPPool objects (off-cluster; in a cluster they are read from it).
     #[arg(long, value_name = "FILE")]
     pub pools_file: Option<PathBuf>,
+    /// A Multus secondary network the server gives IPs on (as `serve --network`): each
+    /// replica's IP on it is shown too. Repeat for several.
+    #[arg(long = "network", value_name = "NAMESPACE/NAME", value_parser = crate::ledger::network::Network::parse)]
+    pub networks: Vec<crate::ledger::network::Network>,
     #[command(flatten)]
     pub verbosity: Verbosity,
     // Last: it ends with the etcd flags under their own help heading.

@@ -233,9 +233,16 @@ pub async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
             Ok(()) => {}
         }
     }
-    let read = read(&config, args.pools_file.as_deref(), false, None).await?;
+    let read_primary = read(&config, args.pools_file.as_deref(), false, None).await?;
+    let mut networks = Vec::new();
+    for network in &args.networks {
+        let books = read(&config, args.pools_file.as_deref(), false, Some(network)).await?;
+        networks.push((network.clone(), books.claims));
+    }
     let settings = crate::cli::settings(&args.app_label, args.cni);
-    let sandbox = crate::ops::explain::sandbox(read.claims, settings, read.pools).await?;
+    let sandbox = crate::ops::explain::sandbox(read_primary.claims, settings, read_primary.pools)
+        .await?
+        .with_secondary(crate::ops::explain::network_sandboxes(networks).await?);
     let outcomes =
         crate::ops::explain::explain(&sandbox, &objects, &args.namespace, args.replicas).await?;
     print(args.output, &outcomes, |_| {

@@ -12,10 +12,12 @@ use serde_json::{Value, json};
 use crate::admission::{self, ReviewError};
 use crate::ipam::allocator::{Allocator, Reason};
 use crate::ipam::pools::PoolCatalog;
+use crate::ledger::network::Network;
 use crate::ledger::{Claim, CreateOutcome, Ledger, LedgerError, MemoryLedger};
 use crate::metrics::Metrics;
 use crate::webhook::kubevirt;
 use crate::webhook::mutate::{self, PodDecision};
+use crate::webhook::secondary::SecondaryNetworks;
 use crate::webhook::validate;
 use crate::webhook::workloads;
 use crate::webhook::{Settings, Webhook};
@@ -48,6 +50,17 @@ pub struct ReplicaOutcome {
     /// The denial message when refused.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub refused: Option<String>,
+    /// The IPs it would get on each secondary network it asks of.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub networks: Vec<NetworkIps>,
+}
+
+/// A replica's IPs on one secondary network.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NetworkIps {
+    /// `namespace/name` of the NetworkAttachmentDefinition.
+    pub network: String,
+    pub ips: Vec<IpAddr>,
 }
 
 /// One object of the input.
@@ -100,6 +113,22 @@ pub async fn sandbox(
         pools,
         Arc::new(Metrics::new()),
     ))
+}
+
+/// An allocator over an in-memory copy of each secondary network's claims, for
+/// [`Webhook::with_secondary`].
+pub async fn network_sandboxes(
+    networks: Vec<(Network, Vec<Claim>)>,
+) -> Result<SecondaryNetworks, ExplainError> {
+    let mut by_network = std::collections::BTreeMap::new();
+    for (network, claims) in networks {
+        let memory = MemoryLedger::new();
+        for claim in claims {
+            memory.create(claim.into()).await?;
+        }
+        by_network.insert(network, Arc::new(Allocator::new(Arc::new(memory)).await?));
+    }
+    Ok(SecondaryNetworks::new(by_network))
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -232,7 +261,9 @@ pub async fn explain(
         let existing = existing_pods(webhook, &pods, &template, &namespace);
         for replica in 0..count {
             if let Some(claims) = pods.existing(&existing, replica) {
-                outcome.replicas.push(existing_outcome(replica, claims));
+                outcome
+                    .replicas
+                    .push(existing_outcome(webhook, replica, claims));
                 continue;
             }
             let admitted = replica_outcome(webhook, &pods, &template, replica, &target).await?;
@@ -333,8 +364,36 @@ async fn object_pods(
     Ok((template, replicas.unwrap_or(default_count), naming))
 }
 
+/// What the holder of `claim` holds on each secondary network: its claims there of the same
+/// pod (by UID once bound, else by name) or VM.
+fn network_holdings(webhook: &Webhook, claim: &Claim) -> Vec<NetworkIps> {
+    let same_holder = |other: &Claim| {
+        other.locks_ip()
+            && other.pod.namespace == claim.pod.namespace
+            && match (&claim.vm, &claim.pod.uid) {
+                (Some(vm), _) => other.vm.as_deref() == Some(&**vm),
+                (None, Some(uid)) => other.pod.uid.as_ref() == Some(uid),
+                (None, None) => !claim.pod.name.is_empty() && other.pod.name == claim.pod.name,
+            }
+    };
+    webhook
+        .secondary
+        .iter()
+        .map(|(network, allocator)| NetworkIps {
+            network: network.to_string(),
+            ips: allocator
+                .claims()
+                .into_iter()
+                .filter(|other| same_holder(other))
+                .map(|other| other.ip)
+                .collect(),
+        })
+        .filter(|on| !on.ips.is_empty())
+        .collect()
+}
+
 /// A replica whose pod exists already: what it holds, and since when.
-fn existing_outcome(replica: u64, claims: &[Claim]) -> ReplicaOutcome {
+fn existing_outcome(webhook: &Webhook, replica: u64, claims: &[Claim]) -> ReplicaOutcome {
     let since = |c: &Claim| match c.release_at {
         Some(at) => format!(
             "already holds it ({:?} since {}; released at {} once the pod is gone)",
@@ -356,6 +415,7 @@ fn existing_outcome(replica: u64, claims: &[Claim]) -> ReplicaOutcome {
         why: claims.iter().map(since).collect(),
         existing: true,
         refused: None,
+        networks: network_holdings(webhook, &claims[0]),
     }
 }
 
@@ -410,6 +470,16 @@ async fn replica_outcome(
         outcome = if matches!(decision, PodDecision::Denied { .. }) { "denied" } else { "allowed" },
         "admission decision"
     );
+    let networks = match &decision {
+        PodDecision::Granted { networks, .. } => networks
+            .iter()
+            .map(|grant| NetworkIps {
+                network: grant.network.to_string(),
+                ips: grant.ips.clone(),
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
     let (allowed, ips, why, refused) = decision_outcome(decision, ordinal);
     Ok(ReplicaOutcome {
         replica,
@@ -419,6 +489,7 @@ async fn replica_outcome(
         why,
         existing: false,
         refused,
+        networks,
     })
 }
 
@@ -622,10 +693,14 @@ pub fn to_text(outcomes: &[ObjectOutcome]) -> String {
                 } else {
                     "REFUSED".to_string()
                 };
-                let why = match &r.refused {
+                let mut why = match &r.refused {
                     Some(message) => message.clone(),
                     None => r.why.join("; "),
                 };
+                for on in &r.networks {
+                    let ips: Vec<String> = on.ips.iter().map(IpAddr::to_string).collect();
+                    why.push_str(&format!("; on network {}: {}", on.network, ips.join(",")));
+                }
                 vec![format!("#{}", r.replica), r.pod.clone(), ips, why]
             })
             .collect();
