@@ -523,9 +523,14 @@ async fn with_kube_ovn_the_attachment_annotation_carries_the_ip_and_other_fields
     .unwrap();
     assert_eq!(
         entry,
-        json!([{"name": "storage", "namespace": "default", "interface": "net1",
+        json!([{"name": "storage", "interface": "net1",
                 "mac": "c2:b0:57:49:47:f1", "default-route": ["10.50.0.254"],
                 "ips": ["10.50.0.7/24"]}])
+    );
+    // and the element is written back as it was, `ips` added at its end
+    assert_eq!(
+        patched["metadata"]["annotations"][NETWORKS],
+        written.replace("]}]", r#"],"ips":["10.50.0.7/24"]}]"#)
     );
 }
 
