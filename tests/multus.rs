@@ -692,6 +692,16 @@ fn pod_with(app: &str, annotations: Value) -> Value {
     pod
 }
 
+/// `/mutate`'s answer to the CREATE of a pod of `app` with `annotations`, which must be
+/// `allowed` (or not).
+async fn admitted(server: &TestServer, app: &str, annotations: Value, allowed: bool) -> Value {
+    let response = server
+        .mutate(&create(app, pod_with(app, annotations)))
+        .await;
+    assert_eq!(response["allowed"], allowed, "{response}");
+    response
+}
+
 /// Multus reads the networks annotation with Go's `encoding/json`: keys match in any case and
 /// the last one wins, so these all attach `default/storage` on 10.50.0.1 and are another
 /// pod's IP; an IPv4-mapped `ips` entry is the same IPv4 address (the static IPAM configures
@@ -699,12 +709,8 @@ fn pod_with(app: &str, annotations: Value) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ip_is_one_claim_however_the_annotation_spells_it() {
     let server = TestServer::start(&["--network", "default/storage"]).await;
-    let holder = pod_with(
-        "db",
-        json!({NETWORKS: r#"[{"name":"storage","ips":["10.50.0.1/24"]}]"#}),
-    );
-    let held = server.mutate(&create("holder", holder)).await;
-    assert_eq!(held["allowed"], true, "{held}");
+    let holder = json!({NETWORKS: r#"[{"name":"storage","ips":["10.50.0.1/24"]}]"#});
+    admitted(&server, "db", holder, true).await;
     for (n, value) in [
         r#"[{"name":"unmanaged","Name":"storage","ips":["10.50.0.1/24"]}]"#,
         r#"[{"name":"storage","namespace":"other","Namespace":"default","ips":["10.50.0.1/24"]}]"#,
@@ -740,18 +746,10 @@ async fn an_ip_is_one_claim_however_the_annotation_spells_it() {
     }
     // alone, the IPv4-mapped form is the IPv4 address's claim: the holder's IP once given
     // back, it is taken again as 10.50.0.1, which a plain form then cannot have
-    let mapped = pod_with(
-        "web",
-        json!({NETWORKS: r#"[{"name":"storage","ips":["::ffff:10.50.0.2/120"]}]"#}),
-    );
-    let allowed = server.mutate(&create("mapped", mapped)).await;
-    assert_eq!(allowed["allowed"], true, "{allowed}");
-    let plain = pod_with(
-        "other",
-        json!({NETWORKS: r#"[{"name":"storage","ips":["10.50.0.2/24"]}]"#}),
-    );
-    let refused = server.mutate(&create("plain", plain)).await;
-    assert_eq!(refused["allowed"], false, "{refused}");
+    let mapped = json!({NETWORKS: r#"[{"name":"storage","ips":["::ffff:10.50.0.2/120"]}]"#});
+    admitted(&server, "web", mapped, true).await;
+    let plain = json!({NETWORKS: r#"[{"name":"storage","ips":["10.50.0.2/24"]}]"#});
+    let refused = admitted(&server, "other", plain, false).await;
     assert!(message(&refused).contains("10.50.0.2"), "{refused}");
 }
 
@@ -804,12 +802,8 @@ async fn what_multus_refuses_is_refused_at_admission() {
         );
     }
     // nothing was kept for any of them: the address is free
-    let fine = pod_with(
-        "web",
-        json!({NETWORKS: r#"[{"name":"storage","ips":["10.50.0.5/24"]}]"#}),
-    );
-    let allowed = server.mutate(&create("fine", fine)).await;
-    assert_eq!(allowed["allowed"], true, "{allowed}");
+    let fine = json!({NETWORKS: r#"[{"name":"storage","ips":["10.50.0.5/24"]}]"#});
+    admitted(&server, "web", fine, true).await;
 }
 
 /// With Kube-OVN, an attachment's IP written by hand in Kube-OVN's annotation (either kind:
@@ -862,12 +856,8 @@ async fn a_hand_written_kube_ovn_attachment_ip_is_a_static_request() {
         patched["metadata"]["annotations"].get(ovn).is_none(),
         "what the pod named by hand is not written over or added to: {patched}"
     );
-    let second = pod_with(
-        "other",
-        json!({NETWORKS: r#"[{"name":"storage","ips":["10.50.1.8/24"]}]"#}),
-    );
-    let refused = server.mutate(&create("second", second)).await;
-    assert_eq!(refused["allowed"], false, "{refused}");
+    let second = json!({NETWORKS: r#"[{"name":"storage","ips":["10.50.1.8/24"]}]"#});
+    admitted(&server, "other", second, false).await;
     // written in another form, it is kept as written
     let mapped = pod_with(
         "web",

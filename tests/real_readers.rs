@@ -324,7 +324,7 @@ fn known_cases() -> Vec<Value> {
     .to_vec();
     networks.extend([deep(9_998), deep(9_999)]);
     let mut cases: Vec<Value> = networks.iter().map(|v| case("networks", v)).collect();
-    for value in [
+    let calico: &[&str] = &[
         r#"["10.0.0.10"]"#,
         r#"["10.0.0.10","fd00::a"]"#,
         r#"[ "10.0.0.10" ]"#,
@@ -338,10 +338,8 @@ fn known_cases() -> Vec<Value> {
         "10.0.0.1",
         r#"["fe80::1%eth0"]"#,
         r#"["010.0.0.1"]"#,
-    ] {
-        cases.push(case("calico", value));
-    }
-    for value in [
+    ];
+    let ovn_ip_address: &[&str] = &[
         "10.0.0.10",
         "10.0.0.10,fd00::a",
         "10.0.0.10, fd00::a",
@@ -350,10 +348,8 @@ fn known_cases() -> Vec<Value> {
         "10.0.0.1,10.0.0.2",
         ",",
         "10.0.0.10,",
-    ] {
-        cases.push(case("ovn_ip_address", value));
-    }
-    for value in [
+    ];
+    let ovn_ip_pool: &[&str] = &[
         "10.0.0.1,10.0.0.2",
         "10.0.0.1,fd00::1;10.0.0.2,fd00::2",
         "10.0.0.1, fd00::1",
@@ -364,8 +360,13 @@ fn known_cases() -> Vec<Value> {
         "10.0.0.1;",
         "::ffff:10.0.0.1",
         "10.0.0.1;;10.0.0.2",
+    ];
+    for (kind, values) in [
+        ("calico", calico),
+        ("ovn_ip_address", ovn_ip_address),
+        ("ovn_ip_pool", ovn_ip_pool),
     ] {
-        cases.push(case("ovn_ip_pool", value));
+        cases.extend(values.iter().map(|value| case(kind, value)));
     }
     cases
 }

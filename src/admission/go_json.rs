@@ -310,24 +310,17 @@ impl<'a> Reader<'a> {
     /// Past one value of any kind, checked as JSON. With `as_float`, every number in it must
     /// fit a float64, as Go requires of a number it stores in an `interface{}`.
     pub fn skip(&mut self, as_float: bool) -> GoJson<()> {
-        let base = self.depth;
         // whether each open container is an object, innermost last
         let mut open: Vec<bool> = Vec::new();
         loop {
             let kind = self.peek()?;
             match kind {
                 Kind::Array | Kind::Object => {
-                    self.at += 1;
-                    self.enter()?;
-                    open.push(kind == Kind::Object);
-                    self.skip_space();
-                    let close = if kind == Kind::Object { b'}' } else { b']' };
-                    if self.bytes().get(self.at) == Some(&close) {
-                        self.at += 1;
-                        self.depth -= 1;
-                        open.pop();
-                    } else {
-                        if kind == Kind::Object {
+                    let object = kind == Kind::Object;
+                    let (start, end) = if object { (b'{', b'}') } else { (b'[', b']') };
+                    if !self.open(start, end)? {
+                        open.push(object);
+                        if object {
                             self.member_key()?;
                         }
                         continue;
@@ -346,27 +339,16 @@ impl<'a> Reader<'a> {
             }
             // after a value: close what ends here, or go on to the next member or item
             loop {
-                let Some(&in_object) = open.last() else {
-                    debug_assert_eq!(self.depth, base);
+                let Some(&object) = open.last() else {
                     return Ok(());
                 };
-                self.skip_space();
-                let close = if in_object { b'}' } else { b']' };
-                match self.bytes().get(self.at) {
-                    Some(b',') => {
-                        self.at += 1;
-                        if in_object {
-                            self.member_key()?;
-                        }
-                        break;
+                if !self.after_item(if object { b'}' } else { b']' })? {
+                    if object {
+                        self.member_key()?;
                     }
-                    Some(&b) if b == close => {
-                        self.at += 1;
-                        self.depth -= 1;
-                        open.pop();
-                    }
-                    _ => return self.error(format!("expected ',' or {:?}", close as char)),
+                    break;
                 }
+                open.pop();
             }
         }
     }
@@ -382,6 +364,40 @@ impl<'a> Reader<'a> {
         Ok(key)
     }
 
+    /// Past the `open` of a container at the cursor, one level deeper; `true` when it closes
+    /// at once (and is left).
+    fn open(&mut self, open: u8, close: u8) -> GoJson<bool> {
+        self.expect(open)?;
+        self.enter()?;
+        self.skip_space();
+        Ok(self.closes(close))
+    }
+
+    /// Whether the container ends at the cursor with `close` (then left, one level up).
+    fn closes(&mut self, close: u8) -> bool {
+        if self.bytes().get(self.at) == Some(&close) {
+            self.at += 1;
+            self.depth -= 1;
+            return true;
+        }
+        false
+    }
+
+    /// After a member or item: `true` past the container's `close`, `false` past a `,`.
+    fn after_item(&mut self, close: u8) -> GoJson<bool> {
+        self.skip_space();
+        if self.closes(close) {
+            return Ok(true);
+        }
+        match self.bytes().get(self.at) {
+            Some(b',') => {
+                self.at += 1;
+                Ok(false)
+            }
+            _ => self.error(format!("expected ',' or {:?}", close as char)),
+        }
+    }
+
     /// Read an object at the cursor: `member` is called with each key, the cursor at its value,
     /// and must read or skip that value. Returns the object's span.
     pub fn object(
@@ -390,15 +406,8 @@ impl<'a> Reader<'a> {
     ) -> GoJson<Range<usize>> {
         self.skip_space();
         let start = self.at;
-        self.expect(b'{')?;
-        self.enter()?;
-        self.skip_space();
-        if self.bytes().get(self.at) == Some(&b'}') {
-            self.at += 1;
-            self.depth -= 1;
-            return Ok(start..self.at);
-        }
-        loop {
+        let mut done = self.open(b'{', b'}')?;
+        while !done {
             self.skip_space();
             let key_start = self.at;
             let key = self.member_key()?;
@@ -409,43 +418,20 @@ impl<'a> Reader<'a> {
                     start: key_start,
                 },
             )?;
-            self.skip_space();
-            match self.bytes().get(self.at) {
-                Some(b',') => self.at += 1,
-                Some(b'}') => {
-                    self.at += 1;
-                    self.depth -= 1;
-                    return Ok(start..self.at);
-                }
-                _ => return self.error("expected ',' or '}'"),
-            }
+            done = self.after_item(b'}')?;
         }
+        Ok(start..self.at)
     }
 
     /// Read a list at the cursor: `item` is called with the cursor at each item's value, and
     /// must read or skip it.
     pub fn array(&mut self, mut item: impl FnMut(&mut Reader<'a>) -> GoJson<()>) -> GoJson<()> {
-        self.expect(b'[')?;
-        self.enter()?;
-        self.skip_space();
-        if self.bytes().get(self.at) == Some(&b']') {
-            self.at += 1;
-            self.depth -= 1;
-            return Ok(());
-        }
-        loop {
+        let mut done = self.open(b'[', b']')?;
+        while !done {
             item(self)?;
-            self.skip_space();
-            match self.bytes().get(self.at) {
-                Some(b',') => self.at += 1,
-                Some(b']') => {
-                    self.at += 1;
-                    self.depth -= 1;
-                    return Ok(());
-                }
-                _ => return self.error("expected ',' or ']'"),
-            }
+            done = self.after_item(b']')?;
         }
+        Ok(())
     }
 
     /// `null` at the cursor is read and gives `true`; anything else is left for the caller.
