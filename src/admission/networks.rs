@@ -292,12 +292,8 @@ pub fn carried_on(
             }
         }
     }
-    let mut seen = Vec::with_capacity(ips.len());
-    ips.retain(|ip| {
-        let new = !seen.contains(ip);
-        seen.push(*ip);
-        new
-    });
+    let mut seen = std::collections::HashSet::with_capacity(ips.len());
+    ips.retain(|ip| seen.insert(*ip));
     ips
 }
 

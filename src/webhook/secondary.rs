@@ -118,11 +118,19 @@ pub fn asks(webhook: &Webhook, view: &PodView<'_>) -> Result<Option<NetworkAsks>
         pod: view.display(),
         message,
     };
+    // the managed networks' attachments, each network's first two at most: a second is
+    // refused below, and more need not be held
+    let mut kept: Vec<(String, String)> = Vec::new();
     let managed = |a: &Attachment| {
-        webhook
-            .secondary
+        let held = kept
             .iter()
-            .any(|(network, _)| a.attaches(network))
+            .filter(|(namespace, name)| *namespace == a.namespace && *name == a.name)
+            .count();
+        let keep = held < 2 && webhook.secondary.iter().any(|(n, _)| a.attaches(n));
+        if keep {
+            kept.push((a.namespace.clone(), a.name.clone()));
+        }
+        keep
     };
     let attachments = read_networks(
         meta.annotation(NETWORKS).unwrap_or(""),
