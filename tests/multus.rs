@@ -73,21 +73,24 @@ fn web_pod() -> Value {
 }
 
 /// The IPs the networks annotation of `pod` gives each network, read by Multus's rules; and
-/// the real `static` IPAM plugin, given each entry's `ips` as Multus passes them, configures
-/// exactly those.
+/// the real `static` IPAM plugin, given each entry's `ips` as written (as Multus passes them),
+/// configures exactly those.
 fn network_ips(pod: &Value) -> Vec<(String, String, Vec<String>)> {
     let value = pod["metadata"]["annotations"][NETWORKS].as_str().unwrap();
+    let written: Value = serde_json::from_str(value).unwrap_or(Value::Null);
     parse_networks(value, "default")
         .unwrap()
         .into_iter()
-        .map(|a| {
+        .enumerate()
+        .map(|(n, a)| {
             let ips: Vec<String> = a
                 .ips
                 .iter()
                 .map(|(ip, p)| format!("{ip}/{}", p.unwrap()))
                 .collect();
-            if !ips.is_empty() {
-                common::cni::assert_static_configures(&ips);
+            if let Some(texts) = written[n]["ips"].as_array().filter(|t| !t.is_empty()) {
+                let texts: Vec<&str> = texts.iter().map(|t| t.as_str().unwrap()).collect();
+                common::cni::assert_static_configures(&texts, &ips);
             }
             (a.name.clone(), a.interface.clone().unwrap_or_default(), ips)
         })
@@ -695,10 +698,13 @@ fn pod_with(app: &str, annotations: Value) -> Value {
 /// `/mutate`'s answer to the CREATE of a pod of `app` with `annotations`, which must be
 /// `allowed` (or not).
 async fn admitted(server: &TestServer, app: &str, annotations: Value, allowed: bool) -> Value {
-    let response = server
-        .mutate(&create(app, pod_with(app, annotations)))
-        .await;
+    let pod = pod_with(app, annotations);
+    let response = server.mutate(&create(app, pod.clone())).await;
     assert_eq!(response["allowed"], allowed, "{response}");
+    if allowed {
+        // what it asks of the static IPAM, by hand or from us, is what it holds
+        network_ips(&apply(&pod, &response));
+    }
     response
 }
 

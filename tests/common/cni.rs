@@ -71,14 +71,14 @@ pub fn static_ipam(ips: &[&str]) -> Result<Vec<String>, String> {
         .collect())
 }
 
-/// Assert that the `static` IPAM configures exactly `ips` (as written in `ips`, `ip/prefix`)
-/// when Multus passes it those, in order: what ip-webhook writes is what the pod gets.
-pub fn assert_static_configures(ips: &[String]) {
-    let texts: Vec<&str> = ips.iter().map(String::as_str).collect();
-    let configured = static_ipam(&texts)
-        .unwrap_or_else(|refusal| panic!("the static IPAM refuses {ips:?}: {refusal}"));
+/// Assert that the `static` IPAM, given the `ips` entries `written` as Multus passes them,
+/// configures exactly `read` (each `ip/prefix`, in order): what ip-webhook reads of an entry,
+/// or writes, is what the pod gets.
+pub fn assert_static_configures(written: &[&str], read: &[String]) {
+    let configured = static_ipam(written)
+        .unwrap_or_else(|refusal| panic!("the static IPAM refuses {written:?}: {refusal}"));
     assert_eq!(
-        &configured, ips,
-        "the static IPAM configures other addresses than the ones written"
+        configured, read,
+        "the static IPAM configures other addresses from {written:?} than ip-webhook reads"
     );
 }
