@@ -118,26 +118,7 @@ pub fn asks(webhook: &Webhook, view: &PodView<'_>) -> Result<Option<NetworkAsks>
         pod: view.display(),
         message,
     };
-    // the managed networks' attachments, each network's first two at most: a second is
-    // refused below, and more need not be held
-    let mut kept: Vec<(String, String)> = Vec::new();
-    let managed = |a: &Attachment| {
-        let held = kept
-            .iter()
-            .filter(|(namespace, name)| *namespace == a.namespace && *name == a.name)
-            .count();
-        let keep = held < 2 && webhook.secondary.iter().any(|(n, _)| a.attaches(n));
-        if keep {
-            kept.push((a.namespace.clone(), a.name.clone()));
-        }
-        keep
-    };
-    let attachments = read_networks(
-        meta.annotation(NETWORKS).unwrap_or(""),
-        &view.namespace,
-        managed,
-    )
-    .map_err(malformed)?;
+    let attachments = managed_attachments(webhook, view).map_err(malformed)?;
     for (network, _) in webhook.secondary.iter() {
         let key = list_annotation(network);
         let attached = attachments.iter().any(|a| a.attaches(network));
@@ -189,6 +170,28 @@ pub fn asks(webhook: &Webhook, view: &PodView<'_>) -> Result<Option<NetworkAsks>
         namespace: view.namespace.to_string(),
         asks,
     }))
+}
+
+/// The pod's attachments of the managed networks, each network's first two at most (a second
+/// is refused, and more need not be held), its networks annotation checked whole.
+fn managed_attachments(
+    webhook: &Webhook,
+    view: &PodView<'_>,
+) -> Result<Vec<Attachment>, AnnotationError> {
+    let mut kept: Vec<(String, String)> = Vec::new();
+    let managed = |a: &Attachment| {
+        let held = kept
+            .iter()
+            .filter(|(namespace, name)| *namespace == a.namespace && *name == a.name)
+            .count();
+        let keep = held < 2 && webhook.secondary.iter().any(|(n, _)| a.attaches(n));
+        if keep {
+            kept.push((a.namespace.clone(), a.name.clone()));
+        }
+        keep
+    };
+    let value = view.meta.annotation(NETWORKS).unwrap_or("");
+    read_networks(value, &view.namespace, managed)
 }
 
 fn parse_list(
