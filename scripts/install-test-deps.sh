@@ -18,6 +18,11 @@ command -v faketime >/dev/null || need_apt+=(faketime)
 command -v setpriv >/dev/null || need_apt+=(util-linux)
 # actionlint runs shellcheck on the workflows' `run:` scripts
 command -v shellcheck >/dev/null || need_apt+=(shellcheck)
+# go: tests/real_readers.rs builds tests/oracle/go, which reads the CNI annotations with Go's
+# encoding/json and net, as Multus, Calico and Kube-OVN do
+command -v go >/dev/null || need_apt+=(golang-go)
+# the real `static` IPAM plugin, run by tests/real_readers.rs on every `ips` ip-webhook writes
+[ -x /usr/lib/cni/static ] || need_apt+=(containernetworking-plugins)
 if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
 fi

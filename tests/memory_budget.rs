@@ -275,3 +275,103 @@ async fn a_held_claim_stays_within_its_resident_memory_budget() {
         "{per_claim} bytes of RSS per held claim ({empty_kib} KiB empty, {full_kib} KiB with {HELD_CLAIMS}), past {CLAIM_BUDGET_BYTES}"
     );
 }
+
+/// A dry-run CREATE as large as the server takes (6.5 MiB), nearly all of it the pod's
+/// `k8s.v1.cni.cncf.io/networks`: an attachment of `default/storage` that asks for an IP from
+/// its list, among 80,000 attachments of other networks with the fields Multus reads.
+fn networks_review(uid: &str) -> Vec<u8> {
+    const BODY: usize = 6_500_000;
+    let mut networks = String::with_capacity(BODY);
+    networks.push_str(r#"[{"name":"storage","interface":"net1"}"#);
+    // its size as the review carries it, each quote escaped
+    let mut escaped = networks.len() + networks.matches('"').count();
+    for n in 0.. {
+        if escaped > BODY - 2_000 {
+            break;
+        }
+        let element = format!(
+            r#",{{"name":"n{n}","ips":["10.9.{}.{}/16"],"cni-args":{{"k":[1,2,3,4,5,6,7,8]}}}}"#,
+            n / 250 % 250,
+            n % 250 + 1
+        );
+        escaped += element.len() + element.matches('"').count();
+        networks.push_str(&element);
+    }
+    networks.push(']');
+    let mut pod = pod("default", "web", "web-", None);
+    pod["metadata"]["annotations"] = serde_json::json!({
+        "k8s.v1.cni.cncf.io/networks": networks,
+        "storage.default.ip-webhook.io/allocatable-ips": "10.50.0.1-10.50.0.9",
+        "storage.default.ip-webhook.io/prefix-length": "24",
+    });
+    serde_json::to_vec(&review("v1", uid, "CREATE", Some(pod), None, true)).unwrap()
+}
+
+/// Peak RSS over idle (KiB) of a server started with `args` through one such review, then
+/// four at once.
+async fn networks_review_peaks(args: &[&str], state: &std::path::Path) -> (u64, u64, u64) {
+    let dir = state.to_str().unwrap();
+    let mut all = vec!["--state-dir", dir, "--ledger", "embedded"];
+    all.extend_from_slice(args);
+    let server = BinaryServer::start(&all);
+    let pid = server.child.id();
+    let ca = std::fs::read(state.join("ca.crt")).unwrap();
+    let config = common::client_config(&ca);
+    let mut warm = Connection::open(&server, config.clone()).await;
+    let small = serde_json::to_vec(&review(
+        "v1",
+        "warm",
+        "CREATE",
+        Some(pod("flood", "web", "web-", Some("10.1.0.1"))),
+        None,
+        true,
+    ))
+    .unwrap();
+    assert_eq!(warm.mutate(small).await["allowed"], true);
+    let idle = memory_kib(pid, "VmRSS");
+    let body = networks_review("one");
+    let answer = warm.mutate(body.clone()).await;
+    assert_eq!(
+        answer["allowed"],
+        true,
+        "{}",
+        answer.to_string().chars().take(300).collect::<String>()
+    );
+    let one = memory_kib(pid, "VmHWM");
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let mut connection = Connection::open(&server, config.clone()).await;
+        let body = body.clone();
+        tasks.push(tokio::spawn(async move {
+            connection.mutate(body).await["allowed"] == true
+        }));
+    }
+    for task in tasks {
+        assert!(task.await.unwrap());
+    }
+    let four = memory_kib(pid, "VmHWM");
+    (idle, one.saturating_sub(idle), four.saturating_sub(idle))
+}
+
+/// The networks annotation is read without a value tree and written back only where it
+/// changes: with `--network`, the 6.5 MiB review stays within the budget the same review
+/// has without it (where the annotation is not read at all), plus the annotation written
+/// back in the patch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_networks_annotation_stays_within_the_primary_paths_budget() {
+    let plain = tempfile::tempdir().unwrap();
+    let (idle, plain_one, plain_four) = networks_review_peaks(&[], plain.path()).await;
+    let networks = tempfile::tempdir().unwrap();
+    let (network_idle, one, four) =
+        networks_review_peaks(&["--network", "default/storage"], networks.path()).await;
+    eprintln!(
+        "peak RSS over idle: without --network (idle {idle} KiB) one review {plain_one} KiB, four at once {plain_four} KiB; with it (idle {network_idle} KiB) {one} KiB, {four} KiB"
+    );
+    // each review's answer holds the annotation again, in its JSON Patch and base64: twice
+    // its size, per review in flight
+    let written_back = 2 * 6_500 * 4;
+    assert!(
+        four <= plain_four + written_back && one <= plain_one + written_back / 4,
+        "with --network the review peaks {one} KiB (one) and {four} KiB (four at once) over idle, past the {plain_one} and {plain_four} KiB without it plus {written_back} KiB of written-back annotation"
+    );
+}

@@ -72,18 +72,26 @@ fn web_pod() -> Value {
     })
 }
 
-/// The IPs the networks annotation of `pod` gives each network, read by Multus's rules.
+/// The IPs the networks annotation of `pod` gives each network, read by Multus's rules; and
+/// the real `static` IPAM plugin, given each entry's `ips` as written (as Multus passes them),
+/// configures exactly those.
 fn network_ips(pod: &Value) -> Vec<(String, String, Vec<String>)> {
     let value = pod["metadata"]["annotations"][NETWORKS].as_str().unwrap();
+    let written: Value = serde_json::from_str(value).unwrap_or(Value::Null);
     parse_networks(value, "default")
         .unwrap()
         .into_iter()
-        .map(|a| {
-            let ips = a
+        .enumerate()
+        .map(|(n, a)| {
+            let ips: Vec<String> = a
                 .ips
                 .iter()
                 .map(|(ip, p)| format!("{ip}/{}", p.unwrap()))
                 .collect();
+            if let Some(texts) = written[n]["ips"].as_array().filter(|t| !t.is_empty()) {
+                let texts: Vec<&str> = texts.iter().map(|t| t.as_str().unwrap()).collect();
+                common::cni::assert_static_configures(&texts, &ips);
+            }
             (a.name.clone(), a.interface.clone().unwrap_or_default(), ips)
         })
         .collect()
@@ -372,7 +380,6 @@ async fn the_embedded_ledger_keeps_each_networks_claims_apart_across_a_restart()
     });
     let response = server.mutate(&create("db", db.clone())).await;
     assert_eq!(network_ips(&apply(&db, &response))[0].2, ["10.70.0.5/16"]);
-    let mut db = db;
     server.launched.shutdown().await;
     assert!(state.path().join("networks/default.storage").is_dir());
     // `status --network` shows that network's books, `status` the primary interface's
@@ -554,9 +561,14 @@ async fn with_kube_ovn_the_attachment_annotation_carries_the_ip_and_other_fields
     .unwrap();
     assert_eq!(
         entry,
-        json!([{"name": "storage", "namespace": "default", "interface": "net1",
+        json!([{"name": "storage", "interface": "net1",
                 "mac": "c2:b0:57:49:47:f1", "default-route": ["10.50.0.254"],
                 "ips": ["10.50.0.7/24"]}])
+    );
+    // and the element is written back as it was, `ips` added at its end
+    assert_eq!(
+        patched["metadata"]["annotations"][NETWORKS],
+        written.replace("]}]", r#"],"ips":["10.50.0.7/24"]}]"#)
     );
 }
 
@@ -967,4 +979,251 @@ async fn an_update_cannot_name_another_pods_network_ip() {
             message(&answer)
         );
     }
+}
+
+/// A pod of app `app` with `annotations` (the networks annotation among them).
+fn pod_with(app: &str, annotations: Value) -> Value {
+    let mut pod = common::pod("default", app, &format!("{app}-"), None);
+    pod["metadata"]["annotations"] = annotations;
+    pod
+}
+
+/// `/mutate`'s answer to the CREATE of a pod of `app` with `annotations`, which must be
+/// `allowed` (or not).
+async fn admitted(server: &TestServer, app: &str, annotations: Value, allowed: bool) -> Value {
+    let pod = pod_with(app, annotations);
+    let response = server.mutate(&create(app, pod.clone())).await;
+    assert_eq!(response["allowed"], allowed, "{response}");
+    if allowed {
+        // what it asks of the static IPAM, by hand or from us, is what it holds
+        network_ips(&apply(&pod, &response));
+    }
+    response
+}
+
+/// Multus reads the networks annotation with Go's `encoding/json`: keys match in any case and
+/// the last one wins, so these all attach `default/storage` on 10.50.0.1 and are another
+/// pod's IP; an IPv4-mapped `ips` entry is the same IPv4 address (the static IPAM configures
+/// it so). Refused at `/mutate` and, for a pod that skipped it, at `/validate`, naming both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ip_is_one_claim_however_the_annotation_spells_it() {
+    let server = TestServer::start(&["--network", "default/storage"]).await;
+    let holder = json!({NETWORKS: r#"[{"name":"storage","ips":["10.50.0.1/24"]}]"#});
+    admitted(&server, "db", holder, true).await;
+    for (n, value) in [
+        r#"[{"name":"unmanaged","Name":"storage","ips":["10.50.0.1/24"]}]"#,
+        r#"[{"name":"storage","namespace":"other","Namespace":"default","ips":["10.50.0.1/24"]}]"#,
+        r#"[{"name":"storage","IPS":["10.50.0.1/24"]}]"#,
+        r#"[{"name":"storage","ips":["10.50.0.9/24"],"iPs":["10.50.0.1/24"]}]"#,
+        r#"[{"n\u0061me":"storage","ip\u017f":["10.50.0.1/24"]}]"#,
+        r#"[{"name":"storage","ips":["::ffff:10.50.0.1/120"]}]"#,
+        r#"[{"name":"storage","ips":["::ffff:10.50.0.1/24"]}]"#,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let thief = pod_with("web", json!({NETWORKS: value}));
+        for (what, response) in [
+            (
+                "mutate",
+                server
+                    .mutate(&create(&format!("m-{n}"), thief.clone()))
+                    .await,
+            ),
+            (
+                "validate",
+                server.validate(&create(&format!("v-{n}"), thief)).await,
+            ),
+        ] {
+            assert_eq!(response["allowed"], false, "{what} {value}: {response}");
+            let text = message(&response);
+            assert!(
+                text.contains("10.50.0.1") && text.contains("network default/storage"),
+                "{what} {value}: {text}"
+            );
+        }
+    }
+    // alone, the IPv4-mapped form is the IPv4 address's claim: the holder's IP once given
+    // back, it is taken again as 10.50.0.1, which a plain form then cannot have
+    let mapped = json!({NETWORKS: r#"[{"name":"storage","ips":["::ffff:10.50.0.2/120"]}]"#});
+    admitted(&server, "web", mapped, true).await;
+    let plain = json!({NETWORKS: r#"[{"name":"storage","ips":["10.50.0.2/24"]}]"#});
+    let refused = admitted(&server, "other", plain, false).await;
+    assert!(message(&refused).contains("10.50.0.2"), "{refused}");
+}
+
+/// What Multus's parser (or Go's `Unmarshal` before it) refuses, Multus never starts: it is
+/// refused at admission with what is wrong, and no claim is kept for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_multus_refuses_is_refused_at_admission() {
+    let server = TestServer::start(&["--network", "default/storage"]).await;
+    for (value, expected) in [
+        (
+            r#"[{"name":"net1","infiniband-guid":"not-a-guid"}]"#,
+            "infiniband-guid \"not-a-guid\" is not a MAC address",
+        ),
+        (
+            r#"[{"name":"storage","infiniband-guid":"not-a-guid","ips":["10.50.0.5/24"]}]"#,
+            "infiniband-guid",
+        ),
+        (
+            r#"[{"name":"storage","mac":"c2:b0:57:49:47","ips":["10.50.0.5/24"]}]"#,
+            "not a MAC address",
+        ),
+        (
+            r#"[{"name":"storage","ips":["10.50.0.5/24"],"portMappings":[{"hostPort":"80"}]}]"#,
+            "not an integer",
+        ),
+        (
+            r#"[{"name":"storage","ips":["10.50.0.5/24"],"default-route":["gw"]}]"#,
+            "not an IP address",
+        ),
+        (
+            r#"[{"name":"storage","ips":["10.50.0.5/24"]},null]"#,
+            "null",
+        ),
+        (
+            r#"[{"name":"storage","ips":["10.50.0.5/24 "]}]"#,
+            "not an IP address or a CIDR",
+        ),
+    ] {
+        let pod = pod_with(
+            "web",
+            json!({NETWORKS: value, "storage.default.ip-webhook.io/allocatable-ips": "10.50.0.5",
+                   "storage.default.ip-webhook.io/prefix-length": "24"}),
+        );
+        let response = server.mutate(&create("bad", pod)).await;
+        assert_eq!(response["allowed"], false, "{value}: {response}");
+        let text = message(&response);
+        assert!(
+            text.contains(expected) && text.contains(NETWORKS),
+            "{value}: {text}"
+        );
+    }
+    // nothing was kept for any of them: the address is free
+    let fine = json!({NETWORKS: r#"[{"name":"storage","ips":["10.50.0.5/24"]}]"#});
+    admitted(&server, "web", fine, true).await;
+}
+
+/// With Kube-OVN, an attachment's IP written by hand in Kube-OVN's annotation (either kind:
+/// `NAME.NAMESPACE.ovn.kubernetes.io/ip_address`, or `NAME.NAMESPACE.kubernetes.io/ip_address`
+/// of an IPAM-only attachment) is a static request on that network, as the primary
+/// `ovn.kubernetes.io/ip_address` is: checked, recorded, never overwritten.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_written_kube_ovn_attachment_ip_is_a_static_request() {
+    let server = TestServer::start(&["--cni", "kube-ovn", "--network", "default/storage"]).await;
+    let ovn = "storage.default.ovn.kubernetes.io/ip_address";
+    let ipam_only = "storage.default.kubernetes.io/ip_address";
+    // ours: from a list, written in both kinds of Kube-OVN's annotation
+    let listed = pod_with(
+        "db",
+        json!({NETWORKS: "storage@net1", "storage.default.ip-webhook.io/allocatable-ips": "10.50.1.7"}),
+    );
+    let response = server.mutate(&create("listed", listed.clone())).await;
+    assert_eq!(response["allowed"], true, "{response}");
+    let patched = apply(&listed, &response);
+    for key in [ovn, ipam_only] {
+        assert_eq!(
+            patched["metadata"]["annotations"][key], "10.50.1.7",
+            "{key}: {patched}"
+        );
+    }
+    // another pod naming it by hand, in either annotation, is refused naming both
+    for key in [ovn, ipam_only] {
+        let thief = pod_with("web", json!({NETWORKS: "storage", key: "10.50.1.7"}));
+        for (what, response) in [
+            ("mutate", server.mutate(&create("m", thief.clone())).await),
+            ("validate", server.validate(&create("v", thief)).await),
+        ] {
+            assert_eq!(response["allowed"], false, "{what} {key}: {response}");
+            let text = message(&response);
+            assert!(
+                text.contains("10.50.1.7")
+                    && text.contains("network default/storage")
+                    && text.contains("db"),
+                "{what} {key}: {text}"
+            );
+        }
+    }
+    // a hand-written one is recorded: the next pod cannot have it
+    let hand = pod_with("web", json!({NETWORKS: "storage", ipam_only: "10.50.1.8"}));
+    let response = server.mutate(&create("hand", hand.clone())).await;
+    assert_eq!(response["allowed"], true, "{response}");
+    let patched = apply(&hand, &response);
+    assert_eq!(patched["metadata"]["annotations"][ipam_only], "10.50.1.8");
+    assert!(
+        patched["metadata"]["annotations"].get(ovn).is_none(),
+        "what the pod named by hand is not written over or added to: {patched}"
+    );
+    let second = json!({NETWORKS: r#"[{"name":"storage","ips":["10.50.1.8/24"]}]"#});
+    admitted(&server, "other", second, false).await;
+    // written in another form, it is kept as written
+    let mapped = pod_with(
+        "web",
+        json!({NETWORKS: "storage", ovn: "::ffff:10.50.1.9",
+               "storage.default.ip-webhook.io/allocatable-ips": "10.50.1.9-10.50.1.10"}),
+    );
+    let response = server.mutate(&create("mapped", mapped.clone())).await;
+    assert_eq!(response["allowed"], true, "{response}");
+    assert_eq!(
+        apply(&mapped, &response)["metadata"]["annotations"][ovn],
+        "::ffff:10.50.1.9"
+    );
+    // outside the pod's list, or unreadable as Kube-OVN reads it: refused
+    for (value, expected) in [("10.50.1.20", "10.50.1.20"), ("10.50.1.11 ", ovn)] {
+        let pod = pod_with(
+            "web",
+            json!({NETWORKS: "storage", ovn: value,
+                   "storage.default.ip-webhook.io/allocatable-ips": "10.50.1.11-10.50.1.12"}),
+        );
+        let response = server.mutate(&create("bad", pod)).await;
+        assert_eq!(response["allowed"], false, "{value}: {response}");
+        assert!(message(&response).contains(expected), "{value}: {response}");
+    }
+}
+
+/// A Kube-OVN network IP needs no prefix length; its pod carries it in Kube-OVN's attachment
+/// annotation, which the cluster's readings (the `/validate` that binds the claim, the watches
+/// and the leak sweeper) read as admission does: the claim is bound to the pod and kept while
+/// it runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kube_ovn_network_ip_without_a_prefix_is_bound_and_kept_while_its_pod_runs() {
+    let fake = FakeApi::start();
+    let client = fake.install_crds().await;
+    create_attachments(&client).await;
+    install_crd_fixture(&client, "kube-ovn-crds.yaml").await;
+    let mut args = vec!["--cni", "kube-ovn", "--network", "default/storage"];
+    // the timings of replica_args(), without its second network
+    args.extend(replica_args().into_iter().skip(4));
+    let server = fake.replica(&args).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let claims: Api<IPClaim> = Api::all(client.clone());
+    let object = pod_with(
+        "db",
+        json!({NETWORKS: "storage@net1", "storage.default.ip-webhook.io/allocatable-ips": "10.50.1.7"}),
+    );
+    let response = server.mutate(&create("db", object.clone())).await;
+    assert_eq!(response["allowed"], true, "{response}");
+    let pod = persist_pod(&pods, apply(&object, &response), "db-0").await;
+    let validated = server
+        .validate(&create("v-db", serde_json::to_value(&pod).unwrap()))
+        .await;
+    assert_eq!(validated["allowed"], true, "{validated}");
+    let name = "10.50.1.7.storage.default";
+    let bound = claim(&claims, name).await.expect("the network's claim");
+    assert_eq!(bound.spec.pod_uid, pod.metadata.uid, "bound to the pod");
+    assert_eq!(bound.spec.pod_name, pod.metadata.name.clone().unwrap());
+    assert_eq!(bound.status.as_ref().unwrap().phase, "Bound");
+    // past the reservation TTL and a few resyncs and sweeps, the running pod keeps it
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let kept = claim(&claims, name)
+        .await
+        .expect("the claim of a running pod is kept");
+    assert_eq!(kept.spec.pod_uid, pod.metadata.uid);
+    let next = pod_with(
+        "db",
+        json!({NETWORKS: "storage@net1", "storage.default.ip-webhook.io/allocatable-ips": "10.50.1.7"}),
+    );
+    let refused = server.mutate(&create("next", next)).await;
+    assert_eq!(refused["allowed"], false, "{refused}");
 }

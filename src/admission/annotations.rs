@@ -73,6 +73,13 @@ pub enum AnnotationError {
     /// ([`super::networks`]).
     #[error("k8s.v1.cni.cncf.io/networks {value:?}: {reason}")]
     Networks { value: String, reason: String },
+    /// Kube-OVN's annotation of an attachment's IP
+    /// ([`super::networks::kube_ovn_ip_annotations`]) that does not parse.
+    #[error("annotation {key}: {error}")]
+    Attachment {
+        key: String,
+        error: Box<AnnotationError>,
+    },
     /// An annotation of [`IP_ANNOTATIONS`] that does not parse.
     #[error("annotation {key}: {error}")]
     Annotation {
@@ -274,12 +281,18 @@ pub fn parse_ovn_ip_address(value: &str) -> Result<Vec<IpAddr>, AnnotationError>
     parse_one_per_family(value.split(','), value)
 }
 
-/// One item as Go's `net.ParseIP` reads it: exactly as written (no trimming), and an
-/// IPv4-mapped IPv6 address (`::ffff:10.0.0.5`) is that IPv4 address (`To4()` is non-nil), so
-/// it is returned as IPv4: one address has one identity in the ledger, conflicts and labels.
+/// An IP as Go's `net.ParseIP` reads it, which every CNI and Multus use: exactly as written (no
+/// trimming, no zone), and an IPv4-mapped IPv6 address (`::ffff:10.0.0.5`) is that IPv4
+/// address (`To4()` is non-nil), so it is returned as IPv4: one address has one identity in
+/// the ledger, conflicts and labels. `tests/real_readers.rs` holds it to Go's.
+pub fn go_parse_ip(text: &str) -> Option<IpAddr> {
+    IpAddr::from_str(text).ok().map(|ip| ip.to_canonical())
+}
+
+/// One item of a CNI's list as [`go_parse_ip`] reads it, or why not.
 fn parse_cni_ip(item: &str, whole: &str) -> Result<IpAddr, AnnotationError> {
-    if let Ok(ip) = IpAddr::from_str(item) {
-        return Ok(ip.to_canonical());
+    if let Some(ip) = go_parse_ip(item) {
+        return Ok(ip);
     }
     let trimmed = item.trim();
     if trimmed != item && IpAddr::from_str(trimmed).is_ok() {

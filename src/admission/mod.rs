@@ -7,6 +7,7 @@
 //! base64 string the API documents.
 
 pub mod annotations;
+mod go_json;
 pub mod networks;
 pub mod patch;
 

@@ -9,7 +9,7 @@
 //! `kube_runtime::watcher` with its backoff.
 
 use crate::admission::annotations::{CLAIM_TOKEN, carried_ips};
-use crate::admission::networks::{NETWORKS, parse_networks};
+use crate::admission::networks::pod_network_ips;
 use crate::crd::{IPClaim, IPPool};
 use crate::ipam::allocator::Allocator;
 use crate::ipam::pools::{Pool, PoolCatalog, PoolError};
@@ -43,17 +43,12 @@ pub fn pod_info(meta: &ObjectMeta, app_label: &str) -> Option<PodInfo> {
     pod_info_with(meta, app_label, ips)
 }
 
-/// The compact record of a pod as a secondary network's books see it: the IPs its networks
-/// annotation names on `network`; `None` when it names none.
+/// The compact record of a pod as a secondary network's books see it: the IPs it carries on
+/// `network` ([`crate::admission::networks::carried_on`], the reading admission and DELETE
+/// use); `None` when it carries none.
 pub fn network_pod_info(meta: &ObjectMeta, app_label: &str, network: &Network) -> Option<PodInfo> {
     let namespace = meta.namespace.as_deref().unwrap_or_default();
-    let value = meta.annotations.as_ref()?.get(NETWORKS)?;
-    let ips = parse_networks(value, namespace)
-        .ok()?
-        .into_iter()
-        .filter(|a| a.namespace == network.namespace && a.name == network.name)
-        .flat_map(|a| a.ips.into_iter().map(|(ip, _)| ip))
-        .collect();
+    let (_, ips) = pod_network_ips(meta.annotations.as_ref(), namespace, [network])?.pop()?;
     pod_info_with(meta, app_label, ips)
 }
 

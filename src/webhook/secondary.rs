@@ -9,17 +9,21 @@
 //! `NAME.NAMESPACE.ip-webhook.io/allocatable-ips`; the chosen IP is written in the `ips` of
 //! that network's entry in `k8s.v1.cni.cncf.io/networks` (with the prefix length of
 //! `NAME.NAMESPACE.ip-webhook.io/prefix-length`, which the `static` IPAM needs), and with
-//! `--cni kube-ovn` in Kube-OVN's attachment annotation
-//! `NAME.NAMESPACE.ovn.kubernetes.io/ip_address` (kube-ovn `pkg/util/const.go`,
-//! `IPAddressAnnotationTemplate` with the provider `NAME.NAMESPACE.ovn`). An `ips` entry the
-//! pod writes by hand is a static request on that network.
+//! `--cni kube-ovn` in Kube-OVN's attachment annotations
+//! ([`crate::admission::networks::kube_ovn_ip_annotations`]: `NAME.NAMESPACE.ovn.kubernetes.io/ip_address`
+//! for an attachment of Kube-OVN's CNI, `NAME.NAMESPACE.kubernetes.io/ip_address` for an
+//! IPAM-only one). An IP the pod names by hand, in an `ips` entry or one of those annotations,
+//! is a static request on that network ([`crate::admission::networks::carried_on`] reads them).
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
 use crate::admission::annotations::{AnnotationError, Cni};
-use crate::admission::networks::{Attachment, NETWORKS, parse_networks, write_networks};
+use crate::admission::networks::{
+    Attachment, NETWORKS, carried_on, kube_ovn_ip_annotations, kube_ovn_ips, pod_network_ips,
+    read_networks, write_networks,
+};
 use crate::admission::patch::MetadataPatch;
 use crate::admission::{Incoming, Meta, Operation};
 use crate::ipam::allocator::{AllocError, AllocationRequest, Allocator, Reason};
@@ -70,14 +74,6 @@ pub fn prefix_annotation(network: &Network) -> String {
     )
 }
 
-/// Kube-OVN's annotation for the IP of an attachment of the provider `NAME.NAMESPACE.ovn`.
-pub fn kube_ovn_annotation(network: &Network) -> String {
-    format!(
-        "{}.{}.ovn.kubernetes.io/ip_address",
-        network.name, network.namespace
-    )
-}
-
 /// What a pod asks of one managed network.
 #[derive(Debug)]
 pub struct NetworkAsk {
@@ -87,14 +83,18 @@ pub struct NetworkAsk {
     /// The pod's list for it (none: only IPs named by hand).
     list: Option<Arc<IpSet>>,
     prefix: Option<u8>,
-    /// The IPs the entry's `ips` names (a static request, or our own earlier answer).
+    /// The IPs the pod carries on it (a static request, or our own earlier answer).
     pub carried: Vec<IpAddr>,
+    /// Whether the pod wrote one of Kube-OVN's annotations for it itself.
+    kube_ovn_by_hand: bool,
 }
 
-/// A pod's attachments, and what it asks of the managed networks among them.
+/// A pod's attachments of the managed networks, and what it asks of them.
 #[derive(Debug)]
 pub struct NetworkAsks {
     attachments: Vec<Attachment>,
+    /// The pod's namespace, where its attachments without one are.
+    namespace: String,
     pub asks: Vec<NetworkAsk>,
 }
 
@@ -118,15 +118,10 @@ pub fn asks(webhook: &Webhook, view: &PodView<'_>) -> Result<Option<NetworkAsks>
         pod: view.display(),
         message,
     };
-    let attachments = match meta.annotation(NETWORKS) {
-        Some(value) => parse_networks(value, &view.namespace).map_err(malformed)?,
-        None => Vec::new(),
-    };
+    let attachments = managed_attachments(webhook, view).map_err(malformed)?;
     for (network, _) in webhook.secondary.iter() {
         let key = list_annotation(network);
-        let attached = attachments
-            .iter()
-            .any(|a| a.namespace == network.namespace && a.name == network.name);
+        let attached = attachments.iter().any(|a| a.attaches(network));
         if !attached && meta.annotation(&key).is_some() {
             return Err(Denial::Candidates(format!(
                 "pod {}: annotation {key} names IPs on network {network}, which its {NETWORKS} does not attach",
@@ -151,7 +146,9 @@ pub fn asks(webhook: &Webhook, view: &PodView<'_>) -> Result<Option<NetworkAsks>
         }
         let key = list_annotation(&network);
         let list = meta.annotation(&key);
-        let carried: Vec<IpAddr> = entry.ips.iter().map(|(ip, _)| *ip).collect();
+        let annotations = meta.annotations.as_ref();
+        let by_hand = kube_ovn_ips(annotations, &network).map_err(malformed)?;
+        let carried = carried_on(&attachments, annotations, &network);
         if list.is_none() && carried.is_empty() {
             continue;
         }
@@ -163,11 +160,38 @@ pub fn asks(webhook: &Webhook, view: &PodView<'_>) -> Result<Option<NetworkAsks>
             network,
             attachment,
             carried,
+            kube_ovn_by_hand: !by_hand.is_empty(),
         };
         check_ask(webhook, view, &ask)?;
         asks.push(ask);
     }
-    Ok((!asks.is_empty()).then_some(NetworkAsks { attachments, asks }))
+    Ok((!asks.is_empty()).then_some(NetworkAsks {
+        attachments,
+        namespace: view.namespace.to_string(),
+        asks,
+    }))
+}
+
+/// The pod's attachments of the managed networks, each network's first two at most (a second
+/// is refused, and more need not be held), its networks annotation checked whole.
+fn managed_attachments(
+    webhook: &Webhook,
+    view: &PodView<'_>,
+) -> Result<Vec<Attachment>, AnnotationError> {
+    let mut kept: Vec<(String, String)> = Vec::new();
+    let managed = |a: &Attachment| {
+        let held = kept
+            .iter()
+            .filter(|(namespace, name)| *namespace == a.namespace && *name == a.name)
+            .count();
+        let keep = held < 2 && webhook.secondary.iter().any(|(n, _)| a.attaches(n));
+        if keep {
+            kept.push((a.namespace.clone(), a.name.clone()));
+        }
+        keep
+    };
+    let value = view.meta.annotation(NETWORKS).unwrap_or("");
+    read_networks(value, &view.namespace, managed)
 }
 
 fn parse_list(
@@ -350,7 +374,9 @@ pub async fn give_back(
 
 /// Add to `patch` what hands the granted IPs to each network's IPAM: the networks
 /// annotation in its JSON form with each granted entry's `ips` (and their prefix length), and
-/// with Kube-OVN, its attachment annotation. Values already as wanted are left alone.
+/// with Kube-OVN, its attachment annotations (both kinds: Kube-OVN reads the one of the
+/// attachment's provider). Values already as wanted are left alone, and what the pod named by
+/// hand is never overwritten.
 pub fn add_to_patch(
     webhook: &Webhook,
     meta: &Meta,
@@ -359,49 +385,37 @@ pub fn add_to_patch(
     patch: &mut MetadataPatch,
 ) {
     let mut attachments = asks.attachments.clone();
+    let mut changed = false;
     for (ask, grant) in asks.asks.iter().zip(granted) {
         // IPs the pod named by hand stay as it wrote them
         if let Some(prefix) = ask.prefix.filter(|_| ask.carried.is_empty()) {
             let ips: Vec<(IpAddr, u8)> = grant.ips.iter().map(|ip| (*ip, prefix)).collect();
-            attachments[ask.attachment].set_ips(&ips);
+            changed |= attachments[ask.attachment].set_ips(&ips);
         }
-        if webhook.settings.cni == Cni::KubeOvn {
-            let key = kube_ovn_annotation(&ask.network);
+        if webhook.settings.cni == Cni::KubeOvn && !ask.kube_ovn_by_hand {
             let value = Cni::KubeOvn.format(&grant.ips);
-            if meta.annotation(&key) != Some(value.as_str()) {
-                patch.add("annotations", true, &key, &value);
+            for key in kube_ovn_ip_annotations(&ask.network) {
+                if meta.annotation(&key) != Some(value.as_str()) {
+                    patch.add("annotations", true, &key, &value);
+                }
             }
         }
     }
-    if attachments != asks.attachments {
-        patch.add("annotations", true, NETWORKS, &write_networks(&attachments));
+    if changed && let Some(value) = meta.annotation(NETWORKS) {
+        let written = write_networks(value, &asks.namespace, &attachments);
+        patch.add("annotations", true, NETWORKS, &written);
     }
 }
 
-/// The IPs a pod carries on each managed network (the `ips` of its networks annotation), for
-/// its DELETE and its validation; none when the annotation cannot be read.
+/// The IPs a pod carries on each managed network
+/// ([`crate::admission::networks::carried_on`]), for its DELETE and its validation; none when
+/// its networks annotation cannot be read.
 pub fn carried(webhook: &Webhook, meta: &Meta, namespace: &str) -> Vec<(Network, Vec<IpAddr>)> {
     if webhook.secondary.is_empty() {
         return Vec::new();
     }
-    let Some(Ok(attachments)) = meta
-        .annotation(NETWORKS)
-        .map(|value| parse_networks(value, namespace))
-    else {
-        return Vec::new();
-    };
-    webhook
-        .secondary
-        .iter()
-        .map(|(network, _)| {
-            let ips = attachments
-                .iter()
-                .filter(|a| a.namespace == network.namespace && a.name == network.name)
-                .flat_map(|a| a.ips.iter().map(|(ip, _)| *ip))
-                .collect();
-            (network.clone(), ips)
-        })
-        .collect()
+    let networks = webhook.secondary.iter().map(|(network, _)| network);
+    pod_network_ips(meta.annotations.as_ref(), namespace, networks).unwrap_or_default()
 }
 
 /// A pod's `/validate` on the managed networks: every IP it carries on one is its own claim
@@ -499,17 +513,16 @@ pub async fn terminate(
     }
 }
 
-/// The refusal of an update of a pod holding a claim (on any interface) that changes its
-/// networks annotation where it carries IPs on a managed network, or changes the IPs it
-/// carries on one: a DELETE reads the IPs there, and the sandbox's next start would ask the
-/// network's IPAM for IPs nobody recorded.
+/// The refusal of an update of a pod holding a claim (on any interface) that changes the IPs
+/// it carries on a managed network (in its networks annotation or a Kube-OVN attachment
+/// annotation), or its networks annotation where it carries some: a DELETE reads the IPs
+/// there, and the sandbox's next start would ask the network's IPAM for IPs nobody recorded.
 pub fn update_refusal(webhook: &Webhook, view: &PodView<'_>, old: &Meta) -> Option<String> {
     let (before, after) = (old.annotation(NETWORKS), view.meta.annotation(NETWORKS));
     let carried_before = carried(webhook, old, &view.namespace);
-    let unchanged = before == after
-        || (carried_before.iter().all(|(_, ips)| ips.is_empty())
-            && carried(webhook, view.meta, &view.namespace) == carried_before);
-    if unchanged {
+    let same_ips = carried(webhook, view.meta, &view.namespace) == carried_before;
+    let carries_any = carried_before.iter().any(|(_, ips)| !ips.is_empty());
+    if same_ips && (before == after || !carries_any) {
         return None;
     }
     Some(format!(

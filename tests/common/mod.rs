@@ -6,6 +6,7 @@ pub mod admission;
 pub mod api_order;
 pub mod claims;
 pub mod client_ca;
+pub mod cni;
 pub mod etcd_cluster;
 pub mod events;
 pub mod fakeapi;

@@ -1,0 +1,3 @@
+module ipwebhook.test/oracle
+
+go 1.19
