@@ -12,15 +12,18 @@ use serde_json::{Value, json};
 use crate::admission::{self, ReviewError};
 use crate::ipam::allocator::{Allocator, Reason};
 use crate::ipam::pools::PoolCatalog;
-use crate::ledger::network::Network;
 use crate::ledger::{Claim, CreateOutcome, Ledger, LedgerError, MemoryLedger};
 use crate::metrics::Metrics;
 use crate::webhook::kubevirt;
 use crate::webhook::mutate::{self, PodDecision};
-use crate::webhook::secondary::SecondaryNetworks;
 use crate::webhook::validate;
 use crate::webhook::workloads;
 use crate::webhook::{Settings, Webhook};
+
+use networks::network_holdings;
+pub use networks::{NetworkIps, network_sandboxes};
+
+mod networks;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ExplainError {
@@ -53,14 +56,6 @@ pub struct ReplicaOutcome {
     /// The IPs it would get on each secondary network it asks of.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub networks: Vec<NetworkIps>,
-}
-
-/// A replica's IPs on one secondary network.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct NetworkIps {
-    /// `namespace/name` of the NetworkAttachmentDefinition.
-    pub network: String,
-    pub ips: Vec<IpAddr>,
 }
 
 /// One object of the input.
@@ -113,22 +108,6 @@ pub async fn sandbox(
         pools,
         Arc::new(Metrics::new()),
     ))
-}
-
-/// An allocator over an in-memory copy of each secondary network's claims, for
-/// [`Webhook::with_secondary`].
-pub async fn network_sandboxes(
-    networks: Vec<(Network, Vec<Claim>)>,
-) -> Result<SecondaryNetworks, ExplainError> {
-    let mut by_network = std::collections::BTreeMap::new();
-    for (network, claims) in networks {
-        let memory = MemoryLedger::new();
-        for claim in claims {
-            memory.create(claim.into()).await?;
-        }
-        by_network.insert(network, Arc::new(Allocator::new(Arc::new(memory)).await?));
-    }
-    Ok(SecondaryNetworks::new(by_network))
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -362,34 +341,6 @@ async fn object_pods(
         }
     };
     Ok((template, replicas.unwrap_or(default_count), naming))
-}
-
-/// What the holder of `claim` holds on each secondary network: its claims there of the same
-/// pod (by UID once bound, else by name) or VM.
-fn network_holdings(webhook: &Webhook, claim: &Claim) -> Vec<NetworkIps> {
-    let same_holder = |other: &Claim| {
-        other.locks_ip()
-            && other.pod.namespace == claim.pod.namespace
-            && match (&claim.vm, &claim.pod.uid) {
-                (Some(vm), _) => other.vm.as_deref() == Some(&**vm),
-                (None, Some(uid)) => other.pod.uid.as_ref() == Some(uid),
-                (None, None) => !claim.pod.name.is_empty() && other.pod.name == claim.pod.name,
-            }
-    };
-    webhook
-        .secondary
-        .iter()
-        .map(|(network, allocator)| NetworkIps {
-            network: network.to_string(),
-            ips: allocator
-                .claims()
-                .into_iter()
-                .filter(|other| same_holder(other))
-                .map(|other| other.ip)
-                .collect(),
-        })
-        .filter(|on| !on.ips.is_empty())
-        .collect()
 }
 
 /// A replica whose pod exists already: what it holds, and since when.
