@@ -725,15 +725,8 @@ async fn with_the_etcd_ledger_a_vms_ip_is_freed_only_once_the_vm_is_gone() {
     let etcd = EtcdCluster::start(&binary, 1);
     let fake = FakeApi::start();
     let cluster = Cluster::new(&fake).await;
-    let kubeconfig = fake.kubeconfig().display().to_string();
     let endpoints = etcd.endpoints_flag();
-    let server = common::TestServer::start(&[
-        "--ledger",
-        "etcd",
-        "--etcd-endpoints",
-        &endpoints,
-        "--kubeconfig",
-        &kubeconfig,
+    let extra = [
         "--reservation-ttl",
         "1s",
         "--sticky-grace",
@@ -748,9 +741,8 @@ async fn with_the_etcd_ledger_a_vms_ip_is_freed_only_once_the_vm_is_gone() {
         "2s",
         "--lease-renew-interval",
         "200ms",
-    ])
-    .await;
-    common::fakeapi::wait_ready(&server).await;
+    ];
+    let server = fake.etcd_replica_via(fake.port, &endpoints, &extra).await;
     let vm_holds = |ip: &str| {
         server
             .launched

@@ -61,20 +61,8 @@ impl Ledger {
         match self {
             Ledger::IpClaims => fake.replica_via(port, &args).await,
             Ledger::Etcd(etcd) => {
-                let endpoints = etcd.endpoints_flag();
-                let kubeconfig = fake.kubeconfig_via(port).display().to_string();
-                let mut all = vec![
-                    "--ledger",
-                    "etcd",
-                    "--etcd-endpoints",
-                    &endpoints,
-                    "--kubeconfig",
-                    &kubeconfig,
-                ];
-                all.extend(args);
-                let server = TestServer::start(&all).await;
-                common::fakeapi::wait_ready(&server).await;
-                server
+                fake.etcd_replica_via(port, &etcd.endpoints_flag(), &args)
+                    .await
             }
         }
     }

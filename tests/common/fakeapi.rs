@@ -199,6 +199,24 @@ impl FakeApi {
         server
     }
 
+    /// A webhook replica over the etcd ledger at `endpoints` (an `--etcd-endpoints` value)
+    /// that asks this API server, through its listener `port`, for pods and VMs.
+    pub async fn etcd_replica_via(&self, port: u16, endpoints: &str, extra: &[&str]) -> TestServer {
+        let kubeconfig = self.kubeconfig_via(port).display().to_string();
+        let mut args = vec![
+            "--ledger",
+            "etcd",
+            "--etcd-endpoints",
+            endpoints,
+            "--kubeconfig",
+            &kubeconfig,
+        ];
+        args.extend_from_slice(extra);
+        let server = TestServer::start(&args).await;
+        wait_ready(&server).await;
+        server
+    }
+
     /// Start a webhook replica against this API server.
     pub async fn replica(&self, extra: &[&str]) -> TestServer {
         let kubeconfig = self.kubeconfig().display().to_string();
