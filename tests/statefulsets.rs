@@ -130,14 +130,20 @@ async fn recreated_at_once(ledger: Ledger) {
         ledger.replica(&fake, fake.port, &[]).await,
     );
     let c = ledger.replica(&fake, lagging, &[]).await;
-    fake.control(
-        "/fake/config",
-        json!({"watchDelay": [{"port": lagging, "resource": "ipclaims", "seconds": 5}]}),
-    );
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     let list = "10.97.3.1,10.97.3.2,10.97.3.3";
     let (ip, old) = admit(&a, &pods, db(0, list), "db-0").await;
     assert_eq!(ip, "10.97.3.1");
+    // C's copy shows db-0 bound, and from now on learns of claims 5 s late (IPClaims)
+    eventually("C to see db-0 bound", Duration::from_secs(10), || async {
+        let claim = c.launched.webhook.allocator.holder(&ip.parse().unwrap())?;
+        claim.pod.uid.is_some().then_some(())
+    })
+    .await;
+    fake.control(
+        "/fake/config",
+        json!({"watchDelay": [{"port": lagging, "resource": "ipclaims", "seconds": 5}]}),
+    );
     remove(&a, &pods, &old).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let mut other = common::pod(NS, "db", "db-other-", Some(list));
@@ -312,20 +318,30 @@ async fn a_replica_whose_pod_watch_lags_asks_before_refusing_an_ip() {
     .unwrap();
     // the slow replica has seen it run on the IP; from now on it sees pods 5 s late
     tokio::time::sleep(Duration::from_secs(1)).await;
-    fake.control(
-        "/fake/config",
-        json!({"watchDelay": [{"port": slow_port, "resource": "pods", "seconds": 5}]}),
-    );
+    let delays = |resources: &[&str]| {
+        let rules: Vec<Value> = resources
+            .iter()
+            .map(|r| json!({"port": slow_port, "resource": r, "seconds": 5}))
+            .collect();
+        fake.control("/fake/config", json!({"watchDelay": rules}));
+    };
+    delays(&["pods"]);
     remove(&fast, &pods, &first).await;
-    eventually("the IP to be freed", Duration::from_secs(10), || async {
-        fast.launched
-            .webhook
-            .allocator
-            .holder(&ip.parse().unwrap())
-            .is_none()
-            .then_some(())
-    })
-    .await;
+    // both replicas see its claim go; the slow one still sees the pod run on the IP
+    for replica in [&fast, &slow] {
+        eventually("the IP to be freed", Duration::from_secs(10), || async {
+            replica
+                .launched
+                .webhook
+                .allocator
+                .holder(&ip.parse().unwrap())
+                .is_none()
+                .then_some(())
+        })
+        .await;
+    }
+    // the next claims reach the slow replica late too: the IP's next grant is not in its copy
+    delays(&["pods", "ipclaims"]);
     let response = fast.mutate(&create("m-2", object())).await;
     assert_eq!(allocated_ip(&response), ip, "{response}");
     let second = persist_pod(&pods, apply(&object(), &response), "solo-2").await;

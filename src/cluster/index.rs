@@ -290,6 +290,9 @@ pub struct ClusterIps {
     /// their namespace and name (what Calico's IPAM names them by): their IPs no longer count
     /// as used.
     lost: RwLock<BTreeMap<Box<str>, PodName>>,
+    /// Indexed pods the API server says are gone while the pod watch has not shown it yet
+    /// ([`ForeignIps::gone`]), by UID: their IPs no longer count as used.
+    gone: RwLock<std::collections::BTreeSet<Box<str>>>,
     /// The label naming a pod's app (set before the pod watch starts; `app` if never set).
     app_label: std::sync::OnceLock<String>,
     /// The apps' lists, to tell which pod events concern the reconciler ([`Self::set_lists`]).
@@ -433,12 +436,24 @@ fn pod_step<T: HasIps>(
 }
 
 impl ForeignIps for ClusterIps {
+    fn gone(&self, ip: &IpAddr, user: &ForeignUse) {
+        let pods = read(&self.pods);
+        let mut gone = write(&self.gone);
+        gone.retain(|uid| pods.by_key.contains_key(uid));
+        gone.extend(
+            pods.carriers(ip)
+                .filter(|p| *p.namespace == *user.namespace && *p.name == *user.name)
+                .map(|p| p.uid.clone()),
+        );
+    }
+
     fn user(&self, ip: &IpAddr) -> Option<ForeignUse> {
         let ovn = read(&self.ovn).by_ip.get(ip).cloned();
         let pod = {
             let (pods, lost) = (read(&self.pods), read(&self.lost));
+            let gone = read(&self.gone);
             pods.carriers(ip)
-                .find(|p| !lost.contains_key(&p.uid))
+                .find(|p| !lost.contains_key(&p.uid) && !gone.contains(&p.uid))
                 .cloned()
         };
         match (pod, ovn) {

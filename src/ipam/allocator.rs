@@ -104,6 +104,14 @@ impl Allocator {
         Some(foreign_message(ip, pod, &user))
     }
 
+    /// The API server says `user` no longer uses `ip`: stop counting it there
+    /// ([`ForeignIps::gone`]).
+    pub fn foreign_gone(&self, ip: &IpAddr, user: &ForeignUse) {
+        if let Some(foreign) = self.foreign() {
+            foreign.gone(ip, user);
+        }
+    }
+
     /// Who outside the ledger uses `ip`, as the cluster says, but `pod` (a launcher pod of
     /// `vm`) and the holder the ledger's claim names.
     pub fn foreign_user(&self, ip: &IpAddr, pod: &PodRef, vm: Option<&str>) -> Option<ForeignUse> {

@@ -41,4 +41,10 @@ impl ForeignUse {
 /// What the cluster says is using an IP (live pods, Kube-OVN `IP` objects).
 pub trait ForeignIps: Send + Sync {
     fn user(&self, ip: &IpAddr) -> Option<ForeignUse>;
+
+    /// The API server says `user` no longer uses `ip` (it is gone): what is known of the
+    /// cluster lags behind, and `user` is not counted on `ip` any more.
+    fn gone(&self, ip: &IpAddr, user: &ForeignUse) {
+        let _ = (ip, user);
+    }
 }

@@ -39,6 +39,7 @@ pub async fn unrecorded(
             Some(holder) if holder.locks_ip() => unrecorded.push(*ip),
             _ => match allocator.foreign_user(ip, pod, vm) {
                 Some(user) if ledger_decides && still_gone(pods, &user, *ip).await => {
+                    allocator.foreign_gone(ip, &user);
                     unrecorded.push(*ip)
                 }
                 Some(user) => return Err(foreign_message(ip, pod, &user)),
