@@ -22,14 +22,15 @@ use serde_json::{Value, json};
 
 const NS: &str = "default";
 
-/// Timers short enough for a test.
+/// Timers short enough for a test; the sticky grace outlasts every test here, however busy
+/// the machine (a StatefulSet pod's IP must stay kept while its pod is recreated).
 const FAST: &[&str] = &[
     "--reservation-ttl",
     "3s",
     "--release-delay",
     "0s",
     "--sticky-grace",
-    "4s",
+    "60s",
     "--resync-period",
     "2s",
     "--lease-namespace",
