@@ -8,7 +8,7 @@
 //!
 //! ```text
 //! cargo build --release --example ledger_load
-//! taskset -c 0 target/release/examples/ledger_load load  DIR [journal|redb] [CONNS] [SECONDS]
+//! taskset -c 0 target/release/examples/ledger_load load  DIR [CONNS] [SECONDS]
 //! taskset -c 0 target/release/examples/ledger_load probe DIR [COUNT]
 //! taskset -c 0 target/release/examples/ledger_load probe-for DIR SECONDS
 //! taskset -c 0 target/release/examples/ledger_load commit-cost DIR [SECONDS] [RECORDS]

@@ -1,7 +1,7 @@
 //! The ledger contract, two ways:
 //!
 //! - the claim rules ([`ip_webhook::ledger::claim`]) step by step through all four adapters —
-//!   memory, embedded (redb in a temp dir), etcd (a real single-member etcd on loopback) and
+//!   memory, embedded (a journal in a temp dir), etcd (a real single-member etcd on loopback) and
 //!   kubernetes (IPClaims through `tests/support/fakeapi.py`) — which must give the same
 //!   answers for retry, takeover, release, grace and expiry;
 //! - the allocator over any interleaving of claim, release, expire (a release made elsewhere),

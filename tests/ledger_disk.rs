@@ -105,6 +105,9 @@ fn records_end(bytes: &[u8]) -> usize {
     bytes.iter().rposition(|&b| b != 0).unwrap() + 3
 }
 
+/// Where a journal's records start: a journal of that length holds none.
+const JOURNAL_HEADER: u64 = 1536;
+
 /// The message the first line of `stderr` carries after `Error: `.
 fn error_line(stderr: &str) -> &str {
     let line = stderr
@@ -127,7 +130,8 @@ async fn damage_in_the_middle_refuses_every_command_until_repaired() {
             assert!(end > 3 * 4096, "{end} bytes of records");
             bytes[4096..8192].fill(0);
         } else {
-            bytes[end * 3 / 10] ^= 0x01;
+            let start = JOURNAL_HEADER as usize;
+            bytes[start + (end - start) * 3 / 10] ^= 0x01;
         }
         std::fs::write(&path, &bytes).unwrap();
         let listing = || {
@@ -202,7 +206,7 @@ async fn damage_in_the_middle_refuses_every_command_until_repaired() {
         // it starts again with every readable claim
         let kept = held(dir).await.len();
         // a page holds at most 4096 / (smallest record) records, and two cut at its edges
-        let smallest = (end - 8) / claims as usize - 4;
+        let smallest = (end - JOURNAL_HEADER as usize) / claims as usize - 4;
         let lost = if zero_page { 4096 / smallest + 2 } else { 1 };
         assert!(
             kept < claims as usize && kept + lost >= claims as usize,
@@ -329,7 +333,7 @@ async fn a_full_disk_refuses_at_once_says_where_and_resumes_by_itself() {
         .write(true)
         .open(journal(&state))
         .unwrap()
-        .set_len(8)
+        .set_len(JOURNAL_HEADER)
         .unwrap();
     // the disk filled up but for 72 KiB: the journal gets some room, not all it asks for
     let ballast = disk.path().join("ballast");
