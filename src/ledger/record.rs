@@ -12,6 +12,8 @@ mod read;
 
 pub(super) use header::{FIXED_LEN, Header, JOURNAL_START, Kind, Mark, journal_head};
 #[cfg(test)]
+pub(super) use header::{SLOT_LEN, SLOTS};
+#[cfg(test)]
 pub(super) use read::parse_file;
 pub(super) use read::{Named, Scan, Stretch, scan_bytes, scan_file};
 

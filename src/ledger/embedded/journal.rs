@@ -256,12 +256,20 @@ impl Journal {
             }
             self.finish_compaction();
         }
+        if let Some((generation, closed)) = self.rotate() {
+            self.snapshot_in_background(generation, closed);
+        }
+    }
+
+    /// Go on in a new journal, the current one closed for it ([`Journal::close_for`]): the
+    /// new generation, and the closed journal to sync. `None` when it cannot be created.
+    pub(super) fn rotate(&mut self) -> Option<(u64, Result<File, LedgerError>)> {
         let generation = self.generation + 1;
         let file = match tail::create_journal(&self.dir, generation) {
             Ok(file) => file,
             Err(error) => {
                 tracing::error!(%error, "cannot start a new journal; compaction postponed");
-                return;
+                return None;
             }
         };
         let closed = self.close_for(generation);
@@ -271,6 +279,16 @@ impl Journal {
         self.mark = tail::first_mark();
         self.generation = generation;
         self.journal_bytes = 0;
+        Some((generation, closed))
+    }
+
+    /// Write snapshot `generation` of every claim on a thread of its own (after syncing the
+    /// journal `closed`), then remove the files it covers.
+    pub(super) fn snapshot_in_background(
+        &mut self,
+        generation: u64,
+        closed: Result<File, LedgerError>,
+    ) {
         let claims: Vec<Arc<Claim>> = self.claims.values().map(|e| e.claim.clone()).collect();
         let dir = self.dir.clone();
         let spawned = thread::Builder::new()

@@ -59,14 +59,15 @@ impl Marker {
     }
 
     fn parse(text: &str) -> Result<Marker, String> {
-        let body_end = text
-            .trim_end_matches('\n')
-            .rfind('\n')
-            .map_or(0, |at| at + 1);
+        let lines = text
+            .strip_suffix('\n')
+            .ok_or("it does not end with a whole line")?;
+        let body_end = lines.rfind('\n').map_or(0, |at| at + 1);
         let (body, last) = text.split_at(body_end);
         let check = last
             .strip_prefix("check ")
             .map(|hex| hex.trim_end_matches('\n'))
+            .filter(|hex| hex.len() == 8)
             .and_then(|hex| u32::from_str_radix(hex, 16).ok())
             .ok_or("its last line is no `check` line")?;
         if check != crate::ledger::record::crc32c(body.as_bytes()) {
@@ -189,8 +190,9 @@ pub(super) fn journal_gone(dir: &Path, base: u64, gone: u64, first: Option<u64>)
     let refusing = "Refusing to start without those records, which would hand out again the IPs running pods hold";
     let detail = match first {
         Some(first) if base == 0 && first > gone => format!(
-            "its journals start at {} and the snapshot they follow (snapshot.*) is gone. {refusing}. Restore the snapshot from a backup",
-            super::name(super::JOURNAL, first)
+            "its journals start at {} and {}, the snapshot they follow, is gone. {refusing}. Restore the snapshot from a backup",
+            super::name(super::JOURNAL, first),
+            dir.join(super::name(super::SNAPSHOT, first)).display()
         ),
         _ => {
             let what = if base > 0 && gone == base {
@@ -233,7 +235,7 @@ mod tests {
                 assert!(Marker::parse(changed).is_err(), "a change at {at} was read");
             }
         }
-        for len in 0..text.len() - 1 {
+        for len in 0..text.len() {
             assert!(
                 Marker::parse(&text[..len]).is_err(),
                 "cut at {len} was read"

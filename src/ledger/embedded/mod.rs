@@ -45,6 +45,8 @@ use tokio::sync::oneshot;
 use super::{Claim, CreateOutcome, Ledger, LedgerError};
 
 mod counters;
+#[cfg(test)]
+mod damage_table;
 mod journal;
 mod load;
 mod marker;
@@ -1050,8 +1052,9 @@ mod tests {
         let message = refusal(lost.path());
         assert!(
             message.contains(&format!(
-                "its journals start at {} and the snapshot they follow (snapshot.*) is gone",
-                name(JOURNAL, 5)
+                "its journals start at {} and {}, the snapshot they follow, is gone",
+                name(JOURNAL, 5),
+                lost.path().join(name(SNAPSHOT, 5)).display()
             )),
             "{message}"
         );
