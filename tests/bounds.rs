@@ -779,3 +779,57 @@ async fn uids_with_control_characters_are_refused_and_shown_escaped() {
         shown.stdout
     );
 }
+
+/// Mistyped-key warnings are bounded in count, length and cost: one 6 MB `ip-webhook.io/` key,
+/// or 240,000 of them, get an answer of a few KiB (five keys named, quoted to 64 bytes, the
+/// rest counted), not one that quotes them all; and an admission sent beside them is answered
+/// as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mistyped_key_warnings_are_bounded_in_count_length_and_cost() {
+    let server = TestServer::start(&[]).await;
+    let long_key = format!("ip-webhook.io/{}", "k".repeat(6_000_000));
+    let mut one_long = pod("team", "web", "web-", None);
+    one_long["metadata"]["annotations"] = json!({ long_key.as_str(): "" });
+    let mut many = pod("team", "web", "web-", None);
+    let keys: serde_json::Map<String, Value> = (0..240_000)
+        .map(|i| (format!("ip-webhook.io/x{i}"), json!("")))
+        .collect();
+    many["metadata"]["annotations"] = Value::Object(keys);
+    for (name, object) in [("one 6 MB key", one_long), ("240,000 keys", many)] {
+        let review = create("forged", object).to_string();
+        assert!(
+            review.len() < 7 * MIB as usize,
+            "{name}: {} bytes",
+            review.len()
+        );
+        let forged = {
+            let client = server.client.clone();
+            tokio::spawn(async move {
+                let started = Instant::now();
+                let reply = client.post("/mutate", review).await.unwrap();
+                (reply.body.len(), reply.response(), started.elapsed())
+            })
+        };
+        // a legitimate admission meanwhile
+        let started = Instant::now();
+        let granted = server
+            .mutate(&create(
+                &format!("ok-{}", name.len()),
+                pod("team", "web", "web-", Some("10.92.0.0/28")),
+            ))
+            .await;
+        let legit = started.elapsed();
+        assert_eq!(granted["allowed"], true, "{granted}");
+        let (bytes, response, took) = forged.await.unwrap();
+        eprintln!("{name}: answer {bytes} bytes in {took:?}; the admission beside it {legit:?}");
+        assert_eq!(response["allowed"], true, "{name}: {response}");
+        let warnings = response["warnings"].as_array().unwrap();
+        assert!(warnings.len() <= 6, "{name}: {} warnings", warnings.len());
+        assert!(bytes < 4096, "{name}: a {bytes}-byte answer");
+        assert!(
+            took < Duration::from_secs(5) && legit < Duration::from_secs(5),
+            "{name}: {took:?}, the admission beside it {legit:?}"
+        );
+    }
+    server.launched.shutdown().await;
+}
