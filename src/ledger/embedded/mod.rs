@@ -537,6 +537,83 @@ mod tests {
         assert_eq!(held[0].pod.name, "a");
     }
 
+    /// A reader beside a writer that compacts again and again (new journals, their seals,
+    /// snapshots written and the files below them shrunk and removed) is never refused and
+    /// always sees every claim created before its read began.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_reader_beside_compactions_is_never_refused_and_misses_nothing() {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Arc::new(EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap());
+        let created = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let reader = {
+            let (dir, created, stop) = (dir.path().to_path_buf(), created.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut reads = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let before = created.load(Ordering::SeqCst);
+                    let claims = read_claims(&dir).unwrap_or_else(|e| panic!("read {reads}: {e}"));
+                    let seen = claims
+                        .iter()
+                        .filter(|c| c.ip.to_string().starts_with("10.14."))
+                        .count();
+                    assert!(
+                        seen >= before,
+                        "read {reads}: {seen} claims, {before} created before"
+                    );
+                    reads += 1;
+                }
+                reads
+            })
+        };
+        let mut held: Vec<Claim> = Vec::new();
+        for i in 0..40u32 {
+            let claim = Claim {
+                phase: Phase::Bound,
+                ..claim(&format!("10.14.0.{i}"), &format!("p{i}"))
+            };
+            ledger.create(claim.clone().into()).await.unwrap();
+            created.fetch_add(1, Ordering::SeqCst);
+            held.push(claim);
+        }
+        for round in 0..100u64 {
+            let steps = held.iter().map(|current| {
+                let next = Claim {
+                    phase: match current.phase {
+                        Phase::Bound => Phase::Terminating,
+                        _ => Phase::Bound,
+                    },
+                    updated_at: current.updated_at + 1,
+                    ..current.clone()
+                };
+                let ledger = ledger.clone();
+                let current = current.clone();
+                tokio::spawn(async move {
+                    assert!(
+                        ledger.transition(&current, &next).await.unwrap(),
+                        "round {round}"
+                    );
+                    next
+                })
+            });
+            held = futures::future::join_all(steps)
+                .await
+                .into_iter()
+                .map(|step| step.unwrap())
+                .collect();
+        }
+        stop.store(true, Ordering::Relaxed);
+        let reads = reader.join().unwrap();
+        ledger.close().await;
+        let snapshot = *generations(dir.path(), SNAPSHOT).unwrap().last().unwrap();
+        assert!(
+            snapshot >= 4,
+            "only {snapshot} generations: too few compactions"
+        );
+        assert!(reads > 10, "{reads} reads");
+    }
+
     #[tokio::test]
     async fn a_reader_sees_the_commits_of_an_open_writer_and_writes_nothing() {
         let dir = tempfile::tempdir().unwrap();
