@@ -80,17 +80,25 @@ async fn seeded(dir: &Path, n: u32) -> PathBuf {
 }
 
 fn journal(dir: &Path) -> PathBuf {
-    let mut journals: Vec<PathBuf> = std::fs::read_dir(dir)
+    newest(dir, "journal.")
+}
+
+/// The newest file of `dir` named `prefix` and a generation.
+fn newest(dir: &Path, prefix: &str) -> PathBuf {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| {
             p.file_name()
                 .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("journal.") && !n.contains(".damaged-"))
+                .and_then(|n| n.strip_prefix(prefix))
+                .is_some_and(|generation| generation.parse::<u64>().is_ok())
         })
         .collect();
-    journals.sort();
-    journals.pop().expect("a journal")
+    found.sort();
+    found
+        .pop()
+        .unwrap_or_else(|| panic!("no {prefix}* in {}", dir.display()))
 }
 
 async fn held(dir: &Path) -> Vec<Claim> {
@@ -104,6 +112,12 @@ async fn held(dir: &Path) -> Vec<Claim> {
 /// [`claim`] ends in two zero bytes (no release time, not sticky) after a non-zero one.
 fn records_end(bytes: &[u8]) -> usize {
     bytes.iter().rposition(|&b| b != 0).unwrap() + 3
+}
+
+/// Cut the file at `path` to `len` bytes.
+fn cut(path: &Path, len: u64) {
+    let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    file.set_len(len).unwrap();
 }
 
 /// Where a journal's records start: a journal of that length holds none.
@@ -330,12 +344,7 @@ async fn a_full_disk_refuses_at_once_says_where_and_resumes_by_itself() {
     .await
     .unwrap();
     drop(first);
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(journal(&state))
-        .unwrap()
-        .set_len(JOURNAL_HEADER)
-        .unwrap();
+    cut(&journal(&state), JOURNAL_HEADER);
     // the disk filled up but for 72 KiB: the journal gets some room, not all it asks for
     let ballast = disk.path().join("ballast");
     let mut file = std::fs::File::create(&ballast).unwrap();
@@ -470,12 +479,7 @@ async fn an_emptied_journal_is_refused_naming_it() {
     for len in [0u64, 4] {
         let state = tempfile::tempdir().unwrap();
         let path = seeded(state.path(), 5).await;
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(&path)
-            .unwrap()
-            .set_len(len)
-            .unwrap();
+        cut(&path, len);
         let message = both_refuse(state.path(), &path, Some(len));
         assert!(message.contains("inside the 1536-byte header"), "{message}");
     }
@@ -569,23 +573,24 @@ async fn with_snapshot(dir: &Path) -> Vec<Claim> {
         ledger.create(claim.clone().into()).await.unwrap();
     }
     let snapshots = |dir: &Path| {
-        std::fs::read_dir(dir)
-            .unwrap()
-            .filter(|e| {
-                let name = e.as_ref().unwrap().file_name();
-                let name = name.to_str().unwrap();
-                name.starts_with("snapshot.") && !name.ends_with(".tmp")
-            })
-            .count()
+        std::fs::read_dir(dir).unwrap().any(|e| {
+            let name = e.unwrap().file_name();
+            name.to_str()
+                .and_then(|n| n.strip_prefix("snapshot."))
+                .is_some_and(|generation| generation.parse::<u64>().is_ok())
+        })
     };
     let mut steps = 0;
-    while snapshots(dir) == 0 || steps % held.len() != 1 {
+    while !snapshots(dir) || steps % held.len() != 1 {
         let current = &mut held[steps % 10];
+        // the phase a terminating claim's pod turns back to, and back
+        let phase = if current.phase == Phase::Bound {
+            Phase::Terminating
+        } else {
+            Phase::Bound
+        };
         let next = Claim {
-            phase: match current.phase {
-                Phase::Bound => Phase::Terminating,
-                _ => Phase::Bound,
-            },
+            phase,
             updated_at: current.updated_at + 1,
             ..current.clone()
         };
@@ -606,17 +611,7 @@ async fn a_snapshot_whose_last_record_is_zeroed_is_refused_by_serve_and_status()
     let state = tempfile::tempdir().unwrap();
     let dir = state.path();
     with_snapshot(dir).await;
-    let snapshot = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| {
-            p.file_name()
-                .unwrap()
-                .to_str()
-                .unwrap()
-                .starts_with("snapshot.")
-        })
-        .unwrap();
+    let snapshot = newest(dir, "snapshot.");
     let mut bytes = std::fs::read(&snapshot).unwrap();
     // ten records of one size after the 64-byte header
     let size = (bytes.len() - 64) / 10;

@@ -145,7 +145,7 @@ impl Journal {
     /// ([`load::survey`], refusing what it refuses), then make the writes only a writer makes
     /// (`journal/tail.rs`).
     pub(super) fn open(dir: &Path) -> Result<Journal, LedgerError> {
-        let lock = tail::lock_state_dir(dir)?;
+        let lock = super::lock_state_dir(dir, "is another ip-webhook using this --state-dir?")?;
         tail::remove_unfinished(dir);
         let mut loaded = Loaded::default();
         let survey = load::survey(dir, |claim, size| loaded.install(claim, size))?.refusal()?;

@@ -87,6 +87,22 @@ pub(super) fn generations(dir: &Path, prefix: &str) -> Result<Vec<u64>, LedgerEr
     Ok(found)
 }
 
+/// Take the state dir's lock file (`flock`, released when the process ends), or say that
+/// `busy` (who may hold it) when another process has it.
+fn lock_state_dir(dir: &Path, busy: &str) -> Result<std::fs::File, LedgerError> {
+    let lock_path = dir.join(LOCK_FILE);
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(storage_at("open the lock file", &lock_path))?;
+    lock.try_lock().map_err(|e| {
+        LedgerError::Storage(format!("cannot lock {} ({busy}): {e}", lock_path.display()))
+    })?;
+    Ok(lock)
+}
+
 pub struct EmbeddedLedger {
     dir: PathBuf,
     counters: CommitCounters,
@@ -669,6 +685,20 @@ mod tests {
         assert_eq!(released[0].pod.name, "p3");
     }
 
+    /// The open of `dir` refused as damage (`why` it must be): the error and the damage.
+    fn damage_refusing(dir: &Path, why: &str) -> (LedgerError, crate::ledger::Damage) {
+        let err = EmbeddedLedger::open(dir, CommitCounters::default())
+            .err()
+            .unwrap_or_else(|| panic!("opened: {why}"));
+        match &err {
+            LedgerError::Damaged(damage) => {
+                let damage = (**damage).clone();
+                (err, damage)
+            }
+            _ => panic!("{why}: {err}"),
+        }
+    }
+
     fn journal_path(dir: &Path) -> PathBuf {
         let generation = *generations(dir, JOURNAL).unwrap().last().unwrap();
         dir.join(name(JOURNAL, generation))
@@ -827,12 +857,7 @@ mod tests {
                 names
             };
             let before = listing(dir.path());
-            let err = EmbeddedLedger::open(dir.path(), CommitCounters::default())
-                .err()
-                .expect("damage refuses to open");
-            let LedgerError::Damaged(damage) = &err else {
-                panic!("{err}")
-            };
+            let (err, damage) = damage_refusing(dir.path(), "damage refuses to open");
             assert_eq!(damage.path, path);
             assert!(
                 (at.saturating_sub(200) as u64..=at as u64).contains(&damage.offset),
@@ -917,18 +942,9 @@ mod tests {
         for len in [0, 4, 700] {
             let dir = tempfile::tempdir().unwrap();
             let path = recorded(dir.path(), &[claim("10.12.0.3", "c")]).await;
-            std::fs::OpenOptions::new()
-                .write(true)
-                .open(&path)
-                .unwrap()
-                .set_len(len)
-                .unwrap();
-            let err = EmbeddedLedger::open(dir.path(), CommitCounters::default())
-                .err()
-                .expect("an emptied journal refuses to open");
-            let LedgerError::Damaged(damage) = &err else {
-                panic!("{err}")
-            };
+            let journal = std::fs::File::options().write(true).open(&path);
+            journal.and_then(|file| file.set_len(len)).unwrap();
+            let (err, damage) = damage_refusing(dir.path(), "an emptied journal refuses to open");
             assert_eq!(
                 (damage.path.as_path(), damage.offset),
                 (path.as_path(), len)
@@ -1072,12 +1088,7 @@ mod tests {
         std::fs::write(&path, &bytes).unwrap();
         // a later journal makes this one not the last
         std::fs::write(dir.path().join(name(JOURNAL, 2)), new_journal(2)).unwrap();
-        let err = EmbeddedLedger::open(dir.path(), CommitCounters::default())
-            .err()
-            .expect("corruption refuses to open");
-        let LedgerError::Damaged(damage) = &err else {
-            panic!("{err}")
-        };
+        let (err, damage) = damage_refusing(dir.path(), "corruption refuses to open");
         // its acknowledgement mark names the record, which no crash takes back
         assert!(
             matches!(damage.found, crate::ledger::Found::Lost { .. }),

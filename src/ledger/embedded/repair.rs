@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 use super::load::{self, Fix};
 use super::marker::{self, Marker};
-use super::{JOURNAL, LOCK_FILE, name, storage, storage_at};
+use super::{JOURNAL, name, storage};
 use crate::ledger::record::Named;
 use crate::ledger::record::{FIXED_LEN, Header, Kind, Mark, Stretch, journal_head, scan_bytes};
 use crate::ledger::{Found, LedgerError};
@@ -73,24 +73,6 @@ fn kept_records(bytes: &[u8], start: u64, good: u64, damage: &[Stretch]) -> Vec<
     kept
 }
 
-/// Take the ledger's lock, as `serve` does: no server may write the dir while it is repaired.
-fn lock(state_dir: &Path) -> Result<File, LedgerError> {
-    let path = state_dir.join(LOCK_FILE);
-    let lock = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .map_err(storage_at("open the lock file", &path))?;
-    lock.try_lock().map_err(|e| {
-        LedgerError::Storage(format!(
-            "cannot lock {} (stop the ip-webhook that uses this --state-dir first): {e}",
-            path.display()
-        ))
-    })?;
-    Ok(lock)
-}
-
 /// What a repair of `state_dir` would do; with `apply`, do it. Applying takes the ledger's
 /// lock (no `serve` may run on the dir meanwhile). Only what is refused is touched.
 pub fn repair(state_dir: &Path, apply: bool) -> Result<Repair, LedgerError> {
@@ -100,7 +82,13 @@ pub fn repair(state_dir: &Path, apply: bool) -> Result<Repair, LedgerError> {
             state_dir.display()
         )));
     }
-    let _lock = if apply { Some(lock(state_dir)?) } else { None };
+    // as `serve` does: no server may write the dir while it is repaired
+    let busy = "stop the ip-webhook that uses this --state-dir first";
+    let _lock = if apply {
+        Some(super::lock_state_dir(state_dir, busy)?)
+    } else {
+        None
+    };
     let survey = load::survey(state_dir, |_, _| {})?;
     let mut repair = Repair {
         state_dir: state_dir.to_path_buf(),

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use super::super::load::{self, Survey};
 use super::super::marker::{self, Marker};
-use super::super::{JOURNAL, LOCK_FILE, name, storage, storage_at};
+use super::super::{JOURNAL, name, storage, storage_at};
 use super::sync_dir;
 use crate::ledger::LedgerError;
 use crate::ledger::record::{JOURNAL_START, Mark, new_journal};
@@ -22,24 +22,6 @@ pub(super) fn first_mark() -> Mark {
         acknowledged: JOURNAL_START,
         next: 0,
     }
-}
-
-/// Take the state dir's lock file (`flock`, released when the process ends).
-pub(super) fn lock_state_dir(dir: &Path) -> Result<File, LedgerError> {
-    let lock_path = dir.join(LOCK_FILE);
-    let lock = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .map_err(storage_at("open the lock file", &lock_path))?;
-    lock.try_lock().map_err(|e| {
-        LedgerError::Storage(format!(
-            "cannot open {} (is another ip-webhook using this --state-dir?): {e}",
-            lock_path.display()
-        ))
-    })?;
-    Ok(lock)
 }
 
 /// Remove the `*.tmp` files of the state dir: a snapshot, a repaired file or a marker whose
