@@ -301,22 +301,7 @@ fn damages_of_file(path: &Path) -> Vec<(Change, Range<u64>, Row)> {
             })
             .collect();
     }
-    for (i, &at) in SLOTS.iter().enumerate() {
-        let slot = at..at + SLOT_LEN as u64;
-        damages.push((Change::Zero(slot.clone()), slot));
-        if i == 0 {
-            let both = at..SLOTS[1] + SLOT_LEN as u64;
-            damages.push((Change::Zero(both.clone()), both));
-        }
-    }
-    damages.push((Change::Zero(0..FIXED_LEN), 0..FIXED_LEN));
-    damages.push((Change::Zero(0..JOURNAL_START), 0..JOURNAL_START));
-    if len > end {
-        damages.push((
-            Change::Zero(end..len.min(end + 100)),
-            end..len.min(end + 100),
-        ));
-    }
+    damages.extend(header_damages(end, len));
     let mark = crate::ledger::record::parse_file(path)
         .unwrap()
         .scan
@@ -334,6 +319,24 @@ fn damages_of_file(path: &Path) -> Vec<(Change, Range<u64>, Row)> {
             };
             (change, region, row)
         })
+        .collect()
+}
+
+/// The damages of a journal's header (each mark, both, the fixed part, all of it) and of the
+/// room after its records (`end` to `len`).
+fn header_damages(end: u64, len: u64) -> Vec<(Change, Range<u64>)> {
+    let mut regions: Vec<Range<u64>> = SLOTS.iter().map(|&at| at..at + SLOT_LEN as u64).collect();
+    regions.extend([
+        SLOTS[0]..SLOTS[1] + SLOT_LEN as u64,
+        0..FIXED_LEN,
+        0..JOURNAL_START,
+    ]);
+    if len > end {
+        regions.push(end..len.min(end + 100));
+    }
+    regions
+        .into_iter()
+        .map(|region| (Change::Zero(region.clone()), region))
         .collect()
 }
 
