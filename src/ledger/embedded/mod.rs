@@ -649,6 +649,24 @@ mod tests {
         assert!(!missing.exists(), "a read created {}", missing.display());
     }
 
+    /// `serve` removes the temp files of the ledger's writes a crash interrupted; a reader
+    /// leaves them, and nobody removes another file's temp file.
+    #[tokio::test]
+    async fn serve_removes_the_ledgers_unfinished_temp_files_only() {
+        let dir = tempfile::tempdir().unwrap();
+        recorded(dir.path(), &[claim("10.15.0.1", "a")]).await;
+        let ours = ["snapshot.00000000000000000002.tmp", "ledger.id.tmp"];
+        for name in ours.iter().chain(&["ca.key.tmp"]) {
+            std::fs::write(dir.path().join(name), b"half").unwrap();
+        }
+        assert_eq!(read_claims(dir.path()).unwrap().len(), 1);
+        assert!(ours.iter().all(|name| dir.path().join(name).exists()));
+        let ledger = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
+        assert!(ours.iter().all(|name| !dir.path().join(name).exists()));
+        assert!(dir.path().join("ca.key.tmp").exists());
+        ledger.close().await;
+    }
+
     #[tokio::test]
     async fn second_open_of_same_dir_is_a_clear_error() {
         let dir = tempfile::tempdir().unwrap();

@@ -9,8 +9,9 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use super::super::load::{self, Survey};
+use super::super::marker::MARKER;
 use super::super::marker::{self, Marker};
-use super::super::{JOURNAL, name, storage, storage_at};
+use super::super::{JOURNAL, SNAPSHOT, name, storage, storage_at};
 use super::sync_dir;
 use crate::ledger::LedgerError;
 use crate::ledger::record::{JOURNAL_START, Mark, new_journal};
@@ -24,17 +25,18 @@ pub(super) fn first_mark() -> Mark {
     }
 }
 
-/// Remove the `*.tmp` files of the state dir: a snapshot, a repaired file or a marker whose
-/// writing a crash interrupted (each is renamed into place only once whole and synced).
+/// Remove the ledger's `*.tmp` files from the state dir: a snapshot, a repaired journal or
+/// snapshot, or a marker whose writing a crash interrupted (each is renamed into place only
+/// once whole and synced). Other files' (the self-signed CA's) are not the ledger's to remove.
 pub(super) fn remove_unfinished(dir: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
+    let ours = [JOURNAL, SNAPSHOT, MARKER];
     for entry in entries.flatten() {
-        let is_tmp = entry
-            .file_name()
-            .to_str()
-            .is_some_and(|n| n.ends_with(".tmp"));
+        let is_tmp = entry.file_name().to_str().is_some_and(|n| {
+            n.ends_with(".tmp") && ours.iter().any(|prefix| n.starts_with(prefix))
+        });
         if is_tmp && entry.file_type().is_ok_and(|t| t.is_file()) {
             let _ = std::fs::remove_file(entry.path());
         }
