@@ -13,7 +13,7 @@
 //! | `request.name`, `metadata.name`, owner names | DNS subdomain, at most 253 characters |
 //! | `metadata.generateName` | DNS subdomain prefix (may end in `-`), at most 253 |
 //! | the app label's value, the `ip-webhook.io/ip-pool` annotation | label value, at most 63 |
-//! | `request.uid`, `metadata.uid`, owner UIDs | at most 128 characters, printable ASCII (no space, no control character) |
+//! | `request.uid`, `metadata.uid`, owner UIDs | at most 128 characters, printable ASCII (no control character) |
 
 use super::{Incoming, Meta};
 use crate::admission::annotations::IP_POOL;
@@ -136,7 +136,7 @@ fn too_long(value: &str, max: usize) -> Reason {
 /// the ledger and shown by `status -o wide`; a control character in it would reach a terminal.
 fn uid(value: &str) -> Reason {
     too_long(value, MAX_UID)?;
-    match value.bytes().position(|b| !b.is_ascii_graphic()) {
+    match value.bytes().position(|b| !(b' '..=b'~').contains(&b)) {
         Some(at) => Err(BoundReason::NotPrintable(value.to_string(), at)),
         None => Ok(()),
     }
@@ -323,7 +323,7 @@ mod tests {
                 "request.object.metadata.uid",
             ),
             (
-                pod_request(serde_json::json!({"uid": "a b"})),
+                pod_request(serde_json::json!({"uid": "café"})),
                 "request.object.metadata.uid",
             ),
             (
