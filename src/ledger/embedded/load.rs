@@ -23,8 +23,7 @@ use std::path::{Path, PathBuf};
 
 use super::marker::{self, Marker};
 use super::{JOURNAL, SNAPSHOT, generations, name};
-use crate::ledger::record::Named;
-use crate::ledger::record::{Kind, Mark, Scan, Stretch, scan_file};
+use crate::ledger::record::{Kind, Mark, Named, Scan, Stretch, scan_file};
 use crate::ledger::{Claim, Damage, Found, LedgerError};
 
 /// A problem [`survey`] found: the refusal `serve` and every reading command give, and what

@@ -9,8 +9,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use super::super::load::{self, Survey};
-use super::super::marker::MARKER;
-use super::super::marker::{self, Marker};
+use super::super::marker::{self, MARKER, Marker};
 use super::super::{JOURNAL, SNAPSHOT, name, storage, storage_at};
 use super::sync_dir;
 use crate::ledger::LedgerError;
