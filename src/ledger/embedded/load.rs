@@ -1,8 +1,9 @@
 //! The one way a state dir's embedded ledger is read, and everything it checks. `serve` opens
 //! the ledger through [`survey`] (and then makes the writes only a writer makes: a torn tail
 //! cut, a journal a crash left without its header or its seal mended), every reading command
-//! (`status`, `explain`, `check --drift`, `release --dry-run`, `review --dry-run`) reads it
-//! through [`survey`] and writes nothing, and `ledger repair` lists and mends what it finds.
+//! (`status`, `explain`, `check --drift`, `release` without `--apply`, `review --dry-run`)
+//! reads it through [`survey`] and writes nothing, and `ledger repair` lists and mends what it
+//! finds.
 //! So each refuses the same damage, with the same message.
 //!
 //! What must hold, with why each holds after any crash (`docs/ledgers.md` has the table of
