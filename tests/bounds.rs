@@ -826,8 +826,11 @@ async fn mistyped_key_warnings_are_bounded_in_count_length_and_cost() {
         let warnings = response["warnings"].as_array().unwrap();
         assert!(warnings.len() <= 6, "{name}: {} warnings", warnings.len());
         assert!(bytes < 4096, "{name}: a {bytes}-byte answer");
+        // within the API server's default webhook timeout (a debug build, on a busy machine;
+        // before the bound, the 6 MB key alone took 26 s here)
+        let timeout = Duration::from_secs(10);
         assert!(
-            took < Duration::from_secs(5) && legit < Duration::from_secs(5),
+            took < timeout && legit < timeout,
             "{name}: {took:?}, the admission beside it {legit:?}"
         );
     }
