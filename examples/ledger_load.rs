@@ -8,10 +8,11 @@
 //!
 //! ```text
 //! cargo build --release --example ledger_load
-//! taskset -c 0 target/release/examples/ledger_load load  DIR [journal|redb] [CONNS] [SECONDS]
+//! taskset -c 0 target/release/examples/ledger_load load  DIR [CONNS] [SECONDS]
 //! taskset -c 0 target/release/examples/ledger_load probe DIR [COUNT]
 //! taskset -c 0 target/release/examples/ledger_load probe-for DIR SECONDS
 //! taskset -c 0 target/release/examples/ledger_load commit-cost DIR [SECONDS] [RECORDS]
+//! taskset -c 0 target/release/examples/ledger_load mark-cost DIR [ROUNDS] [SECONDS] [RECORDS]
 //! taskset -c 0 target/release/examples/ledger_load restart DIR [CLAIMS]
 //! taskset -c 0 target/release/examples/ledger_load compact DIR [CLAIMS] [SECONDS]
 //! ```
@@ -24,7 +25,9 @@
 //! `commit-cost` is the disk's part of one group commit, with no threads and no ledger: it
 //! overwrites space it filled with synced zeros first (as the journal does) with RECORDS
 //! (default 15, the batch a 16-connection run forms) 116-byte records and `fdatasync`s them,
-//! again and again, and prints the process's CPU per commit and per record.
+//! again and again, and prints the process's CPU per commit and per record. `mark-cost` runs it
+//! without and with the journal's acknowledgement mark (a 32-byte write into the header after
+//! each commit) in alternating pairs and prints the ratio of the medians.
 
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr};
@@ -218,33 +221,46 @@ async fn load(dir: &Path, conns: usize, seconds: u64) {
 }
 
 /// The disk's part of one group commit of `records` claims: CPU per commit and per record, from
-/// writing them over synced zeros and `fdatasync`ing, again and again for `seconds`.
-fn commit_cost(dir: &Path, seconds: f64, records: usize) {
+/// writing them over synced zeros and `fdatasync`ing, again and again for `seconds`. With
+/// `mark`, each commit is followed by the 32-byte write of an acknowledgement mark into the
+/// file's header, in the slot of its turn, as the journal writes it after each commit's
+/// answers (`record/header.rs`): the next `fdatasync` carries it. Returns the CPU per commit
+/// in µs and the commits per second.
+fn commit_cost(dir: &Path, seconds: f64, records: usize, mark: bool) -> (f64, f64) {
     use std::os::unix::fs::FileExt;
     const ROOM: u64 = 8 << 20;
+    const HEADER: u64 = 1536;
     std::fs::create_dir_all(dir).unwrap();
     let path = dir.join("commit-cost");
     let file = std::fs::File::create(&path).unwrap();
     file.write_all_at(&vec![0; ROOM as usize], 0).unwrap();
     file.sync_data().unwrap();
     let batch = vec![b'r'; records * 116];
+    let slot = [b'm'; 32];
     let (user, system) = process_cpu();
-    let until = Instant::now() + Duration::from_secs_f64(seconds);
-    let (mut commits, mut at) = (0u64, 0u64);
+    let started = Instant::now();
+    let until = started + Duration::from_secs_f64(seconds);
+    let (mut commits, mut at) = (0u64, HEADER);
     while Instant::now() < until {
         file.write_all_at(&batch, at).unwrap();
         file.sync_data().unwrap();
-        at = (at + batch.len() as u64) % (ROOM - batch.len() as u64);
+        if mark {
+            file.write_all_at(&slot, [512, 1024][(commits % 2) as usize])
+                .unwrap();
+        }
+        at = HEADER + (at + batch.len() as u64 - HEADER) % (ROOM - HEADER - batch.len() as u64);
         commits += 1;
     }
+    let elapsed = started.elapsed().as_secs_f64();
     let (user, system) = {
         let (u, s) = process_cpu();
         (u - user, s - system)
     };
     let per_commit = (user + system) / commits as f64 * 1e6;
     println!(
-        "commit cost (overwrite {} B: {records} records of 116 B, then fdatasync; {seconds}s) in {}: commits={commits} cpu per commit {per_commit:.1}us (user {:.1}, system {:.1}), per record {:.2}us",
+        "commit cost (overwrite {} B: {records} records of 116 B, then fdatasync{}; {seconds}s) in {}: commits={commits} cpu per commit {per_commit:.1}us (user {:.1}, system {:.1}), per record {:.2}us",
         batch.len(),
+        if mark { ", then a 32 B mark" } else { "" },
         dir.display(),
         user / commits as f64 * 1e6,
         system / commits as f64 * 1e6,
@@ -252,6 +268,33 @@ fn commit_cost(dir: &Path, seconds: f64, records: usize) {
     );
     drop(file);
     std::fs::remove_file(&path).unwrap();
+    (per_commit, commits as f64 / elapsed)
+}
+
+/// [`commit_cost`] without and with the acknowledgement mark, in `rounds` alternating pairs
+/// of `seconds` each (the drift of a shared disk falls on both alike): the medians, and with
+/// the mark ÷ without.
+fn mark_cost(dir: &Path, rounds: usize, seconds: f64, records: usize) {
+    let (mut plain, mut marked) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        plain.push(commit_cost(dir, seconds, records, false));
+        marked.push(commit_cost(dir, seconds, records, true));
+    }
+    let median = |runs: &[(f64, f64)], pick: fn(&(f64, f64)) -> f64| {
+        let mut values: Vec<f64> = runs.iter().map(pick).collect();
+        values.sort_by(f64::total_cmp);
+        percentile(&values, 0.5)
+    };
+    let (cpu, rate) = (|r: &(f64, f64)| r.0, |r: &(f64, f64)| r.1);
+    println!(
+        "mark cost ({rounds} pairs of {seconds}s, {records} records a commit): cpu per commit {:.1} -> {:.1}us (x{:.3}), commits/s {:.0} -> {:.0} (x{:.3})",
+        median(&plain, cpu),
+        median(&marked, cpu),
+        median(&marked, cpu) / median(&plain, cpu),
+        median(&plain, rate),
+        median(&marked, rate),
+        median(&marked, rate) / median(&plain, rate),
+    );
 }
 
 /// The disk's own tail: 512-byte appends, each followed by `fdatasync`, for `seconds`. The
@@ -470,7 +513,7 @@ async fn main() {
     // as `ip-webhook serve` does: no stall of a huge page cleared or compacted on first touch
     let _ = rustix::thread::disable_transparent_huge_pages(true);
     let args: Vec<String> = std::env::args().collect();
-    let usage = "usage: ledger_load load DIR [CONNS] [SECONDS] | probe DIR [COUNT] | probe-for DIR SECONDS | commit-cost DIR [SECONDS] [RECORDS] | restart DIR [CLAIMS] | compact DIR [CLAIMS] [SECONDS]";
+    let usage = "usage: ledger_load load DIR [CONNS] [SECONDS] | probe DIR [COUNT] | probe-for DIR SECONDS | commit-cost DIR [SECONDS] [RECORDS] | mark-cost DIR [ROUNDS] [SECONDS] [RECORDS] | restart DIR [CLAIMS] | compact DIR [CLAIMS] [SECONDS]";
     let mode = args.get(1).expect(usage).as_str();
     let dir = Path::new(args.get(2).expect(usage));
     match mode {
@@ -487,10 +530,20 @@ async fn main() {
             dir,
             args.get(3).and_then(|a| a.parse().ok()).unwrap_or(15.0),
         ),
-        "commit-cost" => commit_cost(
+        "commit-cost" => drop(commit_cost(
             dir,
             args.get(3).and_then(|a| a.parse().ok()).unwrap_or(5.0),
             args.get(4)
+                .and_then(|a| a.parse().ok())
+                .filter(|&records| records > 0)
+                .unwrap_or(15),
+            false,
+        )),
+        "mark-cost" => mark_cost(
+            dir,
+            args.get(3).and_then(|a| a.parse().ok()).unwrap_or(6),
+            args.get(4).and_then(|a| a.parse().ok()).unwrap_or(3.0),
+            args.get(5)
                 .and_then(|a| a.parse().ok())
                 .filter(|&records| records > 0)
                 .unwrap_or(15),

@@ -697,3 +697,142 @@ async fn http2_early_answers_end_the_stream_without_a_reset() {
         }
     }
 }
+
+/// A UID with a control character (a terminal's escape sequence), sent straight to the port:
+/// refused at admission, naming the field and quoting it escaped, and never stored; a claim
+/// that holds one anyway (a ledger edited by hand) is shown escaped by `status -o wide`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uids_with_control_characters_are_refused_and_shown_escaped() {
+    let server = TestServer::start(&[]).await;
+    let escape = "\u{1b}]0;owned\u{7}\u{1b}[2J";
+    let forged = create(
+        &format!("r{escape}"),
+        pod("team", "web", "web-", Some("10.91.0.0/28")),
+    );
+    let response = server.mutate(&forged).await;
+    assert_eq!(response["allowed"], false, "{response}");
+    let message = response["status"]["message"].as_str().unwrap();
+    assert!(message.starts_with("request.uid: "), "{message}");
+    assert!(message.contains("\\u{1b}]0;owned"), "{message}");
+    assert!(!message.chars().any(char::is_control), "{message:?}");
+
+    let granted = server
+        .mutate(&create(
+            "ok-1",
+            pod("team", "web", "web-", Some("10.91.0.0/28")),
+        ))
+        .await;
+    assert_eq!(granted["allowed"], true, "{granted}");
+    let mut created = common::apply(&pod("team", "web", "web-", Some("10.91.0.0/28")), &granted);
+    created["metadata"]["name"] = json!("web-x1");
+    created["metadata"]["uid"] = json!(format!("u{escape}"));
+    let response = server.validate(&create("ok-2", created)).await;
+    assert_eq!(response["allowed"], false, "{response}");
+    let message = response["status"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("request.object.metadata.uid: "),
+        "{message}"
+    );
+    let state_dir = server.state_dir.path().to_path_buf();
+    server.launched.shutdown().await;
+    let shown = common::ip_webhook(&[
+        "status",
+        "--state-dir",
+        &state_dir.display().to_string(),
+        "-o",
+        "wide",
+    ]);
+    assert!(shown.ok, "{}", shown.stderr);
+    assert!(shown.stdout.contains("ok-1"), "{}", shown.stdout);
+    assert!(!shown.stdout.contains('\u{1b}'), "{}", shown.stdout);
+
+    // a claim that holds them anyway
+    let forged_dir = tempfile::tempdir().unwrap();
+    let ledger = ip_webhook::ledger::EmbeddedLedger::open(
+        forged_dir.path(),
+        ip_webhook::ledger::embedded::CommitCounters::default(),
+    )
+    .unwrap();
+    let mut claim = common::claims::claim("10.91.1.1", "web", "web-1");
+    claim.request_uid = format!("r{escape}").as_str().into();
+    claim.pod.uid = Some(format!("u{escape}").as_str().into());
+    use ip_webhook::ledger::Ledger;
+    ledger.create(claim.into()).await.unwrap();
+    ledger.close().await;
+    drop(ledger);
+    let shown = common::ip_webhook(&[
+        "status",
+        "--state-dir",
+        &forged_dir.path().display().to_string(),
+        "-o",
+        "wide",
+    ]);
+    assert!(shown.ok, "{}", shown.stderr);
+    assert!(
+        !shown.stdout.chars().any(|c| c.is_control() && c != '\n'),
+        "{:?}",
+        shown.stdout
+    );
+    assert!(
+        shown.stdout.contains("r\\u{1b}]0;owned\\u{7}\\u{1b}[2J"),
+        "{}",
+        shown.stdout
+    );
+}
+
+/// Mistyped-key warnings are bounded in count, length and cost: one 6 MB `ip-webhook.io/` key,
+/// or 240,000 of them, get an answer of a few KiB (five keys named, quoted to 64 bytes, the
+/// rest counted), not one that quotes them all; and an admission sent beside them is answered
+/// as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mistyped_key_warnings_are_bounded_in_count_length_and_cost() {
+    let server = TestServer::start(&[]).await;
+    let long_key = format!("ip-webhook.io/{}", "k".repeat(6_000_000));
+    let mut one_long = pod("team", "web", "web-", None);
+    one_long["metadata"]["annotations"] = json!({ long_key.as_str(): "" });
+    let mut many = pod("team", "web", "web-", None);
+    let keys: serde_json::Map<String, Value> = (0..240_000)
+        .map(|i| (format!("ip-webhook.io/x{i}"), json!("")))
+        .collect();
+    many["metadata"]["annotations"] = Value::Object(keys);
+    for (name, object) in [("one 6 MB key", one_long), ("240,000 keys", many)] {
+        let review = create("forged", object).to_string();
+        assert!(
+            review.len() < 7 * MIB as usize,
+            "{name}: {} bytes",
+            review.len()
+        );
+        let forged = {
+            let client = server.client.clone();
+            tokio::spawn(async move {
+                let started = Instant::now();
+                let reply = client.post("/mutate", review).await.unwrap();
+                (reply.body.len(), reply.response(), started.elapsed())
+            })
+        };
+        // a legitimate admission meanwhile
+        let started = Instant::now();
+        let granted = server
+            .mutate(&create(
+                &format!("ok-{}", name.len()),
+                pod("team", "web", "web-", Some("10.92.0.0/28")),
+            ))
+            .await;
+        let legit = started.elapsed();
+        assert_eq!(granted["allowed"], true, "{granted}");
+        let (bytes, response, took) = forged.await.unwrap();
+        eprintln!("{name}: answer {bytes} bytes in {took:?}; the admission beside it {legit:?}");
+        assert_eq!(response["allowed"], true, "{name}: {response}");
+        let warnings = response["warnings"].as_array().unwrap();
+        assert!(warnings.len() <= 6, "{name}: {} warnings", warnings.len());
+        assert!(bytes < 4096, "{name}: a {bytes}-byte answer");
+        // within the API server's default webhook timeout (a debug build, on a busy machine;
+        // before the bound, the 6 MB key alone took 26 s here)
+        let timeout = Duration::from_secs(10);
+        assert!(
+            took < timeout && legit < timeout,
+            "{name}: {took:?}, the admission beside it {legit:?}"
+        );
+    }
+    server.launched.shutdown().await;
+}

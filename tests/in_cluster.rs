@@ -790,7 +790,7 @@ async fn the_binary_serves_with_the_kubernetes_ledger() {
         "bin-1"
     );
     assert!(
-        !state.path().join("ledger.lock").exists() && !state.path().join("ledger.redb").exists(),
+        !state.path().join("ledger.lock").exists() && !state.path().join("ledger.id").exists(),
         "no embedded ledger was opened"
     );
 }

@@ -1,7 +1,7 @@
 //! The ledger contract, two ways:
 //!
 //! - the claim rules ([`ip_webhook::ledger::claim`]) step by step through all four adapters —
-//!   memory, embedded (redb in a temp dir), etcd (a real single-member etcd on loopback) and
+//!   memory, embedded (a journal in a temp dir), etcd (a real single-member etcd on loopback) and
 //!   kubernetes (IPClaims through `tests/support/fakeapi.py`) — which must give the same
 //!   answers for retry, takeover, release, grace and expiry;
 //! - the allocator over any interleaving of claim, release, expire (a release made elsewhere),
@@ -79,7 +79,25 @@ impl Backend {
                     previous.close().await;
                     drop(previous);
                 }
-                Arc::new(EmbeddedLedger::open(dir, CommitCounters::default()).unwrap())
+                // The lock file is free once the writer ended (`close` joins it), yet the reopen
+                // once found it locked (once in eight runs of the whole binary under load,
+                // never in fifteen of this test alone): the likeliest holder is a child another
+                // test of this binary spawned at that instant, which holds a copy of every
+                // descriptor between its fork and its exec. The reopen waits that out, at most
+                // two seconds; a lock really left held still fails.
+                let deadline = std::time::Instant::now() + Duration::from_secs(2);
+                loop {
+                    match EmbeddedLedger::open(dir, CommitCounters::default()) {
+                        Ok(ledger) => break Arc::new(ledger),
+                        Err(error)
+                            if error.to_string().contains("would block")
+                                && std::time::Instant::now() < deadline =>
+                        {
+                            tokio::time::sleep(Duration::from_millis(10)).await
+                        }
+                        Err(error) => panic!("{error}"),
+                    }
+                }
             }
             #[cfg(feature = "etcd")]
             Backend::Etcd { endpoint, prefix } => {

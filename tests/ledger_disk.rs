@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::fakeapi::FakeApi;
 use common::*;
 use ip_webhook::ledger::embedded::CommitCounters;
 use ip_webhook::ledger::{Claim, EmbeddedLedger, Ledger, Phase};
@@ -79,17 +80,25 @@ async fn seeded(dir: &Path, n: u32) -> PathBuf {
 }
 
 fn journal(dir: &Path) -> PathBuf {
-    let mut journals: Vec<PathBuf> = std::fs::read_dir(dir)
+    newest(dir, "journal.")
+}
+
+/// The newest file of `dir` named `prefix` and a generation.
+fn newest(dir: &Path, prefix: &str) -> PathBuf {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| {
             p.file_name()
                 .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("journal.") && !n.contains(".damaged-"))
+                .and_then(|n| n.strip_prefix(prefix))
+                .is_some_and(|generation| generation.parse::<u64>().is_ok())
         })
         .collect();
-    journals.sort();
-    journals.pop().expect("a journal")
+    found.sort();
+    found
+        .pop()
+        .unwrap_or_else(|| panic!("no {prefix}* in {}", dir.display()))
 }
 
 async fn held(dir: &Path) -> Vec<Claim> {
@@ -104,6 +113,15 @@ async fn held(dir: &Path) -> Vec<Claim> {
 fn records_end(bytes: &[u8]) -> usize {
     bytes.iter().rposition(|&b| b != 0).unwrap() + 3
 }
+
+/// Cut the file at `path` to `len` bytes.
+fn cut(path: &Path, len: u64) {
+    let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    file.set_len(len).unwrap();
+}
+
+/// Where a journal's records start: a journal of that length holds none.
+const JOURNAL_HEADER: u64 = 1536;
 
 /// The message the first line of `stderr` carries after `Error: `.
 fn error_line(stderr: &str) -> &str {
@@ -127,7 +145,8 @@ async fn damage_in_the_middle_refuses_every_command_until_repaired() {
             assert!(end > 3 * 4096, "{end} bytes of records");
             bytes[4096..8192].fill(0);
         } else {
-            bytes[end * 3 / 10] ^= 0x01;
+            let start = JOURNAL_HEADER as usize;
+            bytes[start + (end - start) * 3 / 10] ^= 0x01;
         }
         std::fs::write(&path, &bytes).unwrap();
         let listing = || {
@@ -202,7 +221,7 @@ async fn damage_in_the_middle_refuses_every_command_until_repaired() {
         // it starts again with every readable claim
         let kept = held(dir).await.len();
         // a page holds at most 4096 / (smallest record) records, and two cut at its edges
-        let smallest = (end - 8) / claims as usize - 4;
+        let smallest = (end - JOURNAL_HEADER as usize) / claims as usize - 4;
         let lost = if zero_page { 4096 / smallest + 2 } else { 1 };
         assert!(
             kept < claims as usize && kept + lost >= claims as usize,
@@ -325,12 +344,7 @@ async fn a_full_disk_refuses_at_once_says_where_and_resumes_by_itself() {
     .await
     .unwrap();
     drop(first);
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(journal(&state))
-        .unwrap()
-        .set_len(8)
-        .unwrap();
+    cut(&journal(&state), JOURNAL_HEADER);
     // the disk filled up but for 72 KiB: the journal gets some room, not all it asks for
     let ballast = disk.path().join("ballast");
     let mut file = std::fs::File::create(&ballast).unwrap();
@@ -424,5 +438,354 @@ async fn a_full_disk_refuses_at_once_says_where_and_resumes_by_itself() {
         .collect();
     for ip in &acknowledged {
         assert!(held.contains(ip), "{ip} was acknowledged and is not held");
+    }
+}
+
+/// Claims `range` made in the ledger of `dir`, one commit each, closed cleanly: the path of its
+/// journal. Names of one length: every record is the same size.
+async fn seeded_with(dir: &Path, range: std::ops::Range<u32>) -> PathBuf {
+    let ledger = EmbeddedLedger::open(dir, CommitCounters::default()).unwrap();
+    for i in range {
+        ledger.create(claim(i).into()).await.unwrap();
+    }
+    ledger.close().await;
+    journal(dir)
+}
+
+/// `serve` and `status` on `dir` both refuse, with one message that names `path` (and `byte`,
+/// for a damaged file), changing nothing: the message.
+fn both_refuse(dir: &Path, path: &Path, byte: Option<u64>) -> String {
+    let before = tree(dir);
+    let message = error_line(&serve_refuses(dir)).to_string();
+    assert!(message.contains(&path.display().to_string()), "{message}");
+    if let Some(byte) = byte {
+        assert!(
+            message.contains(&format!("damaged at byte {byte}:")),
+            "{message}"
+        );
+    }
+    let (ok, stdout, stderr) = run(&["status", "--state-dir", &dir.display().to_string()]);
+    assert!(!ok, "status showed a ledger serve refuses: {stdout}");
+    assert_eq!(error_line(&stderr), message);
+    assert_eq!(tree(dir), before, "the refusals changed the state dir");
+    message
+}
+
+/// An emptied journal (or one cut inside its header) in a dir whose marker says it held a
+/// ledger: no crash leaves it (the marker follows the journal's synced header), so `serve`
+/// and `status` refuse it, naming the file, where they used to start an empty ledger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_emptied_journal_is_refused_naming_it() {
+    for len in [0u64, 4] {
+        let state = tempfile::tempdir().unwrap();
+        let path = seeded(state.path(), 5).await;
+        cut(&path, len);
+        let message = both_refuse(state.path(), &path, Some(len));
+        assert!(message.contains("inside the 1536-byte header"), "{message}");
+    }
+}
+
+/// The last records of a journal zeroed, its length kept: the records before its
+/// acknowledgement mark were answered, so this is no torn write but claims lost, refused with
+/// the repair path; the repair says what it loses and the ledger starts with the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zeroed_last_records_of_a_journal_are_refused_until_repaired() {
+    let state = tempfile::tempdir().unwrap();
+    let dir = state.path();
+    let path = seeded_with(dir, 10..30).await;
+    let mut bytes = std::fs::read(&path).unwrap();
+    let end = records_end(&bytes);
+    let size = (end - JOURNAL_HEADER as usize) / 20;
+    let from = end - 3 * size;
+    bytes[from..end].fill(0);
+    std::fs::write(&path, &bytes).unwrap();
+    let message = both_refuse(dir, &path, Some(from as u64));
+    assert!(
+        message.contains(&format!(
+            "its acknowledgement mark says the records answered to admissions reach byte {end}"
+        )) && message.contains("ledger repair --state-dir"),
+        "{message}"
+    );
+    let dir_arg = dir.display().to_string();
+    let (ok, plan, stderr) = run(&["ledger", "repair", "--state-dir", &dir_arg]);
+    assert!(ok, "{stderr}");
+    assert!(
+        plan.contains(&format!(
+            "lost: the answered records from byte {from} to byte {end}"
+        )),
+        "{plan}"
+    );
+    let (ok, _, stderr) = run(&["ledger", "repair", "--state-dir", &dir_arg, "--apply"]);
+    assert!(ok, "{stderr}");
+    let held: Vec<u32> = held(dir)
+        .await
+        .iter()
+        .map(|c| c.request_uid.trim_start_matches("uid-").parse().unwrap())
+        .collect();
+    assert_eq!(held.len(), 17, "{held:?}");
+    assert!(held.iter().all(|i| (10..27).contains(i)), "{held:?}");
+}
+
+/// Every entry under `dir`: its path, mode, size, modification time and contents (a
+/// directory's entries and times too), sorted: equal before and after means nothing was
+/// created, removed, changed or touched.
+fn tree(dir: &Path) -> Vec<(PathBuf, u32, u64, i64, i64, Vec<u8>)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut entries = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(at) = todo.pop() {
+        let meta = std::fs::symlink_metadata(&at).unwrap();
+        let contents = if meta.is_file() {
+            std::fs::read(&at).unwrap()
+        } else {
+            Vec::new()
+        };
+        if meta.is_dir() {
+            todo.extend(std::fs::read_dir(&at).unwrap().map(|e| e.unwrap().path()));
+        }
+        let relative = at.strip_prefix(dir).unwrap().to_path_buf();
+        entries.push((
+            relative,
+            meta.mode(),
+            meta.size(),
+            meta.mtime(),
+            meta.mtime_nsec(),
+            contents,
+        ));
+    }
+    entries.sort();
+    entries
+}
+
+/// A ledger with a snapshot: ten claims whose records are about 60 KB each, stepped between
+/// Bound and Terminating until the journals passed the 8 MiB a compaction waits for, then
+/// one step more (in the journal after the snapshot). The claims as held.
+async fn with_snapshot(dir: &Path) -> Vec<Claim> {
+    let ledger = EmbeddedLedger::open(dir, CommitCounters::default()).unwrap();
+    let app: ip_webhook::ledger::Shared = "a".repeat(60_000).as_str().into();
+    let mut held: Vec<Claim> = (10..20)
+        .map(|i| Claim {
+            app: app.clone(),
+            ..claim(i)
+        })
+        .collect();
+    for claim in &held {
+        ledger.create(claim.clone().into()).await.unwrap();
+    }
+    let snapshots = |dir: &Path| {
+        std::fs::read_dir(dir).unwrap().any(|e| {
+            let name = e.unwrap().file_name();
+            name.to_str()
+                .and_then(|n| n.strip_prefix("snapshot."))
+                .is_some_and(|generation| generation.parse::<u64>().is_ok())
+        })
+    };
+    let mut steps = 0;
+    while !snapshots(dir) || steps % held.len() != 1 {
+        let current = &mut held[steps % 10];
+        // the phase a terminating claim's pod turns back to, and back
+        let phase = if current.phase == Phase::Bound {
+            Phase::Terminating
+        } else {
+            Phase::Bound
+        };
+        let next = Claim {
+            phase,
+            updated_at: current.updated_at + 1,
+            ..current.clone()
+        };
+        assert!(ledger.transition(current, &next).await.unwrap());
+        *current = next;
+        steps += 1;
+        assert!(steps < 2000, "no compaction after {steps} steps");
+    }
+    ledger.close().await;
+    held
+}
+
+/// A snapshot whose last record is zeroed (its length kept): a snapshot has no room, so it is
+/// damage, and `serve` and `status` refuse it alike, naming the file and the byte (`status`
+/// used to show the ledger without that claim).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_whose_last_record_is_zeroed_is_refused_by_serve_and_status() {
+    let state = tempfile::tempdir().unwrap();
+    let dir = state.path();
+    with_snapshot(dir).await;
+    let snapshot = newest(dir, "snapshot.");
+    let mut bytes = std::fs::read(&snapshot).unwrap();
+    // ten records of one size after the 64-byte header
+    let size = (bytes.len() - 64) / 10;
+    assert_eq!((bytes.len() - 64) % 10, 0);
+    let last = bytes.len() - size;
+    bytes[last..].fill(0);
+    std::fs::write(&snapshot, &bytes).unwrap();
+    let message = both_refuse(dir, &snapshot, Some(last as u64));
+    assert!(message.contains("a snapshot is written whole"), "{message}");
+}
+
+/// A network's books that the primary dir names and that are gone (a partial copy such as
+/// `cp state/* new/`) are refused like a journal gone; `ledger repair --apply` forgets them on
+/// purpose.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_networks_books_gone_are_refused_like_a_journal_gone() {
+    use ip_webhook::ledger::network::Network;
+    use ip_webhook::ledger::{LedgerConfig, OpenOptions};
+    let state = tempfile::tempdir().unwrap();
+    let dir = state.path();
+    seeded(dir, 2).await;
+    let config = LedgerConfig::Embedded {
+        state_dir: dir.to_path_buf(),
+    };
+    let options = OpenOptions {
+        network: Some(Network::parse("default/storage").unwrap()),
+        ..OpenOptions::default()
+    };
+    let opened = ip_webhook::ledger::open(&config, &options).await.unwrap();
+    opened.ledger.create(claim(90).into()).await.unwrap();
+    opened.ledger.close().await;
+    drop(opened);
+    // what `cp state/* new/` copies: the files, not the directories
+    let copy = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_type().unwrap().is_file() {
+            std::fs::copy(entry.path(), copy.path().join(entry.file_name())).unwrap();
+        }
+    }
+    let books = copy.path().join("networks/default.storage");
+    let message = both_refuse(copy.path(), &books, None);
+    assert!(
+        message.contains("secondary network default.storage"),
+        "{message}"
+    );
+    let copy_arg = copy.path().display().to_string();
+    let (ok, done, stderr) = run(&["ledger", "repair", "--state-dir", &copy_arg, "--apply"]);
+    assert!(ok, "{stderr}");
+    assert!(done.contains("no longer names them"), "{done}");
+    assert_eq!(held(copy.path()).await.len(), 2);
+}
+
+/// `status`, `explain`, `check --drift`, `release --dry-run` and `review --dry-run` leave the
+/// state dir byte for byte as they found it: names, modes, sizes, contents and times, also
+/// where `serve` would write (a torn tail to cut, a snapshot's and a marker's temp files left
+/// by a crash, a network's books without their marker).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reading_commands_leave_the_state_dir_as_they_found_it() {
+    let state = tempfile::tempdir().unwrap();
+    let dir = state.path();
+    let held = with_snapshot(dir).await;
+    let books = dir.join("networks/default.storage");
+    std::fs::create_dir_all(&books).unwrap();
+    seeded_with(&books, 40..42).await;
+    std::fs::remove_file(books.join("ledger.id")).unwrap();
+    let last = journal(dir);
+    let mut bytes = std::fs::read(&last).unwrap();
+    let end = records_end(&bytes);
+    bytes[end..end + 20].fill(0x5a);
+    std::fs::write(&last, &bytes).unwrap();
+    std::fs::write(dir.join("snapshot.00000000000000000099.tmp"), b"half").unwrap();
+    std::fs::write(dir.join("ledger.id.tmp"), b"half").unwrap();
+    let fake = FakeApi::start();
+    let kubeconfig = fake.kubeconfig().display().to_string();
+    let manifest = tempfile::NamedTempFile::new().unwrap();
+    let mut deployment = pod("prod", "web", "web-", Some("10.40.0.0/24"));
+    deployment["spec"] = serde_json::json!({"containers": []});
+    std::fs::write(
+        manifest.path(),
+        serde_json::json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web", "namespace": "prod"},
+            "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "web"}},
+                     "template": {"metadata": deployment["metadata"], "spec": deployment["spec"]}}
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let review = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        review.path(),
+        create("r1", pod("prod", "web", "web-", Some("10.40.0.0/16"))).to_string(),
+    )
+    .unwrap();
+    let (d, m, r) = (
+        dir.display().to_string(),
+        manifest.path().display().to_string(),
+        review.path().display().to_string(),
+    );
+    assert_eq!(held.len(), 10);
+    let report = tempfile::NamedTempFile::new().unwrap();
+    let p = report.path().display().to_string();
+    let before = tree(dir);
+    let drift = [
+        "check",
+        "--drift",
+        "--ledger",
+        "embedded",
+        "--state-dir",
+        &d,
+        "--kubeconfig",
+        &kubeconfig,
+        "-o",
+        "json",
+    ];
+    // (arguments, exit code): 3 is a "no" (drift found, a replica refused, a release refused)
+    let commands: [(&[&str], i32); 8] = [
+        (&["status", "--state-dir", &d], 0),
+        (&["status", "--state-dir", &d, "-o", "wide"], 0),
+        (&["status", "--state-dir", &d, "-o", "json"], 0),
+        (
+            &["status", "--state-dir", &d, "--network", "default/storage"],
+            0,
+        ),
+        // denied: the held claims (of another app) hold the IPs it lists
+        (&["explain", "--state-dir", &d, "-f", &m], 3),
+        (
+            &[
+                "review",
+                "--ledger",
+                "embedded",
+                "--state-dir",
+                &d,
+                &r,
+                "--dry-run",
+            ],
+            0,
+        ),
+        (&drift, 3),
+        // without --apply: what would be released
+        (
+            &[
+                "release",
+                "--from-report",
+                &p,
+                "--state-dir",
+                &d,
+                "--kubeconfig",
+                &kubeconfig,
+            ],
+            0,
+        ),
+    ];
+    for (args, expected) in commands {
+        // the output is large (60 KB app names): read as it comes
+        let ran = ip_webhook(args);
+        let said = format!(
+            "`{}`: {}{}",
+            args.join(" "),
+            &ran.stdout[..ran.stdout.len().min(400)],
+            ran.stderr
+        );
+        assert_eq!(ran.code, Some(expected), "{said}");
+        if args[0] == "check" {
+            std::fs::write(report.path(), &ran.stdout).unwrap();
+        }
+        if args[0] == "release" {
+            assert!(
+                ran.stdout
+                    .contains("would release 10 of 10 claims without a pod"),
+                "{said}"
+            );
+        }
+        assert_eq!(tree(dir), before, "{said}: the state dir changed");
     }
 }

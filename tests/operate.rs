@@ -1078,7 +1078,7 @@ async fn errors_are_one_line_with_an_exit_code_and_never_a_backtrace() {
     assert_one_error_line(
         &stderr,
         &format!(
-            "no embedded ledger in {}: no journal, snapshot or ledger.redb there",
+            "no embedded ledger in {}: no journal or snapshot there",
             missing.display()
         ),
     );

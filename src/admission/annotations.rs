@@ -513,13 +513,26 @@ const KNOWN_ANNOTATIONS: [&str; 4] = [ALLOCATABLE_IPS, IP_POOL, STATUS, CLAIM_TO
 /// The `ip-webhook.io/` labels read or written on a pod or a pod template.
 const KNOWN_LABELS: [&str; 2] = [FIXED_IP_LABEL, ALLOCATED_IP_LABEL];
 
+/// At most this many keys get a warning of their own; the rest are counted in one more.
+const MAX_KEY_WARNINGS: usize = 5;
+
+/// A key is quoted up to this many bytes (the longest key ip-webhook reads has 30).
+const MAX_QUOTED_KEY: usize = 64;
+
 /// One warning per `ip-webhook.io/` label or annotation under `path` (`metadata`,
 /// `spec.template.metadata`) that ip-webhook does not read, naming the known key closest to
 /// it: nothing reads a mistyped key, so without the warning the pod is admitted as one that
 /// asks for nothing.
+///
+/// Bounded, whatever the object holds: at most [`MAX_KEY_WARNINGS`] keys are named, then one
+/// warning counts the others; a key is quoted to [`MAX_QUOTED_KEY`] bytes; the closest known
+/// key is looked for only for a key that short (an edit distance costs its length times the
+/// known key's). The API server keeps at most 4 KiB of warnings per answer, and cuts each to
+/// 256 characters past that (k8s.io/apiserver `pkg/endpoints/filters/warning.go`).
 pub fn unknown_key_warnings(marks: PodMarks<'_>, path: &str) -> Vec<String> {
     let (labels, annotations) = marks;
     let mut warnings = Vec::new();
+    let mut unnamed = 0usize;
     let places = [
         ("labels", labels, &KNOWN_LABELS[..], &KNOWN_ANNOTATIONS[..]),
         (
@@ -534,32 +547,61 @@ pub fn unknown_key_warnings(marks: PodMarks<'_>, path: &str) -> Vec<String> {
             if !key.starts_with(KEY_PREFIX) || known.contains(&key.as_str()) {
                 continue;
             }
-            let (article, other_place) = if place == "labels" {
-                ("an", "annotation")
-            } else {
-                ("a", "label")
-            };
-            let hint = if other.contains(&key.as_str()) {
-                format!("it is read as {article} {other_place}, not from {path}.{place}")
-            } else {
-                let closest = known
-                    .iter()
-                    .chain(other)
-                    .min_by_key(|k| strsim::levenshtein(key, k))
-                    .copied()
-                    .unwrap_or(ALLOCATABLE_IPS);
-                if known.contains(&closest) {
-                    format!("did you mean {closest:?}?")
-                } else {
-                    format!("did you mean the {other_place} {closest:?}?")
-                }
-            };
+            if warnings.len() == MAX_KEY_WARNINGS {
+                unnamed += 1;
+                continue;
+            }
+            let hint = key_hint(key, place, known, other, path);
             warnings.push(format!(
-                "{path}.{place}[{key:?}]: ip-webhook reads no such key and ignores it; {hint}"
+                "{path}.{place}[{}]: ip-webhook reads no such key and ignores it; {hint}",
+                quoted_key(key)
             ));
         }
     }
+    if unnamed > 0 {
+        warnings.push(format!(
+            "{path}: {unnamed} more {KEY_PREFIX} keys that ip-webhook does not read (ignored)"
+        ));
+    }
     warnings
+}
+
+/// `key` quoted, cut to [`MAX_QUOTED_KEY`] bytes (at a character's edge) with its length said.
+fn quoted_key(key: &str) -> String {
+    if key.len() <= MAX_QUOTED_KEY {
+        return format!("{key:?}");
+    }
+    let mut cut = MAX_QUOTED_KEY;
+    while !key.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{:?}… ({} bytes)", &key[..cut], key.len())
+}
+
+/// What a key ip-webhook does not read was likely meant to be.
+fn key_hint(key: &str, place: &str, known: &[&str], other: &[&str], path: &str) -> String {
+    let (article, other_place) = if place == "labels" {
+        ("an", "annotation")
+    } else {
+        ("a", "label")
+    };
+    if other.contains(&key) {
+        return format!("it is read as {article} {other_place}, not from {path}.{place}");
+    }
+    if key.len() > MAX_QUOTED_KEY {
+        return "no key ip-webhook reads is that long".to_string();
+    }
+    let closest = known
+        .iter()
+        .chain(other)
+        .min_by_key(|k| strsim::levenshtein(key, k))
+        .copied()
+        .unwrap_or(ALLOCATABLE_IPS);
+    if known.contains(&closest) {
+        format!("did you mean {closest:?}?")
+    } else {
+        format!("did you mean the {other_place} {closest:?}?")
+    }
 }
 
 #[cfg(test)]
@@ -614,6 +656,34 @@ mod tests {
         );
         assert!(unknown_key_warnings((Some(&labels), Some(&annotations)), "metadata").is_empty());
         assert!(unknown_key_warnings((None, None), "metadata").is_empty());
+    }
+
+    /// However many and however long the keys, the warnings stay few and short: 240,000 keys
+    /// give five warnings and a count, a 6 MB key is quoted by its first 64 bytes.
+    #[test]
+    fn unknown_key_warnings_are_bounded_in_count_and_length() {
+        let keys: Vec<String> = (0..240_000)
+            .map(|i| format!("ip-webhook.io/x{i}"))
+            .collect();
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let (labels, annotations) = marks_of(&[], &refs);
+        let warnings = unknown_key_warnings((Some(&labels), Some(&annotations)), "metadata");
+        assert_eq!(warnings.len(), MAX_KEY_WARNINGS + 1, "{warnings:?}");
+        assert_eq!(
+            warnings.last().unwrap(),
+            "metadata: 239995 more ip-webhook.io/ keys that ip-webhook does not read (ignored)"
+        );
+        let long = format!("ip-webhook.io/{}", "é".repeat(3 << 20));
+        let (labels, annotations) = marks_of(&[&long], &[]);
+        let warnings = unknown_key_warnings((Some(&labels), Some(&annotations)), "metadata");
+        assert_eq!(warnings.len(), 1);
+        assert!(warnings[0].len() < 256, "{} bytes", warnings[0].len());
+        assert!(
+            warnings[0].contains(&format!("… ({} bytes)", long.len()))
+                && warnings[0].contains("no key ip-webhook reads is that long"),
+            "{}",
+            warnings[0]
+        );
     }
 
     /// One table per extension point: each CNI `--cni` names writes an annotation it reads,

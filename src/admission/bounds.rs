@@ -13,7 +13,7 @@
 //! | `request.name`, `metadata.name`, owner names | DNS subdomain, at most 253 characters |
 //! | `metadata.generateName` | DNS subdomain prefix (may end in `-`), at most 253 |
 //! | the app label's value, the `ip-webhook.io/ip-pool` annotation | label value, at most 63 |
-//! | `request.uid`, `metadata.uid`, owner UIDs | at most 128 characters |
+//! | `request.uid`, `metadata.uid`, owner UIDs | at most 128 characters, printable ASCII (no control character) |
 
 use super::{Incoming, Meta};
 use crate::admission::annotations::IP_POOL;
@@ -54,6 +54,11 @@ pub enum BoundReason {
         "{0:?} is not a label value (letters, digits, '-', '_' and '.', starting and ending with a letter or digit)"
     )]
     NotLabelValue(String),
+    /// Quoted escaped: a control character (a terminal's escape sequence) is never repeated.
+    #[error(
+        "{0:?} has a character that is not printable ASCII at byte {1} (a UID is printable ASCII: the API server's are UUIDs)"
+    )]
+    NotPrintable(String, usize),
 }
 
 /// Check the names of `incoming` (the request, `object` and `oldObject`). `app_label` is the
@@ -127,8 +132,14 @@ fn too_long(value: &str, max: usize) -> Reason {
     Ok(())
 }
 
+/// A UID: within [`MAX_UID`] and printable ASCII (the API server's are UUIDs). It is stored in
+/// the ledger and shown by `status -o wide`; a control character in it would reach a terminal.
 fn uid(value: &str) -> Reason {
-    too_long(value, MAX_UID)
+    too_long(value, MAX_UID)?;
+    match value.bytes().position(|b| !(b' '..=b'~').contains(&b)) {
+        Some(at) => Err(BoundReason::NotPrintable(value.to_string(), at)),
+        None => Ok(()),
+    }
 }
 
 fn is_alphanumeric_lower(b: u8) -> bool {
@@ -304,6 +315,18 @@ mod tests {
                 "request.uid",
             ),
             (
+                serde_json::json!({"uid": "r\u{1b}[2J", "operation": "CREATE"}),
+                "request.uid",
+            ),
+            (
+                pod_request(serde_json::json!({"uid": "u\u{7}\u{85}x"})),
+                "request.object.metadata.uid",
+            ),
+            (
+                pod_request(serde_json::json!({"uid": "café"})),
+                "request.object.metadata.uid",
+            ),
+            (
                 serde_json::json!({"uid": "u", "namespace": long.clone(), "operation": "CREATE"}),
                 "request.namespace",
             ),
@@ -320,6 +343,10 @@ mod tests {
         for (request, field) in cases {
             let error = checked(request).unwrap_err();
             assert_eq!(error.field, field, "{error}");
+            assert!(
+                !error.to_string().chars().any(char::is_control),
+                "the message repeats a control character: {error:?}"
+            );
             assert!(
                 error.to_string().len() < 400,
                 "the message repeats the value: {} bytes",

@@ -97,12 +97,15 @@ pub enum Command {
 /// `ip-webhook ledger …`.
 #[derive(Debug, Subcommand)]
 pub enum LedgerCommand {
-    /// Show what a repair of a damaged journal or snapshot keeps and loses; --apply does it.
+    /// Show what a repair of a refused ledger keeps and loses; --apply does it.
     ///
-    /// A file is damaged when a stretch of it is no valid record and valid records follow
-    /// (`serve`, `status` and `review` refuse such a state dir). A repair keeps every valid
-    /// record and drops the damaged stretches; the original is kept beside it as
-    /// `<file>.damaged-<unix seconds>`. Applying needs the ledger to itself (stop `serve`).
+    /// `serve` and every command refuse a state dir whose files are damaged (a stretch that
+    /// is no valid record with valid records after it, answered records lost, a snapshot not
+    /// whole, an unreadable header) or gone (a journal, a network's books). A repair rewrites
+    /// a damaged file with every valid record, keeping the original beside it as
+    /// `<file>.damaged-<unix seconds>`; writes a journal that is gone again, empty; forgets a
+    /// network's books that are gone; writes a damaged ledger.id again. Applying needs the
+    /// ledger to itself (stop `serve`).
     #[command(after_help = EXIT_CODES)]
     Repair(RepairArgs),
 }

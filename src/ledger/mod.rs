@@ -304,32 +304,73 @@ pub enum LedgerError {
     DiskFull { dir: String, error: String },
 }
 
-/// Where a ledger file is damaged, and what a repair would lose.
+/// Where a ledger file is damaged, and what was found there.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Damage {
     /// The file.
     pub path: std::path::PathBuf,
     /// The state dir (for the repair command the message names).
     pub state_dir: std::path::PathBuf,
-    /// Where the first damaged stretch starts.
+    /// Where the damage starts.
     pub offset: u64,
-    /// Valid records after the first damaged stretch.
-    pub records_after: usize,
-    /// Damaged stretches in the file, and their bytes.
-    pub stretches: usize,
-    pub damaged_bytes: u64,
+    pub found: Found,
+}
+
+/// What a damaged ledger file holds at [`Damage::offset`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Found {
+    /// Bytes that are no valid record, with valid records after them.
+    Stretch {
+        /// Valid records after the first damaged stretch.
+        records_after: usize,
+        /// Damaged stretches in the file, and their bytes.
+        stretches: usize,
+        damaged_bytes: u64,
+    },
+    /// A journal's records end here, short of where its acknowledgement mark says the
+    /// records answered to admissions reach.
+    Lost { acknowledged: u64 },
+    /// A snapshot's records end here (or its bytes go on past here), and its header says
+    /// it runs to `end` with `records` records: a snapshot is written whole, then renamed.
+    Cut { end: u64, records: u64 },
+    /// The file's header cannot be read (why).
+    Header(String),
 }
 
 impl fmt::Display for Damage {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} is damaged at byte {}: {} valid record(s) follow the damage ({} damaged stretch(es), {} byte(s)), so it is not a torn write a crash left; the ledger is not read rather than lose them, and nothing was changed on disk. `ip-webhook ledger repair --state-dir {}` shows what a repair keeps and loses",
+            "{} is damaged at byte {}: ",
             self.path.display(),
-            self.offset,
-            self.records_after,
-            self.stretches,
-            self.damaged_bytes,
+            self.offset
+        )?;
+        match &self.found {
+            Found::Stretch {
+                records_after,
+                stretches,
+                damaged_bytes,
+            } => write!(
+                f,
+                "{records_after} valid record(s) follow the damage ({stretches} damaged stretch(es), {damaged_bytes} byte(s)), so it is not a torn write a crash left"
+            )?,
+            Found::Lost { acknowledged } => write!(
+                f,
+                "its records end there, but its acknowledgement mark says the records answered to admissions reach byte {acknowledged}; a crash never takes back an answered record (only a write never answered), so they were lost from the disk"
+            )?,
+            Found::Cut { end, records } if self.offset < *end => write!(
+                f,
+                "its records end there, but its header says the snapshot holds {records} record(s) up to byte {end}; a snapshot is written whole and then renamed into place, so the rest was lost from the disk"
+            )?,
+            Found::Cut { end, .. } => write!(
+                f,
+                "its header says the snapshot ends at byte {end}, and bytes follow; a snapshot is written whole and then renamed into place, so it was changed on the disk"
+            )?,
+            Found::Header(why) => write!(f, "{why}")?,
+        }
+        write!(
+            f,
+            "; the ledger is not read rather than lose claims, and nothing was changed on disk. `ip-webhook ledger repair --state-dir {}` shows what a repair keeps and loses",
             self.state_dir.display()
         )
     }

@@ -178,6 +178,7 @@ pub async fn open(config: &LedgerConfig, options: &OpenOptions) -> Result<Opened
         #[cfg(feature = "etcd")]
         etcd: None,
     };
+    let primary = config;
     let config = &books_of(config, options.network.as_ref())?;
     match config {
         LedgerConfig::Embedded { state_dir } => {
@@ -189,6 +190,13 @@ pub async fn open(config: &LedgerConfig, options: &OpenOptions) -> Result<Opened
             } else {
                 let ledger = EmbeddedLedger::open(state_dir, options.counters.clone())
                     .map_err(OpenError::Embedded)?;
+                if let (Some(network), LedgerConfig::Embedded { state_dir: primary }) =
+                    (&options.network, primary)
+                {
+                    // before any of its claims is answered: its books gone are refused
+                    super::embedded::register_books(primary, &network.books())
+                        .map_err(OpenError::Embedded)?;
+                }
                 Ok(plain(Arc::new(ledger)))
             }
         }
@@ -283,7 +291,7 @@ pub fn existing_embedded(dir: &Path) -> Result<(), OpenError> {
     }
     if !super::embedded::exists_in(dir) {
         return Err(OpenError::NoLedger(format!(
-            "no embedded ledger in {}: no journal, snapshot or ledger.redb there (is it the --state-dir of `ip-webhook serve`?)",
+            "no embedded ledger in {}: no journal or snapshot there (is it the --state-dir of `ip-webhook serve`?)",
             dir.display()
         )));
     }

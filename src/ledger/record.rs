@@ -1,36 +1,36 @@
-//! The embedded journal's file format. Every journal and snapshot file is an 8-byte magic, then
-//! records of `length (u32 LE) | CRC-32C of the payload (u32 LE) | payload`, one claim each.
-//!
-//! The magic says how payloads are encoded:
-//! - `IPWJRNL2`, the format written: a compact binary claim ([`encode_claim`]),
-//!   about half the bytes of the JSON one and several times cheaper to write and read.
-//! - `IPWJRNL1`: the claim as JSON. Still read; never written again. The journal stops
-//!   appending to a file of this format when it opens (the appends go to a new journal), and
-//!   the next snapshot rewrites its claims in the new format.
+//! The embedded journal's file format. Every journal and snapshot file starts with a header
+//! ([`header`]: magic `IPWJRNL3`, kind, generation, CRC; a journal's acknowledgement marks),
+//! then records of `length (u32 LE) | CRC-32C of the payload (u32 LE) | payload`, one claim
+//! each, the payload a compact binary claim ([`encode_claim`]).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use super::holder::{Carrier, VmRef};
 use super::{Claim, LedgerError, Phase, PodRef, Source};
 
+pub(super) mod header;
 mod read;
 
+pub(super) use header::{FIXED_LEN, Header, JOURNAL_START, Kind, Mark, journal_head};
+#[cfg(test)]
+pub(super) use header::{SLOT_LEN, SLOTS};
 #[cfg(test)]
 pub(super) use read::parse_file;
-pub(super) use read::{Scan, Stretch, scan_bytes, scan_file};
+pub(super) use read::{Named, Scan, Stretch, scan_bytes, scan_file};
 
-/// First bytes of every journal and snapshot file written now.
-pub(super) const MAGIC: &[u8; 8] = b"IPWJRNL2";
-/// First bytes of the files written before the binary payload existed.
-pub(super) const MAGIC_JSON: &[u8; 8] = b"IPWJRNL1";
 /// A record's length and CRC.
 const HEADER: usize = 8;
 
-/// How a file's payloads are encoded.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Format {
-    Json,
-    Binary,
+/// The first bytes of a new journal of `generation`, whose records are yet to come.
+pub(super) fn new_journal(generation: u64) -> Vec<u8> {
+    journal_head(
+        generation,
+        Mark {
+            seq: 1,
+            acknowledged: JOURNAL_START,
+            next: 0,
+        },
+    )
 }
 
 /// Append one record holding `claim` to `buf` (binary payload); returns its size.
@@ -72,8 +72,6 @@ pub enum RecordError {
     Flags(u8),
     #[error("{0} bytes after the claim")]
     Trailing(usize),
-    #[error(transparent)]
-    Json(#[from] serde_json::Error),
 }
 
 /// The claim, field by field in a fixed order: strings and integers as LEB128 lengths and
@@ -317,22 +315,12 @@ const CRC32C: [u32; 256] = {
     table
 };
 
-fn crc32c(data: &[u8]) -> u32 {
+pub(in crate::ledger) fn crc32c(data: &[u8]) -> u32 {
     let mut c = !0u32;
     for &b in data {
         c = CRC32C[((c ^ u32::from(b)) & 0xff) as usize] ^ (c >> 8);
     }
     !c
-}
-
-/// A record with a JSON payload, as journals of the `IPWJRNL1` format hold (tests write them to
-/// check they are still read).
-#[cfg(test)]
-pub(super) fn encode_json_record(buf: &mut Vec<u8>, claim: &Claim) {
-    let start = buf.len();
-    buf.extend_from_slice(&[0; HEADER]);
-    serde_json::to_writer(&mut *buf, claim).unwrap();
-    seal_record(buf, start).unwrap();
 }
 
 #[cfg(test)]
@@ -488,28 +476,46 @@ mod tests {
         }
     }
 
+    /// A journal and a snapshot read back with their headers; a torn tail is reported.
     #[test]
-    fn files_of_both_formats_are_read_and_a_torn_tail_is_reported() {
+    fn files_read_back_with_their_headers_and_a_torn_tail_is_reported() {
         let dir = tempfile::tempdir().unwrap();
-        for (magic, format) in [(MAGIC, Format::Binary), (MAGIC_JSON, Format::Json)] {
-            let mut bytes = magic.to_vec();
-            for claim in [full(), bare()] {
-                match format {
-                    Format::Binary => drop(encode_record(&mut bytes, &claim).unwrap()),
-                    Format::Json => encode_json_record(&mut bytes, &claim),
-                }
-            }
-            let whole = bytes.len() as u64;
-            bytes.extend_from_slice(&[9, 0, 0]);
-            let path = dir.path().join("file");
-            std::fs::write(&path, &bytes).unwrap();
-            let parsed = parse_file(&path).unwrap();
-            assert_eq!(parsed.scan.format, Some(format));
-            let claims: Vec<Claim> = parsed.claims.into_iter().map(|(c, _)| c).collect();
-            assert_eq!(claims, [full(), bare()]);
-            assert_eq!(parsed.scan.good, whole);
-            assert!(parsed.scan.torn);
+        let mut bytes = new_journal(4);
+        for claim in [full(), bare()] {
+            encode_record(&mut bytes, &claim).unwrap();
         }
+        let whole = bytes.len() as u64;
+        bytes.extend_from_slice(&[9, 0, 0]);
+        let path = dir.path().join("journal.4");
+        std::fs::write(&path, &bytes).unwrap();
+        let parsed = parse_file(&path).unwrap();
+        assert_eq!(parsed.scan.header, Ok(Header::journal(4)));
+        let mark = parsed.scan.mark.clone().unwrap().unwrap();
+        assert_eq!((mark.acknowledged, mark.next), (JOURNAL_START, 0));
+        let claims: Vec<Claim> = parsed.claims.into_iter().map(|(c, _)| c).collect();
+        assert_eq!(claims, [full(), bare()]);
+        assert_eq!(parsed.scan.good, whole);
+        assert!(parsed.scan.torn);
+
+        let mut snapshot = vec![0u8; FIXED_LEN as usize];
+        encode_record(&mut snapshot, &full()).unwrap();
+        let header = Header {
+            kind: Kind::Snapshot,
+            generation: 2,
+            records: 1,
+            end: snapshot.len() as u64,
+        };
+        snapshot[..FIXED_LEN as usize].copy_from_slice(&header.encode());
+        let path = dir.path().join("snapshot.2");
+        std::fs::write(&path, &snapshot).unwrap();
+        let parsed = parse_file(&path).unwrap();
+        assert_eq!(parsed.scan.header, Ok(header));
+        assert_eq!(parsed.scan.mark, None);
+        assert_eq!(parsed.claims.len(), 1);
+        // the same bytes under another name are refused by their header
+        let path = dir.path().join("snapshot.3");
+        std::fs::write(&path, &snapshot).unwrap();
+        assert!(parse_file(&path).unwrap().scan.header.is_err());
     }
 
     /// Zeros after the records are room made for the next ones, not a torn write; a cut
@@ -517,8 +523,8 @@ mod tests {
     #[test]
     fn zeros_after_the_records_are_room_and_a_record_cut_in_them_is_torn() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("file");
-        let mut bytes = MAGIC.to_vec();
+        let path = dir.path().join("journal.1");
+        let mut bytes = new_journal(1);
         encode_record(&mut bytes, &full()).unwrap();
         let whole = bytes.len();
         bytes.resize(whole + 4096, 0);

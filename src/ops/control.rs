@@ -76,6 +76,46 @@ pub fn unverifiable_claims_note(invocation: &str) -> String {
     )
 }
 
+/// The state dir's control directory, made (mode 0700) or found, never through a symbolic
+/// link: a `control` that is a link, or not a directory, is refused, so that the server never
+/// changes the mode of, or removes a socket in, a directory elsewhere. The directory is
+/// looked at without following a link (`lstat`), then opened and checked to be the very one
+/// looked at (device and inode), and its mode is set through that handle (`fchmod`).
+fn control_dir(state_dir: &Path) -> Result<PathBuf, ControlError> {
+    use std::os::unix::fs::MetadataExt;
+    let dir = state_dir.join(SOCKET_DIR);
+    let refused = |detail: &str| ControlError::Directory {
+        path: dir.clone(),
+        source: std::io::Error::other(detail.to_string()),
+    };
+    let directory = |source| ControlError::Directory {
+        path: dir.clone(),
+        source,
+    };
+    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(directory(e)),
+        _ => {}
+    }
+    let seen = std::fs::symlink_metadata(&dir).map_err(directory)?;
+    if seen.file_type().is_symlink() {
+        return Err(refused(
+            "it is a symbolic link; refusing to follow it (remove it: the server makes the directory)",
+        ));
+    }
+    if !seen.is_dir() {
+        return Err(refused("it is not a directory"));
+    }
+    let opened = std::fs::File::open(&dir).map_err(directory)?;
+    let meta = opened.metadata().map_err(directory)?;
+    if (meta.dev(), meta.ino()) != (seen.dev(), seen.ino()) {
+        return Err(refused("it was replaced while it was opened"));
+    }
+    opened
+        .set_permissions(std::fs::Permissions::from_mode(0o700))
+        .map_err(directory)?;
+    Ok(dir)
+}
+
 /// Serve release requests for the server on `state_dir`. A socket left by a server that is
 /// gone is replaced: the caller holds the ledger's lock, so no other server uses this dir.
 pub fn listen(
@@ -83,17 +123,7 @@ pub fn listen(
     allocator: Arc<Allocator>,
     pods: Option<Arc<dyn PodLookup>>,
 ) -> Result<tokio::task::JoinHandle<()>, ControlError> {
-    let dir = state_dir.join(SOCKET_DIR);
-    let directory = |source| ControlError::Directory {
-        path: dir.clone(),
-        source,
-    };
-    std::fs::DirBuilder::new()
-        .mode(0o700)
-        .recursive(true)
-        .create(&dir)
-        .map_err(directory)?;
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).map_err(directory)?;
+    let dir = control_dir(state_dir)?;
     let path = dir.join(SOCKET_NAME);
     match std::fs::remove_file(&path) {
         Ok(()) => {}
@@ -206,6 +236,14 @@ pub async fn ask(state_dir: &Path, request: &Request) -> Result<Option<Reply>, C
         path: path.clone(),
         source,
     };
+    // a server never listens behind a link (`control_dir`): nothing to ask through one
+    let dir = state_dir.join(SOCKET_DIR);
+    if std::fs::symlink_metadata(&dir).is_ok_and(|m| m.file_type().is_symlink()) {
+        return Err(ControlError::Directory {
+            path: dir,
+            source: std::io::Error::other("it is a symbolic link; refusing to follow it"),
+        });
+    }
     let stream = match UnixStream::connect(&path).await {
         Ok(stream) => stream,
         Err(e)
@@ -308,6 +346,54 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(again.message, "nothing to release: no claim holds 10.0.0.1");
+    }
+
+    /// A `control` that is a symbolic link is not followed: the directory it points to keeps
+    /// its mode and its files, the server says why it has no socket, and `release` does not
+    /// talk through it.
+    #[tokio::test]
+    async fn a_control_dir_that_is_a_link_is_refused_and_its_target_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(elsewhere.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let theirs = elsewhere.path().join(SOCKET_NAME);
+        std::fs::write(&theirs, b"not ours").unwrap();
+        std::os::unix::fs::symlink(elsewhere.path(), dir.path().join(SOCKET_DIR)).unwrap();
+        let ledger = Arc::new(MemoryLedger::new());
+        let allocator = Arc::new(Allocator::new(ledger).await.unwrap());
+        let error = listen(dir.path(), allocator, None).unwrap_err().to_string();
+        assert!(
+            error.contains("symbolic link") && error.contains(SOCKET_DIR),
+            "{error}"
+        );
+        let mode = std::fs::metadata(elsewhere.path())
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o755, "the link's target was chmodded");
+        assert_eq!(std::fs::read(&theirs).unwrap(), b"not ours");
+        let asked = ask(dir.path(), &request("10.0.0.1", true, None)).await;
+        assert!(
+            asked.is_err_and(|e| e.to_string().contains("symbolic link")),
+            "release talked through the link"
+        );
+        // a plain file there is refused too; a directory of ours with a loose mode is tightened
+        let file = tempfile::tempdir().unwrap();
+        std::fs::write(file.path().join(SOCKET_DIR), b"").unwrap();
+        assert!(control_dir(file.path()).is_err());
+        let loose = tempfile::tempdir().unwrap();
+        std::fs::create_dir(loose.path().join(SOCKET_DIR)).unwrap();
+        std::fs::set_permissions(
+            loose.path().join(SOCKET_DIR),
+            std::fs::Permissions::from_mode(0o777),
+        )
+        .unwrap();
+        control_dir(loose.path()).unwrap();
+        let mode = std::fs::metadata(loose.path().join(SOCKET_DIR))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o700);
     }
 
     #[tokio::test]

@@ -226,8 +226,41 @@ fn used(held: u64, size: Option<u64>) -> String {
     }
 }
 
-/// Left-aligned columns three spaces apart, like kubectl.
+/// `cell` as a terminal may show it: a control character (the start of an escape sequence, a
+/// line break) or an invisible one that reorders text is written as its escape (`\u{1b}`).
+/// What the admission bounds let into a claim has none; a claim object edited by hand, or
+/// another ledger's record, may.
+fn printable(cell: &str) -> std::borrow::Cow<'_, str> {
+    let hidden = |c: char| {
+        c.is_control()
+            || matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{feff}')
+    };
+    if !cell.chars().any(hidden) {
+        return cell.into();
+    }
+    cell.chars()
+        .map(|c| {
+            if hidden(c) {
+                c.escape_unicode().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect::<String>()
+        .into()
+}
+
+/// Left-aligned columns three spaces apart, like kubectl; every cell [`printable`].
 pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|row| {
+            row.iter()
+                .map(|cell| printable(cell).into_owned())
+                .collect()
+        })
+        .collect();
+    let rows = &rows[..];
     let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
     for row in rows {
         for (width, cell) in widths.iter_mut().zip(row) {

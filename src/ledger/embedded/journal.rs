@@ -2,8 +2,7 @@
 //! and the compaction that turns journals into a snapshot (module docs of [`super`]).
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs::{File, OpenOptions};
-use std::io::Write;
+use std::fs::File;
 use std::net::IpAddr;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -13,17 +12,15 @@ use std::time::Instant;
 
 mod room;
 mod snapshot;
+mod tail;
 
 use room::Stalled;
-use snapshot::{remove_before, sync_dir, write_snapshot};
+pub(super) use snapshot::sync_dir;
+use snapshot::{remove_before, write_snapshot};
 
-use super::marker;
-use super::{
-    JOURNAL, LOCK_FILE, REDB_FILE, Records, Reply, Request, SNAPSHOT, apply, generations, name,
-    redb_store, storage, storage_at,
-};
-use crate::ledger::record::{Format, MAGIC, Scan, encode_record, scan_file};
-use crate::ledger::{Claim, Damage, LedgerError};
+use super::{Records, Reply, Request, apply, load};
+use crate::ledger::record::{JOURNAL_START, Mark, encode_record};
+use crate::ledger::{Claim, LedgerError};
 
 /// Compaction starts when the journals since the last snapshot exceed twice the live records
 /// and at least this many bytes.
@@ -84,6 +81,8 @@ pub(super) struct Journal {
     generation: u64,
     /// Bytes appended to journals since the last snapshot began.
     journal_bytes: u64,
+    /// The newest acknowledgement mark written to `file` (`record/header.rs`).
+    mark: Mark,
     compactor: Option<thread::JoinHandle<()>>,
     /// The room could not be grown (the disk is full): commits go on in the room made, and
     /// one that needs more fails at once until a retry, spaced by the backoff, succeeds.
@@ -102,48 +101,6 @@ pub(super) struct Journal {
     buf: Vec<u8>,
     /// Kept open and locked: a second process on the same dir fails to open.
     _lock: File,
-}
-
-/// The refusal for a file with damage that valid records follow.
-pub(super) fn damaged(dir: &Path, path: &Path, scan: &Scan) -> LedgerError {
-    LedgerError::Damaged(Box::new(Damage {
-        path: path.to_path_buf(),
-        state_dir: dir.to_path_buf(),
-        offset: scan.damage.first().map_or(0, |d| d.offset),
-        records_after: scan.records_after_damage(),
-        stretches: scan.damage.len(),
-        damaged_bytes: scan.damage.iter().map(|d| d.len).sum(),
-    }))
-}
-
-/// The journal a ledger of snapshot `base` (0: none) and `journals` (from `base` on) lacks, if
-/// one is gone. Journal `g` is made durable before snapshot `g` is written, and journals are
-/// deleted only below a durable snapshot; the first journal of a dir is 1. So from the snapshot
-/// (or 1) to the last journal every generation is there; a gap is records lost, not a crash.
-/// The one exception: a redb ledger migrated to snapshot 1 before its first journal existed.
-fn missing_generation(base: u64, journals: &[u64], migrated: bool) -> Option<u64> {
-    if base == 1 && journals.is_empty() && migrated {
-        return None;
-    }
-    let first = if base > 0 { base } else { 1 };
-    let Some(&last) = journals.last() else {
-        return (base > 0).then_some(base);
-    };
-    (first.min(journals[0])..=last).find(|g| journals.binary_search(g).is_err())
-}
-
-/// Refuse a ledger of snapshot `base` and `journals` (from `base` on) that lacks a file.
-fn complete(dir: &Path, base: u64, journals: &[u64]) -> Result<(), LedgerError> {
-    let migrated = dir.join(format!("{REDB_FILE}.migrated")).exists();
-    match missing_generation(base, journals, migrated) {
-        Some(gone) => Err(marker::journal_gone(
-            dir,
-            base,
-            gone,
-            journals.first().copied(),
-        )),
-        None => Ok(()),
-    }
 }
 
 /// The records read on open, in file order, each with the size of its record.
@@ -183,154 +140,37 @@ impl Loaded {
     }
 }
 
-/// What the journals after the snapshot held: their bytes, and the last one's format and end
-/// of its last whole record.
-struct Journals {
-    bytes: u64,
-    last_format: Option<Format>,
-    last_good: u64,
-}
-
-/// Take the state dir's lock file (`flock`, released when the process ends); with whether the
-/// lock file was there before.
-fn lock_state_dir(dir: &Path) -> Result<(File, bool), LedgerError> {
-    let lock_path = dir.join(LOCK_FILE);
-    let lock_existed = lock_path.exists();
-    let lock = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .map_err(storage_at("open the lock file", &lock_path))?;
-    lock.try_lock().map_err(|e| {
-        LedgerError::Storage(format!(
-            "cannot open {} (is another ip-webhook using this --state-dir?): {e}",
-            lock_path.display()
-        ))
-    })?;
-    Ok((lock, lock_existed))
-}
-
-/// A state dir of an older release, with only `ledger.redb`: every claim of it becomes
-/// snapshot 1, and the file is kept as `ledger.redb.migrated`.
-fn migrate_redb(dir: &Path) -> Result<(), LedgerError> {
-    let redb = dir.join(REDB_FILE);
-    let claims = redb_store::load(&redb_store::open_redb(&redb)?)?;
-    write_snapshot(dir, 1, claims.iter())?;
-    let kept = dir.join(format!("{REDB_FILE}.migrated"));
-    std::fs::rename(&redb, &kept).map_err(storage("rename migrated redb file"))?;
-    sync_dir(dir)?;
-    tracing::info!(claims = claims.len(), kept = %kept.display(), "migrated the redb ledger to the journal");
-    Ok(())
-}
-
-/// Read snapshot `base` into `loaded`: it must be whole (snapshots are renamed into place
-/// once written and synced). A file with damage fails the open, so what it put in `loaded`
-/// is never used.
-fn load_snapshot(dir: &Path, base: u64, loaded: &mut Loaded) -> Result<(), LedgerError> {
-    let path = dir.join(name(SNAPSHOT, base));
-    let scan = scan_file(&path, |claim, size| loaded.install(claim, size))?;
-    if !scan.damage.is_empty() {
-        return Err(damaged(dir, &path, &scan));
-    }
-    if scan.torn || scan.good == 0 {
-        return Err(LedgerError::Corrupt {
-            ip: path.display().to_string(),
-            reason: format!(
-                "bad record at byte {} of a snapshot (snapshots are written whole, then renamed)",
-                scan.good
-            ),
-        });
-    }
-    Ok(())
-}
-
-/// Read `journals` in order into `loaded`. Only the last one may end in a torn write (a commit
-/// a crash cut short, never answered): it is cut off.
-fn load_journals(
-    dir: &Path,
-    journals: &[u64],
-    loaded: &mut Loaded,
-) -> Result<Journals, LedgerError> {
-    let mut read = Journals {
-        bytes: 0,
-        last_format: None,
-        last_good: 0,
-    };
-    let last = journals.last().copied();
-    for &generation in journals {
-        let path = dir.join(name(JOURNAL, generation));
-        let scan = scan_file(&path, |claim, size| loaded.install(claim, size))?;
-        if !scan.damage.is_empty() {
-            return Err(damaged(dir, &path, &scan));
-        }
-        read.last_format = scan.format;
-        read.last_good = scan.good;
-        if scan.torn {
-            if Some(generation) != last {
-                return Err(LedgerError::Corrupt {
-                    ip: path.display().to_string(),
-                    reason: format!(
-                        "bad record at byte {} of a journal that a later one follows (only the last journal can end in a torn write)",
-                        scan.good
-                    ),
-                });
-            }
-            tracing::warn!(path = %path.display(), kept = scan.good, "cutting a torn record off the journal");
-            let file = OpenOptions::new()
-                .write(true)
-                .open(&path)
-                .map_err(storage_at("open the journal", &path))?;
-            file.set_len(scan.good)
-                .map_err(storage("truncate journal"))?;
-            file.sync_all().map_err(storage("sync journal"))?;
-        }
-        read.bytes += scan.good;
-    }
-    Ok(read)
-}
-
 impl Journal {
+    /// Open the ledger in `dir` for writing: lock it, read it as every command does
+    /// ([`load::survey`], refusing what it refuses), then make the writes only a writer makes
+    /// (`journal/tail.rs`).
     pub(super) fn open(dir: &Path) -> Result<Journal, LedgerError> {
-        let (lock, lock_existed) = lock_state_dir(dir)?;
-        let mut snapshots = generations(dir, SNAPSHOT)?;
-        let mut journals = generations(dir, JOURNAL)?;
-        if snapshots.is_empty() && journals.is_empty() && dir.join(REDB_FILE).exists() {
-            migrate_redb(dir)?;
-            snapshots = vec![1];
-        }
-        if snapshots.is_empty() && journals.is_empty() {
-            let signs = marker::signs(dir, lock_existed);
-            if !signs.is_empty() {
-                return Err(marker::missing(dir, &signs));
-            }
-        }
-        let base = snapshots.last().copied().unwrap_or(0);
+        let lock = super::lock_state_dir(dir, "is another ip-webhook using this --state-dir?")?;
+        tail::remove_unfinished(dir);
         let mut loaded = Loaded::default();
-        if base > 0 {
-            load_snapshot(dir, base, &mut loaded)?;
-        }
-        journals.retain(|g| *g >= base);
-        complete(dir, base, &journals)?;
-        let read = load_journals(dir, &journals, &mut loaded)?;
-        let (generation, file, end) =
-            Journal::open_tail(dir, base, journals.last().copied(), &read)?;
-        let allocated = file.metadata().map_err(storage("stat journal"))?.len();
-        // after the first journal exists (a crash in between leaves a journal and no marker,
-        // which the next open mends); a dir of an older release gets its marker here too
-        if let Err(error) = marker::ensure(dir) {
-            tracing::warn!(%error, "cannot write the ledger's marker file; a lost journal would then not be noticed");
-        }
+        let survey = load::survey(dir, |claim, size| loaded.install(claim, size))?.refusal()?;
+        let opened = tail::open_tail(dir, &survey)?;
+        let journal_bytes = survey
+            .journals
+            .iter()
+            .map(|j| j.good.saturating_sub(crate::ledger::record::JOURNAL_START))
+            .sum();
+        tail::keep_marker(dir, survey.marker.as_ref());
         let (claims, live_bytes) = loaded.finish();
         Ok(Journal {
             dir: dir.to_path_buf(),
             claims,
             live_bytes,
-            file,
-            end,
-            allocated,
-            generation,
-            journal_bytes: read.bytes,
+            allocated: opened
+                .file
+                .metadata()
+                .map_err(super::storage("stat journal"))?
+                .len(),
+            file: opened.file,
+            end: opened.end,
+            generation: opened.generation,
+            journal_bytes,
+            mark: opened.mark,
             compactor: None,
             full: None,
             poisoned: None,
@@ -341,61 +181,6 @@ impl Journal {
             buf: Vec::with_capacity(64 << 10),
             _lock: lock,
         })
-    }
-
-    /// The journal the next records go to, with its generation and where they start: the last
-    /// one, after its last whole record; a new one after a JSON-format journal (binary records
-    /// are not appended to it) or when there is none.
-    fn open_tail(
-        dir: &Path,
-        base: u64,
-        last: Option<u64>,
-        read: &Journals,
-    ) -> Result<(u64, File, u64), LedgerError> {
-        Ok(match last {
-            Some(generation) if read.last_format == Some(Format::Json) => {
-                let file = Journal::create_file(dir, generation + 1)?;
-                (generation + 1, file, MAGIC.len() as u64)
-            }
-            Some(generation) => {
-                let path = dir.join(name(JOURNAL, generation));
-                let file = OpenOptions::new()
-                    .write(true)
-                    .open(&path)
-                    .map_err(storage_at("open the journal", &path))?;
-                if file.metadata().map_err(storage("stat journal"))?.len() == 0 {
-                    file.write_all_at(MAGIC, 0)
-                        .map_err(storage("write journal"))?;
-                    file.sync_data().map_err(storage("sync journal"))?;
-                }
-                (generation, file, read.last_good.max(MAGIC.len() as u64))
-            }
-            None => {
-                let generation = base.max(1);
-                let file = Journal::create_file(dir, generation)?;
-                (generation, file, MAGIC.len() as u64)
-            }
-        })
-    }
-
-    fn create_file(dir: &Path, generation: u64) -> Result<File, LedgerError> {
-        let path = dir.join(name(JOURNAL, generation));
-        let mut file = OpenOptions::new()
-            .create_new(true)
-            .write(true)
-            .open(&path)
-            .map_err(storage_at("create the journal", &path))?;
-        if let Err(error) = file
-            .write_all(MAGIC)
-            .and_then(|()| file.sync_all())
-            .map_err(storage("write journal"))
-            .and_then(|()| sync_dir(dir))
-        {
-            // not left behind: a later attempt creates it again
-            let _ = std::fs::remove_file(&path);
-            return Err(error);
-        }
-        Ok(file)
     }
 
     pub(super) fn commit(
@@ -471,31 +256,48 @@ impl Journal {
             }
             self.finish_compaction();
         }
+        if let Some((generation, closed)) = self.rotate() {
+            self.snapshot_in_background(generation, closed);
+        }
+    }
+
+    /// Go on in a new journal, the current one closed for it ([`Journal::close_for`]): the
+    /// new generation, and the closed journal to sync. `None` when it cannot be created.
+    pub(super) fn rotate(&mut self) -> Option<(u64, Result<File, LedgerError>)> {
         let generation = self.generation + 1;
-        let file = match Journal::create_file(&self.dir, generation) {
+        let file = match tail::create_journal(&self.dir, generation) {
             Ok(file) => file,
             Err(error) => {
                 tracing::error!(%error, "cannot start a new journal; compaction postponed");
-                return;
+                return None;
             }
         };
-        // The room left in the journal it closes is not needed: a journal before the last one
-        // then ends at its last record, as every release has read it. Not synced: zeros that
-        // stay after a crash are read as room.
-        if let Err(error) = self.file.set_len(self.end) {
-            tracing::warn!(%error, "cannot trim the zeros after a closed journal's records");
-        }
+        let closed = self.close_for(generation);
         self.file = file;
-        self.end = MAGIC.len() as u64;
+        self.end = JOURNAL_START;
         self.allocated = self.end;
+        self.mark = tail::first_mark();
         self.generation = generation;
         self.journal_bytes = 0;
+        Some((generation, closed))
+    }
+
+    /// Write snapshot `generation` of every claim on a thread of its own (after syncing the
+    /// journal `closed`), then remove the files it covers.
+    pub(super) fn snapshot_in_background(
+        &mut self,
+        generation: u64,
+        closed: Result<File, LedgerError>,
+    ) {
         let claims: Vec<Arc<Claim>> = self.claims.values().map(|e| e.claim.clone()).collect();
         let dir = self.dir.clone();
         let spawned = thread::Builder::new()
             .name("ledger-compact".into())
             .spawn(move || {
-                let result = write_snapshot(&dir, generation, claims.iter().map(|c| &**c))
+                // the closed journal's seal made durable off the writer's thread
+                let result = closed
+                    .and_then(|file| file.sync_data().map_err(super::storage("sync journal")))
+                    .and_then(|()| write_snapshot(&dir, generation, claims.iter().map(|c| &**c)))
                     .and_then(|()| remove_before(&dir, generation));
                 match result {
                     Ok(()) => tracing::info!(generation, claims = claims.len(), "ledger compacted"),
@@ -507,6 +309,59 @@ impl Journal {
         match spawned {
             Ok(handle) => self.compactor = Some(handle),
             Err(error) => tracing::error!(%error, "cannot start the compaction thread"),
+        }
+    }
+
+    /// Close the journal written so far, which journal `next` follows: trimmed to its last
+    /// record, its mark saying where its records end and that `next` follows (so that `next`
+    /// gone is noticed). Neither is synced here: the compaction syncs it before it writes the
+    /// snapshot; zeros that stay after a crash are read as room, and a journal a crash left
+    /// unsealed is sealed by the next open. Returns a handle to it for that sync.
+    fn close_for(&mut self, next: u64) -> Result<File, LedgerError> {
+        if let Err(error) = self.file.set_len(self.end) {
+            tracing::warn!(%error, "cannot trim the zeros after a closed journal's records");
+        }
+        let seal = Mark {
+            seq: self.mark.seq + 1,
+            acknowledged: self.end,
+            next,
+        };
+        self.file
+            .write_all_at(&seal.encode(), seal.slot())
+            .map_err(super::storage("seal journal"))?;
+        self.mark = seal;
+        self.file
+            .try_clone()
+            .map_err(super::storage("seal journal"))
+    }
+
+    /// After a commit has its answers: the journal's mark names the records made durable so
+    /// far (`record/header.rs`), so that losing them later is told from a torn write. Written
+    /// and not synced: the next commit's `fdatasync` carries it to the disk, and the page
+    /// cache keeps it when the process is killed. One `pwrite` of 32 bytes per commit.
+    pub(super) fn mark_acknowledged(&mut self) {
+        if self.end <= self.mark.acknowledged || self.poisoned.is_some() {
+            return;
+        }
+        let mark = Mark {
+            seq: self.mark.seq + 1,
+            acknowledged: self.end,
+            next: 0,
+        };
+        match self.file.write_all_at(&mark.encode(), mark.slot()) {
+            Ok(()) => self.mark = mark,
+            Err(error) => {
+                tracing::warn!(%error, "cannot write the journal's acknowledgement mark")
+            }
+        }
+    }
+
+    /// The writer ends: the last mark written and synced.
+    pub(super) fn close(&mut self) {
+        self.finish_compaction();
+        self.mark_acknowledged();
+        if let Err(error) = self.file.sync_data() {
+            tracing::warn!(%error, "cannot sync the journal's acknowledgement mark");
         }
     }
 
@@ -548,58 +403,6 @@ impl Records for JournalBatch<'_> {
         self.pending.push((claim, size));
         Ok(())
     }
-}
-
-/// The journal store's claims, read without the lock and without cutting a torn tail (the
-/// writer may be appending to it right now: a partial last record is simply not counted). A
-/// file deleted by a compaction between listing and reading is retried once; damage is read
-/// again twice, a short while apart, before it is reported (a read that overlapped a large
-/// write can see a later page of it before an earlier one).
-pub(super) fn read_journal(state_dir: &Path) -> Result<Vec<Claim>, LedgerError> {
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
-        match read_journal_once(state_dir) {
-            Err(LedgerError::Storage(why)) if attempt == 1 && why.contains("No such file") => {
-                tracing::debug!(%why, "a journal went away while reading; reading again");
-            }
-            // a compaction between listing the snapshots and the journals looks like a gap
-            Err(LedgerError::Missing(why)) if attempt == 1 => {
-                tracing::debug!(%why, "the files changed while listing them; reading again");
-            }
-            Err(LedgerError::Damaged(_)) if attempt < 3 => {
-                std::thread::sleep(std::time::Duration::from_millis(50));
-            }
-            result => return result,
-        }
-    }
-}
-
-fn read_journal_once(state_dir: &Path) -> Result<Vec<Claim>, LedgerError> {
-    let base = generations(state_dir, SNAPSHOT)?
-        .last()
-        .copied()
-        .unwrap_or(0);
-    let mut claims: HashMap<IpAddr, Claim> = HashMap::new();
-    let mut read = |path: PathBuf| -> Result<(), LedgerError> {
-        let scan = scan_file(&path, |claim, _| {
-            claims.insert(claim.ip, claim);
-        })?;
-        if !scan.damage.is_empty() {
-            return Err(damaged(state_dir, &path, &scan));
-        }
-        Ok(())
-    };
-    let mut journals = generations(state_dir, JOURNAL)?;
-    journals.retain(|g| *g >= base);
-    complete(state_dir, base, &journals)?;
-    if base > 0 {
-        read(state_dir.join(name(SNAPSHOT, base)))?;
-    }
-    for generation in journals {
-        read(state_dir.join(name(JOURNAL, generation)))?;
-    }
-    Ok(claims.into_values().collect())
 }
 
 #[cfg(test)]

@@ -24,16 +24,15 @@
 //! the live records a background thread writes a `snapshot.<generation>` of every claim (temp
 //! file synced every 2 MiB, rename, directory fsync) and deletes the journals it covers, each
 //! shrunk a step at a time first (`journal/snapshot.rs`: neither stalls the writer's commits).
-//! On open: the newest snapshot, then the journals after it; zeros after the last record are
-//! room; a torn record at the end of the last journal with no valid record after it (a crash
-//! mid-write, never answered) is cut off; a stretch that is no valid record with valid records
-//! after it is damage and refuses to start, changing nothing (`ledger repair`, [`repair`]). A
-//! full disk refuses the commits that do not fit in the room made and resumes by itself
-//! (`journal/room.rs`); a dir that lost its journal refuses to start empty (`marker.rs`).
-//!
-//! A state dir of an older release holds one redb file (`ledger.redb`, `redb_store.rs`): it is
-//! read once and migrated to the journal on first open (the file is kept as
-//! `ledger.redb.migrated`).
+//! On open (`load.rs`, the one reading path of `serve` and every command): the newest
+//! snapshot, then the journals after it; zeros after the last record are room; a torn record
+//! at the end of a journal, after the records its acknowledgement mark names (a crash
+//! mid-write, never answered), is cut off by a writer and skipped by a reader; records lost
+//! before the mark, a stretch that is no valid record with valid records after it, a damaged
+//! header, a snapshot that is not whole, a journal, snapshot or network's books gone: each
+//! refuses to start, changing nothing (`ledger repair`, [`repair`]). A full disk refuses the
+//! commits that do not fit in the room made and resumes by itself (`journal/room.rs`); a dir
+//! that lost its journal refuses to start empty (`marker.rs`).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -46,9 +45,11 @@ use tokio::sync::oneshot;
 use super::{Claim, CreateOutcome, Ledger, LedgerError};
 
 mod counters;
+#[cfg(test)]
+mod damage_table;
 mod journal;
+mod load;
 mod marker;
-mod redb_store;
 pub mod repair;
 mod writer;
 
@@ -59,7 +60,6 @@ use counters::Stage;
 use journal::Journal;
 use writer::{Answer, Inbox, Msg, Records, Reply, Request, SLOW, Seal, apply, writer_loop};
 
-const REDB_FILE: &str = "ledger.redb";
 const LOCK_FILE: &str = "ledger.lock";
 const JOURNAL: &str = "journal.";
 const SNAPSHOT: &str = "snapshot.";
@@ -70,26 +70,37 @@ pub(super) fn name(prefix: &str, generation: u64) -> String {
     format!("{prefix}{generation:020}")
 }
 
-/// The generations of the files named `prefix<generation>` in `dir`.
+/// The generations of the files named `prefix<generation>` in `dir` (others, such as a
+/// `.tmp` file or a repair's `.damaged-` copy, are not the ledger's).
 pub(super) fn generations(dir: &Path, prefix: &str) -> Result<Vec<u64>, LedgerError> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(storage_at("list the state dir", dir))? {
         let entry = entry.map_err(storage_at("list the state dir", dir))?;
         let file_name = entry.file_name();
-        let Some(file_name) = file_name.to_str() else {
-            continue;
-        };
-        if let Some(generation) = file_name.strip_prefix(prefix) {
-            if let Ok(generation) = generation.parse::<u64>() {
-                found.push(generation);
-            } else if generation.ends_with(".tmp") {
-                // a snapshot a crash interrupted
-                let _ = std::fs::remove_file(entry.path());
-            }
-        }
+        let generation = file_name
+            .to_str()
+            .and_then(|name| name.strip_prefix(prefix))
+            .and_then(|generation| generation.parse::<u64>().ok());
+        found.extend(generation);
     }
     found.sort_unstable();
     Ok(found)
+}
+
+/// Take the state dir's lock file (`flock`, released when the process ends), or say that
+/// `busy` (who may hold it) when another process has it.
+fn lock_state_dir(dir: &Path, busy: &str) -> Result<std::fs::File, LedgerError> {
+    let lock_path = dir.join(LOCK_FILE);
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(storage_at("open the lock file", &lock_path))?;
+    lock.try_lock().map_err(|e| {
+        LedgerError::Storage(format!("cannot lock {} ({busy}): {e}", lock_path.display()))
+    })?;
+    Ok(lock)
 }
 
 pub struct EmbeddedLedger {
@@ -113,9 +124,8 @@ fn storage_at<'a, E: std::fmt::Display>(
 }
 
 impl EmbeddedLedger {
-    /// Open (or create) the ledger in `state_dir`; a state dir that holds only the redb file
-    /// of older releases is migrated to the journal first. Fails with a clear message when
-    /// another process has it open.
+    /// Open (or create) the ledger in `state_dir`. Fails with a clear message when another
+    /// process has it open, and refuses what every reading command refuses (`load.rs`).
     pub fn open(state_dir: &Path, counters: CommitCounters) -> Result<EmbeddedLedger, LedgerError> {
         std::fs::create_dir_all(state_dir).map_err(|e| {
             LedgerError::Storage(format!(
@@ -196,33 +206,52 @@ impl EmbeddedLedger {
     }
 }
 
-/// Every claim in `state_dir/ledger.redb`, read without creating or changing anything, also
-/// while a server has the file open (it writes in SingleWriter mode, which admits readers).
-/// A state dir that held a ledger whose files are gone is [`LedgerError::Missing`]; a damaged
-/// journal or snapshot is [`LedgerError::Damaged`], as `serve` would refuse it.
+/// Every claim of the ledger in `state_dir`, read as `serve` reads it on open ([`load::survey`],
+/// refusing the same damage with the same message) and without creating or changing anything,
+/// also while a server writes it. A file a compaction removed between listing and reading, or
+/// a journal it closed meanwhile, is read again (twice, a short while apart: a read that
+/// overlapped a large write can also see a later page of it before an earlier one).
 pub fn read_claims(state_dir: &Path) -> Result<Vec<Claim>, LedgerError> {
-    if state_dir.is_dir()
-        && (!generations(state_dir, SNAPSHOT)?.is_empty()
-            || !generations(state_dir, JOURNAL)?.is_empty())
-    {
-        return journal::read_journal(state_dir);
-    }
-    if state_dir.is_dir() && !state_dir.join(REDB_FILE).is_file() {
-        let signs = marker::signs(state_dir, state_dir.join(LOCK_FILE).exists());
-        if !signs.is_empty() {
-            return Err(marker::missing(state_dir, &signs));
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let mut claims: std::collections::HashMap<std::net::IpAddr, Claim> = Default::default();
+        let read = load::survey(state_dir, |claim, _| {
+            claims.insert(claim.ip, claim);
+        })
+        .and_then(load::Survey::refusal);
+        match read {
+            Ok(_) => return Ok(claims.into_values().collect()),
+            Err(LedgerError::Storage(why)) if attempt < 3 && why.contains("No such file") => {
+                tracing::debug!(%why, "a file went away while reading; reading again");
+            }
+            Err(LedgerError::Missing(_) | LedgerError::Damaged(_)) if attempt < 3 => {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            Err(error) => return Err(error),
         }
     }
-    redb_store::read(state_dir)
 }
 
-/// Whether `state_dir` holds an embedded ledger (journal, snapshot, or a redb file), or held
-/// one whose files are gone (then [`read_claims`] says what is missing).
+/// Whether `state_dir` holds an embedded ledger (journal, snapshot), or held one whose files
+/// are gone (then [`read_claims`] says what is missing).
 pub fn exists_in(state_dir: &Path) -> bool {
-    state_dir.join(REDB_FILE).is_file()
-        || generations(state_dir, SNAPSHOT).is_ok_and(|g| !g.is_empty())
+    generations(state_dir, SNAPSHOT).is_ok_and(|g| !g.is_empty())
         || generations(state_dir, JOURNAL).is_ok_and(|g| !g.is_empty())
-        || !marker::signs(state_dir, state_dir.join(LOCK_FILE).exists()).is_empty()
+        || !marker::signs(state_dir).is_empty()
+}
+
+/// Record in the marker of the primary `state_dir` that it keeps the books of a secondary
+/// network (`networks/BOOK`), once they exist and before any of their claims is answered:
+/// from then on those books gone are refused like a journal gone.
+pub fn register_books(state_dir: &Path, book: &str) -> Result<(), LedgerError> {
+    let mut kept = marker::read(state_dir)?.unwrap_or_else(marker::Marker::new);
+    if kept.books.iter().any(|b| b == book) {
+        return Ok(());
+    }
+    kept.books.push(book.to_string());
+    kept.books.sort();
+    marker::write(state_dir, &kept)
 }
 
 #[async_trait]
@@ -288,7 +317,7 @@ impl Drop for EmbeddedLedger {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::record::{Format, MAGIC, encode_record, parse_file};
+    use crate::ledger::record::{JOURNAL_START, encode_record, new_journal, parse_file};
     use crate::ledger::{Phase, PodRef, Source};
 
     use std::fs::OpenOptions;
@@ -524,6 +553,93 @@ mod tests {
         assert_eq!(held[0].pod.name, "a");
     }
 
+    /// A reader beside a writer that compacts again and again (new journals, their seals,
+    /// snapshots written and the files below them shrunk and removed) is never refused and
+    /// always sees every claim created before its read began.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_reader_beside_compactions_is_never_refused_and_misses_nothing() {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Arc::new(EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap());
+        let created = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let done = Arc::new(AtomicUsize::new(0));
+        let reader = {
+            let (dir, created, stop) = (dir.path().to_path_buf(), created.clone(), stop.clone());
+            let done = done.clone();
+            std::thread::spawn(move || {
+                let mut reads = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let before = created.load(Ordering::SeqCst);
+                    let claims = read_claims(&dir).unwrap_or_else(|e| panic!("read {reads}: {e}"));
+                    let seen = claims
+                        .iter()
+                        .filter(|c| c.ip.to_string().starts_with("10.14."))
+                        .count();
+                    assert!(
+                        seen >= before,
+                        "read {reads}: {seen} claims, {before} created before"
+                    );
+                    reads += 1;
+                    done.store(reads, Ordering::Relaxed);
+                }
+                reads
+            })
+        };
+        let mut held: Vec<Claim> = Vec::new();
+        for i in 0..40u32 {
+            let claim = Claim {
+                phase: Phase::Bound,
+                ..claim(&format!("10.14.0.{i}"), &format!("p{i}"))
+            };
+            ledger.create(claim.clone().into()).await.unwrap();
+            created.fetch_add(1, Ordering::SeqCst);
+            held.push(claim);
+        }
+        // until four snapshots were written and the reader read 20 times meanwhile, however
+        // long each takes
+        let snapshot = |dir: &Path| generations(dir, SNAPSHOT).unwrap().last().copied();
+        let mut round = 0u64;
+        while snapshot(dir.path()).is_none_or(|generation| generation < 5)
+            || done.load(Ordering::Relaxed) < 20
+        {
+            round += 1;
+            assert!(
+                round < 2000,
+                "{round} rounds and {:?}: no compaction",
+                snapshot(dir.path())
+            );
+            let steps = held.iter().map(|current| {
+                let next = Claim {
+                    phase: match current.phase {
+                        Phase::Bound => Phase::Terminating,
+                        _ => Phase::Bound,
+                    },
+                    updated_at: current.updated_at + 1,
+                    ..current.clone()
+                };
+                let ledger = ledger.clone();
+                let current = current.clone();
+                tokio::spawn(async move {
+                    assert!(
+                        ledger.transition(&current, &next).await.unwrap(),
+                        "round {round}"
+                    );
+                    next
+                })
+            });
+            held = futures::future::join_all(steps)
+                .await
+                .into_iter()
+                .map(|step| step.unwrap())
+                .collect();
+        }
+        stop.store(true, Ordering::Relaxed);
+        let reads = reader.join().unwrap();
+        ledger.close().await;
+        assert!(reads >= 20, "{reads} reads");
+    }
+
     #[tokio::test]
     async fn a_reader_sees_the_commits_of_an_open_writer_and_writes_nothing() {
         let dir = tempfile::tempdir().unwrap();
@@ -539,8 +655,26 @@ mod tests {
 
         let missing = dir.path().join("nothing-here");
         let err = read_claims(&missing).unwrap_err().to_string();
-        assert!(err.contains("nothing-here/ledger.redb"), "{err}");
+        assert!(err.contains("nothing-here"), "{err}");
         assert!(!missing.exists(), "a read created {}", missing.display());
+    }
+
+    /// `serve` removes the temp files of the ledger's writes a crash interrupted; a reader
+    /// leaves them, and nobody removes another file's temp file.
+    #[tokio::test]
+    async fn serve_removes_the_ledgers_unfinished_temp_files_only() {
+        let dir = tempfile::tempdir().unwrap();
+        recorded(dir.path(), &[claim("10.15.0.1", "a")]).await;
+        let ours = ["snapshot.00000000000000000002.tmp", "ledger.id.tmp"];
+        for name in ours.iter().chain(&["ca.key.tmp"]) {
+            std::fs::write(dir.path().join(name), b"half").unwrap();
+        }
+        assert_eq!(read_claims(dir.path()).unwrap().len(), 1);
+        assert!(ours.iter().all(|name| dir.path().join(name).exists()));
+        let ledger = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
+        assert!(ours.iter().all(|name| !dir.path().join(name).exists()));
+        assert!(dir.path().join("ca.key.tmp").exists());
+        ledger.close().await;
     }
 
     #[tokio::test]
@@ -579,6 +713,20 @@ mod tests {
         assert_eq!(released[0].pod.name, "p3");
     }
 
+    /// The open of `dir` refused as damage (`why` it must be): the error and the damage.
+    fn damage_refusing(dir: &Path, why: &str) -> (LedgerError, crate::ledger::Damage) {
+        let err = EmbeddedLedger::open(dir, CommitCounters::default())
+            .err()
+            .unwrap_or_else(|| panic!("opened: {why}"));
+        match &err {
+            LedgerError::Damaged(damage) => {
+                let damage = (**damage).clone();
+                (err, damage)
+            }
+            _ => panic!("{why}: {err}"),
+        }
+    }
+
     fn journal_path(dir: &Path) -> PathBuf {
         let generation = *generations(dir, JOURNAL).unwrap().last().unwrap();
         dir.join(name(JOURNAL, generation))
@@ -598,45 +746,6 @@ mod tests {
 
     /// A crash in the middle of a write leaves a torn record at the end of the journal: it is
     /// cut off on open, every whole record before it is kept, and the journal takes new writes.
-    #[tokio::test]
-    async fn a_json_format_journal_is_read_and_appends_go_to_a_new_binary_one() {
-        use super::super::record::{MAGIC_JSON, encode_json_record};
-        let dir = tempfile::tempdir().unwrap();
-        let mut old = MAGIC_JSON.to_vec();
-        encode_json_record(&mut old, &claim("10.7.0.1", "a"));
-        encode_json_record(&mut old, &claim("10.7.0.2", "b"));
-        std::fs::write(dir.path().join(name(JOURNAL, 1)), &old).unwrap();
-
-        let ledger = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
-        assert_eq!(ledger.load().await.unwrap().len(), 2);
-        assert_eq!(
-            ledger.create(claim("10.7.0.1", "c").into()).await.unwrap(),
-            CreateOutcome::AlreadyHeld(Box::new(claim("10.7.0.1", "a")))
-        );
-        ledger.create(claim("10.7.0.3", "c").into()).await.unwrap();
-        ledger.close().await;
-        drop(ledger);
-        assert_eq!(
-            std::fs::read(dir.path().join(name(JOURNAL, 1))).unwrap(),
-            old,
-            "the JSON journal is left as it was"
-        );
-        let next = parse_file(&dir.path().join(name(JOURNAL, 2))).unwrap();
-        assert_eq!(next.scan.format, Some(Format::Binary));
-        assert_eq!(next.claims.len(), 1);
-
-        let reopened = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
-        let mut names: Vec<_> = reopened
-            .load()
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|c| c.pod.name)
-            .collect();
-        names.sort();
-        assert_eq!(names, ["a", "b", "c"]);
-    }
-
     #[tokio::test]
     async fn a_torn_tail_is_cut_and_whole_records_are_kept() {
         let dir = tempfile::tempdir().unwrap();
@@ -691,7 +800,7 @@ mod tests {
         let len = std::fs::metadata(&path).unwrap().len();
         assert_eq!(
             len,
-            (MAGIC.len() as u64 + journal::ROOM_LOW).next_multiple_of(journal::GROW_STEP),
+            (JOURNAL_START + journal::ROOM_LOW).next_multiple_of(journal::GROW_STEP),
             "room made ahead of the first record"
         );
         assert!(first.scan.good < len && !first.scan.torn);
@@ -760,7 +869,8 @@ mod tests {
                 bytes[4096..8192].fill(0);
                 4096
             } else {
-                let at = good * 3 / 10;
+                let start = JOURNAL_START as usize;
+                let at = start + (good - start) * 3 / 10;
                 bytes[at] ^= 0x40;
                 at
             };
@@ -775,19 +885,20 @@ mod tests {
                 names
             };
             let before = listing(dir.path());
-            let err = EmbeddedLedger::open(dir.path(), CommitCounters::default())
-                .err()
-                .expect("damage refuses to open");
-            let LedgerError::Damaged(damage) = &err else {
-                panic!("{err}")
-            };
+            let (err, damage) = damage_refusing(dir.path(), "damage refuses to open");
             assert_eq!(damage.path, path);
             assert!(
                 (at.saturating_sub(200) as u64..=at as u64).contains(&damage.offset),
                 "damage at {at}, reported at {}",
                 damage.offset
             );
-            let after = damage.records_after;
+            let crate::ledger::Found::Stretch {
+                records_after: after,
+                ..
+            } = damage.found
+            else {
+                panic!("{err}")
+            };
             assert!(
                 after > 0 && after < claims as usize,
                 "{after} records after"
@@ -844,21 +955,44 @@ mod tests {
         assert_eq!(read_claims(dir.path()).unwrap_err().to_string(), message);
         assert!(generations(dir.path(), JOURNAL).unwrap().is_empty());
 
-        // a dir of an older release: journal, no marker; it gets one
-        let old = tempfile::tempdir().unwrap();
-        recorded(old.path(), &[claim("10.12.0.2", "b")]).await;
-        std::fs::remove_file(old.path().join(marker::MARKER)).unwrap();
-        let ledger = EmbeddedLedger::open(old.path(), CommitCounters::default()).unwrap();
+        // a dir whose marker is gone (a crash between the first journal and the marker): it
+        // gets one
+        let unmarked = tempfile::tempdir().unwrap();
+        recorded(unmarked.path(), &[claim("10.12.0.2", "b")]).await;
+        std::fs::remove_file(unmarked.path().join(marker::MARKER)).unwrap();
+        let ledger = EmbeddedLedger::open(unmarked.path(), CommitCounters::default()).unwrap();
         assert_eq!(ledger.load().await.unwrap().len(), 1);
-        assert!(old.path().join(marker::MARKER).is_file());
+        assert!(unmarked.path().join(marker::MARKER).is_file());
         ledger.close().await;
-        // its lock file, left by the older release, is a sign too
-        std::fs::remove_file(journal_path(old.path())).unwrap();
-        std::fs::remove_file(old.path().join(marker::MARKER)).unwrap();
-        let err = EmbeddedLedger::open(old.path(), CommitCounters::default())
-            .err()
-            .expect("refused");
-        assert!(err.to_string().contains(LOCK_FILE), "{err}");
+
+        // emptied, or cut inside its header, with the marker there: no crash leaves that (the
+        // marker follows the journal's synced header), so it is refused, naming the file
+        for len in [0, 4, 700] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = recorded(dir.path(), &[claim("10.12.0.3", "c")]).await;
+            let journal = std::fs::File::options().write(true).open(&path);
+            journal.and_then(|file| file.set_len(len)).unwrap();
+            let (err, damage) = damage_refusing(dir.path(), "an emptied journal refuses to open");
+            assert_eq!(
+                (damage.path.as_path(), damage.offset),
+                (path.as_path(), len)
+            );
+            assert!(
+                err.to_string().contains("inside the 1536-byte header"),
+                "{err}"
+            );
+            assert_eq!(
+                read_claims(dir.path()).unwrap_err().to_string(),
+                err.to_string()
+            );
+            assert_eq!(std::fs::metadata(&path).unwrap().len(), len, "changed");
+        }
+
+        // the lock alone is no sign: a crash between taking it and the first journal
+        let locked = tempfile::tempdir().unwrap();
+        std::fs::write(locked.path().join(LOCK_FILE), b"").unwrap();
+        let ledger = EmbeddedLedger::open(locked.path(), CommitCounters::default()).unwrap();
+        assert!(ledger.load().await.unwrap().is_empty());
     }
 
     /// A full disk: commits go on in the room made, one that does not fit is refused at once
@@ -868,7 +1002,7 @@ mod tests {
     fn a_full_disk_refuses_only_what_does_not_fit_and_resumes_when_space_returns() {
         let dir = tempfile::tempdir().unwrap();
         let mut journal = Journal::open(dir.path()).unwrap();
-        let space = journal::ROOM_LOW + journal::GROW_STEP;
+        let space = JOURNAL_START + journal::ROOM_LOW + journal::GROW_STEP;
         journal.space = Some(space);
         journal.grow_ahead();
         let commit = |journal: &mut Journal, i: u32| {
@@ -931,7 +1065,7 @@ mod tests {
         journal.grow_ahead();
         assert_eq!(
             len(),
-            (MAGIC.len() as u64 + journal::ROOM_LOW).next_multiple_of(journal::GROW_STEP),
+            (JOURNAL_START + journal::ROOM_LOW).next_multiple_of(journal::GROW_STEP),
             "room before the first commit"
         );
         let (mut grown, mut commits) = (0, 0);
@@ -981,11 +1115,17 @@ mod tests {
         bytes[last] ^= 0xff;
         std::fs::write(&path, &bytes).unwrap();
         // a later journal makes this one not the last
-        std::fs::write(dir.path().join(name(JOURNAL, 2)), MAGIC).unwrap();
-        let err = EmbeddedLedger::open(dir.path(), CommitCounters::default())
-            .err()
-            .expect("corruption refuses to open");
-        assert!(matches!(err, LedgerError::Corrupt { .. }), "{err}");
+        std::fs::write(dir.path().join(name(JOURNAL, 2)), new_journal(2)).unwrap();
+        let (err, damage) = damage_refusing(dir.path(), "corruption refuses to open");
+        // its acknowledgement mark names the record, which no crash takes back
+        assert!(
+            matches!(damage.found, crate::ledger::Found::Lost { .. }),
+            "{err}"
+        );
+        assert_eq!(
+            (damage.path.as_path(), damage.offset),
+            (path.as_path(), JOURNAL_START)
+        );
     }
 
     /// A journal gone from between the snapshot (or the first journal) and the last one, or
@@ -1002,17 +1142,22 @@ mod tests {
             err.to_string()
         };
         let gap = tempfile::tempdir().unwrap();
-        let first = recorded(gap.path(), &[claim("10.13.0.1", "a")]).await;
-        std::fs::copy(&first, gap.path().join(name(JOURNAL, 3))).unwrap();
+        recorded(gap.path(), &[claim("10.13.0.1", "a")]).await;
+        std::fs::write(gap.path().join(name(JOURNAL, 3)), new_journal(3)).unwrap();
         let message = refusal(gap.path());
         let second = gap.path().join(name(JOURNAL, 2));
         assert!(
             message.contains(&format!("{} is gone", second.display()))
-                && message.contains(&format!("create it empty (`touch {}`)", second.display())),
+                && message.contains(&format!(
+                    "`ip-webhook ledger repair --state-dir {} --apply` writes it again empty",
+                    gap.path().display()
+                )),
             "{message}"
         );
-        // Created empty on purpose, it opens with every record the other journals hold.
-        std::fs::File::create(&second).unwrap();
+        // Written again empty on purpose, it opens with every record the other journals hold.
+        let done = repair::repair(gap.path(), true).unwrap();
+        assert_eq!(done.mends, [repair::Mend::Journal(second.clone())]);
+        assert_eq!(parse_file(&second).unwrap().scan.records, 0);
         let ledger = EmbeddedLedger::open(gap.path(), CommitCounters::default()).unwrap();
         assert_eq!(ledger.load().await.unwrap().len(), 1);
         ledger.close().await;
@@ -1023,8 +1168,9 @@ mod tests {
         let message = refusal(lost.path());
         assert!(
             message.contains(&format!(
-                "its journals start at {} and the snapshot they follow (snapshot.*) is gone",
-                name(JOURNAL, 5)
+                "its journals start at {} and {}, the snapshot they follow, is gone",
+                name(JOURNAL, 5),
+                lost.path().join(name(SNAPSHOT, 5)).display()
             )),
             "{message}"
         );
@@ -1095,25 +1241,6 @@ mod tests {
                 after.display()
             )),
             "{err}"
-        );
-    }
-
-    /// A state dir written by the redb store opens as a journal with the same claims.
-    #[tokio::test]
-    async fn a_redb_ledger_is_migrated_on_first_open() {
-        let dir = tempfile::tempdir().unwrap();
-        redb_store::write(
-            &dir.path().join(REDB_FILE),
-            &[claim("10.6.0.1", "a"), claim("10.6.0.2", "b")],
-        )
-        .unwrap();
-        let ledger = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
-        assert_eq!(ledger.load().await.unwrap().len(), 2);
-        assert!(!dir.path().join(REDB_FILE).exists());
-        assert!(dir.path().join("ledger.redb.migrated").exists());
-        assert_eq!(
-            ledger.create(claim("10.6.0.1", "c").into()).await.unwrap(),
-            CreateOutcome::AlreadyHeld(Box::new(claim("10.6.0.1", "a")))
         );
     }
 }

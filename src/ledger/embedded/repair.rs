@@ -1,22 +1,35 @@
-//! `ip-webhook ledger repair`: what a repair of a damaged journal or snapshot keeps and loses,
-//! and the repair itself. A file is damaged when a stretch of it is no valid record and valid
-//! records follow (`serve`, `status` and `review` refuse it, [`LedgerError::Damaged`]). A
-//! repair keeps every valid record, before and after each damaged stretch, and drops the
-//! stretches; the original file is kept beside it as `<name>.damaged-<unix seconds>`.
+//! `ip-webhook ledger repair`: what a repair of a refused state dir keeps and loses, and the
+//! repair itself. It mends what `serve` and every command refuse ([`load::survey`] finds it):
+//! - a damaged journal or snapshot (damage with valid records after it, records lost before a
+//!   journal's acknowledgement mark, a snapshot that is not whole, an unreadable header) is
+//!   rewritten with every valid record and a new header; the original is kept beside it as
+//!   `<name>.damaged-<unix seconds>`;
+//! - a journal that is gone is written again, empty;
+//! - a network's books that are gone are forgotten (removed from the marker);
+//! - a damaged marker is written again from the files there.
+//!
+//! What only a backup brings back (the snapshot the journals follow, every file of the
+//! ledger) it refuses with the message `serve` gives.
 
 use std::fmt;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use super::{JOURNAL, LOCK_FILE, SNAPSHOT, generations, name, storage, storage_at};
-use crate::ledger::LedgerError;
-use crate::ledger::record::{Stretch, scan_bytes};
+use super::load::{self, Fix};
+use super::marker::{self, Marker};
+use super::{JOURNAL, name, storage};
+use crate::ledger::record::Named;
+use crate::ledger::record::{FIXED_LEN, Header, Kind, Mark, Stretch, journal_head, scan_bytes};
+use crate::ledger::{Found, LedgerError};
 
 /// One damaged file and what its repair does.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileRepair {
     pub path: PathBuf,
+    /// What is wrong with it, and where.
+    pub found: Found,
+    pub offset: u64,
     /// Valid records kept: before the first damaged stretch, and after it.
     pub kept_before: usize,
     pub kept_after: usize,
@@ -28,46 +41,40 @@ pub struct FileRepair {
     pub kept_as: Option<PathBuf>,
 }
 
+/// What a repair does besides rewriting a file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mend {
+    /// A journal that was gone, written again with no record.
+    Journal(PathBuf),
+    /// A network's books that were gone, no longer named by the marker.
+    Forgotten(String),
+    /// The marker, written again from the files there.
+    Marker(PathBuf),
+}
+
 /// What a repair of a state dir does (or did).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Repair {
     pub state_dir: PathBuf,
     pub files: Vec<FileRepair>,
+    pub mends: Vec<Mend>,
     pub applied: bool,
 }
 
-/// The files the ledger reads: the newest snapshot and the journals from it on.
-fn ledger_files(state_dir: &Path) -> Result<Vec<PathBuf>, LedgerError> {
-    let snapshots = generations(state_dir, SNAPSHOT)?;
-    let base = snapshots.last().copied().unwrap_or(0);
-    let mut files: Vec<PathBuf> = snapshots
-        .last()
-        .map(|&g| state_dir.join(name(SNAPSHOT, g)))
-        .into_iter()
-        .collect();
-    files.extend(
-        generations(state_dir, JOURNAL)?
-            .into_iter()
-            .filter(|&g| g >= base)
-            .map(|g| state_dir.join(name(JOURNAL, g))),
-    );
-    Ok(files)
-}
-
-/// The bytes of `bytes` a repair keeps: the magic and every valid record, in order.
-fn kept_bytes(bytes: &[u8], good: u64, damage: &[Stretch]) -> Vec<u8> {
+/// The bytes of `bytes` a repair keeps: every valid record from `start`, in order.
+fn kept_records(bytes: &[u8], start: u64, good: u64, damage: &[Stretch]) -> Vec<u8> {
     let mut kept = Vec::with_capacity(good as usize);
-    let mut at = 0usize;
+    let mut at = start as usize;
     for stretch in damage {
         kept.extend_from_slice(&bytes[at..stretch.offset as usize]);
         at = (stretch.offset + stretch.len) as usize;
     }
-    kept.extend_from_slice(&bytes[at..good as usize]);
+    kept.extend_from_slice(&bytes[at.min(good as usize)..good as usize]);
     kept
 }
 
 /// What a repair of `state_dir` would do; with `apply`, do it. Applying takes the ledger's
-/// lock (no `serve` may run on the dir meanwhile). Only damaged files are touched.
+/// lock (no `serve` may run on the dir meanwhile). Only what is refused is touched.
 pub fn repair(state_dir: &Path, apply: bool) -> Result<Repair, LedgerError> {
     if !state_dir.is_dir() {
         return Err(LedgerError::Storage(format!(
@@ -75,64 +82,144 @@ pub fn repair(state_dir: &Path, apply: bool) -> Result<Repair, LedgerError> {
             state_dir.display()
         )));
     }
+    // as `serve` does: no server may write the dir while it is repaired
+    let busy = "stop the ip-webhook that uses this --state-dir first";
     let _lock = if apply {
-        let path = state_dir.join(LOCK_FILE);
-        let lock = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(storage_at("open the lock file", &path))?;
-        lock.try_lock().map_err(|e| {
-            LedgerError::Storage(format!(
-                "cannot lock {} (stop the ip-webhook that uses this --state-dir first): {e}",
-                path.display()
-            ))
-        })?;
-        Some(lock)
+        Some(super::lock_state_dir(state_dir, busy)?)
     } else {
         None
     };
-    let mut files = Vec::new();
-    for path in ledger_files(state_dir)? {
-        let bytes = std::fs::read(&path)
-            .map_err(|e| LedgerError::Storage(format!("cannot read {}: {e}", path.display())))?;
-        let scan = scan_bytes(&path, &bytes)?;
-        if scan.damage.is_empty() {
+    let survey = load::survey(state_dir, |_, _| {})?;
+    let mut repair = Repair {
+        state_dir: state_dir.to_path_buf(),
+        files: Vec::new(),
+        mends: Vec::new(),
+        applied: apply,
+    };
+    let mut done: Vec<Fix> = Vec::new();
+    for problem in survey.problems {
+        if done.contains(&problem.fix) {
             continue;
         }
-        let after = scan.records_after_damage();
-        let torn_tail = if scan.torn {
-            bytes[scan.good as usize..]
-                .iter()
-                .rposition(|&b| b != 0)
-                .map_or(0, |last| last as u64 + 1)
-        } else {
-            0
-        };
-        let mut repair = FileRepair {
-            path: path.clone(),
-            kept_before: scan.records - after,
-            kept_after: after,
-            dropped: scan.damage.iter().map(|d| (d.offset, d.len)).collect(),
-            torn_tail,
-            kept_as: None,
-        };
-        if apply {
-            repair.kept_as = Some(rewrite(
-                state_dir,
-                &path,
-                &bytes,
-                &kept_bytes(&bytes, scan.good, &scan.damage),
-            )?);
+        done.push(problem.fix.clone());
+        match (problem.fix, problem.refusal) {
+            (Fix::None, refusal) => return Err(refusal),
+            (Fix::Rewrite { path, named }, LedgerError::Damaged(damage)) => {
+                let found = (damage.found, damage.offset);
+                repair
+                    .files
+                    .push(rewrite_file(state_dir, &path, named, found, apply)?)
+            }
+            (Fix::Rewrite { .. }, refusal) => return Err(refusal),
+            (Fix::CreateJournal(generation), _) => {
+                let path = state_dir.join(name(JOURNAL, generation));
+                if apply {
+                    let head = empty_journal(state_dir, generation, 0);
+                    write_new(state_dir, &path, &head)?;
+                }
+                repair.mends.push(Mend::Journal(path));
+            }
+            (Fix::ForgetBooks(book), _) => {
+                if apply {
+                    let mut kept = marker::read(state_dir)?.unwrap_or_else(Marker::new);
+                    kept.books.retain(|b| *b != book);
+                    marker::write(state_dir, &kept)?;
+                }
+                repair.mends.push(Mend::Forgotten(book));
+            }
+            (Fix::WriteMarker, _) => {
+                if apply {
+                    let mut kept = Marker::new();
+                    kept.books = marker::books_present(state_dir);
+                    marker::write(state_dir, &kept)?;
+                }
+                repair
+                    .mends
+                    .push(Mend::Marker(state_dir.join(marker::MARKER)));
+            }
         }
-        files.push(repair);
     }
-    Ok(Repair {
-        state_dir: state_dir.to_path_buf(),
-        files,
-        applied: apply,
-    })
+    Ok(repair)
+}
+
+/// The first bytes of journal `generation` of `state_dir`, with `records` bytes of records to
+/// follow: its mark names them all and, when journal `generation + 1` is there, that it follows.
+fn empty_journal(state_dir: &Path, generation: u64, records: u64) -> Vec<u8> {
+    let next = generation + 1;
+    let sealed = state_dir.join(name(JOURNAL, next)).exists();
+    journal_head(
+        generation,
+        Mark {
+            seq: 1,
+            acknowledged: Kind::Journal.records_start() + records,
+            next: if sealed { next } else { 0 },
+        },
+    )
+}
+
+/// What rewriting the damaged file at `path` keeps and loses; with `apply`, the rewrite.
+fn rewrite_file(
+    state_dir: &Path,
+    path: &Path,
+    named: Named,
+    (found, offset): (Found, u64),
+    apply: bool,
+) -> Result<FileRepair, LedgerError> {
+    let bytes = std::fs::read(path)
+        .map_err(|e| LedgerError::Storage(format!("cannot read {}: {e}", path.display())))?;
+    let scan = scan_bytes(path, named, &bytes)?;
+    let after = scan.records_after_damage();
+    let torn_tail = if scan.torn {
+        bytes[scan.good as usize..]
+            .iter()
+            .rposition(|&b| b != 0)
+            .map_or(0, |last| last as u64 + 1)
+    } else {
+        0
+    };
+    let mut repair = FileRepair {
+        path: path.to_path_buf(),
+        found,
+        offset,
+        kept_before: scan.records - after,
+        kept_after: after,
+        dropped: scan.damage.iter().map(|d| (d.offset, d.len)).collect(),
+        torn_tail,
+        kept_as: None,
+    };
+    if apply {
+        let start = named.kind.records_start();
+        let records = kept_records(&bytes, start, scan.good, &scan.damage);
+        let mut kept = match named.kind {
+            Kind::Journal => empty_journal(state_dir, named.generation, records.len() as u64),
+            Kind::Snapshot => Header {
+                kind: Kind::Snapshot,
+                generation: named.generation,
+                records: scan.records as u64,
+                end: FIXED_LEN + records.len() as u64,
+            }
+            .encode()
+            .to_vec(),
+        };
+        kept.extend_from_slice(&records);
+        repair.kept_as = Some(rewrite(state_dir, path, &bytes, &kept)?);
+    }
+    Ok(repair)
+}
+
+/// Create `path` with `bytes` (it must not exist), synced, and the directory synced.
+fn write_new(state_dir: &Path, path: &Path, bytes: &[u8]) -> Result<(), LedgerError> {
+    let mut file = OpenOptions::new()
+        .create_new(true)
+        .write(true)
+        .open(path)
+        .map_err(|e| LedgerError::Storage(format!("cannot create {}: {e}", path.display())))?;
+    file.write_all(bytes)
+        .and_then(|()| file.sync_all())
+        .map_err(|e| LedgerError::Storage(format!("cannot write {}: {e}", path.display())))?;
+    File::open(state_dir)
+        .and_then(|d| d.sync_all())
+        .map_err(storage("sync state dir"))
 }
 
 /// Keep `original` as `<path>.damaged-<unix seconds>`, then replace `path` by `kept` (temp
@@ -148,22 +235,10 @@ fn rewrite(
         .and_then(|n| n.to_str())
         .unwrap_or_default();
     let copy = state_dir.join(format!("{file_name}.damaged-{}", crate::ledger::unix_now()));
-    let write = |target: &Path, bytes: &[u8]| -> Result<(), LedgerError> {
-        let mut file = OpenOptions::new()
-            .create_new(true)
-            .write(true)
-            .open(target)
-            .map_err(|e| {
-                LedgerError::Storage(format!("cannot create {}: {e}", target.display()))
-            })?;
-        file.write_all(bytes)
-            .and_then(|()| file.sync_all())
-            .map_err(|e| LedgerError::Storage(format!("cannot write {}: {e}", target.display())))
-    };
-    write(&copy, original)?;
+    write_new(state_dir, &copy, original)?;
     let tmp = state_dir.join(format!("{file_name}.tmp"));
     let _ = std::fs::remove_file(&tmp);
-    write(&tmp, kept)?;
+    write_new(state_dir, &tmp, kept)?;
     std::fs::rename(&tmp, path).map_err(storage("rename the repaired file"))?;
     File::open(state_dir)
         .and_then(|d| d.sync_all())
@@ -171,9 +246,38 @@ fn rewrite(
     Ok(copy)
 }
 
+/// What a repair loses of a file, said in a line.
+fn lost_line(file: &FileRepair) -> String {
+    match &file.found {
+        Found::Stretch { .. } => {
+            let lost: u64 = file.dropped.iter().map(|(_, len)| len).sum();
+            let stretches: Vec<String> = file
+                .dropped
+                .iter()
+                .map(|(at, len)| format!("{len} byte(s) at byte {at}"))
+                .collect();
+            format!(
+                "{lost} damaged byte(s) ({}); the records there cannot be read, so which IPs they recorded is unknown",
+                stretches.join(", ")
+            )
+        }
+        Found::Lost { acknowledged } => format!(
+            "the answered records from byte {} to byte {acknowledged}, which are gone from the disk; which IPs they recorded is unknown",
+            file.offset
+        ),
+        Found::Cut { end, records } => format!(
+            "the snapshot's records after byte {} (its header says {records} record(s) up to byte {end}); which IPs they recorded is unknown",
+            file.offset
+        ),
+        Found::Header(why) => format!(
+            "its header ({why}); it is written again, and every valid record after it is kept"
+        ),
+    }
+}
+
 impl fmt::Display for Repair {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.files.is_empty() {
+        if self.files.is_empty() && self.mends.is_empty() {
             return writeln!(
                 f,
                 "No damage found in the ledger of {}: nothing to repair.",
@@ -181,23 +285,13 @@ impl fmt::Display for Repair {
             );
         }
         for file in &self.files {
-            let lost: u64 = file.dropped.iter().map(|(_, len)| len).sum();
             writeln!(f, "{}:", file.path.display())?;
             writeln!(
                 f,
                 "  kept: {} valid record(s) before the damage and {} after it",
                 file.kept_before, file.kept_after
             )?;
-            let stretches: Vec<String> = file
-                .dropped
-                .iter()
-                .map(|(at, len)| format!("{len} byte(s) at byte {at}"))
-                .collect();
-            writeln!(
-                f,
-                "  lost: {lost} damaged byte(s) ({}); the records there cannot be read, so which IPs they recorded is unknown",
-                stretches.join(", ")
-            )?;
+            writeln!(f, "  lost: {}", lost_line(file))?;
             if file.torn_tail > 0 {
                 writeln!(
                     f,
@@ -207,6 +301,25 @@ impl fmt::Display for Repair {
             }
             if let Some(copy) = &file.kept_as {
                 writeln!(f, "  the original is kept as {}", copy.display())?;
+            }
+        }
+        for mend in &self.mends {
+            match mend {
+                Mend::Journal(path) => writeln!(
+                    f,
+                    "{}: gone; written again with no record (the records it held are lost)",
+                    path.display()
+                )?,
+                Mend::Forgotten(book) => writeln!(
+                    f,
+                    "{}: the books of network {book} are gone; the marker no longer names them (their claims are lost)",
+                    self.state_dir.join(marker::NETWORKS).join(book).display()
+                )?,
+                Mend::Marker(path) => writeln!(
+                    f,
+                    "{}: damaged; written again from the files there",
+                    path.display()
+                )?,
             }
         }
         if self.applied {

@@ -204,7 +204,7 @@ pub(super) fn writer_loop(mut journal: Box<Journal>, inbox: &Inbox, counters: Co
         // the batch has its answers: room for the next ones is made now, not in their commit
         journal.grow_ahead();
     }
-    journal.finish_compaction();
+    journal.close();
 }
 
 pub(super) enum Reply {
@@ -311,6 +311,8 @@ fn commit_batch(
                     Reply::Changed(tx, changed) => drop(tx.send((Ok(changed), times))),
                 }
             }
+            // after the answers: the mark is no part of any admission's wait
+            journal.mark_acknowledged();
         }
         Err(error) => {
             // Nothing of this batch is durable: every waiter hears the error; requests not

@@ -11,15 +11,23 @@ use std::fs::File;
 use std::io::{self, Read};
 use std::path::Path;
 
-use super::{Claim, Format, HEADER, LedgerError, MAGIC, MAGIC_JSON, RecordError};
+use super::header::{Header, HeaderFault, Kind, Mark, short};
+use super::{Claim, HEADER, LedgerError, RecordError};
 use super::{crc32c, decode_claim};
 
 /// What reading a journal or snapshot file found, besides its claims.
 pub(in crate::ledger) struct Scan {
+    /// The file's length.
+    pub(in crate::ledger) len: u64,
+    /// Its fixed header, or why it cannot be read.
+    pub(in crate::ledger) header: Result<Header, HeaderFault>,
+    /// A journal's newest whole acknowledgement mark (`None` for a snapshot, or a journal too
+    /// short to hold its marks: then `header` is a fault).
+    pub(in crate::ledger) mark: Option<Result<Mark, HeaderFault>>,
     /// Valid records, in file order (also those after a damaged stretch).
     pub(in crate::ledger) records: usize,
-    /// Where the records end: the end of the last valid record (or the magic). A journal's
-    /// next record goes here.
+    /// Where the records end: the end of the last valid record (or where records start; the
+    /// file's length when it ends inside its header). A journal's next record goes here.
     pub(in crate::ledger) good: u64,
     /// Whether bytes other than zeros follow the last valid record. A journal's zeros are room
     /// made for records to come (`journal.rs`, `GROW_STEP`); anything else, with no valid
@@ -29,8 +37,6 @@ pub(in crate::ledger) struct Scan {
     /// The stretches of bytes that are no valid record but have valid records after them:
     /// not a torn write but damage (a flipped bit, a lost page), in file order.
     pub(in crate::ledger) damage: Vec<Stretch>,
-    /// `None` when the file is too short to hold its magic (a crash right after creating it).
-    pub(in crate::ledger) format: Option<Format>,
 }
 
 /// A file's claims, each with the size of its record, and what else reading it found.
@@ -74,11 +80,7 @@ const CHUNK: usize = 61;
 /// file), if one is there: its length is not zero nor over `max_len`, it fits, its CRC matches.
 /// With the record's size; `Some(Err)` is a record whose CRC matches but whose payload does
 /// not decode.
-fn record_at(
-    bytes: &[u8],
-    format: Format,
-    max_len: usize,
-) -> Option<(Result<Claim, RecordError>, usize)> {
+fn record_at(bytes: &[u8], max_len: usize) -> Option<(Result<Claim, RecordError>, usize)> {
     if bytes.len() < HEADER {
         return None;
     }
@@ -91,11 +93,7 @@ fn record_at(
     if crc32c(payload) != crc {
         return None;
     }
-    let claim = match format {
-        Format::Binary => decode_claim(payload),
-        Format::Json => serde_json::from_slice(payload).map_err(RecordError::from),
-    };
-    Some((claim, HEADER + len))
+    Some((decode_claim(payload), HEADER + len))
 }
 
 /// A file's bytes, read forward a chunk at a time: `buf` holds those from byte `start` on.
@@ -145,7 +143,6 @@ impl<R: Read> Window<R> {
     fn record(
         &mut self,
         at: usize,
-        format: Format,
         max_len: usize,
     ) -> io::Result<Option<(Result<Claim, RecordError>, usize)>> {
         let header = self.bytes(at, at, HEADER)?;
@@ -157,22 +154,19 @@ impl<R: Read> Window<R> {
             return Ok(None);
         }
         let bytes = self.bytes(at, at, HEADER + len)?;
-        Ok(record_at(bytes, format, max_len).map(|(claim, size)| (claim, at + size)))
+        Ok(record_at(bytes, max_len).map(|(claim, size)| (claim, at + size)))
     }
 
     /// The first offset after `after` where a whole record starts (its CRC matches and its
     /// payload decodes: a stretch of damage is not taken for records by chance). The bytes
     /// from `after` on are kept: whether the file is torn is read from them.
-    fn next_record(&mut self, after: usize, format: Format) -> io::Result<Option<usize>> {
+    fn next_record(&mut self, after: usize) -> io::Result<Option<usize>> {
         let mut at = after + 1;
         while at + HEADER < self.len {
             let bytes = self.bytes(after, at, HEADER + MAX_SCANNED_RECORD)?;
             // most bytes of a journal's room are zeros: a zero length is no record
             if bytes[..4] != [0; 4]
-                && matches!(
-                    record_at(bytes, format, MAX_SCANNED_RECORD),
-                    Some((Ok(_), _))
-                )
+                && matches!(record_at(bytes, MAX_SCANNED_RECORD), Some((Ok(_), _)))
             {
                 return Ok(Some(at));
             }
@@ -182,11 +176,20 @@ impl<R: Read> Window<R> {
     }
 }
 
-/// Read the file at `path`, handing each claim, with the size of its record, to `each` in file
-/// order. A record whose CRC matches but whose claim does not decode is an error, after the
-/// claims before it were handed on.
+/// Which file a scan reads: what its name says it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(in crate::ledger) struct Named {
+    pub(in crate::ledger) kind: Kind,
+    pub(in crate::ledger) generation: u64,
+}
+
+/// Read the file at `path`, named as `named`, handing each claim, with the size of its record,
+/// to `each` in file order. A record whose CRC matches but whose claim does not decode is an
+/// error, after the claims before it were handed on. A header that cannot be read is no error
+/// here: the records after it are read all the same, and [`Scan::header`] says why.
 pub(in crate::ledger) fn scan_file(
     path: &Path,
+    named: Named,
     each: impl FnMut(Claim, u64),
 ) -> Result<Scan, LedgerError> {
     let cannot_read =
@@ -195,34 +198,79 @@ pub(in crate::ledger) fn scan_file(
     let len = file.metadata().map_err(cannot_read)?.len();
     let len = usize::try_from(len)
         .map_err(|_| LedgerError::Storage(format!("{} is too large to read", path.display())))?;
-    scan(path, file, len, each)
+    scan(path, named, file, len, each)
 }
 
 /// A file's bytes, read as [`scan_file`] reads a file, its claims decoded and dropped.
-pub(in crate::ledger) fn scan_bytes(path: &Path, bytes: &[u8]) -> Result<Scan, LedgerError> {
-    scan(path, bytes, bytes.len(), |_, _| {})
+pub(in crate::ledger) fn scan_bytes(
+    path: &Path,
+    named: Named,
+    bytes: &[u8],
+) -> Result<Scan, LedgerError> {
+    scan(path, named, bytes, bytes.len(), |_, _| {})
+}
+
+/// What a test's file is, from its name (`journal.N`, `snapshot.N`; anything else is read as
+/// journal 1).
+#[cfg(test)]
+fn named_by(path: &Path) -> Named {
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default();
+    let (kind, number) = match name.split_once('.') {
+        Some(("snapshot", number)) => (Kind::Snapshot, number),
+        Some(("journal", number)) => (Kind::Journal, number),
+        _ => (Kind::Journal, "1"),
+    };
+    Named {
+        kind,
+        generation: number.parse().unwrap_or(1),
+    }
 }
 
 /// A file's bytes, read as [`scan_file`] reads a file, with its claims collected.
 #[cfg(test)]
 pub(in crate::ledger) fn parse_bytes(path: &Path, bytes: &[u8]) -> Result<Parsed, LedgerError> {
     let mut claims = Vec::new();
-    let scan = scan(path, bytes, bytes.len(), |claim, size| {
+    let scan = scan(path, named_by(path), bytes, bytes.len(), |claim, size| {
         claims.push((claim, size))
     })?;
     Ok(Parsed { claims, scan })
 }
 
-/// The file at `path` with its claims collected.
+/// The file at `path` with its claims collected, named as its name says.
 #[cfg(test)]
 pub(in crate::ledger) fn parse_file(path: &Path) -> Result<Parsed, LedgerError> {
     let mut claims = Vec::new();
-    let scan = scan_file(path, |claim, size| claims.push((claim, size)))?;
+    let scan = scan_file(path, named_by(path), |claim, size| {
+        claims.push((claim, size))
+    })?;
     Ok(Parsed { claims, scan })
+}
+
+/// The header (and a journal's mark) from the file's first bytes.
+fn read_header(
+    bytes: &[u8],
+    len: usize,
+    named: Named,
+) -> (
+    Result<Header, HeaderFault>,
+    Option<Result<Mark, HeaderFault>>,
+) {
+    let header = Header::decode(bytes, named.kind, named.generation);
+    let start = named.kind.records_start() as usize;
+    let header = match header {
+        Ok(_) if len < start => Err(short(len as u64, named.kind)),
+        header => header,
+    };
+    let mark = (named.kind == Kind::Journal && len >= start).then(|| Mark::newest(bytes));
+    (header, mark)
 }
 
 fn scan(
     path: &Path,
+    named: Named,
     reader: impl Read,
     len: usize,
     mut each: impl FnMut(Claim, u64),
@@ -233,44 +281,41 @@ fn scan(
         ip: path.display().to_string(),
         reason,
     };
+    let start = named.kind.records_start() as usize;
     let mut window = Window::new(reader, len);
-    let magic = window.bytes(0, 0, MAGIC.len()).map_err(cannot_read)?;
-    if magic.len() < MAGIC.len() {
-        // created, crash before the magic was durable
-        return Ok(Scan {
-            records: 0,
-            good: 0,
-            torn: !magic.is_empty(),
-            damage: Vec::new(),
-            format: None,
-        });
-    }
-    let format = match &magic[..MAGIC.len()] {
-        magic if magic == MAGIC => Format::Binary,
-        magic if magic == MAGIC_JSON => Format::Json,
-        _ => return Err(corrupt("not an ip-webhook journal (bad magic)".into())),
+    let head = window.bytes(0, 0, start).map_err(cannot_read)?;
+    let head = head[..head.len().min(start)].to_vec();
+    let (header, mark) = read_header(&head, window.len, named);
+    let mut scan = Scan {
+        len: window.len as u64,
+        header,
+        mark,
+        records: 0,
+        good: window.len.min(start) as u64,
+        torn: false,
+        damage: Vec::new(),
     };
-    let mut at = MAGIC.len();
-    let mut good = at;
-    let mut records = 0;
-    let mut damage = Vec::new();
+    if window.len < start {
+        return Ok(scan);
+    }
+    let mut at = start;
     loop {
-        match window.record(at, format, usize::MAX).map_err(cannot_read)? {
+        match window.record(at, usize::MAX).map_err(cannot_read)? {
             Some((claim, end)) => {
                 let claim = claim.map_err(|e| corrupt(format!("record at byte {at}: {e}")))?;
                 each(claim, (end - at) as u64);
-                records += 1;
+                scan.records += 1;
                 at = end;
-                good = end;
+                scan.good = end as u64;
             }
             // no record here: the end of the records, a torn write, or damage with records
             // after it
-            None => match window.next_record(at, format).map_err(cannot_read)? {
+            None => match window.next_record(at).map_err(cannot_read)? {
                 Some(next) => {
-                    damage.push(Stretch {
+                    scan.damage.push(Stretch {
                         offset: at as u64,
                         len: (next - at) as u64,
-                        before: records,
+                        before: scan.records,
                     });
                     at = next;
                 }
@@ -278,20 +323,17 @@ fn scan(
             },
         }
     }
+    let good = scan.good as usize;
     let rest = window.bytes(good, good, usize::MAX).map_err(cannot_read)?;
-    Ok(Scan {
-        records,
-        good: good as u64,
-        torn: rest.iter().any(|&b| b != 0),
-        damage,
-        format: Some(format),
-    })
+    scan.torn = rest.iter().any(|&b| b != 0);
+    scan.len = window.len as u64;
+    Ok(scan)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::record::encode_record;
+    use crate::ledger::record::{encode_record, new_journal};
     use crate::ledger::unreadable_holder;
 
     fn claim(n: u32) -> Claim {
@@ -303,7 +345,7 @@ mod tests {
 
     /// A binary file of `count` records, with where each record starts.
     fn file(count: u32) -> (Vec<u8>, Vec<usize>) {
-        let mut bytes = MAGIC.to_vec();
+        let mut bytes = new_journal(1);
         let mut starts = Vec::new();
         for n in 0..count {
             starts.push(bytes.len());

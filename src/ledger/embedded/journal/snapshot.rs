@@ -12,10 +12,11 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use super::super::{JOURNAL, SNAPSHOT, generations, name, storage, storage_at};
-use crate::ledger::record::{MAGIC, encode_record};
+use crate::ledger::record::{FIXED_LEN, Header, Kind, encode_record};
 use crate::ledger::{Claim, LedgerError};
 
 /// A snapshot's written data is synced every this many bytes.
@@ -42,8 +43,8 @@ pub(in super::super) fn sync_dir(dir: &Path) -> Result<(), LedgerError> {
         .map_err(|e| LedgerError::Storage(format!("cannot sync {}: {e}", dir.display())))
 }
 
-/// Write every claim to `snapshot.<generation>`: temp file, synced in steps, rename, directory
-/// fsync.
+/// Write every claim to `snapshot.<generation>`: temp file, synced in steps, its header (with
+/// its record count and length) written last, rename, directory fsync.
 pub(in super::super) fn write_snapshot<'a>(
     dir: &Path,
     generation: u64,
@@ -65,14 +66,17 @@ fn write_snapshot_to<'a>(
     claims: impl Iterator<Item = &'a Claim>,
 ) -> Result<(), LedgerError> {
     let mut buf = Vec::with_capacity(WRITE_CHUNK + 4096);
-    buf.extend_from_slice(MAGIC);
+    // the header's place, written once the count and the length are known
+    buf.resize(FIXED_LEN as usize, 0);
     let mut file = File::create(tmp).map_err(storage_at("create the snapshot", tmp))?;
-    let mut unsynced = 0;
+    let (mut unsynced, mut records, mut end) = (0, 0u64, 0u64);
     for claim in claims {
         encode_record(&mut buf, claim)?;
+        records += 1;
         if buf.len() >= WRITE_CHUNK {
             file.write_all(&buf).map_err(storage("write snapshot"))?;
             unsynced += buf.len();
+            end += buf.len() as u64;
             buf.clear();
             if unsynced >= SYNC_STEP {
                 file.sync_data().map_err(storage("sync snapshot"))?;
@@ -81,6 +85,15 @@ fn write_snapshot_to<'a>(
         }
     }
     file.write_all(&buf).map_err(storage("write snapshot"))?;
+    end += buf.len() as u64;
+    let header = Header {
+        kind: Kind::Snapshot,
+        generation,
+        records,
+        end,
+    };
+    file.write_all_at(&header.encode(), 0)
+        .map_err(storage("write snapshot"))?;
     file.sync_all().map_err(storage("sync snapshot"))?;
     drop(file);
     std::fs::rename(tmp, dir.join(name(SNAPSHOT, generation)))
@@ -130,7 +143,7 @@ fn shrinking(len: u64, step: u64) -> impl Iterator<Item = u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::record::parse_file;
+    use crate::ledger::record::{new_journal, parse_file};
     use crate::ledger::unreadable_holder;
 
     #[test]
@@ -165,6 +178,8 @@ mod tests {
         let parsed = parse_file(&snapshot).unwrap();
         assert_eq!(parsed.claims.len(), claims.len());
         assert!(!parsed.scan.torn && parsed.scan.damage.is_empty());
+        let header = parsed.scan.header.unwrap();
+        assert_eq!((header.records, header.end), (400, size));
         assert_eq!(parsed.claims[399].0.ip, claims[399].ip);
 
         remove_before(dir.path(), 2).unwrap();
@@ -185,13 +200,13 @@ mod tests {
             .map(|n| unreadable_holder(std::net::Ipv4Addr::from(0x0a0a_0000 + n).into(), "r"))
             .collect();
         write_snapshot(dir.path(), 1, claims.iter().take(20)).unwrap();
-        let mut journal = MAGIC.to_vec();
+        let mut journal = new_journal(1);
         for claim in &claims[20..] {
             encode_record(&mut journal, claim).unwrap();
         }
         std::fs::write(dir.path().join(name(JOURNAL, 1)), &journal).unwrap();
         write_snapshot(dir.path(), 2, claims.iter()).unwrap();
-        std::fs::write(dir.path().join(name(JOURNAL, 2)), MAGIC).unwrap();
+        std::fs::write(dir.path().join(name(JOURNAL, 2)), new_journal(2)).unwrap();
         // what a crash between two steps of the removal leaves
         for old in [name(JOURNAL, 1), name(SNAPSHOT, 1)] {
             let file = OpenOptions::new()
