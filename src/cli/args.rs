@@ -14,9 +14,21 @@ use super::*;
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
-    /// Log format.
-    #[arg(long, global = true, value_parser = log_format_parser(), default_value = "text")]
-    pub log_format: LogFormat,
+    /// `serve --log-format`, also taken before the command (where it applies to any command's
+    /// -v lines); not listed, so that only `serve`'s help shows it.
+    #[arg(long, hide = true, value_parser = log_format_parser(), value_name = "FORMAT")]
+    pub log_format: Option<LogFormat>,
+}
+
+impl Cli {
+    /// The log format: `serve --log-format`, else the one given before the command, else text.
+    pub fn log_format(&self) -> LogFormat {
+        match &self.command {
+            Command::Serve(serve) => serve.log_format.or(self.log_format),
+            _ => self.log_format,
+        }
+        .unwrap_or(LogFormat::Text)
+    }
 }
 
 /// `--log-format`: the command line's names for [`LogFormat`] (the layers below know no clap).
@@ -86,7 +98,9 @@ pub enum Command {
     ///
     /// bash: add that line to ~/.bashrc; zsh: `ip-webhook completion zsh >
     /// "${fpath[1]}/_ip-webhook"`; fish: `ip-webhook completion fish >
-    /// ~/.config/fish/completions/ip-webhook.fish`.
+    /// ~/.config/fish/completions/ip-webhook.fish`; elvish: `eval (ip-webhook completion
+    /// elvish | slurp)` in ~/.config/elvish/rc.elv; powershell: `ip-webhook completion
+    /// powershell | Out-String | Invoke-Expression` in $PROFILE.
     Completion {
         /// The shell to complete for.
         #[arg(value_enum)]
@@ -572,6 +586,10 @@ pub struct ServeArgs {
     /// How long SIGTERM waits for in-flight admissions before exiting.
     #[arg(long, default_value = "25s", value_parser = parse_duration, value_name = "DURATION")]
     pub shutdown_grace: Duration,
+    /// Log format: text (default), or json for collectors (one object per line, fields at the
+    /// top level, from the first line); the level comes from RUST_LOG (default info).
+    #[arg(long, value_parser = log_format_parser(), value_name = "text|json")]
+    pub log_format: Option<LogFormat>,
     #[command(flatten)]
     pub webhook: WebhookArgs,
     #[command(flatten)]

@@ -161,10 +161,10 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
         }
         .into());
     }
-    // Off-cluster, on stderr so that the table and -o json/yaml stay the same to a script.
+    // Off-cluster, what no claim can show: a log line (with -v), as `serve` says it at start.
     if api_server.is_none() && claims.iter().any(Claim::is_held) {
-        eprintln!(
-            "note: {}",
+        tracing::info!(
+            "{}",
             crate::ops::control::unverifiable_claims_note(crate::ops::invocation())
         );
     }

@@ -122,7 +122,7 @@ pub fn error_line(error: &anyhow::Error) -> String {
 }
 
 /// The log filter: `serve` logs at RUST_LOG (default info); the other commands print only
-/// their own output unless -v is given.
+/// their own output unless -v is given: -v info, -vv debug.
 fn log_filter(command: &Command) -> Option<&'static str> {
     let verbosity = match command {
         Command::Serve(_) => return None,
@@ -135,18 +135,21 @@ fn log_filter(command: &Command) -> Option<&'static str> {
         Command::Ledger(LedgerCommand::Repair(args)) => args.verbosity,
         Command::Plugin(_) | Command::Completion { .. } => Verbosity::default(),
     };
-    // Without -v, only ip-webhook's own warnings: a client library's error log would repeat
-    // the `Error:` line.
-    Some(match verbosity.verbose {
-        0 => "ip_webhook=warn",
-        1 => "info",
+    // Without -v, no log line at all: what went wrong is the `Error:` line, and what the
+    // ledger notes on the way (a slow commit, a torn tail cut off) is for -v.
+    Some(match (verbosity.verbose, command) {
+        (0, _) => "off",
+        // `serve` logs a dry run's decision at debug (a line per admission costs CPU); the
+        // one review `review` runs is what -v is for.
+        (1, Command::Review(_)) => "info,ip_webhook::webhook::dispatch=debug",
+        (1, _) => "info",
         _ => "debug",
     })
 }
 
 /// Run a parsed command line.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
-    let _logs = crate::server::logging::init(cli.log_format, log_filter(&cli.command));
+    let _logs = crate::server::logging::init(cli.log_format(), log_filter(&cli.command));
     match cli.command {
         Command::Serve(args) => crate::app::serve_until_signal(args.config()).await,
         Command::Review(args) => review(args).await,
@@ -231,6 +234,17 @@ async fn review(args: ReviewArgs) -> anyhow::Result<()> {
     ledger.close().await;
     let json = answer.map_err(|e| anyhow::anyhow!("HTTP 400: {e}"))?;
     let value: serde_json::Value = serde_json::from_slice(&json)?;
+    if let Some(patch) = value["response"]["patch"].as_str() {
+        // with -v, what `jq -r .response.patch | base64 -d` shows
+        use base64::Engine;
+        let decoded = base64::engine::general_purpose::STANDARD
+            .decode(patch)
+            .map(|bytes| String::from_utf8_lossy(&bytes).into_owned());
+        match decoded {
+            Ok(patch) => tracing::info!("the response's JSON Patch, decoded: {patch}"),
+            Err(error) => tracing::warn!(%error, "the response's patch is not base64"),
+        }
+    }
     emit(&(serde_json::to_string_pretty(&value)? + "\n"))
 }
 
@@ -506,6 +520,63 @@ mod tests {
         let serve = flags("serve");
         for flag in serve_only {
             assert!(serve.iter().any(|f| f == flag), "serve lacks --{flag}");
+        }
+    }
+
+    /// `--log-format` is `serve`'s (the other commands log only with -v); taken before the
+    /// command too, unlisted.
+    #[test]
+    fn only_serve_lists_the_log_format() {
+        use clap::CommandFactory;
+        let cli = Cli::command();
+        let lists = |command: &clap::Command| {
+            command
+                .get_arguments()
+                .any(|a| a.get_long() == Some("log-format") && !a.is_hide_set())
+        };
+        assert!(!lists(&cli), "the top-level help lists --log-format");
+        for command in cli.get_subcommands() {
+            let name = command.get_name();
+            assert_eq!(lists(command), name == "serve", "{name}");
+            for sub in command.get_subcommands() {
+                assert!(!lists(sub), "{name} {}", sub.get_name());
+            }
+        }
+        let json = |args: &[&str]| {
+            matches!(
+                Cli::try_parse_from(args).unwrap().log_format(),
+                LogFormat::Json
+            )
+        };
+        assert!(json(&["ip-webhook", "serve", "--log-format", "json"]));
+        assert!(json(&["ip-webhook", "--log-format", "json", "serve"]));
+        assert!(json(&[
+            "ip-webhook",
+            "--log-format",
+            "json",
+            "status",
+            "-v"
+        ]));
+        assert!(!json(&["ip-webhook", "serve"]));
+        assert!(Cli::try_parse_from(["ip-webhook", "status", "--log-format", "json"]).is_err());
+    }
+
+    /// `completion --help` says where each shell it accepts keeps the script.
+    #[test]
+    fn completion_help_covers_every_shell() {
+        use clap::{CommandFactory, ValueEnum};
+        let mut cli = Cli::command();
+        let help = cli
+            .find_subcommand_mut("completion")
+            .unwrap()
+            .render_long_help()
+            .to_string();
+        for shell in clap_complete::Shell::value_variants() {
+            let name = shell.to_possible_value().unwrap().get_name().to_string();
+            assert!(
+                help.contains(&format!("{name}: ")),
+                "completion --help says nothing of {name}:\n{help}"
+            );
         }
     }
 
