@@ -1189,6 +1189,45 @@ fn the_no_etcd_error_names_the_feature() {
     );
 }
 
+/// etcd down: one plain cause (the refused connection), said once, as the API server's errors
+/// are; not the client library's nested statuses and `Debug` dumps.
+#[cfg(feature = "etcd")]
+#[test]
+fn an_unreachable_etcd_is_one_plain_cause() {
+    let cwd = tempfile::tempdir().unwrap();
+    let endpoint = format!("http://127.0.0.1:{}", fakeapi::closed_port());
+    for command in [&["status"][..], &["release", "10.0.0.1", "--force"]] {
+        let args = [
+            command,
+            &[
+                "--ledger",
+                "etcd",
+                "--etcd-endpoints",
+                &endpoint,
+                "--etcd-timeout",
+                "1s",
+            ],
+        ]
+        .concat();
+        let (code, stdout, stderr) = operator(&args, None, cwd.path());
+        assert_eq!((code, stdout.as_str()), (1, ""), "{stderr}");
+        assert_eq!(
+            stderr,
+            format!(
+                "Error: opening the etcd ledger: ledger storage error: etcd status: Connection refused (os error 111) (endpoints [\"{endpoint}\"])\n"
+            )
+        );
+        for noise in [
+            "ledger storage error: ledger storage error",
+            "tonic",
+            "Os {",
+            "Error(",
+        ] {
+            assert!(!stderr.contains(noise), "{noise:?} in {stderr}");
+        }
+    }
+}
+
 /// `status`, `explain` and `review --dry-run` read the embedded ledger while the server that
 /// writes it runs; `review` that records says what to do. The self-signed CA survives a
 /// restart.
