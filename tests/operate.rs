@@ -1025,25 +1025,36 @@ async fn errors_are_one_line_with_an_exit_code_and_never_a_backtrace() {
         );
         assert_one_error_line(&stderr, "");
     }
+    // `serve` too: its own `Error:` line, no client library's ERROR line before it
+    let state = tempfile::tempdir().unwrap();
+    let (code, stdout, stderr) = operator(
+        &[
+            "serve",
+            "--kubeconfig",
+            kubeconfig.path().to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--state-dir",
+            state.path().to_str().unwrap(),
+        ],
+        None,
+        dir,
+    );
+    assert_eq!((code, stdout.as_str()), (1, ""), "{stderr}");
+    assert!(
+        stderr.contains(&format!("the API server http://127.0.0.1:{port}/")),
+        "{stderr}"
+    );
+    assert_one_error_line(&stderr, "");
 
     // no cluster anywhere
     let (code, _, stderr) = operator(&["status"], None, dir);
     assert_eq!(code, 1);
     assert_one_error_line(
         &stderr,
-        "no cluster found: no --kubeconfig, $KUBECONFIG is unset, ~/.kube/config does not exist and this is not a pod; give --kubeconfig FILE, or --state-dir DIR",
-    );
-    assert!(!stderr.contains("holds one"), "{stderr}");
-    // ... and where `serve`'s default state dir holds a ledger (a journal), the error says so
-    let served = tempfile::tempdir().unwrap();
-    seed(&served.path().join("ip-webhook-state")).await;
-    let (code, _, stderr) = operator(&["status"], None, served.path());
-    assert_eq!(code, 1);
-    assert!(
-        stderr.trim_end().ends_with(
-            "to read the embedded ledger of `ip-webhook serve` (./ip-webhook-state holds one)"
-        ),
-        "{stderr}"
+        "no cluster found: no --kubeconfig, $KUBECONFIG is unset, ~/.kube/config does not exist and this is not a pod, and ./ip-webhook-state holds no ledger; give --kubeconfig FILE, or --state-dir DIR",
     );
 
     // a missing state dir is named, not created, and explained against as an empty ledger
@@ -1164,6 +1175,48 @@ async fn errors_are_one_line_with_an_exit_code_and_never_a_backtrace() {
         is_empty_dir(dir),
         "state was created in the working directory"
     );
+}
+
+/// Where `serve` keeps its ledger by default (`./ip-webhook-state`), `status`, `explain` and
+/// `release` find it with no flag, as `serve` run there does, unless a cluster is named.
+#[tokio::test]
+async fn the_commands_read_the_ledger_serve_keeps_here() {
+    let served = tempfile::tempdir().unwrap();
+    let here = served.path();
+    let state = here.join("ip-webhook-state");
+    seed(&state).await;
+    let state = state.to_str().unwrap();
+    let explain = ["explain", "-f", &fixture("explain.yaml")];
+    for args in [&["status"][..], &["status", "-o", "json"], &explain] {
+        let (code, stdout, stderr) = operator(args, None, here);
+        let named = operator(&[args, &["--state-dir", state]].concat(), None, here);
+        assert_eq!(
+            (code, &stdout, &stderr),
+            (named.0, &named.1, &named.2),
+            "{args:?}"
+        );
+        assert!(stdout.contains("10.0.0.11"), "{args:?}: {stdout}");
+    }
+    let (code, stdout, stderr) = operator(&["status"], None, here);
+    assert_eq!((code, stderr.as_str()), (0, ""), "{stdout}");
+    // release writes there (forced: off-cluster nothing can confirm the pod is gone)
+    let (code, stdout, stderr) = operator(&["release", "10.0.0.11", "--force"], None, here);
+    assert_eq!((code, stderr.as_str()), (0, ""), "{stdout}");
+    assert!(stdout.starts_with("released 10.0.0.11 "), "{stdout}");
+    let (_, stdout, _) = operator(&["status"], None, here);
+    assert!(!stdout.contains("10.0.0.11"), "{stdout}");
+    // $KUBECONFIG names a cluster: that one is asked, not the directory
+    let port = fakeapi::closed_port();
+    let kubeconfig = here.join("kubeconfig");
+    std::fs::write(&kubeconfig, fakeapi::kubeconfig_yaml(&[("dead", port)])).unwrap();
+    let (code, _, stderr) = operator(&["status"], Some(&kubeconfig), here);
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains(&format!("the API server http://127.0.0.1:{port}/")),
+        "{stderr}"
+    );
+    let (code, _, stderr) = operator(&["status", "--context", "dead"], None, here);
+    assert_eq!(code, 1, "--context names a cluster: {stderr}");
 }
 
 /// Without the `etcd` feature, `--ledger etcd` says so in one line. (scripts/test.sh builds

@@ -62,7 +62,8 @@ pub enum Command {
     ///
     /// Reads the IPClaims of the cluster kubectl would talk to (--kubeconfig, $KUBECONFIG,
     /// ~/.kube/config, then the in-cluster service account), or the embedded ledger with
-    /// --state-dir. Writes nothing.
+    /// --state-dir (or in ./ip-webhook-state, `serve`'s default, when it holds one and no
+    /// cluster is named). Writes nothing.
     #[command(visible_alias = "pools", after_help = EXIT_CODES)]
     Status(StatusArgs),
     /// Show which IP each replica of a Pod or workload would get and why, or why refused.
@@ -168,8 +169,10 @@ pub struct ClusterAccess {
 /// Where the operator commands read (and `release` writes) claims.
 #[derive(Debug, Clone, Args)]
 pub struct LedgerArgs {
-    /// Where claims are recorded; default: embedded with --state-dir, else kubernetes (the
-    /// IPClaims of the cluster found as kubectl finds it).
+    /// Where claims are recorded; default: embedded with --state-dir, or in
+    /// ./ip-webhook-state when it holds a ledger and no cluster is named (--kubeconfig,
+    /// --context, $KUBECONFIG, a pod), as `serve` there uses it; else kubernetes (the IPClaims
+    /// of the cluster found as kubectl finds it).
     #[arg(long, value_enum, value_name = "KIND")]
     pub ledger: Option<LedgerKind>,
     /// The embedded ledger in this directory (the --state-dir of `ip-webhook serve`); read

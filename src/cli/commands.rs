@@ -3,7 +3,8 @@
 //!
 //! They find their ledger as kubectl finds a cluster ([`crate::cli::find_cluster`]): the
 //! IPClaims behind `--kubeconfig`, else `$KUBECONFIG`, else `~/.kube/config`, else the
-//! in-cluster service account; `--state-dir` reads an embedded ledger instead. `status` and
+//! in-cluster service account; `--state-dir` reads an embedded ledger instead, and so does
+//! a `./ip-webhook-state` that holds one when nothing names a cluster (`serve`'s default). `status` and
 //! `explain` only read: they create nothing, and read an embedded ledger that a running
 //! server holds.
 
@@ -15,8 +16,8 @@ use base64::Engine;
 use serde::Serialize;
 
 use crate::cli::{
-    AnswerIsNo, CheckArgs, ExplainArgs, LedgerArgs, OperatorConfig, OutputFormat, ReleaseArgs,
-    StatusArgs, find_cluster,
+    AnswerIsNo, CheckArgs, DEFAULT_STATE_DIR, ExplainArgs, LedgerArgs, OperatorConfig,
+    OutputFormat, ReleaseArgs, StatusArgs, find_cluster,
 };
 use crate::cluster::pods::PodDirectory;
 use crate::ipam::pools::PoolCatalog;
@@ -41,10 +42,14 @@ fn print<T: Serialize>(
     crate::cli::emit(&text)
 }
 
-/// The ledger the flags and the environment name, and where pods are looked up.
+/// The ledger the flags and the environment name (or, when they name none, the one `serve`
+/// keeps in its default state dir here), and where pods are looked up.
 fn operator_config(source: &LedgerArgs) -> anyhow::Result<OperatorConfig> {
     source
-        .config(find_cluster(&source.cluster))
+        .config(
+            find_cluster(&source.cluster),
+            Some(Path::new(DEFAULT_STATE_DIR)),
+        )
         .map_err(|e| anyhow!(e))
 }
 
@@ -478,7 +483,12 @@ fn retain_namespace(report: &mut Report, namespace: &str) {
 
 /// `check --drift`: the claims against the cluster's pods and the CNI's records.
 async fn drift(args: CheckArgs) -> anyhow::Result<()> {
-    let config = operator_config(&args.source)?;
+    // No local default: drift compares with a cluster, so the ledger is that cluster's unless
+    // the flags name another.
+    let config = args
+        .source
+        .config(find_cluster(&args.source.cluster), None)
+        .map_err(|e| anyhow!(e))?;
     if config.api_server.is_none() {
         bail!(
             "check --drift compares the claims with a cluster's pods: give --kubeconfig FILE (or run it in a pod)"

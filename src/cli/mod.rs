@@ -403,7 +403,7 @@ mod tests {
         };
         let cluster = Some(ClusterSource::InCluster);
         let ledger = |source: &LedgerArgs, cluster: Option<ClusterSource>| {
-            source.config(cluster).map(|c| c.ledger)
+            source.config(cluster, None).map(|c| c.ledger)
         };
         let embedded = |dir: &str| LedgerConfig::Embedded {
             state_dir: dir.into(),
@@ -423,7 +423,7 @@ mod tests {
         // the kubernetes ledger's API server is where pods are looked up too
         assert_eq!(
             source(None, None)
-                .config(cluster.clone())
+                .config(cluster.clone(), None)
                 .unwrap()
                 .api_server,
             Some(in_cluster)
@@ -439,6 +439,70 @@ mod tests {
         let error = ledger(&source(None, None), None).unwrap_err().to_string();
         assert!(error.starts_with("no cluster found: no --kubeconfig, $KUBECONFIG is unset, ~/.kube/config does not exist"), "{error}");
         assert!(ledger(&source(Some(LedgerKind::Kubernetes), None), None).is_err());
+    }
+
+    /// `serve`'s default state dir, when it holds a ledger, is read by the operator commands
+    /// unless something names where the claims are.
+    #[test]
+    fn the_local_state_dir_is_used_when_nothing_names_a_cluster() {
+        let local = tempfile::tempdir().unwrap();
+        let local = local.path();
+        let args = |extra: &[&str]| {
+            let cli = Cli::try_parse_from([&["ip-webhook", "status"], extra].concat()).unwrap();
+            match cli.command {
+                Command::Status(status) => status.source,
+                _ => unreachable!(),
+            }
+        };
+        let ledger = |extra: &[&str], cluster: Option<ClusterSource>| {
+            args(extra).config(cluster, Some(local)).map(|c| c.ledger)
+        };
+        let home = || Some(ClusterSource::Home("/home/me/.kube/config".into()));
+        let kubernetes = |source: ClusterSource, context: Option<&str>| {
+            Ok(LedgerConfig::Kubernetes(crate::ledger::KubeAccess {
+                source,
+                context: context.map(str::to_string),
+            }))
+        };
+        // an empty directory is no ledger: the cluster, or the error
+        assert_eq!(ledger(&[], home()), kubernetes(home().unwrap(), None));
+        assert_eq!(ledger(&[], None), Err(ConfigError::NoCluster));
+        std::fs::write(local.join("journal.00000000000000000001"), b"").unwrap();
+        let here = Ok(LedgerConfig::Embedded {
+            state_dir: local.to_path_buf(),
+        });
+        assert_eq!(ledger(&[], None), here);
+        // ~/.kube/config names no cluster (`serve` does not read it either) ...
+        assert_eq!(ledger(&[], home()), here);
+        // ... $KUBECONFIG, --kubeconfig, --context, a pod and the flags do
+        let env = ClusterSource::Env("/env/kc".into());
+        assert_eq!(ledger(&[], Some(env.clone())), kubernetes(env, None));
+        let flag = ClusterSource::Flag("/etc/kc".into());
+        assert_eq!(
+            ledger(&["--kubeconfig", "/etc/kc"], Some(flag.clone())),
+            kubernetes(flag, None)
+        );
+        assert_eq!(
+            ledger(&["--context", "prod"], home()),
+            kubernetes(home().unwrap(), Some("prod"))
+        );
+        let pod = ClusterSource::InCluster;
+        assert_eq!(ledger(&[], Some(pod.clone())), kubernetes(pod, None));
+        assert_eq!(
+            ledger(&["--ledger", "kubernetes"], home()),
+            kubernetes(home().unwrap(), None)
+        );
+        assert_eq!(
+            ledger(&["--state-dir", "elsewhere"], None),
+            Ok(LedgerConfig::Embedded {
+                state_dir: "elsewhere".into()
+            })
+        );
+        // read off-cluster: no API server to look pods up on
+        assert_eq!(
+            args(&[]).config(home(), Some(local)).unwrap().api_server,
+            None
+        );
     }
 
     #[test]
