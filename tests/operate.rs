@@ -449,6 +449,39 @@ async fn explain_suggests_the_known_key_for_a_mistyped_one() {
   warning: metadata.annotations["ip-webhook.io/allocatable-ip"]: ip-webhook reads no such key and ignores it; did you mean "ip-webhook.io/allocatable-ips"?"#),
         "{text}"
     );
+    // --strict: the same answer, and a CI gate stops on the warning (exit 3)
+    let strict = ip_webhook(&[
+        "explain",
+        "-f",
+        file.to_str().unwrap(),
+        "--state-dir",
+        dir.to_str().unwrap(),
+        "--strict",
+    ]);
+    assert_eq!(strict.code, Some(3), "{}", strict.stderr);
+    assert_eq!(strict.stdout, text);
+    assert_eq!(strict.stderr, "Error: 1 warning (--strict)\n");
+    // ... and passes what has no warning
+    std::fs::write(
+        &file,
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n  namespace: default\n  labels: {app: web}\n  annotations: {ip-webhook.io/allocatable-ips: 10.0.0.12}\nspec: {containers: [{name: c, image: i}]}\n",
+    )
+    .unwrap();
+    let clean = ip_webhook(&[
+        "explain",
+        "-f",
+        file.to_str().unwrap(),
+        "--state-dir",
+        dir.to_str().unwrap(),
+        "--strict",
+    ]);
+    assert_eq!(
+        (clean.code, clean.stderr.as_str()),
+        (Some(0), ""),
+        "{}",
+        clean.stdout
+    );
+    assert!(clean.stdout.contains("10.0.0.12"), "{}", clean.stdout);
 }
 
 #[tokio::test]

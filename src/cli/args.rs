@@ -241,6 +241,10 @@ pub struct ExplainArgs {
     /// YAML list of FixedIPPool objects (off-cluster; in a cluster they are read from it).
     #[arg(long, value_name = "FILE")]
     pub pools_file: Option<PathBuf>,
+    /// Also exit 3 when an object gets a warning (a mistyped ip-webhook.io/ key, more replicas
+    /// than IPs), so that a CI gate stops on it; without, warnings are printed and exit 0.
+    #[arg(long)]
+    pub strict: bool,
     #[command(flatten)]
     pub verbosity: Verbosity,
     // Last: it ends with the etcd flags under their own help heading.

@@ -246,7 +246,8 @@ pub async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
     print(args.output, &outcomes, |_| {
         crate::ops::explain::to_text(&outcomes)
     })?;
-    // Exit 3 when anything would be refused, so that `explain` can gate a CI job.
+    // Exit 3 when anything would be refused (with --strict: or warned about), so that
+    // `explain` can gate a CI job.
     let replicas: usize = outcomes.iter().map(|o| o.replicas.len()).sum();
     let refused = outcomes
         .iter()
@@ -263,6 +264,13 @@ pub async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
             "{denied} of {} objects would be denied when written",
             outcomes.len()
         ));
+    }
+    let warnings: usize = outcomes.iter().map(|o| o.warnings.len()).sum();
+    if args.strict && warnings > 0 {
+        no.push(match warnings {
+            1 => "1 warning (--strict)".to_string(),
+            n => format!("{n} warnings (--strict)"),
+        });
     }
     if !no.is_empty() {
         return Err(AnswerIsNo(no.join("; ")).into());

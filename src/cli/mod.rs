@@ -29,7 +29,7 @@ use crate::server::logging::LogFormat;
 pub const EXIT_CODES: &str = "Exit status: 0 done; 1 error (one `Error: …` line on stderr); \
 2 bad command line; 3 the command ran and the answer is no (a `check` failed, `check --drift` \
 found drift, `release` freed nothing, a `status` filter matched nothing, `explain` found a replica \
-that would be refused).";
+that would be refused, or with --strict a warning).";
 
 /// The name the binary runs under as a kubectl plugin (`kubectl ipw …`).
 pub const PLUGIN_FILE: &str = "kubectl-ipw";
