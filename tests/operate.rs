@@ -424,25 +424,34 @@ async fn explain_names_the_document_it_cannot_use() {
 async fn explain_suggests_the_known_key_for_a_mistyped_one() {
     let state = tempfile::tempdir().unwrap();
     let file = state.path().join("pod.yaml");
-    std::fs::write(
-        &file,
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n  namespace: default\n  labels: {app: web}\n  annotations: {ip-webhook.io/allocatable-ip: 10.0.0.12}\nspec: {containers: [{name: c, image: i}]}\n",
-    )
-    .unwrap();
+    let pod = |annotations: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n  namespace: default\n  labels: {{app: web}}\n  annotations: {{{annotations}}}\nspec: {{containers: [{{name: c, image: i}}]}}\n"
+        )
+    };
+    std::fs::write(&file, pod("ip-webhook.io/allocatable-ip: 10.0.0.12")).unwrap();
     let dir = state.path().join("state");
     seed(&dir).await;
+    let explain = |extra: &[&str]| {
+        let args = [
+            &[
+                "explain",
+                "-f",
+                file.to_str().unwrap(),
+                "--state-dir",
+                dir.to_str().unwrap(),
+            ][..],
+            extra,
+        ]
+        .concat();
+        ip_webhook(&args)
+    };
     let Ran {
         ok,
         stdout: text,
         stderr,
         ..
-    } = ip_webhook(&[
-        "explain",
-        "-f",
-        file.to_str().unwrap(),
-        "--state-dir",
-        dir.to_str().unwrap(),
-    ]);
+    } = explain(&[]);
     assert!(ok, "{stderr}");
     assert!(
         text.contains(r#"Pod default/p
@@ -450,31 +459,13 @@ async fn explain_suggests_the_known_key_for_a_mistyped_one() {
         "{text}"
     );
     // --strict: the same answer, and a CI gate stops on the warning (exit 3)
-    let strict = ip_webhook(&[
-        "explain",
-        "-f",
-        file.to_str().unwrap(),
-        "--state-dir",
-        dir.to_str().unwrap(),
-        "--strict",
-    ]);
+    let strict = explain(&["--strict"]);
     assert_eq!(strict.code, Some(3), "{}", strict.stderr);
     assert_eq!(strict.stdout, text);
     assert_eq!(strict.stderr, "Error: 1 warning (--strict)\n");
     // ... and passes what has no warning
-    std::fs::write(
-        &file,
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n  namespace: default\n  labels: {app: web}\n  annotations: {ip-webhook.io/allocatable-ips: 10.0.0.12}\nspec: {containers: [{name: c, image: i}]}\n",
-    )
-    .unwrap();
-    let clean = ip_webhook(&[
-        "explain",
-        "-f",
-        file.to_str().unwrap(),
-        "--state-dir",
-        dir.to_str().unwrap(),
-        "--strict",
-    ]);
+    std::fs::write(&file, pod("ip-webhook.io/allocatable-ips: 10.0.0.12")).unwrap();
+    let clean = explain(&["--strict"]);
     assert_eq!(
         (clean.code, clean.stderr.as_str()),
         (Some(0), ""),
