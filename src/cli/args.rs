@@ -14,9 +14,9 @@ use super::*;
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
-    /// `serve --log-format`, also taken before the command (where it applies to any command's
-    /// -v lines); not listed, so that only `serve`'s help shows it.
-    #[arg(long, hide = true, value_parser = log_format_parser(), value_name = "FORMAT")]
+    /// Log format, before the command: of `serve`'s logs (as `serve --log-format`) and of
+    /// any command's -v lines: text (default) or json.
+    #[arg(long, value_parser = log_format_parser(), value_name = "text|json")]
     pub log_format: Option<LogFormat>,
 }
 
