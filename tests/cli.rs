@@ -382,3 +382,39 @@ async fn review_dry_run_sees_what_a_live_server_holds() {
     );
     server.launched.shutdown().await;
 }
+
+/// The README's table of `serve`'s flags has a row for each flag `serve` takes.
+#[test]
+fn the_readme_lists_every_serve_flag() {
+    use clap::CommandFactory;
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let table = readme
+        .split("## Configuration (`ip-webhook serve`)")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .expect("the README's Configuration section");
+    let first_cells: Vec<&str> = table
+        .lines()
+        .filter_map(|line| line.strip_prefix("| `"))
+        .map(|line| line.split(" | ").next().unwrap_or(""))
+        .collect();
+    let cli = ip_webhook::cli::Cli::command();
+    let serve = cli.find_subcommand("serve").unwrap();
+    let missing: Vec<String> = serve
+        .get_arguments()
+        .filter(|arg| !arg.is_hide_set())
+        .filter_map(|arg| arg.get_long())
+        .filter(|long| !["help", "version"].contains(long))
+        .filter(|long| {
+            !first_cells
+                .iter()
+                .any(|cell| format!("`{cell}").contains(&format!("`--{long}")))
+        })
+        .map(|long| format!("--{long}"))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "the README's flag table lacks {missing:?}"
+    );
+}

@@ -4,9 +4,9 @@
 //! They find their ledger as kubectl finds a cluster ([`crate::cli::find_cluster`]): the
 //! IPClaims behind `--kubeconfig`, else `$KUBECONFIG`, else `~/.kube/config`, else the
 //! in-cluster service account; `--state-dir` reads an embedded ledger instead, and so does
-//! a `./ip-webhook-state` that holds one when nothing names a cluster (`serve`'s default). `status` and
-//! `explain` only read: they create nothing, and read an embedded ledger that a running
-//! server holds.
+//! a `./ip-webhook-state` that holds one when nothing names a cluster (`serve`'s default).
+//! `status` and `explain` only read: they create nothing, and read an embedded ledger that a
+//! running server holds.
 
 use std::io::Read;
 use std::path::Path;
