@@ -1,6 +1,7 @@
-# ip-webhook container image: a release build on the Rust image, copied into a distroless
-# base (glibc and CA roots, no shell, no package manager) that runs as the non-root user
-# 65532, the UID the Helm chart's securityContext expects.
+# ip-webhook container image: a release build (the `dist` profile: no debug info, see
+# Cargo.toml) on the Rust image, copied into a distroless base (glibc and CA roots, no shell,
+# no package manager) that runs as the non-root user 65532, the UID the Helm chart's
+# securityContext expects.
 #
 #   docker build -t <registry>/ip-webhook:0.1.0 \
 #     --build-arg IP_WEBHOOK_GIT_COMMIT=$(git rev-parse --short=12 HEAD) .
@@ -25,7 +26,6 @@ COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --profile dist --locked --features etcd --bin ip-webhook \
-    && strip --strip-debug target/dist/ip-webhook \
     && cp target/dist/ip-webhook /ip-webhook
 
 FROM gcr.io/distroless/cc-debian12:nonroot

@@ -19,7 +19,8 @@
 #
 # Environment: BENCH_DURATION (default 20), BENCH_WARMUP (default 5), BENCH_CONNECTIONS
 # (default "16 64"), BENCH_SCENARIOS (default "floor mutate-dry-run mutate-durable"),
-# BENCH_PROFILE (default release; dist is what ships), BENCH_OUT, BENCH_BIN (a directory with
+# BENCH_PROFILE (default profiling: release with line tables, for callgrind_annotate; dist is
+# what ships), BENCH_OUT, BENCH_BIN (a directory with
 # ip-webhook and examples/bench_floor already built: no cargo build).
 # A benchmark, not a test: it never fails on a number.
 set -euo pipefail
@@ -30,7 +31,7 @@ duration=${BENCH_DURATION:-20}
 warmup=${BENCH_WARMUP:-5}
 connections=${BENCH_CONNECTIONS:-"16 64"}
 scenarios=${BENCH_SCENARIOS:-"floor mutate-dry-run mutate-durable"}
-profile=${BENCH_PROFILE:-release}
+profile=${BENCH_PROFILE:-profiling}
 fixture="$root/tests/fixtures/pod-create-v1.json"
 lua="$root/scripts/bench-load.lua"
 

@@ -38,19 +38,36 @@ Chart version `{version}`, app version `{appVersion}`, Kubernetes `{kubeVersion}
 
 ## Install
 
+No release of ip-webhook has been published yet, so the default image does not exist yet
+({image}). Build the image from the repository's `Dockerfile`, push it to a registry the
+cluster pulls from, and point the chart at it:
+
 ```sh
+docker build -t registry.example.com/ip-webhook:{appVersion} .
+docker push registry.example.com/ip-webhook:{appVersion}
 helm install ip-webhook deploy/helm/ip-webhook \\
-  --namespace ip-webhook-system --create-namespace
+  --namespace ip-webhook-system --create-namespace \\
+  --set image.registry=registry.example.com --set image.repository=ip-webhook
 kubectl -n ip-webhook-system rollout status deployment/ip-webhook
 ```
 
-The default image is what `.github/workflows/release.yml` publishes for a release tag
-(`{image}`, linux/amd64 and linux/arm64). It needs cert-manager unless
+The default is where `.github/workflows/release.yml` publishes the image of a release tag
+(linux/amd64 and linux/arm64). The chart needs cert-manager unless
 `validatingWebhook.certificate.source` is `helm` or `existing`. After the install, the notes
 Helm prints say how to check it with `kubectl ipw check`.
 
+## Keys of other charts
+
+Keys that other charts use for what this chart spells otherwise. The chart refuses each,
+naming the key to use:
+
+| other charts | for | this chart |
+|---|---|---|
+{spellings}
 `values.schema.json` checks every key: a misspelt key or an out-of-range value fails
-`helm install` with a message naming it.
+`helm install` with a message naming it. A key it does not know fails with `additional
+properties 'KEY' not allowed`, at the path of the object it is in (`at ''` is the top level,
+`at '/server'` is under `server`); find the key in the table below.
 
 ## Values
 
@@ -127,7 +144,12 @@ def render():
         schema = json.load(f)
     image = values["image"]
     name = f"{image['registry']}/{image['repository']}" if image["registry"] else image["repository"]
-    out = [HEADER.format(image=f"{name}:{chart['appVersion']}", **chart)]
+    with open(os.path.join(CHART, "files", "other-spellings.yaml")) as f:
+        spellings = "".join(
+            f"| `{key}` | {cell(entry['for'])} | {cell(entry['use'])} |\n"
+            for key, entry in yaml.safe_load(f).items()
+        )
+    out = [HEADER.format(image=f"{name}:{chart['appVersion']}", spellings=spellings, **chart)]
     for path, description in described_keys(text.splitlines()):
         node = schema_of(schema, path)
         if node is None:

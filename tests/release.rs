@@ -205,3 +205,86 @@ fn the_version_check_passes_the_crate_version_and_refuses_another() {
     assert!(!ok, "{out}");
     assert!(out.contains("all three must agree"), "{out}");
 }
+
+/// The binaries users run stay small: `cargo install` and `cargo run --release` build the
+/// `release` profile, the image and the release archives the `dist` one, and neither keeps
+/// debug info (line tables alone made a 160 MB binary of a 25 MB one). CI builds neither (a
+/// cold release build would take a third of its time), so this checks the settings, and the
+/// release workflow measures the binary it ships with scripts/check-binary-size.sh, whose
+/// verdict is checked here on files of known size.
+#[test]
+fn the_shipped_binaries_keep_no_debug_info_and_are_held_to_a_budget() {
+    let manifest: toml_edit::DocumentMut = std::fs::read_to_string(repo().join("Cargo.toml"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let profile = |name: &str| &manifest["profile"][name];
+    let release = profile("release");
+    assert_eq!(release["debug"].as_bool(), Some(false), "{release:?}");
+    assert_eq!(release["strip"].as_str(), Some("debuginfo"), "{release:?}");
+    let dist = profile("dist");
+    assert_eq!(dist["inherits"].as_str(), Some("release"), "{dist:?}");
+    for key in ["debug", "strip"] {
+        assert!(dist.get(key).is_none(), "dist sets its own {key}: {dist:?}");
+    }
+    assert!(
+        manifest["profile"]["release"]
+            .as_table()
+            .is_some_and(|t| !t.contains_key("package")),
+        "a per-package release setting could bring debug info back"
+    );
+
+    // the workflow checks the dist binary it builds, before it is archived
+    let steps = workflow()["jobs"]["binaries"]["steps"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let runs: Vec<&str> = steps.iter().filter_map(|s| s["run"].as_str()).collect();
+    let position = |needle: &str| {
+        runs.iter()
+            .position(|r| r.contains(needle))
+            .unwrap_or_else(|| panic!("no step runs {needle}"))
+    };
+    let check = format!("scripts/check-binary-size.sh target/dist/ip-webhook {DIST_BUDGET_MIB}");
+    assert!(position("cargo build --profile dist") < position(&check));
+    assert!(position(&check) < position("tar czf"));
+
+    // the check itself: at the budget passes, a byte over fails saying so
+    let dir = tempfile::tempdir().unwrap();
+    let binary = dir.path().join("ip-webhook");
+    let run = |size: u64| {
+        let file = std::fs::File::create(&binary).unwrap();
+        file.set_len(size).unwrap();
+        let output = Command::new("bash")
+            .arg(repo().join("scripts/check-binary-size.sh"))
+            .arg(&binary)
+            .arg(DIST_BUDGET_MIB.to_string())
+            .output()
+            .unwrap();
+        (
+            output.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            ),
+        )
+    };
+    let budget = DIST_BUDGET_MIB << 20;
+    let (ok, out) = run(budget);
+    assert!(ok, "{out}");
+    assert!(
+        out.ends_with(&format!("within its budget of {DIST_BUDGET_MIB} MiB\n")),
+        "{out}"
+    );
+    let (ok, out) = run(budget + 1);
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains(&format!("over its budget of {DIST_BUDGET_MIB} MiB")),
+        "{out}"
+    );
+}
+
+/// The dist binary's budget in MiB, in .github/workflows/release.yml: what it measured here
+/// (x86-64, with the etcd ledger) plus room for growth.
+const DIST_BUDGET_MIB: u64 = 32;

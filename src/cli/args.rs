@@ -14,9 +14,21 @@ use super::*;
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
-    /// Log format.
-    #[arg(long, global = true, value_parser = log_format_parser(), default_value = "text")]
-    pub log_format: LogFormat,
+    /// Log format, before the command: of `serve`'s logs (as `serve --log-format`) and of
+    /// any command's -v lines: text (default) or json.
+    #[arg(long, value_parser = log_format_parser(), value_name = "text|json")]
+    pub log_format: Option<LogFormat>,
+}
+
+impl Cli {
+    /// The log format: `serve --log-format`, else the one given before the command, else text.
+    pub fn log_format(&self) -> LogFormat {
+        match &self.command {
+            Command::Serve(serve) => serve.log_format.or(self.log_format),
+            _ => self.log_format,
+        }
+        .unwrap_or(LogFormat::Text)
+    }
 }
 
 /// `--log-format`: the command line's names for [`LogFormat`] (the layers below know no clap).
@@ -50,7 +62,8 @@ pub enum Command {
     ///
     /// Reads the IPClaims of the cluster kubectl would talk to (--kubeconfig, $KUBECONFIG,
     /// ~/.kube/config, then the in-cluster service account), or the embedded ledger with
-    /// --state-dir. Writes nothing.
+    /// --state-dir (or in ./ip-webhook-state, `serve`'s default, when it holds one and no
+    /// cluster is named). Writes nothing.
     #[command(visible_alias = "pools", after_help = EXIT_CODES)]
     Status(StatusArgs),
     /// Show which IP each replica of a Pod or workload would get and why, or why refused.
@@ -86,7 +99,9 @@ pub enum Command {
     ///
     /// bash: add that line to ~/.bashrc; zsh: `ip-webhook completion zsh >
     /// "${fpath[1]}/_ip-webhook"`; fish: `ip-webhook completion fish >
-    /// ~/.config/fish/completions/ip-webhook.fish`.
+    /// ~/.config/fish/completions/ip-webhook.fish`; elvish: `eval (ip-webhook completion
+    /// elvish | slurp)` in ~/.config/elvish/rc.elv; powershell: `ip-webhook completion
+    /// powershell | Out-String | Invoke-Expression` in $PROFILE.
     Completion {
         /// The shell to complete for.
         #[arg(value_enum)]
@@ -157,8 +172,10 @@ pub struct ClusterAccess {
 /// Where the operator commands read (and `release` writes) claims.
 #[derive(Debug, Clone, Args)]
 pub struct LedgerArgs {
-    /// Where claims are recorded; default: embedded with --state-dir, else kubernetes (the
-    /// IPClaims of the cluster found as kubectl finds it).
+    /// Where claims are recorded; default: embedded with --state-dir, or in
+    /// ./ip-webhook-state when it holds a ledger and no cluster is named (--kubeconfig,
+    /// --context, $KUBECONFIG, a pod), as `serve` there uses it; else kubernetes (the IPClaims
+    /// of the cluster found as kubectl finds it).
     #[arg(long, value_enum, value_name = "KIND")]
     pub ledger: Option<LedgerKind>,
     /// The embedded ledger in this directory (the --state-dir of `ip-webhook serve`); read
@@ -231,6 +248,10 @@ pub struct ExplainArgs {
     /// replica's IP on it is shown too. Repeat for several.
     #[arg(long = "network", value_name = "NAMESPACE/NAME", value_parser = crate::ledger::network::Network::parse)]
     pub networks: Vec<crate::ledger::network::Network>,
+    /// Also exit 3 when an object gets a warning (a mistyped ip-webhook.io/ key, more replicas
+    /// than IPs), so that a CI gate stops on it; without, warnings are printed and exit 0.
+    #[arg(long)]
+    pub strict: bool,
     #[command(flatten)]
     pub verbosity: Verbosity,
     // Last: it ends with the etcd flags under their own help heading.
@@ -579,6 +600,10 @@ pub struct ServeArgs {
     /// How long SIGTERM waits for in-flight admissions before exiting.
     #[arg(long, default_value = "25s", value_parser = parse_duration, value_name = "DURATION")]
     pub shutdown_grace: Duration,
+    /// Log format: text (default), or json for collectors (one object per line, fields at the
+    /// top level, from the first line); the level comes from RUST_LOG (default info).
+    #[arg(long, value_parser = log_format_parser(), value_name = "text|json")]
+    pub log_format: Option<LogFormat>,
     #[command(flatten)]
     pub webhook: WebhookArgs,
     #[command(flatten)]

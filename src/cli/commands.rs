@@ -3,9 +3,10 @@
 //!
 //! They find their ledger as kubectl finds a cluster ([`crate::cli::find_cluster`]): the
 //! IPClaims behind `--kubeconfig`, else `$KUBECONFIG`, else `~/.kube/config`, else the
-//! in-cluster service account; `--state-dir` reads an embedded ledger instead. `status` and
-//! `explain` only read: they create nothing, and read an embedded ledger that a running
-//! server holds.
+//! in-cluster service account; `--state-dir` reads an embedded ledger instead, and so does
+//! a `./ip-webhook-state` that holds one when nothing names a cluster (`serve`'s default).
+//! `status` and `explain` only read: they create nothing, and read an embedded ledger that a
+//! running server holds.
 
 use std::io::Read;
 use std::path::Path;
@@ -15,8 +16,8 @@ use base64::Engine;
 use serde::Serialize;
 
 use crate::cli::{
-    AnswerIsNo, CheckArgs, ExplainArgs, LedgerArgs, OperatorConfig, OutputFormat, ReleaseArgs,
-    StatusArgs, find_cluster,
+    AnswerIsNo, CheckArgs, DEFAULT_STATE_DIR, ExplainArgs, LedgerArgs, OperatorConfig,
+    OutputFormat, ReleaseArgs, StatusArgs, find_cluster,
 };
 use crate::cluster::pods::PodDirectory;
 use crate::ipam::pools::PoolCatalog;
@@ -41,10 +42,14 @@ fn print<T: Serialize>(
     crate::cli::emit(&text)
 }
 
-/// The ledger the flags and the environment name, and where pods are looked up.
+/// The ledger the flags and the environment name (or, when they name none, the one `serve`
+/// keeps in its default state dir here), and where pods are looked up.
 fn operator_config(source: &LedgerArgs) -> anyhow::Result<OperatorConfig> {
     source
-        .config(find_cluster(&source.cluster))
+        .config(
+            find_cluster(&source.cluster),
+            Some(Path::new(DEFAULT_STATE_DIR)),
+        )
         .map_err(|e| anyhow!(e))
 }
 
@@ -161,10 +166,10 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
         }
         .into());
     }
-    // Off-cluster, on stderr so that the table and -o json/yaml stay the same to a script.
+    // Off-cluster, what no claim can show: a log line (with -v), as `serve` says it at start.
     if api_server.is_none() && claims.iter().any(Claim::is_held) {
-        eprintln!(
-            "note: {}",
+        tracing::info!(
+            "{}",
             crate::ops::control::unverifiable_claims_note(crate::ops::invocation())
         );
     }
@@ -248,7 +253,8 @@ pub async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
     print(args.output, &outcomes, |_| {
         crate::ops::explain::to_text(&outcomes)
     })?;
-    // Exit 3 when anything would be refused, so that `explain` can gate a CI job.
+    // Exit 3 when anything would be refused (with --strict: or warned about), so that
+    // `explain` can gate a CI job.
     let replicas: usize = outcomes.iter().map(|o| o.replicas.len()).sum();
     let refused = outcomes
         .iter()
@@ -265,6 +271,13 @@ pub async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
             "{denied} of {} objects would be denied when written",
             outcomes.len()
         ));
+    }
+    let warnings: usize = outcomes.iter().map(|o| o.warnings.len()).sum();
+    if args.strict && warnings > 0 {
+        no.push(match warnings {
+            1 => "1 warning (--strict)".to_string(),
+            n => format!("{n} warnings (--strict)"),
+        });
     }
     if !no.is_empty() {
         return Err(AnswerIsNo(no.join("; ")).into());
@@ -490,7 +503,12 @@ fn retain_namespace(report: &mut Report, namespace: &str) {
 
 /// `check --drift`: the claims against the cluster's pods and the CNI's records.
 async fn drift(args: CheckArgs) -> anyhow::Result<()> {
-    let config = operator_config(&args.source)?;
+    // No local default: drift compares with a cluster, so the ledger is that cluster's unless
+    // the flags name another.
+    let config = args
+        .source
+        .config(find_cluster(&args.source.cluster), None)
+        .map_err(|e| anyhow!(e))?;
     if config.api_server.is_none() {
         bail!(
             "check --drift compares the claims with a cluster's pods: give --kubeconfig FILE (or run it in a pod)"

@@ -246,21 +246,38 @@ pub struct OperatorConfig {
 /// Why an operator command has no ledger to read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
-    /// No `--ledger`, no `--state-dir` and no cluster: `hint` names a ledger at the default
-    /// state dir, if one is there.
+    /// No `--ledger`, no `--state-dir`, no cluster, and no ledger in `serve`'s default state
+    /// dir.
     #[error(
         "no cluster found: no --kubeconfig, $KUBECONFIG is unset, ~/.kube/config does \
-         not exist and this is not a pod; give --kubeconfig FILE, or --state-dir DIR \
-         to read the embedded ledger of `ip-webhook serve`{hint}"
+         not exist and this is not a pod, and ./ip-webhook-state holds no ledger; give \
+         --kubeconfig FILE, or --state-dir DIR to read the embedded ledger of `ip-webhook serve`"
     )]
-    NoCluster { hint: String },
+    NoCluster,
 }
 
 impl LedgerArgs {
+    /// Whether nothing names where the claims are: no `--ledger`, `--state-dir`,
+    /// `--kubeconfig` or `--context`, and the cluster found is at most `~/.kube/config` (a
+    /// default, not a choice: `serve` does not read it either; `$KUBECONFIG` and a pod's
+    /// service account are choices).
+    fn nothing_named(&self, cluster: Option<&ClusterSource>) -> bool {
+        self.ledger.is_none()
+            && self.state_dir.is_none()
+            && self.cluster.context.is_none()
+            && matches!(cluster, None | Some(ClusterSource::Home(_)))
+    }
+
     /// Choose the ledger of an operator command: `--ledger` if given; else `--state-dir` means
-    /// the embedded ledger; else the cluster kubectl would use (`cluster`); else an error
-    /// saying where it looked and what to pass.
-    pub fn config(&self, cluster: Option<ClusterSource>) -> Result<OperatorConfig, ConfigError> {
+    /// the embedded ledger; else, when nothing names a cluster and `local` (`serve`'s default
+    /// state dir, for `status`, `explain` and `release`) holds a ledger, that one, as `serve`
+    /// run in the same directory uses it; else the cluster kubectl would use (`cluster`);
+    /// else an error saying where it looked and what to pass.
+    pub fn config(
+        &self,
+        cluster: Option<ClusterSource>,
+        local: Option<&Path>,
+    ) -> Result<OperatorConfig, ConfigError> {
         let explicit = self.cluster.kubeconfig.is_some() || self.cluster.context.is_some();
         let access = |source: ClusterSource| KubeAccess {
             source,
@@ -271,25 +288,24 @@ impl LedgerArgs {
                 .clone()
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR))
         };
-        let ledger = match (self.ledger, &cluster) {
-            (Some(LedgerKind::Embedded), _) => LedgerConfig::Embedded {
+        let local = local.filter(|dir| {
+            self.nothing_named(cluster.as_ref()) && crate::ledger::embedded::exists_in(dir)
+        });
+        let ledger = match (self.ledger, &cluster, local) {
+            (Some(LedgerKind::Embedded), ..) => LedgerConfig::Embedded {
                 state_dir: state_dir(),
             },
-            (Some(LedgerKind::Etcd), _) => LedgerConfig::Etcd(self.etcd.options()),
-            (None, _) if self.state_dir.is_some() => LedgerConfig::Embedded {
+            (Some(LedgerKind::Etcd), ..) => LedgerConfig::Etcd(self.etcd.options()),
+            (None, ..) if self.state_dir.is_some() => LedgerConfig::Embedded {
                 state_dir: state_dir(),
             },
-            (Some(LedgerKind::Kubernetes) | None, Some(cluster)) => {
+            (None, _, Some(dir)) => LedgerConfig::Embedded {
+                state_dir: dir.to_path_buf(),
+            },
+            (Some(LedgerKind::Kubernetes) | None, Some(cluster), _) => {
                 LedgerConfig::Kubernetes(access(cluster.clone()))
             }
-            (Some(LedgerKind::Kubernetes) | None, None) => {
-                let hint = if crate::ledger::embedded::exists_in(Path::new(DEFAULT_STATE_DIR)) {
-                    format!(" ({DEFAULT_STATE_DIR} holds one)")
-                } else {
-                    String::new()
-                };
-                return Err(ConfigError::NoCluster { hint });
-            }
+            (Some(LedgerKind::Kubernetes) | None, None, _) => return Err(ConfigError::NoCluster),
         };
         // With another ledger, pods are looked up where the flags point (or in a pod).
         let api_server = match &ledger {

@@ -29,7 +29,7 @@ use crate::server::logging::LogFormat;
 pub const EXIT_CODES: &str = "Exit status: 0 done; 1 error (one `Error: …` line on stderr); \
 2 bad command line; 3 the command ran and the answer is no (a `check` failed, `check --drift` \
 found drift, `release` freed nothing, a `status` filter matched nothing, `explain` found a replica \
-that would be refused).";
+that would be refused, or with --strict a warning).";
 
 /// The name the binary runs under as a kubectl plugin (`kubectl ipw …`).
 pub const PLUGIN_FILE: &str = "kubectl-ipw";
@@ -122,7 +122,7 @@ pub fn error_line(error: &anyhow::Error) -> String {
 }
 
 /// The log filter: `serve` logs at RUST_LOG (default info); the other commands print only
-/// their own output unless -v is given.
+/// their own output unless -v is given: -v info, -vv debug.
 fn log_filter(command: &Command) -> Option<&'static str> {
     let verbosity = match command {
         Command::Serve(_) => return None,
@@ -135,18 +135,21 @@ fn log_filter(command: &Command) -> Option<&'static str> {
         Command::Ledger(LedgerCommand::Repair(args)) => args.verbosity,
         Command::Plugin(_) | Command::Completion { .. } => Verbosity::default(),
     };
-    // Without -v, only ip-webhook's own warnings: a client library's error log would repeat
-    // the `Error:` line.
-    Some(match verbosity.verbose {
-        0 => "ip_webhook=warn",
-        1 => "info",
+    // Without -v, no log line at all: what went wrong is the `Error:` line, and what the
+    // ledger notes on the way (a slow commit, a torn tail cut off) is for -v.
+    Some(match (verbosity.verbose, command) {
+        (0, _) => "off",
+        // `serve` logs a dry run's decision at debug (a line per admission costs CPU); the
+        // one review `review` runs is what -v is for.
+        (1, Command::Review(_)) => "info,ip_webhook::webhook::dispatch=debug",
+        (1, _) => "info",
         _ => "debug",
     })
 }
 
 /// Run a parsed command line.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
-    let _logs = crate::server::logging::init(cli.log_format, log_filter(&cli.command));
+    let _logs = crate::server::logging::init(cli.log_format(), log_filter(&cli.command));
     match cli.command {
         Command::Serve(args) => crate::app::serve_until_signal(args.config()).await,
         Command::Review(args) => review(args).await,
@@ -231,6 +234,17 @@ async fn review(args: ReviewArgs) -> anyhow::Result<()> {
     ledger.close().await;
     let json = answer.map_err(|e| anyhow::anyhow!("HTTP 400: {e}"))?;
     let value: serde_json::Value = serde_json::from_slice(&json)?;
+    if let Some(patch) = value["response"]["patch"].as_str() {
+        // with -v, what `jq -r .response.patch | base64 -d` shows
+        use base64::Engine;
+        let decoded = base64::engine::general_purpose::STANDARD
+            .decode(patch)
+            .map(|bytes| String::from_utf8_lossy(&bytes).into_owned());
+        match decoded {
+            Ok(patch) => tracing::info!("the response's JSON Patch, decoded: {patch}"),
+            Err(error) => tracing::warn!(%error, "the response's patch is not base64"),
+        }
+    }
     emit(&(serde_json::to_string_pretty(&value)? + "\n"))
 }
 
@@ -389,7 +403,7 @@ mod tests {
         };
         let cluster = Some(ClusterSource::InCluster);
         let ledger = |source: &LedgerArgs, cluster: Option<ClusterSource>| {
-            source.config(cluster).map(|c| c.ledger)
+            source.config(cluster, None).map(|c| c.ledger)
         };
         let embedded = |dir: &str| LedgerConfig::Embedded {
             state_dir: dir.into(),
@@ -409,7 +423,7 @@ mod tests {
         // the kubernetes ledger's API server is where pods are looked up too
         assert_eq!(
             source(None, None)
-                .config(cluster.clone())
+                .config(cluster.clone(), None)
                 .unwrap()
                 .api_server,
             Some(in_cluster)
@@ -425,6 +439,70 @@ mod tests {
         let error = ledger(&source(None, None), None).unwrap_err().to_string();
         assert!(error.starts_with("no cluster found: no --kubeconfig, $KUBECONFIG is unset, ~/.kube/config does not exist"), "{error}");
         assert!(ledger(&source(Some(LedgerKind::Kubernetes), None), None).is_err());
+    }
+
+    /// `serve`'s default state dir, when it holds a ledger, is read by the operator commands
+    /// unless something names where the claims are.
+    #[test]
+    fn the_local_state_dir_is_used_when_nothing_names_a_cluster() {
+        let local = tempfile::tempdir().unwrap();
+        let local = local.path();
+        let args = |extra: &[&str]| {
+            let cli = Cli::try_parse_from([&["ip-webhook", "status"], extra].concat()).unwrap();
+            match cli.command {
+                Command::Status(status) => status.source,
+                _ => unreachable!(),
+            }
+        };
+        let ledger = |extra: &[&str], cluster: Option<ClusterSource>| {
+            args(extra).config(cluster, Some(local)).map(|c| c.ledger)
+        };
+        let home = || Some(ClusterSource::Home("/home/me/.kube/config".into()));
+        let kubernetes = |source: ClusterSource, context: Option<&str>| {
+            Ok(LedgerConfig::Kubernetes(crate::ledger::KubeAccess {
+                source,
+                context: context.map(str::to_string),
+            }))
+        };
+        // an empty directory is no ledger: the cluster, or the error
+        assert_eq!(ledger(&[], home()), kubernetes(home().unwrap(), None));
+        assert_eq!(ledger(&[], None), Err(ConfigError::NoCluster));
+        std::fs::write(local.join("journal.00000000000000000001"), b"").unwrap();
+        let here = Ok(LedgerConfig::Embedded {
+            state_dir: local.to_path_buf(),
+        });
+        assert_eq!(ledger(&[], None), here);
+        // ~/.kube/config names no cluster (`serve` does not read it either) ...
+        assert_eq!(ledger(&[], home()), here);
+        // ... $KUBECONFIG, --kubeconfig, --context, a pod and the flags do
+        let env = ClusterSource::Env("/env/kc".into());
+        assert_eq!(ledger(&[], Some(env.clone())), kubernetes(env, None));
+        let flag = ClusterSource::Flag("/etc/kc".into());
+        assert_eq!(
+            ledger(&["--kubeconfig", "/etc/kc"], Some(flag.clone())),
+            kubernetes(flag, None)
+        );
+        assert_eq!(
+            ledger(&["--context", "prod"], home()),
+            kubernetes(home().unwrap(), Some("prod"))
+        );
+        let pod = ClusterSource::InCluster;
+        assert_eq!(ledger(&[], Some(pod.clone())), kubernetes(pod, None));
+        assert_eq!(
+            ledger(&["--ledger", "kubernetes"], home()),
+            kubernetes(home().unwrap(), None)
+        );
+        assert_eq!(
+            ledger(&["--state-dir", "elsewhere"], None),
+            Ok(LedgerConfig::Embedded {
+                state_dir: "elsewhere".into()
+            })
+        );
+        // read off-cluster: no API server to look pods up on
+        assert_eq!(
+            args(&[]).config(home(), Some(local)).unwrap().api_server,
+            None
+        );
     }
 
     #[test]
@@ -506,6 +584,65 @@ mod tests {
         let serve = flags("serve");
         for flag in serve_only {
             assert!(serve.iter().any(|f| f == flag), "serve lacks --{flag}");
+        }
+    }
+
+    /// `--log-format` is `serve`'s (the other commands log only with -v), and the top level's
+    /// (before the command), not every command's.
+    #[test]
+    fn only_serve_lists_the_log_format() {
+        use clap::CommandFactory;
+        let mut cli = Cli::command();
+        // built: a global flag is then in every subcommand's arguments, as in its help
+        cli.build();
+        let lists = |command: &clap::Command| {
+            command
+                .get_arguments()
+                .any(|a| a.get_long() == Some("log-format") && !a.is_hide_set())
+        };
+        assert!(lists(&cli), "the top-level help omits --log-format");
+        for command in cli.get_subcommands() {
+            let name = command.get_name();
+            assert_eq!(lists(command), name == "serve", "{name}");
+            for sub in command.get_subcommands() {
+                assert!(!lists(sub), "{name} {}", sub.get_name());
+            }
+        }
+        let json = |args: &[&str]| {
+            matches!(
+                Cli::try_parse_from(args).unwrap().log_format(),
+                LogFormat::Json
+            )
+        };
+        assert!(json(&["ip-webhook", "serve", "--log-format", "json"]));
+        assert!(json(&["ip-webhook", "--log-format", "json", "serve"]));
+        assert!(json(&[
+            "ip-webhook",
+            "--log-format",
+            "json",
+            "status",
+            "-v"
+        ]));
+        assert!(!json(&["ip-webhook", "serve"]));
+        assert!(Cli::try_parse_from(["ip-webhook", "status", "--log-format", "json"]).is_err());
+    }
+
+    /// `completion --help` says where each shell it accepts keeps the script.
+    #[test]
+    fn completion_help_covers_every_shell() {
+        use clap::{CommandFactory, ValueEnum};
+        let mut cli = Cli::command();
+        let help = cli
+            .find_subcommand_mut("completion")
+            .unwrap()
+            .render_long_help()
+            .to_string();
+        for shell in clap_complete::Shell::value_variants() {
+            let name = shell.to_possible_value().unwrap().get_name().to_string();
+            assert!(
+                help.contains(&format!("{name}: ")),
+                "completion --help says nothing of {name}:\n{help}"
+            );
         }
     }
 

@@ -48,6 +48,30 @@ fn storage(context: &str, error: impl std::fmt::Display) -> LedgerError {
     LedgerError::Storage(format!("etcd {context}: {error}"))
 }
 
+/// An etcd client error in plain words: for a failed connection the last of its causes
+/// (`Connection refused (os error 111)`), for a status from etcd its message; never the
+/// `Debug` dump of tonic's transport error, which tonic's `Display` of a status appends.
+fn plain(error: &etcd_client::Error) -> String {
+    use etcd_client::Error;
+    let last_cause = |error: &(dyn std::error::Error + 'static)| {
+        let mut last = error;
+        while let Some(next) = last.source() {
+            last = next;
+        }
+        last.to_string()
+    };
+    match error {
+        Error::TransportError(error) => last_cause(error),
+        Error::IoError(error) => error.to_string(),
+        Error::GRpcStatus(status) => match std::error::Error::source(status) {
+            Some(source) => last_cause(source),
+            None if status.message().is_empty() => status.code().description().to_string(),
+            None => status.message().to_string(),
+        },
+        other => other.to_string(),
+    }
+}
+
 /// Errors worth a retry: the request may not have reached a quorum.
 fn is_transient(error: &etcd_client::Error) -> bool {
     use etcd_client::Error;
@@ -142,7 +166,7 @@ impl EtcdLedger {
         }
         let client = Client::connect(&options.endpoints, Some(connect))
             .await
-            .map_err(|e| storage(&format!("connect to {:?}", options.endpoints), e))?;
+            .map_err(|e| storage(&format!("connect to {:?}", options.endpoints), plain(&e)))?;
         let prefix = normalize_prefix(&options.prefix);
         let ledger = EtcdLedger {
             client,
@@ -157,8 +181,11 @@ impl EtcdLedger {
         ledger
             .retrying("status", |mut client| async move { client.status().await })
             .await
-            .map_err(|e| {
-                LedgerError::Storage(format!("{e} (endpoints {:?})", options.endpoints))
+            .map_err(|e| match e {
+                LedgerError::Storage(why) => {
+                    LedgerError::Storage(format!("{why} (endpoints {:?})", options.endpoints))
+                }
+                other => other,
             })?;
         Ok(ledger)
     }
@@ -196,7 +223,7 @@ impl EtcdLedger {
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(Duration::from_millis(500));
                 }
-                Err(error) => return Err(storage(what, error)),
+                Err(error) => return Err(storage(what, plain(&error))),
             }
         }
     }

@@ -220,8 +220,9 @@ pub async fn open(config: &LedgerConfig, options: &OpenOptions) -> Result<Opened
         LedgerConfig::Etcd(etcd) => {
             let ledger = EtcdLedger::connect(etcd)
                 .await
+                // the cause names the endpoints where they matter (not for a missing file)
                 .map_err(|source| OpenError::Read {
-                    what: format!("opening the etcd ledger at {:?}", etcd.endpoints),
+                    what: "opening the etcd ledger".into(),
                     source,
                 })?;
             let ledger = Arc::new(ledger);

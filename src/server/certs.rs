@@ -33,8 +33,21 @@ pub(super) fn generate(e: rcgen::Error) -> TlsError {
     TlsError::Generate(e.to_string())
 }
 
-/// The self-signed CA's parameters. Always the same: a leaf issued later by the CA's kept key
-/// names the same issuer as the first one.
+/// How long before its making a self-signed certificate is valid from (`notBefore`): a
+/// verifier whose clock is a little behind this host's (an API server on another machine
+/// given the caBundle) still accepts it. rcgen's default, 1975-01-01, is what certificate
+/// scanners flag.
+pub const NOT_BEFORE_SKEW: jiff::SignedDuration = jiff::SignedDuration::from_hours(1);
+
+/// `notBefore` of a certificate made now: [`NOT_BEFORE_SKEW`] ago, to the second.
+fn not_before() -> Result<time::OffsetDateTime, TlsError> {
+    let at = jiff::Timestamp::now() - NOT_BEFORE_SKEW;
+    time::OffsetDateTime::from_unix_timestamp(at.as_second())
+        .map_err(|e| TlsError::Generate(e.to_string()))
+}
+
+/// The self-signed CA's parameters. Always the same name: a leaf issued later by the CA's
+/// kept key names the same issuer as the first one.
 pub(super) fn ca_params(
     valid_until: Option<jiff::Timestamp>,
 ) -> Result<rcgen::CertificateParams, TlsError> {
@@ -47,6 +60,7 @@ pub(super) fn ca_params(
     let mut dn = DistinguishedName::new();
     dn.push(DnType::CommonName, "ip-webhook self-signed CA");
     params.distinguished_name = dn;
+    params.not_before = not_before()?;
     if let Some(until) = valid_until {
         let (year, month, day) = ymd(until);
         params.not_after = rcgen::date_time_ymd(year, month, day);
@@ -73,6 +87,7 @@ pub(super) fn issue_leaf(
     let mut dn = DistinguishedName::new();
     dn.push(DnType::CommonName, "ip-webhook");
     params.distinguished_name = dn;
+    params.not_before = not_before()?;
     if let Some(until) = valid_until {
         let (year, month, day) = ymd(until);
         params.not_after = rcgen::date_time_ymd(year, month, day);

@@ -37,25 +37,44 @@ pub enum LogFormat {
     Json,
 }
 
-/// The filter `text` with rustls's per-connection SNI warnings kept to debug: a client that
-/// connects by IP address (a kubelet probe, `curl https://10.0.0.5:8443`) sends the IP as SNI,
-/// which rustls ignores with a WARN on every handshake (rustls `src/msgs/handshake.rs`,
-/// "Illegal SNI extension: ignoring IP address presented as hostname"). Shown at debug and
-/// finer, or when `text` names rustls itself.
-pub fn with_quiet_sni(text: &str) -> String {
+/// Library log lines that only repeat, at a louder level, what ip-webhook reports itself: each
+/// target with the level it is kept to.
+///
+/// - rustls's per-connection SNI warning: a client that connects by IP address (a kubelet
+///   probe, `curl https://10.0.0.5:8443`) sends the IP as SNI, which rustls ignores with a WARN
+///   on every handshake (rustls `src/msgs/handshake.rs`, "Illegal SNI extension: ignoring IP
+///   address presented as hostname").
+/// - kube-client's ERROR for every failed request (kube-client `src/client/builder.rs`,
+///   "failed with error …"): the caller gets the same error and says what it was doing, so an
+///   unreachable API server printed a stray ERROR line before the command's own `Error:`.
+const QUIETED: [(&str, &str); 2] = [
+    ("rustls::msgs::handshake", "error"),
+    ("kube_client::client::builder", "off"),
+];
+
+/// The filter `text` with the lines of [`QUIETED`] kept to their level. Shown at debug and
+/// finer, or when `text` names the library (its crate) itself.
+pub fn with_quiet_libraries(text: &str) -> String {
+    if text.trim().eq_ignore_ascii_case("off") {
+        // a directive for a library would turn its lines back on
+        return text.to_string();
+    }
     let verbose = text.split(',').any(|directive| {
         let level = directive.rsplit('=').next().unwrap_or("").trim();
         matches!(level.to_ascii_lowercase().as_str(), "debug" | "trace")
     });
-    if verbose || text.contains("rustls") {
-        text.to_string()
-    } else {
-        format!("{text},rustls::msgs::handshake=error")
+    let mut filter = text.to_string();
+    for (target, level) in QUIETED {
+        let library = target.split("::").next().unwrap_or(target);
+        if !verbose && !text.contains(library) {
+            filter.push_str(&format!(",{target}={level}"));
+        }
     }
+    filter
 }
 
 /// Install the global subscriber. Keep the guard until the process ends. `level`, when given,
-/// replaces `RUST_LOG` (the operator commands: `warn` unless `-v`).
+/// replaces `RUST_LOG` (the commands other than `serve`: nothing unless `-v`).
 pub fn init(format: LogFormat, level: Option<&str>) -> LogGuard {
     JSON.store(
         matches!(format, LogFormat::Json),
@@ -69,7 +88,7 @@ pub fn init(format: LogFormat, level: Option<&str>) -> LogGuard {
             .filter(|v| !v.trim().is_empty())
             .unwrap_or_else(|| "info".into()),
     };
-    let filter = tracing_subscriber::EnvFilter::try_new(with_quiet_sni(&text))
+    let filter = tracing_subscriber::EnvFilter::try_new(with_quiet_libraries(&text))
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -405,19 +424,31 @@ mod tests {
     }
 
     #[test]
-    fn sni_warnings_stay_at_debug() {
-        assert_eq!(with_quiet_sni("info"), "info,rustls::msgs::handshake=error");
+    fn sni_warnings_and_kube_client_errors_stay_at_debug() {
+        let quiet = ",rustls::msgs::handshake=error,kube_client::client::builder=off";
+        assert_eq!(with_quiet_libraries("info"), format!("info{quiet}"));
         assert_eq!(
-            with_quiet_sni("warn,ip_webhook=info"),
-            "warn,ip_webhook=info,rustls::msgs::handshake=error"
+            with_quiet_libraries("warn,ip_webhook=info"),
+            format!("warn,ip_webhook=info{quiet}")
         );
-        for shown in [
-            "debug",
-            "info,ip_webhook=DEBUG",
-            "trace",
-            "info,rustls=warn",
+        assert_eq!(with_quiet_libraries("off"), "off");
+        for shown in ["debug", "info,ip_webhook=DEBUG", "trace"] {
+            assert_eq!(with_quiet_libraries(shown), shown);
+        }
+        // naming a library shows its lines at the level named; the other stays quiet
+        assert_eq!(
+            with_quiet_libraries("info,rustls=warn"),
+            "info,rustls=warn,kube_client::client::builder=off"
+        );
+        assert_eq!(
+            with_quiet_libraries("info,kube_client=error"),
+            "info,kube_client=error,rustls::msgs::handshake=error"
+        );
+        for filter in [
+            with_quiet_libraries("info"),
+            with_quiet_libraries("info,kube_client=error"),
         ] {
-            assert_eq!(with_quiet_sni(shown), shown);
+            tracing_subscriber::EnvFilter::try_new(&filter).expect(&filter);
         }
     }
 

@@ -588,6 +588,52 @@ mod tests {
         assert_eq!(read_all(&paths).1, gone, "one missing file, one digest");
     }
 
+    /// The self-signed certificates start an hour before they were made (a verifier's clock a
+    /// little behind still accepts them; not rcgen's 1975-01-01), and end when they should:
+    /// the CA in ten years, the serving certificate in one (to the day).
+    #[test]
+    fn self_signed_certificates_start_just_before_they_were_made() {
+        let dates = |pem: &str| {
+            let der = CertificateDer::pem_slice_iter(pem.as_bytes())
+                .next()
+                .unwrap()
+                .unwrap();
+            let (_, cert) = x509_parser::parse_x509_certificate(&der).unwrap();
+            let validity = cert.validity();
+            (
+                validity.not_before.timestamp(),
+                validity.not_after.timestamp(),
+            )
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let before = jiff::Timestamp::now().as_second();
+        let (made, _) = self_signed_in(dir.path(), &[]).unwrap();
+        let after = jiff::Timestamp::now().as_second();
+        let skew = NOT_BEFORE_SKEW.as_secs();
+        let day = 24 * 3600;
+        for (what, pem, days) in [
+            ("CA", &made.ca_pem, 3650),
+            ("serving certificate", &made.cert_pem, 365),
+        ] {
+            let (from, until) = dates(pem);
+            assert!(
+                (before - skew..=after - skew).contains(&from),
+                "{what}: notBefore {from} is not an hour before {before}..{after}"
+            );
+            // notAfter is the start of the day `days` from now (UTC)
+            let end = before + days * day;
+            assert!(
+                (end - day..=end).contains(&until),
+                "{what}: notAfter {until}, not {days} days on from {before}"
+            );
+        }
+        // the kept pair is served again with its dates, and so is a plain self-signed pair
+        let (kept, _) = self_signed_in(dir.path(), &[]).unwrap();
+        assert_eq!(dates(&kept.cert_pem), dates(&made.cert_pem));
+        let (from, _) = dates(&self_signed(&[]).unwrap().ca_pem);
+        assert!(from >= before - skew, "notBefore {from}");
+    }
+
     #[test]
     fn self_signed_pair_parses_and_mismatch_is_refused() {
         let a = self_signed(&["svc.ns.svc".into()]).unwrap();

@@ -335,7 +335,8 @@ fn embedded_ledger_needs_one_replica_and_a_persistent_volume() {
 #[test]
 fn pdb_only_with_more_than_one_replica() {
     let helm = helm();
-    for (replicas, pdb) in [("0", false), ("1", false), ("2", true), ("3", true)] {
+    // (0 is refused while a webhook is on: schema::no_replicas_are_refused_while_a_webhook_is_on)
+    for (replicas, pdb) in [("1", false), ("2", true), ("3", true)] {
         let set = format!("replicaCount={replicas}");
         let docs = render(&helm, &[&set], "1.31.0");
         assert_eq!(
@@ -346,6 +347,54 @@ fn pdb_only_with_more_than_one_replica() {
     }
     let docs = render(&helm, &["podDisruptionBudget.enabled=false"], "1.31.0");
     assert!(of_kind(&docs, "PodDisruptionBudget").is_empty());
+}
+
+/// On the node's network the ports default to 10260 and 10261, next to the kubelet's 10250
+/// (8443 and 8080 are often taken on a node); ports that are set win. The flags, the
+/// container's ports and the NetworkPolicy follow.
+#[test]
+fn host_network_defaults_the_ports_next_to_the_kubelets() {
+    let helm = helm();
+    for (set, https, admin) in [
+        (&[][..], 8443, 8080),
+        (&["hostNetwork=true"][..], 10260, 10261),
+        (
+            &[
+                "hostNetwork=true",
+                "server.port=10300",
+                "server.adminPort=10301",
+            ][..],
+            10300,
+            10301,
+        ),
+        (&["server.port=9443"][..], 9443, 8080),
+    ] {
+        let set = [
+            set,
+            &[
+                "networkPolicy.enabled=true",
+                "networkPolicy.webhookFrom[0].ipBlock.cidr=10.0.0.0/24",
+            ],
+        ]
+        .concat();
+        let docs = render(&helm, &set, "1.31.0");
+        assert_eq!(container_port(&docs, "https"), https, "{set:?}");
+        assert_eq!(container_port(&docs, "admin"), admin, "{set:?}");
+        let args = args(&docs);
+        for flag in [
+            format!("--listen=0.0.0.0:{https}"),
+            format!("--admin-listen=0.0.0.0:{admin}"),
+        ] {
+            assert!(args.contains(&flag), "{set:?}: {flag} not in {args:?}");
+        }
+        let opened: Vec<u64> = one(&docs, "NetworkPolicy")["spec"]["ingress"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|rule| rule["ports"][0]["port"].as_u64().unwrap())
+            .collect();
+        assert_eq!(opened, [u64::from(https), u64::from(admin)], "{set:?}");
+    }
 }
 
 #[test]

@@ -231,3 +231,99 @@ fn duration_values_are_go_durations() {
         );
     }
 }
+
+/// The keys other charts use for what this chart spells otherwise
+/// (`files/other-spellings.yaml`) get past the schema and are refused by the templates,
+/// naming this chart's key; the chart's README lists each. A key nobody uses is refused by the
+/// schema, naming it and where it is.
+#[test]
+fn other_charts_keys_are_refused_naming_this_charts() {
+    let helm = helm();
+    let spellings: Value = serde_yaml::from_str(
+        &std::fs::read_to_string(chart_dir().join("files/other-spellings.yaml")).unwrap(),
+    )
+    .unwrap();
+    let schema: Value = serde_json::from_str(
+        &std::fs::read_to_string(chart_dir().join("values.schema.json")).unwrap(),
+    )
+    .unwrap();
+    let readme = std::fs::read_to_string(chart_dir().join("README.md")).unwrap();
+    let spellings = spellings.as_object().unwrap();
+    assert!(spellings.len() >= 10, "{spellings:?}");
+    for (key, entry) in spellings {
+        assert!(
+            schema["properties"].get(key).is_some(),
+            "values.schema.json refuses {key} before the templates can say what to use"
+        );
+        let (what, to_use) = (
+            entry["for"].as_str().unwrap(),
+            entry["use"].as_str().unwrap(),
+        );
+        let error = template_text(&helm, &[&format!("{key}=x")], "1.31.0")
+            .expect_err(&format!("--set {key}=x must be refused"));
+        assert!(
+            error.contains(&format!(
+                "{key} is not a value of this chart. For {what}, use {to_use}."
+            )),
+            "--set {key}=x: {error}"
+        );
+        assert!(
+            readme.contains(&format!("| `{key}` | {what} | {to_use} |")),
+            "the chart's README does not map {key}"
+        );
+    }
+    // the common one, as other charts' READMEs spell it
+    let error = template_text(&helm, &["certManager.enabled=false"], "1.31.0").unwrap_err();
+    assert!(
+        error.contains(
+            "use `validatingWebhook.certificate.source`: `cert-manager` (the default), `helm`"
+        ),
+        "{error}"
+    );
+    let error = template_text(&helm, &["certMnager.enabled=false"], "1.31.0").unwrap_err();
+    assert!(
+        error.contains("at '': additional properties 'certMnager' not allowed"),
+        "{error}"
+    );
+    let error = template_text(&helm, &["server.prot=9443"], "1.31.0").unwrap_err();
+    assert!(
+        error.contains("at '/server': additional properties 'prot' not allowed"),
+        "{error}"
+    );
+}
+
+/// No replica while a webhook is on would refuse every pod that asks for a fixed IP (or start
+/// it on a random IP): refused, saying why and what to set; with both webhooks off nothing is
+/// served, so nothing needs a replica.
+#[test]
+fn no_replicas_are_refused_while_a_webhook_is_on() {
+    let helm = helm();
+    for set in [
+        &["replicaCount=0"][..],
+        &["replicaCount=0", "mutatingWebhook.failurePolicy=Ignore"],
+        &["replicaCount=0", "validatingWebhook.enabled=false"],
+    ] {
+        let error =
+            template_text(&helm, set, "1.31.0").expect_err(&format!("{set:?} must be refused"));
+        assert!(
+            error.contains("replicaCount=0 leaves no replica to answer the webhooks")
+                && error.contains(
+                    "set mutatingWebhook.enabled=false and validatingWebhook.enabled=false"
+                ),
+            "{set:?}: {error}"
+        );
+    }
+    let off = render(
+        &helm,
+        &[
+            "replicaCount=0",
+            "mutatingWebhook.enabled=false",
+            "validatingWebhook.enabled=false",
+        ],
+        "1.31.0",
+    );
+    assert!(of_kind(&off, "Deployment").is_empty());
+    assert!(of_kind(&off, "MutatingWebhookConfiguration").is_empty());
+    let one_replica = render(&helm, &["replicaCount=1"], "1.31.0");
+    assert_eq!(one(&one_replica, "Deployment")["spec"]["replicas"], 1);
+}

@@ -73,6 +73,26 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
 {{/* "true" when some webhook configuration is rendered, so the server and its certificate are. */}}
+{{/* The container's ports: server.port and server.adminPort, else 8443 and 8080, or on the
+     node's network (hostNetwork) 10260 and 10261, next to the kubelet's 10250. */}}
+{{- define "ip-webhook.port" -}}
+{{- .Values.server.port | default (ternary 10260 8443 .Values.hostNetwork) }}
+{{- end }}
+{{- define "ip-webhook.adminPort" -}}
+{{- .Values.server.adminPort | default (ternary 10261 8080 .Values.hostNetwork) }}
+{{- end }}
+
+{{/* Refuse the keys other charts use for what this chart spells otherwise, naming the key to
+     use (files/other-spellings.yaml; the schema lets them through to here). */}}
+{{- define "ip-webhook.checkSpellings" -}}
+{{- $spellings := .Files.Get "files/other-spellings.yaml" | fromYaml }}
+{{- range $key, $spelling := $spellings }}
+{{- if hasKey $.Values $key }}
+{{- fail (printf "%s is not a value of this chart. For %s, use %s. The chart's README maps other charts' keys to this chart's" $key (get $spelling "for") $spelling.use) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
 {{- define "ip-webhook.serving" -}}
 {{- if or .Values.mutatingWebhook.enabled .Values.validatingWebhook.enabled }}true{{ end }}
 {{- end }}
@@ -276,6 +296,9 @@ objectSelector:
 {{- if not .Values.persistence.enabled }}
 {{- fail "server.ledger=embedded needs persistence.enabled=true: on the default emptyDir the books vanish with the pod, and the next pod hands out IPs that running pods still hold. Set persistence.enabled=true (and persistence.storageClass or persistence.existingClaim)" }}
 {{- end }}
+{{- end }}
+{{- if lt (int .Values.replicaCount) 1 }}
+{{- fail "replicaCount=0 leaves no replica to answer the webhooks: every pod that asks for a fixed IP would be refused (mutatingWebhook.failurePolicy Fail), or started on a random IP (Ignore). Keep 1 or more; to stop the webhook, set mutatingWebhook.enabled=false and validatingWebhook.enabled=false (docs/install.md, Uninstall)" }}
 {{- end }}
 {{- if and .Values.persistence.enabled (not (include "ip-webhook.sharedClaim" .)) (gt (int .Values.replicaCount) 1) }}
 {{- fail (printf "persistence.enabled with replicaCount=%d needs persistence.accessModes with ReadWriteMany: a %s claim mounts on one node only, so the other replicas would never start" (int .Values.replicaCount) (join "," .Values.persistence.accessModes)) }}
