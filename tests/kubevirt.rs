@@ -158,6 +158,16 @@ async fn launch(
     object: Value,
     name: &str,
 ) -> (String, Pod) {
+    let (ip, admitted) = admit_launcher(server, &object, name).await;
+    (ip, persist_pod(&cluster.pods, admitted, name).await)
+}
+
+/// `/mutate` a launcher pod as KubeVirt's controller: its IP and the pod as admitted.
+async fn admit_launcher(
+    server: &common::TestServer,
+    object: &Value,
+    name: &str,
+) -> (String, Value) {
     let response = server
         .mutate(&create_as(
             &format!("create-{name}"),
@@ -166,9 +176,7 @@ async fn launch(
         ))
         .await;
     assert_eq!(response["allowed"], true, "{response}");
-    let ip = allocated_ip(&response);
-    let stored = persist_pod(&cluster.pods, apply(&object, &response), name).await;
-    (ip, stored)
+    (allocated_ip(&response), apply(object, &response))
 }
 
 /// Delete a launcher pod the way the API server does: its DELETE reviewed, the object gone.
@@ -461,16 +469,8 @@ async fn launch_off_cluster(
     object: Value,
     name: &str,
 ) -> (String, Pod) {
-    let response = server
-        .mutate(&create_as(
-            &format!("create-{name}"),
-            object.clone(),
-            CONTROLLER,
-        ))
-        .await;
-    assert_eq!(response["allowed"], true, "{response}");
-    let ip = allocated_ip(&response);
-    let pod = stored(apply(&object, &response), name);
+    let (ip, admitted) = admit_launcher(server, &object, name).await;
+    let pod = stored(admitted, name);
     let validated = server
         .validate(&create_as(
             &format!("validate-{name}"),
