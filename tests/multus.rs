@@ -936,7 +936,7 @@ async fn a_lagging_replica_asks_the_ledger_before_refusing_a_network_ip() {
 }
 
 /// An UPDATE may not name another holder's network IP: not by a pod holding no claim, nor by
-/// one holding only a primary claim (what names its IPs stays as admitted).
+/// one holding only a primary claim (what names its IPs stays as admitted); nor a free one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_update_cannot_name_another_pods_network_ip() {
     let server = TestServer::start(&["--network", "default/storage"]).await;
@@ -979,6 +979,42 @@ async fn an_update_cannot_name_another_pods_network_ip() {
             message(&answer)
         );
     }
+    // a free IP is refused too: an update records nothing, so the network would give the IP
+    // to the next pod while this one's sandbox, started again, comes up on it
+    let plain = common::pod("default", "plain", "plain-", None);
+    let mut updated = plain.clone();
+    updated["metadata"]["annotations"][NETWORKS] =
+        json!(r#"[{"name":"storage","ips":["10.56.0.2/24"]}]"#);
+    let review = common::review("v1", "u-2", "UPDATE", Some(updated), Some(plain), false);
+    let answer = server.validate(&review).await;
+    assert_eq!(answer["allowed"], false, "{answer}");
+    assert!(
+        message(&answer).contains("cannot give the pod IPs on network default/storage (10.56.0.2)"),
+        "{}",
+        message(&answer)
+    );
+    // Kube-OVN's controller writing the IP it allocated on an attachment (the networks
+    // annotation as it was) is no such update
+    let mut attached = common::pod("default", "dynamic", "dynamic-", None);
+    attached["metadata"]["annotations"][NETWORKS] = json!("storage");
+    let mut allocated = attached.clone();
+    allocated["metadata"]["annotations"]["storage.default.ovn.kubernetes.io/ip_address"] =
+        json!("10.56.0.3");
+    let review = common::review(
+        "v1",
+        "u-3",
+        "UPDATE",
+        Some(allocated),
+        Some(attached),
+        false,
+    );
+    let answer = server.validate(&review).await;
+    assert_eq!(answer["allowed"], true, "{answer}");
+    let mut next = object;
+    next["metadata"]["annotations"]["storage.default.ip-webhook.io/allocatable-ips"] =
+        json!("10.56.0.2");
+    let granted = server.mutate(&create("next", next)).await;
+    assert_eq!(granted["allowed"], true, "{granted}");
 }
 
 /// A pod of app `app` with `annotations` (the networks annotation among them).
@@ -1086,19 +1122,30 @@ async fn what_multus_refuses_is_refused_at_admission() {
             r#"[{"name":"storage","ips":["10.50.0.5/24 "]}]"#,
             "not an IP address or a CIDR",
         ),
+        (
+            r#"[{"name":"storage","ips":["10.99.0.1/24"]}]"#,
+            "is not one of the IPs of list storage.default.ip-webhook.io/allocatable-ips",
+        ),
     ] {
         let pod = pod_with(
             "web",
             json!({NETWORKS: value, "storage.default.ip-webhook.io/allocatable-ips": "10.50.0.5",
                    "storage.default.ip-webhook.io/prefix-length": "24"}),
         );
-        let response = server.mutate(&create("bad", pod)).await;
-        assert_eq!(response["allowed"], false, "{value}: {response}");
-        let text = message(&response);
-        assert!(
-            text.contains(expected) && text.contains(NETWORKS),
-            "{value}: {text}"
-        );
+        // /mutate refuses it, and so does /validate for a pod that skipped /mutate
+        // (failurePolicy Ignore, or a later webhook's edit)
+        for (what, response) in [
+            ("mutate", server.mutate(&create("bad", pod.clone())).await),
+            ("validate", server.validate(&create("bad", pod)).await),
+        ] {
+            assert_eq!(response["allowed"], false, "{what} {value}: {response}");
+            let text = message(&response);
+            assert!(
+                text.contains(expected)
+                    && (text.contains(NETWORKS) || text.contains("static IP 10.99.0.1")),
+                "{what} {value}: {text}"
+            );
+        }
     }
     // nothing was kept for any of them: the address is free
     let fine = json!({NETWORKS: r#"[{"name":"storage","ips":["10.50.0.5/24"]}]"#});

@@ -418,10 +418,12 @@ pub fn carried(webhook: &Webhook, meta: &Meta, namespace: &str) -> Vec<(Network,
     pod_network_ips(meta.annotations.as_ref(), namespace, networks).unwrap_or_default()
 }
 
-/// A pod's `/validate` on the managed networks: every IP it carries on one is its own claim
-/// (by UID once bound, else by token); or free, then (a CREATE) recorded for it now as a
-/// static IP (it skipped `/mutate`); or held by another holder: refused, naming both. A
-/// CREATE's claims are then bound to its UID. `Err` is the denial's message.
+/// A pod's `/validate` on the managed networks: what it asks of them is read and checked as
+/// `/mutate` checks it ([`asks`]: a pod that skipped `/mutate` gets the same refusals, an IP
+/// outside a network's list among them); every IP it carries on one is its own claim (by UID
+/// once bound, else by token); or free, then (a CREATE) recorded for it now as a static IP;
+/// or held by another holder: refused, naming both. A CREATE's claims are then bound to its
+/// UID. `Err` is the denial's message.
 pub async fn validate(
     webhook: &Webhook,
     incoming: &Incoming<'_>,
@@ -431,6 +433,9 @@ pub async fn validate(
         return Ok(());
     }
     let (view, identity) = (&ask.view, &ask.identity());
+    if incoming.request.operation == Operation::Create {
+        asks(webhook, view).map_err(|denial| denial.to_string())?;
+    }
     let token = identity
         .token
         .map(str::to_string)
@@ -511,6 +516,40 @@ pub async fn terminate(
             }
         }
     }
+}
+
+/// The refusal of an update of a pod holding no claim whose networks annotation gives it new
+/// IPs on a managed network: claims are recorded at a pod's creation only, so the IPs an
+/// update names would be recorded for nobody, and the sandbox's next start would put the pod
+/// on them while the network gives them to another pod. Kube-OVN's controller writing the IP
+/// it allocated into its attachment annotation (the networks annotation unchanged) is not
+/// such an update.
+pub fn unclaimed_update_refusal(
+    webhook: &Webhook,
+    view: &PodView<'_>,
+    old: &Meta,
+) -> Option<String> {
+    if old.annotation(NETWORKS) == view.meta.annotation(NETWORKS) {
+        return None;
+    }
+    let before = carried(webhook, old, &view.namespace);
+    let after = carried(webhook, view.meta, &view.namespace);
+    let changed = after.iter().find(|(network, ips)| {
+        let was = before
+            .iter()
+            .find(|(n, _)| n == network)
+            .map(|(_, ips)| ips);
+        !ips.is_empty() && was != Some(ips)
+    })?;
+    let (network, ips) = changed;
+    Some(format!(
+        "pod {}: an update cannot give the pod IPs on network {network} ({}): ip-webhook records a network's IPs when a pod is created; delete the pod and create it again with them instead",
+        view.display(),
+        ips.iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    ))
 }
 
 /// The refusal of an update of a pod holding a claim (on any interface) that changes the IPs

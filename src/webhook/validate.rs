@@ -175,6 +175,13 @@ async fn validate_pod(
         response,
         granted: false,
     };
+    if incoming.request.operation == Operation::Update
+        && let Some(old) = incoming.metadata(true)?
+        && let Some(refusal) = secondary::unclaimed_update_refusal(webhook, &view, &old.metadata)
+    {
+        answer.response = answer.response.deny(refusal);
+        return Ok(answer);
+    }
     match assess(webhook, view) {
         Ok(ask) => {
             answer.ips = ask.carried.clone();
