@@ -118,14 +118,15 @@ pub struct IPClaimSpec {
     /// hold the IP in turn, and it is released only once the VM is gone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vm: Option<String>,
-    /// While a live migration's target pod holds the claim: the VM's source launcher pod,
-    /// which still runs the VM on this IP. Deleting the target gives the claim back to it;
-    /// deleting it leaves the claim to the target.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub migration_source: Option<MigrationSource>,
+    /// While a live migration's target pod holds the claim: the VM's other launcher pods
+    /// that may still run the VM on this IP (the migrations' sources, oldest first, at most
+    /// 8). Deleting the target gives the claim back to the newest; deleting one of them
+    /// leaves the claim to the others.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub migration_sources: Vec<MigrationSource>,
 }
 
-/// A launcher pod that runs a VM on its claim's IP besides the claim's own pod.
+/// A launcher pod that may run a VM on its claim's IP besides the claim's own pod.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MigrationSource {

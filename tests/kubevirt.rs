@@ -568,6 +568,58 @@ async fn without_an_api_server_a_failed_migration_gives_the_ip_back_to_the_sourc
     .await;
 }
 
+/// Off-cluster, with launcher pods KubeVirt leaves undeleted: a first migration succeeds and
+/// its source stays (completed), a second one starts and fails. Which pod runs the VM the
+/// reviews do not say, so the claim keeps every launcher pod not yet deleted: the source's
+/// DELETE frees nothing while the first target may run the VM, and the IP is freed only after
+/// the last of them is deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_an_api_server_every_undeleted_launcher_pod_keeps_the_vms_ip() {
+    use ip_webhook::ledger::Phase;
+    let server = common::TestServer::start(&["--release-delay", "0s"]).await;
+    let (ip, source) = launch_off_cluster(&server, launcher("db", "vmi-1", None), "src").await;
+    let (_, first) =
+        launch_off_cluster(&server, launcher("db", "vmi-1", Some("job-1")), "dst-1").await;
+    let (second_ip, second) =
+        launch_off_cluster(&server, launcher("db", "vmi-1", Some("job-2")), "dst-2").await;
+    assert_eq!(second_ip, ip, "one VM, one IP");
+
+    // the second migration fails: its target goes, the first target holds the claim again
+    let answer = server.mutate(&delete_review(&second)).await;
+    assert_eq!(answer["allowed"], true, "{answer}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        holder_of(&server, &ip),
+        Some(("dst-1".into(), Phase::Bound))
+    );
+    // the first migration's source, done long ago, is deleted: the first target runs on
+    let answer = server.mutate(&delete_review(&source)).await;
+    assert_eq!(answer["allowed"], true, "{answer}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        holder_of(&server, &ip),
+        Some(("dst-1".into(), Phase::Bound)),
+        "the pod that runs the VM keeps its IP"
+    );
+    let intruder = server
+        .mutate(&create(
+            "static-intruder",
+            common::pod("default", "other", "x-", Some(&ip)),
+        ))
+        .await;
+    assert_eq!(intruder["allowed"], false, "{intruder}");
+
+    // the VM stops: the last launcher pod's DELETE frees the IP
+    let answer = server.mutate(&delete_review(&first)).await;
+    assert_eq!(answer["allowed"], true, "{answer}");
+    eventually(
+        "the stopped VM's IP to be freed",
+        Duration::from_secs(10),
+        || async { holder_of(&server, &ip).is_none().then_some(()) },
+    )
+    .await;
+}
+
 /// `pod` runs on `ip`, as the kubelet and the CNI report it (`status.podIPs`).
 async fn running_on(cluster: &Cluster, pod: &Pod, ip: &str) {
     let status = json!({"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}});

@@ -681,7 +681,7 @@ async fn lifecycle_transcript(ledger: &dyn Ledger) -> Vec<String> {
         .await
         .unwrap();
     let target = Claim {
-        vm: Some(VmRef::named("vm-2").with_source(rules::migration_source(&source))),
+        vm: Some(VmRef::named("vm-2").with_sources(rules::migration_sources(&source))),
         ..vm("req-dst", "tok-dst")
     };
     out.push(format!(
@@ -709,30 +709,74 @@ async fn lifecycle_transcript(ledger: &dyn Ledger) -> Vec<String> {
     ));
     out.push(format!("record: {}", got(ledger, "10.60.0.5").await));
     let retry = Claim {
-        vm: Some(VmRef::named("vm-2").with_source(rules::migration_source(&back))),
+        vm: Some(VmRef::named("vm-2").with_sources(rules::migration_sources(&back))),
         ..vm("req-dst2", "tok-dst2")
     };
     out.push(format!(
         "the retried migration's target: {}",
         outcome(ledger.create(retry.clone().into()).await.unwrap())
     ));
-    let gone = rules::source_gone(&retry, 1_764_400_303);
+    let retry_bound = rules::bound(&retry, "virt-launcher-vm-2-c", "uid-dst2", 1_764_400_303);
+    let reserved_retry = Claim {
+        phase: Phase::Reserved,
+        pod: PodRef {
+            uid: None,
+            name: "".into(),
+            ..retry_bound.pod.clone()
+        },
+        ..retry_bound.clone()
+    };
     out.push(format!(
-        "the source goes: {}",
-        ledger.transition(&retry, &gone).await.unwrap()
+        "bind it: {}",
+        ledger
+            .transition(&reserved_retry, &retry_bound)
+            .await
+            .unwrap()
     ));
-    let remembered = ledger
-        .get("10.60.0.5".parse().unwrap())
-        .await
-        .unwrap()
-        .and_then(|c| c.vm)
-        .map(|vm| format!("{:?}", vm.source().map(|s| s.name.to_string())));
+    // the next migration starts while the first source, done, is not deleted yet: either may
+    // run the VM, and both are remembered
+    let third = Claim {
+        vm: Some(VmRef::named("vm-2").with_sources(rules::migration_sources(&retry_bound))),
+        ..vm("req-dst3", "tok-dst3")
+    };
     out.push(format!(
-        "record: {}, source {}",
+        "a third target: {}",
+        outcome(ledger.create(third.clone().into()).await.unwrap())
+    ));
+    out.push(format!("sources: {}", sources(ledger).await));
+    let back = rules::back_to_source(&third, 1_764_400_304).unwrap();
+    out.push(format!(
+        "it fails: {}",
+        ledger.transition(&third, &back).await.unwrap()
+    ));
+    out.push(format!(
+        "record: {}, sources {}",
         got(ledger, "10.60.0.5").await,
-        remembered.unwrap_or_default()
+        sources(ledger).await
+    ));
+    let gone = rules::source_gone(&back, Some("uid-src"), Some("tok-src"), 1_764_400_305);
+    out.push(format!(
+        "the first source goes: {}",
+        ledger.transition(&back, &gone).await.unwrap()
+    ));
+    out.push(format!(
+        "record: {}, sources {}",
+        got(ledger, "10.60.0.5").await,
+        sources(ledger).await
     ));
     out
+}
+
+/// The names of the launcher pods the VM claim on 10.60.0.5 remembers besides its own.
+async fn sources(ledger: &dyn Ledger) -> String {
+    let record = ledger.get("10.60.0.5".parse().unwrap()).await.unwrap();
+    let names = record.and_then(|c| c.vm).map(|vm| {
+        vm.sources()
+            .iter()
+            .map(|s| s.name.to_string())
+            .collect::<Vec<_>>()
+    });
+    format!("{names:?}")
 }
 
 /// A KubeVirt VM's claim: its next launcher pod (a migration's target) takes it over while
@@ -833,8 +877,13 @@ const EXPECTED_TRANSCRIPT: &[&str] = &[
     "the target fails: true",
     "record: Bound req-dst uid-src",
     "the retried migration's target: created",
-    "the source goes: true",
-    "record: Reserved req-dst2 -, source None",
+    "bind it: true",
+    "a third target: created",
+    r#"sources: Some(["virt-launcher-vm-2-a", "virt-launcher-vm-2-c"])"#,
+    "it fails: true",
+    r#"record: Reserved req-dst3 uid-dst2, sources Some(["virt-launcher-vm-2-a"])"#,
+    "the first source goes: true",
+    "record: Reserved req-dst3 uid-dst2, sources Some([])",
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

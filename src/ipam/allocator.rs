@@ -556,7 +556,7 @@ fn taking_over(
     if let (true, Some(existing), Some(vm)) = (request.migration, existing, &claim.vm)
         && claim::same_virtual_machine(existing, &claim)
     {
-        claim.vm = Some(vm.with_source(claim::migration_source(existing)));
+        claim.vm = Some(vm.with_sources(claim::migration_sources(existing)));
     }
     claim
 }

@@ -142,18 +142,18 @@ impl LocalRelease {
 }
 
 /// The keys [`State::by_pod`] files a claim under: its pod's UID and its token, and those of
-/// the migration source a VM's claim remembers (non-empty).
+/// the migration sources a VM's claim remembers (non-empty).
 fn pod_keys(claim: &Claim) -> impl Iterator<Item = &str> {
-    let source = claim.vm.as_ref().and_then(|vm| vm.source());
-    [
-        claim.pod.uid.as_deref(),
-        Some(claim.token.as_str()),
-        source.and_then(|s| s.uid.as_deref()),
-        source.map(|s| s.token.as_str()),
-    ]
-    .into_iter()
-    .flatten()
-    .filter(|key| !key.is_empty())
+    let sources = claim.vm.as_ref().map(|vm| vm.sources()).unwrap_or_default();
+    [claim.pod.uid.as_deref(), Some(claim.token.as_str())]
+        .into_iter()
+        .chain(
+            sources
+                .iter()
+                .flat_map(|s| [s.uid.as_deref(), Some(s.token.as_str())]),
+        )
+        .flatten()
+        .filter(|key| !key.is_empty())
 }
 
 /// The name the history remembers a claim's IPs under, if its holder can come back: a

@@ -15,10 +15,10 @@ impl Allocator {
     /// frees them once the time has come and the pod is gone. A deletion already seen changes
     /// nothing.
     ///
-    /// A VM's claim whose VM runs on in another launcher pod stays held: a live migration's
-    /// target deleted while the source runs gives the claim back to the source
-    /// ([`claim::back_to_source`]), and the source deleted once the target runs leaves the
-    /// target holding it alone ([`claim::source_gone`]).
+    /// A VM's claim whose VM may run on in another launcher pod stays held: a live
+    /// migration's target deleted gives the claim back to the newest source it remembers
+    /// ([`claim::back_to_source`]), and a source deleted leaves the claim to the others
+    /// ([`claim::source_gone`]).
     pub async fn terminate(
         &self,
         pod: &PodIdentity<'_>,
@@ -43,7 +43,7 @@ impl Allocator {
             })
             .await?;
         for current in self.claims_carried_by(pod) {
-            let next = claim::source_gone(&current, now);
+            let next = claim::source_gone(&current, pod.uid, pod.token, now);
             if self.transition(&current, &next).await? {
                 changed.push(next);
             }
@@ -148,8 +148,9 @@ impl Allocator {
         Ok(true)
     }
 
-    /// The VM claims whose remembered migration source ([`claim::migration_source`]) is
-    /// `pod`: it runs the VM on their IP while the migration's target holds them.
+    /// The VM claims that remember `pod` among their migration sources
+    /// ([`claim::migration_sources`]): it may run the VM on their IP while a migration's
+    /// target holds them.
     fn claims_carried_by(&self, pod: &PodIdentity<'_>) -> Vec<Claim> {
         let state = self.lock();
         let mut found: Vec<Claim> = Vec::new();
@@ -159,8 +160,7 @@ impl Allocator {
                     && c.pod.namespace == pod.namespace
                     && c.vm
                         .as_ref()
-                        .and_then(|vm| vm.source())
-                        .is_some_and(|source| source.is(pod.uid, pod.token))
+                        .is_some_and(|vm| vm.carried_by(pod.uid, pod.token))
                     && !found.iter().any(|f| f.ip == c.ip)
             }) {
                 found.push(claim.clone());

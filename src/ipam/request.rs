@@ -28,7 +28,7 @@ pub struct AllocationRequest<'a> {
     /// ([`crate::ledger::Claim::vm`]).
     pub vm: Option<&'a str>,
     /// The pod is a live migration's target launcher pod: it takes its VM's claim over while
-    /// the source pod still runs the VM on the IP ([`crate::ledger::claim::migration_source`]).
+    /// the source pod still runs the VM on the IP ([`crate::ledger::claim::migration_sources`]).
     pub migration: bool,
     pub dry_run: bool,
 }

@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::holder::Carrier;
+use super::holder::{Carrier, VmRef};
 use super::{Claim, Phase, Text};
 
 /// A pod as a review, a watch or a lookup shows it.
@@ -103,58 +103,83 @@ pub fn same_virtual_machine(existing: &Claim, new: &Claim) -> bool {
         && existing.app == new.app
 }
 
-/// The launcher pod a live migration's target takes its VM's claim `existing` from, which
-/// still runs the VM on the IP: the source the claim remembers already (a retried migration
-/// whose first target failed), else the claim's own pod while no DELETE of it was seen
-/// (`Reserved` or `Bound`). KubeVirt runs one migration of a VM at a time.
-pub fn migration_source(existing: &Claim) -> Option<Carrier> {
-    let remembered = existing.vm.as_ref().and_then(|vm| vm.source()).cloned();
-    remembered.or_else(|| {
-        matches!(existing.phase, Phase::Reserved | Phase::Bound).then(|| Carrier {
+/// The launcher pods a live migration's target takes its VM's claim `existing` from: each
+/// that may still run the VM on the IP. Those the claim remembers, and the claim's own pod
+/// while no DELETE of it was seen (`Reserved` or `Bound`). The reviews do not say which of
+/// them runs the VM (a finished migration's source, like a failed target, stays until it is
+/// deleted), so every one is kept until its DELETE. Oldest first.
+pub fn migration_sources(existing: &Claim) -> Vec<Carrier> {
+    let mut sources = existing
+        .vm
+        .as_ref()
+        .map(|vm| vm.sources().to_vec())
+        .unwrap_or_default();
+    if matches!(existing.phase, Phase::Reserved | Phase::Bound) {
+        let own = Carrier {
             name: existing.pod.name.clone(),
             uid: existing.pod.uid.clone(),
             token: existing.token.clone(),
-        })
-    })
+        };
+        sources.retain(|source| !source.is(own.uid.as_deref(), Some(&own.token)));
+        sources.push(own);
+    }
+    sources
 }
 
-/// A VM's `claim` once the migration source it remembers is deleted (the migration
-/// succeeded): the target holds it alone.
-pub fn source_gone(claim: &Claim, now: u64) -> Claim {
+/// A VM's `claim` once the launcher pod with this UID and token, one of the sources it
+/// remembers, is deleted: the others (and the claim's own pod) hold it on.
+pub fn source_gone(claim: &Claim, uid: Option<&str>, token: Option<&str>, now: u64) -> Claim {
     let mut next = claim.clone();
-    next.vm = claim.vm.as_ref().map(|vm| vm.with_source(None));
+    next.vm = claim.vm.as_ref().map(|vm| {
+        let left = vm.sources().iter().filter(|s| !s.is(uid, token)).cloned();
+        vm.with_sources(left.collect())
+    });
     next.updated_at = now;
     next
 }
 
-/// A VM's `claim` once its own pod, a migration's target, is deleted while the source it
-/// remembers still runs the VM (the migration failed): the claim is the source pod's again,
-/// as it was before the target took it over. `None` when it remembers no source.
+/// A VM's `claim` once its own pod, a migration's target, is deleted while other launcher
+/// pods it remembers may still run the VM (the migration failed): the claim is the newest of
+/// them, as it was before the target took it over. `None` when it remembers none.
 pub fn back_to_source(claim: &Claim, now: u64) -> Option<Claim> {
-    let source = claim.vm.as_ref()?.source()?;
-    let mut next = source_gone(claim, now);
-    next.pod.name = source.name.clone();
-    next.pod.uid = source.uid.clone();
+    let vm = claim.vm.as_ref()?;
+    let (newest, older) = vm.sources().split_last()?;
+    let mut next = claim.clone();
+    next.vm = Some(vm.with_sources(older.to_vec()));
+    next.pod.name = newest.name.clone();
+    next.pod.uid = newest.uid.clone();
+    next.updated_at = now;
     Some(next)
 }
 
-/// Whether `next` is what a DELETE of one of a VM's two launcher pods makes of `record`
-/// ([`source_gone`], [`back_to_source`]): its phase stays.
+/// Whether `next` is what a DELETE of one of a VM's launcher pods makes of `record`
+/// ([`source_gone`], [`back_to_source`]): one of its pods (the claim's own, or one it
+/// remembers) is gone from it, the newest remembered one holding it when its own went; its
+/// phase stays.
 fn is_carrier_step(record: &Claim, next: &Claim) -> bool {
-    let Some(source) = record.vm.as_ref().and_then(|vm| vm.source()) else {
+    let (Some(before), Some(after)) = (record.vm.as_ref(), next.vm.as_ref()) else {
         return false;
     };
-    let pod_after = |name: &Text, uid: &Option<Text>| {
-        next.pod.namespace == record.pod.namespace
-            && next.pod.generate_name == record.pod.generate_name
-            && next.pod.name == *name
-            && next.pod.uid == *uid
+    let pods = |claim: &Claim, vm: &VmRef| -> Vec<(Text, Option<Text>)> {
+        vm.sources()
+            .iter()
+            .map(|s| (s.name.clone(), s.uid.clone()))
+            .chain([(claim.pod.name.clone(), claim.pod.uid.clone())])
+            .collect()
     };
+    let (was, now) = (pods(record, before), pods(next, after));
+    let one_gone = was.len() == now.len() + 1
+        && (0..was.len()).any(|gone| {
+            let mut left = was.clone();
+            left.remove(gone);
+            left == now
+        });
     matches!(record.phase, Phase::Reserved | Phase::Bound)
         && next.phase == record.phase
-        && next.vm.as_deref() == record.vm.as_deref()
-        && next.vm.as_ref().is_some_and(|vm| vm.source().is_none())
-        && (pod_after(&record.pod.name, &record.pod.uid) || pod_after(&source.name, &source.uid))
+        && before.name() == after.name()
+        && next.pod.namespace == record.pod.namespace
+        && next.pod.generate_name == record.pod.generate_name
+        && one_gone
 }
 
 /// What a ledger does with `create(new)` given the record it holds on that IP.

@@ -1,5 +1,5 @@
 //! Who holds a claim besides its pod: a KubeVirt virtual machine ([`VmRef`]), whose launcher
-//! pods hold its IP in turn, two at once during a live migration ([`Carrier`]).
+//! pods hold its IP in turn, several at once after live migrations ([`Carrier`]).
 
 use std::fmt;
 use std::ops::Deref;
@@ -9,21 +9,27 @@ use serde::{Deserialize, Serialize};
 
 use super::{Shared, Text};
 
-/// The KubeVirt VM (in the claim's namespace) whose launcher pods hold a claim, and, while a
-/// live migration's target pod holds it, the migration's source pod, which still runs the VM
-/// on the claim's IP. Reads as the VM's name.
+/// The KubeVirt VM (in the claim's namespace) whose launcher pods hold a claim, and, once a
+/// live migration's target pod holds it, the other launcher pods that may still run the VM
+/// on the claim's IP ([`VmRef::sources`]). Reads as the VM's name.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct VmRef(Arc<VmHolding>);
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 struct VmHolding {
     name: Shared,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    source: Option<Carrier>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    sources: Vec<Carrier>,
 }
 
-/// A launcher pod that runs the claim's VM on its IP besides the claim's own pod: the source
-/// of a live migration whose target pod holds the claim. Named as a DELETE review names it.
+/// How many launcher pods besides its own a VM's claim remembers at most: the newest are
+/// kept. Each migration adds one, and a finished migration's source or a failed target stays
+/// until it is deleted; more than a few undeleted at once is not a cluster KubeVirt keeps.
+pub const MAX_SOURCES: usize = 8;
+
+/// A launcher pod that may run the claim's VM on its IP besides the claim's own pod: the
+/// source of a live migration whose target pod holds the claim (or an earlier target, when
+/// which of them won is not known). Named as a DELETE review names it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Carrier {
     pub name: Text,
@@ -49,7 +55,7 @@ impl VmRef {
     pub fn named(name: &str) -> VmRef {
         VmRef(Arc::new(VmHolding {
             name: name.into(),
-            source: None,
+            sources: Vec::new(),
         }))
     }
 
@@ -57,16 +63,25 @@ impl VmRef {
         &self.0.name
     }
 
-    /// The migration's source pod, while its target holds the claim.
-    pub fn source(&self) -> Option<&Carrier> {
-        self.0.source.as_ref()
+    /// The launcher pods besides the claim's own that may still run the VM on its IP, oldest
+    /// first: the sources of the migrations since the last pod the claim names was deleted.
+    pub fn sources(&self) -> &[Carrier] {
+        &self.0.sources
     }
 
-    /// The same VM with `source` as its migration's source pod (`None`: none).
-    pub fn with_source(&self, source: Option<Carrier>) -> VmRef {
+    /// Whether a launcher pod with this UID and claim token is one of [`VmRef::sources`].
+    pub fn carried_by(&self, uid: Option<&str>, token: Option<&str>) -> bool {
+        self.sources().iter().any(|source| source.is(uid, token))
+    }
+
+    /// The same VM with `sources` (oldest first; the newest [`MAX_SOURCES`] are kept).
+    pub fn with_sources(&self, mut sources: Vec<Carrier>) -> VmRef {
+        if sources.len() > MAX_SOURCES {
+            sources.drain(..sources.len() - MAX_SOURCES);
+        }
         VmRef(Arc::new(VmHolding {
             name: self.0.name.clone(),
-            source,
+            sources,
         }))
     }
 }
@@ -93,14 +108,15 @@ impl fmt::Display for VmRef {
 
 impl fmt::Debug for VmRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.source() {
-            None => write!(f, "{:?}", self.name()),
-            Some(source) => write!(f, "{:?} (migrating from {source:?})", self.name()),
+        match self.sources() {
+            [] => write!(f, "{:?}", self.name()),
+            sources => write!(f, "{:?} (migrating from {sources:?})", self.name()),
         }
     }
 }
 
-/// A VM as the etcd ledger stores it: its name, or its name and migration source.
+/// A VM as the etcd ledger stores it: its name, or its name and the launcher pods besides the
+/// claim's that may run it.
 #[derive(Serialize, Deserialize)]
 #[serde(untagged)]
 enum Stored {
@@ -110,9 +126,9 @@ enum Stored {
 
 impl Serialize for VmRef {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        match self.source() {
-            None => self.0.name.serialize(serializer),
-            Some(_) => self.0.serialize(serializer),
+        match self.sources() {
+            [] => self.0.name.serialize(serializer),
+            _ => self.0.serialize(serializer),
         }
     }
 }
@@ -120,8 +136,8 @@ impl Serialize for VmRef {
 impl<'de> Deserialize<'de> for VmRef {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<VmRef, D::Error> {
         Ok(match Stored::deserialize(deserializer)? {
-            Stored::Name(name) => VmRef(Arc::new(VmHolding { name, source: None })),
-            Stored::Holding(holding) => VmRef(Arc::new(holding)),
+            Stored::Name(name) => VmRef::named(&name),
+            Stored::Holding(holding) => VmRef::named(&holding.name).with_sources(holding.sources),
         })
     }
 }
@@ -134,16 +150,32 @@ mod tests {
     fn a_vm_is_stored_as_its_name_until_it_migrates() {
         let vm = VmRef::named("db");
         assert_eq!(serde_json::to_string(&vm).unwrap(), "\"db\"");
-        let migrating = vm.with_source(Some(Carrier {
+        let migrating = vm.with_sources(vec![Carrier {
             name: "virt-launcher-db-a".into(),
             uid: Some("u-a".into()),
             token: "t-a".into(),
-        }));
+        }]);
         let text = serde_json::to_string(&migrating).unwrap();
         let read: VmRef = serde_json::from_str(&text).unwrap();
         assert_eq!(read, migrating);
         assert_eq!(&*read, "db");
         assert_eq!(serde_json::from_str::<VmRef>("\"db\"").unwrap(), vm);
+    }
+
+    #[test]
+    fn a_vm_remembers_its_newest_sources_only() {
+        let carrier = |n: usize| Carrier {
+            name: format!("virt-launcher-db-{n}").as_str().into(),
+            uid: None,
+            token: format!("t-{n}").as_str().into(),
+        };
+        let vm = VmRef::named("db").with_sources((0..MAX_SOURCES + 3).map(carrier).collect());
+        assert_eq!(vm.sources().len(), MAX_SOURCES);
+        assert_eq!(vm.sources()[0], carrier(3), "the oldest went");
+        assert!(vm.carried_by(Some("any-uid"), Some("t-10")));
+        assert!(!vm.carried_by(None, Some("t-2")));
+        let text = serde_json::to_string(&vm).unwrap();
+        assert_eq!(serde_json::from_str::<VmRef>(&text).unwrap(), vm);
     }
 
     #[test]

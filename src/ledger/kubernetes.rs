@@ -147,7 +147,7 @@ fn network_resource(claim: &Claim, network: Option<&Network>) -> IPClaim {
             token: claim.token.as_str().into(),
             list_size: claim.list_size.map(std::num::NonZeroU64::get),
             vm: claim.vm.as_deref().map(Into::into),
-            migration_source: migration_source_spec(claim),
+            migration_sources: migration_sources_spec(claim),
         },
     );
     resource.metadata = ObjectMeta {
@@ -159,14 +159,17 @@ fn network_resource(claim: &Claim, network: Option<&Network>) -> IPClaim {
     resource
 }
 
-/// The migration source a VM's claim remembers, as `spec.migrationSource` writes it.
-fn migration_source_spec(claim: &Claim) -> Option<MigrationSource> {
-    let source = claim.vm.as_ref()?.source()?;
-    Some(MigrationSource {
-        pod_name: source.name.to_string(),
-        pod_uid: source.uid.as_deref().map(Into::into),
-        token: source.token.to_string(),
-    })
+/// The migration sources a VM's claim remembers, as `spec.migrationSources` writes them.
+fn migration_sources_spec(claim: &Claim) -> Vec<MigrationSource> {
+    let sources = claim.vm.as_ref().map(|vm| vm.sources()).unwrap_or_default();
+    sources
+        .iter()
+        .map(|source| MigrationSource {
+            pod_name: source.name.to_string(),
+            pod_uid: source.uid.as_deref().map(Into::into),
+            token: source.token.to_string(),
+        })
+        .collect()
 }
 
 /// Delete `existing` only if it is still that very object (uid and resourceVersion), taking
@@ -327,12 +330,12 @@ fn claim_of(resource: &IPClaim, ip: IpAddr) -> Result<Claim, LedgerError> {
         release_at: status.release_at.as_deref().and_then(unix_seconds),
         sticky: spec.sticky,
         vm: spec.vm.as_deref().filter(|vm| !vm.is_empty()).map(|vm| {
-            let source = spec.migration_source.as_ref().map(|source| Carrier {
+            let sources = spec.migration_sources.iter().map(|source| Carrier {
                 name: source.pod_name.as_str().into(),
                 uid: source.pod_uid.as_deref().map(Into::into),
                 token: source.token.as_str().into(),
             });
-            VmRef::named(vm).with_source(source)
+            VmRef::named(vm).with_sources(sources.collect())
         }),
     })
 }
@@ -611,7 +614,8 @@ impl Ledger for KubeLedger {
                 "metadata": {"resourceVersion": resource_version},
                 "spec": {
                     "podUid": next.pod.uid, "podName": next.pod.name, "sticky": next.sticky,
-                    "migrationSource": migration_source_spec(next),
+                    // null removes the list (a merge patch's way to remove a field)
+                    "migrationSources": Some(migration_sources_spec(next)).filter(|s| !s.is_empty()),
                 },
             });
             match self

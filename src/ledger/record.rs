@@ -5,7 +5,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use super::holder::{Carrier, VmRef};
+use super::holder::{Carrier, MAX_SOURCES, VmRef};
 use super::{Claim, LedgerError, Phase, PodRef, Source};
 
 pub(super) mod header;
@@ -70,6 +70,8 @@ pub enum RecordError {
     Unknown { field: &'static str, value: u8 },
     #[error("the flags byte is {0}: unknown flags")]
     Flags(u8),
+    #[error("{count} {field}: not 1 to 8")]
+    Count { field: &'static str, count: u64 },
     #[error("{0} bytes after the claim")]
     Trailing(usize),
 }
@@ -111,22 +113,25 @@ fn encode_claim(buf: &mut Vec<u8>, claim: &Claim) {
     put_opt(buf, claim.release_at, put_u64);
     // The last byte holds flags: `sticky`, and fields added since, each followed by its value
     // when set. A claim without them is the byte (0 or 1) an older release wrote and reads.
-    let source = claim.vm.as_ref().and_then(|vm| vm.source());
+    let sources = claim.vm.as_ref().map(|vm| vm.sources()).unwrap_or_default();
     let mut flags = if claim.sticky { FLAG_STICKY } else { 0 };
     if claim.vm.is_some() {
         flags |= FLAG_VM;
     }
-    if source.is_some() {
+    if !sources.is_empty() {
         flags |= FLAG_VM_SOURCE;
     }
     buf.push(flags);
     if let Some(vm) = &claim.vm {
         put_str(buf, vm);
     }
-    if let Some(source) = source {
-        put_str(buf, &source.name);
-        put_opt(buf, source.uid.as_deref(), put_str);
-        put_str(buf, &source.token);
+    if !sources.is_empty() {
+        put_u64(buf, sources.len() as u64);
+        for source in sources {
+            put_str(buf, &source.name);
+            put_opt(buf, source.uid.as_deref(), put_str);
+            put_str(buf, &source.token);
+        }
     }
 }
 
@@ -134,7 +139,8 @@ fn encode_claim(buf: &mut Vec<u8>, claim: &Claim) {
 const FLAG_STICKY: u8 = 1;
 /// In the flags byte: the claim's virtual machine follows.
 const FLAG_VM: u8 = 2;
-/// In the flags byte: the migration source its VM remembers follows the VM.
+/// In the flags byte: the migration sources its VM remembers follow the VM (their count, then
+/// each: name, optional UID, token).
 const FLAG_VM_SOURCE: u8 = 4;
 
 fn decode_claim(payload: &[u8]) -> Result<Claim, RecordError> {
@@ -203,17 +209,33 @@ fn decode_claim(payload: &[u8]) -> Result<Claim, RecordError> {
         let vm: VmRef = VmRef::named(&r.string::<String>("vm")?);
         claim.vm = Some(match flags & FLAG_VM_SOURCE {
             0 => vm,
-            _ => vm.with_source(Some(Carrier {
-                name: r.string("migration source")?,
-                uid: r.optional("migration source uid", |r| r.string("migration source uid"))?,
-                token: r.string("migration source token")?,
-            })),
+            _ => vm.with_sources(read_sources(&mut r)?),
         });
     }
     if !r.0.is_empty() {
         return Err(RecordError::Trailing(r.0.len()));
     }
     Ok(claim)
+}
+
+/// The migration sources after a VM's name: 1 to [`MAX_SOURCES`] of them.
+fn read_sources(r: &mut Reader<'_>) -> Result<Vec<Carrier>, RecordError> {
+    let count = r.u64("migration sources")?;
+    if count == 0 || count > MAX_SOURCES as u64 {
+        return Err(RecordError::Count {
+            field: "migration sources",
+            count,
+        });
+    }
+    (0..count)
+        .map(|_| {
+            Ok(Carrier {
+                name: r.string("migration source")?,
+                uid: r.optional("migration source uid", |r| r.string("migration source uid"))?,
+                token: r.string("migration source token")?,
+            })
+        })
+        .collect()
 }
 
 fn put_u64(buf: &mut Vec<u8>, mut value: u64) {
@@ -347,11 +369,18 @@ mod tests {
             token: "tok-1234567890abcdef".into(),
             release_at: Some(0),
             sticky: true,
-            vm: Some(VmRef::named("db").with_source(Some(Carrier {
-                name: "virt-launcher-db-abcde".into(),
-                uid: Some("1a2b3c4d-0000-4000-8000-000000000001".into()),
-                token: "tok-source".into(),
-            }))),
+            vm: Some(VmRef::named("db").with_sources(vec![
+                Carrier {
+                    name: "virt-launcher-db-abcde".into(),
+                    uid: Some("1a2b3c4d-0000-4000-8000-000000000001".into()),
+                    token: "tok-source".into(),
+                },
+                Carrier {
+                    name: "virt-launcher-db-fghij".into(),
+                    uid: None,
+                    token: "tok-earlier-target".into(),
+                },
+            ])),
         }
     }
 
@@ -440,6 +469,21 @@ mod tests {
             decode_claim(&flags).unwrap_err().to_string(),
             "the flags byte is 4: unknown flags"
         );
+        // a VM remembering no source, or more than a claim keeps, after the flag that says
+        // sources follow
+        let vm_only = Claim {
+            vm: Some(VmRef::named("db")),
+            ..bare()
+        };
+        for count in [0u8, 9] {
+            let mut sources = binary(&vm_only);
+            *sources.iter_mut().rev().nth(3).unwrap() |= FLAG_VM_SOURCE; // before "db"
+            sources.push(count);
+            assert_eq!(
+                decode_claim(&sources).unwrap_err().to_string(),
+                format!("{count} migration sources: not 1 to 8")
+            );
+        }
         let mut family = good.clone();
         family[0] = 5;
         assert_eq!(
