@@ -136,13 +136,25 @@ impl Allocator {
     /// anyway); it keeps choices fresh and lets IPs released elsewhere be chosen here again.
     ///
     /// `Held` indexes the record as it now is (in-cluster, a record locks its IP for as long as
-    /// it exists, whatever its phase). `Released` frees the IP only when the record there was
-    /// made by the same admission request, so a stale event cannot free a newer claim; it
-    /// returns whether it did.
+    /// it exists, whatever its phase), except a `Reserved` view of a grant the index already
+    /// has past `Reserved`: no rule takes a grant back to `Reserved`, so that view is older
+    /// than what this replica wrote (the watch's event of the create, or of an IPClaim's spec
+    /// written before its status) and is skipped. `Released` frees the IP only when the record there was made by
+    /// the same admission request, so a stale event cannot free a newer claim. Returns whether
+    /// the index changed.
     pub fn apply_observed(&self, change: ObservedChange) -> bool {
         let mut state = self.lock();
         match change {
             ObservedChange::Held(claim) => {
+                let unbinds = state.claims.get(&claim.ip).is_some_and(|current| {
+                    current.request_uid == claim.request_uid
+                        && current.token == claim.token
+                        && current.phase != Phase::Reserved
+                        && claim.phase == Phase::Reserved
+                });
+                if unbinds {
+                    return false;
+                }
                 state.remember(&claim);
                 state.hold(claim);
                 true
@@ -703,6 +715,38 @@ mod tests {
         }));
         assert!(allocator.due(now + 1).is_empty(), "not within the grace");
         assert_eq!(allocator.due(now + 32).len(), 1);
+    }
+
+    /// The watch's older views of a grant this replica bound (the create's event, an IPClaim's
+    /// spec written before its status) arrive after the bind: they leave it as it is; a
+    /// reservation of another grant on the IP is indexed as it is.
+    #[tokio::test]
+    async fn an_older_view_of_a_bound_grant_does_not_unbind_it() {
+        let allocator = allocator().await;
+        let ip: IpAddr = "10.0.0.5".parse().unwrap();
+        let bound = external("10.0.0.5", "db-0", "r-db", Phase::Bound);
+        allocator.apply_observed(ObservedChange::Held(bound.clone()));
+        let older = Claim {
+            phase: Phase::Reserved,
+            ..bound.clone()
+        };
+        assert!(!allocator.apply_observed(ObservedChange::Held(older)));
+        assert_eq!(allocator.holder(&ip).unwrap().phase, Phase::Bound);
+        let terminating = Claim {
+            phase: Phase::Terminating,
+            ..bound.clone()
+        };
+        assert!(allocator.apply_observed(ObservedChange::Held(terminating)));
+        assert_eq!(allocator.holder(&ip).unwrap().phase, Phase::Terminating);
+        let reserved = Claim {
+            phase: Phase::Reserved,
+            ..bound.clone()
+        };
+        assert!(!allocator.apply_observed(ObservedChange::Held(reserved)));
+        assert_eq!(allocator.holder(&ip).unwrap().phase, Phase::Terminating);
+        let another = external("10.0.0.5", "db-0", "r-db-2", Phase::Reserved);
+        assert!(allocator.apply_observed(ObservedChange::Held(another)));
+        assert_eq!(allocator.holder(&ip).unwrap().request_uid, "r-db-2");
     }
 
     #[tokio::test]
