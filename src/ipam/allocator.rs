@@ -139,9 +139,9 @@ impl Allocator {
     /// it exists, whatever its phase), except a `Reserved` view of a grant the index already
     /// has past `Reserved`: no rule takes a grant back to `Reserved`, so that view is older
     /// than what this replica wrote (the watch's event of the create, or of an IPClaim's spec
-    /// written before its status) and is skipped. `Released` frees the IP only when the record there was made by
-    /// the same admission request, so a stale event cannot free a newer claim. Returns whether
-    /// the index changed.
+    /// written before its status) and is skipped. `Released` frees the IP only when the
+    /// record there was made by the same admission request, so a stale event cannot free a
+    /// newer claim. Returns whether the index changed.
     pub fn apply_observed(&self, change: ObservedChange) -> bool {
         let mut state = self.lock();
         match change {

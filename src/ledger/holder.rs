@@ -23,8 +23,8 @@ struct VmHolding {
 }
 
 /// How many launcher pods besides its own a VM's claim remembers at most: the newest are
-/// kept. Each migration adds one, and a finished migration's source or a failed target stays
-/// until it is deleted; more than a few undeleted at once is not a cluster KubeVirt keeps.
+/// kept. Each migration adds one and each DELETE of one removes it; past this many, the
+/// oldest (done the longest) are forgotten, and their DELETE frees nothing.
 pub const MAX_SOURCES: usize = 8;
 
 /// A launcher pod that may run the claim's VM on its IP besides the claim's own pod: the
