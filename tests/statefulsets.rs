@@ -150,7 +150,13 @@ async fn recreated_at_once(ledger: Ledger) {
     let mut other = common::pod(NS, "db", "db-other-", Some(list));
     other["metadata"]["namespace"] = json!(NS);
     let (other_ip, _) = admit(&b, &pods, other, "db-other").await;
-    assert_ne!(other_ip, ip, "{}: db-0's IP is kept for it", ledger.name());
+    assert_ne!(
+        other_ip,
+        ip,
+        "{}: db-0's IP is kept for it; the replicas' views of it now (A, B, C): {:?}",
+        ledger.name(),
+        [&a, &b, &c].map(|r| r.launched.webhook.allocator.holder(&ip.parse().unwrap()))
+    );
     let (again, _) = admit(&c, &pods, db(0, list), "db-0").await;
     assert_eq!(
         again,
