@@ -242,6 +242,39 @@ pub fn may_step(record: &Claim, given: &Claim, next: &Claim) -> bool {
         && same_grant(record, next)
 }
 
+/// What a phase change made by the holder of `given` writes over `record`, in every ledger:
+/// `None` unless [`may_step`] allows it; else `record` with the fields the caller changed
+/// (those where `next` differs from `given`) and the record's own for the rest. `given` may
+/// lag the record (a replica's copy of a shared ledger, behind another replica's or the
+/// reconciler's bind), and a field the caller did not mean to change (`sticky`, the pod's UID,
+/// a VM's sources) must not go back to the copy's older value.
+pub fn step_of(record: &Claim, given: &Claim, next: &Claim) -> Option<Claim> {
+    if !may_step(record, given, next) {
+        return None;
+    }
+    let mut written = record.clone();
+    if next.phase != given.phase {
+        written.phase = next.phase;
+    }
+    if next.pod.name != given.pod.name {
+        written.pod.name = next.pod.name.clone();
+    }
+    if next.pod.uid != given.pod.uid {
+        written.pod.uid = next.pod.uid.clone();
+    }
+    if next.sticky != given.sticky {
+        written.sticky = next.sticky;
+    }
+    if next.vm != given.vm {
+        written.vm = next.vm.clone();
+    }
+    if next.release_at != given.release_at {
+        written.release_at = next.release_at;
+    }
+    written.updated_at = next.updated_at;
+    Some(written)
+}
+
 /// `claim` tied to the pod's final name and UID.
 pub fn bound(claim: &Claim, name: &str, uid: &str, now: u64) -> Claim {
     let mut next = claim.clone();
@@ -384,6 +417,32 @@ mod tests {
             sticky: false,
             vm: None,
         }
+    }
+
+    /// A replica whose copy still shows the reservation terminates it after the reconciler
+    /// bound it for its StatefulSet pod: the phase and release time change, the binding stays.
+    #[test]
+    fn a_step_from_a_lagging_copy_changes_only_what_its_caller_changed() {
+        let copy = claim("", None, "tok", Phase::Reserved);
+        let record = Claim {
+            sticky: true,
+            ..bound(&copy, "db-0", "uid-db-0", 2)
+        };
+        let deleting = pod("db-0", Some("uid-db-0"), Some("tok"));
+        let next = terminating(&copy, &deleting, 40, 3);
+        let written = step_of(&record, &copy, &next).expect("Bound → Terminating");
+        assert_eq!(written.phase, Phase::Terminating);
+        assert_eq!(written.release_at, Some(40));
+        assert!(written.sticky, "the reconciler's sticky binding is kept");
+        assert_eq!(written.pod.uid.as_deref(), Some("uid-db-0"));
+        assert_eq!(written.pod.name, "db-0");
+        // the copy's own bind changes what a bind changes
+        let fresh = claim("", None, "tok", Phase::Reserved);
+        let mut bind = bound(&fresh, "db-0", "uid-db-0", 2);
+        bind.sticky = true;
+        assert_eq!(step_of(&fresh, &fresh, &bind), Some(bind));
+        // and a step the rules refuse writes nothing
+        assert_eq!(step_of(&record, &copy, &bound(&copy, "db-0", "uid-x", 4)), None);
     }
 
     fn pod<'a>(name: &'a str, uid: Option<&'a str>, token: Option<&'a str>) -> PodIdentity<'a> {

@@ -24,7 +24,7 @@ use etcd_client::{
 
 use tonic::Code as tonic_code;
 
-use super::claim::{CreateRule, create_rule, may_step, release_of};
+use super::claim::{CreateRule, create_rule, release_of, step_of};
 use super::{Claim, CreateOutcome, EtcdOptions, Ledger, LedgerError, ObservedChange, unix_now};
 
 /// How many compare failures one create or release tolerates (other replicas writing the same
@@ -590,10 +590,8 @@ impl Ledger for EtcdLedger {
     }
 
     async fn transition(&self, current: &Claim, next: &Claim) -> Result<bool, LedgerError> {
-        self.update(&self.key(next), |held| {
-            may_step(held, current, next).then(|| next.clone())
-        })
-        .await
+        self.update(&self.key(next), |held| step_of(held, current, next))
+            .await
     }
 
     async fn get(&self, ip: std::net::IpAddr) -> Result<Option<Claim>, LedgerError> {

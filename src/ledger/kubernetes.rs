@@ -18,7 +18,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, PostParams, Preconditions};
 use kube::{Api, Client};
 
-use super::claim::{CreateRule, create_rule, may_step, release_of};
+use super::claim::{CreateRule, create_rule, release_of, step_of};
 use super::holder::{Carrier, VmRef};
 use super::network::{NETWORK_LABEL, NETWORK_NAMESPACE_LABEL, Network};
 use super::{
@@ -600,9 +600,9 @@ impl Ledger for KubeLedger {
         let Some((existing, held)) = self.read_held(&name, "changing").await? else {
             return Ok(false);
         };
-        if !may_step(&held, current, next) {
+        let Some(next) = &step_of(&held, current, next) else {
             return Ok(false);
-        }
+        };
         let params = kube::api::PatchParams::default();
         let mut resource_version = existing.metadata.resource_version.clone();
         if held.pod.uid != next.pod.uid

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tokio::sync::Mutex;
 
-use super::claim::{CreateRule, create_rule, may_step, release_of};
+use super::claim::{CreateRule, create_rule, release_of, step_of};
 use super::{Claim, CreateOutcome, Ledger, LedgerError, unix_now};
 
 #[derive(Default)]
@@ -51,12 +51,15 @@ impl Ledger for MemoryLedger {
 
     async fn transition(&self, current: &Claim, next: &Claim) -> Result<bool, LedgerError> {
         let mut claims = self.claims.lock().await;
-        match claims.get_mut(&next.ip) {
-            Some(record) if may_step(record, current, next) => {
-                *record = next.clone();
+        let Some(record) = claims.get_mut(&next.ip) else {
+            return Ok(false);
+        };
+        match step_of(record, current, next) {
+            Some(written) => {
+                *record = written;
                 Ok(true)
             }
-            _ => Ok(false),
+            None => Ok(false),
         }
     }
 

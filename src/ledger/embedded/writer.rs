@@ -10,7 +10,7 @@ use tokio::sync::oneshot;
 
 use super::counters::{CommitCounters, Stage};
 use super::journal::Journal;
-use crate::ledger::claim::{CreateRule, create_rule, may_step, release_of};
+use crate::ledger::claim::{CreateRule, create_rule, release_of, step_of};
 use crate::ledger::{Claim, CreateOutcome, LedgerError, unix_now};
 
 /// The answer to one request, and when the writer took and answered its batch.
@@ -261,14 +261,14 @@ pub(super) fn apply(
             }
             Request::Transition(pair, reply) => {
                 let (current, next) = *pair;
-                let changed = match records.read(next.ip)? {
-                    Some(record) if may_step(&record, &current, &next) => {
-                        records.write(Arc::new(next))?;
-                        writes += 1;
-                        true
-                    }
-                    _ => false,
-                };
+                let written = records
+                    .read(next.ip)?
+                    .and_then(|record| step_of(&record, &current, &next));
+                let changed = written.is_some();
+                if let Some(written) = written {
+                    records.write(Arc::new(written))?;
+                    writes += 1;
+                }
                 replies.push(Reply::Changed(reply, changed));
             }
         }
