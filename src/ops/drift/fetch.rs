@@ -63,13 +63,13 @@ fn calico(kind: &str, plural: &str) -> ApiResource {
     )
 }
 
-/// Every object of `api`, page by page (500 a page); `Ok(None)` when not served (404).
+/// Every object of `api`, page by page ([`PAGE`] a page); `Ok(None)` when not served (404).
 async fn list_all<K>(api: &Api<K>, what: &'static str) -> Result<Option<Vec<K>>, FetchError>
 where
     K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
     let mut items = Vec::new();
-    let served = list_each(api, what, |page| items.extend(page)).await?;
+    let served = list_each(api, what, PAGE, |page| items.extend(page)).await?;
     Ok(served.then_some(items))
 }
 
@@ -85,17 +85,26 @@ where
     }
 }
 
-/// Hand each page of `api` (500 objects) to `each` before reading the next, so that what is
-/// kept of a kind is what `each` keeps; `Ok(false)` when not served (404).
+/// Objects a page, as the reconciler's lists ([`crate::cluster::list_pages`]).
+const PAGE: u32 = 500;
+
+/// Calico `IPAMBlock`s a page: a block holds up to 64 allocations (a /26), so a page of 500
+/// blocks would carry 32,000, and read and parsed at once it set the command's peak (about
+/// 25 MiB of it at 150,000 pods); 50 blocks carry about as many entries as a page of pods.
+const BLOCK_PAGE: u32 = 50;
+
+/// Hand each page of `api` (`page` objects) to `each` before reading the next, so that what
+/// is kept of a kind is what `each` keeps; `Ok(false)` when not served (404).
 async fn list_each<K>(
     api: &Api<K>,
     what: &'static str,
+    page: u32,
     mut each: impl FnMut(Vec<K>),
 ) -> Result<bool, FetchError>
 where
     K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    let mut params = ListParams::default().limit(500);
+    let mut params = ListParams::default().limit(page);
     loop {
         match api.list(&params).await {
             Ok(page) => {
@@ -277,7 +286,7 @@ async fn workload_lists(client: &Client, app_label: &str, warnings: &mut Vec<Str
             &format!("{}s", kind.to_lowercase()),
         );
         let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
-        let read = list_each(&api, "workloads", |page| {
+        let read = list_each(&api, "workloads", PAGE, |page| {
             for object in &page {
                 if let Some(listing) =
                     crate::webhook::workloads::listing_of(kind, object, app_label)
@@ -305,6 +314,7 @@ async fn read_cni(
     let ovn = list_each(
         &Api::<DynamicObject>::all_with(client.clone(), &kube_ovn_ips()),
         "Kube-OVN IP objects (ips.kubeovn.io)",
+        PAGE,
         |page| {
             ovn_objects += page.len();
             let holds = page.iter().flat_map(kube_ovn_holds);
@@ -324,6 +334,7 @@ async fn read_cni(
         list_each(
             &Api::<IpamBlockObject>::all(client.clone()),
             "Calico IPAM blocks (ipamblocks.crd.projectcalico.org)",
+            BLOCK_PAGE,
             |page| {
                 for block in &page {
                     let name = block.metadata.name.as_deref().unwrap_or("");
