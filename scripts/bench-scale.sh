@@ -11,6 +11,11 @@
 #
 #   scripts/bench-scale.sh [N ...]
 #   BIN=target/release/ip-webhook scripts/bench-scale.sh 5000 20000
+#   OPS_ONLY=1 scripts/bench-scale.sh 5000 150000
+#
+# OPS_ONLY=1 starts no replica: it runs `status` and `check --drift` against the stand-in
+# three times each and prints their peak RSS, CPU and bytes read (each cell: the three runs;
+# the growth exponent: of their medians).
 #
 # Rows:
 #   start bytes      bytes the API server sent the replica until its first leader pass settled
@@ -88,6 +93,30 @@ measure_cmd() {
         awk -v b="$bytes" '{printf "%.2f s, %.0f MiB, %.1f MB", $1+$2, $3/1024, b/1e6}'
 }
 
+# The median of the numbers in "a / b / c".
+median() { tr '/' '\n' <<<"$1" | grep -oE '[0-9.]+' | sort -g | awk '{v[NR]=$1} END{print v[int((NR+1)/2)]}'; }
+# `status` and `check --drift` against the stand-in at $1, three runs each, into ROW.
+ops_only() {
+    local api=$1 n=$2 cmd rss cpu bytes
+    for cmd in status drift; do
+        rss="" cpu="" bytes=""
+        for _ in 1 2 3; do
+            local args=(status)
+            [ "$cmd" = drift ] && args=(check --drift)
+            curl -s -X POST "http://127.0.0.1:$api/bench/reset" >/dev/null
+            /usr/bin/time -f "%U %S %M" -o "$WORK/time" "$BIN" "${args[@]}" \
+                --kubeconfig "$WORK/kubeconfig" --ledger kubernetes >"$WORK/out" 2>"$WORK/err" || true
+            grep -qE '^[0-9.]+ [0-9.]+ [0-9]+$' "$WORK/time" || { echo "$cmd failed" >&2; tail -3 "$WORK/err" >&2; }
+            rss+="${rss:+ / }$(awk '/^[0-9.]+ [0-9.]+ [0-9]+$/ {printf "%.0f", $3/1024}' "$WORK/time")"
+            cpu+="${cpu:+ / }$(awk '/^[0-9.]+ [0-9.]+ [0-9]+$/ {printf "%.2f", $1+$2}' "$WORK/time")"
+            bytes=$(awk -v b="$(bytes_sent "$api")" 'BEGIN{printf "%.1f", b/1e6}')
+        done
+        ROW[${cmd}rss,$n]="$rss MiB"
+        ROW[${cmd}cpu,$n]="$cpu s"
+        ROW[${cmd}bytes,$n]="$bytes MB"
+    done
+}
+
 declare -A ROW
 for n in "${SIZES[@]}"; do
     api=$(free_port)
@@ -109,6 +138,12 @@ users:
 - name: bench
   user: {}
 EOF
+    if [ -n "${OPS_ONLY:-}" ]; then
+        ops_only "$api" "$n"
+        kill "${PIDS[-1]}" 2>/dev/null || true
+        echo "done: $n pods" >&2
+        continue
+    fi
     admin=$(free_port)
     CG=/sys/fs/cgroup/cpuacct/ip-webhook-bench-$$-$n
     if mkdir "$CG" 2>/dev/null; then CGROUPS+=("$CG"); else CG=""; fi
@@ -203,11 +238,18 @@ for n in "${SIZES[@]}"; do printf ' %s |' "$n"; done
 printf ' growth exponent |\n|---|'
 for _ in "${SIZES[@]}"; do printf -- '---|'; done
 printf -- '---|\n'
-for row in "bytes:bytes read while starting" "startcpu:CPU until the first leader pass settled" \
-    "starthwm:peak RSS after the leader pass" "hwm:peak RSS through churn and admissions" \
-    "rss:steady RSS at the end" "churn:CPU for 1,000 plain pods created and deleted" \
-    "admit:CPU per fixed-IP admission with the work it triggers" "pass:CPU of one full resync pass" \
-    "status:status (CPU, peak RSS, bytes read)" "drift:check --drift (CPU, peak RSS, bytes read)"; do
+ROWS=("bytes:bytes read while starting" "startcpu:CPU until the first leader pass settled"
+    "starthwm:peak RSS after the leader pass" "hwm:peak RSS through churn and admissions"
+    "rss:steady RSS at the end" "churn:CPU for 1,000 plain pods created and deleted"
+    "admit:CPU per fixed-IP admission with the work it triggers" "pass:CPU of one full resync pass"
+    "status:status (CPU, peak RSS, bytes read)" "drift:check --drift (CPU, peak RSS, bytes read)")
+if [ -n "${OPS_ONLY:-}" ]; then
+    num() { median "$1"; }
+    ROWS=("statusrss:status peak RSS" "statuscpu:status CPU" "statusbytes:status bytes read"
+        "driftrss:check --drift peak RSS" "driftcpu:check --drift CPU"
+        "driftbytes:check --drift bytes read")
+fi
+for row in "${ROWS[@]}"; do
     key=${row%%:*}
     printf '| %s |' "${row#*:}"
     for n in "${SIZES[@]}"; do printf ' %s |' "${ROW[$key,$n]}"; done

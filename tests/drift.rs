@@ -531,3 +531,88 @@ async fn an_embedded_ledger_is_compared_with_the_cluster() {
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("give --kubeconfig FILE"), "{err}");
 }
+
+/// Pods spread over three pages of the pod list (500 a page): every page is read, the plain
+/// pods that matter on each are kept, and every pod is counted. The list IPs are written on
+/// pods only (no workload lists them), so the cluster is read a second time for them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_page_of_pods_is_read() {
+    use futures::StreamExt;
+    let fake = FakeApi::start();
+    let client = clean_cluster(&fake).await;
+    // In the list's order (namespace, then name): default/web-a, other/a-squatter, other/db,
+    // other/f-*, other/m-squatter (page 2), other/p-* (a Kube-OVN IP names p-0599, page 3),
+    // other/z-squatter (page 3).
+    let fillers = (0..600).flat_map(|i| [format!("f-{i:04}"), format!("p-{i:04}")]);
+    futures::stream::iter(fillers)
+        .for_each_concurrent(8, |name| {
+            let pods: Api<Pod> = Api::namespaced(client.clone(), "other");
+            async move {
+                let object = json!({
+                    "apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": name, "namespace": "other"},
+                    "spec": {"containers": [{"name": "c", "image": "i"}]},
+                });
+                let object = serde_json::from_value(object).unwrap();
+                pods.create(&PostParams::default(), &object).await.unwrap();
+            }
+        })
+        .await;
+    for (name, ip) in [
+        ("a-squatter", "10.0.0.14"),
+        ("m-squatter", "10.0.0.15"),
+        ("z-squatter", "10.0.0.16"),
+    ] {
+        foreign_pod(&client, "other", name, ip).await;
+    }
+    let mut held = kube_ovn_ip("p-0599", "10.0.0.17");
+    held["spec"]["namespace"] = json!("other");
+    create_cni_object(
+        &client,
+        &resource("kubeovn.io", "IP", "ips"),
+        "p-0599.other",
+        held,
+    )
+    .await;
+    fake.control("/fake/requests/clear", json!({}));
+    let kubeconfig = fake.kubeconfig().display().to_string();
+    let Ran { code, stdout, .. } = ip_webhook(&[
+        "check",
+        "--drift",
+        "--kubeconfig",
+        &kubeconfig,
+        "-o",
+        "json",
+    ]);
+    assert_eq!(code, Some(3), "{stdout}");
+    let report: Value = serde_json::from_str(&stdout).unwrap();
+    let found: Vec<(&str, &str, &str)> = report["drift"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| {
+            let field = |key: &str| d[key].as_str().unwrap();
+            (field("kind"), field("ip"), field("pod"))
+        })
+        .collect();
+    assert_eq!(
+        found,
+        [
+            ("pod-without-claim", "10.0.0.14", "other/a-squatter"),
+            ("pod-without-claim", "10.0.0.15", "other/m-squatter"),
+            ("pod-without-claim", "10.0.0.16", "other/z-squatter"),
+        ],
+        "p-0599 on page 3 exists: its Kube-OVN IP is not reported"
+    );
+    assert_eq!(report["compared"]["pods"], 1205);
+    let log = fake.get_json("/fake/requests");
+    let continued = log["requests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["path"] == "/api/v1/pods")
+        .filter(|r| r["query"].as_str().unwrap_or("").contains("continue="))
+        .count();
+    // pages 2 and 3, once for every read and once more for the IPs only pods list
+    assert_eq!(continued, 4, "{log}");
+}

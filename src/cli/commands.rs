@@ -521,9 +521,10 @@ async fn drift(args: CheckArgs) -> anyhow::Result<()> {
     } = read(&config, None, true, args.drift.network.as_ref()).await?;
     let api_server = api_server.expect("an API server was configured");
     let (client, server) = (api_server.watches, api_server.name);
-    let mut cluster = crate::ops::drift::fetch::read(&client, &pools, &args.drift.app_label)
-        .await
-        .with_context(|| format!("reading the cluster from {server}"))?;
+    let mut cluster =
+        crate::ops::drift::fetch::read(&client, &pools, &args.drift.app_label, &claims)
+            .await
+            .with_context(|| format!("reading the cluster from {server}"))?;
     if let Some(network) = &args.drift.network {
         cluster = crate::ops::drift::network::project(cluster, network);
     }
@@ -546,7 +547,7 @@ async fn drift(args: CheckArgs) -> anyhow::Result<()> {
         drift,
         compared: crate::ops::drift::Compared {
             claims: claims.iter().filter(|c| c.is_held()).count(),
-            pods: cluster.pods.len() + cluster.plain.len(),
+            pods: cluster.pod_count,
             kube_ovn_ips: cluster.kube_ovn_ips,
             calico_allocations: cluster.calico_allocations,
             namespace: None,

@@ -6,6 +6,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, ObjectList};
 use kube::{Api, Client, Resource};
 
+use super::wanted::Wanted;
 use super::{CniHold, PlainPod, block_holds, kube_ovn_holds, pod_lists};
 use crate::cluster::index::calico::IpamBlockObject;
 use crate::cluster::index::{SlimPod, kube_ovn_ips};
@@ -13,6 +14,7 @@ use crate::cluster::listed_pod::ListedPod;
 use crate::cluster::virtual_machines::{virtual_machine_instances, virtual_machines};
 use crate::ipam::ipset::IpSet;
 use crate::ipam::pools::PoolCatalog;
+use crate::ledger::Claim;
 use crate::webhook::kubevirt::LAUNCHER_LABEL;
 use std::collections::HashSet;
 
@@ -30,10 +32,13 @@ pub enum FetchError {
 pub struct Cluster {
     /// The pods that carry our or the CNIs' labels or annotations, cut down.
     pub pods: Vec<Pod>,
-    /// The other pods, as compact records.
+    /// The other pods that can change a finding ([`Wanted`]), as compact records.
     pub plain: Vec<PlainPod>,
+    /// How many pods were read.
+    pub pod_count: usize,
     /// Every app's list (pods' and workloads' `allocatable-ips`) and every FixedIPPool.
     pub listed: IpSet,
+    /// The CNI's records that can change a finding: on a listed or claimed IP.
     pub cni: Vec<CniHold>,
     /// Kube-OVN `IP` objects read; `None` when not served.
     pub kube_ovn_ips: Option<usize>,
@@ -58,13 +63,13 @@ fn calico(kind: &str, plural: &str) -> ApiResource {
     )
 }
 
-/// Every object of `api`, page by page (500 a page); `Ok(None)` when not served (404).
+/// Every object of `api`, page by page ([`PAGE`] a page); `Ok(None)` when not served (404).
 async fn list_all<K>(api: &Api<K>, what: &'static str) -> Result<Option<Vec<K>>, FetchError>
 where
     K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
     let mut items = Vec::new();
-    let served = list_each(api, what, |page| items.extend(page)).await?;
+    let served = list_each(api, what, PAGE, |page| items.extend(page)).await?;
     Ok(served.then_some(items))
 }
 
@@ -80,17 +85,26 @@ where
     }
 }
 
-/// Hand each page of `api` (500 objects) to `each` before reading the next, so that what is
-/// kept of a kind is what `each` keeps; `Ok(false)` when not served (404).
+/// Objects a page, as the reconciler's lists ([`crate::cluster::list_pages`]).
+const PAGE: u32 = 500;
+
+/// Calico `IPAMBlock`s a page: a block holds up to 64 allocations (a /26), so a page of 500
+/// blocks would carry 32,000, and read and parsed at once it set the command's peak (about
+/// 25 MiB of it at 150,000 pods); 50 blocks carry about as many entries as a page of pods.
+const BLOCK_PAGE: u32 = 50;
+
+/// Hand each page of `api` (`page` objects) to `each` before reading the next, so that what
+/// is kept of a kind is what `each` keeps; `Ok(false)` when not served (404).
 async fn list_each<K>(
     api: &Api<K>,
     what: &'static str,
+    page: u32,
     mut each: impl FnMut(Vec<K>),
 ) -> Result<bool, FetchError>
 where
     K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    let mut params = ListParams::default().limit(500);
+    let mut params = ListParams::default().limit(page);
     loop {
         match api.list(&params).await {
             Ok(page) => {
@@ -192,44 +206,87 @@ pub fn slim_pod(mut pod: Pod, app_label: &str) -> Pod {
 }
 
 /// Sort one page of pods (read as [`ListedPod`]s) into the marked ones, cut down, and the
-/// plain ones.
+/// plain ones `keep` keeps.
 pub fn keep_pods(
     page: Vec<Pod>,
     app_label: &str,
+    keep: impl Fn(&PlainPod) -> bool,
     marked: &mut Vec<Pod>,
     plain: &mut Vec<PlainPod>,
 ) {
     for kept in page.into_iter().filter_map(|pod| keep_pod(pod, app_label)) {
         match kept {
             KeptPod::Marked(pod) => marked.push(*pod),
-            KeptPod::Plain(pod) => plain.push(pod),
+            KeptPod::Plain(pod) if keep(&pod) => plain.push(pod),
+            KeptPod::Plain(_) => {}
         }
     }
 }
 
 /// Read the cluster: every pod, the lists of pods and workloads, and the CNI's records. (All
 /// namespaces even for `-n`: a claim's pod, or the pod an IP is claimed for, may be elsewhere.)
+/// Of the plain pods and the CNI's records, only those that can change a finding about the
+/// held `claims` are kept ([`Wanted`]); the others are counted.
+///
+/// The CNI's records are read before the pods: a pod exists before the CNI allocates its IP,
+/// so a record read first never names a pod created after the pods were listed.
 pub async fn read(
     client: &Client,
     pools: &PoolCatalog,
     app_label: &str,
+    claims: &[Claim],
 ) -> Result<Cluster, FetchError> {
-    let (mut pods, mut plain) = (Vec::new(), Vec::new());
+    let mut warnings = Vec::new();
+    let listed = pools.iter().fold(
+        workload_lists(client, app_label, &mut warnings).await,
+        |set, pool| set.union(&pool.usable),
+    );
+    let mut wanted = Wanted::new(claims, &listed);
+    let mut cni = Vec::new();
+    let (kube_ovn_ips, calico_allocations) = read_cni(client, &mut wanted, &mut cni).await?;
+    let (mut pods, mut plain, mut pod_count) = (Vec::new(), Vec::new(), 0);
     list_pods(client, |page| {
-        keep_pods(page, app_label, &mut pods, &mut plain)
+        pod_count += page.len();
+        keep_pods(
+            page,
+            app_label,
+            |pod| wanted.keeps(pod),
+            &mut pods,
+            &mut plain,
+        )
     })
     .await?;
-    let mut listed = pools
-        .iter()
-        .fold(pod_lists(&pods), |set, pool| set.union(&pool.usable));
-    let mut warnings = Vec::new();
+    let listed = listed.union(&pod_lists(&pods));
+    let only_on_pods = listed.subtract(wanted.ips());
+    if !only_on_pods.is_empty() {
+        let again = Wanted::ips_only(only_on_pods);
+        read_again(client, app_label, again, &pods, &mut plain, &mut cni).await?;
+    }
+    let vms = virtual_machines_and_instances(client, &mut warnings).await;
+    Ok(Cluster {
+        vms,
+        pods,
+        plain,
+        pod_count,
+        listed,
+        cni,
+        kube_ovn_ips,
+        calico_allocations,
+        warnings,
+    })
+}
+
+/// Every workload's list (`allocatable-ips` on its pod template), page by page; a kind that
+/// cannot be read is a warning and its lists are left out.
+async fn workload_lists(client: &Client, app_label: &str, warnings: &mut Vec<String>) -> IpSet {
+    let mut listed = IpSet::default();
     for (group, kind) in crate::webhook::workloads::KINDS {
         let resource = ApiResource::from_gvk_with_plural(
             &GroupVersionKind::gvk(group, "v1", kind),
             &format!("{}s", kind.to_lowercase()),
         );
         let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
-        let read = list_each(&api, "workloads", |page| {
+        let read = list_each(&api, "workloads", PAGE, |page| {
             for object in &page {
                 if let Some(listing) =
                     crate::webhook::workloads::listing_of(kind, object, app_label)
@@ -243,15 +300,28 @@ pub async fn read(
             warnings.push(format!("{kind}s: {error}; their lists are left out"));
         }
     }
-    let mut cni = Vec::new();
-    let ovn = list_all(
+    listed
+}
+
+/// The CNI's records, page by page, into `cni` as far as `wanted` keeps them; how many
+/// Kube-OVN `IP` objects and Calico allocations there were (`None`: not served).
+async fn read_cni(
+    client: &Client,
+    wanted: &mut Wanted,
+    cni: &mut Vec<CniHold>,
+) -> Result<(Option<usize>, Option<usize>), FetchError> {
+    let mut ovn_objects = 0;
+    let ovn = list_each(
         &Api::<DynamicObject>::all_with(client.clone(), &kube_ovn_ips()),
         "Kube-OVN IP objects (ips.kubeovn.io)",
+        PAGE,
+        |page| {
+            ovn_objects += page.len();
+            let holds = page.iter().flat_map(kube_ovn_holds);
+            cni.extend(holds.filter(|hold| wanted.keep_hold(hold)));
+        },
     )
     .await?;
-    if let Some(objects) = &ovn {
-        cni.extend(objects.iter().flat_map(kube_ovn_holds));
-    }
     let handles = served(
         &Api::<DynamicObject>::all_with(client.clone(), &calico_ipam_handles()),
         "Calico IPAM handles (ipamhandles.crd.projectcalico.org)",
@@ -259,33 +329,64 @@ pub async fn read(
     .await?;
     let mut calico_allocations = None;
     if handles {
-        // page by page, each block read as the fields its holds are made of
-        let mut holds: Vec<CniHold> = Vec::new();
+        // each block read as the fields its holds are made of
+        let mut allocations = 0;
         list_each(
             &Api::<IpamBlockObject>::all(client.clone()),
             "Calico IPAM blocks (ipamblocks.crd.projectcalico.org)",
+            BLOCK_PAGE,
             |page| {
                 for block in &page {
                     let name = block.metadata.name.as_deref().unwrap_or("");
-                    holds.extend(block_holds(name, &block.spec));
+                    let holds = block_holds(name, &block.spec);
+                    allocations += holds.len();
+                    cni.extend(holds.into_iter().filter(|hold| wanted.keep_hold(hold)));
                 }
             },
         )
         .await?;
-        calico_allocations = Some(holds.len());
-        cni.extend(holds);
+        calico_allocations = Some(allocations);
     }
-    let vms = virtual_machines_and_instances(client, &mut warnings).await;
-    Ok(Cluster {
-        vms,
-        pods,
-        plain,
-        listed,
-        cni,
-        kube_ovn_ips: ovn.map(|o| o.len()),
-        calico_allocations,
-        warnings,
+    Ok((ovn.then_some(ovn_objects), calico_allocations))
+}
+
+/// The plain pods and CNI records on the IPs `wanted` keeps, which only pods' own lists name
+/// (a bare pod's, or one whose workload kind is not read): those lists are known once every
+/// pod is read, so they take a second read. A pod kept already is not kept again.
+async fn read_again(
+    client: &Client,
+    app_label: &str,
+    mut wanted: Wanted,
+    pods: &[Pod],
+    plain: &mut Vec<PlainPod>,
+    cni: &mut Vec<CniHold>,
+) -> Result<(), FetchError> {
+    read_cni(client, &mut wanted, cni).await?;
+    let known: HashSet<(String, String)> = pods
+        .iter()
+        .filter_map(|pod| Some((pod.metadata.namespace.clone()?, pod.metadata.uid.clone()?)))
+        .chain(plain.iter().map(|pod| {
+            let (namespace, _, uid) = pod.identity();
+            (namespace.to_string(), uid.to_string())
+        }))
+        .collect();
+    let new = |pod: &PlainPod| {
+        let (namespace, _, uid) = pod.identity();
+        !known.contains(&(namespace.to_string(), uid.to_string()))
+    };
+    let mut marked = Vec::new();
+    list_pods(client, |page| {
+        // the marked pods were all kept by the first read
+        keep_pods(
+            page,
+            app_label,
+            |pod| wanted.keeps(pod) && new(pod),
+            &mut marked,
+            plain,
+        );
+        marked.clear();
     })
+    .await
 }
 
 /// The KubeVirt VirtualMachines and VirtualMachineInstances that exist (namespace, name); a

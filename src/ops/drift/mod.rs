@@ -20,6 +20,7 @@
 
 pub mod fetch;
 pub mod network;
+pub mod wanted;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
@@ -667,7 +668,7 @@ mod tests {
                 .unwrap()
                 .0
         });
-        fetch::keep_pods(listed.collect(), "app", &mut marked, &mut plain);
+        fetch::keep_pods(listed.collect(), "app", |_| true, &mut marked, &mut plain);
         (marked, plain)
     }
 
@@ -683,7 +684,7 @@ mod tests {
     ) -> Vec<(DriftKind, String, String)> {
         let listed = pod_lists(pods).union(&parse_ip_spec("10.0.0.10-10.0.0.13").unwrap());
         let (pods, plain) = kept(pods);
-        compare(&Inputs {
+        let inputs = Inputs {
             claims,
             pods: &pods,
             plain: &plain,
@@ -694,10 +695,26 @@ mod tests {
             settle: SETTLE_SECONDS,
             vms,
             network: None,
-        })
-        .into_iter()
-        .map(|d| (d.kind, d.ip.to_string(), d.pod))
-        .collect()
+        };
+        let found = compare(&inputs);
+        // what `check --drift` keeps of the plain pods and the CNI's records finds the same
+        let mut wanted = wanted::Wanted::new(claims, &listed);
+        let cni: Vec<CniHold> = cni
+            .iter()
+            .filter(|h| wanted.keep_hold(h))
+            .cloned()
+            .collect();
+        let few: Vec<PlainPod> = plain.iter().filter(|p| wanted.keeps(p)).cloned().collect();
+        let kept = Inputs {
+            plain: &few,
+            cni: &cni,
+            ..inputs
+        };
+        assert_eq!(compare(&kept), found, "with only what Wanted keeps");
+        found
+            .into_iter()
+            .map(|d| (d.kind, d.ip.to_string(), d.pod))
+            .collect()
     }
 
     fn old(ip: &str, name: &str, uid: &str) -> Claim {
@@ -1064,6 +1081,55 @@ mod tests {
                     "default/web-gone".into()
                 ),
             ]
+        );
+    }
+
+    #[test]
+    fn only_the_plain_pods_and_records_a_finding_can_name_are_kept() {
+        let listed = parse_ip_spec("10.0.0.10-10.0.0.13").unwrap();
+        let claims = [
+            old("10.0.0.20", "web-a", "ua"),
+            // released: names no pod
+            Claim {
+                phase: Phase::Released,
+                ..old("10.0.0.21", "web-b", "ub")
+            },
+        ];
+        let mut wanted = wanted::Wanted::new(&claims, &listed);
+        let holds = [
+            hold("10.0.0.12", "other", "named"),
+            hold("10.0.0.20", "other", "named-too"),
+            hold("10.9.0.1", "other", "unlisted"),
+        ];
+        let records: Vec<bool> = holds.iter().map(|h| wanted.keep_hold(h)).collect();
+        assert_eq!(records, [true, true, false]);
+        let mut claimed = foreign("claimed", "10.9.0.9");
+        claimed.metadata.namespace = Some("default".into());
+        claimed.metadata.uid = Some("ua".into());
+        let mut released = foreign("released", "10.9.0.8");
+        released.metadata.namespace = Some("default".into());
+        released.metadata.uid = Some("ub".into());
+        let mut named = foreign("named", "10.9.0.7");
+        named.status = None;
+        let pods = [
+            foreign("on-list", "10.0.0.13"),
+            foreign("on-claim", "10.0.0.20"),
+            claimed,
+            named,
+            foreign("named-too", "10.9.0.6"),
+            foreign("elsewhere", "10.9.0.5"),
+            released,
+            foreign("unlisted", "10.9.0.1"),
+        ];
+        let (_, plain) = kept(&pods);
+        let names: Vec<&str> = plain
+            .iter()
+            .filter(|p| wanted.keeps(p))
+            .map(|p| p.identity().1)
+            .collect();
+        assert_eq!(
+            names,
+            ["on-list", "on-claim", "claimed", "named", "named-too"]
         );
     }
 
