@@ -482,6 +482,38 @@ async fn launch_off_cluster(
     (ip, pod)
 }
 
+/// Off-cluster: `pod`'s DELETE reviewed, and the release timer's ticks past (the release
+/// delay is 0 s in these tests).
+async fn deleted_off_cluster(server: &common::TestServer, pod: &Pod) {
+    let answer = server.mutate(&delete_review(pod)).await;
+    assert_eq!(answer["allowed"], true, "{answer}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+}
+
+/// The VM stops: its last launcher pod's DELETE frees `ip` once its grace is over.
+async fn last_launcher_frees(server: &common::TestServer, last: &Pod, ip: &str) {
+    let answer = server.mutate(&delete_review(last)).await;
+    assert_eq!(answer["allowed"], true, "{answer}");
+    eventually(
+        "the stopped VM's IP to be freed",
+        Duration::from_secs(10),
+        || async { holder_of(server, ip).is_none().then_some(()) },
+    )
+    .await;
+}
+
+/// A pod of another app asking for `ip` statically is refused: the VM holds it.
+async fn intruder_refused(server: &common::TestServer, ip: &str) -> Value {
+    let intruder = server
+        .mutate(&create(
+            "static-intruder",
+            common::pod("default", "other", "x-", Some(ip)),
+        ))
+        .await;
+    assert_eq!(intruder["allowed"], false, "{intruder}");
+    intruder
+}
+
 /// Which pod holds the claim on `ip`, and in which phase; `None` once it is free.
 fn holder_of(server: &common::TestServer, ip: &str) -> Option<(String, ip_webhook::ledger::Phase)> {
     let claim = server
@@ -512,23 +544,15 @@ async fn without_an_api_server_a_failed_migration_gives_the_ip_back_to_the_sourc
         Some(("dst-1".into(), Phase::Bound))
     );
 
-    // the migration fails: KubeVirt deletes its target at once
-    let answer = server.mutate(&delete_review(&target)).await;
-    assert_eq!(answer["allowed"], true, "{answer}");
-    // past the release timer's ticks: the source still runs the VM, so the IP is kept for it
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // the migration fails: KubeVirt deletes its target at once; past the release timer's
+    // ticks the source still runs the VM, so the IP is kept for it
+    deleted_off_cluster(&server, &target).await;
     assert_eq!(
         holder_of(&server, &ip),
         Some(("src".into(), Phase::Bound)),
         "the source runs the VM on its IP"
     );
-    let intruder = server
-        .mutate(&create(
-            "static-intruder",
-            common::pod("default", "other", "x-", Some(&ip)),
-        ))
-        .await;
-    assert_eq!(intruder["allowed"], false, "{intruder}");
+    let intruder = intruder_refused(&server, &ip).await;
     assert!(
         message(&intruder).contains("vm default/db"),
         "{}",
@@ -540,9 +564,7 @@ async fn without_an_api_server_a_failed_migration_gives_the_ip_back_to_the_sourc
         launch_off_cluster(&server, launcher("db", "vmi-1", Some("job-2")), "dst-2").await;
     assert_eq!(retry_ip, ip, "one VM, one IP");
     // it succeeds: the source is deleted, and frees nothing
-    let answer = server.mutate(&delete_review(&source)).await;
-    assert_eq!(answer["allowed"], true, "{answer}");
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    deleted_off_cluster(&server, &source).await;
     assert_eq!(
         holder_of(&server, &ip),
         Some(("dst-2".into(), Phase::Bound))
@@ -557,15 +579,7 @@ async fn without_an_api_server_a_failed_migration_gives_the_ip_back_to_the_sourc
         .count();
     assert_eq!(vm_claims, 1, "the VM holds one claim");
 
-    // the VM stops: its last launcher pod's DELETE frees the IP once its grace is over
-    let answer = server.mutate(&delete_review(&retry)).await;
-    assert_eq!(answer["allowed"], true, "{answer}");
-    eventually(
-        "the stopped VM's IP to be freed",
-        Duration::from_secs(10),
-        || async { holder_of(&server, &ip).is_none().then_some(()) },
-    )
-    .await;
+    last_launcher_frees(&server, &retry, &ip).await;
 }
 
 /// Off-cluster, with launcher pods KubeVirt leaves undeleted: a first migration succeeds and
@@ -585,39 +599,22 @@ async fn without_an_api_server_every_undeleted_launcher_pod_keeps_the_vms_ip() {
     assert_eq!(second_ip, ip, "one VM, one IP");
 
     // the second migration fails: its target goes, the first target holds the claim again
-    let answer = server.mutate(&delete_review(&second)).await;
-    assert_eq!(answer["allowed"], true, "{answer}");
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    deleted_off_cluster(&server, &second).await;
     assert_eq!(
         holder_of(&server, &ip),
         Some(("dst-1".into(), Phase::Bound))
     );
     // the first migration's source, done long ago, is deleted: the first target runs on
-    let answer = server.mutate(&delete_review(&source)).await;
-    assert_eq!(answer["allowed"], true, "{answer}");
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    deleted_off_cluster(&server, &source).await;
     assert_eq!(
         holder_of(&server, &ip),
         Some(("dst-1".into(), Phase::Bound)),
         "the pod that runs the VM keeps its IP"
     );
-    let intruder = server
-        .mutate(&create(
-            "static-intruder",
-            common::pod("default", "other", "x-", Some(&ip)),
-        ))
-        .await;
-    assert_eq!(intruder["allowed"], false, "{intruder}");
+    intruder_refused(&server, &ip).await;
 
     // the VM stops: the last launcher pod's DELETE frees the IP
-    let answer = server.mutate(&delete_review(&first)).await;
-    assert_eq!(answer["allowed"], true, "{answer}");
-    eventually(
-        "the stopped VM's IP to be freed",
-        Duration::from_secs(10),
-        || async { holder_of(&server, &ip).is_none().then_some(()) },
-    )
-    .await;
+    last_launcher_frees(&server, &first, &ip).await;
 }
 
 /// `pod` runs on `ip`, as the kubelet and the CNI report it (`status.podIPs`).

@@ -442,7 +442,10 @@ mod tests {
         bind.sticky = true;
         assert_eq!(step_of(&fresh, &fresh, &bind), Some(bind));
         // and a step the rules refuse writes nothing
-        assert_eq!(step_of(&record, &copy, &bound(&copy, "db-0", "uid-x", 4)), None);
+        assert_eq!(
+            step_of(&record, &copy, &bound(&copy, "db-0", "uid-x", 4)),
+            None
+        );
     }
 
     fn pod<'a>(name: &'a str, uid: Option<&'a str>, token: Option<&'a str>) -> PodIdentity<'a> {
