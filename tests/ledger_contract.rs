@@ -649,6 +649,20 @@ async fn lifecycle_transcript(ledger: &dyn Ledger) -> Vec<String> {
         "a copy with db-2's token: {}",
         outcome(ledger.create(copy.into()).await.unwrap())
     ));
+    // db-2 is deleted, seen by a replica whose copy still shows the reservation: the
+    // phase changes, the binding (and its `sticky`) stays as the record has it
+    let deleting = PodIdentity {
+        namespace: &db.pod.namespace,
+        name: "db-2",
+        uid: Some("uid-db2"),
+        token: Some("tok-db2"),
+    };
+    let from_copy = rules::terminating(&db, &deleting, 1_764_400_230, 1_764_400_201);
+    out.push(format!(
+        "terminate db-2 from a lagging copy: {}",
+        ledger.transition(&db, &from_copy).await.unwrap()
+    ));
+    out.push(format!("record: {}", got(ledger, "10.60.0.4").await));
     out.push(format!(
         "release db-2: {}",
         ledger.release(&bound).await.unwrap()
@@ -866,6 +880,8 @@ const EXPECTED_TRANSCRIPT: &[&str] = &[
     "record: Reserved req-vm-2 -",
     "bind db-2: true",
     "a copy with db-2's token: held by req-db2",
+    "terminate db-2 from a lagging copy: true",
+    "record: Terminating req-db2 uid-db2",
     "release db-2: true",
     "record: Released req-db2 uid-db2 kept",
     "another pod on the kept IP: held by req-db2",
