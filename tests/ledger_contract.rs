@@ -702,16 +702,13 @@ async fn lifecycle_transcript(ledger: &dyn Ledger) -> Vec<String> {
         "the migration's target: {}",
         outcome(ledger.create(target.clone().into()).await.unwrap())
     ));
-    let target = rules::bound(&target, "virt-launcher-vm-2-b", "uid-dst", 1_764_400_301);
-    let reserved_target = Claim {
-        phase: Phase::Reserved,
-        pod: PodRef {
-            uid: None,
-            name: "".into(),
-            ..target.pod.clone()
-        },
-        ..target.clone()
-    };
+    let reserved_target = target;
+    let target = rules::bound(
+        &reserved_target,
+        "virt-launcher-vm-2-b",
+        "uid-dst",
+        1_764_400_301,
+    );
     out.push(format!(
         "bind the target: {}",
         ledger.transition(&reserved_target, &target).await.unwrap()
@@ -731,21 +728,9 @@ async fn lifecycle_transcript(ledger: &dyn Ledger) -> Vec<String> {
         outcome(ledger.create(retry.clone().into()).await.unwrap())
     ));
     let retry_bound = rules::bound(&retry, "virt-launcher-vm-2-c", "uid-dst2", 1_764_400_303);
-    let reserved_retry = Claim {
-        phase: Phase::Reserved,
-        pod: PodRef {
-            uid: None,
-            name: "".into(),
-            ..retry_bound.pod.clone()
-        },
-        ..retry_bound.clone()
-    };
     out.push(format!(
         "bind it: {}",
-        ledger
-            .transition(&reserved_retry, &retry_bound)
-            .await
-            .unwrap()
+        ledger.transition(&retry, &retry_bound).await.unwrap()
     ));
     // the next migration starts while the first source, done, is not deleted yet: either may
     // run the VM, and both are remembered

@@ -168,12 +168,9 @@ fn is_carrier_step(record: &Claim, next: &Claim) -> bool {
             .collect()
     };
     let (was, now) = (pods(record, before), pods(next, after));
-    let one_gone = was.len() == now.len() + 1
-        && (0..was.len()).any(|gone| {
-            let mut left = was.clone();
-            left.remove(gone);
-            left == now
-        });
+    // `now` is `was` with the one element at the first place they differ taken out
+    let gone = was.iter().zip(&now).take_while(|(a, b)| a == b).count();
+    let one_gone = was.len() == now.len() + 1 && was[gone + 1..] == now[gone..];
     matches!(record.phase, Phase::Reserved | Phase::Bound)
         && next.phase == record.phase
         && before.name() == after.name()

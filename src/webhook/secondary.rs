@@ -433,9 +433,17 @@ pub async fn validate(
         return Ok(());
     }
     let (view, identity) = (&ask.view, &ask.identity());
-    if incoming.request.operation == Operation::Create {
-        asks(webhook, view).map_err(|denial| denial.to_string())?;
-    }
+    // a CREATE reads what it asks as /mutate reads it (and is refused alike); an UPDATE only
+    // what it carries
+    let on_networks = if incoming.request.operation == Operation::Create {
+        let asks = asks(webhook, view).map_err(|denial| denial.to_string())?;
+        let asks = asks.map(|asks| asks.asks).unwrap_or_default();
+        asks.into_iter()
+            .map(|ask| (ask.network, ask.carried))
+            .collect()
+    } else {
+        carried(webhook, view.meta, &view.namespace)
+    };
     let token = identity
         .token
         .map(str::to_string)
@@ -455,7 +463,7 @@ pub async fn validate(
         migration: view.migration,
         dry_run: incoming.dry_run(),
     };
-    for (network, ips) in carried(webhook, view.meta, &view.namespace) {
+    for (network, ips) in on_networks {
         let Some(allocator) = webhook.secondary.get(&network) else {
             continue;
         };

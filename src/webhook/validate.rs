@@ -148,8 +148,11 @@ async fn validate_pod(
     };
     let meta = &pod.metadata;
     let view = PodView::new(meta, incoming, &webhook.settings);
-    if incoming.request.operation == Operation::Update
-        && let Some(old) = incoming.metadata(true)?
+    let old = match incoming.request.operation {
+        Operation::Update => incoming.metadata(true)?,
+        _ => None,
+    };
+    if let Some(old) = &old
         && holds_claim(webhook, &view, &old.metadata)
     {
         // What names the pod's IP stays as admitted; nothing else of an update concerns us.
@@ -175,8 +178,7 @@ async fn validate_pod(
         response,
         granted: false,
     };
-    if incoming.request.operation == Operation::Update
-        && let Some(old) = incoming.metadata(true)?
+    if let Some(old) = &old
         && let Some(refusal) = secondary::unclaimed_update_refusal(webhook, &view, &old.metadata)
     {
         answer.response = answer.response.deny(refusal);
