@@ -1,13 +1,15 @@
 //! A fast stand-in API server for `scripts/bench-scale.sh`: a cluster of N realistic pods
 //! (4–7 KB each, with `status.podIPs`, `spec.nodeName`, a ReplicaSet owner), N/30 nodes, their
-//! Deployments and ReplicaSets (nine old revisions each), 100 fixed-IP apps (350 pods, one
-//! bound IPClaim each), and Calico's `IPAMBlock`s of every pod's IP (a /26 each, as Calico's
+//! Deployments and ReplicaSets (nine old revisions each), fixed-IP apps (by default 100 apps
+//! of 3 or 4 pods, 350 pods; `FIXED_APPS=A FIXED_PER_APP=P` in the environment: A apps of P
+//! pods), each pod with one bound IPClaim, and Calico's `IPAMBlock`s of every pod's IP (a /26 each, as Calico's
 //! default block size; the attributes as Calico's CNI plugin writes them), served over plain
 //! HTTP on loopback. Pod lists and watches honour the one label selector the replica sends
 //! (`ip-webhook.io/allocated-ip`: the pod carries that label).
 //!
 //!   cargo build --release --example scale_apiserver
 //!   target/release/examples/scale_apiserver PORT PODS
+//!   FIXED_APPS=2000 FIXED_PER_APP=10 target/release/examples/scale_apiserver PORT PODS
 //!
 //! The big kinds (pods, nodes, deployments, replicasets) are generated from their index on
 //! each request, so the server holds none of them; every other resource lives in a small
@@ -48,7 +50,6 @@ use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
 const NAMESPACES: usize = 50;
-const FIXED_APPS: usize = 100;
 const PODS_PER_DEPLOYMENT: usize = 30;
 const OLD_REVISIONS: usize = 9;
 const CREATED: &str = "2026-01-01T00:00:00Z";
@@ -154,20 +155,65 @@ struct PodShape {
     fixed_app: Option<usize>,
 }
 
-fn fixed_pods() -> usize {
-    (0..FIXED_APPS).map(|a| 3 + a % 2).sum()
+/// How the fixed-IP pods are laid out: `apps` apps of `per_app` pods each, or of 3 and 4 pods
+/// in turn. Fixed pod `g` (of all apps, app by app) has IP 10.200.0.0 + g + 1, so an app's IPs
+/// are one range and 64 fixed pods fill a /26.
+struct FixedLayout {
+    apps: usize,
+    per_app: Option<usize>,
 }
 
-fn fixed_of(i: usize) -> Option<(usize, usize)> {
-    let mut start = 0;
-    for a in 0..FIXED_APPS {
-        let n = 3 + a % 2;
-        if i < start + n {
-            return Some((a, i - start));
-        }
-        start += n;
+fn layout() -> &'static FixedLayout {
+    static LAYOUT: std::sync::OnceLock<FixedLayout> = std::sync::OnceLock::new();
+    LAYOUT.get_or_init(|| {
+        let number = |name: &str| {
+            std::env::var(name).ok().map(|v| {
+                v.parse::<usize>()
+                    .unwrap_or_else(|_| panic!("{name}={v:?}: not a number"))
+            })
+        };
+        let layout = FixedLayout {
+            apps: number("FIXED_APPS").unwrap_or(100).max(1),
+            per_app: number("FIXED_PER_APP").map(|p| p.max(1)),
+        };
+        assert!(
+            layout.app_start(layout.apps) < 65_000,
+            "fixed pods must fit in 10.200.0.0/16"
+        );
+        layout
+    })
+}
+
+impl FixedLayout {
+    fn app_size(&self, a: usize) -> usize {
+        self.per_app.unwrap_or(3 + a % 2)
     }
-    None
+
+    /// The index of app `a`'s first pod among the fixed pods.
+    fn app_start(&self, a: usize) -> usize {
+        self.per_app.map_or(a * 3 + a / 2, |p| a * p)
+    }
+}
+
+fn fixed_apps() -> usize {
+    layout().apps
+}
+
+fn fixed_pods() -> usize {
+    layout().app_start(layout().apps)
+}
+
+/// Fixed pod `i`'s app and its ordinal in the app.
+fn fixed_of(i: usize) -> Option<(usize, usize)> {
+    if i >= fixed_pods() {
+        return None;
+    }
+    Some(match layout().per_app {
+        Some(p) => (i / p, i % p),
+        // two apps (3 pods, then 4) every 7 pods
+        None if i % 7 < 3 => (i / 7 * 2, i % 7),
+        None => (i / 7 * 2 + 1, i % 7 - 3),
+    })
 }
 
 fn deployments(pods: usize) -> usize {
@@ -179,8 +225,25 @@ fn nodes(pods: usize) -> usize {
     (pods / 30).max(1)
 }
 
-fn fixed_ip(a: usize, r: usize) -> String {
-    format!("10.200.{}.{}", a / 50, (a % 50) * 5 + r + 1)
+/// The IP of fixed pod `g` (of all apps).
+fn fixed_ip(g: usize) -> String {
+    let [a, b, c, d] = fixed_octets(g);
+    format!("{a}.{b}.{c}.{d}")
+}
+
+fn fixed_octets(g: usize) -> [u8; 4] {
+    let n = g + 1;
+    [10, 200, (n >> 8) as u8, (n & 255) as u8]
+}
+
+/// App `a`'s allocatable IPs, as one range.
+fn fixed_range(a: usize) -> String {
+    let first = layout().app_start(a);
+    format!(
+        "{}-{}",
+        fixed_ip(first),
+        fixed_ip(first + layout().app_size(a) - 1)
+    )
 }
 
 /// The IP of plain pod `i`: consecutive pods on consecutive IPs, so 64 pods fill a /26.
@@ -199,7 +262,7 @@ fn pod_shape(pods: usize, i: usize) -> PodShape {
             format!("ns-{}", a % NAMESPACES),
             format!("fixed-{a}"),
             Some(a),
-            fixed_ip(a, r),
+            fixed_ip(layout().app_start(a) + r),
         ),
         None => {
             let d = (i - fixed_pods()) / PODS_PER_DEPLOYMENT;
@@ -235,13 +298,10 @@ fn pod_shape(pods: usize, i: usize) -> PodShape {
 fn fixed_annotations(shape: &PodShape) -> String {
     match shape.fixed_app {
         Some(a) => format!(
-            r#""ip-webhook.io/status":"mutated","ip-webhook.io/claim":"{:032x}","cni.projectcalico.org/ipAddrs":"[\"{}\"]","ip-webhook.io/allocatable-ips":"10.200.{}.{}-10.200.{}.{}","#,
+            r#""ip-webhook.io/status":"mutated","ip-webhook.io/claim":"{:032x}","cni.projectcalico.org/ipAddrs":"[\"{}\"]","ip-webhook.io/allocatable-ips":"{}","#,
             0xC1A1_0000_0000usize + a * 16 + shape.ip.len(),
             shape.ip,
-            a / 50,
-            (a % 50) * 5 + 1,
-            a / 50,
-            (a % 50) * 5 + 5
+            fixed_range(a)
         ),
         None => String::new(),
     }
@@ -326,15 +386,15 @@ fn node_json(i: usize, meta_only: bool) -> String {
 
 /// Deployment `d` (the fixed-IP apps first: `fixed-A` lists its IPs in its template).
 fn deployment_shape(d: usize) -> (String, String, Option<usize>, usize) {
-    if d < FIXED_APPS {
+    if d < fixed_apps() {
         (
             format!("ns-{}", d % NAMESPACES),
             format!("fixed-{d}"),
             Some(d),
-            3 + d % 2,
+            layout().app_size(d),
         )
     } else {
-        let p = d - FIXED_APPS;
+        let p = d - fixed_apps();
         (
             format!("ns-{}", p % NAMESPACES),
             format!("app-{p}"),
@@ -347,11 +407,8 @@ fn deployment_shape(d: usize) -> (String, String, Option<usize>, usize) {
 fn template(name: &str, fixed: Option<usize>) -> String {
     let annotations = match fixed {
         Some(a) => format!(
-            r#","annotations":{{"ip-webhook.io/allocatable-ips":"10.200.{}.{}-10.200.{}.{}"}}"#,
-            a / 50,
-            (a % 50) * 5 + 1,
-            a / 50,
-            (a % 50) * 5 + 5
+            r#","annotations":{{"ip-webhook.io/allocatable-ips":"{}"}}"#,
+            fixed_range(a)
         ),
         None => String::new(),
     };
@@ -402,9 +459,9 @@ fn generated(pods: usize, plural: &str) -> Option<usize> {
     Some(match plural {
         "pods" => pods,
         "nodes" => nodes(pods),
-        "deployments" => FIXED_APPS + deployments(pods),
-        "replicasets" => (FIXED_APPS + deployments(pods)) * (OLD_REVISIONS + 1),
-        "ipamblocks" => FIXED_BLOCKS + plain_blocks(pods).len(),
+        "deployments" => fixed_apps() + deployments(pods),
+        "replicasets" => (fixed_apps() + deployments(pods)) * (OLD_REVISIONS + 1),
+        "ipamblocks" => fixed_blocks() + plain_blocks(pods).len(),
         _ => return None,
     })
 }
@@ -430,9 +487,12 @@ fn generated_json(pods: usize, plural: &str, i: usize, meta_only: bool) -> Strin
 
 // --- Calico's IPAM blocks ----------------------------------------------------------------
 
-/// Blocks of the fixed pods' IPs: 10.200.X.0/24 in four /26s, X in 0..2.
-const FIXED_BLOCKS: usize = 8;
 const BLOCK: usize = 64;
+
+/// The /26 blocks of the fixed pods' IPs (10.200.0.0 + 1 + g for fixed pod g).
+fn fixed_blocks() -> usize {
+    (fixed_pods() + 1).div_ceil(BLOCK)
+}
 
 /// The blocks of the plain pods (pod `i` is the `i % 64`-th address of block `i / 64`).
 fn plain_blocks(pods: usize) -> std::ops::Range<usize> {
@@ -497,20 +557,20 @@ fn block_json(base: [u8; 4], node: &str, owners: &[(usize, &PodShape)], meta_onl
 
 /// Block `j`: the fixed pods' blocks first, then the plain pods'.
 fn generated_block(pods: usize, j: usize, meta_only: bool) -> String {
-    if j < FIXED_BLOCKS {
-        let base = [10, 200, (j / 4) as u8, (j % 4 * BLOCK) as u8];
-        let shapes: Vec<PodShape> = (0..fixed_pods()).map(|i| pod_shape(pods, i)).collect();
+    if j < fixed_blocks() {
+        // block j holds the addresses 10.200.0.0 + 64j ..+64, fixed pod g is at + g + 1
+        let offset = j * BLOCK;
+        let base = [10, 200, (offset >> 8) as u8, (offset & 255) as u8];
+        let pods_in = offset.saturating_sub(1)..(offset + BLOCK - 1).min(fixed_pods());
+        let shapes: Vec<PodShape> = pods_in.map(|g| pod_shape(pods, g)).collect();
         let owners: Vec<(usize, &PodShape)> = shapes
             .iter()
-            .filter_map(|shape| {
-                let [_, _, c, d] = ip_octets(&shape.ip);
-                (c == base[2] && d & 0xC0 == base[3]).then_some((usize::from(d & 0x3F), shape))
-            })
+            .map(|shape| (usize::from(ip_octets(&shape.ip)[3] & 0x3F), shape))
             .collect();
         let node = owners.first().map_or("node-0", |(_, s)| s.node.as_str());
         return block_json(base, node, &owners, meta_only);
     }
-    let block = plain_blocks(pods).start + (j - FIXED_BLOCKS);
+    let block = plain_blocks(pods).start + (j - fixed_blocks());
     let first = (block * BLOCK).max(fixed_pods());
     let shapes: Vec<PodShape> = (first..((block + 1) * BLOCK).min(pods))
         .map(|i| pod_shape(pods, i))
@@ -524,10 +584,10 @@ fn generated_block(pods: usize, j: usize, meta_only: bool) -> String {
     block_json(base, node, &owners, meta_only)
 }
 
-/// The pod of the `k`-th admission of `/bench/admit`: app `fixed-(k % 100)`, IP
+/// The pod of the `k`-th admission of `/bench/admit`: app `fixed-(k % apps)`, IP
 /// 10.201.(k / 250).(k % 250 + 1).
 fn admitted_shape(pods: usize, k: usize) -> PodShape {
-    let a = k % FIXED_APPS;
+    let a = k % fixed_apps();
     let mut shape = pod_shape(pods, pods + 2_000_000 + k);
     shape.namespace = format!("ns-{}", a % NAMESPACES);
     shape.deployment = format!("fixed-{a}");
@@ -973,7 +1033,7 @@ impl Server {
     /// created carrying its IP and token, claim bound to the pod's UID.
     async fn admit(self: Arc<Self>, n: usize, interval: Duration) {
         for k in 0..n {
-            let a = k % FIXED_APPS;
+            let a = k % fixed_apps();
             let i = self.pods + 2_000_000 + k;
             let shape = admitted_shape(self.pods, k);
             let token = format!("{:032x}", 0xC1A1_0000_0000usize + a * 16 + shape.ip.len());

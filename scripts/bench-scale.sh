@@ -2,7 +2,8 @@
 # One in-cluster replica (IPClaim ledger) against a cluster of N pods, for each N given
 # (default: 5000 20000 50000 100000). The API server is examples/scale_apiserver.rs (generated
 # pods, nodes, Deployments, ReplicaSets, Calico IPAMBlocks; 100 fixed-IP apps with 350 bound
-# claims): it counts the bytes it sends. ip-webhook's own CPU comes from a cpuacct cgroup
+# claims; FIXED_APPS=A FIXED_PER_APP=P in the environment: A apps of P pods instead): it counts
+# the bytes it sends. ip-webhook's own CPU comes from a cpuacct cgroup
 # made for it (nanoseconds, all its threads, also those that ended; needs root and cgroup v1's
 # cpuacct) or else from /proc/PID/stat (10 ms steps: an admission's figure is then good to
 # +-0.2 ms), its memory from /proc/PID/status (VmHWM: peak RSS; VmRSS: now). Prints one
@@ -12,6 +13,7 @@
 #   scripts/bench-scale.sh [N ...]
 #   BIN=target/release/ip-webhook scripts/bench-scale.sh 5000 20000
 #   OPS_ONLY=1 scripts/bench-scale.sh 5000 150000
+#   FIXED_APPS=2000 FIXED_PER_APP=10 scripts/bench-scale.sh 50000
 #
 # OPS_ONLY=1 starts no replica: it runs `status` and `check --drift` against the stand-in
 # three times each and prints their peak RSS, CPU and bytes read (each cell: the three runs;
@@ -117,6 +119,7 @@ ops_only() {
     done
 }
 
+echo "fixed-IP apps: ${FIXED_APPS:-100} of ${FIXED_PER_APP:-3 or 4} pods" >&2
 declare -A ROW
 for n in "${SIZES[@]}"; do
     api=$(free_port)
@@ -162,7 +165,8 @@ EOF
     done
     ready_at=$SECONDS
     # The Lease is taken within a renew interval; the first pass follows.
-    until curl -s "http://127.0.0.1:$admin/metrics" | grep -q '^ip_webhook_leader{.*} 1'; do sleep 0.25; done
+    # (read whole before grep: `grep -q` leaving early fails a large scrape's pipe)
+    until grep -q '^ip_webhook_leader{.*} 1' <<<"$(curl -s "http://127.0.0.1:$admin/metrics")"; do sleep 0.25; done
     settle "$pid" 120
     start_cpu=$(awk -v c="$(cpu_of "$pid")" 'BEGIN{printf "%.2f", c}')
     start_bytes=$(bytes_sent "$api")

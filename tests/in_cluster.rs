@@ -1422,3 +1422,93 @@ async fn deleting_a_running_pods_ipclaim_does_not_free_its_ip() {
     .await;
     drop(live);
 }
+
+/// `status` with many claims that name their pods: one paged list of the pods carrying our
+/// label names their nodes (not a read of each pod), and a pod without the label (adopted by
+/// its list) is still read on its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_names_the_nodes_of_many_claims_from_one_list_of_our_pods() {
+    let fake = FakeApi::start();
+    let client = fake.install_crds().await;
+    let kubeconfig = fake.kubeconfig().display().to_string();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let claims: Api<IPClaim> = Api::all(client.clone());
+    let count = 80;
+    for i in 0..count {
+        let ip = format!("10.78.0.{}", i + 1);
+        // the last pod carries no label of ours: a pod its app's list adopted
+        let labels = if i + 1 == count {
+            json!({"app": "web"})
+        } else {
+            json!({"app": "web", "ip-webhook.io/allocated-ip": ip})
+        };
+        let object: Pod = serde_json::from_value(json!({
+            "metadata": {
+                "name": format!("web-{i}"), "namespace": "default", "labels": labels,
+                "annotations": {"cni.projectcalico.org/ipAddrs": format!("[\"{ip}\"]")},
+            },
+            "spec": {"nodeName": format!("node-{}", i % 3), "containers": [{"name": "c", "image": "i"}]},
+        }))
+        .unwrap();
+        let created = pods.create(&PostParams::default(), &object).await.unwrap();
+        let claim: IPClaim = serde_json::from_value(json!({
+            "apiVersion": "ip-webhook.io/v1alpha1", "kind": "IPClaim",
+            "metadata": {"name": ip},
+            "spec": {"ip": ip, "namespace": "default", "app": "web", "podName": format!("web-{i}"),
+                     "podUid": created.metadata.uid, "requestUid": format!("req-{i}"),
+                     "source": "Allocated"},
+        }))
+        .unwrap();
+        let mut stored = claims.create(&PostParams::default(), &claim).await.unwrap();
+        stored.status = Some(serde_json::from_value(json!({"phase": "Bound"})).unwrap());
+        claims
+            .replace_status(&ip, &PostParams::default(), &stored)
+            .await
+            .unwrap();
+    }
+    fake.control("/fake/requests/clear", json!({}));
+    let (ok, json, stderr) = command(
+        ["status", "-o", "json", "--kubeconfig", &kubeconfig]
+            .map(str::to_string)
+            .to_vec(),
+    )
+    .await;
+    assert!(ok, "{stderr}");
+    let report: Value = serde_json::from_str(&json).unwrap();
+    let holders = report["apps"][0]["holders"].as_array().unwrap();
+    assert_eq!(holders.len(), count, "{json}");
+    for holder in holders {
+        let ip: std::net::Ipv4Addr = holder["ip"].as_str().unwrap().parse().unwrap();
+        let i = ip.octets()[3] as usize - 1;
+        assert_eq!(holder["node"], json!(format!("node-{}", i % 3)), "{holder}");
+    }
+    let log = fake.get_json("/fake/requests");
+    let requests = log["requests"].as_array().unwrap();
+    let single_reads: Vec<&Value> = requests
+        .iter()
+        .filter(|r| r["method"] == "GET")
+        .filter(|r| {
+            r["path"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("/api/v1/namespaces/default/pods/")
+        })
+        .collect();
+    assert_eq!(
+        single_reads.len(),
+        1,
+        "only the unlabelled pod is read on its own: {single_reads:?}"
+    );
+    assert_eq!(
+        single_reads[0]["path"],
+        format!("/api/v1/namespaces/default/pods/web-{}", count - 1)
+    );
+    assert!(
+        requests.iter().any(|r| r["path"] == "/api/v1/pods"
+            && r["query"]
+                .as_str()
+                .unwrap_or("")
+                .contains("labelSelector=ip-webhook.io")),
+        "one list of the pods carrying our label: {requests:?}"
+    );
+}

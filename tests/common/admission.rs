@@ -28,14 +28,31 @@ pub fn manifest_pod_webhooks(replicas: &[&TestServer]) -> Vec<Value> {
 /// [`manifest_pod_webhooks`] with the mutating webhooks served by `mutating` and the
 /// validating ones by `validating` (to send each step of an admission to a chosen replica).
 pub fn routed_pod_webhooks(mutating: &[&TestServer], validating: &[&TestServer]) -> Vec<Value> {
+    let backend = |replica: &&TestServer| Backend {
+        addr: replica.launched.running.https_addr,
+        ca_pem: std::fs::read_to_string(replica.state_dir.path().join("ca.crt")).unwrap(),
+    };
+    served_pod_webhooks(
+        &mutating.iter().map(backend).collect::<Vec<_>>(),
+        &validating.iter().map(backend).collect::<Vec<_>>(),
+    )
+}
+
+/// One replica behind the webhooks' Service: its HTTPS address and its CA.
+pub struct Backend {
+    pub addr: std::net::SocketAddr,
+    pub ca_pem: String,
+}
+
+/// The manifest's pod webhooks served by these backends (replicas in this process or not).
+pub fn served_pod_webhooks(mutating: &[Backend], validating: &[Backend]) -> Vec<Value> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/manifests/ip-webhook.yaml");
     let text = std::fs::read_to_string(&path).unwrap();
     let mut ca_bundle = String::new();
     let mut seen = BTreeSet::new();
     for replica in mutating.iter().chain(validating) {
-        if seen.insert(replica.launched.running.https_addr) {
-            let pem = std::fs::read_to_string(replica.state_dir.path().join("ca.crt")).unwrap();
-            ca_bundle.push_str(&pem);
+        if seen.insert(replica.addr) {
+            ca_bundle.push_str(&replica.ca_pem);
         }
     }
     let mut hooks = Vec::new();
@@ -75,7 +92,7 @@ pub fn routed_pod_webhooks(mutating: &[&TestServer], validating: &[&TestServer])
             };
             let urls: Vec<String> = backends
                 .iter()
-                .map(|r| format!("https://{}{service_path}", r.launched.running.https_addr))
+                .map(|r| format!("https://{}{service_path}", r.addr))
                 .collect();
             hooks.push(json!({
                 "name": webhook["name"],

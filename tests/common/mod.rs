@@ -367,6 +367,15 @@ impl BinaryServer {
     /// that dropping the server also kills what the wrapper forked (faketime forks); a server
     /// without a wrapper stays in the test's group, where a Ctrl-C of the run reaches it.
     pub fn start_under(wrapper: &[&str], args: &[&str]) -> BinaryServer {
+        BinaryServer::spawn(wrapper, args, None)
+    }
+
+    /// [`BinaryServer::start`] with `RUST_LOG=rust_log` and its log (stderr) written to `log`.
+    pub fn start_logging(args: &[&str], rust_log: &str, log: &Path) -> BinaryServer {
+        BinaryServer::spawn(&[], args, Some((rust_log, log)))
+    }
+
+    fn spawn(wrapper: &[&str], args: &[&str], logging: Option<(&str, &Path)>) -> BinaryServer {
         let binary = std::env::var_os("IP_WEBHOOK_TEST_BINARY")
             .unwrap_or_else(|| env!("CARGO_BIN_EXE_ip-webhook").into());
         let mut command = match wrapper.split_first() {
@@ -381,13 +390,22 @@ impl BinaryServer {
         if wrapped {
             command.process_group(0);
         }
+        match logging {
+            Some((rust_log, log)) => {
+                command
+                    .env("RUST_LOG", rust_log)
+                    .stderr(std::fs::File::create(log).expect("log file"));
+            }
+            None => {
+                command.stderr(Stdio::null());
+            }
+        }
         let mut child = command
             .arg("serve")
             .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
             .args(args)
             .env_remove("KUBERNETES_SERVICE_HOST")
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
             .spawn()
             .expect("binary starts");
         let stdout = child.stdout.take().unwrap();
