@@ -5,7 +5,7 @@
 //!   event arrives);
 //! - Kube-OVN `IP` objects (`ips.kubeovn.io`) when that CRD is served;
 //! - workloads whose pod template asks for fixed IPs (fed into the
-//!   [`crate::webhook::workloads::WorkloadRegistry`], see [`watch_workloads`]).
+//!   [`crate::webhook::workloads::WorkloadRegistry`], see [`workloads`]).
 //!
 //! The allocator consults [`ForeignIps`] so that a static IP a live pod outside the ledger
 //! uses is refused, and such an IP is skipped as an allocation candidate.
@@ -17,21 +17,20 @@ use std::sync::{Arc, RwLock};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::Api;
+use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client};
 use serde_json::Value;
 
 use super::Caches;
 use crate::ipam::foreign::{ForeignIps, ForeignUse};
 use crate::ledger::text::Shared;
 use crate::metrics::{CacheKindLabels, Metrics};
-use crate::webhook::Webhook;
-use crate::webhook::workloads::{self, WORKLOAD_KINDS, WorkloadId};
 
 pub mod calico;
 mod changes;
 mod pod_watch;
+pub mod workloads;
 use changes::{Marked, touched};
 pub use pod_watch::{watch_pod_ips, watch_pods};
 
@@ -578,116 +577,6 @@ pub async fn watch_ovn_ips(api: Api<DynamicObject>, caches: Arc<Caches>, metrics
         if relisted {
             caches.mark_changed();
         }
-    }
-}
-
-/// Every workload kind into the webhook's registry, which from then on answers from the
-/// watches only (admissions no longer record into it).
-pub fn spawn_workload_watches(
-    client: &Client,
-    webhook: Arc<Webhook>,
-    caches: Arc<Caches>,
-) -> Vec<tokio::task::JoinHandle<()>> {
-    webhook.workloads.set_watched();
-    let synced: Arc<Vec<AtomicBool>> = Arc::new(
-        WORKLOAD_KINDS
-            .iter()
-            .map(|_| AtomicBool::new(false))
-            .collect(),
-    );
-    WORKLOAD_KINDS
-        .iter()
-        .enumerate()
-        .map(|(i, workload)| {
-            let resource = ApiResource::from_gvk_with_plural(
-                &GroupVersionKind::gvk(workload.group, workload.version, workload.kind),
-                workload.plural,
-            );
-            let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
-            tokio::spawn(watch_workloads(
-                api,
-                workload.kind,
-                webhook.clone(),
-                caches.clone(),
-                synced.clone(),
-                i,
-            ))
-        })
-        .collect()
-}
-
-/// One workload kind into the registry: `(id, app, list)` of each workload that lists IPs.
-async fn watch_workloads(
-    api: Api<DynamicObject>,
-    kind: &'static str,
-    webhook: Arc<Webhook>,
-    caches: Arc<Caches>,
-    synced: Arc<Vec<AtomicBool>>,
-    slot: usize,
-) {
-    let all_synced = || {
-        synced[slot].store(true, Ordering::SeqCst);
-        if synced.iter().all(|s| s.load(Ordering::SeqCst))
-            && !caches
-                .cluster_ips
-                .workloads_synced
-                .swap(true, Ordering::SeqCst)
-        {
-            caches.mark_changed();
-        }
-    };
-    let app_label = webhook.settings.app_label.clone();
-    let gauge = webhook
-        .metrics
-        .cache_objects
-        .get_or_create_owned(&CacheKindLabels { kind: "workload" });
-    let id_of = |object: &DynamicObject| WorkloadId {
-        kind: kind.to_string(),
-        namespace: object.metadata.namespace.clone().unwrap_or_default(),
-        name: object.metadata.name.clone().unwrap_or_default(),
-    };
-    let mut pending: Option<Vec<workloads::Listing>> = None;
-    let stream = watcher(api, watcher::Config::default()).default_backoff();
-    let mut stream = std::pin::pin!(stream);
-    while let Some(item) = stream.next().await {
-        let registry = &webhook.workloads;
-        // not served (404) is an answer: there is nothing of that kind to know
-        match &item {
-            Err(error) if status_code(error) != Some(404) => caches.health.failed(kind),
-            _ => caches.health.ok(kind),
-        }
-        match item {
-            Ok(watcher::Event::Init) => pending = Some(Vec::new()),
-            Ok(watcher::Event::InitApply(object)) => {
-                if let (Some(pending), Some(listing)) = (
-                    pending.as_mut(),
-                    workloads::listing_of(kind, &object, &app_label),
-                ) {
-                    pending.push(listing);
-                }
-            }
-            Ok(watcher::Event::InitDone) => {
-                registry.replace_kind(kind, pending.take().unwrap_or_default());
-                all_synced();
-            }
-            Ok(watcher::Event::Apply(object)) => {
-                match workloads::listing_of(kind, &object, &app_label) {
-                    Some(listing) => {
-                        registry.record(listing.id, listing.app, &listing.set);
-                        // a list may now cover a running pod: the reconciler looks again
-                        caches.mark_changed();
-                    }
-                    None => registry.forget(&id_of(&object)),
-                }
-            }
-            Ok(watcher::Event::Delete(object)) => registry.forget(&id_of(&object)),
-            Err(error) if status_code(&error) == Some(404) => {
-                // Not served (an API server without this group): nothing to know.
-                all_synced();
-            }
-            Err(error) => tracing::warn!(%error, watch = kind, "workload watch error; retrying"),
-        }
-        gauge.set(registry.len() as i64);
     }
 }
 

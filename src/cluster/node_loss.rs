@@ -202,6 +202,22 @@ pub struct NodeLoss {
 pub const PERIOD: Duration = Duration::from_secs(1);
 
 impl NodeLoss {
+    /// The leader's tasks: its watch of Nodes into [`NodeLoss::nodes`] (only the leader
+    /// releases on node loss, so only the leader watches Nodes; forgotten when it stops
+    /// leading), and this releaser, a pass every [`PERIOD`].
+    pub fn spawn(self, leading: &watch::Receiver<bool>) -> Vec<tokio::task::JoinHandle<()>> {
+        let (api, nodes): (Api<Node>, _) = (Api::all(self.pods.clone()), self.nodes.clone());
+        let watch = tokio::spawn(super::lease::while_leading(
+            leading.clone(),
+            move || watch_nodes(api.clone(), nodes.clone()),
+            {
+                let nodes = self.nodes.clone();
+                move || nodes.forget()
+            },
+        ));
+        vec![watch, tokio::spawn(self.run(leading.clone(), PERIOD))]
+    }
+
     /// Run until aborted: a pass every `every` while this replica leads and the node and
     /// pod indexes have synced.
     pub async fn run(self, leading: watch::Receiver<bool>, every: Duration) {

@@ -41,6 +41,41 @@ pub struct Reconciler {
 const SETTLE: Duration = Duration::from_millis(200);
 
 impl Reconciler {
+    /// The leader's reconciler over the watches' `caches` and the primary interface's
+    /// `allocator`, adopting running pods' IPs into `lists`; its executor writes through
+    /// `client`, asks `vms` before a VM's claim is dropped and reports Events as this
+    /// replica's Lease identity.
+    pub fn new(
+        client: Client,
+        caches: Arc<Caches>,
+        allocator: Arc<Allocator>,
+        lists: Arc<dyn super::app_lists::AppLists>,
+        metrics: Arc<crate::metrics::Metrics>,
+        options: ClusterOptions,
+        vms: Arc<super::virtual_machines::VmDirectory>,
+    ) -> Reconciler {
+        let identity = options.lease.identity.clone();
+        Reconciler {
+            client: client.clone(),
+            caches,
+            allocator,
+            executor: super::executor::Executor {
+                claims: Api::all(client.clone()),
+                pools: Api::all(client.clone()),
+                pods: Api::all(client.clone()),
+                vms,
+                recorder: super::events::recorder(client, Some(identity)),
+                metrics,
+                reported_duplicates: Default::default(),
+            },
+            options,
+            lists: Some(lists),
+            view: Default::default(),
+            started: tokio::time::Instant::now(),
+            listed_seen: Default::default(),
+        }
+    }
+
     pub async fn run(self, mut leading: watch::Receiver<bool>, ready: Arc<AtomicBool>) {
         while !self.caches.synced() {
             self.caches.changes().await;
