@@ -204,7 +204,7 @@ impl Reconciler {
         &self,
         full: bool,
         lists: &dyn super::app_lists::AppLists,
-    ) -> Vec<Arc<super::index::SlimPod>> {
+    ) -> Vec<Arc<super::index::RunningPod>> {
         let index = &self.caches.cluster_ips;
         let marked = index.take_marked();
         let released = lock(&self.view).take_released();
@@ -217,7 +217,7 @@ impl Reconciler {
         };
         let (mut pods, every) = match marked {
             Some(uids) if !full && !lists_changed => {
-                let mut pods: Vec<Arc<super::index::SlimPod>> =
+                let mut pods: Vec<Arc<super::index::RunningPod>> =
                     uids.iter().filter_map(|uid| index.pod(uid)).collect();
                 pods.extend(released.iter().filter_map(|ip| index.pod_on(ip)));
                 (pods, !released.is_empty())
@@ -239,7 +239,7 @@ impl Reconciler {
         &self,
         every: bool,
         lists: &dyn super::app_lists::AppLists,
-    ) -> Vec<Arc<super::index::SlimPod>> {
+    ) -> Vec<Arc<super::index::RunningPod>> {
         let index = &self.caches.cluster_ips;
         let changed = index.take_listed_calico_changes();
         if !index.uses_calico_ipam() || changed.as_ref().is_some_and(|c| !every && c.is_empty()) {
@@ -257,7 +257,7 @@ impl Reconciler {
             match api.get_opt(&held.pod).await {
                 Ok(Some(pod)) => {
                     let slim =
-                        super::index::SlimPod::from_pod_labelled(&pod, &self.options.app_label);
+                        super::index::RunningPod::from_pod_labelled(&pod, &self.options.app_label);
                     found.extend(slim.filter(|s| s.ips.contains(&held.ip)).map(Arc::new));
                 }
                 Ok(None) => {}
