@@ -11,7 +11,7 @@ use std::hint::black_box;
 use std::net::{IpAddr, Ipv4Addr};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use ip_webhook::cluster::index::{ClusterIps, SlimPod};
+use ip_webhook::cluster::index::{ClusterIps, RunningPod};
 use ip_webhook::ipam::foreign::ForeignIps;
 use k8s_openapi::api::core::v1::Pod;
 
@@ -50,9 +50,9 @@ fn resident_bytes() -> u64 {
     pages * 4096
 }
 
-fn slim_pods() -> Vec<SlimPod> {
+fn slim_pods() -> Vec<RunningPod> {
     (0..PODS)
-        .map(|i| SlimPod::from_pod(&full_pod(i)).expect("a running pod"))
+        .map(|i| RunningPod::from_pod(&full_pod(i)).expect("a running pod"))
         .collect()
 }
 

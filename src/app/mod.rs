@@ -388,7 +388,8 @@ pub async fn launch(config: &ServeConfig) -> anyhow::Result<Launched> {
     let pod_lookup: Option<Arc<dyn PodLookup>> = pods_client.clone().map(|client| {
         Arc::new(PodDirectory::of_interface(
             client,
-            &webhook.settings,
+            &webhook.settings.app_label,
+            &webhook.settings.kubevirt,
             crate::ledger::network::Interface::Primary,
         )) as Arc<dyn PodLookup>
     });
@@ -428,7 +429,8 @@ fn release_timers(
             let lookup = pods_client.clone().map(|client| {
                 Arc::new(PodDirectory::of_interface(
                     client,
-                    &webhook.settings,
+                    &webhook.settings.app_label,
+                    &webhook.settings.kubevirt,
                     interface,
                 )) as Arc<dyn PodLookup>
             });
@@ -490,13 +492,13 @@ fn start_cluster(
     if let Some(api_server) = api_server {
         return Some(crate::cluster::start(
             api_server.watches,
-            webhook.clone(),
+            webhook,
             ready.clone(),
             options,
         ));
     }
     ready.store(true, std::sync::atomic::Ordering::SeqCst);
-    pod_api.map(|client| crate::cluster::start_sweeper(client, webhook.clone(), options))
+    pod_api.map(|client| crate::cluster::start_sweeper(client, webhook, options))
 }
 
 /// `serve`: run until SIGTERM or SIGINT, then drain and flush.

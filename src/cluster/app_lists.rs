@@ -2,6 +2,10 @@
 //! reconciler's plans (`reconcile.rs`, list adoptions) both ask it.
 
 use std::net::IpAddr;
+use std::sync::Arc;
+
+use crate::ipam::allocator::Allocator;
+use crate::webhook::workloads::WorkloadRegistry;
 
 /// Which app (`namespace/app`) lists an IP: in-cluster, the watched workloads' pod templates
 /// (the same on every replica).
@@ -23,7 +27,7 @@ pub trait AppLists: Send + Sync {
     }
 }
 
-impl AppLists for crate::webhook::workloads::WorkloadRegistry {
+impl AppLists for WorkloadRegistry {
     fn sole_app_listing(&self, ip: IpAddr) -> Option<String> {
         let mut apps = self.apps_listing(ip);
         if apps.len() == 1 { apps.pop() } else { None }
@@ -34,7 +38,14 @@ impl AppLists for crate::webhook::workloads::WorkloadRegistry {
     }
 }
 
-impl AppLists for crate::webhook::Webhook {
+/// The apps' lists in-cluster: the watched workloads' lists, with the primary interface's
+/// claims to tell a pod that already holds its listed IP.
+pub struct WorkloadLists {
+    pub workloads: Arc<WorkloadRegistry>,
+    pub allocator: Arc<Allocator>,
+}
+
+impl AppLists for WorkloadLists {
     fn sole_app_listing(&self, ip: IpAddr) -> Option<String> {
         self.workloads.sole_app_listing(ip)
     }

@@ -153,3 +153,26 @@ fn note(log: &Mutex<CacheChanges>, key: Option<&str>) {
         None => log.note_all(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_wakeup_for_a_change_a_pass_already_saw_is_told_apart() {
+        let caches = Caches::default();
+        assert!(!caches.take_unseen_change());
+        // a burst of changes: one permit, one unseen change
+        caches.mark_changed();
+        caches.mark_changed();
+        // the pass starts (and so sees them) before the loop waits again
+        assert!(caches.take_unseen_change());
+        // the permit the burst left wakes the loop at once, with nothing new to see
+        tokio::time::timeout(Duration::from_secs(1), caches.changes())
+            .await
+            .expect("the permit wakes the loop");
+        assert!(!caches.take_unseen_change(), "no second pass for it");
+        caches.mark_changed();
+        assert!(caches.take_unseen_change(), "a later change is seen");
+    }
+}

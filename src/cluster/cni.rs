@@ -16,12 +16,12 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 
 use super::lease::LeaderTicks;
+use super::parts::Offered;
 use super::watches::{Change, Mirror};
 use super::{Caches, lock};
 use crate::admission::annotations::CniObject;
 use crate::ipam::ipset::{IpRange, IpSet, parse_ip};
-use crate::webhook::Webhook;
-use crate::webhook::cni_pools::{CalicoPool, OvnSubnet};
+use crate::webhook::cni_pools::{CalicoPool, NetworkRegistry, OvnSubnet};
 
 /// The IPReservation ip-webhook keeps (remove it by hand after uninstalling).
 pub const RESERVATION_NAME: &str = "ip-webhook-fixed-ips";
@@ -144,7 +144,7 @@ fn apply_change<T>(
 }
 
 /// Calico IPPools into the registry; the Calico checks start once the first list is in.
-pub async fn watch_calico_pools(api: Api<DynamicObject>, webhook: Arc<Webhook>) {
+pub async fn watch_calico_pools(api: Api<DynamicObject>, networks: Arc<NetworkRegistry>) {
     let mut mirror = Mirror::new();
     let mut known = HashSet::new();
     watch_objects(api, "calico ippools", |event| {
@@ -154,7 +154,6 @@ pub async fn watch_calico_pools(api: Api<DynamicObject>, webhook: Arc<Webhook>) 
                 .inspect_err(|error| tracing::warn!(%error, "ignoring a Calico IPPool"))
                 .ok()
         });
-        let networks = &webhook.networks;
         if apply_change(
             &mut known,
             change,
@@ -199,7 +198,7 @@ fn reserved_cidrs(object: &DynamicObject) -> (Vec<String>, IpSet) {
 /// skips, and ip-webhook's own one is remembered for the keeper.
 pub async fn watch_calico_reservations(
     api: Api<DynamicObject>,
-    webhook: Arc<Webhook>,
+    networks: Arc<NetworkRegistry>,
     state: Arc<ReservationState>,
 ) {
     let mut mirror = Mirror::new();
@@ -220,7 +219,7 @@ pub async fn watch_calico_reservations(
             Change::Nothing => return,
         }
         *lock(&state.ours) = all.get(RESERVATION_NAME).map(|(raw, _)| raw.clone());
-        webhook.networks.set_calico_reserved(
+        networks.set_calico_reserved(
             all.values()
                 .fold(IpSet::default(), |union, (_, set)| union.union(set)),
         );
@@ -229,7 +228,7 @@ pub async fn watch_calico_reservations(
 }
 
 /// Kube-OVN Subnets into the registry; the Kube-OVN checks start once the first list is in.
-pub async fn watch_subnets(api: Api<DynamicObject>, webhook: Arc<Webhook>) {
+pub async fn watch_subnets(api: Api<DynamicObject>, networks: Arc<NetworkRegistry>) {
     let mut mirror = Mirror::new();
     let mut known = HashSet::new();
     watch_objects(api, "kube-ovn subnets", |event| {
@@ -239,7 +238,6 @@ pub async fn watch_subnets(api: Api<DynamicObject>, webhook: Arc<Webhook>) {
                 .inspect_err(|error| tracing::warn!(%error, "ignoring a Kube-OVN Subnet"))
                 .ok()
         });
-        let networks = &webhook.networks;
         if apply_change(
             &mut known,
             change,
@@ -252,15 +250,9 @@ pub async fn watch_subnets(api: Api<DynamicObject>, webhook: Arc<Webhook>) {
     .await
 }
 
-/// Every IP ip-webhook may hand out (all IPPools' usable IPs and every admitted workload's
-/// list) as the fewest CIDRs.
-pub fn desired_reservation(webhook: &Webhook) -> Vec<String> {
-    let pools = webhook.pools.load();
-    let all = pools
-        .iter()
-        .fold(webhook.workloads.listed(), |union, pool| {
-            union.union(&pool.usable)
-        });
+/// Every IP ip-webhook may hand out ([`Offered`]) as the fewest CIDRs.
+pub fn desired_reservation(offered: &Offered) -> Vec<String> {
+    let all = offered.ips();
     all.to_cidrs().iter().map(ToString::to_string).collect()
 }
 
@@ -269,7 +261,7 @@ pub fn desired_reservation(webhook: &Webhook) -> Vec<String> {
 /// Nothing happens until the IPReservation CRD is known to be served and the IPPools synced.
 pub async fn keep_reservation(
     api: Api<DynamicObject>,
-    webhook: Arc<Webhook>,
+    offered: Offered,
     caches: Arc<Caches>,
     state: Arc<ReservationState>,
     leading: watch::Receiver<bool>,
@@ -278,7 +270,7 @@ pub async fn keep_reservation(
     let mut ticks = LeaderTicks::new(every, leading);
     loop {
         ticks.next(|| state.served() && caches.synced()).await;
-        let desired = desired_reservation(&webhook);
+        let desired = desired_reservation(&offered);
         let current = state.ours();
         let result = match current {
             Some(current) if current == desired => continue,

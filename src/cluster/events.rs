@@ -19,15 +19,20 @@ pub struct KubeEvents {
 impl KubeEvents {
     pub fn new(client: Client, instance: Option<String>) -> KubeEvents {
         KubeEvents {
-            recorder: Recorder::new(
-                client,
-                Reporter {
-                    controller: "ip-webhook".into(),
-                    instance,
-                },
-            ),
+            recorder: recorder(client, instance),
         }
     }
+}
+
+/// Events reported as ip-webhook's, from `instance` (this replica's Lease identity, in-cluster).
+pub fn recorder(client: Client, instance: Option<String>) -> Recorder {
+    Recorder::new(
+        client,
+        Reporter {
+            controller: "ip-webhook".into(),
+            instance,
+        },
+    )
 }
 
 /// The Event reason for a refusal worth telling the owner about.

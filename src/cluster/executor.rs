@@ -268,7 +268,7 @@ impl Executor {
         let Some(live) = live.filter(|l| l.metadata.uid.as_deref() == Some(&pod.uid)) else {
             return Ok(false);
         };
-        let still = super::index::SlimPod::from_pod(&live).is_some_and(|s| s.ips.contains(&ip));
+        let still = super::index::RunningPod::from_pod(&live).is_some_and(|s| s.ips.contains(&ip));
         if !still || live.metadata.deletion_timestamp.is_some() {
             return Ok(false);
         }

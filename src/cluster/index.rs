@@ -1,11 +1,11 @@
 //! Watch-fed indexes of what the cluster itself says is in use, the same on every replica:
 //!
-//! - the IPs pods actually run on (`status.podIPs`), kept as a [`SlimPod`] each (namespace,
+//! - the IPs pods actually run on (`status.podIPs`), kept as a [`RunningPod`] each (namespace,
 //!   name, UID, node, IPs, deletion time, controller kind; everything else is dropped as the
 //!   event arrives);
 //! - Kube-OVN `IP` objects (`ips.kubeovn.io`) when that CRD is served;
 //! - workloads whose pod template asks for fixed IPs (fed into the
-//!   [`crate::webhook::workloads::WorkloadRegistry`], see [`watch_workloads`]).
+//!   [`crate::webhook::workloads::WorkloadRegistry`], see [`workloads`]).
 //!
 //! The allocator consults [`ForeignIps`] so that a static IP a live pod outside the ledger
 //! uses is refused, and such an IP is skipped as an allocation candidate.
@@ -17,27 +17,27 @@ use std::sync::{Arc, RwLock};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::Api;
+use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client};
 use serde_json::Value;
 
 use super::Caches;
 use crate::ipam::foreign::{ForeignIps, ForeignUse};
 use crate::ledger::text::Shared;
 use crate::metrics::{CacheKindLabels, Metrics};
-use crate::webhook::Webhook;
-use crate::webhook::workloads::{self, WORKLOAD_KINDS, WorkloadId};
 
 pub mod calico;
 mod changes;
 mod pod_watch;
+pub mod workloads;
 use changes::{Marked, touched};
 pub use pod_watch::{watch_pod_ips, watch_pods};
 
-/// A pod as the IP index keeps it.
+/// A pod that runs on IPs of its own (`status.podIPs`), as the pod-IP index keeps every such
+/// pod of the cluster: where it runs, and the little the index's readers ask of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SlimPod {
+pub struct RunningPod {
     /// Interned, as `node` and `app`: many pods carry each alike, and the index holds every
     /// running pod of the cluster.
     pub namespace: Shared,
@@ -62,15 +62,15 @@ pub struct SlimPod {
     pub vm: Option<Shared>,
 }
 
-impl SlimPod {
-    /// The slim form of a pod that runs on IPs of its own: not host-network, not finished,
+impl RunningPod {
+    /// The pod, when it runs on IPs of its own: not host-network, not finished,
     /// with `status.podIPs` (or `status.podIP`) set. `None` otherwise.
-    pub fn from_pod(pod: &Pod) -> Option<SlimPod> {
-        SlimPod::from_pod_labelled(pod, "app")
+    pub fn from_pod(pod: &Pod) -> Option<RunningPod> {
+        RunningPod::from_pod_labelled(pod, "app")
     }
 
-    /// [`SlimPod::from_pod`], reading the app from the label `app_label`.
-    pub fn from_pod_labelled(pod: &Pod, app_label: &str) -> Option<SlimPod> {
+    /// [`RunningPod::from_pod`], reading the app from the label `app_label`.
+    pub fn from_pod_labelled(pod: &Pod, app_label: &str) -> Option<RunningPod> {
         let spec = pod.spec.as_ref();
         if spec.and_then(|s| s.host_network) == Some(true) {
             return None;
@@ -94,7 +94,7 @@ impl SlimPod {
             return None;
         }
         let meta = &pod.metadata;
-        Some(SlimPod {
+        Some(RunningPod {
             namespace: meta.namespace.as_deref().unwrap_or("").into(),
             name: meta.name.as_deref().unwrap_or("").into(),
             uid: meta.uid.as_deref()?.into(),
@@ -194,7 +194,7 @@ trait HasIps {
     fn ips(&self) -> &[IpAddr];
 }
 
-impl HasIps for SlimPod {
+impl HasIps for RunningPod {
     fn ips(&self) -> &[IpAddr] {
         &self.ips
     }
@@ -274,7 +274,7 @@ type PodName = (Shared, Box<str>);
 pub struct ClusterIps {
     /// Every pod running on IPs of its own; with [`Self::uses_calico_ipam`], only the pods
     /// carrying our label.
-    pods: RwLock<Books<SlimPod>>,
+    pods: RwLock<Books<RunningPod>>,
     ovn: RwLock<Books<OvnIp>>,
     /// Calico's `IPAMBlock`s by name, when they are the source of other pods' IPs.
     calico: RwLock<Books<calico::IpamBlock>>,
@@ -301,7 +301,7 @@ pub struct ClusterIps {
     marked: std::sync::Mutex<Marked>,
     /// The indexed pods that are Terminating, kept beside the index so that node-loss release
     /// (every second on the leader) does not visit every pod.
-    terminating: RwLock<BTreeMap<Box<str>, Arc<SlimPod>>>,
+    terminating: RwLock<BTreeMap<Box<str>, Arc<RunningPod>>>,
 }
 
 fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
@@ -351,17 +351,17 @@ impl ClusterIps {
     }
 
     /// The indexed pod with this UID (running on IPs of its own, not finished).
-    pub fn pod(&self, uid: &str) -> Option<Arc<SlimPod>> {
+    pub fn pod(&self, uid: &str) -> Option<Arc<RunningPod>> {
         read(&self.pods).by_key.get(uid).cloned()
     }
 
     /// The indexed pod running on `ip`, if one is.
-    pub fn pod_on(&self, ip: &IpAddr) -> Option<Arc<SlimPod>> {
+    pub fn pod_on(&self, ip: &IpAddr) -> Option<Arc<RunningPod>> {
         read(&self.pods).by_ip.get(ip).cloned()
     }
 
     /// Every indexed pod.
-    pub fn pods(&self) -> Vec<Arc<SlimPod>> {
+    pub fn pods(&self) -> Vec<Arc<RunningPod>> {
         read(&self.pods).by_key.values().cloned().collect()
     }
 
@@ -374,7 +374,7 @@ impl ClusterIps {
     }
 
     /// Every indexed pod that is Terminating (deletionTimestamp set).
-    pub fn terminating_pods(&self) -> Vec<Arc<SlimPod>> {
+    pub fn terminating_pods(&self) -> Vec<Arc<RunningPod>> {
         read(&self.terminating).values().cloned().collect()
     }
 
@@ -404,7 +404,7 @@ impl ClusterIps {
     }
 
     /// Build the pod index from a list in one go (benchmarks, tests).
-    pub fn set_pods(&self, pods: Vec<SlimPod>) {
+    pub fn set_pods(&self, pods: Vec<RunningPod>) {
         let all = pods.into_iter().map(|p| (p.uid.clone(), p)).collect();
         write(&self.pods).replace(all);
         self.rebuild_terminating();
@@ -413,7 +413,7 @@ impl ClusterIps {
 }
 
 /// A watch event's object, already slimmed: the key, and the value when it still counts.
-pub struct SlimOrGone<T = SlimPod> {
+pub struct SlimOrGone<T = RunningPod> {
     pub key: Box<str>,
     pub value: Option<T>,
 }
@@ -581,116 +581,6 @@ pub async fn watch_ovn_ips(api: Api<DynamicObject>, caches: Arc<Caches>, metrics
     }
 }
 
-/// Every workload kind into the webhook's registry, which from then on answers from the
-/// watches only (admissions no longer record into it).
-pub fn spawn_workload_watches(
-    client: &Client,
-    webhook: Arc<Webhook>,
-    caches: Arc<Caches>,
-) -> Vec<tokio::task::JoinHandle<()>> {
-    webhook.workloads.set_watched();
-    let synced: Arc<Vec<AtomicBool>> = Arc::new(
-        WORKLOAD_KINDS
-            .iter()
-            .map(|_| AtomicBool::new(false))
-            .collect(),
-    );
-    WORKLOAD_KINDS
-        .iter()
-        .enumerate()
-        .map(|(i, workload)| {
-            let resource = ApiResource::from_gvk_with_plural(
-                &GroupVersionKind::gvk(workload.group, workload.version, workload.kind),
-                workload.plural,
-            );
-            let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
-            tokio::spawn(watch_workloads(
-                api,
-                workload.kind,
-                webhook.clone(),
-                caches.clone(),
-                synced.clone(),
-                i,
-            ))
-        })
-        .collect()
-}
-
-/// One workload kind into the registry: `(id, app, list)` of each workload that lists IPs.
-async fn watch_workloads(
-    api: Api<DynamicObject>,
-    kind: &'static str,
-    webhook: Arc<Webhook>,
-    caches: Arc<Caches>,
-    synced: Arc<Vec<AtomicBool>>,
-    slot: usize,
-) {
-    let all_synced = || {
-        synced[slot].store(true, Ordering::SeqCst);
-        if synced.iter().all(|s| s.load(Ordering::SeqCst))
-            && !caches
-                .cluster_ips
-                .workloads_synced
-                .swap(true, Ordering::SeqCst)
-        {
-            caches.mark_changed();
-        }
-    };
-    let app_label = webhook.settings.app_label.clone();
-    let gauge = webhook
-        .metrics
-        .cache_objects
-        .get_or_create_owned(&CacheKindLabels { kind: "workload" });
-    let id_of = |object: &DynamicObject| WorkloadId {
-        kind: kind.to_string(),
-        namespace: object.metadata.namespace.clone().unwrap_or_default(),
-        name: object.metadata.name.clone().unwrap_or_default(),
-    };
-    let mut pending: Option<Vec<workloads::Listing>> = None;
-    let stream = watcher(api, watcher::Config::default()).default_backoff();
-    let mut stream = std::pin::pin!(stream);
-    while let Some(item) = stream.next().await {
-        let registry = &webhook.workloads;
-        // not served (404) is an answer: there is nothing of that kind to know
-        match &item {
-            Err(error) if status_code(error) != Some(404) => caches.health.failed(kind),
-            _ => caches.health.ok(kind),
-        }
-        match item {
-            Ok(watcher::Event::Init) => pending = Some(Vec::new()),
-            Ok(watcher::Event::InitApply(object)) => {
-                if let (Some(pending), Some(listing)) = (
-                    pending.as_mut(),
-                    workloads::listing_of(kind, &object, &app_label),
-                ) {
-                    pending.push(listing);
-                }
-            }
-            Ok(watcher::Event::InitDone) => {
-                registry.replace_kind(kind, pending.take().unwrap_or_default());
-                all_synced();
-            }
-            Ok(watcher::Event::Apply(object)) => {
-                match workloads::listing_of(kind, &object, &app_label) {
-                    Some(listing) => {
-                        registry.record(listing.id, listing.app, &listing.set);
-                        // a list may now cover a running pod: the reconciler looks again
-                        caches.mark_changed();
-                    }
-                    None => registry.forget(&id_of(&object)),
-                }
-            }
-            Ok(watcher::Event::Delete(object)) => registry.forget(&id_of(&object)),
-            Err(error) if status_code(&error) == Some(404) => {
-                // Not served (an API server without this group): nothing to know.
-                all_synced();
-            }
-            Err(error) => tracing::warn!(%error, watch = kind, "workload watch error; retrying"),
-        }
-        gauge.set(registry.len() as i64);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -710,14 +600,16 @@ mod tests {
             "spec": {"nodeName": "n1", "containers": []},
             "status": {"phase": "Running", "podIP": "10.98.0.5", "podIPs": [{"ip": "10.98.0.5"}, {"ip": "fd00::5"}]},
         }));
-        let slim = SlimPod::from_pod(&running).unwrap();
+        let slim = RunningPod::from_pod(&running).unwrap();
         assert_eq!(&*slim.name, "legacy-0");
         assert_eq!(&*slim.node, "n1");
         assert_eq!(&*slim.app, "");
         let mut labelled = running.clone();
         labelled.metadata.labels = Some([("team".to_string(), "legacy".to_string())].into());
         assert_eq!(
-            &*SlimPod::from_pod_labelled(&labelled, "team").unwrap().app,
+            &*RunningPod::from_pod_labelled(&labelled, "team")
+                .unwrap()
+                .app,
             "legacy"
         );
         assert_eq!(&*slim.ips, &[ip("10.98.0.5"), ip("fd00::5")]);
@@ -726,23 +618,23 @@ mod tests {
             "spec": {"hostNetwork": true, "containers": []},
             "status": {"podIP": "192.168.0.1"},
         }));
-        assert_eq!(SlimPod::from_pod(&host), None);
+        assert_eq!(RunningPod::from_pod(&host), None);
         let done = pod(serde_json::json!({
             "metadata": {"name": "d", "namespace": "default", "uid": "u3"},
             "status": {"phase": "Succeeded", "podIP": "10.98.0.6"},
         }));
-        assert_eq!(SlimPod::from_pod(&done), None);
+        assert_eq!(RunningPod::from_pod(&done), None);
         let pending = pod(serde_json::json!({
             "metadata": {"name": "p", "namespace": "default", "uid": "u4"},
             "status": {"phase": "Pending"},
         }));
-        assert_eq!(SlimPod::from_pod(&pending), None);
+        assert_eq!(RunningPod::from_pod(&pending), None);
     }
 
     #[test]
     fn a_pod_and_its_kube_ovn_ip_object_are_named_together() {
         let index = ClusterIps::default();
-        index.set_pods(vec![SlimPod {
+        index.set_pods(vec![RunningPod {
             namespace: "default".into(),
             name: "static-7584848b74-fw9dm".into(),
             uid: "u1".into(),
@@ -785,8 +677,8 @@ mod tests {
         );
     }
 
-    fn slim(uid: &str, app: &str, addr: &str, deleting: bool) -> SlimPod {
-        SlimPod {
+    fn slim(uid: &str, app: &str, addr: &str, deleting: bool) -> RunningPod {
+        RunningPod {
             namespace: "ns".into(),
             name: uid.into(),
             uid: uid.into(),
@@ -858,7 +750,7 @@ mod tests {
                 .collect()
         };
         assert_eq!(uids(&index), ["a"]);
-        let apply = |pod: SlimPod| {
+        let apply = |pod: RunningPod| {
             watcher::Event::Apply(SlimOrGone {
                 key: pod.uid.clone(),
                 value: Some(pod),
@@ -885,7 +777,7 @@ mod tests {
         let mut relist = Relist { pending: None };
         let slim = |uid: &str, addr: &str| SlimOrGone {
             key: uid.into(),
-            value: Some(SlimPod {
+            value: Some(RunningPod {
                 namespace: "ns".into(),
                 name: uid.into(),
                 uid: uid.into(),
@@ -931,7 +823,7 @@ mod tests {
     #[test]
     fn pods_sharing_an_ip_are_all_kept_and_one_going_leaves_the_others() {
         let index = ClusterIps::default();
-        let at = |uid: &str, addr: &str, created_at: u64, deleting_at: Option<u64>| SlimPod {
+        let at = |uid: &str, addr: &str, created_at: u64, deleting_at: Option<u64>| RunningPod {
             namespace: "default".into(),
             name: uid.into(),
             uid: uid.into(),
@@ -944,7 +836,7 @@ mod tests {
             app: "".into(),
             vm: None,
         };
-        let apply = |pod: SlimPod| {
+        let apply = |pod: RunningPod| {
             index.pod_event(watcher::Event::Apply(SlimOrGone {
                 key: pod.uid.clone(),
                 value: Some(pod),

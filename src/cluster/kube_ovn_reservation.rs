@@ -23,10 +23,10 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 
 use super::lease::LeaderTicks;
+use super::parts::Offered;
 use super::watches::{Change, Mirror, drive};
 use super::{Caches, lock};
 use crate::ipam::ipset::{IpRange, IpSet, ip_key};
-use crate::webhook::Webhook;
 use crate::webhook::cni_pools::{KUBE_OVN_GROUP, OvnSubnet};
 
 /// Our IPPools are named this plus the Subnet's name.
@@ -211,14 +211,32 @@ pub async fn watch_pools(api: Api<DynamicObject>, state: Arc<OvnReservationState
     .await
 }
 
-/// Every IP ip-webhook may hand out: all pools' usable IPs and every admitted workload's list.
-fn wanted(webhook: &Webhook) -> IpSet {
-    let pools = webhook.pools.load();
-    pools
-        .iter()
-        .fold(webhook.workloads.listed(), |union, pool| {
-            union.union(&pool.usable)
-        })
+/// The keeper's tasks: the watches of Kube-OVN Subnets and IPPools, and the leader's
+/// [`keep_pools`] over them and `offered`, looking every `every`.
+pub fn spawn(
+    client: &kube::Client,
+    offered: Offered,
+    caches: Arc<Caches>,
+    leading: &watch::Receiver<bool>,
+    every: Duration,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let state = Arc::new(OvnReservationState::default());
+    let pools = Api::all_with(client.clone(), &kube_ovn_ippools());
+    vec![
+        tokio::spawn(watch_subnets(
+            Api::all_with(client.clone(), &super::cni::kube_ovn_subnets()),
+            state.clone(),
+        )),
+        tokio::spawn(watch_pools(pools.clone(), state.clone())),
+        tokio::spawn(keep_pools(
+            pools,
+            offered,
+            caches,
+            state,
+            leading.clone(),
+            every,
+        )),
+    ]
 }
 
 /// The leader keeps our IPPools equal to [`desired_pools`]: created, patched (grown or shrunk)
@@ -226,7 +244,7 @@ fn wanted(webhook: &Webhook) -> IpSet {
 /// the IPPools and our own caches have synced.
 pub async fn keep_pools(
     api: Api<DynamicObject>,
-    webhook: Arc<Webhook>,
+    offered: Offered,
     caches: Arc<Caches>,
     state: Arc<OvnReservationState>,
     leading: watch::Receiver<bool>,
@@ -235,13 +253,13 @@ pub async fn keep_pools(
     let mut ticks = LeaderTicks::new(every, leading);
     loop {
         ticks.next(|| state.synced() && caches.synced()).await;
-        sync_once(&api, &webhook, &state).await;
+        sync_once(&api, &offered, &state).await;
     }
 }
 
-async fn sync_once(api: &Api<DynamicObject>, webhook: &Webhook, state: &OvnReservationState) {
+async fn sync_once(api: &Api<DynamicObject>, offered: &Offered, state: &OvnReservationState) {
     let current = lock(&state.pools).clone();
-    let desired = desired_pools(&wanted(webhook), &lock(&state.subnets), &current);
+    let desired = desired_pools(&offered.ips(), &lock(&state.subnets), &current);
     let mut keep: HashSet<&str> = HashSet::new();
     for (name, (subnet, ips)) in &desired {
         keep.insert(name);

@@ -18,6 +18,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::ledger::kubernetes::is_status;
+use crate::metrics::{LeaseLabels, Metrics};
 
 #[derive(Debug, Clone)]
 pub struct LeaseSettings {
@@ -180,7 +181,6 @@ pub async fn release(api: &Api<Lease>, settings: &LeaseSettings) -> Result<bool,
     }
 }
 
-/// Run rounds forever, publishing whether we lead.
 /// The clock of a leader-only keeper: [`LeaderTicks::next`] returns every `every` while this
 /// replica leads and the keeper's inputs are ready, and skips the ticks in between.
 pub struct LeaderTicks {
@@ -206,6 +206,7 @@ impl LeaderTicks {
     }
 }
 
+/// Run rounds forever, publishing whether we lead.
 pub async fn run(mut elector: Elector, leading: watch::Sender<bool>) {
     let every = elector.settings.renew_every;
     loop {
@@ -220,5 +221,48 @@ pub async fn run(mut elector: Elector, leading: watch::Sender<bool>) {
             }
         });
         tokio::time::sleep(every).await;
+    }
+}
+
+/// Run `task` while this replica leads: started when it becomes the leader, dropped (and
+/// `stopped` called) when it stops being one.
+pub async fn while_leading<F, Fut>(mut leading: watch::Receiver<bool>, task: F, stopped: impl Fn())
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    loop {
+        while !*leading.borrow_and_update() {
+            if leading.changed().await.is_err() {
+                return;
+            }
+        }
+        let mut follower = leading.clone();
+        tokio::select! {
+            _ = task() => {}
+            _ = async {
+                while *follower.borrow_and_update() {
+                    if follower.changed().await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                }
+            } => {}
+        }
+        stopped();
+    }
+}
+
+/// Keep the `ip_webhook_leader{lease}` gauge equal to this replica's leadership.
+pub async fn export_leadership(
+    mut leading: watch::Receiver<bool>,
+    metrics: std::sync::Arc<Metrics>,
+    lease: String,
+) {
+    let gauge = metrics.leader.get_or_create_owned(&LeaseLabels { lease });
+    loop {
+        gauge.set(i64::from(*leading.borrow_and_update()));
+        if leading.changed().await.is_err() {
+            return;
+        }
     }
 }

@@ -32,7 +32,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::watch;
 
 use super::controller::ControllerKind;
-use super::index::{ClusterIps, SlimPod};
+use super::index::{ClusterIps, RunningPod};
 use super::lease::LeaderTicks;
 use super::watches::{Change, Mirror, drive};
 use crate::ipam::allocator::Allocator;
@@ -139,7 +139,7 @@ pub struct LossClock {
 impl LossClock {
     /// Note what a pass sees at `now`: the Terminating pods, and each one's node; forget the
     /// pods no longer Terminating and the nodes Ready again or no longer asked about.
-    pub fn observe(&mut self, pods: &[Arc<SlimPod>], nodes: &Nodes, now: u64) {
+    pub fn observe(&mut self, pods: &[Arc<RunningPod>], nodes: &Nodes, now: u64) {
         let mut terminating = HashMap::with_capacity(pods.len());
         let mut down = HashMap::new();
         for pod in pods.iter().filter(|p| p.deleting_at.is_some()) {
@@ -164,7 +164,7 @@ impl LossClock {
 
 /// Since when `pod`'s node has been seen lost, if `pod` may be released at `now` with `grace`
 /// seconds of `--node-lost-grace` (0: never). `clock` has observed this pass.
-pub fn lost_since(pod: &SlimPod, clock: &LossClock, now: u64, grace: u64) -> Option<u64> {
+pub fn lost_since(pod: &RunningPod, clock: &LossClock, now: u64, grace: u64) -> Option<u64> {
     if grace == 0 {
         return None;
     }
@@ -202,6 +202,22 @@ pub struct NodeLoss {
 pub const PERIOD: Duration = Duration::from_secs(1);
 
 impl NodeLoss {
+    /// The leader's tasks: its watch of Nodes into [`NodeLoss::nodes`] (only the leader
+    /// releases on node loss, so only the leader watches Nodes; forgotten when it stops
+    /// leading), and this releaser, a pass every [`PERIOD`].
+    pub fn spawn(self, leading: &watch::Receiver<bool>) -> Vec<tokio::task::JoinHandle<()>> {
+        let (api, nodes): (Api<Node>, _) = (Api::all(self.pods.clone()), self.nodes.clone());
+        let watch = tokio::spawn(super::lease::while_leading(
+            leading.clone(),
+            move || watch_nodes(api.clone(), nodes.clone()),
+            {
+                let nodes = self.nodes.clone();
+                move || nodes.forget()
+            },
+        ));
+        vec![watch, tokio::spawn(self.run(leading.clone(), PERIOD))]
+    }
+
     /// Run until aborted: a pass every `every` while this replica leads and the node and
     /// pod indexes have synced.
     pub async fn run(self, leading: watch::Receiver<bool>, every: Duration) {
@@ -228,7 +244,7 @@ impl NodeLoss {
         self.cluster_ips.prune_lost();
         let terminating = self.cluster_ips.terminating_pods();
         clock.observe(&terminating, &self.nodes, now);
-        let mut lost: HashMap<Box<str>, (Arc<SlimPod>, u64)> = HashMap::new();
+        let mut lost: HashMap<Box<str>, (Arc<RunningPod>, u64)> = HashMap::new();
         for pod in terminating {
             if let Some(since) = lost_since(&pod, clock, now, self.grace) {
                 lost.insert(pod.uid.clone(), (pod, since));
@@ -295,7 +311,7 @@ impl NodeLoss {
     }
 
     /// A Warning Event on the pod's controller owner (or the pod, without one).
-    fn tell_owner(&self, current: &Pod, pod: &SlimPod, claim: &Claim, down: u64) {
+    fn tell_owner(&self, current: &Pod, pod: &RunningPod, claim: &Claim, down: u64) {
         let owner = current
             .metadata
             .owner_references
@@ -343,8 +359,8 @@ impl NodeLoss {
 mod tests {
     use super::*;
 
-    fn slim(controller: Option<ControllerKind>, deleting_at: Option<u64>) -> SlimPod {
-        SlimPod {
+    fn slim(controller: Option<ControllerKind>, deleting_at: Option<u64>) -> RunningPod {
+        RunningPod {
             namespace: "prod".into(),
             name: "web-abc".into(),
             uid: "u1".into(),
@@ -370,7 +386,7 @@ mod tests {
     }
 
     /// Seen at `t0` terminating on a node not Ready, then observed each second until `now`.
-    fn watched(pod: &SlimPod, nodes: &Nodes, t0: u64, now: u64) -> LossClock {
+    fn watched(pod: &RunningPod, nodes: &Nodes, t0: u64, now: u64) -> LossClock {
         let mut clock = LossClock::default();
         let pods = [Arc::new(pod.clone())];
         for t in t0..=now {

@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 
-use super::index::SlimPod;
+use super::index::RunningPod;
 use crate::ledger::claim::PodIdentity;
 
 /// The pods that carry an IP, by UID: what a pass reads for every claim. Hashed with
@@ -38,7 +38,7 @@ pub struct PodInfo {
 
 impl PodInfo {
     /// A pod as the pod-IP index saw it run: its IPs from `status.podIPs`, no claim token.
-    pub(crate) fn running(pod: &SlimPod) -> PodInfo {
+    pub(crate) fn running(pod: &RunningPod) -> PodInfo {
         PodInfo {
             namespace: pod.namespace.to_string(),
             name: pod.name.to_string(),

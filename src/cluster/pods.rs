@@ -44,14 +44,16 @@ impl PodDirectory {
         }
     }
 
-    /// Who holds the claims of `interface`'s books, with `settings`' app label and VMs.
+    /// Who holds the claims of `interface`'s books, reading apps by `app_label` and VMs as
+    /// `kubevirt` says.
     pub fn of_interface(
         client: Client,
-        settings: &crate::webhook::Settings,
+        app_label: &str,
+        kubevirt: &crate::webhook::kubevirt::KubevirtSettings,
         interface: crate::ledger::network::Interface<'_>,
     ) -> PodDirectory {
-        let pods = PodDirectory::new(client, settings.app_label.clone())
-            .release_vms_on_stop(settings.kubevirt.release_on_stop);
+        let pods =
+            PodDirectory::new(client, app_label).release_vms_on_stop(kubevirt.release_on_stop);
         match interface.network() {
             None => pods,
             Some(network) => pods.for_network(network.clone()),

@@ -2,7 +2,7 @@
 //! every rule is testable without an API server; and the executor that carries them out.
 
 use super::app_lists::AppLists;
-use super::index::SlimPod;
+use super::index::RunningPod;
 use std::borrow::Cow;
 use std::collections::HashSet;
 use std::net::IpAddr;
@@ -54,7 +54,7 @@ pub fn plan_list_adoptions(
     plan: &mut Plan,
     holdings: &dyn Holdings,
     pods: &PodMap,
-    running: &[Arc<SlimPod>],
+    running: &[Arc<RunningPod>],
     lists: &dyn AppLists,
 ) {
     if running.is_empty() {
@@ -197,7 +197,7 @@ pub(crate) fn duplicates_among(mut carried: Vec<(IpAddr, &PodInfo)>) -> Vec<Dupl
 /// launcher pods: a live migration's two pods on one IP are one holder, no duplicate.
 pub fn add_running_duplicates(
     found: &mut Vec<Duplicate>,
-    running: Vec<(IpAddr, Vec<Arc<SlimPod>>)>,
+    running: Vec<(IpAddr, Vec<Arc<RunningPod>>)>,
     known: &PodMap,
 ) {
     for (ip, pods) in running {
@@ -1015,8 +1015,8 @@ mod list_adoption_tests {
         }
     }
 
-    pub(super) fn running(ns: &str, name: &str, uid: &str, ip: &str, app: &str) -> Arc<SlimPod> {
-        Arc::new(SlimPod {
+    pub(super) fn running(ns: &str, name: &str, uid: &str, ip: &str, app: &str) -> Arc<RunningPod> {
+        Arc::new(RunningPod {
             namespace: ns.into(),
             name: name.into(),
             uid: uid.into(),
@@ -1056,7 +1056,11 @@ mod list_adoption_tests {
         }
     }
 
-    fn adoptions(claims: &[Arc<IPClaim>], pods: &PodMap, running: &[Arc<SlimPod>]) -> Vec<String> {
+    fn adoptions(
+        claims: &[Arc<IPClaim>],
+        pods: &PodMap,
+        running: &[Arc<RunningPod>],
+    ) -> Vec<String> {
         let mut plan = Plan::default();
         plan_list_adoptions(&mut plan, &Held(claims), pods, running, &lists());
         plan.actions

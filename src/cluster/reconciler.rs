@@ -41,6 +41,41 @@ pub struct Reconciler {
 const SETTLE: Duration = Duration::from_millis(200);
 
 impl Reconciler {
+    /// The leader's reconciler over the watches' `caches` and the primary interface's
+    /// `allocator`, adopting running pods' IPs into `lists`; its executor writes through
+    /// `client`, asks `vms` before a VM's claim is dropped and reports Events as this
+    /// replica's Lease identity.
+    pub fn new(
+        client: Client,
+        caches: Arc<Caches>,
+        allocator: Arc<Allocator>,
+        lists: Arc<dyn super::app_lists::AppLists>,
+        metrics: Arc<crate::metrics::Metrics>,
+        options: ClusterOptions,
+        vms: Arc<super::virtual_machines::VmDirectory>,
+    ) -> Reconciler {
+        let identity = options.lease.identity.clone();
+        Reconciler {
+            client: client.clone(),
+            caches,
+            allocator,
+            executor: super::executor::Executor {
+                claims: Api::all(client.clone()),
+                pools: Api::all(client.clone()),
+                pods: Api::all(client.clone()),
+                vms,
+                recorder: super::events::recorder(client, Some(identity)),
+                metrics,
+                reported_duplicates: Default::default(),
+            },
+            options,
+            lists: Some(lists),
+            view: Default::default(),
+            started: tokio::time::Instant::now(),
+            listed_seen: Default::default(),
+        }
+    }
+
     pub async fn run(self, mut leading: watch::Receiver<bool>, ready: Arc<AtomicBool>) {
         while !self.caches.synced() {
             self.caches.changes().await;
@@ -169,7 +204,7 @@ impl Reconciler {
         &self,
         full: bool,
         lists: &dyn super::app_lists::AppLists,
-    ) -> Vec<Arc<super::index::SlimPod>> {
+    ) -> Vec<Arc<super::index::RunningPod>> {
         let index = &self.caches.cluster_ips;
         let marked = index.take_marked();
         let released = lock(&self.view).take_released();
@@ -182,7 +217,7 @@ impl Reconciler {
         };
         let (mut pods, every) = match marked {
             Some(uids) if !full && !lists_changed => {
-                let mut pods: Vec<Arc<super::index::SlimPod>> =
+                let mut pods: Vec<Arc<super::index::RunningPod>> =
                     uids.iter().filter_map(|uid| index.pod(uid)).collect();
                 pods.extend(released.iter().filter_map(|ip| index.pod_on(ip)));
                 (pods, !released.is_empty())
@@ -204,7 +239,7 @@ impl Reconciler {
         &self,
         every: bool,
         lists: &dyn super::app_lists::AppLists,
-    ) -> Vec<Arc<super::index::SlimPod>> {
+    ) -> Vec<Arc<super::index::RunningPod>> {
         let index = &self.caches.cluster_ips;
         let changed = index.take_listed_calico_changes();
         if !index.uses_calico_ipam() || changed.as_ref().is_some_and(|c| !every && c.is_empty()) {
@@ -222,7 +257,7 @@ impl Reconciler {
             match api.get_opt(&held.pod).await {
                 Ok(Some(pod)) => {
                     let slim =
-                        super::index::SlimPod::from_pod_labelled(&pod, &self.options.app_label);
+                        super::index::RunningPod::from_pod_labelled(&pod, &self.options.app_label);
                     found.extend(slim.filter(|s| s.ips.contains(&held.ip)).map(Arc::new));
                 }
                 Ok(None) => {}

@@ -181,3 +181,35 @@ pub async fn watch_deletions(
         .await;
     }
 }
+
+/// The leader's watches of VM deletions ([`watch_deletions`]) of VirtualMachines and of
+/// VMIs (a stopped VM's, or one without a VM), so a VM's claim is dropped at its deletion, not
+/// at the next resync; each runs only while this replica leads.
+pub fn spawn_deletion_watches(
+    client: &Client,
+    vms: &Arc<VmDirectory>,
+    caches: &Arc<super::Caches>,
+    leading: &tokio::sync::watch::Receiver<bool>,
+    recheck: Duration,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    // a VMI without a VM is a VM of its own: its deletion frees as a VM's does
+    [virtual_machines(), virtual_machine_instances()]
+        .into_iter()
+        .map(|resource| {
+            let (client, caches, vms) = (client.clone(), caches.clone(), vms.clone());
+            tokio::spawn(super::lease::while_leading(
+                leading.clone(),
+                move || {
+                    watch_deletions(
+                        client.clone(),
+                        resource.clone(),
+                        vms.clone(),
+                        caches.clone(),
+                        recheck,
+                    )
+                },
+                || {},
+            ))
+        })
+        .collect()
+}

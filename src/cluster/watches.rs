@@ -18,7 +18,6 @@ use crate::ledger::kubernetes::{PRIMARY_SELECTOR, from_resource};
 use crate::ledger::network::Network;
 use crate::ledger::{ObservedChange, unix_now};
 use crate::metrics::watch_health::WatchHealth;
-use crate::webhook::Webhook;
 use crate::webhook::kubevirt::launcher_vm_of_object;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
@@ -355,8 +354,12 @@ pub fn tolerant_catalog(pools: &BTreeMap<String, IPPool>) -> PoolCatalog {
     catalog
 }
 
-/// IPPools, rebuilt into the webhook's catalog on every change.
-pub async fn watch_pools(api: Api<IPPool>, caches: Arc<Caches>, webhook: Arc<Webhook>) {
+/// IPPools, rebuilt into the webhook's `catalog` on every change.
+pub async fn watch_pools(
+    api: Api<IPPool>,
+    caches: Arc<Caches>,
+    catalog: Arc<arc_swap::ArcSwap<PoolCatalog>>,
+) {
     let mut mirror = Mirror::new();
     let stream = watcher(api, watcher::Config::default()).default_backoff();
     drive(stream, "ippools", Some(&caches.health), |event| {
@@ -384,9 +387,180 @@ pub async fn watch_pools(api: Api<IPPool>, caches: Arc<Caches>, webhook: Arc<Web
             }
             Change::Nothing => return,
         }
-        webhook.pools.store(Arc::new(tolerant_catalog(&pools)));
+        catalog.store(Arc::new(tolerant_catalog(&pools)));
         drop(pools);
         caches.mark_changed();
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::{PodInfo, PodMap};
+    use std::collections::BTreeMap;
+
+    fn meta(value: serde_json::Value) -> ObjectMeta {
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn pod_info_keeps_only_what_the_reconciler_needs() {
+        let info = pod_info(
+            &meta(serde_json::json!({
+                "name": "web-0", "namespace": "prod", "uid": "u-1",
+                "creationTimestamp": "2026-01-01T00:00:00Z",
+                "labels": {"app": "web", "ip-webhook.io/allocated-ip": "fd00--a"},
+                "annotations": {"cni.projectcalico.org/ipAddrs": "[\"10.0.0.7\",\"fd00::a\"]", "big": "x",
+                                "ip-webhook.io/claim": "0123456789abcdef0123456789abcdef"},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "web", "uid": "s", "controller": true}],
+                "managedFields": [{"manager": "kubectl", "operation": "Update"}],
+            })),
+            "app",
+        )
+        .unwrap();
+        assert_eq!(
+            info,
+            PodInfo {
+                namespace: "prod".into(),
+                name: "web-0".into(),
+                uid: "u-1".into(),
+                ips: vec!["10.0.0.7".parse().unwrap(), "fd00::a".parse().unwrap()],
+                created_at: 1_767_225_600,
+                terminating: false,
+                stateful: true,
+                app: "web".into(),
+                token: Some("0123456789abcdef0123456789abcdef".into()),
+                vm: None,
+            }
+        );
+    }
+
+    #[test]
+    fn pods_without_ips_are_not_cached() {
+        let plain = meta(
+            serde_json::json!({"name": "x", "namespace": "d", "uid": "u", "labels": {"app": "x"}}),
+        );
+        assert_eq!(pod_info(&plain, "app"), None);
+        let replicaset = meta(serde_json::json!({
+            "name": "x", "namespace": "d", "uid": "u",
+            "labels": {"ip-webhook.io/allocated-ip": "10.0.0.1"},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "x", "uid": "r", "controller": true}],
+        }));
+        assert!(!pod_info(&replicaset, "app").unwrap().stateful);
+    }
+
+    /// The leader's incremental pass learns from this log which pods changed: each pod the
+    /// cache changed, once; a relist, all of them.
+    #[test]
+    fn the_pod_watch_logs_each_pod_it_changes_and_a_relist_as_everything() {
+        use kube::runtime::watcher::Event;
+        let pod = |uid: &str, labels: serde_json::Value| -> k8s_openapi::api::core::v1::Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": uid, "namespace": "d", "uid": uid, "labels": labels},
+            }))
+            .unwrap()
+        };
+        let ours =
+            |uid: &str, ip: &str| pod(uid, serde_json::json!({"ip-webhook.io/allocated-ip": ip}));
+        let caches = Caches::default();
+        let mut mirror = Mirror::new();
+        let mut event = |event: Event<k8s_openapi::api::core::v1::Pod>| {
+            pod_cache_event(&caches, &mut mirror, &event, "app")
+        };
+        event(Event::Init);
+        event(Event::InitApply(ours("a", "10.0.0.1")));
+        event(Event::InitDone);
+        assert_eq!(caches.take_pod_changes().1, None, "a relist: every pod");
+        assert_eq!(caches.take_pod_changes().1, Some(vec![]));
+        assert!(!event(Event::Apply(ours("a", "10.0.0.1"))));
+        event(Event::Apply(pod("plain", serde_json::json!({"app": "x"}))));
+        assert_eq!(
+            caches.take_pod_changes().1,
+            Some(vec![]),
+            "no change to the cache"
+        );
+        event(Event::Apply(ours("b", "10.0.0.2")));
+        event(Event::Apply(ours("a", "10.0.0.3")));
+        event(Event::Delete(ours("b", "10.0.0.2")));
+        let (pods, changed) = caches.take_pod_changes();
+        assert_eq!(changed, Some(vec!["a".into(), "b".into()]));
+        assert_eq!(pods.keys().collect::<Vec<_>>(), ["a"]);
+    }
+
+    #[test]
+    fn only_a_change_to_the_pod_cache_counts_as_one() {
+        let info = |ip: &str| PodInfo {
+            namespace: "prod".into(),
+            name: "web-0".into(),
+            uid: "u-1".into(),
+            ips: vec![ip.parse().unwrap()],
+            created_at: 1,
+            terminating: false,
+            stateful: false,
+            app: "web".into(),
+            token: None,
+            vm: None,
+        };
+        let mut pods = Arc::new(PodMap::default());
+        // a pod that carries none of our IPs: its events change nothing here
+        assert!(!apply_pod_change(&mut pods, Change::Delete("other".into())));
+        assert!(!apply_pod_change(&mut pods, Change::Nothing));
+        assert!(apply_pod_change(
+            &mut pods,
+            Change::Upsert("u-1".into(), info("10.0.0.7"))
+        ));
+        // the same pod again (a status update, say): no change
+        assert!(!apply_pod_change(
+            &mut pods,
+            Change::Upsert("u-1".into(), info("10.0.0.7"))
+        ));
+        assert!(apply_pod_change(
+            &mut pods,
+            Change::Upsert("u-1".into(), info("10.0.0.8"))
+        ));
+        assert_eq!(
+            pods["u-1"].ips,
+            vec!["10.0.0.8".parse::<std::net::IpAddr>().unwrap()]
+        );
+        // a pass holds the cache as it was: a change no-op keeps sharing it, a real one copies
+        let pass = pods.clone();
+        assert!(!apply_pod_change(
+            &mut pods,
+            Change::Upsert("u-1".into(), info("10.0.0.8"))
+        ));
+        assert!(Arc::ptr_eq(&pass, &pods), "nothing changed: nothing copied");
+        assert!(apply_pod_change(&mut pods, Change::Delete("u-1".into())));
+        assert!(pods.is_empty());
+        assert_eq!(pass.len(), 1, "the pass's copy is the one it read");
+        assert!(apply_pod_change(
+            &mut pods,
+            Change::Replace(PodMap::default())
+        ));
+    }
+
+    #[test]
+    fn a_bad_or_overlapping_pool_is_left_out_not_the_whole_catalog() {
+        let pool = |name: &str, cidr: &str, created: &str| -> IPPool {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "ip-webhook.io/v1alpha1", "kind": "IPPool",
+                "metadata": {"name": name, "creationTimestamp": created},
+                "spec": {"cidr": cidr},
+            }))
+            .unwrap()
+        };
+        let pools: BTreeMap<String, IPPool> = [
+            pool("a-newer", "10.0.0.0/25", "2026-01-02T00:00:00Z"),
+            pool("b-older", "10.0.0.0/24", "2026-01-01T00:00:00Z"),
+            pool("c-broken", "10.1.0.7/24", "2026-01-01T00:00:00Z"),
+            pool("d-fine", "10.2.0.0/28", "2026-01-03T00:00:00Z"),
+        ]
+        .into_iter()
+        .map(|p| (p.metadata.name.clone().unwrap(), p))
+        .collect();
+        let catalog = tolerant_catalog(&pools);
+        let mut names = catalog.names();
+        names.sort();
+        assert_eq!(names, ["b-older", "d-fine"]);
+    }
 }

@@ -83,8 +83,10 @@ pub struct Webhook {
     pub allocator: Arc<Allocator>,
     pub pools: Arc<ArcSwap<PoolCatalog>>,
     pub metrics: Arc<Metrics>,
-    pub workloads: WorkloadRegistry,
-    pub networks: NetworkRegistry,
+    /// Which workload lists which IPs; shared with the cluster's workload watches.
+    pub workloads: Arc<WorkloadRegistry>,
+    /// The CNI's pools or subnets; shared with the cluster's CNI watches.
+    pub networks: Arc<NetworkRegistry>,
     /// Parsed `allocatable-ips` lists, so an app's pods do not re-parse the same list.
     specs: SpecCache,
     /// Told about every Pod CREATE decision (Kubernetes Events in-cluster; `explain`).
@@ -124,8 +126,8 @@ impl Webhook {
             allocator,
             pools,
             metrics,
-            workloads: WorkloadRegistry::default(),
-            networks: NetworkRegistry::default(),
+            workloads: Arc::default(),
+            networks: Arc::default(),
             specs: SpecCache::default(),
             events: Arc::new(NoEvents),
             claim_guard: Default::default(),

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use kube::runtime::watcher;
 
-use super::{ClusterIps, SlimOrGone, SlimPod, read, write};
+use super::{ClusterIps, RunningPod, SlimOrGone, read, write};
 
 /// UIDs marked for the reconciler's list adoption, at most [`MARK_CAP`]; past that (or after a
 /// relist) only a visit of every pod is sure to see them all.
@@ -19,12 +19,12 @@ pub(super) const MARK_CAP: usize = 4096;
 impl ClusterIps {
     /// Every IP that two or more live (not Terminating) indexed pods run on, with those pods,
     /// oldest first: what `status.podIPs` shows, whoever assigned the IPs.
-    pub fn shared_pod_ips(&self) -> Vec<(IpAddr, Vec<Arc<SlimPod>>)> {
+    pub fn shared_pod_ips(&self) -> Vec<(IpAddr, Vec<Arc<RunningPod>>)> {
         read(&self.pods)
             .shared
             .iter()
             .filter_map(|(ip, carriers)| {
-                let mut live: Vec<Arc<SlimPod>> = carriers
+                let mut live: Vec<Arc<RunningPod>> = carriers
                     .iter()
                     .filter(|p| p.deleting_at.is_none())
                     .cloned()
@@ -48,7 +48,7 @@ impl ClusterIps {
 
     /// Whether the reconciler's list adoption cares about this pod: it has an app, and its
     /// app's list (and no other) holds one of its IPs. Without lists, any pod with an app.
-    pub fn concerns_lists(&self, pod: &SlimPod) -> bool {
+    pub fn concerns_lists(&self, pod: &RunningPod) -> bool {
         if pod.app.is_empty() {
             return false;
         }
@@ -83,7 +83,7 @@ impl ClusterIps {
 
     /// Keep [`Self::terminating_pods`] in step with one pod's change (`None`: gone or not
     /// running on IPs of its own).
-    pub(super) fn note_terminating(&self, uid: &str, pod: Option<&SlimPod>) {
+    pub(super) fn note_terminating(&self, uid: &str, pod: Option<&RunningPod>) {
         match pod.filter(|p| p.deleting_at.is_some()) {
             Some(pod) => {
                 write(&self.terminating).insert(uid.into(), Arc::new(pod.clone()));
@@ -107,7 +107,9 @@ impl ClusterIps {
 }
 
 /// The pod an event changes outside a relist, and what it becomes.
-pub(super) fn touched(event: &watcher::Event<SlimOrGone>) -> Option<(Box<str>, Option<SlimPod>)> {
+pub(super) fn touched(
+    event: &watcher::Event<SlimOrGone>,
+) -> Option<(Box<str>, Option<RunningPod>)> {
     match event {
         watcher::Event::Apply(SlimOrGone { key, value }) => Some((key.clone(), value.clone())),
         watcher::Event::Delete(SlimOrGone { key, .. }) => Some((key.clone(), None)),

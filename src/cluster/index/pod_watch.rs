@@ -15,7 +15,7 @@ use super::super::listed_pod::ListedPod;
 use super::super::watches::{Mirror, pod_cache_event};
 use super::super::{Caches, PodIpSource};
 use super::calico::{IpamBlockObject, watch_ipam_blocks};
-use super::{ClusterIps, Relist, SlimOrGone, SlimPod, slim_event, touched};
+use super::{ClusterIps, Relist, RunningPod, SlimOrGone, slim_event, touched};
 use crate::admission::annotations::{ALLOCATED_IP_LABEL, Cni};
 use crate::metrics::{CacheKindLabels, Metrics};
 
@@ -140,13 +140,13 @@ pub async fn watch_pods(
 /// report). The rest of the cluster's churn costs each replica this update and nothing more.
 fn index_pod_event(
     index: &ClusterIps,
-    relist: &mut Relist<SlimPod>,
+    relist: &mut Relist<RunningPod>,
     event: watcher::Event<Pod>,
 ) -> bool {
     let Some(event) = slim_event(event, |pod: &Pod| {
         Some(SlimOrGone {
             key: pod.metadata.uid.as_deref()?.into(),
-            value: SlimPod::from_pod_labelled(pod, index.app_label()),
+            value: RunningPod::from_pod_labelled(pod, index.app_label()),
         })
     }) else {
         return false;

@@ -9,7 +9,7 @@ use kube::{Api, Client, Resource};
 use super::wanted::Wanted;
 use super::{CniHold, PlainPod, block_holds, kube_ovn_holds, pod_lists};
 use crate::cluster::index::calico::IpamBlockObject;
-use crate::cluster::index::{SlimPod, kube_ovn_ips};
+use crate::cluster::index::{RunningPod, kube_ovn_ips};
 use crate::cluster::listed_pod::ListedPod;
 use crate::cluster::virtual_machines::{virtual_machine_instances, virtual_machines};
 use crate::ipam::ipset::IpSet;
@@ -180,7 +180,7 @@ pub fn keep_pod(pod: Pod, app_label: &str) -> Option<KeptPod> {
     if marked {
         return Some(KeptPod::Marked(Box::new(slim_pod(pod, app_label))));
     }
-    if let Some(slim) = SlimPod::from_pod(&pod) {
+    if let Some(slim) = RunningPod::from_pod(&pod) {
         return Some(KeptPod::Plain(PlainPod::Running(slim)));
     }
     Some(KeptPod::Plain(PlainPod::Idle {
@@ -474,8 +474,8 @@ mod tests {
         .unwrap();
         let slim = slim_pod(listed(&pod), "app");
         assert_eq!(
-            SlimPod::from_pod(&slim),
-            SlimPod::from_pod(&pod),
+            RunningPod::from_pod(&slim),
+            RunningPod::from_pod(&pod),
             "the pod-IP view is the same"
         );
         assert_eq!(
@@ -523,7 +523,7 @@ mod tests {
         let read_fields = |pod: &Pod| {
             let meta = &pod.metadata;
             (
-                SlimPod::from_pod(pod),
+                RunningPod::from_pod(pod),
                 crate::cluster::pod_info(meta, "app"),
                 pod_lists(std::slice::from_ref(pod)),
                 (meta.generate_name.clone(), meta.owner_references.clone()),

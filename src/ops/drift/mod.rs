@@ -32,7 +32,7 @@ use serde_json::Value;
 
 use crate::admission::annotations::{ALLOCATABLE_IPS, CLAIM_TOKEN};
 use crate::cluster::index::calico::BlockSpec;
-use crate::cluster::index::{OvnIp, SlimPod};
+use crate::cluster::index::{OvnIp, RunningPod};
 use crate::cluster::pods::{holder, network_holder};
 use crate::ipam::ipset::{Family, IpSet, ip_key, parse_ip_spec};
 use crate::ledger::Claim;
@@ -109,7 +109,7 @@ pub struct CniHold {
 #[derive(Debug, Clone)]
 pub enum PlainPod {
     /// Runs on IPs of its own.
-    Running(SlimPod),
+    Running(RunningPod),
     /// Not (yet, or any more): host-network, finished, or no IP assigned.
     Idle {
         namespace: Box<str>,
@@ -178,7 +178,7 @@ pub fn compare(inputs: &Inputs<'_>) -> Vec<Drift> {
 /// The cluster's pods as [`compare`] looks them up.
 struct PodViews<'a> {
     /// Pods running on IPs of their own, by namespace and UID.
-    running: HashMap<(&'a str, &'a str), SlimPod>,
+    running: HashMap<(&'a str, &'a str), RunningPod>,
     /// Every pod, by namespace and name.
     existing: HashSet<(&'a str, &'a str)>,
     /// Every pod, by namespace and UID (the object, for the pods that carry our marks): Bound
@@ -204,7 +204,7 @@ impl<'a> PodViews<'a> {
                 views.existing.insert((namespace, name));
             }
             views.by_uid.insert((namespace, uid), Some(pod));
-            if let Some(slim) = SlimPod::from_pod(pod) {
+            if let Some(slim) = RunningPod::from_pod(pod) {
                 views.running.insert((namespace, uid), slim);
             }
         }
@@ -365,7 +365,7 @@ fn pods_without_claims(
 
 /// One of our pods, Terminating with its claim released: each of its IPs, and who holds it now.
 fn terminating_without_claim(
-    slim: &SlimPod,
+    slim: &RunningPod,
     claimed: &HashMap<IpAddr, &Claim>,
     found: &mut Vec<Drift>,
 ) {
