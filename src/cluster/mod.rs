@@ -575,7 +575,7 @@ async fn export_leadership(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crd::IPPool;
+    use crate::crd::FixedIPPool;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
     use std::collections::BTreeMap;
 
@@ -739,15 +739,15 @@ mod tests {
 
     #[test]
     fn a_bad_or_overlapping_pool_is_left_out_not_the_whole_catalog() {
-        let pool = |name: &str, cidr: &str, created: &str| -> IPPool {
+        let pool = |name: &str, cidr: &str, created: &str| -> FixedIPPool {
             serde_json::from_value(serde_json::json!({
-                "apiVersion": "ip-webhook.io/v1alpha1", "kind": "IPPool",
+                "apiVersion": "ip-webhook.io/v1alpha1", "kind": "FixedIPPool",
                 "metadata": {"name": name, "creationTimestamp": created},
                 "spec": {"cidr": cidr},
             }))
             .unwrap()
         };
-        let pools: BTreeMap<String, IPPool> = [
+        let pools: BTreeMap<String, FixedIPPool> = [
             pool("a-newer", "10.0.0.0/25", "2026-01-02T00:00:00Z"),
             pool("b-older", "10.0.0.0/24", "2026-01-01T00:00:00Z"),
             pool("c-broken", "10.1.0.7/24", "2026-01-01T00:00:00Z"),

@@ -10,7 +10,7 @@
 
 use crate::admission::annotations::{CLAIM_TOKEN, carried_ips};
 use crate::admission::networks::pod_network_ips;
-use crate::crd::{IPClaim, IPPool};
+use crate::crd::{FixedIPPool, IPClaim};
 use crate::ipam::allocator::Allocator;
 use crate::ipam::pools::{Pool, PoolCatalog, PoolError};
 use crate::ledger::claim::is_token;
@@ -323,8 +323,8 @@ pub async fn watch_claims(api: Api<IPClaim>, caches: Arc<Caches>, allocator: Arc
 /// overlaps an older one is left out (and logged) rather than taking every pool down. Each
 /// pool is checked against the pools accepted so far through the catalog's range index, once:
 /// n log n in the pools.
-pub fn tolerant_catalog(pools: &BTreeMap<String, IPPool>) -> PoolCatalog {
-    let mut ordered: Vec<&IPPool> = pools.values().collect();
+pub fn tolerant_catalog(pools: &BTreeMap<String, FixedIPPool>) -> PoolCatalog {
+    let mut ordered: Vec<&FixedIPPool> = pools.values().collect();
     ordered.sort_by_key(|p| {
         (
             p.metadata.creation_timestamp.as_ref().map(|Time(t)| *t),
@@ -336,7 +336,7 @@ pub fn tolerant_catalog(pools: &BTreeMap<String, IPPool>) -> PoolCatalog {
         let pool = match Pool::from_resource(resource) {
             Ok(pool) => pool,
             Err(error) => {
-                tracing::warn!(%error, "IPPool left out of the catalog");
+                tracing::warn!(%error, "FixedIPPool left out of the catalog");
                 continue;
             }
         };
@@ -347,7 +347,7 @@ pub fn tolerant_catalog(pools: &BTreeMap<String, IPPool>) -> PoolCatalog {
                 other: other.name.clone(),
                 other_cidr: other.cidr.to_string(),
             };
-            tracing::warn!(%error, "IPPool left out of the catalog");
+            tracing::warn!(%error, "FixedIPPool left out of the catalog");
             continue;
         }
         catalog.insert(pool);
@@ -356,13 +356,13 @@ pub fn tolerant_catalog(pools: &BTreeMap<String, IPPool>) -> PoolCatalog {
 }
 
 /// IPPools, rebuilt into the webhook's catalog on every change.
-pub async fn watch_pools(api: Api<IPPool>, caches: Arc<Caches>, webhook: Arc<Webhook>) {
+pub async fn watch_pools(api: Api<FixedIPPool>, caches: Arc<Caches>, webhook: Arc<Webhook>) {
     let mut mirror = Mirror::new();
     let stream = watcher(api, watcher::Config::default()).default_backoff();
     drive(stream, "ippools", Some(&caches.health), |event| {
         let change = mirror.step(
             &event,
-            |pool: &IPPool| pool.metadata.name.clone(),
+            |pool: &FixedIPPool| pool.metadata.name.clone(),
             |pool| Some(pool.clone()),
         );
         let mut pools = lock(&caches.pools);

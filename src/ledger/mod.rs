@@ -117,7 +117,7 @@ pub struct Claim {
     pub ip: IpAddr,
     /// The app's name (value of the app label); empty for a static pod without one.
     pub app: Shared,
-    /// The IPPool it was drawn from, if any.
+    /// The FixedIPPool it was drawn from, if any.
     #[serde(default)]
     pub pool: Option<Shared>,
     pub pod: PodRef,
