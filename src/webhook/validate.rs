@@ -196,9 +196,9 @@ async fn validate_pod(
             )
             .await;
             if answer.response.allowed
-                && let Err(message) = secondary::validate(webhook, incoming, &ask).await
+                && let Err(denial) = secondary::validate(webhook, incoming, &ask).await
             {
-                answer.response = answer.response.deny(message);
+                answer.response = answer.response.deny(denial.to_string());
             }
         }
         Err(denial) => answer.response = answer.response.deny(denial.to_string()),
@@ -323,9 +323,7 @@ async fn unrecorded_ips(
         vm: ask.view.vm,
     };
     let pods = webhook.pods.get().map(|p| &**p);
-    carried::unrecorded(&webhook.allocator, pods, carried, ledger_decides)
-        .await
-        .map_err(Denial::Conflict)
+    carried::unrecorded(&webhook.allocator, pods, carried, ledger_decides).await
 }
 
 /// Record `unrecorded` for the pod as static IPs under its token (a new one if it has none)
