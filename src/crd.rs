@@ -4,8 +4,8 @@
 //! Names: no kind, plural or short name of ours is one that Calico (`crd.projectcalico.org`,
 //! `projectcalico.org`), Kube-OVN (`kubeovn.io`) or Spiderpool (`spiderpool.spidernet.io`)
 //! uses, so `kubectl get fixedippools` (or `fipp`) is never ambiguous in the clusters we run
-//! in (the test below lists theirs). The pool kind was `IPPool` (`ippools.ip-webhook.io`)
-//! before 0.2, which collided with Calico's and Kube-OVN's `ippools`.
+//! in (the test below lists theirs). In particular the pool kind is not `IPPool`: Calico's and
+//! Kube-OVN's pools are `ippools`.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::CustomResource;
@@ -60,11 +60,6 @@ pub struct FixedIPPoolStatus {
     pub held: u64,
     pub free: u64,
 }
-
-/// The Rust names the pool types had while the kind was `IPPool`, for code not yet renamed.
-pub type IPPool = FixedIPPool;
-pub type IPPoolSpec = FixedIPPoolSpec;
-pub type IPPoolStatus = FixedIPPoolStatus;
 
 /// One IP in use. Named after the IP, so creating it is the lock.
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]

@@ -5,7 +5,7 @@
 //! The folders, lowest layer first (a folder imports only from folders above it in this list;
 //! `tests/layers.rs` checks it); ARCHITECTURE.md walks a request through them:
 //!
-//! - [`crd`]: the custom resources (`IPClaim`, `FixedIPPool`, `IPPool`).
+//! - [`crd`]: the custom resources (`IPClaim`, `FixedIPPool`).
 //! - [`ledger`]: the books of who holds which IP: the `Ledger` trait, the claim rules, the
 //!   adapters (memory, embedded journal, Kubernetes, etcd).
 //! - [`ipam`]: IP math, pools, the allocator over the ledger.

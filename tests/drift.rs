@@ -9,7 +9,7 @@ use std::time::Duration;
 use common::{Ran, claims, eventually, fakeapi, ip_webhook};
 use fakeapi::{FakeApi, install_crd_fixture};
 use ip_webhook::crd::IPClaim;
-use ip_webhook::ledger::{Claim, KubeLedger, Ledger, Phase, PodRef};
+use ip_webhook::ledger::{KubeLedger, Ledger};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
@@ -101,23 +101,16 @@ async fn running_pod(client: &Client, namespace: &str, object: Value, ips: &[&st
     created.metadata.uid.unwrap()
 }
 
-fn claim(ip: &str, name: &str, uid: &str) -> Claim {
-    Claim {
-        pod: PodRef {
-            generate_name: "web-".into(),
-            uid: Some(uid.into()),
-            ..claims::pod_ref("default", name)
-        },
-        phase: Phase::Bound,
-        list_size: std::num::NonZeroU64::new(8),
-        token: TOKEN.into(),
-        ..claims::at(claims::claim(ip, "web", name), 0)
-    }
-}
-
 /// An IPClaim as the reconciler leaves it: Bound to `uid`, reserved an hour ago.
 async fn bound_claim(client: &Client, ip: &str, name: &str, uid: &str) {
-    let claim = claim(ip, name, uid);
+    let claim = claims::builder(ip, "web", name)
+        .generate_name("web-")
+        .uid(uid)
+        .bound()
+        .list_size(8)
+        .token(TOKEN)
+        .at(0)
+        .build();
     KubeLedger::new(client.clone())
         .create(claim.clone().into())
         .await
@@ -482,12 +475,22 @@ async fn an_embedded_ledger_is_compared_with_the_cluster() {
     let state = tempfile::tempdir().unwrap();
     let ledger =
         ip_webhook::ledger::EmbeddedLedger::open(state.path(), Default::default()).unwrap();
-    let mut gone = claim("10.0.0.11", "web-gone", "uid-gone");
-    gone.created_at = 1_764_400_000;
-    gone.updated_at = 1_764_400_000;
-    let mut live = claim("10.0.0.10", "web-a", &uid);
-    live.created_at = 1_764_400_000;
-    live.updated_at = 1_764_400_000;
+    let gone = claims::builder("10.0.0.11", "web", "web-gone")
+        .generate_name("web-")
+        .uid("uid-gone")
+        .bound()
+        .list_size(8)
+        .token(TOKEN)
+        .at(1_764_400_000)
+        .build();
+    let live = claims::builder("10.0.0.10", "web", "web-a")
+        .generate_name("web-")
+        .uid(&uid)
+        .bound()
+        .list_size(8)
+        .token(TOKEN)
+        .at(1_764_400_000)
+        .build();
     ledger.create(gone.clone().into()).await.unwrap();
     ledger.create(live.clone().into()).await.unwrap();
     ledger.close().await;

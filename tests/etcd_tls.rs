@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use etcd_cluster::{EtcdCluster, ServerTls, etcd_binary};
-use ip_webhook::ledger::{Claim, CreateOutcome, EtcdLedger, EtcdOptions, Ledger};
+use ip_webhook::ledger::{CreateOutcome, EtcdLedger, EtcdOptions, Ledger};
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
     Issuer, KeyPair, KeyUsagePurpose,
@@ -57,13 +57,6 @@ fn write(dir: &Path, name: &str, text: &str) -> std::path::PathBuf {
     path
 }
 
-fn claim(ip: &str) -> Claim {
-    Claim {
-        request_uid: "tls-1".into(),
-        ..claims::claim(ip, "web", "web-0")
-    }
-}
-
 #[tokio::test]
 async fn etcd_ledger_speaks_tls_with_a_client_certificate() {
     let etcd = etcd_binary("etcd_ledger_speaks_tls_with_a_client_certificate");
@@ -99,7 +92,15 @@ async fn etcd_ledger_speaks_tls_with_a_client_certificate() {
         .await
         .expect("TLS with a client certificate");
     assert_eq!(
-        ledger.create(claim("10.0.0.1").into()).await.unwrap(),
+        ledger
+            .create(
+                claims::builder("10.0.0.1", "web", "web-0")
+                    .request("tls-1")
+                    .build()
+                    .into()
+            )
+            .await
+            .unwrap(),
         CreateOutcome::Created
     );
     assert_eq!(ledger.load().await.unwrap().len(), 1);

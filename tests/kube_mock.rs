@@ -120,13 +120,6 @@ fn already_exists(name: &str) -> Value {
     body
 }
 
-fn claim(ip: &str, pod: &str, request: &str) -> Claim {
-    Claim {
-        request_uid: request.into(),
-        ..claims::at(claims::claim(ip, "web", pod), unix_now())
-    }
-}
-
 /// The object as the API server returns it: uid, resourceVersion, creationTimestamp.
 fn stored(claim: &Claim, rv: u32) -> Value {
     let mut value = serde_json::to_value(to_resource(claim)).unwrap();
@@ -159,7 +152,10 @@ fn list(kind: &str, rv: u32, items: Vec<Value>) -> Value {
 
 #[tokio::test(start_paused = true)]
 async fn create_conflict_learns_the_holder_and_takes_the_next_ip() {
-    let other = claim("10.0.0.1", "web-other", "req-other");
+    let other = claims::builder("10.0.0.1", "web", "web-other")
+        .request("req-other")
+        .at(unix_now())
+        .build();
     let (client, server) = scripted(vec![
         step("GET", CLAIMS, 200, list("IPClaimList", 5, vec![])),
         step("POST", CLAIMS, 409, already_exists("10.0.0.1")),
@@ -168,7 +164,13 @@ async fn create_conflict_learns_the_holder_and_takes_the_next_ip() {
             "POST",
             CLAIMS,
             201,
-            stored(&claim("10.0.0.2", "web-me", "req-me"), 7),
+            stored(
+                &claims::builder("10.0.0.2", "web", "web-me")
+                    .request("req-me")
+                    .at(unix_now())
+                    .build(),
+                7,
+            ),
         ),
     ]);
     let ledger: Arc<dyn Ledger> = Arc::new(KubeLedger::new(client));
@@ -181,7 +183,7 @@ async fn create_conflict_learns_the_holder_and_takes_the_next_ip() {
         },
         app: "web",
         pool: None,
-        pod: claim("10.0.0.2", "web-me", "req-me").pod,
+        pod: claims::pod_ref("default", "web-me"),
         request_uid: "req-me",
         token: "",
         candidates: &set,
@@ -208,14 +210,23 @@ async fn create_conflict_learns_the_holder_and_takes_the_next_ip() {
 
 #[tokio::test(start_paused = true)]
 async fn the_last_ip_held_elsewhere_is_a_clear_denial() {
-    let other = claim("10.0.0.1", "web-other", "req-other");
+    let other = claims::builder("10.0.0.1", "web", "web-other")
+        .request("req-other")
+        .at(unix_now())
+        .build();
     let (client, server) = scripted(vec![
         step("POST", CLAIMS, 409, already_exists("10.0.0.1")),
         step("GET", format!("{CLAIMS}/10.0.0.1"), 200, stored(&other, 6)),
     ]);
     let ledger = KubeLedger::new(client);
     let outcome = ledger
-        .create(claim("10.0.0.1", "web-me", "req-me").into())
+        .create(
+            claims::builder("10.0.0.1", "web", "web-me")
+                .request("req-me")
+                .at(unix_now())
+                .build()
+                .into(),
+        )
         .await
         .unwrap();
     match outcome {
@@ -227,7 +238,10 @@ async fn the_last_ip_held_elsewhere_is_a_clear_denial() {
 
 #[tokio::test(start_paused = true)]
 async fn a_retried_admission_finds_its_own_claim() {
-    let mine = claim("10.0.0.3", "web-me", "req-me");
+    let mine = claims::builder("10.0.0.3", "web", "web-me")
+        .request("req-me")
+        .at(unix_now())
+        .build();
     let (client, server) = scripted(vec![
         step("POST", CLAIMS, 409, already_exists("10.0.0.3")),
         step("GET", format!("{CLAIMS}/10.0.0.3"), 200, stored(&mine, 6)),
@@ -242,7 +256,10 @@ async fn a_retried_admission_finds_its_own_claim() {
 
 #[tokio::test(start_paused = true)]
 async fn a_statefulset_pod_takes_back_its_kept_ip_in_one_write_and_others_cannot() {
-    let mut kept = claim("10.0.0.9", "web-0", "req-old");
+    let mut kept = claims::builder("10.0.0.9", "web", "web-0")
+        .request("req-old")
+        .at(unix_now())
+        .build();
     kept.phase = Phase::Released;
     kept.pod.uid = Some("pod-uid-old".into());
     let mut kept_value = stored(&kept, 8);
@@ -256,7 +273,13 @@ async fn a_statefulset_pod_takes_back_its_kept_ip_in_one_write_and_others_cannot
             "PUT",
             format!("{CLAIMS}/10.0.0.9"),
             200,
-            stored(&claim("10.0.0.9", "web-0", "req-new"), 9),
+            stored(
+                &claims::builder("10.0.0.9", "web", "web-0")
+                    .request("req-new")
+                    .at(unix_now())
+                    .build(),
+                9,
+            ),
         ),
         // web-1 may not take it.
         step("POST", CLAIMS, 409, already_exists("10.0.0.9")),
@@ -265,14 +288,26 @@ async fn a_statefulset_pod_takes_back_its_kept_ip_in_one_write_and_others_cannot
     let ledger = KubeLedger::new(client);
     assert_eq!(
         ledger
-            .create(claim("10.0.0.9", "web-0", "req-new").into())
+            .create(
+                claims::builder("10.0.0.9", "web", "web-0")
+                    .request("req-new")
+                    .at(unix_now())
+                    .build()
+                    .into()
+            )
             .await
             .unwrap(),
         CreateOutcome::Created
     );
     assert!(matches!(
         ledger
-            .create(claim("10.0.0.9", "web-1", "req-1").into())
+            .create(
+                claims::builder("10.0.0.9", "web", "web-1")
+                    .request("req-1")
+                    .at(unix_now())
+                    .build()
+                    .into()
+            )
             .await
             .unwrap(),
         CreateOutcome::AlreadyHeld(_)
@@ -296,7 +331,13 @@ async fn a_statefulset_pod_takes_back_its_kept_ip_in_one_write_and_others_cannot
 /// grant's: the claim reads as Reserved until its own status is written.
 #[test]
 fn a_status_of_the_grant_taken_over_reads_as_reserved() {
-    let mut taken = stored(&claim("10.0.0.9", "web-0", "req-new"), 9);
+    let mut taken = stored(
+        &claims::builder("10.0.0.9", "web", "web-0")
+            .request("req-new")
+            .at(unix_now())
+            .build(),
+        9,
+    );
     taken["status"] = json!({
         "phase": "Released", "requestUid": "req-old", "releaseAt": "2026-01-01T00:00:00Z",
     });
@@ -312,8 +353,14 @@ fn a_status_of_the_grant_taken_over_reads_as_reserved() {
 
 #[tokio::test(start_paused = true)]
 async fn release_deletes_only_the_same_requests_record() {
-    let mine = claim("10.0.0.4", "web-a", "req-a");
-    let newer = claim("10.0.0.4", "web-b", "req-b");
+    let mine = claims::builder("10.0.0.4", "web", "web-a")
+        .request("req-a")
+        .at(unix_now())
+        .build();
+    let newer = claims::builder("10.0.0.4", "web", "web-b")
+        .request("req-b")
+        .at(unix_now())
+        .build();
     let (client, server) = scripted(vec![
         step("GET", format!("{CLAIMS}/10.0.0.4"), 200, stored(&mine, 3)),
         // the finalizer comes off first
@@ -386,7 +433,10 @@ fn resource(value: Value) -> Arc<IPClaim> {
 
 #[tokio::test(start_paused = true)]
 async fn bind_patches_the_pod_uid_then_the_phase() {
-    let mut reserved = claim("10.0.0.5", "", "req-5");
+    let mut reserved = claims::builder("10.0.0.5", "web", "")
+        .request("req-5")
+        .at(unix_now())
+        .build();
     reserved.pod.generate_name = "web-7d9f-".into();
     let mut bound = stored(&reserved, 11);
     bound["spec"]["podUid"] = json!("pod-uid-5");
@@ -420,7 +470,10 @@ fn pod_meta(name: &str, uid: &str) -> Value {
 
 #[tokio::test(start_paused = true)]
 async fn release_is_by_uid_a_recreated_pod_of_the_same_name_does_not_keep_the_old_claim() {
-    let mut old = claim("10.0.0.6", "api-1", "req-6");
+    let mut old = claims::builder("10.0.0.6", "web", "api-1")
+        .request("req-6")
+        .at(unix_now())
+        .build();
     old.phase = Phase::Bound;
     old.pod.uid = Some("uid-old".into());
     let value = stored(&old, 20);
@@ -521,7 +574,10 @@ fn options() -> ClusterOptions {
 
 #[tokio::test(start_paused = true)]
 async fn a_full_resync_frees_an_ip_whose_pod_delete_the_watch_missed() {
-    let mut held = claim("10.0.0.8", "db-0", "req-8");
+    let mut held = claims::builder("10.0.0.8", "web", "db-0")
+        .request("req-8")
+        .at(unix_now())
+        .build();
     held.phase = Phase::Bound;
     held.pod.uid = Some("uid-db".into());
     let value = stored(&held, 30);
@@ -599,8 +655,14 @@ async fn a_full_resync_frees_an_ip_whose_pod_delete_the_watch_missed() {
 
 #[tokio::test(start_paused = true)]
 async fn an_expired_watch_relists_and_drops_what_was_deleted_meanwhile() {
-    let gone = claim("10.0.0.10", "old", "req-10");
-    let stays = claim("10.0.0.11", "new", "req-11");
+    let gone = claims::builder("10.0.0.10", "web", "old")
+        .request("req-10")
+        .at(unix_now())
+        .build();
+    let stays = claims::builder("10.0.0.11", "web", "new")
+        .request("req-11")
+        .at(unix_now())
+        .build();
     let expired = json!({"type": "ERROR", "object": status(410, "Expired", "too old resource version: 50 (60)")});
     let watch_steps = vec![
         step(
@@ -800,21 +862,33 @@ async fn a_leader_that_cannot_renew_steps_down_before_the_lease_runs_out() {
 async fn a_pass_expires_old_reservations_and_keeps_a_gone_statefulset_pods_ip() {
     let now = unix_now();
     // Admitted 121s ago (TTL 120s), no pod ever appeared.
-    let mut stale = claim("10.0.0.20", "", "req-20");
+    let mut stale = claims::builder("10.0.0.20", "web", "")
+        .request("req-20")
+        .at(unix_now())
+        .build();
     stale.pod.generate_name = "job-".into();
     stale.created_at = now - 121;
     // Admitted 60s ago: still within the TTL.
-    let mut young = claim("10.0.0.21", "", "req-21");
+    let mut young = claims::builder("10.0.0.21", "web", "")
+        .request("req-21")
+        .at(unix_now())
+        .build();
     young.pod.generate_name = "job-".into();
     young.created_at = now - 60;
     // web-0 (StatefulSet) is gone.
-    let mut sticky = claim("10.0.0.22", "web-0", "req-22");
+    let mut sticky = claims::builder("10.0.0.22", "web", "web-0")
+        .request("req-22")
+        .at(unix_now())
+        .build();
     sticky.phase = Phase::Bound;
     sticky.pod.uid = Some("uid-web-0".into());
     let mut sticky_value = stored(&sticky, 70);
     sticky_value["spec"]["sticky"] = json!(true);
     // Released 301s ago: the 300s grace is over.
-    let mut done = claim("10.0.0.23", "web-1", "req-23");
+    let mut done = claims::builder("10.0.0.23", "web", "web-1")
+        .request("req-23")
+        .at(unix_now())
+        .build();
     done.phase = Phase::Released;
     done.updated_at = now - 301;
     let mut done_value = stored(&done, 71);

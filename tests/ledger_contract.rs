@@ -399,15 +399,15 @@ fn etcd_watch_keeps_another_replicas_index_fresh() {
 
 /// A claim as admission makes it.
 fn reserved(ip: &str, name: &str, request: &str, token: &str) -> Claim {
-    let mut claim = claims::at(claims::claim(ip, "db", name), 1_764_400_000);
-    if name.is_empty() {
-        claim.pod.generate_name = "db-7d4b9c-".into();
+    let claim = claims::builder(ip, "db", name)
+        .request(request)
+        .token(token)
+        .at(1_764_400_000);
+    match name {
+        "" => claim.generate_name("db-7d4b9c-"),
+        _ => claim,
     }
-    Claim {
-        request_uid: request.into(),
-        token: token.into(),
-        ..claim
-    }
+    .build()
 }
 
 fn outcome(result: CreateOutcome) -> String {

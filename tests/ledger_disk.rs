@@ -57,23 +57,24 @@ fn serve_refuses(dir: &Path) -> String {
     stderr
 }
 
-fn claim(i: u32) -> Claim {
+/// The `i`th claim of a seeded ledger: pod `prod/web-{i}`'s, Bound, on its own IP.
+fn claim_number(i: u32) -> Claim {
     let ip = format!("10.40.{}.{}", i / 250, i % 250 + 1);
-    Claim {
-        pod: claims::pod_ref("prod", &format!("web-{i}")),
-        request_uid: format!("uid-{i}").into(),
-        phase: Phase::Bound,
-        list_size: std::num::NonZeroU64::new(1000),
-        token: format!("token-{i}").into(),
-        ..claims::at(claims::claim(&ip, "web", ""), 1_764_000_000)
-    }
+    claims::builder(&ip, "web", &format!("web-{i}"))
+        .namespace("prod")
+        .request(&format!("uid-{i}"))
+        .bound()
+        .list_size(1000)
+        .token(&format!("token-{i}"))
+        .at(1_764_000_000)
+        .build()
 }
 
 /// A state dir whose ledger holds `n` claims, closed cleanly: the path of its journal.
 async fn seeded(dir: &Path, n: u32) -> PathBuf {
     let ledger = EmbeddedLedger::open(dir, CommitCounters::default()).unwrap();
     for i in 0..n {
-        ledger.create(claim(i).into()).await.unwrap();
+        ledger.create(claim_number(i).into()).await.unwrap();
     }
     ledger.close().await;
     journal(dir)
@@ -255,7 +256,7 @@ async fn a_torn_tail_still_starts_and_keeps_every_whole_record() {
     drop(server);
     let held = held(state.path()).await;
     let missing: Vec<String> = (0..40)
-        .map(|i| claim(i).ip.to_string())
+        .map(|i| claim_number(i).ip.to_string())
         .filter(|ip| !held.iter().any(|c| c.ip.to_string() == *ip))
         .collect();
     assert!(missing.is_empty(), "lost {missing:?}; {} held", held.len());
@@ -446,7 +447,7 @@ async fn a_full_disk_refuses_at_once_says_where_and_resumes_by_itself() {
 async fn seeded_with(dir: &Path, range: std::ops::Range<u32>) -> PathBuf {
     let ledger = EmbeddedLedger::open(dir, CommitCounters::default()).unwrap();
     for i in range {
-        ledger.create(claim(i).into()).await.unwrap();
+        ledger.create(claim_number(i).into()).await.unwrap();
     }
     ledger.close().await;
     journal(dir)
@@ -566,7 +567,7 @@ async fn with_snapshot(dir: &Path) -> Vec<Claim> {
     let mut held: Vec<Claim> = (10..20)
         .map(|i| Claim {
             app: app.clone(),
-            ..claim(i)
+            ..claim_number(i)
         })
         .collect();
     for claim in &held {
@@ -641,7 +642,7 @@ async fn a_networks_books_gone_are_refused_like_a_journal_gone() {
         ..OpenOptions::default()
     };
     let opened = ip_webhook::ledger::open(&config, &options).await.unwrap();
-    opened.ledger.create(claim(90).into()).await.unwrap();
+    opened.ledger.create(claim_number(90).into()).await.unwrap();
     opened.ledger.close().await;
     drop(opened);
     // what `cp state/* new/` copies: the files, not the directories

@@ -202,17 +202,13 @@ const HELD_CLAIMS: u32 = 200_000;
 /// 32-digit token, no pod name or UID yet.
 fn held_claim(n: u32) -> ip_webhook::ledger::Claim {
     let ip = std::net::Ipv4Addr::from(u32::from(std::net::Ipv4Addr::new(10, 64, 0, 0)) + n);
-    let base = claims::at(claims::claim(&ip.to_string(), "web", ""), 1_764_460_800);
-    ip_webhook::ledger::Claim {
-        pod: ip_webhook::ledger::PodRef {
-            generate_name: "web-7d4b9c8f6d-".into(),
-            ..base.pod.clone()
-        },
-        request_uid: format!("5f0c8a9e-3b1d-4c7a-9e2f-{n:012}").into(),
-        list_size: std::num::NonZeroU64::new(1 << 22),
-        token: format!("{n:032x}").into(),
-        ..base
-    }
+    claims::builder(&ip.to_string(), "web", "")
+        .generate_name("web-7d4b9c8f6d-")
+        .request(&format!("5f0c8a9e-3b1d-4c7a-9e2f-{n:012}"))
+        .list_size(1 << 22)
+        .token(&format!("{n:032x}"))
+        .at(1_764_460_800)
+        .build()
 }
 
 /// `VmRSS` of a server started on `state` once `/readyz` answers 200, and how long that took.

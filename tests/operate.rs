@@ -16,98 +16,40 @@ fn fixture(name: &str) -> String {
 /// 2025-11-29T07:06:40Z
 const T0: u64 = 1_764_400_000;
 
-#[allow(clippy::too_many_arguments)]
-fn claim(
-    ip: &str,
-    namespace: &str,
-    app: &str,
-    pool: Option<&str>,
-    name: &str,
-    generate_name: &str,
-    phase: Phase,
-    source: Source,
-    at: u64,
-    list_size: Option<u64>,
-) -> Claim {
-    let mut claim = claims::at(claims::claim(ip, app, name), at);
-    claim.pod = PodRef {
-        generate_name: generate_name.into(),
-        ..claims::pod_ref(namespace, name)
-    };
-    Claim {
-        pool: pool.map(Into::into),
-        phase,
-        source,
-        list_size: list_size.and_then(std::num::NonZeroU64::new),
-        ..claim
-    }
-}
-
 /// The known content: web holds two of its four IPs (one only reserved), api holds one IP of
 /// pool blue, a static pod without an app holds one, and one released record is history.
 async fn seed(dir: &Path) {
     let ledger = EmbeddedLedger::open(dir, Default::default()).unwrap();
     let claims = [
-        claim(
-            "10.0.0.10",
-            "default",
-            "web",
-            None,
-            "web-7d4b9c8f6d-abcde",
-            "web-7d4b9c8f6d-",
-            Phase::Bound,
-            Source::Allocated,
-            T0,
-            Some(4),
-        ),
-        claim(
-            "10.0.0.11",
-            "default",
-            "web",
-            None,
-            "",
-            "web-7d4b9c8f6d-",
-            Phase::Reserved,
-            Source::Allocated,
-            T0 + 60,
-            Some(4),
-        ),
-        claim(
-            "10.0.0.12",
-            "default",
-            "web",
-            None,
-            "web-7d4b9c8f6d-zzzzz",
-            "",
-            Phase::Bound,
-            Source::Allocated,
-            T0 - 600,
-            Some(4),
-        ),
-        claim(
-            "10.20.0.1",
-            "prod",
-            "api",
-            Some("blue"),
-            "api-0",
-            "",
-            Phase::Bound,
-            Source::Allocated,
-            T0 + 120,
-            Some(254),
-        ),
-        claim(
-            "10.0.0.50",
-            "default",
-            "",
-            None,
-            "legacy",
-            "",
-            Phase::Bound,
-            Source::Static,
-            T0 + 180,
-            None,
-        ),
+        claims::builder("10.0.0.10", "web", "web-7d4b9c8f6d-abcde")
+            .generate_name("web-7d4b9c8f6d-")
+            .bound()
+            .list_size(4)
+            .at(T0)
+            .build(),
+        claims::builder("10.0.0.11", "web", "")
+            .generate_name("web-7d4b9c8f6d-")
+            .phase(Phase::Reserved)
+            .list_size(4)
+            .at(T0 + 60)
+            .build(),
+        claims::builder("10.0.0.12", "web", "web-7d4b9c8f6d-zzzzz")
+            .bound()
+            .list_size(4)
+            .at(T0 - 600)
+            .build(),
+        claims::builder("10.20.0.1", "api", "api-0")
+            .namespace("prod")
+            .pool("blue")
+            .bound()
+            .list_size(254)
+            .at(T0 + 120)
+            .build(),
+        claims::builder("10.0.0.50", "", "legacy")
+            .bound()
+            .source(Source::Static)
+            .at(T0 + 180)
+            .build(),
     ];
     for claim in &claims {
         ledger.create(claim.clone().into()).await.unwrap();
@@ -796,30 +738,6 @@ fn is_empty_dir(dir: &Path) -> bool {
     std::fs::read_dir(dir).unwrap().next().is_none()
 }
 
-fn api_claim(
-    ip: &str,
-    namespace: &str,
-    app: &str,
-    pool: Option<&str>,
-    pod: &str,
-    uid: &str,
-) -> Claim {
-    let mut claim = claim(
-        ip,
-        namespace,
-        app,
-        pool,
-        pod,
-        "",
-        Phase::Bound,
-        Source::Allocated,
-        T0,
-        Some(4),
-    );
-    claim.pod.uid = Some(uid.into());
-    claim
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_commands_read_the_cluster_of_kubeconfig_and_create_nothing() {
     use ip_webhook::crd::{FixedIPPool, IPClaim};
@@ -907,11 +825,20 @@ async fn operator_commands_read_the_cluster_of_kubeconfig_and_create_nothing() {
     let uid = pod.metadata.uid.unwrap();
     let ledger = KubeLedger::new(client.clone());
     ledger
-        .create(api_claim("10.20.0.1", "prod", "api", Some("blue"), "api-0", &uid).into())
+        .create(
+            claims::bound("10.20.0.1", "prod", "api", "api-0", &uid)
+                .pool("blue")
+                .build()
+                .into(),
+        )
         .await
         .unwrap();
     ledger
-        .create(api_claim("10.0.0.10", "default", "web", None, "web-0", "gone-uid").into())
+        .create(
+            claims::bound("10.0.0.10", "default", "web", "web-0", "gone-uid")
+                .build()
+                .into(),
+        )
         .await
         .unwrap();
 

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use fakeapi::FakeApi;
-use ip_webhook::ledger::{Claim, KubeLedger, Ledger, Phase, PodRef};
+use ip_webhook::ledger::{KubeLedger, Ledger};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::Api;
 use kube::api::PostParams;
@@ -60,18 +60,6 @@ fn kubectl() -> PathBuf {
         .expect("tests/plugin.rs needs kubectl: run scripts/install-test-deps.sh (it installs .tools/kubectl) or put kubectl on PATH")
 }
 
-fn claim(ip: &str, namespace: &str, app: &str, pod: &str, uid: &str) -> Claim {
-    Claim {
-        pod: PodRef {
-            uid: Some(uid.into()),
-            ..claims::pod_ref(namespace, pod)
-        },
-        phase: Phase::Bound,
-        list_size: std::num::NonZeroU64::new(4),
-        ..claims::at(claims::claim(ip, app, pod), 1_764_400_000)
-    }
-}
-
 /// prod/api holds 10.20.0.1 (its pod runs); default/web's claim on 10.0.0.10 outlived its pod.
 async fn cluster(fake: &FakeApi) {
     let client = fake.install_crds().await;
@@ -93,11 +81,19 @@ async fn cluster(fake: &FakeApi) {
     let ledger = KubeLedger::new(client);
     let uid = pod.metadata.uid.unwrap();
     ledger
-        .create(claim("10.20.0.1", "prod", "api", "api-0", &uid).into())
+        .create(
+            claims::bound("10.20.0.1", "prod", "api", "api-0", &uid)
+                .build()
+                .into(),
+        )
         .await
         .unwrap();
     ledger
-        .create(claim("10.0.0.10", "default", "web", "web-0", "gone-uid").into())
+        .create(
+            claims::bound("10.0.0.10", "default", "web", "web-0", "gone-uid")
+                .build()
+                .into(),
+        )
         .await
         .unwrap();
 }

@@ -614,7 +614,10 @@ pub async fn check(args: CheckArgs) -> anyhow::Result<()> {
                 )
                 .await
             };
-            Some(read.await.map_err(|e| format!("{e:#}")))
+            Some(
+                read.await
+                    .map_err(|e| crate::ops::doctor::Unreached::Cluster(format!("{e:#}"))),
+            )
         }
     };
     let options = crate::ops::doctor::Options {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use super::{PodMap, change_log, claim_list, index, leader_view, lock};
-use crate::crd::{IPClaim, IPPool};
+use crate::crd::{FixedIPPool, IPClaim};
 use crate::metrics::watch_health::WatchHealth;
 
 /// What the watches hold. Pods are kept as [`PodInfo`] only, and only pods that carry an IP.
@@ -25,7 +25,7 @@ pub struct Caches {
     pub(super) pod_changes: Mutex<CacheChanges>,
     /// What the claim watch changed while a full pass's list of claims was read.
     pub claim_list: claim_list::ListWindow,
-    pub pools: Mutex<BTreeMap<String, IPPool>>,
+    pub pools: Mutex<BTreeMap<String, FixedIPPool>>,
     /// Pods' actual IPs, Kube-OVN IP objects, workloads' lists ([`index`]).
     pub cluster_ips: Arc<index::ClusterIps>,
     pub(super) pods_synced: AtomicBool,

@@ -1,10 +1,10 @@
 //! Carrying out the reconciler's plans ([`super::reconcile::Plan`]) against the API server:
-//! IPClaim writes, Events about duplicates, `IPPool.status`.
+//! IPClaim writes, Events about duplicates, `FixedIPPool.status`.
 
 use super::ClusterError;
 use super::reconcile::*;
 use super::virtual_machines::VmDirectory;
-use crate::crd::{IPClaim, IPPool, IPPoolStatus};
+use crate::crd::{FixedIPPool, FixedIPPoolStatus, IPClaim};
 use crate::ledger::kubernetes::{
     claim_name, delete_exact_object, is_status, status_now, to_resource,
 };
@@ -21,7 +21,7 @@ use std::sync::Arc;
 /// Carries out plans against the API server.
 pub struct Executor {
     pub claims: Api<IPClaim>,
-    pub pools: Api<IPPool>,
+    pub pools: Api<FixedIPPool>,
     pub pods: Api<k8s_openapi::api::core::v1::Pod>,
     pub recorder: Recorder,
     /// Counts reclaimed leaks and expired reservations.
@@ -355,8 +355,12 @@ impl Executor {
         }
     }
 
-    /// Write `IPPool.status` where it changed.
-    pub async fn write_pool_statuses(&self, pools: &[IPPool], statuses: &[(String, IPPoolStatus)]) {
+    /// Write `FixedIPPool.status` where it changed.
+    pub async fn write_pool_statuses(
+        &self,
+        pools: &[FixedIPPool],
+        statuses: &[(String, FixedIPPoolStatus)],
+    ) {
         for (name, status) in statuses {
             let current = pools
                 .iter()
@@ -371,7 +375,7 @@ impl Executor {
                 .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
             {
-                tracing::warn!(%error, pool = %name, "could not write IPPool status");
+                tracing::warn!(%error, pool = %name, "could not write FixedIPPool status");
             }
         }
     }

@@ -24,7 +24,7 @@ pub struct Parts {
     /// Each interface's allocator: the claim watches, the reconciler (the primary's),
     /// node-loss release and the leak sweepers.
     pub interfaces: Interfaces,
-    /// The pool catalog the IPPool watch rebuilds and admissions read.
+    /// The pool catalog the FixedIPPool watch rebuilds and admissions read.
     pub pools: Arc<ArcSwap<PoolCatalog>>,
     /// Which workload lists which IPs: filled by the workload watches.
     pub workloads: Arc<WorkloadRegistry>,

@@ -325,12 +325,19 @@ impl PodLookup for PodDirectory {
         }
     }
 
-    async fn uses_ip(&self, namespace: &str, name: &str, ip: IpAddr) -> Result<bool, String> {
-        let pod = self
-            .api(namespace)
-            .get_opt(name)
-            .await
-            .map_err(|error| format!("reading pod {namespace}/{name} failed: {error}"))?;
+    async fn uses_ip(
+        &self,
+        namespace: &str,
+        name: &str,
+        ip: IpAddr,
+    ) -> Result<bool, crate::ledger::LedgerError> {
+        let pod = self.api(namespace).get_opt(name).await.map_err(|source| {
+            crate::ledger::LedgerError::PodRead {
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+                source: Box::new(source),
+            }
+        })?;
         Ok(pod.is_some_and(|pod| {
             let running = pod
                 .status

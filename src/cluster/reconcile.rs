@@ -9,7 +9,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use super::lifecycle::{self, Age, Verdict};
-use crate::crd::{IPClaim, IPPoolStatus};
+use crate::crd::{FixedIPPoolStatus, IPClaim};
 use crate::ipam::pools::PoolCatalog;
 use crate::ledger::Claim;
 use crate::metrics::AdoptReason;
@@ -362,11 +362,11 @@ pub(crate) fn adopts_by_token(pod: &PodInfo, recorded: &dyn Fn(&IpAddr) -> bool)
     !pod.terminating && pod.token.is_some() && pod.ips.iter().any(|ip| !recorded(ip))
 }
 
-/// `IPPool.status` from the records: IPs of the pool held by any record.
+/// `FixedIPPool.status` from the records: IPs of the pool held by any record.
 pub fn pool_statuses(
     catalog: &PoolCatalog,
     ips: impl Iterator<Item = IpAddr> + Clone,
-) -> Vec<(String, IPPoolStatus)> {
+) -> Vec<(String, FixedIPPoolStatus)> {
     let mut out = Vec::new();
     for name in catalog.names() {
         let Some(pool) = catalog.get(name) else {
@@ -376,7 +376,7 @@ pub fn pool_statuses(
         let held = ips.clone().filter(|ip| pool.usable.contains(ip)).count() as u64;
         out.push((
             name.to_string(),
-            IPPoolStatus {
+            FixedIPPoolStatus {
                 total,
                 held,
                 free: total.saturating_sub(held),

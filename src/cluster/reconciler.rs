@@ -1,7 +1,7 @@
 //! The reconcile loop ([`Reconciler`]): every replica marks itself ready once synced and
 //! resyncs its index; the leader also acts on the plan of [`super::reconcile`].
 
-use crate::crd::{IPClaim, IPPool};
+use crate::crd::{FixedIPPool, IPClaim};
 use crate::ipam::allocator::Allocator;
 use crate::ledger::kubernetes::{PRIMARY_SELECTOR, from_resource};
 use k8s_openapi::api::core::v1::Pod;
@@ -144,7 +144,7 @@ impl Reconciler {
             &pods,
         );
         self.executor.report_duplicates(&plan.duplicates).await;
-        let pools: Vec<IPPool> = lock(&self.caches.pools).values().cloned().collect();
+        let pools: Vec<FixedIPPool> = lock(&self.caches.pools).values().cloned().collect();
         let catalog = tolerant_catalog(&lock(&self.caches.pools));
         let claimed: Vec<IpAddr> = lock(&self.view).claimed_ips().collect();
         let statuses = reconcile::pool_statuses(&catalog, claimed.iter().copied());

@@ -10,7 +10,7 @@
 
 use crate::admission::annotations::{CLAIM_TOKEN, carried_ips};
 use crate::admission::networks::pod_network_ips;
-use crate::crd::{IPClaim, IPPool};
+use crate::crd::{FixedIPPool, IPClaim};
 use crate::ipam::allocator::Allocator;
 use crate::ipam::pools::{Pool, PoolCatalog, PoolError};
 use crate::ledger::claim::is_token;
@@ -322,8 +322,8 @@ pub async fn watch_claims(api: Api<IPClaim>, caches: Arc<Caches>, allocator: Arc
 /// overlaps an older one is left out (and logged) rather than taking every pool down. Each
 /// pool is checked against the pools accepted so far through the catalog's range index, once:
 /// n log n in the pools.
-pub fn tolerant_catalog(pools: &BTreeMap<String, IPPool>) -> PoolCatalog {
-    let mut ordered: Vec<&IPPool> = pools.values().collect();
+pub fn tolerant_catalog(pools: &BTreeMap<String, FixedIPPool>) -> PoolCatalog {
+    let mut ordered: Vec<&FixedIPPool> = pools.values().collect();
     ordered.sort_by_key(|p| {
         (
             p.metadata.creation_timestamp.as_ref().map(|Time(t)| *t),
@@ -335,7 +335,7 @@ pub fn tolerant_catalog(pools: &BTreeMap<String, IPPool>) -> PoolCatalog {
         let pool = match Pool::from_resource(resource) {
             Ok(pool) => pool,
             Err(error) => {
-                tracing::warn!(%error, "IPPool left out of the catalog");
+                tracing::warn!(%error, "FixedIPPool left out of the catalog");
                 continue;
             }
         };
@@ -346,7 +346,7 @@ pub fn tolerant_catalog(pools: &BTreeMap<String, IPPool>) -> PoolCatalog {
                 other: other.name.clone(),
                 other_cidr: other.cidr.to_string(),
             };
-            tracing::warn!(%error, "IPPool left out of the catalog");
+            tracing::warn!(%error, "FixedIPPool left out of the catalog");
             continue;
         }
         catalog.insert(pool);
@@ -356,7 +356,7 @@ pub fn tolerant_catalog(pools: &BTreeMap<String, IPPool>) -> PoolCatalog {
 
 /// IPPools, rebuilt into the webhook's `catalog` on every change.
 pub async fn watch_pools(
-    api: Api<IPPool>,
+    api: Api<FixedIPPool>,
     caches: Arc<Caches>,
     catalog: Arc<arc_swap::ArcSwap<PoolCatalog>>,
 ) {
@@ -365,7 +365,7 @@ pub async fn watch_pools(
     drive(stream, "ippools", Some(&caches.health), |event| {
         let change = mirror.step(
             &event,
-            |pool: &IPPool| pool.metadata.name.clone(),
+            |pool: &FixedIPPool| pool.metadata.name.clone(),
             |pool| Some(pool.clone()),
         );
         let mut pools = lock(&caches.pools);
@@ -541,15 +541,15 @@ mod tests {
 
     #[test]
     fn a_bad_or_overlapping_pool_is_left_out_not_the_whole_catalog() {
-        let pool = |name: &str, cidr: &str, created: &str| -> IPPool {
+        let pool = |name: &str, cidr: &str, created: &str| -> FixedIPPool {
             serde_json::from_value(serde_json::json!({
-                "apiVersion": "ip-webhook.io/v1alpha1", "kind": "IPPool",
+                "apiVersion": "ip-webhook.io/v1alpha1", "kind": "FixedIPPool",
                 "metadata": {"name": name, "creationTimestamp": created},
                 "spec": {"cidr": cidr},
             }))
             .unwrap()
         };
-        let pools: BTreeMap<String, IPPool> = [
+        let pools: BTreeMap<String, FixedIPPool> = [
             pool("a-newer", "10.0.0.0/25", "2026-01-02T00:00:00Z"),
             pool("b-older", "10.0.0.0/24", "2026-01-01T00:00:00Z"),
             pool("c-broken", "10.1.0.7/24", "2026-01-01T00:00:00Z"),

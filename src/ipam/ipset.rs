@@ -129,18 +129,25 @@ pub fn push_ip(out: &mut String, ip: &IpAddr) {
     }
 }
 
-/// Inverse of [`ip_label_value`]; also reads the older forms (`--1`, `fd00-10--`).
+/// Inverse of [`ip_label_value`]: `None` for a value of a form it does not write (an IPv6
+/// `-` form that starts or ends with `-` or holds a `.`).
 pub fn ip_from_label_value(value: &str) -> Option<IpAddr> {
     if value.len() == 32 && value.bytes().all(|b| b.is_ascii_hexdigit()) {
         return u128::from_str_radix(value, 16)
             .ok()
             .map(|v| IpAddr::V6(std::net::Ipv6Addr::from(v)));
     }
-    if value.contains('.') && !value.contains('-') {
-        value.parse().ok()
-    } else {
-        value.replace('-', ":").parse().ok()
+    if !value.contains('-') {
+        return value.parse::<std::net::Ipv4Addr>().ok().map(IpAddr::V4);
     }
+    if value.starts_with('-') || value.ends_with('-') || value.contains('.') {
+        return None;
+    }
+    value
+        .replace('-', ":")
+        .parse::<std::net::Ipv6Addr>()
+        .ok()
+        .map(IpAddr::V6)
 }
 
 /// Whether `value` is a valid Kubernetes label value: at most 63 characters, alphanumerics,
@@ -976,12 +983,10 @@ mod tests {
             "fd000010000000000000000000000000"
         );
         assert_eq!(ip_label_value(&ip("fd00::a")), "fd00--a");
-        // values written before the 32-digit form existed still read back
-        assert_eq!(ip_from_label_value("fd00-10--"), Some(ip("fd00:10::")));
-        assert_eq!(
-            ip_from_label_value("--ffff-10.9.9.9"),
-            Some(ip("::ffff:10.9.9.9"))
-        );
+        // only the forms `ip_label_value` writes are read
+        for unwritten in ["fd00-10--", "--1", "--ffff-10.9.9.9", "64-ff9b--10.0.0.1"] {
+            assert_eq!(ip_from_label_value(unwritten), None, "{unwritten}");
+        }
         assert!(!is_label_value("fd00-10--"));
         assert!(!is_label_value(&"a".repeat(64)));
     }

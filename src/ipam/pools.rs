@@ -291,12 +291,12 @@ use serde::Deserialize as _;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crd::IPPoolSpec;
+    use crate::crd::FixedIPPoolSpec;
 
     fn pool(name: &str, cidr: &str) -> FixedIPPool {
         FixedIPPool::new(
             name,
-            IPPoolSpec {
+            FixedIPPoolSpec {
                 cidr: cidr.into(),
                 ..Default::default()
             },

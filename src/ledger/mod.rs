@@ -117,7 +117,7 @@ pub struct Claim {
     pub ip: IpAddr,
     /// The app's name (value of the app label); empty for a static pod without one.
     pub app: Shared,
-    /// The IPPool it was drawn from, if any.
+    /// The FixedIPPool it was drawn from, if any.
     #[serde(default)]
     pub pool: Option<Shared>,
     pub pod: PodRef,
@@ -302,6 +302,16 @@ pub enum LedgerError {
         "the ledger's disk is full: no room for new records in {dir} ({error}); admissions that need the ledger are refused until space is freed there, then it resumes by itself"
     )]
     DiskFull { dir: String, error: String },
+    /// The embedded ledger's writer thread keeps the default scheduling policy: why.
+    #[error("{0}")]
+    SchedulingPolicy(String),
+    /// A pod could not be read from the API server.
+    #[error("reading pod {namespace}/{name} failed: {source}")]
+    PodRead {
+        namespace: String,
+        name: String,
+        source: Box<kube::Error>,
+    },
 }
 
 /// Where a ledger file is damaged, and what was found there.

@@ -5,8 +5,8 @@ use std::net::IpAddr;
 
 use async_trait::async_trait;
 
-use crate::ledger::Claim;
 use crate::ledger::claim::PodPresence;
+use crate::ledger::{Claim, LedgerError};
 
 /// Whether the pod of a claim still exists.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,7 +31,7 @@ pub trait PodLookup: Send + Sync {
     /// Whether the pod `namespace/name` still exists and runs on (or carries) `ip`, read now:
     /// what a replica asks before refusing an IP its copy of the cluster's pods says that pod
     /// uses, since the copy may lag behind the pod's deletion. `Err` when it cannot tell.
-    async fn uses_ip(&self, namespace: &str, name: &str, ip: IpAddr) -> Result<bool, String> {
+    async fn uses_ip(&self, namespace: &str, name: &str, ip: IpAddr) -> Result<bool, LedgerError> {
         let _ = (namespace, name, ip);
         Ok(true)
     }

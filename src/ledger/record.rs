@@ -111,8 +111,8 @@ fn encode_claim(buf: &mut Vec<u8>, claim: &Claim) {
     put_opt(buf, claim.list_size.map(std::num::NonZeroU64::get), put_u64);
     put_str(buf, &claim.token);
     put_opt(buf, claim.release_at, put_u64);
-    // The last byte holds flags: `sticky`, and fields added since, each followed by its value
-    // when set. A claim without them is the byte (0 or 1) an older release wrote and reads.
+    // The flags byte: `sticky`, and one flag per optional field after it, each field present
+    // only when its flag is set. A claim with none of them ends with this byte (0 or 1).
     let sources = claim.vm.as_ref().map(|vm| vm.sources()).unwrap_or_default();
     let mut flags = if claim.sticky { FLAG_STICKY } else { 0 };
     if claim.vm.is_some() {
@@ -428,7 +428,7 @@ mod tests {
     }
 
     #[test]
-    fn a_claim_without_a_vm_is_written_as_before_the_vm_existed() {
+    fn a_claim_without_a_vm_ends_with_its_flags_byte() {
         let plain = binary(&bare());
         // the last byte is `sticky`: nothing follows it
         assert_eq!(plain.last(), Some(&0));

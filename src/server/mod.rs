@@ -29,6 +29,7 @@ use answers::{busy, check_head, endpoint_of, json_response, panicked, status, un
 mod body;
 pub mod certs;
 mod slots;
+mod watched;
 use body::{Held, discard, read_body};
 use slots::{FIRST_BYTE_WAIT, HandshakeSlot, Noticing, Slots, admit};
 pub mod logging;
@@ -38,10 +39,8 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::panic::AssertUnwindSafe;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -52,7 +51,6 @@ use hyper::body::{Body, Incoming};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, SemaphorePermit, watch};
 use tokio::time::Instant;
@@ -301,55 +299,10 @@ impl Drop for RequestOpen {
     }
 }
 
-/// The TLS stream, counting the bytes read from it.
-struct Counted<S> {
-    inner: S,
-    activity: Arc<Activity>,
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for Counted<S> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
-        let read = buf.filled().len().saturating_sub(before) as u64;
-        if read > 0 {
-            self.activity.bytes_read.fetch_add(read, Ordering::Relaxed);
-        }
-        polled
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
+/// The TLS stream's reads count into its connection's bytes read.
+impl watched::ReadWatch for Activity {
+    fn read(&self, count: usize) {
+        self.bytes_read.fetch_add(count as u64, Ordering::Relaxed);
     }
 }
 
@@ -391,9 +344,9 @@ async fn serve_connection(
     };
     let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
     let activity = Arc::new(Activity::new());
-    let io = Counted {
+    let io = watched::Watched {
         inner: stream,
-        activity: activity.clone(),
+        watch: activity.clone(),
     };
     let service = {
         let activity = activity.clone();

@@ -11,14 +11,15 @@
 //! if `--max-handshakes` newer connections arrive while it runs and none of them is silent.
 
 use std::collections::BTreeMap;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::ReadBuf;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
+
+use super::watched::Watched;
 
 /// A connection admitted to a slot.
 pub(super) enum Admission {
@@ -172,56 +173,8 @@ pub(super) fn has_sent(tcp: &tokio::net::TcpStream) -> bool {
     matches!(tcp.poll_peek(&mut cx, &mut buf), Poll::Ready(Ok(n)) if n > 0)
 }
 
-/// A TCP stream that notes its peer's first byte (a ClientHello under way).
-pub(super) struct Noticing<S> {
-    pub(super) inner: S,
-    pub(super) heard: Arc<AtomicBool>,
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for Noticing<S> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
-        if buf.filled().len() > before && !self.heard.load(Ordering::Relaxed) {
-            self.heard.store(true, Ordering::Relaxed);
-        }
-        polled
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for Noticing<S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-}
+/// A TCP stream that notes its peer's first byte (a ClientHello under way) in its flag.
+pub(super) type Noticing<S> = Watched<S, Arc<AtomicBool>>;
 
 /// How long a new connection may take to send its first byte before it is weighed for a
 /// handshake slot as a silent one.
@@ -256,7 +209,14 @@ pub(super) fn admit(
         }
     };
     let _ = tcp.set_nodelay(true);
-    Some((Noticing { inner: tcp, heard }, slot, crowded))
+    Some((
+        Watched {
+            inner: tcp,
+            watch: heard,
+        },
+        slot,
+        crowded,
+    ))
 }
 
 #[cfg(test)]

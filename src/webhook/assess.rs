@@ -58,6 +58,11 @@ pub enum Denial {
     Conflict(String),
     /// The ledger failed; nothing was recorded.
     Ledger(String),
+    /// A secondary network's claims could not be bound to the pod's UID (the ledger's error).
+    NetworkBind {
+        network: String,
+        error: String,
+    },
 }
 
 impl From<AllocError> for Denial {
@@ -101,7 +106,7 @@ impl Denial {
         match self {
             Denial::Exhausted(_) => AllocationOutcome::exhausted,
             Denial::Conflict(_) => AllocationOutcome::conflict,
-            Denial::Ledger(_) => AllocationOutcome::error,
+            Denial::Ledger(_) | Denial::NetworkBind { .. } => AllocationOutcome::error,
             _ => AllocationOutcome::refused,
         }
     }
@@ -137,6 +142,10 @@ impl fmt::Display for Denial {
             Denial::Ledger(reason) => write!(
                 f,
                 "ip-webhook could not record the IP claim, so the pod is not admitted (retry): {reason}"
+            ),
+            Denial::NetworkBind { network, error } => write!(
+                f,
+                "network {network}: binding the claims to the pod's UID: {error}"
             ),
         }
     }

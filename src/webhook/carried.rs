@@ -8,11 +8,12 @@ use crate::ipam::foreign::ForeignUse;
 use crate::ipam::messages::{conflict_message, foreign_message};
 use crate::ledger::pod_lookup::PodLookup;
 use crate::ledger::{Claim, PodRef};
+use crate::webhook::assess::Denial;
 
 /// The IPs of `ips` that no claim of the pod's (`mine`) covers and that are free for it (`vm`:
 /// the pod is a launcher pod of that VM, whose other launcher pods share its IPs); the
-/// refusal's message for an IP another holder's claim locks, or that the cluster says a pod
-/// outside the ledger uses.
+/// refusal ([`Denial::Conflict`]) for an IP another holder's claim locks, or that the cluster
+/// says a pod outside the ledger uses.
 ///
 /// `ledger_decides`: the review is the pod's CREATE (not a dry run) and the pod carries a
 /// claim token, so a `/mutate` granted its IPs, maybe another replica's, whose record this
@@ -25,7 +26,7 @@ pub async fn unrecorded(
     pods: Option<&dyn PodLookup>,
     carried: Carried<'_>,
     ledger_decides: bool,
-) -> Result<Vec<IpAddr>, String> {
+) -> Result<Vec<IpAddr>, Denial> {
     let Carried { ips, mine, pod, vm } = carried;
     let mut unrecorded = Vec::new();
     for ip in ips {
@@ -34,7 +35,7 @@ pub async fn unrecorded(
         }
         match allocator.holder(ip) {
             Some(holder) if holder.locks_ip() && !ledger_decides => {
-                return Err(conflict_message(ip, pod, &holder));
+                return Err(Denial::Conflict(conflict_message(ip, pod, &holder)));
             }
             Some(holder) if holder.locks_ip() => unrecorded.push(*ip),
             _ => match allocator.foreign_user(ip, pod, vm) {
@@ -42,7 +43,7 @@ pub async fn unrecorded(
                     allocator.foreign_gone(ip, &user);
                     unrecorded.push(*ip)
                 }
-                Some(user) => return Err(foreign_message(ip, pod, &user)),
+                Some(user) => return Err(Denial::Conflict(foreign_message(ip, pod, &user))),
                 None => unrecorded.push(*ip),
             },
         }

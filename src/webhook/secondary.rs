@@ -26,7 +26,7 @@ use crate::admission::networks::{
 };
 use crate::admission::patch::MetadataPatch;
 use crate::admission::{Incoming, Meta, Operation};
-use crate::ipam::allocator::{AllocError, AllocationRequest, Allocator, Reason};
+use crate::ipam::allocator::{AllocationRequest, Allocator, Reason};
 use crate::ipam::ipset::{Family, IpSet};
 use crate::ledger::claim::{PodIdentity, new_token};
 use crate::ledger::network::Network;
@@ -337,15 +337,16 @@ pub async fn grant(
             }
             Err(error) => {
                 give_back(webhook, &recorded, &identity, request.dry_run).await;
-                return Err(network_denial(&ask.network, error));
+                return Err(network_denial(&ask.network, error.into()));
             }
         }
     }
     Ok(granted)
 }
 
-fn network_denial(network: &Network, error: AllocError) -> Denial {
-    match Denial::from(error) {
+/// `denial` on `network`: its message names the network.
+fn network_denial(network: &Network, denial: Denial) -> Denial {
+    match denial {
         Denial::Exhausted(message) => Denial::Exhausted(format!("network {network}: {message}")),
         Denial::Conflict(message) => Denial::Conflict(format!("network {network}: {message}")),
         Denial::Ledger(message) => Denial::Ledger(format!("network {network}: {message}")),
@@ -423,12 +424,12 @@ pub fn carried(webhook: &Webhook, meta: &Meta, namespace: &str) -> Vec<(Network,
 /// outside a network's list among them); every IP it carries on one is its own claim (by UID
 /// once bound, else by token); or free, then (a CREATE) recorded for it now as a static IP;
 /// or held by another holder: refused, naming both. A CREATE's claims are then bound to its
-/// UID. `Err` is the denial's message.
+/// UID. `Err` is the denial.
 pub async fn validate(
     webhook: &Webhook,
     incoming: &Incoming<'_>,
     ask: &PodAsk<'_>,
-) -> Result<(), String> {
+) -> Result<(), Denial> {
     if webhook.secondary.is_empty() {
         return Ok(());
     }
@@ -436,7 +437,7 @@ pub async fn validate(
     // a CREATE reads what it asks as /mutate reads it (and is refused alike); an UPDATE only
     // what it carries
     let on_networks = if incoming.request.operation == Operation::Create {
-        let asks = asks(webhook, view).map_err(|denial| denial.to_string())?;
+        let asks = asks(webhook, view)?;
         let asks = asks.map(|asks| asks.asks).unwrap_or_default();
         asks.into_iter()
             .map(|ask| (ask.network, ask.carried))
@@ -477,7 +478,7 @@ pub async fn validate(
         };
         let unrecorded = carried::unrecorded(allocator, None, on_network, ledger_decides)
             .await
-            .map_err(|message| format!("network {network}: {message}"))?;
+            .map_err(|denial| network_denial(&network, denial))?;
         if !records {
             continue;
         }
@@ -485,16 +486,17 @@ pub async fn validate(
             allocator
                 .claim_static(&unrecorded, request)
                 .await
-                .map_err(|error| network_denial(&network, error).to_string())?;
+                .map_err(|error| network_denial(&network, error.into()))?;
         }
         let recorded = PodIdentity {
             token: Some(request.token),
             ..*identity
         };
         if let Err(error) = allocator.bind(&recorded, &ips, view.is_stateful()).await {
-            return Err(format!(
-                "network {network}: binding the claims to the pod's UID: {error}"
-            ));
+            return Err(Denial::NetworkBind {
+                network: network.to_string(),
+                error: error.to_string(),
+            });
         }
     }
     Ok(())

@@ -8,7 +8,7 @@ use crate::admission::annotations::{
     ALLOCATED_IP_LABEL, CLAIM_TOKEN, STATUS, STATUS_MUTATED, carried_ips, changed_mark,
 };
 use crate::admission::{Incoming, Meta, Operation, Response, ReviewError};
-use crate::crd::{self, IPPool};
+use crate::crd::{self, FixedIPPool};
 use crate::ipam::allocator::AllocationRequest;
 use crate::ipam::ipset::{IpSet, excerpt};
 use crate::ipam::messages::holder_list;
@@ -33,7 +33,7 @@ pub async fn validate(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Answ
         ("", "Pod") if matches!(request.operation, Operation::Create | Operation::Update) => {
             return validate_pod(webhook, incoming, incoming.respond()).await;
         }
-        (crd::GROUP, "FixedIPPool") => validate_ippool(webhook, incoming),
+        (crd::GROUP, "FixedIPPool") => validate_pool(webhook, incoming),
         (group, kind) if workloads::is_workload(group, kind) => {
             workloads::review(webhook, incoming)
         }
@@ -62,12 +62,12 @@ fn holders_text(claims: &[Claim]) -> String {
     holder_list(&named, claims.len() as u128)
 }
 
-/// IPPool CREATE/UPDATE: valid, inside its CIDR, no overlap, no held IP removed.
+/// FixedIPPool CREATE/UPDATE: valid, inside its CIDR, no overlap, no held IP removed.
 /// DELETE: refused while any of its IPs is held.
-fn validate_ippool(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Response, ReviewError> {
+fn validate_pool(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Response, ReviewError> {
     let response = incoming.respond();
     let operation = incoming.request.operation;
-    let old: Option<IPPool> = match operation {
+    let old: Option<FixedIPPool> = match operation {
         Operation::Update | Operation::Delete => incoming.object(true).unwrap_or(None),
         _ => None,
     };
@@ -97,7 +97,7 @@ fn validate_ippool(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Respons
     if !matches!(operation, Operation::Create | Operation::Update) {
         return Ok(response);
     }
-    let resource: IPPool = match incoming.object(false) {
+    let resource: FixedIPPool = match incoming.object(false) {
         Ok(Some(resource)) => resource,
         Ok(None) => return Ok(response.deny("a FixedIPPool review must carry request.object")),
         Err(e) => return Ok(response.deny(format!("FixedIPPool cannot be read: {e}"))),
@@ -196,9 +196,9 @@ async fn validate_pod(
             )
             .await;
             if answer.response.allowed
-                && let Err(message) = secondary::validate(webhook, incoming, &ask).await
+                && let Err(denial) = secondary::validate(webhook, incoming, &ask).await
             {
-                answer.response = answer.response.deny(message);
+                answer.response = answer.response.deny(denial.to_string());
             }
         }
         Err(denial) => answer.response = answer.response.deny(denial.to_string()),
@@ -323,9 +323,7 @@ async fn unrecorded_ips(
         vm: ask.view.vm,
     };
     let pods = webhook.pods.get().map(|p| &**p);
-    carried::unrecorded(&webhook.allocator, pods, carried, ledger_decides)
-        .await
-        .map_err(Denial::Conflict)
+    carried::unrecorded(&webhook.allocator, pods, carried, ledger_decides).await
 }
 
 /// Record `unrecorded` for the pod as static IPs under its token (a new one if it has none)

@@ -1,5 +1,6 @@
 //! The claim every test starts from: change the fields a test is about with struct update
-//! syntax, `Claim { request_uid: "r".into(), ..claims::claim("10.0.0.1", "web", "web-0") }`.
+//! syntax, `Claim { request_uid: "r".into(), ..claims::claim("10.0.0.1", "web", "web-0") }`,
+//! or by name with [`builder`]: `claims::builder("10.0.0.1", "web", "web-0").request("r")`.
 #![allow(dead_code)]
 
 use ip_webhook::ledger::{Claim, Phase, PodRef, Source};
@@ -40,5 +41,92 @@ pub fn at(claim: Claim, at: u64) -> Claim {
         created_at: at,
         updated_at: at,
         ..claim
+    }
+}
+
+/// A claim `Bound` to the running pod `namespace/pod` with UID `uid`, drawn from a list of 4,
+/// made at 2025-11-29T07:06:40Z: what a cluster's ledger holds for a pod that runs.
+pub fn bound(ip: &str, namespace: &str, app: &str, pod: &str, uid: &str) -> ClaimBuilder {
+    builder(ip, app, pod)
+        .namespace(namespace)
+        .uid(uid)
+        .bound()
+        .list_size(4)
+        .at(1_764_400_000)
+}
+
+/// [`claim`] with the fields a test is about set by name, for tests that build many claims
+/// that differ in a few fields:
+/// `claims::builder("10.0.0.1", "web", "web-0").uid("u1").bound().at(T0).build()`.
+pub fn builder(ip: &str, app: &str, pod: &str) -> ClaimBuilder {
+    ClaimBuilder(claim(ip, app, pod))
+}
+
+/// A claim under construction; see [`builder`]. Each method sets one field (or, [`Self::at`],
+/// both times).
+pub struct ClaimBuilder(Claim);
+
+impl ClaimBuilder {
+    /// The pod's namespace (the name stays).
+    pub fn namespace(mut self, namespace: &str) -> Self {
+        self.0.pod.namespace = namespace.into();
+        self
+    }
+
+    pub fn generate_name(mut self, generate_name: &str) -> Self {
+        self.0.pod.generate_name = generate_name.into();
+        self
+    }
+
+    /// The pod's UID.
+    pub fn uid(mut self, uid: &str) -> Self {
+        self.0.pod.uid = Some(uid.into());
+        self
+    }
+
+    /// The admission request's UID.
+    pub fn request(mut self, request_uid: &str) -> Self {
+        self.0.request_uid = request_uid.into();
+        self
+    }
+
+    pub fn token(mut self, token: &str) -> Self {
+        self.0.token = token.into();
+        self
+    }
+
+    /// The FixedIPPool the IP was drawn from.
+    pub fn pool(mut self, pool: &str) -> Self {
+        self.0.pool = Some(pool.into());
+        self
+    }
+
+    pub fn phase(mut self, phase: Phase) -> Self {
+        self.0.phase = phase;
+        self
+    }
+
+    pub fn bound(self) -> Self {
+        self.phase(Phase::Bound)
+    }
+
+    pub fn source(mut self, source: Source) -> Self {
+        self.0.source = source;
+        self
+    }
+
+    /// The size of the list or pool the IP came from (none for 0).
+    pub fn list_size(mut self, size: u64) -> Self {
+        self.0.list_size = std::num::NonZeroU64::new(size);
+        self
+    }
+
+    /// Made at unix second `at` (created and updated).
+    pub fn at(self, at: u64) -> Self {
+        ClaimBuilder(self::at(self.0, at))
+    }
+
+    pub fn build(self) -> Claim {
+        self.0
     }
 }

@@ -58,10 +58,11 @@ impl Marker {
         text
     }
 
-    fn parse(text: &str) -> Result<Marker, String> {
+    /// The marker of `dir` from its text; an error naming what is damaged.
+    fn parse(text: &str, dir: &Path) -> Result<Marker, LedgerError> {
         let lines = text
             .strip_suffix('\n')
-            .ok_or("it does not end with a whole line")?;
+            .ok_or_else(|| damaged(dir, "it does not end with a whole line"))?;
         let body_end = lines.rfind('\n').map_or(0, |at| at + 1);
         let (body, last) = text.split_at(body_end);
         let check = last
@@ -69,13 +70,13 @@ impl Marker {
             .map(|hex| hex.trim_end_matches('\n'))
             .filter(|hex| hex.len() == 8)
             .and_then(|hex| u32::from_str_radix(hex, 16).ok())
-            .ok_or("its last line is no `check` line")?;
+            .ok_or_else(|| damaged(dir, "its last line is no `check` line"))?;
         if check != crate::ledger::record::crc32c(body.as_bytes()) {
-            return Err("its check does not match its lines".into());
+            return Err(damaged(dir, "its check does not match its lines"));
         }
         let mut lines = body.lines();
         if lines.next() != Some(TITLE) {
-            return Err(format!("its first line is not {TITLE:?}"));
+            return Err(damaged(dir, format!("its first line is not {TITLE:?}")));
         }
         let mut marker = Marker {
             created: String::new(),
@@ -85,7 +86,7 @@ impl Marker {
             match line.split_once(' ') {
                 Some(("created", at)) => marker.created = at.to_string(),
                 Some(("network", book)) => marker.books.push(book.to_string()),
-                _ => return Err(format!("unknown line {line:?}")),
+                _ => return Err(damaged(dir, format!("unknown line {line:?}"))),
             }
         }
         marker.books.sort();
@@ -102,17 +103,17 @@ pub(super) fn read(dir: &Path) -> Result<Option<Marker>, LedgerError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         read => read.map_err(storage_at("read", &path))?,
     };
-    std::str::from_utf8(&bytes)
-        .map_err(|_| "it is not text".to_string())
-        .and_then(Marker::parse)
-        .map(Some)
-        .map_err(|why| {
-            LedgerError::Missing(format!(
-                "{} is damaged: {why}. It records that this dir holds a ledger and which networks' books it keeps; `ip-webhook ledger repair --state-dir {}` writes it again from the files there",
-                path.display(),
-                dir.display()
-            ))
-        })
+    let text = std::str::from_utf8(&bytes).map_err(|_| damaged(dir, "it is not text"))?;
+    Marker::parse(text, dir).map(Some)
+}
+
+/// The refusal for the marker of `dir` that cannot be read as written (`why`).
+fn damaged(dir: &Path, why: impl std::fmt::Display) -> LedgerError {
+    LedgerError::Missing(format!(
+        "{} is damaged: {why}. It records that this dir holds a ledger and which networks' books it keeps; `ip-webhook ledger repair --state-dir {}` writes it again from the files there",
+        dir.join(MARKER).display(),
+        dir.display()
+    ))
 }
 
 /// Write `marker` to `dir`: temp file, fsync, rename, directory fsync.
@@ -227,17 +228,21 @@ mod tests {
             books: vec!["default.a".into(), "prod.b".into()],
         };
         let text = marker.text();
-        assert_eq!(Marker::parse(&text), Ok(marker));
+        let dir = Path::new("/state");
+        assert_eq!(Marker::parse(&text, dir).unwrap(), marker);
         for at in 0..text.len() {
             let mut bytes = text.clone().into_bytes();
             bytes[at] ^= 0x01;
             if let Ok(changed) = std::str::from_utf8(&bytes) {
-                assert!(Marker::parse(changed).is_err(), "a change at {at} was read");
+                assert!(
+                    Marker::parse(changed, dir).is_err(),
+                    "a change at {at} was read"
+                );
             }
         }
         for len in 0..text.len() {
             assert!(
-                Marker::parse(&text[..len]).is_err(),
+                Marker::parse(&text[..len], dir).is_err(),
                 "cut at {len} was read"
             );
         }

@@ -152,24 +152,28 @@ impl Drop for Seal<'_> {
 /// they would pay two context switches per commit and make batches half the size. With a core to itself the writer runs at once either way. Any thread may choose this
 /// policy, so it needs no privilege; the thread's niceness is set to 0.
 #[cfg(target_os = "linux")]
-pub fn writer_batch_policy() -> Result<(), String> {
+pub fn writer_batch_policy() -> Result<(), LedgerError> {
     use thread_priority::unix::{
         NormalThreadSchedulePolicy, ThreadSchedulePolicy, set_thread_priority_and_policy,
         thread_native_id,
     };
     // The crate maps 0..=99 onto niceness 19..=-20; 47 is 0 (a unit test checks).
-    let nice_zero = thread_priority::ThreadPriority::Crossplatform(47u8.try_into()?);
+    let nice_zero = thread_priority::ThreadPriority::Crossplatform(
+        47u8.try_into().map_err(LedgerError::SchedulingPolicy)?,
+    );
     set_thread_priority_and_policy(
         thread_native_id(),
         nice_zero,
         ThreadSchedulePolicy::Normal(NormalThreadSchedulePolicy::Batch),
     )
-    .map_err(|error| format!("{error:?}"))
+    .map_err(|error| LedgerError::SchedulingPolicy(format!("{error:?}")))
 }
 
 #[cfg(not(target_os = "linux"))]
-pub fn writer_batch_policy() -> Result<(), String> {
-    Err("SCHED_BATCH is Linux's".into())
+pub fn writer_batch_policy() -> Result<(), LedgerError> {
+    Err(LedgerError::SchedulingPolicy(
+        "SCHED_BATCH is Linux's".into(),
+    ))
 }
 
 pub(super) fn writer_loop(mut journal: Box<Journal>, inbox: &Inbox, counters: CommitCounters) {

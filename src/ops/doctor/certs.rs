@@ -8,7 +8,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, SignatureScheme};
 
-use super::{CaBundles, Check, Status, check};
+use super::{CaBundles, Check, Status, Unreached, check};
 
 /// The served chain (DER, leaf first) and what the verifier said of it.
 pub(super) type Seen = (Vec<Vec<u8>>, Result<(), CertError>);
@@ -131,13 +131,13 @@ pub(super) fn verify_with_bundle(
 /// The webhook configurations' caBundles against the served chain: OK when every one of them
 /// signs it (the API server checks each webhook with its own caBundle).
 pub fn cluster_bundle_check(
-    bundles: &Result<CaBundles, String>,
+    bundles: &Result<CaBundles, Unreached>,
     chain: &[Vec<u8>],
     name: &str,
 ) -> Check {
     let bundles = match bundles {
         Ok(bundles) => bundles,
-        Err(why) => return check("cabundle", Status::Fail, why.clone()),
+        Err(why) => return check("cabundle", Status::Fail, why.to_string()),
     };
     if bundles.is_empty() {
         return check(

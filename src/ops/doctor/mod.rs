@@ -61,6 +61,24 @@ fn check(name: &'static str, status: Status, detail: impl Into<String>) -> Check
 /// caBundles (PEM), each with the webhook it belongs to.
 pub type CaBundles = Vec<(String, Vec<u8>)>;
 
+/// Why `check` could not reach or read what a check looks at; `Display` is the check's detail.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Unreached {
+    #[error("cannot connect to {address}: {reason}")]
+    Connect { address: String, reason: String },
+    #[error("TLS handshake with {address} failed: {reason}")]
+    Handshake { address: String, reason: String },
+    #[error("no answer from {address} within {timeout:?}")]
+    NoAnswer { address: String, timeout: Duration },
+    /// The HTTP request on the connection failed.
+    #[error("{0}")]
+    Request(String),
+    /// The webhook configurations could not be read from the cluster: the causes, outermost
+    /// first.
+    #[error("{0}")]
+    Cluster(String),
+}
+
 #[derive(Debug, Clone)]
 pub struct Options {
     /// `https://host:port` (a path, if any, replaces `/mutate`).
@@ -72,7 +90,7 @@ pub struct Options {
     pub server_name: Option<String>,
     /// The caBundles of the webhook configurations read from the cluster, each with where it
     /// came from, or why they could not be read; `None` when the cluster was not asked.
-    pub cluster_bundles: Option<Result<CaBundles, String>>,
+    pub cluster_bundles: Option<Result<CaBundles, Unreached>>,
     /// `http://host:port` of the admin port.
     pub admin_url: Option<String>,
     /// Fewer days than this before the certificate expires is a failure (a warning below 30).
@@ -220,7 +238,7 @@ async fn webhook_checks(options: &Options, checks: &mut Vec<Check>) {
             ));
             tls
         }
-        Err(e) => return checks.push(check("reachable", Status::Fail, e)),
+        Err(e) => return checks.push(check("reachable", Status::Fail, e.to_string())),
     };
     certificate_checks(options, &client, checks);
     let host_header = format!("{host}:{port}");
@@ -307,25 +325,33 @@ impl Client {
         &self,
         address: &str,
         timeout: Duration,
-    ) -> Result<tokio_rustls::client::TlsStream<TcpStream>, String> {
+    ) -> Result<tokio_rustls::client::TlsStream<TcpStream>, Unreached> {
         let connected = async {
             let tcp = TcpStream::connect(address)
                 .await
-                .map_err(|e| format!("cannot connect to {address}: {e}"))?;
+                .map_err(|e| Unreached::Connect {
+                    address: address.to_string(),
+                    reason: e.to_string(),
+                })?;
             tokio_rustls::TlsConnector::from(self.config.clone())
                 .connect(self.server_name.clone(), tcp)
                 .await
-                .map_err(|e| {
-                    let refusal = self.identity.refusal(alert_in(&e));
-                    format!(
-                        "TLS handshake with {address} failed: {}",
-                        refusal.unwrap_or_else(|| e.to_string())
-                    )
+                .map_err(|e| Unreached::Handshake {
+                    address: address.to_string(),
+                    reason: self
+                        .identity
+                        .refusal(alert_in(&e))
+                        .unwrap_or_else(|| e.to_string()),
                 })
         };
         tokio::time::timeout(timeout, connected)
             .await
-            .unwrap_or_else(|_| Err(format!("no answer from {address} within {timeout:?}")))
+            .unwrap_or_else(|_| {
+                Err(Unreached::NoAnswer {
+                    address: address.to_string(),
+                    timeout,
+                })
+            })
     }
 }
 
@@ -445,7 +471,7 @@ async fn admin_get(
     host: &str,
     port: u16,
     path: &str,
-) -> Result<(http::StatusCode, Vec<u8>), String> {
+) -> Result<(http::StatusCode, Vec<u8>), Unreached> {
     let address = format!(
         "{}:{port}",
         if host.contains(':') {
@@ -457,17 +483,20 @@ async fn admin_get(
     tokio::time::timeout(options.timeout, async {
         let tcp = TcpStream::connect(&address)
             .await
-            .map_err(|e| format!("cannot connect to {address}: {e}"))?;
+            .map_err(|e| Unreached::Connect {
+                address: address.clone(),
+                reason: e.to_string(),
+            })?;
         http_request(tcp, http::Method::GET, &address, path, Vec::new())
             .await
-            .map_err(|(e, _)| e)
+            .map_err(|(e, _)| Unreached::Request(e))
     })
     .await
     .unwrap_or_else(|_| {
-        Err(format!(
-            "no answer from {address} within {:?}",
-            options.timeout
-        ))
+        Err(Unreached::NoAnswer {
+            address: address.clone(),
+            timeout: options.timeout,
+        })
     })
 }
 
@@ -493,7 +522,7 @@ async fn admin_checks(options: &Options, checks: &mut Vec<Check>) {
             Status::Fail,
             format!("/readyz answers {status}: {}", snippet(&body)),
         ),
-        Err(e) => check("ready", Status::Fail, e),
+        Err(e) => check("ready", Status::Fail, e.to_string()),
     });
     match admin_get(options, &host, port, "/metrics").await {
         Ok((status, body)) if status == http::StatusCode::OK => {
@@ -506,7 +535,7 @@ async fn admin_checks(options: &Options, checks: &mut Vec<Check>) {
             Status::Fail,
             format!("/metrics answers {status}: {}", snippet(&body)),
         )),
-        Err(e) => checks.push(check("capacity", Status::Fail, e)),
+        Err(e) => checks.push(check("capacity", Status::Fail, e.to_string())),
     }
 }
 
