@@ -26,9 +26,10 @@
 //! - `POST /bench/churn?n=1000`: n plain pods (no fixed IP) each ADDED running, MODIFIED
 //!   Terminating and DELETED on the pod watches, 100 pods per 10 ms, and its block MODIFIED
 //!   when its IP is allocated (a full block) and released;
-//! - `POST /bench/admit?n=50&interval_ms=560`: n fixed-IP admissions as the cluster sees them:
-//!   the IPClaim created Reserved, the pod ADDED with its IP (and its block MODIFIED), the
-//!   claim bound to it, one every `interval_ms`. Answers when all are sent.
+//! - `POST /bench/admit?n=50&interval_ms=560&from=0`: n fixed-IP admissions as the cluster
+//!   sees them: the IPClaim created Reserved, the pod ADDED with its IP (and its block
+//!   MODIFIED), the claim bound to it, one every `interval_ms`; the k-th of all (from `from`)
+//!   has its own pod and IP. Answers when all are sent.
 //!
 //! This is a benchmark tool: no authentication, no validation beyond what the webhook needs.
 
@@ -1031,8 +1032,8 @@ impl Server {
 
     /// A fixed-IP admission as the cluster sees it afterwards: claim created Reserved, pod
     /// created carrying its IP and token, claim bound to the pod's UID.
-    async fn admit(self: Arc<Self>, n: usize, interval: Duration) {
-        for k in 0..n {
+    async fn admit(self: Arc<Self>, from: usize, n: usize, interval: Duration) {
+        for k in from..from + n {
             let a = k % fixed_apps();
             let i = self.pods + 2_000_000 + k;
             let shape = admitted_shape(self.pods, k);
@@ -1133,7 +1134,10 @@ impl Server {
                         .get("interval_ms")
                         .and_then(|n| n.parse().ok())
                         .unwrap_or(560);
-                    self.clone().admit(n, Duration::from_millis(interval)).await;
+                    let from = q.get("from").and_then(|n| n.parse().ok()).unwrap_or(0);
+                    self.clone()
+                        .admit(from, n, Duration::from_millis(interval))
+                        .await;
                     Response::new(full("{}"))
                 }
                 _ => Response::builder().status(404).body(full("")).unwrap(),

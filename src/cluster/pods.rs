@@ -17,6 +17,7 @@ use crate::ledger::claim::PodPresence;
 use crate::ledger::pod_lookup::{PodLookup, PodState};
 
 use super::lifecycle::takes_up;
+use super::listed_pod::ListedPod;
 use super::virtual_machines::VmDirectory;
 use super::watches::network_pod_info;
 use super::{ClusterError, pod_info};
@@ -229,7 +230,8 @@ impl PodDirectory {
     /// Every pod carrying our label, by namespace and name, read page by page and cut down to
     /// its metadata (without managed fields) and node.
     async fn labelled_pods(&self) -> Result<HashMap<(String, String), Pod>, ClusterError> {
-        let api: Api<Pod> = Api::all(self.client.clone());
+        // read as the fields matching reads: containers, volumes and managed fields skipped
+        let api: Api<ListedPod> = Api::all(self.client.clone());
         let mut kept = HashMap::new();
         super::reconciler::list_pages(
             |params| {
@@ -237,7 +239,7 @@ impl PodDirectory {
                 async move { api.list(&params.labels(ALLOCATED_IP_LABEL)).await }
             },
             |page| {
-                kept.extend(page.into_iter().map(|pod| {
+                kept.extend(page.into_iter().map(|ListedPod(pod)| {
                     let slim = node_and_metadata(pod);
                     let key = (
                         slim.metadata.namespace.clone().unwrap_or_default(),
@@ -261,7 +263,7 @@ impl PodDirectory {
     ) -> Result<Vec<Pod>, ClusterError> {
         let uids: std::collections::HashSet<&str> =
             claims.iter().filter_map(|c| c.pod.uid.as_deref()).collect();
-        let api = self.api(namespace);
+        let api: Api<ListedPod> = Api::namespaced(self.client.clone(), namespace);
         let mut kept = Vec::new();
         super::reconciler::list_pages(
             |params| {
@@ -269,7 +271,7 @@ impl PodDirectory {
                 async move { api.list(&params).await }
             },
             |page| {
-                kept.extend(page.into_iter().filter_map(|pod| {
+                kept.extend(page.into_iter().filter_map(|ListedPod(pod)| {
                     let could = pod
                         .metadata
                         .uid
