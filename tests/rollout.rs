@@ -288,6 +288,18 @@ async fn a_rollout_through_three_replicas_admits_every_pod_on_its_own_ip_and_bin
             );
         }
     }
+    // the replicas' writes of IPClaims, and those the API server refused as conflicts
+    let requests = fake.get_json("/fake/requests");
+    let mut writes: BTreeMap<(String, i64), usize> = BTreeMap::new();
+    for request in requests["requests"].as_array().into_iter().flatten() {
+        let path = request["path"].as_str().unwrap_or("");
+        let method = request["method"].as_str().unwrap_or("");
+        if path.contains("/ipclaims") && method != "GET" {
+            let code = request["code"].as_i64().unwrap_or(0);
+            *writes.entry((method.to_string(), code)).or_default() += 1;
+        }
+    }
+    println!("IPClaim writes (method, answer): {writes:?}");
     for (kind, mut seconds) in seen_by_api {
         seconds.sort_by(f64::total_cmp);
         println!(
