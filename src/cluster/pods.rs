@@ -163,25 +163,65 @@ impl PodDirectory {
         let mut nodes = BTreeMap::new();
         let mut failures = Vec::new();
         if named.len() >= LIST_FROM {
-            match self.labelled_pods().await {
-                Ok(pods) => named.retain(|claim| {
-                    let key = (claim.pod.namespace.to_string(), claim.pod.name.to_string());
-                    let Some(pod) = pods.get(&key) else {
-                        return true;
-                    };
-                    match self.holder(std::slice::from_ref(pod), claim) {
-                        Some(pod) => {
-                            if let Some(node) = node_of(pod) {
-                                nodes.insert(claim.ip, node);
-                            }
-                            false
-                        }
-                        None => true,
-                    }
-                }),
-                Err(why) => failures.push(why.to_string()),
+            self.nodes_from_our_pods(&mut named, &mut nodes).await;
+        }
+        self.read_nodes(named, &mut nodes, &mut failures).await;
+        for (namespace, claims) in by_namespace {
+            let pods = match self.candidates(namespace, &claims).await {
+                Ok(pods) => pods,
+                Err(why) => {
+                    failures.push(why.to_string());
+                    continue;
+                }
+            };
+            for claim in claims {
+                if let Some(node) = self.holder(&pods, claim).and_then(node_of) {
+                    nodes.insert(claim.ip, node);
+                }
             }
         }
+        failures.sort();
+        (nodes, failures)
+    }
+
+    /// The nodes of the claims in `named` whose pods the list of the pods carrying our label
+    /// shows; those claims are taken out of `named`, the rest left for a read each.
+    async fn nodes_from_our_pods(
+        &self,
+        named: &mut Vec<&Claim>,
+        nodes: &mut BTreeMap<IpAddr, String>,
+    ) {
+        let pods = match self.labelled_pods().await {
+            Ok(pods) => pods,
+            // every claim is then read on its own: nothing is left out
+            Err(why) => {
+                tracing::debug!(%why, "listing the pods carrying our label failed; reading each claim's pod");
+                return;
+            }
+        };
+        named.retain(|claim| {
+            let key = (claim.pod.namespace.to_string(), claim.pod.name.to_string());
+            let Some(pod) = pods.get(&key) else {
+                return true;
+            };
+            let Some(pod) = self.holder(std::slice::from_ref(pod), claim) else {
+                return true;
+            };
+            if let Some(node) = node_of(pod) {
+                nodes.insert(claim.ip, node);
+            }
+            false
+        });
+    }
+
+    /// The node of each claim in `named`, one read of its pod each, [`CONCURRENT_READS`] at a
+    /// time, each pod cut down to its node as it arrives.
+    async fn read_nodes(
+        &self,
+        named: Vec<&Claim>,
+        nodes: &mut BTreeMap<IpAddr, String>,
+        failures: &mut Vec<String>,
+    ) {
         let mut reads = futures::stream::iter(named.into_iter().map(|claim| async move {
             let read = self
                 .api(&claim.pod.namespace)
@@ -209,22 +249,6 @@ impl PodDirectory {
                 Err(why) => failures.push(why),
             }
         }
-        for (namespace, claims) in by_namespace {
-            let pods = match self.candidates(namespace, &claims).await {
-                Ok(pods) => pods,
-                Err(why) => {
-                    failures.push(why.to_string());
-                    continue;
-                }
-            };
-            for claim in claims {
-                if let Some(node) = self.holder(&pods, claim).and_then(node_of) {
-                    nodes.insert(claim.ip, node);
-                }
-            }
-        }
-        failures.sort();
-        (nodes, failures)
     }
 
     /// Every pod carrying our label, by namespace and name, read page by page and cut down to
