@@ -1,4 +1,4 @@
-//! Memory of the pod IP index (issue 17): bytes per cached pod with 100,000 pods, and the time
+//! Memory of the pod IP index: bytes per cached pod with 100,000 pods, and the time
 //! to build the index and look an IP up.
 //!
 //! The figure is the growth of the process's resident memory (`/proc/self/statm`) while

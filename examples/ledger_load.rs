@@ -342,7 +342,7 @@ fn probe_for(dir: &Path, seconds: f64) {
 }
 
 /// `fdatasync` after each of `count` writes: a 300-byte record written into zeros already
-/// synced, as one journal commit does since issue 18 round 6 (`room`); the same record
+/// synced, as one journal commit does (`room`); the same record
 /// appended, growing the file, as one did before; and 4 KiB overwritten in place, as a page
 /// store does.
 fn probe(dir: &Path, count: usize) {

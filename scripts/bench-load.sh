@@ -24,7 +24,7 @@
 #
 # Under each cell it prints where the server's CPU went, per thread name: user and kernel µs per
 # request and context switches per request (from /proc/<pid>/task/*/stat and status) — the split
-# that showed, in issue 18 round 6, the ledger writer's kernel time per commit and the request
+# that showed the ledger writer's kernel time per commit and the request
 # thread preempted by the writer.
 #
 # Two latency columns: wrk's p99, which wrk corrects for coordinated omission after the run
@@ -347,7 +347,7 @@ awk -F'\t' -v pp50="${probe_p50:-0}" -v pp99="${probe_p99:-0}" '
       printf "%-15s %5s %10.0f %9.0f %9.0f %10s %10s %9s %9s %12s\n", s, c, rps[k], p50[k], p99[k], each[k], cpu[k], f, b, fs[k]
     }
     print ""
-    print "targets (issue 5), at 16 connections:"
+    print "targets, at 16 connections:"
     k = "mutate-dry-run" SUBSEP 16; fl = "floor" SUBSEP 16; kb = "kube" SUBSEP 16; d = "mutate-durable" SUBSEP 16; v = "validate" SUBSEP 16
     if ((k in cpu) && (fl in cpu)) printf "  /mutate dry-run CPU/request <= 1.5x floor: %.2fx %s\n", cpu[k] / cpu[fl], (cpu[k] / cpu[fl] <= 1.5 ? "met" : "NOT met")
     if ((v in cpu) && (fl in cpu)) printf "  /validate CPU/request <= 1.5x floor:       %.2fx %s\n", cpu[v] / cpu[fl], (cpu[v] / cpu[fl] <= 1.5 ? "met" : "NOT met")
@@ -356,7 +356,7 @@ awk -F'\t' -v pp50="${probe_p50:-0}" -v pp99="${probe_p99:-0}" '
     if ((d in each) && each[d] != "-") printf "  durable p99 each <= 2 ms:                  %.2f ms %s (wrk, corrected: %.2f ms)\n", each[d] / 1000, (each[d] <= 2000 ? "met" : "NOT met"), p99[d] / 1000
     if (pp99 > 0) {
       print ""
-      printf "targets (issue 18), fdatasync probe p50 %.0f µs, p99 %.0f µs:\n", pp50, pp99
+      printf "durable targets, fdatasync probe p50 %.0f µs, p99 %.0f µs:\n", pp50, pp99
       for (ci = 1; ci <= 2; ci++) {
         c = (ci == 1 ? 16 : 64); slack = (ci == 1 ? 2000 : 5000); d = "mutate-durable" SUBSEP c; k = "mutate-dry-run" SUBSEP c
         if ((d in each) && each[d] != "-") printf "  c=%d durable p99 each <= probe p99 + %d ms: %.2f ms <= %.2f ms %s (wrk, corrected: %.2f ms)\n", c, slack / 1000, each[d] / 1000, (pp99 + slack) / 1000, (each[d] <= pp99 + slack ? "met" : "NOT met"), p99[d] / 1000

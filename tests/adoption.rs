@@ -1,4 +1,4 @@
-//! Issue 17, adoption: a pod that already runs on an IP of its own app's list when
+//! Adoption: a pod that already runs on an IP of its own app's list when
 //! ip-webhook is installed (created directly in the API server, its `status.podIPs` set as the
 //! kubelet would) gets a Bound claim from the reconciler, with an `IPAdopted` Event and
 //! `ip_webhook_adoptions_total{reason="app_list"}`. Another app's pod on a list IP, and a pod

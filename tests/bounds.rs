@@ -1,4 +1,4 @@
-//! The findings of issue 15, each reproduced and bounded: oversized names are refused before
+//! Hostile sizes, each reproduced and bounded: oversized names are refused before
 //! they reach the ledger, logs or metrics; denied requests make no metrics series; slow
 //! bodies cannot exhaust memory; idle and silent connections are closed on time; the
 //! connection limit holds; HTTP/2 early answers arrive whole.

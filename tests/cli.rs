@@ -236,7 +236,7 @@ fn serve_takes_a_port_only_listen_and_go_durations() {
         "{reply}"
     );
     assert!(std::net::TcpStream::connect(("127.0.0.1", https)).is_ok());
-    // the server keeps its heap off transparent huge pages (issue 18 round 7)
+    // the server keeps its heap off transparent huge pages
     #[cfg(target_os = "linux")]
     {
         let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap();

@@ -1,4 +1,4 @@
-//! Conflicts judged from the cluster's state, the same on every replica (issue 17): three
+//! Conflicts judged from the cluster's state, the same on every replica: three
 //! replicas against `fakeapi.py`, with pods, Kube-OVN `IP` objects and Deployments created
 //! directly in the API server (never admitted by any replica).
 

@@ -1,4 +1,4 @@
-//! `check --drift` (issue 20) against `fakeapi.py` with Kube-OVN's and Calico's IPAM CRDs
+//! `check --drift` against `fakeapi.py` with Kube-OVN's and Calico's IPAM CRDs
 //! installed (tests/fixtures/cni-crds.yaml): each of the four kinds of drift is found, a clean
 //! cluster reports none and exits 0, and an embedded ledger is compared as `status` reads it.
 

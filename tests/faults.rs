@@ -1,4 +1,4 @@
-//! Faults and hand edits (issue 21): what the ledgers and their indexes do with records they
+//! Faults and hand edits: what the ledgers and their indexes do with records they
 //! cannot read, with a watch that lost history, and with prefixes spelled two ways. Each test
 //! reproduces a finding against the fake API server (`tests/support/fakeapi.py`) or a real
 //! single-member etcd on loopback.

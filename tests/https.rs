@@ -201,7 +201,7 @@ async fn two_hundred_concurrent_creates_get_two_hundred_distinct_ips() {
     );
     assert!(message.ends_with(", and 190 more)"), "{message}");
     let commits = server.launched.webhook.metrics.ledger.commits.get();
-    // 4 here since issue 18's inbox (the admissions the runtime has ready share a commit);
+    // 4 here since the inbox (the admissions the runtime has ready share a commit);
     // 181-200 when each claim reached the writer on its own
     assert!(
         commits <= 20,

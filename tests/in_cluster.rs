@@ -1287,7 +1287,7 @@ async fn a_delete_review_frees_the_ip_only_once_the_pod_is_verified_gone() {
     assert_rbac_covers(&fake);
 }
 
-/// Issue 21, findings 2 and 4, against the fake API server: pods written straight to the API
+/// Against the fake API server: pods written straight to the API
 /// (no webhook saw them). Two live pods carrying one IP get a Warning Event `DuplicateIP`
 /// each and count in `ip_webhook_duplicate_ips`, and the older one's claim is recorded; a pod
 /// with only the `allocated-ip` label and no claim token is never adopted.
@@ -1364,7 +1364,7 @@ async fn duplicates_are_reported_and_a_bare_label_is_not_adopted() {
     assert!(claims.get_opt("10.97.9.5").await.unwrap().is_none());
 }
 
-/// Issue 21, finding 4: `kubectl delete ipclaim` on a running pod's claim freed its IP, and
+/// `kubectl delete ipclaim` on a running pod's claim freed its IP, and
 /// the next pod was granted it. IPClaims carry a finalizer now: the deletion only marks the
 /// claim, the IP stays held while the pod runs, and the reconciler lets the claim go once
 /// the pod is gone.

@@ -1,4 +1,4 @@
-//! The kubectl plugin (issue 20): the binary linked as `kubectl-ipw` says `kubectl ipw` in its
+//! The kubectl plugin: the binary linked as `kubectl-ipw` says `kubectl ipw` in its
 //! help, usage and errors, takes kubectl's --kubeconfig, --context and -n, and real kubectl's
 //! plugin discovery finds and runs it, also as `ip-webhook plugin install` puts it in place.
 

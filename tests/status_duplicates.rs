@@ -1,4 +1,4 @@
-//! `ip-webhook status` against `fakeapi.py` lists IPs that two live pods carry (issue 21), in
+//! `ip-webhook status` against `fakeapi.py` lists IPs that two live pods carry, in
 //! the table and in `-o json`, the oldest pod first, as the reconciler finds them.
 
 mod common;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 18 round 7 figures, loopback only: where the durable tail's long stalls come from.
+# Loopback only: where the durable tail's long stalls come from.
 #
 #   scripts/measure/durable-stalls.sh BINARY [CONNECTIONS] [SECONDS]
 #

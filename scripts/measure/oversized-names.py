@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# Issue 15 figures, loopback only. Usage: python3 scripts/measure/oversized-names.py BINARY
+# Loopback only. Usage: python3 scripts/measure/oversized-names.py BINARY
 # The disk and metrics findings: 50 CREATEs with 1 MB generateName/app/uid, then 50 exhaustion
 # denials with unique 1 MB namespaces. Prints ledger.redb size, /metrics size and RSS.
 import http.client, json, os, ssl, subprocess, sys, tempfile, urllib.request

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# Issue 15 figures, loopback only. Usage: python3 scripts/measure/silent-connections.py BINARY
+# Loopback only. Usage: python3 scripts/measure/silent-connections.py BINARY
 # 200 silent TLS connections (handshake, then nothing) against a server on loopback;
 # prints the server's descriptor count before, while held, and after 4 s.
 import os, socket, ssl, subprocess, sys, time, tempfile
