@@ -22,11 +22,11 @@ use std::borrow::Cow;
 use std::ops::Range;
 
 /// Go's `maxNestingDepth` (`encoding/json/scanner.go`).
-pub const MAX_DEPTH: usize = 10_000;
+pub(crate) const MAX_DEPTH: usize = 10_000;
 
 /// Why Go's `json.Unmarshal` refuses a value: where, and what was wrong.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GoJsonError {
+pub(crate) struct GoJsonError {
     pub at: usize,
     pub what: String,
 }
@@ -37,11 +37,11 @@ impl std::fmt::Display for GoJsonError {
     }
 }
 
-pub type GoJson<T> = Result<T, GoJsonError>;
+pub(crate) type GoJson<T> = Result<T, GoJsonError>;
 
 /// The kind of JSON value that starts at a position.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     Null,
     Bool,
     Number,
@@ -64,7 +64,7 @@ impl Kind {
 }
 
 /// A cursor over a JSON text, with the nesting depth of where it stands.
-pub struct Reader<'a> {
+pub(crate) struct Reader<'a> {
     text: &'a str,
     at: usize,
     depth: usize,
@@ -95,14 +95,14 @@ impl<'a> Reader<'a> {
     }
 
     /// Past JSON whitespace (space, tab, CR, LF: no other).
-    pub fn skip_space(&mut self) {
+    pub(crate) fn skip_space(&mut self) {
         while let Some(b' ' | b'\t' | b'\r' | b'\n') = self.bytes().get(self.at) {
             self.at += 1;
         }
     }
 
     /// The kind of the value at the cursor (after whitespace), without reading it.
-    pub fn peek(&mut self) -> GoJson<Kind> {
+    pub(crate) fn peek(&mut self) -> GoJson<Kind> {
         self.skip_space();
         match self.bytes().get(self.at) {
             Some(b'n') => Ok(Kind::Null),
@@ -445,7 +445,7 @@ impl<'a> Reader<'a> {
 
     /// A Go `string` field's value: a string, or `None` for `null` (the field stays as it
     /// was); anything else fails `Unmarshal`.
-    pub fn string_field(&mut self, field: &str) -> GoJson<Option<Cow<'a, str>>> {
+    pub(crate) fn string_field(&mut self, field: &str) -> GoJson<Option<Cow<'a, str>>> {
         match self.peek()? {
             Kind::Null => self.word().map(|()| None),
             Kind::String => self.string().map(Some),
@@ -455,7 +455,7 @@ impl<'a> Reader<'a> {
 
     /// A Go `int` field's value (`strconv.ParseInt` of the number's text: no fraction, no
     /// exponent, within 64 bits); `null` leaves it as it was.
-    pub fn int_field(&mut self, field: &str) -> GoJson<()> {
+    pub(crate) fn int_field(&mut self, field: &str) -> GoJson<()> {
         match self.peek()? {
             Kind::Null => self.word(),
             Kind::Number => {
@@ -486,7 +486,7 @@ impl Member<'_> {
 /// Whether `key` equals the ASCII field name `field` under Unicode simple case folding, as Go's
 /// `encoding/json` matches a key to a field (`fold.go`): the only characters outside ASCII
 /// that fold to an ASCII letter are `ſ` (to `s`) and the Kelvin sign `K` (to `k`).
-pub fn folds_to(key: &str, field: &str) -> bool {
+pub(crate) fn folds_to(key: &str, field: &str) -> bool {
     let mut field = field.bytes();
     for c in key.chars() {
         let Some(f) = field.next() else {

@@ -502,7 +502,7 @@ fn start_cluster(
 }
 
 /// `serve`: run until SIGTERM or SIGINT, then drain and flush.
-pub async fn serve_until_signal(config: ServeConfig) -> anyhow::Result<()> {
+pub(crate) async fn serve_until_signal(config: ServeConfig) -> anyhow::Result<()> {
     let mut launched = match launch(&config).await {
         Ok(launched) => launched,
         Err(error) if crate::server::logging::json() => {

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 
 /// Keys noted since the last [`ChangeLog::take`], at most `CAP` of them.
 #[derive(Debug)]
-pub struct ChangeLog<K, const CAP: usize> {
+pub(crate) struct ChangeLog<K, const CAP: usize> {
     keys: BTreeSet<K>,
     /// More than `CAP` keys came, or everything changed: the keys are lost.
     overflowed: bool,
@@ -36,7 +36,7 @@ impl<K: Ord, const CAP: usize> ChangeLog<K, CAP> {
     }
 
     /// Everything may have changed (a relist).
-    pub fn note_all(&mut self) {
+    pub(crate) fn note_all(&mut self) {
         self.overflowed = true;
         self.keys.clear();
     }

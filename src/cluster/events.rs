@@ -12,7 +12,7 @@ use crate::webhook::events::{EventSink, Refused};
 const NOTE_LIMIT: usize = 1000;
 
 /// Publishes refusals as Events; never waits on the admission path.
-pub struct KubeEvents {
+pub(crate) struct KubeEvents {
     recorder: Recorder,
 }
 
@@ -36,7 +36,7 @@ pub fn recorder(client: Client, instance: Option<String>) -> Recorder {
 }
 
 /// The Event reason for a refusal worth telling the owner about.
-pub fn refusal_reason(outcome: &AllocationOutcome) -> Option<&'static str> {
+pub(crate) fn refusal_reason(outcome: &AllocationOutcome) -> Option<&'static str> {
     match outcome {
         AllocationOutcome::exhausted => Some("IPExhausted"),
         AllocationOutcome::conflict => Some("IPConflict"),

@@ -41,7 +41,7 @@ use crate::metrics::Metrics;
 
 /// A node's `Ready` condition: whether it is `True`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NodeReady {
+pub(crate) struct NodeReady {
     pub ready: bool,
 }
 
@@ -63,7 +63,7 @@ impl NodeReady {
 
 /// Nodes by name, each kept as its [`NodeReady`] only.
 #[derive(Default)]
-pub struct Nodes {
+pub(crate) struct Nodes {
     ready: RwLock<HashMap<String, NodeReady>>,
     synced: AtomicBool,
 }
@@ -111,7 +111,7 @@ impl Nodes {
 
 /// Nodes into `nodes`, slimmed to the `Ready` condition as each event arrives (a node
 /// without one is left out: it counts as not lost).
-pub async fn watch_nodes(api: Api<Node>, nodes: Arc<Nodes>) {
+pub(crate) async fn watch_nodes(api: Api<Node>, nodes: Arc<Nodes>) {
     let mut mirror = Mirror::new();
     let stream = watcher(api, watcher::Config::default()).default_backoff();
     drive(stream, "nodes", None, |event| {
@@ -131,7 +131,7 @@ const DEFAULT_POD_GRACE: u64 = 30;
 /// Since when (on the leader's clock) the leader has seen each Terminating pod and each node
 /// that is not Ready.
 #[derive(Debug, Default)]
-pub struct LossClock {
+pub(crate) struct LossClock {
     terminating: HashMap<Box<str>, u64>,
     down: HashMap<Box<str>, u64>,
 }
@@ -139,7 +139,7 @@ pub struct LossClock {
 impl LossClock {
     /// Note what a pass sees at `now`: the Terminating pods, and each one's node; forget the
     /// pods no longer Terminating and the nodes Ready again or no longer asked about.
-    pub fn observe(&mut self, pods: &[Arc<RunningPod>], nodes: &Nodes, now: u64) {
+    pub(crate) fn observe(&mut self, pods: &[Arc<RunningPod>], nodes: &Nodes, now: u64) {
         let mut terminating = HashMap::with_capacity(pods.len());
         let mut down = HashMap::new();
         for pod in pods.iter().filter(|p| p.deleting_at.is_some()) {
@@ -164,7 +164,7 @@ impl LossClock {
 
 /// Since when `pod`'s node has been seen lost, if `pod` may be released at `now` with `grace`
 /// seconds of `--node-lost-grace` (0: never). `clock` has observed this pass.
-pub fn lost_since(pod: &RunningPod, clock: &LossClock, now: u64, grace: u64) -> Option<u64> {
+pub(crate) fn lost_since(pod: &RunningPod, clock: &LossClock, now: u64, grace: u64) -> Option<u64> {
     if grace == 0 {
         return None;
     }
@@ -185,7 +185,7 @@ pub fn lost_since(pod: &RunningPod, clock: &LossClock, now: u64, grace: u64) -> 
 }
 
 /// The leader's node-loss releaser.
-pub struct NodeLoss {
+pub(crate) struct NodeLoss {
     /// The allocator of every interface: a pod's claims on each are released.
     pub allocators: Vec<Arc<Allocator>>,
     pub cluster_ips: Arc<ClusterIps>,
@@ -199,7 +199,7 @@ pub struct NodeLoss {
 }
 
 /// How often the leader looks for pods on lost nodes.
-pub const PERIOD: Duration = Duration::from_secs(1);
+pub(crate) const PERIOD: Duration = Duration::from_secs(1);
 
 impl NodeLoss {
     /// The leader's tasks: its watch of Nodes into [`NodeLoss::nodes`] (only the leader

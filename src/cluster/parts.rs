@@ -20,7 +20,7 @@ use crate::webhook::workloads::WorkloadRegistry;
 use super::app_lists::WorkloadLists;
 
 /// The webhook's handles the cluster's tasks use, each shared with the decisions.
-pub struct Parts {
+pub(crate) struct Parts {
     /// Each interface's allocator: the claim watches, the reconciler (the primary's),
     /// node-loss release and the leak sweepers.
     pub interfaces: Interfaces,
@@ -52,7 +52,7 @@ impl Parts {
     }
 
     /// The apps' lists as the pod index and the reconciler read them.
-    pub fn app_lists(&self) -> Arc<WorkloadLists> {
+    pub(crate) fn app_lists(&self) -> Arc<WorkloadLists> {
         Arc::new(WorkloadLists {
             workloads: self.workloads.clone(),
             allocator: self.interfaces.primary().clone(),
@@ -71,7 +71,7 @@ impl Parts {
 /// Each interface IPs are given out on, with its allocator, as [`Webhook::interfaces`] lists
 /// them (the primary interface's first, then each secondary network's), held by the tasks.
 #[derive(Clone)]
-pub struct Interfaces {
+pub(crate) struct Interfaces {
     primary: Arc<Allocator>,
     secondary: Vec<(Network, Arc<Allocator>)>,
 }
@@ -109,7 +109,7 @@ impl Interfaces {
     }
 
     /// Every interface's allocator, the primary's first.
-    pub fn allocators(&self) -> Vec<Arc<Allocator>> {
+    pub(crate) fn allocators(&self) -> Vec<Arc<Allocator>> {
         self.iter()
             .map(|(_, allocator)| allocator.clone())
             .collect()

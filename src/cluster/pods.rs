@@ -26,7 +26,7 @@ use crate::ledger::network::Network;
 
 /// Lists pods through the API server (the operator's kubeconfig, or the service account).
 /// A virtual machine's claim is held while the VM is ([`VmDirectory`]), not its pod.
-pub struct PodDirectory {
+pub(crate) struct PodDirectory {
     client: Client,
     app_label: String,
     vms: VmDirectory,
@@ -47,7 +47,7 @@ impl PodDirectory {
 
     /// Who holds the claims of `interface`'s books, reading apps by `app_label` and VMs as
     /// `kubevirt` says.
-    pub fn of_interface(
+    pub(crate) fn of_interface(
         client: Client,
         app_label: &str,
         kubevirt: &crate::webhook::kubevirt::KubevirtSettings,
@@ -62,13 +62,13 @@ impl PodDirectory {
     }
 
     /// Look up the pods of the claims of secondary network `network`.
-    pub fn for_network(mut self, network: Network) -> PodDirectory {
+    pub(crate) fn for_network(mut self, network: Network) -> PodDirectory {
         self.network = Some(network);
         self
     }
 
     /// Free a virtual machine's claim once the VM is stopped (`--kubevirt-release-on-stop`).
-    pub fn release_vms_on_stop(mut self, release_on_stop: bool) -> PodDirectory {
+    pub(crate) fn release_vms_on_stop(mut self, release_on_stop: bool) -> PodDirectory {
         self.vms = VmDirectory::new(self.client.clone(), release_on_stop);
         self
     }
@@ -84,19 +84,9 @@ impl PodDirectory {
         }
     }
 
-    /// Every pod of `namespace`, whole (for `spec.nodeName`); the error says which list
-    /// failed and why.
-    pub async fn list(&self, namespace: &str) -> Result<Vec<Pod>, ClusterError> {
-        self.api(namespace)
-            .list(&ListParams::default())
-            .await
-            .map(|list| list.items)
-            .map_err(|error| list_failed(namespace, error))
-    }
-
     /// The metadata of every pod of `namespace`: all that finding a claim's pod needs, for
     /// a fraction of the bytes.
-    pub async fn list_metadata(
+    pub(crate) async fn list_metadata(
         &self,
         namespace: &str,
     ) -> Result<Vec<PartialObjectMeta<Pod>>, ClusterError> {
@@ -121,14 +111,14 @@ impl PodDirectory {
     }
 
     /// [`PodDirectory::info`], or the pod with no IP when it carries none there.
-    pub fn info_or_bare(&self, meta: &kube::api::ObjectMeta) -> Option<super::PodInfo> {
+    pub(crate) fn info_or_bare(&self, meta: &kube::api::ObjectMeta) -> Option<super::PodInfo> {
         self.info(meta)
             .or_else(|| super::watches::bare_pod_info(meta, &self.app_label, Vec::new()))
     }
 
     /// Whether the VM `namespace/name` still holds its IP, read now (not from a memo): a
     /// release is decided once, on what the API server says.
-    pub async fn vm_holds_ip(&self, namespace: &str, vm: &str) -> Result<bool, String> {
+    pub(crate) async fn vm_holds_ip(&self, namespace: &str, vm: &str) -> Result<bool, String> {
         self.vms.verdict(self.vms.state(namespace, vm).await)
     }
 
@@ -413,7 +403,7 @@ pub fn holder<'a, P: Resource>(pods: &'a [P], claim: &Claim, app_label: &str) ->
 
 /// [`holder`] for a claim of the secondary network `network`, whose pod carries its IPs in
 /// the networks annotation.
-pub fn network_holder<'a, P: Resource>(
+pub(crate) fn network_holder<'a, P: Resource>(
     pods: &'a [P],
     claim: &Claim,
     app_label: &str,

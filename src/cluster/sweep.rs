@@ -28,7 +28,7 @@ use super::lifecycle::{self, Age, DropReason, Rules, Verdict};
 use super::pod_info::{PodInfo, PodMap};
 use super::pods::PodDirectory;
 
-pub struct Sweeper {
+pub(crate) struct Sweeper {
     allocator: Arc<Allocator>,
     pods: PodDirectory,
     rules: Rules,
@@ -47,7 +47,7 @@ pub struct Sweeper {
 }
 
 /// How often the leader looks for the stored pods of reservations between sweeps.
-pub const RESERVATIONS_EVERY: Duration = Duration::from_secs(1);
+pub(crate) const RESERVATIONS_EVERY: Duration = Duration::from_secs(1);
 
 /// A claim as it is (its grant, phase and pod), and its [`Age`].
 struct Sighting {

@@ -11,5 +11,5 @@ pub mod overlap;
 pub mod pools;
 pub mod release;
 pub mod request;
-pub mod spec_cache;
+pub(crate) mod spec_cache;
 pub mod usage;

@@ -9,7 +9,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 
 /// One reading of this process.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Sample {
+pub(crate) struct Sample {
     /// User and system CPU time, seconds.
     pub cpu_seconds: f64,
     pub resident_memory_bytes: u64,
@@ -53,7 +53,7 @@ impl Sample {
 
 /// Registered on the unprefixed registry, so the names are the usual `process_*`.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct ProcessCollector;
+pub(crate) struct ProcessCollector;
 
 fn gauge(
     encoder: &mut DescriptorEncoder,

@@ -21,7 +21,7 @@ use crate::ledger::Claim;
 
 /// What a plain pod or a CNI record must touch to be kept.
 #[derive(Debug, Default)]
-pub struct Wanted {
+pub(crate) struct Wanted {
     /// The listed and claimed IPs.
     ips: IpSet,
     /// The pods held claims name: namespace → UIDs.
@@ -52,7 +52,7 @@ impl Wanted {
 
     /// Keep what touches `ips` only: the second read, for the IPs only pods' lists add (the
     /// claims' pods were kept by the first).
-    pub fn ips_only(ips: IpSet) -> Wanted {
+    pub(crate) fn ips_only(ips: IpSet) -> Wanted {
         Wanted {
             ips,
             ..Wanted::default()
@@ -65,7 +65,7 @@ impl Wanted {
     }
 
     /// Whether `hold` is kept; a kept one's pod is then kept too, to say it exists.
-    pub fn keep_hold(&mut self, hold: &CniHold) -> bool {
+    pub(crate) fn keep_hold(&mut self, hold: &CniHold) -> bool {
         if !self.ips.contains(&hold.ip) {
             return false;
         }
