@@ -11,7 +11,7 @@ mod go_json;
 pub mod networks;
 pub mod patch;
 
-pub mod bounds;
+pub(crate) mod bounds;
 mod lex;
 mod scan;
 mod skip;

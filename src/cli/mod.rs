@@ -2,10 +2,10 @@
 //! `explain`, `release` and `check`.
 
 mod args;
-pub mod commands;
+pub(crate) mod commands;
 mod config;
 mod parse;
-pub mod plugin;
+pub(crate) mod plugin;
 
 pub use args::*;
 pub use config::*;

@@ -27,10 +27,10 @@ use crate::ipam::foreign::{ForeignIps, ForeignUse};
 use crate::ledger::text::Shared;
 use crate::metrics::{CacheKindLabels, Metrics};
 
-pub mod calico;
+pub(crate) mod calico;
 mod changes;
 mod pod_watch;
-pub mod workloads;
+pub(crate) mod workloads;
 use changes::{Marked, touched};
 pub(crate) use pod_watch::watch_pod_ips;
 

@@ -15,17 +15,17 @@ use serde::{Deserialize, Serialize};
 pub mod claim;
 pub mod embedded;
 #[cfg(feature = "etcd")]
-pub mod etcd;
-pub mod health;
+pub(crate) mod etcd;
+pub(crate) mod health;
 pub mod holder;
 pub mod kubernetes;
-pub mod memory;
+pub(crate) mod memory;
 pub mod network;
-pub mod open;
+pub(crate) mod open;
 pub(crate) mod pod_lookup;
 mod record;
-pub mod text;
-pub mod timed;
+pub(crate) mod text;
+pub(crate) mod timed;
 
 pub use embedded::EmbeddedLedger;
 #[cfg(feature = "etcd")]

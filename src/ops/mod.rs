@@ -3,10 +3,10 @@
 
 pub mod control;
 pub mod doctor;
-pub mod drift;
-pub mod explain;
-pub mod release;
-pub mod status;
+pub(crate) mod drift;
+pub(crate) mod explain;
+pub(crate) mod release;
+pub(crate) mod status;
 
 static INVOCATION: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
 

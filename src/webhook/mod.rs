@@ -3,19 +3,19 @@
 //! Routing a review to `/mutate` or `/validate` is [`crate::webhook::dispatch`]'s.
 
 pub(crate) mod assess;
-pub mod carried;
+pub(crate) mod carried;
 pub mod claim_guard;
 pub(crate) mod cni_pools;
-pub mod dispatch;
-pub mod events;
-pub mod kubevirt;
+pub(crate) mod dispatch;
+pub(crate) mod events;
+pub(crate) mod kubevirt;
 pub mod mutate;
 pub(crate) mod release_timer;
-pub mod secondary;
-pub mod validate;
+pub(crate) mod secondary;
+pub(crate) mod validate;
 pub(crate) mod workload_kinds;
 pub(crate) mod workload_registry;
-pub mod workloads;
+pub(crate) mod workloads;
 
 use std::fmt;
 use std::sync::Arc;

@@ -50,7 +50,7 @@ mod damage_table;
 mod journal;
 mod load;
 mod marker;
-pub mod repair;
+pub(crate) mod repair;
 mod writer;
 
 pub use counters::{CommitCounters, StageLabels};

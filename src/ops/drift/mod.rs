@@ -19,8 +19,8 @@
 //! before their `release_at` are left out of kind 1.
 
 pub(crate) mod fetch;
-pub mod network;
-pub mod wanted;
+pub(crate) mod network;
+pub(crate) mod wanted;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
