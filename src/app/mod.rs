@@ -124,7 +124,7 @@ async fn secondary_networks(
 
 /// The pools decisions draw from: the file's, or the API server's FixedIPPools (those that
 /// are valid, oldest first), or none.
-pub async fn pools(
+pub(crate) async fn pools(
     pools_file: Option<&std::path::Path>,
     api_server: Option<&ApiServer>,
 ) -> anyhow::Result<PoolCatalog> {

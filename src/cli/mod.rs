@@ -8,7 +8,7 @@ mod parse;
 pub(crate) mod plugin;
 
 pub use args::*;
-pub use config::*;
+pub(crate) use config::*;
 pub(crate) use parse::*;
 
 use std::io::{Read, Write};

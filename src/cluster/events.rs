@@ -25,7 +25,7 @@ impl KubeEvents {
 }
 
 /// Events reported as ip-webhook's, from `instance` (this replica's Lease identity, in-cluster).
-pub fn recorder(client: Client, instance: Option<String>) -> Recorder {
+pub(crate) fn recorder(client: Client, instance: Option<String>) -> Recorder {
     Recorder::new(
         client,
         Reporter {

@@ -305,7 +305,7 @@ pub fn terminating(claim: &Claim, pod: &PodIdentity<'_>, release_at: u64, now: u
 /// sticky grace is over ([`crate::cluster::lifecycle`] says when). Any other claim becomes
 /// history of which pod name held the IP last. (The kubernetes ledger deletes such a record
 /// instead.)
-pub fn released(claim: &Claim, now: u64) -> Claim {
+pub(crate) fn released(claim: &Claim, now: u64) -> Claim {
     let mut next = claim.clone();
     next.sticky = claim.sticky && claim.phase != Phase::Released;
     next.phase = Phase::Released;

@@ -116,7 +116,7 @@ pub(crate) fn with_deadline<F: Future>(
 }
 
 /// The deadline of the admission being served, if any.
-pub fn deadline() -> Option<Instant> {
+pub(crate) fn deadline() -> Option<Instant> {
     DEADLINE.try_with(|d| *d).ok()
 }
 

@@ -255,7 +255,7 @@ pub enum AdoptReason {
 }
 
 impl AdoptReason {
-    pub const ALL: [AdoptReason; 2] = [AdoptReason::Token, AdoptReason::AppList];
+    pub(crate) const ALL: [AdoptReason; 2] = [AdoptReason::Token, AdoptReason::AppList];
 
     /// The metric label.
     pub fn label(self) -> &'static str {

@@ -14,7 +14,7 @@ use crate::ledger::Claim;
 use crate::webhook::{PolicyRefusal, Webhook};
 
 pub(crate) use super::workload_kinds::{KINDS, WORKLOAD_KINDS, is_workload, workload_kind};
-pub use super::workload_registry::{Listing, WorkloadId, WorkloadRegistry};
+pub(crate) use super::workload_registry::{Listing, WorkloadId, WorkloadRegistry};
 
 #[derive(Debug, Deserialize, Default)]
 struct Workload {
