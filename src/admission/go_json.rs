@@ -51,7 +51,7 @@ pub(crate) enum Kind {
 }
 
 impl Kind {
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Kind::Null => "null",
             Kind::Bool => "a bool",
@@ -71,7 +71,7 @@ pub(crate) struct Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
-    pub fn new(text: &'a str) -> Reader<'a> {
+    pub(crate) fn new(text: &'a str) -> Reader<'a> {
         Reader {
             text,
             at: 0,
@@ -79,11 +79,11 @@ impl<'a> Reader<'a> {
         }
     }
 
-    pub fn position(&self) -> usize {
+    pub(crate) fn position(&self) -> usize {
         self.at
     }
 
-    pub fn error<T>(&self, what: impl Into<String>) -> GoJson<T> {
+    pub(crate) fn error<T>(&self, what: impl Into<String>) -> GoJson<T> {
         Err(GoJsonError {
             at: self.at,
             what: what.into(),
@@ -117,7 +117,7 @@ impl<'a> Reader<'a> {
     }
 
     /// Nothing but whitespace is left.
-    pub fn end(&mut self) -> GoJson<()> {
+    pub(crate) fn end(&mut self) -> GoJson<()> {
         self.skip_space();
         if self.at == self.text.len() {
             Ok(())
@@ -156,7 +156,7 @@ impl<'a> Reader<'a> {
     }
 
     /// The text of the number at the cursor: `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?`.
-    pub fn number(&mut self) -> GoJson<&'a str> {
+    pub(crate) fn number(&mut self) -> GoJson<&'a str> {
         self.skip_space();
         let start = self.at;
         let bytes = self.bytes();
@@ -200,7 +200,7 @@ impl<'a> Reader<'a> {
     }
 
     /// The string at the cursor, its escapes decoded as Go's `unquote` does.
-    pub fn string(&mut self) -> GoJson<Cow<'a, str>> {
+    pub(crate) fn string(&mut self) -> GoJson<Cow<'a, str>> {
         self.expect(b'"')?;
         let start = self.at;
         let bytes = self.bytes();
@@ -309,7 +309,7 @@ impl<'a> Reader<'a> {
 
     /// Past one value of any kind, checked as JSON. With `as_float`, every number in it must
     /// fit a float64, as Go requires of a number it stores in an `interface{}`.
-    pub fn skip(&mut self, as_float: bool) -> GoJson<()> {
+    pub(crate) fn skip(&mut self, as_float: bool) -> GoJson<()> {
         // whether each open container is an object, innermost last
         let mut open: Vec<bool> = Vec::new();
         loop {
@@ -400,7 +400,7 @@ impl<'a> Reader<'a> {
 
     /// Read an object at the cursor: `member` is called with each key, the cursor at its value,
     /// and must read or skip that value. Returns the object's span.
-    pub fn object(
+    pub(crate) fn object(
         &mut self,
         mut member: impl FnMut(&mut Reader<'a>, Member<'a>) -> GoJson<()>,
     ) -> GoJson<Range<usize>> {
@@ -425,7 +425,10 @@ impl<'a> Reader<'a> {
 
     /// Read a list at the cursor: `item` is called with the cursor at each item's value, and
     /// must read or skip it.
-    pub fn array(&mut self, mut item: impl FnMut(&mut Reader<'a>) -> GoJson<()>) -> GoJson<()> {
+    pub(crate) fn array(
+        &mut self,
+        mut item: impl FnMut(&mut Reader<'a>) -> GoJson<()>,
+    ) -> GoJson<()> {
         let mut done = self.open(b'[', b']')?;
         while !done {
             item(self)?;
@@ -435,7 +438,7 @@ impl<'a> Reader<'a> {
     }
 
     /// `null` at the cursor is read and gives `true`; anything else is left for the caller.
-    pub fn null(&mut self) -> GoJson<bool> {
+    pub(crate) fn null(&mut self) -> GoJson<bool> {
         if self.peek()? == Kind::Null {
             self.word()?;
             return Ok(true);

@@ -24,7 +24,7 @@ impl<K, const CAP: usize> Default for ChangeLog<K, CAP> {
 
 impl<K: Ord, const CAP: usize> ChangeLog<K, CAP> {
     /// `key` changed.
-    pub fn note(&mut self, key: K) {
+    pub(crate) fn note(&mut self, key: K) {
         if self.overflowed {
             return;
         }
@@ -43,7 +43,7 @@ impl<K: Ord, const CAP: usize> ChangeLog<K, CAP> {
 
     /// The keys noted since the last call, in order, and a fresh start; `None` when they were
     /// lost: then everything needs a look.
-    pub fn take(&mut self) -> Option<Vec<K>> {
+    pub(crate) fn take(&mut self) -> Option<Vec<K>> {
         let keys = std::mem::take(&mut self.keys);
         let overflowed = std::mem::replace(&mut self.overflowed, false);
         (!overflowed).then(|| keys.into_iter().collect())

@@ -54,11 +54,11 @@ pub(crate) struct ReservationState {
 }
 
 impl ReservationState {
-    pub fn served(&self) -> bool {
+    pub(crate) fn served(&self) -> bool {
         self.served.load(Ordering::SeqCst)
     }
 
-    pub fn ours(&self) -> Option<Vec<String>> {
+    pub(crate) fn ours(&self) -> Option<Vec<String>> {
         lock(&self.ours).clone()
     }
 }

@@ -17,7 +17,7 @@ pub(crate) struct KubeEvents {
 }
 
 impl KubeEvents {
-    pub fn new(client: Client, instance: Option<String>) -> KubeEvents {
+    pub(crate) fn new(client: Client, instance: Option<String>) -> KubeEvents {
         KubeEvents {
             recorder: recorder(client, instance),
         }

@@ -189,14 +189,14 @@ pub(crate) struct LeaderTicks {
 }
 
 impl LeaderTicks {
-    pub fn new(every: Duration, leading: watch::Receiver<bool>) -> LeaderTicks {
+    pub(crate) fn new(every: Duration, leading: watch::Receiver<bool>) -> LeaderTicks {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         LeaderTicks { tick, leading }
     }
 
     /// Wait for the next tick at which this replica leads and `ready()` holds.
-    pub async fn next(&mut self, ready: impl Fn() -> bool) {
+    pub(crate) async fn next(&mut self, ready: impl Fn() -> bool) {
         loop {
             self.tick.tick().await;
             if *self.leading.borrow() && ready() {

@@ -66,7 +66,7 @@ pub(crate) enum ClusterError {
 }
 
 impl ClusterError {
-    pub fn api(what: &'static str, name: &str, source: kube::Error) -> ClusterError {
+    pub(crate) fn api(what: &'static str, name: &str, source: kube::Error) -> ClusterError {
         ClusterError::Api {
             what,
             name: name.to_string(),

@@ -47,7 +47,7 @@ pub(crate) struct NodeReady {
 
 impl NodeReady {
     /// The `Ready` condition of a node; `None` when it has none (never reported).
-    pub fn of(node: &Node) -> Option<NodeReady> {
+    pub(crate) fn of(node: &Node) -> Option<NodeReady> {
         let condition = node
             .status
             .as_ref()?
@@ -69,11 +69,11 @@ pub(crate) struct Nodes {
 }
 
 impl Nodes {
-    pub fn synced(&self) -> bool {
+    pub(crate) fn synced(&self) -> bool {
         self.synced.load(Ordering::SeqCst)
     }
 
-    pub fn get(&self, name: &str) -> Option<NodeReady> {
+    pub(crate) fn get(&self, name: &str) -> Option<NodeReady> {
         self.ready
             .read()
             .unwrap_or_else(|p| p.into_inner())
@@ -83,7 +83,7 @@ impl Nodes {
 
     /// Forget every node until the next list (the watch stopped: this replica no longer
     /// leads).
-    pub fn forget(&self) {
+    pub(crate) fn forget(&self) {
         self.synced.store(false, Ordering::SeqCst);
         self.ready
             .write()
@@ -156,7 +156,7 @@ impl LossClock {
         self.down = down;
     }
 
-    pub fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         self.terminating.clear();
         self.down.clear();
     }
@@ -205,7 +205,7 @@ impl NodeLoss {
     /// The leader's tasks: its watch of Nodes into [`NodeLoss::nodes`] (only the leader
     /// releases on node loss, so only the leader watches Nodes; forgotten when it stops
     /// leading), and this releaser, a pass every [`PERIOD`].
-    pub fn spawn(self, leading: &watch::Receiver<bool>) -> Vec<tokio::task::JoinHandle<()>> {
+    pub(crate) fn spawn(self, leading: &watch::Receiver<bool>) -> Vec<tokio::task::JoinHandle<()>> {
         let (api, nodes): (Api<Node>, _) = (Api::all(self.pods.clone()), self.nodes.clone());
         let watch = tokio::spawn(super::lease::while_leading(
             leading.clone(),
@@ -220,7 +220,7 @@ impl NodeLoss {
 
     /// Run until aborted: a pass every `every` while this replica leads and the node and
     /// pod indexes have synced.
-    pub async fn run(self, leading: watch::Receiver<bool>, every: Duration) {
+    pub(crate) async fn run(self, leading: watch::Receiver<bool>, every: Duration) {
         let mut ticks = LeaderTicks::new(every, leading);
         let started = tokio::time::Instant::now();
         let mut clock = LossClock::default();
@@ -240,7 +240,7 @@ impl NodeLoss {
     }
 
     /// One pass at `now` (seconds on `clock`'s clock); returns how many claims were released.
-    pub async fn pass(&self, clock: &mut LossClock, now: u64) -> usize {
+    pub(crate) async fn pass(&self, clock: &mut LossClock, now: u64) -> usize {
         self.cluster_ips.prune_lost();
         let terminating = self.cluster_ips.terminating_pods();
         clock.observe(&terminating, &self.nodes, now);

@@ -39,7 +39,7 @@ pub(crate) struct Parts {
 }
 
 impl Parts {
-    pub fn of(webhook: &Webhook) -> Parts {
+    pub(crate) fn of(webhook: &Webhook) -> Parts {
         Parts {
             interfaces: Interfaces::of(webhook),
             pools: webhook.pools.clone(),
@@ -60,7 +60,7 @@ impl Parts {
     }
 
     /// Every IP ip-webhook may hand out, as the CNI reservation keepers read it.
-    pub fn offered(&self) -> Offered {
+    pub(crate) fn offered(&self) -> Offered {
         Offered {
             pools: self.pools.clone(),
             workloads: self.workloads.clone(),
@@ -77,7 +77,7 @@ pub(crate) struct Interfaces {
 }
 
 impl Interfaces {
-    pub fn of(webhook: &Webhook) -> Interfaces {
+    pub(crate) fn of(webhook: &Webhook) -> Interfaces {
         Interfaces {
             primary: webhook.allocator.clone(),
             secondary: webhook
@@ -89,19 +89,19 @@ impl Interfaces {
     }
 
     /// The primary interface's allocator (the `IPClaim` books the reconciler keeps).
-    pub fn primary(&self) -> &Arc<Allocator> {
+    pub(crate) fn primary(&self) -> &Arc<Allocator> {
         &self.primary
     }
 
     /// Each secondary network with its allocator.
-    pub fn secondary(&self) -> impl Iterator<Item = (&Network, &Arc<Allocator>)> {
+    pub(crate) fn secondary(&self) -> impl Iterator<Item = (&Network, &Arc<Allocator>)> {
         self.secondary
             .iter()
             .map(|(network, allocator)| (network, allocator))
     }
 
     /// Every interface with its allocator, the primary's first.
-    pub fn iter(&self) -> impl Iterator<Item = (Interface<'_>, &Arc<Allocator>)> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (Interface<'_>, &Arc<Allocator>)> {
         std::iter::once((Interface::Primary, &self.primary)).chain(
             self.secondary()
                 .map(|(network, allocator)| (Interface::Network(network), allocator)),

@@ -36,7 +36,7 @@ pub(crate) struct PodDirectory {
 }
 
 impl PodDirectory {
-    pub fn new(client: Client, app_label: impl Into<String>) -> PodDirectory {
+    pub(crate) fn new(client: Client, app_label: impl Into<String>) -> PodDirectory {
         PodDirectory {
             vms: VmDirectory::new(client.clone(), false),
             client,
@@ -103,7 +103,7 @@ impl PodDirectory {
 
     /// What the rules read of `meta`'s pod for these books: the IPs it carries on their
     /// interface; `None` when it carries none there.
-    pub fn info(&self, meta: &kube::api::ObjectMeta) -> Option<super::PodInfo> {
+    pub(crate) fn info(&self, meta: &kube::api::ObjectMeta) -> Option<super::PodInfo> {
         match &self.network {
             None => pod_info(meta, &self.app_label),
             Some(network) => network_pod_info(meta, &self.app_label, network),
@@ -123,7 +123,7 @@ impl PodDirectory {
     }
 
     /// The pod among `pods` (of the claim's namespace) that holds `claim`.
-    pub fn holder<'a, P: Resource>(&self, pods: &'a [P], claim: &Claim) -> Option<&'a P> {
+    pub(crate) fn holder<'a, P: Resource>(&self, pods: &'a [P], claim: &Claim) -> Option<&'a P> {
         match &self.network {
             None => holder(pods, claim, &self.app_label),
             Some(network) => network_holder(pods, claim, &self.app_label, network),
@@ -137,7 +137,7 @@ impl PodDirectory {
     /// the others (reservations that name none yet) one paged list of their namespace, of
     /// which only the pods that could hold them are kept. Each pod is cut down to its node as
     /// it arrives. What could not be read is left out, and named in the second value.
-    pub async fn nodes(&self, claims: &[Claim]) -> (BTreeMap<IpAddr, String>, Vec<String>) {
+    pub(crate) async fn nodes(&self, claims: &[Claim]) -> (BTreeMap<IpAddr, String>, Vec<String>) {
         let mut by_namespace: HashMap<&str, Vec<&Claim>> = HashMap::new();
         let mut named: Vec<&Claim> = Vec::new();
         for claim in claims.iter().filter(|c| c.is_held()) {

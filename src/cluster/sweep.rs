@@ -64,7 +64,7 @@ fn state_of(claim: &Claim) -> (Text, Phase, Option<Text>) {
 }
 
 impl Sweeper {
-    pub fn new(
+    pub(crate) fn new(
         allocator: Arc<Allocator>,
         pods: PodDirectory,
         rules: Rules,
@@ -86,7 +86,7 @@ impl Sweeper {
 
     /// Sweep every `period` while `leading` says this replica holds the Lease, and look for
     /// the stored pods of reservations every [`RESERVATIONS_EVERY`] in between.
-    pub async fn run(mut self, mut leading: watch::Receiver<bool>) {
+    pub(crate) async fn run(mut self, mut leading: watch::Receiver<bool>) {
         let mut next_sweep = tokio::time::Instant::now();
         loop {
             if *leading.borrow_and_update() {
@@ -160,7 +160,7 @@ impl Sweeper {
     }
 
     /// One pass at `now` (seconds on this replica's own clock); the IPs freed.
-    pub async fn sweep(&mut self, now: u64) -> Vec<IpAddr> {
+    pub(crate) async fn sweep(&mut self, now: u64) -> Vec<IpAddr> {
         let claims = match self.allocator.ledger().load().await {
             Ok(claims) => claims,
             Err(error) => {

@@ -20,14 +20,14 @@ pub(crate) struct RunSet {
 }
 
 impl RunSet {
-    pub fn contains(&self, value: u128) -> bool {
+    pub(crate) fn contains(&self, value: u128) -> bool {
         self.runs
             .range(..=value)
             .next_back()
             .is_some_and(|(_, &end)| end >= value)
     }
 
-    pub fn insert(&mut self, value: u128) {
+    pub(crate) fn insert(&mut self, value: u128) {
         if self.contains(value) {
             return;
         }
@@ -46,7 +46,7 @@ impl RunSet {
         self.runs.insert(start, end);
     }
 
-    pub fn remove(&mut self, value: u128) {
+    pub(crate) fn remove(&mut self, value: u128) {
         let Some((&start, &end)) = self.runs.range(..=value).next_back() else {
             return;
         };

@@ -27,7 +27,7 @@ impl<K> Default for RangeIndex<K> {
 }
 
 impl<K: Clone + Eq + Hash> RangeIndex<K> {
-    pub fn insert(&mut self, range: IpRange, owner: K) {
+    pub(crate) fn insert(&mut self, range: IpRange, owner: K) {
         self.widest = self.widest.max(range.end - range.start);
         self.starts
             .entry(owner.clone())
@@ -46,7 +46,7 @@ impl<K: Clone + Eq + Hash> RangeIndex<K> {
     }
 
     /// Remove every range of `owner`.
-    pub fn remove(&mut self, owner: &K) {
+    pub(crate) fn remove(&mut self, owner: &K) {
         for key in self.starts.remove(owner).unwrap_or_default() {
             if let Some(entries) = self.by_start.get_mut(&key) {
                 entries.retain(|(_, o)| o != owner);
@@ -58,7 +58,7 @@ impl<K: Clone + Eq + Hash> RangeIndex<K> {
     }
 
     #[cfg(test)]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.by_start.values().map(Vec::len).sum()
     }
 

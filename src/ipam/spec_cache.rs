@@ -70,7 +70,7 @@ impl Default for SpecCache {
 }
 
 impl SpecCache {
-    pub fn bounded(max_entries: usize, max_bytes: usize) -> SpecCache {
+    pub(crate) fn bounded(max_entries: usize, max_bytes: usize) -> SpecCache {
         SpecCache {
             state: Mutex::new(CacheState::default()),
             max_entries: max_entries.max(1),
@@ -79,7 +79,7 @@ impl SpecCache {
     }
 
     /// [`parse_ip_spec`], remembered. Errors are not cached (they are the rare path).
-    pub fn parse(&self, spec: &str) -> Result<Arc<IpSet>, IpSpecError> {
+    pub(crate) fn parse(&self, spec: &str) -> Result<Arc<IpSet>, IpSpecError> {
         if let Some(set) = self.lock().parsed.get(spec) {
             return Ok(set.clone());
         }
@@ -107,13 +107,13 @@ impl SpecCache {
     }
 
     #[cfg(test)]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.lock().parsed.len()
     }
 
     /// The bytes the cache holds, as its bound counts them.
     #[cfg(test)]
-    pub fn bytes(&self) -> usize {
+    pub(crate) fn bytes(&self) -> usize {
         self.lock().bytes()
     }
 

@@ -24,7 +24,7 @@ pub(crate) struct Sample {
 
 impl Sample {
     #[cfg(target_os = "linux")]
-    pub fn read() -> Option<Sample> {
+    pub(crate) fn read() -> Option<Sample> {
         use procfs::process::{LimitValue, Process};
         let me = Process::myself().ok()?;
         let stat = me.stat().ok()?;
@@ -46,7 +46,7 @@ impl Sample {
     }
 
     #[cfg(not(target_os = "linux"))]
-    pub fn read() -> Option<Sample> {
+    pub(crate) fn read() -> Option<Sample> {
         None
     }
 }

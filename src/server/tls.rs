@@ -214,7 +214,10 @@ impl fmt::Debug for ClientVerifier {
 }
 
 impl ClientVerifier {
-    pub fn new(verifier: Arc<dyn ClientCertVerifier>, allowed: Vec<String>) -> ClientVerifier {
+    pub(crate) fn new(
+        verifier: Arc<dyn ClientCertVerifier>,
+        allowed: Vec<String>,
+    ) -> ClientVerifier {
         let client = ClientVerifier {
             current: ArcSwap::from_pointee(verifier.clone()),
             allowed: allowed
@@ -229,7 +232,7 @@ impl ClientVerifier {
         client
     }
 
-    pub fn store(&self, verifier: Arc<dyn ClientCertVerifier>) {
+    pub(crate) fn store(&self, verifier: Arc<dyn ClientCertVerifier>) {
         self.store_hints(&*verifier);
         self.current.store(Arc::new(verifier));
     }
@@ -365,7 +368,7 @@ pub(crate) struct CertFiles {
 
 impl CertFiles {
     /// Read and parse both files, returning the key and the digest the reloader compares.
-    pub fn load(&self) -> Result<(CertifiedKey, [u8; 32]), TlsError> {
+    pub(crate) fn load(&self) -> Result<(CertifiedKey, [u8; 32]), TlsError> {
         let (contents, fingerprint) = read_all(&[self.cert.clone(), self.key.clone()]);
         let [cert, key]: [Vec<u8>; 2] = contents?.try_into().expect("two files read, two contents");
         let parsed = certified_key(

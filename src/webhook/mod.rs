@@ -305,7 +305,7 @@ pub(crate) enum PolicyRefusal {
 
 impl PolicyRefusal {
     /// The refusal of a list that names the IPs: `lists 10.0.0.1 of FixedIPPool blue, …`.
-    pub fn lists(&self) -> String {
+    pub(crate) fn lists(&self) -> String {
         match self {
             PolicyRefusal::Pool {
                 shared,
@@ -325,7 +325,7 @@ impl PolicyRefusal {
     }
 
     /// The refusal of IPs a pod names for itself: `10.0.0.1 is in FixedIPPool blue, …`.
-    pub fn names(&self) -> String {
+    pub(crate) fn names(&self) -> String {
         match self {
             PolicyRefusal::Pool {
                 shared,

@@ -43,7 +43,7 @@ pub(crate) enum PodDecision {
 
 impl PodDecision {
     /// `namespace/app`, once known.
-    pub fn app(&self) -> Option<&str> {
+    pub(crate) fn app(&self) -> Option<&str> {
         match self {
             PodDecision::Granted { app, .. } => Some(app),
             PodDecision::Denied { app, .. } => app.as_deref(),
@@ -52,7 +52,7 @@ impl PodDecision {
     }
 
     /// The IPs the pod holds after this decision.
-    pub fn ips(&self) -> &[IpAddr] {
+    pub(crate) fn ips(&self) -> &[IpAddr] {
         match self {
             PodDecision::AlreadyHeld(ips) => ips,
             PodDecision::Granted { allocation, .. } => &allocation.ips,

@@ -115,7 +115,7 @@ struct Owner {
 impl BlockSpec {
     /// The allocations that name a pod; junk (a bad CIDR, an index out of range, an entry that
     /// is not a number) gives nothing for that entry, never a panic.
-    pub fn holds(&self) -> Vec<IpamHold> {
+    pub(crate) fn holds(&self) -> Vec<IpamHold> {
         let Ok(cidr) = self.cidr.parse::<ipnet::IpNet>() else {
             return Vec::new();
         };

@@ -32,7 +32,7 @@ pub(crate) struct Wanted {
 
 impl Wanted {
     /// Keep what touches `listed` or the held `claims` (their IPs, and their pods by UID).
-    pub fn new(claims: &[Claim], listed: &IpSet) -> Wanted {
+    pub(crate) fn new(claims: &[Claim], listed: &IpSet) -> Wanted {
         let held = || claims.iter().filter(|c| c.is_held());
         let mut claim_pods: HashMap<Box<str>, HashSet<Box<str>>> = HashMap::new();
         for claim in held() {
@@ -60,7 +60,7 @@ impl Wanted {
     }
 
     /// The listed and claimed IPs this keeps what touches.
-    pub fn ips(&self) -> &IpSet {
+    pub(crate) fn ips(&self) -> &IpSet {
         &self.ips
     }
 
@@ -77,7 +77,7 @@ impl Wanted {
     }
 
     /// Whether the plain pod `pod` is kept.
-    pub fn keeps(&self, pod: &PlainPod) -> bool {
+    pub(crate) fn keeps(&self, pod: &PlainPod) -> bool {
         let (namespace, name, uid) = pod.identity();
         let has = |map: &HashMap<Box<str>, HashSet<Box<str>>>, key: &str| {
             map.get(namespace).is_some_and(|keys| keys.contains(key))
