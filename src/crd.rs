@@ -12,7 +12,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-pub const GROUP: &str = "ip-webhook.io";
+pub(crate) const GROUP: &str = "ip-webhook.io";
 pub const VERSION: &str = "v1alpha1";
 
 /// A pool of IPs that pods opt into with the `ip-webhook.io/ip-pool` annotation.

@@ -6,22 +6,22 @@ use std::str::FromStr;
 
 use crate::ipam::ipset::{Family, excerpt};
 
-pub const ALLOCATABLE_IPS: &str = "ip-webhook.io/allocatable-ips";
-pub const IP_POOL: &str = "ip-webhook.io/ip-pool";
-pub const FIXED_IP_LABEL: &str = "ip-webhook.io/fixed-ip";
-pub const ALLOCATED_IP_LABEL: &str = "ip-webhook.io/allocated-ip";
-pub const STATUS: &str = "ip-webhook.io/status";
-pub const STATUS_MUTATED: &str = "mutated";
+pub(crate) const ALLOCATABLE_IPS: &str = "ip-webhook.io/allocatable-ips";
+pub(crate) const IP_POOL: &str = "ip-webhook.io/ip-pool";
+pub(crate) const FIXED_IP_LABEL: &str = "ip-webhook.io/fixed-ip";
+pub(crate) const ALLOCATED_IP_LABEL: &str = "ip-webhook.io/allocated-ip";
+pub(crate) const STATUS: &str = "ip-webhook.io/status";
+pub(crate) const STATUS_MUTATED: &str = "mutated";
 /// The claim token ip-webhook writes on a pod it gave IPs to: the claim's identity until the
 /// pod's UID is known ([`crate::ledger::claim`]).
-pub const CLAIM_TOKEN: &str = "ip-webhook.io/claim";
-pub const CALICO_IP_ADDRS: &str = "cni.projectcalico.org/ipAddrs";
+pub(crate) const CLAIM_TOKEN: &str = "ip-webhook.io/claim";
+pub(crate) const CALICO_IP_ADDRS: &str = "cni.projectcalico.org/ipAddrs";
 /// Calico's IP annotation that bypasses its IPAM (behind its `ip_addrs_no_ipam` feature):
 /// the CNI sets the IPs as written, so they are checked and recorded like `ipAddrs`.
-pub const CALICO_IP_ADDRS_NO_IPAM: &str = "cni.projectcalico.org/ipAddrsNoIpam";
-pub const OVN_IP_ADDRESS: &str = "ovn.kubernetes.io/ip_address";
+pub(crate) const CALICO_IP_ADDRS_NO_IPAM: &str = "cni.projectcalico.org/ipAddrsNoIpam";
+pub(crate) const OVN_IP_ADDRESS: &str = "ovn.kubernetes.io/ip_address";
 /// Kube-OVN's per-workload list of static IPs (or the name of a Kube-OVN IPPool).
-pub const OVN_IP_POOL: &str = "ovn.kubernetes.io/ip_pool";
+pub(crate) const OVN_IP_POOL: &str = "ovn.kubernetes.io/ip_pool";
 
 /// Which CNI's annotation carries the IP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -226,7 +226,7 @@ impl Cni {
     }
 
     /// The CNI `--cni` names `name`, if any.
-    pub fn from_name(name: &str) -> Option<Cni> {
+    pub(crate) fn from_name(name: &str) -> Option<Cni> {
         CNIS.iter().find(|d| d.name == name).map(|d| d.cni)
     }
 
@@ -285,7 +285,7 @@ pub fn parse_ovn_ip_address(value: &str) -> Result<Vec<IpAddr>, AnnotationError>
 /// trimming, no zone), and an IPv4-mapped IPv6 address (`::ffff:10.0.0.5`) is that IPv4
 /// address (`To4()` is non-nil), so it is returned as IPv4: one address has one identity in
 /// the ledger, conflicts and labels. `tests/real_readers.rs` holds it to Go's.
-pub fn go_parse_ip(text: &str) -> Option<IpAddr> {
+pub(crate) fn go_parse_ip(text: &str) -> Option<IpAddr> {
     IpAddr::from_str(text).ok().map(|ip| ip.to_canonical())
 }
 
@@ -366,7 +366,7 @@ pub fn parse_ovn_ip_pool(value: &str) -> Result<Option<Vec<IpAddr>>, AnnotationE
 /// `cni-plugin/pkg/k8s/k8s.go`; Kube-OVN's `acquireStaticAddressHelper` in
 /// `pkg/controller/pod.go`). Calico refuses a pod that sets both `ipAddrs` and
 /// `ipAddrsNoIpam` (its `CmdAddK8s`), so that is refused here too, at admission.
-pub fn static_ips(
+pub(crate) fn static_ips(
     annotations: Option<&std::collections::BTreeMap<String, String>>,
 ) -> Result<Vec<(&'static str, Vec<IpAddr>)>, AnnotationError> {
     let mut out = Vec::new();
@@ -393,7 +393,7 @@ pub fn static_ips(
 /// Every IP a pod carries: its CNI annotations' IPs, and the `allocated-ip` label's IP when
 /// no CNI annotation names one (what a pod shows to `/validate`, a DELETE and the watches).
 /// Malformed annotations count as carrying nothing (`/validate` refuses them on their own).
-pub fn carried_ips(
+pub(crate) fn carried_ips(
     labels: Option<&std::collections::BTreeMap<String, String>>,
     annotations: Option<&std::collections::BTreeMap<String, String>>,
 ) -> Vec<IpAddr> {
@@ -410,7 +410,7 @@ pub fn label_ip(labels: Option<&std::collections::BTreeMap<String, String>>) -> 
 }
 
 /// [`carried_ips`] from annotations already parsed by [`static_ips`].
-pub fn carried_with(
+pub(crate) fn carried_with(
     statics: &[(&'static str, Vec<IpAddr>)],
     labels: Option<&std::collections::BTreeMap<String, String>>,
 ) -> Vec<IpAddr> {
@@ -430,7 +430,7 @@ pub fn carried_with(
 
 /// The keys that stay as they are on a pod that holds a claim: what names its IP to a CNI,
 /// and ip-webhook's own marks.
-pub const IMMUTABLE_ANNOTATIONS: [&str; IP_ANNOTATIONS.len() + 2] = [
+pub(crate) const IMMUTABLE_ANNOTATIONS: [&str; IP_ANNOTATIONS.len() + 2] = [
     IP_ANNOTATIONS[0].key,
     IP_ANNOTATIONS[1].key,
     IP_ANNOTATIONS[2].key,
@@ -439,7 +439,7 @@ pub const IMMUTABLE_ANNOTATIONS: [&str; IP_ANNOTATIONS.len() + 2] = [
 ];
 
 /// A pod's labels and annotations, in that order.
-pub type PodMarks<'a> = (
+pub(crate) type PodMarks<'a> = (
     Option<&'a BTreeMap<String, String>>,
     Option<&'a BTreeMap<String, String>>,
 );
@@ -448,7 +448,7 @@ pub type PodMarks<'a> = (
 /// [`ALLOCATED_IP_LABEL`]) that an update changes, adds or removes: `(key, old, new)`, with
 /// `None` for absent. An IP annotation or the label rewritten to the same IPs (another spelling
 /// of one IPv6 address, as the Kube-OVN controller writes it back) is not a change.
-pub fn changed_mark<'a>(
+pub(crate) fn changed_mark<'a>(
     old: PodMarks<'a>,
     new: PodMarks<'a>,
 ) -> Option<(&'static str, Option<&'a str>, Option<&'a str>)> {
@@ -505,7 +505,7 @@ pub fn changed_mark<'a>(
 }
 
 /// The prefix of ip-webhook's own keys.
-pub const KEY_PREFIX: &str = "ip-webhook.io/";
+pub(crate) const KEY_PREFIX: &str = "ip-webhook.io/";
 
 /// The `ip-webhook.io/` annotations read or written on a pod or a pod template.
 const KNOWN_ANNOTATIONS: [&str; 4] = [ALLOCATABLE_IPS, IP_POOL, STATUS, CLAIM_TOKEN];
@@ -529,7 +529,7 @@ const MAX_QUOTED_KEY: usize = 64;
 /// key is looked for only for a key that short (an edit distance costs its length times the
 /// known key's). The API server keeps at most 4 KiB of warnings per answer, and cuts each to
 /// 256 characters past that (k8s.io/apiserver `pkg/endpoints/filters/warning.go`).
-pub fn unknown_key_warnings(marks: PodMarks<'_>, path: &str) -> Vec<String> {
+pub(crate) fn unknown_key_warnings(marks: PodMarks<'_>, path: &str) -> Vec<String> {
     let (labels, annotations) = marks;
     let mut warnings = Vec::new();
     let mut unnamed = 0usize;

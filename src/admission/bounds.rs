@@ -19,13 +19,13 @@ use super::{Incoming, Meta};
 use crate::admission::annotations::IP_POOL;
 
 /// A DNS label (namespace) is at most this long.
-pub const MAX_DNS_LABEL: usize = 63;
+pub(crate) const MAX_DNS_LABEL: usize = 63;
 /// A DNS subdomain (object name) is at most this long.
-pub const MAX_DNS_SUBDOMAIN: usize = 253;
+pub(crate) const MAX_DNS_SUBDOMAIN: usize = 253;
 /// A label value is at most this long.
-pub const MAX_LABEL_VALUE: usize = 63;
+pub(crate) const MAX_LABEL_VALUE: usize = 63;
 /// A UID is at most this long (the API server's are 36-character UUIDs).
-pub const MAX_UID: usize = 128;
+pub(crate) const MAX_UID: usize = 128;
 
 /// The field that broke a bound, and why; the message never holds an over-long value.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -22,11 +22,11 @@ use std::borrow::Cow;
 use std::ops::Range;
 
 /// Go's `maxNestingDepth` (`encoding/json/scanner.go`).
-pub const MAX_DEPTH: usize = 10_000;
+pub(crate) const MAX_DEPTH: usize = 10_000;
 
 /// Why Go's `json.Unmarshal` refuses a value: where, and what was wrong.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GoJsonError {
+pub(crate) struct GoJsonError {
     pub at: usize,
     pub what: String,
 }
@@ -37,11 +37,11 @@ impl std::fmt::Display for GoJsonError {
     }
 }
 
-pub type GoJson<T> = Result<T, GoJsonError>;
+pub(crate) type GoJson<T> = Result<T, GoJsonError>;
 
 /// The kind of JSON value that starts at a position.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     Null,
     Bool,
     Number,
@@ -51,7 +51,7 @@ pub enum Kind {
 }
 
 impl Kind {
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Kind::Null => "null",
             Kind::Bool => "a bool",
@@ -64,14 +64,14 @@ impl Kind {
 }
 
 /// A cursor over a JSON text, with the nesting depth of where it stands.
-pub struct Reader<'a> {
+pub(crate) struct Reader<'a> {
     text: &'a str,
     at: usize,
     depth: usize,
 }
 
 impl<'a> Reader<'a> {
-    pub fn new(text: &'a str) -> Reader<'a> {
+    pub(crate) fn new(text: &'a str) -> Reader<'a> {
         Reader {
             text,
             at: 0,
@@ -79,11 +79,11 @@ impl<'a> Reader<'a> {
         }
     }
 
-    pub fn position(&self) -> usize {
+    pub(crate) fn position(&self) -> usize {
         self.at
     }
 
-    pub fn error<T>(&self, what: impl Into<String>) -> GoJson<T> {
+    pub(crate) fn error<T>(&self, what: impl Into<String>) -> GoJson<T> {
         Err(GoJsonError {
             at: self.at,
             what: what.into(),
@@ -95,14 +95,14 @@ impl<'a> Reader<'a> {
     }
 
     /// Past JSON whitespace (space, tab, CR, LF: no other).
-    pub fn skip_space(&mut self) {
+    pub(crate) fn skip_space(&mut self) {
         while let Some(b' ' | b'\t' | b'\r' | b'\n') = self.bytes().get(self.at) {
             self.at += 1;
         }
     }
 
     /// The kind of the value at the cursor (after whitespace), without reading it.
-    pub fn peek(&mut self) -> GoJson<Kind> {
+    pub(crate) fn peek(&mut self) -> GoJson<Kind> {
         self.skip_space();
         match self.bytes().get(self.at) {
             Some(b'n') => Ok(Kind::Null),
@@ -117,7 +117,7 @@ impl<'a> Reader<'a> {
     }
 
     /// Nothing but whitespace is left.
-    pub fn end(&mut self) -> GoJson<()> {
+    pub(crate) fn end(&mut self) -> GoJson<()> {
         self.skip_space();
         if self.at == self.text.len() {
             Ok(())
@@ -156,7 +156,7 @@ impl<'a> Reader<'a> {
     }
 
     /// The text of the number at the cursor: `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?`.
-    pub fn number(&mut self) -> GoJson<&'a str> {
+    pub(crate) fn number(&mut self) -> GoJson<&'a str> {
         self.skip_space();
         let start = self.at;
         let bytes = self.bytes();
@@ -200,7 +200,7 @@ impl<'a> Reader<'a> {
     }
 
     /// The string at the cursor, its escapes decoded as Go's `unquote` does.
-    pub fn string(&mut self) -> GoJson<Cow<'a, str>> {
+    pub(crate) fn string(&mut self) -> GoJson<Cow<'a, str>> {
         self.expect(b'"')?;
         let start = self.at;
         let bytes = self.bytes();
@@ -309,7 +309,7 @@ impl<'a> Reader<'a> {
 
     /// Past one value of any kind, checked as JSON. With `as_float`, every number in it must
     /// fit a float64, as Go requires of a number it stores in an `interface{}`.
-    pub fn skip(&mut self, as_float: bool) -> GoJson<()> {
+    pub(crate) fn skip(&mut self, as_float: bool) -> GoJson<()> {
         // whether each open container is an object, innermost last
         let mut open: Vec<bool> = Vec::new();
         loop {
@@ -400,7 +400,7 @@ impl<'a> Reader<'a> {
 
     /// Read an object at the cursor: `member` is called with each key, the cursor at its value,
     /// and must read or skip that value. Returns the object's span.
-    pub fn object(
+    pub(crate) fn object(
         &mut self,
         mut member: impl FnMut(&mut Reader<'a>, Member<'a>) -> GoJson<()>,
     ) -> GoJson<Range<usize>> {
@@ -425,7 +425,10 @@ impl<'a> Reader<'a> {
 
     /// Read a list at the cursor: `item` is called with the cursor at each item's value, and
     /// must read or skip it.
-    pub fn array(&mut self, mut item: impl FnMut(&mut Reader<'a>) -> GoJson<()>) -> GoJson<()> {
+    pub(crate) fn array(
+        &mut self,
+        mut item: impl FnMut(&mut Reader<'a>) -> GoJson<()>,
+    ) -> GoJson<()> {
         let mut done = self.open(b'[', b']')?;
         while !done {
             item(self)?;
@@ -435,7 +438,7 @@ impl<'a> Reader<'a> {
     }
 
     /// `null` at the cursor is read and gives `true`; anything else is left for the caller.
-    pub fn null(&mut self) -> GoJson<bool> {
+    pub(crate) fn null(&mut self) -> GoJson<bool> {
         if self.peek()? == Kind::Null {
             self.word()?;
             return Ok(true);
@@ -445,7 +448,7 @@ impl<'a> Reader<'a> {
 
     /// A Go `string` field's value: a string, or `None` for `null` (the field stays as it
     /// was); anything else fails `Unmarshal`.
-    pub fn string_field(&mut self, field: &str) -> GoJson<Option<Cow<'a, str>>> {
+    pub(crate) fn string_field(&mut self, field: &str) -> GoJson<Option<Cow<'a, str>>> {
         match self.peek()? {
             Kind::Null => self.word().map(|()| None),
             Kind::String => self.string().map(Some),
@@ -455,7 +458,7 @@ impl<'a> Reader<'a> {
 
     /// A Go `int` field's value (`strconv.ParseInt` of the number's text: no fraction, no
     /// exponent, within 64 bits); `null` leaves it as it was.
-    pub fn int_field(&mut self, field: &str) -> GoJson<()> {
+    pub(crate) fn int_field(&mut self, field: &str) -> GoJson<()> {
         match self.peek()? {
             Kind::Null => self.word(),
             Kind::Number => {
@@ -486,7 +489,7 @@ impl Member<'_> {
 /// Whether `key` equals the ASCII field name `field` under Unicode simple case folding, as Go's
 /// `encoding/json` matches a key to a field (`fold.go`): the only characters outside ASCII
 /// that fold to an ASCII letter are `ſ` (to `s`) and the Kelvin sign `K` (to `k`).
-pub fn folds_to(key: &str, field: &str) -> bool {
+pub(crate) fn folds_to(key: &str, field: &str) -> bool {
     let mut field = field.bytes();
     for c in key.chars() {
         let Some(f) = field.next() else {

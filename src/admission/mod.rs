@@ -11,7 +11,7 @@ mod go_json;
 pub mod networks;
 pub mod patch;
 
-pub mod bounds;
+pub(crate) mod bounds;
 mod lex;
 mod scan;
 mod skip;
@@ -23,8 +23,8 @@ use base64::Engine;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-pub const V1: &str = "admission.k8s.io/v1";
-pub const V1BETA1: &str = "admission.k8s.io/v1beta1";
+pub(crate) const V1: &str = "admission.k8s.io/v1";
+pub(crate) const V1BETA1: &str = "admission.k8s.io/v1beta1";
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ReviewError {
@@ -46,7 +46,7 @@ pub enum ReviewError {
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Review<'a> {
+pub(crate) struct Review<'a> {
     #[serde(borrow, default)]
     pub api_version: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
@@ -221,7 +221,7 @@ impl<'a> Incoming<'a> {
     /// How long a deleted pod may run on (seconds): the DELETE's
     /// `options.gracePeriodSeconds`, else the pod's `spec.terminationGracePeriodSeconds`,
     /// else Kubernetes' default of 30. Negative or unreadable values count as absent.
-    pub fn deletion_grace_seconds(&self) -> u64 {
+    pub(crate) fn deletion_grace_seconds(&self) -> u64 {
         #[derive(Deserialize)]
         #[serde(rename_all = "camelCase")]
         struct Options {
@@ -266,7 +266,7 @@ impl<'a> Incoming<'a> {
 }
 
 /// Kubernetes' default `terminationGracePeriodSeconds`.
-pub const DEFAULT_GRACE_SECONDS: u64 = 30;
+pub(crate) const DEFAULT_GRACE_SECONDS: u64 = 30;
 
 /// Decode and check a review body.
 pub fn decode(body: &[u8]) -> Result<Incoming<'_>, ReviewError> {
@@ -328,7 +328,7 @@ impl Response {
         self
     }
 
-    pub fn warn(mut self, warning: impl Into<String>) -> Response {
+    pub(crate) fn warn(mut self, warning: impl Into<String>) -> Response {
         self.warnings.push(warning.into());
         self
     }

@@ -77,7 +77,7 @@ impl Attachment {
 
     /// Ask the attachment's IPAM for `ips` (each with its prefix length), in place of any
     /// `ips` it had; `false` when it asked for exactly these already.
-    pub fn set_ips(&mut self, ips: &[(IpAddr, u8)]) -> bool {
+    pub(crate) fn set_ips(&mut self, ips: &[(IpAddr, u8)]) -> bool {
         let wanted: Vec<(IpAddr, Option<u8>)> = ips
             .iter()
             .map(|(ip, prefix)| (*ip, Some(*prefix)))
@@ -117,7 +117,7 @@ pub fn parse_networks(
 
 /// The attachments of `value` that `keep` wants, in order, the whole value checked as Multus
 /// checks it. Only the kept ones are held, so a large value costs its reading, not its size.
-pub fn read_networks(
+pub(crate) fn read_networks(
     value: &str,
     pod_namespace: &str,
     mut keep: impl FnMut(&Attachment) -> bool,
@@ -152,7 +152,11 @@ fn is_json_form(value: &str) -> bool {
 /// `value` with the `ips` of each of `attachments` (read from it) that
 /// [`Attachment::set_ips`] changed: in the JSON form those elements are rewritten, every other
 /// byte kept; the list form becomes the JSON form, which alone carries `ips`.
-pub fn write_networks(value: &str, pod_namespace: &str, attachments: &[Attachment]) -> String {
+pub(crate) fn write_networks(
+    value: &str,
+    pod_namespace: &str,
+    attachments: &[Attachment],
+) -> String {
     if !is_json_form(value) {
         return list_as_json(value, pod_namespace, attachments);
     }
@@ -208,11 +212,11 @@ fn list_as_json(value: &str, pod_namespace: &str, attachments: &[Attachment]) ->
 /// network named `namespace/name` and the IPs it got (k8snetworkplumbingwg
 /// network-attachment-definition-client `pkg/apis/k8s.cni.cncf.io/v1/types.go`,
 /// `NetworkStatusAnnot` and `NetworkStatus`).
-pub const NETWORK_STATUS: &str = "k8s.v1.cni.cncf.io/network-status";
+pub(crate) const NETWORK_STATUS: &str = "k8s.v1.cni.cncf.io/network-status";
 
 /// The IPs a `k8s.v1.cni.cncf.io/network-status` value says the network `namespace/name` gave
 /// the pod; none for a value that cannot be read.
-pub fn status_ips(value: &str, namespace: &str, name: &str) -> Vec<IpAddr> {
+pub(crate) fn status_ips(value: &str, namespace: &str, name: &str) -> Vec<IpAddr> {
     let Ok(serde_json::Value::Array(entries)) = serde_json::from_str(value) else {
         return Vec::new();
     };
@@ -231,7 +235,7 @@ pub fn status_ips(value: &str, namespace: &str, name: &str) -> Vec<IpAddr> {
 /// `%s.kubernetes.io/ip_address` of the provider): `NAME.NAMESPACE.ovn` for an attachment of
 /// Kube-OVN's own CNI, and `NAME.NAMESPACE` for an IPAM-only one (another CNI, such as macvlan,
 /// with `ipam.type: kube-ovn`).
-pub fn kube_ovn_ip_annotations(network: &Network) -> [String; 2] {
+pub(crate) fn kube_ovn_ip_annotations(network: &Network) -> [String; 2] {
     let provider = format!("{}.{}", network.name, network.namespace);
     [
         format!("{provider}.ovn.kubernetes.io/ip_address"),
@@ -270,7 +274,7 @@ pub fn kube_ovn_ips(
 /// `attachments`), and when it attaches `network`, the IPs of Kube-OVN's annotations for it
 /// ([`kube_ovn_ips`]; one that cannot be read names none here, and is refused at admission).
 /// Each IP once.
-pub fn carried_on(
+pub(crate) fn carried_on(
     attachments: &[Attachment],
     annotations: Option<&Annotations>,
     network: &Network,
@@ -300,7 +304,7 @@ pub fn carried_on(
 /// The IPs a pod carries on each of `networks` ([`carried_on`]), its networks annotation read
 /// for those networks alone; `None` when the annotation cannot be read (a pod Multus refuses
 /// carries nothing on its networks).
-pub fn pod_network_ips<'n>(
+pub(crate) fn pod_network_ips<'n>(
     annotations: Option<&Annotations>,
     pod_namespace: &str,
     networks: impl IntoIterator<Item = &'n Network>,
@@ -492,7 +496,7 @@ fn attachment_of(
 /// `ips`. An IPv4-mapped address is the IPv4 address, as the `static` IPAM configures it; its
 /// prefix counts in 128 bits, so the IPv4 address's is 96 less (`::ffff:10.0.0.1/120` is
 /// `10.0.0.1/24`, and `/24` there is `/0`).
-pub fn parse_ip_request(text: &str) -> Option<(IpAddr, Option<u8>)> {
+pub(crate) fn parse_ip_request(text: &str) -> Option<(IpAddr, Option<u8>)> {
     let Some((ip, prefix)) = text.split_once('/') else {
         return go_parse_ip(text).map(|ip| (ip, None));
     };

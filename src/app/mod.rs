@@ -124,7 +124,7 @@ async fn secondary_networks(
 
 /// The pools decisions draw from: the file's, or the API server's FixedIPPools (those that
 /// are valid, oldest first), or none.
-pub async fn pools(
+pub(crate) async fn pools(
     pools_file: Option<&std::path::Path>,
     api_server: Option<&ApiServer>,
 ) -> anyhow::Result<PoolCatalog> {
@@ -502,7 +502,7 @@ fn start_cluster(
 }
 
 /// `serve`: run until SIGTERM or SIGINT, then drain and flush.
-pub async fn serve_until_signal(config: ServeConfig) -> anyhow::Result<()> {
+pub(crate) async fn serve_until_signal(config: ServeConfig) -> anyhow::Result<()> {
     let mut launched = match launch(&config).await {
         Ok(launched) => launched,
         Err(error) if crate::server::logging::json() => {

@@ -22,7 +22,7 @@ pub struct Cli {
 
 impl Cli {
     /// The log format: `serve --log-format`, else the one given before the command, else text.
-    pub fn log_format(&self) -> LogFormat {
+    pub(crate) fn log_format(&self) -> LogFormat {
         match &self.command {
             Command::Serve(serve) => serve.log_format.or(self.log_format),
             _ => self.log_format,
@@ -441,7 +441,7 @@ pub struct WebhookArgs {
 }
 
 /// `serve`'s default --state-dir.
-pub const DEFAULT_STATE_DIR: &str = "./ip-webhook-state";
+pub(crate) const DEFAULT_STATE_DIR: &str = "./ip-webhook-state";
 
 /// In-cluster mode: the reconciler and its leader election.
 #[derive(Debug, Clone, Args)]

@@ -10,11 +10,15 @@ use crate::ledger::{ClusterSource, EtcdOptions, KubeAccess, LedgerConfig};
 use crate::server::Limits;
 use crate::webhook::Settings;
 
-pub fn in_pod() -> bool {
+pub(crate) fn in_pod() -> bool {
     std::env::var_os("KUBERNETES_SERVICE_HOST").is_some_and(|v| !v.is_empty())
 }
 
-pub fn choose_ledger(given: Option<LedgerKind>, kubeconfig: bool, in_pod: bool) -> LedgerKind {
+pub(crate) fn choose_ledger(
+    given: Option<LedgerKind>,
+    kubeconfig: bool,
+    in_pod: bool,
+) -> LedgerKind {
     match given {
         Some(kind) => kind,
         None if kubeconfig || in_pod => LedgerKind::Kubernetes,
@@ -24,7 +28,7 @@ pub fn choose_ledger(given: Option<LedgerKind>, kubeconfig: bool, in_pod: bool) 
 
 /// Find the API server as kubectl does: --kubeconfig, else $KUBECONFIG, else ~/.kube/config,
 /// else the in-cluster service account. `None` when there is none of these.
-pub fn find_cluster(access: &ClusterAccess) -> Option<ClusterSource> {
+pub(crate) fn find_cluster(access: &ClusterAccess) -> Option<ClusterSource> {
     find_cluster_in(
         access.kubeconfig.as_deref(),
         std::env::var("KUBECONFIG").ok(),
@@ -33,7 +37,7 @@ pub fn find_cluster(access: &ClusterAccess) -> Option<ClusterSource> {
     )
 }
 
-pub fn find_cluster_in(
+pub(crate) fn find_cluster_in(
     flag: Option<&Path>,
     env: Option<String>,
     home: Option<PathBuf>,
@@ -67,12 +71,12 @@ pub fn settings(app_label: &str, cni: Cni) -> Settings {
 impl WebhookArgs {
     /// The ledger to use: --ledger if given; else kubernetes in a pod (KUBERNETES_SERVICE_HOST
     /// set) or with --kubeconfig; else embedded.
-    pub fn ledger_kind(&self) -> LedgerKind {
+    pub(crate) fn ledger_kind(&self) -> LedgerKind {
         choose_ledger(self.ledger, self.kubeconfig.is_some(), in_pod())
     }
 
     /// Whether there is an API server to ask about pods: in a pod, or given --kubeconfig.
-    pub fn has_api_server(&self) -> bool {
+    pub(crate) fn has_api_server(&self) -> bool {
         self.kubeconfig.is_some() || in_pod()
     }
 
@@ -80,7 +84,7 @@ impl WebhookArgs {
         KubeAccess::new(self.kubeconfig.as_deref(), self.context.as_deref())
     }
 
-    pub fn ledger_config(&self) -> LedgerConfig {
+    pub(crate) fn ledger_config(&self) -> LedgerConfig {
         match self.ledger_kind() {
             LedgerKind::Embedded => LedgerConfig::Embedded {
                 state_dir: self.state_dir.clone(),

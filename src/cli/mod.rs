@@ -2,14 +2,14 @@
 //! `explain`, `release` and `check`.
 
 mod args;
-pub mod commands;
+pub(crate) mod commands;
 mod config;
 mod parse;
-pub mod plugin;
+pub(crate) mod plugin;
 
 pub use args::*;
-pub use config::*;
-pub use parse::*;
+pub(crate) use config::*;
+pub(crate) use parse::*;
 
 use std::io::{Read, Write};
 use std::net::SocketAddr;
@@ -26,17 +26,17 @@ use crate::metrics::Endpoint;
 use crate::server::logging::LogFormat;
 
 /// What every command's exit status means (also in the README).
-pub const EXIT_CODES: &str = "Exit status: 0 done; 1 error (one `Error: …` line on stderr); \
+pub(crate) const EXIT_CODES: &str = "Exit status: 0 done; 1 error (one `Error: …` line on stderr); \
 2 bad command line; 3 the command ran and the answer is no (a `check` failed, `check --drift` \
 found drift, `release` freed nothing, a `status` filter matched nothing, `explain` found a replica \
 that would be refused, or with --strict a warning).";
 
 /// The name the binary runs under as a kubectl plugin (`kubectl ipw …`).
-pub const PLUGIN_FILE: &str = "kubectl-ipw";
+pub(crate) const PLUGIN_FILE: &str = "kubectl-ipw";
 
 /// Whether `argv0` (the program's path) names the kubectl plugin: a file `kubectl-ipw`, or
 /// `kubectl-ipw.exe`.
-pub fn is_plugin_name(argv0: &std::ffi::OsStr) -> bool {
+pub(crate) fn is_plugin_name(argv0: &std::ffi::OsStr) -> bool {
     let Some(name) = Path::new(argv0).file_name().and_then(|n| n.to_str()) else {
         return false;
     };
@@ -79,7 +79,7 @@ pub fn parse_env() -> Cli {
 /// filter matched nothing, `explain` found a replica that would be refused. Exits 3 (an error exits 1).
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
-pub struct AnswerIsNo(pub String);
+pub(crate) struct AnswerIsNo(pub String);
 
 /// The exit status for an error: 3 when its answer is no ([`AnswerIsNo`]), else 1.
 pub fn exit_code(error: &anyhow::Error) -> u8 {
@@ -92,7 +92,7 @@ pub fn exit_code(error: &anyhow::Error) -> u8 {
 
 /// Write a command's output to stdout. A reader that went away (`| head`) ends the output
 /// quietly, as for any Unix tool, instead of a panic.
-pub fn emit(text: &str) -> anyhow::Result<()> {
+pub(crate) fn emit(text: &str) -> anyhow::Result<()> {
     let mut stdout = std::io::stdout().lock();
     match stdout
         .write_all(text.as_bytes())

@@ -9,7 +9,7 @@ const DURATION_HINT: &str = "a duration like 500ms, 10s, 1m30s, 1.5s or 2h";
 
 /// Why an argument value is refused; clap shows the message after the flag's name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ValueError {
+pub(crate) enum ValueError {
     #[error("{text:?} is not a size like 65536, 64Ki, 64Mi or 1Gi")]
     Size { text: String },
     #[error("{text:?} has unknown unit {unit:?}; use Ki, Mi or Gi")]
@@ -39,7 +39,7 @@ pub enum ValueError {
 }
 
 /// `65536`, `64Ki`, `64Mi`, `1Gi`.
-pub fn parse_size(text: &str) -> Result<usize, ValueError> {
+pub(crate) fn parse_size(text: &str) -> Result<usize, ValueError> {
     let text = text.trim();
     let split = text
         .find(|c: char| !c.is_ascii_digit())
@@ -69,7 +69,7 @@ pub fn parse_size(text: &str) -> Result<usize, ValueError> {
 /// (`/ip-webhook/`, `/calico/ipam/v2/`). Anything else — a space, a control character, a
 /// non-ASCII letter — is refused: every byte is part of the key, so `" /ipw"` would be a key
 /// space of its own, and two replicas given different spellings would hand out one IP twice.
-pub fn parse_etcd_prefix(text: &str) -> Result<String, ValueError> {
+pub(crate) fn parse_etcd_prefix(text: &str) -> Result<String, ValueError> {
     let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '/' | '.' | '_' | '-' | ':');
     match text.char_indices().find(|(_, c)| !allowed(*c)) {
         None => Ok(text.to_string()),
@@ -82,7 +82,7 @@ pub fn parse_etcd_prefix(text: &str) -> Result<String, ValueError> {
 }
 
 /// `--app`: `NAMESPACE/APP`.
-pub fn parse_app(text: &str) -> Result<String, ValueError> {
+pub(crate) fn parse_app(text: &str) -> Result<String, ValueError> {
     match text.split_once('/') {
         Some((namespace, app))
             if !namespace.is_empty() && !app.is_empty() && !app.contains('/') =>
@@ -102,7 +102,7 @@ pub fn parse_app(text: &str) -> Result<String, ValueError> {
 
 /// A listen address: `HOST:PORT` with an IP address (IPv6 in brackets) or `localhost`, or
 /// Go's `:PORT` for every IPv4 address.
-pub fn parse_listen(text: &str) -> Result<SocketAddr, ValueError> {
+pub(crate) fn parse_listen(text: &str) -> Result<SocketAddr, ValueError> {
     let bad = |why: &str| ValueError::Listen {
         text: text.into(),
         why: why.into(),
@@ -140,7 +140,7 @@ pub fn parse_listen(text: &str) -> Result<SocketAddr, ValueError> {
 
 /// A duration as Go writes them: `500ms`, `10s`, `1m30s`, `1.5s`, `2h45m`, units `ns`, `us`
 /// (`µs`), `ms`, `s`, `m`, `h`; a bare whole number is seconds.
-pub fn parse_duration(text: &str) -> Result<Duration, ValueError> {
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, ValueError> {
     let text = text.trim();
     if text.is_empty() {
         return Err(ValueError::EmptyDuration);

@@ -40,7 +40,7 @@ impl AppLists for WorkloadRegistry {
 
 /// The apps' lists in-cluster: the watched workloads' lists, with the primary interface's
 /// claims to tell a pod that already holds its listed IP.
-pub struct WorkloadLists {
+pub(crate) struct WorkloadLists {
     pub workloads: Arc<WorkloadRegistry>,
     pub allocator: Arc<Allocator>,
 }

@@ -51,7 +51,7 @@ impl Caches {
     }
 
     /// Tell the reconciler the caches changed.
-    pub fn mark_changed(&self) {
+    pub(crate) fn mark_changed(&self) {
         self.unseen_change.store(true, Ordering::SeqCst);
         self.changed.notify_one();
     }
@@ -63,13 +63,13 @@ impl Caches {
 
     /// Whether a change came since the last call: a pass calls it as it starts, since it
     /// reads the caches as they are from then on.
-    pub fn take_unseen_change(&self) -> bool {
+    pub(crate) fn take_unseen_change(&self) -> bool {
         self.unseen_change.swap(false, Ordering::SeqCst)
     }
 
     /// The claims changed since the last call, each with its object now (`None`: gone); `None`
     /// when the changes were lost (a relist, or too many): then every claim needs a look.
-    pub fn take_claim_changes(&self) -> Option<Vec<leader_view::ClaimChange>> {
+    pub(crate) fn take_claim_changes(&self) -> Option<Vec<leader_view::ClaimChange>> {
         let claims = lock(&self.claims);
         let names = lock(&self.claim_changes).take()?;
         let now = |name: Box<str>| {
@@ -90,7 +90,7 @@ impl Caches {
 
     /// The pod cache now, and the UIDs of the pods changed in it since the last call (`None`:
     /// the changes were lost).
-    pub fn take_pod_changes(&self) -> (Arc<PodMap>, Option<Vec<Box<str>>>) {
+    pub(crate) fn take_pod_changes(&self) -> (Arc<PodMap>, Option<Vec<Box<str>>>) {
         let pods = lock(&self.pods);
         let uids = lock(&self.pod_changes).take();
         (Arc::clone(&pods), uids)
@@ -106,12 +106,12 @@ impl Caches {
     }
 
     /// The pods that carry our IPs, as of now: a shared copy, not a clone.
-    pub fn pod_map(&self) -> Arc<PodMap> {
+    pub(crate) fn pod_map(&self) -> Arc<PodMap> {
         lock(&self.pods).clone()
     }
 
     /// Whether the pod watch (re)listed within `period`.
-    pub fn pods_listed_within(&self, period: Duration) -> bool {
+    pub(crate) fn pods_listed_within(&self, period: Duration) -> bool {
         lock(&self.pods_listed_at).is_some_and(|at| at.elapsed() < period)
     }
 }

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 
 /// Keys noted since the last [`ChangeLog::take`], at most `CAP` of them.
 #[derive(Debug)]
-pub struct ChangeLog<K, const CAP: usize> {
+pub(crate) struct ChangeLog<K, const CAP: usize> {
     keys: BTreeSet<K>,
     /// More than `CAP` keys came, or everything changed: the keys are lost.
     overflowed: bool,
@@ -24,7 +24,7 @@ impl<K, const CAP: usize> Default for ChangeLog<K, CAP> {
 
 impl<K: Ord, const CAP: usize> ChangeLog<K, CAP> {
     /// `key` changed.
-    pub fn note(&mut self, key: K) {
+    pub(crate) fn note(&mut self, key: K) {
         if self.overflowed {
             return;
         }
@@ -36,14 +36,14 @@ impl<K: Ord, const CAP: usize> ChangeLog<K, CAP> {
     }
 
     /// Everything may have changed (a relist).
-    pub fn note_all(&mut self) {
+    pub(crate) fn note_all(&mut self) {
         self.overflowed = true;
         self.keys.clear();
     }
 
     /// The keys noted since the last call, in order, and a fresh start; `None` when they were
     /// lost: then everything needs a look.
-    pub fn take(&mut self) -> Option<Vec<K>> {
+    pub(crate) fn take(&mut self) -> Option<Vec<K>> {
         let keys = std::mem::take(&mut self.keys);
         let overflowed = std::mem::replace(&mut self.overflowed, false);
         (!overflowed).then(|| keys.into_iter().collect())

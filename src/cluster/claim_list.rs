@@ -43,7 +43,7 @@ impl ListWindow {
     }
 
     /// The watch replaced its whole cache from its own list.
-    pub fn note_relist(&self) {
+    pub(crate) fn note_relist(&self) {
         if let Some(touched) = self.lock().as_mut() {
             touched.relisted = true;
         }
@@ -56,7 +56,7 @@ impl ListWindow {
 
     /// The claims as of now: `listed`, with the watch's version (`watched`, the watch's cache,
     /// locked by the caller) of every claim the watch touched since [`ListWindow::open`].
-    pub fn close_and_merge(
+    pub(crate) fn close_and_merge(
         &self,
         listed: Vec<Arc<IPClaim>>,
         watched: &BTreeMap<String, Arc<IPClaim>>,

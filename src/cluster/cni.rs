@@ -27,7 +27,7 @@ use crate::webhook::cni_pools::{CalicoPool, NetworkRegistry, OvnSubnet};
 pub const RESERVATION_NAME: &str = "ip-webhook-fixed-ips";
 
 /// The API resource of a CNI object kind a replica reads.
-pub fn api_resource(object: CniObject) -> ApiResource {
+pub(crate) fn api_resource(object: CniObject) -> ApiResource {
     let (group, version, kind, plural) = object.resource();
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
 }
@@ -46,7 +46,7 @@ pub fn kube_ovn_subnets() -> ApiResource {
 
 /// What the IPReservation watch learned that the reservation keeper needs.
 #[derive(Default)]
-pub struct ReservationState {
+pub(crate) struct ReservationState {
     /// `spec.reservedCIDRs` of ip-webhook's own IPReservation; `None` while it does not exist.
     ours: Mutex<Option<Vec<String>>>,
     /// The IPReservation list succeeded: the CRD is served and `ours` is known.
@@ -54,11 +54,11 @@ pub struct ReservationState {
 }
 
 impl ReservationState {
-    pub fn served(&self) -> bool {
+    pub(crate) fn served(&self) -> bool {
         self.served.load(Ordering::SeqCst)
     }
 
-    pub fn ours(&self) -> Option<Vec<String>> {
+    pub(crate) fn ours(&self) -> Option<Vec<String>> {
         lock(&self.ours).clone()
     }
 }
@@ -144,7 +144,7 @@ fn apply_change<T>(
 }
 
 /// Calico IPPools into the registry; the Calico checks start once the first list is in.
-pub async fn watch_calico_pools(api: Api<DynamicObject>, networks: Arc<NetworkRegistry>) {
+pub(crate) async fn watch_calico_pools(api: Api<DynamicObject>, networks: Arc<NetworkRegistry>) {
     let mut mirror = Mirror::new();
     let mut known = HashSet::new();
     watch_objects(api, "calico ippools", |event| {
@@ -196,7 +196,7 @@ fn reserved_cidrs(object: &DynamicObject) -> (Vec<String>, IpSet) {
 
 /// Calico IPReservations: their union tells the Calico check which IPs automatic assignment
 /// skips, and ip-webhook's own one is remembered for the keeper.
-pub async fn watch_calico_reservations(
+pub(crate) async fn watch_calico_reservations(
     api: Api<DynamicObject>,
     networks: Arc<NetworkRegistry>,
     state: Arc<ReservationState>,
@@ -228,7 +228,7 @@ pub async fn watch_calico_reservations(
 }
 
 /// Kube-OVN Subnets into the registry; the Kube-OVN checks start once the first list is in.
-pub async fn watch_subnets(api: Api<DynamicObject>, networks: Arc<NetworkRegistry>) {
+pub(crate) async fn watch_subnets(api: Api<DynamicObject>, networks: Arc<NetworkRegistry>) {
     let mut mirror = Mirror::new();
     let mut known = HashSet::new();
     watch_objects(api, "kube-ovn subnets", |event| {
@@ -251,7 +251,7 @@ pub async fn watch_subnets(api: Api<DynamicObject>, networks: Arc<NetworkRegistr
 }
 
 /// Every IP ip-webhook may hand out ([`Offered`]) as the fewest CIDRs.
-pub fn desired_reservation(offered: &Offered) -> Vec<String> {
+pub(crate) fn desired_reservation(offered: &Offered) -> Vec<String> {
     let all = offered.ips();
     all.to_cidrs().iter().map(ToString::to_string).collect()
 }
@@ -259,7 +259,7 @@ pub fn desired_reservation(offered: &Offered) -> Vec<String> {
 /// The leader keeps [`RESERVATION_NAME`] equal to [`desired_reservation`]: created when there
 /// is something to reserve, updated (grown or shrunk) as IPPools and workload lists change.
 /// Nothing happens until the IPReservation CRD is known to be served and the IPPools synced.
-pub async fn keep_reservation(
+pub(crate) async fn keep_reservation(
     api: Api<DynamicObject>,
     offered: Offered,
     caches: Arc<Caches>,

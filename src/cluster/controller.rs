@@ -31,7 +31,7 @@ impl ControllerKind {
 
     /// Whether the controller replaces a pod by one with a new name (so the old pod's IP is
     /// not waited for by its successor).
-    pub fn replaces_under_new_name(self) -> bool {
+    pub(crate) fn replaces_under_new_name(self) -> bool {
         matches!(
             self,
             ControllerKind::ReplicaSet | ControllerKind::Job | ControllerKind::DaemonSet

@@ -12,12 +12,12 @@ use crate::webhook::events::{EventSink, Refused};
 const NOTE_LIMIT: usize = 1000;
 
 /// Publishes refusals as Events; never waits on the admission path.
-pub struct KubeEvents {
+pub(crate) struct KubeEvents {
     recorder: Recorder,
 }
 
 impl KubeEvents {
-    pub fn new(client: Client, instance: Option<String>) -> KubeEvents {
+    pub(crate) fn new(client: Client, instance: Option<String>) -> KubeEvents {
         KubeEvents {
             recorder: recorder(client, instance),
         }
@@ -25,7 +25,7 @@ impl KubeEvents {
 }
 
 /// Events reported as ip-webhook's, from `instance` (this replica's Lease identity, in-cluster).
-pub fn recorder(client: Client, instance: Option<String>) -> Recorder {
+pub(crate) fn recorder(client: Client, instance: Option<String>) -> Recorder {
     Recorder::new(
         client,
         Reporter {
@@ -36,7 +36,7 @@ pub fn recorder(client: Client, instance: Option<String>) -> Recorder {
 }
 
 /// The Event reason for a refusal worth telling the owner about.
-pub fn refusal_reason(outcome: &AllocationOutcome) -> Option<&'static str> {
+pub(crate) fn refusal_reason(outcome: &AllocationOutcome) -> Option<&'static str> {
     match outcome {
         AllocationOutcome::exhausted => Some("IPExhausted"),
         AllocationOutcome::conflict => Some("IPConflict"),

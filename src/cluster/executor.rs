@@ -296,7 +296,7 @@ impl Executor {
 
     /// Set `ip_webhook_duplicate_ips`, and for each duplicate not reported before, log it and
     /// record a Warning Event on every pod that carries the IP (the older one keeps it).
-    pub async fn report_duplicates(&self, duplicates: &[Duplicate]) {
+    pub(crate) async fn report_duplicates(&self, duplicates: &[Duplicate]) {
         self.metrics
             .duplicate_ips
             .set(i64::try_from(duplicates.len()).unwrap_or(i64::MAX));
@@ -356,7 +356,7 @@ impl Executor {
     }
 
     /// Write `FixedIPPool.status` where it changed.
-    pub async fn write_pool_statuses(
+    pub(crate) async fn write_pool_statuses(
         &self,
         pools: &[FixedIPPool],
         statuses: &[(String, FixedIPPoolStatus)],

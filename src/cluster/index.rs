@@ -27,12 +27,12 @@ use crate::ipam::foreign::{ForeignIps, ForeignUse};
 use crate::ledger::text::Shared;
 use crate::metrics::{CacheKindLabels, Metrics};
 
-pub mod calico;
+pub(crate) mod calico;
 mod changes;
 mod pod_watch;
-pub mod workloads;
+pub(crate) mod workloads;
 use changes::{Marked, touched};
-pub use pod_watch::{watch_pod_ips, watch_pods};
+pub(crate) use pod_watch::watch_pod_ips;
 
 /// A pod that runs on IPs of its own (`status.podIPs`), as the pod-IP index keeps every such
 /// pod of the cluster: where it runs, and the little the index's readers ask of it.
@@ -70,7 +70,7 @@ impl RunningPod {
     }
 
     /// [`RunningPod::from_pod`], reading the app from the label `app_label`.
-    pub fn from_pod_labelled(pod: &Pod, app_label: &str) -> Option<RunningPod> {
+    pub(crate) fn from_pod_labelled(pod: &Pod, app_label: &str) -> Option<RunningPod> {
         let spec = pod.spec.as_ref();
         if spec.and_then(|s| s.host_network) == Some(true) {
             return None;
@@ -130,7 +130,7 @@ impl RunningPod {
 
 /// A Kube-OVN `IP` object as the index keeps it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OvnIp {
+pub(crate) struct OvnIp {
     pub name: Box<str>,
     pub namespace: Box<str>,
     pub pod: Box<str>,
@@ -140,7 +140,7 @@ pub struct OvnIp {
 impl OvnIp {
     /// From an `ips.kubeovn.io` object: `spec.ipAddress` (comma-separated when dual-stack),
     /// `spec.v4IpAddress`, `spec.v6IpAddress`; `spec.podName`, `spec.namespace`.
-    pub fn from_object(object: &DynamicObject) -> Option<OvnIp> {
+    pub(crate) fn from_object(object: &DynamicObject) -> Option<OvnIp> {
         let spec = object.data.get("spec")?;
         let text = |field: &str| spec.get(field).and_then(Value::as_str).unwrap_or("");
         let mut ips: Vec<IpAddr> = Vec::new();
@@ -322,22 +322,22 @@ impl ClusterIps {
     }
 
     /// Other pods' IPs come from every pod, whole: no Calico IPAM index to wait for.
-    pub fn without_calico_ipam(&self) {
+    pub(crate) fn without_calico_ipam(&self) {
         self.calico_synced.store(true, Ordering::SeqCst);
     }
 
     /// Other pods' IPs come from Calico's IPAM (set before the watches start).
-    pub fn with_calico_ipam(&self) {
+    pub(crate) fn with_calico_ipam(&self) {
         self.calico_ipam.store(true, Ordering::SeqCst);
     }
 
     /// Mark the indexes that are not run (no Kube-OVN) as synced.
-    pub fn without_ovn(&self) {
+    pub(crate) fn without_ovn(&self) {
         self.ovn_synced.store(true, Ordering::SeqCst);
     }
 
     /// Use `label` as the app label of the pods indexed from now on.
-    pub fn set_app_label(&self, label: &str) {
+    pub(crate) fn set_app_label(&self, label: &str) {
         let _ = self.app_label.set(label.to_string());
     }
 
@@ -346,7 +346,7 @@ impl ClusterIps {
     }
 
     /// Whether the pod index has had its first list.
-    pub fn pods_synced(&self) -> bool {
+    pub(crate) fn pods_synced(&self) -> bool {
         self.pods_synced.load(Ordering::SeqCst)
     }
 
@@ -356,7 +356,7 @@ impl ClusterIps {
     }
 
     /// The indexed pod running on `ip`, if one is.
-    pub fn pod_on(&self, ip: &IpAddr) -> Option<Arc<RunningPod>> {
+    pub(crate) fn pod_on(&self, ip: &IpAddr) -> Option<Arc<RunningPod>> {
         read(&self.pods).by_ip.get(ip).cloned()
     }
 
@@ -369,17 +369,17 @@ impl ClusterIps {
         read(&self.pods).by_key.len()
     }
 
-    pub fn ovn_count(&self) -> usize {
+    pub(crate) fn ovn_count(&self) -> usize {
         read(&self.ovn).by_key.len()
     }
 
     /// Every indexed pod that is Terminating (deletionTimestamp set).
-    pub fn terminating_pods(&self) -> Vec<Arc<RunningPod>> {
+    pub(crate) fn terminating_pods(&self) -> Vec<Arc<RunningPod>> {
         read(&self.terminating).values().cloned().collect()
     }
 
     /// The IPs of this pod (on a lost node, its claims released) stop counting as used.
-    pub fn mark_lost(&self, uid: &str) {
+    pub(crate) fn mark_lost(&self, uid: &str) {
         let name = read(&self.pods)
             .by_key
             .get(uid)
@@ -389,13 +389,14 @@ impl ClusterIps {
     }
 
     /// Forget lost pods that are no longer indexed (gone at last).
-    pub fn prune_lost(&self) {
+    pub(crate) fn prune_lost(&self) {
         let pods = read(&self.pods);
         write(&self.lost).retain(|uid, _| pods.by_key.contains_key(uid));
     }
 
     /// Apply one pod event (a pod without IPs of its own is removed).
-    pub fn pod_event(&self, event: watcher::Event<SlimOrGone>) {
+    #[cfg(test)]
+    pub(crate) fn pod_event(&self, event: watcher::Event<SlimOrGone>) {
         let touched = touched(&event);
         pod_step(&self.pods, &self.pods_synced, event);
         if let Some((uid, pod)) = touched {
@@ -413,7 +414,7 @@ impl ClusterIps {
 }
 
 /// A watch event's object, already slimmed: the key, and the value when it still counts.
-pub struct SlimOrGone<T = RunningPod> {
+pub(crate) struct SlimOrGone<T = RunningPod> {
     pub key: Box<str>,
     pub value: Option<T>,
 }
@@ -539,7 +540,11 @@ pub fn kube_ovn_ips() -> ApiResource {
 /// Kube-OVN `IP` objects into `index`. While the CRD is not served (404) the index counts as
 /// synced and empty, and the watch keeps retrying (with backoff), so installing Kube-OVN later
 /// is picked up.
-pub async fn watch_ovn_ips(api: Api<DynamicObject>, caches: Arc<Caches>, metrics: Arc<Metrics>) {
+pub(crate) async fn watch_ovn_ips(
+    api: Api<DynamicObject>,
+    caches: Arc<Caches>,
+    metrics: Arc<Metrics>,
+) {
     let index = &caches.cluster_ips;
     let mut relist = Relist { pending: None };
     let gauge = metrics.cache_objects.get_or_create_owned(&CacheKindLabels {

@@ -30,7 +30,7 @@ use crate::ipam::ipset::{IpRange, IpSet, ip_key};
 use crate::webhook::cni_pools::{KUBE_OVN_GROUP, OvnSubnet};
 
 /// Our IPPools are named this plus the Subnet's name.
-pub const POOL_PREFIX: &str = "ip-webhook-";
+pub(crate) const POOL_PREFIX: &str = "ip-webhook-";
 const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "ip-webhook");
 
 /// Kube-OVN `IPPool`s (`kubeovn.io/v1`, cluster-scoped).
@@ -42,13 +42,13 @@ pub fn kube_ovn_ippools() -> ApiResource {
 }
 
 /// The name of our IPPool in `subnet`.
-pub fn pool_name(subnet: &str) -> String {
+pub(crate) fn pool_name(subnet: &str) -> String {
     format!("{POOL_PREFIX}{subnet}")
 }
 
 /// A Kube-OVN IPPool as the keeper sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OvnPool {
+pub(crate) struct OvnPool {
     pub subnet: String,
     /// `spec.ips` as written.
     pub ips: Vec<String>,
@@ -59,7 +59,7 @@ pub struct OvnPool {
 }
 
 impl OvnPool {
-    pub fn from_object(object: &DynamicObject) -> Option<OvnPool> {
+    pub(crate) fn from_object(object: &DynamicObject) -> Option<OvnPool> {
         let name = object.metadata.name.as_deref()?;
         let spec = object.data.get("spec").unwrap_or(&Value::Null);
         let subnet = spec.get("subnet").and_then(Value::as_str).unwrap_or("");
@@ -127,7 +127,7 @@ fn intersect(a: &IpSet, b: &IpSet) -> IpSet {
 
 /// The IPPools we should have: per Subnet, the `wanted` IPs inside its CIDRs and outside
 /// every IPPool that is not ours. Subnets with none get no pool.
-pub fn desired_pools(
+pub(crate) fn desired_pools(
     wanted: &IpSet,
     subnets: &BTreeMap<String, OvnSubnet>,
     pools: &BTreeMap<String, OvnPool>,
@@ -179,7 +179,7 @@ fn apply<T>(map: &Mutex<BTreeMap<String, T>>, synced: &AtomicBool, change: Chang
 }
 
 /// Kube-OVN Subnets (their CIDRs) for the keeper.
-pub async fn watch_subnets(api: Api<DynamicObject>, state: Arc<OvnReservationState>) {
+pub(crate) async fn watch_subnets(api: Api<DynamicObject>, state: Arc<OvnReservationState>) {
     let mut mirror = Mirror::new();
     let stream = watcher(api, watcher::Config::default()).default_backoff();
     drive(stream, "kube-ovn subnets (reservation)", None, |event| {
@@ -242,7 +242,7 @@ pub fn spawn(
 /// The leader keeps our IPPools equal to [`desired_pools`]: created, patched (grown or shrunk)
 /// and deleted as our lists, pools and the Subnets change. Nothing happens until the Subnets,
 /// the IPPools and our own caches have synced.
-pub async fn keep_pools(
+pub(crate) async fn keep_pools(
     api: Api<DynamicObject>,
     offered: Offered,
     caches: Arc<Caches>,

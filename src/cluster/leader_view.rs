@@ -26,7 +26,7 @@ use crate::crd::IPClaim;
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 /// A claim the claim watch changed: its name, and its object now (`None`: gone).
-pub type ClaimChange = (Box<str>, Option<Arc<IPClaim>>);
+pub(crate) type ClaimChange = (Box<str>, Option<Arc<IPClaim>>);
 
 /// Keys, with how many claims hold each.
 #[derive(Debug)]
@@ -171,7 +171,7 @@ impl Holdings for LeaderView {
 
 impl LeaderView {
     /// Whether the next pass must rebuild the view from the caches.
-    pub fn is_stale(&self) -> bool {
+    pub(crate) fn is_stale(&self) -> bool {
         self.stale
     }
 
@@ -300,12 +300,12 @@ impl LeaderView {
     }
 
     /// The IPs claim objects hold.
-    pub fn claimed_ips(&self) -> impl Iterator<Item = IpAddr> + Clone + '_ {
+    pub(crate) fn claimed_ips(&self) -> impl Iterator<Item = IpAddr> + Clone + '_ {
         self.claimed.0.keys().copied()
     }
 
     /// The IPs no claim object has held since the last call.
-    pub fn take_released(&mut self) -> Vec<IpAddr> {
+    pub(crate) fn take_released(&mut self) -> Vec<IpAddr> {
         std::mem::take(&mut self.released)
     }
 

@@ -183,20 +183,20 @@ pub async fn release(api: &Api<Lease>, settings: &LeaseSettings) -> Result<bool,
 
 /// The clock of a leader-only keeper: [`LeaderTicks::next`] returns every `every` while this
 /// replica leads and the keeper's inputs are ready, and skips the ticks in between.
-pub struct LeaderTicks {
+pub(crate) struct LeaderTicks {
     tick: tokio::time::Interval,
     leading: watch::Receiver<bool>,
 }
 
 impl LeaderTicks {
-    pub fn new(every: Duration, leading: watch::Receiver<bool>) -> LeaderTicks {
+    pub(crate) fn new(every: Duration, leading: watch::Receiver<bool>) -> LeaderTicks {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         LeaderTicks { tick, leading }
     }
 
     /// Wait for the next tick at which this replica leads and `ready()` holds.
-    pub async fn next(&mut self, ready: impl Fn() -> bool) {
+    pub(crate) async fn next(&mut self, ready: impl Fn() -> bool) {
         loop {
             self.tick.tick().await;
             if *self.leading.borrow() && ready() {
@@ -226,8 +226,11 @@ pub async fn run(mut elector: Elector, leading: watch::Sender<bool>) {
 
 /// Run `task` while this replica leads: started when it becomes the leader, dropped (and
 /// `stopped` called) when it stops being one.
-pub async fn while_leading<F, Fut>(mut leading: watch::Receiver<bool>, task: F, stopped: impl Fn())
-where
+pub(crate) async fn while_leading<F, Fut>(
+    mut leading: watch::Receiver<bool>,
+    task: F,
+    stopped: impl Fn(),
+) where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
@@ -253,7 +256,7 @@ where
 }
 
 /// Keep the `ip_webhook_leader{lease}` gauge equal to this replica's leadership.
-pub async fn export_leadership(
+pub(crate) async fn export_leadership(
     mut leading: watch::Receiver<bool>,
     metrics: std::sync::Arc<Metrics>,
     lease: String,

@@ -40,11 +40,11 @@ pub enum DropReason {
 
 impl DropReason {
     /// Whether this reclaims an IP that would otherwise have leaked (worth an Event).
-    pub fn is_leak(self) -> bool {
+    pub(crate) fn is_leak(self) -> bool {
         matches!(self, DropReason::PodGone | DropReason::ReservationExpired)
     }
 
-    pub fn event_reason(self) -> &'static str {
+    pub(crate) fn event_reason(self) -> &'static str {
         match self {
             DropReason::PodGone => "IPReclaimed",
             DropReason::ReservationExpired => "ReservationExpired",
@@ -57,14 +57,14 @@ impl DropReason {
 /// and whether the pod the claim is bound to has been seen since. A claim's age is how long
 /// this leader has watched it, never a time another machine wrote: clocks may disagree.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Age {
+pub(crate) struct Age {
     pub since: u64,
     pub pod_seen: bool,
 }
 
 /// What the rule says of one claim now.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict<'p> {
+pub(crate) enum Verdict<'p> {
     /// Nothing to do; `Some(at)`: time passing alone may change that at `at`.
     Wait(Option<u64>),
     /// Tie the claim to this pod (its final name and UID): phase `Bound`.
@@ -92,7 +92,7 @@ pub(crate) fn takes_up(claim: &Claim, pod: &PodInfo) -> bool {
 /// The rule. `pods` are the pods that may hold a claim of these books (by UID; each with the
 /// IPs it carries on the books' interface); `bound` says whether a pod UID is the pod of some
 /// claim of these books (a reservation is never taken up by one).
-pub fn judge<'p>(
+pub(crate) fn judge<'p>(
     claim: &Claim,
     age: Age,
     pods: &'p PodMap,

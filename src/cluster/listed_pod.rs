@@ -19,7 +19,7 @@ use serde::Deserialize;
 /// a watched or listed pod (the pod index, the pod cache, `check --drift`) reads no more.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(from = "Raw")]
-pub struct ListedPod(pub Pod);
+pub(crate) struct ListedPod(pub Pod);
 
 impl Resource for ListedPod {
     type DynamicType = ();

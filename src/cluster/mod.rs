@@ -15,40 +15,40 @@ use crate::admission::annotations::{Cni, CniObject};
 use crate::ledger::network::Interface;
 use crate::webhook::Webhook;
 
-pub mod app_lists;
+pub(crate) mod app_lists;
 mod caches;
-pub mod change_log;
-pub mod claim_list;
+pub(crate) mod change_log;
+pub(crate) mod claim_list;
 pub mod cni;
-pub mod controller;
-pub mod events;
+pub(crate) mod controller;
+pub(crate) mod events;
 pub mod executor;
 pub mod index;
 pub mod kube_ovn_reservation;
-pub mod leader_view;
+pub(crate) mod leader_view;
 pub mod lease;
-pub mod lifecycle;
-pub mod listed_pod;
-pub mod node_loss;
-pub mod parts;
-pub mod pod_info;
-pub mod pods;
+pub(crate) mod lifecycle;
+pub(crate) mod listed_pod;
+pub(crate) mod node_loss;
+pub(crate) mod parts;
+pub(crate) mod pod_info;
+pub(crate) mod pods;
 pub mod reconcile;
 mod reconciler;
-pub mod sightings;
-pub mod sweep;
+pub(crate) mod sightings;
+pub(crate) mod sweep;
 pub mod virtual_machines;
 mod watches;
 
 pub use caches::Caches;
-pub use parts::Parts;
+pub(crate) use parts::Parts;
 pub use reconciler::{Reconciler, list_pages};
 pub use watches::{pod_info, tolerant_catalog, watch_claims, watch_pools};
 
 pub use reconcile::{PodInfo, PodMap, Rules};
 
 #[derive(Debug, thiserror::Error)]
-pub enum ClusterError {
+pub(crate) enum ClusterError {
     #[error("{what} {name}: {source}")]
     Api {
         what: &'static str,
@@ -66,7 +66,7 @@ pub enum ClusterError {
 }
 
 impl ClusterError {
-    pub fn api(what: &'static str, name: &str, source: kube::Error) -> ClusterError {
+    pub(crate) fn api(what: &'static str, name: &str, source: kube::Error) -> ClusterError {
         ClusterError::Api {
             what,
             name: name.to_string(),
@@ -370,7 +370,11 @@ fn node_loss_tasks(
 /// With a ledger other than IPClaims (etcd, embedded) and an API server: the Lease election,
 /// the leak sweepers ([`sweep`]) of every interface's books and, when asked, node-loss
 /// release over a watch of the pods' IPs; no other watch.
-pub fn start_sweeper(client: Client, webhook: &Webhook, options: ClusterOptions) -> ClusterHandle {
+pub(crate) fn start_sweeper(
+    client: Client,
+    webhook: &Webhook,
+    options: ClusterOptions,
+) -> ClusterHandle {
     let parts = Parts::of(webhook);
     // its pod watch is node-loss release's alone: no admission reads it, so readiness does not
     // wait for it (its health is its own)

@@ -41,13 +41,13 @@ use crate::metrics::Metrics;
 
 /// A node's `Ready` condition: whether it is `True`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NodeReady {
+pub(crate) struct NodeReady {
     pub ready: bool,
 }
 
 impl NodeReady {
     /// The `Ready` condition of a node; `None` when it has none (never reported).
-    pub fn of(node: &Node) -> Option<NodeReady> {
+    pub(crate) fn of(node: &Node) -> Option<NodeReady> {
         let condition = node
             .status
             .as_ref()?
@@ -63,17 +63,17 @@ impl NodeReady {
 
 /// Nodes by name, each kept as its [`NodeReady`] only.
 #[derive(Default)]
-pub struct Nodes {
+pub(crate) struct Nodes {
     ready: RwLock<HashMap<String, NodeReady>>,
     synced: AtomicBool,
 }
 
 impl Nodes {
-    pub fn synced(&self) -> bool {
+    pub(crate) fn synced(&self) -> bool {
         self.synced.load(Ordering::SeqCst)
     }
 
-    pub fn get(&self, name: &str) -> Option<NodeReady> {
+    pub(crate) fn get(&self, name: &str) -> Option<NodeReady> {
         self.ready
             .read()
             .unwrap_or_else(|p| p.into_inner())
@@ -83,7 +83,7 @@ impl Nodes {
 
     /// Forget every node until the next list (the watch stopped: this replica no longer
     /// leads).
-    pub fn forget(&self) {
+    pub(crate) fn forget(&self) {
         self.synced.store(false, Ordering::SeqCst);
         self.ready
             .write()
@@ -111,7 +111,7 @@ impl Nodes {
 
 /// Nodes into `nodes`, slimmed to the `Ready` condition as each event arrives (a node
 /// without one is left out: it counts as not lost).
-pub async fn watch_nodes(api: Api<Node>, nodes: Arc<Nodes>) {
+pub(crate) async fn watch_nodes(api: Api<Node>, nodes: Arc<Nodes>) {
     let mut mirror = Mirror::new();
     let stream = watcher(api, watcher::Config::default()).default_backoff();
     drive(stream, "nodes", None, |event| {
@@ -131,7 +131,7 @@ const DEFAULT_POD_GRACE: u64 = 30;
 /// Since when (on the leader's clock) the leader has seen each Terminating pod and each node
 /// that is not Ready.
 #[derive(Debug, Default)]
-pub struct LossClock {
+pub(crate) struct LossClock {
     terminating: HashMap<Box<str>, u64>,
     down: HashMap<Box<str>, u64>,
 }
@@ -139,7 +139,7 @@ pub struct LossClock {
 impl LossClock {
     /// Note what a pass sees at `now`: the Terminating pods, and each one's node; forget the
     /// pods no longer Terminating and the nodes Ready again or no longer asked about.
-    pub fn observe(&mut self, pods: &[Arc<RunningPod>], nodes: &Nodes, now: u64) {
+    pub(crate) fn observe(&mut self, pods: &[Arc<RunningPod>], nodes: &Nodes, now: u64) {
         let mut terminating = HashMap::with_capacity(pods.len());
         let mut down = HashMap::new();
         for pod in pods.iter().filter(|p| p.deleting_at.is_some()) {
@@ -156,7 +156,7 @@ impl LossClock {
         self.down = down;
     }
 
-    pub fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         self.terminating.clear();
         self.down.clear();
     }
@@ -164,7 +164,7 @@ impl LossClock {
 
 /// Since when `pod`'s node has been seen lost, if `pod` may be released at `now` with `grace`
 /// seconds of `--node-lost-grace` (0: never). `clock` has observed this pass.
-pub fn lost_since(pod: &RunningPod, clock: &LossClock, now: u64, grace: u64) -> Option<u64> {
+pub(crate) fn lost_since(pod: &RunningPod, clock: &LossClock, now: u64, grace: u64) -> Option<u64> {
     if grace == 0 {
         return None;
     }
@@ -185,7 +185,7 @@ pub fn lost_since(pod: &RunningPod, clock: &LossClock, now: u64, grace: u64) -> 
 }
 
 /// The leader's node-loss releaser.
-pub struct NodeLoss {
+pub(crate) struct NodeLoss {
     /// The allocator of every interface: a pod's claims on each are released.
     pub allocators: Vec<Arc<Allocator>>,
     pub cluster_ips: Arc<ClusterIps>,
@@ -199,13 +199,13 @@ pub struct NodeLoss {
 }
 
 /// How often the leader looks for pods on lost nodes.
-pub const PERIOD: Duration = Duration::from_secs(1);
+pub(crate) const PERIOD: Duration = Duration::from_secs(1);
 
 impl NodeLoss {
     /// The leader's tasks: its watch of Nodes into [`NodeLoss::nodes`] (only the leader
     /// releases on node loss, so only the leader watches Nodes; forgotten when it stops
     /// leading), and this releaser, a pass every [`PERIOD`].
-    pub fn spawn(self, leading: &watch::Receiver<bool>) -> Vec<tokio::task::JoinHandle<()>> {
+    pub(crate) fn spawn(self, leading: &watch::Receiver<bool>) -> Vec<tokio::task::JoinHandle<()>> {
         let (api, nodes): (Api<Node>, _) = (Api::all(self.pods.clone()), self.nodes.clone());
         let watch = tokio::spawn(super::lease::while_leading(
             leading.clone(),
@@ -220,7 +220,7 @@ impl NodeLoss {
 
     /// Run until aborted: a pass every `every` while this replica leads and the node and
     /// pod indexes have synced.
-    pub async fn run(self, leading: watch::Receiver<bool>, every: Duration) {
+    pub(crate) async fn run(self, leading: watch::Receiver<bool>, every: Duration) {
         let mut ticks = LeaderTicks::new(every, leading);
         let started = tokio::time::Instant::now();
         let mut clock = LossClock::default();
@@ -240,7 +240,7 @@ impl NodeLoss {
     }
 
     /// One pass at `now` (seconds on `clock`'s clock); returns how many claims were released.
-    pub async fn pass(&self, clock: &mut LossClock, now: u64) -> usize {
+    pub(crate) async fn pass(&self, clock: &mut LossClock, now: u64) -> usize {
         self.cluster_ips.prune_lost();
         let terminating = self.cluster_ips.terminating_pods();
         clock.observe(&terminating, &self.nodes, now);

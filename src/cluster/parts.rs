@@ -20,7 +20,7 @@ use crate::webhook::workloads::WorkloadRegistry;
 use super::app_lists::WorkloadLists;
 
 /// The webhook's handles the cluster's tasks use, each shared with the decisions.
-pub struct Parts {
+pub(crate) struct Parts {
     /// Each interface's allocator: the claim watches, the reconciler (the primary's),
     /// node-loss release and the leak sweepers.
     pub interfaces: Interfaces,
@@ -39,7 +39,7 @@ pub struct Parts {
 }
 
 impl Parts {
-    pub fn of(webhook: &Webhook) -> Parts {
+    pub(crate) fn of(webhook: &Webhook) -> Parts {
         Parts {
             interfaces: Interfaces::of(webhook),
             pools: webhook.pools.clone(),
@@ -52,7 +52,7 @@ impl Parts {
     }
 
     /// The apps' lists as the pod index and the reconciler read them.
-    pub fn app_lists(&self) -> Arc<WorkloadLists> {
+    pub(crate) fn app_lists(&self) -> Arc<WorkloadLists> {
         Arc::new(WorkloadLists {
             workloads: self.workloads.clone(),
             allocator: self.interfaces.primary().clone(),
@@ -60,7 +60,7 @@ impl Parts {
     }
 
     /// Every IP ip-webhook may hand out, as the CNI reservation keepers read it.
-    pub fn offered(&self) -> Offered {
+    pub(crate) fn offered(&self) -> Offered {
         Offered {
             pools: self.pools.clone(),
             workloads: self.workloads.clone(),
@@ -71,13 +71,13 @@ impl Parts {
 /// Each interface IPs are given out on, with its allocator, as [`Webhook::interfaces`] lists
 /// them (the primary interface's first, then each secondary network's), held by the tasks.
 #[derive(Clone)]
-pub struct Interfaces {
+pub(crate) struct Interfaces {
     primary: Arc<Allocator>,
     secondary: Vec<(Network, Arc<Allocator>)>,
 }
 
 impl Interfaces {
-    pub fn of(webhook: &Webhook) -> Interfaces {
+    pub(crate) fn of(webhook: &Webhook) -> Interfaces {
         Interfaces {
             primary: webhook.allocator.clone(),
             secondary: webhook
@@ -89,19 +89,19 @@ impl Interfaces {
     }
 
     /// The primary interface's allocator (the `IPClaim` books the reconciler keeps).
-    pub fn primary(&self) -> &Arc<Allocator> {
+    pub(crate) fn primary(&self) -> &Arc<Allocator> {
         &self.primary
     }
 
     /// Each secondary network with its allocator.
-    pub fn secondary(&self) -> impl Iterator<Item = (&Network, &Arc<Allocator>)> {
+    pub(crate) fn secondary(&self) -> impl Iterator<Item = (&Network, &Arc<Allocator>)> {
         self.secondary
             .iter()
             .map(|(network, allocator)| (network, allocator))
     }
 
     /// Every interface with its allocator, the primary's first.
-    pub fn iter(&self) -> impl Iterator<Item = (Interface<'_>, &Arc<Allocator>)> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (Interface<'_>, &Arc<Allocator>)> {
         std::iter::once((Interface::Primary, &self.primary)).chain(
             self.secondary()
                 .map(|(network, allocator)| (Interface::Network(network), allocator)),
@@ -109,7 +109,7 @@ impl Interfaces {
     }
 
     /// Every interface's allocator, the primary's first.
-    pub fn allocators(&self) -> Vec<Arc<Allocator>> {
+    pub(crate) fn allocators(&self) -> Vec<Arc<Allocator>> {
         self.iter()
             .map(|(_, allocator)| allocator.clone())
             .collect()

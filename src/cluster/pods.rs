@@ -26,7 +26,7 @@ use crate::ledger::network::Network;
 
 /// Lists pods through the API server (the operator's kubeconfig, or the service account).
 /// A virtual machine's claim is held while the VM is ([`VmDirectory`]), not its pod.
-pub struct PodDirectory {
+pub(crate) struct PodDirectory {
     client: Client,
     app_label: String,
     vms: VmDirectory,
@@ -36,7 +36,7 @@ pub struct PodDirectory {
 }
 
 impl PodDirectory {
-    pub fn new(client: Client, app_label: impl Into<String>) -> PodDirectory {
+    pub(crate) fn new(client: Client, app_label: impl Into<String>) -> PodDirectory {
         PodDirectory {
             vms: VmDirectory::new(client.clone(), false),
             client,
@@ -47,7 +47,7 @@ impl PodDirectory {
 
     /// Who holds the claims of `interface`'s books, reading apps by `app_label` and VMs as
     /// `kubevirt` says.
-    pub fn of_interface(
+    pub(crate) fn of_interface(
         client: Client,
         app_label: &str,
         kubevirt: &crate::webhook::kubevirt::KubevirtSettings,
@@ -62,13 +62,13 @@ impl PodDirectory {
     }
 
     /// Look up the pods of the claims of secondary network `network`.
-    pub fn for_network(mut self, network: Network) -> PodDirectory {
+    pub(crate) fn for_network(mut self, network: Network) -> PodDirectory {
         self.network = Some(network);
         self
     }
 
     /// Free a virtual machine's claim once the VM is stopped (`--kubevirt-release-on-stop`).
-    pub fn release_vms_on_stop(mut self, release_on_stop: bool) -> PodDirectory {
+    pub(crate) fn release_vms_on_stop(mut self, release_on_stop: bool) -> PodDirectory {
         self.vms = VmDirectory::new(self.client.clone(), release_on_stop);
         self
     }
@@ -84,19 +84,9 @@ impl PodDirectory {
         }
     }
 
-    /// Every pod of `namespace`, whole (for `spec.nodeName`); the error says which list
-    /// failed and why.
-    pub async fn list(&self, namespace: &str) -> Result<Vec<Pod>, ClusterError> {
-        self.api(namespace)
-            .list(&ListParams::default())
-            .await
-            .map(|list| list.items)
-            .map_err(|error| list_failed(namespace, error))
-    }
-
     /// The metadata of every pod of `namespace`: all that finding a claim's pod needs, for
     /// a fraction of the bytes.
-    pub async fn list_metadata(
+    pub(crate) async fn list_metadata(
         &self,
         namespace: &str,
     ) -> Result<Vec<PartialObjectMeta<Pod>>, ClusterError> {
@@ -113,7 +103,7 @@ impl PodDirectory {
 
     /// What the rules read of `meta`'s pod for these books: the IPs it carries on their
     /// interface; `None` when it carries none there.
-    pub fn info(&self, meta: &kube::api::ObjectMeta) -> Option<super::PodInfo> {
+    pub(crate) fn info(&self, meta: &kube::api::ObjectMeta) -> Option<super::PodInfo> {
         match &self.network {
             None => pod_info(meta, &self.app_label),
             Some(network) => network_pod_info(meta, &self.app_label, network),
@@ -121,19 +111,19 @@ impl PodDirectory {
     }
 
     /// [`PodDirectory::info`], or the pod with no IP when it carries none there.
-    pub fn info_or_bare(&self, meta: &kube::api::ObjectMeta) -> Option<super::PodInfo> {
+    pub(crate) fn info_or_bare(&self, meta: &kube::api::ObjectMeta) -> Option<super::PodInfo> {
         self.info(meta)
             .or_else(|| super::watches::bare_pod_info(meta, &self.app_label, Vec::new()))
     }
 
     /// Whether the VM `namespace/name` still holds its IP, read now (not from a memo): a
     /// release is decided once, on what the API server says.
-    pub async fn vm_holds_ip(&self, namespace: &str, vm: &str) -> Result<bool, String> {
+    pub(crate) async fn vm_holds_ip(&self, namespace: &str, vm: &str) -> Result<bool, String> {
         self.vms.verdict(self.vms.state(namespace, vm).await)
     }
 
     /// The pod among `pods` (of the claim's namespace) that holds `claim`.
-    pub fn holder<'a, P: Resource>(&self, pods: &'a [P], claim: &Claim) -> Option<&'a P> {
+    pub(crate) fn holder<'a, P: Resource>(&self, pods: &'a [P], claim: &Claim) -> Option<&'a P> {
         match &self.network {
             None => holder(pods, claim, &self.app_label),
             Some(network) => network_holder(pods, claim, &self.app_label, network),
@@ -147,7 +137,7 @@ impl PodDirectory {
     /// the others (reservations that name none yet) one paged list of their namespace, of
     /// which only the pods that could hold them are kept. Each pod is cut down to its node as
     /// it arrives. What could not be read is left out, and named in the second value.
-    pub async fn nodes(&self, claims: &[Claim]) -> (BTreeMap<IpAddr, String>, Vec<String>) {
+    pub(crate) async fn nodes(&self, claims: &[Claim]) -> (BTreeMap<IpAddr, String>, Vec<String>) {
         let mut by_namespace: HashMap<&str, Vec<&Claim>> = HashMap::new();
         let mut named: Vec<&Claim> = Vec::new();
         for claim in claims.iter().filter(|c| c.is_held()) {
@@ -413,7 +403,7 @@ pub fn holder<'a, P: Resource>(pods: &'a [P], claim: &Claim, app_label: &str) ->
 
 /// [`holder`] for a claim of the secondary network `network`, whose pod carries its IPs in
 /// the networks annotation.
-pub fn network_holder<'a, P: Resource>(
+pub(crate) fn network_holder<'a, P: Resource>(
     pods: &'a [P],
     claim: &Claim,
     app_label: &str,

@@ -16,7 +16,7 @@ use crate::metrics::AdoptReason;
 
 pub(crate) use super::pod_info::FastSet;
 pub use super::pod_info::{PodInfo, PodMap};
-pub use super::sightings::Sightings;
+pub(crate) use super::sightings::Sightings;
 
 pub use super::lifecycle::{DropReason, Rules};
 
@@ -50,7 +50,7 @@ pub enum Action {
 /// are never adopted here; another app's pod on a list IP stays a conflict that the pod-IP
 /// index reports at admission. `running` is the pod-IP index; `pods` the reconciler's pod
 /// cache (for creation time, termination and StatefulSet ownership when it knows the pod).
-pub fn plan_list_adoptions(
+pub(crate) fn plan_list_adoptions(
     plan: &mut Plan,
     holdings: &dyn Holdings,
     pods: &PodMap,
@@ -120,7 +120,7 @@ pub fn plan_list_adoptions(
 }
 
 /// What the claim objects hold, as list adoption asks it.
-pub trait Holdings {
+pub(crate) trait Holdings {
     /// Whether a claim object holds `ip` (its `spec.ip`, readable or not: an unreadable
     /// claim's IP stays held).
     fn holds_ip(&self, ip: &IpAddr) -> bool;
@@ -195,7 +195,7 @@ pub(crate) fn duplicates_among(mut carried: Vec<(IpAddr, &PodInfo)>) -> Vec<Dupl
 /// (`status.podIPs`, from the pod-IP index, whoever assigned them): one entry per IP, each
 /// pod once, oldest first. `known` (the reconciler's pods, by UID) says which are a VM's
 /// launcher pods: a live migration's two pods on one IP are one holder, no duplicate.
-pub fn add_running_duplicates(
+pub(crate) fn add_running_duplicates(
     found: &mut Vec<Duplicate>,
     running: Vec<(IpAddr, Vec<Arc<RunningPod>>)>,
     known: &PodMap,
@@ -363,7 +363,7 @@ pub(crate) fn adopts_by_token(pod: &PodInfo, recorded: &dyn Fn(&IpAddr) -> bool)
 }
 
 /// `FixedIPPool.status` from the records: IPs of the pool held by any record.
-pub fn pool_statuses(
+pub(crate) fn pool_statuses(
     catalog: &PoolCatalog,
     ips: impl Iterator<Item = IpAddr> + Clone,
 ) -> Vec<(String, FixedIPPoolStatus)> {

@@ -77,7 +77,7 @@ impl Sighting {
 impl Sightings {
     /// Note `claims` as seen at `now`, with the pods of `pods` (by UID); forget the claims no
     /// longer listed. A claim that is the very object the last call saw costs a lookup.
-    pub fn observe(&mut self, claims: &[Arc<IPClaim>], pods: &PodMap, now: u64) {
+    pub(crate) fn observe(&mut self, claims: &[Arc<IPClaim>], pods: &PodMap, now: u64) {
         self.observed += 1;
         let pass = self.observed;
         for resource in claims {
@@ -161,7 +161,7 @@ impl Sightings {
     }
 
     /// Whether the pod `resource` is bound to has been seen since the claim was.
-    pub fn pod_seen(&self, resource: &Arc<IPClaim>) -> bool {
+    pub(crate) fn pod_seen(&self, resource: &Arc<IPClaim>) -> bool {
         self.sighting(resource).is_some_and(|seen| seen.pod_seen)
     }
 

@@ -28,7 +28,7 @@ use super::lifecycle::{self, Age, DropReason, Rules, Verdict};
 use super::pod_info::{PodInfo, PodMap};
 use super::pods::PodDirectory;
 
-pub struct Sweeper {
+pub(crate) struct Sweeper {
     allocator: Arc<Allocator>,
     pods: PodDirectory,
     rules: Rules,
@@ -47,7 +47,7 @@ pub struct Sweeper {
 }
 
 /// How often the leader looks for the stored pods of reservations between sweeps.
-pub const RESERVATIONS_EVERY: Duration = Duration::from_secs(1);
+pub(crate) const RESERVATIONS_EVERY: Duration = Duration::from_secs(1);
 
 /// A claim as it is (its grant, phase and pod), and its [`Age`].
 struct Sighting {
@@ -64,7 +64,7 @@ fn state_of(claim: &Claim) -> (Text, Phase, Option<Text>) {
 }
 
 impl Sweeper {
-    pub fn new(
+    pub(crate) fn new(
         allocator: Arc<Allocator>,
         pods: PodDirectory,
         rules: Rules,
@@ -86,7 +86,7 @@ impl Sweeper {
 
     /// Sweep every `period` while `leading` says this replica holds the Lease, and look for
     /// the stored pods of reservations every [`RESERVATIONS_EVERY`] in between.
-    pub async fn run(mut self, mut leading: watch::Receiver<bool>) {
+    pub(crate) async fn run(mut self, mut leading: watch::Receiver<bool>) {
         let mut next_sweep = tokio::time::Instant::now();
         loop {
             if *leading.borrow_and_update() {
@@ -160,7 +160,7 @@ impl Sweeper {
     }
 
     /// One pass at `now` (seconds on this replica's own clock); the IPs freed.
-    pub async fn sweep(&mut self, now: u64) -> Vec<IpAddr> {
+    pub(crate) async fn sweep(&mut self, now: u64) -> Vec<IpAddr> {
         let claims = match self.allocator.ledger().load().await {
             Ok(claims) => claims,
             Err(error) => {

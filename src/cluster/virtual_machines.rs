@@ -33,7 +33,7 @@ pub enum VmState {
 /// The longest a VM found holding its IP is not asked about again
 /// ([`VmDirectory::remembering`]): the reconciler plans to drop a stopped VM's claim on every
 /// pass, and each would otherwise cost two reads.
-pub const KEPT_AT_MOST: Duration = Duration::from_secs(30);
+pub(crate) const KEPT_AT_MOST: Duration = Duration::from_secs(30);
 
 /// Reads VirtualMachines and VirtualMachineInstances.
 pub struct VmDirectory {
@@ -55,7 +55,7 @@ pub fn virtual_machines() -> ApiResource {
 }
 
 /// KubeVirt's `VirtualMachineInstance`s (`kubevirt.io/v1`).
-pub fn virtual_machine_instances() -> ApiResource {
+pub(crate) fn virtual_machine_instances() -> ApiResource {
     resource("VirtualMachineInstance", "virtualmachineinstances")
 }
 
@@ -72,7 +72,7 @@ impl VmDirectory {
     /// Answer [`VmDirectory::holds_ip`] from a finding that the VM holds its IP for this long
     /// (at most [`KEPT_AT_MOST`]): the reconciler's, which sees a deleted VM's claim again at
     /// its next pass, at the latest the next resync.
-    pub fn remembering(mut self, kept_for: Duration) -> VmDirectory {
+    pub(crate) fn remembering(mut self, kept_for: Duration) -> VmDirectory {
         self.kept_for = kept_for.min(KEPT_AT_MOST);
         self
     }
@@ -145,7 +145,7 @@ impl VmDirectory {
 /// VM and wakes the reconciler, so a VM deleted while stopped is freed at once, not at the
 /// next resync. Where KubeVirt is not installed (the API server does not serve the resource),
 /// looks again every `recheck` and wakes nothing; nothing here gates readiness.
-pub async fn watch_deletions(
+pub(crate) async fn watch_deletions(
     client: Client,
     resource: ApiResource,
     vms: Arc<VmDirectory>,
@@ -185,7 +185,7 @@ pub async fn watch_deletions(
 /// The leader's watches of VM deletions ([`watch_deletions`]) of VirtualMachines and of
 /// VMIs (a stopped VM's, or one without a VM), so a VM's claim is dropped at its deletion, not
 /// at the next resync; each runs only while this replica leads.
-pub fn spawn_deletion_watches(
+pub(crate) fn spawn_deletion_watches(
     client: &Client,
     vms: &Arc<VmDirectory>,
     caches: &Arc<super::Caches>,

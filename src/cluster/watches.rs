@@ -45,7 +45,11 @@ pub fn pod_info(meta: &ObjectMeta, app_label: &str) -> Option<PodInfo> {
 /// The compact record of a pod as a secondary network's books see it: the IPs it carries on
 /// `network` ([`crate::admission::networks::carried_on`], the reading admission and DELETE
 /// use); `None` when it carries none.
-pub fn network_pod_info(meta: &ObjectMeta, app_label: &str, network: &Network) -> Option<PodInfo> {
+pub(crate) fn network_pod_info(
+    meta: &ObjectMeta,
+    app_label: &str,
+    network: &Network,
+) -> Option<PodInfo> {
     let namespace = meta.namespace.as_deref().unwrap_or_default();
     let (_, ips) = pod_network_ips(meta.annotations.as_ref(), namespace, [network])?.pop()?;
     pod_info_with(meta, app_label, ips)
@@ -238,7 +242,11 @@ pub(super) fn apply_pod_change(pods: &mut Arc<PodMap>, change: Change<PodInfo>) 
 /// watch does the primary interface's: another replica's claims and releases reach this
 /// replica's copy as they happen, so its choices stay fresh and a release made elsewhere makes
 /// the IP choosable here again. (Safety never depends on it: every write asks the ledger.)
-pub async fn watch_network_claims(api: Api<IPClaim>, network: Network, allocator: Arc<Allocator>) {
+pub(crate) async fn watch_network_claims(
+    api: Api<IPClaim>,
+    network: Network,
+    allocator: Arc<Allocator>,
+) {
     let mut mirror = Mirror::new();
     let config = watcher::Config::default().labels(&network.selector());
     let stream = watcher(api, config).default_backoff();

@@ -63,7 +63,7 @@ impl Allocator {
 
     /// [`Allocator::new`], keeping a released StatefulSet pod's claim `sticky_grace` seconds
     /// for its name before the release timer frees it.
-    pub async fn keeping_sticky(
+    pub(crate) async fn keeping_sticky(
         ledger: Arc<dyn Ledger>,
         sticky_grace: u64,
     ) -> Result<Allocator, LedgerError> {
@@ -89,7 +89,7 @@ impl Allocator {
     }
 
     /// Consult `foreign` from now on: a static IP it names is refused, an allocation skips it.
-    pub fn set_foreign(&self, foreign: Arc<dyn ForeignIps>) {
+    pub(crate) fn set_foreign(&self, foreign: Arc<dyn ForeignIps>) {
         let _ = self.foreign.set(foreign);
     }
 
@@ -99,14 +99,20 @@ impl Allocator {
 
     /// The refusal for `pod` (a launcher pod of `vm`, if given) asking for `ip` that a pod
     /// outside the ledger uses, if one does.
-    pub fn foreign_conflict(&self, ip: &IpAddr, pod: &PodRef, vm: Option<&str>) -> Option<String> {
+    #[cfg(test)]
+    pub(crate) fn foreign_conflict(
+        &self,
+        ip: &IpAddr,
+        pod: &PodRef,
+        vm: Option<&str>,
+    ) -> Option<String> {
         let user = self.foreign_user(ip, pod, vm)?;
         Some(foreign_message(ip, pod, &user))
     }
 
     /// The API server says `user` no longer uses `ip`: stop counting it there
     /// ([`ForeignIps::gone`]).
-    pub fn foreign_gone(&self, ip: &IpAddr, user: &ForeignUse) {
+    pub(crate) fn foreign_gone(&self, ip: &IpAddr, user: &ForeignUse) {
         if let Some(foreign) = self.foreign() {
             foreign.gone(ip, user);
         }
@@ -114,7 +120,12 @@ impl Allocator {
 
     /// Who outside the ledger uses `ip`, as the cluster says, but `pod` (a launcher pod of
     /// `vm`) and the holder the ledger's claim names.
-    pub fn foreign_user(&self, ip: &IpAddr, pod: &PodRef, vm: Option<&str>) -> Option<ForeignUse> {
+    pub(crate) fn foreign_user(
+        &self,
+        ip: &IpAddr,
+        pod: &PodRef,
+        vm: Option<&str>,
+    ) -> Option<ForeignUse> {
         self.lock().used_elsewhere(ip, pod, vm, self.foreign())
     }
 
@@ -203,7 +214,7 @@ impl Allocator {
     /// The claims that lock their IP last held under the fixed pod name `pod`
     /// (`namespace/name`) of `app`, in any phase: the name's pod, maybe gone or in its grace
     /// period, or a release kept for the name.
-    pub fn held_under_name(&self, pod: &PodRef, app: &str) -> Vec<Claim> {
+    pub(crate) fn held_under_name(&self, pod: &PodRef, app: &str) -> Vec<Claim> {
         let state = self.lock();
         let key = (pod.namespace.clone(), Shared::from(app), pod.name.clone());
         state
@@ -220,7 +231,7 @@ impl Allocator {
     /// Bring this copy of a shared ledger in step with the records on `ips` as the ledger
     /// holds them now: a replica's copy may lag behind another replica's writes, and a decision
     /// a stale copy would get wrong reads them first. An in-process ledger's copy is exact.
-    pub async fn refresh(&self, ips: &[IpAddr]) -> Result<(), LedgerError> {
+    pub(crate) async fn refresh(&self, ips: &[IpAddr]) -> Result<(), LedgerError> {
         if !self.ledger.shared() {
             return Ok(());
         }
@@ -243,7 +254,7 @@ impl Allocator {
     }
 
     /// Whether a claim this copy holds is bound to the pod with this UID.
-    pub fn names_pod(&self, uid: &str) -> bool {
+    pub(crate) fn names_pod(&self, uid: &str) -> bool {
         let state = self.lock();
         let bound = state
             .by_pod
@@ -269,7 +280,10 @@ impl Allocator {
     }
 
     /// Run `f` over every held claim without copying them (metrics scrapes, status).
-    pub fn with_claims<R>(&self, f: impl FnOnce(&mut dyn Iterator<Item = &Claim>) -> R) -> R {
+    pub(crate) fn with_claims<R>(
+        &self,
+        f: impl FnOnce(&mut dyn Iterator<Item = &Claim>) -> R,
+    ) -> R {
         let state = self.lock();
         f(&mut state.claims.values().map(|claim| &**claim))
     }
@@ -391,7 +405,7 @@ impl Allocator {
     /// Record IPs the user wrote on the pod by hand; refuse when another pod holds one.
     /// A retried admission gets its first attempt's claims back; a fixed-name pod takes over
     /// its own earlier claim ([`claim::may_take_over`]).
-    pub async fn claim_static(
+    pub(crate) async fn claim_static(
         &self,
         ips: &[IpAddr],
         request: &AllocationRequest<'_>,
@@ -470,7 +484,7 @@ impl Allocator {
     }
 
     /// The claims `pod` holds on `ips` ([`claim::held_by`]).
-    pub fn held_by(&self, pod: &PodIdentity<'_>, ips: &[IpAddr]) -> Vec<Claim> {
+    pub(crate) fn held_by(&self, pod: &PodIdentity<'_>, ips: &[IpAddr]) -> Vec<Claim> {
         let state = self.lock();
         ips.iter()
             .filter_map(|ip| state.claims.get(ip))
@@ -483,7 +497,7 @@ impl Allocator {
     /// the IPs it shows: a pod whose annotations or label were stripped still holds its
     /// claims. In every ledger mode the index holds every claim (embedded and memory: this
     /// process made them; kubernetes and etcd: the ledger's watch adds the other replicas').
-    pub fn claims_of(&self, pod: &PodIdentity<'_>) -> Vec<Claim> {
+    pub(crate) fn claims_of(&self, pod: &PodIdentity<'_>) -> Vec<Claim> {
         let state = self.lock();
         let mut found: Vec<Claim> = Vec::new();
         for key in [pod.uid, pod.token].into_iter().flatten() {

@@ -17,7 +17,7 @@ pub struct ForeignUse {
 impl ForeignUse {
     /// `pod default/x (Kube-OVN IP x.default)`; a launcher pod as its VM, `vm default/db (pod
     /// default/virt-launcher-db-x)`.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let mut text = format!("pod {}/{}", self.namespace, self.name);
         if let Some(vm) = &self.vm {
             text = format!("vm {}/{vm} ({text})", self.namespace);
@@ -28,12 +28,12 @@ impl ForeignUse {
         text
     }
 
-    pub fn is_pod(&self, namespace: &str, name: &str) -> bool {
+    pub(crate) fn is_pod(&self, namespace: &str, name: &str) -> bool {
         !name.is_empty() && self.namespace == namespace && self.name == name
     }
 
     /// Whether this is a launcher pod of the VM `namespace/vm`: one of the VM's carriers.
-    pub fn runs_vm(&self, namespace: &str, vm: Option<&str>) -> bool {
+    pub(crate) fn runs_vm(&self, namespace: &str, vm: Option<&str>) -> bool {
         vm.is_some() && self.namespace == namespace && self.vm.as_deref() == vm
     }
 }

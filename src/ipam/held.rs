@@ -15,19 +15,19 @@ use crate::ledger::{Claim, Phase, PodRef, Shared, Source, Text, unix_now};
 
 /// Held addresses of one family as maximal runs `start -> end` (inclusive).
 #[derive(Debug, Default, Clone)]
-pub struct RunSet {
+pub(crate) struct RunSet {
     runs: BTreeMap<u128, u128>,
 }
 
 impl RunSet {
-    pub fn contains(&self, value: u128) -> bool {
+    pub(crate) fn contains(&self, value: u128) -> bool {
         self.runs
             .range(..=value)
             .next_back()
             .is_some_and(|(_, &end)| end >= value)
     }
 
-    pub fn insert(&mut self, value: u128) {
+    pub(crate) fn insert(&mut self, value: u128) {
         if self.contains(value) {
             return;
         }
@@ -46,7 +46,7 @@ impl RunSet {
         self.runs.insert(start, end);
     }
 
-    pub fn remove(&mut self, value: u128) {
+    pub(crate) fn remove(&mut self, value: u128) {
         let Some((&start, &end)) = self.runs.range(..=value).next_back() else {
             return;
         };
@@ -63,7 +63,7 @@ impl RunSet {
     }
 
     /// The lowest value in `start..=end` not held.
-    pub fn first_free(&self, start: u128, end: u128) -> Option<u128> {
+    pub(crate) fn first_free(&self, start: u128, end: u128) -> Option<u128> {
         let mut candidate = start;
         if let Some((_, &run_end)) = self.runs.range(..=candidate).next_back()
             && run_end >= candidate
@@ -76,7 +76,8 @@ impl RunSet {
         Some(candidate)
     }
 
-    pub fn run_count(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn run_count(&self) -> usize {
         self.runs.len()
     }
 }
@@ -95,7 +96,7 @@ fn release_time(claim: &Claim, sticky_grace: u64) -> Option<u64> {
 
 /// How long a released StatefulSet pod's claim is kept for its name unless told otherwise
 /// (`--sticky-grace`'s default).
-pub const DEFAULT_STICKY_GRACE: u64 = 300;
+pub(crate) const DEFAULT_STICKY_GRACE: u64 = 300;
 
 /// Seconds a released sticky claim is kept ([`release_time`]).
 #[derive(Debug, Clone, Copy)]

@@ -45,24 +45,17 @@ impl Family {
             Family::V6 => 128,
         }
     }
-
-    fn max(self) -> u128 {
-        match self {
-            Family::V4 => u32::MAX as u128,
-            Family::V6 => u128::MAX,
-        }
-    }
 }
 
 /// An IP as (family, integer): the key every index in this crate uses.
-pub fn ip_key(ip: &IpAddr) -> (Family, u128) {
+pub(crate) fn ip_key(ip: &IpAddr) -> (Family, u128) {
     match ip {
         IpAddr::V4(v4) => (Family::V4, u32::from(*v4) as u128),
         IpAddr::V6(v6) => (Family::V6, u128::from(*v6)),
     }
 }
 
-pub fn ip_from_key(family: Family, value: u128) -> IpAddr {
+pub(crate) fn ip_from_key(family: Family, value: u128) -> IpAddr {
     match family {
         Family::V4 => IpAddr::V4(Ipv4Addr::from(value as u32)),
         Family::V6 => IpAddr::V6(Ipv6Addr::from(value)),
@@ -74,7 +67,7 @@ const QUOTED_CHARS: usize = 64;
 
 /// `text` as an error message quotes it: whole when short, else its start and its size, so a
 /// megabyte of garbage in an annotation gives a message of a line, not a megabyte.
-pub fn excerpt(text: &str) -> String {
+pub(crate) fn excerpt(text: &str) -> String {
     match text.char_indices().nth(QUOTED_CHARS) {
         None => text.to_string(),
         Some((cut, _)) => format!("{}… ({} bytes)", &text[..cut], text.len()),
@@ -83,7 +76,7 @@ pub fn excerpt(text: &str) -> String {
 
 /// An IP in canonical form: IPv4-mapped IPv6 is not folded (it is a distinct address), but an
 /// IPv6 written two ways (`fd00::0a`, `fd00:0:0::a`) parses to one value, displayed once.
-pub fn parse_ip(text: &str) -> Result<IpAddr, IpSpecError> {
+pub(crate) fn parse_ip(text: &str) -> Result<IpAddr, IpSpecError> {
     let trimmed = text.trim();
     IpAddr::from_str(trimmed).map_err(|_| IpSpecError::InvalidIp(excerpt(trimmed)))
 }
@@ -92,7 +85,7 @@ pub fn parse_ip(text: &str) -> Result<IpAddr, IpSpecError> {
 /// start and end with an alphanumeric, so IPv6 is written with `-` for `:` (`fd00--a`), or, when
 /// that form would start or end with `-` (`fd00:10::` → `fd00-10--`, `::1`), as its 32 hex
 /// digits (`fd000010000000000000000000000000`). Always a valid label value of at most 39 bytes.
-pub fn ip_label_value(ip: &IpAddr) -> String {
+pub(crate) fn ip_label_value(ip: &IpAddr) -> String {
     let mut text = String::with_capacity(15);
     push_ip(&mut text, ip);
     if let IpAddr::V6(v6) = ip {
@@ -106,7 +99,7 @@ pub fn ip_label_value(ip: &IpAddr) -> String {
 
 /// Append `ip` as `Display` writes it, IPv4 without the formatting machinery: an admission
 /// writes its IP several times (CNI annotation, label, log line).
-pub fn push_ip(out: &mut String, ip: &IpAddr) {
+pub(crate) fn push_ip(out: &mut String, ip: &IpAddr) {
     match ip {
         IpAddr::V4(v4) => {
             for (i, octet) in v4.octets().into_iter().enumerate() {
@@ -131,7 +124,7 @@ pub fn push_ip(out: &mut String, ip: &IpAddr) {
 
 /// Inverse of [`ip_label_value`]: `None` for a value of a form it does not write (an IPv6
 /// `-` form that starts or ends with `-` or holds a `.`).
-pub fn ip_from_label_value(value: &str) -> Option<IpAddr> {
+pub(crate) fn ip_from_label_value(value: &str) -> Option<IpAddr> {
     if value.len() == 32 && value.bytes().all(|b| b.is_ascii_hexdigit()) {
         return u128::from_str_radix(value, 16)
             .ok()
@@ -152,7 +145,8 @@ pub fn ip_from_label_value(value: &str) -> Option<IpAddr> {
 
 /// Whether `value` is a valid Kubernetes label value: at most 63 characters, alphanumerics,
 /// `-`, `_` and `.`, starting and ending with an alphanumeric (or empty).
-pub fn is_label_value(value: &str) -> bool {
+#[cfg(test)]
+pub(crate) fn is_label_value(value: &str) -> bool {
     let bytes = value.as_bytes();
     if bytes.is_empty() {
         return true;
@@ -251,7 +245,7 @@ impl IpRange {
     }
 
     /// The usable addresses of a CIDR (see the module docs).
-    pub fn from_net(net: &IpNet) -> IpRange {
+    pub(crate) fn from_net(net: &IpNet) -> IpRange {
         let family = Family::of(&net.network());
         let (_, mut start) = ip_key(&net.network());
         let (_, mut end) = ip_key(&net.broadcast());
@@ -293,7 +287,7 @@ pub struct IpSet {
 
 /// How a spec writes ranges: `a-b` (annotations, IPPools) or `a..b` (Kube-OVN `excludeIps`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RangeSyntax {
+pub(crate) enum RangeSyntax {
     Dash,
     DotDot,
 }
@@ -310,7 +304,7 @@ fn spec_entries(spec: &str) -> impl Iterator<Item = &str> {
         .filter(|e| !e.is_empty())
 }
 
-pub fn parse_ip_spec_with(spec: &str, syntax: RangeSyntax) -> Result<IpSet, IpSpecError> {
+pub(crate) fn parse_ip_spec_with(spec: &str, syntax: RangeSyntax) -> Result<IpSet, IpSpecError> {
     // One range per entry, at most one entry per separator: reserved once, so a list of
     // 20,000 IPs holds 20,000 ranges while it is parsed, not room for 32,768 of them.
     let most = 1 + spec
@@ -454,11 +448,11 @@ impl IpSet {
     }
 
     /// Heap bytes the set keeps allocated (its ranges' capacity).
-    pub fn heap_bytes(&self) -> usize {
+    pub(crate) fn heap_bytes(&self) -> usize {
         self.ranges.capacity() * std::mem::size_of::<IpRange>()
     }
 
-    pub fn from_ips(ips: impl IntoIterator<Item = IpAddr>) -> IpSet {
+    pub(crate) fn from_ips(ips: impl IntoIterator<Item = IpAddr>) -> IpSet {
         IpSet::from_ranges(ips.into_iter().map(IpRange::single))
     }
 
@@ -477,7 +471,7 @@ impl IpSet {
             .fold(0u128, |acc, r| acc.saturating_add(r.len()))
     }
 
-    pub fn family_ranges(&self, family: Family) -> impl Iterator<Item = &IpRange> {
+    pub(crate) fn family_ranges(&self, family: Family) -> impl Iterator<Item = &IpRange> {
         self.ranges.iter().filter(move |r| r.family == family)
     }
 
@@ -528,12 +522,12 @@ impl IpSet {
         })
     }
 
-    pub fn union(&self, other: &IpSet) -> IpSet {
+    pub(crate) fn union(&self, other: &IpSet) -> IpSet {
         IpSet::from_ranges(self.ranges.iter().chain(other.ranges.iter()).copied())
     }
 
     /// Whether the sets share an IP: one pass over both (they are sorted and disjoint).
-    pub fn intersects(&self, other: &IpSet) -> bool {
+    pub(crate) fn intersects(&self, other: &IpSet) -> bool {
         let (mut a, mut b) = (
             self.ranges.iter().peekable(),
             other.ranges.iter().peekable(),
@@ -553,7 +547,7 @@ impl IpSet {
     }
 
     /// `self` minus `other`: one pass over both.
-    pub fn subtract(&self, other: &IpSet) -> IpSet {
+    pub(crate) fn subtract(&self, other: &IpSet) -> IpSet {
         let cuts = &other.ranges;
         let mut out = Vec::new();
         let mut next_cut = 0;
@@ -592,7 +586,7 @@ impl IpSet {
     }
 
     /// Whether every IP of `self` lies in `other`.
-    pub fn is_subset_of(&self, other: &IpSet) -> bool {
+    pub(crate) fn is_subset_of(&self, other: &IpSet) -> bool {
         self.subtract(other).is_empty()
     }
 }
@@ -668,14 +662,9 @@ fn block_last(start: u128, size_log: u32) -> u128 {
 
 impl IpSet {
     /// The set as the fewest CIDRs, IPv4 first.
-    pub fn to_cidrs(&self) -> Vec<IpNet> {
+    pub(crate) fn to_cidrs(&self) -> Vec<IpNet> {
         self.ranges.iter().flat_map(IpRange::to_cidrs).collect()
     }
-}
-
-/// Whether `value` fits the family's integer range (used by fuzzers and property tests).
-pub fn fits(family: Family, value: u128) -> bool {
-    value <= family.max()
 }
 
 #[cfg(test)]

@@ -39,11 +39,11 @@ impl fmt::Display for Scope<'_> {
 }
 
 /// How many holders an exhaustion message names before "and N more".
-pub const HOLDERS_NAMED: usize = 10;
+pub(crate) const HOLDERS_NAMED: usize = 10;
 
 /// `10.0.0.1 by default/a, 10.0.0.2 by default/b, and 3 more`: `named`, the first holders
 /// of `total`.
-pub fn holder_list(named: &[String], total: u128) -> String {
+pub(crate) fn holder_list(named: &[String], total: u128) -> String {
     let mut list = named.join(", ");
     let count = named.len() as u128;
     if total > count {
@@ -53,7 +53,7 @@ pub fn holder_list(named: &[String], total: u128) -> String {
 }
 
 /// `static IP 10.16.0.15 requested by default/web-2 is already held by default/static-1`.
-pub fn conflict_message(ip: &IpAddr, requester: &PodRef, holder: &Claim) -> String {
+pub(crate) fn conflict_message(ip: &IpAddr, requester: &PodRef, holder: &Claim) -> String {
     let app = if holder.app.is_empty() {
         String::new()
     } else {
@@ -68,7 +68,7 @@ pub fn conflict_message(ip: &IpAddr, requester: &PodRef, holder: &Claim) -> Stri
 
 /// `static IP 10.98.2.7 requested by default/x is already used by pod default/y (Kube-OVN IP
 /// y.default)`: a pod outside the ledger runs on it.
-pub fn foreign_message(ip: &IpAddr, requester: &PodRef, user: &ForeignUse) -> String {
+pub(crate) fn foreign_message(ip: &IpAddr, requester: &PodRef, user: &ForeignUse) -> String {
     format!(
         "static IP {ip} requested by {} is already used by {}",
         requester.display(),
@@ -77,7 +77,7 @@ pub fn foreign_message(ip: &IpAddr, requester: &PodRef, user: &ForeignUse) -> St
 }
 
 /// The IPs `a` and `b` share, as canonical text (shortened when long).
-pub fn overlap_text(a: &IpSet, b: &IpSet) -> String {
+pub(crate) fn overlap_text(a: &IpSet, b: &IpSet) -> String {
     let text = a.subtract(&a.subtract(b)).to_string();
     if text.len() > 120 {
         format!("{}…", text.chars().take(120).collect::<String>())

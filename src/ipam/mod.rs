@@ -4,12 +4,12 @@
 
 pub mod allocator;
 pub mod foreign;
-pub mod held;
+pub(crate) mod held;
 pub mod ipset;
 pub mod messages;
-pub mod overlap;
+pub(crate) mod overlap;
 pub mod pools;
-pub mod release;
-pub mod request;
-pub mod spec_cache;
+pub(crate) mod release;
+pub(crate) mod request;
+pub(crate) mod spec_cache;
 pub mod usage;

@@ -8,7 +8,7 @@ use crate::ipam::ipset::{Family, IpRange, IpSet};
 
 /// Ranges keyed by owner. One owner may store several ranges (dual stack, lists).
 #[derive(Debug, Clone)]
-pub struct RangeIndex<K> {
+pub(crate) struct RangeIndex<K> {
     by_start: BTreeMap<(Family, u128), Vec<(u128, K)>>,
     /// Where each owner's ranges start, so removing an owner does not scan everything.
     starts: HashMap<K, Vec<(Family, u128)>>,
@@ -27,7 +27,7 @@ impl<K> Default for RangeIndex<K> {
 }
 
 impl<K: Clone + Eq + Hash> RangeIndex<K> {
-    pub fn insert(&mut self, range: IpRange, owner: K) {
+    pub(crate) fn insert(&mut self, range: IpRange, owner: K) {
         self.widest = self.widest.max(range.end - range.start);
         self.starts
             .entry(owner.clone())
@@ -39,14 +39,14 @@ impl<K: Clone + Eq + Hash> RangeIndex<K> {
             .push((range.end, owner));
     }
 
-    pub fn insert_set(&mut self, set: &IpSet, owner: K) {
+    pub(crate) fn insert_set(&mut self, set: &IpSet, owner: K) {
         for range in set.ranges() {
             self.insert(*range, owner.clone());
         }
     }
 
     /// Remove every range of `owner`.
-    pub fn remove(&mut self, owner: &K) {
+    pub(crate) fn remove(&mut self, owner: &K) {
         for key in self.starts.remove(owner).unwrap_or_default() {
             if let Some(entries) = self.by_start.get_mut(&key) {
                 entries.retain(|(_, o)| o != owner);
@@ -57,16 +57,17 @@ impl<K: Clone + Eq + Hash> RangeIndex<K> {
         }
     }
 
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.by_start.values().map(Vec::len).sum()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.by_start.is_empty()
-    }
-
     /// The first stored range overlapping `range` whose owner is not `except`.
-    pub fn first_overlap(&self, range: &IpRange, except: Option<&K>) -> Option<(IpRange, &K)> {
+    pub(crate) fn first_overlap(
+        &self,
+        range: &IpRange,
+        except: Option<&K>,
+    ) -> Option<(IpRange, &K)> {
         let low = range.start.saturating_sub(self.widest);
         // Only ranges starting in [start - widest, end] can reach into `range`.
         for (&(family, start), entries) in self
@@ -89,7 +90,11 @@ impl<K: Clone + Eq + Hash> RangeIndex<K> {
         None
     }
 
-    pub fn first_overlap_set(&self, set: &IpSet, except: Option<&K>) -> Option<(IpRange, &K)> {
+    pub(crate) fn first_overlap_set(
+        &self,
+        set: &IpSet,
+        except: Option<&K>,
+    ) -> Option<(IpRange, &K)> {
         set.ranges()
             .iter()
             .find_map(|r| self.first_overlap(r, except))

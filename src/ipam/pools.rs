@@ -148,7 +148,7 @@ impl Pool {
 }
 
 /// Whether a label selector selects `labels` (matchLabels and matchExpressions).
-pub fn selector_matches(
+pub(crate) fn selector_matches(
     selector: &LabelSelector,
     labels: Option<&BTreeMap<String, String>>,
 ) -> bool {
@@ -221,13 +221,16 @@ impl PoolCatalog {
     }
 
     /// The pool whose usable IPs include `ip`, if one does (pools never overlap).
-    pub fn containing(&self, ip: &std::net::IpAddr) -> Option<&Arc<Pool>> {
+    pub(crate) fn containing(&self, ip: &std::net::IpAddr) -> Option<&Arc<Pool>> {
         let (_, name) = self.cidrs.first_overlap(&IpRange::single(*ip), None)?;
         self.pools.get(name).filter(|pool| pool.usable.contains(ip))
     }
 
     /// Pools whose usable IPs intersect `set`.
-    pub fn intersecting<'a>(&'a self, set: &'a IpSet) -> impl Iterator<Item = &'a Arc<Pool>> + 'a {
+    pub(crate) fn intersecting<'a>(
+        &'a self,
+        set: &'a IpSet,
+    ) -> impl Iterator<Item = &'a Arc<Pool>> + 'a {
         let mut seen: Vec<&String> = Vec::new();
         for range in set.ranges() {
             let mut probe = *range;
@@ -247,7 +250,7 @@ impl PoolCatalog {
     }
 
     /// Load `--pools-file`: a YAML list of FixedIPPool objects (or a multi-document stream).
-    pub fn from_file(path: &Path) -> Result<PoolCatalog, PoolError> {
+    pub(crate) fn from_file(path: &Path) -> Result<PoolCatalog, PoolError> {
         let file_error = |reason: String| PoolError::File {
             path: path.display().to_string(),
             reason,

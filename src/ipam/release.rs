@@ -67,7 +67,7 @@ impl Allocator {
     /// (`None`: no API server to ask, so the timer alone decides), and the kept released
     /// claims that are due (their pod was gone when they were released). A pod that still runs
     /// keeps its IP (back to `Bound`). Returns what happened to each claim looked at.
-    pub async fn release_due(
+    pub(crate) async fn release_due(
         &self,
         now: u64,
         pods: Option<&dyn PodLookup>,

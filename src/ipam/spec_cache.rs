@@ -7,9 +7,9 @@ use super::ipset::{IpSet, IpSpecError, parse_ip_spec};
 
 /// What [`SpecCache`] may hold, counted as [`SpecCache::bytes`] counts it: a few thousand
 /// ordinary lists, or about twenty of the largest an annotation can carry.
-pub const SPEC_CACHE_BYTES: usize = 8 * 1024 * 1024;
+pub(crate) const SPEC_CACHE_BYTES: usize = 8 * 1024 * 1024;
 /// Lists the cache holds at most, however small.
-pub const SPEC_CACHE_ENTRIES: usize = 1024;
+pub(crate) const SPEC_CACHE_ENTRIES: usize = 1024;
 
 /// Parsed specs by their text: every pod of an app carries the same `allocatable-ips`
 /// annotation, so each admission would otherwise parse the same list again.
@@ -20,7 +20,7 @@ pub const SPEC_CACHE_ENTRIES: usize = 1024;
 /// a quarter of the byte budget is parsed every time and never kept. A flood of distinct lists
 /// (anyone who can send a dry-run review can send one) costs re-parsing, never memory.
 #[derive(Debug)]
-pub struct SpecCache {
+pub(crate) struct SpecCache {
     state: Mutex<CacheState>,
     max_entries: usize,
     max_bytes: usize,
@@ -70,7 +70,7 @@ impl Default for SpecCache {
 }
 
 impl SpecCache {
-    pub fn bounded(max_entries: usize, max_bytes: usize) -> SpecCache {
+    pub(crate) fn bounded(max_entries: usize, max_bytes: usize) -> SpecCache {
         SpecCache {
             state: Mutex::new(CacheState::default()),
             max_entries: max_entries.max(1),
@@ -79,7 +79,7 @@ impl SpecCache {
     }
 
     /// [`parse_ip_spec`], remembered. Errors are not cached (they are the rare path).
-    pub fn parse(&self, spec: &str) -> Result<Arc<IpSet>, IpSpecError> {
+    pub(crate) fn parse(&self, spec: &str) -> Result<Arc<IpSet>, IpSpecError> {
         if let Some(set) = self.lock().parsed.get(spec) {
             return Ok(set.clone());
         }
@@ -106,16 +106,14 @@ impl SpecCache {
         Ok(set)
     }
 
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.lock().parsed.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// The bytes the cache holds, as its bound counts them.
-    pub fn bytes(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn bytes(&self) -> usize {
         self.lock().bytes()
     }
 

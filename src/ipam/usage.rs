@@ -279,14 +279,14 @@ impl Report {
     }
 
     /// The IPs of the holders listed.
-    pub fn holder_ips(&self) -> std::collections::BTreeSet<IpAddr> {
+    pub(crate) fn holder_ips(&self) -> std::collections::BTreeSet<IpAddr> {
         let pools = self.pools.iter().flat_map(|p| p.holders.iter());
         let apps = self.apps.iter().flat_map(|a| a.holders.iter());
         pools.chain(apps).map(|h| h.ip).collect()
     }
 
     /// Fill in each holder's node, by IP (in-cluster: its pod's spec.nodeName).
-    pub fn fill_nodes(&mut self, nodes: &BTreeMap<IpAddr, String>) {
+    pub(crate) fn fill_nodes(&mut self, nodes: &BTreeMap<IpAddr, String>) {
         let pools = self.pools.iter_mut().flat_map(|p| p.holders.iter_mut());
         let apps = self.apps.iter_mut().flat_map(|a| a.holders.iter_mut());
         for holder in pools.chain(apps) {

@@ -34,7 +34,7 @@ pub struct PodIdentity<'a> {
 /// - Before that, the pod must carry the claim's token; a claim made for a fixed name also
 ///   needs that name (a copy of the pod under another name does not match).
 /// - A record written before tokens existed matches its exact, non-empty pod name only.
-pub fn held_by(claim: &Claim, pod: &PodIdentity<'_>) -> bool {
+pub(crate) fn held_by(claim: &Claim, pod: &PodIdentity<'_>) -> bool {
     if claim.pod.namespace != pod.namespace {
         return false;
     }
@@ -51,7 +51,7 @@ pub fn held_by(claim: &Claim, pod: &PodIdentity<'_>) -> bool {
 }
 
 /// Whether two records come from one admission request (a retry whose answer was lost).
-pub fn same_admission(a: &Claim, b: &Claim) -> bool {
+pub(crate) fn same_admission(a: &Claim, b: &Claim) -> bool {
     !a.request_uid.is_empty()
         && a.request_uid == b.request_uid
         && a.pod.namespace == b.pod.namespace
@@ -60,13 +60,13 @@ pub fn same_admission(a: &Claim, b: &Claim) -> bool {
 /// Whether two records carry one grant's token: the IPs a pod's /mutate was granted, recorded
 /// again by its /validate (another admission request, which may reach a replica whose copy of
 /// the ledger has not shown the grant yet).
-pub fn same_token(a: &Claim, b: &Claim) -> bool {
+pub(crate) fn same_token(a: &Claim, b: &Claim) -> bool {
     !a.token.is_empty() && a.token == b.token && a.pod.namespace == b.pod.namespace
 }
 
 /// Whether `record` is still the grant `given` was (same admission, same token): the
 /// condition for releasing it or changing its phase.
-pub fn same_grant(record: &Claim, given: &Claim) -> bool {
+pub(crate) fn same_grant(record: &Claim, given: &Claim) -> bool {
     same_admission(record, given) && record.token == given.token
 }
 
@@ -75,7 +75,7 @@ pub fn same_grant(record: &Claim, given: &Claim) -> bool {
 /// a reservation whose create failed (quota, another webhook), a pod whose deletion was
 /// admitted, or a released record. The API server allows one pod per name, so the new pod is
 /// the only one that can carry it from now on.
-pub fn may_take_over(existing: &Claim, new: &Claim) -> bool {
+pub(crate) fn may_take_over(existing: &Claim, new: &Claim) -> bool {
     if new.vm.is_some() || existing.vm.is_some() {
         return same_virtual_machine(existing, new);
     }
@@ -96,7 +96,7 @@ pub fn may_take_over(existing: &Claim, new: &Claim) -> bool {
 /// the newest launcher pod, and the source's DELETE, whose token and UID it no longer names,
 /// frees nothing. Only pods the KubeVirt controller creates are taken for launcher pods
 /// (`crate::webhook::kubevirt`).
-pub fn same_virtual_machine(existing: &Claim, new: &Claim) -> bool {
+pub(crate) fn same_virtual_machine(existing: &Claim, new: &Claim) -> bool {
     new.vm.is_some()
         && existing.vm.as_deref() == new.vm.as_deref()
         && existing.pod.namespace == new.pod.namespace
@@ -181,7 +181,7 @@ fn is_carrier_step(record: &Claim, next: &Claim) -> bool {
 
 /// What a ledger does with `create(new)` given the record it holds on that IP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CreateRule {
+pub(crate) enum CreateRule {
     /// Write `new` (no record, a released one, or a takeover).
     Write,
     /// The same admission already holds it: answer with the record, write nothing.
@@ -190,7 +190,7 @@ pub enum CreateRule {
     Held,
 }
 
-pub fn create_rule(existing: Option<&Claim>, new: &Claim) -> CreateRule {
+pub(crate) fn create_rule(existing: Option<&Claim>, new: &Claim) -> CreateRule {
     match existing {
         None => CreateRule::Write,
         Some(existing) if existing.is_held() && same_admission(existing, new) => {
@@ -220,7 +220,7 @@ pub fn create_rule(existing: Option<&Claim>, new: &Claim) -> CreateRule {
 /// `given`: the record must still be that grant, and the step one of
 /// `Reserved → Bound`, `Reserved|Bound → Terminating`, `Terminating → Bound` (a deletion that
 /// did not happen). A deletion already seen is not applied twice.
-pub fn may_step(record: &Claim, given: &Claim, next: &Claim) -> bool {
+pub(crate) fn may_step(record: &Claim, given: &Claim, next: &Claim) -> bool {
     let step_allowed = matches!(
         (record.phase, next.phase),
         (Phase::Reserved, Phase::Bound)
@@ -245,7 +245,7 @@ pub fn may_step(record: &Claim, given: &Claim, next: &Claim) -> bool {
 /// lag the record (a replica's copy of a shared ledger, behind another replica's or the
 /// reconciler's bind), and a field the caller did not mean to change (`sticky`, the pod's UID,
 /// a VM's sources) must not go back to the copy's older value.
-pub fn step_of(record: &Claim, given: &Claim, next: &Claim) -> Option<Claim> {
+pub(crate) fn step_of(record: &Claim, given: &Claim, next: &Claim) -> Option<Claim> {
     if !may_step(record, given, next) {
         return None;
     }
@@ -305,7 +305,7 @@ pub fn terminating(claim: &Claim, pod: &PodIdentity<'_>, release_at: u64, now: u
 /// sticky grace is over ([`crate::cluster::lifecycle`] says when). Any other claim becomes
 /// history of which pod name held the IP last. (The kubernetes ledger deletes such a record
 /// instead.)
-pub fn released(claim: &Claim, now: u64) -> Claim {
+pub(crate) fn released(claim: &Claim, now: u64) -> Claim {
     let mut next = claim.clone();
     next.sticky = claim.sticky && claim.phase != Phase::Released;
     next.phase = Phase::Released;
@@ -316,7 +316,7 @@ pub fn released(claim: &Claim, now: u64) -> Claim {
 
 /// What `release(given)` writes over `record`, in every ledger: [`released`], when the record
 /// still locks its IP and is `given`'s grant; `None` leaves it as it is.
-pub fn release_of(record: &Claim, given: &Claim, now: u64) -> Option<Claim> {
+pub(crate) fn release_of(record: &Claim, given: &Claim, now: u64) -> Option<Claim> {
     (record.locks_ip() && same_grant(record, given)).then(|| released(record, now))
 }
 
@@ -336,7 +336,7 @@ pub enum PodPresence {
 
 /// What to do with a `Terminating` claim whose release time has come.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DueStep {
+pub(crate) enum DueStep {
     Release,
     /// Back to `Bound`: the pod still runs, so it keeps its IP.
     KeepBound,
@@ -344,7 +344,7 @@ pub enum DueStep {
     Wait,
 }
 
-pub fn due_step(presence: &PodPresence) -> DueStep {
+pub(crate) fn due_step(presence: &PodPresence) -> DueStep {
     match presence {
         PodPresence::Gone => DueStep::Release,
         PodPresence::Running => DueStep::KeepBound,
@@ -383,7 +383,7 @@ pub fn new_token(request_uid: &str) -> String {
 }
 
 /// Whether `text` is shaped like a token we issue (so a pod cannot smuggle megabytes in it).
-pub fn is_token(text: &str) -> bool {
+pub(crate) fn is_token(text: &str) -> bool {
     text.len() == 32 && text.bytes().all(|b| b.is_ascii_hexdigit())
 }
 

@@ -92,7 +92,7 @@ fn is_transient(error: &etcd_client::Error) -> bool {
 
 /// The claim stored at `key` under `prefix`; `Corrupt` (naming the key, what it stands for
 /// and what the record says) when the value is not a claim or is a claim on another IP.
-pub fn decode_record(prefix: &str, key: &[u8], value: &[u8]) -> Result<Claim, LedgerError> {
+pub(crate) fn decode_record(prefix: &str, key: &[u8], value: &[u8]) -> Result<Claim, LedgerError> {
     let key = String::from_utf8_lossy(key).into_owned();
     let named = key.strip_prefix(prefix).unwrap_or(&key).to_string();
     let claim: Claim = serde_json::from_slice(value).map_err(|e| LedgerError::Corrupt {
@@ -113,7 +113,7 @@ pub fn decode_record(prefix: &str, key: &[u8], value: &[u8]) -> Result<Claim, Le
 
 /// `--etcd-prefix` with exactly one leading and one trailing `/` (`ip-webhook`,
 /// `/ip-webhook/` and `//ip-webhook//` are one key space); an empty prefix is `/`.
-pub fn normalize_prefix(prefix: &str) -> String {
+pub(crate) fn normalize_prefix(prefix: &str) -> String {
     let inner = prefix.trim_matches('/');
     if inner.is_empty() {
         "/".to_string()

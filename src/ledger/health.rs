@@ -11,9 +11,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 /// Failures in a row after which the ledger counts as failing.
-pub const FAILURES_IN_A_ROW: u32 = 3;
+pub(crate) const FAILURES_IN_A_ROW: u32 = 3;
 /// Time after the first of a run of failures after which the ledger counts as failing.
-pub const FAILING_FOR: Duration = Duration::from_secs(5);
+pub(crate) const FAILING_FOR: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Default)]
 pub struct LedgerHealth {
@@ -63,7 +63,7 @@ impl LedgerHealth {
 
     /// A refusal for lack of disk space (`message` is [`super::LedgerError::DiskFull`]'s): not
     /// ready until the next success.
-    pub fn disk_full(&self, message: &str) {
+    pub(crate) fn disk_full(&self, message: &str) {
         let mut full = self.disk_full.lock().unwrap_or_else(|p| p.into_inner());
         if full.is_none() {
             tracing::warn!(
@@ -108,12 +108,15 @@ tokio::task_local! {
 /// A plain function, not an `async fn`: an `async fn` wrapper keeps its argument and the future
 /// it builds from it side by side, so every wrapping level would double the admission's future
 /// (kilobytes, copied on each move).
-pub fn with_deadline<F: Future>(deadline: Instant, future: F) -> impl Future<Output = F::Output> {
+pub(crate) fn with_deadline<F: Future>(
+    deadline: Instant,
+    future: F,
+) -> impl Future<Output = F::Output> {
     DEADLINE.scope(deadline, future)
 }
 
 /// The deadline of the admission being served, if any.
-pub fn deadline() -> Option<Instant> {
+pub(crate) fn deadline() -> Option<Instant> {
     DEADLINE.try_with(|d| *d).ok()
 }
 

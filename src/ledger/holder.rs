@@ -25,7 +25,7 @@ struct VmHolding {
 /// How many launcher pods besides its own a VM's claim remembers at most: the newest are
 /// kept. Each migration adds one and each DELETE of one removes it; past this many, the
 /// oldest (done the longest) are forgotten, and their DELETE frees nothing.
-pub const MAX_SOURCES: usize = 8;
+pub(crate) const MAX_SOURCES: usize = 8;
 
 /// A launcher pod that may run the claim's VM on its IP besides the claim's own pod: the
 /// source of a live migration whose target pod holds the claim (or an earlier target, when
@@ -70,7 +70,7 @@ impl VmRef {
     }
 
     /// Whether a launcher pod with this UID and claim token is one of [`VmRef::sources`].
-    pub fn carried_by(&self, uid: Option<&str>, token: Option<&str>) -> bool {
+    pub(crate) fn carried_by(&self, uid: Option<&str>, token: Option<&str>) -> bool {
         self.sources().iter().any(|source| source.is(uid, token))
     }
 

@@ -30,7 +30,7 @@ use crate::crd::{IPClaim, IPClaimSpec, IPClaimStatus, MigrationSource};
 /// The finalizer every IPClaim carries: `kubectl delete ipclaim` on a running pod's claim
 /// only marks it for deletion (its IP stays held); the ledger and the reconciler remove the
 /// finalizer when they release the claim, the reconciler once the claim's pod is gone.
-pub const FINALIZER: &str = "ip-webhook.io/pod-gone";
+pub(crate) const FINALIZER: &str = "ip-webhook.io/pod-gone";
 
 /// How many times `create` retries when the record it collided with vanished meanwhile.
 const CREATE_ATTEMPTS: usize = 4;
@@ -47,7 +47,7 @@ pub fn claim_name(ip: &IpAddr) -> String {
 }
 
 /// The IP an `IPClaim` name stands for; `None` for a name no IP encodes to.
-pub fn ip_from_claim_name(name: &str) -> Option<IpAddr> {
+pub(crate) fn ip_from_claim_name(name: &str) -> Option<IpAddr> {
     if let Some(groups) = name.strip_prefix("v6-") {
         let parts: Vec<&str> = groups.split('-').collect();
         if parts.len() != 8 {
@@ -67,7 +67,7 @@ pub fn ip_from_claim_name(name: &str) -> Option<IpAddr> {
     (ip.is_ipv4() && claim_name(&ip) == name).then_some(ip)
 }
 
-pub fn phase_name(phase: Phase) -> &'static str {
+pub(crate) fn phase_name(phase: Phase) -> &'static str {
     match phase {
         Phase::Reserved => "Reserved",
         Phase::Bound => "Bound",
@@ -111,7 +111,7 @@ pub fn to_resource(claim: &Claim) -> IPClaim {
 }
 
 /// The name of the IPClaim of `ip` in the books of `network` (the primary interface's: none).
-pub fn network_claim_name(ip: &IpAddr, network: Option<&Network>) -> String {
+pub(crate) fn network_claim_name(ip: &IpAddr, network: Option<&Network>) -> String {
     match network {
         None => claim_name(ip),
         Some(network) => claim_name(ip) + &network.claim_suffix(),
@@ -174,7 +174,7 @@ fn migration_sources_spec(claim: &Claim) -> Vec<MigrationSource> {
 
 /// Delete `existing` only if it is still that very object (uid and resourceVersion), taking
 /// our finalizer off first. `Ok(false)` when it changed or went meanwhile.
-pub async fn delete_exact_object(
+pub(crate) async fn delete_exact_object(
     api: &Api<IPClaim>,
     existing: &IPClaim,
 ) -> Result<bool, kube::Error> {
@@ -260,7 +260,7 @@ pub fn from_resource(resource: &IPClaim) -> Result<Claim, LedgerError> {
 }
 
 /// The network whose books an IPClaim is in, from its labels; `None`: the primary interface's.
-pub fn network_of(resource: &IPClaim) -> Option<Network> {
+pub(crate) fn network_of(resource: &IPClaim) -> Option<Network> {
     let labels = resource.metadata.labels.as_ref()?;
     Some(Network {
         name: labels.get(NETWORK_LABEL)?.clone(),
@@ -341,7 +341,7 @@ fn claim_of(resource: &IPClaim, ip: IpAddr) -> Result<Claim, LedgerError> {
 }
 
 /// The status the reconciler writes for a phase change now.
-pub fn status_now(resource: &IPClaim, phase: Phase) -> IPClaimStatus {
+pub(crate) fn status_now(resource: &IPClaim, phase: Phase) -> IPClaimStatus {
     let now = rfc3339(unix_now());
     let reserved_at = resource
         .status
@@ -372,7 +372,7 @@ fn storage(what: &str, error: kube::Error) -> LedgerError {
 }
 
 /// The IPClaims of the primary interface: those no secondary network's label marks.
-pub const PRIMARY_SELECTOR: &str = "!ip-webhook.io/network";
+pub(crate) const PRIMARY_SELECTOR: &str = "!ip-webhook.io/network";
 
 pub struct KubeLedger {
     api: Api<IPClaim>,
@@ -390,7 +390,7 @@ impl KubeLedger {
     }
 
     /// The IPClaims of the secondary network `network`.
-    pub fn for_network(client: Client, network: Network) -> KubeLedger {
+    pub(crate) fn for_network(client: Client, network: Network) -> KubeLedger {
         KubeLedger {
             api: Api::all(client),
             network: Some(network),

@@ -15,17 +15,17 @@ use serde::{Deserialize, Serialize};
 pub mod claim;
 pub mod embedded;
 #[cfg(feature = "etcd")]
-pub mod etcd;
-pub mod health;
+pub(crate) mod etcd;
+pub(crate) mod health;
 pub mod holder;
 pub mod kubernetes;
-pub mod memory;
+pub(crate) mod memory;
 pub mod network;
-pub mod open;
-pub mod pod_lookup;
+pub(crate) mod open;
+pub(crate) mod pod_lookup;
 mod record;
-pub mod text;
-pub mod timed;
+pub(crate) mod text;
+pub(crate) mod timed;
 
 pub use embedded::EmbeddedLedger;
 #[cfg(feature = "etcd")]
@@ -37,7 +37,7 @@ pub use open::{
     Opened, connect, open,
 };
 pub use text::{Shared, Text};
-pub use timed::TimedLedger;
+pub(crate) use timed::TimedLedger;
 
 /// Lifecycle of a claim: `Reserved → Bound → Terminating → Released` (rules in [`claim`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Hash)]
@@ -178,7 +178,7 @@ impl Claim {
     }
 
     /// `namespace/app`.
-    pub fn app_key(&self) -> String {
+    pub(crate) fn app_key(&self) -> String {
         format!("{}/{}", self.pod.namespace, self.app)
     }
 
@@ -192,7 +192,7 @@ impl Claim {
     }
 
     /// [`Claim::holder`] with what it is: `pod namespace/name` or `vm namespace/name`.
-    pub fn named_holder(&self) -> String {
+    pub(crate) fn named_holder(&self) -> String {
         match &self.vm {
             Some(_) => self.holder(),
             None => format!("pod {}", self.pod.display()),
@@ -218,14 +218,14 @@ pub fn index_resyncs() -> &'static prometheus_client::metrics::counter::Counter 
 }
 
 /// Log and count a record that could not be read, and say what was done with it.
-pub fn skip_corrupt(error: &LedgerError, what: &str) {
+pub(crate) fn skip_corrupt(error: &LedgerError, what: &str) {
     corrupt_records().inc();
     tracing::warn!(%error, "{what}");
 }
 
 /// A stand-in for a record that exists on `ip` but cannot be read: it holds the IP (nothing
 /// may be written over it) and names itself in refusals.
-pub fn unreadable_holder(ip: IpAddr, record: &str) -> Claim {
+pub(crate) fn unreadable_holder(ip: IpAddr, record: &str) -> Claim {
     Claim {
         ip,
         app: Shared::default(),
@@ -273,7 +273,7 @@ impl CreateOutcome {
     /// attempt's answer was lost), else `Existing` with the record (another replica recorded
     /// the admission first, or /mutate granted what /validate records), so that the caller's
     /// copy holds the record itself. Every adapter answers so.
-    pub fn for_existing(existing: Claim, new: &Claim) -> CreateOutcome {
+    pub(crate) fn for_existing(existing: Claim, new: &Claim) -> CreateOutcome {
         if claim::same_admission(&existing, new) && existing.token == new.token {
             CreateOutcome::Created
         } else {

@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 
 /// The label an IPClaim of a secondary network carries: the attachment's name. The primary
 /// interface's IPClaims carry none, and the primary books select on its absence.
-pub const NETWORK_LABEL: &str = "ip-webhook.io/network";
+pub(crate) const NETWORK_LABEL: &str = "ip-webhook.io/network";
 /// The label with the attachment's namespace, beside [`NETWORK_LABEL`].
-pub const NETWORK_NAMESPACE_LABEL: &str = "ip-webhook.io/network-namespace";
+pub(crate) const NETWORK_NAMESPACE_LABEL: &str = "ip-webhook.io/network-namespace";
 
 /// A NetworkAttachmentDefinition: `namespace/name`, both DNS-1123 labels (as Multus reads a
 /// pod's networks annotation).
@@ -92,14 +92,14 @@ impl Network {
     /// with any number of leading and trailing `/` as the etcd ledger reads it): never under
     /// it, so the primary books never list a network's keys. `None` for the prefix `/`, under
     /// which every key is.
-    pub fn etcd_prefix(&self, prefix: &str) -> Option<String> {
+    pub(crate) fn etcd_prefix(&self, prefix: &str) -> Option<String> {
         let primary = prefix.trim_matches('/');
         (!primary.is_empty())
             .then(|| format!("/{primary}.networks/{}/{}/", self.namespace, self.name))
     }
 
     /// What an IPClaim of this network is named after its IP's own name: `.name.namespace`.
-    pub fn claim_suffix(&self) -> String {
+    pub(crate) fn claim_suffix(&self) -> String {
         format!(".{}.{}", self.name, self.namespace)
     }
 
@@ -120,7 +120,7 @@ impl fmt::Display for Network {
 
 /// A DNS-1123 label: what Kubernetes allows as a namespace or a NetworkAttachmentDefinition's
 /// name in the networks annotation (k8s.io/apimachinery `IsDNS1123Label`).
-pub fn is_dns_label(part: &str) -> bool {
+pub(crate) fn is_dns_label(part: &str) -> bool {
     !part.is_empty()
         && part.len() <= 63
         && part

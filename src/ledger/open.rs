@@ -168,7 +168,7 @@ fn kube_error(what: String) -> impl FnOnce(kube::Error) -> OpenError {
 
 /// How long one IPClaim request on the admission path may take: well inside the API server's
 /// webhook timeout (10s by default), so a stuck API server gets a clear denial, not a timeout.
-pub const ADMISSION_API_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const ADMISSION_API_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Open the ledger `config` names, as `options` say.
 pub async fn open(config: &LedgerConfig, options: &OpenOptions) -> Result<Opened, OpenError> {
@@ -283,7 +283,7 @@ async fn embedded_copy(state_dir: &Path) -> Result<MemoryLedger, OpenError> {
 }
 
 /// That `dir` is a state dir holding an embedded ledger, checked without creating anything.
-pub fn existing_embedded(dir: &Path) -> Result<(), OpenError> {
+pub(crate) fn existing_embedded(dir: &Path) -> Result<(), OpenError> {
     if !listable_state_dir(dir)? {
         return Err(OpenError::NoLedger(format!(
             "no embedded ledger: {} does not exist (give the --state-dir of `ip-webhook serve`)",
@@ -302,7 +302,7 @@ pub fn existing_embedded(dir: &Path) -> Result<(), OpenError> {
 /// Whether the state dir `dir` exists (`false` only when it is absent), having listed it: a dir
 /// that cannot be read (EACCES, a path through a file) is an error naming it and the cause,
 /// never an absent or empty ledger, which would hand out again the IPs it records.
-pub fn listable_state_dir(dir: &Path) -> Result<bool, OpenError> {
+pub(crate) fn listable_state_dir(dir: &Path) -> Result<bool, OpenError> {
     use std::os::unix::fs::MetadataExt;
     let unreadable = |e: std::io::Error, about: String| {
         OpenError::Unreadable(format!(
@@ -371,7 +371,7 @@ pub async fn connect(access: &KubeAccess) -> Result<ApiServer, OpenError> {
 }
 
 /// The client configuration from where `access` says the API server is.
-pub async fn kube_config(access: &KubeAccess) -> Result<kube::Config, OpenError> {
+pub(crate) async fn kube_config(access: &KubeAccess) -> Result<kube::Config, OpenError> {
     let context = access.context.as_deref();
     let options = kube::config::KubeConfigOptions {
         context: context.map(str::to_string),
@@ -431,7 +431,9 @@ fn through(source: &ClusterSource, error: Box<dyn std::error::Error + Send + Syn
 
 /// Two clients for one API server: one for watches (long reads), one for the admission path
 /// (reads cut at [`ADMISSION_API_TIMEOUT`]).
-pub fn clients_from(mut config: kube::Config) -> Result<(kube::Client, kube::Client), OpenError> {
+pub(crate) fn clients_from(
+    mut config: kube::Config,
+) -> Result<(kube::Client, kube::Client), OpenError> {
     // Named in the API server's audit log and request metrics.
     config.headers.push((
         http::header::USER_AGENT,

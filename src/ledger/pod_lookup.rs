@@ -48,7 +48,7 @@ impl From<PodState> for PodPresence {
 }
 
 /// Off-cluster: nothing to ask.
-pub struct NoPodList(pub String);
+pub(crate) struct NoPodList(pub String);
 
 #[async_trait]
 impl PodLookup for NoPodList {

@@ -55,7 +55,7 @@ fn seal_record(buf: &mut [u8], start: usize) -> Result<u64, LedgerError> {
 /// Why a record whose CRC matches does not decode to a claim; each names the field it was
 /// reading.
 #[derive(Debug, thiserror::Error)]
-pub enum RecordError {
+pub(crate) enum RecordError {
     #[error("the record ends inside {field}")]
     Ends { field: &'static str },
     #[error("{field} is longer than 64 bits")]

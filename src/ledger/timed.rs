@@ -23,14 +23,15 @@ pub struct LedgerLabels {
     pub operation: &'static str,
 }
 
-pub struct TimedLedger {
+pub(crate) struct TimedLedger {
     inner: Arc<dyn Ledger>,
     latency: Family<LedgerLabels, Histogram>,
     health: Arc<LedgerHealth>,
 }
 
 impl TimedLedger {
-    pub fn wrap(
+    #[cfg(test)]
+    pub(crate) fn wrap(
         inner: Arc<dyn Ledger>,
         latency: Family<LedgerLabels, Histogram>,
     ) -> Arc<dyn Ledger> {
@@ -38,7 +39,7 @@ impl TimedLedger {
     }
 
     /// [`TimedLedger::wrap`], counting failures into `health` (what `/readyz` reads).
-    pub fn wrap_watched(
+    pub(crate) fn wrap_watched(
         inner: Arc<dyn Ledger>,
         latency: Family<LedgerLabels, Histogram>,
         health: Arc<LedgerHealth>,

@@ -7,11 +7,12 @@
 
 mod capacity;
 mod process;
-pub mod watch_health;
+pub(crate) mod watch_health;
 
-pub use capacity::app_utilization;
+#[cfg(test)]
+use capacity::app_utilization;
 use capacity::{CapacityCollector, CapacitySource};
-pub use process::{ProcessCollector, Sample as ProcessSample};
+pub(crate) use process::ProcessCollector;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -86,7 +87,7 @@ pub struct AllocationLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct AppLabels {
+pub(crate) struct AppLabels {
     /// The app's namespace (not `namespace`, which Prometheus sets to the webhook's).
     pub app_namespace: String,
     pub app: String,
@@ -106,18 +107,18 @@ pub struct LeaseLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct PoolLabels {
+pub(crate) struct PoolLabels {
     pub pool: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct BuildLabels {
+pub(crate) struct BuildLabels {
     pub version: &'static str,
     pub commit: &'static str,
 }
 
 /// The commit the binary was built from (`build.rs`), or "unknown".
-pub const COMMIT: &str = env!("IP_WEBHOOK_GIT_COMMIT");
+pub(crate) const COMMIT: &str = env!("IP_WEBHOOK_GIT_COMMIT");
 
 /// `ip_webhook_cache_objects{kind}`: `pod`, `kube-ovn-ip`, `workload`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -254,7 +255,7 @@ pub enum AdoptReason {
 }
 
 impl AdoptReason {
-    pub const ALL: [AdoptReason; 2] = [AdoptReason::Token, AdoptReason::AppList];
+    pub(crate) const ALL: [AdoptReason; 2] = [AdoptReason::Token, AdoptReason::AppList];
 
     /// The metric label.
     pub fn label(self) -> &'static str {
@@ -266,7 +267,7 @@ impl AdoptReason {
 }
 
 /// The default of `--metrics-max-apps`.
-pub const DEFAULT_MAX_APPS: usize = 10_000;
+pub(crate) const DEFAULT_MAX_APPS: usize = 10_000;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
@@ -564,13 +565,17 @@ impl Metrics {
     }
 
     /// At most `max` apps get per-app series (`--metrics-max-apps`).
-    pub fn set_max_apps(&self, max: usize) {
+    pub(crate) fn set_max_apps(&self, max: usize) {
         self.max_apps.store(max, Ordering::Relaxed);
     }
 
     /// Compute the pool and app gauges from this allocator and catalog at each scrape
     /// (the first call wins: one webhook per registry).
-    pub fn watch_capacity(&self, allocator: Arc<Allocator>, pools: Arc<ArcSwap<PoolCatalog>>) {
+    pub(crate) fn watch_capacity(
+        &self,
+        allocator: Arc<Allocator>,
+        pools: Arc<ArcSwap<PoolCatalog>>,
+    ) {
         let _ = self.capacity.set(CapacitySource { allocator, pools });
     }
 

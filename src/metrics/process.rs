@@ -9,7 +9,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 
 /// One reading of this process.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Sample {
+pub(crate) struct Sample {
     /// User and system CPU time, seconds.
     pub cpu_seconds: f64,
     pub resident_memory_bytes: u64,
@@ -24,7 +24,7 @@ pub struct Sample {
 
 impl Sample {
     #[cfg(target_os = "linux")]
-    pub fn read() -> Option<Sample> {
+    pub(crate) fn read() -> Option<Sample> {
         use procfs::process::{LimitValue, Process};
         let me = Process::myself().ok()?;
         let stat = me.stat().ok()?;
@@ -46,14 +46,14 @@ impl Sample {
     }
 
     #[cfg(not(target_os = "linux"))]
-    pub fn read() -> Option<Sample> {
+    pub(crate) fn read() -> Option<Sample> {
         None
     }
 }
 
 /// Registered on the unprefixed registry, so the names are the usual `process_*`.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct ProcessCollector;
+pub(crate) struct ProcessCollector;
 
 fn gauge(
     encoder: &mut DescriptorEncoder,

@@ -14,11 +14,11 @@ use std::time::{Duration, Instant};
 
 /// How long a watch may keep failing before the replica is not ready. The watcher retries
 /// with backoff; a 410 relist or a dropped connection heals well inside this.
-pub const FAILING_FOR: Duration = Duration::from_secs(10);
+pub(crate) const FAILING_FOR: Duration = Duration::from_secs(10);
 
 /// A run of failures is over once no error came for this long: longer than the watcher's
 /// longest backoff between retries (kube-runtime's `DefaultBackoff`: 30 s, with jitter below).
-pub const QUIET: Duration = Duration::from_secs(35);
+pub(crate) const QUIET: Duration = Duration::from_secs(35);
 
 #[derive(Debug, Default)]
 pub struct WatchHealth {

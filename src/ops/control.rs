@@ -20,9 +20,9 @@ use crate::ipam::allocator::Allocator;
 use crate::ledger::pod_lookup::{NoPodList, PodLookup};
 
 /// The directory of the state dir that holds the socket.
-pub const SOCKET_DIR: &str = "control";
+pub(crate) const SOCKET_DIR: &str = "control";
 /// The socket's file name in it.
-pub const SOCKET_NAME: &str = "release.sock";
+pub(crate) const SOCKET_NAME: &str = "release.sock";
 /// The longest request line read; a request is a few dozen bytes.
 const MAX_REQUEST_BYTES: u64 = 4096;
 /// How long a client may take to send its request.
@@ -64,7 +64,7 @@ pub enum ControlError {
 }
 
 /// Where the control socket of the server on `state_dir` lives.
-pub fn socket_path(state_dir: &Path) -> PathBuf {
+pub(crate) fn socket_path(state_dir: &Path) -> PathBuf {
     state_dir.join(SOCKET_DIR).join(SOCKET_NAME)
 }
 

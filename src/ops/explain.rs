@@ -21,7 +21,7 @@ use crate::webhook::workloads;
 use crate::webhook::{Settings, Webhook};
 
 use networks::network_holdings;
-pub use networks::{NetworkIps, network_sandboxes};
+pub(crate) use networks::{NetworkIps, network_sandboxes};
 
 mod networks;
 
@@ -73,7 +73,7 @@ pub struct ObjectOutcome {
 }
 
 /// Why, in words.
-pub fn reason_text(reason: Option<&Reason>, ordinal: Option<u64>) -> String {
+pub(crate) fn reason_text(reason: Option<&Reason>, ordinal: Option<u64>) -> String {
     match reason {
         Some(Reason::StatefulSetOrdinal) => format!(
             "StatefulSet ordinal {}: entry {} of the list (ascending)",
@@ -123,7 +123,7 @@ struct Object {
 }
 
 /// Split YAML or JSON text (multi-document, `List` objects) into objects.
-pub fn parse_objects(text: &str) -> Result<Vec<Value>, ExplainError> {
+pub(crate) fn parse_objects(text: &str) -> Result<Vec<Value>, ExplainError> {
     let mut objects = Vec::new();
     for (index, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
         let value = Value::deserialize(document).map_err(|e| ExplainError::Document {
@@ -613,7 +613,7 @@ impl PodNaming {
 }
 
 /// Text for people: one block per object.
-pub fn to_text(outcomes: &[ObjectOutcome]) -> String {
+pub(crate) fn to_text(outcomes: &[ObjectOutcome]) -> String {
     let mut out = String::new();
     for (i, outcome) in outcomes.iter().enumerate() {
         if i > 0 {

@@ -3,19 +3,19 @@
 
 pub mod control;
 pub mod doctor;
-pub mod drift;
-pub mod explain;
-pub mod release;
-pub mod status;
+pub(crate) mod drift;
+pub(crate) mod explain;
+pub(crate) mod release;
+pub(crate) mod status;
 
 static INVOCATION: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
 
 /// How the user runs the operator commands, for messages: `kubectl ipw` or `ip-webhook`.
-pub fn invocation() -> &'static str {
+pub(crate) fn invocation() -> &'static str {
     INVOCATION.get().copied().unwrap_or("ip-webhook")
 }
 
 /// Record how the process was invoked (once; the command line knows: `kubectl ipw`).
-pub fn set_invocation(name: &'static str) {
+pub(crate) fn set_invocation(name: &'static str) {
     let _ = INVOCATION.set(name);
 }

@@ -63,7 +63,7 @@ impl FoundClaim {
 /// Whether `claim` has stood still for `settle` seconds at `now`, and is not waiting out a
 /// DELETE's grace: a claim made or bound at admission is a promise until its pod is stored,
 /// and may look podless for that long.
-pub fn settled(claim: &Claim, now: u64, settle: u64) -> bool {
+pub(crate) fn settled(claim: &Claim, now: u64, settle: u64) -> bool {
     if claim.phase == Phase::Terminating && claim.release_at.is_some_and(|at| at > now) {
         return false; // its pod may be gone; the IP waits for release_at by design
     }
@@ -92,7 +92,7 @@ impl Request {
 /// A `check --drift -o json` report that `release --from-report` cannot use.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
-pub struct ReportError(String);
+pub(crate) struct ReportError(String);
 
 /// The requests `release --from-report` makes of a `check --drift -o json` report: one per
 /// `claim-without-pod` finding (the only kind whose fix is freeing a claim; a CNI's record of
@@ -100,7 +100,7 @@ pub struct ReportError(String);
 /// report found (its grant and pod UID, not only its pod's name, which a recreated pod takes),
 /// has not changed for `settle` seconds, and its pod is gone, never forced. `namespace`
 /// keeps the findings about pods of one namespace; `dry_run` frees nothing.
-pub fn requests_from_report(
+pub(crate) fn requests_from_report(
     text: &str,
     namespace: Option<&str>,
     settle: u64,
@@ -254,7 +254,7 @@ pub async fn release(
 /// The one rule of `release`, over `claims` as the caller sees them; `free` frees a claim and
 /// says whether it was still as seen (the running server frees through its allocator, so its
 /// held set and the ledger agree).
-pub async fn release_from(
+pub(crate) async fn release_from(
     claims: impl IntoIterator<Item = Claim>,
     pods: &dyn PodLookup,
     request: &Request,

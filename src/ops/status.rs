@@ -6,7 +6,7 @@ use crate::cluster::reconcile::Duplicate;
 use crate::ipam::usage::{AppStatus, DuplicateStatus, Holder, Report};
 
 impl DuplicateStatus {
-    pub fn from_found(found: &Duplicate) -> DuplicateStatus {
+    pub(crate) fn from_found(found: &Duplicate) -> DuplicateStatus {
         let pods: Vec<String> = found
             .pods
             .iter()
@@ -28,7 +28,7 @@ impl DuplicateStatus {
 /// Every IP two or more live pods carry in the cluster behind `client`, found as the
 /// reconciler finds them (the pods' `allocated-ip` label and CNI annotations): the metadata of
 /// all pods, page by page, each page cut down to the pods that carry an IP of ours.
-pub async fn cluster_duplicates(
+pub(crate) async fn cluster_duplicates(
     client: &kube::Client,
     app_label: &str,
 ) -> Result<Vec<DuplicateStatus>, kube::Error> {
@@ -56,13 +56,14 @@ pub async fn cluster_duplicates(
 
 impl Report {
     /// The kubectl-style text: a pool table, an app table and a holder table.
-    pub fn to_table(&self) -> String {
+    #[cfg(test)]
+    pub(crate) fn to_table(&self) -> String {
         self.to_table_with(false)
     }
 
     /// [`Report::to_table`]; `wide` (`-o wide`) adds each holder's pool, pod UID, claim token
     /// and admission request.
-    pub fn to_table_with(&self, wide: bool) -> String {
+    pub(crate) fn to_table_with(&self, wide: bool) -> String {
         let mut out = String::new();
         if !self.pools.is_empty() {
             out.push_str(&self.pool_table());

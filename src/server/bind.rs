@@ -13,7 +13,7 @@ pub struct Listeners {
 
 impl Listeners {
     /// The addresses bound (port 0 replaced by the port the kernel chose).
-    pub fn addrs(&self) -> std::io::Result<(SocketAddr, SocketAddr)> {
+    pub(crate) fn addrs(&self) -> std::io::Result<(SocketAddr, SocketAddr)> {
         Ok((self.https.local_addr()?, self.admin.local_addr()?))
     }
 }

@@ -37,7 +37,7 @@ pub(super) fn generate(e: rcgen::Error) -> TlsError {
 /// verifier whose clock is a little behind this host's (an API server on another machine
 /// given the caBundle) still accepts it. rcgen's default, 1975-01-01, is what certificate
 /// scanners flag.
-pub const NOT_BEFORE_SKEW: jiff::SignedDuration = jiff::SignedDuration::from_hours(1);
+pub(crate) const NOT_BEFORE_SKEW: jiff::SignedDuration = jiff::SignedDuration::from_hours(1);
 
 /// `notBefore` of a certificate made now: [`NOT_BEFORE_SKEW`] ago, to the second.
 fn not_before() -> Result<time::OffsetDateTime, TlsError> {
@@ -126,13 +126,13 @@ pub fn self_signed(dns_names: &[String]) -> Result<SelfSigned, TlsError> {
 
 /// How long a self-signed serving certificate is valid, and how long before its end `serve`
 /// issues a new one (from the same CA) on start.
-pub const SELF_SIGNED_VALIDITY_DAYS: i64 = 365;
-pub const SELF_SIGNED_RENEW_DAYS: i64 = 30;
+pub(crate) const SELF_SIGNED_VALIDITY_DAYS: i64 = 365;
+pub(crate) const SELF_SIGNED_RENEW_DAYS: i64 = 30;
 pub(super) const SELF_SIGNED_CA_DAYS: i64 = 3650;
 
 /// What [`self_signed_in`] did with the files.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Kept {
+pub(crate) struct Kept {
     /// The CA was made now (none was kept, or it was unusable).
     pub new_ca: bool,
     /// The serving certificate was issued now.
@@ -144,7 +144,10 @@ pub struct Kept {
 /// `ca.crt` keeps working across restarts; the serving certificate is kept too, and issued
 /// again by the same CA when it is missing, does not cover `dns_names`, is not the CA's, or
 /// has fewer than [`SELF_SIGNED_RENEW_DAYS`] left.
-pub fn self_signed_in(dir: &Path, dns_names: &[String]) -> Result<(SelfSigned, Kept), TlsError> {
+pub(crate) fn self_signed_in(
+    dir: &Path,
+    dns_names: &[String],
+) -> Result<(SelfSigned, Kept), TlsError> {
     let now = jiff::Timestamp::now();
     let days = |n: i64| jiff::SignedDuration::from_hours(24 * n);
     std::fs::create_dir_all(dir).map_err(|e| TlsError::Write {

@@ -54,7 +54,7 @@ const QUIETED: [(&str, &str); 2] = [
 
 /// The filter `text` with the lines of [`QUIETED`] kept to their level. Shown at debug and
 /// finer, or when `text` names the library (its crate) itself.
-pub fn with_quiet_libraries(text: &str) -> String {
+pub(crate) fn with_quiet_libraries(text: &str) -> String {
     if text.trim().eq_ignore_ascii_case("off") {
         // a directive for a library would turn its lines back on
         return text.to_string();
@@ -204,7 +204,7 @@ impl Visit for TextFields<'_, '_> {
 /// drops lines when its queue is full (or blocks, when told to) where this never drops one,
 /// and has no notion of a warning that must go out at once. Not measured against it under the
 /// load benchmark.
-pub fn buffered(sink: Box<dyn Write + Send>) -> (BufferedWriter, LogGuard) {
+pub(crate) fn buffered(sink: Box<dyn Write + Send>) -> (BufferedWriter, LogGuard) {
     let shared = Arc::new(Shared {
         pending: Mutex::new(Pending::default()),
         sink: Mutex::new(sink),
@@ -304,12 +304,12 @@ impl Drop for LogGuard {
 }
 
 #[derive(Clone)]
-pub struct BufferedWriter {
+pub(crate) struct BufferedWriter {
     shared: Arc<Shared>,
 }
 
 /// One log line on its way: buffered, or written at once (warnings and errors).
-pub struct LineWriter<'a> {
+pub(crate) struct LineWriter<'a> {
     shared: &'a Shared,
     at_once: bool,
 }

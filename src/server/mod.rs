@@ -82,11 +82,11 @@ pub struct Limits {
 }
 
 /// The default of `--max-inflight-bytes`: 64 MiB.
-pub const DEFAULT_MAX_INFLIGHT_BYTES: usize = 64 * 1024 * 1024;
+pub(crate) const DEFAULT_MAX_INFLIGHT_BYTES: usize = 64 * 1024 * 1024;
 /// The default of `--max-connections`.
-pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+pub(crate) const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 /// The default of `--handshake-timeout`: a TLS handshake takes milliseconds.
-pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
+pub(crate) const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// The default of `--max-handshakes`: a quarter of the connections (at least one).
 pub fn default_max_handshakes(max_connections: usize) -> usize {
@@ -538,13 +538,15 @@ async fn admission(
 /// A panic caught while deciding a request: its message (`panic` when it had none).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
-pub struct Panic {
+pub(crate) struct Panic {
     pub message: String,
 }
 
 /// Run a future; a panic inside becomes `Err(Panic)` instead of tearing down the connection.
 /// Not an `async fn`, for the reason [`crate::ledger::health::with_deadline`] gives.
-pub fn recover<T>(future: impl Future<Output = T>) -> impl Future<Output = Result<T, Panic>> {
+pub(crate) fn recover<T>(
+    future: impl Future<Output = T>,
+) -> impl Future<Output = Result<T, Panic>> {
     AssertUnwindSafe(future).catch_unwind().map(|caught| {
         caught.map_err(|payload| Panic {
             message: payload

@@ -93,13 +93,13 @@ pub fn certified_key(
 }
 
 /// notAfter of a DER certificate, unix seconds.
-pub fn not_after(der: &[u8]) -> Option<i64> {
+pub(crate) fn not_after(der: &[u8]) -> Option<i64> {
     let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
     Some(cert.validity().not_after.timestamp())
 }
 
 /// Record the notAfter of the certificate now served (DER of the leaf) in `metrics`.
-pub fn served_certificate(metrics: &Metrics, leaf_der: &[u8]) {
+pub(crate) fn served_certificate(metrics: &Metrics, leaf_der: &[u8]) {
     match not_after(leaf_der) {
         Some(not_after) => {
             metrics.certificate_expiry.set(not_after);
@@ -147,7 +147,7 @@ pub fn server_config(resolver: Arc<CertResolver>) -> rustls::ServerConfig {
 }
 
 /// [`server_config`], requiring a client certificate that `clients` accepts when given.
-pub fn server_config_with_clients(
+pub(crate) fn server_config_with_clients(
     resolver: Arc<CertResolver>,
     clients: Option<Arc<ClientVerifier>>,
 ) -> rustls::ServerConfig {
@@ -164,7 +164,10 @@ pub fn server_config_with_clients(
 }
 
 /// rustls' WebPKI client verifier for one CA bundle (PEM).
-pub fn client_ca_verifier(pem: &[u8], name: &str) -> Result<Arc<dyn ClientCertVerifier>, TlsError> {
+pub(crate) fn client_ca_verifier(
+    pem: &[u8],
+    name: &str,
+) -> Result<Arc<dyn ClientCertVerifier>, TlsError> {
     let bad = |reason: String| TlsError::ClientCa {
         path: name.to_string(),
         reason,
@@ -194,7 +197,7 @@ const HINT_SLOTS: usize = 32;
 /// them. rustls borrows the names for as long as the verifier, and the bundle can change under
 /// it: each distinct list is written once into a slot of its own and the current one is an
 /// index, so no reload frees names a handshake may still read.
-pub struct ClientVerifier {
+pub(crate) struct ClientVerifier {
     current: ArcSwap<Arc<dyn ClientCertVerifier>>,
     allowed: Vec<String>,
     hints: [OnceLock<Vec<DistinguishedName>>; HINT_SLOTS],
@@ -211,7 +214,10 @@ impl fmt::Debug for ClientVerifier {
 }
 
 impl ClientVerifier {
-    pub fn new(verifier: Arc<dyn ClientCertVerifier>, allowed: Vec<String>) -> ClientVerifier {
+    pub(crate) fn new(
+        verifier: Arc<dyn ClientCertVerifier>,
+        allowed: Vec<String>,
+    ) -> ClientVerifier {
         let client = ClientVerifier {
             current: ArcSwap::from_pointee(verifier.clone()),
             allowed: allowed
@@ -226,7 +232,7 @@ impl ClientVerifier {
         client
     }
 
-    pub fn store(&self, verifier: Arc<dyn ClientCertVerifier>) {
+    pub(crate) fn store(&self, verifier: Arc<dyn ClientCertVerifier>) {
         self.store_hints(&*verifier);
         self.current.store(Arc::new(verifier));
     }
@@ -355,14 +361,14 @@ impl ClientCertVerifier for ClientVerifier {
 
 /// Certificate files to serve and watch.
 #[derive(Debug, Clone)]
-pub struct CertFiles {
+pub(crate) struct CertFiles {
     pub cert: PathBuf,
     pub key: PathBuf,
 }
 
 impl CertFiles {
     /// Read and parse both files, returning the key and the digest the reloader compares.
-    pub fn load(&self) -> Result<(CertifiedKey, [u8; 32]), TlsError> {
+    pub(crate) fn load(&self) -> Result<(CertifiedKey, [u8; 32]), TlsError> {
         let (contents, fingerprint) = read_all(&[self.cert.clone(), self.key.clone()]);
         let [cert, key]: [Vec<u8>; 2] = contents?.try_into().expect("two files read, two contents");
         let parsed = certified_key(
@@ -377,7 +383,7 @@ impl CertFiles {
 
 /// Watch the certificate files' directories and poll every `poll`; swap in a new pair when
 /// its bytes change and it parses. Runs until the task is dropped.
-pub fn spawn_reloader(
+pub(crate) fn spawn_reloader(
     resolver: Arc<CertResolver>,
     files: CertFiles,
     initial: [u8; 32],
@@ -408,7 +414,7 @@ pub fn spawn_reloader(
 
 /// Watch the client CA bundle like the serving certificate; swap in a new verifier when its
 /// bytes change and it parses.
-pub fn spawn_client_ca_reloader(
+pub(crate) fn spawn_client_ca_reloader(
     verifier: Arc<ClientVerifier>,
     file: PathBuf,
     initial: [u8; 32],
@@ -430,7 +436,7 @@ pub fn spawn_client_ca_reloader(
 }
 
 /// Read `paths`; the digest covers their bytes, or the error when one cannot be read.
-pub fn read_all(paths: &[PathBuf]) -> (Result<Vec<Vec<u8>>, TlsError>, [u8; 32]) {
+pub(crate) fn read_all(paths: &[PathBuf]) -> (Result<Vec<Vec<u8>>, TlsError>, [u8; 32]) {
     let mut hasher = Sha256::new();
     let mut contents = Vec::with_capacity(paths.len());
     for path in paths {

@@ -169,7 +169,7 @@ pub struct PodAsk<'m> {
 
 impl PodAsk<'_> {
     /// Whether ip-webhook has nothing to do with this pod.
-    pub fn is_unrelated(&self) -> bool {
+    pub(crate) fn is_unrelated(&self) -> bool {
         self.candidates.is_none() && self.carried.is_empty()
     }
 
@@ -194,7 +194,7 @@ impl PodAsk<'_> {
 
 /// Read and check what `view` asks for: its IP annotations, its list or pool, its app label,
 /// that its carried IPs are in its list, and what the CNI's pools say about them.
-pub fn assess<'m>(webhook: &Webhook, view: PodView<'m>) -> Result<PodAsk<'m>, Denial> {
+pub(crate) fn assess<'m>(webhook: &Webhook, view: PodView<'m>) -> Result<PodAsk<'m>, Denial> {
     let meta = view.meta;
     let statics = static_ips(meta.annotations.as_ref()).map_err(|message| Denial::Malformed {
         pod: view.display(),

@@ -21,7 +21,7 @@ use crate::webhook::assess::Denial;
 /// returned as unrecorded, and the write that records it asks the ledger itself. Likewise a
 /// pod this replica's copy of the cluster says uses the IP is asked for at the API server
 /// (`pods`), which may know it gone.
-pub async fn unrecorded(
+pub(crate) async fn unrecorded(
     allocator: &Allocator,
     pods: Option<&dyn PodLookup>,
     carried: Carried<'_>,
@@ -53,7 +53,7 @@ pub async fn unrecorded(
 
 /// The IPs a pod carries on one interface, and what it holds of them.
 #[derive(Clone, Copy)]
-pub struct Carried<'a> {
+pub(crate) struct Carried<'a> {
     pub ips: &'a [IpAddr],
     /// The pod's own claims among them.
     pub mine: &'a [Claim],

@@ -37,14 +37,14 @@ use crate::ledger::Phase;
 use crate::ledger::kubernetes::from_resource;
 
 /// The annotation that lets a hand edit of an IPClaim through.
-pub const FORCE: &str = "ip-webhook.io/force";
+pub(crate) const FORCE: &str = "ip-webhook.io/force";
 
 /// Where the in-pod service account's token is mounted.
 const SERVICE_ACCOUNT_TOKEN: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
 
 /// What the caches say about a claim's pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PodLife {
+pub(crate) enum PodLife {
     /// The pod exists: `namespace/name`.
     Runs(String),
     Gone,
@@ -53,7 +53,7 @@ pub enum PodLife {
 }
 
 /// Who knows which pods run, by UID.
-pub trait LivePods: Send + Sync {
+pub(crate) trait LivePods: Send + Sync {
     fn life(&self, uid: &str) -> PodLife;
 }
 
@@ -66,7 +66,7 @@ pub struct ClaimGuard {
 
 impl ClaimGuard {
     /// Admit every IPClaim write by `username` (the server's own service account).
-    pub fn trust(&self, username: &str) {
+    pub(crate) fn trust(&self, username: &str) {
         let username = username.trim();
         if username.is_empty() {
             return;
@@ -94,7 +94,7 @@ impl ClaimGuard {
     }
 
     /// Judge deletions from these caches (in-cluster; set once).
-    pub fn watch_pods(&self, pods: Arc<dyn LivePods>) {
+    pub(crate) fn watch_pods(&self, pods: Arc<dyn LivePods>) {
         let _ = self.pods.set(pods);
     }
 
@@ -108,7 +108,7 @@ impl ClaimGuard {
 
 /// The user name in a service-account token (`sub` of the JWT): what the API server puts in
 /// `userInfo.username` for the server's own requests. `None` when the text is not such a token.
-pub fn username_in_token(token: &str) -> Option<String> {
+pub(crate) fn username_in_token(token: &str) -> Option<String> {
     use base64::Engine;
     let payload = token.trim().split('.').nth(1)?;
     let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
@@ -123,7 +123,7 @@ pub fn username_in_token(token: &str) -> Option<String> {
 }
 
 /// The service account this process runs as, from its mounted token, if it runs in a pod.
-pub fn own_service_account() -> Option<String> {
+pub(crate) fn own_service_account() -> Option<String> {
     username_in_token(&std::fs::read_to_string(SERVICE_ACCOUNT_TOKEN).ok()?)
 }
 
@@ -147,7 +147,7 @@ pub async fn mark_forced(client: &kube::Client, ip: &std::net::IpAddr) -> Result
 }
 
 /// Whether this review is the guard's: an IPClaim.
-pub fn handles(incoming: &Incoming<'_>) -> bool {
+pub(crate) fn handles(incoming: &Incoming<'_>) -> bool {
     let kind = &incoming.request.kind;
     kind.group == crd::GROUP && kind.kind == "IPClaim"
 }

@@ -15,10 +15,10 @@ use crate::admission::{Incoming, Meta, Operation, Response, ReviewError};
 use crate::ipam::ipset::{IpRange, IpSet, IpSpecError, RangeSyntax, parse_ip_spec_with};
 use crate::ipam::overlap::RangeIndex;
 
-pub const KUBE_OVN_GROUP: &str = "kubeovn.io";
-pub const CALICO_GROUPS: [&str; 2] = ["crd.projectcalico.org", "projectcalico.org"];
+pub(crate) const KUBE_OVN_GROUP: &str = "kubeovn.io";
+pub(crate) const CALICO_GROUPS: [&str; 2] = ["crd.projectcalico.org", "projectcalico.org"];
 /// Kube-OVN's default VPC.
-pub const DEFAULT_VPC: &str = "ovn-cluster";
+pub(crate) const DEFAULT_VPC: &str = "ovn-cluster";
 
 #[derive(Debug, Deserialize, Default)]
 struct Object<S> {
@@ -54,7 +54,7 @@ struct CalicoPoolSpec {
 
 /// A Calico IPPool as far as fixed IPs care.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CalicoPool {
+pub(crate) struct CalicoPool {
     pub name: String,
     pub cidr: IpRange,
     pub disabled: bool,
@@ -65,12 +65,12 @@ pub struct CalicoPool {
 }
 
 impl CalicoPool {
-    pub fn serves_workloads(&self) -> bool {
+    pub(crate) fn serves_workloads(&self) -> bool {
         !self.disabled
             && (self.allowed_uses.is_empty() || self.allowed_uses.iter().any(|u| u == "Workload"))
     }
 
-    pub fn auto_assigns(&self) -> bool {
+    pub(crate) fn auto_assigns(&self) -> bool {
         self.serves_workloads() && self.node_selector.replace(' ', "") != "!all()"
     }
 
@@ -92,7 +92,7 @@ impl CalicoPool {
 
 /// A Kube-OVN Subnet as far as fixed IPs care.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OvnSubnet {
+pub(crate) struct OvnSubnet {
     pub name: String,
     pub vpc: String,
     pub cidrs: IpSet,
@@ -128,7 +128,7 @@ impl NetworkRegistry {
         self.state.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub fn upsert_subnet(&self, subnet: OvnSubnet) {
+    pub(crate) fn upsert_subnet(&self, subnet: OvnSubnet) {
         let mut state = self.write();
         for index in state.subnet_index.values_mut() {
             index.remove(&subnet.name);
@@ -141,7 +141,7 @@ impl NetworkRegistry {
         state.subnets.insert(subnet.name.clone(), subnet);
     }
 
-    pub fn forget_subnet(&self, name: &str) {
+    pub(crate) fn forget_subnet(&self, name: &str) {
         let mut state = self.write();
         for index in state.subnet_index.values_mut() {
             index.remove(&name.to_string());
@@ -149,35 +149,35 @@ impl NetworkRegistry {
         state.subnets.remove(name);
     }
 
-    pub fn upsert_calico_pool(&self, pool: CalicoPool) {
+    pub(crate) fn upsert_calico_pool(&self, pool: CalicoPool) {
         let mut state = self.write();
         state.calico_index.remove(&pool.name);
         state.calico_index.insert(pool.cidr, pool.name.clone());
         state.calico.insert(pool.name.clone(), pool);
     }
 
-    pub fn forget_calico_pool(&self, name: &str) {
+    pub(crate) fn forget_calico_pool(&self, name: &str) {
         let mut state = self.write();
         state.calico_index.remove(&name.to_string());
         state.calico.remove(name);
     }
 
-    pub fn set_calico_reserved(&self, reserved: IpSet) {
+    pub(crate) fn set_calico_reserved(&self, reserved: IpSet) {
         self.write().calico_reserved = reserved;
     }
 
     /// Say whether the Calico pools are fully known (checks of fixed IPs run only then).
-    pub fn set_calico_synced(&self, synced: bool) {
+    pub(crate) fn set_calico_synced(&self, synced: bool) {
         self.write().calico_synced = synced;
     }
 
-    pub fn set_ovn_synced(&self, synced: bool) {
+    pub(crate) fn set_ovn_synced(&self, synced: bool) {
         self.write().ovn_synced = synced;
     }
 
     /// Fixed IPs against Calico's pools: `Err` names an IP no enabled Workload pool holds;
     /// `Ok` carries warnings for IPs in pools Calico also hands out automatically.
-    pub fn calico_check(
+    pub(crate) fn calico_check(
         &self,
         ips: &IpSet,
         whose: &dyn fmt::Display,
@@ -236,7 +236,11 @@ impl NetworkRegistry {
 
     /// Fixed IPs against Kube-OVN's Subnets: each must lie in a Subnet's cidrBlock and outside
     /// its excludeIps.
-    pub fn ovn_check(&self, ips: &IpSet, whose: &dyn fmt::Display) -> Result<(), CniRefusal> {
+    pub(crate) fn ovn_check(
+        &self,
+        ips: &IpSet,
+        whose: &dyn fmt::Display,
+    ) -> Result<(), CniRefusal> {
         let state = self.read();
         if !state.ovn_synced || ips.is_empty() {
             return Ok(());
@@ -280,7 +284,7 @@ impl NetworkRegistry {
 
 /// Why the CNI would not give a workload or pod its fixed IPs.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum CniRefusal {
+pub(crate) enum CniRefusal {
     #[error(
         "IP {ip} of {whose} lies in no enabled Calico IPPool that allows Workload use, so Calico would fail the pod with \"The provided IP address is not in a configured pool\"; {known}"
     )]
@@ -307,7 +311,7 @@ pub enum CniRefusal {
 
 /// Why a CIDR list of a CNI object is unusable.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum CidrError {
+pub(crate) enum CidrError {
     #[error("{0:?} is not a valid CIDR")]
     NotCidr(String),
     #[error("{part} has host bits set; did you mean {network}?")]
@@ -318,7 +322,7 @@ pub enum CidrError {
 
 /// Why a Kube-OVN Subnet or a Calico IPPool cannot be used; each names the object.
 #[derive(Debug, thiserror::Error)]
-pub enum CniObjectError {
+pub(crate) enum CniObjectError {
     #[error("{kind} {name}: {error}")]
     Json {
         kind: &'static str,
@@ -414,7 +418,7 @@ fn written<'a, S: Deserialize<'a> + Default>(
 }
 
 /// `/validate` for a Kube-OVN Subnet.
-pub fn review_subnet(
+pub(crate) fn review_subnet(
     registry: &NetworkRegistry,
     incoming: &Incoming<'_>,
 ) -> Result<Response, ReviewError> {
@@ -448,7 +452,7 @@ pub fn review_subnet(
 }
 
 /// `/validate` for a Calico IPPool.
-pub fn review_calico_pool(
+pub(crate) fn review_calico_pool(
     registry: &NetworkRegistry,
     incoming: &Incoming<'_>,
 ) -> Result<Response, ReviewError> {
@@ -482,7 +486,10 @@ pub fn review_calico_pool(
 
 impl OvnSubnet {
     /// From a Subnet object's JSON (as a watch delivers it).
-    pub fn from_json(name: &str, spec: &serde_json::Value) -> Result<OvnSubnet, CniObjectError> {
+    pub(crate) fn from_json(
+        name: &str,
+        spec: &serde_json::Value,
+    ) -> Result<OvnSubnet, CniObjectError> {
         let spec: SubnetSpec =
             serde_json::from_value(spec.clone()).map_err(|error| CniObjectError::Json {
                 kind: "Subnet",
@@ -534,7 +541,10 @@ impl OvnSubnet {
 
 impl CalicoPool {
     /// From a Calico IPPool object's JSON (as a watch delivers it).
-    pub fn from_json(name: &str, spec: &serde_json::Value) -> Result<CalicoPool, CniObjectError> {
+    pub(crate) fn from_json(
+        name: &str,
+        spec: &serde_json::Value,
+    ) -> Result<CalicoPool, CniObjectError> {
         let spec: CalicoPoolSpec =
             serde_json::from_value(spec.clone()).map_err(|error| CniObjectError::Json {
                 kind: "Calico IPPool",

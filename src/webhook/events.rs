@@ -49,6 +49,6 @@ pub trait EventSink: Send + Sync + 'static {
 
 /// The default sink: does nothing.
 #[derive(Debug, Default, Clone, Copy)]
-pub struct NoEvents;
+pub(crate) struct NoEvents;
 
 impl EventSink for NoEvents {}

@@ -22,15 +22,15 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use crate::admission::{Incoming, Meta, OwnerRef};
 
 /// The label KubeVirt puts on every launcher pod, and its value there.
-pub const LAUNCHER_LABEL: (&str, &str) = ("kubevirt.io", "virt-launcher");
+pub(crate) const LAUNCHER_LABEL: (&str, &str) = ("kubevirt.io", "virt-launcher");
 /// The API group of VirtualMachines and VirtualMachineInstances.
-pub const GROUP: &str = "kubevirt.io";
+pub(crate) const GROUP: &str = "kubevirt.io";
 /// The label KubeVirt puts on a live migration's target launcher pod (its value: the
 /// migration's UID) (kubevirt/kubevirt `staging/src/kubevirt.io/api/core/v1/types.go`,
 /// `MigrationJobLabel`).
-pub const MIGRATION_LABEL: &str = "kubevirt.io/migrationJobUID";
+pub(crate) const MIGRATION_LABEL: &str = "kubevirt.io/migrationJobUID";
 /// The user KubeVirt's controller creates launcher pods as, in its default install.
-pub const DEFAULT_CONTROLLER: &str = "system:serviceaccount:kubevirt:kubevirt-controller";
+pub(crate) const DEFAULT_CONTROLLER: &str = "system:serviceaccount:kubevirt:kubevirt-controller";
 
 /// How ip-webhook treats virtual machines.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,7 +54,7 @@ impl Default for KubevirtSettings {
 
 /// The VM a pod of these labels and owners is a launcher pod of: the name of the VMI that
 /// controls it, when it also carries KubeVirt's launcher label. Says nothing of who made it.
-pub fn launcher_vm<'m>(
+pub(crate) fn launcher_vm<'m>(
     labels: Option<&'m BTreeMap<String, String>>,
     owners: impl IntoIterator<Item = (&'m str, &'m str, &'m str, bool)>,
 ) -> Option<&'m str> {
@@ -74,7 +74,7 @@ pub fn launcher_vm<'m>(
 }
 
 /// [`launcher_vm`] of an admission's pod metadata.
-pub fn launcher_vm_of(meta: &Meta) -> Option<&str> {
+pub(crate) fn launcher_vm_of(meta: &Meta) -> Option<&str> {
     launcher_vm(
         meta.labels.as_ref(),
         meta.owner_references.iter().flatten().map(owner_fields),
@@ -82,7 +82,7 @@ pub fn launcher_vm_of(meta: &Meta) -> Option<&str> {
 }
 
 /// [`launcher_vm`] of a pod's metadata as the API server returns it.
-pub fn launcher_vm_of_object(meta: &ObjectMeta) -> Option<&str> {
+pub(crate) fn launcher_vm_of_object(meta: &ObjectMeta) -> Option<&str> {
     launcher_vm(
         meta.labels.as_ref(),
         meta.owner_references.iter().flatten().map(|owner| {
@@ -107,14 +107,14 @@ fn owner_fields(owner: &OwnerRef) -> (&str, &str, &str, bool) {
 
 /// Whether the pod is a live migration's target launcher pod ([`MIGRATION_LABEL`]); only
 /// read for a pod [`admitted_vm`] takes for a launcher pod.
-pub fn is_migration_target(meta: &Meta) -> bool {
+pub(crate) fn is_migration_target(meta: &Meta) -> bool {
     meta.label(MIGRATION_LABEL)
         .is_some_and(|uid| !uid.is_empty())
 }
 
 /// The VM whose launcher pod this admission creates: [`launcher_vm_of`], when the request's
 /// user is one of the KubeVirt controllers.
-pub fn admitted_vm<'m>(
+pub(crate) fn admitted_vm<'m>(
     meta: &'m Meta,
     incoming: &Incoming<'_>,
     settings: &KubevirtSettings,

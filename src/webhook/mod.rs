@@ -2,20 +2,20 @@
 //! metrics, the CNI networks — and the pod view and candidate IPs both endpoints read.
 //! Routing a review to `/mutate` or `/validate` is [`crate::webhook::dispatch`]'s.
 
-pub mod assess;
-pub mod carried;
+pub(crate) mod assess;
+pub(crate) mod carried;
 pub mod claim_guard;
-pub mod cni_pools;
-pub mod dispatch;
-pub mod events;
-pub mod kubevirt;
+pub(crate) mod cni_pools;
+pub(crate) mod dispatch;
+pub(crate) mod events;
+pub(crate) mod kubevirt;
 pub mod mutate;
-pub mod release_timer;
-pub mod secondary;
-pub mod validate;
-pub mod workload_kinds;
-pub mod workload_registry;
-pub mod workloads;
+pub(crate) mod release_timer;
+pub(crate) mod secondary;
+pub(crate) mod validate;
+pub(crate) mod workload_kinds;
+pub(crate) mod workload_registry;
+pub(crate) mod workloads;
 
 use std::fmt;
 use std::sync::Arc;
@@ -102,7 +102,7 @@ pub struct Webhook {
 impl Webhook {
     /// Every interface IPs are given out on, with its allocator: the primary interface's
     /// first, then each secondary network's. Each lifecycle task runs over all of them.
-    pub fn interfaces(
+    pub(crate) fn interfaces(
         &self,
     ) -> impl Iterator<Item = (crate::ledger::network::Interface<'_>, &Arc<Allocator>)> {
         use crate::ledger::network::Interface;
@@ -137,20 +137,20 @@ impl Webhook {
     }
 
     /// Give IPs out on these secondary networks too, each from its own allocator.
-    pub fn with_secondary(mut self, secondary: secondary::SecondaryNetworks) -> Webhook {
+    pub(crate) fn with_secondary(mut self, secondary: secondary::SecondaryNetworks) -> Webhook {
         self.secondary = secondary;
         self
     }
 
     /// Send Pod CREATE outcomes to `events` instead of nowhere.
-    pub fn with_events(mut self, events: Arc<dyn EventSink>) -> Webhook {
+    pub(crate) fn with_events(mut self, events: Arc<dyn EventSink>) -> Webhook {
         self.events = events;
         self
     }
 
     /// Whether the CNI can use these fixed IPs (Calico pools / Kube-OVN subnets, when known):
     /// `Err` is a denial, `Ok` carries warnings.
-    pub fn cni_check(
+    pub(crate) fn cni_check(
         &self,
         ips: &IpSet,
         whose: &dyn fmt::Display,
@@ -250,7 +250,7 @@ impl Webhook {
     /// pods the pool serves (`spec.namespaces`, `spec.podSelector`), and an IP a workload of
     /// another app lists is only for that app. Workload templates are held to the same rule
     /// ([`workloads::review`]).
-    pub fn policy_refusal(&self, set: &IpSet, pod: &PodView<'_>) -> Option<PolicyRefusal> {
+    pub(crate) fn policy_refusal(&self, set: &IpSet, pod: &PodView<'_>) -> Option<PolicyRefusal> {
         self.policy_refusal_for(
             set,
             &pod.namespace,
@@ -260,7 +260,7 @@ impl Webhook {
     }
 
     /// [`Webhook::policy_refusal`] for pods of `namespace` with `labels`, of app `app_key`.
-    pub fn policy_refusal_for(
+    pub(crate) fn policy_refusal_for(
         &self,
         set: &IpSet,
         namespace: &str,
@@ -288,7 +288,7 @@ impl Webhook {
 
 /// Why a pod (or a workload's pods) may not have some IPs ([`Webhook::policy_refusal`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PolicyRefusal {
+pub(crate) enum PolicyRefusal {
     /// The IPs `shared` are in FixedIPPool `pool`, which does not serve the pod.
     Pool {
         shared: String,
@@ -305,7 +305,7 @@ pub enum PolicyRefusal {
 
 impl PolicyRefusal {
     /// The refusal of a list that names the IPs: `lists 10.0.0.1 of FixedIPPool blue, …`.
-    pub fn lists(&self) -> String {
+    pub(crate) fn lists(&self) -> String {
         match self {
             PolicyRefusal::Pool {
                 shared,
@@ -325,7 +325,7 @@ impl PolicyRefusal {
     }
 
     /// The refusal of IPs a pod names for itself: `10.0.0.1 is in FixedIPPool blue, …`.
-    pub fn names(&self) -> String {
+    pub(crate) fn names(&self) -> String {
         match self {
             PolicyRefusal::Pool {
                 shared,
@@ -396,7 +396,7 @@ impl<'m> PodView<'m> {
     }
 
     /// `namespace/app`, as claims and Events name an app (`namespace/` without an app label).
-    pub fn app_key(&self) -> String {
+    pub(crate) fn app_key(&self) -> String {
         format!("{}/{}", self.namespace, self.app.unwrap_or(""))
     }
 
@@ -426,7 +426,7 @@ impl<'m> PodView<'m> {
     }
 
     /// Whether a StatefulSet controls the pod (its IP is kept for its name after it goes).
-    pub fn is_stateful(&self) -> bool {
+    pub(crate) fn is_stateful(&self) -> bool {
         self.meta.owner_references.as_ref().is_some_and(|owners| {
             owners
                 .iter()
@@ -435,7 +435,7 @@ impl<'m> PodView<'m> {
     }
 
     /// The ordinal of a StatefulSet pod (`web-3` owned by StatefulSet `web` → 3).
-    pub fn statefulset_ordinal(&self) -> Option<u64> {
+    pub(crate) fn statefulset_ordinal(&self) -> Option<u64> {
         let owner = self
             .meta
             .owner_references

@@ -20,7 +20,7 @@ use crate::webhook::{Candidates, PodView, Webhook};
 /// What `/mutate` decided for a Pod CREATE: the typed result that the response, the decision
 /// log line and `explain` are all made from.
 #[derive(Debug)]
-pub enum PodDecision {
+pub(crate) enum PodDecision {
     /// The pod asks for no fixed IP and carries none.
     Unrelated,
     /// Our own patch seen again (reinvocation): the pod's token holds every IP it carries.
@@ -43,7 +43,7 @@ pub enum PodDecision {
 
 impl PodDecision {
     /// `namespace/app`, once known.
-    pub fn app(&self) -> Option<&str> {
+    pub(crate) fn app(&self) -> Option<&str> {
         match self {
             PodDecision::Granted { app, .. } => Some(app),
             PodDecision::Denied { app, .. } => app.as_deref(),
@@ -52,7 +52,7 @@ impl PodDecision {
     }
 
     /// The IPs the pod holds after this decision.
-    pub fn ips(&self) -> &[IpAddr] {
+    pub(crate) fn ips(&self) -> &[IpAddr] {
         match self {
             PodDecision::AlreadyHeld(ips) => ips,
             PodDecision::Granted { allocation, .. } => &allocation.ips,
@@ -175,7 +175,7 @@ fn presence_off_cluster(claim: &Claim, now: u64) -> Option<PodPresence> {
 /// Decide a Pod CREATE: assess it, then grant (allocate or record its static IPs, on the
 /// primary interface and on each managed secondary network it asks of) or deny. Records the
 /// claims (unless dry run), counts the outcome and reports it to the event sink.
-pub async fn decide_create(
+pub(crate) async fn decide_create(
     webhook: &Webhook,
     incoming: &Incoming<'_>,
 ) -> Result<PodDecision, ReviewError> {

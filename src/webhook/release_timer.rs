@@ -14,7 +14,7 @@ use crate::ledger::unix_now;
 use crate::metrics::Metrics;
 
 /// How often due claims are looked for.
-pub const PERIOD: Duration = Duration::from_secs(1);
+pub(crate) const PERIOD: Duration = Duration::from_secs(1);
 
 /// Run until the task is aborted. `pods`: `None` off-cluster without an API server, where
 /// the timer alone decides.
@@ -33,7 +33,7 @@ pub async fn run(
 }
 
 /// One pass at `now`: release what is due, count what was kept.
-pub async fn tick(
+pub(crate) async fn tick(
     allocator: &Allocator,
     pods: Option<&dyn PodLookup>,
     metrics: &Metrics,

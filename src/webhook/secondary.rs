@@ -59,7 +59,7 @@ impl SecondaryNetworks {
 }
 
 /// The annotation in which a pod names the IPs it may get on `network`.
-pub fn list_annotation(network: &Network) -> String {
+pub(crate) fn list_annotation(network: &Network) -> String {
     format!(
         "{}.{}.ip-webhook.io/allocatable-ips",
         network.name, network.namespace
@@ -67,7 +67,7 @@ pub fn list_annotation(network: &Network) -> String {
 }
 
 /// The annotation giving the prefix length written with each IP on `network`.
-pub fn prefix_annotation(network: &Network) -> String {
+pub(crate) fn prefix_annotation(network: &Network) -> String {
     format!(
         "{}.{}.ip-webhook.io/prefix-length",
         network.name, network.namespace
@@ -272,7 +272,7 @@ fn check_ask(webhook: &Webhook, view: &PodView<'_>, ask: &NetworkAsk) -> Result<
 
 /// Whether every ask is our own earlier answer (a reinvocation, a retried call): each
 /// network's carried IPs held under `identity`.
-pub fn all_held(webhook: &Webhook, asks: &NetworkAsks, identity: &PodIdentity<'_>) -> bool {
+pub(crate) fn all_held(webhook: &Webhook, asks: &NetworkAsks, identity: &PodIdentity<'_>) -> bool {
     asks.asks
         .iter()
         .all(|ask| already_held(webhook, ask, identity))
@@ -355,7 +355,7 @@ fn network_denial(network: &Network, denial: Denial) -> Denial {
 }
 
 /// Give back the claims `granted` recorded for a pod that is refused after all.
-pub async fn give_back(
+pub(crate) async fn give_back(
     webhook: &Webhook,
     granted: &[NetworkGrant],
     identity: &PodIdentity<'_>,
@@ -378,7 +378,7 @@ pub async fn give_back(
 /// with Kube-OVN, its attachment annotations (both kinds: Kube-OVN reads the one of the
 /// attachment's provider). Values already as wanted are left alone, and what the pod named by
 /// hand is never overwritten.
-pub fn add_to_patch(
+pub(crate) fn add_to_patch(
     webhook: &Webhook,
     meta: &Meta,
     asks: &NetworkAsks,
@@ -534,7 +534,7 @@ pub async fn terminate(
 /// on them while the network gives them to another pod. Kube-OVN's controller writing the IP
 /// it allocated into its attachment annotation (the networks annotation unchanged) is not
 /// such an update.
-pub fn unclaimed_update_refusal(
+pub(crate) fn unclaimed_update_refusal(
     webhook: &Webhook,
     view: &PodView<'_>,
     old: &Meta,
@@ -566,7 +566,7 @@ pub fn unclaimed_update_refusal(
 /// it carries on a managed network (in its networks annotation or a Kube-OVN attachment
 /// annotation), or its networks annotation where it carries some: a DELETE reads the IPs
 /// there, and the sandbox's next start would ask the network's IPAM for IPs nobody recorded.
-pub fn update_refusal(webhook: &Webhook, view: &PodView<'_>, old: &Meta) -> Option<String> {
+pub(crate) fn update_refusal(webhook: &Webhook, view: &PodView<'_>, old: &Meta) -> Option<String> {
     let (before, after) = (old.annotation(NETWORKS), view.meta.annotation(NETWORKS));
     let carried_before = carried(webhook, old, &view.namespace);
     let same_ips = carried(webhook, view.meta, &view.namespace) == carried_before;

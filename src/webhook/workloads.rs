@@ -13,8 +13,8 @@ use crate::ipam::ipset::{Family, IpSet, IpSpecError, parse_ip_spec};
 use crate::ledger::Claim;
 use crate::webhook::{PolicyRefusal, Webhook};
 
-pub use super::workload_kinds::{KINDS, WORKLOAD_KINDS, WorkloadKind, is_workload, workload_kind};
-pub use super::workload_registry::{Listing, WorkloadId, WorkloadRegistry};
+pub(crate) use super::workload_kinds::{KINDS, WORKLOAD_KINDS, is_workload, workload_kind};
+pub(crate) use super::workload_registry::{Listing, WorkloadId, WorkloadRegistry};
 
 #[derive(Debug, Deserialize, Default)]
 struct Workload {
@@ -91,7 +91,7 @@ struct JobTemplate {
 
 /// The listing of a watched workload of `kind`, when its pod template lists fixed IPs (an
 /// `allocatable-ips` list or a Kube-OVN `ip_pool` list, not a pool) and no controller owns it (the owner's list counts).
-pub fn listing_of(
+pub(crate) fn listing_of(
     kind: &str,
     object: &kube::api::DynamicObject,
     app_label: &str,

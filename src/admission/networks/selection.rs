@@ -12,7 +12,7 @@ use crate::admission::go_json::{GoJson, Kind, Member, Reader};
 /// What Multus reads of one element: each field's last value (Go's rule for keys that name
 /// one field twice), and where each member is, to write the element back.
 #[derive(Debug, Default)]
-pub struct Selection<'a> {
+pub(crate) struct Selection<'a> {
     pub name: Cow<'a, str>,
     pub namespace: Cow<'a, str>,
     pub interface: Cow<'a, str>,

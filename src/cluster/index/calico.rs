@@ -35,7 +35,7 @@ use crate::metrics::{CacheKindLabels, Metrics};
 
 /// One allocation of a block that names a pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct IpamHold {
+pub(crate) struct IpamHold {
     pub ip: IpAddr,
     pub namespace: String,
     pub pod: String,
@@ -48,7 +48,7 @@ pub struct IpamHold {
 /// and annotations are passed over unbuilt).
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(from = "RawBlock")]
-pub struct IpamBlockObject {
+pub(crate) struct IpamBlockObject {
     pub metadata: ObjectMeta,
     pub spec: BlockSpec,
 }
@@ -83,7 +83,7 @@ impl From<RawBlock> for IpamBlockObject {
 
 /// `spec` of an `IPAMBlock`: what [`BlockSpec::holds`] reads.
 #[derive(Clone, Debug, Default, Deserialize)]
-pub struct BlockSpec {
+pub(crate) struct BlockSpec {
     #[serde(default)]
     cidr: String,
     #[serde(default)]
@@ -115,7 +115,7 @@ struct Owner {
 impl BlockSpec {
     /// The allocations that name a pod; junk (a bad CIDR, an index out of range, an entry that
     /// is not a number) gives nothing for that entry, never a panic.
-    pub fn holds(&self) -> Vec<IpamHold> {
+    pub(crate) fn holds(&self) -> Vec<IpamHold> {
         let Ok(cidr) = self.cidr.parse::<ipnet::IpNet>() else {
             return Vec::new();
         };
@@ -182,7 +182,7 @@ impl Resource for IpamBlockObject {
 
 /// A block as the index keeps it: its IPs that name a pod, and each one's pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct IpamBlock {
+pub(crate) struct IpamBlock {
     ips: Box<[IpAddr]>,
     /// `(namespace, pod)` of `ips[i]`; the namespace interned (many pods share one).
     owners: Box<[(Shared, Box<str>)]>,
@@ -213,7 +213,7 @@ impl HasIps for IpamBlock {
 }
 
 /// An IP Calico's IPAM gives a pod, and that pod.
-pub struct CalicoHeld {
+pub(crate) struct CalicoHeld {
     pub ip: IpAddr,
     pub namespace: Shared,
     pub pod: Box<str>,
@@ -222,7 +222,7 @@ pub struct CalicoHeld {
 impl ClusterIps {
     /// Whether the IPs of pods not ours come from Calico's `IPAMBlock`s (only pods carrying
     /// our label are watched whole), rather than from every pod.
-    pub fn uses_calico_ipam(&self) -> bool {
+    pub(crate) fn uses_calico_ipam(&self) -> bool {
         self.calico_ipam.load(Ordering::SeqCst)
     }
 
@@ -246,7 +246,7 @@ impl ClusterIps {
     /// are not in `claimed`, and on which no indexed pod runs: what the reconciler's list
     /// adoption reads the pods of, since those pods are not watched. `only`: of these IPs
     /// (those [`Self::take_listed_calico_changes`] gave), else of every block.
-    pub fn listed_calico_holds(
+    pub(crate) fn listed_calico_holds(
         &self,
         lists: &dyn AppLists,
         claimed: &dyn Fn(&IpAddr) -> bool,
@@ -283,7 +283,7 @@ impl ClusterIps {
 
     /// The listed IPs blocks gave a pod since the last call; `None` when the count was lost
     /// (more than [`LISTED_CAP`]): then every block needs a look.
-    pub fn take_listed_calico_changes(&self) -> Option<Vec<IpAddr>> {
+    pub(crate) fn take_listed_calico_changes(&self) -> Option<Vec<IpAddr>> {
         self.listed_calico
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -291,7 +291,7 @@ impl ClusterIps {
     }
 
     /// Look at `ip` again on the next pass (reading its pod failed).
-    pub fn note_listed_calico_change(&self, ip: IpAddr) {
+    pub(crate) fn note_listed_calico_change(&self, ip: IpAddr) {
         self.listed_calico
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -328,7 +328,7 @@ pub(super) type ListedChanges = crate::cluster::change_log::ChangeLog<IpAddr, LI
 pub(super) const LISTED_CAP: usize = 4096;
 
 /// Calico's `IPAMBlock`s into the index. The first list marks the index synced.
-pub async fn watch_ipam_blocks(
+pub(crate) async fn watch_ipam_blocks(
     api: Api<IpamBlockObject>,
     caches: Arc<Caches>,
     metrics: Arc<Metrics>,

@@ -19,7 +19,7 @@ pub(super) const MARK_CAP: usize = 4096;
 impl ClusterIps {
     /// Every IP that two or more live (not Terminating) indexed pods run on, with those pods,
     /// oldest first: what `status.podIPs` shows, whoever assigned the IPs.
-    pub fn shared_pod_ips(&self) -> Vec<(IpAddr, Vec<Arc<RunningPod>>)> {
+    pub(crate) fn shared_pod_ips(&self) -> Vec<(IpAddr, Vec<Arc<RunningPod>>)> {
         read(&self.pods)
             .shared
             .iter()
@@ -42,13 +42,13 @@ impl ClusterIps {
 
     /// Tell the pod watch which app lists hold which IPs, so that only the events of pods on
     /// an IP of their own app's list wake the reconciler.
-    pub fn set_lists(&self, lists: Arc<dyn crate::cluster::app_lists::AppLists>) {
+    pub(crate) fn set_lists(&self, lists: Arc<dyn crate::cluster::app_lists::AppLists>) {
         let _ = self.lists.set(lists);
     }
 
     /// Whether the reconciler's list adoption cares about this pod: it has an app, and its
     /// app's list (and no other) holds one of its IPs. Without lists, any pod with an app.
-    pub fn concerns_lists(&self, pod: &RunningPod) -> bool {
+    pub(crate) fn concerns_lists(&self, pod: &RunningPod) -> bool {
         if pod.app.is_empty() {
             return false;
         }
@@ -73,7 +73,7 @@ impl ClusterIps {
 
     /// The pods marked since the last call; `None` when the count was lost (a relist, or more
     /// than [`MARK_CAP`]): then every pod needs a look.
-    pub fn take_marked(&self) -> Option<Vec<Box<str>>> {
+    pub(crate) fn take_marked(&self) -> Option<Vec<Box<str>>> {
         self.marked_log().take()
     }
 

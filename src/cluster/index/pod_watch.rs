@@ -25,7 +25,7 @@ use crate::metrics::{CacheKindLabels, Metrics};
 /// gives an IP and `/validate` keeps) are watched whole; otherwise every pod, whole. Measured at
 /// 100,000 pods: the whole-pod list is 552 MB, the blocks about 25 MB
 /// (docs/performance.md, "What the replica asks the API server for").
-pub async fn watch_pod_ips(
+pub(crate) async fn watch_pod_ips(
     client: Client,
     caches: Arc<Caches>,
     metrics: Arc<Metrics>,
@@ -101,7 +101,7 @@ async fn calico_ipam_served(blocks: &Api<IpamBlockObject>) -> Result<(), &'stati
 /// [`ListedPod`]s, so that only those fields are built. Each event feeds two books: the cache
 /// of pods that carry our IPs ([`pod_cache_event`], for the reconciler) and the cluster's IP
 /// index. Each pod is slimmed as its event arrives and dropped at once.
-pub async fn watch_pods(
+pub(crate) async fn watch_pods(
     api: Api<ListedPod>,
     caches: Arc<Caches>,
     metrics: Arc<Metrics>,

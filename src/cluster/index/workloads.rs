@@ -27,7 +27,7 @@ struct Target {
 }
 
 /// Every workload kind into `registry`, which from then on answers from the watches only.
-pub fn spawn_watches(
+pub(crate) fn spawn_watches(
     client: &Client,
     registry: Arc<WorkloadRegistry>,
     metrics: Arc<Metrics>,

@@ -50,7 +50,7 @@ mod damage_table;
 mod journal;
 mod load;
 mod marker;
-pub mod repair;
+pub(crate) mod repair;
 mod writer;
 
 pub use counters::{CommitCounters, StageLabels};
@@ -211,7 +211,7 @@ impl EmbeddedLedger {
 /// also while a server writes it. A file a compaction removed between listing and reading, or
 /// a journal it closed meanwhile, is read again (twice, a short while apart: a read that
 /// overlapped a large write can also see a later page of it before an earlier one).
-pub fn read_claims(state_dir: &Path) -> Result<Vec<Claim>, LedgerError> {
+pub(crate) fn read_claims(state_dir: &Path) -> Result<Vec<Claim>, LedgerError> {
     let mut attempt = 0;
     loop {
         attempt += 1;
@@ -235,7 +235,7 @@ pub fn read_claims(state_dir: &Path) -> Result<Vec<Claim>, LedgerError> {
 
 /// Whether `state_dir` holds an embedded ledger (journal, snapshot), or held one whose files
 /// are gone (then [`read_claims`] says what is missing).
-pub fn exists_in(state_dir: &Path) -> bool {
+pub(crate) fn exists_in(state_dir: &Path) -> bool {
     generations(state_dir, SNAPSHOT).is_ok_and(|g| !g.is_empty())
         || generations(state_dir, JOURNAL).is_ok_and(|g| !g.is_empty())
         || !marker::signs(state_dir).is_empty()
@@ -244,7 +244,7 @@ pub fn exists_in(state_dir: &Path) -> bool {
 /// Record in the marker of the primary `state_dir` that it keeps the books of a secondary
 /// network (`networks/BOOK`), once they exist and before any of their claims is answered:
 /// from then on those books gone are refused like a journal gone.
-pub fn register_books(state_dir: &Path, book: &str) -> Result<(), LedgerError> {
+pub(crate) fn register_books(state_dir: &Path, book: &str) -> Result<(), LedgerError> {
     let mut kept = marker::read(state_dir)?.unwrap_or_else(marker::Marker::new);
     if kept.books.iter().any(|b| b == book) {
         return Ok(());

@@ -15,7 +15,7 @@ pub(super) type Seen = (Vec<Vec<u8>>, Result<(), CertError>);
 
 /// Why a certificate is not trusted, or not usable.
 #[derive(Debug, thiserror::Error)]
-pub enum CertError {
+pub(crate) enum CertError {
     #[error("it holds no PEM certificate")]
     NoPem,
     #[error("it is not usable: {0}")]
@@ -130,7 +130,7 @@ pub(super) fn verify_with_bundle(
 
 /// The webhook configurations' caBundles against the served chain: OK when every one of them
 /// signs it (the API server checks each webhook with its own caBundle).
-pub fn cluster_bundle_check(
+pub(crate) fn cluster_bundle_check(
     bundles: &Result<CaBundles, Unreached>,
     chain: &[Vec<u8>],
     name: &str,
@@ -179,7 +179,7 @@ pub fn cluster_bundle_check(
 }
 
 /// Days left on the certificate: FAIL under `min_days` (or expired), WARN under 30.
-pub fn expiry_check(leaf_der: &[u8], min_days: i64, now: i64) -> Check {
+pub(crate) fn expiry_check(leaf_der: &[u8], min_days: i64, now: i64) -> Check {
     let Some(not_after) = crate::server::tls::not_after(leaf_der) else {
         return check(
             "expiry",

@@ -21,7 +21,7 @@ mod url;
 use certs::{CertError, Inspector, cluster_bundle_check, expiry_check};
 use client_auth::{ClientIdentity, alert_in};
 use prometheus::{capacity_check, leader_check};
-pub use url::{UrlError, split_url};
+pub(crate) use url::split_url;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "UPPERCASE")]
@@ -59,7 +59,7 @@ fn check(name: &'static str, status: Status, detail: impl Into<String>) -> Check
 }
 
 /// caBundles (PEM), each with the webhook it belongs to.
-pub type CaBundles = Vec<(String, Vec<u8>)>;
+pub(crate) type CaBundles = Vec<(String, Vec<u8>)>;
 
 /// Why `check` could not reach or read what a check looks at; `Display` is the check's detail.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -103,7 +103,7 @@ pub struct Options {
 }
 
 /// A review that asks for nothing: a Pod CREATE without fixed-IP annotations, dry run.
-pub fn harmless_review() -> Vec<u8> {
+pub(crate) fn harmless_review() -> Vec<u8> {
     serde_json::to_vec(&serde_json::json!({
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
@@ -540,7 +540,7 @@ async fn admin_checks(options: &Options, checks: &mut Vec<Check>) {
 }
 
 /// The report, one line per check.
-pub fn to_text(checks: &[Check]) -> String {
+pub(crate) fn to_text(checks: &[Check]) -> String {
     let rows: Vec<Vec<String>> = checks
         .iter()
         .map(|c| vec![c.status.to_string(), c.name.to_string(), c.detail.clone()])

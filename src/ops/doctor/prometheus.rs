@@ -32,7 +32,7 @@ pub(super) fn label<'t>(labels: &'t str, key: &str) -> &'t str {
 }
 
 /// Pools and apps whose held share is at least `ratio`, and pods refused for exhaustion.
-pub fn capacity_check(metrics: &str, ratio: f64) -> Check {
+pub(crate) fn capacity_check(metrics: &str, ratio: f64) -> Check {
     let mut near = Vec::new();
     for (labels, value) in samples(metrics, "ip_webhook_pool_utilization_ratio") {
         if value >= ratio {
@@ -82,7 +82,7 @@ pub fn capacity_check(metrics: &str, ratio: f64) -> Check {
 }
 
 /// Whether this replica leads, when the metrics expose the Lease (in-cluster only).
-pub fn leader_check(metrics: &str) -> Check {
+pub(crate) fn leader_check(metrics: &str) -> Check {
     let leases = samples(metrics, "ip_webhook_leader");
     match leases.first() {
         None => check(

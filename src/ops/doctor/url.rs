@@ -1,14 +1,17 @@
 //! The doctor's URLs (`https://host:port/path`, `http://host:port`), read by [`http::Uri`].
 
 #[derive(Debug, thiserror::Error)]
-pub enum UrlError {
+pub(crate) enum UrlError {
     #[error("{0:?} is not a {1}://host:port URL")]
     Shape(String, &'static str),
 }
 
 /// `(host, port, path)` of `scheme://host[:port][/path]`; IPv6 hosts in brackets (returned
 /// without them). The port defaults to the scheme's.
-pub fn split_url(url: &str, scheme: &'static str) -> Result<(String, u16, String), UrlError> {
+pub(crate) fn split_url(
+    url: &str,
+    scheme: &'static str,
+) -> Result<(String, u16, String), UrlError> {
     let bad = || UrlError::Shape(url.to_string(), scheme);
     let uri: http::Uri = url.parse().map_err(|_| bad())?;
     if uri.scheme_str() != Some(scheme) {

@@ -19,7 +19,7 @@ use crate::webhook::kubevirt::LAUNCHER_LABEL;
 use std::collections::HashSet;
 
 #[derive(Debug, thiserror::Error)]
-pub enum FetchError {
+pub(crate) enum FetchError {
     #[error("listing {what} failed: {source}")]
     List {
         what: &'static str,
@@ -52,7 +52,7 @@ pub struct Cluster {
 }
 
 /// Calico's IPAM handles: their presence says Calico IPAM runs here.
-pub fn calico_ipam_handles() -> ApiResource {
+pub(crate) fn calico_ipam_handles() -> ApiResource {
     calico("IPAMHandle", "ipamhandles")
 }
 
@@ -162,14 +162,14 @@ fn marked_key(key: &str) -> bool {
 
 /// A pod as the comparison keeps it.
 #[derive(Debug)]
-pub enum KeptPod {
+pub(crate) enum KeptPod {
     /// It carries our or the CNIs' labels or annotations: cut down ([`slim_pod`]).
     Marked(Box<Pod>),
     Plain(PlainPod),
 }
 
 /// `pod` as the comparison keeps it; `None` for a plain pod without a namespace, name or UID.
-pub fn keep_pod(pod: Pod, app_label: &str) -> Option<KeptPod> {
+pub(crate) fn keep_pod(pod: Pod, app_label: &str) -> Option<KeptPod> {
     let meta = &pod.metadata;
     let marked = meta.labels.iter().flatten().any(|(key, _)| marked_key(key))
         || meta
@@ -193,7 +193,7 @@ pub fn keep_pod(pod: Pod, app_label: &str) -> Option<KeptPod> {
 /// A pod as the comparison keeps it: read as a [`ListedPod`] (identity, owners, creation and
 /// deletion, labels and annotations, node, host networking, phase, IPs, and nothing else),
 /// with only our and the CNIs' labels (and `app_label`) and annotations left.
-pub fn slim_pod(mut pod: Pod, app_label: &str) -> Pod {
+pub(crate) fn slim_pod(mut pod: Pod, app_label: &str) -> Pod {
     let metadata = &mut pod.metadata;
     if let Some(labels) = metadata.labels.as_mut() {
         // KubeVirt's launcher label, with the owners, says whose launcher pod it is
@@ -207,7 +207,7 @@ pub fn slim_pod(mut pod: Pod, app_label: &str) -> Pod {
 
 /// Sort one page of pods (read as [`ListedPod`]s) into the marked ones, cut down, and the
 /// plain ones `keep` keeps.
-pub fn keep_pods(
+pub(crate) fn keep_pods(
     page: Vec<Pod>,
     app_label: &str,
     keep: impl Fn(&PlainPod) -> bool,

@@ -18,9 +18,9 @@
 //! (an admission whose pod is being created, a DELETE being processed) and Terminating claims
 //! before their `release_at` are left out of kind 1.
 
-pub mod fetch;
-pub mod network;
-pub mod wanted;
+pub(crate) mod fetch;
+pub(crate) mod network;
+pub(crate) mod wanted;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
@@ -69,7 +69,7 @@ impl DriftKind {
 
     /// Whether a finding of this kind is drift (counted, exit status 3) rather than a state
     /// ip-webhook chose and only reports.
-    pub fn is_drift(self) -> bool {
+    pub(crate) fn is_drift(self) -> bool {
         self != DriftKind::TerminatingWithoutClaim
     }
 }
@@ -159,7 +159,7 @@ pub struct Inputs<'a> {
 }
 
 /// The default of [`Inputs::settle`]: `serve`'s default reservation TTL.
-pub const SETTLE_SECONDS: u64 = 120;
+pub(crate) const SETTLE_SECONDS: u64 = 120;
 
 /// All drift, sorted by kind, then IP.
 pub fn compare(inputs: &Inputs<'_>) -> Vec<Drift> {
@@ -433,7 +433,7 @@ fn join(ips: &[IpAddr]) -> String {
 
 /// The `ip-webhook.io/allocatable-ips` lists written on `pods` (copied from their templates),
 /// as one set; unreadable lists are skipped (admission refuses them anyway).
-pub fn pod_lists(pods: &[Pod]) -> IpSet {
+pub(crate) fn pod_lists(pods: &[Pod]) -> IpSet {
     let mut listed = IpSet::default();
     let mut seen = BTreeSet::new();
     for pod in pods {
@@ -460,7 +460,7 @@ pub fn pod_lists(pods: &[Pod]) -> IpSet {
 /// a namespace, and no owner references. Node IPs (no namespace), u2o and multicast IPs
 /// (owned by a Node or Subnet), and the IPs Kube-OVN keeps on purpose for a StatefulSet or a
 /// VirtualMachine (`podType`) are left out.
-pub fn kube_ovn_holds(object: &DynamicObject) -> Vec<CniHold> {
+pub(crate) fn kube_ovn_holds(object: &DynamicObject) -> Vec<CniHold> {
     let spec = object.data.get("spec").unwrap_or(&Value::Null);
     let pod_type = spec.get("podType").and_then(Value::as_str).unwrap_or("");
     if !pod_type.is_empty()
@@ -495,7 +495,8 @@ pub fn kube_ovn_holds(object: &DynamicObject) -> Vec<CniHold> {
 /// cannot say which pod an IP is for, so the pod is read from the block, as Calico's own leak
 /// detection does (`kube-controllers/pkg/controllers/node/ipam.go`, `allocationIsValid`: an
 /// allocation with `namespace` and `pod` whose pod is not found is a leak).
-pub fn calico_holds(object: &DynamicObject) -> Vec<CniHold> {
+#[cfg(test)]
+pub(crate) fn calico_holds(object: &DynamicObject) -> Vec<CniHold> {
     let spec: BlockSpec = object
         .data
         .get("spec")
@@ -505,7 +506,7 @@ pub fn calico_holds(object: &DynamicObject) -> Vec<CniHold> {
 }
 
 /// [`calico_holds`] of the block named `block`, read as the in-cluster index reads it.
-pub fn block_holds(block: &str, spec: &BlockSpec) -> Vec<CniHold> {
+pub(crate) fn block_holds(block: &str, spec: &BlockSpec) -> Vec<CniHold> {
     spec.holds()
         .into_iter()
         .map(|hold| CniHold {
@@ -541,14 +542,14 @@ pub struct Report {
 
 impl Report {
     /// Keep only the findings about pods of `namespace`.
-    pub fn retain_namespace(&mut self, namespace: &str) {
+    pub(crate) fn retain_namespace(&mut self, namespace: &str) {
         let prefix = format!("{namespace}/");
         self.drift.retain(|d| d.pod.starts_with(&prefix));
         self.compared.namespace = Some(namespace.to_string());
     }
 
     /// The table for people, with a line saying what was compared.
-    pub fn to_table(&self) -> String {
+    pub(crate) fn to_table(&self) -> String {
         let source = |n: Option<usize>, what: &str| match n {
             Some(n) => format!("{n} {what}"),
             None => format!("no {what} (not installed)"),
@@ -596,7 +597,7 @@ impl Report {
     }
 
     /// The findings that are drift (what exit status 3 counts).
-    pub fn drift_count(&self) -> usize {
+    pub(crate) fn drift_count(&self) -> usize {
         self.drift.iter().filter(|d| d.kind.is_drift()).count()
     }
 }

@@ -21,7 +21,7 @@ use crate::ledger::Claim;
 
 /// What a plain pod or a CNI record must touch to be kept.
 #[derive(Debug, Default)]
-pub struct Wanted {
+pub(crate) struct Wanted {
     /// The listed and claimed IPs.
     ips: IpSet,
     /// The pods held claims name: namespace → UIDs.
@@ -32,7 +32,7 @@ pub struct Wanted {
 
 impl Wanted {
     /// Keep what touches `listed` or the held `claims` (their IPs, and their pods by UID).
-    pub fn new(claims: &[Claim], listed: &IpSet) -> Wanted {
+    pub(crate) fn new(claims: &[Claim], listed: &IpSet) -> Wanted {
         let held = || claims.iter().filter(|c| c.is_held());
         let mut claim_pods: HashMap<Box<str>, HashSet<Box<str>>> = HashMap::new();
         for claim in held() {
@@ -52,7 +52,7 @@ impl Wanted {
 
     /// Keep what touches `ips` only: the second read, for the IPs only pods' lists add (the
     /// claims' pods were kept by the first).
-    pub fn ips_only(ips: IpSet) -> Wanted {
+    pub(crate) fn ips_only(ips: IpSet) -> Wanted {
         Wanted {
             ips,
             ..Wanted::default()
@@ -60,12 +60,12 @@ impl Wanted {
     }
 
     /// The listed and claimed IPs this keeps what touches.
-    pub fn ips(&self) -> &IpSet {
+    pub(crate) fn ips(&self) -> &IpSet {
         &self.ips
     }
 
     /// Whether `hold` is kept; a kept one's pod is then kept too, to say it exists.
-    pub fn keep_hold(&mut self, hold: &CniHold) -> bool {
+    pub(crate) fn keep_hold(&mut self, hold: &CniHold) -> bool {
         if !self.ips.contains(&hold.ip) {
             return false;
         }
@@ -77,7 +77,7 @@ impl Wanted {
     }
 
     /// Whether the plain pod `pod` is kept.
-    pub fn keeps(&self, pod: &PlainPod) -> bool {
+    pub(crate) fn keeps(&self, pod: &PlainPod) -> bool {
         let (namespace, name, uid) = pod.identity();
         let has = |map: &HashMap<Box<str>, HashSet<Box<str>>>, key: &str| {
             map.get(namespace).is_some_and(|keys| keys.contains(key))

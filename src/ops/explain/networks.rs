@@ -23,7 +23,7 @@ pub struct NetworkIps {
 
 /// An allocator over an in-memory copy of each secondary network's claims, for
 /// [`Webhook::with_secondary`].
-pub async fn network_sandboxes(
+pub(crate) async fn network_sandboxes(
     networks: Vec<(Network, Vec<Claim>)>,
 ) -> Result<SecondaryNetworks, ExplainError> {
     let mut by_network = std::collections::BTreeMap::new();
