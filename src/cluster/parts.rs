@@ -116,7 +116,7 @@ impl Interfaces {
     }
 }
 
-/// Every IP ip-webhook may hand out: all IPPools' usable IPs and every admitted workload's
+/// Every IP ip-webhook may hand out: all FixedIPPools' usable IPs and every admitted workload's
 /// list. The CNI reservations (Calico's `IPReservation`, Kube-OVN's `IPPool`s) keep the CNI's
 /// own assignment away from them.
 #[derive(Clone)]

@@ -552,7 +552,7 @@ mod tests {
         );
     }
 
-    /// Issue 21, finding 3: with the API server's clock 10 s behind the webhook's, the sweeper
+    /// With the API server's clock 10 s behind the webhook's, the sweeper
     /// freed a running pod's IP (its creationTimestamp preceded the claim's created_at by more
     /// than the slack). A reservation with a token is found by the token, whatever the clocks.
     #[test]

@@ -42,7 +42,7 @@ pub enum Action {
     },
 }
 
-/// Issue 17: a pod that runs (`status.podIPs`, set by the kubelet and the CNI, never by the
+/// A pod that runs (`status.podIPs`, set by the kubelet and the CNI, never by the
 /// pod's author) on an IP of its OWN app's list (same namespace and app label as a watched
 /// workload whose template lists the IP, and no other app's list holds it), and that holds no
 /// claim, gets one. A pod of another app on a list IP, a pod without an app label, a pod that
@@ -1135,7 +1135,7 @@ mod list_adoption_tests {
         assert!(adoptions(&claims, &PodMap::default(), &[on_recorded, holder]).is_empty());
     }
 
-    /// Issue 21, finding 2, for the list adoption too: a pod that only carries our label (no
+    /// For the list adoption too: a pod that only carries our label (no
     /// webhook saw it) is not running on the IP, so it is never adopted, even when the IP is
     /// on its own app's list.
     #[test]
