@@ -41,7 +41,7 @@ pub struct IpAnnotation {
 }
 
 /// Why an IP annotation cannot be read as its CNI reads it. Values are quoted shortened
-/// ([`excerpt`]), so a huge value gives a short message.
+/// (`excerpt`), so a huge value gives a short message.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AnnotationError {
     #[error("{value:?} is not a JSON array of IP strings (example: [\"10.0.0.10\"])")]
@@ -74,7 +74,7 @@ pub enum AnnotationError {
     #[error("k8s.v1.cni.cncf.io/networks {value:?}: {reason}")]
     Networks { value: String, reason: String },
     /// Kube-OVN's annotation of an attachment's IP
-    /// ([`super::networks::kube_ovn_ip_annotations`]) that does not parse.
+    /// (`super::networks::kube_ovn_ip_annotations`) that does not parse.
     #[error("annotation {key}: {error}")]
     Attachment {
         key: String,

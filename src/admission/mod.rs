@@ -1,6 +1,6 @@
 //! The AdmissionReview wire protocol (`admission.k8s.io/v1` and `v1beta1`).
 //!
-//! Decoding is one pass over the body ([`scan`]) that checks it is JSON, borrows the object as
+//! Decoding is one pass over the body (`scan`) that checks it is JSON, borrows the object as
 //! raw JSON and reads only what a decision needs, so a 6 KB pod's `spec` is skipped without
 //! allocation; anything unusual goes to the serde derive below, which decides and words the
 //! errors. Responses echo the request's `apiVersion` and `uid`, and carry the patch as the
@@ -98,7 +98,7 @@ pub struct Request<'a> {
     #[serde(borrow, default)]
     pub options: Option<RawJson<'a>>,
     /// `userInfo`, as raw JSON (read by the IPClaim guard, [`crate::webhook::claim_guard`], and
-    /// to tell KubeVirt's launcher pods, [`crate::webhook::kubevirt`]).
+    /// to tell KubeVirt's launcher pods, `crate::webhook::kubevirt`).
     #[serde(borrow, default)]
     pub user_info: Option<RawJson<'a>>,
     /// `object.metadata` as the scan read it (the serde path leaves it `NotScanned`).

@@ -5,7 +5,7 @@
 //! The rules are Multus's (k8snetworkplumbingwg/multus-cni `pkg/k8sclient/k8sclient.go`,
 //! `parsePodNetworkAnnotation` and `parsePodNetworkObjectName`):
 //! - a value with any of `[`, `{` or `"` is a JSON list of `NetworkSelectionElement` objects,
-//!   read by Go's `encoding/json` ([`selection`], [`super::go_json`]): keys match their field
+//!   read by Go's `encoding/json` (`selection`, `super::go_json`): keys match their field
 //!   in any case, the last one wins, unknown fields are skipped, and a value of the wrong type
 //!   anywhere refuses the whole annotation;
 //! - otherwise it is a comma-separated list of `[namespace/]name[@interface]`, each item and

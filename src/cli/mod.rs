@@ -63,7 +63,7 @@ pub fn command(plugin: bool) -> clap::Command {
 }
 
 /// Parse the process's command line, as `kubectl ipw` when the program's file is
-/// [`PLUGIN_FILE`]; a bad command line prints clap's message and exits 2.
+/// `PLUGIN_FILE`; a bad command line prints clap's message and exits 2.
 pub fn parse_env() -> Cli {
     use clap::FromArgMatches;
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
@@ -81,7 +81,7 @@ pub fn parse_env() -> Cli {
 #[error("{0}")]
 pub(crate) struct AnswerIsNo(pub String);
 
-/// The exit status for an error: 3 when its answer is no ([`AnswerIsNo`]), else 1.
+/// The exit status for an error: 3 when its answer is no (`AnswerIsNo`), else 1.
 pub fn exit_code(error: &anyhow::Error) -> u8 {
     if error.chain().any(|cause| cause.is::<AnswerIsNo>()) {
         3

@@ -12,7 +12,7 @@ use super::{PodMap, change_log, claim_list, index, leader_view, lock};
 use crate::crd::{FixedIPPool, IPClaim};
 use crate::metrics::watch_health::WatchHealth;
 
-/// What the watches hold. Pods are kept as [`PodInfo`] only, and only pods that carry an IP.
+/// What the watches hold. Pods are kept as `PodInfo` only, and only pods that carry an IP.
 #[derive(Default)]
 pub struct Caches {
     pub pods: Mutex<Arc<PodMap>>,
@@ -56,7 +56,7 @@ impl Caches {
         self.changed.notify_one();
     }
 
-    /// Wait for [`Caches::mark_changed`] (or a permit it left while no one waited).
+    /// Wait for `Caches::mark_changed` (or a permit it left while no one waited).
     pub async fn changes(&self) {
         self.changed.notified().await
     }

@@ -1,5 +1,5 @@
 //! The CNI's own objects in-cluster: Calico `IPPool`s and `IPReservation`s, or Kube-OVN
-//! `Subnet`s, watched into the webhook's [`NetworkRegistry`](crate::webhook::cni_pools::NetworkRegistry)
+//! `Subnet`s, watched into the webhook's `NetworkRegistry`
 //! when their CRDs exist; and, on the leader, the one Calico `IPReservation` that keeps
 //! Calico's automatic assignment away from every IP ip-webhook may hand out.
 

@@ -5,7 +5,7 @@
 //!   event arrives);
 //! - Kube-OVN `IP` objects (`ips.kubeovn.io`) when that CRD is served;
 //! - workloads whose pod template asks for fixed IPs (fed into the
-//!   [`crate::webhook::workloads::WorkloadRegistry`], see [`workloads`]).
+//!   `crate::webhook::workloads::WorkloadRegistry`, see `workloads`).
 //!
 //! The allocator consults [`ForeignIps`] so that a static IP a live pod outside the ledger
 //! uses is refused, and such an IP is skipped as an allocation candidate.
@@ -52,12 +52,12 @@ pub struct RunningPod {
     pub deletion_grace: Option<u64>,
     /// `metadata.creationTimestamp` (unix seconds): of two pods on one IP, the older keeps it.
     pub created_at: u64,
-    /// The kind of its controller owner, for node-loss release ([`super::node_loss`]).
+    /// The kind of its controller owner, for node-loss release (`super::node_loss`).
     pub controller: Option<super::controller::ControllerKind>,
     /// The value of its app label (`--app-label`), empty if none: the reconciler adopts a
     /// pod's IP only into its own app's list.
     pub app: Shared,
-    /// The KubeVirt VM it is a launcher pod of ([`crate::webhook::kubevirt::launcher_vm`]):
+    /// The KubeVirt VM it is a launcher pod of (`crate::webhook::kubevirt::launcher_vm`):
     /// the VM's launcher pods share its IP.
     pub vm: Option<Shared>,
 }

@@ -212,7 +212,7 @@ pub async fn watch_pools(api: Api<DynamicObject>, state: Arc<OvnReservationState
 }
 
 /// The keeper's tasks: the watches of Kube-OVN Subnets and IPPools, and the leader's
-/// [`keep_pools`] over them and `offered`, looking every `every`.
+/// `keep_pools` over them and `offered`, looking every `every`.
 pub fn spawn(
     client: &kube::Client,
     offered: Offered,

@@ -87,11 +87,11 @@ pub struct ClusterOptions {
     /// With Calico: keep the IPReservation [`cni::RESERVATION_NAME`] (leader only).
     pub calico_reservation: bool,
     /// Release the claims of pods stuck Terminating on a node NotReady this long
-    /// ([`node_loss`]); zero: off.
+    /// (`node_loss`); zero: off.
     pub node_lost_grace: Duration,
     /// With Kube-OVN: keep Kube-OVN IPPools over our IPs ([`kube_ovn_reservation`], leader only).
     pub kube_ovn_reservation: bool,
-    /// Where the IPs of pods not ours come from ([`index::watch_pod_ips`]).
+    /// Where the IPs of pods not ours come from (`index::watch_pod_ips`).
     pub pod_ips: PodIpSource,
 }
 
@@ -155,7 +155,7 @@ impl Drop for ClusterHandle {
 const RESERVATION_CHECK: Duration = Duration::from_secs(1);
 
 /// Start the watches, readiness, the lease and the reconciler. What they use of `webhook` is
-/// taken here, once ([`Parts::of`]), and each task gets only its part.
+/// taken here, once (`Parts::of`), and each task gets only its part.
 pub fn start(
     client: Client,
     webhook: &Webhook,

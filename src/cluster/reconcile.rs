@@ -264,7 +264,7 @@ impl ClaimPlan {
 }
 
 /// Decide what to do about every claim and pod: the whole state's plan, which the leader's
-/// incremental one ([`super::leader_view::LeaderView::plan`]) equals. `pods` is keyed by pod
+/// incremental one (`super::leader_view::LeaderView::plan`) equals. `pods` is keyed by pod
 /// UID; `now` is on the clock of `seen`.
 pub fn plan(
     claims: &[Arc<IPClaim>],

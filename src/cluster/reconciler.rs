@@ -25,15 +25,15 @@ pub struct Reconciler {
     pub allocator: Arc<Allocator>,
     pub executor: super::executor::Executor,
     pub options: ClusterOptions,
-    /// The apps' lists the leader adopts running pods' IPs into ([`reconcile::plan_list_adoptions`]).
+    /// The apps' lists the leader adopts running pods' IPs into (`reconcile::plan_list_adoptions`).
     pub lists: Option<Arc<dyn super::app_lists::AppLists>>,
     /// What the leader knows of the claims and pods between passes: since when it has seen
-    /// each claim as it is (on [`Reconciler::clock`]), and what an incremental pass plans from.
+    /// each claim as it is (on `Reconciler::clock`), and what an incremental pass plans from.
     pub view: std::sync::Mutex<LeaderView>,
     /// The leader's own clock for the ages of claims: monotonic, so neither another
     /// machine's clock nor a step of this one's wall clock can age a claim.
     pub started: tokio::time::Instant,
-    /// The apps' lists as the last pass saw them ([`super::app_lists::AppLists::listed_version`]).
+    /// The apps' lists as the last pass saw them (`super::app_lists::AppLists::listed_version`).
     pub listed_seen: std::sync::Mutex<Option<u64>>,
 }
 
@@ -114,7 +114,7 @@ impl Reconciler {
     /// rather than trusting the watches, and rebuilds the allocator's index from the list.
     ///
     /// A replica that does not lead keeps nothing: it only rebuilds its index on a full pass.
-    /// The leader's incremental pass costs what changed ([`LeaderView`]): the claims and the
+    /// The leader's incremental pass costs what changed (`LeaderView`): the claims and the
     /// pods that carry an IP of ours that the watches changed, and the running pods the
     /// pod-IP index marked as touching an app's list since the last pass; every claim and
     /// running pod is visited only on a full pass, or when the apps' lists changed.

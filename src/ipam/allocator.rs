@@ -529,7 +529,7 @@ impl Allocator {
         Ok(changed)
     }
 
-    /// Replace `current` by `next` (a phase change [`claim::may_step`] allows) through the
+    /// Replace `current` by `next` (a phase change `claim::may_step` allows) through the
     /// ledger, and in the index once the ledger has. Returns whether the record changed.
     pub async fn transition(&self, current: &Claim, next: &Claim) -> Result<bool, LedgerError> {
         if !self.ledger.transition(current, next).await? {

@@ -1,5 +1,5 @@
-//! IP address management: IP math and sets ([`ipset`], [`overlap`]), parsed lists kept for
-//! reuse ([`spec_cache`]), pools ([`pools`]) and the allocator that picks and frees IPs over
+//! IP address management: IP math and sets ([`ipset`], `overlap`), parsed lists kept for
+//! reuse (`spec_cache`), pools ([`pools`]) and the allocator that picks and frees IPs over
 //! the ledger ([`allocator`]).
 
 pub mod allocator;

@@ -11,7 +11,7 @@ use crate::ledger::{Claim, LedgerError, Phase, unix_now};
 impl Allocator {
     /// A Pod DELETE was admitted: the pod's claims turn `Terminating` until `release_at`
     /// (unix seconds): those on `ips` (what it carries) and every other claim it holds by UID
-    /// or token ([`Allocator::claims_of`]). The IPs stay held; [`Allocator::release_due`]
+    /// or token (`Allocator::claims_of`). The IPs stay held; `Allocator::release_due`
     /// frees them once the time has come and the pod is gone. A deletion already seen changes
     /// nothing.
     ///
@@ -133,7 +133,7 @@ impl Allocator {
     }
 
     /// Release one claim now (its grant as recorded). Returns whether the ledger changed.
-    /// A sticky claim stays held, `Released`, for its pod name ([`claim::released`]).
+    /// A sticky claim stays held, `Released`, for its pod name (`claim::released`).
     pub async fn release_claim(&self, claim: &Claim) -> Result<bool, LedgerError> {
         if !self.ledger().release(claim).await? {
             return Ok(false);

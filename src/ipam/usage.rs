@@ -1,5 +1,5 @@
 //! How full the pools and apps are, from the claims of any ledger: what `status` prints
-//! ([`crate::ops::status`]) and what the per-pool and per-app gauges report.
+//! (`crate::ops::status`) and what the per-pool and per-app gauges report.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;

@@ -74,7 +74,7 @@ impl VmRef {
         self.sources().iter().any(|source| source.is(uid, token))
     }
 
-    /// The same VM with `sources` (oldest first; the newest [`MAX_SOURCES`] are kept).
+    /// The same VM with `sources` (oldest first; the newest `MAX_SOURCES` are kept).
     pub fn with_sources(&self, mut sources: Vec<Carrier>) -> VmRef {
         if sources.len() > MAX_SOURCES {
             sources.drain(..sources.len() - MAX_SOURCES);

@@ -152,7 +152,7 @@ pub struct Claim {
     /// The KubeVirt virtual machine (in the pod's namespace) whose launcher pods hold the IP:
     /// the claim is the VM's, not one pod's. A restarted VM's new launcher pod takes it over,
     /// a migration's target pod takes it over while its source still runs the VM (the claim
-    /// remembers the source, [`holder::VmRef::source`]), and it is released only once the VM
+    /// remembers the source, `holder::VmRef::source`), and it is released only once the VM
     /// is verified gone (`crate::webhook::kubevirt`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vm: Option<holder::VmRef>,
@@ -423,12 +423,12 @@ pub trait Ledger: Send + Sync + 'static {
     async fn release(&self, claim: &Claim) -> Result<bool, LedgerError>;
 
     /// Replace the record on `next.ip` by `next` (a phase change: bind, terminate, keep) if
-    /// the record there is still `current`'s grant and the step is one [`claim::may_step`]
+    /// the record there is still `current`'s grant and the step is one `claim::may_step`
     /// allows. Returns whether a record changed.
     async fn transition(&self, current: &Claim, next: &Claim) -> Result<bool, LedgerError>;
 
     /// The record on `ip` as the ledger holds it now (an unreadable one as
-    /// [`unreadable_holder`]): what a replica asks when its copy may lag. Every ledger answers
+    /// `unreadable_holder`): what a replica asks when its copy may lag. Every ledger answers
     /// correctly by default, with a whole [`Ledger::load`]; a shared one reads the one record.
     async fn get(&self, ip: IpAddr) -> Result<Option<Claim>, LedgerError> {
         let claims = self.load().await?;

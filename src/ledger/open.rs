@@ -109,7 +109,7 @@ impl KubeAccess {
 pub struct ApiServer {
     /// For watches and pod lookups (long reads, no read timeout).
     pub watches: kube::Client,
-    /// For IPClaim reads and writes (cut at [`ADMISSION_API_TIMEOUT`]).
+    /// For IPClaim reads and writes (cut at `ADMISSION_API_TIMEOUT`).
     pub admission: kube::Client,
     /// `the API server https://… (from $KUBECONFIG (…))`.
     pub name: String,

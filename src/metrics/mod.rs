@@ -209,7 +209,7 @@ pub struct Metrics {
     pub releases: Counter,
     /// Admitted pod DELETEs whose pod still ran when its grace ended: the IP was kept.
     pub releases_refused: Counter,
-    /// Claims of pods stuck Terminating on a lost node, released ([`crate::cluster::node_loss`]).
+    /// Claims of pods stuck Terminating on a lost node, released (`crate::cluster::node_loss`).
     pub node_lost_releases: Counter,
     /// Reservations no pod picked up, dropped by the reconciler.
     pub reservations_expired: Counter,
@@ -225,7 +225,7 @@ pub struct Metrics {
     pub adoptions: Family<ReasonLabels, Counter>,
     /// Whether the ledger can serve (failures in a row, since when): `/readyz` reads it.
     pub ledger_health: Arc<crate::ledger::health::LedgerHealth>,
-    /// Whether the in-cluster watches are live ([`watch_health`]).
+    /// Whether the in-cluster watches are live (`watch_health`).
     pub watch_health: Arc<watch_health::WatchHealth>,
     /// Time of each ledger call, by ledger and operation.
     pub ledger_latency: Family<LedgerLabels, Histogram>,

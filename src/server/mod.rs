@@ -8,7 +8,7 @@
 //!
 //! Load is bounded before it is buffered: at most `max_connections` connections, of which at
 //! most `max_handshakes` still in the TLS handshake (a handshaking connection never keeps a
-//! slot from a newcomer, see [`slots`]; with every slot past its handshake, a newcomer is
+//! slot from a newcomer, see `slots`; with every slot past its handshake, a newcomer is
 //! closed at accept), at most `max_inflight_bytes` of request bodies held at once (a request
 //! past it gets a 503 before its body is read: a declared `Content-Length` is reserved whole
 //! up front). A connection that has done its TLS handshake must send a request head (or the
@@ -18,7 +18,7 @@
 //! the answer rather than a stream reset.
 //!
 //! Admin: `GET /healthz`, `GET /readyz` (200 once the caller marks `ready` and while the
-//! ledger answers: 503 after repeated ledger failures, see [`crate::ledger::health`]), `GET /metrics`.
+//! ledger answers: 503 after repeated ledger failures, see `crate::ledger::health`), `GET /metrics`.
 
 mod admin;
 use admin::serve_admin;
@@ -75,7 +75,7 @@ pub struct Limits {
     /// Connections served at once (`--max-connections`); more are closed at accept.
     pub max_connections: usize,
     /// Of those, connections still in their TLS handshake (`--max-handshakes`); past it the
-    /// oldest is closed ([`slots`]).
+    /// oldest is closed (`slots`).
     pub max_handshakes: usize,
     /// Request body bytes held at once (`--max-inflight-bytes`); past it, 503.
     pub max_inflight_bytes: usize,

@@ -3,20 +3,20 @@
 //! claim whose pod still runs, would let the IP be handed out twice.
 //!
 //! - **UPDATE** that changes `spec`: refused, unless the new object carries the annotation
-//!   [`FORCE`]` = "true"`. Metadata edits (labels, annotations, finalizers) are never refused.
+//!   `FORCE`` = "true"`. Metadata edits (labels, annotations, finalizers) are never refused.
 //! - **UPDATE of the `status` subresource** that changes it (`kubectl patch ipclaim IP
-//!   --subresource=status`): refused unless the stored claim already carries [`FORCE`]; a
+//!   --subresource=status`): refused unless the stored claim already carries `FORCE`; a
 //!   status write cannot change metadata, so the mark is set with an edit of its own first.
 //!   The phase is only what the record says: the reconciler never frees a claim whose pod
 //!   runs for its phase alone, but no one else should write it.
 //! - **DELETE** of a claim whose pod runs (phase `Reserved`, `Bound` or `Terminating`, with a
 //!   pod UID that the watch-fed pod caches hold): refused, unless the claim being deleted
-//!   (`oldObject`) carries [`FORCE`]` = "true"`. So an operator forces in two steps:
+//!   (`oldObject`) carries `FORCE`` = "true"`. So an operator forces in two steps:
 //!   `kubectl annotate ipclaim NAME ip-webhook.io/force=true`, then `kubectl delete ipclaim
 //!   NAME`. A `Released` claim, or one whose pod is gone, is deleted freely.
 //! - **ip-webhook's own writes** (the ledger adapter's creates and binds, the reconciler's
 //!   phase changes and finalizer removal) are never refused: a request whose
-//!   `userInfo.username` is one of the server's own names ([`ClaimGuard::trust`]; in a pod,
+//!   `userInfo.username` is one of the server's own names (`ClaimGuard::trust`; in a pod,
 //!   its service account, read from the mounted token) is admitted without a look. The chart
 //!   also leaves them out with a `matchCondition`, so they cost no call at all.
 //!
@@ -127,7 +127,7 @@ pub(crate) fn own_service_account() -> Option<String> {
     username_in_token(&std::fs::read_to_string(SERVICE_ACCOUNT_TOKEN).ok()?)
 }
 
-/// Annotate the IPClaim of `ip` with [`FORCE`] (`release --force` in-cluster), so that its
+/// Annotate the IPClaim of `ip` with `FORCE` (`release --force` in-cluster), so that its
 /// deletion by the operator's user passes the guard. A missing claim is not an error.
 pub async fn mark_forced(client: &kube::Client, ip: &std::net::IpAddr) -> Result<(), kube::Error> {
     let claims: kube::Api<IPClaim> = kube::Api::all(client.clone());

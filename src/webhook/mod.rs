@@ -1,6 +1,6 @@
 //! The webhook: what every admission decision shares — settings, the allocator, pools,
 //! metrics, the CNI networks — and the pod view and candidate IPs both endpoints read.
-//! Routing a review to `/mutate` or `/validate` is [`crate::webhook::dispatch`]'s.
+//! Routing a review to `/mutate` or `/validate` is `crate::webhook::dispatch`'s.
 
 pub(crate) mod assess;
 pub(crate) mod carried;
@@ -58,7 +58,7 @@ pub struct Settings {
     /// Which pods are KubeVirt launcher pods, and when a VM's IP is freed.
     pub kubevirt: kubevirt::KubevirtSettings,
     /// How long a released StatefulSet pod's claim is kept for its name (`--sticky-grace`),
-    /// in every ledger ([`crate::ledger::claim::released`]).
+    /// in every ledger (`crate::ledger::claim::released`).
     pub sticky_grace: std::time::Duration,
 }
 
@@ -355,9 +355,9 @@ pub struct PodView<'m> {
     pub meta: &'m Meta,
     pub namespace: String,
     pub app: Option<&'m str>,
-    /// The KubeVirt VM this is a launcher pod of ([`kubevirt::admitted_vm`]).
+    /// The KubeVirt VM this is a launcher pod of (`kubevirt::admitted_vm`).
     pub vm: Option<&'m str>,
-    /// A launcher pod that is a live migration's target ([`kubevirt::is_migration_target`]).
+    /// A launcher pod that is a live migration's target (`kubevirt::is_migration_target`).
     pub migration: bool,
 }
 

@@ -4,7 +4,7 @@
 //! (group commit): under load, many admissions share one `fdatasync`, and no answer is sent
 //! before the commit that holds its claim has returned.
 //!
-//! How a batch forms ([`Inbox`]): a request that finds the inbox empty opens a batch and yields
+//! How a batch forms (`Inbox`): a request that finds the inbox empty opens a batch and yields
 //! to the async runtime once before it seals it; every request that arrives meanwhile — every
 //! admission task the runtime had ready to run, and all that come while the writer is busy
 //! committing — joins the same batch. The writer wakes only for a sealed batch (one wake-up
@@ -14,7 +14,7 @@
 //! commit, and a lone request waits for one `yield_now` only.
 //!
 //! The store (`journal.rs`) is an append-only journal of checksummed records
-//! (`journal.<generation>`; the format is in [`super::record`]), one `write` and one
+//! (`journal.<generation>`; the format is in `super::record`), one `write` and one
 //! `fdatasync` per batch, the claims held in memory (measured against the redb B-tree it
 //! replaced: docs/performance.md, "The journal instead of redb"). The records go into zeros
 //! the journal wrote and synced ahead of them, so a commit never grows the file and its
@@ -30,7 +30,7 @@
 //! mid-write, never answered), is cut off by a writer and skipped by a reader; records lost
 //! before the mark, a stretch that is no valid record with valid records after it, a damaged
 //! header, a snapshot that is not whole, a journal, snapshot or network's books gone: each
-//! refuses to start, changing nothing (`ledger repair`, [`repair`]). A full disk refuses the
+//! refuses to start, changing nothing (`ledger repair`, `repair`). A full disk refuses the
 //! commits that do not fit in the room made and resumes by itself (`journal/room.rs`); a dir
 //! that lost its journal refuses to start empty (`marker.rs`).
 
