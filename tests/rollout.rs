@@ -6,8 +6,9 @@
 //!
 //! In the suite it runs 40 pods; `scripts/bench-rollout.sh` runs it with
 //! `ROLLOUT_PODS=1000` against a release build (`IP_WEBHOOK_TEST_BINARY`) and it prints the
-//! figures: the webhooks' own latency (each replica's `webhook_latency_seconds` histogram),
-//! the latency the API server saw, and the time until every claim is Bound.
+//! figures: the webhooks' own latency (each replica's decision lines, `latency_us`), the mean
+//! of each ledger call, the IPClaim writes and conflicts, the latency the API server saw, and
+//! the time until every claim is Bound.
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
