@@ -13,11 +13,11 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use ip_webhook::ipam::allocator::{AllocationRequest, Allocator};
-use ip_webhook::ipam::ipset::{Family, IpRange, IpSet};
-use ip_webhook::ipam::messages::Scope;
-use ip_webhook::ledger::claim::PodIdentity;
-use ip_webhook::ledger::{Claim, Ledger, MemoryLedger, Phase, PodRef, Source};
+use ip_webhook_ipam::allocator::{AllocationRequest, Allocator};
+use ip_webhook_ipam::ipset::{Family, IpRange, IpSet};
+use ip_webhook_ipam::messages::Scope;
+use ip_webhook_ledger::claim::PodIdentity;
+use ip_webhook_ledger::{Claim, Ledger, MemoryLedger, Phase, PodRef, Source};
 
 const BASE: u32 = u32::from_be_bytes([10, 0, 0, 0]);
 

@@ -12,7 +12,7 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use ip_webhook::cluster::index::{ClusterIps, RunningPod};
-use ip_webhook::ipam::foreign::ForeignIps;
+use ip_webhook_ipam::foreign::ForeignIps;
 use k8s_openapi::api::core::v1::Pod;
 
 const PODS: u32 = 100_000;

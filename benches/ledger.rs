@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use ip_webhook::ledger::embedded::CommitCounters;
-use ip_webhook::ledger::{Claim, CreateOutcome, EmbeddedLedger, Ledger, Phase, PodRef, Source};
+use ip_webhook_ledger::embedded::CommitCounters;
+use ip_webhook_ledger::{Claim, CreateOutcome, EmbeddedLedger, Ledger, Phase, PodRef, Source};
 
 fn claim(n: u32) -> Claim {
     Claim {

@@ -3,9 +3,9 @@
 use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use ip_webhook::crd::{FixedIPPool, FixedIPPoolSpec};
-use ip_webhook::ipam::ipset::IpRange;
-use ip_webhook::ipam::pools::{Pool, PoolCatalog};
+use ip_webhook_ipam::ipset::IpRange;
+use ip_webhook_ipam::pools::{Pool, PoolCatalog};
+use ip_webhook_ledger::crd::{FixedIPPool, FixedIPPoolSpec};
 
 fn pools(count: u32) -> Vec<FixedIPPool> {
     (0..count)

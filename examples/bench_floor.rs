@@ -151,7 +151,7 @@ impl GroupCommit {
             .name("floor-writer".into())
             .spawn(move || {
                 // as ip-webhook's ledger writer runs
-                ip_webhook::ledger::embedded::writer_batch_policy().expect("SCHED_BATCH");
+                ip_webhook_ledger::embedded::writer_batch_policy().expect("SCHED_BATCH");
                 let mut batch = Vec::new();
                 loop {
                     {

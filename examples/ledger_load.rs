@@ -36,8 +36,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use ip_webhook::ledger::embedded::CommitCounters;
-use ip_webhook::ledger::{Claim, CreateOutcome, EmbeddedLedger, Ledger, Phase, PodRef, Source};
+use ip_webhook_ledger::embedded::CommitCounters;
+use ip_webhook_ledger::{Claim, CreateOutcome, EmbeddedLedger, Ledger, Phase, PodRef, Source};
 
 // as the `ip-webhook` binary does: glibc's malloc here spent 60-85 ms at a time consolidating
 // the claims a compaction let go, on whichever thread allocated next

@@ -6,10 +6,10 @@
 
 use std::net::IpAddr;
 
-use ip_webhook::admission::annotations::{Cni, parse_calico_ip_addrs, parse_ovn_ip_address};
-use ip_webhook::admission::patch::MetadataPatch;
-use ip_webhook::admission::{self, MetaOnly};
-use ip_webhook::ipam::ipset::{Family, parse_ip_spec};
+use ip_webhook_admission::annotations::{Cni, parse_calico_ip_addrs, parse_ovn_ip_address};
+use ip_webhook_admission::patch::MetadataPatch;
+use ip_webhook_admission::{self as admission, MetaOnly};
+use ip_webhook_ipam::ipset::{Family, parse_ip_spec};
 
 /// The AdmissionReview decoder: never panics; an accepted review has a uid, its object (if
 /// metadata decodes) is readable, and the response it yields is JSON echoing uid and version.

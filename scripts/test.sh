@@ -34,9 +34,9 @@ step "clippy of the default build without protoc (target/no-protoc)" "1.5 min" "
 # feature pulls in. Checked (and linted) in a target dir of its own with protoc made
 # unfindable, so that build-script output from a protoc build cannot hide a regression
 # (every dependency checked once more, without etcd-client).
-PROTOC=/nonexistent/protoc cargo clippy --lib --bins --target-dir target/no-protoc -- -D warnings
+PROTOC=/nonexistent/protoc cargo clippy --workspace --lib --bins --target-dir target/no-protoc -- -D warnings
 step "clippy of every target, all features" "4.5 min" "2 s"
-cargo clippy --all-targets --all-features -- -D warnings
+cargo clippy --workspace --all-targets --all-features -- -D warnings
 step "cargo install of docs/install.md, run as installed" "3 min" "2 s"
 # The binary install of docs/install.md, `cargo install --locked --path .` (protoc made
 # unfindable, as a user without it runs it), the installed binary run, and its plugin link
@@ -61,6 +61,6 @@ PATH="$install_root/bin:$PATH" "$install_root/bin/ip-webhook" plugin install
 PATH="$install_root/bin:$PATH" .tools/kubectl ipw --help >/dev/null
 step "cargo test: every unit, integration and chart test, the benches once" \
   "16 min (10 to build)" "6 to 10 min"
-cargo test --all-targets --all-features --no-fail-fast
+cargo test --workspace --all-targets --all-features --no-fail-fast
 finish_step
 echo "==> the suite passed in $((SECONDS - suite_started)) s" >&2

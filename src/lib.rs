@@ -2,12 +2,13 @@
 //! ip-webhook: a Kubernetes admission webhook that gives an app's pods fixed IPs from a list
 //! or pool, and refuses IP conflicts.
 //!
-//! The folders, lowest layer first (a folder imports only from folders above it in this list;
-//! `tests/layers.rs` checks it); ARCHITECTURE.md walks a request through them:
+//! Below this crate is [`ip_webhook_ledger`]: the claims, the custom resources (`IPClaim`,
+//! `FixedIPPool`), the `Ledger` contract and its adapters (memory, embedded journal, Kubernetes,
+//! etcd). The compiler keeps it from reaching up into this crate.
 //!
-//! - [`crd`]: the custom resources (`IPClaim`, `FixedIPPool`).
-//! - [`ledger`]: the books of who holds which IP: the `Ledger` trait, the claim rules, the
-//!   adapters (memory, embedded journal, Kubernetes, etcd).
+//! This crate's folders, lowest layer first (a folder imports only from folders above it in
+//! this list; `tests/layers.rs` checks it); ARCHITECTURE.md walks a request through them:
+//!
 //! - [`ipam`]: IP math, pools, the allocator over the ledger.
 //! - [`admission`]: the AdmissionReview protocol: wire types, scanner, bounds, response and
 //!   JSON patch, the pod annotations.
@@ -21,13 +22,9 @@
 //!   process.
 //! - [`cli`]: the command line: arguments to configuration, and each command.
 
-pub mod admission;
 pub mod app;
 pub mod cli;
 pub mod cluster;
-pub mod crd;
-pub mod ipam;
-pub mod ledger;
 pub mod metrics;
 pub mod ops;
 pub mod server;

@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::fakeapi::create_listed_deployment;
 use common::{allocated_ip, create, eventually, fakeapi, pod};
 use fakeapi::{FakeApi, bound_claim};
-use ip_webhook::crd::IPClaim;
+use ip_webhook_ledger::crd::IPClaim;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};

@@ -748,15 +748,15 @@ async fn uids_with_control_characters_are_refused_and_shown_escaped() {
 
     // a claim that holds them anyway
     let forged_dir = tempfile::tempdir().unwrap();
-    let ledger = ip_webhook::ledger::EmbeddedLedger::open(
+    let ledger = ip_webhook_ledger::EmbeddedLedger::open(
         forged_dir.path(),
-        ip_webhook::ledger::embedded::CommitCounters::default(),
+        ip_webhook_ledger::embedded::CommitCounters::default(),
     )
     .unwrap();
     let mut claim = common::claims::claim("10.91.1.1", "web", "web-1");
     claim.request_uid = format!("r{escape}").as_str().into();
     claim.pod.uid = Some(format!("u{escape}").as_str().into());
-    use ip_webhook::ledger::Ledger;
+    use ip_webhook_ledger::Ledger;
     ledger.create(claim.into()).await.unwrap();
     ledger.close().await;
     drop(ledger);

@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::fakeapi::create_listed_deployment;
 use common::{allocated_ip, create, eventually, fakeapi, message, pod};
 use fakeapi::{FakeApi, bound_claim, install_crd_fixture};
-use ip_webhook::crd::IPClaim;
+use ip_webhook_ledger::crd::IPClaim;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use kube::{Api, Client};

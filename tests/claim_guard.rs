@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::{TestServer, allocated_ip, apply, create, fakeapi, message, pod};
 use fakeapi::{FakeApi, bound_claim, persist_pod};
-use ip_webhook::crd::IPClaim;
+use ip_webhook_ledger::crd::IPClaim;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use serde_json::{Value, json};

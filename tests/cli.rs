@@ -138,7 +138,7 @@ fn review_of_garbage_fails_with_the_reason() {
 fn crds_command_prints_both_crds() {
     let Ran { ok, stdout, .. } = ip_webhook(&["crds"]);
     assert!(ok);
-    assert_eq!(stdout, ip_webhook::crd::crds_yaml());
+    assert_eq!(stdout, ip_webhook_ledger::crd::crds_yaml());
 }
 
 /// The bash completion script completes the commands and a command's flags, as bash itself

@@ -12,8 +12,8 @@ use common::node_loss::{delete_pod, make_node, running_pod, set_ready};
 use common::{BinaryServer, HttpsClient, etcd_cluster, fakeapi, http_get, pod};
 use etcd_cluster::{EtcdCluster, etcd_binary};
 use fakeapi::{FakeApi, bound_claim};
-use ip_webhook::crd::IPClaim;
-use ip_webhook::ledger::{EtcdLedger, EtcdOptions, Ledger};
+use ip_webhook_ledger::crd::IPClaim;
+use ip_webhook_ledger::{EtcdLedger, EtcdOptions, Ledger};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 
@@ -128,7 +128,7 @@ async fn a_replica_ahead_waits_the_grace_the_delete_gave() {
         .into_iter()
         .find(|c| c.is_held())
         .expect("the new pod's claim");
-    let now = ip_webhook::ledger::unix_now();
+    let now = ip_webhook_ledger::unix_now();
     assert!(
         claim.created_at >= now + 590,
         "the claim was dated {} s from now, not ten minutes ahead",

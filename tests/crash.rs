@@ -9,15 +9,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{BinaryServer, HttpsClient, allocated_ip, load};
-use ip_webhook::ledger::embedded::CommitCounters;
-use ip_webhook::ledger::{EmbeddedLedger, Ledger};
+use ip_webhook_ledger::embedded::CommitCounters;
+use ip_webhook_ledger::{EmbeddedLedger, Ledger};
 use load::{Job, Tally};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const LIST: &str = "10.60.0.0/20";
 
 fn in_list(_app: &str, ip: &std::net::IpAddr) -> bool {
-    ip_webhook::ipam::ipset::parse_ip_spec(LIST)
+    ip_webhook_ipam::ipset::parse_ip_spec(LIST)
         .unwrap()
         .contains(ip)
 }

@@ -8,7 +8,7 @@ fn chart_crds_match_the_rust_types() {
     ))
     .expect("the chart's CRD file exists");
     assert!(
-        shipped == ip_webhook::crd::crds_yaml(),
+        shipped == ip_webhook_ledger::crd::crds_yaml(),
         "deploy/helm/ip-webhook/files/crds.yaml is stale; regenerate it with \
          `cargo run -- crds > deploy/helm/ip-webhook/files/crds.yaml`"
     );

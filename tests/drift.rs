@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use common::{Ran, claims, eventually, fakeapi, ip_webhook};
 use fakeapi::{FakeApi, install_crd_fixture};
-use ip_webhook::crd::IPClaim;
-use ip_webhook::ledger::{KubeLedger, Ledger};
+use ip_webhook_ledger::crd::IPClaim;
+use ip_webhook_ledger::{KubeLedger, Ledger};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
@@ -120,7 +120,7 @@ async fn bound_claim(client: &Client, ip: &str, name: &str, uid: &str) {
     let claims: Api<IPClaim> = Api::all(client.clone());
     claims
         .patch_status(
-            &ip_webhook::ledger::kubernetes::claim_name(&claim.ip),
+            &ip_webhook_ledger::kubernetes::claim_name(&claim.ip),
             &PatchParams::default(),
             &Patch::Merge(json!({"status": {
                 "phase": "Bound",
@@ -473,8 +473,7 @@ async fn an_embedded_ledger_is_compared_with_the_cluster() {
     let client = fake.install_crds().await;
     let uid = web_pod(&client, "web-a", "10.0.0.10", &["10.0.0.10"]).await;
     let state = tempfile::tempdir().unwrap();
-    let ledger =
-        ip_webhook::ledger::EmbeddedLedger::open(state.path(), Default::default()).unwrap();
+    let ledger = ip_webhook_ledger::EmbeddedLedger::open(state.path(), Default::default()).unwrap();
     let gone = claims::builder("10.0.0.11", "web", "web-gone")
         .generate_name("web-")
         .uid("uid-gone")

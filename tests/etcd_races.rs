@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use common::{BinaryServer, HttpsClient, etcd_cluster, load};
 use etcd_cluster::{EtcdCluster, etcd_binary};
-use ip_webhook::ledger::{EtcdLedger, EtcdOptions, Ledger};
+use ip_webhook_ledger::{EtcdLedger, EtcdOptions, Ledger};
 use load::{Job, Slot, Tally};
 
 const REPLICAS: usize = 3;
@@ -84,7 +84,7 @@ fn jobs(apps: usize, per_app: usize, list: usize, tag: &str) -> Vec<Job> {
 async fn ledger_claims(
     cluster: &EtcdCluster,
     prefix: &str,
-) -> HashMap<IpAddr, ip_webhook::ledger::Claim> {
+) -> HashMap<IpAddr, ip_webhook_ledger::Claim> {
     let ledger = EtcdLedger::connect(&EtcdOptions {
         endpoints: cluster.endpoints(),
         prefix: prefix.to_string(),

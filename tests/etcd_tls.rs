@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use etcd_cluster::{EtcdCluster, ServerTls, etcd_binary};
-use ip_webhook::ledger::{CreateOutcome, EtcdLedger, EtcdOptions, Ledger};
+use ip_webhook_ledger::{CreateOutcome, EtcdLedger, EtcdOptions, Ledger};
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
     Issuer, KeyPair, KeyUsagePurpose,

@@ -10,11 +10,11 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ip_webhook::crd::IPClaim;
-use ip_webhook::ipam::allocator::{AllocationRequest, Allocator};
-use ip_webhook::ipam::ipset::{IpSet, parse_ip_spec};
-use ip_webhook::ipam::messages::Scope;
-use ip_webhook::ledger::{
+use ip_webhook_ipam::allocator::{AllocationRequest, Allocator};
+use ip_webhook_ipam::ipset::{IpSet, parse_ip_spec};
+use ip_webhook_ipam::messages::Scope;
+use ip_webhook_ledger::crd::IPClaim;
+use ip_webhook_ledger::{
     CreateOutcome, EtcdLedger, EtcdOptions, KubeLedger, Ledger, PodRef, corrupt_records,
     index_resyncs,
 };
@@ -438,7 +438,7 @@ async fn readyz_follows_etcd_down_and_back() {
 fn a_pods_final_delete_does_not_free_its_replacements_ip() {
     let (_member, endpoint) = etcd_member("a_pods_final_delete_does_not_free_its_replacements_ip");
     block_on(async {
-        use ip_webhook::ledger::claim::PodIdentity;
+        use ip_webhook_ledger::claim::PodIdentity;
         let set = parse_ip_spec("10.97.50.1").unwrap();
         let allocator = Allocator::new(etcd_ledger(&endpoint, "/final/").await)
             .await

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use common::*;
-use ip_webhook::admission::annotations::Cni;
+use ip_webhook_admission::annotations::Cni;
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
 

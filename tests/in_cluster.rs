@@ -18,7 +18,7 @@ use fakeapi::{FakeApi, bound_claim, create_spec, persist_pod, wait_ready};
 use ip_webhook::cluster::cni::{
     RESERVATION_NAME, calico_ippools, calico_reservations, kube_ovn_subnets,
 };
-use ip_webhook::crd::{FixedIPPool, IPClaim};
+use ip_webhook_ledger::crd::{FixedIPPool, IPClaim};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -617,7 +617,7 @@ async fn a_statefulset_pod_gets_its_ip_back_within_the_sticky_grace() {
                 .webhook
                 .allocator
                 .holder(&"10.80.0.1".parse().unwrap())
-                .filter(|c| c.phase == ip_webhook::ledger::Phase::Released)
+                .filter(|c| c.phase == ip_webhook_ledger::Phase::Released)
         },
     )
     .await;

@@ -17,12 +17,12 @@ use ip_webhook::cluster::executor::Executor;
 use ip_webhook::cluster::lease::{Elector, LeaseSettings};
 use ip_webhook::cluster::reconcile::{Action, DropReason, Plan};
 use ip_webhook::cluster::{Caches, ClusterOptions, PodInfo, Reconciler, Rules};
-use ip_webhook::crd::IPClaim;
-use ip_webhook::ipam::allocator::{AllocationRequest, Allocator};
-use ip_webhook::ipam::ipset::parse_ip_spec;
-use ip_webhook::ipam::messages::Scope;
-use ip_webhook::ledger::kubernetes::{rfc3339, to_resource};
-use ip_webhook::ledger::{Claim, CreateOutcome, KubeLedger, Ledger, Phase, unix_now};
+use ip_webhook_ipam::allocator::{AllocationRequest, Allocator};
+use ip_webhook_ipam::ipset::parse_ip_spec;
+use ip_webhook_ipam::messages::Scope;
+use ip_webhook_ledger::crd::IPClaim;
+use ip_webhook_ledger::kubernetes::{rfc3339, to_resource};
+use ip_webhook_ledger::{Claim, CreateOutcome, KubeLedger, Ledger, Phase, unix_now};
 use kube::client::Body;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::{Api, Client};
@@ -342,12 +342,12 @@ fn a_status_of_the_grant_taken_over_reads_as_reserved() {
         "phase": "Released", "requestUid": "req-old", "releaseAt": "2026-01-01T00:00:00Z",
     });
     let resource: IPClaim = serde_json::from_value(taken.clone()).unwrap();
-    let read = ip_webhook::ledger::kubernetes::from_resource(&resource).unwrap();
+    let read = ip_webhook_ledger::kubernetes::from_resource(&resource).unwrap();
     assert_eq!(read.phase, Phase::Reserved);
     assert_eq!(read.release_at, None);
     taken["status"]["requestUid"] = json!("req-new");
     let resource: IPClaim = serde_json::from_value(taken).unwrap();
-    let read = ip_webhook::ledger::kubernetes::from_resource(&resource).unwrap();
+    let read = ip_webhook_ledger::kubernetes::from_resource(&resource).unwrap();
     assert_eq!(read.phase, Phase::Released, "its own status counts");
 }
 
@@ -564,7 +564,7 @@ fn options() -> ClusterOptions {
             renew_every: Duration::from_secs(5),
         },
         app_label: "app".into(),
-        cni: ip_webhook::admission::annotations::Cni::Calico,
+        cni: ip_webhook_admission::annotations::Cni::Calico,
         calico_reservation: true,
         node_lost_grace: Duration::from_secs(300),
         kube_ovn_reservation: false,
@@ -614,7 +614,7 @@ async fn a_full_resync_frees_an_ip_whose_pod_delete_the_watch_missed() {
         ),
     ]);
     let allocator = Arc::new(
-        Allocator::new(Arc::new(ip_webhook::ledger::MemoryLedger::new()))
+        Allocator::new(Arc::new(ip_webhook_ledger::MemoryLedger::new()))
             .await
             .unwrap(),
     );
@@ -684,7 +684,7 @@ async fn an_expired_watch_relists_and_drops_what_was_deleted_meanwhile() {
     ];
     let (client, server) = scripted(watch_steps);
     let allocator = Arc::new(
-        Allocator::new(Arc::new(ip_webhook::ledger::MemoryLedger::new()))
+        Allocator::new(Arc::new(ip_webhook_ledger::MemoryLedger::new()))
             .await
             .unwrap(),
     );
@@ -952,7 +952,7 @@ async fn a_pass_expires_old_reservations_and_keeps_a_gone_statefulset_pods_ip() 
         client: client.clone(),
         caches,
         allocator: Arc::new(
-            Allocator::new(Arc::new(ip_webhook::ledger::MemoryLedger::new()))
+            Allocator::new(Arc::new(ip_webhook_ledger::MemoryLedger::new()))
                 .await
                 .unwrap(),
         ),

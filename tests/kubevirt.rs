@@ -13,7 +13,7 @@ use std::time::Duration;
 use common::events::events_with_reason;
 use common::fakeapi::{FakeApi, install_crd_fixture, persist_pod};
 use common::{allocated_ip, apply, create, eventually, message, rbac};
-use ip_webhook::crd::IPClaim;
+use ip_webhook_ledger::crd::IPClaim;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, PostParams};
@@ -515,7 +515,7 @@ async fn intruder_refused(server: &common::TestServer, ip: &str) -> Value {
 }
 
 /// Which pod holds the claim on `ip`, and in which phase; `None` once it is free.
-fn holder_of(server: &common::TestServer, ip: &str) -> Option<(String, ip_webhook::ledger::Phase)> {
+fn holder_of(server: &common::TestServer, ip: &str) -> Option<(String, ip_webhook_ledger::Phase)> {
     let claim = server
         .launched
         .webhook
@@ -533,7 +533,7 @@ fn holder_of(server: &common::TestServer, ip: &str) -> Option<(String, ip_webhoo
 /// frees nothing, and only the last launcher pod's DELETE frees the IP.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_an_api_server_a_failed_migration_gives_the_ip_back_to_the_source() {
-    use ip_webhook::ledger::Phase;
+    use ip_webhook_ledger::Phase;
     let server = common::TestServer::start(&["--release-delay", "0s"]).await;
     let (ip, source) = launch_off_cluster(&server, launcher("db", "vmi-1", None), "src").await;
     let (target_ip, target) =
@@ -589,7 +589,7 @@ async fn without_an_api_server_a_failed_migration_gives_the_ip_back_to_the_sourc
 /// the last of them is deleted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_an_api_server_every_undeleted_launcher_pod_keeps_the_vms_ip() {
-    use ip_webhook::ledger::Phase;
+    use ip_webhook_ledger::Phase;
     let server = common::TestServer::start(&["--release-delay", "0s"]).await;
     let (ip, source) = launch_off_cluster(&server, launcher("db", "vmi-1", None), "src").await;
     let (_, first) =

@@ -1,4 +1,4 @@
-//! The shape of `src/`, checked: the top-level units (folders and files) import each other
+//! The shape of `src/` and of the library crates under `crates/`, checked: the top-level units (folders and files) import each other
 //! without cycles, the files inside a unit import each other without cycles, only the command
 //! line uses clap, no source file holds more than [`MAX_LINES`] lines before its unit tests,
 //! and no function there runs over [`MAX_FN_LINES`] lines. ARCHITECTURE.md describes the
@@ -20,7 +20,6 @@ const ALLOWED_LONG_FNS: &[(&str, &str)] = &[];
 /// The units from the bottom up, as ARCHITECTURE.md lists them: each imports only units before
 /// it (a stricter rule than "no cycle", and the one a reader of the folders relies on).
 const ORDER: &[&str] = &[
-    "crd",
     "ledger",
     "ipam",
     "admission",
@@ -51,22 +50,54 @@ fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
+/// The workspace's library crates below `ip-webhook`, each one unit of [`ORDER`]: the folder
+/// under `crates/` and the name its users import.
+const CRATES: &[(&str, &str)] = &[
+    ("ledger", "ip_webhook_ledger"),
+    ("ipam", "ip_webhook_ipam"),
+    ("admission", "ip_webhook_admission"),
+];
+
+/// Every source file of the workspace as (unit, path, text). A crate of [`CRATES`] is read as
+/// if its `src/` were the folder of its unit under `src/` (`lib.rs` as `mod.rs`), and names
+/// are rewritten to match: its `crate::x` is `crate::<unit>::x`, and every file's
+/// `ip_webhook_<unit>` is `crate::<unit>`. The checks below then read one tree.
 fn src_files() -> Vec<(String, PathBuf, String)> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = Vec::new();
-    sources(&root, &mut files);
-    files.sort();
-    files
-        .into_iter()
-        .map(|path| {
-            let relative = path.strip_prefix(&root).unwrap().to_path_buf();
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut roots = vec![(manifest.join("src"), None)];
+    for (unit, _) in CRATES {
+        roots.push((manifest.join("crates").join(unit).join("src"), Some(*unit)));
+    }
+    let mut out = Vec::new();
+    for (root, crate_unit) in roots {
+        let mut files = Vec::new();
+        sources(&root, &mut files);
+        files.sort();
+        for path in files {
+            let inner = path.strip_prefix(&root).unwrap().to_path_buf();
+            let mut text = std::fs::read_to_string(&path).expect("reading a source file");
+            let relative = match crate_unit {
+                Some(unit) => {
+                    text = text.replace("crate::", &format!("crate::{unit}::"));
+                    let inner = if inner == Path::new("lib.rs") {
+                        PathBuf::from("mod.rs")
+                    } else {
+                        inner
+                    };
+                    Path::new(unit).join(inner)
+                }
+                None => inner,
+            };
+            for (unit, name) in CRATES {
+                text = text.replace(name, &format!("crate::{unit}"));
+            }
             let first = relative.components().next().unwrap();
             let unit = first.as_os_str().to_string_lossy();
             let unit = unit.strip_suffix(".rs").unwrap_or(&unit).to_string();
-            let text = std::fs::read_to_string(&path).expect("reading a source file");
-            (unit, relative, text)
-        })
-        .collect()
+            out.push((unit, relative, text));
+        }
+    }
+    out
 }
 
 /// The code of a file without its comments (doc links are not imports).

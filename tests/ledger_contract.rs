@@ -1,6 +1,6 @@
 //! The ledger contract, two ways:
 //!
-//! - the claim rules ([`ip_webhook::ledger::claim`]) step by step through all four adapters —
+//! - the claim rules ([`ip_webhook_ledger::claim`]) step by step through all four adapters —
 //!   memory, embedded (a journal in a temp dir), etcd (a real single-member etcd on loopback) and
 //!   kubernetes (IPClaims through `tests/support/fakeapi.py`) — which must give the same
 //!   answers for retry, takeover, release, grace and expiry;
@@ -22,19 +22,19 @@ use std::sync::Arc;
 #[cfg(feature = "etcd")]
 use std::time::Duration;
 
-use ip_webhook::ipam::allocator::{AllocError, AllocationRequest, Allocator};
-use ip_webhook::ipam::ipset::{IpSet, parse_ip_spec};
-use ip_webhook::ipam::messages::Scope;
-use ip_webhook::ledger::claim::PodIdentity;
-use ip_webhook::ledger::claim::{self as rules, PodIdentity as Identity};
-use ip_webhook::ledger::embedded::CommitCounters;
-use ip_webhook::ledger::holder::VmRef;
-use ip_webhook::ledger::{
+use ip_webhook_ipam::allocator::{AllocError, AllocationRequest, Allocator};
+use ip_webhook_ipam::ipset::{IpSet, parse_ip_spec};
+use ip_webhook_ipam::messages::Scope;
+use ip_webhook_ledger::claim::PodIdentity;
+use ip_webhook_ledger::claim::{self as rules, PodIdentity as Identity};
+use ip_webhook_ledger::embedded::CommitCounters;
+use ip_webhook_ledger::holder::VmRef;
+use ip_webhook_ledger::{
     Claim, CreateOutcome, EmbeddedLedger, KubeLedger, Ledger, MemoryLedger, ObservedChange, Phase,
     PodRef,
 };
 #[cfg(feature = "etcd")]
-use ip_webhook::ledger::{EtcdLedger, EtcdOptions};
+use ip_webhook_ledger::{EtcdLedger, EtcdOptions};
 use proptest::prelude::*;
 
 const LIST: &str = "10.0.0.1-10.0.0.6";
@@ -941,8 +941,8 @@ async fn every_adapter_keeps_the_claim_rules() {
 /// network's claims are not in the primary interface's list.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_networks_books_keep_the_rules_apart_from_the_primary_interfaces() {
-    use ip_webhook::ledger::network::Network;
-    use ip_webhook::ledger::{KubeAccess, LedgerConfig, OpenOptions};
+    use ip_webhook_ledger::network::Network;
+    use ip_webhook_ledger::{KubeAccess, LedgerConfig, OpenOptions};
     let network = Network::parse("default/storage").unwrap();
     let dir = tempfile::tempdir().unwrap();
     let fake = fakeapi::FakeApi::start();
@@ -970,7 +970,7 @@ async fn a_networks_books_keep_the_rules_apart_from_the_primary_interfaces() {
                 ..OpenOptions::default()
             };
             let config = config.clone();
-            async move { ip_webhook::ledger::open(&config, &options).await.unwrap() }
+            async move { ip_webhook_ledger::open(&config, &options).await.unwrap() }
         };
         let kind = config.kind();
         let primary = open(None).await.ledger;

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use common::fakeapi::FakeApi;
 use common::*;
-use ip_webhook::ledger::embedded::CommitCounters;
-use ip_webhook::ledger::{Claim, EmbeddedLedger, Ledger, Phase};
+use ip_webhook_ledger::embedded::CommitCounters;
+use ip_webhook_ledger::{Claim, EmbeddedLedger, Ledger, Phase};
 
 /// Run the binary with `args` to its end (at most 20 s): (success, stdout, stderr).
 fn run(args: &[&str]) -> (bool, String, String) {
@@ -563,7 +563,7 @@ fn tree(dir: &Path) -> Vec<(PathBuf, u32, u64, i64, i64, Vec<u8>)> {
 /// one step more (in the journal after the snapshot). The claims as held.
 async fn with_snapshot(dir: &Path) -> Vec<Claim> {
     let ledger = EmbeddedLedger::open(dir, CommitCounters::default()).unwrap();
-    let app: ip_webhook::ledger::Shared = "a".repeat(60_000).as_str().into();
+    let app: ip_webhook_ledger::Shared = "a".repeat(60_000).as_str().into();
     let mut held: Vec<Claim> = (10..20)
         .map(|i| Claim {
             app: app.clone(),
@@ -629,8 +629,8 @@ async fn a_snapshot_whose_last_record_is_zeroed_is_refused_by_serve_and_status()
 /// purpose.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_networks_books_gone_are_refused_like_a_journal_gone() {
-    use ip_webhook::ledger::network::Network;
-    use ip_webhook::ledger::{LedgerConfig, OpenOptions};
+    use ip_webhook_ledger::network::Network;
+    use ip_webhook_ledger::{LedgerConfig, OpenOptions};
     let state = tempfile::tempdir().unwrap();
     let dir = state.path();
     seeded(dir, 2).await;
@@ -641,7 +641,7 @@ async fn a_networks_books_gone_are_refused_like_a_journal_gone() {
         network: Some(Network::parse("default/storage").unwrap()),
         ..OpenOptions::default()
     };
-    let opened = ip_webhook::ledger::open(&config, &options).await.unwrap();
+    let opened = ip_webhook_ledger::open(&config, &options).await.unwrap();
     opened.ledger.create(claim_number(90).into()).await.unwrap();
     opened.ledger.close().await;
     drop(opened);

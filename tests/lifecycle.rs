@@ -332,7 +332,7 @@ async fn churn_with_a_slow_store_after_validate_never_gives_one_ip_twice() {
 
 /// The claim of `ip` as the API server has it: (pod name, pod UID, phase).
 async fn claim_of(client: &Client, ip: &str) -> Option<(String, Option<String>, String)> {
-    let claims: Api<ip_webhook::crd::IPClaim> = Api::all(client.clone());
+    let claims: Api<ip_webhook_ledger::crd::IPClaim> = Api::all(client.clone());
     let claim = claims.get_opt(ip).await.unwrap()?;
     let phase = claim
         .status
@@ -419,7 +419,7 @@ async fn a_fixed_name_recreated_while_the_old_pod_terminates_loses_nothing() {
         .await
         .unwrap();
     assert_eq!(cni_ip(&again), "10.4.0.1");
-    let claims: Api<ip_webhook::crd::IPClaim> = Api::all(client.clone());
+    let claims: Api<ip_webhook_ledger::crd::IPClaim> = Api::all(client.clone());
     let held: Vec<String> = claims
         .list(&Default::default())
         .await

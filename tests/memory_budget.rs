@@ -200,7 +200,7 @@ const HELD_CLAIMS: u32 = 200_000;
 
 /// A claim as `/mutate` records it for a ReplicaSet's pod: a 36-character request UID, a
 /// 32-digit token, no pod name or UID yet.
-fn held_claim(n: u32) -> ip_webhook::ledger::Claim {
+fn held_claim(n: u32) -> ip_webhook_ledger::Claim {
     let ip = std::net::Ipv4Addr::from(u32::from(std::net::Ipv4Addr::new(10, 64, 0, 0)) + n);
     claims::builder(&ip.to_string(), "web", "")
         .generate_name("web-7d4b9c8f6d-")
@@ -234,7 +234,7 @@ async fn ready_rss_kib(state: &std::path::Path) -> (u64, std::time::Duration) {
 /// release build's figure: `scripts/bench-open-loop.sh`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_claim_stays_within_its_resident_memory_budget() {
-    use ip_webhook::ledger::{EmbeddedLedger, Ledger};
+    use ip_webhook_ledger::{EmbeddedLedger, Ledger};
     let full = tempfile::tempdir().unwrap();
     {
         let ledger = Arc::new(

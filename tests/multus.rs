@@ -13,10 +13,10 @@ use std::time::Duration;
 
 use common::fakeapi::{FakeApi, install_crd_fixture, persist_pod};
 use common::{TestServer, apply, create, eventually, message, patch_of};
-use ip_webhook::admission::networks::parse_networks;
-use ip_webhook::crd::IPClaim;
-use ip_webhook::ledger::LedgerConfig;
-use ip_webhook::ledger::network::Network;
+use ip_webhook_admission::networks::parse_networks;
+use ip_webhook_ledger::LedgerConfig;
+use ip_webhook_ledger::crd::IPClaim;
+use ip_webhook_ledger::network::Network;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, PostParams};
 use kube::{Api, Client};

@@ -6,7 +6,7 @@ mod common;
 use common::{Ran, claims, fakeapi, ip_webhook};
 use std::path::Path;
 
-use ip_webhook::ledger::{Claim, EmbeddedLedger, Ledger, Phase, PodRef, Source};
+use ip_webhook_ledger::{Claim, EmbeddedLedger, Ledger, Phase, PodRef, Source};
 use serde_json::Value;
 
 fn fixture(name: &str) -> String {
@@ -631,9 +631,9 @@ async fn one_json_log_line_per_decision() {
         .finish();
     let _guard = tracing::subscriber::set_default(subscriber);
     let allocator = Arc::new(
-        ip_webhook::ipam::allocator::Allocator::new(Arc::new(
-            ip_webhook::ledger::MemoryLedger::new(),
-        ))
+        ip_webhook_ipam::allocator::Allocator::new(
+            Arc::new(ip_webhook_ledger::MemoryLedger::new()),
+        )
         .await
         .unwrap(),
     );
@@ -740,8 +740,8 @@ fn is_empty_dir(dir: &Path) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_commands_read_the_cluster_of_kubeconfig_and_create_nothing() {
-    use ip_webhook::crd::{FixedIPPool, IPClaim};
-    use ip_webhook::ledger::KubeLedger;
+    use ip_webhook_ledger::KubeLedger;
+    use ip_webhook_ledger::crd::{FixedIPPool, IPClaim};
     use k8s_openapi::api::core::v1::Pod;
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     use kube::CustomResourceExt;
@@ -1188,7 +1188,7 @@ fn a_build_without_etcd_says_how_to_get_it() {
 #[test]
 fn the_no_etcd_error_names_the_feature() {
     assert_eq!(
-        ip_webhook::ledger::OpenError::NoEtcd.to_string(),
+        ip_webhook_ledger::OpenError::NoEtcd.to_string(),
         "this build has no etcd support; rebuild with --features etcd"
     );
 }

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use fakeapi::FakeApi;
-use ip_webhook::ledger::{KubeLedger, Ledger};
+use ip_webhook_ledger::{KubeLedger, Ledger};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::Api;
 use kube::api::PostParams;

@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use common::{TestServer, apply, create, eventually, fakeapi, message, pod, review};
 use fakeapi::FakeApi;
-use ip_webhook::crd::FixedIPPool;
-use ip_webhook::ledger::Phase;
+use ip_webhook_ledger::Phase;
+use ip_webhook_ledger::crd::FixedIPPool;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::DeleteParams;
@@ -240,7 +240,7 @@ impl Mode {
         }
     }
 
-    fn holder(&self, ip: &str) -> Option<ip_webhook::ledger::Claim> {
+    fn holder(&self, ip: &str) -> Option<ip_webhook_ledger::Claim> {
         let ip: IpAddr = ip.parse().unwrap();
         self.server.launched.webhook.allocator.holder(&ip)
     }
@@ -669,7 +669,7 @@ async fn static_ips_keep_to_pool_and_app_policy(mode: Mode) {
         "10.20.0.9"
     );
     let webhook = &mode.server.launched.webhook;
-    let report = ip_webhook::ipam::usage::Report::build(
+    let report = ip_webhook_ipam::usage::Report::build(
         &webhook.allocator.claims(),
         &webhook.pools.load(),
         false,

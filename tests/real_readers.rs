@@ -21,10 +21,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
-use ip_webhook::admission::annotations::{
+use ip_webhook_admission::annotations::{
     parse_calico_ip_addrs, parse_ovn_ip_address, parse_ovn_ip_pool,
 };
-use ip_webhook::admission::networks::parse_networks;
+use ip_webhook_admission::networks::parse_networks;
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::TestRunner;

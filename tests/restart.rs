@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use ip_webhook::ledger::embedded::CommitCounters;
-use ip_webhook::ledger::{EmbeddedLedger, Ledger};
+use ip_webhook_ledger::embedded::CommitCounters;
+use ip_webhook_ledger::{EmbeddedLedger, Ledger};
 use tokio::sync::Mutex;
 
 const LIST: &str = "10.30.0.0/22";

@@ -6,9 +6,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::cluster::ClusterOptions;
-use crate::ledger::{KubeAccess, LedgerConfig};
 use crate::server::Limits;
 use crate::webhook::Settings;
+use ip_webhook_ledger::{KubeAccess, LedgerConfig};
 
 /// What decides admissions: shared by `serve` and `review`.
 #[derive(Debug, Clone)]
@@ -28,7 +28,7 @@ pub struct WebhookConfig {
     pub instance: Option<String>,
     /// The secondary networks (Multus attachments) whose IPs are given out, each with books
     /// of its own.
-    pub networks: Vec<crate::ledger::network::Network>,
+    pub networks: Vec<ip_webhook_ledger::network::Network>,
 }
 
 /// The serving certificate.

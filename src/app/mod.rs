@@ -15,18 +15,18 @@ use base64::Engine;
 
 use crate::cluster::ClusterHandle;
 use crate::cluster::pods::PodDirectory;
-use crate::crd::FixedIPPool;
-use crate::ipam::allocator::Allocator;
-use crate::ipam::pools::PoolCatalog;
-#[cfg(feature = "etcd")]
-use crate::ledger::EtcdLedger;
-use crate::ledger::pod_lookup::PodLookup;
-use crate::ledger::{ApiServer, Ledger, LedgerConfig, OpenOptions, Opened, TimedLedger};
 use crate::metrics::Metrics;
 use crate::server::tls::{self, CertFiles, CertResolver};
 use crate::server::{self, Running};
 use crate::webhook::Webhook;
 use crate::webhook::secondary::SecondaryNetworks;
+use ip_webhook_ipam::allocator::Allocator;
+use ip_webhook_ipam::pools::PoolCatalog;
+#[cfg(feature = "etcd")]
+use ip_webhook_ledger::EtcdLedger;
+use ip_webhook_ledger::crd::FixedIPPool;
+use ip_webhook_ledger::pod_lookup::PodLookup;
+use ip_webhook_ledger::{ApiServer, Ledger, LedgerConfig, OpenOptions, Opened, TimedLedger};
 
 /// What [`build`] made; `api_server` is the kubernetes ledger's.
 pub struct Built {
@@ -51,7 +51,7 @@ pub async fn build(
         api_server,
         #[cfg(feature = "etcd")]
         etcd,
-    } = crate::ledger::open(&config.ledger, &options).await?;
+    } = ip_webhook_ledger::open(&config.ledger, &options).await?;
     let ledger = TimedLedger::wrap_watched(
         ledger,
         metrics.ledger_latency.clone(),
@@ -100,7 +100,7 @@ async fn secondary_networks(
             network: Some(network.clone()),
             ..options.clone()
         };
-        let opened = crate::ledger::open(&config.ledger, &options)
+        let opened = ip_webhook_ledger::open(&config.ledger, &options)
             .await
             .with_context(|| format!("opening the claims of secondary network {network}"))?;
         let ledger = TimedLedger::wrap_watched(
@@ -178,7 +178,7 @@ fn spawn_etcd_watch(ledger: Arc<EtcdLedger>, allocator: std::sync::Weak<Allocato
 /// turns 503 while it cannot even when no admission arrives, and 200 again once it can.
 fn spawn_ledger_prober(
     ledger: Arc<dyn Ledger>,
-    health: Arc<crate::ledger::health::LedgerHealth>,
+    health: Arc<ip_webhook_ledger::health::LedgerHealth>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut ticks = tokio::time::interval(std::time::Duration::from_secs(1));
@@ -186,8 +186,8 @@ fn spawn_ledger_prober(
         loop {
             ticks.tick().await;
             match tokio::time::timeout(std::time::Duration::from_secs(2), ledger.ping()).await {
-                Ok(Ok(())) | Ok(Err(crate::ledger::LedgerError::Corrupt { .. })) => {}
-                Ok(Err(crate::ledger::LedgerError::Closed)) => return,
+                Ok(Ok(())) | Ok(Err(ip_webhook_ledger::LedgerError::Corrupt { .. })) => {}
+                Ok(Err(ip_webhook_ledger::LedgerError::Closed)) => return,
                 Ok(Err(_)) => {} // counted by the timed ledger
                 Err(_) => health.failure("a ping got no answer within 2s"),
             }
@@ -378,7 +378,7 @@ pub async fn launch(config: &ServeConfig) -> anyhow::Result<Launched> {
     .with_context(|| format!("serving {} and {}", config.listen, config.admin_listen))?;
     // With another ledger, the API server that says whether a claim's pod is gone.
     let pod_api = match (&api_server, &config.webhook.pod_api_server) {
-        (None, Some(access)) => Some(crate::ledger::connect(access).await?.watches),
+        (None, Some(access)) => Some(ip_webhook_ledger::connect(access).await?.watches),
         _ => None,
     };
     let pods_client = api_server
@@ -390,7 +390,7 @@ pub async fn launch(config: &ServeConfig) -> anyhow::Result<Launched> {
             client,
             &webhook.settings.app_label,
             &webhook.settings.kubevirt,
-            crate::ledger::network::Interface::Primary,
+            ip_webhook_ledger::network::Interface::Primary,
         )) as Arc<dyn PodLookup>
     });
     if let Some(lookup) = &pod_lookup {

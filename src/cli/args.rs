@@ -39,9 +39,9 @@ fn log_format_parser() -> impl clap::builder::TypedValueParser<Value = LogFormat
     })
 }
 
-/// `--cni`: the names of [`crate::admission::annotations::CNIS`].
+/// `--cni`: the names of [`ip_webhook_admission::annotations::CNIS`].
 fn cni_parser() -> impl clap::builder::TypedValueParser<Value = Cni> {
-    PossibleValuesParser::new(crate::admission::annotations::CNIS.map(|d| d.name))
+    PossibleValuesParser::new(ip_webhook_admission::annotations::CNIS.map(|d| d.name))
         .try_map(|name| Cni::from_name(&name).ok_or_else(|| format!("no CNI is named {name:?}")))
 }
 
@@ -210,8 +210,8 @@ pub struct StatusArgs {
     pub pools_file: Option<PathBuf>,
     /// Show the claims of this secondary network (a `serve --network`) instead of the
     /// primary interface's.
-    #[arg(long, value_name = "NAMESPACE/NAME", value_parser = crate::ledger::network::Network::parse)]
-    pub network: Option<crate::ledger::network::Network>,
+    #[arg(long, value_name = "NAMESPACE/NAME", value_parser = ip_webhook_ledger::network::Network::parse)]
+    pub network: Option<ip_webhook_ledger::network::Network>,
     #[command(flatten)]
     pub verbosity: Verbosity,
     // Last: it ends with the etcd flags under their own help heading.
@@ -246,8 +246,8 @@ pub struct ExplainArgs {
     pub pools_file: Option<PathBuf>,
     /// A Multus secondary network the server gives IPs on (as `serve --network`): each
     /// replica's IP on it is shown too. Repeat for several.
-    #[arg(long = "network", value_name = "NAMESPACE/NAME", value_parser = crate::ledger::network::Network::parse)]
-    pub networks: Vec<crate::ledger::network::Network>,
+    #[arg(long = "network", value_name = "NAMESPACE/NAME", value_parser = ip_webhook_ledger::network::Network::parse)]
+    pub networks: Vec<ip_webhook_ledger::network::Network>,
     /// Also exit 3 when an object gets a warning (a mistyped ip-webhook.io/ key, more replicas
     /// than IPs), so that a CI gate stops on it; without, warnings are printed and exit 0.
     #[arg(long)]
@@ -356,8 +356,8 @@ pub struct DriftArgs {
     pub app_label: String,
     /// With --drift: compare the claims of this secondary network (a `serve --network`) with
     /// the IPs Multus reports for it, instead of the primary interface's.
-    #[arg(long, value_name = "NAMESPACE/NAME", value_parser = crate::ledger::network::Network::parse, conflicts_with = "url")]
-    pub network: Option<crate::ledger::network::Network>,
+    #[arg(long, value_name = "NAMESPACE/NAME", value_parser = ip_webhook_ledger::network::Network::parse, conflicts_with = "url")]
+    pub network: Option<ip_webhook_ledger::network::Network>,
 }
 
 /// Where claims are recorded.
@@ -427,8 +427,8 @@ pub struct WebhookArgs {
     /// A Multus network attachment whose IPs ip-webhook gives out (repeatable): the
     /// NAMESPACE/NAME of its NetworkAttachmentDefinition. A pod names its list for it in
     /// `NAME.NAMESPACE.ip-webhook.io/allocatable-ips`; each network's claims are kept apart.
-    #[arg(long = "network", value_name = "NAMESPACE/NAME", value_parser = crate::ledger::network::Network::parse)]
-    pub networks: Vec<crate::ledger::network::Network>,
+    #[arg(long = "network", value_name = "NAMESPACE/NAME", value_parser = ip_webhook_ledger::network::Network::parse)]
+    pub networks: Vec<ip_webhook_ledger::network::Network>,
     /// Talk to the API server described by this kubeconfig (selects --ledger kubernetes unless
     /// --ledger is given; with etcd or embedded, pods are looked up there to free leaked IPs).
     #[arg(long, value_name = "FILE")]

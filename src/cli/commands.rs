@@ -20,11 +20,11 @@ use crate::cli::{
     OutputFormat, ReleaseArgs, StatusArgs, find_cluster,
 };
 use crate::cluster::pods::PodDirectory;
-use crate::ipam::pools::PoolCatalog;
-use crate::ipam::usage::Report;
-use crate::ledger::network::Network;
-use crate::ledger::pod_lookup::{NoPodList, PodLookup};
-use crate::ledger::{ApiServer, Claim, KubeAccess, LedgerConfig, OpenError, OpenOptions};
+use ip_webhook_ipam::pools::PoolCatalog;
+use ip_webhook_ipam::usage::Report;
+use ip_webhook_ledger::network::Network;
+use ip_webhook_ledger::pod_lookup::{NoPodList, PodLookup};
+use ip_webhook_ledger::{ApiServer, Claim, KubeAccess, LedgerConfig, OpenError, OpenOptions};
 
 /// `value` in `format`; `table` writes the text for people, given whether `-o wide` asked
 /// for its extra columns.
@@ -76,7 +76,7 @@ async fn read(
         network: network.cloned(),
         ..OpenOptions::default()
     };
-    let opened = crate::ledger::open(&config.ledger, &options).await?;
+    let opened = ip_webhook_ledger::open(&config.ledger, &options).await?;
     let both = async {
         let pools = crate::app::pools(pools_file, opened.api_server.as_ref()).await?;
         let claims = opened
@@ -107,7 +107,7 @@ async fn pods_api(
 ) -> anyhow::Result<Option<ApiServer>> {
     match (ledgers, &config.api_server) {
         (Some(api_server), _) => Ok(Some(api_server)),
-        (None, Some(access)) => Ok(Some(crate::ledger::connect(access).await?)),
+        (None, Some(access)) => Ok(Some(ip_webhook_ledger::connect(access).await?)),
         (None, None) => Ok(None),
     }
 }
@@ -176,7 +176,9 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
     if let Some(client) = api_server.map(|a| a.watches) {
         cluster_view(&mut report, claims, client, &args).await;
     }
-    print(args.output, &report, |wide| report.to_table_with(wide))
+    print(args.output, &report, |wide| {
+        crate::ops::status::StatusTable::to_table_with(&report, wide)
+    })
 }
 
 /// What the cluster adds to `status`: the duplicates among the pods (the primary interface's)
@@ -229,7 +231,7 @@ pub async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
     // A manifest can be explained before anything runs: no ledger yet is an empty one,
     // said on stderr so that the output stays the same to a script.
     if let LedgerConfig::Embedded { state_dir } = &config.ledger {
-        match crate::ledger::open::existing_embedded(state_dir) {
+        match ip_webhook_ledger::open::existing_embedded(state_dir) {
             Err(OpenError::NoLedger(missing)) => {
                 eprintln!("note: {missing}; explaining against an empty ledger")
             }
@@ -385,7 +387,7 @@ async fn release_each(
         return Ok(answers);
     }
     if let LedgerConfig::Embedded { state_dir } = &config.ledger {
-        crate::ledger::open::existing_embedded(state_dir)?;
+        ip_webhook_ledger::open::existing_embedded(state_dir)?;
         if let Some(answers) = release_through_server(state_dir, requests).await? {
             return Ok(answers);
         }
@@ -395,7 +397,7 @@ async fn release_each(
         read_only: requests.iter().all(|r| r.dry_run),
         ..OpenOptions::default()
     };
-    let opened = match crate::ledger::open(&config.ledger, &options).await {
+    let opened = match ip_webhook_ledger::open(&config.ledger, &options).await {
         Err(OpenError::Embedded(error)) => {
             let LedgerConfig::Embedded { state_dir } = &config.ledger else {
                 unreachable!("only the embedded ledger fails so")
@@ -538,7 +540,7 @@ async fn drift(args: CheckArgs) -> anyhow::Result<()> {
         listed: &cluster.listed,
         cni: &cluster.cni,
         app_label: &args.drift.app_label,
-        now: crate::ledger::unix_now(),
+        now: ip_webhook_ledger::unix_now(),
         settle: crate::ops::drift::SETTLE_SECONDS,
         vms: &cluster.vms,
         network: args.drift.network.as_ref(),
@@ -606,7 +608,7 @@ pub async fn check(args: CheckArgs) -> anyhow::Result<()> {
                     source: cluster,
                     context: args.source.cluster.context.clone(),
                 };
-                let api_server = crate::ledger::connect(&access).await?;
+                let api_server = ip_webhook_ledger::connect(&access).await?;
                 cluster_bundles(
                     api_server.admission,
                     &args.webhook_configuration,

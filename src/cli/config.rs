@@ -1,14 +1,14 @@
 //! Arguments to configuration: the one place flags, and the environment some of them default
 //! from (POD_NAME, POD_NAMESPACE, KUBERNETES_SERVICE_HOST, the mounted service account),
-//! become the plain configurations of [`crate::app`] and [`crate::ledger`].
+//! become the plain configurations of [`crate::app`] and [`ip_webhook_ledger`].
 
 use super::*;
 use crate::app::{ClientCaConfig, ServeConfig, TlsConfig, WebhookConfig};
 use crate::cluster::lease::LeaseSettings;
 use crate::cluster::{ClusterOptions, PodIpSource, Rules};
-use crate::ledger::{ClusterSource, EtcdOptions, KubeAccess, LedgerConfig};
 use crate::server::Limits;
 use crate::webhook::Settings;
+use ip_webhook_ledger::{ClusterSource, EtcdOptions, KubeAccess, LedgerConfig};
 
 pub(crate) fn in_pod() -> bool {
     std::env::var_os("KUBERNETES_SERVICE_HOST").is_some_and(|v| !v.is_empty())
@@ -293,7 +293,7 @@ impl LedgerArgs {
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR))
         };
         let local = local.filter(|dir| {
-            self.nothing_named(cluster.as_ref()) && crate::ledger::embedded::exists_in(dir)
+            self.nothing_named(cluster.as_ref()) && ip_webhook_ledger::embedded::exists_in(dir)
         });
         let ledger = match (self.ledger, &cluster, local) {
             (Some(LedgerKind::Embedded), ..) => LedgerConfig::Embedded {

@@ -20,10 +20,10 @@ use anyhow::{Context, bail};
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::admission::annotations::Cni;
-use crate::ledger::{LedgerConfig, OpenOptions};
 use crate::metrics::Endpoint;
 use crate::server::logging::LogFormat;
+use ip_webhook_admission::annotations::Cni;
+use ip_webhook_ledger::{LedgerConfig, OpenOptions};
 
 /// What every command's exit status means (also in the README).
 pub(crate) const EXIT_CODES: &str = "Exit status: 0 done; 1 error (one `Error: …` line on stderr); \
@@ -153,13 +153,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => crate::app::serve_until_signal(args.config()).await,
         Command::Review(args) => review(args).await,
-        Command::Crds => emit(&crate::crd::crds_yaml()),
+        Command::Crds => emit(&ip_webhook_ledger::crd::crds_yaml()),
         Command::Status(args) => crate::cli::commands::status(args).await,
         Command::Explain(args) => crate::cli::commands::explain(args).await,
         Command::Release(args) => crate::cli::commands::release(args).await,
         Command::Check(args) => crate::cli::commands::check(args).await,
         Command::Ledger(LedgerCommand::Repair(args)) => {
-            let repair = crate::ledger::embedded::repair::repair(&args.state_dir, args.apply)?;
+            let repair = ip_webhook_ledger::embedded::repair::repair(&args.state_dir, args.apply)?;
             emit(&repair.to_string())
         }
         Command::Plugin(command) => plugin::run(command),
@@ -251,7 +251,7 @@ async fn review(args: ReviewArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::ClusterSource;
+    use ip_webhook_ledger::ClusterSource;
 
     #[test]
     fn durations() {
@@ -412,7 +412,7 @@ mod tests {
             ledger(&source(None, Some("s")), cluster.clone()),
             Ok(embedded("s"))
         );
-        let in_cluster = crate::ledger::KubeAccess {
+        let in_cluster = ip_webhook_ledger::KubeAccess {
             source: ClusterSource::InCluster,
             context: None,
         };
@@ -459,7 +459,7 @@ mod tests {
         };
         let home = || Some(ClusterSource::Home("/home/me/.kube/config".into()));
         let kubernetes = |source: ClusterSource, context: Option<&str>| {
-            Ok(LedgerConfig::Kubernetes(crate::ledger::KubeAccess {
+            Ok(LedgerConfig::Kubernetes(ip_webhook_ledger::KubeAccess {
                 source,
                 context: context.map(str::to_string),
             }))

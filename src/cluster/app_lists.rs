@@ -4,8 +4,8 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use crate::ipam::allocator::Allocator;
 use crate::webhook::workloads::WorkloadRegistry;
+use ip_webhook_ipam::allocator::Allocator;
 
 /// Which app (`namespace/app`) lists an IP: in-cluster, the watched workloads' pod templates
 /// (the same on every replica).

@@ -9,8 +9,8 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use super::{PodMap, change_log, claim_list, index, leader_view, lock};
-use crate::crd::{FixedIPPool, IPClaim};
 use crate::metrics::watch_health::WatchHealth;
+use ip_webhook_ledger::crd::{FixedIPPool, IPClaim};
 
 /// What the watches hold. Pods are kept as `PodInfo` only, and only pods that carry an IP.
 #[derive(Default)]

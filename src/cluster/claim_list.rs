@@ -13,7 +13,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
 
-use crate::crd::IPClaim;
+use ip_webhook_ledger::crd::IPClaim;
 
 /// What the claim watch changed since a list began. The watch notes a change while it holds
 /// the claim cache's lock, and the list is merged under that lock, so no change falls between.

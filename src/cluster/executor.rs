@@ -4,12 +4,12 @@
 use super::ClusterError;
 use super::reconcile::*;
 use super::virtual_machines::VmDirectory;
-use crate::crd::{FixedIPPool, FixedIPPoolStatus, IPClaim};
-use crate::ledger::kubernetes::{
+use crate::metrics::{AdoptReason, Metrics};
+use ip_webhook_ledger::crd::{FixedIPPool, FixedIPPoolStatus, IPClaim};
+use ip_webhook_ledger::kubernetes::{
     claim_name, delete_exact_object, is_status, status_now, to_resource,
 };
-use crate::ledger::{Claim, Phase, PodRef, Source, unix_now};
-use crate::metrics::{AdoptReason, Metrics};
+use ip_webhook_ledger::{Claim, Phase, PodRef, Source, unix_now};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder};

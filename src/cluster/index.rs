@@ -23,9 +23,9 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::Value;
 
 use super::Caches;
-use crate::ipam::foreign::{ForeignIps, ForeignUse};
-use crate::ledger::text::Shared;
 use crate::metrics::{CacheKindLabels, Metrics};
+use ip_webhook_ipam::foreign::{ForeignIps, ForeignUse};
+use ip_webhook_ledger::text::Shared;
 
 pub(crate) mod calico;
 mod changes;
@@ -534,7 +534,7 @@ fn status_code(error: &watcher::Error) -> Option<u16> {
 
 /// Kube-OVN `IP` objects.
 pub fn kube_ovn_ips() -> ApiResource {
-    super::cni::api_resource(crate::admission::annotations::CniObject::KubeOvnIps)
+    super::cni::api_resource(ip_webhook_admission::annotations::CniObject::KubeOvnIps)
 }
 
 /// Kube-OVN `IP` objects into `index`. While the CRD is not served (404) the index counts as

@@ -26,8 +26,8 @@ use super::lease::LeaderTicks;
 use super::parts::Offered;
 use super::watches::{Change, Mirror, drive};
 use super::{Caches, lock};
-use crate::ipam::ipset::{IpRange, IpSet, ip_key};
 use crate::webhook::cni_pools::{KUBE_OVN_GROUP, OvnSubnet};
+use ip_webhook_ipam::ipset::{IpRange, IpSet, ip_key};
 
 /// Our IPPools are named this plus the Subnet's name.
 pub(crate) const POOL_PREFIX: &str = "ip-webhook-";
@@ -347,7 +347,7 @@ async fn create_pool(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ipam::ipset::parse_ip_spec;
+    use ip_webhook_ipam::ipset::parse_ip_spec;
 
     fn set(spec: &str) -> IpSet {
         parse_ip_spec(spec).unwrap()

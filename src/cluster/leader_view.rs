@@ -21,7 +21,7 @@ use std::sync::Arc;
 use super::reconcile::{
     self, FastSet, Holdings, Plan, PodInfo, PodMap, Rules, Sightings, adopts_by_token,
 };
-use crate::crd::IPClaim;
+use ip_webhook_ledger::crd::IPClaim;
 
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
@@ -433,8 +433,8 @@ impl LeaderView {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::kubernetes::to_resource;
-    use crate::ledger::{Claim, Phase, PodRef, Source};
+    use ip_webhook_ledger::kubernetes::to_resource;
+    use ip_webhook_ledger::{Claim, Phase, PodRef, Source};
     use proptest::prelude::*;
     use std::collections::BTreeMap;
 

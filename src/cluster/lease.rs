@@ -17,8 +17,8 @@ use kube::api::PostParams;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::ledger::kubernetes::is_status;
 use crate::metrics::{LeaseLabels, Metrics};
+use ip_webhook_ledger::kubernetes::is_status;
 
 #[derive(Debug, Clone)]
 pub struct LeaseSettings {

@@ -9,8 +9,8 @@
 //! each executor asks the API server ([`super::virtual_machines::VmDirectory`]).
 
 use super::pod_info::{PodInfo, PodMap};
-use crate::ledger::claim::held_by;
-use crate::ledger::{Claim, Phase};
+use ip_webhook_ledger::claim::held_by;
+use ip_webhook_ledger::{Claim, Phase};
 
 /// The leader's timing rules.
 #[derive(Debug, Clone, Copy)]

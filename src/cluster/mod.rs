@@ -11,9 +11,9 @@ use kube::{Api, Client};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::admission::annotations::{Cni, CniObject};
-use crate::ledger::network::Interface;
 use crate::webhook::Webhook;
+use ip_webhook_admission::annotations::{Cni, CniObject};
+use ip_webhook_ledger::network::Interface;
 
 pub(crate) mod app_lists;
 mod caches;

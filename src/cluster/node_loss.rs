@@ -35,9 +35,9 @@ use super::controller::ControllerKind;
 use super::index::{ClusterIps, RunningPod};
 use super::lease::LeaderTicks;
 use super::watches::{Change, Mirror, drive};
-use crate::ipam::allocator::Allocator;
-use crate::ledger::Claim;
 use crate::metrics::Metrics;
+use ip_webhook_ipam::allocator::Allocator;
+use ip_webhook_ledger::Claim;
 
 /// A node's `Ready` condition: whether it is `True`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -485,7 +485,7 @@ mod tests {
 
     #[test]
     fn a_released_lost_pods_ip_stops_counting_as_used_until_the_pod_goes() {
-        use crate::ipam::foreign::ForeignIps;
+        use ip_webhook_ipam::foreign::ForeignIps;
         let index = ClusterIps::default();
         let ip = "10.0.0.1".parse().unwrap();
         index.set_pods(vec![slim(Some(ControllerKind::ReplicaSet), Some(1))]);

@@ -7,15 +7,15 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use crate::ipam::allocator::Allocator;
-use crate::ipam::ipset::IpSet;
-use crate::ipam::pools::PoolCatalog;
-use crate::ledger::network::{Interface, Network};
 use crate::metrics::Metrics;
 use crate::webhook::Webhook;
 use crate::webhook::cni_pools::NetworkRegistry;
 use crate::webhook::kubevirt::KubevirtSettings;
 use crate::webhook::workloads::WorkloadRegistry;
+use ip_webhook_ipam::allocator::Allocator;
+use ip_webhook_ipam::ipset::IpSet;
+use ip_webhook_ipam::pools::PoolCatalog;
+use ip_webhook_ledger::network::{Interface, Network};
 
 use super::app_lists::WorkloadLists;
 

@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 
 use super::index::RunningPod;
-use crate::ledger::claim::PodIdentity;
+use ip_webhook_ledger::claim::PodIdentity;
 
 /// The pods that carry an IP, by UID: what a pass reads for every claim. Hashed with
 /// foldhash (seeded per process; UIDs are the API server's, not a user's choice): a pass

@@ -12,17 +12,17 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{ListParams, PartialObjectMeta};
 use kube::{Api, Client, Resource};
 
-use crate::ledger::Claim;
-use crate::ledger::claim::PodPresence;
-use crate::ledger::pod_lookup::{PodLookup, PodState};
+use ip_webhook_ledger::Claim;
+use ip_webhook_ledger::claim::PodPresence;
+use ip_webhook_ledger::pod_lookup::{PodLookup, PodState};
 
 use super::lifecycle::takes_up;
 use super::listed_pod::ListedPod;
 use super::virtual_machines::VmDirectory;
 use super::watches::network_pod_info;
 use super::{ClusterError, pod_info};
-use crate::admission::annotations::ALLOCATED_IP_LABEL;
-use crate::ledger::network::Network;
+use ip_webhook_admission::annotations::ALLOCATED_IP_LABEL;
+use ip_webhook_ledger::network::Network;
 
 /// Lists pods through the API server (the operator's kubeconfig, or the service account).
 /// A virtual machine's claim is held while the VM is ([`VmDirectory`]), not its pod.
@@ -51,7 +51,7 @@ impl PodDirectory {
         client: Client,
         app_label: &str,
         kubevirt: &crate::webhook::kubevirt::KubevirtSettings,
-        interface: crate::ledger::network::Interface<'_>,
+        interface: ip_webhook_ledger::network::Interface<'_>,
     ) -> PodDirectory {
         let pods =
             PodDirectory::new(client, app_label).release_vms_on_stop(kubevirt.release_on_stop);
@@ -346,9 +346,9 @@ impl PodLookup for PodDirectory {
         namespace: &str,
         name: &str,
         ip: IpAddr,
-    ) -> Result<bool, crate::ledger::LedgerError> {
+    ) -> Result<bool, ip_webhook_ledger::LedgerError> {
         let pod = self.api(namespace).get_opt(name).await.map_err(|source| {
-            crate::ledger::LedgerError::PodRead {
+            ip_webhook_ledger::LedgerError::PodRead {
                 namespace: namespace.to_string(),
                 name: name.to_string(),
                 source: Box::new(source),
@@ -441,7 +441,7 @@ fn list_failed(namespace: &str, source: kube::Error) -> ClusterError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::{Phase, PodRef, Source};
+    use ip_webhook_ledger::{Phase, PodRef, Source};
     use serde_json::json;
 
     const AT: u64 = 1_764_400_000;
@@ -507,7 +507,7 @@ mod tests {
 
     fn with_token(mut pod: Pod, token: &str) -> Pod {
         pod.metadata.annotations.get_or_insert_default().insert(
-            crate::admission::annotations::CLAIM_TOKEN.into(),
+            ip_webhook_admission::annotations::CLAIM_TOKEN.into(),
             token.into(),
         );
         pod

@@ -9,10 +9,10 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use super::lifecycle::{self, Age, Verdict};
-use crate::crd::{FixedIPPoolStatus, IPClaim};
-use crate::ipam::pools::PoolCatalog;
-use crate::ledger::Claim;
 use crate::metrics::AdoptReason;
+use ip_webhook_ipam::pools::PoolCatalog;
+use ip_webhook_ledger::Claim;
+use ip_webhook_ledger::crd::{FixedIPPoolStatus, IPClaim};
 
 pub(crate) use super::pod_info::FastSet;
 pub use super::pod_info::{PodInfo, PodMap};
@@ -390,10 +390,10 @@ pub(crate) fn pool_statuses(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crd::IPClaimStatus;
-    use crate::ledger::kubernetes::rfc3339;
-    use crate::ledger::kubernetes::to_resource;
-    use crate::ledger::{Phase, PodRef, Source};
+    use ip_webhook_ledger::crd::IPClaimStatus;
+    use ip_webhook_ledger::kubernetes::rfc3339;
+    use ip_webhook_ledger::kubernetes::to_resource;
+    use ip_webhook_ledger::{Phase, PodRef, Source};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use k8s_openapi::jiff::Timestamp;
 
@@ -1176,7 +1176,7 @@ mod list_adoption_tests {
             namespace: "legacy".into(),
             name: name.into(),
         };
-        let set = |text: &str| crate::ipam::ipset::parse_ip_spec(text).unwrap();
+        let set = |text: &str| ip_webhook_ipam::ipset::parse_ip_spec(text).unwrap();
         registry.record(id("web"), "legacy/web".into(), &set("10.99.0.1-10.99.0.4"));
         registry.record(id("db"), "legacy/db".into(), &set("10.99.0.4"));
         let ip = |text: &str| text.parse::<IpAddr>().unwrap();

@@ -1,9 +1,9 @@
 //! The reconcile loop ([`Reconciler`]): every replica marks itself ready once synced and
 //! resyncs its index; the leader also acts on the plan of [`super::reconcile`].
 
-use crate::crd::{FixedIPPool, IPClaim};
-use crate::ipam::allocator::Allocator;
-use crate::ledger::kubernetes::{PRIMARY_SELECTOR, from_resource};
+use ip_webhook_ipam::allocator::Allocator;
+use ip_webhook_ledger::crd::{FixedIPPool, IPClaim};
+use ip_webhook_ledger::kubernetes::{PRIMARY_SELECTOR, from_resource};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
 use kube::{Api, Client};
@@ -321,7 +321,7 @@ impl Reconciler {
             |params| {
                 let api = pods_api.clone();
                 let params = if ours {
-                    params.labels(crate::admission::annotations::ALLOCATED_IP_LABEL)
+                    params.labels(ip_webhook_admission::annotations::ALLOCATED_IP_LABEL)
                 } else {
                     params
                 };

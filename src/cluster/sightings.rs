@@ -6,9 +6,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::pod_info::PodMap;
-use crate::crd::IPClaim;
-use crate::ledger::Claim;
-use crate::ledger::kubernetes::from_resource;
+use ip_webhook_ledger::Claim;
+use ip_webhook_ledger::crd::IPClaim;
+use ip_webhook_ledger::kubernetes::from_resource;
 
 /// What a claim says about its holder; a change of any part restarts its age.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,7 +61,7 @@ struct Sighting {
 #[derive(Debug)]
 struct Read {
     resource: Arc<IPClaim>,
-    claim: Result<Claim, crate::ledger::LedgerError>,
+    claim: Result<Claim, ip_webhook_ledger::LedgerError>,
 }
 
 impl Sighting {
@@ -174,7 +174,7 @@ impl Sightings {
             .get(name)
             .and_then(|seen| seen.read.as_ref())
             .filter(|read| Arc::ptr_eq(&read.resource, resource));
-        let skip = |error: &crate::ledger::LedgerError| {
+        let skip = |error: &ip_webhook_ledger::LedgerError| {
             tracing::warn!(%error, "the reconciler skips an IPClaim");
         };
         match read.map(|read| &read.claim) {

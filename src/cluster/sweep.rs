@@ -20,9 +20,9 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::ipam::allocator::Allocator;
-use crate::ledger::{Claim, Phase, Text, claim};
 use crate::metrics::Metrics;
+use ip_webhook_ipam::allocator::Allocator;
+use ip_webhook_ledger::{Claim, Phase, Text, claim};
 
 use super::lifecycle::{self, Age, DropReason, Rules, Verdict};
 use super::pod_info::{PodInfo, PodMap};
@@ -295,7 +295,7 @@ impl Sweeper {
     async fn bind(&self, claim: &Claim, pod: &PodInfo) {
         let next = Claim {
             sticky: pod.stateful,
-            ..claim::bound(claim, &pod.name, &pod.uid, crate::ledger::unix_now())
+            ..claim::bound(claim, &pod.name, &pod.uid, ip_webhook_ledger::unix_now())
         };
         match self.allocator.transition(claim, &next).await {
             Ok(true) => {

@@ -1,5 +1,5 @@
 //! Whether a KubeVirt virtual machine still holds its IP: the question a VM's claim is
-//! released on ([`crate::ledger::Claim::vm`]), asked of the API server, never of a cache.
+//! released on ([`ip_webhook_ledger::Claim::vm`]), asked of the API server, never of a cache.
 //!
 //! A VM holds its IP while its VirtualMachine or its VirtualMachineInstance exists (a VMI
 //! without a VM is a VM of its own); a stopped VM (a VirtualMachine with no VMI) keeps it

@@ -8,18 +8,18 @@
 //! which a store read after the fact would not give. The stream underneath is
 //! `kube_runtime::watcher` with its backoff.
 
-use crate::admission::annotations::{CLAIM_TOKEN, carried_ips};
-use crate::admission::networks::pod_network_ips;
-use crate::crd::{FixedIPPool, IPClaim};
-use crate::ipam::allocator::Allocator;
-use crate::ipam::pools::{Pool, PoolCatalog, PoolError};
-use crate::ledger::claim::is_token;
-use crate::ledger::kubernetes::{PRIMARY_SELECTOR, from_resource};
-use crate::ledger::network::Network;
-use crate::ledger::{ObservedChange, unix_now};
 use crate::metrics::watch_health::WatchHealth;
 use crate::webhook::kubevirt::launcher_vm_of_object;
 use futures::{Stream, StreamExt};
+use ip_webhook_admission::annotations::{CLAIM_TOKEN, carried_ips};
+use ip_webhook_admission::networks::pod_network_ips;
+use ip_webhook_ipam::allocator::Allocator;
+use ip_webhook_ipam::pools::{Pool, PoolCatalog, PoolError};
+use ip_webhook_ledger::claim::is_token;
+use ip_webhook_ledger::crd::{FixedIPPool, IPClaim};
+use ip_webhook_ledger::kubernetes::{PRIMARY_SELECTOR, from_resource};
+use ip_webhook_ledger::network::Network;
+use ip_webhook_ledger::{ObservedChange, unix_now};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::Api;
@@ -43,7 +43,7 @@ pub fn pod_info(meta: &ObjectMeta, app_label: &str) -> Option<PodInfo> {
 }
 
 /// The compact record of a pod as a secondary network's books see it: the IPs it carries on
-/// `network` ([`crate::admission::networks::carried_on`], the reading admission and DELETE
+/// `network` ([`ip_webhook_admission::networks::carried_on`], the reading admission and DELETE
 /// use); `None` when it carries none.
 pub(crate) fn network_pod_info(
     meta: &ObjectMeta,
@@ -293,7 +293,7 @@ pub async fn watch_claims(api: Api<IPClaim>, caches: Arc<Caches>, allocator: Arc
                     Ok(parsed) => {
                         allocator.apply_observed(ObservedChange::Held(parsed));
                     }
-                    Err(error) => crate::ledger::skip_corrupt(
+                    Err(error) => ip_webhook_ledger::skip_corrupt(
                         &error,
                         "ignoring an IPClaim that cannot be read (its IP stays held)",
                     ),

@@ -9,9 +9,9 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeGaugeValue, EncodeMet
 use prometheus_client::metrics::gauge::ConstGauge;
 
 use super::{AppLabels, PoolLabels};
-use crate::ipam::allocator::Allocator;
-use crate::ipam::pools::PoolCatalog;
-use crate::ipam::usage::Report;
+use ip_webhook_ipam::allocator::Allocator;
+use ip_webhook_ipam::pools::PoolCatalog;
+use ip_webhook_ipam::usage::Report;
 
 /// Where the per-pool and per-app gauges are computed from at each scrape.
 pub(super) struct CapacitySource {
@@ -64,9 +64,9 @@ fn gauge_count(n: u64) -> i64 {
 /// `pool_*`: each FixedIPPool's size, held and reserved IPs, and utilization.
 fn encode_pool_gauges(
     encoder: &mut DescriptorEncoder,
-    pools: &[crate::ipam::usage::PoolStatus],
+    pools: &[ip_webhook_ipam::usage::PoolStatus],
 ) -> Result<(), std::fmt::Error> {
-    let pool = |p: &crate::ipam::usage::PoolStatus| {
+    let pool = |p: &ip_webhook_ipam::usage::PoolStatus| {
         PoolOrApp::Pool(PoolLabels {
             pool: p.name.clone(),
         })
@@ -114,9 +114,9 @@ fn encode_pool_gauges(
 /// `app_*`: each app's list (or pool) size, held and free IPs, and utilization.
 fn encode_app_gauges(
     encoder: &mut DescriptorEncoder,
-    apps: &[crate::ipam::usage::AppStatus],
+    apps: &[ip_webhook_ipam::usage::AppStatus],
 ) -> Result<(), std::fmt::Error> {
-    let app = |a: &crate::ipam::usage::AppStatus| {
+    let app = |a: &ip_webhook_ipam::usage::AppStatus| {
         PoolOrApp::App(AppLabels {
             app_namespace: a.namespace.clone(),
             app: a.app.clone(),
@@ -157,7 +157,7 @@ fn encode_app_gauges(
 
 /// Taken / usable IPs of what the app draws from: its own list (taken = held by the app), or
 /// its pool (taken = held by any app of the pool). `None` when the size is unknown or 0.
-pub(crate) fn app_utilization(app: &crate::ipam::usage::AppStatus) -> Option<f64> {
+pub(crate) fn app_utilization(app: &ip_webhook_ipam::usage::AppStatus) -> Option<f64> {
     let size = app.size.filter(|s| *s > 0)?;
     let taken = size.saturating_sub(app.free?);
     Some(taken as f64 / size as f64)

@@ -25,10 +25,10 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::ipam::allocator::Allocator;
-use crate::ipam::pools::PoolCatalog;
-use crate::ledger::embedded::CommitCounters;
-use crate::ledger::timed::LedgerLabels;
+use ip_webhook_ipam::allocator::Allocator;
+use ip_webhook_ipam::pools::PoolCatalog;
+use ip_webhook_ledger::embedded::CommitCounters;
+use ip_webhook_ledger::timed::LedgerLabels;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
 #[allow(non_camel_case_types)]
@@ -224,7 +224,7 @@ pub struct Metrics {
     /// app's list, started before ip-webhook was installed).
     pub adoptions: Family<ReasonLabels, Counter>,
     /// Whether the ledger can serve (failures in a row, since when): `/readyz` reads it.
-    pub ledger_health: Arc<crate::ledger::health::LedgerHealth>,
+    pub ledger_health: Arc<ip_webhook_ledger::health::LedgerHealth>,
     /// Whether the in-cluster watches are live (`watch_health`).
     pub watch_health: Arc<watch_health::WatchHealth>,
     /// Time of each ledger call, by ledger and operation.
@@ -349,7 +349,7 @@ impl Metrics {
             ledger: CommitCounters::default(),
             duplicate_ips: Gauge::default(),
             adoptions: Family::default(),
-            ledger_health: Arc::new(crate::ledger::health::LedgerHealth::new()),
+            ledger_health: Arc::new(ip_webhook_ledger::health::LedgerHealth::new()),
             watch_health: Default::default(),
             // 50 µs .. ~13 s
             ledger_latency: Family::new_with_constructor(|| {
@@ -444,12 +444,12 @@ impl Metrics {
         registry.register(
             "ledger_corrupt_records",
             "Ledger records that could not be read (hand-edited or foreign), skipped; their IP stays held",
-            crate::ledger::corrupt_records().clone(),
+            ip_webhook_ledger::corrupt_records().clone(),
         );
         registry.register(
             "ledger_index_resyncs",
             "Times the index was reloaded whole from a shared ledger (etcd: compaction gap, reconnect, --resync-period)",
-            crate::ledger::index_resyncs().clone(),
+            ip_webhook_ledger::index_resyncs().clone(),
         );
         registry.register(
             "ledger_operation_seconds",
@@ -633,7 +633,7 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ipam::usage::AppStatus;
+    use ip_webhook_ipam::usage::AppStatus;
 
     /// The value of the one sample of `name` whose labels contain `labels`.
     fn sample(text: &str, name: &str, labels: &str) -> Option<f64> {
@@ -725,7 +725,7 @@ mod tests {
 
     #[tokio::test]
     async fn app_metrics_label_the_apps_namespace_app_namespace() {
-        use crate::ledger::{Claim, Ledger, MemoryLedger, Phase, PodRef, Source};
+        use ip_webhook_ledger::{Claim, Ledger, MemoryLedger, Phase, PodRef, Source};
         // refusals get a series of their own only for apps that hold IPs
         let ledger = Arc::new(MemoryLedger::new());
         for (ip, namespace) in [("10.0.0.1", "prod"), ("10.0.0.2", "default")] {

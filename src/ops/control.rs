@@ -16,8 +16,8 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
 use super::release::{Outcome, Request, release_from};
-use crate::ipam::allocator::Allocator;
-use crate::ledger::pod_lookup::{NoPodList, PodLookup};
+use ip_webhook_ipam::allocator::Allocator;
+use ip_webhook_ledger::pod_lookup::{NoPodList, PodLookup};
 
 /// The directory of the state dir that holds the socket.
 pub(crate) const SOCKET_DIR: &str = "control";
@@ -284,8 +284,8 @@ pub async fn ask(state_dir: &Path, request: &Request) -> Result<Option<Reply>, C
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::{Claim, Ledger, MemoryLedger};
     use crate::ops::release::tests::bound;
+    use ip_webhook_ledger::{Claim, Ledger, MemoryLedger};
 
     async fn serving(dir: &Path, claims: &[Claim]) -> (Arc<Allocator>, Arc<MemoryLedger>) {
         let ledger = Arc::new(MemoryLedger::new());

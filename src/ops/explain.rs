@@ -9,16 +9,16 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::admission::{self, ReviewError};
-use crate::ipam::allocator::{Allocator, Reason};
-use crate::ipam::pools::PoolCatalog;
-use crate::ledger::{Claim, CreateOutcome, Ledger, LedgerError, MemoryLedger};
 use crate::metrics::Metrics;
 use crate::webhook::kubevirt;
 use crate::webhook::mutate::{self, PodDecision};
 use crate::webhook::validate;
 use crate::webhook::workloads;
 use crate::webhook::{Settings, Webhook};
+use ip_webhook_admission::{self as admission, ReviewError};
+use ip_webhook_ipam::allocator::{Allocator, Reason};
+use ip_webhook_ipam::pools::PoolCatalog;
+use ip_webhook_ledger::{Claim, CreateOutcome, Ledger, LedgerError, MemoryLedger};
 
 use networks::network_holdings;
 pub(crate) use networks::{NetworkIps, network_sandboxes};
@@ -174,7 +174,7 @@ fn review(
         request["userInfo"] = json!({"username": user});
     }
     serde_json::to_vec(&json!({
-        "apiVersion": crate::admission::V1,
+        "apiVersion": ip_webhook_admission::V1,
         "kind": "AdmissionReview",
         "request": request,
     }))
@@ -349,13 +349,13 @@ fn existing_outcome(webhook: &Webhook, replica: u64, claims: &[Claim]) -> Replic
         Some(at) => format!(
             "already holds it ({:?} since {}; released at {} once the pod is gone)",
             c.phase,
-            crate::ipam::usage::rfc3339(c.created_at),
-            crate::ipam::usage::rfc3339(at)
+            ip_webhook_ipam::usage::rfc3339(c.created_at),
+            ip_webhook_ipam::usage::rfc3339(at)
         ),
         None => format!(
             "already holds it ({:?} since {})",
             c.phase,
-            crate::ipam::usage::rfc3339(c.created_at)
+            ip_webhook_ipam::usage::rfc3339(c.created_at)
         ),
     };
     ReplicaOutcome {

@@ -3,8 +3,8 @@
 
 use std::net::IpAddr;
 
-use crate::ledger::pod_lookup::{PodLookup, PodState};
-use crate::ledger::{Claim, Ledger, LedgerError, Phase, unix_now};
+use ip_webhook_ledger::pod_lookup::{PodLookup, PodState};
+use ip_webhook_ledger::{Claim, Ledger, LedgerError, Phase, unix_now};
 
 /// What the operator asks to free.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -183,7 +183,7 @@ impl Outcome {
                 "{ip} ({:?}, held by {}{app} since {})",
                 c.phase,
                 c.named_holder(),
-                crate::ipam::usage::rfc3339(c.created_at)
+                ip_webhook_ipam::usage::rfc3339(c.created_at)
             )
         };
         match self {
@@ -325,9 +325,9 @@ pub(crate) async fn release_from(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::ledger::pod_lookup::NoPodList;
-    use crate::ledger::{CreateOutcome, MemoryLedger, Phase, PodRef, Source};
     use async_trait::async_trait;
+    use ip_webhook_ledger::pod_lookup::NoPodList;
+    use ip_webhook_ledger::{CreateOutcome, MemoryLedger, Phase, PodRef, Source};
 
     struct Fixed(PodState);
 

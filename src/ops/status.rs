@@ -1,27 +1,27 @@
 //! `status`: who holds which IP, per pool and per app, from the claims of any ledger; the
-//! counts are [`crate::ipam::usage::Report`]'s, this is their text, and in-cluster the IPs two
+//! counts are [`ip_webhook_ipam::usage::Report`]'s, this is their text, and in-cluster the IPs two
 //! live pods carry.
 
 use crate::cluster::reconcile::Duplicate;
-use crate::ipam::usage::{AppStatus, DuplicateStatus, Holder, Report};
+use ip_webhook_ipam::usage::{AppStatus, DuplicateStatus, Holder, Report};
 
-impl DuplicateStatus {
-    pub(crate) fn from_found(found: &Duplicate) -> DuplicateStatus {
-        let pods: Vec<String> = found
+/// A duplicate the reconciler found, as `status` reports it: the pods first, the one that
+/// keeps the IP first of all.
+pub(crate) fn duplicate_status(found: &Duplicate) -> DuplicateStatus {
+    let pods: Vec<String> = found
+        .pods
+        .iter()
+        .map(|p| format!("{}/{}", p.namespace, p.name))
+        .collect();
+    DuplicateStatus {
+        ip: found.ip,
+        keeps: pods.first().cloned().unwrap_or_default(),
+        apps: found
             .pods
             .iter()
-            .map(|p| format!("{}/{}", p.namespace, p.name))
-            .collect();
-        DuplicateStatus {
-            ip: found.ip,
-            keeps: pods.first().cloned().unwrap_or_default(),
-            apps: found
-                .pods
-                .iter()
-                .map(|p| format!("{}/{}", p.namespace, p.app))
-                .collect(),
-            pods,
-        }
+            .map(|p| format!("{}/{}", p.namespace, p.app))
+            .collect(),
+        pods,
     }
 }
 
@@ -50,29 +50,35 @@ pub(crate) async fn cluster_duplicates(
     .await?;
     Ok(crate::cluster::reconcile::duplicates(&infos)
         .iter()
-        .map(DuplicateStatus::from_found)
+        .map(duplicate_status)
         .collect())
 }
 
-impl Report {
+/// `status`'s text of the allocator's [`Report`]: the counts are the allocator's, their text
+/// the operator command's.
+pub(crate) trait StatusTable {
     /// The kubectl-style text: a pool table, an app table and a holder table.
     #[cfg(test)]
-    pub(crate) fn to_table(&self) -> String {
+    fn to_table(&self) -> String {
         self.to_table_with(false)
     }
 
-    /// [`Report::to_table`]; `wide` (`-o wide`) adds each holder's pool, pod UID, claim token
-    /// and admission request.
-    pub(crate) fn to_table_with(&self, wide: bool) -> String {
+    /// [`StatusTable::to_table`]; `wide` (`-o wide`) adds each holder's pool, pod UID, claim
+    /// token and admission request.
+    fn to_table_with(&self, wide: bool) -> String;
+}
+
+impl StatusTable for Report {
+    fn to_table_with(&self, wide: bool) -> String {
         let mut out = String::new();
         if !self.pools.is_empty() {
-            out.push_str(&self.pool_table());
+            out.push_str(&pool_table(self));
         }
         if !self.apps.is_empty() {
             if !out.is_empty() {
                 out.push('\n');
             }
-            out.push_str(&self.app_table());
+            out.push_str(&app_table(self));
             let holders: Vec<&Holder> = self.apps.iter().flat_map(|a| &a.holders).collect();
             if !holders.is_empty() {
                 out.push('\n');
@@ -83,71 +89,71 @@ impl Report {
             if !out.is_empty() {
                 out.push('\n');
             }
-            out.push_str(&self.duplicate_table());
+            out.push_str(&duplicate_table(self));
         }
         if out.is_empty() {
             out.push_str("No IPs are held and no FixedIPPools are defined.\n");
         }
         out
     }
+}
 
-    /// One row per FixedIPPool: its CIDR and capacity.
-    fn pool_table(&self) -> String {
-        let rows = self
-            .pools
-            .iter()
-            .map(|p| {
-                let mut row = vec![
-                    p.name.clone(),
-                    p.cidr.clone().unwrap_or_else(|| "(undefined)".into()),
-                ];
-                row.extend(capacity_columns(p.size, p.held, p.reserved, p.free));
-                row
-            })
-            .collect::<Vec<_>>();
-        table(
-            &["POOL", "CIDR", "SIZE", "HELD", "RESERVED", "FREE", "USED"],
-            &rows,
-        )
-    }
+/// One row per FixedIPPool: its CIDR and capacity.
+fn pool_table(report: &Report) -> String {
+    let rows = report
+        .pools
+        .iter()
+        .map(|p| {
+            let mut row = vec![
+                p.name.clone(),
+                p.cidr.clone().unwrap_or_else(|| "(undefined)".into()),
+            ];
+            row.extend(capacity_columns(p.size, p.held, p.reserved, p.free));
+            row
+        })
+        .collect::<Vec<_>>();
+    table(
+        &["POOL", "CIDR", "SIZE", "HELD", "RESERVED", "FREE", "USED"],
+        &rows,
+    )
+}
 
-    /// One row per app: its pool and capacity.
-    fn app_table(&self) -> String {
-        let rows = self
-            .apps
-            .iter()
-            .map(|a| {
-                let mut row = vec![app_name(a), a.pool.clone().unwrap_or_else(|| "-".into())];
-                row.extend(capacity_columns(a.size, a.held, a.reserved, a.free));
-                row
-            })
-            .collect::<Vec<_>>();
-        table(
-            &["APP", "POOL", "SIZE", "HELD", "RESERVED", "FREE", "USED"],
-            &rows,
-        )
-    }
+/// One row per app: its pool and capacity.
+fn app_table(report: &Report) -> String {
+    let rows = report
+        .apps
+        .iter()
+        .map(|a| {
+            let mut row = vec![app_name(a), a.pool.clone().unwrap_or_else(|| "-".into())];
+            row.extend(capacity_columns(a.size, a.held, a.reserved, a.free));
+            row
+        })
+        .collect::<Vec<_>>();
+    table(
+        &["APP", "POOL", "SIZE", "HELD", "RESERVED", "FREE", "USED"],
+        &rows,
+    )
+}
 
-    /// The IPs carried by two or more live pods, under a line that says what to do.
-    fn duplicate_table(&self) -> String {
-        let mut out = format!(
-            "DUPLICATE IPS: {} IP(s) carried by two or more live pods; the oldest keeps each, delete the others\n",
-            self.duplicates.len()
-        );
-        let rows = self
-            .duplicates
-            .iter()
-            .map(|d| {
-                vec![
-                    d.ip.to_string(),
-                    d.keeps.clone(),
-                    d.pods.iter().skip(1).cloned().collect::<Vec<_>>().join(","),
-                ]
-            })
-            .collect::<Vec<_>>();
-        out.push_str(&table(&["IP", "KEEPS", "ALSO ON"], &rows));
-        out
-    }
+/// The IPs carried by two or more live pods, under a line that says what to do.
+fn duplicate_table(report: &Report) -> String {
+    let mut out = format!(
+        "DUPLICATE IPS: {} IP(s) carried by two or more live pods; the oldest keeps each, delete the others\n",
+        report.duplicates.len()
+    );
+    let rows = report
+        .duplicates
+        .iter()
+        .map(|d| {
+            vec![
+                d.ip.to_string(),
+                d.keeps.clone(),
+                d.pods.iter().skip(1).cloned().collect::<Vec<_>>().join(","),
+            ]
+        })
+        .collect::<Vec<_>>();
+    out.push_str(&table(&["IP", "KEEPS", "ALSO ON"], &rows));
+    out
 }
 
 /// One row per held IP: its app, pod, node, phase, source and age.
@@ -288,8 +294,8 @@ pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ipam::pools::PoolCatalog;
-    use crate::ledger::{Claim, Phase, PodRef, Source};
+    use ip_webhook_ipam::pools::PoolCatalog;
+    use ip_webhook_ledger::{Claim, Phase, PodRef, Source};
 
     fn claim(ip: &str, app: &str, pod: &str, phase: Phase, size: Option<u64>) -> Claim {
         Claim {
@@ -365,7 +371,7 @@ mod tests {
         };
         let claims = [claim("10.97.40.1", "web", "web-old", Phase::Bound, Some(4))];
         let mut report = Report::build(&claims, &PoolCatalog::default(), true);
-        report.duplicates = vec![DuplicateStatus::from_found(&found)];
+        report.duplicates = vec![duplicate_status(&found)];
         let text = report.to_table();
         assert!(
             text.ends_with(

@@ -18,7 +18,7 @@
 //! the answer rather than a stream reset.
 //!
 //! Admin: `GET /healthz`, `GET /readyz` (200 once the caller marks `ready` and while the
-//! ledger answers: 503 after repeated ledger failures, see `crate::ledger::health`), `GET /metrics`.
+//! ledger answers: 503 after repeated ledger failures, see `ip_webhook_ledger::health`), `GET /metrics`.
 
 mod admin;
 use admin::serve_admin;
@@ -543,7 +543,7 @@ pub(crate) struct Panic {
 }
 
 /// Run a future; a panic inside becomes `Err(Panic)` instead of tearing down the connection.
-/// Not an `async fn`, for the reason [`crate::ledger::health::with_deadline`] gives.
+/// Not an `async fn`, for the reason [`ip_webhook_ledger::health::with_deadline`] gives.
 pub(crate) fn recover<T>(
     future: impl Future<Output = T>,
 ) -> impl Future<Output = Result<T, Panic>> {

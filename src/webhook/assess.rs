@@ -5,17 +5,17 @@
 use std::fmt;
 use std::net::IpAddr;
 
-use crate::admission::Response;
-use crate::admission::annotations::{
+use crate::metrics::AllocationOutcome;
+use crate::webhook::{Candidates, PodView, Webhook};
+use ip_webhook_admission::Response;
+use ip_webhook_admission::annotations::{
     AnnotationError, CLAIM_TOKEN, OVN_IP_POOL, STATUS, STATUS_MUTATED, carried_with,
     parse_ovn_ip_pool, static_ips,
 };
-use crate::ipam::allocator::AllocError;
-use crate::ipam::ipset::IpSet;
-use crate::ipam::messages::Scope;
-use crate::ledger::claim::{PodIdentity, is_token};
-use crate::metrics::AllocationOutcome;
-use crate::webhook::{Candidates, PodView, Webhook};
+use ip_webhook_ipam::allocator::AllocError;
+use ip_webhook_ipam::ipset::IpSet;
+use ip_webhook_ipam::messages::Scope;
+use ip_webhook_ledger::claim::{PodIdentity, is_token};
 
 /// Why a pod is refused. `Display` is the message the API server shows.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -3,12 +3,12 @@
 
 use std::net::IpAddr;
 
-use crate::ipam::allocator::Allocator;
-use crate::ipam::foreign::ForeignUse;
-use crate::ipam::messages::{conflict_message, foreign_message};
-use crate::ledger::pod_lookup::PodLookup;
-use crate::ledger::{Claim, PodRef};
 use crate::webhook::assess::Denial;
+use ip_webhook_ipam::allocator::Allocator;
+use ip_webhook_ipam::foreign::ForeignUse;
+use ip_webhook_ipam::messages::{conflict_message, foreign_message};
+use ip_webhook_ledger::pod_lookup::PodLookup;
+use ip_webhook_ledger::{Claim, PodRef};
 
 /// The IPs of `ips` that no claim of the pod's (`mine`) covers and that are free for it (`vm`:
 /// the pod is a launcher pod of that VM, whose other launcher pods share its IPs); the

@@ -31,10 +31,10 @@ use std::sync::{Arc, OnceLock, RwLock};
 
 use serde::Deserialize;
 
-use crate::admission::{Incoming, Operation, Response, ReviewError};
-use crate::crd::{self, IPClaim};
-use crate::ledger::Phase;
-use crate::ledger::kubernetes::from_resource;
+use ip_webhook_admission::{Incoming, Operation, Response, ReviewError};
+use ip_webhook_ledger::Phase;
+use ip_webhook_ledger::crd::{self, IPClaim};
+use ip_webhook_ledger::kubernetes::from_resource;
 
 /// The annotation that lets a hand edit of an IPClaim through.
 pub(crate) const FORCE: &str = "ip-webhook.io/force";
@@ -134,7 +134,7 @@ pub async fn mark_forced(client: &kube::Client, ip: &std::net::IpAddr) -> Result
     let patch = serde_json::json!({"metadata": {"annotations": {FORCE: "true"}}});
     match claims
         .patch(
-            &crate::ledger::kubernetes::claim_name(ip),
+            &ip_webhook_ledger::kubernetes::claim_name(ip),
             &kube::api::PatchParams::default(),
             &kube::api::Patch::Merge(&patch),
         )
@@ -385,7 +385,7 @@ fn judge_delete(guard: &ClaimGuard, old: &IPClaim, name: &str, response: Respons
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::admission::decode;
+    use ip_webhook_admission::decode;
     use serde_json::{Value, json};
     use std::collections::HashMap;
 

@@ -11,9 +11,9 @@ use std::sync::RwLock;
 
 use serde::Deserialize;
 
-use crate::admission::{Incoming, Meta, Operation, Response, ReviewError};
-use crate::ipam::ipset::{IpRange, IpSet, IpSpecError, RangeSyntax, parse_ip_spec_with};
-use crate::ipam::overlap::RangeIndex;
+use ip_webhook_admission::{Incoming, Meta, Operation, Response, ReviewError};
+use ip_webhook_ipam::ipset::{IpRange, IpSet, IpSpecError, RangeSyntax, parse_ip_spec_with};
+use ip_webhook_ipam::overlap::RangeIndex;
 
 pub(crate) const KUBE_OVN_GROUP: &str = "kubeovn.io";
 pub(crate) const CALICO_GROUPS: [&str; 2] = ["crd.projectcalico.org", "projectcalico.org"];
@@ -597,8 +597,8 @@ fn cidr_text(range: IpRange) -> String {
     let size = range.len();
     if size.is_power_of_two() && range.start.is_multiple_of(size) {
         let bits = match range.family {
-            crate::ipam::ipset::Family::V4 => 32,
-            crate::ipam::ipset::Family::V6 => 128,
+            ip_webhook_ipam::ipset::Family::V4 => 32,
+            ip_webhook_ipam::ipset::Family::V6 => 128,
         };
         format!("{}/{}", range.first(), bits - size.trailing_zeros())
     } else {
@@ -609,7 +609,7 @@ fn cidr_text(range: IpRange) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ipam::ipset::parse_ip_spec;
+    use ip_webhook_ipam::ipset::parse_ip_spec;
     use serde_json::json;
 
     fn calico(name: &str, spec: serde_json::Value) -> CalicoPool {

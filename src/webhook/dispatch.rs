@@ -4,13 +4,13 @@
 
 use std::time::Instant;
 
-use crate::admission::{self, ReviewError};
-use crate::ipam::ipset::push_ip;
 use crate::metrics::{Endpoint, Outcome};
 use crate::webhook::Webhook;
 use crate::webhook::assess::Answer;
 use crate::webhook::mutate;
 use crate::webhook::validate;
+use ip_webhook_admission::{self as admission, ReviewError};
+use ip_webhook_ipam::ipset::push_ip;
 
 impl Webhook {
     /// Answer one AdmissionReview body. `Err` means the body was not a usable review (HTTP 400).
@@ -18,7 +18,7 @@ impl Webhook {
         let started = Instant::now();
         let series = self.metrics.webhook(&endpoint);
         series.in_flight.inc();
-        let result = crate::ledger::health::with_deadline(
+        let result = ip_webhook_ledger::health::with_deadline(
             started + self.settings.admission_deadline,
             self.decide(endpoint, body, started),
         )

@@ -7,10 +7,10 @@
 
 use std::net::IpAddr;
 
-use crate::admission::OwnerRef;
-use crate::ipam::allocator::Reason;
-use crate::ledger::PodRef;
 use crate::metrics::AllocationOutcome;
+use ip_webhook_admission::OwnerRef;
+use ip_webhook_ipam::allocator::Reason;
+use ip_webhook_ledger::PodRef;
 
 /// A pod that got its IPs.
 #[derive(Debug)]

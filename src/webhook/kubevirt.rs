@@ -9,8 +9,8 @@
 //! launcher pod of the same VMI, labelled `kubevirt.io/migrationJobUID`
 //! (`pkg/virt-controller/watch/migration/migration.go`).
 //!
-//! A launcher pod's claim is its VM's ([`crate::ledger::Claim::vm`]): the next launcher pod of
-//! the VM takes it over in any phase ([`crate::ledger::claim::same_virtual_machine`]). That
+//! A launcher pod's claim is its VM's ([`ip_webhook_ledger::Claim::vm`]): the next launcher pod of
+//! the VM takes it over in any phase ([`ip_webhook_ledger::claim::same_virtual_machine`]). That
 //! is a promise only KubeVirt keeps, so a pod is taken for a launcher pod only when the
 //! admission request comes from a user named in [`KubevirtSettings::controllers`]; a pod any
 //! other user creates with the same labels and owner is an ordinary pod.
@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::admission::{Incoming, Meta, OwnerRef};
+use ip_webhook_admission::{Incoming, Meta, OwnerRef};
 
 /// The label KubeVirt puts on every launcher pod, and its value there.
 pub(crate) const LAUNCHER_LABEL: (&str, &str) = ("kubevirt.io", "virt-launcher");

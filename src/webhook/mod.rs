@@ -22,18 +22,18 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use crate::admission::annotations::{ALLOCATABLE_IPS, Cni, IP_POOL, PoolCheck};
-use crate::admission::{Incoming, Meta};
-use crate::ipam::allocator::Allocator;
-use crate::ipam::ipset::{IpSet, IpSpecError};
-use crate::ipam::messages::Scope;
-use crate::ipam::pools::PoolCatalog;
-use crate::ipam::spec_cache::SpecCache;
-use crate::ledger::{PodName, PodRef};
 use crate::metrics::Metrics;
 use crate::webhook::cni_pools::NetworkRegistry;
 use crate::webhook::events::{EventSink, NoEvents};
 use crate::webhook::workloads::WorkloadRegistry;
+use ip_webhook_admission::annotations::{ALLOCATABLE_IPS, Cni, IP_POOL, PoolCheck};
+use ip_webhook_admission::{Incoming, Meta};
+use ip_webhook_ipam::allocator::Allocator;
+use ip_webhook_ipam::ipset::{IpSet, IpSpecError};
+use ip_webhook_ipam::messages::Scope;
+use ip_webhook_ipam::pools::PoolCatalog;
+use ip_webhook_ipam::spec_cache::SpecCache;
+use ip_webhook_ledger::{PodName, PodRef};
 
 /// Behaviour switches from the command line.
 #[derive(Debug, Clone)]
@@ -58,7 +58,7 @@ pub struct Settings {
     /// Which pods are KubeVirt launcher pods, and when a VM's IP is freed.
     pub kubevirt: kubevirt::KubevirtSettings,
     /// How long a released StatefulSet pod's claim is kept for its name (`--sticky-grace`),
-    /// in every ledger (`crate::ledger::claim::released`).
+    /// in every ledger (`ip_webhook_ledger::claim::released`).
     pub sticky_grace: std::time::Duration,
 }
 
@@ -73,7 +73,9 @@ impl Default for Settings {
             max_release_grace: std::time::Duration::from_secs(24 * 3600),
             admission_deadline: std::time::Duration::from_secs(4),
             kubevirt: kubevirt::KubevirtSettings::default(),
-            sticky_grace: std::time::Duration::from_secs(crate::ipam::held::DEFAULT_STICKY_GRACE),
+            sticky_grace: std::time::Duration::from_secs(
+                ip_webhook_ipam::held::DEFAULT_STICKY_GRACE,
+            ),
         }
     }
 }
@@ -94,7 +96,7 @@ pub struct Webhook {
     /// Judges IPClaim edits and deletions ([`crate::webhook::claim_guard`]).
     pub claim_guard: crate::webhook::claim_guard::ClaimGuard,
     /// Asks the API server whether a claim's pod still exists (set when there is one).
-    pub pods: std::sync::OnceLock<Arc<dyn crate::ledger::pod_lookup::PodLookup>>,
+    pub pods: std::sync::OnceLock<Arc<dyn ip_webhook_ledger::pod_lookup::PodLookup>>,
     /// The allocators of the secondary networks IPs are given out on.
     pub secondary: secondary::SecondaryNetworks,
 }
@@ -104,8 +106,8 @@ impl Webhook {
     /// first, then each secondary network's. Each lifecycle task runs over all of them.
     pub(crate) fn interfaces(
         &self,
-    ) -> impl Iterator<Item = (crate::ledger::network::Interface<'_>, &Arc<Allocator>)> {
-        use crate::ledger::network::Interface;
+    ) -> impl Iterator<Item = (ip_webhook_ledger::network::Interface<'_>, &Arc<Allocator>)> {
+        use ip_webhook_ledger::network::Interface;
         std::iter::once((Interface::Primary, &self.allocator)).chain(
             self.secondary
                 .iter()
@@ -271,7 +273,7 @@ impl Webhook {
         for pool in pools.intersecting(set) {
             if let Some(reason) = pool.refuses(namespace, labels) {
                 return Some(PolicyRefusal::Pool {
-                    shared: crate::ipam::messages::overlap_text(&pool.usable, set),
+                    shared: ip_webhook_ipam::messages::overlap_text(&pool.usable, set),
                     pool: pool.name.clone(),
                     reason,
                 });

@@ -2,20 +2,20 @@
 
 use std::net::IpAddr;
 
-use crate::admission::annotations::{
-    ALLOCATED_IP_LABEL, CLAIM_TOKEN, STATUS, STATUS_MUTATED, carried_ips, static_ips,
-};
-use crate::admission::patch::MetadataPatch;
-use crate::admission::{Incoming, Operation, OwnerRef, Response, ReviewError};
-use crate::ipam::allocator::{AllocError, Allocation, AllocationRequest, Reason};
-use crate::ipam::ipset::ip_label_value;
-use crate::ledger::claim::{self, PodIdentity, PodPresence, held_by, is_token, new_token};
-use crate::ledger::{Claim, Phase, PodRef, unix_now};
 use crate::metrics::AllocationOutcome;
 use crate::webhook::assess::{Answer, Denial, PodAsk, assess};
 use crate::webhook::events::{Assigned, Refused};
 use crate::webhook::secondary::{self, NetworkAsks, NetworkGrant};
 use crate::webhook::{Candidates, PodView, Webhook};
+use ip_webhook_admission::annotations::{
+    ALLOCATED_IP_LABEL, CLAIM_TOKEN, STATUS, STATUS_MUTATED, carried_ips, static_ips,
+};
+use ip_webhook_admission::patch::MetadataPatch;
+use ip_webhook_admission::{Incoming, Operation, OwnerRef, Response, ReviewError};
+use ip_webhook_ipam::allocator::{AllocError, Allocation, AllocationRequest, Reason};
+use ip_webhook_ipam::ipset::ip_label_value;
+use ip_webhook_ledger::claim::{self, PodIdentity, PodPresence, held_by, is_token, new_token};
+use ip_webhook_ledger::{Claim, Phase, PodRef, unix_now};
 
 /// What `/mutate` decided for a Pod CREATE: the typed result that the response, the decision
 /// log line and `explain` are all made from.
@@ -334,7 +334,7 @@ impl Grant<'_> {
     fn decide(
         self,
         webhook: &Webhook,
-        meta: &crate::admission::Meta,
+        meta: &ip_webhook_admission::Meta,
         networks: Option<&NetworkAsks>,
     ) -> PodDecision {
         let Grant {
@@ -391,7 +391,7 @@ impl Grant<'_> {
 /// token.
 pub fn patch_for(
     webhook: &Webhook,
-    meta: &crate::admission::Meta,
+    meta: &ip_webhook_admission::Meta,
     allocation: &Allocation,
 ) -> Vec<u8> {
     metadata_patch(webhook, meta, allocation).to_json()
@@ -401,7 +401,7 @@ pub fn patch_for(
 /// of no IP (a pod that asks only of secondary networks) writes no CNI annotation or label.
 fn metadata_patch(
     webhook: &Webhook,
-    meta: &crate::admission::Meta,
+    meta: &ip_webhook_admission::Meta,
     allocation: &Allocation,
 ) -> MetadataPatch {
     let cni = webhook.settings.cni;

@@ -7,11 +7,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::ipam::allocator::Allocator;
-use crate::ledger::claim::DueStep;
-use crate::ledger::pod_lookup::PodLookup;
-use crate::ledger::unix_now;
 use crate::metrics::Metrics;
+use ip_webhook_ipam::allocator::Allocator;
+use ip_webhook_ledger::claim::DueStep;
+use ip_webhook_ledger::pod_lookup::PodLookup;
+use ip_webhook_ledger::unix_now;
 
 /// How often due claims are looked for.
 pub(crate) const PERIOD: Duration = Duration::from_secs(1);

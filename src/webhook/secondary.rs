@@ -3,36 +3,36 @@
 //! network's IPAM reads it.
 //!
 //! Each managed network has an allocator over books of its own
-//! ([`crate::ledger::network::Network`]), so every rule of the primary interface (tokens,
+//! ([`ip_webhook_ledger::network::Network`]), so every rule of the primary interface (tokens,
 //! UIDs, the lifecycle, StatefulSet ordinals, static requests) holds per network, and the same
 //! address on two networks is two claims. A pod names its list for a network in
 //! `NAME.NAMESPACE.ip-webhook.io/allocatable-ips`; the chosen IP is written in the `ips` of
 //! that network's entry in `k8s.v1.cni.cncf.io/networks` (with the prefix length of
 //! `NAME.NAMESPACE.ip-webhook.io/prefix-length`, which the `static` IPAM needs), and with
 //! `--cni kube-ovn` in Kube-OVN's attachment annotations
-//! ([`crate::admission::networks::kube_ovn_ip_annotations`]: `NAME.NAMESPACE.ovn.kubernetes.io/ip_address`
+//! ([`ip_webhook_admission::networks::kube_ovn_ip_annotations`]: `NAME.NAMESPACE.ovn.kubernetes.io/ip_address`
 //! for an attachment of Kube-OVN's CNI, `NAME.NAMESPACE.kubernetes.io/ip_address` for an
 //! IPAM-only one). An IP the pod names by hand, in an `ips` entry or one of those annotations,
-//! is a static request on that network ([`crate::admission::networks::carried_on`] reads them).
+//! is a static request on that network ([`ip_webhook_admission::networks::carried_on`] reads them).
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use crate::admission::annotations::{AnnotationError, Cni};
-use crate::admission::networks::{
-    Attachment, NETWORKS, carried_on, kube_ovn_ip_annotations, kube_ovn_ips, pod_network_ips,
-    read_networks, write_networks,
-};
-use crate::admission::patch::MetadataPatch;
-use crate::admission::{Incoming, Meta, Operation};
-use crate::ipam::allocator::{AllocationRequest, Allocator, Reason};
-use crate::ipam::ipset::{Family, IpSet};
-use crate::ledger::claim::{PodIdentity, new_token};
-use crate::ledger::network::Network;
 use crate::webhook::assess::{Denial, PodAsk};
 use crate::webhook::carried::{self, Carried};
 use crate::webhook::{PodView, Webhook};
+use ip_webhook_admission::annotations::{AnnotationError, Cni};
+use ip_webhook_admission::networks::{
+    Attachment, NETWORKS, carried_on, kube_ovn_ip_annotations, kube_ovn_ips, pod_network_ips,
+    read_networks, write_networks,
+};
+use ip_webhook_admission::patch::MetadataPatch;
+use ip_webhook_admission::{Incoming, Meta, Operation};
+use ip_webhook_ipam::allocator::{AllocationRequest, Allocator, Reason};
+use ip_webhook_ipam::ipset::{Family, IpSet};
+use ip_webhook_ledger::claim::{PodIdentity, new_token};
+use ip_webhook_ledger::network::Network;
 
 /// The allocator of each secondary network ip-webhook gives IPs out on.
 #[derive(Default)]
@@ -409,7 +409,7 @@ pub(crate) fn add_to_patch(
 }
 
 /// The IPs a pod carries on each managed network
-/// ([`crate::admission::networks::carried_on`]), for its DELETE and its validation; none when
+/// ([`ip_webhook_admission::networks::carried_on`]), for its DELETE and its validation; none when
 /// its networks annotation cannot be read.
 pub fn carried(webhook: &Webhook, meta: &Meta, namespace: &str) -> Vec<(Network, Vec<IpAddr>)> {
     if webhook.secondary.is_empty() {

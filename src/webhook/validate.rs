@@ -4,23 +4,23 @@
 
 use std::net::IpAddr;
 
-use crate::admission::annotations::{
-    ALLOCATED_IP_LABEL, CLAIM_TOKEN, STATUS, STATUS_MUTATED, carried_ips, changed_mark,
-};
-use crate::admission::{Incoming, Meta, Operation, Response, ReviewError};
-use crate::crd::{self, FixedIPPool};
-use crate::ipam::allocator::AllocationRequest;
-use crate::ipam::ipset::{IpSet, excerpt};
-use crate::ipam::messages::holder_list;
-use crate::ipam::pools::{Pool, PoolError};
-use crate::ledger::Claim;
-use crate::ledger::claim::{PodIdentity, is_token, new_token};
 use crate::webhook::assess::{Answer, Denial, PodAsk, assess};
 use crate::webhook::carried::{self, Carried};
 use crate::webhook::cni_pools;
 use crate::webhook::secondary;
 use crate::webhook::workloads;
 use crate::webhook::{Candidates, PodView, Webhook};
+use ip_webhook_admission::annotations::{
+    ALLOCATED_IP_LABEL, CLAIM_TOKEN, STATUS, STATUS_MUTATED, carried_ips, changed_mark,
+};
+use ip_webhook_admission::{Incoming, Meta, Operation, Response, ReviewError};
+use ip_webhook_ipam::allocator::AllocationRequest;
+use ip_webhook_ipam::ipset::{IpSet, excerpt};
+use ip_webhook_ipam::messages::holder_list;
+use ip_webhook_ipam::pools::{Pool, PoolError};
+use ip_webhook_ledger::Claim;
+use ip_webhook_ledger::claim::{PodIdentity, is_token, new_token};
+use ip_webhook_ledger::crd::{self, FixedIPPool};
 
 pub async fn validate(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Answer, ReviewError> {
     let request = &incoming.request;

@@ -5,9 +5,9 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use crate::ipam::ipset::IpSet;
-use crate::ipam::messages::overlap_text;
-use crate::ipam::overlap::RangeIndex;
+use ip_webhook_ipam::ipset::IpSet;
+use ip_webhook_ipam::messages::overlap_text;
+use ip_webhook_ipam::overlap::RangeIndex;
 
 /// Who a workload is, for messages and the registry.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -152,7 +152,7 @@ impl WorkloadRegistry {
         let state = self.lock();
         if state
             .index
-            .first_overlap(&crate::ipam::ipset::IpRange::single(ip), None)
+            .first_overlap(&ip_webhook_ipam::ipset::IpRange::single(ip), None)
             .is_none()
         {
             return Vec::new();
@@ -196,7 +196,7 @@ impl WorkloadRegistry {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ipam::ipset::parse_ip_spec;
+    use ip_webhook_ipam::ipset::parse_ip_spec;
 
     /// The generation (the reconciler's `listed_version`) moves with a list or its app and
     /// not with an event that changes neither; `listed` made once per generation is the union

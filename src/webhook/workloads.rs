@@ -5,13 +5,13 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use crate::admission::annotations::{
+use crate::webhook::{PolicyRefusal, Webhook};
+use ip_webhook_admission::annotations::{
     ALLOCATABLE_IPS, AnnotationError, IP_POOL, OVN_IP_POOL, parse_ovn_ip_pool,
 };
-use crate::admission::{Incoming, Meta, Operation, Response, ReviewError};
-use crate::ipam::ipset::{Family, IpSet, IpSpecError, parse_ip_spec};
-use crate::ledger::Claim;
-use crate::webhook::{PolicyRefusal, Webhook};
+use ip_webhook_admission::{Incoming, Meta, Operation, Response, ReviewError};
+use ip_webhook_ipam::ipset::{Family, IpSet, IpSpecError, parse_ip_spec};
+use ip_webhook_ledger::Claim;
 
 pub(crate) use super::workload_kinds::{KINDS, WORKLOAD_KINDS, is_workload, workload_kind};
 pub(crate) use super::workload_registry::{Listing, WorkloadId, WorkloadRegistry};
@@ -165,7 +165,7 @@ pub fn review(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Response, Re
     };
     let mut response = response;
     let marks = (template.labels.as_ref(), template.annotations.as_ref());
-    for warning in crate::admission::annotations::unknown_key_warnings(marks, path) {
+    for warning in ip_webhook_admission::annotations::unknown_key_warnings(marks, path) {
         response = response.warn(warning);
     }
     let list = template.annotation(ALLOCATABLE_IPS);

@@ -166,7 +166,7 @@ fn rbac_grants_what_the_server_needs_and_the_cni_extras_only_when_switched_on() 
 fn each_cnis_descriptor_is_what_the_chart_grants_and_matches() {
     let helm = helm();
     let conditions = super::match_conditions::rendered_conditions(&helm);
-    for descriptor in ip_webhook::admission::annotations::CNIS {
+    for descriptor in ip_webhook_admission::annotations::CNIS {
         let set = format!("server.cni={}", descriptor.name);
         let docs = render(&helm, &[&set], "1.31.0");
         let rules = rules_of(one(&docs, "ClusterRole"));

@@ -3,7 +3,7 @@
 //! or by name with [`builder`]: `claims::builder("10.0.0.1", "web", "web-0").request("r")`.
 #![allow(dead_code)]
 
-use ip_webhook::ledger::{Claim, Phase, PodRef, Source};
+use ip_webhook_ledger::{Claim, Phase, PodRef, Source};
 
 /// A claim as admission makes it: pod `default/{pod}` of app `app`, `Reserved`, allocated from
 /// the app's list, request `req-{ip}`, no token, made at unix second 1.

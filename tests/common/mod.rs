@@ -280,8 +280,8 @@ pub fn read_timeout(config: &mut ServeConfig, timeout: Duration) {
 
 /// The kubernetes ledger (IPClaims) of the API server `kubeconfig` describes.
 pub fn kubernetes_ledger(config: &mut ServeConfig, kubeconfig: &Path) {
-    config.webhook.ledger = ip_webhook::ledger::LedgerConfig::Kubernetes(
-        ip_webhook::ledger::KubeAccess::new(Some(kubeconfig), None),
+    config.webhook.ledger = ip_webhook_ledger::LedgerConfig::Kubernetes(
+        ip_webhook_ledger::KubeAccess::new(Some(kubeconfig), None),
     );
 }
 

@@ -29,9 +29,9 @@ use serde::Deserialize;
 use super::super::Caches;
 use super::super::app_lists::AppLists;
 use super::{ClusterIps, HasIps, Relist, SlimOrGone, read, slim_event, status_code};
-use crate::ipam::ipset::{ip_from_key, ip_key};
-use crate::ledger::text::Shared;
 use crate::metrics::{CacheKindLabels, Metrics};
+use ip_webhook_ipam::ipset::{ip_from_key, ip_key};
+use ip_webhook_ledger::text::Shared;
 
 /// One allocation of a block that names a pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -433,7 +433,7 @@ mod tests {
 
     #[test]
     fn an_ip_calico_gives_a_pod_is_used_unless_the_pod_was_lost() {
-        use crate::ipam::foreign::ForeignIps;
+        use ip_webhook_ipam::foreign::ForeignIps;
         let index = ClusterIps::default();
         let block = spec(json!({"cidr": "10.1.0.0/26", "allocations": [0, null, 1],
         "attributes": [

@@ -189,7 +189,7 @@ pub(crate) fn expiry_check(leaf_der: &[u8], min_days: i64, now: i64) -> Check {
     };
     let seconds = not_after - now;
     let days = seconds.div_euclid(86_400);
-    let when = crate::ipam::usage::rfc3339(not_after.max(0) as u64);
+    let when = ip_webhook_ipam::usage::rfc3339(not_after.max(0) as u64);
     if seconds <= 0 {
         check("expiry", Status::Fail, format!("expired at {when}"))
     } else if days < min_days {

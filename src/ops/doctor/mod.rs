@@ -423,7 +423,7 @@ fn certificate_checks(options: &Options, client: &Client, checks: &mut Vec<Check
     checks.push(expiry_check(
         &leaf,
         options.min_days,
-        crate::ledger::unix_now() as i64,
+        ip_webhook_ledger::unix_now() as i64,
     ));
 }
 

@@ -12,10 +12,10 @@ use crate::cluster::index::calico::IpamBlockObject;
 use crate::cluster::index::{RunningPod, kube_ovn_ips};
 use crate::cluster::listed_pod::ListedPod;
 use crate::cluster::virtual_machines::{virtual_machine_instances, virtual_machines};
-use crate::ipam::ipset::IpSet;
-use crate::ipam::pools::PoolCatalog;
-use crate::ledger::Claim;
 use crate::webhook::kubevirt::LAUNCHER_LABEL;
+use ip_webhook_ipam::ipset::IpSet;
+use ip_webhook_ipam::pools::PoolCatalog;
+use ip_webhook_ledger::Claim;
 use std::collections::HashSet;
 
 #[derive(Debug, thiserror::Error)]

@@ -30,14 +30,14 @@ use kube::api::DynamicObject;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::admission::annotations::{ALLOCATABLE_IPS, CLAIM_TOKEN};
 use crate::cluster::index::calico::BlockSpec;
 use crate::cluster::index::{OvnIp, RunningPod};
 use crate::cluster::pods::{holder, network_holder};
-use crate::ipam::ipset::{Family, IpSet, ip_key, parse_ip_spec};
-use crate::ledger::Claim;
-use crate::ledger::network::Network;
 use crate::webhook::kubevirt::launcher_vm_of_object;
+use ip_webhook_admission::annotations::{ALLOCATABLE_IPS, CLAIM_TOKEN};
+use ip_webhook_ipam::ipset::{Family, IpSet, ip_key, parse_ip_spec};
+use ip_webhook_ledger::Claim;
+use ip_webhook_ledger::network::Network;
 
 /// What kind of drift a finding is; the JSON names are stable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -605,7 +605,7 @@ impl Report {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::{Phase, PodRef, Source};
+    use ip_webhook_ledger::{Phase, PodRef, Source};
     use serde_json::json;
 
     const NOW: u64 = 1_764_400_000;

@@ -8,10 +8,10 @@ use k8s_openapi::api::core::v1::{PodIP, PodStatus};
 
 use super::PlainPod;
 use super::fetch::Cluster;
-use crate::admission::networks::{NETWORK_STATUS, status_ips};
-use crate::ipam::ipset::{IpSet, parse_ip_spec};
-use crate::ledger::network::Network;
 use crate::webhook::secondary::list_annotation;
+use ip_webhook_admission::networks::{NETWORK_STATUS, status_ips};
+use ip_webhook_ipam::ipset::{IpSet, parse_ip_spec};
+use ip_webhook_ledger::network::Network;
 
 /// `cluster` as the books of `network` see it: each pod runs on its IPs on the network (none
 /// before Multus has reported them), the lists are the network's, and no CNI record applies.

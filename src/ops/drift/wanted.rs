@@ -16,8 +16,8 @@
 use std::collections::{HashMap, HashSet};
 
 use super::{CniHold, PlainPod};
-use crate::ipam::ipset::IpSet;
-use crate::ledger::Claim;
+use ip_webhook_ipam::ipset::IpSet;
+use ip_webhook_ledger::Claim;
 
 /// What a plain pod or a CNI record must touch to be kept.
 #[derive(Debug, Default)]

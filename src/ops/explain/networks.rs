@@ -7,11 +7,11 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use super::ExplainError;
-use crate::ipam::allocator::Allocator;
-use crate::ledger::network::Network;
-use crate::ledger::{Claim, Ledger, MemoryLedger};
 use crate::webhook::Webhook;
 use crate::webhook::secondary::SecondaryNetworks;
+use ip_webhook_ipam::allocator::Allocator;
+use ip_webhook_ledger::network::Network;
+use ip_webhook_ledger::{Claim, Ledger, MemoryLedger};
 
 /// A replica's IPs on one secondary network.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

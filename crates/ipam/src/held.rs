@@ -1,0 +1,780 @@
+//! What the allocator holds in memory: the held IPs of each family as maximal runs
+//! ([`RunSet`]), the claims by IP, by request and by app, and the choice of a free IP.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use super::foreign::{ForeignIps, ForeignUse};
+use super::ipset::{Family, ip_from_key, ip_key};
+use super::messages::{HOLDERS_NAMED, holder_list};
+use super::request::{AllocationRequest, Reason, new_claim};
+use ip_webhook_ledger::claim::{may_take_over, same_grant};
+use ip_webhook_ledger::{Claim, Phase, PodRef, Shared, Source, Text, unix_now};
+
+/// Held addresses of one family as maximal runs `start -> end` (inclusive).
+#[derive(Debug, Default, Clone)]
+pub(crate) struct RunSet {
+    runs: BTreeMap<u128, u128>,
+}
+
+impl RunSet {
+    pub(crate) fn contains(&self, value: u128) -> bool {
+        self.runs
+            .range(..=value)
+            .next_back()
+            .is_some_and(|(_, &end)| end >= value)
+    }
+
+    pub(crate) fn insert(&mut self, value: u128) {
+        if self.contains(value) {
+            return;
+        }
+        let mut start = value;
+        let mut end = value;
+        if let Some((&s, &e)) = self.runs.range(..value).next_back()
+            && e.checked_add(1) == Some(value)
+        {
+            start = s;
+        }
+        if let Some(next) = value.checked_add(1)
+            && let Some(e) = self.runs.remove(&next)
+        {
+            end = e;
+        }
+        self.runs.insert(start, end);
+    }
+
+    pub(crate) fn remove(&mut self, value: u128) {
+        let Some((&start, &end)) = self.runs.range(..=value).next_back() else {
+            return;
+        };
+        if end < value {
+            return;
+        }
+        self.runs.remove(&start);
+        if start < value {
+            self.runs.insert(start, value - 1);
+        }
+        if value < end {
+            self.runs.insert(value + 1, end);
+        }
+    }
+
+    /// The lowest value in `start..=end` not held.
+    pub(crate) fn first_free(&self, start: u128, end: u128) -> Option<u128> {
+        let mut candidate = start;
+        if let Some((_, &run_end)) = self.runs.range(..=candidate).next_back()
+            && run_end >= candidate
+        {
+            if run_end >= end {
+                return None;
+            }
+            candidate = run_end + 1;
+        }
+        Some(candidate)
+    }
+
+    #[cfg(test)]
+    pub(crate) fn run_count(&self) -> usize {
+        self.runs.len()
+    }
+}
+
+/// The release time `claim` carries, if it is `Terminating` with one.
+/// When a claim's IP may be freed, as its record says (on the writer's clock): a
+/// `Terminating` claim's release time; a `Released` one kept for its pod name
+/// ([`ip_webhook_ledger::claim::released`]), the sticky grace after its release.
+fn release_time(claim: &Claim, sticky_grace: u64) -> Option<u64> {
+    match claim.phase {
+        Phase::Terminating => claim.release_at,
+        Phase::Released if claim.sticky => Some(claim.updated_at.saturating_add(sticky_grace)),
+        _ => None,
+    }
+}
+
+/// How long a released StatefulSet pod's claim is kept for its name unless told otherwise
+/// (`--sticky-grace`'s default).
+pub const DEFAULT_STICKY_GRACE: u64 = 300;
+
+/// Seconds a released sticky claim is kept ([`release_time`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct StickyGrace(pub(super) u64);
+
+impl Default for StickyGrace {
+    fn default() -> Self {
+        StickyGrace(DEFAULT_STICKY_GRACE)
+    }
+}
+
+/// When this process frees a `Terminating` claim, on its own clock. The record's release time
+/// was written by whichever replica admitted the DELETE, on that replica's clock; what carries
+/// over between machines is the grace itself (the release time less the time of the DELETE,
+/// both written by that one machine), counted from when this process first saw the claim
+/// terminating. A replica whose clock runs ahead cannot free the IP while the pod is still in
+/// its grace period.
+#[derive(Debug, Clone)]
+pub(super) struct LocalRelease {
+    request_uid: Text,
+    /// The release time as the record carries it: a new DELETE writes a new one.
+    written: u64,
+    pub(super) due: u64,
+}
+
+impl LocalRelease {
+    fn of(claim: &Claim, written: u64, now: u64) -> LocalRelease {
+        let due = if claim.updated_at == 0 {
+            // no time of the DELETE to measure the grace by
+            written
+        } else {
+            now.saturating_add(written.saturating_sub(claim.updated_at))
+        };
+        LocalRelease {
+            request_uid: claim.request_uid.clone(),
+            written,
+            due,
+        }
+    }
+
+    fn is_for(&self, claim: &Claim, written: u64) -> bool {
+        self.request_uid == claim.request_uid && self.written == written
+    }
+}
+
+/// The keys [`State::by_pod`] files a claim under: its pod's UID and its token, and those of
+/// the migration sources a VM's claim remembers (non-empty).
+fn pod_keys(claim: &Claim) -> impl Iterator<Item = &str> {
+    let sources = claim.vm.as_ref().map(|vm| vm.sources()).unwrap_or_default();
+    [claim.pod.uid.as_deref(), Some(claim.token.as_str())]
+        .into_iter()
+        .chain(
+            sources
+                .iter()
+                .flat_map(|s| [s.uid.as_deref(), Some(s.token.as_str())]),
+        )
+        .flatten()
+        .filter(|key| !key.is_empty())
+}
+
+/// The name the history remembers a claim's IPs under, if its holder can come back: a
+/// virtual machine's name (as `vm/NAME`, which no pod name can be), or a pod name that
+/// recurs ([`name_recurs`]).
+fn recurring_name(pod: &PodRef, vm: Option<&str>) -> Option<Text> {
+    match vm {
+        Some(vm) => Some(vm_history_name(vm)),
+        None => name_recurs(pod).then(|| pod.name.clone()),
+    }
+}
+
+fn vm_history_name(vm: &str) -> Text {
+    format!("vm/{vm}").into()
+}
+
+/// Whether a pod of this name can come back under the same name: a fixed name (a StatefulSet's
+/// `db-0`, a bare pod created again) can; a name the API server made from `generateName` (a
+/// Deployment's or a Job's pods: the prefix, cut to 58 characters, and five random ones) never
+/// does, and keeping it would grow the name history with every pod such an app ever ran.
+fn name_recurs(pod: &PodRef) -> bool {
+    if pod.name.is_empty() {
+        return false;
+    }
+    if pod.generate_name.is_empty() {
+        return true;
+    }
+    let prefix = pod.generate_name.get(..58).unwrap_or(&pod.generate_name);
+    !(pod.name.len() == prefix.len() + 5 && pod.name.starts_with(prefix))
+}
+
+/// IPs by a string key of their claims (an admission request's UID, a pod's UID, a claim
+/// token), keyed by a hash of it: B-tree keys that compare in one instruction. Readers check
+/// each claim's own field, so two keys that share a hash cost a filter, never a wrong answer.
+#[derive(Default)]
+pub(super) struct ByKey(BTreeMap<u64, Ips>);
+
+/// The IPs under one key, in the order they were indexed. Almost every key has one IP (a
+/// dual-stack pod two), kept inline: a `Vec` per key was a heap allocation of about 80 bytes
+/// for every claim, twice (request and token). A boxed slice, not a `Vec`, keeps the enum at
+/// 24 bytes, the size of the `Vec` it replaces in the B-tree's nodes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Ips {
+    One(IpAddr),
+    Many(Box<[IpAddr]>),
+}
+
+impl Ips {
+    fn push(&mut self, ip: IpAddr) {
+        let mut ips = self.as_slice().to_vec();
+        ips.push(ip);
+        *self = Ips::Many(ips.into_boxed_slice());
+    }
+
+    /// Drop `ip`; `false` when nothing is left.
+    fn remove(&mut self, ip: IpAddr) -> bool {
+        if !self.as_slice().contains(&ip) {
+            return true;
+        }
+        let left: Vec<IpAddr> = self
+            .as_slice()
+            .iter()
+            .copied()
+            .filter(|held| *held != ip)
+            .collect();
+        *self = match left.as_slice() {
+            [] => return false,
+            [one] => Ips::One(*one),
+            _ => Ips::Many(left.into_boxed_slice()),
+        };
+        true
+    }
+
+    pub(super) fn as_slice(&self) -> &[IpAddr] {
+        match self {
+            Ips::One(ip) => std::slice::from_ref(ip),
+            Ips::Many(ips) => ips,
+        }
+    }
+}
+
+impl ByKey {
+    fn key(key: &str) -> u64 {
+        // fixed keys: the same string hashes alike for the life of the process
+        BuildHasherDefault::<DefaultHasher>::default().hash_one(key)
+    }
+
+    fn add(&mut self, key: &str, ip: IpAddr) {
+        match self.0.entry(Self::key(key)) {
+            std::collections::btree_map::Entry::Vacant(entry) => {
+                entry.insert(Ips::One(ip));
+            }
+            std::collections::btree_map::Entry::Occupied(mut entry) => entry.get_mut().push(ip),
+        }
+    }
+
+    fn remove(&mut self, key: &str, ip: IpAddr) {
+        let key = Self::key(key);
+        if let Some(ips) = self.0.get_mut(&key)
+            && !ips.remove(ip)
+        {
+            self.0.remove(&key);
+        }
+    }
+
+    /// The claims under `key` that `owns` confirms, in the order they were indexed.
+    pub(super) fn claims<'a>(
+        &self,
+        key: &str,
+        claims: &'a BTreeMap<IpAddr, Arc<Claim>>,
+        owns: impl Fn(&Claim) -> bool,
+    ) -> Vec<&'a Claim> {
+        self.0.get(&Self::key(key)).map_or_else(Vec::new, |ips| {
+            ips.as_slice()
+                .iter()
+                .filter_map(|ip| claims.get(ip).map(|claim| &**claim))
+                .filter(|claim| owns(claim))
+                .collect()
+        })
+    }
+}
+
+/// The IPs granted to each admission request, by its UID.
+#[derive(Default)]
+pub(super) struct ByRequest(ByKey);
+
+impl ByRequest {
+    fn add(&mut self, uid: &str, ip: IpAddr) {
+        self.0.add(uid, ip);
+    }
+
+    fn remove(&mut self, uid: &str, ip: IpAddr) {
+        self.0.remove(uid, ip);
+    }
+
+    /// The claims granted to request `uid`, in the order they were granted.
+    pub(super) fn claims<'a>(
+        &self,
+        uid: &str,
+        claims: &'a BTreeMap<IpAddr, Arc<Claim>>,
+    ) -> Vec<&'a Claim> {
+        self.0.claims(uid, claims, |claim| claim.request_uid == uid)
+    }
+}
+
+/// How many IPs each app holds, by namespace then app: counting a claim in or out looks the
+/// app up by reference, without building an owned key on every admission.
+#[derive(Default)]
+pub(super) struct AppCounts(HashMap<String, HashMap<String, u64>>);
+
+impl AppCounts {
+    pub(super) fn get(&self, namespace: &str, app: &str) -> u64 {
+        self.0
+            .get(namespace)
+            .and_then(|apps| apps.get(app))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    fn add(&mut self, namespace: &str, app: &str) {
+        match self.0.get_mut(namespace).and_then(|apps| apps.get_mut(app)) {
+            Some(count) => *count += 1,
+            None => {
+                self.0
+                    .entry(namespace.to_string())
+                    .or_default()
+                    .insert(app.to_string(), 1);
+            }
+        }
+    }
+
+    fn remove(&mut self, namespace: &str, app: &str) {
+        if let Some(count) = self.0.get_mut(namespace).and_then(|apps| apps.get_mut(app)) {
+            *count = count.saturating_sub(1);
+        }
+    }
+}
+
+#[derive(Default)]
+pub(super) struct State {
+    pub(super) held: HashMap<Family, RunSet>,
+    // The maps that grow with every claim are B-trees: a hash map doubles all at once, and at
+    // 229,376 claims that one rehash held every admission for 200 ms (docs/performance.md,
+    // "B-trees instead of hash maps"); a B-tree grows a node at a time.
+    /// Shared with the embedded ledger, which keeps the same copy of each claim it records.
+    pub(super) claims: BTreeMap<IpAddr, Arc<Claim>>,
+    pub(super) by_request: ByRequest,
+    /// Claims by their pod's UID and by their token: a DELETE finds what its pod holds by
+    /// who the pod is, not by the IPs it shows (which an update may have stripped).
+    pub(super) by_pod: ByKey,
+    /// `Terminating` claims by their release time on this process's clock
+    /// ([`LocalRelease`]), so the release timer's pass costs what is due, not a scan of every
+    /// claim under the lock each second.
+    pub(super) releasing: BTreeSet<(u64, IpAddr)>,
+    /// The release time of each `Terminating` claim on this process's clock, kept while the
+    /// claim is learned again (a reload, a resync) so its grace is not counted anew.
+    pub(super) local_release: BTreeMap<IpAddr, LocalRelease>,
+    /// Last IPs of a pod name of an app: `(namespace, app, pod name)`, for names that can come
+    /// back ([`name_recurs`]).
+    pub(super) history: BTreeMap<(Shared, Shared, Text), Vec<IpAddr>>,
+    pub(super) held_per_app: AppCounts,
+    pub(super) sticky_grace: StickyGrace,
+}
+
+impl State {
+    pub(super) fn is_held(&self, ip: &IpAddr) -> bool {
+        let (family, value) = ip_key(ip);
+        self.held.get(&family).is_some_and(|r| r.contains(value))
+    }
+
+    pub(super) fn hold(&mut self, claim: impl Into<Arc<Claim>>) {
+        let claim = claim.into();
+        // forget what the IP's previous record indexed before indexing the new one: the two
+        // may share a request (the same claim learned twice)
+        if let Some(previous) = self.claims.insert(claim.ip, claim.clone()) {
+            self.forget_indexes(&previous);
+        }
+        self.index_rest(&claim);
+        self.remember(&claim);
+    }
+
+    /// Index `claims`, in this order, into an index that holds none: what [`State::hold`] of
+    /// each would leave (a later claim on an IP replaces an earlier one), but for the name
+    /// history, which the caller keeps ([`State::remember`]) in its own order.
+    ///
+    /// The map by IP is built at once from the sorted claims, its nodes full: filled one
+    /// claim at a time in ascending order (as a ledger lists them) a B-tree keeps its nodes
+    /// about half full, and rebuilding it afterwards does not give the freed nodes' memory
+    /// back. Building it first, and the maps by key after it one claim at a time, lets their
+    /// nodes reuse the memory the sort took (docs/performance.md, "Memory per held claim").
+    pub(super) fn index_all(&mut self, claims: Vec<Arc<Claim>>) {
+        debug_assert!(self.claims.is_empty(), "an index that holds no claim");
+        let mut by_ip: Vec<(usize, Arc<Claim>)> = claims.into_iter().enumerate().collect();
+        // stable: the claims on one IP stay in their order
+        by_ip.sort_by_key(|(_, claim)| claim.ip);
+        by_ip.dedup_by(|later, earlier| {
+            // `dedup_by` keeps the first of a run of equal IPs: keep the later claim in it
+            let same = later.1.ip == earlier.1.ip;
+            if same {
+                std::mem::swap(later, earlier);
+            }
+            same
+        });
+        self.claims = by_ip
+            .iter()
+            .map(|(_, claim)| (claim.ip, claim.clone()))
+            .collect();
+        by_ip.sort_by_key(|(order, _)| *order);
+        for (_, claim) in by_ip {
+            self.index_rest(&claim);
+        }
+    }
+
+    /// What `hold` indexes besides the claim by IP: its keys, its IP among the held runs, its
+    /// release time, its app's count.
+    fn index_rest(&mut self, claim: &Claim) {
+        self.by_request.add(&claim.request_uid, claim.ip);
+        for key in pod_keys(claim) {
+            self.by_pod.add(key, claim.ip);
+        }
+        let (family, value) = ip_key(&claim.ip);
+        self.held.entry(family).or_default().insert(value);
+        match release_time(claim, self.sticky_grace.0) {
+            Some(written) => {
+                let local = match self.local_release.get(&claim.ip) {
+                    Some(seen) if seen.is_for(claim, written) => seen.clone(),
+                    _ => LocalRelease::of(claim, written, unix_now()),
+                };
+                self.releasing.insert((local.due, claim.ip));
+                self.local_release.insert(claim.ip, local);
+            }
+            None => {
+                self.local_release.remove(&claim.ip);
+            }
+        }
+        self.held_per_app.add(&claim.pod.namespace, &claim.app);
+    }
+
+    pub(super) fn forget_indexes(&mut self, claim: &Claim) {
+        self.by_request.remove(&claim.request_uid, claim.ip);
+        for key in pod_keys(claim) {
+            self.by_pod.remove(key, claim.ip);
+        }
+        if let Some(local) = self.local_release.get(&claim.ip) {
+            self.releasing.remove(&(local.due, claim.ip));
+        }
+        self.held_per_app.remove(&claim.pod.namespace, &claim.app);
+    }
+
+    /// Drop the claim on `ip` if it is `claim`'s grant (same request and token).
+    pub(super) fn unhold(&mut self, claim: &Claim) -> bool {
+        match self.claims.get(&claim.ip) {
+            Some(current) if same_grant(current, claim) => {}
+            _ => return false,
+        }
+        let removed = self.claims.remove(&claim.ip).expect("checked above");
+        self.forget_indexes(&removed);
+        self.local_release.remove(&claim.ip);
+        let (family, value) = ip_key(&claim.ip);
+        if let Some(runs) = self.held.get_mut(&family) {
+            runs.remove(value);
+        }
+        true
+    }
+
+    pub(super) fn remember(&mut self, claim: &Claim) {
+        let Some(name) = recurring_name(&claim.pod, claim.vm.as_deref()) else {
+            return;
+        };
+        let key = (claim.pod.namespace.clone(), claim.app.clone(), name);
+        let ips = self.history.entry(key).or_default();
+        ips.retain(|ip| Family::of(ip) != Family::of(&claim.ip));
+        ips.push(claim.ip);
+    }
+
+    /// A record the same pod name of the same app may take over ([`claim::may_take_over`]):
+    /// a reservation whose pod was never created, a terminating pod's claim, or a released
+    /// one kept for the name; for a virtual machine's launcher pod, its VM's claim.
+    pub(super) fn kept_for(&self, ip: &IpAddr, request: &AllocationRequest<'_>) -> bool {
+        (request.vm.is_some() || !request.pod.name.is_empty())
+            && self.claims.get(ip).is_some_and(|held| {
+                may_take_over(held, &new_claim(*ip, request, Source::Allocated))
+            })
+    }
+
+    /// Who outside the ledger uses `ip`, as the cluster says: not the requesting pod itself
+    /// (nor, for a launcher pod, another launcher pod of its VM), nor the holder the ledger's
+    /// claim on `ip` names, a pod or a VM through any of its launcher pods (that is the
+    /// ledger's to judge).
+    pub(super) fn used_elsewhere(
+        &self,
+        ip: &IpAddr,
+        pod: &PodRef,
+        vm: Option<&str>,
+        foreign: Option<&dyn ForeignIps>,
+    ) -> Option<ForeignUse> {
+        let user = foreign?.user(ip)?;
+        if user.is_pod(&pod.namespace, &pod.name) || user.runs_vm(&pod.namespace, vm) {
+            return None;
+        }
+        match self.claims.get(ip) {
+            Some(claim) if user.is_pod(&claim.pod.namespace, &claim.pod.name) => None,
+            Some(claim) if user.runs_vm(&claim.pod.namespace, claim.vm.as_deref()) => None,
+            // Kube-OVN records a KubeVirt VM's IP under the VM's name, not its launcher pod's
+            // (kubeovn/kube-ovn pkg/controller/pod.go, getNameByPod, with keep-vm-ip)
+            Some(claim)
+                if claim
+                    .vm
+                    .as_deref()
+                    .is_some_and(|vm| user.is_pod(&claim.pod.namespace, vm)) =>
+            {
+                None
+            }
+            _ => Some(user),
+        }
+    }
+
+    pub(super) fn choose(
+        &self,
+        request: &AllocationRequest<'_>,
+        family: Family,
+        foreign: Option<&dyn ForeignIps>,
+    ) -> Option<(IpAddr, Reason)> {
+        let set = request.candidates;
+        let elsewhere = |ip: &IpAddr| {
+            self.used_elsewhere(ip, &request.pod, request.vm, foreign)
+                .is_some()
+        };
+        let free = |ip: &IpAddr| {
+            set.contains(ip) && (!self.is_held(ip) || self.kept_for(ip, request)) && !elsewhere(ip)
+        };
+        if let Some(ordinal) = request.ordinal
+            && let Some(ip) = set.nth(family, ordinal as u128)
+            && free(&ip)
+        {
+            return Some((ip, Reason::StatefulSetOrdinal));
+        }
+        let returning = match request.vm {
+            Some(vm) => Some(vm_history_name(vm)),
+            None => (!request.pod.name.is_empty()).then(|| request.pod.name.clone()),
+        };
+        if let Some(name) = returning {
+            let key = (
+                request.pod.namespace.clone(),
+                Shared::from(request.app),
+                name,
+            );
+            if let Some(ip) = self
+                .history
+                .get(&key)
+                .and_then(|ips| ips.iter().find(|ip| Family::of(ip) == family))
+                && free(ip)
+            {
+                return Some((*ip, Reason::PreviousHolder));
+            }
+        }
+        let runs = self.held.get(&family);
+        for range in set.family_ranges(family) {
+            let mut start = range.start;
+            loop {
+                let value = match runs {
+                    Some(runs) => runs.first_free(start, range.end),
+                    None => Some(start),
+                };
+                let Some(value) = value else { break };
+                let ip = ip_from_key(family, value);
+                // A free IP a pod outside the ledger runs on is skipped.
+                if !elsewhere(&ip) {
+                    return Some((ip, Reason::LowestFree));
+                }
+                if value >= range.end {
+                    break;
+                }
+                start = value + 1;
+            }
+        }
+        None
+    }
+
+    pub(super) fn exhausted_message(
+        &self,
+        request: &AllocationRequest<'_>,
+        family: Family,
+        foreign: Option<&dyn ForeignIps>,
+    ) -> String {
+        let set = request.candidates;
+        let dual = set.families().len() > 1;
+        let total: u128 = set.family_ranges(family).map(|r| r.len()).sum();
+        let mut holders = Vec::new();
+        let mut named = 0usize;
+        for ip in set.family_ranges(family).flat_map(|r| {
+            (0..r.len().min(HOLDERS_NAMED as u128)).map(move |i| ip_from_key(family, r.start + i))
+        }) {
+            if named == HOLDERS_NAMED {
+                break;
+            }
+            if let Some(claim) = self.claims.get(&ip) {
+                holders.push(format!("{ip} by {}", claim.holder()));
+                named += 1;
+            } else if let Some(user) = self.used_elsewhere(&ip, &request.pod, request.vm, foreign) {
+                holders.push(format!("{ip} by {} outside ip-webhook", user.describe()));
+                named += 1;
+            }
+        }
+        let list = holder_list(&holders, total);
+        let family_word = if dual {
+            format!("{} ", family.name())
+        } else {
+            String::new()
+        };
+        let noun = if request.pool.is_some() {
+            ""
+        } else {
+            "allocatable "
+        };
+        format!(
+            "{}: all {total} {noun}{family_word}IPs are held ({list})",
+            request.scope
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claim(ip: &str, uid: &str) -> Claim {
+        Claim {
+            ip: ip.parse().unwrap(),
+            app: "web".into(),
+            pool: None,
+            pod: PodRef::default(),
+            request_uid: uid.into(),
+            phase: Phase::Reserved,
+            source: Source::Allocated,
+            created_at: 1,
+            updated_at: 1,
+            list_size: None,
+            token: Default::default(),
+            release_at: None,
+            sticky: false,
+            vm: None,
+        }
+    }
+
+    #[test]
+    fn only_names_that_can_come_back_recur() {
+        let pod = |name: &str, generate_name: &str| PodRef {
+            namespace: "default".into(),
+            name: name.into(),
+            generate_name: generate_name.into(),
+            uid: None,
+        };
+        assert!(name_recurs(&pod("db-0", "")));
+        assert!(!name_recurs(&pod("", "web-7d4b9c-")), "not named yet");
+        assert!(!name_recurs(&pod("web-7d4b9c-x2x9q", "web-7d4b9c-")));
+        // both set: the API server keeps the name, which may come back
+        assert!(name_recurs(&pod("web-main", "web-")));
+        // a long prefix is cut to 58 characters before the random five
+        let long = "a".repeat(70);
+        assert!(!name_recurs(&pod(&format!("{}b2c3d", &long[..58]), &long)));
+        assert!(name_recurs(&pod(&format!("{long}b2c3d"), &long)));
+    }
+
+    /// Everything a claim is indexed under, to compare two indexes by.
+    fn indexed(state: &State) -> String {
+        let claims: Vec<_> = state.claims.values().map(|c| (c.ip, c.phase)).collect();
+        let by_request: Vec<_> = state.by_request.0.0.iter().collect();
+        let by_pod: Vec<_> = state.by_pod.0.iter().collect();
+        let local: Vec<_> = state
+            .local_release
+            .iter()
+            .map(|(ip, l)| (ip, l.due))
+            .collect();
+        // `held` is a hash map: its order says nothing
+        let mut runs: Vec<String> = state
+            .held
+            .values()
+            .map(|r| format!("{:?}", r.runs))
+            .collect();
+        runs.sort();
+        format!(
+            "{claims:?} {by_request:?} {by_pod:?} {:?} {local:?} {runs:?} {}",
+            state.releasing,
+            state.held_per_app.get("", "web")
+        )
+    }
+
+    #[test]
+    fn indexing_all_at_once_leaves_what_holding_each_in_turn_does() {
+        let terminating = |ip: &str, uid: &str, token: &str| Claim {
+            phase: Phase::Terminating,
+            release_at: Some(100),
+            updated_at: 0,
+            token: token.into(),
+            pod: PodRef {
+                uid: Some(format!("pod-{uid}").into()),
+                ..PodRef::default()
+            },
+            ..claim(ip, uid)
+        };
+        let claims: Vec<Arc<Claim>> = [
+            claim("10.0.0.3", "uid-a"),
+            terminating("10.0.0.1", "uid-b", "t1"),
+            // a dual-stack pod: two IPs under one request and one token
+            terminating("fd00::1", "uid-c", "t2"),
+            terminating("10.0.0.9", "uid-c", "t2"),
+            claim("10.0.0.2", "uid-d"),
+            // a later claim on an IP replaces the earlier one
+            claim("10.0.0.3", "uid-e"),
+        ]
+        .into_iter()
+        .map(Arc::new)
+        .collect();
+        let mut one_by_one = State::default();
+        for claim in &claims {
+            one_by_one.hold(claim.clone());
+        }
+        let mut at_once = State::default();
+        at_once.index_all(claims);
+        assert_eq!(indexed(&at_once), indexed(&one_by_one));
+        assert_eq!(at_once.claims.len(), 5);
+    }
+
+    #[test]
+    fn requests_sharing_a_hash_keep_their_own_claims() {
+        let claims: BTreeMap<IpAddr, Arc<Claim>> = [
+            claim("10.0.0.1", "uid-a"),
+            claim("10.0.0.2", "uid-b"),
+            claim("10.0.0.3", "uid-a"),
+        ]
+        .into_iter()
+        .map(|c| (c.ip, Arc::new(c)))
+        .collect();
+        let mut by_request = ByRequest::default();
+        // a forced collision: every IP filed under uid-a's key
+        by_request.0.0.insert(
+            ByKey::key("uid-a"),
+            Ips::Many(claims.keys().copied().collect()),
+        );
+        let ips = |by_request: &ByRequest, uid| -> Vec<String> {
+            by_request
+                .claims(uid, &claims)
+                .iter()
+                .map(|c| c.ip.to_string())
+                .collect()
+        };
+        assert_eq!(ips(&by_request, "uid-a"), ["10.0.0.1", "10.0.0.3"]);
+        by_request.remove("uid-a", "10.0.0.1".parse().unwrap());
+        assert_eq!(ips(&by_request, "uid-a"), ["10.0.0.3"]);
+        // uid-b's claim was filed under another key: found only once filed under its own
+        assert!(ips(&by_request, "uid-b").is_empty());
+        by_request.add("uid-b", "10.0.0.2".parse().unwrap());
+        assert_eq!(ips(&by_request, "uid-b"), ["10.0.0.2"]);
+    }
+
+    #[test]
+    fn a_key_keeps_its_ips_in_order_and_one_ip_inline() {
+        let v6: IpAddr = "fd00::1".parse().unwrap();
+        let v4: IpAddr = "10.0.0.1".parse().unwrap();
+        let mut by_key = ByKey::default();
+        by_key.add("pod", v6);
+        assert_eq!(by_key.0.get(&ByKey::key("pod")), Some(&Ips::One(v6)));
+        by_key.add("pod", v4);
+        assert_eq!(
+            by_key.0[&ByKey::key("pod")].as_slice(),
+            [v6, v4],
+            "in the order indexed, not the order of the addresses"
+        );
+        by_key.remove("pod", v6);
+        assert_eq!(by_key.0.get(&ByKey::key("pod")), Some(&Ips::One(v4)));
+        by_key.remove("pod", v6);
+        assert_eq!(
+            by_key.0.len(),
+            1,
+            "removing an IP the key lacks changes nothing"
+        );
+        by_key.remove("pod", v4);
+        assert!(by_key.0.is_empty(), "a key with no IP left is dropped");
+        // an enum no larger than the Vec it replaces, so the B-tree's nodes do not grow
+        assert!(std::mem::size_of::<Ips>() <= std::mem::size_of::<Vec<IpAddr>>());
+    }
+}
