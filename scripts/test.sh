@@ -10,7 +10,7 @@
 # an empty target/) and again (warm), then how long it took.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-steps=6 step_number=0 step_name='' step_started=$SECONDS suite_started=$SECONDS
+steps=7 step_number=0 step_name='' step_started=$SECONDS suite_started=$SECONDS
 # step NAME COLD AGAIN: the previous step's time, then this one's name and expected durations
 # (measured on 2 cores shared with other builds, load 4 to 5; less on an idle machine)
 step() {
@@ -62,5 +62,8 @@ PATH="$install_root/bin:$PATH" .tools/kubectl ipw --help >/dev/null
 step "cargo test: every unit, integration and chart test, the benches once" \
   "16 min (10 to build)" "6 to 10 min"
 cargo test --workspace --all-targets --all-features --no-fail-fast
+finish_step
+step "cargo test --doc: the library crates' contracts, by example" "1 min" "20 s"
+cargo test --workspace --all-features --doc --no-fail-fast
 finish_step
 echo "==> the suite passed in $((SECONDS - suite_started)) s" >&2

@@ -265,6 +265,15 @@ impl Cni {
 /// `net.ParseIP` per item, one IPv4 (`To4() != nil`) and one IPv6 at most
 /// (projectcalico/calico `cni-plugin/pkg/k8s/k8s.go`, `validateAndExtractIPs` and
 /// `parseIPAddrs`). JSON whitespace between items is fine; inside an item it is not.
+///
+/// ```
+/// use ip_webhook_admission::annotations::parse_calico_ip_addrs;
+/// let ips = parse_calico_ip_addrs(r#"["10.0.0.5", "fd00::5"]"#).unwrap();
+/// assert_eq!(ips, ["10.0.0.5".parse::<std::net::IpAddr>().unwrap(), "fd00::5".parse().unwrap()]);
+/// // Calico takes one IP per family, and an item as written: both are refused.
+/// assert!(parse_calico_ip_addrs(r#"["10.0.0.5", "10.0.0.6"]"#).is_err());
+/// assert!(parse_calico_ip_addrs(r#"[" 10.0.0.5"]"#).is_err());
+/// ```
 pub fn parse_calico_ip_addrs(value: &str) -> Result<Vec<IpAddr>, AnnotationError> {
     let items: Vec<String> =
         serde_json::from_str(value).map_err(|_| AnnotationError::NotJsonArray {

@@ -1,11 +1,40 @@
 #![forbid(unsafe_code)]
-//! The AdmissionReview wire protocol (`admission.k8s.io/v1` and `v1beta1`).
+//! The AdmissionReview wire protocol (`admission.k8s.io/v1` and `v1beta1`), and the pod's
+//! annotations as the CNIs and Multus read them.
+//!
+//! The contract, for the webhook above it:
+//!
+//! - [`decode`] takes a review body and answers an [`Incoming`] whose `apiVersion`, `kind`
+//!   and `request.uid` were checked, or a [`ReviewError`] that says what was wrong (the
+//!   webhook answers it with a 400). It never panics, whatever the bytes (`fuzz/` and
+//!   `tests/fuzz_corpus.rs` hold it to that).
+//! - [`Incoming::respond`] makes the only kind of [`Response`]: it copies the request's uid
+//!   and version, so an answer cannot name another request. [`Response::to_json`] writes the
+//!   review the API server reads, the patch as the base64 string the API documents.
+//! - [`annotations`] reads each CNI's IP annotations exactly as that CNI does (Go's
+//!   `encoding/json` and `net.ParseIP`; `tests/real_readers.rs` checks it against Go), and
+//!   [`networks`] reads Multus's network selections; [`patch`] writes the JSON Patch.
+//! - [`bounds`] refuses names and values longer than the API server allows.
 //!
 //! Decoding is one pass over the body (`scan`) that checks it is JSON, borrows the object as
 //! raw JSON and reads only what a decision needs, so a 6 KB pod's `spec` is skipped without
 //! allocation; anything unusual goes to the serde derive below, which decides and words the
-//! errors. Responses echo the request's `apiVersion` and `uid`, and carry the patch as the
-//! base64 string the API documents.
+//! errors.
+//!
+//! ```
+//! let body = br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview",
+//!   "request":{"uid":"705ab4f5","operation":"CREATE","namespace":"shop",
+//!              "object":{"metadata":{"name":"web-0","labels":{"app":"web"}}}}}"#;
+//! let incoming = ip_webhook_admission::decode(body).unwrap();
+//! assert_eq!(incoming.uid(), "705ab4f5");
+//! assert_eq!(incoming.namespace(), "shop");
+//! let answer = incoming.respond().deny("no IP is free");
+//! let json = String::from_utf8(answer.to_json()).unwrap();
+//! assert!(json.contains(r#""uid":"705ab4f5""#) && json.contains(r#""allowed":false"#));
+//!
+//! // Not a review: an error that says so, never a panic.
+//! assert!(ip_webhook_admission::decode(br#"{"kind":"Pod"}"#).is_err());
+//! ```
 
 pub mod annotations;
 mod go_json;

@@ -5,6 +5,44 @@
 //! A claim's identity is its **token** (`ip-webhook.io/claim` on the pod, unique per admitted
 //! pod) until the pod's UID is known, and the UID after that. Names are compared only for
 //! fixed names (a StatefulSet's `db-0`); a `generateName` prefix never identifies a pod.
+//!
+//! ```
+//! use ip_webhook_ledger::claim::{self, PodIdentity};
+//! use ip_webhook_ledger::{Claim, Phase, PodRef, Source};
+//!
+//! // What /mutate records for a generateName pod: no name, no UID, a fresh token.
+//! let token = claim::new_token("admission-request-1");
+//! let reserved = Claim {
+//!     ip: "10.0.0.7".parse().unwrap(),
+//!     app: "web".into(),
+//!     pool: None,
+//!     pod: PodRef { namespace: "shop".into(), generate_name: "web-".into(), ..Default::default() },
+//!     request_uid: "admission-request-1".into(),
+//!     phase: Phase::Reserved,
+//!     source: Source::Allocated,
+//!     created_at: 0,
+//!     updated_at: 0,
+//!     list_size: None,
+//!     token: token.as_str().into(),
+//!     release_at: None,
+//!     sticky: false,
+//!     vm: None,
+//! };
+//! let pod = PodIdentity { namespace: "shop", name: "web-x7k2p", uid: Some("uid-1"), token: Some(&token) };
+//! assert!(claim::held_by(&reserved, &pod));
+//! // Before the UID is bound, the token is the identity: a pod without it is not the holder.
+//! assert!(!claim::held_by(&reserved, &PodIdentity { token: None, ..pod }));
+//!
+//! // Once bound, only that UID holds it, token or not: a copy of the pod does not.
+//! let bound = claim::bound(&reserved, "web-x7k2p", "uid-1", 1);
+//! assert_eq!(bound.phase, Phase::Bound);
+//! assert!(!claim::held_by(&bound, &PodIdentity { uid: Some("uid-2"), ..pod }));
+//!
+//! // A released StatefulSet claim still locks its IP for its pod name.
+//! let sticky = Claim { sticky: true, ..bound.clone() };
+//! assert!(claim::released(&sticky, 2).locks_ip());
+//! assert!(!claim::released(&bound, 2).locks_ip());
+//! ```
 
 use std::fmt::Write;
 use std::hash::{BuildHasher, Hasher, RandomState};

@@ -1,6 +1,22 @@
 #![forbid(unsafe_code)]
 //! The ledger: where claims on IPs are recorded durably. One contract, several adapters.
 //!
+//! The contract, for the allocator and the cluster tasks above it:
+//!
+//! - A [`Claim`] is one IP held by one pod (or one KubeVirt VM) of one app. It lives
+//!   `Reserved → Bound → Terminating → Released` ([`Phase`]), and every change of it is one of
+//!   the rules in [`claim`], which every adapter applies, so no two ledgers disagree.
+//! - The [`Ledger`] trait is what an adapter offers: `create` is create-if-absent (a held IP
+//!   answers [`CreateOutcome::AlreadyHeld`] with its holder; a retried admission's own record,
+//!   [`CreateOutcome::Existing`]), `transition` and `release` change one claim if it is still
+//!   the one given, `load` lists what it holds on start. A call that answered `Ok` is durable:
+//!   the claim survives a crash of this process.
+//! - The adapters: [`MemoryLedger`] (tests), [`EmbeddedLedger`] (a journal in a state dir),
+//!   [`KubeLedger`] (`IPClaim` objects through the API server), and `EtcdLedger` (with the
+//!   `etcd` feature). [`open`] picks and opens one from a [`LedgerConfig`]; each secondary
+//!   network's books are kept apart ([`network`]).
+//! - [`crd`] is the custom resources (`IPClaim`, `FixedIPPool`) and the CRDs the chart ships.
+//!
 //! The allocator keeps the in-memory index and decides; a ledger only has to make one claim
 //! durable with create-if-absent semantics, release it, and list what it holds on start.
 
