@@ -114,7 +114,7 @@ async fn pods_api(
 
 /// `status`: the report over the held claims and the pools; in-cluster, with the node of each
 /// holder's pod.
-pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
+pub(crate) async fn status(args: StatusArgs) -> anyhow::Result<()> {
     let config = operator_config(&args.source)?;
     let Contents {
         claims,
@@ -215,7 +215,7 @@ async fn cluster_view(
 }
 
 /// `explain`: the replicas of each object through `/mutate` over an in-memory copy.
-pub async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
+pub(crate) async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
     let text = if args.file == "-" {
         let mut text = String::new();
         std::io::stdin()
@@ -289,7 +289,7 @@ pub async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
 
 /// `release`: free a leaked claim. On an embedded ledger a running server frees it (it holds
 /// the journal); otherwise the command opens the ledger itself.
-pub async fn release(args: ReleaseArgs) -> anyhow::Result<()> {
+pub(crate) async fn release(args: ReleaseArgs) -> anyhow::Result<()> {
     let requests = match (&args.from_report, args.ip) {
         (Some(file), _) => {
             let text = if file == Path::new("-") {
@@ -566,7 +566,7 @@ async fn drift(args: CheckArgs) -> anyhow::Result<()> {
 }
 
 /// `check`: the doctor.
-pub async fn check(args: CheckArgs) -> anyhow::Result<()> {
+pub(crate) async fn check(args: CheckArgs) -> anyhow::Result<()> {
     if args.drift.enabled {
         return drift(args).await;
     }

@@ -60,7 +60,7 @@ pub(crate) fn find_cluster_in(
 
 /// The decisions' settings every command shares: the app label and the CNI; the rest as
 /// [`Settings::default`] has them.
-pub fn settings(app_label: &str, cni: Cni) -> Settings {
+pub(crate) fn settings(app_label: &str, cni: Cni) -> Settings {
     Settings {
         app_label: app_label.to_string(),
         cni,

@@ -35,7 +35,7 @@ pub struct InstallArgs {
     pub force: bool,
 }
 
-pub fn run(command: PluginCommand) -> anyhow::Result<()> {
+pub(crate) fn run(command: PluginCommand) -> anyhow::Result<()> {
     match command {
         PluginCommand::Install(args) => {
             let binary = std::env::current_exe()

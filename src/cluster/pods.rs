@@ -397,7 +397,11 @@ impl PodLookup for PodDirectory {
 /// The pod among `pods` that holds `claim`: the one with its UID once it is bound; before
 /// that (a reservation), one that carries its IP and its claim token
 /// ([`super::lifecycle::takes_up`]). A terminating pod still holds its IP.
-pub fn holder<'a, P: Resource>(pods: &'a [P], claim: &Claim, app_label: &str) -> Option<&'a P> {
+pub(crate) fn holder<'a, P: Resource>(
+    pods: &'a [P],
+    claim: &Claim,
+    app_label: &str,
+) -> Option<&'a P> {
     holder_by(pods, claim, |meta| pod_info(meta, app_label))
 }
 

@@ -26,7 +26,7 @@ pub(crate) use networks::{NetworkIps, network_sandboxes};
 mod networks;
 
 #[derive(Debug, thiserror::Error)]
-pub enum ExplainError {
+pub(crate) enum ExplainError {
     #[error("document {index}: {reason}")]
     Document { index: usize, reason: String },
     #[error("the input holds no objects")]
@@ -40,7 +40,7 @@ pub enum ExplainError {
 /// What one replica would get.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct ReplicaOutcome {
+pub(crate) struct ReplicaOutcome {
     pub replica: u64,
     /// `namespace/name`, or `namespace/generateName*`.
     pub pod: String,
@@ -61,7 +61,7 @@ pub struct ReplicaOutcome {
 /// One object of the input.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct ObjectOutcome {
+pub(crate) struct ObjectOutcome {
     /// `Deployment prod/web`.
     pub object: String,
     /// Warnings (and a denial) the webhook gives the object when it is written: `/validate`'s
@@ -89,7 +89,7 @@ pub(crate) fn reason_text(reason: Option<&Reason>, ordinal: Option<u64>) -> Stri
 
 /// A webhook deciding over an in-memory copy of `claims` (held and released, so name history
 /// counts), with the same settings and pools as the real one.
-pub async fn sandbox(
+pub(crate) async fn sandbox(
     claims: Vec<Claim>,
     settings: Settings,
     pools: PoolCatalog,
@@ -183,7 +183,7 @@ fn review(
 
 /// Explain every object, in order, on one sandbox: later objects see earlier ones' IPs.
 /// `replicas` overrides the replica count of workloads (a DaemonSet's is the node count).
-pub async fn explain(
+pub(crate) async fn explain(
     webhook: &Webhook,
     objects: &[Value],
     default_namespace: &str,

@@ -146,7 +146,7 @@ pub(crate) fn requests_from_report(
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// Freed; `forced` when the pod was live or could not be checked.
     Released { claim: Box<Claim>, forced: bool },
     /// No held claim on the IP.
@@ -172,7 +172,7 @@ pub enum Outcome {
 
 impl Outcome {
     /// What happened, for people.
-    pub fn message(&self, ip: &IpAddr) -> String {
+    pub(crate) fn message(&self, ip: &IpAddr) -> String {
         let about = |c: &Claim| {
             let app = if c.app.is_empty() {
                 String::new()
@@ -230,7 +230,7 @@ impl Outcome {
     }
 
     /// Freed, or (a dry run) it would be.
-    pub fn released(&self) -> bool {
+    pub(crate) fn released(&self) -> bool {
         matches!(
             self,
             Outcome::Released { .. } | Outcome::WouldRelease { .. }
@@ -239,7 +239,7 @@ impl Outcome {
 }
 
 /// Release the held claim on `request.ip`, if its pod is gone (or `request.force`).
-pub async fn release(
+pub(crate) async fn release(
     ledger: &dyn Ledger,
     pods: &dyn PodLookup,
     request: &Request,

@@ -258,7 +258,7 @@ fn printable(cell: &str) -> std::borrow::Cow<'_, str> {
 }
 
 /// Left-aligned columns three spaces apart, like kubectl; every cell [`printable`].
-pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+pub(crate) fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
     let rows: Vec<Vec<String>> = rows
         .iter()
         .map(|row| {

@@ -19,7 +19,7 @@ use ip_webhook_ledger::claim::{PodIdentity, is_token};
 
 /// Why a pod is refused. `Display` is the message the API server shows.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Denial {
+pub(crate) enum Denial {
     /// The review has no object to judge.
     MissingObject(&'static str),
     /// An IP annotation cannot be read.
@@ -102,7 +102,7 @@ impl From<Response> for Answer {
 
 impl Denial {
     /// How the refusal is counted in `ip_webhook_allocations_total`.
-    pub fn outcome(&self) -> AllocationOutcome {
+    pub(crate) fn outcome(&self) -> AllocationOutcome {
         match self {
             Denial::Exhausted(_) => AllocationOutcome::exhausted,
             Denial::Conflict(_) => AllocationOutcome::conflict,
@@ -152,7 +152,7 @@ impl fmt::Display for Denial {
 }
 
 /// What a pod asks for, read and checked.
-pub struct PodAsk<'m> {
+pub(crate) struct PodAsk<'m> {
     pub view: PodView<'m>,
     /// IPs the pod already carries (CNI annotations, else the `allocated-ip` label): asked
     /// for as static IPs unless they are its own verified claims.
@@ -174,7 +174,7 @@ impl PodAsk<'_> {
     }
 
     /// The pod as the claim rules see it.
-    pub fn identity(&self) -> PodIdentity<'_> {
+    pub(crate) fn identity(&self) -> PodIdentity<'_> {
         PodIdentity {
             namespace: &self.view.namespace,
             name: self.view.name(),
@@ -184,7 +184,7 @@ impl PodAsk<'_> {
     }
 
     /// `app namespace/app`, `FixedIPPool NAME (app …)`, or `pod namespace/name` without a list.
-    pub fn scope(&self) -> Scope<'_> {
+    pub(crate) fn scope(&self) -> Scope<'_> {
         match &self.candidates {
             Some(candidates) => self.view.scope(candidates),
             None => Scope::Pod(self.view.pod_name()),

@@ -18,7 +18,7 @@ pub(crate) const PERIOD: Duration = Duration::from_secs(1);
 
 /// Run until the task is aborted. `pods`: `None` off-cluster without an API server, where
 /// the timer alone decides.
-pub async fn run(
+pub(crate) async fn run(
     allocator: Arc<Allocator>,
     pods: Option<Arc<dyn PodLookup>>,
     metrics: Arc<Metrics>,

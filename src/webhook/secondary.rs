@@ -76,7 +76,7 @@ pub(crate) fn prefix_annotation(network: &Network) -> String {
 
 /// What a pod asks of one managed network.
 #[derive(Debug)]
-pub struct NetworkAsk {
+pub(crate) struct NetworkAsk {
     pub network: Network,
     /// Its entry among the pod's attachments.
     attachment: usize,
@@ -91,7 +91,7 @@ pub struct NetworkAsk {
 
 /// A pod's attachments of the managed networks, and what it asks of them.
 #[derive(Debug)]
-pub struct NetworkAsks {
+pub(crate) struct NetworkAsks {
     attachments: Vec<Attachment>,
     /// The pod's namespace, where its attachments without one are.
     namespace: String,
@@ -100,7 +100,7 @@ pub struct NetworkAsks {
 
 /// The IPs granted on one network.
 #[derive(Debug, Clone)]
-pub struct NetworkGrant {
+pub(crate) struct NetworkGrant {
     pub network: Network,
     pub ips: Vec<IpAddr>,
 }
@@ -109,7 +109,7 @@ pub struct NetworkGrant {
 /// none is managed). Multus reads the networks annotation as it likes for the networks
 /// ip-webhook does not manage; for a managed one, an unreadable annotation, list or prefix, a
 /// list for a network the pod does not attach, or an `ips` entry outside its list is refused.
-pub fn asks(webhook: &Webhook, view: &PodView<'_>) -> Result<Option<NetworkAsks>, Denial> {
+pub(crate) fn asks(webhook: &Webhook, view: &PodView<'_>) -> Result<Option<NetworkAsks>, Denial> {
     if webhook.secondary.is_empty() {
         return Ok(None);
     }
@@ -294,7 +294,7 @@ fn already_held(webhook: &Webhook, ask: &NetworkAsk, identity: &PodIdentity<'_>)
 /// its own already), or one IP per family chosen from its list. `request` is the primary
 /// interface's (its token, pod, ordinal and VM), with each network's list. On a refusal, what
 /// this request recorded on the networks before it is given back.
-pub async fn grant(
+pub(crate) async fn grant(
     webhook: &Webhook,
     asks: &NetworkAsks,
     request: &AllocationRequest<'_>,
@@ -411,7 +411,11 @@ pub(crate) fn add_to_patch(
 /// The IPs a pod carries on each managed network
 /// ([`ip_webhook_admission::networks::carried_on`]), for its DELETE and its validation; none when
 /// its networks annotation cannot be read.
-pub fn carried(webhook: &Webhook, meta: &Meta, namespace: &str) -> Vec<(Network, Vec<IpAddr>)> {
+pub(crate) fn carried(
+    webhook: &Webhook,
+    meta: &Meta,
+    namespace: &str,
+) -> Vec<(Network, Vec<IpAddr>)> {
     if webhook.secondary.is_empty() {
         return Vec::new();
     }
@@ -425,7 +429,7 @@ pub fn carried(webhook: &Webhook, meta: &Meta, namespace: &str) -> Vec<(Network,
 /// once bound, else by token); or free, then (a CREATE) recorded for it now as a static IP;
 /// or held by another holder: refused, naming both. A CREATE's claims are then bound to its
 /// UID. `Err` is the denial.
-pub async fn validate(
+pub(crate) async fn validate(
     webhook: &Webhook,
     incoming: &Incoming<'_>,
     ask: &PodAsk<'_>,
@@ -504,7 +508,7 @@ pub async fn validate(
 
 /// A pod's DELETE on the managed networks: its claims on each turn `Terminating` until
 /// `release_at`, found by who the pod is and by the IPs its networks annotation names.
-pub async fn terminate(
+pub(crate) async fn terminate(
     webhook: &Webhook,
     meta: &Meta,
     identity: &PodIdentity<'_>,

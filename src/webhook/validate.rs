@@ -22,7 +22,10 @@ use ip_webhook_ledger::Claim;
 use ip_webhook_ledger::claim::{PodIdentity, is_token, new_token};
 use ip_webhook_ledger::crd::{self, FixedIPPool};
 
-pub async fn validate(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Answer, ReviewError> {
+pub(crate) async fn validate(
+    webhook: &Webhook,
+    incoming: &Incoming<'_>,
+) -> Result<Answer, ReviewError> {
     let request = &incoming.request;
     if request.sub_resource.is_some() {
         return Ok(Answer::from(incoming.respond()));

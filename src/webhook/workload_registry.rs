@@ -35,7 +35,7 @@ pub struct WorkloadRegistry {
 
 /// What the registry keeps of one workload: who it is, its app, its list.
 #[derive(Debug, Clone)]
-pub struct Listing {
+pub(crate) struct Listing {
     pub id: WorkloadId,
     pub app: String,
     pub set: IpSet,

@@ -132,7 +132,7 @@ pub(crate) fn listing_of(
 }
 
 /// `/validate` for a workload CREATE, UPDATE or DELETE.
-pub fn review(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Response, ReviewError> {
+pub(crate) fn review(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Response, ReviewError> {
     let response = incoming.respond();
     let kind = incoming.request.kind.kind.clone();
     // Where watches feed the registry, admissions neither record nor forget.

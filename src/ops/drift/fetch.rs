@@ -29,7 +29,7 @@ pub(crate) enum FetchError {
 }
 
 /// The cluster's side of the comparison.
-pub struct Cluster {
+pub(crate) struct Cluster {
     /// The pods that carry our or the CNIs' labels or annotations, cut down.
     pub pods: Vec<Pod>,
     /// The other pods that can change a finding ([`Wanted`]), as compact records.
@@ -230,7 +230,7 @@ pub(crate) fn keep_pods(
 ///
 /// The CNI's records are read before the pods: a pod exists before the CNI allocates its IP,
 /// so a record read first never names a pod created after the pods were listed.
-pub async fn read(
+pub(crate) async fn read(
     client: &Client,
     pools: &PoolCatalog,
     app_label: &str,

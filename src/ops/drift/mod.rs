@@ -42,7 +42,7 @@ use ip_webhook_ledger::network::Network;
 /// What kind of drift a finding is; the JSON names are stable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum DriftKind {
+pub(crate) enum DriftKind {
     /// A held claim that no pod holds.
     ClaimWithoutPod,
     /// A running pod on a list (or pool, or claimed) IP without a claim of its own on it.
@@ -57,7 +57,7 @@ pub enum DriftKind {
 }
 
 impl DriftKind {
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             DriftKind::ClaimWithoutPod => "claim-without-pod",
             DriftKind::PodWithoutClaim => "pod-without-claim",
@@ -76,7 +76,7 @@ impl DriftKind {
 
 /// One finding.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Drift {
+pub(crate) struct Drift {
     pub kind: DriftKind,
     /// The IP concerned: the claimed IP (kinds 1 and 3), the pod's IP (2), the CNI's IP (4).
     pub ip: IpAddr,
@@ -95,7 +95,7 @@ pub struct Drift {
 
 /// Who the CNI says an IP belongs to.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CniHold {
+pub(crate) struct CniHold {
     pub ip: IpAddr,
     pub namespace: String,
     pub pod: String,
@@ -107,7 +107,7 @@ pub struct CniHold {
 /// comparison needs it: that it exists (a CNI record or a claim may name it), and the IPs it
 /// runs on. The cluster's pods are mostly these: a compact record each instead of an object.
 #[derive(Debug, Clone)]
-pub enum PlainPod {
+pub(crate) enum PlainPod {
     /// Runs on IPs of its own.
     Running(RunningPod),
     /// Not (yet, or any more): host-network, finished, or no IP assigned.
@@ -133,7 +133,7 @@ impl PlainPod {
 }
 
 /// Everything the comparison looks at.
-pub struct Inputs<'a> {
+pub(crate) struct Inputs<'a> {
     pub claims: &'a [Claim],
     /// The pods of the cluster (or of the namespaces compared) that carry our or the CNIs'
     /// labels or annotations, cut down ([`fetch::slim_pod`]).
@@ -162,7 +162,7 @@ pub struct Inputs<'a> {
 pub(crate) const SETTLE_SECONDS: u64 = 120;
 
 /// All drift, sorted by kind, then IP.
-pub fn compare(inputs: &Inputs<'_>) -> Vec<Drift> {
+pub(crate) fn compare(inputs: &Inputs<'_>) -> Vec<Drift> {
     let mut found = Vec::new();
     let held: Vec<&Claim> = inputs.claims.iter().filter(|c| c.is_held()).collect();
     let pods = PodViews::of(inputs.pods, inputs.plain);
@@ -520,7 +520,7 @@ pub(crate) fn block_holds(block: &str, spec: &BlockSpec) -> Vec<CniHold> {
 
 /// What was compared, for the report.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct Compared {
+pub(crate) struct Compared {
     pub claims: usize,
     pub pods: usize,
     /// Kube-OVN `IP` objects read; `None` when `ips.kubeovn.io` is not served.
@@ -535,7 +535,7 @@ pub struct Compared {
 
 /// `check --drift`'s output (`-o json` prints it as is).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Report {
+pub(crate) struct Report {
     pub drift: Vec<Drift>,
     pub compared: Compared,
 }

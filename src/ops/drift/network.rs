@@ -15,7 +15,7 @@ use ip_webhook_ledger::network::Network;
 
 /// `cluster` as the books of `network` see it: each pod runs on its IPs on the network (none
 /// before Multus has reported them), the lists are the network's, and no CNI record applies.
-pub fn project(mut cluster: Cluster, network: &Network) -> Cluster {
+pub(crate) fn project(mut cluster: Cluster, network: &Network) -> Cluster {
     let key = list_annotation(network);
     let mut listed = IpSet::default();
     for pod in &mut cluster.pods {

@@ -15,7 +15,7 @@ use ip_webhook_ledger::{Claim, Ledger, MemoryLedger};
 
 /// A replica's IPs on one secondary network.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct NetworkIps {
+pub(crate) struct NetworkIps {
     /// `namespace/name` of the NetworkAttachmentDefinition.
     pub network: String,
     pub ips: Vec<IpAddr>,
