@@ -2,16 +2,19 @@
 //! ip-webhook: a Kubernetes admission webhook that gives an app's pods fixed IPs from a list
 //! or pool, and refuses IP conflicts.
 //!
-//! Below this crate is [`ip_webhook_ledger`]: the claims, the custom resources (`IPClaim`,
-//! `FixedIPPool`), the `Ledger` contract and its adapters (memory, embedded journal, Kubernetes,
-//! etcd). The compiler keeps it from reaching up into this crate.
+//! Below this crate are the workspace's three library crates, each with its contract in its
+//! `lib.rs`; the compiler keeps them from reaching up into this one:
+//!
+//! - [`ip_webhook_ledger`]: the claims and their rules, the custom resources (`IPClaim`,
+//!   `FixedIPPool`), the `Ledger` contract and its adapters (memory, embedded journal,
+//!   Kubernetes, etcd).
+//! - [`ip_webhook_ipam`]: IP sets, pools, the allocator over the ledger.
+//! - [`ip_webhook_admission`]: the AdmissionReview protocol: wire types, scanner, bounds,
+//!   response and JSON patch, the pod annotations.
 //!
 //! This crate's folders, lowest layer first (a folder imports only from folders above it in
 //! this list; `tests/layers.rs` checks it); ARCHITECTURE.md walks a request through them:
 //!
-//! - [`ipam`]: IP math, pools, the allocator over the ledger.
-//! - [`admission`]: the AdmissionReview protocol: wire types, scanner, bounds, response and
-//!   JSON patch, the pod annotations.
 //! - [`metrics`]: the Prometheus registry every layer records into.
 //! - [`webhook`]: the decisions: dispatch, assess, mutate, validate, the IPClaim guard,
 //!   workloads, events.

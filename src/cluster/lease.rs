@@ -6,6 +6,12 @@
 //! clock (as client-go does, so clock skew between nodes does not matter). Every write carries
 //! the resourceVersion it read, so two candidates cannot both win. A holder that cannot renew
 //! within `duration` steps down before anyone else may take over.
+//!
+//! Not kube-lease-manager (0.13.1): it takes a lease as expired once the holder's `renewTime`
+//! plus the duration is past on its own clock (its `src/state.rs`, `is_expired`), so a replica
+//! whose clock runs ahead takes a live holder's lease. Two of its candidates against
+//! `fakeapi.py`, one under `faketime -f +600s`, showed exactly that: the one ahead led 0.4 s
+//! after it started while the other was renewing; without the offset it never did.
 
 use std::time::Duration;
 

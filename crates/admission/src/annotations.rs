@@ -453,7 +453,7 @@ pub(crate) type PodMarks<'a> = (
     Option<&'a BTreeMap<String, String>>,
 );
 
-/// The first of the claim-holding keys (annotations [`IMMUTABLE_ANNOTATIONS`], label
+/// The first of the claim-holding keys (annotations `IMMUTABLE_ANNOTATIONS`, label
 /// [`ALLOCATED_IP_LABEL`]) that an update changes, adds or removes: `(key, old, new)`, with
 /// `None` for absent. An IP annotation or the label rewritten to the same IPs (another spelling
 /// of one IPv6 address, as the Kube-OVN controller writes it back) is not a change.
@@ -533,8 +533,8 @@ const MAX_QUOTED_KEY: usize = 64;
 /// it: nothing reads a mistyped key, so without the warning the pod is admitted as one that
 /// asks for nothing.
 ///
-/// Bounded, whatever the object holds: at most [`MAX_KEY_WARNINGS`] keys are named, then one
-/// warning counts the others; a key is quoted to [`MAX_QUOTED_KEY`] bytes; the closest known
+/// Bounded, whatever the object holds: at most `MAX_KEY_WARNINGS` keys are named, then one
+/// warning counts the others; a key is quoted to `MAX_QUOTED_KEY` bytes; the closest known
 /// key is looked for only for a key that short (an edit distance costs its length times the
 /// known key's). The API server keeps at most 4 KiB of warnings per answer, and cuts each to
 /// 256 characters past that (k8s.io/apiserver `pkg/endpoints/filters/warning.go`).

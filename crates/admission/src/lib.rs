@@ -127,8 +127,8 @@ pub struct Request<'a> {
     /// `CreateOptions`, `DeleteOptions`…, as raw JSON (read only for a Pod DELETE's grace).
     #[serde(borrow, default)]
     pub options: Option<RawJson<'a>>,
-    /// `userInfo`, as raw JSON (read by the IPClaim guard, [`crate::webhook::claim_guard`], and
-    /// to tell KubeVirt's launcher pods, `crate::webhook::kubevirt`).
+    /// `userInfo`, as raw JSON (read by the webhook's IPClaim guard, and to tell KubeVirt's
+    /// launcher pods).
     #[serde(borrow, default)]
     pub user_info: Option<RawJson<'a>>,
     /// `object.metadata` as the scan read it (the serde path leaves it `NotScanned`).
@@ -308,6 +308,13 @@ pub fn decode(body: &[u8]) -> Result<Incoming<'_>, ReviewError> {
 }
 
 /// The reference decoder: what the scan must agree with, and what words the errors.
+///
+/// Our own derive, not kube-core's `AdmissionReview<DynamicObject>`: kube-core requires
+/// `request.kind`, `resource` and `userInfo`, which no decision reads and the scan does not
+/// ask for, so the two decoders would disagree on what is a review; and it parses the whole
+/// object into a `DynamicObject` where a decision borrows the object as raw JSON and reads
+/// only its metadata. `decodes_what_kube_core_decodes` holds the two to the same reading of a
+/// real review.
 fn decode_with_serde(body: &[u8]) -> Result<Review<'_>, ReviewError> {
     serde_json::from_slice(body).map_err(|e| ReviewError::NotAReview(e.to_string()))
 }

@@ -1,5 +1,5 @@
 //! What the cluster says about IPs outside the ledger ([`ForeignIps`]), as the allocator asks
-//! it; in-cluster [`crate::cluster::index::ClusterIps`] answers.
+//! it; in-cluster the webhook's `cluster::index::ClusterIps` answers.
 
 use std::net::IpAddr;
 

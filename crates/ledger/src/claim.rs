@@ -340,7 +340,7 @@ pub fn terminating(claim: &Claim, pod: &PodIdentity<'_>, release_at: u64, now: u
 
 /// `claim` given back. A sticky claim (a StatefulSet pod's) is kept for its pod name: the
 /// record stays `Released` and still locks the IP until it is released once more, when the
-/// sticky grace is over ([`crate::cluster::lifecycle`] says when). Any other claim becomes
+/// sticky grace is over ((the webhook's `cluster::lifecycle`) says when). Any other claim becomes
 /// history of which pod name held the IP last. (The kubernetes ledger deletes such a record
 /// instead.)
 pub fn released(claim: &Claim, now: u64) -> Claim {

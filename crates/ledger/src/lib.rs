@@ -13,7 +13,7 @@
 //!   the claim survives a crash of this process.
 //! - The adapters: [`MemoryLedger`] (tests), [`EmbeddedLedger`] (a journal in a state dir),
 //!   [`KubeLedger`] (`IPClaim` objects through the API server), and `EtcdLedger` (with the
-//!   `etcd` feature). [`open`] picks and opens one from a [`LedgerConfig`]; each secondary
+//!   `etcd` feature). [`open()`](fn@open) picks and opens one from a [`LedgerConfig`]; each secondary
 //!   network's books are kept apart ([`network`]).
 //! - [`crd`] is the custom resources (`IPClaim`, `FixedIPPool`) and the CRDs the chart ships.
 //!

@@ -1,5 +1,5 @@
 //! Whether the pod of a claim still exists, as the releasing code asks it: in-cluster
-//! [`crate::cluster::pods::PodDirectory`] answers, off-cluster [`NoPodList`].
+//! the webhook's `cluster::pods::PodDirectory` answers, off-cluster [`NoPodList`].
 
 use std::net::IpAddr;
 
@@ -17,7 +17,7 @@ pub enum PodState {
     Unknown(String),
 }
 
-/// Looks up the pod that holds a claim (in-cluster: [`crate::cluster::pods::PodDirectory`]).
+/// Looks up the pod that holds a claim (in-cluster: the webhook's `cluster::pods::PodDirectory`).
 #[async_trait]
 pub trait PodLookup: Send + Sync {
     async fn state(&self, claim: &Claim) -> PodState;

@@ -38,7 +38,7 @@ impl TimedLedger {
         TimedLedger::wrap_watched(inner, latency, Arc::new(LedgerHealth::new()))
     }
 
-    /// [`TimedLedger::wrap`], counting failures into `health` (what `/readyz` reads).
+    /// `TimedLedger::wrap`, counting failures into `health` (what `/readyz` reads).
     pub fn wrap_watched(
         inner: Arc<dyn Ledger>,
         latency: Family<LedgerLabels, Histogram>,

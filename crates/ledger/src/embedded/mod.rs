@@ -234,7 +234,7 @@ pub(crate) fn read_claims(state_dir: &Path) -> Result<Vec<Claim>, LedgerError> {
 }
 
 /// Whether `state_dir` holds an embedded ledger (journal, snapshot), or held one whose files
-/// are gone (then [`read_claims`] says what is missing).
+/// are gone (then `read_claims` says what is missing).
 pub fn exists_in(state_dir: &Path) -> bool {
     generations(state_dir, SNAPSHOT).is_ok_and(|g| !g.is_empty())
         || generations(state_dir, JOURNAL).is_ok_and(|g| !g.is_empty())

@@ -1,5 +1,5 @@
 //! `ip-webhook ledger repair`: what a repair of a refused state dir keeps and loses, and the
-//! repair itself. It mends what `serve` and every command refuse ([`load::survey`] finds it):
+//! repair itself. It mends what `serve` and every command refuse (`load::survey` finds it):
 //! - a damaged journal or snapshot (damage with valid records after it, records lost before a
 //!   journal's acknowledgement mark, a snapshot that is not whole, an unreadable header) is
 //!   rewritten with every valid record and a new header; the original is kept beside it as
