@@ -16,7 +16,7 @@ use http_body_util::BodyExt;
 use ip_webhook::cluster::executor::Executor;
 use ip_webhook::cluster::lease::{Elector, LeaseSettings};
 use ip_webhook::cluster::reconcile::{Action, DropReason, Plan};
-use ip_webhook::cluster::{Caches, ClusterOptions, PodInfo, Reconciler, Rules};
+use ip_webhook::cluster::{Caches, ClaimingPod, ClusterOptions, Reconciler, Rules};
 use ip_webhook_ipam::allocator::{AllocationRequest, Allocator};
 use ip_webhook_ipam::ipset::parse_ip_spec;
 use ip_webhook_ipam::messages::Scope;
@@ -394,8 +394,8 @@ async fn release_deletes_only_the_same_requests_record() {
     server.await.unwrap();
 }
 
-fn pod_info(name: &str, uid: &str, ip: &str) -> PodInfo {
-    PodInfo {
+fn claiming_pod(name: &str, uid: &str, ip: &str) -> ClaimingPod {
+    ClaimingPod {
         namespace: "default".into(),
         name: name.into(),
         uid: uid.into(),
@@ -447,7 +447,7 @@ async fn bind_patches_the_pod_uid_then_the_phase() {
     let plan = Plan {
         actions: vec![Action::Bind {
             claim: resource(stored(&reserved, 10)),
-            pod: pod_info("web-7d9f-x2x", "pod-uid-5", "10.0.0.5"),
+            pod: claiming_pod("web-7d9f-x2x", "pod-uid-5", "10.0.0.5"),
         }],
         next_due: None,
         duplicates: Vec::new(),
@@ -621,7 +621,7 @@ async fn a_full_resync_frees_an_ip_whose_pod_delete_the_watch_missed() {
     let caches = Arc::new(Caches::default());
     // The watch missed the delete: the cache still has the pod.
     Arc::make_mut(&mut caches.pods.lock().unwrap())
-        .insert("uid-db".into(), pod_info("db-0", "uid-db", "10.0.0.8"));
+        .insert("uid-db".into(), claiming_pod("db-0", "uid-db", "10.0.0.8"));
     caches
         .claims
         .lock()

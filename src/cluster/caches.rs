@@ -12,7 +12,7 @@ use super::{PodMap, change_log, claim_list, index, leader_view, lock};
 use crate::metrics::watch_health::WatchHealth;
 use ip_webhook_ledger::crd::{FixedIPPool, IPClaim};
 
-/// What the watches hold. Pods are kept as `PodInfo` only, and only pods that carry an IP.
+/// What the watches hold. Pods are kept as `ClaimingPod` only, and only pods that carry an IP.
 #[derive(Default)]
 pub struct Caches {
     pub pods: Mutex<Arc<PodMap>>,

@@ -35,8 +35,8 @@ pub struct Executor {
 
 /// The live pod of the claim's name, when it is not the claim's pod but carries the claim's IP
 /// and a claim token (so our webhooks admitted it): the holder a takeover displaced.
-fn displaced_holder(claim: &IPClaim, live: &ObjectMeta) -> Option<PodInfo> {
-    let pod = super::watches::pod_info(live, "")?;
+fn displaced_holder(claim: &IPClaim, live: &ObjectMeta) -> Option<ClaimingPod> {
+    let pod = super::watches::claiming_pod(live, "")?;
     let ip: IpAddr = claim.spec.ip.parse().ok()?;
     (pod.namespace == claim.spec.namespace && pod.ips.contains(&ip) && pod.token.is_some())
         .then_some(pod)
@@ -70,7 +70,7 @@ impl Executor {
         }
     }
 
-    async fn bind(&self, claim: &IPClaim, pod: &PodInfo) -> Result<bool, ClusterError> {
+    async fn bind(&self, claim: &IPClaim, pod: &ClaimingPod) -> Result<bool, ClusterError> {
         let name = name_of(claim);
         let mut spec =
             serde_json::json!({"podUid": pod.uid, "podName": pod.name, "sticky": pod.stateful});
@@ -194,7 +194,11 @@ impl Executor {
     /// `claim` is bound to a pod that never came (a create refused after the webhooks, such as
     /// a second CREATE of `db-0` answered AlreadyExists), while the live pod of that name
     /// still carries the IP it held before: the claim is its again.
-    async fn give_back_to(&self, claim: &IPClaim, holder: &PodInfo) -> Result<bool, ClusterError> {
+    async fn give_back_to(
+        &self,
+        claim: &IPClaim,
+        holder: &ClaimingPod,
+    ) -> Result<bool, ClusterError> {
         let bound = self.bind(claim, holder).await?;
         if bound {
             tracing::warn!(
@@ -211,7 +215,7 @@ impl Executor {
     async fn adopt(
         &self,
         ip: IpAddr,
-        pod: &PodInfo,
+        pod: &ClaimingPod,
         reason: AdoptReason,
     ) -> Result<bool, ClusterError> {
         let mut pod = pod.clone();
@@ -258,7 +262,7 @@ impl Executor {
 
     /// Whether the API server still has `pod` (the same UID) running on `ip` and not being
     /// deleted; if so, whether a StatefulSet controls it is taken from the live object.
-    async fn still_runs_on(&self, ip: IpAddr, pod: &mut PodInfo) -> Result<bool, ClusterError> {
+    async fn still_runs_on(&self, ip: IpAddr, pod: &mut ClaimingPod) -> Result<bool, ClusterError> {
         let pods: Api<k8s_openapi::api::core::v1::Pod> =
             Api::namespaced(self.pods.clone().into_client(), &pod.namespace);
         let live = match pods.get_opt(&pod.name).await {
@@ -383,7 +387,7 @@ impl Executor {
 
 /// The Bound claim an adopted IP gets: static for a pod that carries a claim token, allocated
 /// for a pod on its app's list; sticky for a StatefulSet's pod.
-fn adopted_claim(ip: IpAddr, pod: &PodInfo, reason: AdoptReason) -> Claim {
+fn adopted_claim(ip: IpAddr, pod: &ClaimingPod, reason: AdoptReason) -> Claim {
     Claim {
         ip,
         app: pod.app.as_str().into(),

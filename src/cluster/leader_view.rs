@@ -19,7 +19,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use super::reconcile::{
-    self, FastSet, Holdings, Plan, PodInfo, PodMap, Rules, Sightings, adopts_by_token,
+    self, ClaimingPod, FastSet, Holdings, Plan, PodMap, Rules, Sightings, adopts_by_token,
 };
 use ip_webhook_ledger::crd::IPClaim;
 
@@ -381,7 +381,7 @@ impl LeaderView {
         indexed.claimed
     }
 
-    fn add_live(&mut self, uid: &str, pod: &PodInfo) {
+    fn add_live(&mut self, uid: &str, pod: &ClaimingPod) {
         if pod.terminating {
             return;
         }
@@ -556,7 +556,7 @@ mod tests {
         resource
     }
 
-    fn pod(step: &Step) -> PodInfo {
+    fn pod(step: &Step) -> ClaimingPod {
         let Step::Pod {
             uid,
             ref ips,
@@ -568,7 +568,7 @@ mod tests {
         else {
             unreachable!()
         };
-        PodInfo {
+        ClaimingPod {
             namespace: "default".into(),
             name: format!("p{uid}"),
             uid: format!("u{uid}"),

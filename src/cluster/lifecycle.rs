@@ -8,7 +8,7 @@
 //! The rule only says what to do; freeing a VM's claim also needs the VM verified gone, which
 //! each executor asks the API server ([`super::virtual_machines::VmDirectory`]).
 
-use super::pod_info::{PodInfo, PodMap};
+use super::claiming_pod::{ClaimingPod, PodMap};
 use ip_webhook_ledger::claim::held_by;
 use ip_webhook_ledger::{Claim, Phase};
 
@@ -68,7 +68,7 @@ pub(crate) enum Verdict<'p> {
     /// Nothing to do; `Some(at)`: time passing alone may change that at `at`.
     Wait(Option<u64>),
     /// Tie the claim to this pod (its final name and UID): phase `Bound`.
-    Bind(&'p PodInfo),
+    Bind(&'p ClaimingPod),
     /// Its StatefulSet pod is gone: release it, kept for the pod's name for the sticky grace.
     Keep,
     /// Free the IP.
@@ -83,7 +83,7 @@ pub(crate) const CLOCK_SLACK: u64 = 5;
 /// Whether `pod` is the one a not-yet-bound `claim` was made for: it carries the IP (on the
 /// claim's interface) and the claim's token ([`held_by`]); a record without a token, its
 /// exact name and a later birth.
-pub(crate) fn takes_up(claim: &Claim, pod: &PodInfo) -> bool {
+pub(crate) fn takes_up(claim: &Claim, pod: &ClaimingPod) -> bool {
     pod.ips.contains(&claim.ip)
         && held_by(claim, &pod.identity())
         && (!claim.token.is_empty() || pod.created_at + CLOCK_SLACK >= claim.created_at)
@@ -128,7 +128,7 @@ pub(crate) fn judge<'p>(
 fn judge_bound<'p>(
     claim: &Claim,
     phase: Phase,
-    pod: Option<&'p PodInfo>,
+    pod: Option<&'p ClaimingPod>,
     age: Age,
     now: u64,
     promised_until: u64,
@@ -152,7 +152,11 @@ fn judge_bound<'p>(
 
 /// The pod a claim without a pod UID (a reservation) was made for: the oldest live pod that
 /// takes it up ([`takes_up`]) and is not already the pod of another claim.
-fn taker<'p>(claim: &Claim, pods: &'p PodMap, bound: &dyn Fn(&str) -> bool) -> Option<&'p PodInfo> {
+fn taker<'p>(
+    claim: &Claim,
+    pods: &'p PodMap,
+    bound: &dyn Fn(&str) -> bool,
+) -> Option<&'p ClaimingPod> {
     pods.values()
         .filter(|pod| !pod.terminating && !bound(pod.uid.as_str()) && takes_up(claim, pod))
         .min_by(|a, b| (a.created_at, &a.uid).cmp(&(b.created_at, &b.uid)))

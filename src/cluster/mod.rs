@@ -19,6 +19,7 @@ pub(crate) mod app_lists;
 mod caches;
 pub(crate) mod change_log;
 pub(crate) mod claim_list;
+pub(crate) mod claiming_pod;
 pub mod cni;
 pub(crate) mod controller;
 pub(crate) mod events;
@@ -31,7 +32,6 @@ pub(crate) mod lifecycle;
 pub(crate) mod listed_pod;
 pub(crate) mod node_loss;
 pub(crate) mod parts;
-pub(crate) mod pod_info;
 pub(crate) mod pods;
 pub mod reconcile;
 mod reconciler;
@@ -43,9 +43,9 @@ mod watches;
 pub use caches::Caches;
 pub(crate) use parts::Parts;
 pub use reconciler::{Reconciler, list_pages};
-pub use watches::{pod_info, tolerant_catalog, watch_claims, watch_pools};
+pub use watches::{claiming_pod, tolerant_catalog, watch_claims, watch_pools};
 
-pub use reconcile::{PodInfo, PodMap, Rules};
+pub use reconcile::{ClaimingPod, PodMap, Rules};
 
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ClusterError {

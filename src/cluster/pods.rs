@@ -19,8 +19,8 @@ use ip_webhook_ledger::pod_lookup::{PodLookup, PodState};
 use super::lifecycle::takes_up;
 use super::listed_pod::ListedPod;
 use super::virtual_machines::VmDirectory;
-use super::watches::network_pod_info;
-use super::{ClusterError, pod_info};
+use super::watches::network_claiming_pod;
+use super::{ClusterError, claiming_pod};
 use ip_webhook_admission::annotations::ALLOCATED_IP_LABEL;
 use ip_webhook_ledger::network::Network;
 
@@ -103,17 +103,17 @@ impl PodDirectory {
 
     /// What the rules read of `meta`'s pod for these books: the IPs it carries on their
     /// interface; `None` when it carries none there.
-    pub(crate) fn info(&self, meta: &kube::api::ObjectMeta) -> Option<super::PodInfo> {
+    pub(crate) fn info(&self, meta: &kube::api::ObjectMeta) -> Option<super::ClaimingPod> {
         match &self.network {
-            None => pod_info(meta, &self.app_label),
-            Some(network) => network_pod_info(meta, &self.app_label, network),
+            None => claiming_pod(meta, &self.app_label),
+            Some(network) => network_claiming_pod(meta, &self.app_label, network),
         }
     }
 
     /// [`PodDirectory::info`], or the pod with no IP when it carries none there.
-    pub(crate) fn info_or_bare(&self, meta: &kube::api::ObjectMeta) -> Option<super::PodInfo> {
+    pub(crate) fn info_or_bare(&self, meta: &kube::api::ObjectMeta) -> Option<super::ClaimingPod> {
         self.info(meta)
-            .or_else(|| super::watches::bare_pod_info(meta, &self.app_label, Vec::new()))
+            .or_else(|| super::watches::bare_claiming_pod(meta, &self.app_label, Vec::new()))
     }
 
     /// Whether the VM `namespace/name` still holds its IP, read now (not from a memo): a
@@ -291,7 +291,7 @@ impl PodDirectory {
                         .uid
                         .as_deref()
                         .is_some_and(|u| uids.contains(u))
-                        || pod_info(&pod.metadata, &self.app_label).is_some();
+                        || claiming_pod(&pod.metadata, &self.app_label).is_some();
                     could.then(|| node_and_metadata(pod))
                 }))
             },
@@ -360,7 +360,8 @@ impl PodLookup for PodDirectory {
                 .iter()
                 .flat_map(|status| status.pod_ips.iter().flatten())
                 .any(|address| address.ip.parse() == Ok(ip));
-            running || pod_info(&pod.metadata, &self.app_label).is_some_and(|p| p.ips.contains(&ip))
+            running
+                || claiming_pod(&pod.metadata, &self.app_label).is_some_and(|p| p.ips.contains(&ip))
         }))
     }
 
@@ -402,7 +403,7 @@ pub(crate) fn holder<'a, P: Resource>(
     claim: &Claim,
     app_label: &str,
 ) -> Option<&'a P> {
-    holder_by(pods, claim, |meta| pod_info(meta, app_label))
+    holder_by(pods, claim, |meta| claiming_pod(meta, app_label))
 }
 
 /// [`holder`] for a claim of the secondary network `network`, whose pod carries its IPs in
@@ -414,7 +415,7 @@ pub(crate) fn network_holder<'a, P: Resource>(
     network: &Network,
 ) -> Option<&'a P> {
     holder_by(pods, claim, |meta| {
-        network_pod_info(meta, app_label, network)
+        network_claiming_pod(meta, app_label, network)
     })
 }
 
@@ -422,7 +423,7 @@ pub(crate) fn network_holder<'a, P: Resource>(
 fn holder_by<'a, P: Resource>(
     pods: &'a [P],
     claim: &Claim,
-    info: impl Fn(&kube::api::ObjectMeta) -> Option<super::PodInfo>,
+    info: impl Fn(&kube::api::ObjectMeta) -> Option<super::ClaimingPod>,
 ) -> Option<&'a P> {
     if let Some(uid) = claim.pod.uid.as_deref() {
         return pods.iter().find(|pod| {

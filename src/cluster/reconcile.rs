@@ -14,8 +14,8 @@ use ip_webhook_ipam::pools::PoolCatalog;
 use ip_webhook_ledger::Claim;
 use ip_webhook_ledger::crd::{FixedIPPoolStatus, IPClaim};
 
-pub(crate) use super::pod_info::FastSet;
-pub use super::pod_info::{PodInfo, PodMap};
+pub(crate) use super::claiming_pod::FastSet;
+pub use super::claiming_pod::{ClaimingPod, PodMap};
 pub(crate) use super::sightings::Sightings;
 
 pub use super::lifecycle::{DropReason, Rules};
@@ -23,7 +23,10 @@ pub use super::lifecycle::{DropReason, Rules};
 #[derive(Debug, Clone)]
 pub enum Action {
     /// Tie the claim to this pod (its final name and UID); phase `Bound`.
-    Bind { claim: Arc<IPClaim>, pod: PodInfo },
+    Bind {
+        claim: Arc<IPClaim>,
+        pod: ClaimingPod,
+    },
     /// The StatefulSet pod is gone: keep the record, phase `Released`, for the sticky grace.
     Keep { claim: Arc<IPClaim> },
     /// Delete the record: the IP is free again.
@@ -37,7 +40,7 @@ pub enum Action {
     /// installed): record it. Never a pod on a bare label or another app's IP.
     Adopt {
         ip: IpAddr,
-        pod: PodInfo,
+        pod: ClaimingPod,
         reason: AdoptReason,
     },
 }
@@ -75,7 +78,7 @@ pub(crate) fn plan_list_adoptions(
             _ => {}
         }
     }
-    let mut candidates: Vec<PodInfo> = running
+    let mut candidates: Vec<ClaimingPod> = running
         .iter()
         .filter(|slim| {
             !slim.app.is_empty()
@@ -84,7 +87,7 @@ pub(crate) fn plan_list_adoptions(
         })
         .map(|slim| {
             let known = pods.get(&*slim.uid);
-            PodInfo {
+            ClaimingPod {
                 namespace: slim.namespace.to_string(),
                 name: slim.name.to_string(),
                 uid: slim.uid.to_string(),
@@ -135,7 +138,7 @@ pub(crate) trait Holdings {
 pub struct Duplicate {
     pub ip: IpAddr,
     /// Oldest first (creation time, then UID).
-    pub pods: Vec<PodInfo>,
+    pub pods: Vec<ClaimingPod>,
 }
 
 /// The plan for one pass, and when the next time-driven change falls due (unix seconds).
@@ -149,7 +152,7 @@ pub struct Plan {
 
 /// Whether `carriers` of one IP are more than one holder: the launcher pods of one virtual
 /// machine (a live migration's source and target) are one.
-fn more_than_one_holder<'a>(carriers: impl IntoIterator<Item = &'a PodInfo>) -> bool {
+fn more_than_one_holder<'a>(carriers: impl IntoIterator<Item = &'a ClaimingPod>) -> bool {
     let mut carriers = carriers.into_iter();
     let Some(first) = carriers.next() else {
         return false;
@@ -158,7 +161,7 @@ fn more_than_one_holder<'a>(carriers: impl IntoIterator<Item = &'a PodInfo>) -> 
 }
 
 /// Oldest first: by creation time, then UID (compared in place, not copied per comparison).
-fn oldest_first(a: &PodInfo, b: &PodInfo) -> std::cmp::Ordering {
+fn oldest_first(a: &ClaimingPod, b: &ClaimingPod) -> std::cmp::Ordering {
     (a.created_at, &a.uid).cmp(&(b.created_at, &b.uid))
 }
 
@@ -175,13 +178,14 @@ pub fn duplicates(pods: &PodMap) -> Vec<Duplicate> {
 }
 
 /// The duplicates among `carried`, (IP, live pod) pairs in any order.
-pub(crate) fn duplicates_among(mut carried: Vec<(IpAddr, &PodInfo)>) -> Vec<Duplicate> {
+pub(crate) fn duplicates_among(mut carried: Vec<(IpAddr, &ClaimingPod)>) -> Vec<Duplicate> {
     carried.sort_unstable_by_key(|(ip, _)| *ip);
     carried
         .chunk_by(|a, b| a.0 == b.0)
         .filter(|carriers| more_than_one_holder(carriers.iter().map(|(_, pod)| *pod)))
         .map(|carriers| {
-            let mut pods: Vec<PodInfo> = carriers.iter().map(|(_, pod)| (*pod).clone()).collect();
+            let mut pods: Vec<ClaimingPod> =
+                carriers.iter().map(|(_, pod)| (*pod).clone()).collect();
             pods.sort_by(oldest_first);
             Duplicate {
                 ip: carriers[0].0,
@@ -214,7 +218,7 @@ pub(crate) fn add_running_duplicates(
         let duplicate = &mut found[index];
         for pod in pods {
             if !duplicate.pods.iter().any(|p| *p.uid == *pod.uid) {
-                let mut info = PodInfo::running(&pod);
+                let mut info = ClaimingPod::running(&pod);
                 info.vm = known.get(&*pod.uid).and_then(|k| k.vm.clone());
                 duplicate.pods.push(info);
             }
@@ -330,7 +334,7 @@ pub(crate) fn plan_claim(
 /// first. `candidates` holds at least every such pod (any others adopt nothing).
 pub(crate) fn plan_token_adoptions<'p>(
     plan: &mut Plan,
-    candidates: impl Iterator<Item = &'p PodInfo>,
+    candidates: impl Iterator<Item = &'p ClaimingPod>,
     recorded: &dyn Fn(&IpAddr) -> bool,
 ) {
     let mut adopted: HashSet<IpAddr> = HashSet::new();
@@ -339,7 +343,7 @@ pub(crate) fn plan_token_adoptions<'p>(
     // label or CNI annotation (a pod created while no webhook saw it) is never recorded: it
     // would hold an IP of any app or pool for whoever wrote it. A pod whose every IP is
     // recorded adopts nothing, so only the others are put oldest first.
-    let mut live: Vec<&PodInfo> = candidates
+    let mut live: Vec<&ClaimingPod> = candidates
         .filter(|p| adopts_by_token(p, recorded))
         .collect();
     live.sort_by(|a, b| oldest_first(a, b));
@@ -358,7 +362,7 @@ pub(crate) fn plan_token_adoptions<'p>(
 
 /// Whether `pod` is a live pod carrying a claim token that runs on an IP no claim records
 /// ([`plan_token_adoptions`]).
-pub(crate) fn adopts_by_token(pod: &PodInfo, recorded: &dyn Fn(&IpAddr) -> bool) -> bool {
+pub(crate) fn adopts_by_token(pod: &ClaimingPod, recorded: &dyn Fn(&IpAddr) -> bool) -> bool {
     !pod.terminating && pod.token.is_some() && pod.ips.iter().any(|ip| !recorded(ip))
 }
 
@@ -434,7 +438,7 @@ mod tests {
         resource
     }
 
-    fn bound(mut resource: IPClaim, pod: &PodInfo, at: u64) -> IPClaim {
+    fn bound(mut resource: IPClaim, pod: &ClaimingPod, at: u64) -> IPClaim {
         resource.spec.pod_uid = Some(pod.uid.clone());
         resource.spec.pod_name = pod.name.clone();
         resource.spec.sticky = pod.stateful;
@@ -459,8 +463,8 @@ mod tests {
         resource
     }
 
-    fn pod(ns: &str, name: &str, uid: &str, ip: &str, at: u64) -> PodInfo {
-        PodInfo {
+    fn pod(ns: &str, name: &str, uid: &str, ip: &str, at: u64) -> ClaimingPod {
+        ClaimingPod {
             namespace: ns.into(),
             name: name.into(),
             uid: uid.into(),
@@ -474,7 +478,7 @@ mod tests {
         }
     }
 
-    fn pods(list: &[PodInfo]) -> PodMap {
+    fn pods(list: &[ClaimingPod]) -> PodMap {
         list.iter().map(|p| (p.uid.clone(), p.clone())).collect()
     }
 
@@ -508,7 +512,7 @@ mod tests {
 
     #[test]
     fn the_launcher_pods_of_one_vm_on_one_ip_are_no_duplicate() {
-        let launcher = |name: &str, uid: &str, vm: &str| PodInfo {
+        let launcher = |name: &str, uid: &str, vm: &str| ClaimingPod {
             vm: Some(vm.into()),
             ..pod("default", name, uid, "10.0.0.5", 10)
         };
@@ -989,7 +993,7 @@ mod tests {
         assert_eq!(
             found[1].pods,
             [b, a, c],
-            "whole PodInfos, not only their UIDs"
+            "whole ClaimingPods, not only their UIDs"
         );
     }
 }
@@ -1083,7 +1087,7 @@ mod list_adoption_tests {
         );
         // what the reconciler's pod cache knows about it counts: a terminating pod, or one
         // carrying a claim token (the token rules decide about it), is left alone
-        let mut known = PodInfo {
+        let mut known = ClaimingPod {
             namespace: "legacy".into(),
             name: "web-abc".into(),
             uid: "uid-web".into(),
@@ -1095,7 +1099,7 @@ mod list_adoption_tests {
             token: None,
             vm: None,
         };
-        let cache = |p: &PodInfo| PodMap::from_iter([(p.uid.clone(), p.clone())]);
+        let cache = |p: &ClaimingPod| PodMap::from_iter([(p.uid.clone(), p.clone())]);
         assert!(adoptions(&[], &cache(&known), std::slice::from_ref(&own)).is_empty());
         // the pod index alone knowing it is terminating is enough
         let mut deleting = (*own).clone();
@@ -1140,7 +1144,7 @@ mod list_adoption_tests {
     /// on its own app's list.
     #[test]
     fn a_label_alone_is_not_running_on_an_ip() {
-        let squat = PodInfo {
+        let squat = ClaimingPod {
             namespace: "legacy".into(),
             name: "squat".into(),
             uid: "uid-s".into(),

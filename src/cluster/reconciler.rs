@@ -309,7 +309,7 @@ impl Reconciler {
     }
 
     /// Claims and the metadata of pods from the API server, page by page: each page of pods
-    /// is reduced to the [`PodInfo`] of those that carry an IP before the next is read.
+    /// is reduced to the [`ClaimingPod`] of those that carry an IP before the next is read.
     async fn fresh_lists(&self) -> Result<(Vec<Arc<IPClaim>>, Arc<PodMap>), ClusterError> {
         let claims = self.fresh_claims().await?;
         let mut pods = PodMap::default();
@@ -329,7 +329,7 @@ impl Reconciler {
             },
             |page| {
                 for pod in page {
-                    if let Some(info) = pod_info(&pod.metadata, app_label) {
+                    if let Some(info) = claiming_pod(&pod.metadata, app_label) {
                         pods.insert(info.uid.clone(), info);
                     }
                 }

@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::pod_info::PodMap;
+use super::claiming_pod::PodMap;
 use ip_webhook_ledger::Claim;
 use ip_webhook_ledger::crd::IPClaim;
 use ip_webhook_ledger::kubernetes::from_resource;

@@ -24,8 +24,8 @@ use crate::metrics::Metrics;
 use ip_webhook_ipam::allocator::Allocator;
 use ip_webhook_ledger::{Claim, Phase, Text, claim};
 
+use super::claiming_pod::{ClaimingPod, PodMap};
 use super::lifecycle::{self, Age, DropReason, Rules, Verdict};
-use super::pod_info::{PodInfo, PodMap};
 use super::pods::PodDirectory;
 
 pub(crate) struct Sweeper {
@@ -292,7 +292,7 @@ impl Sweeper {
     }
 
     /// Tie `claim` to `pod`, its final name and UID.
-    async fn bind(&self, claim: &Claim, pod: &PodInfo) {
+    async fn bind(&self, claim: &Claim, pod: &ClaimingPod) {
         let next = Claim {
             sticky: pod.stateful,
             ..claim::bound(claim, &pod.name, &pod.uid, ip_webhook_ledger::unix_now())

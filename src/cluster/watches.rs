@@ -3,7 +3,7 @@
 //! catalog).
 //!
 //! Why not `kube_runtime::reflector`: its store keeps every object whole, while these keep
-//! what the decisions read (a pod is a [`super::PodInfo`] of a few fields, and only pods that
+//! what the decisions read (a pod is a [`super::ClaimingPod`] of a few fields, and only pods that
 //! carry an IP), and each change has to reach the allocator or the catalog as it happens,
 //! which a store read after the fact would not give. The stream underneath is
 //! `kube_runtime::watcher` with its backoff.
@@ -37,39 +37,39 @@ pub(super) fn unix(time: Option<&Time>) -> u64 {
 }
 
 /// The compact record of a pod, or `None` when the pod carries no IP we track.
-pub fn pod_info(meta: &ObjectMeta, app_label: &str) -> Option<PodInfo> {
+pub fn claiming_pod(meta: &ObjectMeta, app_label: &str) -> Option<ClaimingPod> {
     let ips = carried_ips(meta.labels.as_ref(), meta.annotations.as_ref());
-    pod_info_with(meta, app_label, ips)
+    claiming_pod_with(meta, app_label, ips)
 }
 
 /// The compact record of a pod as a secondary network's books see it: the IPs it carries on
 /// `network` ([`ip_webhook_admission::networks::carried_on`], the reading admission and DELETE
 /// use); `None` when it carries none.
-pub(crate) fn network_pod_info(
+pub(crate) fn network_claiming_pod(
     meta: &ObjectMeta,
     app_label: &str,
     network: &Network,
-) -> Option<PodInfo> {
+) -> Option<ClaimingPod> {
     let namespace = meta.namespace.as_deref().unwrap_or_default();
     let (_, ips) = pod_network_ips(meta.annotations.as_ref(), namespace, [network])?.pop()?;
-    pod_info_with(meta, app_label, ips)
+    claiming_pod_with(meta, app_label, ips)
 }
 
-fn pod_info_with(meta: &ObjectMeta, app_label: &str, ips: Vec<IpAddr>) -> Option<PodInfo> {
+fn claiming_pod_with(meta: &ObjectMeta, app_label: &str, ips: Vec<IpAddr>) -> Option<ClaimingPod> {
     if ips.is_empty() {
         return None;
     }
-    bare_pod_info(meta, app_label, ips)
+    bare_claiming_pod(meta, app_label, ips)
 }
 
 /// The compact record of any pod, with `ips` as the IPs it carries (maybe none): what the
 /// rules read of a pod a claim names by UID, whatever it carries now.
-pub(super) fn bare_pod_info(
+pub(super) fn bare_claiming_pod(
     meta: &ObjectMeta,
     app_label: &str,
     ips: Vec<IpAddr>,
-) -> Option<PodInfo> {
-    Some(PodInfo {
+) -> Option<ClaimingPod> {
+    Some(ClaimingPod {
         namespace: meta.namespace.clone().unwrap_or_default(),
         name: meta.name.clone().unwrap_or_default(),
         uid: meta.uid.clone()?,
@@ -182,20 +182,20 @@ pub(super) async fn drive<K, S, F>(
     }
 }
 
-/// One pod event into the cache of pods that carry an IP ([`PodInfo`] keyed by UID, read
+/// One pod event into the cache of pods that carry an IP ([`ClaimingPod`] keyed by UID, read
 /// from the pod's metadata): whether it changed anything the reconciler acts on. The pod
 /// watch itself is [`super::index::watch_pods`], which feeds the cluster's IP index from the
 /// same events.
 pub(super) fn pod_cache_event(
     caches: &Caches,
-    mirror: &mut Mirror<PodInfo>,
+    mirror: &mut Mirror<ClaimingPod>,
     event: &watcher::Event<Pod>,
     app_label: &str,
 ) -> bool {
     let change = mirror.step(
         event,
         |pod: &Pod| pod.metadata.uid.clone(),
-        |pod| pod_info(&pod.metadata, app_label),
+        |pod| claiming_pod(&pod.metadata, app_label),
     );
     let relisted = matches!(change, Change::Replace(_));
     let key = match &change {
@@ -218,7 +218,7 @@ pub(super) fn pod_cache_event(
 /// Apply one change to the pod cache; whether it changed anything (a relist always counts).
 /// The cache is shared with the pass that last read it ([`Caches::pod_map`]): it is copied
 /// only when a change comes while a pass still holds it, never for a change that is none.
-pub(super) fn apply_pod_change(pods: &mut Arc<PodMap>, change: Change<PodInfo>) -> bool {
+pub(super) fn apply_pod_change(pods: &mut Arc<PodMap>, change: Change<ClaimingPod>) -> bool {
     match change {
         Change::Upsert(uid, info) => {
             if pods.get(&uid) == Some(&info) {
@@ -405,7 +405,7 @@ pub async fn watch_pools(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::{PodInfo, PodMap};
+    use crate::cluster::{ClaimingPod, PodMap};
     use std::collections::BTreeMap;
 
     fn meta(value: serde_json::Value) -> ObjectMeta {
@@ -413,8 +413,8 @@ mod tests {
     }
 
     #[test]
-    fn pod_info_keeps_only_what_the_reconciler_needs() {
-        let info = pod_info(
+    fn a_claiming_pod_keeps_only_what_the_reconciler_needs() {
+        let info = claiming_pod(
             &meta(serde_json::json!({
                 "name": "web-0", "namespace": "prod", "uid": "u-1",
                 "creationTimestamp": "2026-01-01T00:00:00Z",
@@ -429,7 +429,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             info,
-            PodInfo {
+            ClaimingPod {
                 namespace: "prod".into(),
                 name: "web-0".into(),
                 uid: "u-1".into(),
@@ -449,13 +449,13 @@ mod tests {
         let plain = meta(
             serde_json::json!({"name": "x", "namespace": "d", "uid": "u", "labels": {"app": "x"}}),
         );
-        assert_eq!(pod_info(&plain, "app"), None);
+        assert_eq!(claiming_pod(&plain, "app"), None);
         let replicaset = meta(serde_json::json!({
             "name": "x", "namespace": "d", "uid": "u",
             "labels": {"ip-webhook.io/allocated-ip": "10.0.0.1"},
             "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "x", "uid": "r", "controller": true}],
         }));
-        assert!(!pod_info(&replicaset, "app").unwrap().stateful);
+        assert!(!claiming_pod(&replicaset, "app").unwrap().stateful);
     }
 
     /// The leader's incremental pass learns from this log which pods changed: each pod the
@@ -498,7 +498,7 @@ mod tests {
 
     #[test]
     fn only_a_change_to_the_pod_cache_counts_as_one() {
-        let info = |ip: &str| PodInfo {
+        let info = |ip: &str| ClaimingPod {
             namespace: "prod".into(),
             name: "web-0".into(),
             uid: "u-1".into(),

@@ -41,7 +41,7 @@ pub(crate) async fn cluster_duplicates(
         },
         |page| {
             for pod in page {
-                if let Some(info) = crate::cluster::pod_info(&pod.metadata, app_label) {
+                if let Some(info) = crate::cluster::claiming_pod(&pod.metadata, app_label) {
                     infos.insert(info.uid.clone(), info);
                 }
             }
@@ -349,8 +349,8 @@ mod tests {
 
     #[test]
     fn duplicates_are_listed_in_the_table_and_the_json() {
-        use crate::cluster::reconcile::{Duplicate, PodInfo};
-        let pod = |ns: &str, name: &str, app: &str, at: u64| PodInfo {
+        use crate::cluster::reconcile::{ClaimingPod, Duplicate};
+        let pod = |ns: &str, name: &str, app: &str, at: u64| ClaimingPod {
             namespace: ns.into(),
             name: name.into(),
             uid: format!("uid-{name}"),

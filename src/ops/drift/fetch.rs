@@ -524,7 +524,7 @@ mod tests {
             let meta = &pod.metadata;
             (
                 RunningPod::from_pod(pod),
-                crate::cluster::pod_info(meta, "app"),
+                crate::cluster::claiming_pod(meta, "app"),
                 pod_lists(std::slice::from_ref(pod)),
                 (meta.generate_name.clone(), meta.owner_references.clone()),
                 (meta.labels.clone(), meta.annotations.clone()),

@@ -1,4 +1,4 @@
-//! What the reconciler knows of a pod that carries an IP ([`PodInfo`]), and the map of them
+//! What the reconciler knows of a pod that carries an IP ([`ClaimingPod`]), and the map of them
 //! by UID that its passes read ([`PodMap`]).
 
 use std::collections::{HashMap, HashSet};
@@ -10,14 +10,14 @@ use ip_webhook_ledger::claim::PodIdentity;
 /// The pods that carry an IP, by UID: what a pass reads for every claim. Hashed with
 /// foldhash (seeded per process; UIDs are the API server's, not a user's choice): a pass
 /// looks up each claim's pod, and SipHash was a fifth of a pass over a few hundred claims.
-pub type PodMap = HashMap<String, PodInfo, foldhash::fast::RandomState>;
+pub type PodMap = HashMap<String, ClaimingPod, foldhash::fast::RandomState>;
 
 /// A set hashed as [`PodMap`] is: the sets a pass builds from every claim.
 pub(crate) type FastSet<T> = HashSet<T, foldhash::fast::RandomState>;
 
 /// What the reconciler needs to know about a pod; everything else is dropped on arrival.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PodInfo {
+pub struct ClaimingPod {
     pub namespace: String,
     pub name: String,
     pub uid: String,
@@ -36,10 +36,10 @@ pub struct PodInfo {
     pub vm: Option<String>,
 }
 
-impl PodInfo {
+impl ClaimingPod {
     /// A pod as the pod-IP index saw it run: its IPs from `status.podIPs`, no claim token.
-    pub(crate) fn running(pod: &RunningPod) -> PodInfo {
-        PodInfo {
+    pub(crate) fn running(pod: &RunningPod) -> ClaimingPod {
+        ClaimingPod {
             namespace: pod.namespace.to_string(),
             name: pod.name.to_string(),
             uid: pod.uid.to_string(),
