@@ -18,6 +18,7 @@ pub mod embedded;
 pub(crate) mod etcd;
 pub(crate) mod health;
 pub mod holder;
+pub(crate) mod ip_map;
 pub mod kubernetes;
 pub(crate) mod memory;
 pub mod network;
