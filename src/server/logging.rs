@@ -295,7 +295,10 @@ impl Visit for TextFields<'_> {
 pub(crate) fn buffered(sink: Box<dyn Write + Send>) -> (BufferedWriter, LogGuard) {
     let shared = Arc::new(Shared {
         pending: Mutex::new(Pending::default()),
-        sink: Mutex::new(sink),
+        sink: Mutex::new(Sink {
+            sink,
+            spare: Vec::new(),
+        }),
         wake: Condvar::new(),
     });
     let flusher = {
@@ -317,8 +320,16 @@ pub(crate) fn buffered(sink: Box<dyn Write + Send>) -> (BufferedWriter, LogGuard
 /// slow write (say, while the ledger fsyncs) never holds up an admission.
 struct Shared {
     pending: Mutex<Pending>,
-    sink: Mutex<Box<dyn Write + Send>>,
+    sink: Mutex<Sink>,
     wake: Condvar,
+}
+
+/// The log's destination, and the buffer last written to it, emptied: the next flush swaps it
+/// in for the lines it takes, so `pending` starts each period with room already made instead
+/// of growing from nothing again.
+struct Sink {
+    sink: Box<dyn Write + Send>,
+    spare: Vec<u8>,
 }
 
 #[derive(Default)]
@@ -326,6 +337,9 @@ struct Pending {
     lines: Vec<u8>,
     stopping: bool,
 }
+
+/// The largest buffer a flush keeps for the next period's lines.
+const SPARE_AT_MOST: usize = 4 * FLUSH_AT_BYTES;
 
 /// Past this much waiting, a writer writes the buffer itself (back-pressure, not loss).
 const BLOCK_AT_BYTES: usize = 4 * 1024 * 1024;
@@ -343,11 +357,21 @@ impl Shared {
     /// the order they were logged, whoever writes them.
     fn flush(&self) {
         let mut sink = relock(self.sink.lock());
-        let lines = std::mem::take(&mut self.pending().lines);
-        if !lines.is_empty() {
-            // Nowhere to report a failed log write; the lines are dropped, the webhook goes on.
-            let _ = sink.write_all(&lines);
-            let _ = sink.flush();
+        let Sink { sink, spare } = &mut *sink;
+        {
+            let mut pending = self.pending();
+            if pending.lines.is_empty() {
+                return;
+            }
+            std::mem::swap(&mut pending.lines, spare);
+        }
+        // Nowhere to report a failed log write; the lines are dropped, the webhook goes on.
+        let _ = sink.write_all(spare);
+        let _ = sink.flush();
+        spare.clear();
+        if spare.capacity() > SPARE_AT_MOST {
+            // after a burst (or a stuck sink) the buffer is not kept at its peak
+            *spare = Vec::new();
         }
     }
 
