@@ -194,8 +194,9 @@ fn name_recurs(pod: &PodRef) -> bool {
 #[derive(Default)]
 pub(super) struct ByKey(BTreeMap<u64, Ips>);
 
-/// [`ByKey`]'s hash: foldhash, seeded once per process (a SipHash of a 36-byte UID cost about
-/// five times as many instructions, and every grant hashes five or six keys).
+/// [`ByKey`]'s hash: foldhash, seeded once per process. A grant hashes its request UID twice
+/// (the retry lookup, the index) and its token once; SipHash took about five times the
+/// instructions of foldhash on a 36-byte UID.
 static KEY_HASHER: LazyLock<foldhash::fast::RandomState> = LazyLock::new(Default::default);
 
 /// The IPs under one key, in the order they were indexed. Almost every key has one IP (a
