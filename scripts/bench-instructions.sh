@@ -114,7 +114,7 @@ cell() {
                    if (rest != "") name[id] = rest; cur = name[id] }
                  if ($0 ~ /^fn=/) caller = cur; else callee = cur }
       /^calls=/ { split(substr($0, 7), a, " ")
-                  if (callee ~ /embedded::commit_batch$/) commits += a[1] }
+                  if (callee ~ /embedded::(writer::)?commit_batch$/) commits += a[1] }
       END { printf "commits %d", commits }' "$dump")
     batch=$(awk -v b="$batch" -v n="$requests" 'BEGIN { split(b, a, " "); printf "%s, %.1f requests/commit", b, a[2] ? n / a[2] : 0 }')
   fi

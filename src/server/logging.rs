@@ -104,7 +104,30 @@ pub fn init(format: LogFormat, level: Option<&str>) -> LogGuard {
 /// The text format: `2026-11-30T00:52:05.418119Z  INFO ip_webhook::webhook: admission decision
 /// uid="…" latency_us=41 …`, the shape of tracing-subscriber's default without colours or span
 /// context (ip-webhook opens no spans).
+///
+/// Every grant logs a line at INFO, so a line is built with plain `String` pushes into a
+/// buffer of the thread (not a `dyn fmt::Write` call per piece) and handed to the subscriber's
+/// writer in one piece; the date and time to the second are formatted once a second.
 pub struct Text;
+
+/// What each thread keeps between its lines: the line being built, and the text of the last
+/// second a line was stamped with.
+struct LineBuffer {
+    line: String,
+    second: i64,
+    /// `second` as `2026-11-30T00:52:05`; empty when no second is cached.
+    second_text: String,
+}
+
+thread_local! {
+    static LINE: std::cell::RefCell<LineBuffer> = const {
+        std::cell::RefCell::new(LineBuffer {
+            line: String::new(),
+            second: 0,
+            second_text: String::new(),
+        })
+    };
+}
 
 impl<S, N> FormatEvent<S, N> for Text
 where
@@ -117,83 +140,154 @@ where
         mut writer: Writer<'_>,
         event: &Event<'_>,
     ) -> std::fmt::Result {
-        let meta = event.metadata();
-        let level = match *meta.level() {
-            Level::ERROR => "ERROR",
-            Level::WARN => " WARN",
-            Level::INFO => " INFO",
-            Level::DEBUG => "DEBUG",
-            Level::TRACE => "TRACE",
-        };
-        write!(
-            writer,
-            "{:.6} {level} {}:",
-            jiff::Timestamp::now(),
-            meta.target()
-        )?;
-        let mut fields = TextFields {
-            writer: &mut writer,
-            result: Ok(()),
-        };
-        event.record(&mut fields);
-        fields.result?;
-        writer.write_char('\n')
+        LINE.with(|buffer| match buffer.try_borrow_mut() {
+            Ok(mut buffer) => {
+                let LineBuffer {
+                    line,
+                    second,
+                    second_text,
+                } = &mut *buffer;
+                line.clear();
+                push_line(line, (second, second_text), event);
+                writer.write_str(line)
+            }
+            // a field's `Debug` that logs: the inner line gets a buffer of its own
+            Err(_) => {
+                let mut line = String::new();
+                push_line(&mut line, (&mut 0, &mut String::new()), event);
+                writer.write_str(&line)
+            }
+        })
     }
 }
 
-/// ` name=value` per field; strings quoted, the message as it is.
-struct TextFields<'a, 'w> {
-    writer: &'a mut Writer<'w>,
-    result: std::fmt::Result,
+/// Append `event`'s line to `line`, with its newline.
+fn push_line(line: &mut String, cached: (&mut i64, &mut String), event: &Event<'_>) {
+    let meta = event.metadata();
+    push_now(line, cached);
+    line.push_str(match *meta.level() {
+        Level::ERROR => " ERROR ",
+        Level::WARN => "  WARN ",
+        Level::INFO => "  INFO ",
+        Level::DEBUG => " DEBUG ",
+        Level::TRACE => " TRACE ",
+    });
+    line.push_str(meta.target());
+    line.push(':');
+    event.record(&mut TextFields { line });
+    line.push('\n');
 }
 
-impl TextFields<'_, '_> {
-    fn field(&mut self, field: &Field, value: impl FnOnce(&mut Writer<'_>) -> std::fmt::Result) {
-        if self.result.is_ok() {
-            self.result = self.writer.write_char(' ').and_then(|()| {
-                if field.name() != "message" {
-                    self.writer.write_str(field.name())?;
-                    self.writer.write_char('=')?;
-                }
-                value(self.writer)
-            });
+/// The time now as RFC 3339 UTC with microseconds (`2026-11-30T00:52:05.418119Z`, what jiff
+/// writes with `{:.6}`), the part to the second formatted once per second (`cached`).
+fn push_now(line: &mut String, (second, second_text): (&mut i64, &mut String)) {
+    use std::fmt::Write as _;
+    let now = jiff::Timestamp::now();
+    let micros = now.subsec_microsecond();
+    if now.as_second() != *second || second_text.is_empty() {
+        second_text.clear();
+        let _ = write!(second_text, "{now:.6}");
+        // keep `…T00:52:05` only if the text has the shape this appends to; else no cache
+        let cut = second_text.len().saturating_sub(8);
+        if micros >= 0
+            && second_text
+                .get(cut..)
+                .is_some_and(|tail| tail.starts_with('.'))
+        {
+            second_text.truncate(cut);
+            *second = now.as_second();
+        } else {
+            line.push_str(second_text);
+            second_text.clear();
+            return;
         }
     }
+    line.push_str(second_text);
+    line.push('.');
+    let mut digits = [b'0'; 6];
+    let mut rest = micros.unsigned_abs();
+    for digit in digits.iter_mut().rev() {
+        *digit = b'0' + (rest % 10) as u8;
+        rest /= 10;
+    }
+    push_digits(line, &digits);
+    line.push('Z');
 }
 
-impl Visit for TextFields<'_, '_> {
-    fn record_str(&mut self, field: &Field, value: &str) {
-        let message = field.name() == "message";
-        self.field(field, |writer| {
-            let plain = !value.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\');
-            match (message, plain) {
-                (true, _) => writer.write_str(value),
-                (false, true) => {
-                    writer.write_char('"')?;
-                    writer.write_str(value)?;
-                    writer.write_char('"')
-                }
-                (false, false) => write!(writer, "{value:?}"),
+/// Push ASCII digits one by one: a few pushes cost less than `str::from_utf8`'s check.
+fn push_digits(line: &mut String, digits: &[u8]) {
+    for &digit in digits {
+        line.push(char::from(digit));
+    }
+}
+
+/// ` name=value` per field; strings quoted (escaped as `Debug` escapes them when they hold a
+/// quote, a backslash or a control character), the message as it is.
+struct TextFields<'a> {
+    line: &'a mut String,
+}
+
+impl TextFields<'_> {
+    fn name(&mut self, field: &Field) {
+        self.line.push(' ');
+        if field.name() != "message" {
+            self.line.push_str(field.name());
+            self.line.push('=');
+        }
+    }
+
+    fn number(&mut self, field: &Field, negative: bool, value: u64) {
+        self.name(field);
+        if negative {
+            self.line.push('-');
+        }
+        let mut digits = [0u8; 20];
+        let mut at = digits.len();
+        let mut rest = value;
+        loop {
+            at -= 1;
+            digits[at] = b'0' + (rest % 10) as u8;
+            rest /= 10;
+            if rest == 0 {
+                break;
             }
-        });
+        }
+        push_digits(self.line, &digits[at..]);
+    }
+}
+
+impl Visit for TextFields<'_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        use std::fmt::Write as _;
+        self.name(field);
+        if field.name() == "message" {
+            self.line.push_str(value);
+        } else if ip_webhook_admission::needs_escape(value) {
+            let _ = write!(self.line, "{value:?}");
+        } else {
+            self.line.push('"');
+            self.line.push_str(value);
+            self.line.push('"');
+        }
     }
 
     fn record_u64(&mut self, field: &Field, value: u64) {
-        self.field(field, |writer| write!(writer, "{value}"));
+        self.number(field, false, value);
     }
 
     fn record_i64(&mut self, field: &Field, value: i64) {
-        self.field(field, |writer| write!(writer, "{value}"));
+        self.number(field, value < 0, value.unsigned_abs());
     }
 
     fn record_bool(&mut self, field: &Field, value: bool) {
-        self.field(field, |writer| {
-            writer.write_str(if value { "true" } else { "false" })
-        });
+        self.name(field);
+        self.line.push_str(if value { "true" } else { "false" });
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn Debug) {
-        self.field(field, |writer| write!(writer, "{value:?}"));
+        use std::fmt::Write as _;
+        self.name(field);
+        let _ = write!(self.line, "{value:?}");
     }
 }
 
@@ -207,7 +301,10 @@ impl Visit for TextFields<'_, '_> {
 pub(crate) fn buffered(sink: Box<dyn Write + Send>) -> (BufferedWriter, LogGuard) {
     let shared = Arc::new(Shared {
         pending: Mutex::new(Pending::default()),
-        sink: Mutex::new(sink),
+        sink: Mutex::new(Sink {
+            sink,
+            spare: Vec::new(),
+        }),
         wake: Condvar::new(),
     });
     let flusher = {
@@ -229,8 +326,16 @@ pub(crate) fn buffered(sink: Box<dyn Write + Send>) -> (BufferedWriter, LogGuard
 /// slow write (say, while the ledger fsyncs) never holds up an admission.
 struct Shared {
     pending: Mutex<Pending>,
-    sink: Mutex<Box<dyn Write + Send>>,
+    sink: Mutex<Sink>,
     wake: Condvar,
+}
+
+/// The log's destination, and the buffer last written to it, emptied: the next flush swaps it
+/// in for the lines it takes, so `pending` starts each period with room already made instead
+/// of growing from nothing again.
+struct Sink {
+    sink: Box<dyn Write + Send>,
+    spare: Vec<u8>,
 }
 
 #[derive(Default)]
@@ -238,6 +343,9 @@ struct Pending {
     lines: Vec<u8>,
     stopping: bool,
 }
+
+/// The largest buffer a flush keeps for the next period's lines.
+const SPARE_AT_MOST: usize = 4 * FLUSH_AT_BYTES;
 
 /// Past this much waiting, a writer writes the buffer itself (back-pressure, not loss).
 const BLOCK_AT_BYTES: usize = 4 * 1024 * 1024;
@@ -255,11 +363,21 @@ impl Shared {
     /// the order they were logged, whoever writes them.
     fn flush(&self) {
         let mut sink = relock(self.sink.lock());
-        let lines = std::mem::take(&mut self.pending().lines);
-        if !lines.is_empty() {
-            // Nowhere to report a failed log write; the lines are dropped, the webhook goes on.
-            let _ = sink.write_all(&lines);
-            let _ = sink.flush();
+        let Sink { sink, spare } = &mut *sink;
+        {
+            let mut pending = self.pending();
+            if pending.lines.is_empty() {
+                return;
+            }
+            std::mem::swap(&mut pending.lines, spare);
+        }
+        // Nowhere to report a failed log write; the lines are dropped, the webhook goes on.
+        let _ = sink.write_all(spare);
+        let _ = sink.flush();
+        spare.clear();
+        if spare.capacity() > SPARE_AT_MOST {
+            // after a burst (or a stuck sink) the buffer is not kept at its peak
+            *spare = Vec::new();
         }
     }
 

@@ -111,7 +111,8 @@ fn log_decision(
     if !info && !tracing::enabled!(tracing::Level::DEBUG) {
         return;
     }
-    let mut ip_text = String::new();
+    // room for dotted IPv4 addresses and their commas: no regrowth as they are pushed
+    let mut ip_text = String::with_capacity(16 * ips.len());
     for (i, ip) in ips.iter().enumerate() {
         if i > 0 {
             ip_text.push(',');

@@ -473,9 +473,15 @@ fn write_json_string(out: &mut Vec<u8>, value: &str) {
     out.push(b'"');
 }
 
+/// Whether `value` holds a quote, a backslash or a control character: what a JSON string, or a
+/// quoted log field, must escape (sixteen bytes at a time).
+#[inline]
+pub fn needs_escape(value: &str) -> bool {
+    lex::string_stop(value.as_bytes(), 0).is_some()
+}
+
 fn write_json_string_content(out: &mut Vec<u8>, value: &str) {
-    // nothing to escape: no quote, backslash or control character (sixteen bytes at a time)
-    if lex::string_stop(value.as_bytes(), 0).is_none() {
+    if !needs_escape(value) {
         out.extend_from_slice(value.as_bytes());
         return;
     }

@@ -2,15 +2,17 @@
 //! (`RunSet`), the claims by IP, by request and by app, and the choice of a free IP.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+use std::hash::BuildHasher;
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::sync::LazyLock;
 
 use super::foreign::{ForeignIps, ForeignUse};
 use super::ipset::{Family, ip_from_key, ip_key};
 use super::messages::{HOLDERS_NAMED, holder_list};
 use super::request::{AllocationRequest, Reason, new_claim};
 use ip_webhook_ledger::claim::{may_take_over, same_grant};
+use ip_webhook_ledger::ip_map::IpMap;
 use ip_webhook_ledger::{Claim, Phase, PodRef, Shared, Source, Text, unix_now};
 
 /// Held addresses of one family as maximal runs `start -> end` (inclusive).
@@ -192,6 +194,11 @@ fn name_recurs(pod: &PodRef) -> bool {
 #[derive(Default)]
 pub(super) struct ByKey(BTreeMap<u64, Ips>);
 
+/// [`ByKey`]'s hash: foldhash, seeded once per process. A grant hashes its request UID twice
+/// (the retry lookup, the index) and its token once; SipHash took about five times the
+/// instructions of foldhash on a 36-byte UID.
+static KEY_HASHER: LazyLock<foldhash::fast::RandomState> = LazyLock::new(Default::default);
+
 /// The IPs under one key, in the order they were indexed. Almost every key has one IP (a
 /// dual-stack pod two), kept inline: a `Vec` per key was a heap allocation of about 80 bytes
 /// for every claim, twice (request and token). A boxed slice, not a `Vec`, keeps the enum at
@@ -238,8 +245,8 @@ impl Ips {
 
 impl ByKey {
     fn key(key: &str) -> u64 {
-        // fixed keys: the same string hashes alike for the life of the process
-        BuildHasherDefault::<DefaultHasher>::default().hash_one(key)
+        // one seed for the life of the process: the same string always hashes alike
+        KEY_HASHER.hash_one(key)
     }
 
     fn add(&mut self, key: &str, ip: IpAddr) {
@@ -264,7 +271,7 @@ impl ByKey {
     pub(super) fn claims<'a>(
         &self,
         key: &str,
-        claims: &'a BTreeMap<IpAddr, Arc<Claim>>,
+        claims: &'a IpMap<Arc<Claim>>,
         owns: impl Fn(&Claim) -> bool,
     ) -> Vec<&'a Claim> {
         self.0.get(&Self::key(key)).map_or_else(Vec::new, |ips| {
@@ -291,11 +298,7 @@ impl ByRequest {
     }
 
     /// The claims granted to request `uid`, in the order they were granted.
-    pub(super) fn claims<'a>(
-        &self,
-        uid: &str,
-        claims: &'a BTreeMap<IpAddr, Arc<Claim>>,
-    ) -> Vec<&'a Claim> {
+    pub(super) fn claims<'a>(&self, uid: &str, claims: &'a IpMap<Arc<Claim>>) -> Vec<&'a Claim> {
         self.0.claims(uid, claims, |claim| claim.request_uid == uid)
     }
 }
@@ -303,7 +306,10 @@ impl ByRequest {
 /// How many IPs each app holds, by namespace then app: counting a claim in or out looks the
 /// app up by reference, without building an owned key on every admission.
 #[derive(Default)]
-pub(super) struct AppCounts(HashMap<String, HashMap<String, u64>>);
+pub(super) struct AppCounts(FastMap<String, FastMap<String, u64>>);
+
+/// foldhash, seeded per process: every grant looks up its namespace, its app and its family.
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 impl AppCounts {
     pub(super) fn get(&self, namespace: &str, app: &str) -> u64 {
@@ -335,12 +341,12 @@ impl AppCounts {
 
 #[derive(Default)]
 pub(super) struct State {
-    pub(super) held: HashMap<Family, RunSet>,
+    pub(super) held: FastMap<Family, RunSet>,
     // The maps that grow with every claim are B-trees: a hash map doubles all at once, and at
     // 229,376 claims that one rehash held every admission for 200 ms (docs/performance.md,
     // "B-trees instead of hash maps"); a B-tree grows a node at a time.
     /// Shared with the embedded ledger, which keeps the same copy of each claim it records.
-    pub(super) claims: BTreeMap<IpAddr, Arc<Claim>>,
+    pub(super) claims: IpMap<Arc<Claim>>,
     pub(super) by_request: ByRequest,
     /// Claims by their pod's UID and by their token: a DELETE finds what its pod holds by
     /// who the pod is, not by the IPs it shows (which an update may have stripped).
@@ -721,7 +727,7 @@ mod tests {
 
     #[test]
     fn requests_sharing_a_hash_keep_their_own_claims() {
-        let claims: BTreeMap<IpAddr, Arc<Claim>> = [
+        let claims: IpMap<Arc<Claim>> = [
             claim("10.0.0.1", "uid-a"),
             claim("10.0.0.2", "uid-b"),
             claim("10.0.0.3", "uid-a"),

@@ -36,6 +36,7 @@ pub mod embedded;
 pub(crate) mod etcd;
 pub mod health;
 pub mod holder;
+pub mod ip_map;
 pub mod kubernetes;
 pub(crate) mod memory;
 pub mod network;

@@ -316,33 +316,11 @@ impl Reader<'_> {
     }
 }
 
-/// CRC-32C (Castagnoli), table-driven.
-const CRC32C: [u32; 256] = {
-    let mut table = [0u32; 256];
-    let mut i = 0;
-    while i < 256 {
-        let mut c = i as u32;
-        let mut k = 0;
-        while k < 8 {
-            c = if c & 1 != 0 {
-                0x82f6_3b78 ^ (c >> 1)
-            } else {
-                c >> 1
-            };
-            k += 1;
-        }
-        table[i] = c;
-        i += 1;
-    }
-    table
-};
-
+/// CRC-32C (Castagnoli), the checksum of every record, header and mark: the `crc32c` crate's,
+/// which uses the CPU's CRC32 instruction where there is one (SSE 4.2, ARMv8) and tables
+/// otherwise (the writer checksums every record it commits).
 pub(crate) fn crc32c(data: &[u8]) -> u32 {
-    let mut c = !0u32;
-    for &b in data {
-        c = CRC32C[((c ^ u32::from(b)) & 0xff) as usize] ^ (c >> 8);
-    }
-    !c
+    ::crc32c::crc32c(data)
 }
 
 #[cfg(test)]
@@ -600,5 +578,37 @@ mod tests {
     #[test]
     fn crc32c_matches_the_standard_check_value() {
         assert_eq!(crc32c(b"123456789"), 0xE306_9283);
+    }
+
+    #[test]
+    fn crc32c_is_the_bitwise_crc_the_files_were_written_with() {
+        // the definition, one bit at a time (reflected polynomial 0x82F63B78): what every
+        // journal, snapshot and marker on disk was checksummed with, whatever computes it
+        let bitwise = |data: &[u8]| {
+            let mut c = !0u32;
+            for &b in data {
+                c ^= u32::from(b);
+                for _ in 0..8 {
+                    c = if c & 1 != 0 {
+                        0x82f6_3b78 ^ (c >> 1)
+                    } else {
+                        c >> 1
+                    };
+                }
+            }
+            !c
+        };
+        let data: Vec<u8> = (0..300u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        for start in 0..9 {
+            for end in start..data.len() {
+                assert_eq!(
+                    crc32c(&data[start..end]),
+                    bitwise(&data[start..end]),
+                    "{start}..{end}"
+                );
+            }
+        }
     }
 }

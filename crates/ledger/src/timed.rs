@@ -26,6 +26,9 @@ pub struct LedgerLabels {
 pub struct TimedLedger {
     inner: Arc<dyn Ledger>,
     latency: Family<LedgerLabels, Histogram>,
+    /// `latency`'s `create` series, looked up once: every grant observes it, and a lookup
+    /// takes the family's lock and hashes the labels.
+    create_latency: Histogram,
     health: Arc<LedgerHealth>,
 }
 
@@ -44,9 +47,17 @@ impl TimedLedger {
         latency: Family<LedgerLabels, Histogram>,
         health: Arc<LedgerHealth>,
     ) -> Arc<dyn Ledger> {
+        // a clone shares the series it was cloned from
+        let create_latency = latency
+            .get_or_create(&LedgerLabels {
+                ledger: inner.kind(),
+                operation: "create",
+            })
+            .clone();
         Arc::new(TimedLedger {
             inner,
             latency,
+            create_latency,
             health,
         })
     }
@@ -59,12 +70,17 @@ impl TimedLedger {
     ) -> Result<T, LedgerError> {
         let started = Instant::now();
         let result = call.await;
-        self.latency
-            .get_or_create(&LedgerLabels {
-                ledger: self.inner.kind(),
-                operation,
-            })
-            .observe(started.elapsed().as_secs_f64());
+        let seconds = started.elapsed().as_secs_f64();
+        match operation {
+            "create" => self.create_latency.observe(seconds),
+            _ => self
+                .latency
+                .get_or_create(&LedgerLabels {
+                    ledger: self.inner.kind(),
+                    operation,
+                })
+                .observe(seconds),
+        }
         self.count(&result);
         result
     }

@@ -1,7 +1,7 @@
 //! The journal store: an append-only journal of checksummed records per generation, snapshots,
 //! and the compaction that turns journals into a snapshot (module docs of [`super`]).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::fs::File;
 use std::net::IpAddr;
 use std::os::unix::fs::FileExt;
@@ -19,6 +19,7 @@ pub(super) use snapshot::sync_dir;
 use snapshot::{remove_before, write_snapshot};
 
 use super::{Records, Reply, Request, apply, load};
+use crate::ip_map::IpMap;
 use crate::record::{JOURNAL_START, Mark, encode_record};
 use crate::{Claim, LedgerError};
 
@@ -70,7 +71,7 @@ struct Entry {
 pub(super) struct Journal {
     dir: PathBuf,
     /// A B-tree, like the allocator's maps: no all-at-once rehash on the writer thread.
-    claims: BTreeMap<IpAddr, Entry>,
+    claims: IpMap<Entry>,
     /// Sum of the record sizes of `claims`.
     live_bytes: u64,
     file: File,
@@ -99,6 +100,9 @@ pub(super) struct Journal {
     #[cfg(test)]
     pub(super) space: Option<u64>,
     buf: Vec<u8>,
+    /// Each commit's [`JournalBatch::index`], cleared as the commit starts: one map for the
+    /// writer's life, not one allocated and grown with every batch.
+    index: BatchIndex,
     /// Kept open and locked: a second process on the same dir fails to open.
     _lock: File,
 }
@@ -124,7 +128,7 @@ impl Loaded {
     /// snapshot is read) a B-tree keeps its nodes about half full, and rebuilding it later
     /// does not give the freed nodes' memory back (docs/performance.md, "Memory per held
     /// claim").
-    fn finish(mut self) -> (BTreeMap<IpAddr, Entry>, u64) {
+    fn finish(mut self) -> (IpMap<Entry>, u64) {
         // stable: the records of one IP stay in file order
         self.records.sort_by_key(|(ip, _)| *ip);
         self.records.dedup_by(|later, earlier| {
@@ -179,6 +183,7 @@ impl Journal {
             #[cfg(test)]
             space: None,
             buf: Vec::with_capacity(64 << 10),
+            index: BatchIndex::default(),
             _lock: lock,
         })
     }
@@ -190,10 +195,11 @@ impl Journal {
     ) -> Result<u64, LedgerError> {
         self.recover()?;
         self.buf.clear();
+        self.index.clear();
         let mut records = JournalBatch {
             claims: &self.claims,
-            pending: Vec::new(),
-            index: HashMap::new(),
+            pending: Vec::with_capacity(batch.len()),
+            index: &mut self.index,
             buf: &mut self.buf,
         };
         let writes = apply(&mut records, batch, replies)?;
@@ -380,12 +386,15 @@ impl Journal {
     }
 }
 
+/// foldhash, seeded per process: the writer hashes each IP it writes.
+type BatchIndex = HashMap<IpAddr, usize, foldhash::fast::RandomState>;
+
 struct JournalBatch<'a> {
-    claims: &'a BTreeMap<IpAddr, Entry>,
+    claims: &'a IpMap<Entry>,
     /// Writes of this batch in order (a later one of the same IP wins), with record sizes.
     pending: Vec<(Arc<Claim>, u64)>,
     /// The last write of each IP in `pending`.
-    index: HashMap<IpAddr, usize>,
+    index: &'a mut BatchIndex,
     buf: &'a mut Vec<u8>,
 }
 
