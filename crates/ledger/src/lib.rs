@@ -9,8 +9,9 @@
 //! - The [`Ledger`] trait is what an adapter offers: `create` is create-if-absent (a held IP
 //!   answers [`CreateOutcome::AlreadyHeld`] with its holder; a retried admission's own record,
 //!   [`CreateOutcome::Existing`]), `transition` and `release` change one claim if it is still
-//!   the one given, `load` lists what it holds on start. A call that answered `Ok` is durable:
-//!   the claim survives a crash of this process.
+//!   the one given, `load` lists what it holds on start. In every adapter but the memory one
+//!   (tests, and the copies `explain` and `review` work on), a call that answered `Ok` is
+//!   durable: the claim survives a crash of this process.
 //! - The adapters: [`MemoryLedger`] (tests), [`EmbeddedLedger`] (a journal in a state dir),
 //!   [`KubeLedger`] (`IPClaim` objects through the API server), and `EtcdLedger` (with the
 //!   `etcd` feature). [`open()`](fn@open) picks and opens one from a [`LedgerConfig`]; each secondary
