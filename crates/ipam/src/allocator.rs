@@ -55,6 +55,17 @@ pub struct Allocator {
     foreign: std::sync::OnceLock<Arc<dyn ForeignIps>>,
 }
 
+/// Whether `seen` is an older view of the grant `current` already has: the same request and
+/// token, `Reserved` where `current` is past it. No rule takes a grant back to `Reserved`, so
+/// such a view predates what this replica wrote or saw (the watch's event of the create, an
+/// IPClaim's spec written before its status, a list taken between the two).
+fn older_view(seen: &Claim, current: &Claim) -> bool {
+    current.request_uid == seen.request_uid
+        && current.token == seen.token
+        && current.phase != Phase::Reserved
+        && seen.phase == Phase::Reserved
+}
+
 impl Allocator {
     /// Build the index from what the ledger holds. No decision is made before this returns.
     pub async fn new(ledger: Arc<dyn Ledger>) -> Result<Allocator, LedgerError> {
@@ -152,12 +163,10 @@ impl Allocator {
         let mut state = self.lock();
         match change {
             ObservedChange::Held(claim) => {
-                let unbinds = state.claims.get(&claim.ip).is_some_and(|current| {
-                    current.request_uid == claim.request_uid
-                        && current.token == claim.token
-                        && current.phase != Phase::Reserved
-                        && claim.phase == Phase::Reserved
-                });
+                let unbinds = state
+                    .claims
+                    .get(&claim.ip)
+                    .is_some_and(|current| older_view(&claim, current));
                 if unbinds {
                     return false;
                 }
@@ -179,10 +188,14 @@ impl Allocator {
     /// In-cluster: rebuild the index from a complete list of records (watch start, resync).
     /// Name history is kept. Claims being recorded right now may drop out of the index until
     /// their watch event arrives; the shared store's create-if-absent still refuses doubles.
+    /// A listed `Reserved` view of a grant the index has past `Reserved` is the older one, as
+    /// in [`Allocator::apply_observed`] (a list taken between an IPClaim's spec and status
+    /// writes): the index keeps what it has.
     pub fn replace_all(&self, claims: Vec<Claim>) {
         let mut state = self.lock();
         let history = std::mem::take(&mut state.history);
         let local_release = std::mem::take(&mut state.local_release);
+        let before = std::mem::take(&mut state.claims);
         *state = State {
             history,
             local_release,
@@ -190,8 +203,19 @@ impl Allocator {
             ..State::default()
         };
         for claim in claims {
-            state.remember(&claim);
-            state.hold(claim);
+            match before
+                .get(&claim.ip)
+                .filter(|current| older_view(&claim, current))
+            {
+                Some(current) => {
+                    state.remember(current);
+                    state.hold(current.clone());
+                }
+                None => {
+                    state.remember(&claim);
+                    state.hold(claim);
+                }
+            }
         }
         // what no longer terminates has no release time to keep
         let State {
@@ -753,6 +777,34 @@ mod tests {
         let another = external("10.0.0.5", "db-0", "r-db-2", Phase::Reserved);
         assert!(allocator.apply_observed(ObservedChange::Held(another)));
         assert_eq!(allocator.holder(&ip).unwrap().request_uid, "r-db-2");
+    }
+
+    /// A resync's list taken between an IPClaim's spec and status writes shows the grant
+    /// `Reserved` with its pod's UID: the index keeps the bound claim; another grant's
+    /// reservation, and an IP the list no longer shows, are taken from the list.
+    #[tokio::test]
+    async fn a_list_older_than_a_bind_does_not_unbind_it() {
+        let allocator = allocator().await;
+        let ip: IpAddr = "10.0.0.5".parse().unwrap();
+        let bound = external("10.0.0.5", "db-0", "r-db", Phase::Bound);
+        allocator.apply_observed(ObservedChange::Held(bound.clone()));
+        allocator.apply_observed(ObservedChange::Held(external(
+            "10.0.0.6",
+            "db-1",
+            "r-db-1",
+            Phase::Bound,
+        )));
+        let listed = Claim {
+            phase: Phase::Reserved,
+            ..bound.clone()
+        };
+        allocator.replace_all(vec![listed]);
+        assert_eq!(allocator.holder(&ip).unwrap().phase, Phase::Bound);
+        assert!(allocator.holder(&"10.0.0.6".parse().unwrap()).is_none());
+        let another = external("10.0.0.5", "db-0", "r-db-2", Phase::Reserved);
+        allocator.replace_all(vec![another]);
+        assert_eq!(allocator.holder(&ip).unwrap().request_uid, "r-db-2");
+        assert_eq!(allocator.holder(&ip).unwrap().phase, Phase::Reserved);
     }
 
     #[tokio::test]
