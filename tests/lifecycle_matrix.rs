@@ -123,11 +123,8 @@ impl Cell {
             "default/storage",
             "--reservation-ttl",
             "1s",
-            // Claims' times are whole seconds, so a grace of N s ends N−1 to N s after the
-            // release: 5 s keeps R4's "still kept 1 s after the pod went" well inside it while
-            // the pod's deletion is slow on a loaded machine (3 s left under 1 s to spare).
             "--sticky-grace",
-            "5s",
+            "3s",
             "--resync-period",
             "500ms",
             "--release-delay",

@@ -354,8 +354,14 @@ pub fn released(claim: &Claim, now: u64) -> Claim {
 
 /// What `release(given)` writes over `record`, in every ledger: [`released`], when the record
 /// still locks its IP and is `given`'s grant; `None` leaves it as it is.
+///
+/// A record already `Released` (kept for its pod name) is released again only when `given`
+/// says it is released too: that second release ends the sticky grace. A caller holding an
+/// older view (a watch event of the `Terminating` claim that arrived after this replica's
+/// own release) would otherwise end the grace the moment it began.
 pub(crate) fn release_of(record: &Claim, given: &Claim, now: u64) -> Option<Claim> {
-    (record.locks_ip() && same_grant(record, given)).then(|| released(record, now))
+    let older_view = record.phase == Phase::Released && given.phase != Phase::Released;
+    (record.locks_ip() && same_grant(record, given) && !older_view).then(|| released(record, now))
 }
 
 /// Where a `Terminating` claim's pod is, when its release falls due.
@@ -428,6 +434,31 @@ pub fn is_token(text: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A stale release (a `Terminating` view of a claim already released and kept for its
+    /// pod name) leaves the record as it is; a release of the kept claim ends its grace.
+    #[test]
+    fn a_release_of_an_older_view_does_not_end_the_sticky_grace() {
+        let bound = Claim {
+            sticky: true,
+            ..claim("db-0", Some("uid-0"), "tok", Phase::Bound)
+        };
+        let terminating = Claim {
+            phase: Phase::Terminating,
+            release_at: Some(10),
+            ..bound.clone()
+        };
+        let kept = release_of(&terminating, &terminating, 11).expect("released");
+        assert_eq!(
+            (kept.phase, kept.sticky, kept.locks_ip()),
+            (Phase::Released, true, true)
+        );
+        assert_eq!(release_of(&kept, &terminating, 12), None);
+        assert_eq!(release_of(&kept, &bound, 12), None);
+        let ended = release_of(&kept, &kept, 14).expect("the grace ends");
+        assert!(!ended.locks_ip());
+    }
+
     use crate::{PodRef, Source};
 
     fn claim(name: &str, uid: Option<&str>, token: &str, phase: Phase) -> Claim {
