@@ -674,8 +674,19 @@ async fn lifecycle_transcript(ledger: &dyn Ledger) -> Vec<String> {
         outcome(ledger.create(other.clone().into()).await.unwrap())
     ));
     out.push(format!(
-        "the sticky grace over: {}",
+        "release db-2 again from an older view: {}",
         ledger.release(&bound).await.unwrap()
+    ));
+    out.push(format!("record: {}", got(ledger, "10.60.0.4").await));
+    // the grace's end is a release of the kept claim as its caller reads it: Released
+    let kept = ledger
+        .get("10.60.0.4".parse().unwrap())
+        .await
+        .unwrap()
+        .expect("kept");
+    out.push(format!(
+        "the sticky grace over: {}",
+        ledger.release(&kept).await.unwrap()
     ));
     out.push(format!("record: {}", got(ledger, "10.60.0.4").await));
     out.push(format!(
@@ -870,6 +881,8 @@ const EXPECTED_TRANSCRIPT: &[&str] = &[
     "release db-2: true",
     "record: Released req-db2 uid-db2 kept",
     "another pod on the kept IP: held by req-db2",
+    "release db-2 again from an older view: false",
+    "record: Released req-db2 uid-db2 kept",
     "the sticky grace over: true",
     "record: free",
     "another pod now: created",
