@@ -204,21 +204,14 @@ fn push_now(line: &mut String, (second, second_text): (&mut i64, &mut String)) {
     }
     line.push_str(second_text);
     line.push('.');
-    let mut digits = [b'0'; 6];
-    let mut rest = micros.unsigned_abs();
-    for digit in digits.iter_mut().rev() {
-        *digit = b'0' + (rest % 10) as u8;
-        rest /= 10;
-    }
-    push_digits(line, &digits);
+    let mut digits = itoa::Buffer::new();
+    let digits = digits.format(micros.unsigned_abs());
+    line.extend(std::iter::repeat_n(
+        '0',
+        6usize.saturating_sub(digits.len()),
+    ));
+    line.push_str(digits);
     line.push('Z');
-}
-
-/// Push ASCII digits one by one: a few pushes cost less than `str::from_utf8`'s check.
-fn push_digits(line: &mut String, digits: &[u8]) {
-    for &digit in digits {
-        line.push(char::from(digit));
-    }
 }
 
 /// ` name=value` per field; strings quoted (escaped as `Debug` escapes them when they hold a
@@ -236,23 +229,9 @@ impl TextFields<'_> {
         }
     }
 
-    fn number(&mut self, field: &Field, negative: bool, value: u64) {
+    fn number(&mut self, field: &Field, value: impl itoa::Integer) {
         self.name(field);
-        if negative {
-            self.line.push('-');
-        }
-        let mut digits = [0u8; 20];
-        let mut at = digits.len();
-        let mut rest = value;
-        loop {
-            at -= 1;
-            digits[at] = b'0' + (rest % 10) as u8;
-            rest /= 10;
-            if rest == 0 {
-                break;
-            }
-        }
-        push_digits(self.line, &digits[at..]);
+        self.line.push_str(itoa::Buffer::new().format(value));
     }
 }
 
@@ -272,11 +251,11 @@ impl Visit for TextFields<'_> {
     }
 
     fn record_u64(&mut self, field: &Field, value: u64) {
-        self.number(field, false, value);
+        self.number(field, value);
     }
 
     fn record_i64(&mut self, field: &Field, value: i64) {
-        self.number(field, value < 0, value.unsigned_abs());
+        self.number(field, value);
     }
 
     fn record_bool(&mut self, field: &Field, value: bool) {
