@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::client_ca::{ca, client_cert, client_cert_with, client_config};
 use common::{HttpsClient, TestServer};
-use ip_webhook::metrics::ReasonLabels;
+use ip_webhook_metrics::ReasonLabels;
 use rcgen::{DistinguishedName, DnType};
 use rustls::pki_types::pem::PemObject;
 

@@ -421,7 +421,7 @@ fn executor(client: &Client) -> Executor {
                 instance: Some("test".into()),
             },
         ),
-        metrics: Arc::new(ip_webhook::metrics::Metrics::new()),
+        metrics: Arc::new(ip_webhook_metrics::Metrics::new()),
         reported_duplicates: Default::default(),
         vms: ip_webhook::cluster::virtual_machines::VmDirectory::new(client.clone(), false).into(),
     }

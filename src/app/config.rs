@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::cluster::ClusterOptions;
 use crate::server::Limits;
-use crate::webhook::Settings;
+use ip_webhook_decisions::Settings;
 use ip_webhook_ledger::{KubeAccess, LedgerConfig};
 
 /// What decides admissions: shared by `serve` and `review`.

@@ -15,11 +15,10 @@ use base64::Engine;
 
 use crate::cluster::ClusterHandle;
 use crate::cluster::pods::PodDirectory;
-use crate::metrics::Metrics;
 use crate::server::tls::{self, CertFiles, CertResolver};
 use crate::server::{self, Running};
-use crate::webhook::Webhook;
-use crate::webhook::secondary::SecondaryNetworks;
+use ip_webhook_decisions::Webhook;
+use ip_webhook_decisions::secondary::SecondaryNetworks;
 use ip_webhook_ipam::allocator::Allocator;
 use ip_webhook_ipam::pools::PoolCatalog;
 #[cfg(feature = "etcd")]
@@ -27,6 +26,7 @@ use ip_webhook_ledger::EtcdLedger;
 use ip_webhook_ledger::crd::FixedIPPool;
 use ip_webhook_ledger::pod_lookup::PodLookup;
 use ip_webhook_ledger::{ApiServer, Ledger, LedgerConfig, OpenOptions, Opened, TimedLedger};
+use ip_webhook_metrics::Metrics;
 
 /// What [`build`] made; `api_server` is the kubernetes ledger's.
 pub struct Built {
@@ -434,11 +434,11 @@ fn release_timers(
                     interface,
                 )) as Arc<dyn PodLookup>
             });
-            tokio::spawn(crate::webhook::release_timer::run(
+            tokio::spawn(ip_webhook_decisions::release_timer::run(
                 allocator.clone(),
                 lookup,
                 webhook.metrics.clone(),
-                crate::webhook::release_timer::PERIOD,
+                ip_webhook_decisions::release_timer::PERIOD,
             ))
         })
         .collect()
@@ -534,7 +534,7 @@ fn announce(config: &ServeConfig, launched: &Launched) {
             ledger = launched.ledger.kind(),
             state_dir = %config.state_dir.display(),
             version = env!("CARGO_PKG_VERSION"),
-            commit = crate::metrics::COMMIT,
+            commit = ip_webhook_metrics::COMMIT,
             "ip-webhook serving"
         );
         if let Some(bundle) = &launched.ca_bundle {

@@ -32,7 +32,7 @@ pub struct ClaimingPod {
     pub app: String,
     /// The claim token it carries (`ip-webhook.io/claim`), if any.
     pub token: Option<String>,
-    /// The KubeVirt VM it is a launcher pod of (`crate::webhook::kubevirt::launcher_vm`).
+    /// The KubeVirt VM it is a launcher pod of (`ip_webhook_decisions::kubevirt::launcher_vm`).
     pub vm: Option<String>,
 }
 

@@ -50,7 +50,7 @@ impl PodDirectory {
     pub(crate) fn of_interface(
         client: Client,
         app_label: &str,
-        kubevirt: &crate::webhook::kubevirt::KubevirtSettings,
+        kubevirt: &ip_webhook_decisions::kubevirt::KubevirtSettings,
         interface: ip_webhook_ledger::network::Interface<'_>,
     ) -> PodDirectory {
         let pods =

@@ -44,7 +44,7 @@ const SERVICE_ACCOUNT_TOKEN: &str = "/var/run/secrets/kubernetes.io/serviceaccou
 
 /// What the caches say about a claim's pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum PodLife {
+pub enum PodLife {
     /// The pod exists: `namespace/name`.
     Runs(String),
     Gone,
@@ -53,7 +53,7 @@ pub(crate) enum PodLife {
 }
 
 /// Who knows which pods run, by UID.
-pub(crate) trait LivePods: Send + Sync {
+pub trait LivePods: Send + Sync {
     fn life(&self, uid: &str) -> PodLife;
 }
 
@@ -66,7 +66,7 @@ pub struct ClaimGuard {
 
 impl ClaimGuard {
     /// Admit every IPClaim write by `username` (the server's own service account).
-    pub(crate) fn trust(&self, username: &str) {
+    pub fn trust(&self, username: &str) {
         let username = username.trim();
         if username.is_empty() {
             return;
@@ -94,7 +94,7 @@ impl ClaimGuard {
     }
 
     /// Judge deletions from these caches (in-cluster; set once).
-    pub(crate) fn watch_pods(&self, pods: Arc<dyn LivePods>) {
+    pub fn watch_pods(&self, pods: Arc<dyn LivePods>) {
         let _ = self.pods.set(pods);
     }
 
@@ -123,7 +123,7 @@ pub(crate) fn username_in_token(token: &str) -> Option<String> {
 }
 
 /// The service account this process runs as, from its mounted token, if it runs in a pod.
-pub(crate) fn own_service_account() -> Option<String> {
+pub fn own_service_account() -> Option<String> {
     username_in_token(&std::fs::read_to_string(SERVICE_ACCOUNT_TOKEN).ok()?)
 }
 

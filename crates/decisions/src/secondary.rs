@@ -19,9 +19,9 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use crate::webhook::assess::{Denial, PodAsk};
-use crate::webhook::carried::{self, Carried};
-use crate::webhook::{PodView, Webhook};
+use crate::assess::{Denial, PodAsk};
+use crate::carried::{self, Carried};
+use crate::{PodView, Webhook};
 use ip_webhook_admission::annotations::{AnnotationError, Cni};
 use ip_webhook_admission::networks::{
     Attachment, NETWORKS, carried_on, kube_ovn_ip_annotations, kube_ovn_ips, pod_network_ips,
@@ -59,7 +59,7 @@ impl SecondaryNetworks {
 }
 
 /// The annotation in which a pod names the IPs it may get on `network`.
-pub(crate) fn list_annotation(network: &Network) -> String {
+pub fn list_annotation(network: &Network) -> String {
     format!(
         "{}.{}.ip-webhook.io/allocatable-ips",
         network.name, network.namespace
@@ -100,7 +100,7 @@ pub(crate) struct NetworkAsks {
 
 /// The IPs granted on one network.
 #[derive(Debug, Clone)]
-pub(crate) struct NetworkGrant {
+pub struct NetworkGrant {
     pub network: Network,
     pub ips: Vec<IpAddr>,
 }

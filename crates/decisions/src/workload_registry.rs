@@ -35,7 +35,7 @@ pub struct WorkloadRegistry {
 
 /// What the registry keeps of one workload: who it is, its app, its list.
 #[derive(Debug, Clone)]
-pub(crate) struct Listing {
+pub struct Listing {
     pub id: WorkloadId,
     pub app: String,
     pub set: IpSet,
@@ -61,7 +61,7 @@ impl WorkloadRegistry {
     }
 
     /// From now on the watches feed the registry (see [`WorkloadRegistry::watched`]).
-    pub(crate) fn set_watched(&self) {
+    pub fn set_watched(&self) {
         self.watched
             .store(true, std::sync::atomic::Ordering::SeqCst);
     }
@@ -81,7 +81,7 @@ impl WorkloadRegistry {
     }
 
     /// Replace every workload of `kind` with `listings` (a watch's (re)list).
-    pub(crate) fn replace_kind(&self, kind: &str, listings: Vec<Listing>) {
+    pub fn replace_kind(&self, kind: &str, listings: Vec<Listing>) {
         let mut state = self.lock();
         let stale: Vec<WorkloadId> = state
             .lists
@@ -148,7 +148,7 @@ impl WorkloadRegistry {
 
     /// Every app (`namespace/app`) whose workloads list `ip`, sorted (the reconciler's
     /// adoption asks; an IP no workload lists costs one index lookup).
-    pub(crate) fn apps_listing(&self, ip: std::net::IpAddr) -> Vec<String> {
+    pub fn apps_listing(&self, ip: std::net::IpAddr) -> Vec<String> {
         let state = self.lock();
         if state
             .index

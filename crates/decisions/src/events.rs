@@ -7,10 +7,10 @@
 
 use std::net::IpAddr;
 
-use crate::metrics::AllocationOutcome;
 use ip_webhook_admission::OwnerRef;
 use ip_webhook_ipam::allocator::Reason;
 use ip_webhook_ledger::PodRef;
+use ip_webhook_metrics::AllocationOutcome;
 
 /// A pod that got its IPs.
 #[derive(Debug)]

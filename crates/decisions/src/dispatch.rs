@@ -4,13 +4,13 @@
 
 use std::time::Instant;
 
-use crate::metrics::{Endpoint, Outcome};
-use crate::webhook::Webhook;
-use crate::webhook::assess::Answer;
-use crate::webhook::mutate;
-use crate::webhook::validate;
+use crate::Webhook;
+use crate::assess::Answer;
+use crate::mutate;
+use crate::validate;
 use ip_webhook_admission::{self as admission, ReviewError};
 use ip_webhook_ipam::ipset::push_ip;
+use ip_webhook_metrics::{Endpoint, Outcome};
 
 impl Webhook {
     /// Answer one AdmissionReview body. `Err` means the body was not a usable review (HTTP 400).
@@ -65,9 +65,9 @@ impl Webhook {
             granted,
         } = match endpoint {
             Endpoint::mutate => mutate::mutate(self, &incoming).await?,
-            Endpoint::validate if crate::webhook::claim_guard::handles(&incoming) => Answer::from(
-                crate::webhook::claim_guard::review(&self.claim_guard, &incoming),
-            ),
+            Endpoint::validate if crate::claim_guard::handles(&incoming) => {
+                Answer::from(crate::claim_guard::review(&self.claim_guard, &incoming))
+            }
             Endpoint::validate => validate::validate(self, &incoming).await?,
         };
         let response = match (&endpoint, incoming.request.kind.kind.as_str()) {

@@ -5,8 +5,7 @@
 use std::fmt;
 use std::net::IpAddr;
 
-use crate::metrics::AllocationOutcome;
-use crate::webhook::{Candidates, PodView, Webhook};
+use crate::{Candidates, PodView, Webhook};
 use ip_webhook_admission::Response;
 use ip_webhook_admission::annotations::{
     AnnotationError, CLAIM_TOKEN, OVN_IP_POOL, STATUS, STATUS_MUTATED, carried_with,
@@ -16,10 +15,11 @@ use ip_webhook_ipam::allocator::AllocError;
 use ip_webhook_ipam::ipset::IpSet;
 use ip_webhook_ipam::messages::Scope;
 use ip_webhook_ledger::claim::{PodIdentity, is_token};
+use ip_webhook_metrics::AllocationOutcome;
 
 /// Why a pod is refused. `Display` is the message the API server shows.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Denial {
+pub enum Denial {
     /// The review has no object to judge.
     MissingObject(&'static str),
     /// An IP annotation cannot be read.

@@ -5,7 +5,7 @@
 /// A workload kind whose pod template is checked, watched in-cluster and explained: where
 /// its resource is, where its pod template and pod count are, and how its pods are owned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct WorkloadKind {
+pub struct WorkloadKind {
     pub group: &'static str,
     pub version: &'static str,
     pub kind: &'static str,
@@ -41,7 +41,7 @@ const fn kind(
 }
 
 /// Every workload kind: the one list the webhook, the cluster's watches and `explain` read.
-pub(crate) const WORKLOAD_KINDS: [WorkloadKind; 6] = [
+pub const WORKLOAD_KINDS: [WorkloadKind; 6] = [
     kind("apps", "Deployment", "deployments", "ReplicaSet"),
     WorkloadKind {
         ordinal: true,
@@ -61,7 +61,7 @@ pub(crate) const WORKLOAD_KINDS: [WorkloadKind; 6] = [
 ];
 
 /// The workload kinds checked, as `(group, kind)`, from [`WORKLOAD_KINDS`].
-pub(crate) const KINDS: [(&str, &str); WORKLOAD_KINDS.len()] = {
+pub const KINDS: [(&str, &str); WORKLOAD_KINDS.len()] = {
     let mut kinds = [("", ""); WORKLOAD_KINDS.len()];
     let mut i = 0;
     while i < kinds.len() {
@@ -72,7 +72,7 @@ pub(crate) const KINDS: [(&str, &str); WORKLOAD_KINDS.len()] = {
 };
 
 /// The workload kind `kind` of API group `group`, if it is one.
-pub(crate) fn workload_kind(group: &str, kind: &str) -> Option<&'static WorkloadKind> {
+pub fn workload_kind(group: &str, kind: &str) -> Option<&'static WorkloadKind> {
     WORKLOAD_KINDS
         .iter()
         .find(|w| w.group == group && w.kind == kind)

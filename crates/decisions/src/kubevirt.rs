@@ -22,15 +22,15 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use ip_webhook_admission::{Incoming, Meta, OwnerRef};
 
 /// The label KubeVirt puts on every launcher pod, and its value there.
-pub(crate) const LAUNCHER_LABEL: (&str, &str) = ("kubevirt.io", "virt-launcher");
+pub const LAUNCHER_LABEL: (&str, &str) = ("kubevirt.io", "virt-launcher");
 /// The API group of VirtualMachines and VirtualMachineInstances.
-pub(crate) const GROUP: &str = "kubevirt.io";
+pub const GROUP: &str = "kubevirt.io";
 /// The label KubeVirt puts on a live migration's target launcher pod (its value: the
 /// migration's UID) (kubevirt/kubevirt `staging/src/kubevirt.io/api/core/v1/types.go`,
 /// `MigrationJobLabel`).
 pub(crate) const MIGRATION_LABEL: &str = "kubevirt.io/migrationJobUID";
 /// The user KubeVirt's controller creates launcher pods as, in its default install.
-pub(crate) const DEFAULT_CONTROLLER: &str = "system:serviceaccount:kubevirt:kubevirt-controller";
+pub const DEFAULT_CONTROLLER: &str = "system:serviceaccount:kubevirt:kubevirt-controller";
 
 /// How ip-webhook treats virtual machines.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,8 +81,8 @@ pub(crate) fn launcher_vm_of(meta: &Meta) -> Option<&str> {
     )
 }
 
-/// [`launcher_vm`] of a pod's metadata as the API server returns it.
-pub(crate) fn launcher_vm_of_object(meta: &ObjectMeta) -> Option<&str> {
+/// `launcher_vm` of a pod's metadata as the API server returns it.
+pub fn launcher_vm_of_object(meta: &ObjectMeta) -> Option<&str> {
     launcher_vm(
         meta.labels.as_ref(),
         meta.owner_references.iter().flatten().map(|owner| {

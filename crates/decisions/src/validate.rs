@@ -4,12 +4,12 @@
 
 use std::net::IpAddr;
 
-use crate::webhook::assess::{Answer, Denial, PodAsk, assess};
-use crate::webhook::carried::{self, Carried};
-use crate::webhook::cni_pools;
-use crate::webhook::secondary;
-use crate::webhook::workloads;
-use crate::webhook::{Candidates, PodView, Webhook};
+use crate::assess::{Answer, Denial, PodAsk, assess};
+use crate::carried::{self, Carried};
+use crate::cni_pools;
+use crate::secondary;
+use crate::workloads;
+use crate::{Candidates, PodView, Webhook};
 use ip_webhook_admission::annotations::{
     ALLOCATED_IP_LABEL, CLAIM_TOKEN, STATUS, STATUS_MUTATED, carried_ips, changed_mark,
 };
@@ -22,10 +22,7 @@ use ip_webhook_ledger::Claim;
 use ip_webhook_ledger::claim::{PodIdentity, is_token, new_token};
 use ip_webhook_ledger::crd::{self, FixedIPPool};
 
-pub(crate) async fn validate(
-    webhook: &Webhook,
-    incoming: &Incoming<'_>,
-) -> Result<Answer, ReviewError> {
+pub async fn validate(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Answer, ReviewError> {
     let request = &incoming.request;
     if request.sub_resource.is_some() {
         return Ok(Answer::from(incoming.respond()));

@@ -1,13 +1,20 @@
+#![forbid(unsafe_code)]
 //! Prometheus metrics, registered once and encoded on `GET /metrics`.
 //!
 //! The webhook's own metrics are named `ip_webhook_*`; the process metrics keep their usual
 //! names (`process_resident_memory_bytes`, ...). Labels that name a pod's namespace are called
 //! `app_namespace`: Prometheus gives every target a `namespace` label of its own (the
 //! webhook's), and would rename ours to `exported_namespace`.
+//!
+//! The contract, for every layer above: one [`Metrics`] per process, shared; each layer records
+//! through its methods (never through the registry), and [`Metrics::encode`] is the text a
+//! scrape gets. A metric's name and labels are part of the product (dashboards and alerts in
+//! `deploy/monitoring` read them), and `tests/chart/monitoring.rs` checks that every metric and
+//! label they query is one a running server exports.
 
 mod capacity;
 mod process;
-pub(crate) mod watch_health;
+pub mod watch_health;
 
 #[cfg(test)]
 use capacity::app_utilization;
@@ -118,7 +125,7 @@ pub(crate) struct BuildLabels {
 }
 
 /// The commit the binary was built from (`build.rs`), or "unknown".
-pub(crate) const COMMIT: &str = env!("IP_WEBHOOK_GIT_COMMIT");
+pub const COMMIT: &str = env!("IP_WEBHOOK_GIT_COMMIT");
 
 /// `ip_webhook_cache_objects{kind}`: `pod`, `kube-ovn-ip`, `workload`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -209,7 +216,7 @@ pub struct Metrics {
     pub releases: Counter,
     /// Admitted pod DELETEs whose pod still ran when its grace ended: the IP was kept.
     pub releases_refused: Counter,
-    /// Claims of pods stuck Terminating on a lost node, released (`crate::cluster::node_loss`).
+    /// Claims of pods stuck Terminating on a lost node, released (the root crate's `cluster::node_loss`).
     pub node_lost_releases: Counter,
     /// Reservations no pod picked up, dropped by the reconciler.
     pub reservations_expired: Counter,
@@ -267,7 +274,7 @@ impl AdoptReason {
 }
 
 /// The default of `--metrics-max-apps`.
-pub(crate) const DEFAULT_MAX_APPS: usize = 10_000;
+pub const DEFAULT_MAX_APPS: usize = 10_000;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
@@ -565,17 +572,13 @@ impl Metrics {
     }
 
     /// At most `max` apps get per-app series (`--metrics-max-apps`).
-    pub(crate) fn set_max_apps(&self, max: usize) {
+    pub fn set_max_apps(&self, max: usize) {
         self.max_apps.store(max, Ordering::Relaxed);
     }
 
     /// Compute the pool and app gauges from this allocator and catalog at each scrape
     /// (the first call wins: one webhook per registry).
-    pub(crate) fn watch_capacity(
-        &self,
-        allocator: Arc<Allocator>,
-        pools: Arc<ArcSwap<PoolCatalog>>,
-    ) {
+    pub fn watch_capacity(&self, allocator: Arc<Allocator>, pools: Arc<ArcSwap<PoolCatalog>>) {
         let _ = self.capacity.set(CapacitySource { allocator, pools });
     }
 

@@ -1,31 +1,96 @@
-//! The webhook: what every admission decision shares — settings, the allocator, pools,
-//! metrics, the CNI networks — and the pod view and candidate IPs both endpoints read.
-//! Routing a review to `/mutate` or `/validate` is `crate::webhook::dispatch`'s.
+#![forbid(unsafe_code)]
+//! The admission decisions: what `/mutate` and `/validate` answer, over the allocator, the
+//! pod's workload, its CNI networks and the IPClaim guard.
+//!
+//! The contract, for the server and the cluster tasks above it:
+//!
+//! - [`Webhook::review`] takes an AdmissionReview's bytes for an
+//!   [`ip_webhook_metrics::Endpoint`] and returns the response review's bytes, or an
+//!   [`ip_webhook_admission::ReviewError`] for a body that is not a review (the server's 400).
+//!   Every response echoes the request's `uid`. A refusal is an answer (`allowed: false` with
+//!   a message naming what was wrong), never an error.
+//! - A granted `/mutate` has made its claims durable through the ledger before it answers; a
+//!   retry of the same request (same `uid`) gets the same IPs; no IP is granted to two pods.
+//! - [`Webhook`] is shared by every connection; what the cluster learns reaches it through the
+//!   registries it was built with ([`workloads::WorkloadRegistry`],
+//!   [`cni_pools::NetworkRegistry`]), not through the decisions.
+//!
+//! ```
+//! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+//! use std::sync::Arc;
+//! use base64::Engine;
+//! use ip_webhook_decisions::{Settings, Webhook};
+//! use ip_webhook_ipam::{allocator::Allocator, pools::PoolCatalog};
+//! use ip_webhook_ledger::MemoryLedger;
+//! use ip_webhook_metrics::{Endpoint, Metrics};
+//!
+//! let allocator = Allocator::new(Arc::new(MemoryLedger::new())).await.unwrap();
+//! let webhook = Webhook::new(
+//!     Settings::default(),
+//!     Arc::new(allocator),
+//!     PoolCatalog::default(),
+//!     Arc::new(Metrics::new()),
+//! );
+//! // a Pod CREATE of app `web`, which may have 10.0.0.1 and 10.0.0.2
+//! let create = |uid: &str| {
+//!     serde_json::json!({
+//!         "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+//!         "request": {
+//!             "uid": uid, "operation": "CREATE", "namespace": "default",
+//!             "kind": {"group": "", "version": "v1", "kind": "Pod"},
+//!             "resource": {"group": "", "version": "v1", "resource": "pods"},
+//!             "object": {"apiVersion": "v1", "kind": "Pod", "metadata": {
+//!                 "generateName": "web-", "namespace": "default", "labels": {"app": "web"},
+//!                 "annotations": {"ip-webhook.io/allocatable-ips": "10.0.0.1-10.0.0.2"}}}}})
+//!     .to_string()
+//! };
+//! let mutate = async |uid: &str| {
+//!     let bytes = webhook.review(Endpoint::mutate, create(uid).as_bytes()).await.unwrap();
+//!     let review: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+//!     let response = &review["response"];
+//!     assert_eq!(response["uid"], uid);
+//!     let patch = response["patch"].as_str().map(|patch| {
+//!         let json = base64::engine::general_purpose::STANDARD.decode(patch).unwrap();
+//!         String::from_utf8(json).unwrap()
+//!     });
+//!     (response["allowed"].as_bool().unwrap(), patch, response["status"]["message"].clone())
+//! };
+//! let (allowed, first, _) = mutate("a").await;
+//! assert!(allowed && first.as_ref().unwrap().contains("10.0.0.1"));
+//! let (_, second, _) = mutate("b").await;
+//! assert!(second.unwrap().contains("10.0.0.2"));
+//! // the same request again: the same IP, not a third one
+//! assert_eq!(mutate("a").await.1, first);
+//! // the list is used up: a refusal that says so, not an error
+//! let (allowed, patch, message) = mutate("c").await;
+//! assert!(!allowed && patch.is_none());
+//! assert!(message.as_str().unwrap().contains("10.0.0.1"), "{message}");
+//! # });
+//! ```
 
 pub(crate) mod assess;
 pub(crate) mod carried;
 pub mod claim_guard;
-pub(crate) mod cni_pools;
+pub mod cni_pools;
 pub(crate) mod dispatch;
-pub(crate) mod events;
-pub(crate) mod kubevirt;
+pub mod events;
+pub mod kubevirt;
 pub mod mutate;
-pub(crate) mod release_timer;
-pub(crate) mod secondary;
-pub(crate) mod validate;
+pub mod release_timer;
+pub mod secondary;
+pub mod validate;
 pub(crate) mod workload_kinds;
 pub(crate) mod workload_registry;
-pub(crate) mod workloads;
+pub mod workloads;
 
 use std::fmt;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use crate::metrics::Metrics;
-use crate::webhook::cni_pools::NetworkRegistry;
-use crate::webhook::events::{EventSink, NoEvents};
-use crate::webhook::workloads::WorkloadRegistry;
+use crate::cni_pools::NetworkRegistry;
+use crate::events::{EventSink, NoEvents};
+use crate::workloads::WorkloadRegistry;
 use ip_webhook_admission::annotations::{ALLOCATABLE_IPS, Cni, IP_POOL, PoolCheck};
 use ip_webhook_admission::{Incoming, Meta};
 use ip_webhook_ipam::allocator::Allocator;
@@ -34,6 +99,7 @@ use ip_webhook_ipam::messages::Scope;
 use ip_webhook_ipam::pools::PoolCatalog;
 use ip_webhook_ipam::spec_cache::SpecCache;
 use ip_webhook_ledger::{PodName, PodRef};
+use ip_webhook_metrics::Metrics;
 
 /// Behaviour switches from the command line.
 #[derive(Debug, Clone)]
@@ -93,8 +159,8 @@ pub struct Webhook {
     specs: SpecCache,
     /// Told about every Pod CREATE decision (Kubernetes Events in-cluster; `explain`).
     pub events: Arc<dyn EventSink>,
-    /// Judges IPClaim edits and deletions ([`crate::webhook::claim_guard`]).
-    pub claim_guard: crate::webhook::claim_guard::ClaimGuard,
+    /// Judges IPClaim edits and deletions ([`crate::claim_guard`]).
+    pub claim_guard: crate::claim_guard::ClaimGuard,
     /// Asks the API server whether a claim's pod still exists (set when there is one).
     pub pods: std::sync::OnceLock<Arc<dyn ip_webhook_ledger::pod_lookup::PodLookup>>,
     /// The allocators of the secondary networks IPs are given out on.
@@ -104,7 +170,7 @@ pub struct Webhook {
 impl Webhook {
     /// Every interface IPs are given out on, with its allocator: the primary interface's
     /// first, then each secondary network's. Each lifecycle task runs over all of them.
-    pub(crate) fn interfaces(
+    pub fn interfaces(
         &self,
     ) -> impl Iterator<Item = (ip_webhook_ledger::network::Interface<'_>, &Arc<Allocator>)> {
         use ip_webhook_ledger::network::Interface;
@@ -139,13 +205,13 @@ impl Webhook {
     }
 
     /// Give IPs out on these secondary networks too, each from its own allocator.
-    pub(crate) fn with_secondary(mut self, secondary: secondary::SecondaryNetworks) -> Webhook {
+    pub fn with_secondary(mut self, secondary: secondary::SecondaryNetworks) -> Webhook {
         self.secondary = secondary;
         self
     }
 
     /// Send Pod CREATE outcomes to `events` instead of nowhere.
-    pub(crate) fn with_events(mut self, events: Arc<dyn EventSink>) -> Webhook {
+    pub fn with_events(mut self, events: Arc<dyn EventSink>) -> Webhook {
         self.events = events;
         self
     }
