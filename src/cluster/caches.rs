@@ -43,7 +43,7 @@ pub struct Caches {
 }
 
 impl Caches {
-    pub fn synced(&self) -> bool {
+    pub(crate) fn synced(&self) -> bool {
         self.pods_synced.load(Ordering::SeqCst)
             && self.claims_synced.load(Ordering::SeqCst)
             && self.pools_synced.load(Ordering::SeqCst)
@@ -57,7 +57,7 @@ impl Caches {
     }
 
     /// Wait for `Caches::mark_changed` (or a permit it left while no one waited).
-    pub async fn changes(&self) {
+    pub(crate) async fn changes(&self) {
         self.changed.notified().await
     }
 

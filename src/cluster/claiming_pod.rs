@@ -53,7 +53,7 @@ impl ClaimingPod {
         }
     }
 
-    pub fn identity(&self) -> PodIdentity<'_> {
+    pub(crate) fn identity(&self) -> PodIdentity<'_> {
         PodIdentity {
             namespace: &self.namespace,
             name: &self.name,

@@ -17,7 +17,7 @@ pub enum ControllerKind {
 
 impl ControllerKind {
     /// The kind of the owner reference marked `controller: true`; `None` for a bare pod.
-    pub fn of(owners: Option<&[OwnerReference]>) -> Option<ControllerKind> {
+    pub(crate) fn of(owners: Option<&[OwnerReference]>) -> Option<ControllerKind> {
         let owner = owners?.iter().find(|o| o.controller == Some(true))?;
         Some(match owner.kind.as_str() {
             "ReplicaSet" => ControllerKind::ReplicaSet,

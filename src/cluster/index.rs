@@ -314,7 +314,7 @@ fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
 
 impl ClusterIps {
     /// Whether the pod, Kube-OVN IP and workload indexes have each had their first list.
-    pub fn synced(&self) -> bool {
+    pub(crate) fn synced(&self) -> bool {
         self.pods_synced.load(Ordering::SeqCst)
             && self.ovn_synced.load(Ordering::SeqCst)
             && self.calico_synced.load(Ordering::SeqCst)
@@ -351,7 +351,7 @@ impl ClusterIps {
     }
 
     /// The indexed pod with this UID (running on IPs of its own, not finished).
-    pub fn pod(&self, uid: &str) -> Option<Arc<RunningPod>> {
+    pub(crate) fn pod(&self, uid: &str) -> Option<Arc<RunningPod>> {
         read(&self.pods).by_key.get(uid).cloned()
     }
 
@@ -361,7 +361,7 @@ impl ClusterIps {
     }
 
     /// Every indexed pod.
-    pub fn pods(&self) -> Vec<Arc<RunningPod>> {
+    pub(crate) fn pods(&self) -> Vec<Arc<RunningPod>> {
         read(&self.pods).by_key.values().cloned().collect()
     }
 

@@ -108,7 +108,7 @@ fn parse_entries(entries: &[String]) -> IpSet {
 }
 
 /// `set` as Kube-OVN IPPool entries: `IP` or `IP1..IP2`, one per range.
-pub fn entries(set: &IpSet) -> Vec<String> {
+pub(crate) fn entries(set: &IpSet) -> Vec<String> {
     set.ranges()
         .iter()
         .map(|r| {
@@ -156,7 +156,7 @@ pub struct OvnReservationState {
 }
 
 impl OvnReservationState {
-    pub fn synced(&self) -> bool {
+    pub(crate) fn synced(&self) -> bool {
         self.subnets_synced.load(Ordering::SeqCst) && self.pools_synced.load(Ordering::SeqCst)
     }
 }
@@ -213,7 +213,7 @@ pub async fn watch_pools(api: Api<DynamicObject>, state: Arc<OvnReservationState
 
 /// The keeper's tasks: the watches of Kube-OVN Subnets and IPPools, and the leader's
 /// `keep_pools` over them and `offered`, looking every `every`.
-pub fn spawn(
+pub(crate) fn spawn(
     client: &kube::Client,
     offered: Offered,
     caches: Arc<Caches>,

@@ -177,7 +177,7 @@ impl LeaderView {
 
     /// Forget everything (a replica that no longer leads): a new leader counts claims' ages
     /// from when it sees them.
-    pub fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         *self = LeaderView::default();
     }
 
@@ -214,7 +214,7 @@ impl LeaderView {
     /// Apply what changed since the last pass: `claims`, each changed claim's name with its
     /// object as the claim cache holds it now (`None`: gone); `pod_uids`, the pods that
     /// changed, with `pods` the pod cache as of then.
-    pub fn apply(
+    pub(crate) fn apply(
         &mut self,
         claims: Vec<ClaimChange>,
         pod_uids: &[Box<str>],
@@ -265,7 +265,7 @@ impl LeaderView {
 
     /// The plan of this pass (see the module's documentation); `pods` as given to the last
     /// [`LeaderView::apply`] or [`LeaderView::rebuild`].
-    pub fn plan(&mut self, pods: &PodMap, now: u64, rules: Rules) -> Plan {
+    pub(crate) fn plan(&mut self, pods: &PodMap, now: u64, rules: Rules) -> Plan {
         let mut names = std::mem::take(&mut self.dirty);
         names.extend(self.unbound.iter().cloned());
         names.extend(self.acted.drain(..));

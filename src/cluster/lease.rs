@@ -165,7 +165,10 @@ impl Elector {
 
 /// Give the lease up if we hold it (graceful shutdown), so another replica takes over at its
 /// next round instead of waiting out the lease. Returns whether we held it.
-pub async fn release(api: &Api<Lease>, settings: &LeaseSettings) -> Result<bool, kube::Error> {
+pub(crate) async fn release(
+    api: &Api<Lease>,
+    settings: &LeaseSettings,
+) -> Result<bool, kube::Error> {
     let Some(mut lease) = api.get_opt(&settings.name).await? else {
         return Ok(false);
     };
@@ -213,7 +216,7 @@ impl LeaderTicks {
 }
 
 /// Run rounds forever, publishing whether we lead.
-pub async fn run(mut elector: Elector, leading: watch::Sender<bool>) {
+pub(crate) async fn run(mut elector: Elector, leading: watch::Sender<bool>) {
     let every = elector.settings.renew_every;
     loop {
         let now_leading = elector.step().await;

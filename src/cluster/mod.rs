@@ -131,7 +131,7 @@ impl ClusterHandle {
     }
 
     /// Stop, and hand the Lease back if we lead so another replica takes over at once.
-    pub async fn shutdown(&self) {
+    pub(crate) async fn shutdown(&self) {
         self.stop();
         if !*self.leading.borrow() {
             return;
@@ -156,7 +156,7 @@ const RESERVATION_CHECK: Duration = Duration::from_secs(1);
 
 /// Start the watches, readiness, the lease and the reconciler. What they use of `webhook` is
 /// taken here, once (`Parts::of`), and each task gets only its part.
-pub fn start(
+pub(crate) fn start(
     client: Client,
     webhook: &Webhook,
     ready: Arc<AtomicBool>,

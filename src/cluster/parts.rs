@@ -120,14 +120,14 @@ impl Interfaces {
 /// list. The CNI reservations (Calico's `IPReservation`, Kube-OVN's `IPPool`s) keep the CNI's
 /// own assignment away from them.
 #[derive(Clone)]
-pub struct Offered {
+pub(crate) struct Offered {
     pub pools: Arc<ArcSwap<PoolCatalog>>,
     pub workloads: Arc<WorkloadRegistry>,
 }
 
 impl Offered {
     /// The IPs offered now.
-    pub fn ips(&self) -> IpSet {
+    pub(crate) fn ips(&self) -> IpSet {
         let pools = self.pools.load();
         pools.iter().fold(self.workloads.listed(), |union, pool| {
             union.union(&pool.usable)

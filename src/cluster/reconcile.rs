@@ -3,6 +3,7 @@
 
 use super::app_lists::AppLists;
 use super::index::RunningPod;
+#[cfg(test)]
 use std::borrow::Cow;
 use std::collections::HashSet;
 use std::net::IpAddr;
@@ -168,7 +169,7 @@ fn oldest_first(a: &ClaimingPod, b: &ClaimingPod) -> std::cmp::Ordering {
 /// Every IP that two or more live (not terminating) pods carry, by IP: one list of (IP, pod)
 /// pairs sorted by IP, not a map of a list per IP (a pass makes one allocation, not one per
 /// IP); only the carriers of a shared IP are then put oldest first.
-pub fn duplicates(pods: &PodMap) -> Vec<Duplicate> {
+pub(crate) fn duplicates(pods: &PodMap) -> Vec<Duplicate> {
     let carried = pods
         .values()
         .filter(|p| !p.terminating)
@@ -229,6 +230,7 @@ pub(crate) fn add_running_duplicates(
     found.sort_by_key(|d| d.ip);
 }
 
+#[cfg(test)]
 impl Plan {
     pub(crate) fn due(&mut self, at: u64) {
         self.next_due = Some(self.next_due.map_or(at, |due| due.min(at)));
@@ -270,7 +272,8 @@ impl ClaimPlan {
 /// Decide what to do about every claim and pod: the whole state's plan, which the leader's
 /// incremental one (`super::leader_view::LeaderView::plan`) equals. `pods` is keyed by pod
 /// UID; `now` is on the clock of `seen`.
-pub fn plan(
+#[cfg(test)]
+pub(crate) fn plan(
     claims: &[Arc<IPClaim>],
     pods: &PodMap,
     seen: &Sightings,

@@ -45,7 +45,7 @@ impl Reconciler {
     /// `allocator`, adopting running pods' IPs into `lists`; its executor writes through
     /// `client`, asks `vms` before a VM's claim is dropped and reports Events as this
     /// replica's Lease identity.
-    pub fn new(
+    pub(crate) fn new(
         client: Client,
         caches: Arc<Caches>,
         allocator: Arc<Allocator>,
@@ -76,7 +76,7 @@ impl Reconciler {
         }
     }
 
-    pub async fn run(self, mut leading: watch::Receiver<bool>, ready: Arc<AtomicBool>) {
+    pub(crate) async fn run(self, mut leading: watch::Receiver<bool>, ready: Arc<AtomicBool>) {
         while !self.caches.synced() {
             self.caches.changes().await;
         }

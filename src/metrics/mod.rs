@@ -38,7 +38,7 @@ pub enum Endpoint {
 }
 
 impl Endpoint {
-    pub fn as_str(&self) -> &'static str {
+    pub(crate) fn as_str(&self) -> &'static str {
         match self {
             Endpoint::mutate => "mutate",
             Endpoint::validate => "validate",
@@ -134,7 +134,7 @@ pub struct ResultLabels {
 /// One endpoint's series of the request families, resolved once: every admission updates
 /// them, and a family looks its labels up under a lock. (They are the families' own series,
 /// so they are exported from the start, at zero.)
-pub struct WebhookSeries {
+pub(crate) struct WebhookSeries {
     pub in_flight: Gauge,
     pub latency: Histogram,
     allowed: Counter,
@@ -172,7 +172,7 @@ impl WebhookSeries {
     }
 
     /// The count of requests answered with `outcome`.
-    pub fn requests(&self, outcome: Outcome) -> &Counter {
+    pub(crate) fn requests(&self, outcome: Outcome) -> &Counter {
         match outcome {
             Outcome::allowed => &self.allowed,
             Outcome::denied => &self.denied,
@@ -258,7 +258,7 @@ impl AdoptReason {
     pub(crate) const ALL: [AdoptReason; 2] = [AdoptReason::Token, AdoptReason::AppList];
 
     /// The metric label.
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             AdoptReason::Token => "token",
             AdoptReason::AppList => "app_list",
@@ -366,7 +366,7 @@ impl Metrics {
     }
 
     /// The series an admission to `endpoint` updates.
-    pub fn webhook(&self, endpoint: &Endpoint) -> &WebhookSeries {
+    pub(crate) fn webhook(&self, endpoint: &Endpoint) -> &WebhookSeries {
         &self.webhooks[match endpoint {
             Endpoint::mutate => 0,
             Endpoint::validate => 1,
@@ -582,7 +582,7 @@ impl Metrics {
     /// Count a refusal for exhaustion. Its names come from the refused request, so they get
     /// a series only when the app already holds IPs (the names were admitted before) and
     /// fewer than `--metrics-max-apps` apps have one; otherwise one unlabelled counter.
-    pub fn exhausted(&self, namespace: &str, app: &str, pool: Option<&str>) {
+    pub(crate) fn exhausted(&self, namespace: &str, app: &str, pool: Option<&str>) {
         let labels = ExhaustedLabels {
             app_namespace: namespace.to_string(),
             app: app.to_string(),
@@ -616,7 +616,7 @@ impl Metrics {
         self.exhausted_refusals.get_or_create(&labels).inc();
     }
 
-    pub fn allocation(&self, outcome: AllocationOutcome) {
+    pub(crate) fn allocation(&self, outcome: AllocationOutcome) {
         self.allocations
             .get_or_create(&AllocationLabels { outcome })
             .inc();

@@ -8,7 +8,7 @@ use ip_webhook_ledger::{Claim, Ledger, LedgerError, Phase, unix_now};
 
 /// What the operator asks to free.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Request {
+pub(crate) struct Request {
     pub ip: IpAddr,
     /// Free it even when the pod still runs or cannot be checked.
     pub force: bool,
@@ -37,7 +37,7 @@ pub struct Request {
 /// was bound to.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct FoundClaim {
+pub(crate) struct FoundClaim {
     pub request_uid: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub token: String,
@@ -46,7 +46,7 @@ pub struct FoundClaim {
 }
 
 impl FoundClaim {
-    pub fn of(claim: &Claim) -> FoundClaim {
+    pub(crate) fn of(claim: &Claim) -> FoundClaim {
         FoundClaim {
             request_uid: claim.request_uid.to_string(),
             token: claim.token.to_string(),
@@ -55,7 +55,7 @@ impl FoundClaim {
     }
 
     /// Whether `claim` is still the claim found.
-    pub fn is(&self, claim: &Claim) -> bool {
+    pub(crate) fn is(&self, claim: &Claim) -> bool {
         *self == FoundClaim::of(claim)
     }
 }
@@ -76,7 +76,7 @@ pub(crate) fn settled(claim: &Claim, now: u64, settle: u64) -> bool {
 
 impl Request {
     /// Free `ip` (`--force`, `-n` as given).
-    pub fn one(ip: IpAddr, force: bool, namespace: Option<String>) -> Request {
+    pub(crate) fn one(ip: IpAddr, force: bool, namespace: Option<String>) -> Request {
         Request {
             ip,
             force,

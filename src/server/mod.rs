@@ -23,7 +23,7 @@
 mod admin;
 use admin::serve_admin;
 mod bind;
-pub use bind::{BindError, Listeners, bind};
+pub(crate) use bind::{Listeners, bind};
 mod answers;
 use answers::{busy, check_head, endpoint_of, json_response, panicked, status, unread_body};
 mod body;
@@ -128,20 +128,20 @@ pub struct Running {
 
 impl Running {
     /// Stop accepting, let in-flight admissions finish (up to `Limits::drain`), then return.
-    pub async fn shutdown(self) {
+    pub(crate) async fn shutdown(self) {
         let _ = self.shutdown.send(true);
         let _ = self.https.await;
         self.admin.abort();
     }
 
     /// Resolves when the HTTPS server stops on its own (it should not).
-    pub fn stopped(&mut self) -> &mut tokio::task::JoinHandle<()> {
+    pub(crate) fn stopped(&mut self) -> &mut tokio::task::JoinHandle<()> {
         &mut self.https
     }
 }
 
 /// Serve both listeners (see [`bind`]) until [`Running::shutdown`].
-pub fn start(
+pub(crate) fn start(
     webhook: Arc<Webhook>,
     tls: Arc<rustls::ServerConfig>,
     listeners: Listeners,

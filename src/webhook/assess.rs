@@ -77,7 +77,7 @@ impl From<AllocError> for Denial {
 
 /// An endpoint's answer, with what its decision log line names besides the response.
 #[derive(Debug)]
-pub struct Answer {
+pub(crate) struct Answer {
     pub response: Response,
     /// `namespace/app`, when the review was about an app's pod.
     pub app: Option<String>,

@@ -165,7 +165,7 @@ impl Webhook {
 
     /// The IPs a pod may get: its `allocatable-ips` list or its pool. `Ok(None)` when it asks
     /// for neither; `Err` is the denial.
-    pub fn candidates(
+    pub(crate) fn candidates(
         &self,
         pod: &PodView<'_>,
     ) -> Result<Option<Candidates>, Box<CandidatesRefusal>> {
@@ -224,7 +224,7 @@ impl Webhook {
 
 /// Why a pod cannot draw from the list or pool it names; each names the pod.
 #[derive(Debug, thiserror::Error)]
-pub enum CandidatesRefusal {
+pub(crate) enum CandidatesRefusal {
     #[error("pod {pod} sets both {ALLOCATABLE_IPS} and {IP_POOL}; use one")]
     ListAndPool { pod: String },
     #[error("pod {pod}: annotation {ALLOCATABLE_IPS}: {error}")]
@@ -347,13 +347,13 @@ impl PolicyRefusal {
 
 /// Where a pod's IPs come from.
 #[derive(Debug, Clone)]
-pub struct Candidates {
+pub(crate) struct Candidates {
     pub set: Arc<IpSet>,
     pub pool: Option<String>,
 }
 
 /// A pod as admission sees it: its metadata plus the names it has at this point.
-pub struct PodView<'m> {
+pub(crate) struct PodView<'m> {
     pub meta: &'m Meta,
     pub namespace: String,
     pub app: Option<&'m str>,
@@ -364,7 +364,7 @@ pub struct PodView<'m> {
 }
 
 impl<'m> PodView<'m> {
-    pub fn new(meta: &'m Meta, incoming: &Incoming<'_>, settings: &Settings) -> PodView<'m> {
+    pub(crate) fn new(meta: &'m Meta, incoming: &Incoming<'_>, settings: &Settings) -> PodView<'m> {
         let namespace = meta
             .namespace
             .clone()
@@ -379,11 +379,11 @@ impl<'m> PodView<'m> {
         }
     }
 
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         self.meta.name.as_deref().unwrap_or("")
     }
 
-    pub fn pod_ref(&self) -> PodRef {
+    pub(crate) fn pod_ref(&self) -> PodRef {
         PodRef {
             namespace: self.namespace.as_str().into(),
             name: self.name().into(),
@@ -402,11 +402,11 @@ impl<'m> PodView<'m> {
         format!("{}/{}", self.namespace, self.app.unwrap_or(""))
     }
 
-    pub fn display(&self) -> String {
+    pub(crate) fn display(&self) -> String {
         self.pod_name().to_string()
     }
 
-    pub fn pod_name(&self) -> PodName<'_> {
+    pub(crate) fn pod_name(&self) -> PodName<'_> {
         PodName {
             namespace: &self.namespace,
             name: self.name(),
@@ -415,7 +415,7 @@ impl<'m> PodView<'m> {
     }
 
     /// `app namespace/app` or, for a pool pod, `FixedIPPool NAME (app namespace/app)`.
-    pub fn scope<'s>(&'s self, candidates: &'s Candidates) -> Scope<'s> {
+    pub(crate) fn scope<'s>(&'s self, candidates: &'s Candidates) -> Scope<'s> {
         let (namespace, app) = (self.namespace.as_str(), self.app.unwrap_or(""));
         match &candidates.pool {
             Some(pool) => Scope::Pool {

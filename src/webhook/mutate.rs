@@ -78,7 +78,10 @@ impl PodDecision {
     }
 }
 
-pub async fn mutate(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Answer, ReviewError> {
+pub(crate) async fn mutate(
+    webhook: &Webhook,
+    incoming: &Incoming<'_>,
+) -> Result<Answer, ReviewError> {
     let response = incoming.respond();
     let request = &incoming.request;
     if request.kind.kind != "Pod"

@@ -41,11 +41,11 @@ pub struct SecondaryNetworks {
 }
 
 impl SecondaryNetworks {
-    pub fn new(by_network: BTreeMap<Network, Arc<Allocator>>) -> SecondaryNetworks {
+    pub(crate) fn new(by_network: BTreeMap<Network, Arc<Allocator>>) -> SecondaryNetworks {
         SecondaryNetworks { by_network }
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.by_network.is_empty()
     }
 
@@ -53,7 +53,7 @@ impl SecondaryNetworks {
         self.by_network.get(network)
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = (&Network, &Arc<Allocator>)> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&Network, &Arc<Allocator>)> {
         self.by_network.iter()
     }
 }

@@ -11,7 +11,7 @@ use ip_webhook_ipam::overlap::RangeIndex;
 
 /// Who a workload is, for messages and the registry.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct WorkloadId {
+pub(crate) struct WorkloadId {
     pub kind: String,
     pub namespace: String,
     pub name: String,
@@ -67,7 +67,7 @@ impl WorkloadRegistry {
     }
 
     /// Whether watches feed the registry (in-cluster).
-    pub fn watched(&self) -> bool {
+    pub(crate) fn watched(&self) -> bool {
         self.watched.load(std::sync::atomic::Ordering::SeqCst)
     }
 
@@ -103,7 +103,7 @@ impl WorkloadRegistry {
         }
     }
 
-    pub fn record(&self, id: WorkloadId, app_key: String, set: &IpSet) {
+    pub(crate) fn record(&self, id: WorkloadId, app_key: String, set: &IpSet) {
         let mut state = self.lock();
         if state.lists.get(&id) == Some(set) && state.apps.get(&id) == Some(&app_key) {
             return;
@@ -115,7 +115,7 @@ impl WorkloadRegistry {
         state.apps.insert(id, app_key);
     }
 
-    pub fn forget(&self, id: &WorkloadId) {
+    pub(crate) fn forget(&self, id: &WorkloadId) {
         let mut state = self.lock();
         state.index.remove(id);
         state.apps.remove(id);
@@ -125,12 +125,12 @@ impl WorkloadRegistry {
     }
 
     /// A count that changes whenever a workload's list, or the app that lists it, does.
-    pub fn generation(&self) -> u64 {
+    pub(crate) fn generation(&self) -> u64 {
         self.lock().generation
     }
 
     /// Every IP some admitted workload lists.
-    pub fn listed(&self) -> IpSet {
+    pub(crate) fn listed(&self) -> IpSet {
         let mut state = self.lock();
         let generation = state.generation;
         if let Some((made_at, listed)) = &state.listed

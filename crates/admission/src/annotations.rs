@@ -231,7 +231,8 @@ impl Cni {
     }
 
     /// Its name on the command line (`calico`, `kube-ovn`).
-    pub fn name(self) -> &'static str {
+    #[cfg(test)]
+    pub(crate) fn name(self) -> &'static str {
         self.descriptor().name
     }
 
@@ -411,7 +412,9 @@ pub fn carried_ips(
 }
 
 /// The IP the `allocated-ip` label names (IPv4-mapped forms as their IPv4 address).
-pub fn label_ip(labels: Option<&std::collections::BTreeMap<String, String>>) -> Option<IpAddr> {
+pub(crate) fn label_ip(
+    labels: Option<&std::collections::BTreeMap<String, String>>,
+) -> Option<IpAddr> {
     labels
         .and_then(|l| l.get(ALLOCATED_IP_LABEL))
         .and_then(|v| ip_webhook_ipam::ipset::ip_from_label_value(v))

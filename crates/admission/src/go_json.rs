@@ -474,14 +474,14 @@ impl<'a> Reader<'a> {
 }
 
 /// One member of an object, its key decoded; `start` is where its key begins.
-pub struct Member<'a> {
+pub(crate) struct Member<'a> {
     pub key: Cow<'a, str>,
     pub start: usize,
 }
 
 impl Member<'_> {
     /// Whether the key names the field `field` (an ASCII name) as Go matches keys.
-    pub fn names(&self, field: &str) -> bool {
+    pub(crate) fn names(&self, field: &str) -> bool {
         folds_to(&self.key, field)
     }
 }

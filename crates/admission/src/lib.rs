@@ -143,7 +143,7 @@ pub struct Request<'a> {
 pub struct RawJson<'a>(&'a str);
 
 impl<'a> RawJson<'a> {
-    pub fn get(&self) -> &'a str {
+    pub(crate) fn get(&self) -> &'a str {
         self.0
     }
 }

@@ -207,11 +207,6 @@ impl PoolCatalog {
         self.pools.insert(pool.name.clone(), Arc::new(pool));
     }
 
-    pub fn remove(&mut self, name: &str) {
-        self.cidrs.remove(&name.to_string());
-        self.pools.remove(name);
-    }
-
     /// Another pool whose CIDR overlaps `pool`'s (a pool of the same name is not "another").
     pub fn overlapping(&self, pool: &Pool) -> Option<&Arc<Pool>> {
         let (_, name) = self

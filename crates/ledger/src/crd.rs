@@ -13,7 +13,6 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 pub const GROUP: &str = "ip-webhook.io";
-pub const VERSION: &str = "v1alpha1";
 
 /// A pool of IPs that pods opt into with the `ip-webhook.io/ip-pool` annotation.
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]

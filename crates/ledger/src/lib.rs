@@ -103,7 +103,7 @@ impl PodRef {
         self.pod_name().to_string()
     }
 
-    pub fn pod_name(&self) -> PodName<'_> {
+    pub(crate) fn pod_name(&self) -> PodName<'_> {
         PodName {
             namespace: &self.namespace,
             name: &self.name,

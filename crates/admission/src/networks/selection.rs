@@ -81,7 +81,7 @@ const PORT_MAP_FIELDS: [(&str, bool); 4] = [
 const BANDWIDTH_FIELDS: [&str; 4] = ["ingressRate", "ingressBurst", "egressRate", "egressBurst"];
 
 /// Read the element object at the cursor.
-pub fn read<'a>(reader: &mut Reader<'a>) -> GoJson<Selection<'a>> {
+pub(crate) fn read<'a>(reader: &mut Reader<'a>) -> GoJson<Selection<'a>> {
     let mut selection = Selection::default();
     let span = reader.object(|reader, member| {
         let field = FIELDS
