@@ -241,10 +241,10 @@ impl ServeArgs {
 /// The ledger of an operator command, and the API server to look pods up on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct OperatorConfig {
-    pub ledger: LedgerConfig,
+    pub(crate) ledger: LedgerConfig,
     /// The kubernetes ledger's API server, or with another ledger the one the flags name (or
     /// the pod's own).
-    pub api_server: Option<KubeAccess>,
+    pub(crate) api_server: Option<KubeAccess>,
 }
 
 /// Why an operator command has no ledger to read.

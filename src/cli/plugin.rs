@@ -25,14 +25,14 @@ pub struct InstallArgs {
     /// The directory for kubectl-ipw (it must be on PATH for kubectl to find it); default:
     /// the directory of this binary.
     #[arg(long, value_name = "DIR")]
-    pub dir: Option<PathBuf>,
+    pub(crate) dir: Option<PathBuf>,
     /// Copy the binary instead of linking to it (for a directory on another filesystem, or a
     /// binary that will be removed).
     #[arg(long)]
-    pub copy: bool,
+    pub(crate) copy: bool,
     /// Replace a kubectl-ipw that is not this binary.
     #[arg(long)]
-    pub force: bool,
+    pub(crate) force: bool,
 }
 
 pub(crate) fn run(command: PluginCommand) -> anyhow::Result<()> {

@@ -41,8 +41,8 @@ impl AppLists for WorkloadRegistry {
 /// The apps' lists in-cluster: the watched workloads' lists, with the primary interface's
 /// claims to tell a pod that already holds its listed IP.
 pub(crate) struct WorkloadLists {
-    pub workloads: Arc<WorkloadRegistry>,
-    pub allocator: Arc<Allocator>,
+    pub(crate) workloads: Arc<WorkloadRegistry>,
+    pub(crate) allocator: Arc<Allocator>,
 }
 
 impl AppLists for WorkloadLists {

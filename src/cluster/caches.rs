@@ -24,10 +24,10 @@ pub struct Caches {
     /// ([`Caches::take_pod_changes`]).
     pub(super) pod_changes: Mutex<CacheChanges>,
     /// What the claim watch changed while a full pass's list of claims was read.
-    pub claim_list: claim_list::ListWindow,
-    pub pools: Mutex<BTreeMap<String, FixedIPPool>>,
+    pub(crate) claim_list: claim_list::ListWindow,
+    pub(crate) pools: Mutex<BTreeMap<String, FixedIPPool>>,
     /// Pods' actual IPs, Kube-OVN IP objects, workloads' lists ([`index`]).
-    pub cluster_ips: Arc<index::ClusterIps>,
+    pub(crate) cluster_ips: Arc<index::ClusterIps>,
     pub(super) pods_synced: AtomicBool,
     /// When the pod watch last (re)listed: a full pass takes its pods from a list this recent.
     pub(super) pods_listed_at: Mutex<Option<tokio::time::Instant>>,
@@ -39,7 +39,7 @@ pub struct Caches {
     /// pass already saw their change cost nothing.
     pub(super) unseen_change: AtomicBool,
     /// Whether the watches that admission decisions read are live (`/readyz`).
-    pub health: Arc<WatchHealth>,
+    pub(crate) health: Arc<WatchHealth>,
 }
 
 impl Caches {

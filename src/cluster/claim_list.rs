@@ -18,7 +18,7 @@ use ip_webhook_ledger::crd::IPClaim;
 /// What the claim watch changed since a list began. The watch notes a change while it holds
 /// the claim cache's lock, and the list is merged under that lock, so no change falls between.
 #[derive(Default)]
-pub struct ListWindow {
+pub(crate) struct ListWindow {
     open: Mutex<Option<Touched>>,
 }
 

@@ -13,7 +13,7 @@ use ip_webhook_ledger::claim::PodIdentity;
 pub type PodMap = HashMap<String, ClaimingPod, foldhash::fast::RandomState>;
 
 /// A set hashed as [`PodMap`] is: the sets a pass builds from every claim.
-pub(crate) type FastSet<T> = HashSet<T, foldhash::fast::RandomState>;
+pub type FastSet<T> = HashSet<T, foldhash::fast::RandomState>;
 
 /// What the reconciler needs to know about a pod; everything else is dropped on arrival.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -5,7 +5,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
 /// The kind of a pod's controller owner, as far as node-loss release cares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ControllerKind {
+pub(crate) enum ControllerKind {
     ReplicaSet,
     Job,
     DaemonSet,

@@ -40,26 +40,26 @@ pub(crate) use pod_watch::watch_pod_ips;
 pub struct RunningPod {
     /// Interned, as `node` and `app`: many pods carry each alike, and the index holds every
     /// running pod of the cluster.
-    pub namespace: Shared,
-    pub name: Box<str>,
-    pub uid: Box<str>,
-    pub node: Shared,
-    pub ips: Box<[IpAddr]>,
+    pub(crate) namespace: Shared,
+    pub(crate) name: Box<str>,
+    pub(crate) uid: Box<str>,
+    pub(crate) node: Shared,
+    pub(crate) ips: Box<[IpAddr]>,
     /// `metadata.deletionTimestamp` (unix seconds, the API server's clock): the pod is
     /// Terminating.
-    pub deleting_at: Option<u64>,
+    pub(crate) deleting_at: Option<u64>,
     /// `metadata.deletionGracePeriodSeconds`: how long its containers may still run.
-    pub deletion_grace: Option<u64>,
+    pub(crate) deletion_grace: Option<u64>,
     /// `metadata.creationTimestamp` (unix seconds): of two pods on one IP, the older keeps it.
-    pub created_at: u64,
+    pub(crate) created_at: u64,
     /// The kind of its controller owner, for node-loss release (`super::node_loss`).
-    pub controller: Option<super::controller::ControllerKind>,
+    pub(crate) controller: Option<super::controller::ControllerKind>,
     /// The value of its app label (`--app-label`), empty if none: the reconciler adopts a
     /// pod's IP only into its own app's list.
-    pub app: Shared,
+    pub(crate) app: Shared,
     /// The KubeVirt VM it is a launcher pod of (`crate::webhook::kubevirt::launcher_vm`):
     /// the VM's launcher pods share its IP.
-    pub vm: Option<Shared>,
+    pub(crate) vm: Option<Shared>,
 }
 
 impl RunningPod {
@@ -131,10 +131,10 @@ impl RunningPod {
 /// A Kube-OVN `IP` object as the index keeps it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct OvnIp {
-    pub name: Box<str>,
-    pub namespace: Box<str>,
-    pub pod: Box<str>,
-    pub ips: Box<[IpAddr]>,
+    pub(crate) name: Box<str>,
+    pub(crate) namespace: Box<str>,
+    pub(crate) pod: Box<str>,
+    pub(crate) ips: Box<[IpAddr]>,
 }
 
 impl OvnIp {
@@ -415,8 +415,8 @@ impl ClusterIps {
 
 /// A watch event's object, already slimmed: the key, and the value when it still counts.
 pub(crate) struct SlimOrGone<T = RunningPod> {
-    pub key: Box<str>,
-    pub value: Option<T>,
+    pub(crate) key: Box<str>,
+    pub(crate) value: Option<T>,
 }
 
 fn pod_step<T: HasIps>(

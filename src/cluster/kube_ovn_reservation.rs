@@ -49,13 +49,13 @@ pub(crate) fn pool_name(subnet: &str) -> String {
 /// A Kube-OVN IPPool as the keeper sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct OvnPool {
-    pub subnet: String,
+    pub(crate) subnet: String,
     /// `spec.ips` as written.
-    pub ips: Vec<String>,
+    pub(crate) ips: Vec<String>,
     /// What `spec.ips` covers.
-    pub set: IpSet,
+    pub(crate) set: IpSet,
     /// Ours: labelled managed-by ip-webhook and named `ip-webhook-<subnet>`.
-    pub ours: bool,
+    pub(crate) ours: bool,
 }
 
 impl OvnPool {

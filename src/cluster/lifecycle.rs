@@ -58,8 +58,8 @@ impl DropReason {
 /// this leader has watched it, never a time another machine wrote: clocks may disagree.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Age {
-    pub since: u64,
-    pub pod_seen: bool,
+    pub(crate) since: u64,
+    pub(crate) pod_seen: bool,
 }
 
 /// What the rule says of one claim now.

@@ -19,7 +19,7 @@ pub(crate) mod app_lists;
 mod caches;
 pub(crate) mod change_log;
 pub(crate) mod claim_list;
-pub(crate) mod claiming_pod;
+pub mod claiming_pod;
 pub mod cni;
 pub(crate) mod controller;
 pub(crate) mod events;
@@ -115,7 +115,6 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// Every task of in-cluster mode (or of the leak sweeper); dropped or
 /// [`ClusterHandle::stop`]ped, they end.
 pub struct ClusterHandle {
-    pub caches: Arc<Caches>,
     pub leading: watch::Receiver<bool>,
     leases: Api<Lease>,
     lease: lease::LeaseSettings,
@@ -211,7 +210,6 @@ pub(crate) fn start(
     );
     tasks.push(tokio::spawn(reconciler.run(leading.clone(), ready)));
     ClusterHandle {
-        caches,
         leading,
         leases,
         lease,
@@ -396,7 +394,6 @@ pub(crate) fn start_sweeper(
         ));
     }
     ClusterHandle {
-        caches,
         leading,
         leases,
         lease: options.lease,

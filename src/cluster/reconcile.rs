@@ -15,7 +15,7 @@ use ip_webhook_ipam::pools::PoolCatalog;
 use ip_webhook_ledger::Claim;
 use ip_webhook_ledger::crd::{FixedIPPoolStatus, IPClaim};
 
-pub(crate) use super::claiming_pod::FastSet;
+pub use super::claiming_pod::FastSet;
 pub use super::claiming_pod::{ClaimingPod, PodMap};
 pub(crate) use super::sightings::Sightings;
 
@@ -137,9 +137,9 @@ pub(crate) trait Holdings {
 /// the older pod keeps (or is adopted into) the claim.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Duplicate {
-    pub ip: IpAddr,
+    pub(crate) ip: IpAddr,
     /// Oldest first (creation time, then UID).
-    pub pods: Vec<ClaimingPod>,
+    pub(crate) pods: Vec<ClaimingPod>,
 }
 
 /// The plan for one pass, and when the next time-driven change falls due (unix seconds).

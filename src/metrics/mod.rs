@@ -48,7 +48,7 @@ impl Endpoint {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
 #[allow(non_camel_case_types)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     allowed,
     denied,
     /// 4xx: not a review, wrong content type, too large, too slow.
@@ -58,19 +58,19 @@ pub enum Outcome {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RequestLabels {
-    pub webhook: Endpoint,
-    pub outcome: Outcome,
+pub(crate) struct RequestLabels {
+    pub(crate) webhook: Endpoint,
+    pub(crate) outcome: Outcome,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct WebhookLabels {
-    pub webhook: Endpoint,
+pub(crate) struct WebhookLabels {
+    pub(crate) webhook: Endpoint,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
 #[allow(non_camel_case_types)]
-pub enum AllocationOutcome {
+pub(crate) enum AllocationOutcome {
     allocated,
     dry_run,
     reused,
@@ -82,23 +82,23 @@ pub enum AllocationOutcome {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct AllocationLabels {
-    pub outcome: AllocationOutcome,
+pub(crate) struct AllocationLabels {
+    pub(crate) outcome: AllocationOutcome,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct AppLabels {
     /// The app's namespace (not `namespace`, which Prometheus sets to the webhook's).
-    pub app_namespace: String,
-    pub app: String,
+    pub(crate) app_namespace: String,
+    pub(crate) app: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ExhaustedLabels {
-    pub app_namespace: String,
-    pub app: String,
+pub(crate) struct ExhaustedLabels {
+    pub(crate) app_namespace: String,
+    pub(crate) app: String,
     /// Empty for an `allocatable-ips` list.
-    pub pool: String,
+    pub(crate) pool: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -108,13 +108,13 @@ pub struct LeaseLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct PoolLabels {
-    pub pool: String,
+    pub(crate) pool: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct BuildLabels {
-    pub version: &'static str,
-    pub commit: &'static str,
+    pub(crate) version: &'static str,
+    pub(crate) commit: &'static str,
 }
 
 /// The commit the binary was built from (`build.rs`), or "unknown".
@@ -122,8 +122,8 @@ pub(crate) const COMMIT: &str = env!("IP_WEBHOOK_GIT_COMMIT");
 
 /// `ip_webhook_cache_objects{kind}`: `pod`, `kube-ovn-ip`, `workload`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct CacheKindLabels {
-    pub kind: &'static str,
+pub(crate) struct CacheKindLabels {
+    pub(crate) kind: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -135,8 +135,8 @@ pub struct ResultLabels {
 /// them, and a family looks its labels up under a lock. (They are the families' own series,
 /// so they are exported from the start, at zero.)
 pub(crate) struct WebhookSeries {
-    pub in_flight: Gauge,
-    pub latency: Histogram,
+    pub(crate) in_flight: Gauge,
+    pub(crate) latency: Histogram,
     allowed: Counter,
     denied: Counter,
     bad_request: Counter,
@@ -183,34 +183,34 @@ impl WebhookSeries {
 }
 
 pub struct Metrics {
-    pub registry: Registry,
-    pub requests: Family<RequestLabels, Counter>,
-    pub latency: Family<WebhookLabels, Histogram>,
-    pub in_flight: Family<WebhookLabels, Gauge>,
+    pub(crate) registry: Registry,
+    pub(crate) requests: Family<RequestLabels, Counter>,
+    pub(crate) latency: Family<WebhookLabels, Histogram>,
+    pub(crate) in_flight: Family<WebhookLabels, Gauge>,
     /// Each endpoint's series of the three families above, by [`Endpoint`] order.
     webhooks: [WebhookSeries; 2],
-    pub panics: Counter,
-    pub allocations: Family<AllocationLabels, Counter>,
+    pub(crate) panics: Counter,
+    pub(crate) allocations: Family<AllocationLabels, Counter>,
     /// Pods refused because every IP of their list or pool was held.
-    pub exhausted_refusals: Family<ExhaustedLabels, Counter>,
+    pub(crate) exhausted_refusals: Family<ExhaustedLabels, Counter>,
     /// Exhaustion refusals that got no per-app series: the app holds no IP (so the names
     /// came only from the request), or `--metrics-max-apps` series exist already.
-    pub exhausted_unattributed: Counter,
+    pub(crate) exhausted_unattributed: Counter,
     /// Exhaustion refusals of apps that hold IPs that got no series of their own because
     /// `--metrics-max-apps` series exist (the per-app gauges report what they leave out in
     /// `metrics_apps_left_out`).
-    pub app_series_overflow: Counter,
+    pub(crate) app_series_overflow: Counter,
     /// TLS handshakes refused for the client certificate, by reason.
     pub client_cert_refusals: Family<ReasonLabels, Counter>,
     /// Connections and requests refused by the connection and in-flight byte limits.
-    pub load_refusals: Family<ReasonLabels, Counter>,
+    pub(crate) load_refusals: Family<ReasonLabels, Counter>,
     /// Times the certificate files were read and compared (events and polls).
     pub tls_checks: Counter,
     pub releases: Counter,
     /// Admitted pod DELETEs whose pod still ran when its grace ended: the IP was kept.
-    pub releases_refused: Counter,
+    pub(crate) releases_refused: Counter,
     /// Claims of pods stuck Terminating on a lost node, released (`crate::cluster::node_loss`).
-    pub node_lost_releases: Counter,
+    pub(crate) node_lost_releases: Counter,
     /// Reservations no pod picked up, dropped by the reconciler.
     pub reservations_expired: Counter,
     /// Claims of pods that went without a release (missed DELETE), reclaimed by the reconciler;
@@ -218,25 +218,25 @@ pub struct Metrics {
     pub leaks_reclaimed: Counter,
     pub ledger: CommitCounters,
     /// IPs that two or more live pods carry, as the reconciler last saw (in-cluster).
-    pub duplicate_ips: Gauge,
+    pub(crate) duplicate_ips: Gauge,
     /// Claims the reconciler recorded for pods that held none, by reason (`token`: a pod our
     /// webhooks admitted whose record was lost; `app_list`: a pod running on an IP of its own
     /// app's list, started before ip-webhook was installed).
-    pub adoptions: Family<ReasonLabels, Counter>,
+    pub(crate) adoptions: Family<ReasonLabels, Counter>,
     /// Whether the ledger can serve (failures in a row, since when): `/readyz` reads it.
     pub ledger_health: Arc<ip_webhook_ledger::health::LedgerHealth>,
     /// Whether the in-cluster watches are live (`watch_health`).
-    pub watch_health: Arc<watch_health::WatchHealth>,
+    pub(crate) watch_health: Arc<watch_health::WatchHealth>,
     /// Time of each ledger call, by ledger and operation.
-    pub ledger_latency: Family<LedgerLabels, Histogram>,
+    pub(crate) ledger_latency: Family<LedgerLabels, Histogram>,
     pub tls_reloads: Family<ResultLabels, Counter>,
     /// notAfter of the certificate being served, unix seconds.
-    pub certificate_expiry: Gauge,
+    pub(crate) certificate_expiry: Gauge,
     /// 1 while this replica holds the reconciler's Lease, else 0; absent off-cluster (the
     /// Lease code sets it: `leader.get_or_create(&LeaseLabels { lease }).set(1)`).
     pub leader: Family<LeaseLabels, Gauge>,
     /// Objects held by the watch-fed indexes (in-cluster), by kind.
-    pub cache_objects: Family<CacheKindLabels, Gauge>,
+    pub(crate) cache_objects: Family<CacheKindLabels, Gauge>,
     capacity: Arc<OnceLock<CapacitySource>>,
     /// At most this many apps get per-app series (`--metrics-max-apps`).
     max_apps: Arc<AtomicUsize>,

@@ -21,7 +21,7 @@ pub(crate) const FAILING_FOR: Duration = Duration::from_secs(10);
 pub(crate) const QUIET: Duration = Duration::from_secs(35);
 
 #[derive(Debug, Default)]
-pub struct WatchHealth {
+pub(crate) struct WatchHealth {
     /// Fast path for every event: whether any watch is in a run of failures.
     any_failing: AtomicBool,
     /// Each failing watch: since when, and its latest error (the errors themselves go to the

@@ -34,12 +34,12 @@ const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Reply {
     /// The IP is free again.
-    pub released: bool,
+    pub(crate) released: bool,
     /// The request could not be carried out (bad request, ledger error), as opposed to a
     /// refusal by the rule.
-    pub failed: bool,
+    pub(crate) failed: bool,
     /// What happened, for people.
-    pub message: String,
+    pub(crate) message: String,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -22,9 +22,9 @@ impl Listeners {
 #[derive(Debug, thiserror::Error)]
 #[error("cannot listen on {addr} ({what}): {reason}")]
 pub(crate) struct BindError {
-    pub addr: SocketAddr,
-    pub what: &'static str,
-    pub reason: String,
+    pub(crate) addr: SocketAddr,
+    pub(crate) what: &'static str,
+    pub(crate) reason: String,
 }
 
 async fn bind_one(addr: SocketAddr, what: &'static str) -> Result<TcpListener, BindError> {

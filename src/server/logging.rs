@@ -32,7 +32,7 @@ pub(crate) fn json() -> bool {
 
 /// How log lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LogFormat {
+pub(crate) enum LogFormat {
     Text,
     Json,
 }

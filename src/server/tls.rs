@@ -358,8 +358,8 @@ impl ClientCertVerifier for ClientVerifier {
 /// Certificate files to serve and watch.
 #[derive(Debug, Clone)]
 pub(crate) struct CertFiles {
-    pub cert: PathBuf,
-    pub key: PathBuf,
+    pub(crate) cert: PathBuf,
+    pub(crate) key: PathBuf,
 }
 
 impl CertFiles {

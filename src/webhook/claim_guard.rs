@@ -59,7 +59,7 @@ pub(crate) trait LivePods: Send + Sync {
 
 /// The guard's state: the server's own user names and the pod caches.
 #[derive(Default)]
-pub struct ClaimGuard {
+pub(crate) struct ClaimGuard {
     trusted: RwLock<Vec<String>>,
     pods: OnceLock<Arc<dyn LivePods>>,
 }

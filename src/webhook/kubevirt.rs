@@ -34,13 +34,13 @@ pub(crate) const DEFAULT_CONTROLLER: &str = "system:serviceaccount:kubevirt:kube
 
 /// How ip-webhook treats virtual machines.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KubevirtSettings {
+pub(crate) struct KubevirtSettings {
     /// The users (as the API server names them in `userInfo.username`) whose pods are taken
     /// for launcher pods (`--kubevirt-controller`). Empty: no pod is a VM's.
-    pub controllers: Vec<String>,
+    pub(crate) controllers: Vec<String>,
     /// Free a VM's IP once it is stopped (no VMI), not only once it is deleted
     /// (`--kubevirt-release-on-stop`).
-    pub release_on_stop: bool,
+    pub(crate) release_on_stop: bool,
 }
 
 impl Default for KubevirtSettings {

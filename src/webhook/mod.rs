@@ -42,9 +42,9 @@ pub struct Settings {
     pub app_label: String,
     pub cni: Cni,
     /// Refuse Kube-OVN Subnets that overlap another Subnet of the same VPC.
-    pub check_kube_ovn_subnets: bool,
+    pub(crate) check_kube_ovn_subnets: bool,
     /// Refuse Calico IPPools that overlap another Calico IPPool.
-    pub check_calico_pools: bool,
+    pub(crate) check_calico_pools: bool,
     /// Added to a deleted pod's grace period before its IP is released.
     pub release_delay: std::time::Duration,
     /// The most of a deleted pod's grace period its IP stays held for
@@ -54,12 +54,12 @@ pub struct Settings {
     /// Every ledger call of one admission ends by this long after the review arrived
     /// (`--admission-deadline`): below the webhook's `timeoutSeconds`, so a slow ledger gets
     /// a clear denial before the API server gives up.
-    pub admission_deadline: std::time::Duration,
+    pub(crate) admission_deadline: std::time::Duration,
     /// Which pods are KubeVirt launcher pods, and when a VM's IP is freed.
-    pub kubevirt: kubevirt::KubevirtSettings,
+    pub(crate) kubevirt: kubevirt::KubevirtSettings,
     /// How long a released StatefulSet pod's claim is kept for its name (`--sticky-grace`),
     /// in every ledger (`ip_webhook_ledger::claim::released`).
-    pub sticky_grace: std::time::Duration,
+    pub(crate) sticky_grace: std::time::Duration,
 }
 
 impl Default for Settings {
@@ -81,22 +81,22 @@ impl Default for Settings {
 }
 
 pub struct Webhook {
-    pub settings: Settings,
+    pub(crate) settings: Settings,
     pub allocator: Arc<Allocator>,
     pub pools: Arc<ArcSwap<PoolCatalog>>,
     pub metrics: Arc<Metrics>,
     /// Which workload lists which IPs; shared with the cluster's workload watches.
     pub workloads: Arc<WorkloadRegistry>,
     /// The CNI's pools or subnets; shared with the cluster's CNI watches.
-    pub networks: Arc<NetworkRegistry>,
+    pub(crate) networks: Arc<NetworkRegistry>,
     /// Parsed `allocatable-ips` lists, so an app's pods do not re-parse the same list.
     specs: SpecCache,
     /// Told about every Pod CREATE decision (Kubernetes Events in-cluster; `explain`).
-    pub events: Arc<dyn EventSink>,
+    pub(crate) events: Arc<dyn EventSink>,
     /// Judges IPClaim edits and deletions ([`crate::webhook::claim_guard`]).
-    pub claim_guard: crate::webhook::claim_guard::ClaimGuard,
+    pub(crate) claim_guard: crate::webhook::claim_guard::ClaimGuard,
     /// Asks the API server whether a claim's pod still exists (set when there is one).
-    pub pods: std::sync::OnceLock<Arc<dyn ip_webhook_ledger::pod_lookup::PodLookup>>,
+    pub(crate) pods: std::sync::OnceLock<Arc<dyn ip_webhook_ledger::pod_lookup::PodLookup>>,
     /// The allocators of the secondary networks IPs are given out on.
     pub secondary: secondary::SecondaryNetworks,
 }
@@ -348,19 +348,19 @@ impl PolicyRefusal {
 /// Where a pod's IPs come from.
 #[derive(Debug, Clone)]
 pub(crate) struct Candidates {
-    pub set: Arc<IpSet>,
-    pub pool: Option<String>,
+    pub(crate) set: Arc<IpSet>,
+    pub(crate) pool: Option<String>,
 }
 
 /// A pod as admission sees it: its metadata plus the names it has at this point.
 pub(crate) struct PodView<'m> {
-    pub meta: &'m Meta,
-    pub namespace: String,
-    pub app: Option<&'m str>,
+    pub(crate) meta: &'m Meta,
+    pub(crate) namespace: String,
+    pub(crate) app: Option<&'m str>,
     /// The KubeVirt VM this is a launcher pod of (`kubevirt::admitted_vm`).
-    pub vm: Option<&'m str>,
+    pub(crate) vm: Option<&'m str>,
     /// A launcher pod that is a live migration's target (`kubevirt::is_migration_target`).
-    pub migration: bool,
+    pub(crate) migration: bool,
 }
 
 impl<'m> PodView<'m> {

@@ -77,14 +77,14 @@ pub(crate) fn prefix_annotation(network: &Network) -> String {
 /// What a pod asks of one managed network.
 #[derive(Debug)]
 pub(crate) struct NetworkAsk {
-    pub network: Network,
+    pub(crate) network: Network,
     /// Its entry among the pod's attachments.
     attachment: usize,
     /// The pod's list for it (none: only IPs named by hand).
     list: Option<Arc<IpSet>>,
     prefix: Option<u8>,
     /// The IPs the pod carries on it (a static request, or our own earlier answer).
-    pub carried: Vec<IpAddr>,
+    pub(crate) carried: Vec<IpAddr>,
     /// Whether the pod wrote one of Kube-OVN's annotations for it itself.
     kube_ovn_by_hand: bool,
 }
@@ -95,14 +95,14 @@ pub(crate) struct NetworkAsks {
     attachments: Vec<Attachment>,
     /// The pod's namespace, where its attachments without one are.
     namespace: String,
-    pub asks: Vec<NetworkAsk>,
+    pub(crate) asks: Vec<NetworkAsk>,
 }
 
 /// The IPs granted on one network.
 #[derive(Debug, Clone)]
 pub(crate) struct NetworkGrant {
-    pub network: Network,
-    pub ips: Vec<IpAddr>,
+    pub(crate) network: Network,
+    pub(crate) ips: Vec<IpAddr>,
 }
 
 /// Read what `view` asks of the managed networks: `None` when it asks nothing of them (or

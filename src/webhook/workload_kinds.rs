@@ -6,20 +6,20 @@
 /// its resource is, where its pod template and pod count are, and how its pods are owned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct WorkloadKind {
-    pub group: &'static str,
-    pub version: &'static str,
-    pub kind: &'static str,
+    pub(crate) group: &'static str,
+    pub(crate) version: &'static str,
+    pub(crate) kind: &'static str,
     /// The resource's plural (`deployments`).
-    pub plural: &'static str,
+    pub(crate) plural: &'static str,
     /// JSON pointer into `spec` to the pod template.
-    pub template: &'static str,
+    pub(crate) template: &'static str,
     /// JSON pointer into `spec` to the number of pods at once (1 when absent).
-    pub count: &'static str,
+    pub(crate) count: &'static str,
     /// The kind of the pods' controller: the ReplicaSet of a Deployment, the Job of a CronJob,
     /// else the workload itself.
-    pub pod_owner: &'static str,
+    pub(crate) pod_owner: &'static str,
     /// Pods named `NAME-ORDINAL` (a StatefulSet), not from `generateName`.
-    pub ordinal: bool,
+    pub(crate) ordinal: bool,
 }
 
 const fn kind(

@@ -12,9 +12,9 @@ use ip_webhook_ipam::overlap::RangeIndex;
 /// Who a workload is, for messages and the registry.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct WorkloadId {
-    pub kind: String,
-    pub namespace: String,
-    pub name: String,
+    pub(crate) kind: String,
+    pub(crate) namespace: String,
+    pub(crate) name: String,
 }
 
 impl std::fmt::Display for WorkloadId {
@@ -36,9 +36,9 @@ pub struct WorkloadRegistry {
 /// What the registry keeps of one workload: who it is, its app, its list.
 #[derive(Debug, Clone)]
 pub(crate) struct Listing {
-    pub id: WorkloadId,
-    pub app: String,
-    pub set: IpSet,
+    pub(crate) id: WorkloadId,
+    pub(crate) app: String,
+    pub(crate) set: IpSet,
 }
 
 #[derive(Default)]

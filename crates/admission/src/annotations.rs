@@ -118,11 +118,11 @@ pub const IP_ANNOTATIONS: [IpAnnotation; 3] = [
 /// yet.
 #[derive(Debug, Clone, Copy)]
 pub struct CniDescriptor {
-    pub cni: Cni,
+    pub(crate) cni: Cni,
     pub name: &'static str,
     pub annotation: &'static str,
     /// How [`Cni::format`] writes IPs into `annotation`.
-    pub format: ListFormat,
+    pub(crate) format: ListFormat,
     /// Where /validate checks that a static IP can be set up (`webhook::Webhook::cni_check`).
     pub pools: PoolCheck,
     /// The CNI's objects an in-cluster replica watches (`cluster::cni_tasks`).
@@ -131,10 +131,10 @@ pub struct CniDescriptor {
 
 /// How an annotation writes a list of IPs: `open`, the IPs joined by `separator`, `close`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ListFormat {
-    pub open: &'static str,
-    pub separator: &'static str,
-    pub close: &'static str,
+pub(crate) struct ListFormat {
+    pub(crate) open: &'static str,
+    pub(crate) separator: &'static str,
+    pub(crate) close: &'static str,
 }
 
 /// The CNI's objects a static IP must fall in, as the CNI would set it up.

@@ -27,8 +27,8 @@ pub(crate) const MAX_DEPTH: usize = 10_000;
 /// Why Go's `json.Unmarshal` refuses a value: where, and what was wrong.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct GoJsonError {
-    pub at: usize,
-    pub what: String,
+    pub(crate) at: usize,
+    pub(crate) what: String,
 }
 
 impl std::fmt::Display for GoJsonError {
@@ -475,8 +475,8 @@ impl<'a> Reader<'a> {
 
 /// One member of an object, its key decoded; `start` is where its key begins.
 pub(crate) struct Member<'a> {
-    pub key: Cow<'a, str>,
-    pub start: usize,
+    pub(crate) key: Cow<'a, str>,
+    pub(crate) start: usize,
 }
 
 impl Member<'_> {

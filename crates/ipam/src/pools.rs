@@ -57,8 +57,8 @@ pub struct Pool {
     pub name: String,
     pub cidr: IpNet,
     pub usable: Arc<IpSet>,
-    pub namespaces: Vec<String>,
-    pub pod_selector: Option<LabelSelector>,
+    pub(crate) namespaces: Vec<String>,
+    pub(crate) pod_selector: Option<LabelSelector>,
 }
 
 impl Pool {

@@ -338,17 +338,17 @@ pub enum LedgerError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Damage {
     /// The file.
-    pub path: std::path::PathBuf,
+    pub(crate) path: std::path::PathBuf,
     /// The state dir (for the repair command the message names).
-    pub state_dir: std::path::PathBuf,
+    pub(crate) state_dir: std::path::PathBuf,
     /// Where the damage starts.
-    pub offset: u64,
-    pub found: Found,
+    pub(crate) offset: u64,
+    pub(crate) found: Found,
 }
 
 /// What a damaged ledger file holds at [`Damage::offset`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Found {
+pub(crate) enum Found {
     /// Bytes that are no valid record, with valid records after them.
     Stretch {
         /// Valid records after the first damaged stretch.
