@@ -9,7 +9,7 @@ use ip_webhook_ipam::allocator::Allocator;
 
 /// Which app (`namespace/app`) lists an IP: in-cluster, the watched workloads' pod templates
 /// (the same on every replica).
-pub trait AppLists: Send + Sync {
+pub(crate) trait AppLists: Send + Sync {
     /// The one app whose list holds `ip`; `None` when no app's does, or two apps' do.
     fn sole_app_listing(&self, ip: IpAddr) -> Option<String>;
 

@@ -14,9 +14,9 @@ use ip_webhook_ledger::crd::{FixedIPPool, IPClaim};
 
 /// What the watches hold. Pods are kept as `ClaimingPod` only, and only pods that carry an IP.
 #[derive(Default)]
-pub struct Caches {
-    pub pods: Mutex<Arc<PodMap>>,
-    pub claims: Mutex<BTreeMap<String, Arc<IPClaim>>>,
+pub(crate) struct Caches {
+    pub(crate) pods: Mutex<Arc<PodMap>>,
+    pub(crate) claims: Mutex<BTreeMap<String, Arc<IPClaim>>>,
     /// The claims the claim watch changed since the leader's pass last took them, noted under
     /// the lock of `claims` ([`Caches::take_claim_changes`]).
     pub(super) claim_changes: Mutex<CacheChanges>,
@@ -101,7 +101,7 @@ impl Caches {
         note(&self.pod_changes, uid);
     }
 
-    pub fn claim_list(&self) -> Vec<Arc<IPClaim>> {
+    pub(crate) fn claim_list(&self) -> Vec<Arc<IPClaim>> {
         lock(&self.claims).values().cloned().collect()
     }
 

@@ -148,7 +148,7 @@ pub(crate) fn desired_pools(
 
 /// What the keeper's watches learned.
 #[derive(Default)]
-pub struct OvnReservationState {
+pub(crate) struct OvnReservationState {
     subnets: Mutex<BTreeMap<String, OvnSubnet>>,
     pools: Mutex<BTreeMap<String, OvnPool>>,
     subnets_synced: AtomicBool,
@@ -197,7 +197,7 @@ pub(crate) async fn watch_subnets(api: Api<DynamicObject>, state: Arc<OvnReserva
 }
 
 /// Kube-OVN IPPools, ours and others'.
-pub async fn watch_pools(api: Api<DynamicObject>, state: Arc<OvnReservationState>) {
+pub(crate) async fn watch_pools(api: Api<DynamicObject>, state: Arc<OvnReservationState>) {
     let mut mirror = Mirror::new();
     let stream = watcher(api, watcher::Config::default()).default_backoff();
     drive(stream, "kube-ovn ippools", None, |event| {

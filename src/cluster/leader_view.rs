@@ -100,7 +100,7 @@ struct Indexed {
 
 /// See the module's documentation.
 #[derive(Debug)]
-pub struct LeaderView {
+pub(crate) struct LeaderView {
     seen: Sightings,
     indexed: FastMap<Box<str>, Indexed>,
     /// IPs claim objects hold ([`Holdings::holds_ip`]).
@@ -183,7 +183,13 @@ impl LeaderView {
 
     /// Rebuild from every claim and pod; `from_caches`: they are the watch caches' (else a
     /// fresh list, and the next pass rebuilds from the caches). Every claim is planned next.
-    pub fn rebuild(&mut self, claims: &[Arc<IPClaim>], pods: &PodMap, now: u64, from_caches: bool) {
+    pub(crate) fn rebuild(
+        &mut self,
+        claims: &[Arc<IPClaim>],
+        pods: &PodMap,
+        now: u64,
+        from_caches: bool,
+    ) {
         let before: Vec<IpAddr> = self.claimed.0.keys().copied().collect();
         self.seen.observe(claims, pods, now);
         let seen = std::mem::take(&mut self.seen);

@@ -27,17 +27,17 @@ use crate::metrics::{LeaseLabels, Metrics};
 use ip_webhook_ledger::kubernetes::is_status;
 
 #[derive(Debug, Clone)]
-pub struct LeaseSettings {
-    pub name: String,
-    pub namespace: String,
+pub(crate) struct LeaseSettings {
+    pub(crate) name: String,
+    pub(crate) namespace: String,
     /// Who we are in `spec.holderIdentity` (pod name plus a random suffix).
-    pub identity: String,
-    pub duration: Duration,
-    pub renew_every: Duration,
+    pub(crate) identity: String,
+    pub(crate) duration: Duration,
+    pub(crate) renew_every: Duration,
 }
 
 /// One candidate's view of the lease.
-pub struct Elector {
+pub(crate) struct Elector {
     api: Api<Lease>,
     settings: LeaseSettings,
     /// The other holder's (identity, renewTime, resourceVersion) and when we first saw it.
@@ -47,7 +47,7 @@ pub struct Elector {
 }
 
 impl Elector {
-    pub fn new(api: Api<Lease>, settings: LeaseSettings) -> Elector {
+    pub(crate) fn new(api: Api<Lease>, settings: LeaseSettings) -> Elector {
         Elector {
             api,
             settings,
@@ -69,7 +69,7 @@ impl Elector {
     }
 
     /// One round: acquire, renew or observe. Returns whether we lead now.
-    pub async fn step(&mut self) -> bool {
+    pub(crate) async fn step(&mut self) -> bool {
         let leading = self.try_step().await;
         match leading {
             Ok(leading) => {

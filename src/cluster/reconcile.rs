@@ -15,14 +15,14 @@ use ip_webhook_ipam::pools::PoolCatalog;
 use ip_webhook_ledger::Claim;
 use ip_webhook_ledger::crd::{FixedIPPoolStatus, IPClaim};
 
-pub use super::claiming_pod::FastSet;
-pub use super::claiming_pod::{ClaimingPod, PodMap};
+pub(crate) use super::claiming_pod::FastSet;
+pub(crate) use super::claiming_pod::{ClaimingPod, PodMap};
 pub(crate) use super::sightings::Sightings;
 
-pub use super::lifecycle::{DropReason, Rules};
+pub(crate) use super::lifecycle::{DropReason, Rules};
 
 #[derive(Debug, Clone)]
-pub enum Action {
+pub(crate) enum Action {
     /// Tie the claim to this pod (its final name and UID); phase `Bound`.
     Bind {
         claim: Arc<IPClaim>,
@@ -136,7 +136,7 @@ pub(crate) trait Holdings {
 /// after a refused deletion, a deleted IPClaim or a hand-written IP. Reported, not repaired:
 /// the older pod keeps (or is adopted into) the claim.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Duplicate {
+pub(crate) struct Duplicate {
     pub(crate) ip: IpAddr,
     /// Oldest first (creation time, then UID).
     pub(crate) pods: Vec<ClaimingPod>,
@@ -144,11 +144,11 @@ pub struct Duplicate {
 
 /// The plan for one pass, and when the next time-driven change falls due (unix seconds).
 #[derive(Debug, Default)]
-pub struct Plan {
-    pub actions: Vec<Action>,
-    pub next_due: Option<u64>,
+pub(crate) struct Plan {
+    pub(crate) actions: Vec<Action>,
+    pub(crate) next_due: Option<u64>,
     /// IPs that two or more live pods carry.
-    pub duplicates: Vec<Duplicate>,
+    pub(crate) duplicates: Vec<Duplicate>,
 }
 
 /// Whether `carriers` of one IP are more than one holder: the launcher pods of one virtual

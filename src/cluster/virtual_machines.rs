@@ -36,7 +36,7 @@ pub(crate) enum VmState {
 pub(crate) const KEPT_AT_MOST: Duration = Duration::from_secs(30);
 
 /// Reads VirtualMachines and VirtualMachineInstances.
-pub struct VmDirectory {
+pub(crate) struct VmDirectory {
     client: Client,
     release_on_stop: bool,
     /// VMs (namespace, name) found holding their IP, and when.
@@ -60,7 +60,7 @@ pub(crate) fn virtual_machine_instances() -> ApiResource {
 }
 
 impl VmDirectory {
-    pub fn new(client: Client, release_on_stop: bool) -> VmDirectory {
+    pub(crate) fn new(client: Client, release_on_stop: bool) -> VmDirectory {
         VmDirectory {
             client,
             release_on_stop,

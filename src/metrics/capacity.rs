@@ -157,7 +157,7 @@ fn encode_app_gauges(
 
 /// Taken / usable IPs of what the app draws from: its own list (taken = held by the app), or
 /// its pool (taken = held by any app of the pool). `None` when the size is unknown or 0.
-pub fn app_utilization(app: &ip_webhook_ipam::usage::AppStatus) -> Option<f64> {
+pub(crate) fn app_utilization(app: &ip_webhook_ipam::usage::AppStatus) -> Option<f64> {
     let size = app.size.filter(|s| *s > 0)?;
     let taken = size.saturating_sub(app.free?);
     Some(taken as f64 / size as f64)

@@ -224,7 +224,7 @@ pub struct Metrics {
     /// app's list, started before ip-webhook was installed).
     pub(crate) adoptions: Family<ReasonLabels, Counter>,
     /// Whether the ledger can serve (failures in a row, since when): `/readyz` reads it.
-    pub ledger_health: Arc<ip_webhook_ledger::health::LedgerHealth>,
+    pub(crate) ledger_health: Arc<ip_webhook_ledger::health::LedgerHealth>,
     /// Whether the in-cluster watches are live (`watch_health`).
     pub(crate) watch_health: Arc<watch_health::WatchHealth>,
     /// Time of each ledger call, by ledger and operation.
@@ -246,7 +246,7 @@ pub struct Metrics {
 
 /// Why the reconciler records a claim for a pod (`ip_webhook_adoptions_total{reason}`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AdoptReason {
+pub(crate) enum AdoptReason {
     /// The pod carries a claim token our webhooks issued; its record was lost.
     Token,
     /// The pod runs on an IP (`status.podIPs`) that its own app's list holds (and no other
