@@ -13,7 +13,7 @@ use super::*;
 )]
 pub struct Cli {
     #[command(subcommand)]
-    pub command: Command,
+    pub(crate) command: Command,
     /// Log format, before the command: of `serve`'s logs (as `serve --log-format`) and of
     /// any command's -v lines: text (default) or json.
     #[arg(long, value_parser = log_format_parser(), value_name = "text|json")]
@@ -48,7 +48,7 @@ fn cni_parser() -> impl clap::builder::TypedValueParser<Value = Cni> {
 // Parsed once per process; boxing the large variants would buy nothing.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Serve /mutate and /validate over HTTPS, and health and metrics over plain HTTP.
     Serve(ServeArgs),
     /// Run one AdmissionReview through the webhook offline and print the response review.
@@ -111,7 +111,7 @@ pub enum Command {
 
 /// `ip-webhook ledger …`.
 #[derive(Debug, Subcommand)]
-pub enum LedgerCommand {
+pub(crate) enum LedgerCommand {
     /// Show what a repair of a refused ledger keeps and loses; --apply does it.
     ///
     /// `serve` and every command refuse a state dir whose files are damaged (a stretch that
@@ -126,7 +126,7 @@ pub enum LedgerCommand {
 }
 
 #[derive(Debug, Clone, Args)]
-pub struct RepairArgs {
+pub(crate) struct RepairArgs {
     /// The embedded ledger's directory (the --state-dir of `ip-webhook serve`).
     #[arg(long, value_name = "DIR")]
     pub(crate) state_dir: PathBuf,
@@ -189,7 +189,7 @@ pub(crate) struct LedgerArgs {
 }
 
 #[derive(Debug, Clone, Args)]
-pub struct StatusArgs {
+pub(crate) struct StatusArgs {
     /// Output format.
     #[arg(short, long, value_enum, default_value_t = OutputFormat::Table)]
     pub(crate) output: OutputFormat,
@@ -220,7 +220,7 @@ pub struct StatusArgs {
 }
 
 #[derive(Debug, Clone, Args)]
-pub struct ExplainArgs {
+pub(crate) struct ExplainArgs {
     /// YAML or JSON with Pods, Deployments, StatefulSets, ReplicaSets, DaemonSets, Jobs,
     /// CronJobs or KubeVirt VirtualMachines (several documents allowed), or - for standard
     /// input.
@@ -260,7 +260,7 @@ pub struct ExplainArgs {
 }
 
 #[derive(Debug, Clone, Args)]
-pub struct ReleaseArgs {
+pub(crate) struct ReleaseArgs {
     /// The IP to free.
     #[arg(value_name = "IP", required_unless_present = "from_report")]
     pub(crate) ip: Option<std::net::IpAddr>,
@@ -290,7 +290,7 @@ pub struct ReleaseArgs {
 }
 
 #[derive(Debug, Clone, Args)]
-pub struct CheckArgs {
+pub(crate) struct CheckArgs {
     /// The webhook's HTTPS address, https://HOST:PORT (a path replaces /mutate).
     #[arg(long, value_name = "URL", required_unless_present = "drift")]
     pub(crate) url: Option<String>,
@@ -611,7 +611,7 @@ pub struct ServeArgs {
 }
 
 #[derive(Debug, Clone, Args)]
-pub struct ReviewArgs {
+pub(crate) struct ReviewArgs {
     /// Send the review to /validate instead of /mutate.
     #[arg(long)]
     pub(crate) validate: bool,

@@ -25,12 +25,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use clap::Parser;
 use http_body_util::{BodyExt, Full};
 use hyper::StatusCode;
 use hyper_util::rt::TokioIo;
 use ip_webhook::app::{self, Launched, ServeConfig};
-use ip_webhook::cli::{Cli, Command as CliCommand, ServeArgs};
+use ip_webhook::cli::ServeArgs;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::{Value, json};
@@ -237,13 +236,7 @@ pub fn serve_args(state_dir: &Path, extra: &[&str]) -> ServeArgs {
         argv.extend(["--ledger".to_string(), "embedded".to_string()]);
     }
     argv.extend(extra.iter().map(|s| s.to_string()));
-    match Cli::try_parse_from(argv)
-        .expect("test arguments parse")
-        .command
-    {
-        CliCommand::Serve(args) => args,
-        _ => unreachable!(),
-    }
+    ip_webhook::cli::parse_serve(argv).expect("test arguments parse")
 }
 
 /// A server running in this process with a self-signed certificate.
