@@ -533,7 +533,7 @@ fn status_code(error: &watcher::Error) -> Option<u16> {
 }
 
 /// Kube-OVN `IP` objects.
-pub fn kube_ovn_ips() -> ApiResource {
+pub(crate) fn kube_ovn_ips() -> ApiResource {
     super::cni::api_resource(ip_webhook_admission::annotations::CniObject::KubeOvnIps)
 }
 

@@ -34,7 +34,7 @@ pub(crate) const POOL_PREFIX: &str = "ip-webhook-";
 const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "ip-webhook");
 
 /// Kube-OVN `IPPool`s (`kubeovn.io/v1`, cluster-scoped).
-pub fn kube_ovn_ippools() -> ApiResource {
+pub(crate) fn kube_ovn_ippools() -> ApiResource {
     ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk(KUBE_OVN_GROUP, "v1", "IPPool"),
         "ippools",

@@ -20,14 +20,14 @@ mod caches;
 pub(crate) mod change_log;
 pub(crate) mod claim_list;
 pub(crate) mod claiming_pod;
-pub mod cni;
+pub(crate) mod cni;
 pub(crate) mod controller;
 pub(crate) mod events;
 pub(crate) mod executor;
 pub mod index;
 #[cfg(test)]
 mod kube_mock;
-pub mod kube_ovn_reservation;
+pub(crate) mod kube_ovn_reservation;
 pub(crate) mod leader_view;
 pub(crate) mod lease;
 pub(crate) mod lifecycle;

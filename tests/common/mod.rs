@@ -15,6 +15,7 @@ pub mod load;
 pub mod node_loss;
 pub mod ports;
 pub mod rbac;
+pub mod resources;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
