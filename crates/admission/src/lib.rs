@@ -1,4 +1,5 @@
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 //! The AdmissionReview wire protocol (`admission.k8s.io/v1` and `v1beta1`), and the pod's
 //! annotations as the CNIs and Multus read them.
 //!

@@ -1,4 +1,5 @@
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 //! The ledger: where claims on IPs are recorded durably. One contract, several adapters.
 //!
 //! The contract, for the allocator and the cluster tasks above it:
