@@ -201,7 +201,7 @@ pub struct Metrics {
     /// `metrics_apps_left_out`).
     pub(crate) app_series_overflow: Counter,
     /// TLS handshakes refused for the client certificate, by reason.
-    pub client_cert_refusals: Family<ReasonLabels, Counter>,
+    pub(crate) client_cert_refusals: Family<ReasonLabels, Counter>,
     /// Connections and requests refused by the connection and in-flight byte limits.
     pub(crate) load_refusals: Family<ReasonLabels, Counter>,
     /// Times the certificate files were read and compared (events and polls).
@@ -270,8 +270,8 @@ impl AdoptReason {
 pub(crate) const DEFAULT_MAX_APPS: usize = 10_000;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReasonLabels {
-    pub reason: &'static str,
+pub(crate) struct ReasonLabels {
+    pub(crate) reason: &'static str,
 }
 
 /// `ip_webhook_build_info`: the version and commit of the running binary.

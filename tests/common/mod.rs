@@ -625,3 +625,19 @@ pub fn message(response: &Value) -> String {
         .unwrap_or("")
         .to_string()
 }
+
+/// The value of one counter series of `metrics` as `/metrics` shows it, e.g.
+/// `ip_webhook_tls_client_refusals_total{reason="name"}`, for a counter whose series exist
+/// from the start: a series `/metrics` does not show fails the test.
+pub fn counter(metrics: &ip_webhook::metrics::Metrics, series: &str) -> u64 {
+    let text = metrics.encode();
+    let name = series.split('{').next().unwrap();
+    let family = name.strip_suffix("_total").unwrap_or(name);
+    assert!(
+        text.contains(&format!("# TYPE {family} counter\n")),
+        "no counter {family} in /metrics:\n{text}"
+    );
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no series {series} in /metrics:\n{text}"))
+}
