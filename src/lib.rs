@@ -1,4 +1,5 @@
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 //! ip-webhook: a Kubernetes admission webhook that gives an app's pods fixed IPs from a list
 //! or pool, and refuses IP conflicts.
 //!

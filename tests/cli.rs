@@ -386,7 +386,6 @@ async fn review_dry_run_sees_what_a_live_server_holds() {
 /// The README's table of `serve`'s flags has a row for each flag `serve` takes.
 #[test]
 fn the_readme_lists_every_serve_flag() {
-    use clap::CommandFactory;
     let readme =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
     let table = readme
@@ -399,7 +398,7 @@ fn the_readme_lists_every_serve_flag() {
         .filter_map(|line| line.strip_prefix("| `"))
         .map(|line| line.split(" | ").next().unwrap_or(""))
         .collect();
-    let cli = ip_webhook::cli::Cli::command();
+    let cli = ip_webhook::cli::command(false);
     let serve = cli.find_subcommand("serve").unwrap();
     let missing: Vec<String> = serve
         .get_arguments()

@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use common::client_ca::{ca, client_cert, client_cert_with, client_config};
 use common::{HttpsClient, TestServer};
-use ip_webhook_metrics::ReasonLabels;
 use rcgen::{DistinguishedName, DnType};
 use rustls::pki_types::pem::PemObject;
 
@@ -34,13 +33,10 @@ async fn served(client: &HttpsClient) -> bool {
 }
 
 fn refusals(server: &TestServer, reason: &'static str) -> u64 {
-    server
-        .launched
-        .webhook
-        .metrics
-        .client_cert_refusals
-        .get_or_create(&ReasonLabels { reason })
-        .get()
+    common::counter(
+        &server.launched.webhook.metrics,
+        &format!("ip_webhook_tls_client_refusals_total{{reason=\"{reason}\"}}"),
+    )
 }
 
 /// The server counts a refusal after the client has seen it fail: wait for exactly `count`.

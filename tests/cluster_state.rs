@@ -6,9 +6,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::resources::kube_ovn_ips;
 use common::{TestServer, allocated_ip, create, eventually, fakeapi, message, pod};
 use fakeapi::{FakeApi, wait_ready};
-use ip_webhook::cluster::index::kube_ovn_ips;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;

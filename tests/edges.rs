@@ -7,10 +7,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::node_loss::{delete_pod, make_node, running_pod, set_ready};
+use common::resources::{kube_ovn_ippools, kube_ovn_subnets};
 use common::{allocated_ip, create, eventually, fakeapi, pod, rbac};
 use fakeapi::{FakeApi, bound_claim, create_spec, install_crd_fixture};
-use ip_webhook::cluster::cni::kube_ovn_subnets;
-use ip_webhook::cluster::kube_ovn_reservation::kube_ovn_ippools;
 use ip_webhook_ledger::crd::{FixedIPPool, IPClaim};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod};

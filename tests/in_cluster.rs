@@ -13,11 +13,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::events::events_with_reason;
+use common::resources::{RESERVATION_NAME, calico_ippools, calico_reservations, kube_ovn_subnets};
 use common::{TestServer, allocated_ip, apply, create, eventually, fakeapi, message, pod, rbac};
 use fakeapi::{FakeApi, bound_claim, create_spec, persist_pod, wait_ready};
-use ip_webhook::cluster::cni::{
-    RESERVATION_NAME, calico_ippools, calico_reservations, kube_ovn_subnets,
-};
 use ip_webhook_ledger::crd::{FixedIPPool, IPClaim};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;

@@ -20,12 +20,12 @@ pub struct WebhookConfig {
     pub pools_file: Option<PathBuf>,
     /// Users whose IPClaim writes the IPClaim guard always admits, besides the server's own
     /// service account.
-    pub trusted_usernames: Vec<String>,
+    pub(crate) trusted_usernames: Vec<String>,
     /// With the embedded or etcd ledger: the API server asked whether a claim's pod is gone
     /// (in a pod, or given `--kubeconfig`). The kubernetes ledger's API server is its own.
-    pub pod_api_server: Option<KubeAccess>,
+    pub(crate) pod_api_server: Option<KubeAccess>,
     /// The instance named as the source of Events (the pod's name).
-    pub instance: Option<String>,
+    pub(crate) instance: Option<String>,
     /// The secondary networks (Multus attachments) whose IPs are given out, each with books
     /// of its own.
     pub networks: Vec<ip_webhook_ledger::network::Network>,

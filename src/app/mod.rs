@@ -32,7 +32,7 @@ use ip_webhook_metrics::Metrics;
 pub struct Built {
     pub webhook: Arc<Webhook>,
     pub ledger: Arc<dyn Ledger>,
-    pub api_server: Option<ApiServer>,
+    pub(crate) api_server: Option<ApiServer>,
 }
 
 /// Open the ledger (as `options` say), rebuild the allocator's index from it, load the pools
@@ -201,12 +201,10 @@ pub struct Launched {
     pub webhook: Arc<Webhook>,
     pub ledger: Arc<dyn Ledger>,
     /// base64 of the CA that signed the serving certificate, when self-signed.
-    pub ca_bundle: Option<String>,
+    pub(crate) ca_bundle: Option<String>,
     /// The watches and the reconciler, with the kubernetes ledger; the leak sweeper with
     /// another ledger when there is an API server.
     pub cluster: Option<ClusterHandle>,
-    /// `/readyz` answers 200 once this is set.
-    pub ready: Arc<AtomicBool>,
     reloaders: Vec<tokio::task::JoinHandle<()>>,
     /// The primary interface's, and one per secondary network.
     release_timers: Vec<tokio::task::JoinHandle<()>>,
@@ -411,7 +409,6 @@ pub async fn launch(config: &ServeConfig) -> anyhow::Result<Launched> {
         ledger,
         ca_bundle,
         cluster,
-        ready,
         reloaders,
         release_timers,
     })

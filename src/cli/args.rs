@@ -13,11 +13,11 @@ use super::*;
 )]
 pub struct Cli {
     #[command(subcommand)]
-    pub command: Command,
+    pub(crate) command: Command,
     /// Log format, before the command: of `serve`'s logs (as `serve --log-format`) and of
     /// any command's -v lines: text (default) or json.
     #[arg(long, value_parser = log_format_parser(), value_name = "text|json")]
-    pub log_format: Option<LogFormat>,
+    pub(crate) log_format: Option<LogFormat>,
 }
 
 impl Cli {
@@ -48,7 +48,7 @@ fn cni_parser() -> impl clap::builder::TypedValueParser<Value = Cni> {
 // Parsed once per process; boxing the large variants would buy nothing.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Serve /mutate and /validate over HTTPS, and health and metrics over plain HTTP.
     Serve(ServeArgs),
     /// Run one AdmissionReview through the webhook offline and print the response review.
@@ -111,7 +111,7 @@ pub enum Command {
 
 /// `ip-webhook ledger …`.
 #[derive(Debug, Subcommand)]
-pub enum LedgerCommand {
+pub(crate) enum LedgerCommand {
     /// Show what a repair of a refused ledger keeps and loses; --apply does it.
     ///
     /// `serve` and every command refuse a state dir whose files are damaged (a stretch that
@@ -126,20 +126,20 @@ pub enum LedgerCommand {
 }
 
 #[derive(Debug, Clone, Args)]
-pub struct RepairArgs {
+pub(crate) struct RepairArgs {
     /// The embedded ledger's directory (the --state-dir of `ip-webhook serve`).
     #[arg(long, value_name = "DIR")]
-    pub state_dir: PathBuf,
+    pub(crate) state_dir: PathBuf,
     /// Repair (without it: a dry run that changes nothing).
     #[arg(long)]
-    pub apply: bool,
+    pub(crate) apply: bool,
     #[command(flatten)]
-    pub verbosity: Verbosity,
+    pub(crate) verbosity: Verbosity,
 }
 
 /// How to print a result.
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
-pub enum OutputFormat {
+pub(crate) enum OutputFormat {
     /// Text for people.
     Table,
     /// The table with more columns (`status`: each holder's pool, pod UID, claim token and
@@ -151,213 +151,213 @@ pub enum OutputFormat {
 
 /// `-v`: the log lines the command would otherwise keep to itself.
 #[derive(Debug, Clone, Copy, Args, Default)]
-pub struct Verbosity {
+pub(crate) struct Verbosity {
     /// Also print log lines on standard error: -v info (the admission decisions), -vv debug.
     #[arg(short, long, action = clap::ArgAction::Count)]
-    pub verbose: u8,
+    pub(crate) verbose: u8,
 }
 
 /// How to reach the API server, found the way kubectl finds it.
 #[derive(Debug, Clone, Args, Default)]
-pub struct ClusterAccess {
+pub(crate) struct ClusterAccess {
     /// kubeconfig file; default: $KUBECONFIG, else ~/.kube/config, else the in-cluster
     /// service account.
     #[arg(long, value_name = "FILE")]
-    pub kubeconfig: Option<PathBuf>,
+    pub(crate) kubeconfig: Option<PathBuf>,
     /// The kubeconfig context to use; default: its current-context.
     #[arg(long, value_name = "NAME")]
-    pub context: Option<String>,
+    pub(crate) context: Option<String>,
 }
 
 /// Where the operator commands read (and `release` writes) claims.
 #[derive(Debug, Clone, Args)]
-pub struct LedgerArgs {
+pub(crate) struct LedgerArgs {
     /// Where claims are recorded; default: embedded with --state-dir, or in
     /// ./ip-webhook-state when it holds a ledger and no cluster is named (--kubeconfig,
     /// --context, $KUBECONFIG, a pod), as `serve` there uses it; else kubernetes (the IPClaims
     /// of the cluster found as kubectl finds it).
     #[arg(long, value_enum, value_name = "KIND")]
-    pub ledger: Option<LedgerKind>,
+    pub(crate) ledger: Option<LedgerKind>,
     /// The embedded ledger in this directory (the --state-dir of `ip-webhook serve`); read
     /// while a server holds it.
     #[arg(long, value_name = "DIR")]
-    pub state_dir: Option<PathBuf>,
+    pub(crate) state_dir: Option<PathBuf>,
     #[command(flatten)]
-    pub cluster: ClusterAccess,
+    pub(crate) cluster: ClusterAccess,
     #[command(flatten)]
-    pub etcd: EtcdArgs,
+    pub(crate) etcd: EtcdArgs,
 }
 
 #[derive(Debug, Clone, Args)]
-pub struct StatusArgs {
+pub(crate) struct StatusArgs {
     /// Output format.
     #[arg(short, long, value_enum, default_value_t = OutputFormat::Table)]
-    pub output: OutputFormat,
+    pub(crate) output: OutputFormat,
     /// Only this app and its pool.
     #[arg(long, value_name = "NAMESPACE/APP", value_parser = parse_app)]
-    pub app: Option<String>,
+    pub(crate) app: Option<String>,
     /// Only this FixedIPPool and the apps drawing from it.
     #[arg(long, value_name = "NAME")]
-    pub pool: Option<String>,
+    pub(crate) pool: Option<String>,
     /// Only the apps of this namespace (and the pools they draw from), as kubectl's -n.
     #[arg(short, long, value_name = "NAMESPACE")]
-    pub namespace: Option<String>,
+    pub(crate) namespace: Option<String>,
     /// The pod label that names a pod's app (to find the pods behind the claims).
     #[arg(long, default_value = "app", value_name = "KEY")]
-    pub app_label: String,
+    pub(crate) app_label: String,
     /// YAML list of FixedIPPool objects (off-cluster; in a cluster they are read from it).
     #[arg(long, value_name = "FILE")]
-    pub pools_file: Option<PathBuf>,
+    pub(crate) pools_file: Option<PathBuf>,
     /// Show the claims of this secondary network (a `serve --network`) instead of the
     /// primary interface's.
     #[arg(long, value_name = "NAMESPACE/NAME", value_parser = ip_webhook_ledger::network::Network::parse)]
-    pub network: Option<ip_webhook_ledger::network::Network>,
+    pub(crate) network: Option<ip_webhook_ledger::network::Network>,
     #[command(flatten)]
-    pub verbosity: Verbosity,
+    pub(crate) verbosity: Verbosity,
     // Last: it ends with the etcd flags under their own help heading.
     #[command(flatten)]
-    pub source: LedgerArgs,
+    pub(crate) source: LedgerArgs,
 }
 
 #[derive(Debug, Clone, Args)]
-pub struct ExplainArgs {
+pub(crate) struct ExplainArgs {
     /// YAML or JSON with Pods, Deployments, StatefulSets, ReplicaSets, DaemonSets, Jobs,
     /// CronJobs or KubeVirt VirtualMachines (several documents allowed), or - for standard
     /// input.
     #[arg(short = 'f', long = "filename", value_name = "FILE|-")]
-    pub file: String,
+    pub(crate) file: String,
     /// Namespace of objects that name none.
     #[arg(short, long, default_value = "default", value_name = "NAMESPACE")]
-    pub namespace: String,
+    pub(crate) namespace: String,
     /// Replicas to explain per workload, instead of spec.replicas (e.g. a DaemonSet's node count).
     #[arg(long, value_name = "N")]
-    pub replicas: Option<u64>,
+    pub(crate) replicas: Option<u64>,
     /// Output format.
     #[arg(short, long, value_enum, default_value_t = OutputFormat::Table)]
-    pub output: OutputFormat,
+    pub(crate) output: OutputFormat,
     /// The pod label that names a pod's app (with its namespace).
     #[arg(long, default_value = "app", value_name = "KEY")]
-    pub app_label: String,
+    pub(crate) app_label: String,
     /// Which CNI annotation carries the IP.
     #[arg(long, value_parser = cni_parser(), default_value = "calico")]
-    pub cni: Cni,
+    pub(crate) cni: Cni,
     /// YAML list of FixedIPPool objects (off-cluster; in a cluster they are read from it).
     #[arg(long, value_name = "FILE")]
-    pub pools_file: Option<PathBuf>,
+    pub(crate) pools_file: Option<PathBuf>,
     /// A Multus secondary network the server gives IPs on (as `serve --network`): each
     /// replica's IP on it is shown too. Repeat for several.
     #[arg(long = "network", value_name = "NAMESPACE/NAME", value_parser = ip_webhook_ledger::network::Network::parse)]
-    pub networks: Vec<ip_webhook_ledger::network::Network>,
+    pub(crate) networks: Vec<ip_webhook_ledger::network::Network>,
     /// Also exit 3 when an object gets a warning (a mistyped ip-webhook.io/ key, more replicas
     /// than IPs), so that a CI gate stops on it; without, warnings are printed and exit 0.
     #[arg(long)]
-    pub strict: bool,
+    pub(crate) strict: bool,
     #[command(flatten)]
-    pub verbosity: Verbosity,
+    pub(crate) verbosity: Verbosity,
     // Last: it ends with the etcd flags under their own help heading.
     #[command(flatten)]
-    pub source: LedgerArgs,
+    pub(crate) source: LedgerArgs,
 }
 
 #[derive(Debug, Clone, Args)]
-pub struct ReleaseArgs {
+pub(crate) struct ReleaseArgs {
     /// The IP to free.
     #[arg(value_name = "IP", required_unless_present = "from_report")]
-    pub ip: Option<std::net::IpAddr>,
+    pub(crate) ip: Option<std::net::IpAddr>,
     /// Release even when the pod still runs or cannot be checked (off-cluster it never can).
     #[arg(long, conflicts_with = "from_report")]
-    pub force: bool,
+    pub(crate) force: bool,
     /// Free the claims without a pod that `check --drift -o json` wrote to FILE (`-` reads
     /// standard input), each only if its claim is still that pod's and the pod is gone; shows
     /// what it would free unless --apply.
     #[arg(long, value_name = "FILE", conflicts_with = "ip")]
-    pub from_report: Option<PathBuf>,
+    pub(crate) from_report: Option<PathBuf>,
     /// With --from-report: free them (without, nothing is written).
     #[arg(long, requires = "from_report")]
-    pub apply: bool,
+    pub(crate) apply: bool,
     /// Release only if the claim's pod is in this namespace (kubectl's -n, as a guard: an IP
     /// names its claim cluster-wide).
     #[arg(short, long, value_name = "NAMESPACE")]
-    pub namespace: Option<String>,
+    pub(crate) namespace: Option<String>,
     /// The pod label that names a pod's app (to find the pod behind the claim).
     #[arg(long, default_value = "app", value_name = "KEY")]
-    pub app_label: String,
+    pub(crate) app_label: String,
     #[command(flatten)]
-    pub verbosity: Verbosity,
+    pub(crate) verbosity: Verbosity,
     // Last: it ends with the etcd flags under their own help heading.
     #[command(flatten)]
-    pub source: LedgerArgs,
+    pub(crate) source: LedgerArgs,
 }
 
 #[derive(Debug, Clone, Args)]
-pub struct CheckArgs {
+pub(crate) struct CheckArgs {
     /// The webhook's HTTPS address, https://HOST:PORT (a path replaces /mutate).
     #[arg(long, value_name = "URL", required_unless_present = "drift")]
-    pub url: Option<String>,
+    pub(crate) url: Option<String>,
     /// PEM file of the CA in the webhook configuration's caBundle.
     #[arg(long, value_name = "FILE", conflicts_with = "ca_bundle")]
-    pub ca_file: Option<PathBuf>,
+    pub(crate) ca_file: Option<PathBuf>,
     /// The caBundle itself (base64 of PEM), as in the webhook configuration.
     #[arg(long, value_name = "BASE64")]
-    pub ca_bundle: Option<String>,
+    pub(crate) ca_bundle: Option<String>,
     /// The name to verify the certificate for (and send as SNI), e.g.
     /// ip-webhook.ip-webhook-system.svc through a port-forward; default: the URL's host.
     #[arg(long, value_name = "NAME")]
-    pub tls_server_name: Option<String>,
+    pub(crate) tls_server_name: Option<String>,
     /// The MutatingWebhookConfiguration and ValidatingWebhookConfiguration whose caBundles to
     /// read from the cluster (found as kubectl finds it; read with --kubeconfig or --context,
     /// or when neither --ca-file nor --ca-bundle is given).
     #[arg(long, value_name = "NAME", default_value = "ip-webhook")]
-    pub webhook_configuration: String,
+    pub(crate) webhook_configuration: String,
     /// The admin address, http://HOST:PORT, for /readyz and /metrics.
     #[arg(long, value_name = "URL")]
-    pub admin_url: Option<String>,
+    pub(crate) admin_url: Option<String>,
     /// PEM client certificate to present, when the webhook requires one (--client-ca-file).
     #[arg(long, value_name = "FILE", requires = "client_key_file")]
-    pub client_cert_file: Option<PathBuf>,
+    pub(crate) client_cert_file: Option<PathBuf>,
     /// PEM private key of --client-cert-file.
     #[arg(long, value_name = "FILE", requires = "client_cert_file")]
-    pub client_key_file: Option<PathBuf>,
+    pub(crate) client_key_file: Option<PathBuf>,
     /// Fail when the certificate expires in fewer days than this (warn under 30).
     #[arg(long, default_value_t = 7, value_name = "DAYS")]
-    pub min_days: i64,
+    pub(crate) min_days: i64,
     /// Warn about pools and apps with at least this share of their IPs held.
     #[arg(long, default_value_t = 0.9, value_name = "RATIO")]
-    pub exhaustion_threshold: f64,
+    pub(crate) exhaustion_threshold: f64,
     /// Deadline for each connection and request.
     #[arg(long, default_value = "5s", value_parser = parse_duration, value_name = "DURATION")]
-    pub timeout: Duration,
+    pub(crate) timeout: Duration,
     /// Output format.
     #[arg(short, long, value_enum, default_value_t = OutputFormat::Table)]
-    pub output: OutputFormat,
+    pub(crate) output: OutputFormat,
     #[command(flatten)]
-    pub verbosity: Verbosity,
+    pub(crate) verbosity: Verbosity,
     #[command(flatten)]
-    pub drift: DriftArgs,
+    pub(crate) drift: DriftArgs,
     // Last: it ends with the etcd flags under their own help heading. Without --drift only the
     // cluster access (--kubeconfig, --context) is used, for the caBundles.
     #[command(flatten)]
-    pub source: LedgerArgs,
+    pub(crate) source: LedgerArgs,
 }
 
 /// `check --drift`: the claims against the pods and the CNI's records.
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Drift (--drift)")]
-pub struct DriftArgs {
+pub(crate) struct DriftArgs {
     /// Instead of checking the webhook, compare the claims with the pods' IPs, Kube-OVN IP
     /// objects and Calico's IPAM blocks (where installed); exit 3 when any drift is found.
     #[arg(id = "drift", long = "drift", conflicts_with_all = ["url", "ca_file", "ca_bundle", "admin_url"])]
-    pub enabled: bool,
+    pub(crate) enabled: bool,
     /// With --drift: report only drift of pods in this namespace.
     #[arg(short, long, value_name = "NAMESPACE", conflicts_with = "url")]
-    pub namespace: Option<String>,
+    pub(crate) namespace: Option<String>,
     /// With --drift: the pod label that names a pod's app.
     #[arg(long, default_value = "app", value_name = "KEY")]
-    pub app_label: String,
+    pub(crate) app_label: String,
     /// With --drift: compare the claims of this secondary network (a `serve --network`) with
     /// the IPs Multus reports for it, instead of the primary interface's.
     #[arg(long, value_name = "NAMESPACE/NAME", value_parser = ip_webhook_ledger::network::Network::parse, conflicts_with = "url")]
-    pub network: Option<ip_webhook_ledger::network::Network>,
+    pub(crate) network: Option<ip_webhook_ledger::network::Network>,
 }
 
 /// Where claims are recorded.
@@ -379,16 +379,16 @@ pub struct WebhookArgs {
     pub ledger: Option<LedgerKind>,
     /// Directory of the embedded ledger (and of the self-signed CA and certificate).
     #[arg(long, default_value = "./ip-webhook-state", value_name = "DIR")]
-    pub state_dir: PathBuf,
+    pub(crate) state_dir: PathBuf,
     /// The pod label that names a pod's app (with its namespace).
     #[arg(long, default_value = "app", value_name = "KEY")]
-    pub app_label: String,
+    pub(crate) app_label: String,
     /// Which CNI annotation carries the IP.
     #[arg(long, value_parser = cni_parser(), default_value = "calico")]
-    pub cni: Cni,
+    pub(crate) cni: Cni,
     /// YAML list of FixedIPPool objects that pods can name in ip-webhook.io/ip-pool.
     #[arg(long, value_name = "FILE")]
-    pub pools_file: Option<PathBuf>,
+    pub(crate) pools_file: Option<PathBuf>,
     /// Refuse Kube-OVN Subnets (kubeovn.io) that overlap another Subnet of the same VPC.
     #[arg(long)]
     pub check_kube_ovn_subnets: bool,
@@ -398,46 +398,46 @@ pub struct WebhookArgs {
     /// After a pod's DELETE, its IP stays held for its grace period plus this long; then it
     /// is released once the pod is verified gone (with an API server), or at once (without).
     #[arg(long, default_value = "5s", value_parser = parse_duration, value_name = "DURATION")]
-    pub release_delay: Duration,
+    pub(crate) release_delay: Duration,
     /// The longest grace period a pod's DELETE may hold its IP for: a larger
     /// `gracePeriodSeconds` (or `terminationGracePeriodSeconds`) counts as this much. Past it,
     /// the IP is released once the pod is verified gone (with an API server: a pod that still
     /// runs keeps its IP), or at once (without).
     #[arg(long, default_value = "24h", value_parser = parse_duration, value_name = "DURATION")]
-    pub max_release_grace: Duration,
+    pub(crate) max_release_grace: Duration,
     /// Every ledger call of one admission ends by this long after the review arrived; later,
     /// the admission is denied (and a claim that lands anyway is rolled back). Keep it below
     /// the webhook's timeoutSeconds (the chart sets timeoutSeconds − 1 s).
     #[arg(long, default_value = "4s", value_parser = parse_duration, value_name = "DURATION")]
-    pub admission_deadline: Duration,
+    pub(crate) admission_deadline: Duration,
     /// A user whose IPClaim writes the IPClaim guard always admits (repeatable): the server's
     /// own. In a pod, its service account (read from the mounted token) is trusted anyway.
     #[arg(long, value_name = "USERNAME")]
-    pub trusted_username: Vec<String>,
+    pub(crate) trusted_username: Vec<String>,
     /// A user whose pods are taken for KubeVirt launcher pods (repeatable; default: KubeVirt's
     /// controller in its default install): a launcher pod's IP is its virtual machine's,
     /// kept across restarts and shared by a live migration's target pod. `--kubevirt-controller
     /// ''` takes no pod for a VM's.
     #[arg(long, value_name = "USERNAME", default_values_t = [ip_webhook_decisions::kubevirt::DEFAULT_CONTROLLER.to_string()])]
-    pub kubevirt_controller: Vec<String>,
+    pub(crate) kubevirt_controller: Vec<String>,
     /// Free a virtual machine's IP once it is stopped (no VirtualMachineInstance), not only once
     /// the VirtualMachine is deleted.
     #[arg(long)]
-    pub kubevirt_release_on_stop: bool,
+    pub(crate) kubevirt_release_on_stop: bool,
     /// A Multus network attachment whose IPs ip-webhook gives out (repeatable): the
     /// NAMESPACE/NAME of its NetworkAttachmentDefinition. A pod names its list for it in
     /// `NAME.NAMESPACE.ip-webhook.io/allocatable-ips`; each network's claims are kept apart.
     #[arg(long = "network", value_name = "NAMESPACE/NAME", value_parser = ip_webhook_ledger::network::Network::parse)]
-    pub networks: Vec<ip_webhook_ledger::network::Network>,
+    pub(crate) networks: Vec<ip_webhook_ledger::network::Network>,
     /// Talk to the API server described by this kubeconfig (selects --ledger kubernetes unless
     /// --ledger is given; with etcd or embedded, pods are looked up there to free leaked IPs).
     #[arg(long, value_name = "FILE")]
-    pub kubeconfig: Option<PathBuf>,
+    pub(crate) kubeconfig: Option<PathBuf>,
     /// The context of --kubeconfig (or of $KUBECONFIG) to use; default: its current-context.
     #[arg(long, value_name = "NAME")]
-    pub context: Option<String>,
+    pub(crate) context: Option<String>,
     #[command(flatten)]
-    pub etcd: EtcdArgs,
+    pub(crate) etcd: EtcdArgs,
 }
 
 /// `serve`'s default --state-dir.
@@ -455,42 +455,42 @@ pub struct ClusterArgs {
     pub sticky_grace: Duration,
     /// Re-list IPClaims and pods from the API server this often (and on start).
     #[arg(long, default_value = "5m", value_parser = parse_duration, value_name = "DURATION")]
-    pub resync_period: Duration,
+    pub(crate) resync_period: Duration,
     /// The coordination.k8s.io Lease that elects the reconciler.
     #[arg(long, default_value = "ip-webhook-reconciler", value_name = "NAME")]
-    pub lease_name: String,
+    pub(crate) lease_name: String,
     /// Namespace of the Lease; default: POD_NAMESPACE, else the service account's namespace.
     #[arg(long, value_name = "NAMESPACE")]
-    pub lease_namespace: Option<String>,
+    pub(crate) lease_namespace: Option<String>,
     /// How long a leader's Lease lasts without renewal before another replica takes over.
     #[arg(long, default_value = "15s", value_parser = parse_duration, value_name = "DURATION")]
-    pub lease_duration: Duration,
+    pub(crate) lease_duration: Duration,
     /// How often the leader renews (and candidates check) the Lease.
     #[arg(long, default_value = "5s", value_parser = parse_duration, value_name = "DURATION")]
-    pub lease_renew_interval: Duration,
+    pub(crate) lease_renew_interval: Duration,
     /// With --cni calico: keep a Calico IPReservation (ip-webhook-fixed-ips) of every IP
     /// ip-webhook may hand out, so Calico's automatic assignment skips them.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
-    pub calico_reservation: bool,
+    pub(crate) calico_reservation: bool,
     /// Release the IP of a pod stuck Terminating (its grace over) on a node whose Ready
     /// condition has been False or Unknown this long; only pods of a ReplicaSet, Job or
     /// DaemonSet (StatefulSet and bare pods keep theirs). 0 turns it off.
     #[arg(long, default_value = "5m", value_parser = parse_duration, value_name = "DURATION")]
-    pub node_lost_grace: Duration,
+    pub(crate) node_lost_grace: Duration,
     /// With --cni kube-ovn: keep a Kube-OVN IPPool (ip-webhook-<subnet>) per Subnet over the
     /// IPs ip-webhook may hand out, so Kube-OVN's random allocation skips them.
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set, value_name = "BOOL")]
-    pub kube_ovn_reservation: bool,
+    pub(crate) kube_ovn_reservation: bool,
     /// Where the IPs of pods not given one by ip-webhook come from. auto: with --cni calico,
     /// Calico's IPAMBlocks when served (only pods carrying our label are then watched whole),
     /// else every pod; pods: every pod, whole (a Calico that uses another IPAM plugin).
     #[arg(long, value_enum, default_value_t = PodIpsFrom::Auto, value_name = "SOURCE")]
-    pub pod_ips_from: PodIpsFrom,
+    pub(crate) pod_ips_from: PodIpsFrom,
 }
 
 /// `--pod-ips-from`.
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
-pub enum PodIpsFrom {
+pub(crate) enum PodIpsFrom {
     Auto,
     Pods,
 }
@@ -498,7 +498,7 @@ pub enum PodIpsFrom {
 /// How to reach etcd for `--ledger etcd` (a build with the `etcd` cargo feature).
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "etcd ledger (--ledger etcd)")]
-pub struct EtcdArgs {
+pub(crate) struct EtcdArgs {
     /// etcd client URLs, comma-separated (`https://10.0.0.1:2379,https://10.0.0.2:2379`).
     #[arg(
         long,
@@ -506,26 +506,26 @@ pub struct EtcdArgs {
         default_value = "http://127.0.0.1:2379",
         value_name = "URLS"
     )]
-    pub etcd_endpoints: Vec<String>,
+    pub(crate) etcd_endpoints: Vec<String>,
     /// Key prefix under which claims are kept, one key per IP.
     #[arg(long, default_value = "/ip-webhook/", value_parser = parse_etcd_prefix, value_name = "PREFIX")]
-    pub etcd_prefix: String,
+    pub(crate) etcd_prefix: String,
     /// PEM CA bundle that signed the etcd server certificates.
     #[arg(long, value_name = "FILE")]
-    pub etcd_ca_file: Option<PathBuf>,
+    pub(crate) etcd_ca_file: Option<PathBuf>,
     /// PEM client certificate for etcd (with --etcd-key-file).
     #[arg(long, value_name = "FILE", requires = "etcd_key_file")]
-    pub etcd_cert_file: Option<PathBuf>,
+    pub(crate) etcd_cert_file: Option<PathBuf>,
     /// PEM private key of --etcd-cert-file.
     #[arg(long, value_name = "FILE", requires = "etcd_cert_file")]
-    pub etcd_key_file: Option<PathBuf>,
+    pub(crate) etcd_key_file: Option<PathBuf>,
     /// Deadline of one etcd request, and of the retries of one ledger write.
     #[arg(long, default_value = "5s", value_parser = parse_duration, value_name = "DURATION")]
-    pub etcd_timeout: Duration,
+    pub(crate) etcd_timeout: Duration,
     /// Reload every claim under the prefix this often and repair the index (also done after
     /// the watch lost history to compaction, and after it reconnected).
     #[arg(long, default_value = "5m", value_parser = parse_duration, value_name = "DURATION")]
-    pub etcd_resync_period: Duration,
+    pub(crate) etcd_resync_period: Duration,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -543,48 +543,48 @@ pub struct ServeArgs {
         requires = "tls_key_file",
         conflicts_with = "self_signed"
     )]
-    pub tls_cert_file: Option<PathBuf>,
+    pub(crate) tls_cert_file: Option<PathBuf>,
     /// PEM private key for --tls-cert-file.
     #[arg(long, value_name = "FILE", requires = "tls_cert_file")]
-    pub tls_key_file: Option<PathBuf>,
+    pub(crate) tls_key_file: Option<PathBuf>,
     /// Generate a CA and serving certificate (the default when no certificate is given); both
     /// are kept in --state-dir and reused on restart (the certificate until 30 days before it
     /// expires), and the CA's base64 is printed for the webhook's caBundle.
     #[arg(long)]
-    pub self_signed: bool,
+    pub(crate) self_signed: bool,
     /// Extra DNS names for the self-signed certificate (repeatable).
     #[arg(long = "dns-name", value_name = "NAME")]
-    pub dns_names: Vec<String>,
+    pub(crate) dns_names: Vec<String>,
     /// How often to re-read the certificate files even without a file event.
     #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
     pub tls_reload_interval: Duration,
     /// Deadline for a client to send a request's head (after TLS: the first head or the
     /// HTTP/2 preface), and again its body.
     #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
-    pub read_timeout: Duration,
+    pub(crate) read_timeout: Duration,
     /// Close a connection with no request open for this long (HTTP/1 keep-alive, or HTTP/2
     /// without a stream).
     #[arg(long, default_value = "90s", value_parser = parse_duration, value_name = "DURATION")]
-    pub idle_timeout: Duration,
+    pub(crate) idle_timeout: Duration,
     /// HTTPS connections served at once; more are closed as they are accepted.
     #[arg(long, default_value_t = crate::server::DEFAULT_MAX_CONNECTIONS, value_name = "N")]
-    pub max_connections: usize,
+    pub(crate) max_connections: usize,
     /// Of --max-connections, how many may be in their TLS handshake at once (default: a
     /// quarter); past it, or with every slot taken, the oldest handshaking connection is closed
     /// for the newcomer.
     #[arg(long, value_name = "N")]
-    pub max_handshakes: Option<usize>,
+    pub(crate) max_handshakes: Option<usize>,
     /// Deadline for a client to finish its TLS handshake from its connection's accept.
     #[arg(long, default_value = "3s", value_parser = parse_duration, value_name = "DURATION")]
-    pub handshake_timeout: Duration,
+    pub(crate) handshake_timeout: Duration,
     /// Request body bytes held at once (declared lengths count whole); past it, 503 before
     /// reading. At least 7Mi (one largest review). Suffixes Ki, Mi, Gi.
     #[arg(long, default_value = "64Mi", value_parser = parse_size, value_name = "BYTES")]
-    pub max_inflight_bytes: usize,
+    pub(crate) max_inflight_bytes: usize,
     /// At most this many apps get per-app metrics series; the rest are counted in
     /// ip_webhook_metrics_app_series_overflow_total.
     #[arg(long, default_value_t = ip_webhook_metrics::DEFAULT_MAX_APPS, value_name = "N")]
-    pub metrics_max_apps: usize,
+    pub(crate) metrics_max_apps: usize,
     /// PEM CA bundle: HTTPS then requires a client certificate that chains to it (the API
     /// server's, see docs/security.md); reloaded when the file changes.
     #[arg(long, value_name = "FILE")]
@@ -599,11 +599,11 @@ pub struct ServeArgs {
     pub client_allowed_names: Vec<String>,
     /// How long SIGTERM waits for in-flight admissions before exiting.
     #[arg(long, default_value = "25s", value_parser = parse_duration, value_name = "DURATION")]
-    pub shutdown_grace: Duration,
+    pub(crate) shutdown_grace: Duration,
     /// Log format: text (default), or json for collectors (one object per line, fields at the
     /// top level, from the first line); the level comes from RUST_LOG (default info).
     #[arg(long, value_parser = log_format_parser(), value_name = "text|json")]
-    pub log_format: Option<LogFormat>,
+    pub(crate) log_format: Option<LogFormat>,
     #[command(flatten)]
     pub webhook: WebhookArgs,
     #[command(flatten)]
@@ -611,18 +611,18 @@ pub struct ServeArgs {
 }
 
 #[derive(Debug, Clone, Args)]
-pub struct ReviewArgs {
+pub(crate) struct ReviewArgs {
     /// Send the review to /validate instead of /mutate.
     #[arg(long)]
-    pub validate: bool,
+    pub(crate) validate: bool,
     /// Set request.dryRun: decide, but record nothing (the ledger is opened read-only).
     #[arg(long)]
-    pub dry_run: bool,
+    pub(crate) dry_run: bool,
     /// The AdmissionReview JSON file, or - for standard input.
     #[arg(value_name = "FILE|-")]
-    pub file: String,
+    pub(crate) file: String,
     #[command(flatten)]
-    pub verbosity: Verbosity,
+    pub(crate) verbosity: Verbosity,
     #[command(flatten)]
-    pub webhook: WebhookArgs,
+    pub(crate) webhook: WebhookArgs,
 }

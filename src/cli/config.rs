@@ -94,7 +94,7 @@ impl WebhookArgs {
         }
     }
 
-    pub fn config(&self) -> WebhookConfig {
+    pub(crate) fn config(&self) -> WebhookConfig {
         let ledger = self.ledger_config();
         let pod_api_server = match ledger {
             LedgerConfig::Kubernetes(_) => None,
@@ -134,7 +134,7 @@ impl WebhookArgs {
 }
 
 impl EtcdArgs {
-    pub fn options(&self) -> EtcdOptions {
+    pub(crate) fn options(&self) -> EtcdOptions {
         EtcdOptions {
             endpoints: self.etcd_endpoints.clone(),
             prefix: self.etcd_prefix.clone(),
@@ -240,16 +240,16 @@ impl ServeArgs {
 
 /// The ledger of an operator command, and the API server to look pods up on.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OperatorConfig {
-    pub ledger: LedgerConfig,
+pub(crate) struct OperatorConfig {
+    pub(crate) ledger: LedgerConfig,
     /// The kubernetes ledger's API server, or with another ledger the one the flags name (or
     /// the pod's own).
-    pub api_server: Option<KubeAccess>,
+    pub(crate) api_server: Option<KubeAccess>,
 }
 
 /// Why an operator command has no ledger to read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ConfigError {
+pub(crate) enum ConfigError {
     /// No `--ledger`, no `--state-dir`, no cluster, and no ledger in `serve`'s default state
     /// dir.
     #[error(
@@ -277,7 +277,7 @@ impl LedgerArgs {
     /// state dir, for `status`, `explain` and `release`) holds a ledger, that one, as `serve`
     /// run in the same directory uses it; else the cluster kubectl would use (`cluster`);
     /// else an error saying where it looked and what to pass.
-    pub fn config(
+    pub(crate) fn config(
         &self,
         cluster: Option<ClusterSource>,
         local: Option<&Path>,

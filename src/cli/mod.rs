@@ -62,6 +62,23 @@ pub fn command(plugin: bool) -> clap::Command {
     }
 }
 
+/// `serve`'s arguments from a whole command line (program name first), as `serve` parses
+/// them; a command line of another command is an error.
+pub fn parse_serve<I, T>(argv: I) -> Result<ServeArgs, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    use clap::Parser;
+    match Cli::try_parse_from(argv)?.command {
+        Command::Serve(args) => Ok(args),
+        _ => Err(clap::Error::raw(
+            clap::error::ErrorKind::InvalidSubcommand,
+            "not a serve command line",
+        )),
+    }
+}
+
 /// Parse the process's command line, as `kubectl ipw` when the program's file is
 /// `PLUGIN_FILE`; a bad command line prints clap's message and exits 2.
 pub fn parse_env() -> Cli {

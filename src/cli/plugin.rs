@@ -11,7 +11,7 @@ use super::{PLUGIN_FILE, emit};
 
 /// `ip-webhook plugin …`.
 #[derive(Debug, Subcommand)]
-pub enum PluginCommand {
+pub(crate) enum PluginCommand {
     /// Install this binary as the kubectl plugin `kubectl ipw` (a symlink `kubectl-ipw`).
     ///
     /// By default the link goes next to this binary (after `cargo install`, ~/.cargo/bin,
@@ -21,18 +21,18 @@ pub enum PluginCommand {
 }
 
 #[derive(Debug, Clone, Args)]
-pub struct InstallArgs {
+pub(crate) struct InstallArgs {
     /// The directory for kubectl-ipw (it must be on PATH for kubectl to find it); default:
     /// the directory of this binary.
     #[arg(long, value_name = "DIR")]
-    pub dir: Option<PathBuf>,
+    pub(crate) dir: Option<PathBuf>,
     /// Copy the binary instead of linking to it (for a directory on another filesystem, or a
     /// binary that will be removed).
     #[arg(long)]
-    pub copy: bool,
+    pub(crate) copy: bool,
     /// Replace a kubectl-ipw that is not this binary.
     #[arg(long)]
-    pub force: bool,
+    pub(crate) force: bool,
 }
 
 pub(crate) fn run(command: PluginCommand) -> anyhow::Result<()> {

@@ -9,7 +9,7 @@ use ip_webhook_ipam::allocator::Allocator;
 
 /// Which app (`namespace/app`) lists an IP: in-cluster, the watched workloads' pod templates
 /// (the same on every replica).
-pub trait AppLists: Send + Sync {
+pub(crate) trait AppLists: Send + Sync {
     /// The one app whose list holds `ip`; `None` when no app's does, or two apps' do.
     fn sole_app_listing(&self, ip: IpAddr) -> Option<String>;
 
@@ -41,8 +41,8 @@ impl AppLists for WorkloadRegistry {
 /// The apps' lists in-cluster: the watched workloads' lists, with the primary interface's
 /// claims to tell a pod that already holds its listed IP.
 pub(crate) struct WorkloadLists {
-    pub workloads: Arc<WorkloadRegistry>,
-    pub allocator: Arc<Allocator>,
+    pub(crate) workloads: Arc<WorkloadRegistry>,
+    pub(crate) allocator: Arc<Allocator>,
 }
 
 impl AppLists for WorkloadLists {

@@ -14,9 +14,9 @@ use ip_webhook_metrics::watch_health::WatchHealth;
 
 /// What the watches hold. Pods are kept as `ClaimingPod` only, and only pods that carry an IP.
 #[derive(Default)]
-pub struct Caches {
-    pub pods: Mutex<Arc<PodMap>>,
-    pub claims: Mutex<BTreeMap<String, Arc<IPClaim>>>,
+pub(crate) struct Caches {
+    pub(crate) pods: Mutex<Arc<PodMap>>,
+    pub(crate) claims: Mutex<BTreeMap<String, Arc<IPClaim>>>,
     /// The claims the claim watch changed since the leader's pass last took them, noted under
     /// the lock of `claims` ([`Caches::take_claim_changes`]).
     pub(super) claim_changes: Mutex<CacheChanges>,
@@ -24,10 +24,10 @@ pub struct Caches {
     /// ([`Caches::take_pod_changes`]).
     pub(super) pod_changes: Mutex<CacheChanges>,
     /// What the claim watch changed while a full pass's list of claims was read.
-    pub claim_list: claim_list::ListWindow,
-    pub pools: Mutex<BTreeMap<String, FixedIPPool>>,
+    pub(crate) claim_list: claim_list::ListWindow,
+    pub(crate) pools: Mutex<BTreeMap<String, FixedIPPool>>,
     /// Pods' actual IPs, Kube-OVN IP objects, workloads' lists ([`index`]).
-    pub cluster_ips: Arc<index::ClusterIps>,
+    pub(crate) cluster_ips: Arc<index::ClusterIps>,
     pub(super) pods_synced: AtomicBool,
     /// When the pod watch last (re)listed: a full pass takes its pods from a list this recent.
     pub(super) pods_listed_at: Mutex<Option<tokio::time::Instant>>,
@@ -39,11 +39,11 @@ pub struct Caches {
     /// pass already saw their change cost nothing.
     pub(super) unseen_change: AtomicBool,
     /// Whether the watches that admission decisions read are live (`/readyz`).
-    pub health: Arc<WatchHealth>,
+    pub(crate) health: Arc<WatchHealth>,
 }
 
 impl Caches {
-    pub fn synced(&self) -> bool {
+    pub(crate) fn synced(&self) -> bool {
         self.pods_synced.load(Ordering::SeqCst)
             && self.claims_synced.load(Ordering::SeqCst)
             && self.pools_synced.load(Ordering::SeqCst)
@@ -57,7 +57,7 @@ impl Caches {
     }
 
     /// Wait for `Caches::mark_changed` (or a permit it left while no one waited).
-    pub async fn changes(&self) {
+    pub(crate) async fn changes(&self) {
         self.changed.notified().await
     }
 
@@ -101,7 +101,7 @@ impl Caches {
         note(&self.pod_changes, uid);
     }
 
-    pub fn claim_list(&self) -> Vec<Arc<IPClaim>> {
+    pub(crate) fn claim_list(&self) -> Vec<Arc<IPClaim>> {
         lock(&self.claims).values().cloned().collect()
     }
 

@@ -18,7 +18,7 @@ use ip_webhook_ledger::crd::IPClaim;
 /// What the claim watch changed since a list began. The watch notes a change while it holds
 /// the claim cache's lock, and the list is merged under that lock, so no change falls between.
 #[derive(Default)]
-pub struct ListWindow {
+pub(crate) struct ListWindow {
     open: Mutex<Option<Touched>>,
 }
 
@@ -31,12 +31,12 @@ struct Touched {
 
 impl ListWindow {
     /// A list is about to be requested.
-    pub fn open(&self) {
+    pub(crate) fn open(&self) {
         *self.lock() = Some(Touched::default());
     }
 
     /// The watch changed or deleted claim `name`.
-    pub fn note(&self, name: &str) {
+    pub(crate) fn note(&self, name: &str) {
         if let Some(touched) = self.lock().as_mut() {
             touched.names.insert(name.to_string());
         }
@@ -50,7 +50,7 @@ impl ListWindow {
     }
 
     /// The list failed: nothing to merge.
-    pub fn close(&self) {
+    pub(crate) fn close(&self) {
         *self.lock() = None;
     }
 

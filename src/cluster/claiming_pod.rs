@@ -10,30 +10,30 @@ use ip_webhook_ledger::claim::PodIdentity;
 /// The pods that carry an IP, by UID: what a pass reads for every claim. Hashed with
 /// foldhash (seeded per process; UIDs are the API server's, not a user's choice): a pass
 /// looks up each claim's pod, and SipHash was a fifth of a pass over a few hundred claims.
-pub type PodMap = HashMap<String, ClaimingPod, foldhash::fast::RandomState>;
+pub(crate) type PodMap = HashMap<String, ClaimingPod, foldhash::fast::RandomState>;
 
 /// A set hashed as [`PodMap`] is: the sets a pass builds from every claim.
 pub(crate) type FastSet<T> = HashSet<T, foldhash::fast::RandomState>;
 
 /// What the reconciler needs to know about a pod; everything else is dropped on arrival.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClaimingPod {
-    pub namespace: String,
-    pub name: String,
-    pub uid: String,
+pub(crate) struct ClaimingPod {
+    pub(crate) namespace: String,
+    pub(crate) name: String,
+    pub(crate) uid: String,
     /// The IPs the pod carries (`allocated-ip` label, CNI annotations).
-    pub ips: Vec<IpAddr>,
+    pub(crate) ips: Vec<IpAddr>,
     /// Unix seconds.
-    pub created_at: u64,
-    pub terminating: bool,
+    pub(crate) created_at: u64,
+    pub(crate) terminating: bool,
     /// Controlled by a StatefulSet: its IP is kept for the same name after it goes.
-    pub stateful: bool,
+    pub(crate) stateful: bool,
     /// The app label's value, empty if none.
-    pub app: String,
+    pub(crate) app: String,
     /// The claim token it carries (`ip-webhook.io/claim`), if any.
-    pub token: Option<String>,
+    pub(crate) token: Option<String>,
     /// The KubeVirt VM it is a launcher pod of (`ip_webhook_decisions::kubevirt::launcher_vm`).
-    pub vm: Option<String>,
+    pub(crate) vm: Option<String>,
 }
 
 impl ClaimingPod {
@@ -53,7 +53,7 @@ impl ClaimingPod {
         }
     }
 
-    pub fn identity(&self) -> PodIdentity<'_> {
+    pub(crate) fn identity(&self) -> PodIdentity<'_> {
         PodIdentity {
             namespace: &self.namespace,
             name: &self.name,

@@ -24,7 +24,7 @@ use ip_webhook_decisions::cni_pools::{CalicoPool, NetworkRegistry, OvnSubnet};
 use ip_webhook_ipam::ipset::{IpRange, IpSet, parse_ip};
 
 /// The IPReservation ip-webhook keeps (remove it by hand after uninstalling).
-pub const RESERVATION_NAME: &str = "ip-webhook-fixed-ips";
+pub(crate) const RESERVATION_NAME: &str = "ip-webhook-fixed-ips";
 
 /// The API resource of a CNI object kind a replica reads.
 pub(crate) fn api_resource(object: CniObject) -> ApiResource {
@@ -32,15 +32,11 @@ pub(crate) fn api_resource(object: CniObject) -> ApiResource {
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
 }
 
-pub fn calico_ippools() -> ApiResource {
-    api_resource(CniObject::CalicoIpPools)
-}
-
-pub fn calico_reservations() -> ApiResource {
+pub(crate) fn calico_reservations() -> ApiResource {
     api_resource(CniObject::CalicoIpReservations)
 }
 
-pub fn kube_ovn_subnets() -> ApiResource {
+pub(crate) fn kube_ovn_subnets() -> ApiResource {
     api_resource(CniObject::KubeOvnSubnets)
 }
 

@@ -5,7 +5,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
 /// The kind of a pod's controller owner, as far as node-loss release cares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ControllerKind {
+pub(crate) enum ControllerKind {
     ReplicaSet,
     Job,
     DaemonSet,
@@ -17,7 +17,7 @@ pub enum ControllerKind {
 
 impl ControllerKind {
     /// The kind of the owner reference marked `controller: true`; `None` for a bare pod.
-    pub fn of(owners: Option<&[OwnerReference]>) -> Option<ControllerKind> {
+    pub(crate) fn of(owners: Option<&[OwnerReference]>) -> Option<ControllerKind> {
         let owner = owners?.iter().find(|o| o.controller == Some(true))?;
         Some(match owner.kind.as_str() {
             "ReplicaSet" => ControllerKind::ReplicaSet,

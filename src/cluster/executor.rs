@@ -19,18 +19,18 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 /// Carries out plans against the API server.
-pub struct Executor {
-    pub claims: Api<IPClaim>,
-    pub pools: Api<FixedIPPool>,
-    pub pods: Api<k8s_openapi::api::core::v1::Pod>,
-    pub recorder: Recorder,
+pub(crate) struct Executor {
+    pub(crate) claims: Api<IPClaim>,
+    pub(crate) pools: Api<FixedIPPool>,
+    pub(crate) pods: Api<k8s_openapi::api::core::v1::Pod>,
+    pub(crate) recorder: Recorder,
     /// Counts reclaimed leaks and expired reservations.
-    pub metrics: Arc<Metrics>,
+    pub(crate) metrics: Arc<Metrics>,
     /// Duplicates already reported (IP and the UIDs carrying it): one Event each.
-    pub reported_duplicates: std::sync::Mutex<HashSet<(IpAddr, Vec<String>)>>,
+    pub(crate) reported_duplicates: std::sync::Mutex<HashSet<(IpAddr, Vec<String>)>>,
     /// Asked before a virtual machine's claim is dropped: it goes with the VM, not its pod.
     /// Shared with the watch of VM deletions, which makes it forget what it remembered.
-    pub vms: std::sync::Arc<VmDirectory>,
+    pub(crate) vms: std::sync::Arc<VmDirectory>,
 }
 
 /// The live pod of the claim's name, when it is not the claim's pod but carries the claim's IP
@@ -49,7 +49,7 @@ fn name_of(resource: &IPClaim) -> String {
 impl Executor {
     /// Run every action; one failing (conflict, gone) does not stop the others.
     /// Returns how many actions changed something.
-    pub async fn run(&self, plan: &Plan) -> usize {
+    pub(crate) async fn run(&self, plan: &Plan) -> usize {
         let mut done = 0;
         for action in &plan.actions {
             match self.act(action).await {

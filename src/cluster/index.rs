@@ -40,26 +40,26 @@ pub(crate) use pod_watch::watch_pod_ips;
 pub struct RunningPod {
     /// Interned, as `node` and `app`: many pods carry each alike, and the index holds every
     /// running pod of the cluster.
-    pub namespace: Shared,
-    pub name: Box<str>,
-    pub uid: Box<str>,
-    pub node: Shared,
-    pub ips: Box<[IpAddr]>,
+    pub(crate) namespace: Shared,
+    pub(crate) name: Box<str>,
+    pub(crate) uid: Box<str>,
+    pub(crate) node: Shared,
+    pub(crate) ips: Box<[IpAddr]>,
     /// `metadata.deletionTimestamp` (unix seconds, the API server's clock): the pod is
     /// Terminating.
-    pub deleting_at: Option<u64>,
+    pub(crate) deleting_at: Option<u64>,
     /// `metadata.deletionGracePeriodSeconds`: how long its containers may still run.
-    pub deletion_grace: Option<u64>,
+    pub(crate) deletion_grace: Option<u64>,
     /// `metadata.creationTimestamp` (unix seconds): of two pods on one IP, the older keeps it.
-    pub created_at: u64,
+    pub(crate) created_at: u64,
     /// The kind of its controller owner, for node-loss release (`super::node_loss`).
-    pub controller: Option<super::controller::ControllerKind>,
+    pub(crate) controller: Option<super::controller::ControllerKind>,
     /// The value of its app label (`--app-label`), empty if none: the reconciler adopts a
     /// pod's IP only into its own app's list.
-    pub app: Shared,
+    pub(crate) app: Shared,
     /// The KubeVirt VM it is a launcher pod of (`ip_webhook_decisions::kubevirt::launcher_vm`):
     /// the VM's launcher pods share its IP.
-    pub vm: Option<Shared>,
+    pub(crate) vm: Option<Shared>,
 }
 
 impl RunningPod {
@@ -131,10 +131,10 @@ impl RunningPod {
 /// A Kube-OVN `IP` object as the index keeps it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct OvnIp {
-    pub name: Box<str>,
-    pub namespace: Box<str>,
-    pub pod: Box<str>,
-    pub ips: Box<[IpAddr]>,
+    pub(crate) name: Box<str>,
+    pub(crate) namespace: Box<str>,
+    pub(crate) pod: Box<str>,
+    pub(crate) ips: Box<[IpAddr]>,
 }
 
 impl OvnIp {
@@ -314,7 +314,7 @@ fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
 
 impl ClusterIps {
     /// Whether the pod, Kube-OVN IP and workload indexes have each had their first list.
-    pub fn synced(&self) -> bool {
+    pub(crate) fn synced(&self) -> bool {
         self.pods_synced.load(Ordering::SeqCst)
             && self.ovn_synced.load(Ordering::SeqCst)
             && self.calico_synced.load(Ordering::SeqCst)
@@ -351,7 +351,7 @@ impl ClusterIps {
     }
 
     /// The indexed pod with this UID (running on IPs of its own, not finished).
-    pub fn pod(&self, uid: &str) -> Option<Arc<RunningPod>> {
+    pub(crate) fn pod(&self, uid: &str) -> Option<Arc<RunningPod>> {
         read(&self.pods).by_key.get(uid).cloned()
     }
 
@@ -361,7 +361,7 @@ impl ClusterIps {
     }
 
     /// Every indexed pod.
-    pub fn pods(&self) -> Vec<Arc<RunningPod>> {
+    pub(crate) fn pods(&self) -> Vec<Arc<RunningPod>> {
         read(&self.pods).by_key.values().cloned().collect()
     }
 
@@ -415,8 +415,8 @@ impl ClusterIps {
 
 /// A watch event's object, already slimmed: the key, and the value when it still counts.
 pub(crate) struct SlimOrGone<T = RunningPod> {
-    pub key: Box<str>,
-    pub value: Option<T>,
+    pub(crate) key: Box<str>,
+    pub(crate) value: Option<T>,
 }
 
 fn pod_step<T: HasIps>(
@@ -533,7 +533,7 @@ fn status_code(error: &watcher::Error) -> Option<u16> {
 }
 
 /// Kube-OVN `IP` objects.
-pub fn kube_ovn_ips() -> ApiResource {
+pub(crate) fn kube_ovn_ips() -> ApiResource {
     super::cni::api_resource(ip_webhook_admission::annotations::CniObject::KubeOvnIps)
 }
 

@@ -34,7 +34,7 @@ pub(crate) const POOL_PREFIX: &str = "ip-webhook-";
 const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "ip-webhook");
 
 /// Kube-OVN `IPPool`s (`kubeovn.io/v1`, cluster-scoped).
-pub fn kube_ovn_ippools() -> ApiResource {
+pub(crate) fn kube_ovn_ippools() -> ApiResource {
     ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk(KUBE_OVN_GROUP, "v1", "IPPool"),
         "ippools",
@@ -49,13 +49,13 @@ pub(crate) fn pool_name(subnet: &str) -> String {
 /// A Kube-OVN IPPool as the keeper sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct OvnPool {
-    pub subnet: String,
+    pub(crate) subnet: String,
     /// `spec.ips` as written.
-    pub ips: Vec<String>,
+    pub(crate) ips: Vec<String>,
     /// What `spec.ips` covers.
-    pub set: IpSet,
+    pub(crate) set: IpSet,
     /// Ours: labelled managed-by ip-webhook and named `ip-webhook-<subnet>`.
-    pub ours: bool,
+    pub(crate) ours: bool,
 }
 
 impl OvnPool {
@@ -108,7 +108,7 @@ fn parse_entries(entries: &[String]) -> IpSet {
 }
 
 /// `set` as Kube-OVN IPPool entries: `IP` or `IP1..IP2`, one per range.
-pub fn entries(set: &IpSet) -> Vec<String> {
+pub(crate) fn entries(set: &IpSet) -> Vec<String> {
     set.ranges()
         .iter()
         .map(|r| {
@@ -148,7 +148,7 @@ pub(crate) fn desired_pools(
 
 /// What the keeper's watches learned.
 #[derive(Default)]
-pub struct OvnReservationState {
+pub(crate) struct OvnReservationState {
     subnets: Mutex<BTreeMap<String, OvnSubnet>>,
     pools: Mutex<BTreeMap<String, OvnPool>>,
     subnets_synced: AtomicBool,
@@ -156,7 +156,7 @@ pub struct OvnReservationState {
 }
 
 impl OvnReservationState {
-    pub fn synced(&self) -> bool {
+    pub(crate) fn synced(&self) -> bool {
         self.subnets_synced.load(Ordering::SeqCst) && self.pools_synced.load(Ordering::SeqCst)
     }
 }
@@ -197,7 +197,7 @@ pub(crate) async fn watch_subnets(api: Api<DynamicObject>, state: Arc<OvnReserva
 }
 
 /// Kube-OVN IPPools, ours and others'.
-pub async fn watch_pools(api: Api<DynamicObject>, state: Arc<OvnReservationState>) {
+pub(crate) async fn watch_pools(api: Api<DynamicObject>, state: Arc<OvnReservationState>) {
     let mut mirror = Mirror::new();
     let stream = watcher(api, watcher::Config::default()).default_backoff();
     drive(stream, "kube-ovn ippools", None, |event| {
@@ -213,7 +213,7 @@ pub async fn watch_pools(api: Api<DynamicObject>, state: Arc<OvnReservationState
 
 /// The keeper's tasks: the watches of Kube-OVN Subnets and IPPools, and the leader's
 /// `keep_pools` over them and `offered`, looking every `every`.
-pub fn spawn(
+pub(crate) fn spawn(
     client: &kube::Client,
     offered: Offered,
     caches: Arc<Caches>,

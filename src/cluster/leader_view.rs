@@ -100,7 +100,7 @@ struct Indexed {
 
 /// See the module's documentation.
 #[derive(Debug)]
-pub struct LeaderView {
+pub(crate) struct LeaderView {
     seen: Sightings,
     indexed: FastMap<Box<str>, Indexed>,
     /// IPs claim objects hold ([`Holdings::holds_ip`]).
@@ -177,13 +177,19 @@ impl LeaderView {
 
     /// Forget everything (a replica that no longer leads): a new leader counts claims' ages
     /// from when it sees them.
-    pub fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         *self = LeaderView::default();
     }
 
     /// Rebuild from every claim and pod; `from_caches`: they are the watch caches' (else a
     /// fresh list, and the next pass rebuilds from the caches). Every claim is planned next.
-    pub fn rebuild(&mut self, claims: &[Arc<IPClaim>], pods: &PodMap, now: u64, from_caches: bool) {
+    pub(crate) fn rebuild(
+        &mut self,
+        claims: &[Arc<IPClaim>],
+        pods: &PodMap,
+        now: u64,
+        from_caches: bool,
+    ) {
         let before: Vec<IpAddr> = self.claimed.0.keys().copied().collect();
         self.seen.observe(claims, pods, now);
         let seen = std::mem::take(&mut self.seen);
@@ -214,7 +220,7 @@ impl LeaderView {
     /// Apply what changed since the last pass: `claims`, each changed claim's name with its
     /// object as the claim cache holds it now (`None`: gone); `pod_uids`, the pods that
     /// changed, with `pods` the pod cache as of then.
-    pub fn apply(
+    pub(crate) fn apply(
         &mut self,
         claims: Vec<ClaimChange>,
         pod_uids: &[Box<str>],
@@ -265,7 +271,7 @@ impl LeaderView {
 
     /// The plan of this pass (see the module's documentation); `pods` as given to the last
     /// [`LeaderView::apply`] or [`LeaderView::rebuild`].
-    pub fn plan(&mut self, pods: &PodMap, now: u64, rules: Rules) -> Plan {
+    pub(crate) fn plan(&mut self, pods: &PodMap, now: u64, rules: Rules) -> Plan {
         let mut names = std::mem::take(&mut self.dirty);
         names.extend(self.unbound.iter().cloned());
         names.extend(self.acted.drain(..));

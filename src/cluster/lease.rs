@@ -27,17 +27,17 @@ use ip_webhook_ledger::kubernetes::is_status;
 use ip_webhook_metrics::{LeaseLabels, Metrics};
 
 #[derive(Debug, Clone)]
-pub struct LeaseSettings {
-    pub name: String,
-    pub namespace: String,
+pub(crate) struct LeaseSettings {
+    pub(crate) name: String,
+    pub(crate) namespace: String,
     /// Who we are in `spec.holderIdentity` (pod name plus a random suffix).
-    pub identity: String,
-    pub duration: Duration,
-    pub renew_every: Duration,
+    pub(crate) identity: String,
+    pub(crate) duration: Duration,
+    pub(crate) renew_every: Duration,
 }
 
 /// One candidate's view of the lease.
-pub struct Elector {
+pub(crate) struct Elector {
     api: Api<Lease>,
     settings: LeaseSettings,
     /// The other holder's (identity, renewTime, resourceVersion) and when we first saw it.
@@ -47,7 +47,7 @@ pub struct Elector {
 }
 
 impl Elector {
-    pub fn new(api: Api<Lease>, settings: LeaseSettings) -> Elector {
+    pub(crate) fn new(api: Api<Lease>, settings: LeaseSettings) -> Elector {
         Elector {
             api,
             settings,
@@ -69,7 +69,7 @@ impl Elector {
     }
 
     /// One round: acquire, renew or observe. Returns whether we lead now.
-    pub async fn step(&mut self) -> bool {
+    pub(crate) async fn step(&mut self) -> bool {
         let leading = self.try_step().await;
         match leading {
             Ok(leading) => {
@@ -165,7 +165,10 @@ impl Elector {
 
 /// Give the lease up if we hold it (graceful shutdown), so another replica takes over at its
 /// next round instead of waiting out the lease. Returns whether we held it.
-pub async fn release(api: &Api<Lease>, settings: &LeaseSettings) -> Result<bool, kube::Error> {
+pub(crate) async fn release(
+    api: &Api<Lease>,
+    settings: &LeaseSettings,
+) -> Result<bool, kube::Error> {
     let Some(mut lease) = api.get_opt(&settings.name).await? else {
         return Ok(false);
     };
@@ -213,7 +216,7 @@ impl LeaderTicks {
 }
 
 /// Run rounds forever, publishing whether we lead.
-pub async fn run(mut elector: Elector, leading: watch::Sender<bool>) {
+pub(crate) async fn run(mut elector: Elector, leading: watch::Sender<bool>) {
     let every = elector.settings.renew_every;
     loop {
         let now_leading = elector.step().await;

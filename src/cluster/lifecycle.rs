@@ -14,21 +14,21 @@ use ip_webhook_ledger::{Claim, Phase};
 
 /// The leader's timing rules.
 #[derive(Debug, Clone, Copy)]
-pub struct Rules {
+pub(crate) struct Rules {
     /// A claim made or bound at admission is a promise for this many seconds: the API server
     /// stores the pod only after every validating webhook has answered, and a create can
     /// still fail after ours (ResourceQuota, another webhook, AlreadyExists). A `Reserved`
     /// claim no pod took up, or a claim bound to a UID no pod has, is dropped only once this
     /// long has passed since the leader first saw it so. Keep it above the API server's
     /// request timeout (`--request-timeout`, 60 s by default).
-    pub reservation_ttl: u64,
+    pub(crate) reservation_ttl: u64,
     /// A released StatefulSet claim is kept this many seconds for the same pod name.
-    pub sticky_grace: u64,
+    pub(crate) sticky_grace: u64,
 }
 
 /// Why a claim is dropped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DropReason {
+pub(crate) enum DropReason {
     /// Its pod (by UID) no longer exists and no admission DELETE released it: a leak.
     PodGone,
     /// Admitted but never picked up by a pod within the reservation TTL: a leak.
@@ -58,8 +58,8 @@ impl DropReason {
 /// this leader has watched it, never a time another machine wrote: clocks may disagree.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Age {
-    pub since: u64,
-    pub pod_seen: bool,
+    pub(crate) since: u64,
+    pub(crate) pod_seen: bool,
 }
 
 /// What the rule says of one claim now.

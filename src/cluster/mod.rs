@@ -20,32 +20,34 @@ mod caches;
 pub(crate) mod change_log;
 pub(crate) mod claim_list;
 pub(crate) mod claiming_pod;
-pub mod cni;
+pub(crate) mod cni;
 pub(crate) mod controller;
 pub(crate) mod events;
-pub mod executor;
+pub(crate) mod executor;
 pub mod index;
-pub mod kube_ovn_reservation;
+#[cfg(test)]
+mod kube_mock;
+pub(crate) mod kube_ovn_reservation;
 pub(crate) mod leader_view;
-pub mod lease;
+pub(crate) mod lease;
 pub(crate) mod lifecycle;
 pub(crate) mod listed_pod;
 pub(crate) mod node_loss;
 pub(crate) mod parts;
 pub(crate) mod pods;
-pub mod reconcile;
+pub(crate) mod reconcile;
 mod reconciler;
 pub(crate) mod sightings;
 pub(crate) mod sweep;
-pub mod virtual_machines;
+pub(crate) mod virtual_machines;
 mod watches;
 
-pub use caches::Caches;
+pub(crate) use caches::Caches;
 pub(crate) use parts::Parts;
-pub use reconciler::{Reconciler, list_pages};
-pub use watches::{claiming_pod, tolerant_catalog, watch_claims, watch_pools};
+pub(crate) use reconciler::{Reconciler, list_pages};
+pub(crate) use watches::{claiming_pod, tolerant_catalog, watch_claims, watch_pools};
 
-pub use reconcile::{ClaimingPod, PodMap, Rules};
+pub(crate) use reconcile::{ClaimingPod, PodMap, Rules};
 
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ClusterError {
@@ -78,26 +80,26 @@ impl ClusterError {
 /// In-cluster settings from the command line.
 #[derive(Debug, Clone)]
 pub struct ClusterOptions {
-    pub rules: Rules,
-    pub resync_period: Duration,
-    pub lease: lease::LeaseSettings,
-    pub app_label: String,
+    pub(crate) rules: Rules,
+    pub(crate) resync_period: Duration,
+    pub(crate) lease: lease::LeaseSettings,
+    pub(crate) app_label: String,
     /// Which CNI's objects to watch (Calico IPPools and IPReservations, or Kube-OVN Subnets).
-    pub cni: Cni,
+    pub(crate) cni: Cni,
     /// With Calico: keep the IPReservation [`cni::RESERVATION_NAME`] (leader only).
-    pub calico_reservation: bool,
+    pub(crate) calico_reservation: bool,
     /// Release the claims of pods stuck Terminating on a node NotReady this long
     /// (`node_loss`); zero: off.
-    pub node_lost_grace: Duration,
+    pub(crate) node_lost_grace: Duration,
     /// With Kube-OVN: keep Kube-OVN IPPools over our IPs ([`kube_ovn_reservation`], leader only).
-    pub kube_ovn_reservation: bool,
+    pub(crate) kube_ovn_reservation: bool,
     /// Where the IPs of pods not ours come from (`index::watch_pod_ips`).
-    pub pod_ips: PodIpSource,
+    pub(crate) pod_ips: PodIpSource,
 }
 
 /// Where a replica learns which IPs the cluster's pods run on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum PodIpSource {
+pub(crate) enum PodIpSource {
     /// With Calico: its `IPAMBlock`s when the API server serves them, and only the pods
     /// carrying our label watched whole; otherwise every pod, whole.
     #[default]
@@ -115,7 +117,6 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// Every task of in-cluster mode (or of the leak sweeper); dropped or
 /// [`ClusterHandle::stop`]ped, they end.
 pub struct ClusterHandle {
-    pub caches: Arc<Caches>,
     pub leading: watch::Receiver<bool>,
     leases: Api<Lease>,
     lease: lease::LeaseSettings,
@@ -131,7 +132,7 @@ impl ClusterHandle {
     }
 
     /// Stop, and hand the Lease back if we lead so another replica takes over at once.
-    pub async fn shutdown(&self) {
+    pub(crate) async fn shutdown(&self) {
         self.stop();
         if !*self.leading.borrow() {
             return;
@@ -156,7 +157,7 @@ const RESERVATION_CHECK: Duration = Duration::from_secs(1);
 
 /// Start the watches, readiness, the lease and the reconciler. What they use of `webhook` is
 /// taken here, once (`Parts::of`), and each task gets only its part.
-pub fn start(
+pub(crate) fn start(
     client: Client,
     webhook: &Webhook,
     ready: Arc<AtomicBool>,
@@ -211,7 +212,6 @@ pub fn start(
     );
     tasks.push(tokio::spawn(reconciler.run(leading.clone(), ready)));
     ClusterHandle {
-        caches,
         leading,
         leases,
         lease,
@@ -396,7 +396,6 @@ pub(crate) fn start_sweeper(
         ));
     }
     ClusterHandle {
-        caches,
         leading,
         leases,
         lease: options.lease,

@@ -42,7 +42,7 @@ use ip_webhook_metrics::Metrics;
 /// A node's `Ready` condition: whether it is `True`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct NodeReady {
-    pub ready: bool,
+    pub(crate) ready: bool,
 }
 
 impl NodeReady {
@@ -187,15 +187,15 @@ pub(crate) fn lost_since(pod: &RunningPod, clock: &LossClock, now: u64, grace: u
 /// The leader's node-loss releaser.
 pub(crate) struct NodeLoss {
     /// The allocator of every interface: a pod's claims on each are released.
-    pub allocators: Vec<Arc<Allocator>>,
-    pub cluster_ips: Arc<ClusterIps>,
-    pub nodes: Arc<Nodes>,
+    pub(crate) allocators: Vec<Arc<Allocator>>,
+    pub(crate) cluster_ips: Arc<ClusterIps>,
+    pub(crate) nodes: Arc<Nodes>,
     /// To read a pod's owner references (for the Event) and confirm it before a release.
-    pub pods: kube::Client,
-    pub recorder: Recorder,
-    pub metrics: Arc<Metrics>,
+    pub(crate) pods: kube::Client,
+    pub(crate) recorder: Recorder,
+    pub(crate) metrics: Arc<Metrics>,
     /// `--node-lost-grace`, in seconds.
-    pub grace: u64,
+    pub(crate) grace: u64,
 }
 
 /// How often the leader looks for pods on lost nodes.

@@ -23,19 +23,19 @@ use super::app_lists::WorkloadLists;
 pub(crate) struct Parts {
     /// Each interface's allocator: the claim watches, the reconciler (the primary's),
     /// node-loss release and the leak sweepers.
-    pub interfaces: Interfaces,
+    pub(crate) interfaces: Interfaces,
     /// The pool catalog the FixedIPPool watch rebuilds and admissions read.
-    pub pools: Arc<ArcSwap<PoolCatalog>>,
+    pub(crate) pools: Arc<ArcSwap<PoolCatalog>>,
     /// Which workload lists which IPs: filled by the workload watches.
-    pub workloads: Arc<WorkloadRegistry>,
+    pub(crate) workloads: Arc<WorkloadRegistry>,
     /// The CNI's pools or subnets: filled by the CNI watches.
-    pub networks: Arc<NetworkRegistry>,
-    pub metrics: Arc<Metrics>,
+    pub(crate) networks: Arc<NetworkRegistry>,
+    pub(crate) metrics: Arc<Metrics>,
     /// The decisions' app label: how the workload watches and the sweepers read an app.
-    pub app_label: String,
+    pub(crate) app_label: String,
     /// Which pods are launcher pods and when a VM's IP is freed: the VM watches and the
     /// sweepers' pod lookups.
-    pub kubevirt: KubevirtSettings,
+    pub(crate) kubevirt: KubevirtSettings,
 }
 
 impl Parts {
@@ -120,14 +120,14 @@ impl Interfaces {
 /// list. The CNI reservations (Calico's `IPReservation`, Kube-OVN's `IPPool`s) keep the CNI's
 /// own assignment away from them.
 #[derive(Clone)]
-pub struct Offered {
-    pub pools: Arc<ArcSwap<PoolCatalog>>,
-    pub workloads: Arc<WorkloadRegistry>,
+pub(crate) struct Offered {
+    pub(crate) pools: Arc<ArcSwap<PoolCatalog>>,
+    pub(crate) workloads: Arc<WorkloadRegistry>,
 }
 
 impl Offered {
     /// The IPs offered now.
-    pub fn ips(&self) -> IpSet {
+    pub(crate) fn ips(&self) -> IpSet {
         let pools = self.pools.load();
         pools.iter().fold(self.workloads.listed(), |union, pool| {
             union.union(&pool.usable)

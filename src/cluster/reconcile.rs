@@ -3,6 +3,7 @@
 
 use super::app_lists::AppLists;
 use super::index::RunningPod;
+#[cfg(test)]
 use std::borrow::Cow;
 use std::collections::HashSet;
 use std::net::IpAddr;
@@ -15,13 +16,13 @@ use ip_webhook_ledger::crd::{FixedIPPoolStatus, IPClaim};
 use ip_webhook_metrics::AdoptReason;
 
 pub(crate) use super::claiming_pod::FastSet;
-pub use super::claiming_pod::{ClaimingPod, PodMap};
+pub(crate) use super::claiming_pod::{ClaimingPod, PodMap};
 pub(crate) use super::sightings::Sightings;
 
-pub use super::lifecycle::{DropReason, Rules};
+pub(crate) use super::lifecycle::{DropReason, Rules};
 
 #[derive(Debug, Clone)]
-pub enum Action {
+pub(crate) enum Action {
     /// Tie the claim to this pod (its final name and UID); phase `Bound`.
     Bind {
         claim: Arc<IPClaim>,
@@ -135,19 +136,19 @@ pub(crate) trait Holdings {
 /// after a refused deletion, a deleted IPClaim or a hand-written IP. Reported, not repaired:
 /// the older pod keeps (or is adopted into) the claim.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Duplicate {
-    pub ip: IpAddr,
+pub(crate) struct Duplicate {
+    pub(crate) ip: IpAddr,
     /// Oldest first (creation time, then UID).
-    pub pods: Vec<ClaimingPod>,
+    pub(crate) pods: Vec<ClaimingPod>,
 }
 
 /// The plan for one pass, and when the next time-driven change falls due (unix seconds).
 #[derive(Debug, Default)]
-pub struct Plan {
-    pub actions: Vec<Action>,
-    pub next_due: Option<u64>,
+pub(crate) struct Plan {
+    pub(crate) actions: Vec<Action>,
+    pub(crate) next_due: Option<u64>,
     /// IPs that two or more live pods carry.
-    pub duplicates: Vec<Duplicate>,
+    pub(crate) duplicates: Vec<Duplicate>,
 }
 
 /// Whether `carriers` of one IP are more than one holder: the launcher pods of one virtual
@@ -168,7 +169,7 @@ fn oldest_first(a: &ClaimingPod, b: &ClaimingPod) -> std::cmp::Ordering {
 /// Every IP that two or more live (not terminating) pods carry, by IP: one list of (IP, pod)
 /// pairs sorted by IP, not a map of a list per IP (a pass makes one allocation, not one per
 /// IP); only the carriers of a shared IP are then put oldest first.
-pub fn duplicates(pods: &PodMap) -> Vec<Duplicate> {
+pub(crate) fn duplicates(pods: &PodMap) -> Vec<Duplicate> {
     let carried = pods
         .values()
         .filter(|p| !p.terminating)
@@ -229,6 +230,7 @@ pub(crate) fn add_running_duplicates(
     found.sort_by_key(|d| d.ip);
 }
 
+#[cfg(test)]
 impl Plan {
     pub(crate) fn due(&mut self, at: u64) {
         self.next_due = Some(self.next_due.map_or(at, |due| due.min(at)));
@@ -270,7 +272,8 @@ impl ClaimPlan {
 /// Decide what to do about every claim and pod: the whole state's plan, which the leader's
 /// incremental one (`super::leader_view::LeaderView::plan`) equals. `pods` is keyed by pod
 /// UID; `now` is on the clock of `seen`.
-pub fn plan(
+#[cfg(test)]
+pub(crate) fn plan(
     claims: &[Arc<IPClaim>],
     pods: &PodMap,
     seen: &Sightings,

@@ -19,22 +19,22 @@ use super::*;
 
 /// The reconcile loop: every replica marks itself ready once synced and resyncs its index;
 /// the leader also acts.
-pub struct Reconciler {
-    pub client: Client,
-    pub caches: Arc<Caches>,
-    pub allocator: Arc<Allocator>,
-    pub executor: super::executor::Executor,
-    pub options: ClusterOptions,
+pub(crate) struct Reconciler {
+    pub(crate) client: Client,
+    pub(crate) caches: Arc<Caches>,
+    pub(crate) allocator: Arc<Allocator>,
+    pub(crate) executor: super::executor::Executor,
+    pub(crate) options: ClusterOptions,
     /// The apps' lists the leader adopts running pods' IPs into (`reconcile::plan_list_adoptions`).
-    pub lists: Option<Arc<dyn super::app_lists::AppLists>>,
+    pub(crate) lists: Option<Arc<dyn super::app_lists::AppLists>>,
     /// What the leader knows of the claims and pods between passes: since when it has seen
     /// each claim as it is (on `Reconciler::clock`), and what an incremental pass plans from.
-    pub view: std::sync::Mutex<LeaderView>,
+    pub(crate) view: std::sync::Mutex<LeaderView>,
     /// The leader's own clock for the ages of claims: monotonic, so neither another
     /// machine's clock nor a step of this one's wall clock can age a claim.
-    pub started: tokio::time::Instant,
+    pub(crate) started: tokio::time::Instant,
     /// The apps' lists as the last pass saw them (`super::app_lists::AppLists::listed_version`).
-    pub listed_seen: std::sync::Mutex<Option<u64>>,
+    pub(crate) listed_seen: std::sync::Mutex<Option<u64>>,
 }
 
 /// How long the loop lets a burst of watch events settle before a pass.
@@ -45,7 +45,7 @@ impl Reconciler {
     /// `allocator`, adopting running pods' IPs into `lists`; its executor writes through
     /// `client`, asks `vms` before a VM's claim is dropped and reports Events as this
     /// replica's Lease identity.
-    pub fn new(
+    pub(crate) fn new(
         client: Client,
         caches: Arc<Caches>,
         allocator: Arc<Allocator>,
@@ -76,7 +76,7 @@ impl Reconciler {
         }
     }
 
-    pub async fn run(self, mut leading: watch::Receiver<bool>, ready: Arc<AtomicBool>) {
+    pub(crate) async fn run(self, mut leading: watch::Receiver<bool>, ready: Arc<AtomicBool>) {
         while !self.caches.synced() {
             self.caches.changes().await;
         }
@@ -118,7 +118,7 @@ impl Reconciler {
     /// pods that carry an IP of ours that the watches changed, and the running pods the
     /// pod-IP index marked as touching an app's list since the last pass; every claim and
     /// running pod is visited only on a full pass, or when the apps' lists changed.
-    pub async fn pass(&self, full: bool, is_leader: bool) -> Option<tokio::time::Instant> {
+    pub(crate) async fn pass(&self, full: bool, is_leader: bool) -> Option<tokio::time::Instant> {
         if !is_leader {
             lock(&self.view).clear();
             if full && let Err(error) = self.fresh_claims().await {
@@ -351,7 +351,7 @@ pub(super) const PAGE: u32 = 500;
 
 /// List page by page (`limit` and `continue`, one consistent snapshot on the API server),
 /// handing each page to `each` before reading the next.
-pub async fn list_pages<K, F, Fut>(
+pub(crate) async fn list_pages<K, F, Fut>(
     mut list: F,
     mut each: impl FnMut(Vec<K>),
 ) -> Result<(), kube::Error>

@@ -39,7 +39,7 @@ impl ClaimState {
 /// claims that changed since the last one, and one it holds is never freed, so no other object
 /// can share its address.
 #[derive(Debug, Default)]
-pub struct Sightings {
+pub(crate) struct Sightings {
     first: HashMap<String, Sighting, foldhash::fast::RandomState>,
     /// How many times [`Sightings::observe`] ran: which sightings the last one listed.
     observed: u64,
@@ -156,7 +156,7 @@ impl Sightings {
     }
 
     /// Since when `resource` has been in its present state; `now` for one not seen before.
-    pub fn since(&self, resource: &Arc<IPClaim>, now: u64) -> u64 {
+    pub(crate) fn since(&self, resource: &Arc<IPClaim>, now: u64) -> u64 {
         self.sighting(resource).map_or(now, |seen| seen.since)
     }
 
@@ -188,10 +188,6 @@ impl Sightings {
                 .inspect_err(skip)
                 .ok(),
         }
-    }
-
-    pub fn clear(&mut self) {
-        self.first.clear();
     }
 }
 

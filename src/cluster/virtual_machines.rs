@@ -19,7 +19,7 @@ use ip_webhook_decisions::kubevirt::GROUP;
 
 /// Where a VM stands, as far as its IP is concerned.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum VmState {
+pub(crate) enum VmState {
     /// Its VirtualMachineInstance exists (running, starting, migrating or shutting down).
     Running,
     /// Its VirtualMachine exists and no VMI does.
@@ -36,7 +36,7 @@ pub enum VmState {
 pub(crate) const KEPT_AT_MOST: Duration = Duration::from_secs(30);
 
 /// Reads VirtualMachines and VirtualMachineInstances.
-pub struct VmDirectory {
+pub(crate) struct VmDirectory {
     client: Client,
     release_on_stop: bool,
     /// VMs (namespace, name) found holding their IP, and when.
@@ -50,7 +50,7 @@ fn resource(kind: &str, plural: &str) -> ApiResource {
 }
 
 /// KubeVirt's `VirtualMachine`s (`kubevirt.io/v1`).
-pub fn virtual_machines() -> ApiResource {
+pub(crate) fn virtual_machines() -> ApiResource {
     resource("VirtualMachine", "virtualmachines")
 }
 
@@ -60,7 +60,7 @@ pub(crate) fn virtual_machine_instances() -> ApiResource {
 }
 
 impl VmDirectory {
-    pub fn new(client: Client, release_on_stop: bool) -> VmDirectory {
+    pub(crate) fn new(client: Client, release_on_stop: bool) -> VmDirectory {
         VmDirectory {
             client,
             release_on_stop,
@@ -78,7 +78,7 @@ impl VmDirectory {
     }
 
     /// The VM `namespace/name` as the API server has it now.
-    pub async fn state(&self, namespace: &str, name: &str) -> VmState {
+    pub(crate) async fn state(&self, namespace: &str, name: &str) -> VmState {
         let exists = |kind: &'static str, resource: ApiResource| async move {
             let api: Api<DynamicObject> =
                 Api::namespaced_with(self.client.clone(), namespace, &resource);
@@ -101,7 +101,7 @@ impl VmDirectory {
 
     /// Whether the VM still holds its IP: `Ok(true)` running (or stopped, unless released on
     /// stop), `Ok(false)` once it may be freed, `Err` when the API server could not say.
-    pub async fn holds_ip(&self, namespace: &str, name: &str) -> Result<bool, String> {
+    pub(crate) async fn holds_ip(&self, namespace: &str, name: &str) -> Result<bool, String> {
         let key = (namespace.to_string(), name.to_string());
         if self.recently_kept(&key) {
             return Ok(true);
@@ -117,7 +117,7 @@ impl VmDirectory {
     }
 
     /// Whether the VM holds its IP in `state`.
-    pub fn verdict(&self, state: VmState) -> Result<bool, String> {
+    pub(crate) fn verdict(&self, state: VmState) -> Result<bool, String> {
         match state {
             VmState::Running => Ok(true),
             VmState::Stopped => Ok(!self.release_on_stop),
@@ -128,7 +128,7 @@ impl VmDirectory {
 
     /// Forget that the VM `namespace/name` held its IP: it (or its VMI) was deleted, and the
     /// next lookup asks the API server.
-    pub fn forget(&self, namespace: &str, name: &str) {
+    pub(crate) fn forget(&self, namespace: &str, name: &str) {
         let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
         kept.remove(&(namespace.to_string(), name.to_string()));
     }

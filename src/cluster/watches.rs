@@ -37,7 +37,7 @@ pub(super) fn unix(time: Option<&Time>) -> u64 {
 }
 
 /// The compact record of a pod, or `None` when the pod carries no IP we track.
-pub fn claiming_pod(meta: &ObjectMeta, app_label: &str) -> Option<ClaimingPod> {
+pub(crate) fn claiming_pod(meta: &ObjectMeta, app_label: &str) -> Option<ClaimingPod> {
     let ips = carried_ips(meta.labels.as_ref(), meta.annotations.as_ref());
     claiming_pod_with(meta, app_label, ips)
 }
@@ -275,7 +275,11 @@ pub(crate) async fn watch_network_claims(
 }
 
 /// IPClaims, fed into the allocator's index as they change.
-pub async fn watch_claims(api: Api<IPClaim>, caches: Arc<Caches>, allocator: Arc<Allocator>) {
+pub(crate) async fn watch_claims(
+    api: Api<IPClaim>,
+    caches: Arc<Caches>,
+    allocator: Arc<Allocator>,
+) {
     let mut mirror = Mirror::new();
     // the primary interface's claims; a secondary network's are its sweeper's
     let config = watcher::Config::default().labels(PRIMARY_SELECTOR);
@@ -330,7 +334,7 @@ pub async fn watch_claims(api: Api<IPClaim>, caches: Arc<Caches>, allocator: Arc
 /// overlaps an older one is left out (and logged) rather than taking every pool down. Each
 /// pool is checked against the pools accepted so far through the catalog's range index, once:
 /// n log n in the pools.
-pub fn tolerant_catalog(pools: &BTreeMap<String, FixedIPPool>) -> PoolCatalog {
+pub(crate) fn tolerant_catalog(pools: &BTreeMap<String, FixedIPPool>) -> PoolCatalog {
     let mut ordered: Vec<&FixedIPPool> = pools.values().collect();
     ordered.sort_by_key(|p| {
         (
@@ -363,7 +367,7 @@ pub fn tolerant_catalog(pools: &BTreeMap<String, FixedIPPool>) -> PoolCatalog {
 }
 
 /// IPPools, rebuilt into the webhook's `catalog` on every change.
-pub async fn watch_pools(
+pub(crate) async fn watch_pools(
     api: Api<FixedIPPool>,
     caches: Arc<Caches>,
     catalog: Arc<arc_swap::ArcSwap<PoolCatalog>>,

@@ -32,18 +32,18 @@ const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What happened to a control request, as the server answers it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Reply {
+pub(crate) struct Reply {
     /// The IP is free again.
-    pub released: bool,
+    pub(crate) released: bool,
     /// The request could not be carried out (bad request, ledger error), as opposed to a
     /// refusal by the rule.
-    pub failed: bool,
+    pub(crate) failed: bool,
     /// What happened, for people.
-    pub message: String,
+    pub(crate) message: String,
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum ControlError {
+pub(crate) enum ControlError {
     #[error("creating the control socket directory {path}: {source}")]
     Directory {
         path: PathBuf,
@@ -118,7 +118,7 @@ fn control_dir(state_dir: &Path) -> Result<PathBuf, ControlError> {
 
 /// Serve release requests for the server on `state_dir`. A socket left by a server that is
 /// gone is replaced: the caller holds the ledger's lock, so no other server uses this dir.
-pub fn listen(
+pub(crate) fn listen(
     state_dir: &Path,
     allocator: Arc<Allocator>,
     pods: Option<Arc<dyn PodLookup>>,
@@ -230,7 +230,10 @@ fn refusal(message: String) -> Reply {
 
 /// Ask the server running on `state_dir` to carry out `request`. `None` when no server listens
 /// there (no socket, or one left by a server that is gone).
-pub async fn ask(state_dir: &Path, request: &Request) -> Result<Option<Reply>, ControlError> {
+pub(crate) async fn ask(
+    state_dir: &Path,
+    request: &Request,
+) -> Result<Option<Reply>, ControlError> {
     let path = socket_path(state_dir);
     let talk = |source| ControlError::Talk {
         path: path.clone(),

@@ -41,21 +41,21 @@ pub(crate) enum ExplainError {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct ReplicaOutcome {
-    pub replica: u64,
+    pub(crate) replica: u64,
     /// `namespace/name`, or `namespace/generateName*`.
-    pub pod: String,
-    pub allowed: bool,
-    pub ips: Vec<IpAddr>,
+    pub(crate) pod: String,
+    pub(crate) allowed: bool,
+    pub(crate) ips: Vec<IpAddr>,
     /// Why each IP was chosen, in the order of `ips`.
-    pub why: Vec<String>,
+    pub(crate) why: Vec<String>,
     /// The replica's pod exists already and holds `ips` (nothing was run for it).
-    pub existing: bool,
+    pub(crate) existing: bool,
     /// The denial message when refused.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub refused: Option<String>,
+    pub(crate) refused: Option<String>,
     /// The IPs it would get on each secondary network it asks of.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub networks: Vec<NetworkIps>,
+    pub(crate) networks: Vec<NetworkIps>,
 }
 
 /// One object of the input.
@@ -63,13 +63,13 @@ pub(crate) struct ReplicaOutcome {
 #[serde(rename_all = "camelCase")]
 pub(crate) struct ObjectOutcome {
     /// `Deployment prod/web`.
-    pub object: String,
+    pub(crate) object: String,
     /// Warnings (and a denial) the webhook gives the object when it is written: `/validate`'s
     /// workload check, or the unknown-key warnings `/mutate` gives a Pod.
-    pub warnings: Vec<String>,
+    pub(crate) warnings: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub denied: Option<String>,
-    pub replicas: Vec<ReplicaOutcome>,
+    pub(crate) denied: Option<String>,
+    pub(crate) replicas: Vec<ReplicaOutcome>,
 }
 
 /// Why, in words.

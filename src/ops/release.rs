@@ -8,45 +8,45 @@ use ip_webhook_ledger::{Claim, Ledger, LedgerError, Phase, unix_now};
 
 /// What the operator asks to free.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Request {
-    pub ip: IpAddr,
+pub(crate) struct Request {
+    pub(crate) ip: IpAddr,
     /// Free it even when the pod still runs or cannot be checked.
-    pub force: bool,
+    pub(crate) force: bool,
     /// Free it only if its pod is in this namespace (kubectl's -n, as a guard: an IP names its
     /// claim cluster-wide).
-    pub namespace: Option<String>,
+    pub(crate) namespace: Option<String>,
     /// Free it only if its claim is still for this pod, as `status` and `check --drift` name
     /// it (`namespace/name`, `namespace/generateName*`): a report's finding, not whatever
     /// holds the IP now.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pod: Option<String>,
+    pub(crate) pod: Option<String>,
     /// Free it only if its claim is still this very claim (its grant and pod UID): a report
     /// about a gone pod must not free the claim of the pod that took its name since.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub claim: Option<FoundClaim>,
+    pub(crate) claim: Option<FoundClaim>,
     /// Free it only once it has not changed for this many seconds ([`settled`]): a claim
     /// bound a moment ago may have its pod between `/validate` and the store.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub settle: Option<u64>,
+    pub(crate) settle: Option<u64>,
     /// Judge it under the same rule, and free nothing.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub dry_run: bool,
+    pub(crate) dry_run: bool,
 }
 
 /// Which claim a report found: its grant (the admission request and token) and the pod UID it
 /// was bound to.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct FoundClaim {
-    pub request_uid: String,
+pub(crate) struct FoundClaim {
+    pub(crate) request_uid: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub token: String,
+    pub(crate) token: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pod_uid: Option<String>,
+    pub(crate) pod_uid: Option<String>,
 }
 
 impl FoundClaim {
-    pub fn of(claim: &Claim) -> FoundClaim {
+    pub(crate) fn of(claim: &Claim) -> FoundClaim {
         FoundClaim {
             request_uid: claim.request_uid.to_string(),
             token: claim.token.to_string(),
@@ -55,7 +55,7 @@ impl FoundClaim {
     }
 
     /// Whether `claim` is still the claim found.
-    pub fn is(&self, claim: &Claim) -> bool {
+    pub(crate) fn is(&self, claim: &Claim) -> bool {
         *self == FoundClaim::of(claim)
     }
 }
@@ -76,7 +76,7 @@ pub(crate) fn settled(claim: &Claim, now: u64, settle: u64) -> bool {
 
 impl Request {
     /// Free `ip` (`--force`, `-n` as given).
-    pub fn one(ip: IpAddr, force: bool, namespace: Option<String>) -> Request {
+    pub(crate) fn one(ip: IpAddr, force: bool, namespace: Option<String>) -> Request {
         Request {
             ip,
             force,

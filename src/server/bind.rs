@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use tokio::net::TcpListener;
 
 /// Both listeners, bound and not yet served.
-pub struct Listeners {
+pub(crate) struct Listeners {
     pub(super) https: TcpListener,
     pub(super) admin: TcpListener,
 }
@@ -21,10 +21,10 @@ impl Listeners {
 /// A listener that could not be bound: which one, where, and why.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot listen on {addr} ({what}): {reason}")]
-pub struct BindError {
-    pub addr: SocketAddr,
-    pub what: &'static str,
-    pub reason: String,
+pub(crate) struct BindError {
+    pub(crate) addr: SocketAddr,
+    pub(crate) what: &'static str,
+    pub(crate) reason: String,
 }
 
 async fn bind_one(addr: SocketAddr, what: &'static str) -> Result<TcpListener, BindError> {
@@ -41,7 +41,10 @@ async fn bind_one(addr: SocketAddr, what: &'static str) -> Result<TcpListener, B
 }
 
 /// Bind the HTTPS listener at `listen` and the admin listener at `admin_listen`.
-pub async fn bind(listen: SocketAddr, admin_listen: SocketAddr) -> Result<Listeners, BindError> {
+pub(crate) async fn bind(
+    listen: SocketAddr,
+    admin_listen: SocketAddr,
+) -> Result<Listeners, BindError> {
     Ok(Listeners {
         https: bind_one(listen, "the HTTPS listener").await?,
         admin: bind_one(admin_listen, "the admin listener").await?,

@@ -134,9 +134,9 @@ pub(super) const SELF_SIGNED_CA_DAYS: i64 = 3650;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Kept {
     /// The CA was made now (none was kept, or it was unusable).
-    pub new_ca: bool,
+    pub(crate) new_ca: bool,
     /// The serving certificate was issued now.
-    pub new_cert: bool,
+    pub(crate) new_cert: bool,
 }
 
 /// The self-signed CA and serving certificate kept in `dir` (`ca.crt`, `ca.key`, `tls.crt`,

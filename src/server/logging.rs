@@ -26,13 +26,13 @@ const FLUSH_AT_BYTES: usize = 64 * 1024;
 static JSON: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// True when the logs are JSON (`--log-format json`).
-pub fn json() -> bool {
+pub(crate) fn json() -> bool {
     JSON.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// How log lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LogFormat {
+pub(crate) enum LogFormat {
     Text,
     Json,
 }
@@ -75,7 +75,7 @@ pub(crate) fn with_quiet_libraries(text: &str) -> String {
 
 /// Install the global subscriber. Keep the guard until the process ends. `level`, when given,
 /// replaces `RUST_LOG` (the commands other than `serve`: nothing unless `-v`).
-pub fn init(format: LogFormat, level: Option<&str>) -> LogGuard {
+pub(crate) fn init(format: LogFormat, level: Option<&str>) -> LogGuard {
     JSON.store(
         matches!(format, LogFormat::Json),
         std::sync::atomic::Ordering::Relaxed,
@@ -386,7 +386,7 @@ impl Shared {
 }
 
 /// Flushes the log buffer when dropped.
-pub struct LogGuard {
+pub(crate) struct LogGuard {
     shared: Arc<Shared>,
     flusher: Option<JoinHandle<()>>,
 }

@@ -23,7 +23,7 @@
 mod admin;
 use admin::serve_admin;
 mod bind;
-pub use bind::{BindError, Listeners, bind};
+pub(crate) use bind::{Listeners, bind};
 mod answers;
 use answers::{busy, check_head, endpoint_of, json_response, panicked, status, unread_body};
 mod body;
@@ -65,20 +65,20 @@ pub const MAX_BODY_BYTES: usize = 7 * 1024 * 1024;
 /// Deadlines that keep a slow or stuck client from holding a connection.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
-    pub handshake: Duration,
+    pub(crate) handshake: Duration,
     pub header_read: Duration,
     pub body_read: Duration,
     /// How long shutdown waits for in-flight admissions.
-    pub drain: Duration,
+    pub(crate) drain: Duration,
     /// A connection with no request open this long is closed (`--idle-timeout`).
-    pub idle: Duration,
+    pub(crate) idle: Duration,
     /// Connections served at once (`--max-connections`); more are closed at accept.
     pub max_connections: usize,
     /// Of those, connections still in their TLS handshake (`--max-handshakes`); past it the
     /// oldest is closed (`slots`).
     pub max_handshakes: usize,
     /// Request body bytes held at once (`--max-inflight-bytes`); past it, 503.
-    pub max_inflight_bytes: usize,
+    pub(crate) max_inflight_bytes: usize,
 }
 
 /// The default of `--max-inflight-bytes`: 64 MiB.
@@ -128,20 +128,20 @@ pub struct Running {
 
 impl Running {
     /// Stop accepting, let in-flight admissions finish (up to `Limits::drain`), then return.
-    pub async fn shutdown(self) {
+    pub(crate) async fn shutdown(self) {
         let _ = self.shutdown.send(true);
         let _ = self.https.await;
         self.admin.abort();
     }
 
     /// Resolves when the HTTPS server stops on its own (it should not).
-    pub fn stopped(&mut self) -> &mut tokio::task::JoinHandle<()> {
+    pub(crate) fn stopped(&mut self) -> &mut tokio::task::JoinHandle<()> {
         &mut self.https
     }
 }
 
 /// Serve both listeners (see [`bind`]) until [`Running::shutdown`].
-pub fn start(
+pub(crate) fn start(
     webhook: Arc<Webhook>,
     tls: Arc<rustls::ServerConfig>,
     listeners: Listeners,
@@ -539,7 +539,7 @@ async fn admission(
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub(crate) struct Panic {
-    pub message: String,
+    pub(crate) message: String,
 }
 
 /// Run a future; a panic inside becomes `Err(Panic)` instead of tearing down the connection.

@@ -65,7 +65,7 @@ pub fn provider() -> Arc<CryptoProvider> {
 }
 
 /// Parse a PEM chain and key into a key rustls can serve.
-pub fn certified_key(
+pub(crate) fn certified_key(
     cert_pem: &[u8],
     key_pem: &[u8],
     cert_name: &str,
@@ -126,12 +126,8 @@ impl CertResolver {
         }
     }
 
-    pub fn store(&self, key: CertifiedKey) {
+    pub(crate) fn store(&self, key: CertifiedKey) {
         self.current.store(Arc::new(key));
-    }
-
-    pub fn current(&self) -> Arc<CertifiedKey> {
-        self.current.load_full()
     }
 }
 
@@ -362,8 +358,8 @@ impl ClientCertVerifier for ClientVerifier {
 /// Certificate files to serve and watch.
 #[derive(Debug, Clone)]
 pub(crate) struct CertFiles {
-    pub cert: PathBuf,
-    pub key: PathBuf,
+    pub(crate) cert: PathBuf,
+    pub(crate) key: PathBuf,
 }
 
 impl CertFiles {

@@ -36,11 +36,8 @@ fn deployment_flags_ports_and_paths_match_what_serve_accepts() {
         }
         // The real parser takes the whole list, values included.
         let argv = std::iter::once("ip-webhook".to_string()).chain(args.iter().cloned());
-        let cli = ip_webhook::cli::Cli::try_parse_from(argv)
+        let serve = ip_webhook::cli::parse_serve(argv)
             .unwrap_or_else(|e| panic!("case {}: {args:?} does not parse: {e}", case.name));
-        let ip_webhook::cli::Command::Serve(serve) = cli.command else {
-            panic!("not a serve command")
-        };
         assert_eq!(serve.listen.port(), container_port(&docs, "https"));
         assert_eq!(serve.admin_listen.port(), container_port(&docs, "admin"));
         let ledger = if case.name == "embedded-ledger" {
@@ -136,10 +133,7 @@ fn hardened_install_renders_the_network_policy_and_the_client_ca() {
     // the CA from the ConfigMap, mounted as a directory, named by the flags the server parses
     let flags = args(&docs);
     let argv = std::iter::once("ip-webhook".to_string()).chain(flags.iter().cloned());
-    let cli = ip_webhook::cli::Cli::try_parse_from(argv).expect("the Deployment's flags parse");
-    let ip_webhook::cli::Command::Serve(serve) = cli.command else {
-        panic!("not a serve command")
-    };
+    let serve = ip_webhook::cli::parse_serve(argv).expect("the Deployment's flags parse");
     let ca_file = serve.client_ca_file.expect("--client-ca-file is passed");
     assert_eq!(ca_file, Path::new("/etc/ip-webhook/client-ca/ca.crt"));
     assert_eq!(

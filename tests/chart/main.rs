@@ -23,7 +23,6 @@ use std::path::Path;
 use std::process::Command;
 
 use base64::Engine;
-use clap::Parser;
 use serde_json::{Value, json};
 
 use common::helm::{

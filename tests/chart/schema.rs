@@ -210,10 +210,7 @@ fn duration_values_are_go_durations() {
         assert!(args.iter().any(|a| a == wanted), "{wanted} not in {args:?}");
     }
     let argv = std::iter::once("ip-webhook".to_string()).chain(args.iter().cloned());
-    let cli = ip_webhook::cli::Cli::try_parse_from(argv).unwrap();
-    let ip_webhook::cli::Command::Serve(serve) = cli.command else {
-        panic!("not a serve command")
-    };
+    let serve = ip_webhook::cli::parse_serve(argv).unwrap();
     assert_eq!(
         serve.cluster.reservation_ttl,
         std::time::Duration::from_secs(90)

@@ -15,6 +15,7 @@ pub mod load;
 pub mod node_loss;
 pub mod ports;
 pub mod rbac;
+pub mod resources;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -25,12 +26,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use clap::Parser;
 use http_body_util::{BodyExt, Full};
 use hyper::StatusCode;
 use hyper_util::rt::TokioIo;
 use ip_webhook::app::{self, Launched, ServeConfig};
-use ip_webhook::cli::{Cli, Command as CliCommand, ServeArgs};
+use ip_webhook::cli::ServeArgs;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::{Value, json};
@@ -237,13 +237,7 @@ pub fn serve_args(state_dir: &Path, extra: &[&str]) -> ServeArgs {
         argv.extend(["--ledger".to_string(), "embedded".to_string()]);
     }
     argv.extend(extra.iter().map(|s| s.to_string()));
-    match Cli::try_parse_from(argv)
-        .expect("test arguments parse")
-        .command
-    {
-        CliCommand::Serve(args) => args,
-        _ => unreachable!(),
-    }
+    ip_webhook::cli::parse_serve(argv).expect("test arguments parse")
 }
 
 /// A server running in this process with a self-signed certificate.
@@ -630,4 +624,20 @@ pub fn message(response: &Value) -> String {
         .as_str()
         .unwrap_or("")
         .to_string()
+}
+
+/// The value of one counter series of `metrics` as `/metrics` shows it, e.g.
+/// `ip_webhook_tls_client_refusals_total{reason="name"}`, for a counter whose series exist
+/// from the start: a series `/metrics` does not show fails the test.
+pub fn counter(metrics: &ip_webhook_metrics::Metrics, series: &str) -> u64 {
+    let text = metrics.encode();
+    let name = series.split('{').next().unwrap();
+    let family = name.strip_suffix("_total").unwrap_or(name);
+    assert!(
+        text.contains(&format!("# TYPE {family} counter\n")),
+        "no counter {family} in /metrics:\n{text}"
+    );
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no series {series} in /metrics:\n{text}"))
 }

@@ -118,11 +118,11 @@ pub const IP_ANNOTATIONS: [IpAnnotation; 3] = [
 /// yet.
 #[derive(Debug, Clone, Copy)]
 pub struct CniDescriptor {
-    pub cni: Cni,
+    pub(crate) cni: Cni,
     pub name: &'static str,
     pub annotation: &'static str,
     /// How [`Cni::format`] writes IPs into `annotation`.
-    pub format: ListFormat,
+    pub(crate) format: ListFormat,
     /// Where /validate checks that a static IP can be set up (`webhook::Webhook::cni_check`).
     pub pools: PoolCheck,
     /// The CNI's objects an in-cluster replica watches (`cluster::cni_tasks`).
@@ -131,10 +131,10 @@ pub struct CniDescriptor {
 
 /// How an annotation writes a list of IPs: `open`, the IPs joined by `separator`, `close`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ListFormat {
-    pub open: &'static str,
-    pub separator: &'static str,
-    pub close: &'static str,
+pub(crate) struct ListFormat {
+    pub(crate) open: &'static str,
+    pub(crate) separator: &'static str,
+    pub(crate) close: &'static str,
 }
 
 /// The CNI's objects a static IP must fall in, as the CNI would set it up.
@@ -231,7 +231,8 @@ impl Cni {
     }
 
     /// Its name on the command line (`calico`, `kube-ovn`).
-    pub fn name(self) -> &'static str {
+    #[cfg(test)]
+    pub(crate) fn name(self) -> &'static str {
         self.descriptor().name
     }
 
@@ -411,7 +412,9 @@ pub fn carried_ips(
 }
 
 /// The IP the `allocated-ip` label names (IPv4-mapped forms as their IPv4 address).
-pub fn label_ip(labels: Option<&std::collections::BTreeMap<String, String>>) -> Option<IpAddr> {
+pub(crate) fn label_ip(
+    labels: Option<&std::collections::BTreeMap<String, String>>,
+) -> Option<IpAddr> {
     labels
         .and_then(|l| l.get(ALLOCATED_IP_LABEL))
         .and_then(|v| ip_webhook_ipam::ipset::ip_from_label_value(v))

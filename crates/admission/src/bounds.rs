@@ -32,12 +32,12 @@ pub(crate) const MAX_UID: usize = 128;
 #[error("{field}: {reason}")]
 pub struct OutOfBounds {
     pub field: String,
-    pub reason: BoundReason,
+    pub(crate) reason: BoundReason,
 }
 
 /// Why a value breaks its bound; a value is quoted only when it is within its length.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum BoundReason {
+pub(crate) enum BoundReason {
     #[error(
         "{len} bytes long; at most {max} are allowed (the API server never sends a longer one)"
     )]

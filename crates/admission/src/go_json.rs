@@ -27,8 +27,8 @@ pub(crate) const MAX_DEPTH: usize = 10_000;
 /// Why Go's `json.Unmarshal` refuses a value: where, and what was wrong.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct GoJsonError {
-    pub at: usize,
-    pub what: String,
+    pub(crate) at: usize,
+    pub(crate) what: String,
 }
 
 impl std::fmt::Display for GoJsonError {
@@ -474,14 +474,14 @@ impl<'a> Reader<'a> {
 }
 
 /// One member of an object, its key decoded; `start` is where its key begins.
-pub struct Member<'a> {
-    pub key: Cow<'a, str>,
-    pub start: usize,
+pub(crate) struct Member<'a> {
+    pub(crate) key: Cow<'a, str>,
+    pub(crate) start: usize,
 }
 
 impl Member<'_> {
     /// Whether the key names the field `field` (an ASCII name) as Go matches keys.
-    pub fn names(&self, field: &str) -> bool {
+    pub(crate) fn names(&self, field: &str) -> bool {
         folds_to(&self.key, field)
     }
 }

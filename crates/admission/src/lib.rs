@@ -1,4 +1,5 @@
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 //! The AdmissionReview wire protocol (`admission.k8s.io/v1` and `v1beta1`), and the pod's
 //! annotations as the CNIs and Multus read them.
 //!
@@ -78,11 +79,11 @@ pub enum ReviewError {
 #[serde(rename_all = "camelCase")]
 pub(crate) struct Review<'a> {
     #[serde(borrow, default)]
-    pub api_version: Option<Cow<'a, str>>,
+    pub(crate) api_version: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    pub kind: Option<Cow<'a, str>>,
+    pub(crate) kind: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    pub request: Option<Request<'a>>,
+    pub(crate) request: Option<Request<'a>>,
 }
 
 #[derive(Debug, Deserialize, Default, Clone, PartialEq, Eq)]
@@ -90,7 +91,7 @@ pub struct GroupVersionKind {
     #[serde(default)]
     pub group: String,
     #[serde(default)]
-    pub version: String,
+    pub(crate) version: String,
     #[serde(default)]
     pub kind: String,
 }
@@ -108,7 +109,7 @@ pub enum Operation {
 #[serde(rename_all = "camelCase")]
 pub struct Request<'a> {
     #[serde(borrow, default)]
-    pub uid: Cow<'a, str>,
+    pub(crate) uid: Cow<'a, str>,
     #[serde(default)]
     pub kind: GroupVersionKind,
     #[serde(borrow, default)]
@@ -116,34 +117,34 @@ pub struct Request<'a> {
     #[serde(borrow, default)]
     pub name: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    pub namespace: Option<Cow<'a, str>>,
+    pub(crate) namespace: Option<Cow<'a, str>>,
     pub operation: Operation,
     #[serde(borrow, default)]
-    pub object: Option<RawJson<'a>>,
+    pub(crate) object: Option<RawJson<'a>>,
     #[serde(borrow, default)]
-    pub old_object: Option<RawJson<'a>>,
+    pub(crate) old_object: Option<RawJson<'a>>,
     #[serde(default)]
-    pub dry_run: Option<bool>,
+    pub(crate) dry_run: Option<bool>,
     /// `CreateOptions`, `DeleteOptions`…, as raw JSON (read only for a Pod DELETE's grace).
     #[serde(borrow, default)]
-    pub options: Option<RawJson<'a>>,
+    pub(crate) options: Option<RawJson<'a>>,
     /// `userInfo`, as raw JSON (read by the webhook's IPClaim guard, and to tell KubeVirt's
     /// launcher pods).
     #[serde(borrow, default)]
-    pub user_info: Option<RawJson<'a>>,
+    pub(crate) user_info: Option<RawJson<'a>>,
     /// `object.metadata` as the scan read it (the serde path leaves it `NotScanned`).
     #[serde(skip)]
-    pub object_metadata: ScannedMetadata,
+    pub(crate) object_metadata: ScannedMetadata,
     #[serde(skip)]
-    pub old_object_metadata: ScannedMetadata,
+    pub(crate) old_object_metadata: ScannedMetadata,
 }
 
 /// A JSON value's text, borrowed from the body (checked as JSON when the review was decoded).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RawJson<'a>(&'a str);
+pub(crate) struct RawJson<'a>(&'a str);
 
 impl<'a> RawJson<'a> {
-    pub fn get(&self) -> &'a str {
+    pub(crate) fn get(&self) -> &'a str {
         self.0
     }
 }
@@ -156,7 +157,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for RawJson<'a> {
 
 /// What the scan made of an embedded object's `metadata`.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub enum ScannedMetadata {
+pub(crate) enum ScannedMetadata {
     /// Not read, or not plain: read the object with serde.
     #[default]
     NotScanned,
@@ -343,12 +344,12 @@ fn check(review: Review<'_>) -> Result<Incoming<'_>, ReviewError> {
 /// The decision to send back.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Response {
-    pub api_version: &'static str,
-    pub uid: String,
+    pub(crate) api_version: &'static str,
+    pub(crate) uid: String,
     pub allowed: bool,
     pub message: Option<String>,
     /// A JSON Patch document (raw JSON bytes).
-    pub patch: Option<Vec<u8>>,
+    pub(crate) patch: Option<Vec<u8>>,
     pub warnings: Vec<String>,
 }
 

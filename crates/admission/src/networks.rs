@@ -66,7 +66,8 @@ struct Source {
 
 impl Attachment {
     /// `namespace/name`: the attachment's identity.
-    pub fn key(&self) -> String {
+    #[cfg(test)]
+    pub(crate) fn key(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
     }
 

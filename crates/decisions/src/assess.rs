@@ -80,13 +80,13 @@ impl From<AllocError> for Denial {
 pub struct Answer {
     pub response: Response,
     /// `namespace/app`, when the review was about an app's pod.
-    pub app: Option<String>,
+    pub(crate) app: Option<String>,
     /// The IPs the decision concerns (granted, or carried by the pod validated).
-    pub ips: Vec<IpAddr>,
+    pub(crate) ips: Vec<IpAddr>,
     /// The decision recorded new claims (an allocation or static IPs, not a dry run or a
     /// retried request): its line is logged at INFO, as a denial's is; other allowed
     /// decisions at DEBUG.
-    pub granted: bool,
+    pub(crate) granted: bool,
 }
 
 impl From<Response> for Answer {
@@ -153,18 +153,18 @@ impl fmt::Display for Denial {
 
 /// What a pod asks for, read and checked.
 pub(crate) struct PodAsk<'m> {
-    pub view: PodView<'m>,
+    pub(crate) view: PodView<'m>,
     /// IPs the pod already carries (CNI annotations, else the `allocated-ip` label): asked
     /// for as static IPs unless they are its own verified claims.
-    pub carried: Vec<IpAddr>,
+    pub(crate) carried: Vec<IpAddr>,
     /// Its list or pool, if it names one.
-    pub candidates: Option<Candidates>,
+    pub(crate) candidates: Option<Candidates>,
     /// The claim token it carries (only a well-formed one counts).
-    pub token: Option<&'m str>,
+    pub(crate) token: Option<&'m str>,
     /// Whether it carries ip-webhook's `status: mutated` marker.
-    pub marked: bool,
+    pub(crate) marked: bool,
     /// Warnings from the CNI checks (for `/validate`).
-    pub warnings: Vec<String>,
+    pub(crate) warnings: Vec<String>,
 }
 
 impl PodAsk<'_> {

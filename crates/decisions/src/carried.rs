@@ -54,12 +54,12 @@ pub(crate) async fn unrecorded(
 /// The IPs a pod carries on one interface, and what it holds of them.
 #[derive(Clone, Copy)]
 pub(crate) struct Carried<'a> {
-    pub ips: &'a [IpAddr],
+    pub(crate) ips: &'a [IpAddr],
     /// The pod's own claims among them.
-    pub mine: &'a [Claim],
-    pub pod: &'a PodRef,
+    pub(crate) mine: &'a [Claim],
+    pub(crate) pod: &'a PodRef,
     /// The VM the pod is a launcher pod of.
-    pub vm: Option<&'a str>,
+    pub(crate) vm: Option<&'a str>,
 }
 
 /// Whether the API server says `user` no longer uses `ip` (gone, or on other IPs): the copy

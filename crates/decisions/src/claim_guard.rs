@@ -77,14 +77,6 @@ impl ClaimGuard {
         }
     }
 
-    /// The names trusted so far.
-    pub fn trusted(&self) -> Vec<String> {
-        self.trusted
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
     fn is_trusted(&self, username: &str) -> bool {
         self.trusted
             .read()
@@ -253,7 +245,7 @@ fn claim_in(incoming: &Incoming<'_>, old: bool) -> Result<IPClaim, UnreadClaim> 
 }
 
 /// Judge an IPClaim review.
-pub fn review(guard: &ClaimGuard, incoming: &Incoming<'_>) -> Response {
+pub(crate) fn review(guard: &ClaimGuard, incoming: &Incoming<'_>) -> Response {
     let response = incoming.respond();
     let request = &incoming.request;
     let status_write = match request.sub_resource.as_deref() {

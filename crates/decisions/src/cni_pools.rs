@@ -55,13 +55,13 @@ struct CalicoPoolSpec {
 /// A Calico IPPool as far as fixed IPs care.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CalicoPool {
-    pub name: String,
-    pub cidr: IpRange,
-    pub disabled: bool,
+    pub(crate) name: String,
+    pub(crate) cidr: IpRange,
+    pub(crate) disabled: bool,
     /// `Workload`, `Tunnel`; Calico's default when unset is both.
-    pub allowed_uses: Vec<String>,
+    pub(crate) allowed_uses: Vec<String>,
     /// Calico's default is `all()`; `!all()` keeps automatic assignment away.
-    pub node_selector: String,
+    pub(crate) node_selector: String,
 }
 
 impl CalicoPool {
@@ -93,10 +93,10 @@ impl CalicoPool {
 /// A Kube-OVN Subnet as far as fixed IPs care.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OvnSubnet {
-    pub name: String,
-    pub vpc: String,
+    pub(crate) name: String,
+    pub(crate) vpc: String,
     pub cidrs: IpSet,
-    pub excluded: IpSet,
+    pub(crate) excluded: IpSet,
 }
 
 #[derive(Default)]

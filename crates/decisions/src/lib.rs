@@ -1,4 +1,5 @@
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 //! The admission decisions: what `/mutate` and `/validate` answer, over the allocator, the
 //! pod's workload, its CNI networks and the IPClaim guard.
 //!
@@ -158,7 +159,7 @@ pub struct Webhook {
     /// Parsed `allocatable-ips` lists, so an app's pods do not re-parse the same list.
     specs: SpecCache,
     /// Told about every Pod CREATE decision (Kubernetes Events in-cluster; `explain`).
-    pub events: Arc<dyn EventSink>,
+    pub(crate) events: Arc<dyn EventSink>,
     /// Judges IPClaim edits and deletions ([`crate::claim_guard`]).
     pub claim_guard: crate::claim_guard::ClaimGuard,
     /// Asks the API server whether a claim's pod still exists (set when there is one).
@@ -231,7 +232,7 @@ impl Webhook {
 
     /// The IPs a pod may get: its `allocatable-ips` list or its pool. `Ok(None)` when it asks
     /// for neither; `Err` is the denial.
-    pub fn candidates(
+    pub(crate) fn candidates(
         &self,
         pod: &PodView<'_>,
     ) -> Result<Option<Candidates>, Box<CandidatesRefusal>> {
@@ -290,7 +291,7 @@ impl Webhook {
 
 /// Why a pod cannot draw from the list or pool it names; each names the pod.
 #[derive(Debug, thiserror::Error)]
-pub enum CandidatesRefusal {
+pub(crate) enum CandidatesRefusal {
     #[error("pod {pod} sets both {ALLOCATABLE_IPS} and {IP_POOL}; use one")]
     ListAndPool { pod: String },
     #[error("pod {pod}: annotation {ALLOCATABLE_IPS}: {error}")]
@@ -413,24 +414,24 @@ impl PolicyRefusal {
 
 /// Where a pod's IPs come from.
 #[derive(Debug, Clone)]
-pub struct Candidates {
-    pub set: Arc<IpSet>,
-    pub pool: Option<String>,
+pub(crate) struct Candidates {
+    pub(crate) set: Arc<IpSet>,
+    pub(crate) pool: Option<String>,
 }
 
 /// A pod as admission sees it: its metadata plus the names it has at this point.
-pub struct PodView<'m> {
-    pub meta: &'m Meta,
-    pub namespace: String,
-    pub app: Option<&'m str>,
+pub(crate) struct PodView<'m> {
+    pub(crate) meta: &'m Meta,
+    pub(crate) namespace: String,
+    pub(crate) app: Option<&'m str>,
     /// The KubeVirt VM this is a launcher pod of (`kubevirt::admitted_vm`).
-    pub vm: Option<&'m str>,
+    pub(crate) vm: Option<&'m str>,
     /// A launcher pod that is a live migration's target (`kubevirt::is_migration_target`).
-    pub migration: bool,
+    pub(crate) migration: bool,
 }
 
 impl<'m> PodView<'m> {
-    pub fn new(meta: &'m Meta, incoming: &Incoming<'_>, settings: &Settings) -> PodView<'m> {
+    pub(crate) fn new(meta: &'m Meta, incoming: &Incoming<'_>, settings: &Settings) -> PodView<'m> {
         let namespace = meta
             .namespace
             .clone()
@@ -445,11 +446,11 @@ impl<'m> PodView<'m> {
         }
     }
 
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         self.meta.name.as_deref().unwrap_or("")
     }
 
-    pub fn pod_ref(&self) -> PodRef {
+    pub(crate) fn pod_ref(&self) -> PodRef {
         PodRef {
             namespace: self.namespace.as_str().into(),
             name: self.name().into(),
@@ -468,11 +469,11 @@ impl<'m> PodView<'m> {
         format!("{}/{}", self.namespace, self.app.unwrap_or(""))
     }
 
-    pub fn display(&self) -> String {
+    pub(crate) fn display(&self) -> String {
         self.pod_name().to_string()
     }
 
-    pub fn pod_name(&self) -> PodName<'_> {
+    pub(crate) fn pod_name(&self) -> PodName<'_> {
         PodName {
             namespace: &self.namespace,
             name: self.name(),
@@ -481,7 +482,7 @@ impl<'m> PodView<'m> {
     }
 
     /// `app namespace/app` or, for a pool pod, `FixedIPPool NAME (app namespace/app)`.
-    pub fn scope<'s>(&'s self, candidates: &'s Candidates) -> Scope<'s> {
+    pub(crate) fn scope<'s>(&'s self, candidates: &'s Candidates) -> Scope<'s> {
         let (namespace, app) = (self.namespace.as_str(), self.app.unwrap_or(""));
         match &candidates.pool {
             Some(pool) => Scope::Pool {

@@ -3,7 +3,7 @@
 use std::net::IpAddr;
 
 use crate::assess::{Answer, Denial, PodAsk, assess};
-use crate::events::{Assigned, Refused};
+use crate::events::Refused;
 use crate::secondary::{self, NetworkAsks, NetworkGrant};
 use crate::{Candidates, PodView, Webhook};
 use ip_webhook_admission::annotations::{
@@ -78,7 +78,10 @@ impl PodDecision {
     }
 }
 
-pub async fn mutate(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Answer, ReviewError> {
+pub(crate) async fn mutate(
+    webhook: &Webhook,
+    incoming: &Incoming<'_>,
+) -> Result<Answer, ReviewError> {
     let response = incoming.respond();
     let request = &incoming.request;
     if request.kind.kind != "Pod"
@@ -364,14 +367,6 @@ impl Grant<'_> {
         );
         webhook.metrics.allocation(outcome);
         tracing::debug!(pod = %ask.view.display(), reasons = ?allocation.reasons, networks = ?granted, "allocated");
-        webhook.events.assigned(&Assigned {
-            request_uid: request.request_uid,
-            pod: &request.pod,
-            app: &app_key,
-            ips: &allocation.ips,
-            reasons: &allocation.reasons,
-            dry_run: request.dry_run,
-        });
         let mut patch = metadata_patch(webhook, meta, &allocation);
         if let Some(networks) = networks {
             secondary::add_to_patch(webhook, meta, networks, &granted, &mut patch);
@@ -443,10 +438,7 @@ fn metadata_patch(
 /// What a refusal is reported with (besides its message and outcome).
 struct RefusalContext<'a> {
     webhook: &'a Webhook,
-    request_uid: &'a str,
     pod: &'a PodRef,
-    /// The app label's value; `namespace/app` is written only for a refusal.
-    app: Option<&'a str>,
     owners: &'a [OwnerRef],
     dry_run: bool,
 }
@@ -459,9 +451,7 @@ fn refusal<'a>(
 ) -> RefusalContext<'a> {
     RefusalContext {
         webhook,
-        request_uid: incoming.uid(),
         pod,
-        app: view.app,
         owners: view.meta.owner_references.as_deref().unwrap_or(&[]),
         dry_run: incoming.dry_run(),
     }
@@ -472,14 +462,8 @@ fn refused(context: &RefusalContext<'_>, app: Option<String>, denial: Denial) ->
     let outcome = denial.outcome();
     let message = denial.to_string();
     context.webhook.metrics.allocation(outcome.clone());
-    let app_key = context
-        .app
-        .map(|app| format!("{}/{app}", context.pod.namespace))
-        .unwrap_or_default();
     context.webhook.events.refused(&Refused {
-        request_uid: context.request_uid,
         pod: context.pod,
-        app: &app_key,
         owners: context.owners,
         outcome,
         message: &message,

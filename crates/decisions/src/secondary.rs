@@ -45,7 +45,7 @@ impl SecondaryNetworks {
         SecondaryNetworks { by_network }
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.by_network.is_empty()
     }
 
@@ -77,14 +77,14 @@ pub(crate) fn prefix_annotation(network: &Network) -> String {
 /// What a pod asks of one managed network.
 #[derive(Debug)]
 pub(crate) struct NetworkAsk {
-    pub network: Network,
+    pub(crate) network: Network,
     /// Its entry among the pod's attachments.
     attachment: usize,
     /// The pod's list for it (none: only IPs named by hand).
     list: Option<Arc<IpSet>>,
     prefix: Option<u8>,
     /// The IPs the pod carries on it (a static request, or our own earlier answer).
-    pub carried: Vec<IpAddr>,
+    pub(crate) carried: Vec<IpAddr>,
     /// Whether the pod wrote one of Kube-OVN's annotations for it itself.
     kube_ovn_by_hand: bool,
 }
@@ -95,7 +95,7 @@ pub(crate) struct NetworkAsks {
     attachments: Vec<Attachment>,
     /// The pod's namespace, where its attachments without one are.
     namespace: String,
-    pub asks: Vec<NetworkAsk>,
+    pub(crate) asks: Vec<NetworkAsk>,
 }
 
 /// The IPs granted on one network.

@@ -67,7 +67,7 @@ impl WorkloadRegistry {
     }
 
     /// Whether watches feed the registry (in-cluster).
-    pub fn watched(&self) -> bool {
+    pub(crate) fn watched(&self) -> bool {
         self.watched.load(std::sync::atomic::Ordering::SeqCst)
     }
 

@@ -511,7 +511,8 @@ impl IpSet {
     }
 
     /// Iterate the IPs in ascending order (lazy: safe on huge sets when bounded with `take`).
-    pub fn iter(&self) -> impl Iterator<Item = IpAddr> + '_ {
+    #[cfg(test)]
+    pub(crate) fn iter(&self) -> impl Iterator<Item = IpAddr> + '_ {
         self.ranges.iter().flat_map(|r| {
             let family = r.family;
             RangeIter {
@@ -591,11 +592,13 @@ impl IpSet {
     }
 }
 
+#[cfg(test)]
 struct RangeIter {
     next: Option<u128>,
     end: u128,
 }
 
+#[cfg(test)]
 impl Iterator for RangeIter {
     type Item = u128;
     fn next(&mut self) -> Option<u128> {
@@ -624,7 +627,7 @@ impl fmt::Display for IpSet {
 
 impl IpRange {
     /// The fewest CIDRs that cover exactly this range (e.g. for Calico's `reservedCIDRs`).
-    pub fn to_cidrs(&self) -> Vec<IpNet> {
+    pub(crate) fn to_cidrs(self) -> Vec<IpNet> {
         let bits = self.family.bits();
         let mut out = Vec::new();
         let mut start = self.start;
@@ -663,7 +666,7 @@ fn block_last(start: u128, size_log: u32) -> u128 {
 impl IpSet {
     /// The set as the fewest CIDRs, IPv4 first.
     pub fn to_cidrs(&self) -> Vec<IpNet> {
-        self.ranges.iter().flat_map(IpRange::to_cidrs).collect()
+        self.ranges.iter().flat_map(|r| r.to_cidrs()).collect()
     }
 }
 

@@ -1,4 +1,5 @@
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 //! IP address management: which IPs an app may have, and which one a pod gets.
 //!
 //! The contract, for the webhook and the cluster tasks above it:

@@ -57,8 +57,8 @@ pub struct Pool {
     pub name: String,
     pub cidr: IpNet,
     pub usable: Arc<IpSet>,
-    pub namespaces: Vec<String>,
-    pub pod_selector: Option<LabelSelector>,
+    pub(crate) namespaces: Vec<String>,
+    pub(crate) pod_selector: Option<LabelSelector>,
 }
 
 impl Pool {
@@ -205,11 +205,6 @@ impl PoolCatalog {
         self.cidrs
             .insert(IpRange::from_net_all(&pool.cidr), pool.name.clone());
         self.pools.insert(pool.name.clone(), Arc::new(pool));
-    }
-
-    pub fn remove(&mut self, name: &str) {
-        self.cidrs.remove(&name.to_string());
-        self.pools.remove(name);
     }
 
     /// Another pool whose CIDR overlaps `pool`'s (a pool of the same name is not "another").

@@ -53,7 +53,7 @@ impl Allocator {
 
     /// `Terminating` claims whose release time has passed at `now`, and released claims
     /// kept for their pod name whose sticky grace has.
-    pub fn due(&self, now: u64) -> Vec<Claim> {
+    pub(crate) fn due(&self, now: u64) -> Vec<Claim> {
         let state = self.lock();
         state
             .releasing

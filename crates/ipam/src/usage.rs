@@ -43,7 +43,7 @@ pub struct Holder {
     pub request_uid: String,
     /// Kept for the pod's name once it is gone (a StatefulSet pod's).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub sticky: bool,
+    pub(crate) sticky: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -59,7 +59,7 @@ pub struct PoolStatus {
     pub reserved: u64,
     pub free: Option<u64>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub holders: Vec<Holder>,
+    pub(crate) holders: Vec<Holder>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

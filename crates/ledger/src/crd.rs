@@ -13,7 +13,6 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 pub const GROUP: &str = "ip-webhook.io";
-pub const VERSION: &str = "v1alpha1";
 
 /// A pool of IPs that pods opt into with the `ip-webhook.io/ip-pool` annotation.
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -84,7 +83,7 @@ pub struct IPClaimSpec {
     #[serde(default)]
     pub app: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pool: Option<String>,
+    pub(crate) pool: Option<String>,
     #[serde(default)]
     pub pod_name: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -95,7 +94,7 @@ pub struct IPClaimSpec {
     pub request_uid: String,
     /// `Allocated` (chosen by ip-webhook) or `Static` (written on the pod by hand).
     #[serde(default)]
-    pub source: String,
+    pub(crate) source: String,
     /// Set when the claim is bound to a StatefulSet pod: once the pod is gone the claim stays
     /// (phase `Released`) for `--sticky-grace`, so the recreated pod of the same name gets the
     /// IP back.
@@ -108,7 +107,7 @@ pub struct IPClaimSpec {
     /// How many IPs the app's list held when the claim was made: `status` shows it as the
     /// app's SIZE (the newest claim's), and FREE and USED from it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub list_size: Option<u64>,
+    pub(crate) list_size: Option<u64>,
     /// The KubeVirt VirtualMachine (in `namespace`) the claim belongs to: its launcher pods
     /// hold the IP in turn, and it is released only once the VM is gone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -118,19 +117,19 @@ pub struct IPClaimSpec {
     /// 8). Deleting the target gives the claim back to the newest; deleting one of them
     /// leaves the claim to the others.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub migration_sources: Vec<MigrationSource>,
+    pub(crate) migration_sources: Vec<MigrationSource>,
 }
 
 /// A launcher pod that may run a VM on its claim's IP besides the claim's own pod.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct MigrationSource {
-    pub pod_name: String,
+pub(crate) struct MigrationSource {
+    pub(crate) pod_name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pod_uid: Option<String>,
+    pub(crate) pod_uid: Option<String>,
     /// The claim token it carries.
     #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub token: String,
+    pub(crate) token: String,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]

@@ -30,7 +30,7 @@ impl LedgerHealth {
         LedgerHealth::default()
     }
 
-    pub fn success(&self) {
+    pub(crate) fn success(&self) {
         let was = self.in_a_row.swap(0, Ordering::SeqCst);
         *self.since.lock().unwrap_or_else(|p| p.into_inner()) = None;
         if self

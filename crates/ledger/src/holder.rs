@@ -43,7 +43,7 @@ pub struct Carrier {
 impl Carrier {
     /// Whether the pod (of the claim's namespace) with this UID and claim token is this
     /// launcher pod: by UID when both have one, else by the token it carries.
-    pub fn is(&self, uid: Option<&str>, token: Option<&str>) -> bool {
+    pub(crate) fn is(&self, uid: Option<&str>, token: Option<&str>) -> bool {
         match (self.uid.as_deref(), uid) {
             (Some(mine), Some(theirs)) => mine == theirs,
             _ => !self.token.is_empty() && token == Some(self.token.as_str()),
@@ -59,7 +59,7 @@ impl VmRef {
         }))
     }
 
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.0.name
     }
 

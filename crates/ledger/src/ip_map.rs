@@ -71,7 +71,7 @@ impl<V> IpMap<V> {
     }
 
     /// The entries in the order of their IPs.
-    pub fn iter(&self) -> impl Iterator<Item = (&IpAddr, &V)> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&IpAddr, &V)> {
         self.0.iter().map(|(key, value)| (&key.0, value))
     }
 

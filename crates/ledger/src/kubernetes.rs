@@ -410,10 +410,6 @@ impl KubeLedger {
         ListParams::default().labels(&selector)
     }
 
-    pub fn api(&self) -> &Api<IPClaim> {
-        &self.api
-    }
-
     /// The IPClaim `name` and the claim it records; `None` when there is none, or when it
     /// cannot be read (skipped and counted: `doing` says what was not done to it).
     async fn read_held(

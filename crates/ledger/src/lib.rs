@@ -1,4 +1,5 @@
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 //! The ledger: where claims on IPs are recorded durably. One contract, several adapters.
 //!
 //! The contract, for the allocator and the cluster tasks above it:
@@ -103,7 +104,7 @@ impl PodRef {
         self.pod_name().to_string()
     }
 
-    pub fn pod_name(&self) -> PodName<'_> {
+    pub(crate) fn pod_name(&self) -> PodName<'_> {
         PodName {
             namespace: &self.namespace,
             name: &self.name,
@@ -338,17 +339,17 @@ pub enum LedgerError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Damage {
     /// The file.
-    pub path: std::path::PathBuf,
+    pub(crate) path: std::path::PathBuf,
     /// The state dir (for the repair command the message names).
-    pub state_dir: std::path::PathBuf,
+    pub(crate) state_dir: std::path::PathBuf,
     /// Where the damage starts.
-    pub offset: u64,
-    pub found: Found,
+    pub(crate) offset: u64,
+    pub(crate) found: Found,
 }
 
 /// What a damaged ledger file holds at [`Damage::offset`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Found {
+pub(crate) enum Found {
     /// Bytes that are no valid record, with valid records after them.
     Stretch {
         /// Valid records after the first damaged stretch.

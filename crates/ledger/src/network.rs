@@ -79,12 +79,12 @@ impl Network {
     }
 
     /// `namespace.name`: the network's books in file names and keys (neither part has a dot).
-    pub fn books(&self) -> String {
+    pub(crate) fn books(&self) -> String {
         format!("{}.{}", self.namespace, self.name)
     }
 
     /// The embedded ledger's state dir for this network inside the primary one's.
-    pub fn state_dir(&self, primary: &Path) -> PathBuf {
+    pub(crate) fn state_dir(&self, primary: &Path) -> PathBuf {
         primary.join("networks").join(self.books())
     }
 

@@ -49,7 +49,7 @@ fn interner() -> &'static Mutex<Interner> {
 
 impl Shared {
     /// The interned copy of `text`.
-    pub fn new(text: &str) -> Shared {
+    pub(crate) fn new(text: &str) -> Shared {
         // a panic under the lock leaves the set whole (one insert or retain), so a poisoned
         // lock is still usable
         let mut interner = interner()
@@ -79,7 +79,7 @@ impl Default for Shared {
 }
 
 impl Text {
-    pub fn new(text: &str) -> Text {
+    pub(crate) fn new(text: &str) -> Text {
         Text(text.into())
     }
 

@@ -18,9 +18,9 @@ use super::{Claim, CreateOutcome, Ledger, LedgerError};
 #[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
 pub struct LedgerLabels {
     /// `embedded`, `kubernetes`, `etcd`, `memory`.
-    pub ledger: &'static str,
+    pub(crate) ledger: &'static str,
     /// `create`, `release`, `load`.
-    pub operation: &'static str,
+    pub(crate) operation: &'static str,
 }
 
 pub struct TimedLedger {

@@ -1,4 +1,5 @@
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 //! Prometheus metrics, registered once and encoded on `GET /metrics`.
 //!
 //! The webhook's own metrics are named `ip_webhook_*`; the process metrics keep their usual
@@ -66,13 +67,13 @@ pub enum Outcome {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
-    pub webhook: Endpoint,
-    pub outcome: Outcome,
+    pub(crate) webhook: Endpoint,
+    pub(crate) outcome: Outcome,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WebhookLabels {
-    pub webhook: Endpoint,
+    pub(crate) webhook: Endpoint,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
@@ -89,23 +90,23 @@ pub enum AllocationOutcome {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct AllocationLabels {
-    pub outcome: AllocationOutcome,
+pub(crate) struct AllocationLabels {
+    pub(crate) outcome: AllocationOutcome,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct AppLabels {
     /// The app's namespace (not `namespace`, which Prometheus sets to the webhook's).
-    pub app_namespace: String,
-    pub app: String,
+    pub(crate) app_namespace: String,
+    pub(crate) app: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ExhaustedLabels {
-    pub app_namespace: String,
-    pub app: String,
+pub(crate) struct ExhaustedLabels {
+    pub(crate) app_namespace: String,
+    pub(crate) app: String,
     /// Empty for an `allocatable-ips` list.
-    pub pool: String,
+    pub(crate) pool: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -115,13 +116,13 @@ pub struct LeaseLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct PoolLabels {
-    pub pool: String,
+    pub(crate) pool: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct BuildLabels {
-    pub version: &'static str,
-    pub commit: &'static str,
+    pub(crate) version: &'static str,
+    pub(crate) commit: &'static str,
 }
 
 /// The commit the binary was built from (`build.rs`), or "unknown".
@@ -190,23 +191,23 @@ impl WebhookSeries {
 }
 
 pub struct Metrics {
-    pub registry: Registry,
+    pub(crate) registry: Registry,
     pub requests: Family<RequestLabels, Counter>,
     pub latency: Family<WebhookLabels, Histogram>,
     pub in_flight: Family<WebhookLabels, Gauge>,
     /// Each endpoint's series of the three families above, by [`Endpoint`] order.
     webhooks: [WebhookSeries; 2],
     pub panics: Counter,
-    pub allocations: Family<AllocationLabels, Counter>,
+    pub(crate) allocations: Family<AllocationLabels, Counter>,
     /// Pods refused because every IP of their list or pool was held.
-    pub exhausted_refusals: Family<ExhaustedLabels, Counter>,
+    pub(crate) exhausted_refusals: Family<ExhaustedLabels, Counter>,
     /// Exhaustion refusals that got no per-app series: the app holds no IP (so the names
     /// came only from the request), or `--metrics-max-apps` series exist already.
-    pub exhausted_unattributed: Counter,
+    pub(crate) exhausted_unattributed: Counter,
     /// Exhaustion refusals of apps that hold IPs that got no series of their own because
     /// `--metrics-max-apps` series exist (the per-app gauges report what they leave out in
     /// `metrics_apps_left_out`).
-    pub app_series_overflow: Counter,
+    pub(crate) app_series_overflow: Counter,
     /// TLS handshakes refused for the client certificate, by reason.
     pub client_cert_refusals: Family<ReasonLabels, Counter>,
     /// Connections and requests refused by the connection and in-flight byte limits.

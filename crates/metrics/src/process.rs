@@ -11,15 +11,15 @@ use prometheus_client::metrics::gauge::ConstGauge;
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Sample {
     /// User and system CPU time, seconds.
-    pub cpu_seconds: f64,
-    pub resident_memory_bytes: u64,
-    pub virtual_memory_bytes: u64,
-    pub open_fds: u64,
+    pub(crate) cpu_seconds: f64,
+    pub(crate) resident_memory_bytes: u64,
+    pub(crate) virtual_memory_bytes: u64,
+    pub(crate) open_fds: u64,
     /// The soft RLIMIT_NOFILE; `None` when unlimited.
-    pub max_fds: Option<u64>,
+    pub(crate) max_fds: Option<u64>,
     /// Unix seconds.
-    pub start_time_seconds: f64,
-    pub threads: u64,
+    pub(crate) start_time_seconds: f64,
+    pub(crate) threads: u64,
 }
 
 impl Sample {

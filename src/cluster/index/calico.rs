@@ -36,11 +36,11 @@ use ip_webhook_metrics::{CacheKindLabels, Metrics};
 /// One allocation of a block that names a pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct IpamHold {
-    pub ip: IpAddr,
-    pub namespace: String,
-    pub pod: String,
+    pub(crate) ip: IpAddr,
+    pub(crate) namespace: String,
+    pub(crate) pod: String,
     /// `handle_id`: `k8s-pod-network.<container ID>` for a pod.
-    pub handle: String,
+    pub(crate) handle: String,
 }
 
 /// An `IPAMBlock` as read from lists and watches: only the fields the holds are made of (of
@@ -49,8 +49,8 @@ pub(crate) struct IpamHold {
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(from = "RawBlock")]
 pub(crate) struct IpamBlockObject {
-    pub metadata: ObjectMeta,
-    pub spec: BlockSpec,
+    pub(crate) metadata: ObjectMeta,
+    pub(crate) spec: BlockSpec,
 }
 
 #[derive(Deserialize)]
@@ -214,9 +214,9 @@ impl HasIps for IpamBlock {
 
 /// An IP Calico's IPAM gives a pod, and that pod.
 pub(crate) struct CalicoHeld {
-    pub ip: IpAddr,
-    pub namespace: Shared,
-    pub pod: Box<str>,
+    pub(crate) ip: IpAddr,
+    pub(crate) namespace: Shared,
+    pub(crate) pod: Box<str>,
 }
 
 impl ClusterIps {

@@ -31,24 +31,24 @@ pub(crate) enum FetchError {
 /// The cluster's side of the comparison.
 pub(crate) struct Cluster {
     /// The pods that carry our or the CNIs' labels or annotations, cut down.
-    pub pods: Vec<Pod>,
+    pub(crate) pods: Vec<Pod>,
     /// The other pods that can change a finding ([`Wanted`]), as compact records.
-    pub plain: Vec<PlainPod>,
+    pub(crate) plain: Vec<PlainPod>,
     /// How many pods were read.
-    pub pod_count: usize,
+    pub(crate) pod_count: usize,
     /// Every app's list (pods' and workloads' `allocatable-ips`) and every FixedIPPool.
-    pub listed: IpSet,
+    pub(crate) listed: IpSet,
     /// The CNI's records that can change a finding: on a listed or claimed IP.
-    pub cni: Vec<CniHold>,
+    pub(crate) cni: Vec<CniHold>,
     /// Kube-OVN `IP` objects read; `None` when not served.
-    pub kube_ovn_ips: Option<usize>,
+    pub(crate) kube_ovn_ips: Option<usize>,
     /// Calico allocations naming a pod; `None` when `ipamhandles` is not served.
-    pub calico_allocations: Option<usize>,
+    pub(crate) calico_allocations: Option<usize>,
     /// Lists that could not be read but the comparison went on without (workloads).
-    pub warnings: Vec<String>,
+    pub(crate) warnings: Vec<String>,
     /// The KubeVirt VirtualMachines and VirtualMachineInstances (namespace, name) that exist:
     /// a VM's claim is held by them, not by a pod. Empty where KubeVirt is not installed.
-    pub vms: HashSet<(String, String)>,
+    pub(crate) vms: HashSet<(String, String)>,
 }
 
 /// Calico's IPAM handles: their presence says Calico IPAM runs here.

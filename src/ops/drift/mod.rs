@@ -77,30 +77,30 @@ impl DriftKind {
 /// One finding.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub(crate) struct Drift {
-    pub kind: DriftKind,
+    pub(crate) kind: DriftKind,
     /// The IP concerned: the claimed IP (kinds 1 and 3), the pod's IP (2), the CNI's IP (4).
-    pub ip: IpAddr,
+    pub(crate) ip: IpAddr,
     /// `namespace/name` of the pod concerned (`namespace/generateName*` for a reservation).
-    pub pod: String,
+    pub(crate) pod: String,
     /// The pod's actual IPs (kind 3).
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub pod_ips: Vec<IpAddr>,
+    pub(crate) pod_ips: Vec<IpAddr>,
     /// What was seen, in a sentence.
-    pub detail: String,
+    pub(crate) detail: String,
     /// The claim a `claim-without-pod` finding is about, which `release --from-report` frees
     /// only while it is still that very claim.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub claim: Option<crate::ops::release::FoundClaim>,
+    pub(crate) claim: Option<crate::ops::release::FoundClaim>,
 }
 
 /// Who the CNI says an IP belongs to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct CniHold {
-    pub ip: IpAddr,
-    pub namespace: String,
-    pub pod: String,
+    pub(crate) ip: IpAddr,
+    pub(crate) namespace: String,
+    pub(crate) pod: String,
     /// The record, for the report: `Kube-OVN IP web-1.default`, `Calico IPAMBlock … (handle …)`.
-    pub record: String,
+    pub(crate) record: String,
 }
 
 /// A pod that carries none of our or the CNIs' labels and annotations, kept as the
@@ -134,28 +134,28 @@ impl PlainPod {
 
 /// Everything the comparison looks at.
 pub(crate) struct Inputs<'a> {
-    pub claims: &'a [Claim],
+    pub(crate) claims: &'a [Claim],
     /// The pods of the cluster (or of the namespaces compared) that carry our or the CNIs'
     /// labels or annotations, cut down ([`fetch::slim_pod`]).
-    pub pods: &'a [Pod],
+    pub(crate) pods: &'a [Pod],
     /// The other pods.
-    pub plain: &'a [PlainPod],
+    pub(crate) plain: &'a [PlainPod],
     /// The IPs of every app's list and every FixedIPPool.
-    pub listed: &'a IpSet,
+    pub(crate) listed: &'a IpSet,
     /// The CNI's own records (Kube-OVN `IP` objects, Calico IPAM allocations).
-    pub cni: &'a [CniHold],
+    pub(crate) cni: &'a [CniHold],
     /// The pod label that names a pod's app.
-    pub app_label: &'a str,
+    pub(crate) app_label: &'a str,
     /// Unix seconds.
-    pub now: u64,
+    pub(crate) now: u64,
     /// Claims changed this recently (seconds) are not reported as without a pod.
-    pub settle: u64,
+    pub(crate) settle: u64,
     /// The KubeVirt VMs and VMIs (namespace, name) that exist: a VM's claim with no launcher
     /// pod is held while its VM is.
-    pub vms: &'a HashSet<(String, String)>,
+    pub(crate) vms: &'a HashSet<(String, String)>,
     /// The secondary network whose claims these are (the pods projected onto it,
     /// [`network::project`]); `None`: the primary interface's.
-    pub network: Option<&'a Network>,
+    pub(crate) network: Option<&'a Network>,
 }
 
 /// The default of [`Inputs::settle`]: `serve`'s default reservation TTL.
@@ -521,23 +521,23 @@ pub(crate) fn block_holds(block: &str, spec: &BlockSpec) -> Vec<CniHold> {
 /// What was compared, for the report.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub(crate) struct Compared {
-    pub claims: usize,
-    pub pods: usize,
+    pub(crate) claims: usize,
+    pub(crate) pods: usize,
     /// Kube-OVN `IP` objects read; `None` when `ips.kubeovn.io` is not served.
-    pub kube_ovn_ips: Option<usize>,
+    pub(crate) kube_ovn_ips: Option<usize>,
     /// Calico IPAM allocations naming a pod; `None` when `ipamhandles.crd.projectcalico.org`
     /// is not served.
-    pub calico_allocations: Option<usize>,
+    pub(crate) calico_allocations: Option<usize>,
     /// The namespace compared (`-n`), if only one.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub namespace: Option<String>,
+    pub(crate) namespace: Option<String>,
 }
 
 /// `check --drift`'s output (`-o json` prints it as is).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub(crate) struct Report {
-    pub drift: Vec<Drift>,
-    pub compared: Compared,
+    pub(crate) drift: Vec<Drift>,
+    pub(crate) compared: Compared,
 }
 
 impl Report {

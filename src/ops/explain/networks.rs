@@ -17,8 +17,8 @@ use ip_webhook_ledger::{Claim, Ledger, MemoryLedger};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub(crate) struct NetworkIps {
     /// `namespace/name` of the NetworkAttachmentDefinition.
-    pub network: String,
-    pub ips: Vec<IpAddr>,
+    pub(crate) network: String,
+    pub(crate) ips: Vec<IpAddr>,
 }
 
 /// An allocator over an in-memory copy of each secondary network's claims, for

@@ -13,23 +13,23 @@ use crate::go_json::{GoJson, Kind, Member, Reader};
 /// one field twice), and where each member is, to write the element back.
 #[derive(Debug, Default)]
 pub(crate) struct Selection<'a> {
-    pub name: Cow<'a, str>,
-    pub namespace: Cow<'a, str>,
-    pub interface: Cow<'a, str>,
+    pub(crate) name: Cow<'a, str>,
+    pub(crate) namespace: Cow<'a, str>,
+    pub(crate) interface: Cow<'a, str>,
     /// `interfaceRequest`, the name before Multus 3.2
-    pub deprecated_interface: Cow<'a, str>,
+    pub(crate) deprecated_interface: Cow<'a, str>,
     /// `ips`, as strings (`null` items are empty strings, as Go stores them)
-    pub ips: Vec<Cow<'a, str>>,
-    pub mac: Cow<'a, str>,
-    pub infiniband_guid: Cow<'a, str>,
+    pub(crate) ips: Vec<Cow<'a, str>>,
+    pub(crate) mac: Cow<'a, str>,
+    pub(crate) infiniband_guid: Cow<'a, str>,
     /// `default-route`'s IPs (each `net.IP`'s text: empty, or what `net.ParseIP` takes)
-    pub default_route: Vec<Cow<'a, str>>,
+    pub(crate) default_route: Vec<Cow<'a, str>>,
     /// Each member's text, from its key to the end of its value.
-    pub members: Vec<Range<usize>>,
+    pub(crate) members: Vec<Range<usize>>,
     /// Which of `members` name `ips`.
-    pub ips_members: Vec<usize>,
+    pub(crate) ips_members: Vec<usize>,
     /// The element's object.
-    pub span: Range<usize>,
+    pub(crate) span: Range<usize>,
 }
 
 /// The fields of `NetworkSelectionElement`, by JSON name, and the Go type each is read as.
@@ -81,7 +81,7 @@ const PORT_MAP_FIELDS: [(&str, bool); 4] = [
 const BANDWIDTH_FIELDS: [&str; 4] = ["ingressRate", "ingressBurst", "egressRate", "egressBurst"];
 
 /// Read the element object at the cursor.
-pub fn read<'a>(reader: &mut Reader<'a>) -> GoJson<Selection<'a>> {
+pub(crate) fn read<'a>(reader: &mut Reader<'a>) -> GoJson<Selection<'a>> {
     let mut selection = Selection::default();
     let span = reader.object(|reader, member| {
         let field = FIELDS

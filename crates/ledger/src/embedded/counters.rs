@@ -10,7 +10,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 pub struct StageLabels {
     /// `queue` (request sent to the writer until its batch starts), `commit` (batch start until
     /// durable), `wakeup` (answer sent until the request task runs again).
-    pub stage: &'static str,
+    pub(crate) stage: &'static str,
 }
 
 /// Counters and histograms the writer updates; the metrics registry holds clones of them.

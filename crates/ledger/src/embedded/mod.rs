@@ -34,7 +34,7 @@
 //! commits that do not fit in the room made and resumes by itself (`journal/room.rs`); a dir
 //! that lost its journal refuses to start empty (`marker.rs`).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Instant;
@@ -104,7 +104,6 @@ fn lock_state_dir(dir: &Path, busy: &str) -> Result<std::fs::File, LedgerError> 
 }
 
 pub struct EmbeddedLedger {
-    dir: PathBuf,
     counters: CommitCounters,
     inbox: Arc<Inbox>,
     writer: Mutex<Option<thread::JoinHandle<()>>>,
@@ -149,16 +148,10 @@ impl EmbeddedLedger {
             })
             .map_err(storage("spawn writer"))?;
         Ok(EmbeddedLedger {
-            dir: state_dir.to_path_buf(),
             counters,
             inbox,
             writer: Mutex::new(Some(writer)),
         })
-    }
-
-    /// The state directory.
-    pub fn path(&self) -> &Path {
-        &self.dir
     }
 
     /// Queue `msg` for the writer. The request that opens a batch yields to the runtime once
@@ -325,6 +318,7 @@ mod tests {
 
     use std::fs::OpenOptions;
     use std::os::unix::fs::FileExt;
+    use std::path::PathBuf;
 
     /// Fields of `/proc/thread-self/stat` by their number in proc(5).
     #[cfg(target_os = "linux")]

@@ -25,25 +25,25 @@ use crate::{Found, LedgerError};
 
 /// One damaged file and what its repair does.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FileRepair {
-    pub path: PathBuf,
+pub(crate) struct FileRepair {
+    pub(crate) path: PathBuf,
     /// What is wrong with it, and where.
-    pub found: Found,
-    pub offset: u64,
+    pub(crate) found: Found,
+    pub(crate) offset: u64,
     /// Valid records kept: before the first damaged stretch, and after it.
-    pub kept_before: usize,
-    pub kept_after: usize,
+    pub(crate) kept_before: usize,
+    pub(crate) kept_after: usize,
     /// The damaged stretches dropped: `(offset, bytes)`.
-    pub dropped: Vec<(u64, u64)>,
+    pub(crate) dropped: Vec<(u64, u64)>,
     /// Bytes after the last valid record that are no record (a torn write), dropped too.
-    pub torn_tail: u64,
+    pub(crate) torn_tail: u64,
     /// Where the original is kept (set once applied).
-    pub kept_as: Option<PathBuf>,
+    pub(crate) kept_as: Option<PathBuf>,
 }
 
 /// What a repair does besides rewriting a file.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Mend {
+pub(crate) enum Mend {
     /// A journal that was gone, written again with no record.
     Journal(PathBuf),
     /// A network's books that were gone, no longer named by the marker.
@@ -55,10 +55,10 @@ pub enum Mend {
 /// What a repair of a state dir does (or did).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Repair {
-    pub state_dir: PathBuf,
-    pub files: Vec<FileRepair>,
-    pub mends: Vec<Mend>,
-    pub applied: bool,
+    pub(crate) state_dir: PathBuf,
+    pub(crate) files: Vec<FileRepair>,
+    pub(crate) mends: Vec<Mend>,
+    pub(crate) applied: bool,
 }
 
 /// The bytes of `bytes` a repair keeps: every valid record from `start`, in order.
