@@ -4,7 +4,7 @@
 //! directly ([`Text`]), and lines are buffered and written by a flusher thread every 50 ms, or
 //! as soon as 64 KiB wait, instead of one write(2) each from the request thread. Warnings and
 //! errors go out at once (after what is buffered, so the order holds), and dropping the
-//! [`LogGuard`] writes what is left.
+//! `LogGuard` writes what is left.
 
 use std::fmt::Debug;
 use std::io::Write;
