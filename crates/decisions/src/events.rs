@@ -6,7 +6,7 @@
 
 use ip_webhook_admission::OwnerRef;
 use ip_webhook_ledger::PodRef;
-use ip_webhook_metrics::AllocationOutcome;
+pub use ip_webhook_metrics::AllocationOutcome;
 
 /// A pod that was refused its IPs.
 #[derive(Debug)]

@@ -100,7 +100,7 @@ use ip_webhook_ipam::messages::Scope;
 use ip_webhook_ipam::pools::PoolCatalog;
 use ip_webhook_ipam::spec_cache::SpecCache;
 use ip_webhook_ledger::{PodName, PodRef};
-use ip_webhook_metrics::Metrics;
+pub use ip_webhook_metrics::Metrics;
 
 /// Behaviour switches from the command line.
 #[derive(Debug, Clone)]

@@ -15,7 +15,7 @@ use ip_webhook_ipam::allocator::{AllocError, Allocation, AllocationRequest, Reas
 use ip_webhook_ipam::ipset::ip_label_value;
 use ip_webhook_ledger::claim::{self, PodIdentity, PodPresence, held_by, is_token, new_token};
 use ip_webhook_ledger::{Claim, Phase, PodRef, unix_now};
-use ip_webhook_metrics::AllocationOutcome;
+pub use ip_webhook_metrics::AllocationOutcome;
 
 /// What `/mutate` decided for a Pod CREATE: the typed result that the response, the decision
 /// log line and `explain` are all made from.

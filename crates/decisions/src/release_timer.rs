@@ -11,7 +11,7 @@ use ip_webhook_ipam::allocator::Allocator;
 use ip_webhook_ledger::claim::DueStep;
 use ip_webhook_ledger::pod_lookup::PodLookup;
 use ip_webhook_ledger::unix_now;
-use ip_webhook_metrics::Metrics;
+pub use ip_webhook_metrics::Metrics;
 
 /// How often due claims are looked for.
 pub const PERIOD: Duration = Duration::from_secs(1);
