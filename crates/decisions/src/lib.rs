@@ -12,9 +12,10 @@
 //!   a message naming what was wrong), never an error.
 //! - A granted `/mutate` has made its claims durable through the ledger before it answers; a
 //!   retry of the same request (same `uid`) gets the same IPs; no IP is granted to two pods.
-//! - [`Webhook`] is shared by every connection; what the cluster learns reaches it through the
-//!   registries it was built with ([`workloads::WorkloadRegistry`],
-//!   [`cni_pools::NetworkRegistry`]), not through the decisions.
+//! - One [`Webhook`] is shared by every connection. What the cluster learns reaches the
+//!   decisions through the registries it holds ([`workloads::WorkloadRegistry`],
+//!   [`cni_pools::NetworkRegistry`]), which the cluster's watches fill; the workload reviews
+//!   also record or take out the listing of the workload they admit.
 //!
 //! ```
 //! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
