@@ -7,15 +7,6 @@ use std::process::ExitCode;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// Errors end as one `Error: …` line with their causes (never a backtrace, whatever
-/// RUST_BACKTRACE says) and the exit status of [`ip_webhook::cli::exit_code`].
-#[tokio::main]
-async fn main() -> ExitCode {
-    match ip_webhook::cli::run(ip_webhook::cli::parse_env()).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("Error: {}", ip_webhook::cli::error_line(&error));
-            ExitCode::from(ip_webhook::cli::exit_code(&error))
-        }
-    }
+fn main() -> ExitCode {
+    ip_webhook::cli::main()
 }

@@ -22,6 +22,38 @@ fn client_with(server: &TestServer, cert: Option<&(String, String)>) -> HttpsCli
     }
 }
 
+/// `ip-webhook check` against `server`, presenting `cert` (PEM chain and key) when given: the
+/// status and detail of its admission check.
+async fn admission_check(server: &TestServer, cert: Option<&(String, String)>) -> (String, String) {
+    let files = tempfile::tempdir().unwrap();
+    let mut args = vec![
+        "--url".to_string(),
+        format!(
+            "https://localhost:{}",
+            server.launched.running.https_addr.port()
+        ),
+        "--ca-file".into(),
+        server.state_dir.path().join("ca.crt").display().to_string(),
+    ];
+    if let Some((chain, key)) = cert {
+        let (chain_file, key_file) = (files.path().join("tls.crt"), files.path().join("tls.key"));
+        std::fs::write(&chain_file, chain).unwrap();
+        std::fs::write(&key_file, key).unwrap();
+        args.extend([
+            "--client-cert-file".into(),
+            chain_file.display().to_string(),
+            "--client-key-file".into(),
+            key_file.display().to_string(),
+        ]);
+    }
+    let (checks, ran) = common::check(args).await;
+    let admission = checks
+        .into_iter()
+        .find(|c| c.name == "admission")
+        .unwrap_or_else(|| panic!("an admission check: {ran:?}"));
+    (admission.status, admission.detail)
+}
+
 async fn served(client: &HttpsClient) -> bool {
     match client.post("/mutate", FIXTURE).await {
         Ok(reply) => {
@@ -75,47 +107,17 @@ async fn only_clients_with_an_allowed_certificate_are_served() {
 
     // `ip-webhook check` with and without the API server's certificate
     let apiserver = client_cert(&first, "kube-apiserver", &[]);
-    let serving_ca = std::fs::read(server.state_dir.path().join("ca.crt")).unwrap();
-    let mut options = ip_webhook::ops::doctor::Options {
-        url: format!(
-            "https://localhost:{}",
-            server.launched.running.https_addr.port()
-        ),
-        ca_pem: Some(serving_ca),
-        admin_url: None,
-        min_days: 7,
-        exhaustion_ratio: 0.9,
-        timeout: Duration::from_secs(5),
-        client_pem: None,
-        server_name: None,
-        cluster_bundles: None,
-    };
-    let admission = |checks: &[ip_webhook::ops::doctor::Check]| {
-        checks
-            .iter()
-            .find(|c| c.name == "admission")
-            .map(|c| (c.status, c.detail.clone()))
-    };
     // without one: the check says the server asked for one, and of which CA
-    let without = ip_webhook::ops::doctor::run(&options).await;
-    let (status, detail) = admission(&without).expect("an admission check");
-    assert_eq!(status, ip_webhook::ops::doctor::Status::Fail);
+    let (status, detail) = admission_check(&server, None).await;
+    assert_eq!(status, "FAIL");
     assert!(
         detail.contains(
             "the server asked for a client certificate (it wants one signed by CN=front-proxy CA) and none was given"
         ) && detail.contains("TLS alert CertificateRequired"),
         "{detail}"
     );
-    options.client_pem = Some((
-        apiserver.0.clone().into_bytes(),
-        apiserver.1.clone().into_bytes(),
-    ));
-    let with = ip_webhook::ops::doctor::run(&options).await;
-    assert_eq!(
-        admission(&with).map(|(status, _)| status),
-        Some(ip_webhook::ops::doctor::Status::Ok),
-        "{with:#?}"
-    );
+    let (status, detail) = admission_check(&server, Some(&apiserver)).await;
+    assert_eq!(status, "OK", "{detail}");
     refused(&server, "missing", 2).await; // the check without a certificate
 
     // the API server's certificate (allowed CN): served, again and again
@@ -167,10 +169,8 @@ async fn only_clients_with_an_allowed_certificate_are_served() {
     assert!(!served(&client_with(&server, Some(&forged))).await);
     refused(&server, "untrusted", 1).await;
     // `check` with it: the CA wanted and the one that signed it
-    options.client_pem = Some((forged.0.clone().into_bytes(), forged.1.clone().into_bytes()));
-    let wrong = ip_webhook::ops::doctor::run(&options).await;
-    let (status, detail) = admission(&wrong).expect("an admission check");
-    assert_eq!(status, ip_webhook::ops::doctor::Status::Fail);
+    let (status, detail) = admission_check(&server, Some(&forged)).await;
+    assert_eq!(status, "FAIL");
     assert!(
         detail.contains(
             "the server asked for a client certificate (it wants one signed by CN=front-proxy CA); the one given is signed by CN=someone else's CA"
@@ -179,12 +179,7 @@ async fn only_clients_with_an_allowed_certificate_are_served() {
     );
     refused(&server, "untrusted", 2).await;
     // the right CA, a name not allowed: the CA matches, so the names are what to look at
-    options.client_pem = Some((
-        intruder.0.clone().into_bytes(),
-        intruder.1.clone().into_bytes(),
-    ));
-    let named = ip_webhook::ops::doctor::run(&options).await;
-    let (_, detail) = admission(&named).expect("an admission check");
+    let (_, detail) = admission_check(&server, Some(&intruder)).await;
     assert!(
         detail.contains("--client-allowed-names") && detail.contains("TLS alert AccessDenied"),
         "{detail}"

@@ -497,7 +497,6 @@ fn assert_monitoring_uses_real_metrics(exposition: &str) {
 
 #[tokio::test]
 async fn check_reports_each_part_of_a_running_install() {
-    use ip_webhook::ops::doctor::{self, Status};
     let pools = fixture("status-pools.yaml");
     let server =
         common::TestServer::start_with(|c| c.webhook.pools_file = Some(pools.clone().into())).await;
@@ -508,36 +507,38 @@ async fn check_reports_each_part_of_a_running_install() {
     let refused = server.mutate(&common::create("u-solo-2", pod)).await;
     assert_eq!(refused["allowed"], false);
 
-    let ca = std::fs::read(server.state_dir.path().join("ca.crt")).unwrap();
-    let options = doctor::Options {
-        url: format!(
-            "https://localhost:{}",
-            server.launched.running.https_addr.port()
-        ),
-        ca_pem: Some(ca),
-        server_name: None,
-        cluster_bundles: None,
-        admin_url: Some(format!("http://{}", server.launched.running.admin_addr)),
-        min_days: 7,
-        exhaustion_ratio: 0.9,
-        timeout: std::time::Duration::from_secs(5),
-        client_pem: None,
+    let url = format!(
+        "https://localhost:{}",
+        server.launched.running.https_addr.port()
+    );
+    let admin = format!("http://{}", server.launched.running.admin_addr);
+    let ca = server.state_dir.path().join("ca.crt").display().to_string();
+    let with_url = |url: &str| {
+        ["--url", url, "--ca-file", &ca]
+            .map(str::to_string)
+            .to_vec()
     };
-    let checks = doctor::run(&options).await;
-    let verdicts: Vec<(&str, Status)> = checks.iter().map(|c| (c.name, c.status)).collect();
+    let mut args = with_url(&url);
+    args.extend(["--admin-url".to_string(), admin.clone()]);
+    let (checks, ran) = common::check(args).await;
+    let verdicts: Vec<(&str, &str)> = checks
+        .iter()
+        .map(|c| (c.name.as_str(), c.status.as_str()))
+        .collect();
     assert_eq!(
         verdicts,
         [
-            ("reachable", Status::Ok),
-            ("certificate", Status::Ok),
-            ("expiry", Status::Ok),
-            ("admission", Status::Ok),
-            ("ready", Status::Ok),
-            ("capacity", Status::Warn),
-            ("leader", Status::Skip),
+            ("reachable", "OK"),
+            ("certificate", "OK"),
+            ("expiry", "OK"),
+            ("admission", "OK"),
+            ("ready", "OK"),
+            ("capacity", "WARN"),
+            ("leader", "SKIP"),
         ],
-        "{checks:#?}"
+        "{ran:?}"
     );
+    assert!(ran.ok, "a warning is not a failure: {ran:?}");
     let capacity = &checks[5].detail;
     assert_eq!(
         capacity,
@@ -548,8 +549,6 @@ async fn check_reports_each_part_of_a_running_install() {
     let other = ip_webhook::server::certs::self_signed(&[]).unwrap();
     let other_ca = server.state_dir.path().join("other-ca.crt");
     std::fs::write(&other_ca, &other.ca_pem).unwrap();
-    let url = options.url.clone();
-    let admin = options.admin_url.clone().unwrap();
     let Ran {
         ok, stdout, stderr, ..
     } = tokio::task::spawn_blocking(move || {
@@ -575,19 +574,18 @@ async fn check_reports_each_part_of_a_running_install() {
     let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = closed.local_addr().unwrap().port();
     drop(closed);
-    let down = doctor::run(&doctor::Options {
-        url: format!("https://127.0.0.1:{port}"),
-        admin_url: None,
-        ..options.clone()
-    })
-    .await;
-    assert_eq!(down[0].status, Status::Fail);
+    let (down, ran) = common::check(with_url(&format!("https://127.0.0.1:{port}"))).await;
+    assert_eq!(
+        (down[0].name.as_str(), down[0].status.as_str()),
+        ("reachable", "FAIL")
+    );
     assert!(
         down[0]
             .detail
             .starts_with(&format!("cannot connect to 127.0.0.1:{port}")),
-        "{down:#?}"
+        "{ran:?}"
     );
+    assert!(!ran.ok && ran.stderr.contains("checks failed"), "{ran:?}");
 
     let (_, mut metrics) = server.admin_get("/metrics").await;
     // the Lease gauge exists only in-cluster, once the Lease code sets it

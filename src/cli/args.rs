@@ -11,7 +11,7 @@ use super::*;
     long_about = None,
     after_help = EXIT_CODES
 )]
-pub struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
     pub(crate) command: Command,
     /// Log format, before the command: of `serve`'s logs (as `serve --log-format`) and of
@@ -362,7 +362,7 @@ pub(crate) struct DriftArgs {
 
 /// Where claims are recorded.
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
-pub enum LedgerKind {
+pub(crate) enum LedgerKind {
     /// One crash-safe file in --state-dir (the default off-cluster).
     Embedded,
     /// IPClaim objects through the API server (the default in a pod or with --kubeconfig).
@@ -373,10 +373,10 @@ pub enum LedgerKind {
 
 /// What decides admissions: shared by `serve` and `review`.
 #[derive(Debug, Clone, Args)]
-pub struct WebhookArgs {
+pub(crate) struct WebhookArgs {
     /// Where claims are recorded; default: kubernetes in a pod or with --kubeconfig, else embedded.
     #[arg(long, value_enum, value_name = "KIND")]
-    pub ledger: Option<LedgerKind>,
+    pub(crate) ledger: Option<LedgerKind>,
     /// Directory of the embedded ledger (and of the self-signed CA and certificate).
     #[arg(long, default_value = "./ip-webhook-state", value_name = "DIR")]
     pub(crate) state_dir: PathBuf,
@@ -391,10 +391,10 @@ pub struct WebhookArgs {
     pub(crate) pools_file: Option<PathBuf>,
     /// Refuse Kube-OVN Subnets (kubeovn.io) that overlap another Subnet of the same VPC.
     #[arg(long)]
-    pub check_kube_ovn_subnets: bool,
+    pub(crate) check_kube_ovn_subnets: bool,
     /// Refuse Calico IPPools (crd.projectcalico.org) that overlap another Calico IPPool.
     #[arg(long)]
-    pub check_calico_ippools: bool,
+    pub(crate) check_calico_ippools: bool,
     /// After a pod's DELETE, its IP stays held for its grace period plus this long; then it
     /// is released once the pod is verified gone (with an API server), or at once (without).
     #[arg(long, default_value = "5s", value_parser = parse_duration, value_name = "DURATION")]
@@ -446,13 +446,13 @@ pub(crate) const DEFAULT_STATE_DIR: &str = "./ip-webhook-state";
 /// In-cluster mode: the reconciler and its leader election.
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "In-cluster: reconciler, leak sweeper and leader election")]
-pub struct ClusterArgs {
+pub(crate) struct ClusterArgs {
     /// Drop a Reserved IPClaim that no pod took up within this time.
     #[arg(long, default_value = "2m", value_parser = parse_duration, value_name = "DURATION")]
-    pub reservation_ttl: Duration,
+    pub(crate) reservation_ttl: Duration,
     /// Keep a gone StatefulSet pod's IP this long for the pod of the same name.
     #[arg(long, default_value = "5m", value_parser = parse_duration, value_name = "DURATION")]
-    pub sticky_grace: Duration,
+    pub(crate) sticky_grace: Duration,
     /// Re-list IPClaims and pods from the API server this often (and on start).
     #[arg(long, default_value = "5m", value_parser = parse_duration, value_name = "DURATION")]
     pub(crate) resync_period: Duration,
@@ -529,13 +529,13 @@ pub(crate) struct EtcdArgs {
 }
 
 #[derive(Debug, Clone, Args)]
-pub struct ServeArgs {
+pub(crate) struct ServeArgs {
     /// HTTPS address for POST /mutate and POST /validate (`:8443` is every IPv4 address).
     #[arg(long, default_value = "0.0.0.0:8443", value_parser = parse_listen, value_name = "ADDR")]
-    pub listen: SocketAddr,
+    pub(crate) listen: SocketAddr,
     /// Plain-HTTP address for GET /healthz, /readyz and /metrics.
     #[arg(long, default_value = "0.0.0.0:8080", value_parser = parse_listen, value_name = "ADDR")]
-    pub admin_listen: SocketAddr,
+    pub(crate) admin_listen: SocketAddr,
     /// PEM certificate chain; reloaded when the file changes.
     #[arg(
         long,
@@ -557,7 +557,7 @@ pub struct ServeArgs {
     pub(crate) dns_names: Vec<String>,
     /// How often to re-read the certificate files even without a file event.
     #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
-    pub tls_reload_interval: Duration,
+    pub(crate) tls_reload_interval: Duration,
     /// Deadline for a client to send a request's head (after TLS: the first head or the
     /// HTTP/2 preface), and again its body.
     #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
@@ -588,7 +588,7 @@ pub struct ServeArgs {
     /// PEM CA bundle: HTTPS then requires a client certificate that chains to it (the API
     /// server's, see docs/security.md); reloaded when the file changes.
     #[arg(long, value_name = "FILE")]
-    pub client_ca_file: Option<PathBuf>,
+    pub(crate) client_ca_file: Option<PathBuf>,
     /// With --client-ca-file: the client certificate's CN or a DNS SAN must be one of these.
     #[arg(
         long,
@@ -596,7 +596,7 @@ pub struct ServeArgs {
         requires = "client_ca_file",
         value_name = "NAMES"
     )]
-    pub client_allowed_names: Vec<String>,
+    pub(crate) client_allowed_names: Vec<String>,
     /// How long SIGTERM waits for in-flight admissions before exiting.
     #[arg(long, default_value = "25s", value_parser = parse_duration, value_name = "DURATION")]
     pub(crate) shutdown_grace: Duration,
@@ -605,9 +605,9 @@ pub struct ServeArgs {
     #[arg(long, value_parser = log_format_parser(), value_name = "text|json")]
     pub(crate) log_format: Option<LogFormat>,
     #[command(flatten)]
-    pub webhook: WebhookArgs,
+    pub(crate) webhook: WebhookArgs,
     #[command(flatten)]
-    pub cluster: ClusterArgs,
+    pub(crate) cluster: ClusterArgs,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -148,7 +148,7 @@ impl EtcdArgs {
 }
 
 impl ServeArgs {
-    pub fn config(&self) -> ServeConfig {
+    pub(crate) fn config(&self) -> ServeConfig {
         let tls = match (&self.tls_cert_file, &self.tls_key_file) {
             (Some(cert), Some(key)) => TlsConfig::Files {
                 cert: cert.clone(),

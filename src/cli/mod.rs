@@ -7,7 +7,7 @@ mod config;
 mod parse;
 pub(crate) mod plugin;
 
-pub use args::*;
+pub(crate) use args::*;
 pub(crate) use config::*;
 pub(crate) use parse::*;
 
@@ -62,16 +62,16 @@ pub fn command(plugin: bool) -> clap::Command {
     }
 }
 
-/// `serve`'s arguments from a whole command line (program name first), as `serve` parses
-/// them; a command line of another command is an error.
-pub fn parse_serve<I, T>(argv: I) -> Result<ServeArgs, clap::Error>
+/// What `serve` runs for a whole command line (program name first), as `serve` parses it; a
+/// command line of another command is an error.
+pub fn parse_serve<I, T>(argv: I) -> Result<crate::app::ServeConfig, clap::Error>
 where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
     use clap::Parser;
     match Cli::try_parse_from(argv)?.command {
-        Command::Serve(args) => Ok(args),
+        Command::Serve(args) => Ok(args.config()),
         _ => Err(clap::Error::raw(
             clap::error::ErrorKind::InvalidSubcommand,
             "not a serve command line",
@@ -81,7 +81,7 @@ where
 
 /// Parse the process's command line, as `kubectl ipw` when the program's file is
 /// `PLUGIN_FILE`; a bad command line prints clap's message and exits 2.
-pub fn parse_env() -> Cli {
+fn parse_env() -> Cli {
     use clap::FromArgMatches;
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let plugin = args.first().is_some_and(|a| is_plugin_name(a));
@@ -98,8 +98,21 @@ pub fn parse_env() -> Cli {
 #[error("{0}")]
 pub(crate) struct AnswerIsNo(pub String);
 
+/// The process: parse the command line, run it, and end with its exit status. Errors end as
+/// one `Error: …` line with their causes (never a backtrace, whatever RUST_BACKTRACE says).
+#[tokio::main]
+pub async fn main() -> std::process::ExitCode {
+    match run(parse_env()).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("Error: {}", error_line(&error));
+            std::process::ExitCode::from(exit_code(&error))
+        }
+    }
+}
+
 /// The exit status for an error: 3 when its answer is no (`AnswerIsNo`), else 1.
-pub fn exit_code(error: &anyhow::Error) -> u8 {
+fn exit_code(error: &anyhow::Error) -> u8 {
     if error.chain().any(|cause| cause.is::<AnswerIsNo>()) {
         3
     } else {
@@ -122,7 +135,7 @@ pub(crate) fn emit(text: &str) -> anyhow::Result<()> {
 
 /// An error as one line: each cause after the last, `: `-separated, leaving out a cause whose
 /// text the line already holds (client libraries often repeat their source in their message).
-pub fn error_line(error: &anyhow::Error) -> String {
+pub(crate) fn error_line(error: &anyhow::Error) -> String {
     let mut line = String::new();
     for cause in error.chain() {
         let text = cause.to_string();
@@ -165,7 +178,7 @@ fn log_filter(command: &Command) -> Option<&'static str> {
 }
 
 /// Run a parsed command line.
-pub async fn run(cli: Cli) -> anyhow::Result<()> {
+async fn run(cli: Cli) -> anyhow::Result<()> {
     let _logs = crate::server::logging::init(cli.log_format(), log_filter(&cli.command));
     match cli.command {
         Command::Serve(args) => crate::app::serve_until_signal(args.config()).await,

@@ -2,7 +2,7 @@
 //! `release`, `check` (the doctor) and `check --drift`.
 
 pub mod control;
-pub mod doctor;
+pub(crate) mod doctor;
 pub(crate) mod drift;
 pub(crate) mod explain;
 pub(crate) mod release;

@@ -40,15 +40,31 @@ fn deployment_flags_ports_and_paths_match_what_serve_accepts() {
             .unwrap_or_else(|e| panic!("case {}: {args:?} does not parse: {e}", case.name));
         assert_eq!(serve.listen.port(), container_port(&docs, "https"));
         assert_eq!(serve.admin_listen.port(), container_port(&docs, "admin"));
-        let ledger = if case.name == "embedded-ledger" {
-            ip_webhook::cli::LedgerKind::Embedded
+        // the ledger is named, not left to `serve`'s guess from its environment
+        let (flag, embedded) = if case.name == "embedded-ledger" {
+            ("--ledger=embedded", true)
         } else {
-            ip_webhook::cli::LedgerKind::Kubernetes
+            ("--ledger=kubernetes", false)
         };
-        assert_eq!(serve.webhook.ledger, Some(ledger), "case {}", case.name);
+        assert!(
+            args.iter().any(|a| a == flag),
+            "case {}: {args:?}",
+            case.name
+        );
+        assert_eq!(
+            matches!(
+                serve.webhook.ledger,
+                ip_webhook_ledger::LedgerConfig::Embedded { .. }
+            ),
+            embedded,
+            "case {}: {:?}",
+            case.name,
+            serve.webhook.ledger
+        );
         if case.name == "everything-on" {
             assert_eq!(serve.tls_reload_interval, std::time::Duration::from_secs(5));
-            assert!(serve.webhook.check_kube_ovn_subnets && serve.webhook.check_calico_ippools);
+            let settings = &serve.webhook.settings;
+            assert!(settings.check_kube_ovn_subnets && settings.check_calico_pools);
         }
 
         // Probes hit the admin port's paths; the Service routes 443 to the HTTPS port.
@@ -134,10 +150,13 @@ fn hardened_install_renders_the_network_policy_and_the_client_ca() {
     let flags = args(&docs);
     let argv = std::iter::once("ip-webhook".to_string()).chain(flags.iter().cloned());
     let serve = ip_webhook::cli::parse_serve(argv).expect("the Deployment's flags parse");
-    let ca_file = serve.client_ca_file.expect("--client-ca-file is passed");
-    assert_eq!(ca_file, Path::new("/etc/ip-webhook/client-ca/ca.crt"));
+    let client_ca = serve.client_ca.expect("--client-ca-file is passed");
     assert_eq!(
-        serve.client_allowed_names,
+        client_ca.file,
+        Path::new("/etc/ip-webhook/client-ca/ca.crt")
+    );
+    assert_eq!(
+        client_ca.allowed_names,
         ["kube-apiserver", "apiserver.example"]
     );
     let container = container(&docs);

@@ -30,7 +30,6 @@ use http_body_util::{BodyExt, Full};
 use hyper::StatusCode;
 use hyper_util::rt::TokioIo;
 use ip_webhook::app::{self, Launched, ServeConfig};
-use ip_webhook::cli::ServeArgs;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::{Value, json};
@@ -47,6 +46,7 @@ pub fn binary() -> Command {
 }
 
 /// What a run of the binary to its end printed.
+#[derive(Debug)]
 pub struct Ran {
     /// Exit status 0.
     pub ok: bool,
@@ -65,6 +65,30 @@ pub fn ip_webhook(args: &[&str]) -> Ran {
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     }
+}
+
+/// One check of `ip-webhook check --output json`: its name, `OK`/`WARN`/`FAIL`/`SKIP` and what
+/// it saw.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+pub struct Check {
+    pub name: String,
+    pub status: String,
+    pub detail: String,
+}
+
+/// `ip-webhook check --output json` with `args`, run to its end off the runtime's threads:
+/// every check it printed, and how it ended.
+pub async fn check(args: Vec<String>) -> (Vec<Check>, Ran) {
+    let ran = tokio::task::spawn_blocking(move || {
+        let mut argv = vec!["check", "--output", "json"];
+        argv.extend(args.iter().map(String::as_str));
+        ip_webhook(&argv)
+    })
+    .await
+    .unwrap();
+    let checks = serde_json::from_str(&ran.stdout)
+        .unwrap_or_else(|e| panic!("check's output is not its checks: {e}\n{ran:?}"));
+    (checks, ran)
 }
 
 pub fn client_config(ca_pem: &[u8]) -> Arc<rustls::ClientConfig> {
@@ -215,10 +239,9 @@ impl HttpsClient {
     }
 }
 
-/// `serve`'s arguments: loopback ports, the state dir, the embedded ledger unless `extra` names
-/// another or a kubeconfig. For tests of the command line itself; a test that starts a server
-/// in this process builds its [`ServeConfig`] with [`serve_config`].
-pub fn serve_args(state_dir: &Path, extra: &[&str]) -> ServeArgs {
+/// What `serve` runs for a command line of loopback ports, the state dir, the embedded ledger
+/// unless `extra` names another or a kubeconfig, and `extra`.
+pub fn serve_config_with(state_dir: &Path, extra: &[&str]) -> ServeConfig {
     let mut argv = vec![
         "ip-webhook".to_string(),
         "serve".into(),
@@ -251,7 +274,7 @@ pub struct TestServer {
 /// embedded ledger and the self-signed certificate in `state_dir`: a test changes the fields
 /// it is about.
 pub fn serve_config(state_dir: &Path) -> ServeConfig {
-    serve_args(state_dir, &[]).config()
+    serve_config_with(state_dir, &[])
 }
 
 /// [`serve_config`] serving the PEM files `cert` and `key`, read again every `reload`.
@@ -283,7 +306,7 @@ impl TestServer {
     /// A server with `serve`'s defaults and these flags.
     pub async fn start(extra: &[&str]) -> TestServer {
         let state_dir = tempfile::tempdir().unwrap();
-        let config = serve_args(state_dir.path(), extra).config();
+        let config = serve_config_with(state_dir.path(), extra);
         TestServer::launch(state_dir, &config).await
     }
 

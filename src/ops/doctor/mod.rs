@@ -25,7 +25,7 @@ pub(crate) use url::split_url;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "UPPERCASE")]
-pub enum Status {
+pub(crate) enum Status {
     Ok,
     Warn,
     Fail,
@@ -44,10 +44,10 @@ impl fmt::Display for Status {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Check {
-    pub name: &'static str,
-    pub status: Status,
-    pub detail: String,
+pub(crate) struct Check {
+    pub(crate) name: &'static str,
+    pub(crate) status: Status,
+    pub(crate) detail: String,
 }
 
 fn check(name: &'static str, status: Status, detail: impl Into<String>) -> Check {
@@ -63,7 +63,7 @@ pub(crate) type CaBundles = Vec<(String, Vec<u8>)>;
 
 /// Why `check` could not reach or read what a check looks at; `Display` is the check's detail.
 #[derive(Debug, Clone, thiserror::Error)]
-pub enum Unreached {
+pub(crate) enum Unreached {
     #[error("cannot connect to {address}: {reason}")]
     Connect { address: String, reason: String },
     #[error("TLS handshake with {address} failed: {reason}")]
@@ -80,26 +80,26 @@ pub enum Unreached {
 }
 
 #[derive(Debug, Clone)]
-pub struct Options {
+pub(crate) struct Options {
     /// `https://host:port` (a path, if any, replaces `/mutate`).
-    pub url: String,
+    pub(crate) url: String,
     /// PEM of the CA the API server trusts (the webhook configuration's caBundle).
-    pub ca_pem: Option<Vec<u8>>,
+    pub(crate) ca_pem: Option<Vec<u8>>,
     /// The name to verify the certificate for and send as SNI (through a port-forward: the
     /// Service's `<svc>.<namespace>.svc`); default: the URL's host.
-    pub server_name: Option<String>,
+    pub(crate) server_name: Option<String>,
     /// The caBundles of the webhook configurations read from the cluster, each with where it
     /// came from, or why they could not be read; `None` when the cluster was not asked.
-    pub cluster_bundles: Option<Result<CaBundles, Unreached>>,
+    pub(crate) cluster_bundles: Option<Result<CaBundles, Unreached>>,
     /// `http://host:port` of the admin port.
-    pub admin_url: Option<String>,
+    pub(crate) admin_url: Option<String>,
     /// Fewer days than this before the certificate expires is a failure (a warning below 30).
-    pub min_days: i64,
+    pub(crate) min_days: i64,
     /// Pools and apps at or above this share of held IPs are reported.
-    pub exhaustion_ratio: f64,
-    pub timeout: Duration,
+    pub(crate) exhaustion_ratio: f64,
+    pub(crate) timeout: Duration,
     /// PEM chain and key to present when the webhook requires client certificates.
-    pub client_pem: Option<(Vec<u8>, Vec<u8>)>,
+    pub(crate) client_pem: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 /// A review that asks for nothing: a Pod CREATE without fixed-IP annotations, dry run.
@@ -192,7 +192,7 @@ fn snippet(body: &[u8]) -> String {
 }
 
 /// Run every check.
-pub async fn run(options: &Options) -> Vec<Check> {
+pub(crate) async fn run(options: &Options) -> Vec<Check> {
     let mut checks = Vec::new();
     webhook_checks(options, &mut checks).await;
     admin_checks(options, &mut checks).await;
