@@ -17,7 +17,7 @@ use ip_webhook_ipam::allocator::{AllocationRequest, Allocator};
 use ip_webhook_ipam::ipset::{Family, IpRange, IpSet};
 use ip_webhook_ipam::messages::Scope;
 use ip_webhook_ledger::claim::PodIdentity;
-use ip_webhook_ledger::{Claim, Ledger, MemoryLedger, Phase, PodRef, Source};
+use ip_webhook_ledger::{Ledger, MemoryLedger, PodRef};
 
 const BASE: u32 = u32::from_be_bytes([10, 0, 0, 0]);
 
@@ -28,6 +28,9 @@ fn list(size: u32) -> IpSet {
         end: u128::from(BASE + size - 1),
     }])
 }
+
+#[path = "../tests/common/claims.rs"]
+mod claims;
 
 fn pod(generate_name: &str) -> PodRef {
     PodRef {
@@ -41,25 +44,12 @@ fn pod(generate_name: &str) -> PodRef {
 async fn allocator_holding(held: u32) -> Allocator {
     let ledger = Arc::new(MemoryLedger::new());
     for i in 0..held {
-        let claim = Claim {
-            ip: IpAddr::V4(Ipv4Addr::from(BASE + i)),
-            app: "web".into(),
-            pool: None,
-            pod: PodRef {
-                name: format!("web-held-{i}").into(),
-                ..pod("web-held-")
-            },
-            request_uid: format!("held-{i}").into(),
-            phase: Phase::Bound,
-            source: Source::Allocated,
-            created_at: 1,
-            updated_at: 1,
-            list_size: None,
-            token: Default::default(),
-            release_at: None,
-            sticky: false,
-            vm: None,
-        };
+        let ip = Ipv4Addr::from(BASE + i).to_string();
+        let claim = claims::builder(&ip, "web", &format!("web-held-{i}"))
+            .generate_name("web-held-")
+            .request(&format!("held-{i}"))
+            .bound()
+            .build();
         ledger
             .create(claim.clone().into())
             .await

@@ -4,35 +4,24 @@
 //!
 //! `cargo bench --bench ledger`
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use ip_webhook_ledger::embedded::CommitCounters;
-use ip_webhook_ledger::{Claim, CreateOutcome, EmbeddedLedger, Ledger, Phase, PodRef, Source};
+use ip_webhook_ledger::{Claim, CreateOutcome, EmbeddedLedger, Ledger};
 
-fn claim(n: u32) -> Claim {
-    Claim {
-        ip: IpAddr::V4(Ipv4Addr::from(u32::from_be_bytes([10, 0, 0, 0]) + n)),
-        app: "web".into(),
-        pool: None,
-        pod: PodRef {
-            namespace: "default".into(),
-            generate_name: "web-7d4b9c8f6d-".into(),
-            ..Default::default()
-        },
-        request_uid: format!("uid-{n}").into(),
-        phase: Phase::Reserved,
-        source: Source::Allocated,
-        created_at: 1,
-        updated_at: 1,
-        list_size: None,
-        token: Default::default(),
-        release_at: None,
-        sticky: false,
-        vm: None,
-    }
+#[path = "../tests/common/claims.rs"]
+mod claims;
+
+/// The `n`th reservation of app `web`: 10.0.0.0 + `n`, by request `uid-{n}`.
+fn reservation(n: u32) -> Claim {
+    let ip = Ipv4Addr::from(u32::from_be_bytes([10, 0, 0, 0]) + n).to_string();
+    claims::builder(&ip, "web", "")
+        .generate_name("web-7d4b9c8f6d-")
+        .request(&format!("uid-{n}"))
+        .build()
 }
 
 fn commits(c: &mut Criterion) {
@@ -56,7 +45,7 @@ fn commits(c: &mut Criterion) {
                     let first = next.fetch_add(batch, Ordering::Relaxed);
                     let creates = (first..first + batch).map(|n| {
                         let ledger = ledger.clone();
-                        tokio::spawn(async move { ledger.create(claim(n).into()).await })
+                        tokio::spawn(async move { ledger.create(reservation(n).into()).await })
                     });
                     for created in futures::future::join_all(creates).await {
                         assert_eq!(

@@ -30,42 +30,35 @@
 //! each commit) in alternating pairs and prints the ratio of the medians.
 
 use std::io::Write;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::Ipv4Addr;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use ip_webhook_ledger::embedded::CommitCounters;
-use ip_webhook_ledger::{Claim, CreateOutcome, EmbeddedLedger, Ledger, Phase, PodRef, Source};
+use ip_webhook_ledger::{Claim, CreateOutcome, EmbeddedLedger, Ledger, Phase};
 
 // as the `ip-webhook` binary does: glibc's malloc here spent 60-85 ms at a time consolidating
 // the claims a compaction let go, on whichever thread allocated next
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-fn claim(n: u32) -> Claim {
-    Claim {
-        ip: IpAddr::V4(Ipv4Addr::from(u32::from_be_bytes([10, 0, 0, 0]) + n)),
-        app: "web".into(),
-        pool: None,
-        pod: PodRef {
-            namespace: "default".into(),
-            generate_name: "web-7d4b9c8f6d-".into(),
-            ..Default::default()
-        },
-        request_uid: format!("5f0c8a9e-3b1d-4c7a-9e2f-{n:012}").into(),
-        phase: Phase::Reserved,
-        source: Source::Allocated,
-        created_at: 1_764_460_800,
-        updated_at: 1_764_460_800,
-        list_size: std::num::NonZeroU64::new(1 << 20),
+#[path = "../tests/common/claims.rs"]
+mod claims;
+
+/// The `n`th reservation of app `web` (10.0.0.0 + `n`), shaped as admission makes them: a
+/// request UID and a token of their real lengths, from a list of 2^20.
+fn reservation(n: u32) -> Claim {
+    let ip = Ipv4Addr::from(u32::from_be_bytes([10, 0, 0, 0]) + n).to_string();
+    claims::builder(&ip, "web", "")
+        .generate_name("web-7d4b9c8f6d-")
+        .request(&format!("5f0c8a9e-3b1d-4c7a-9e2f-{n:012}"))
         // shaped as `new_token` makes them: 32 hex digits
-        token: format!("{n:032x}").into(),
-        release_at: None,
-        sticky: false,
-        vm: None,
-    }
+        .token(&format!("{n:032x}"))
+        .list_size(1 << 20)
+        .at(1_764_460_800)
+        .build()
 }
 
 /// This process's user and system CPU so far, in seconds.
@@ -171,7 +164,7 @@ async fn load(dir: &Path, conns: usize, seconds: u64) {
                     while Instant::now() < until {
                         let n = next.fetch_add(1, Ordering::Relaxed);
                         let started = Instant::now();
-                        let outcome = ledger.create(claim(n).into()).await.unwrap();
+                        let outcome = ledger.create(reservation(n).into()).await.unwrap();
                         latencies.push(started.elapsed().as_secs_f64());
                         assert_eq!(outcome, CreateOutcome::Created);
                     }
@@ -405,7 +398,7 @@ async fn fill(ledger: &Arc<EmbeddedLedger>, claims: u32) {
                 if n >= claims {
                     break;
                 }
-                ledger.create(claim(n).into()).await.unwrap();
+                ledger.create(reservation(n).into()).await.unwrap();
             }
         }));
     }
@@ -456,7 +449,12 @@ async fn compact(dir: &Path, claims: u32, seconds: u64) {
     let before = newest_snapshot(dir);
     // each task's claims as the ledger holds them, made before any step is timed
     let shares: Vec<Vec<Claim>> = (0..TASKS)
-        .map(|task| (task..claims).step_by(TASKS as usize).map(claim).collect())
+        .map(|task| {
+            (task..claims)
+                .step_by(TASKS as usize)
+                .map(reservation)
+                .collect()
+        })
         .collect();
     let until = Instant::now() + Duration::from_secs(seconds);
     let mut tasks = Vec::new();

@@ -31,3 +31,9 @@ pub mod cli;
 pub mod cluster;
 pub mod ops;
 pub mod server;
+
+/// The claim every test starts from, shared with the integration tests (whence its `pub`s).
+#[cfg(test)]
+#[allow(unreachable_pub)]
+#[path = "../tests/common/claims.rs"]
+pub(crate) mod test_claims;

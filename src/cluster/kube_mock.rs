@@ -3,15 +3,9 @@
 //! kube-apiserver's: `Status` bodies with reasons, list `resourceVersion`s, a watch that ends
 //! with an `ERROR` event carrying `410 Expired`. Time is paused: no test sleeps for real.
 
-/// The claim every test starts from, shared with the integration tests (whence its `pub`s).
-#[cfg(test)]
-#[allow(unreachable_pub)]
-#[path = "../../tests/common/claims.rs"]
-mod claims;
-
 #[cfg(test)]
 mod tests {
-    use super::claims;
+    use crate::test_claims as claims;
 
     use std::net::IpAddr;
     use std::sync::Arc;

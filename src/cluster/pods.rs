@@ -446,36 +446,20 @@ fn list_failed(namespace: &str, source: kube::Error) -> ClusterError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ip_webhook_ledger::{Phase, PodRef, Source};
+    use crate::test_claims as claims;
     use serde_json::json;
 
     const AT: u64 = 1_764_400_000;
 
-    fn claim(ip: &str, name: &str, generate_name: &str, uid: Option<&str>) -> Claim {
-        Claim {
-            ip: ip.parse().unwrap(),
-            app: "web".into(),
-            pool: None,
-            pod: PodRef {
-                namespace: "default".into(),
-                name: name.into(),
-                generate_name: generate_name.into(),
-                uid: uid.map(Into::into),
-            },
-            request_uid: "r-1".into(),
-            phase: if uid.is_some() {
-                Phase::Bound
-            } else {
-                Phase::Reserved
-            },
-            source: Source::Allocated,
-            created_at: AT,
-            updated_at: AT,
-            list_size: None,
-            token: Default::default(),
-            release_at: None,
-            sticky: false,
-            vm: None,
+    /// A claim of app `web`: Bound to the pod with UID `uid`, or Reserved for one not bound yet.
+    fn web_claim(ip: &str, name: &str, generate_name: &str, uid: Option<&str>) -> Claim {
+        let claim = claims::builder(ip, "web", name)
+            .generate_name(generate_name)
+            .request("r-1")
+            .at(AT);
+        match uid {
+            Some(uid) => claim.uid(uid).bound().build(),
+            None => claim.build(),
         }
     }
 
@@ -500,7 +484,7 @@ mod tests {
 
     #[test]
     fn a_bound_claim_is_held_by_the_pod_with_its_uid_only() {
-        let bound = claim("10.0.0.10", "web-a", "web-", Some("uid-a"));
+        let bound = web_claim("10.0.0.10", "web-a", "web-", Some("uid-a"));
         let pods = [
             pod("default", "web-a", "uid-recreated", "10.0.0.10", AT + 60),
             pod("other", "web-a", "uid-a", "10.0.0.10", AT),
@@ -521,7 +505,7 @@ mod tests {
     #[test]
     fn a_reservation_is_held_by_the_pod_carrying_its_ip_and_token() {
         const TOKEN: &str = "0123456789abcdef0123456789abcdef";
-        let mut reserved = claim("10.0.0.10", "", "web-", None);
+        let mut reserved = web_claim("10.0.0.10", "", "web-", None);
         reserved.token = TOKEN.into();
         let pods = [
             // a pod of the same generateName carrying the IP, but not the token
@@ -540,7 +524,7 @@ mod tests {
 
     #[test]
     fn a_reservation_from_before_tokens_is_held_by_a_newer_pod_of_its_exact_name() {
-        let legacy = claim("10.0.0.10", "db-0", "", None);
+        let legacy = web_claim("10.0.0.10", "db-0", "", None);
         let pods = [
             pod("default", "db-0", "u-old", "10.0.0.10", AT - 3600),
             pod("default", "db-01", "u2", "10.0.0.10", AT + 1),
@@ -549,7 +533,7 @@ mod tests {
         let mut pods = pods.to_vec();
         pods.push(pod("default", "db-0", "u-new", "10.0.0.10", AT + 2));
         assert_eq!(name_of(holder(&pods, &legacy, "app")), Some("db-0"));
-        let generated = claim("10.0.0.10", "", "db-", None);
+        let generated = web_claim("10.0.0.10", "", "db-", None);
         assert_eq!(
             name_of(holder(&pods, &generated, "app")),
             None,
@@ -563,7 +547,7 @@ mod tests {
     #[test]
     fn clock_skew_does_not_hide_a_reservations_pod() {
         const TOKEN: &str = "0123456789abcdef0123456789abcdef";
-        let mut reserved = claim("10.0.0.10", "", "web-", None);
+        let mut reserved = web_claim("10.0.0.10", "", "web-", None);
         reserved.token = TOKEN.into();
         for skew in [10, 600, 86_400] {
             let pods = [with_token(

@@ -327,7 +327,7 @@ pub(crate) mod tests {
     use super::*;
     use async_trait::async_trait;
     use ip_webhook_ledger::pod_lookup::NoPodList;
-    use ip_webhook_ledger::{CreateOutcome, MemoryLedger, Phase, PodRef, Source};
+    use ip_webhook_ledger::{CreateOutcome, MemoryLedger};
 
     struct Fixed(PodState);
 
@@ -340,27 +340,14 @@ pub(crate) mod tests {
 
     /// A Bound claim of app `web` for pod `namespace/web-0` (UID `u1`), on `ip`.
     pub(crate) fn bound(ip: &str, namespace: &str) -> Claim {
-        Claim {
-            ip: ip.parse().unwrap(),
-            app: "web".into(),
-            pool: None,
-            pod: PodRef {
-                namespace: namespace.into(),
-                name: "web-0".into(),
-                uid: Some("u1".into()),
-                ..Default::default()
-            },
-            request_uid: "r".into(),
-            phase: Phase::Bound,
-            source: Source::Allocated,
-            created_at: 0,
-            updated_at: 0,
-            list_size: std::num::NonZeroU64::new(2),
-            token: Default::default(),
-            release_at: None,
-            sticky: false,
-            vm: None,
-        }
+        crate::test_claims::builder(ip, "web", "web-0")
+            .namespace(namespace)
+            .uid("u1")
+            .bound()
+            .request("r")
+            .list_size(2)
+            .at(0)
+            .build()
     }
 
     async fn ledger_with(ip: &str) -> MemoryLedger {

@@ -294,39 +294,27 @@ pub(crate) fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_claims as claims;
     use ip_webhook_ipam::pools::PoolCatalog;
-    use ip_webhook_ledger::{Claim, Phase, PodRef, Source};
+    use ip_webhook_ledger::{Claim, Phase};
 
-    fn claim(ip: &str, app: &str, pod: &str, phase: Phase, size: Option<u64>) -> Claim {
-        Claim {
-            ip: ip.parse().unwrap(),
-            app: app.into(),
-            pool: None,
-            pod: PodRef {
-                namespace: "default".into(),
-                name: pod.into(),
-                ..Default::default()
-            },
-            request_uid: format!("r-{pod}").into(),
-            phase,
-            source: Source::Allocated,
-            created_at: 1_700_000_000,
-            updated_at: 1_700_000_000,
-            list_size: size.and_then(std::num::NonZeroU64::new),
-            token: Default::default(),
-            release_at: None,
-            sticky: false,
-            vm: None,
-        }
+    /// A claim of `default/{pod}` made at 2023-11-14T22:13:20Z, from a list of `size` IPs.
+    fn app_claim(ip: &str, app: &str, pod: &str, phase: Phase, size: Option<u64>) -> Claim {
+        claims::builder(ip, app, pod)
+            .request(&format!("r-{pod}"))
+            .phase(phase)
+            .list_size(size.unwrap_or(0))
+            .at(1_700_000_000)
+            .build()
     }
 
     #[test]
     fn counts_held_and_reserved_and_ignores_released() {
         let claims = [
-            claim("10.0.0.11", "web", "web-b", Phase::Reserved, Some(4)),
-            claim("10.0.0.10", "web", "web-a", Phase::Bound, Some(4)),
-            claim("10.0.0.12", "web", "web-c", Phase::Released, Some(4)),
-            claim("10.0.0.20", "old", "old-a", Phase::Bound, None),
+            app_claim("10.0.0.11", "web", "web-b", Phase::Reserved, Some(4)),
+            app_claim("10.0.0.10", "web", "web-a", Phase::Bound, Some(4)),
+            app_claim("10.0.0.12", "web", "web-c", Phase::Released, Some(4)),
+            app_claim("10.0.0.20", "old", "old-a", Phase::Bound, None),
         ];
         let report = Report::build(&claims, &PoolCatalog::default(), true);
         assert_eq!(report.apps.len(), 2);
@@ -369,7 +357,13 @@ mod tests {
                 pod("dev", "squat", "", 2),
             ],
         };
-        let claims = [claim("10.97.40.1", "web", "web-old", Phase::Bound, Some(4))];
+        let claims = [app_claim(
+            "10.97.40.1",
+            "web",
+            "web-old",
+            Phase::Bound,
+            Some(4),
+        )];
         let mut report = Report::build(&claims, &PoolCatalog::default(), true);
         report.duplicates = vec![duplicate_status(&found)];
         let text = report.to_table();
@@ -410,7 +404,7 @@ mod tests {
     fn a_vms_claim_is_shown_as_the_vms() {
         let claims = [Claim {
             vm: Some("db".into()),
-            ..claim(
+            ..app_claim(
                 "10.0.0.30",
                 "db",
                 "virt-launcher-db-x2x9q",

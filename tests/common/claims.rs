@@ -1,6 +1,11 @@
 //! The claim every test starts from: change the fields a test is about with struct update
 //! syntax, `Claim { request_uid: "r".into(), ..claims::claim("10.0.0.1", "web", "web-0") }`,
 //! or by name with [`builder`]: `claims::builder("10.0.0.1", "web", "web-0").request("r")`.
+//!
+//! The one claim fixture of the project: the integration tests use it as `common::claims`, the
+//! unit tests of the ledger, IPAM and root crates as `crate::test_claims` (each `lib.rs`
+//! includes this file), and the ledger and allocator benches and `examples/ledger_load.rs`
+//! include it by path.
 #![allow(dead_code)]
 
 use ip_webhook_ledger::{Claim, Phase, PodRef, Source};

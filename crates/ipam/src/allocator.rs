@@ -662,23 +662,13 @@ mod tests {
         Allocator::new(Arc::new(MemoryLedger::new())).await.unwrap()
     }
 
+    /// A claim of app `web` for pod `default/{name}`, written by request `uid` (of another
+    /// replica, as far as this allocator knows).
     fn external(ip: &str, name: &str, uid: &str, phase: Phase) -> Claim {
-        Claim {
-            ip: ip.parse().unwrap(),
-            app: "web".into(),
-            pool: None,
-            pod: pod(name),
-            request_uid: uid.into(),
-            phase,
-            source: Source::Allocated,
-            created_at: 1,
-            updated_at: 1,
-            list_size: None,
-            token: Default::default(),
-            release_at: None,
-            sticky: false,
-            vm: None,
-        }
+        crate::test_claims::builder(ip, "web", name)
+            .request(uid)
+            .phase(phase)
+            .build()
     }
 
     #[tokio::test]

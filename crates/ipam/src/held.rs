@@ -627,22 +627,13 @@ impl State {
 mod tests {
     use super::*;
 
-    fn claim(ip: &str, uid: &str) -> Claim {
+    /// A reservation of app `web` by request `uid`, for no pod yet.
+    fn reserved(ip: &str, uid: &str) -> Claim {
         Claim {
-            ip: ip.parse().unwrap(),
-            app: "web".into(),
-            pool: None,
             pod: PodRef::default(),
-            request_uid: uid.into(),
-            phase: Phase::Reserved,
-            source: Source::Allocated,
-            created_at: 1,
-            updated_at: 1,
-            list_size: None,
-            token: Default::default(),
-            release_at: None,
-            sticky: false,
-            vm: None,
+            ..crate::test_claims::builder(ip, "web", "")
+                .request(uid)
+                .build()
         }
     }
 
@@ -700,17 +691,17 @@ mod tests {
                 uid: Some(format!("pod-{uid}").into()),
                 ..PodRef::default()
             },
-            ..claim(ip, uid)
+            ..reserved(ip, uid)
         };
         let claims: Vec<Arc<Claim>> = [
-            claim("10.0.0.3", "uid-a"),
+            reserved("10.0.0.3", "uid-a"),
             terminating("10.0.0.1", "uid-b", "t1"),
             // a dual-stack pod: two IPs under one request and one token
             terminating("fd00::1", "uid-c", "t2"),
             terminating("10.0.0.9", "uid-c", "t2"),
-            claim("10.0.0.2", "uid-d"),
+            reserved("10.0.0.2", "uid-d"),
             // a later claim on an IP replaces the earlier one
-            claim("10.0.0.3", "uid-e"),
+            reserved("10.0.0.3", "uid-e"),
         ]
         .into_iter()
         .map(Arc::new)
@@ -728,9 +719,9 @@ mod tests {
     #[test]
     fn requests_sharing_a_hash_keep_their_own_claims() {
         let claims: IpMap<Arc<Claim>> = [
-            claim("10.0.0.1", "uid-a"),
-            claim("10.0.0.2", "uid-b"),
-            claim("10.0.0.3", "uid-a"),
+            reserved("10.0.0.1", "uid-a"),
+            reserved("10.0.0.2", "uid-b"),
+            reserved("10.0.0.3", "uid-a"),
         ]
         .into_iter()
         .map(|c| (c.ip, Arc::new(c)))

@@ -39,3 +39,9 @@ pub(crate) mod release;
 pub(crate) mod request;
 pub mod spec_cache;
 pub mod usage;
+
+/// The claim every test starts from, shared with the integration tests (whence its `pub`s).
+#[cfg(test)]
+#[allow(unreachable_pub)]
+#[path = "../../../tests/common/claims.rs"]
+pub(crate) mod test_claims;

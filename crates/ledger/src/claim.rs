@@ -441,7 +441,7 @@ mod tests {
     fn a_release_of_an_older_view_does_not_end_the_sticky_grace() {
         let bound = Claim {
             sticky: true,
-            ..claim("db-0", Some("uid-0"), "tok", Phase::Bound)
+            ..pod_claim("db-0", Some("uid-0"), "tok", Phase::Bound)
         };
         let terminating = Claim {
             phase: Phase::Terminating,
@@ -459,29 +459,17 @@ mod tests {
         assert!(!ended.locks_ip());
     }
 
-    use crate::{PodRef, Source};
-
-    fn claim(name: &str, uid: Option<&str>, token: &str, phase: Phase) -> Claim {
-        Claim {
-            ip: "10.0.0.1".parse().unwrap(),
-            app: "web".into(),
-            pool: None,
-            pod: PodRef {
-                namespace: "default".into(),
-                name: name.into(),
-                generate_name: "web-7d4b9c-".into(),
-                uid: uid.map(Into::into),
-            },
-            request_uid: "req-1".into(),
-            phase,
-            source: Source::Allocated,
-            created_at: 1,
-            updated_at: 1,
-            list_size: None,
-            token: token.into(),
-            release_at: None,
-            sticky: false,
-            vm: None,
+    /// A claim of 10.0.0.1 for pod `default/{name}` of app `web` (generateName `web-7d4b9c-`),
+    /// by request `req-1` with token `token`, bound to the pod `uid` when given.
+    fn pod_claim(name: &str, uid: Option<&str>, token: &str, phase: Phase) -> Claim {
+        let claim = crate::test_claims::builder("10.0.0.1", "web", name)
+            .generate_name("web-7d4b9c-")
+            .request("req-1")
+            .token(token)
+            .phase(phase);
+        match uid {
+            Some(uid) => claim.uid(uid).build(),
+            None => claim.build(),
         }
     }
 
@@ -489,7 +477,7 @@ mod tests {
     /// bound it for its StatefulSet pod: the phase and release time change, the binding stays.
     #[test]
     fn a_step_from_a_lagging_copy_changes_only_what_its_caller_changed() {
-        let copy = claim("", None, "tok", Phase::Reserved);
+        let copy = pod_claim("", None, "tok", Phase::Reserved);
         let record = Claim {
             sticky: true,
             ..bound(&copy, "db-0", "uid-db-0", 2)
@@ -503,7 +491,7 @@ mod tests {
         assert_eq!(written.pod.uid.as_deref(), Some("uid-db-0"));
         assert_eq!(written.pod.name, "db-0");
         // the copy's own bind changes what a bind changes
-        let fresh = claim("", None, "tok", Phase::Reserved);
+        let fresh = pod_claim("", None, "tok", Phase::Reserved);
         let mut bind = bound(&fresh, "db-0", "uid-db-0", 2);
         bind.sticky = true;
         assert_eq!(step_of(&fresh, &fresh, &bind), Some(bind));
@@ -525,7 +513,7 @@ mod tests {
 
     #[test]
     fn a_bound_claim_is_held_by_its_uid_only() {
-        let c = claim("web-7d4b9c-abcde", Some("u1"), "t1", Phase::Bound);
+        let c = pod_claim("web-7d4b9c-abcde", Some("u1"), "t1", Phase::Bound);
         assert!(held_by(
             &c,
             &pod("web-7d4b9c-abcde", Some("u1"), Some("t1"))
@@ -540,7 +528,7 @@ mod tests {
 
     #[test]
     fn before_the_uid_the_token_decides_never_the_generate_name() {
-        let c = claim("", None, "t1", Phase::Reserved);
+        let c = pod_claim("", None, "t1", Phase::Reserved);
         assert!(held_by(&c, &pod("", None, Some("t1"))));
         assert!(held_by(
             &c,
@@ -554,16 +542,16 @@ mod tests {
         };
         assert!(!held_by(&c, &other_namespace));
         // a fixed-name claim also needs the name
-        let named = claim("db-0", None, "t1", Phase::Reserved);
+        let named = pod_claim("db-0", None, "t1", Phase::Reserved);
         assert!(!held_by(&named, &pod("db-copy", None, Some("t1"))));
     }
 
     #[test]
     fn records_without_a_token_match_their_exact_name_only() {
-        let legacy = claim("db-0", None, "", Phase::Reserved);
+        let legacy = pod_claim("db-0", None, "", Phase::Reserved);
         assert!(held_by(&legacy, &pod("db-0", Some("u"), None)));
         assert!(!held_by(&legacy, &pod("db-01", Some("u"), None)));
-        let legacy_generated = claim("", None, "", Phase::Reserved);
+        let legacy_generated = pod_claim("", None, "", Phase::Reserved);
         assert!(!held_by(
             &legacy_generated,
             &pod("web-7d4b9c-abcde", Some("u"), None)
@@ -572,24 +560,24 @@ mod tests {
 
     #[test]
     fn creates_write_retry_take_over_or_are_refused() {
-        let mut new = claim("", None, "t2", Phase::Reserved);
+        let mut new = pod_claim("", None, "t2", Phase::Reserved);
         new.request_uid = "req-2".into();
         assert_eq!(create_rule(None, &new), CreateRule::Write);
-        let held = claim("", None, "t1", Phase::Reserved);
+        let held = pod_claim("", None, "t1", Phase::Reserved);
         assert_eq!(create_rule(Some(&held), &new), CreateRule::Held);
-        let retry = claim("", None, "t-other-replica", Phase::Reserved);
+        let retry = pod_claim("", None, "t-other-replica", Phase::Reserved);
         assert_eq!(create_rule(Some(&held), &retry), CreateRule::Existing);
-        let released = claim("", None, "t1", Phase::Released);
+        let released = pod_claim("", None, "t1", Phase::Released);
         assert_eq!(create_rule(Some(&released), &new), CreateRule::Write);
         let mut kept = released.clone();
         kept.sticky = true;
         assert_eq!(create_rule(Some(&kept), &new), CreateRule::Held);
 
         // a fixed name takes over its own Reserved/Terminating/kept claim, never a Bound one
-        let mut db0 = claim("db-0", None, "t3", Phase::Reserved);
+        let mut db0 = pod_claim("db-0", None, "t3", Phase::Reserved);
         db0.request_uid = "req-3".into();
         for phase in [Phase::Reserved, Phase::Terminating, Phase::Released] {
-            let mut old = claim("db-0", Some("u-old"), "t1", phase);
+            let mut old = pod_claim("db-0", Some("u-old"), "t1", phase);
             old.sticky = true;
             assert_eq!(
                 create_rule(Some(&old), &db0),
@@ -597,7 +585,7 @@ mod tests {
                 "{phase:?}"
             );
         }
-        let running = claim("db-0", Some("u-old"), "t1", Phase::Bound);
+        let running = pod_claim("db-0", Some("u-old"), "t1", Phase::Bound);
         assert_eq!(create_rule(Some(&running), &db0), CreateRule::Held);
         // /validate recording what /mutate granted (the same token, another request): the
         // grant answers, a takeover by name would delete it
@@ -605,7 +593,7 @@ mod tests {
         validated.request_uid = "req-validate".into();
         validated.pod.uid = Some("u-new".into());
         assert_eq!(create_rule(Some(&db0), &validated), CreateRule::Existing);
-        let mut other_app = claim("db-0", None, "t1", Phase::Reserved);
+        let mut other_app = pod_claim("db-0", None, "t1", Phase::Reserved);
         other_app.app = "cache".into();
         assert_eq!(create_rule(Some(&other_app), &db0), CreateRule::Held);
     }
@@ -614,7 +602,7 @@ mod tests {
     fn a_virtual_machines_launcher_pods_take_its_claim_over_in_any_phase() {
         let vm = |name: &str, token: &str, phase: Phase| Claim {
             vm: Some(name.into()),
-            ..claim("", Some("u-source"), token, phase)
+            ..pod_claim("", Some("u-source"), token, phase)
         };
         let mut target = vm("db", "t-target", Phase::Reserved);
         target.request_uid = "req-target".into();
@@ -642,9 +630,9 @@ mod tests {
         let mut elsewhere = vm("db", "t1", Phase::Bound);
         elsewhere.pod.namespace = "prod".into();
         assert_eq!(create_rule(Some(&elsewhere), &target), CreateRule::Held);
-        let plain_pod = claim("", Some("u1"), "t1", Phase::Bound);
+        let plain_pod = pod_claim("", Some("u1"), "t1", Phase::Bound);
         assert_eq!(create_rule(Some(&plain_pod), &target), CreateRule::Held);
-        let mut plain_new = claim("", None, "t9", Phase::Reserved);
+        let mut plain_new = pod_claim("", None, "t9", Phase::Reserved);
         plain_new.request_uid = "req-9".into();
         assert_eq!(
             create_rule(Some(&vm("db", "t1", Phase::Terminating)), &plain_new),
@@ -654,7 +642,7 @@ mod tests {
 
     #[test]
     fn phase_steps_follow_the_lifecycle_and_happen_once() {
-        let reserved = claim("", None, "t1", Phase::Reserved);
+        let reserved = pod_claim("", None, "t1", Phase::Reserved);
         let bound_claim = bound(&reserved, "web-x", "u1", 5);
         assert!(may_step(&reserved, &reserved, &bound_claim));
         let pod = pod("web-x", Some("u1"), Some("t1"));

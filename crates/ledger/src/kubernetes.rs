@@ -722,27 +722,13 @@ mod tests {
 
     /// A reservation of a `generateName` pod, as admission records one.
     fn reserved_claim() -> Claim {
-        Claim {
-            ip: "fd00::a".parse().unwrap(),
-            app: "web".into(),
-            pool: Some("blue".into()),
-            pod: PodRef {
-                namespace: "default".into(),
-                name: Default::default(),
-                generate_name: "web-7d9f-".into(),
-                uid: None,
-            },
-            request_uid: "req-1".into(),
-            phase: Phase::Reserved,
-            source: Source::Static,
-            created_at: 1_700_000_000,
-            updated_at: 1_700_000_000,
-            list_size: None,
-            token: Default::default(),
-            release_at: None,
-            sticky: false,
-            vm: None,
-        }
+        crate::test_claims::builder("fd00::a", "web", "")
+            .generate_name("web-7d9f-")
+            .request("req-1")
+            .pool("blue")
+            .source(Source::Static)
+            .at(1_700_000_000)
+            .build()
     }
 
     #[test]
@@ -773,20 +759,11 @@ mod tests {
     #[test]
     fn a_name_that_does_not_match_the_ip_is_corrupt() {
         let mut resource = to_resource(&Claim {
-            ip: "10.0.0.5".parse().unwrap(),
-            app: "web".into(),
-            pool: None,
             pod: PodRef::default(),
-            request_uid: "r".into(),
-            phase: Phase::Reserved,
-            source: Source::Allocated,
-            created_at: 0,
-            updated_at: 0,
-            list_size: None,
-            token: Default::default(),
-            release_at: None,
-            sticky: false,
-            vm: None,
+            ..crate::test_claims::builder("10.0.0.5", "web", "")
+                .request("r")
+                .at(0)
+                .build()
         });
         resource.spec.ip = "10.0.0.6".into();
         let error = from_resource(&resource).unwrap_err().to_string();

@@ -48,6 +48,15 @@ mod record;
 pub mod text;
 pub mod timed;
 
+/// The claim every test starts from, shared with the integration tests (whence its `pub`s).
+#[cfg(test)]
+#[allow(unreachable_pub)]
+#[path = "../../../tests/common/claims.rs"]
+pub(crate) mod test_claims;
+// so that the shared test claims name this crate as every other crate does
+#[cfg(test)]
+extern crate self as ip_webhook_ledger;
+
 pub use embedded::EmbeddedLedger;
 #[cfg(feature = "etcd")]
 pub use etcd::EtcdLedger;

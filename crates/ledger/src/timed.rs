@@ -241,24 +241,17 @@ impl Ledger for TimedLedger {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{MemoryLedger, Phase, PodRef, Source};
+    use crate::{MemoryLedger, PodRef};
 
+    /// A reservation of 10.0.0.1 for no pod yet, by request `r` with token `token`.
     fn reserved(token: &str) -> Claim {
         Claim {
-            ip: "10.0.0.1".parse().unwrap(),
-            app: "web".into(),
-            pool: None,
             pod: PodRef::default(),
-            request_uid: "r".into(),
-            phase: Phase::Reserved,
-            source: Source::Allocated,
-            created_at: 0,
-            updated_at: 0,
-            list_size: None,
-            token: token.into(),
-            release_at: None,
-            sticky: false,
-            vm: None,
+            ..crate::test_claims::builder("10.0.0.1", "web", "")
+                .request("r")
+                .token(token)
+                .at(0)
+                .build()
         }
     }
 

@@ -605,34 +605,22 @@ impl Report {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ip_webhook_ledger::{Phase, PodRef, Source};
+    use crate::test_claims as claims;
+    use ip_webhook_ledger::Phase;
     use serde_json::json;
 
     const NOW: u64 = 1_764_400_000;
     const TOKEN: &str = "0123456789abcdef0123456789abcdef";
 
-    fn claim(ip: &str, name: &str, uid: Option<&str>, phase: Phase, at: u64) -> Claim {
-        Claim {
-            ip: ip.parse().unwrap(),
-            app: "web".into(),
-            pool: None,
-            pod: PodRef {
-                namespace: "default".into(),
-                name: name.into(),
-                generate_name: "web-".into(),
-                uid: uid.map(Into::into),
-            },
-            request_uid: format!("r-{ip}").into(),
-            phase,
-            source: Source::Allocated,
-            created_at: at,
-            updated_at: at,
-            list_size: std::num::NonZeroU64::new(4),
-            token: TOKEN.into(),
-            release_at: None,
-            sticky: false,
-            vm: None,
-        }
+    /// A claim of app `web` (generateName `web-`) from a list of 4, with a token, made at `at`.
+    fn web_claim(ip: &str, name: &str, phase: Phase, at: u64) -> claims::ClaimBuilder {
+        claims::builder(ip, "web", name)
+            .generate_name("web-")
+            .request(&format!("r-{ip}"))
+            .phase(phase)
+            .list_size(4)
+            .token(TOKEN)
+            .at(at)
     }
 
     fn pod(name: &str, uid: &str, label_ip: &str, pod_ips: &[&str]) -> Pod {
@@ -719,7 +707,9 @@ mod tests {
     }
 
     fn old(ip: &str, name: &str, uid: &str) -> Claim {
-        claim(ip, name, Some(uid), Phase::Bound, NOW - 3600)
+        web_claim(ip, name, Phase::Bound, NOW - 3600)
+            .uid(uid)
+            .build()
     }
 
     #[test]
@@ -870,7 +860,7 @@ mod tests {
     #[test]
     fn a_clean_cluster_has_no_drift() {
         // a reservation whose pod is not bound yet: found by its token
-        let reserved = claim("10.0.0.12", "", None, Phase::Reserved, NOW - 3600);
+        let reserved = web_claim("10.0.0.12", "", Phase::Reserved, NOW - 3600).build();
         let claims = [
             old("10.0.0.10", "web-a", "ua"),
             old("10.0.0.11", "web-b", "ub"),
@@ -918,7 +908,7 @@ mod tests {
             "a pod of the same name but another UID does not hold a bound claim"
         );
         // Made a minute ago: an admission whose pod is still being created.
-        let fresh = claim("10.0.0.12", "", None, Phase::Reserved, NOW - 60);
+        let fresh = web_claim("10.0.0.12", "", Phase::Reserved, NOW - 60).build();
         assert_eq!(run(std::slice::from_ref(&fresh), &pods[..0], &[]), []);
         let stale = Claim {
             created_at: NOW - 600,

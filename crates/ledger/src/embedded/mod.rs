@@ -313,8 +313,8 @@ impl Drop for EmbeddedLedger {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Phase;
     use crate::record::{JOURNAL_START, encode_record, new_journal, parse_file};
-    use crate::{Phase, PodRef, Source};
 
     use std::fs::OpenOptions;
     use std::os::unix::fs::FileExt;
@@ -368,27 +368,11 @@ mod tests {
         }
     }
 
-    fn claim(ip: &str, pod: &str) -> Claim {
-        Claim {
-            ip: ip.parse().unwrap(),
-            app: "web".into(),
-            pool: None,
-            pod: PodRef {
-                namespace: "default".into(),
-                name: pod.into(),
-                ..Default::default()
-            },
-            request_uid: format!("uid-{pod}").into(),
-            phase: Phase::Reserved,
-            source: Source::Allocated,
-            created_at: 1,
-            updated_at: 1,
-            list_size: None,
-            token: Default::default(),
-            release_at: None,
-            sticky: false,
-            vm: None,
-        }
+    /// A reservation of app `web` for pod `default/{pod}`, by request `uid-{pod}`.
+    fn web_claim(ip: &str, pod: &str) -> Claim {
+        crate::test_claims::builder(ip, "web", pod)
+            .request(&format!("uid-{pod}"))
+            .build()
     }
 
     #[tokio::test]
@@ -397,18 +381,28 @@ mod tests {
         let counters = CommitCounters::default();
         let ledger = EmbeddedLedger::open(dir.path(), counters.clone()).unwrap();
         assert_eq!(
-            ledger.create(claim("10.0.0.1", "a").into()).await.unwrap(),
+            ledger
+                .create(web_claim("10.0.0.1", "a").into())
+                .await
+                .unwrap(),
             CreateOutcome::Created
         );
-        match ledger.create(claim("10.0.0.1", "b").into()).await.unwrap() {
+        match ledger
+            .create(web_claim("10.0.0.1", "b").into())
+            .await
+            .unwrap()
+        {
             CreateOutcome::AlreadyHeld(holder) => assert_eq!(holder.pod.name, "a"),
             other => panic!("expected AlreadyHeld, got {other:?}"),
         }
         // release only by the holder
-        assert!(!ledger.release(&claim("10.0.0.1", "b")).await.unwrap());
-        assert!(ledger.release(&claim("10.0.0.1", "a")).await.unwrap());
+        assert!(!ledger.release(&web_claim("10.0.0.1", "b")).await.unwrap());
+        assert!(ledger.release(&web_claim("10.0.0.1", "a")).await.unwrap());
         assert_eq!(
-            ledger.create(claim("10.0.0.1", "b").into()).await.unwrap(),
+            ledger
+                .create(web_claim("10.0.0.1", "b").into())
+                .await
+                .unwrap(),
             CreateOutcome::Created
         );
         ledger.close().await;
@@ -433,7 +427,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let ledger = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
         for (ip, pod) in [("10.0.0.1", "a"), ("10.0.0.2", "b")] {
-            ledger.create(claim(ip, pod).into()).await.unwrap();
+            ledger.create(web_claim(ip, pod).into()).await.unwrap();
         }
         ledger.close().await;
         let reopened: Arc<dyn Ledger> = crate::timed::TimedLedger::wrap(
@@ -467,7 +461,7 @@ mod tests {
             tasks.push(tokio::spawn(async move {
                 let ip = format!("10.1.{}.{}", i / 250, i % 250);
                 ledger
-                    .create(claim(&ip, &format!("p{i}")).into())
+                    .create(web_claim(&ip, &format!("p{i}")).into())
                     .await
                     .unwrap()
             }));
@@ -501,7 +495,7 @@ mod tests {
                 std::thread::sleep(std::time::Duration::from_millis(3));
                 let ip = format!("10.9.0.{i}");
                 ledger
-                    .create(claim(&ip, &format!("p{i}")).into())
+                    .create(web_claim(&ip, &format!("p{i}")).into())
                     .await
                     .unwrap()
             }));
@@ -530,7 +524,7 @@ mod tests {
     async fn a_request_dropped_after_opening_a_batch_still_seals_it() {
         let dir = tempfile::tempdir().unwrap();
         let ledger = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
-        let first = claim("10.9.1.1", "a");
+        let first = web_claim("10.9.1.1", "a");
         let mut opened = Box::pin(ledger.create(first.clone().into()));
         assert!(
             futures::poll!(opened.as_mut()).is_pending(),
@@ -539,7 +533,7 @@ mod tests {
         drop(opened);
         let joined = tokio::time::timeout(
             std::time::Duration::from_secs(10),
-            ledger.create(claim("10.9.1.2", "b").into()),
+            ledger.create(web_claim("10.9.1.2", "b").into()),
         )
         .await
         .expect("a request that joined the dropped one's batch is answered");
@@ -587,7 +581,7 @@ mod tests {
         for i in 0..40u32 {
             let claim = Claim {
                 phase: Phase::Bound,
-                ..claim(&format!("10.14.0.{i}"), &format!("p{i}"))
+                ..web_claim(&format!("10.14.0.{i}"), &format!("p{i}"))
             };
             ledger.create(claim.clone().into()).await.unwrap();
             created.fetch_add(1, Ordering::SeqCst);
@@ -642,11 +636,17 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let ledger = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
         assert!(read_claims(dir.path()).unwrap().is_empty());
-        ledger.create(claim("10.0.0.1", "a").into()).await.unwrap();
+        ledger
+            .create(web_claim("10.0.0.1", "a").into())
+            .await
+            .unwrap();
         let seen = read_claims(dir.path()).unwrap();
         assert_eq!(seen.len(), 1);
         assert_eq!(seen[0].pod.name, "a");
-        ledger.create(claim("10.0.0.2", "b").into()).await.unwrap();
+        ledger
+            .create(web_claim("10.0.0.2", "b").into())
+            .await
+            .unwrap();
         assert_eq!(read_claims(dir.path()).unwrap().len(), 2);
         ledger.close().await;
 
@@ -661,7 +661,7 @@ mod tests {
     #[tokio::test]
     async fn serve_removes_the_ledgers_unfinished_temp_files_only() {
         let dir = tempfile::tempdir().unwrap();
-        recorded(dir.path(), &[claim("10.15.0.1", "a")]).await;
+        recorded(dir.path(), &[web_claim("10.15.0.1", "a")]).await;
         let ours = ["snapshot.00000000000000000002.tmp", "ledger.id.tmp"];
         for name in ours.iter().chain(&["ca.key.tmp"]) {
             std::fs::write(dir.path().join(name), b"half").unwrap();
@@ -693,13 +693,13 @@ mod tests {
             let ip = format!("10.2.0.{i}");
             assert_eq!(
                 ledger
-                    .create(claim(&ip, &format!("p{i}")).into())
+                    .create(web_claim(&ip, &format!("p{i}")).into())
                     .await
                     .unwrap(),
                 CreateOutcome::Created
             );
         }
-        assert!(ledger.release(&claim("10.2.0.3", "p3")).await.unwrap());
+        assert!(ledger.release(&web_claim("10.2.0.3", "p3")).await.unwrap());
         ledger.close().await;
         drop(ledger);
         let reopened = EmbeddedLedger::open(dir.path(), CommitCounters::default()).unwrap();
@@ -748,12 +748,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = recorded(
             dir.path(),
-            &[claim("10.3.0.1", "a"), claim("10.3.0.2", "b")],
+            &[web_claim("10.3.0.1", "a"), web_claim("10.3.0.2", "b")],
         )
         .await;
         let whole = parse_file(&path).unwrap().scan.good;
         let mut record = Vec::new();
-        encode_record(&mut record, &claim("10.3.0.3", "c")).unwrap();
+        encode_record(&mut record, &web_claim("10.3.0.3", "c")).unwrap();
         // where the writer puts its next record: into the zeros made room for
         let file = OpenOptions::new().write(true).open(&path).unwrap();
         file.write_all_at(&record[..record.len() - 5], whole)
@@ -778,7 +778,10 @@ mod tests {
         names.sort();
         assert_eq!(names, ["a", "b"]);
         assert_eq!(
-            ledger.create(claim("10.3.0.3", "c").into()).await.unwrap(),
+            ledger
+                .create(web_claim("10.3.0.3", "c").into())
+                .await
+                .unwrap(),
             CreateOutcome::Created
         );
         ledger.close().await;
@@ -792,7 +795,7 @@ mod tests {
     #[tokio::test]
     async fn the_journal_makes_room_ahead_and_reopens_at_its_last_record() {
         let dir = tempfile::tempdir().unwrap();
-        let path = recorded(dir.path(), &[claim("10.5.0.1", "a")]).await;
+        let path = recorded(dir.path(), &[web_claim("10.5.0.1", "a")]).await;
         let first = parse_file(&path).unwrap();
         let len = std::fs::metadata(&path).unwrap().len();
         assert_eq!(
@@ -802,7 +805,7 @@ mod tests {
         );
         assert!(first.scan.good < len && !first.scan.torn);
 
-        recorded(dir.path(), &[claim("10.5.0.2", "b")]).await;
+        recorded(dir.path(), &[web_claim("10.5.0.2", "b")]).await;
         let second = parse_file(&path).unwrap();
         assert_eq!(
             second.claims.len(),
@@ -816,7 +819,7 @@ mod tests {
         let more = journal::ROOM_LOW / per_record + 5;
         let claims: Vec<Claim> = (0..more)
             .map(|i| {
-                claim(
+                web_claim(
                     &format!("10.6.{}.{}", i / 250, i % 250 + 1),
                     &format!("p{i}"),
                 )
@@ -844,7 +847,7 @@ mod tests {
     fn many(prefix: &str, n: u32) -> Vec<Claim> {
         (0..n)
             .map(|i| {
-                claim(
+                web_claim(
                     &format!("{prefix}.{}.{}", i / 250, i % 250 + 1),
                     &format!("p{i}"),
                 )
@@ -938,7 +941,7 @@ mod tests {
     #[tokio::test]
     async fn a_state_dir_that_lost_its_journal_refuses_to_start_empty() {
         let dir = tempfile::tempdir().unwrap();
-        let path = recorded(dir.path(), &[claim("10.12.0.1", "a")]).await;
+        let path = recorded(dir.path(), &[web_claim("10.12.0.1", "a")]).await;
         assert!(dir.path().join(marker::MARKER).is_file());
         std::fs::remove_file(&path).unwrap();
         let err = EmbeddedLedger::open(dir.path(), CommitCounters::default())
@@ -955,7 +958,7 @@ mod tests {
         // a dir whose marker is gone (a crash between the first journal and the marker): it
         // gets one
         let unmarked = tempfile::tempdir().unwrap();
-        recorded(unmarked.path(), &[claim("10.12.0.2", "b")]).await;
+        recorded(unmarked.path(), &[web_claim("10.12.0.2", "b")]).await;
         std::fs::remove_file(unmarked.path().join(marker::MARKER)).unwrap();
         let ledger = EmbeddedLedger::open(unmarked.path(), CommitCounters::default()).unwrap();
         assert_eq!(ledger.load().await.unwrap().len(), 1);
@@ -966,7 +969,7 @@ mod tests {
         // marker follows the journal's synced header), so it is refused, naming the file
         for len in [0, 4, 700] {
             let dir = tempfile::tempdir().unwrap();
-            let path = recorded(dir.path(), &[claim("10.12.0.3", "c")]).await;
+            let path = recorded(dir.path(), &[web_claim("10.12.0.3", "c")]).await;
             let journal = std::fs::File::options().write(true).open(&path);
             journal.and_then(|file| file.set_len(len)).unwrap();
             let (err, damage) = damage_refusing(dir.path(), "an emptied journal refuses to open");
@@ -1005,7 +1008,7 @@ mod tests {
         let commit = |journal: &mut Journal, i: u32| {
             let (tx, _rx) = oneshot::channel();
             let ip = format!("10.13.{}.{}", i / 250, i % 250 + 1);
-            let mut batch = vec![Request::Create(Arc::new(claim(&ip, "p")), tx)];
+            let mut batch = vec![Request::Create(Arc::new(web_claim(&ip, "p")), tx)];
             journal.commit(&mut batch, &mut Vec::new())
         };
         let mut acknowledged = 0;
@@ -1072,7 +1075,7 @@ mod tests {
             let before = len();
             let (tx, _rx) = oneshot::channel();
             let ip = format!("10.8.{}.{}", i / 250, i % 250 + 1);
-            let mut batch = vec![Request::Create(Arc::new(claim(&ip, "p")), tx)];
+            let mut batch = vec![Request::Create(Arc::new(web_claim(&ip, "p")), tx)];
             let mut replies = Vec::new();
             assert_eq!(journal.commit(&mut batch, &mut replies).unwrap(), 1);
             assert_eq!(len(), before, "commit {i} grew the journal");
@@ -1106,7 +1109,7 @@ mod tests {
     #[tokio::test]
     async fn a_bad_record_before_the_last_journal_refuses_to_open() {
         let dir = tempfile::tempdir().unwrap();
-        let path = recorded(dir.path(), &[claim("10.4.0.1", "a")]).await;
+        let path = recorded(dir.path(), &[web_claim("10.4.0.1", "a")]).await;
         let mut bytes = std::fs::read(&path).unwrap();
         let last = parse_file(&path).unwrap().scan.good as usize - 3;
         bytes[last] ^= 0xff;
@@ -1136,7 +1139,7 @@ mod tests {
             err.to_string()
         };
         let gap = tempfile::tempdir().unwrap();
-        recorded(gap.path(), &[claim("10.13.0.1", "a")]).await;
+        recorded(gap.path(), &[web_claim("10.13.0.1", "a")]).await;
         std::fs::write(gap.path().join(name(JOURNAL, 3)), new_journal(3)).unwrap();
         let message = refusal(gap.path());
         let second = gap.path().join(name(JOURNAL, 2));
@@ -1157,7 +1160,7 @@ mod tests {
         ledger.close().await;
 
         let lost = tempfile::tempdir().unwrap();
-        let first = recorded(lost.path(), &[claim("10.13.0.2", "b")]).await;
+        let first = recorded(lost.path(), &[web_claim("10.13.0.2", "b")]).await;
         std::fs::rename(&first, lost.path().join(name(JOURNAL, 5))).unwrap();
         let message = refusal(lost.path());
         assert!(
@@ -1183,7 +1186,7 @@ mod tests {
         while round < rounds {
             for i in 0..40u32 {
                 let ip = format!("10.5.0.{i}");
-                let held = claim(&ip, &format!("p{i}-{round}"));
+                let held = web_claim(&ip, &format!("p{i}-{round}"));
                 assert_eq!(
                     ledger.create(held.clone().into()).await.unwrap(),
                     CreateOutcome::Created
@@ -1193,7 +1196,7 @@ mod tests {
             round += 1;
         }
         ledger
-            .create(claim("10.5.1.1", "last").into())
+            .create(web_claim("10.5.1.1", "last").into())
             .await
             .unwrap();
         ledger.close().await;
