@@ -231,7 +231,7 @@ pub(crate) async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
     // A manifest can be explained before anything runs: no ledger yet is an empty one,
     // said on stderr so that the output stays the same to a script.
     if let LedgerConfig::Embedded { state_dir } = &config.ledger {
-        match ip_webhook_ledger::open::existing_embedded(state_dir) {
+        match ip_webhook_ledger::existing_embedded(state_dir) {
             Err(OpenError::NoLedger(missing)) => {
                 eprintln!("note: {missing}; explaining against an empty ledger")
             }
@@ -387,7 +387,7 @@ async fn release_each(
         return Ok(answers);
     }
     if let LedgerConfig::Embedded { state_dir } = &config.ledger {
-        ip_webhook_ledger::open::existing_embedded(state_dir)?;
+        ip_webhook_ledger::existing_embedded(state_dir)?;
         if let Some(answers) = release_through_server(state_dir, requests).await? {
             return Ok(answers);
         }

@@ -24,7 +24,7 @@ use serde_json::Value;
 
 use super::Caches;
 use ip_webhook_ipam::foreign::{ForeignIps, ForeignUse};
-use ip_webhook_ledger::text::Shared;
+use ip_webhook_ledger::Shared;
 use ip_webhook_metrics::{CacheKindLabels, Metrics};
 
 pub(crate) mod calico;

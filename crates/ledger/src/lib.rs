@@ -42,11 +42,11 @@ pub mod ip_map;
 pub mod kubernetes;
 pub(crate) mod memory;
 pub mod network;
-pub mod open;
+mod open;
 pub mod pod_lookup;
 mod record;
-pub mod text;
-pub mod timed;
+mod text;
+mod timed;
 
 /// The claim every test starts from, shared with the integration tests (whence its `pub`s).
 #[cfg(test)]
@@ -64,10 +64,10 @@ pub use kubernetes::KubeLedger;
 pub use memory::MemoryLedger;
 pub use open::{
     ApiServer, ClusterSource, EtcdOptions, KubeAccess, LedgerConfig, OpenError, OpenOptions,
-    Opened, connect, open,
+    Opened, connect, existing_embedded, open,
 };
 pub use text::{Shared, Text};
-pub use timed::TimedLedger;
+pub use timed::{LedgerLabels, TimedLedger};
 
 /// Lifecycle of a claim: `Reserved → Bound → Terminating → Released` (rules in [`claim`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Hash)]

@@ -35,8 +35,8 @@ use prometheus_client::registry::Registry;
 
 use ip_webhook_ipam::allocator::Allocator;
 use ip_webhook_ipam::pools::PoolCatalog;
+use ip_webhook_ledger::LedgerLabels;
 use ip_webhook_ledger::embedded::CommitCounters;
-use ip_webhook_ledger::timed::LedgerLabels;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
 #[allow(non_camel_case_types)]
