@@ -362,25 +362,14 @@ mod tests {
         }
     }
 
+    /// A record with every text empty but the namespace, made at 0 and updated at 127.
     fn bare() -> Claim {
         Claim {
-            ip: "10.0.0.7".parse().unwrap(),
-            app: Default::default(),
-            pool: None,
-            pod: PodRef {
-                namespace: "default".into(),
-                ..Default::default()
-            },
-            request_uid: Default::default(),
-            phase: Phase::Reserved,
-            source: Source::Allocated,
-            created_at: 0,
             updated_at: 127,
-            list_size: None,
-            token: Default::default(),
-            release_at: None,
-            sticky: false,
-            vm: None,
+            ..crate::test_claims::builder("10.0.0.7", "", "")
+                .request("")
+                .at(0)
+                .build()
         }
     }
 
