@@ -21,7 +21,7 @@
 //!
 //! - [`cluster`]: in-cluster watches, indexes, reconciler, lease, sweeper, CNI objects.
 //! - [`server`]: HTTP(S) serving, TLS, logging.
-//! - [`ops`]: the operator commands' logic: status, explain, release, check, drift.
+//! - `ops`: the operator commands' logic: status, explain, release, check, drift.
 //! - [`app`]: the builder: plain configuration (`ServeConfig`, `WebhookConfig`) to a running
 //!   process.
 //! - [`cli`]: the command line: arguments to configuration, and each command.
@@ -29,7 +29,7 @@
 pub mod app;
 pub mod cli;
 pub mod cluster;
-pub mod ops;
+pub(crate) mod ops;
 pub mod server;
 
 /// The claim every test starts from, shared with the integration tests (whence its `pub`s).

@@ -489,12 +489,7 @@ async fn silent_and_idle_connections_are_closed_on_time() {
 /// again once one ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_past_the_limit_are_refused_at_accept() {
-    let server = TestServer::start_with(|c| {
-        c.limits.max_connections = 3;
-        c.limits.max_handshakes = ip_webhook::server::default_max_handshakes(3);
-        common::read_timeout(c, Duration::from_secs(2));
-    })
-    .await;
+    let server = TestServer::start(&["--max-connections", "3", "--read-timeout", "2s"]).await;
     let addr = server.launched.running.https_addr;
     let config = server.client.config.clone();
     // three connections each served a request (a connection only the client thinks done with

@@ -70,7 +70,7 @@ pub(crate) fn socket_path(state_dir: &Path) -> PathBuf {
 
 /// What the server says at startup and `status` says off-cluster: with no API server, nothing
 /// can tell a claim whose pod was refused after admission from one whose pod runs.
-pub fn unverifiable_claims_note(invocation: &str) -> String {
+pub(crate) fn unverifiable_claims_note(invocation: &str) -> String {
     format!(
         "no API server to ask: a claim whose pod was refused after admission (by another webhook, a quota, a name already taken) cannot be told from one whose pod runs, and stays held; if you know a pod is gone, free its IP with `{invocation} release IP --force` (works while the server runs)"
     )

@@ -1,7 +1,7 @@
 //! The operator commands' logic, independent of the command line: `status`, `explain`,
 //! `release`, `check` (the doctor) and `check --drift`.
 
-pub mod control;
+pub(crate) mod control;
 pub(crate) mod doctor;
 pub(crate) mod drift;
 pub(crate) mod explain;

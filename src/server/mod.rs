@@ -89,7 +89,7 @@ pub(crate) const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 pub(crate) const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// The default of `--max-handshakes`: a quarter of the connections (at least one).
-pub fn default_max_handshakes(max_connections: usize) -> usize {
+pub(crate) fn default_max_handshakes(max_connections: usize) -> usize {
     max_connections.div_ceil(4).max(1)
 }
 /// The HTTP/2 preface (24 bytes) and the header of the SETTINGS frame that must follow it.
