@@ -7,14 +7,14 @@ use std::hint::black_box;
 use std::sync::Arc;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use ip_webhook::decisions::mutate::patch_for;
+use ip_webhook::decisions::{Settings, Webhook};
+use ip_webhook::metrics::{Endpoint, Metrics};
 use ip_webhook_admission::{self as admission, MetaOnly};
-use ip_webhook_decisions::mutate::patch_for;
-use ip_webhook_decisions::{Settings, Webhook};
 use ip_webhook_ipam::allocator::Allocation;
 use ip_webhook_ipam::allocator::Allocator;
 use ip_webhook_ipam::pools::PoolCatalog;
 use ip_webhook_ledger::MemoryLedger;
-use ip_webhook_metrics::{Endpoint, Metrics};
 
 const REVIEW: &str = include_str!("../tests/fixtures/pod-create-v1.json");
 

@@ -14,11 +14,11 @@
 
 use std::sync::Arc;
 
-use ip_webhook_decisions::{Settings, Webhook};
+use ip_webhook::decisions::{Settings, Webhook};
+use ip_webhook::metrics::{Endpoint, Metrics};
 use ip_webhook_ipam::allocator::Allocator;
 use ip_webhook_ipam::pools::PoolCatalog;
 use ip_webhook_ledger::MemoryLedger;
-use ip_webhook_metrics::{Endpoint, Metrics};
 
 const REVIEW: &str = include_str!("../tests/fixtures/pod-create-v1.json");
 

@@ -3,7 +3,7 @@
 //! ip-webhook: a Kubernetes admission webhook that gives an app's pods fixed IPs from a list
 //! or pool, and refuses IP conflicts.
 //!
-//! Below this crate are the workspace's five library crates, each with its contract in its
+//! Below this crate are the workspace's three library crates, each with its contract in its
 //! `lib.rs`; the compiler keeps them from reaching up into this one:
 //!
 //! - [`ip_webhook_ledger`]: the claims and their rules, the custom resources (`IPClaim`,
@@ -12,13 +12,13 @@
 //! - [`ip_webhook_ipam`]: IP sets, pools, the allocator over the ledger.
 //! - [`ip_webhook_admission`]: the AdmissionReview protocol: wire types, scanner, bounds,
 //!   response and JSON patch, the pod annotations.
-//! - [`ip_webhook_metrics`]: the Prometheus registry every layer records into.
-//! - [`ip_webhook_decisions`]: the decisions: dispatch, assess, mutate, validate, the IPClaim
-//!   guard, workloads, events.
 //!
 //! This crate's folders, lowest layer first (a folder imports only from folders above it in
 //! this list; `tests/layers.rs` checks it); ARCHITECTURE.md walks a request through them:
 //!
+//! - [`metrics`]: the Prometheus registry every layer records into.
+//! - [`decisions`]: the decisions: dispatch, assess, mutate, validate, the IPClaim guard,
+//!   workloads, events.
 //! - [`cluster`]: in-cluster watches, indexes, reconciler, lease, sweeper, CNI objects.
 //! - [`server`]: HTTP(S) serving, TLS, logging.
 //! - `ops`: the operator commands' logic: status, explain, release, check, drift.
@@ -29,6 +29,8 @@
 pub mod app;
 pub mod cli;
 pub mod cluster;
+pub mod decisions;
+pub mod metrics;
 pub(crate) mod ops;
 pub mod server;
 

@@ -276,7 +276,7 @@ async fn release_force_marks_the_claim_so_the_guard_lets_it_go() {
     assert!(!allowed, "unmarked, the running pod's claim is kept");
 
     let ip = "10.97.71.1".parse().unwrap();
-    ip_webhook_decisions::claim_guard::mark_forced(&client, &ip)
+    ip_webhook::decisions::claim_guard::mark_forced(&client, &ip)
         .await
         .unwrap();
     let marked = claims.get("10.97.71.1").await.unwrap();
@@ -302,7 +302,7 @@ async fn release_force_marks_the_claim_so_the_guard_lets_it_go() {
     .await;
     assert!(allowed, "{text}");
     // no claim: nothing to mark, no error
-    ip_webhook_decisions::claim_guard::mark_forced(&client, &"10.97.71.9".parse().unwrap())
+    ip_webhook::decisions::claim_guard::mark_forced(&client, &"10.97.71.9".parse().unwrap())
         .await
         .unwrap();
 }

@@ -60,8 +60,6 @@ const CRATES: &[(&str, &str)] = &[
     ("ledger", "ip_webhook_ledger"),
     ("ipam", "ip_webhook_ipam"),
     ("admission", "ip_webhook_admission"),
-    ("metrics", "ip_webhook_metrics"),
-    ("decisions", "ip_webhook_decisions"),
 ];
 
 /// Every source file of the workspace as (unit, path, text). A crate of [`CRATES`] is read as

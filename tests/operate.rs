@@ -589,10 +589,10 @@ async fn check_reports_each_part_of_a_running_install() {
 
     let (_, mut metrics) = server.admin_get("/metrics").await;
     // the Lease gauge exists only in-cluster, once the Lease code sets it
-    let in_cluster = ip_webhook_metrics::Metrics::new();
+    let in_cluster = ip_webhook::metrics::Metrics::new();
     in_cluster
         .leader
-        .get_or_create(&ip_webhook_metrics::LeaseLabels {
+        .get_or_create(&ip_webhook::metrics::LeaseLabels {
             lease: "ip-webhook".into(),
         })
         .set(1);
@@ -616,7 +616,7 @@ impl std::io::Write for Captured {
 
 #[tokio::test(flavor = "current_thread")]
 async fn one_json_log_line_per_decision() {
-    use ip_webhook_metrics::Endpoint;
+    use ip_webhook::metrics::Endpoint;
     use std::sync::Arc;
     let captured = Captured::default();
     let writer = captured.clone();
@@ -635,11 +635,11 @@ async fn one_json_log_line_per_decision() {
         .await
         .unwrap(),
     );
-    let webhook = ip_webhook_decisions::Webhook::new(
+    let webhook = ip_webhook::decisions::Webhook::new(
         Default::default(),
         allocator,
         Default::default(),
-        Arc::new(ip_webhook_metrics::Metrics::new()),
+        Arc::new(ip_webhook::metrics::Metrics::new()),
     );
     let pod = common::pod("default", "web", "web-", Some("10.0.0.10"));
     // a dry run, a grant, the grant's request retried, a denial

@@ -129,7 +129,7 @@ async fn a_rollout_through_three_replicas_admits_every_pod_on_its_own_ip_and_bin
                 "30s",
             ],
             // every decision line, also the answers that grant nothing (DEBUG)
-            "info,ip_webhook_decisions::dispatch=debug",
+            "info,ip_webhook::decisions::dispatch=debug",
             &log,
         ));
         logs.push(log);

@@ -66,7 +66,7 @@ async fn swapped_certificate_is_served_without_restart() {
         .webhook
         .metrics
         .tls_reloads
-        .get_or_create(&ip_webhook_metrics::ResultLabels { result: "failure" })
+        .get_or_create(&ip_webhook::metrics::ResultLabels { result: "failure" })
         .get();
     assert!(failures >= 1, "the bad pair was not noticed");
 
@@ -98,7 +98,7 @@ fn reloads(launched: &ip_webhook::app::Launched, result: &'static str) -> u64 {
         .webhook
         .metrics
         .tls_reloads
-        .get_or_create(&ip_webhook_metrics::ResultLabels { result })
+        .get_or_create(&ip_webhook::metrics::ResultLabels { result })
         .get()
 }
 

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::cluster::ClusterOptions;
+use crate::decisions::Settings;
 use crate::server::Limits;
-use ip_webhook_decisions::Settings;
 use ip_webhook_ledger::{KubeAccess, LedgerConfig};
 
 /// What decides admissions: shared by `serve` and `review`.

@@ -15,10 +15,11 @@ use base64::Engine;
 
 use crate::cluster::ClusterHandle;
 use crate::cluster::pods::PodDirectory;
+use crate::decisions::Webhook;
+use crate::decisions::secondary::SecondaryNetworks;
+use crate::metrics::Metrics;
 use crate::server::tls::{self, CertFiles, CertResolver};
 use crate::server::{self, Running};
-use ip_webhook_decisions::Webhook;
-use ip_webhook_decisions::secondary::SecondaryNetworks;
 use ip_webhook_ipam::allocator::Allocator;
 use ip_webhook_ipam::pools::PoolCatalog;
 #[cfg(feature = "etcd")]
@@ -26,7 +27,6 @@ use ip_webhook_ledger::EtcdLedger;
 use ip_webhook_ledger::crd::FixedIPPool;
 use ip_webhook_ledger::pod_lookup::PodLookup;
 use ip_webhook_ledger::{ApiServer, Ledger, LedgerConfig, OpenOptions, Opened, TimedLedger};
-use ip_webhook_metrics::Metrics;
 
 /// What [`build`] made; `api_server` is the kubernetes ledger's.
 pub struct Built {
@@ -431,11 +431,11 @@ fn release_timers(
                     interface,
                 )) as Arc<dyn PodLookup>
             });
-            tokio::spawn(ip_webhook_decisions::release_timer::run(
+            tokio::spawn(crate::decisions::release_timer::run(
                 allocator.clone(),
                 lookup,
                 webhook.metrics.clone(),
-                ip_webhook_decisions::release_timer::PERIOD,
+                crate::decisions::release_timer::PERIOD,
             ))
         })
         .collect()
@@ -531,7 +531,7 @@ fn announce(config: &ServeConfig, launched: &Launched) {
             ledger = launched.ledger.kind(),
             state_dir = %config.state_dir.display(),
             version = env!("CARGO_PKG_VERSION"),
-            commit = ip_webhook_metrics::COMMIT,
+            commit = crate::metrics::COMMIT,
             "ip-webhook serving"
         );
         if let Some(bundle) = &launched.ca_bundle {

@@ -418,7 +418,7 @@ pub(crate) struct WebhookArgs {
     /// controller in its default install): a launcher pod's IP is its virtual machine's,
     /// kept across restarts and shared by a live migration's target pod. `--kubevirt-controller
     /// ''` takes no pod for a VM's.
-    #[arg(long, value_name = "USERNAME", default_values_t = [ip_webhook_decisions::kubevirt::DEFAULT_CONTROLLER.to_string()])]
+    #[arg(long, value_name = "USERNAME", default_values_t = [crate::decisions::kubevirt::DEFAULT_CONTROLLER.to_string()])]
     pub(crate) kubevirt_controller: Vec<String>,
     /// Free a virtual machine's IP once it is stopped (no VirtualMachineInstance), not only once
     /// the VirtualMachine is deleted.
@@ -583,7 +583,7 @@ pub(crate) struct ServeArgs {
     pub(crate) max_inflight_bytes: usize,
     /// At most this many apps get per-app metrics series; the rest are counted in
     /// ip_webhook_metrics_app_series_overflow_total.
-    #[arg(long, default_value_t = ip_webhook_metrics::DEFAULT_MAX_APPS, value_name = "N")]
+    #[arg(long, default_value_t = crate::metrics::DEFAULT_MAX_APPS, value_name = "N")]
     pub(crate) metrics_max_apps: usize,
     /// PEM CA bundle: HTTPS then requires a client certificate that chains to it (the API
     /// server's, see docs/security.md); reloaded when the file changes.

@@ -415,7 +415,7 @@ async fn release_each(
         && let (Some(api_server), Some(ip)) = (&opened.api_server, args.ip)
     {
         // --force is the operator's word: the IPClaim guard lets a claim annotated so go
-        ip_webhook_decisions::claim_guard::mark_forced(&api_server.admission, &ip)
+        crate::decisions::claim_guard::mark_forced(&api_server.admission, &ip)
             .await
             .with_context(|| format!("marking the IPClaim of {ip} forced"))?;
     }

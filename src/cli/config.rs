@@ -6,8 +6,8 @@ use super::*;
 use crate::app::{ClientCaConfig, ServeConfig, TlsConfig, WebhookConfig};
 use crate::cluster::lease::LeaseSettings;
 use crate::cluster::{ClusterOptions, PodIpSource, Rules};
+use crate::decisions::Settings;
 use crate::server::Limits;
-use ip_webhook_decisions::Settings;
 use ip_webhook_ledger::{ClusterSource, EtcdOptions, KubeAccess, LedgerConfig};
 
 pub(crate) fn in_pod() -> bool {
@@ -108,7 +108,7 @@ impl WebhookArgs {
                 release_delay: self.release_delay,
                 max_release_grace: self.max_release_grace,
                 admission_deadline: self.admission_deadline,
-                kubevirt: ip_webhook_decisions::kubevirt::KubevirtSettings {
+                kubevirt: crate::decisions::kubevirt::KubevirtSettings {
                     controllers: self
                         .kubevirt_controller
                         .iter()
@@ -122,7 +122,7 @@ impl WebhookArgs {
             pools_file: self.pools_file.clone(),
             // The IPClaim guard admits the server's own writes: its service account, and any
             // name given.
-            trusted_usernames: ip_webhook_decisions::claim_guard::own_service_account()
+            trusted_usernames: crate::decisions::claim_guard::own_service_account()
                 .into_iter()
                 .chain(self.trusted_username.iter().cloned())
                 .collect(),

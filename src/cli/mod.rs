@@ -20,10 +20,10 @@ use anyhow::{Context, bail};
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::metrics::Endpoint;
 use crate::server::logging::LogFormat;
 use ip_webhook_admission::annotations::Cni;
 use ip_webhook_ledger::{LedgerConfig, OpenOptions};
-use ip_webhook_metrics::Endpoint;
 
 /// What every command's exit status means (also in the README).
 pub(crate) const EXIT_CODES: &str = "Exit status: 0 done; 1 error (one `Error: …` line on stderr); \
@@ -171,7 +171,7 @@ fn log_filter(command: &Command) -> Option<&'static str> {
         (0, _) => "off",
         // `serve` logs a dry run's decision at debug (a line per admission costs CPU); the
         // one review `review` runs is what -v is for.
-        (1, Command::Review(_)) => "info,ip_webhook_decisions::dispatch=debug",
+        (1, Command::Review(_)) => "info,ip_webhook::decisions::dispatch=debug",
         (1, _) => "info",
         _ => "debug",
     })

@@ -4,7 +4,7 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use ip_webhook_decisions::workloads::WorkloadRegistry;
+use crate::decisions::workloads::WorkloadRegistry;
 use ip_webhook_ipam::allocator::Allocator;
 
 /// Which app (`namespace/app`) lists an IP: in-cluster, the watched workloads' pod templates

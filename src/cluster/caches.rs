@@ -9,8 +9,8 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use super::{PodMap, change_log, claim_list, index, leader_view, lock};
+use crate::metrics::watch_health::WatchHealth;
 use ip_webhook_ledger::crd::{FixedIPPool, IPClaim};
-use ip_webhook_metrics::watch_health::WatchHealth;
 
 /// What the watches hold. Pods are kept as `ClaimingPod` only, and only pods that carry an IP.
 #[derive(Default)]
@@ -117,25 +117,25 @@ impl Caches {
 }
 
 /// The IPClaim guard asks the watches whether a claim's pod runs.
-impl ip_webhook_decisions::claim_guard::LivePods for Caches {
-    fn life(&self, uid: &str) -> ip_webhook_decisions::claim_guard::PodLife {
+impl crate::decisions::claim_guard::LivePods for Caches {
+    fn life(&self, uid: &str) -> crate::decisions::claim_guard::PodLife {
         if !self.synced() {
-            return ip_webhook_decisions::claim_guard::PodLife::Unknown(
+            return crate::decisions::claim_guard::PodLife::Unknown(
                 "the webhook's pod caches have not synced yet",
             );
         }
         if let Some(pod) = self.pods.lock().unwrap_or_else(|p| p.into_inner()).get(uid) {
-            return ip_webhook_decisions::claim_guard::PodLife::Runs(format!(
+            return crate::decisions::claim_guard::PodLife::Runs(format!(
                 "{}/{}",
                 pod.namespace, pod.name
             ));
         }
         match self.cluster_ips.pod(uid) {
-            Some(pod) => ip_webhook_decisions::claim_guard::PodLife::Runs(format!(
+            Some(pod) => crate::decisions::claim_guard::PodLife::Runs(format!(
                 "{}/{}",
                 pod.namespace, pod.name
             )),
-            None => ip_webhook_decisions::claim_guard::PodLife::Gone,
+            None => crate::decisions::claim_guard::PodLife::Gone,
         }
     }
 }

@@ -32,7 +32,7 @@ pub(crate) struct ClaimingPod {
     pub(crate) app: String,
     /// The claim token it carries (`ip-webhook.io/claim`), if any.
     pub(crate) token: Option<String>,
-    /// The KubeVirt VM it is a launcher pod of (`ip_webhook_decisions::kubevirt::launcher_vm`).
+    /// The KubeVirt VM it is a launcher pod of (`crate::decisions::kubevirt::launcher_vm`).
     pub(crate) vm: Option<String>,
 }
 

@@ -19,8 +19,8 @@ use super::lease::LeaderTicks;
 use super::parts::Offered;
 use super::watches::{Change, Mirror};
 use super::{Caches, lock};
+use crate::decisions::cni_pools::{CalicoPool, NetworkRegistry, OvnSubnet};
 use ip_webhook_admission::annotations::CniObject;
-use ip_webhook_decisions::cni_pools::{CalicoPool, NetworkRegistry, OvnSubnet};
 use ip_webhook_ipam::ipset::{IpRange, IpSet, parse_ip};
 
 /// The IPReservation ip-webhook keeps (remove it by hand after uninstalling).

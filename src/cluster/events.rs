@@ -5,8 +5,8 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 
-use ip_webhook_decisions::events::{EventSink, Refused};
-use ip_webhook_metrics::AllocationOutcome;
+use crate::decisions::events::{EventSink, Refused};
+use crate::metrics::AllocationOutcome;
 
 /// Event notes are limited to 1 KiB by the API server.
 const NOTE_LIMIT: usize = 1000;

@@ -4,12 +4,12 @@
 use super::ClusterError;
 use super::reconcile::*;
 use super::virtual_machines::VmDirectory;
+use crate::metrics::{AdoptReason, Metrics};
 use ip_webhook_ledger::crd::{FixedIPPool, FixedIPPoolStatus, IPClaim};
 use ip_webhook_ledger::kubernetes::{
     claim_name, delete_exact_object, is_status, status_now, to_resource,
 };
 use ip_webhook_ledger::{Claim, Phase, PodRef, Source, unix_now};
-use ip_webhook_metrics::{AdoptReason, Metrics};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder};
@@ -251,7 +251,7 @@ impl Executor {
         };
         self.metrics
             .adoptions
-            .get_or_create(&ip_webhook_metrics::ReasonLabels {
+            .get_or_create(&crate::metrics::ReasonLabels {
                 reason: reason.label(),
             })
             .inc();

@@ -5,7 +5,7 @@
 //!   event arrives);
 //! - Kube-OVN `IP` objects (`ips.kubeovn.io`) when that CRD is served;
 //! - workloads whose pod template asks for fixed IPs (fed into the
-//!   `ip_webhook_decisions::workloads::WorkloadRegistry`, see `workloads`).
+//!   `crate::decisions::workloads::WorkloadRegistry`, see `workloads`).
 //!
 //! The allocator consults [`ForeignIps`] so that a static IP a live pod outside the ledger
 //! uses is refused, and such an IP is skipped as an allocation candidate.
@@ -23,9 +23,9 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::Value;
 
 use super::Caches;
+use crate::metrics::{CacheKindLabels, Metrics};
 use ip_webhook_ipam::foreign::{ForeignIps, ForeignUse};
 use ip_webhook_ledger::Shared;
-use ip_webhook_metrics::{CacheKindLabels, Metrics};
 
 pub(crate) mod calico;
 mod changes;
@@ -57,7 +57,7 @@ pub struct RunningPod {
     /// The value of its app label (`--app-label`), empty if none: the reconciler adopts a
     /// pod's IP only into its own app's list.
     pub(crate) app: Shared,
-    /// The KubeVirt VM it is a launcher pod of (`ip_webhook_decisions::kubevirt::launcher_vm`):
+    /// The KubeVirt VM it is a launcher pod of (`crate::decisions::kubevirt::launcher_vm`):
     /// the VM's launcher pods share its IP.
     pub(crate) vm: Option<Shared>,
 }
@@ -123,7 +123,7 @@ impl RunningPod {
                 .map(|a| a.as_str())
                 .unwrap_or("")
                 .into(),
-            vm: ip_webhook_decisions::kubevirt::launcher_vm_of_object(meta).map(Shared::from),
+            vm: crate::decisions::kubevirt::launcher_vm_of_object(meta).map(Shared::from),
         })
     }
 }

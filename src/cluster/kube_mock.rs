@@ -422,7 +422,7 @@ mod tests {
                     instance: Some("test".into()),
                 },
             ),
-            metrics: Arc::new(ip_webhook_metrics::Metrics::new()),
+            metrics: Arc::new(crate::metrics::Metrics::new()),
             reported_duplicates: Default::default(),
             vms: crate::cluster::virtual_machines::VmDirectory::new(client.clone(), false).into(),
         }

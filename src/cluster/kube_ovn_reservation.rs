@@ -26,7 +26,7 @@ use super::lease::LeaderTicks;
 use super::parts::Offered;
 use super::watches::{Change, Mirror, drive};
 use super::{Caches, lock};
-use ip_webhook_decisions::cni_pools::{KUBE_OVN_GROUP, OvnSubnet};
+use crate::decisions::cni_pools::{KUBE_OVN_GROUP, OvnSubnet};
 use ip_webhook_ipam::ipset::{IpRange, IpSet, ip_key};
 
 /// Our IPPools are named this plus the Subnet's name.

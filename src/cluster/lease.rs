@@ -23,8 +23,8 @@ use kube::api::PostParams;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::metrics::{LeaseLabels, Metrics};
 use ip_webhook_ledger::kubernetes::is_status;
-use ip_webhook_metrics::{LeaseLabels, Metrics};
 
 #[derive(Debug, Clone)]
 pub(crate) struct LeaseSettings {

@@ -11,8 +11,8 @@ use kube::{Api, Client};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::decisions::Webhook;
 use ip_webhook_admission::annotations::{Cni, CniObject};
-use ip_webhook_decisions::Webhook;
 use ip_webhook_ledger::network::Interface;
 
 pub(crate) mod app_lists;

@@ -35,9 +35,9 @@ use super::controller::ControllerKind;
 use super::index::{ClusterIps, RunningPod};
 use super::lease::LeaderTicks;
 use super::watches::{Change, Mirror, drive};
+use crate::metrics::Metrics;
 use ip_webhook_ipam::allocator::Allocator;
 use ip_webhook_ledger::Claim;
-use ip_webhook_metrics::Metrics;
 
 /// A node's `Ready` condition: whether it is `True`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,15 +7,15 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use ip_webhook_decisions::Webhook;
-use ip_webhook_decisions::cni_pools::NetworkRegistry;
-use ip_webhook_decisions::kubevirt::KubevirtSettings;
-use ip_webhook_decisions::workloads::WorkloadRegistry;
+use crate::decisions::Webhook;
+use crate::decisions::cni_pools::NetworkRegistry;
+use crate::decisions::kubevirt::KubevirtSettings;
+use crate::decisions::workloads::WorkloadRegistry;
+use crate::metrics::Metrics;
 use ip_webhook_ipam::allocator::Allocator;
 use ip_webhook_ipam::ipset::IpSet;
 use ip_webhook_ipam::pools::PoolCatalog;
 use ip_webhook_ledger::network::{Interface, Network};
-use ip_webhook_metrics::Metrics;
 
 use super::app_lists::WorkloadLists;
 

@@ -50,7 +50,7 @@ impl PodDirectory {
     pub(crate) fn of_interface(
         client: Client,
         app_label: &str,
-        kubevirt: &ip_webhook_decisions::kubevirt::KubevirtSettings,
+        kubevirt: &crate::decisions::kubevirt::KubevirtSettings,
         interface: ip_webhook_ledger::network::Interface<'_>,
     ) -> PodDirectory {
         let pods =

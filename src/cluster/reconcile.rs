@@ -10,10 +10,10 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use super::lifecycle::{self, Age, Verdict};
+use crate::metrics::AdoptReason;
 use ip_webhook_ipam::pools::PoolCatalog;
 use ip_webhook_ledger::Claim;
 use ip_webhook_ledger::crd::{FixedIPPoolStatus, IPClaim};
-use ip_webhook_metrics::AdoptReason;
 
 pub(crate) use super::claiming_pod::FastSet;
 pub(crate) use super::claiming_pod::{ClaimingPod, PodMap};
@@ -1176,7 +1176,7 @@ mod list_adoption_tests {
 
     #[test]
     fn the_workload_registry_names_the_one_app_listing_an_ip() {
-        use ip_webhook_decisions::workloads::{WorkloadId, WorkloadRegistry};
+        use crate::decisions::workloads::{WorkloadId, WorkloadRegistry};
         let registry = WorkloadRegistry::default();
         let id = |name: &str| WorkloadId {
             kind: "Deployment".into(),

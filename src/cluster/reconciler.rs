@@ -50,7 +50,7 @@ impl Reconciler {
         caches: Arc<Caches>,
         allocator: Arc<Allocator>,
         lists: Arc<dyn super::app_lists::AppLists>,
-        metrics: Arc<ip_webhook_metrics::Metrics>,
+        metrics: Arc<crate::metrics::Metrics>,
         options: ClusterOptions,
         vms: Arc<super::virtual_machines::VmDirectory>,
     ) -> Reconciler {

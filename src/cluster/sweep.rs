@@ -20,9 +20,9 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+use crate::metrics::Metrics;
 use ip_webhook_ipam::allocator::Allocator;
 use ip_webhook_ledger::{Claim, Phase, Text, claim};
-use ip_webhook_metrics::Metrics;
 
 use super::claiming_pod::{ClaimingPod, PodMap};
 use super::lifecycle::{self, Age, DropReason, Rules, Verdict};

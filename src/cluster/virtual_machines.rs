@@ -15,7 +15,7 @@ use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 
-use ip_webhook_decisions::kubevirt::GROUP;
+use crate::decisions::kubevirt::GROUP;
 
 /// Where a VM stands, as far as its IP is concerned.
 #[derive(Debug, Clone, PartialEq, Eq)]

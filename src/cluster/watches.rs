@@ -8,10 +8,11 @@
 //! which a store read after the fact would not give. The stream underneath is
 //! `kube_runtime::watcher` with its backoff.
 
+use crate::decisions::kubevirt::launcher_vm_of_object;
+use crate::metrics::watch_health::WatchHealth;
 use futures::{Stream, StreamExt};
 use ip_webhook_admission::annotations::{CLAIM_TOKEN, carried_ips};
 use ip_webhook_admission::networks::pod_network_ips;
-use ip_webhook_decisions::kubevirt::launcher_vm_of_object;
 use ip_webhook_ipam::allocator::Allocator;
 use ip_webhook_ipam::pools::{Pool, PoolCatalog, PoolError};
 use ip_webhook_ledger::claim::is_token;
@@ -19,7 +20,6 @@ use ip_webhook_ledger::crd::{FixedIPPool, IPClaim};
 use ip_webhook_ledger::kubernetes::{PRIMARY_SELECTOR, from_resource};
 use ip_webhook_ledger::network::Network;
 use ip_webhook_ledger::{ObservedChange, unix_now};
-use ip_webhook_metrics::watch_health::WatchHealth;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::Api;

@@ -9,16 +9,16 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use crate::decisions::kubevirt;
+use crate::decisions::mutate::{self, PodDecision};
+use crate::decisions::validate;
+use crate::decisions::workloads;
+use crate::decisions::{Settings, Webhook};
+use crate::metrics::Metrics;
 use ip_webhook_admission::{self as admission, ReviewError};
-use ip_webhook_decisions::kubevirt;
-use ip_webhook_decisions::mutate::{self, PodDecision};
-use ip_webhook_decisions::validate;
-use ip_webhook_decisions::workloads;
-use ip_webhook_decisions::{Settings, Webhook};
 use ip_webhook_ipam::allocator::{Allocator, Reason};
 use ip_webhook_ipam::pools::PoolCatalog;
 use ip_webhook_ledger::{Claim, CreateOutcome, Ledger, LedgerError, MemoryLedger};
-use ip_webhook_metrics::Metrics;
 
 use networks::network_holdings;
 pub(crate) use networks::{NetworkIps, network_sandboxes};

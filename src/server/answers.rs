@@ -9,8 +9,8 @@ use hyper::body::Incoming;
 
 use super::body::BodyError;
 use super::{Limits, MAX_BODY_BYTES};
-use ip_webhook_decisions::Webhook;
-use ip_webhook_metrics::{Endpoint, ReasonLabels};
+use crate::decisions::Webhook;
+use crate::metrics::{Endpoint, ReasonLabels};
 
 /// The endpoint a path names, or a 404 naming the two there are.
 pub(super) fn endpoint_of(path: &str) -> Result<Endpoint, Box<Response<Full<Bytes>>>> {

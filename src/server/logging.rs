@@ -101,7 +101,7 @@ pub(crate) fn init(format: LogFormat, level: Option<&str>) -> LogGuard {
     guard
 }
 
-/// The text format: `2026-11-30T00:52:05.418119Z  INFO ip_webhook_decisions: admission decision
+/// The text format: `2026-11-30T00:52:05.418119Z  INFO ip_webhook::decisions::dispatch: admission decision
 /// uid="…" latency_us=41 …`, the shape of tracing-subscriber's default without colours or span
 /// context (ip-webhook opens no spans).
 ///

@@ -56,8 +56,8 @@ use tokio::sync::{Semaphore, SemaphorePermit, watch};
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
-use ip_webhook_decisions::Webhook;
-use ip_webhook_metrics::{Metrics, Outcome, ReasonLabels};
+use crate::decisions::Webhook;
+use crate::metrics::{Metrics, Outcome, ReasonLabels};
 
 /// controller-runtime's limit: the API server never sends more.
 pub const MAX_BODY_BYTES: usize = 7 * 1024 * 1024;

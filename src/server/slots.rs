@@ -186,13 +186,13 @@ pub(super) const FIRST_BYTE_WAIT: Duration = Duration::from_millis(10);
 pub(super) fn admit(
     slots: &Arc<Slots>,
     tcp: tokio::net::TcpStream,
-    webhook: &ip_webhook_decisions::Webhook,
+    webhook: &crate::decisions::Webhook,
 ) -> Option<(Noticing<tokio::net::TcpStream>, HandshakeSlot, bool)> {
     let refused = |reason| {
         webhook
             .metrics
             .load_refusals
-            .get_or_create(&ip_webhook_metrics::ReasonLabels { reason })
+            .get_or_create(&crate::metrics::ReasonLabels { reason })
             .inc();
     };
     let heard = Arc::new(AtomicBool::new(has_sent(&tcp)));

@@ -31,7 +31,7 @@ use rustls::sign::CertifiedKey;
 use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
 use sha2::{Digest, Sha256};
 
-use ip_webhook_metrics::{Metrics, ResultLabels};
+use crate::metrics::{Metrics, ResultLabels};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {

@@ -234,7 +234,7 @@ fn exported(text: &str) -> (BTreeSet<String>, BTreeSet<String>) {
 
 #[tokio::test]
 async fn alerts_and_dashboard_query_the_metrics_and_labels_the_server_exports() {
-    use ip_webhook_metrics::{Endpoint, Metrics};
+    use ip_webhook::metrics::{Endpoint, Metrics};
     // A webhook with a pool app, a list app and a refusal, so every family has samples.
     let dir = tempfile::tempdir().unwrap();
     let pools = repo().join("tests/fixtures/status-pools.yaml");
@@ -260,7 +260,7 @@ async fn alerts_and_dashboard_query_the_metrics_and_labels_the_server_exports() 
     // In a cluster the Lease code sets it; off-cluster there is no Lease.
     metrics
         .leader
-        .get_or_create(&ip_webhook_metrics::LeaseLabels {
+        .get_or_create(&ip_webhook::metrics::LeaseLabels {
             lease: "ip-webhook".into(),
         })
         .set(1);

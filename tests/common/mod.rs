@@ -652,7 +652,7 @@ pub fn message(response: &Value) -> String {
 /// The value of one counter series of `metrics` as `/metrics` shows it, e.g.
 /// `ip_webhook_tls_client_refusals_total{reason="name"}`, for a counter whose series exist
 /// from the start: a series `/metrics` does not show fails the test.
-pub fn counter(metrics: &ip_webhook_metrics::Metrics, series: &str) -> u64 {
+pub fn counter(metrics: &ip_webhook::metrics::Metrics, series: &str) -> u64 {
     let text = metrics.encode();
     let name = series.split('{').next().unwrap();
     let family = name.strip_suffix("_total").unwrap_or(name);

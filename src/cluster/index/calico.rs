@@ -29,9 +29,9 @@ use serde::Deserialize;
 use super::super::Caches;
 use super::super::app_lists::AppLists;
 use super::{ClusterIps, HasIps, Relist, SlimOrGone, read, slim_event, status_code};
+use crate::metrics::{CacheKindLabels, Metrics};
 use ip_webhook_ipam::ipset::{ip_from_key, ip_key};
 use ip_webhook_ledger::Shared;
-use ip_webhook_metrics::{CacheKindLabels, Metrics};
 
 /// One allocation of a block that names a pod.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -16,8 +16,8 @@ use super::super::watches::{Mirror, pod_cache_event};
 use super::super::{Caches, PodIpSource};
 use super::calico::{IpamBlockObject, watch_ipam_blocks};
 use super::{ClusterIps, Relist, RunningPod, SlimOrGone, slim_event, touched};
+use crate::metrics::{CacheKindLabels, Metrics};
 use ip_webhook_admission::annotations::{ALLOCATED_IP_LABEL, Cni};
-use ip_webhook_metrics::{CacheKindLabels, Metrics};
 
 /// Where other pods' IPs come from, decided once at start: with `--cni calico` and
 /// [`PodIpSource::Auto`], Calico's `IPAMBlock`s if the API server serves them, and then only

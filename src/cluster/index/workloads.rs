@@ -12,8 +12,8 @@ use kube::{Api, Client};
 
 use super::super::Caches;
 use super::status_code;
-use ip_webhook_decisions::workloads::{self, WORKLOAD_KINDS, WorkloadId, WorkloadRegistry};
-use ip_webhook_metrics::{CacheKindLabels, Metrics};
+use crate::decisions::workloads::{self, WORKLOAD_KINDS, WorkloadId, WorkloadRegistry};
+use crate::metrics::{CacheKindLabels, Metrics};
 
 /// What the watches of every workload kind share.
 struct Target {

@@ -12,7 +12,7 @@ use crate::cluster::index::calico::IpamBlockObject;
 use crate::cluster::index::{RunningPod, kube_ovn_ips};
 use crate::cluster::listed_pod::ListedPod;
 use crate::cluster::virtual_machines::{virtual_machine_instances, virtual_machines};
-use ip_webhook_decisions::kubevirt::LAUNCHER_LABEL;
+use crate::decisions::kubevirt::LAUNCHER_LABEL;
 use ip_webhook_ipam::ipset::IpSet;
 use ip_webhook_ipam::pools::PoolCatalog;
 use ip_webhook_ledger::Claim;
@@ -280,7 +280,7 @@ pub(crate) async fn read(
 /// cannot be read is a warning and its lists are left out.
 async fn workload_lists(client: &Client, app_label: &str, warnings: &mut Vec<String>) -> IpSet {
     let mut listed = IpSet::default();
-    for (group, kind) in ip_webhook_decisions::workloads::KINDS {
+    for (group, kind) in crate::decisions::workloads::KINDS {
         let resource = ApiResource::from_gvk_with_plural(
             &GroupVersionKind::gvk(group, "v1", kind),
             &format!("{}s", kind.to_lowercase()),
@@ -289,7 +289,7 @@ async fn workload_lists(client: &Client, app_label: &str, warnings: &mut Vec<Str
         let read = list_each(&api, "workloads", PAGE, |page| {
             for object in &page {
                 if let Some(listing) =
-                    ip_webhook_decisions::workloads::listing_of(kind, object, app_label)
+                    crate::decisions::workloads::listing_of(kind, object, app_label)
                 {
                     listed = listed.union(&listing.set);
                 }

@@ -8,8 +8,8 @@ use k8s_openapi::api::core::v1::{PodIP, PodStatus};
 
 use super::PlainPod;
 use super::fetch::Cluster;
+use crate::decisions::secondary::list_annotation;
 use ip_webhook_admission::networks::{NETWORK_STATUS, status_ips};
-use ip_webhook_decisions::secondary::list_annotation;
 use ip_webhook_ipam::ipset::{IpSet, parse_ip_spec};
 use ip_webhook_ledger::network::Network;
 

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use super::ExplainError;
-use ip_webhook_decisions::Webhook;
-use ip_webhook_decisions::secondary::SecondaryNetworks;
+use crate::decisions::Webhook;
+use crate::decisions::secondary::SecondaryNetworks;
 use ip_webhook_ipam::allocator::Allocator;
 use ip_webhook_ledger::network::Network;
 use ip_webhook_ledger::{Claim, Ledger, MemoryLedger};

@@ -19,9 +19,9 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use crate::assess::{Denial, PodAsk};
-use crate::carried::{self, Carried};
-use crate::{PodView, Webhook};
+use crate::decisions::assess::{Denial, PodAsk};
+use crate::decisions::carried::{self, Carried};
+use crate::decisions::{PodView, Webhook};
 use ip_webhook_admission::annotations::{AnnotationError, Cni};
 use ip_webhook_admission::networks::{
     Attachment, NETWORKS, carried_on, kube_ovn_ip_annotations, kube_ovn_ips, pod_network_ips,
@@ -41,7 +41,7 @@ pub struct SecondaryNetworks {
 }
 
 impl SecondaryNetworks {
-    pub fn new(by_network: BTreeMap<Network, Arc<Allocator>>) -> SecondaryNetworks {
+    pub(crate) fn new(by_network: BTreeMap<Network, Arc<Allocator>>) -> SecondaryNetworks {
         SecondaryNetworks { by_network }
     }
 
@@ -53,13 +53,13 @@ impl SecondaryNetworks {
         self.by_network.get(network)
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = (&Network, &Arc<Allocator>)> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&Network, &Arc<Allocator>)> {
         self.by_network.iter()
     }
 }
 
 /// The annotation in which a pod names the IPs it may get on `network`.
-pub fn list_annotation(network: &Network) -> String {
+pub(crate) fn list_annotation(network: &Network) -> String {
     format!(
         "{}.{}.ip-webhook.io/allocatable-ips",
         network.name, network.namespace
@@ -100,9 +100,9 @@ pub(crate) struct NetworkAsks {
 
 /// The IPs granted on one network.
 #[derive(Debug, Clone)]
-pub struct NetworkGrant {
-    pub network: Network,
-    pub ips: Vec<IpAddr>,
+pub(crate) struct NetworkGrant {
+    pub(crate) network: Network,
+    pub(crate) ips: Vec<IpAddr>,
 }
 
 /// Read what `view` asks of the managed networks: `None` when it asks nothing of them (or

@@ -21,7 +21,7 @@ pub(crate) const FAILING_FOR: Duration = Duration::from_secs(10);
 pub(crate) const QUIET: Duration = Duration::from_secs(35);
 
 #[derive(Debug, Default)]
-pub struct WatchHealth {
+pub(crate) struct WatchHealth {
     /// Fast path for every event: whether any watch is in a run of failures.
     any_failing: AtomicBool,
     /// Each failing watch: since when, and its latest error (the errors themselves go to the
@@ -37,7 +37,7 @@ struct Run {
 
 impl WatchHealth {
     /// `watch` delivered an event: it is live.
-    pub fn ok(&self, watch: &'static str) {
+    pub(crate) fn ok(&self, watch: &'static str) {
         if !self.any_failing.load(Ordering::Relaxed) {
             return;
         }
@@ -50,7 +50,7 @@ impl WatchHealth {
     }
 
     /// `watch` failed (the watcher retries on its own).
-    pub fn failed(&self, watch: &'static str) {
+    pub(crate) fn failed(&self, watch: &'static str) {
         self.failed_at(watch, Instant::now());
     }
 
@@ -68,7 +68,7 @@ impl WatchHealth {
     }
 
     /// The watches that have been failing too long, if any: why the replica is not ready.
-    pub fn failing(&self) -> Option<String> {
+    pub(crate) fn failing(&self) -> Option<String> {
         self.failing_at(Instant::now())
     }
 

@@ -15,7 +15,7 @@ use ip_webhook_admission::{Incoming, Meta, Operation, Response, ReviewError};
 use ip_webhook_ipam::ipset::{IpRange, IpSet, IpSpecError, RangeSyntax, parse_ip_spec_with};
 use ip_webhook_ipam::overlap::RangeIndex;
 
-pub const KUBE_OVN_GROUP: &str = "kubeovn.io";
+pub(crate) const KUBE_OVN_GROUP: &str = "kubeovn.io";
 pub(crate) const CALICO_GROUPS: [&str; 2] = ["crd.projectcalico.org", "projectcalico.org"];
 /// Kube-OVN's default VPC.
 pub(crate) const DEFAULT_VPC: &str = "ovn-cluster";
@@ -54,7 +54,7 @@ struct CalicoPoolSpec {
 
 /// A Calico IPPool as far as fixed IPs care.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CalicoPool {
+pub(crate) struct CalicoPool {
     pub(crate) name: String,
     pub(crate) cidr: IpRange,
     pub(crate) disabled: bool,
@@ -92,10 +92,10 @@ impl CalicoPool {
 
 /// A Kube-OVN Subnet as far as fixed IPs care.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OvnSubnet {
+pub(crate) struct OvnSubnet {
     pub(crate) name: String,
     pub(crate) vpc: String,
-    pub cidrs: IpSet,
+    pub(crate) cidrs: IpSet,
     pub(crate) excluded: IpSet,
 }
 
@@ -115,7 +115,7 @@ struct NetworkState {
 /// The Subnets (per VPC) and Calico IPPools known to this process: learned from admissions,
 /// and in-cluster filled by watches.
 #[derive(Default)]
-pub struct NetworkRegistry {
+pub(crate) struct NetworkRegistry {
     state: RwLock<NetworkState>,
 }
 
@@ -128,7 +128,7 @@ impl NetworkRegistry {
         self.state.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub fn upsert_subnet(&self, subnet: OvnSubnet) {
+    pub(crate) fn upsert_subnet(&self, subnet: OvnSubnet) {
         let mut state = self.write();
         for index in state.subnet_index.values_mut() {
             index.remove(&subnet.name);
@@ -141,7 +141,7 @@ impl NetworkRegistry {
         state.subnets.insert(subnet.name.clone(), subnet);
     }
 
-    pub fn forget_subnet(&self, name: &str) {
+    pub(crate) fn forget_subnet(&self, name: &str) {
         let mut state = self.write();
         for index in state.subnet_index.values_mut() {
             index.remove(&name.to_string());
@@ -149,29 +149,29 @@ impl NetworkRegistry {
         state.subnets.remove(name);
     }
 
-    pub fn upsert_calico_pool(&self, pool: CalicoPool) {
+    pub(crate) fn upsert_calico_pool(&self, pool: CalicoPool) {
         let mut state = self.write();
         state.calico_index.remove(&pool.name);
         state.calico_index.insert(pool.cidr, pool.name.clone());
         state.calico.insert(pool.name.clone(), pool);
     }
 
-    pub fn forget_calico_pool(&self, name: &str) {
+    pub(crate) fn forget_calico_pool(&self, name: &str) {
         let mut state = self.write();
         state.calico_index.remove(&name.to_string());
         state.calico.remove(name);
     }
 
-    pub fn set_calico_reserved(&self, reserved: IpSet) {
+    pub(crate) fn set_calico_reserved(&self, reserved: IpSet) {
         self.write().calico_reserved = reserved;
     }
 
     /// Say whether the Calico pools are fully known (checks of fixed IPs run only then).
-    pub fn set_calico_synced(&self, synced: bool) {
+    pub(crate) fn set_calico_synced(&self, synced: bool) {
         self.write().calico_synced = synced;
     }
 
-    pub fn set_ovn_synced(&self, synced: bool) {
+    pub(crate) fn set_ovn_synced(&self, synced: bool) {
         self.write().ovn_synced = synced;
     }
 
@@ -311,7 +311,7 @@ pub(crate) enum CniRefusal {
 
 /// Why a CIDR list of a CNI object is unusable.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum CidrError {
+pub(crate) enum CidrError {
     #[error("{0:?} is not a valid CIDR")]
     NotCidr(String),
     #[error("{part} has host bits set; did you mean {network}?")]
@@ -322,7 +322,7 @@ pub enum CidrError {
 
 /// Why a Kube-OVN Subnet or a Calico IPPool cannot be used; each names the object.
 #[derive(Debug, thiserror::Error)]
-pub enum CniObjectError {
+pub(crate) enum CniObjectError {
     #[error("{kind} {name}: {error}")]
     Json {
         kind: &'static str,
@@ -486,7 +486,10 @@ pub(crate) fn review_calico_pool(
 
 impl OvnSubnet {
     /// From a Subnet object's JSON (as a watch delivers it).
-    pub fn from_json(name: &str, spec: &serde_json::Value) -> Result<OvnSubnet, CniObjectError> {
+    pub(crate) fn from_json(
+        name: &str,
+        spec: &serde_json::Value,
+    ) -> Result<OvnSubnet, CniObjectError> {
         let spec: SubnetSpec =
             serde_json::from_value(spec.clone()).map_err(|error| CniObjectError::Json {
                 kind: "Subnet",
@@ -538,7 +541,10 @@ impl OvnSubnet {
 
 impl CalicoPool {
     /// From a Calico IPPool object's JSON (as a watch delivers it).
-    pub fn from_json(name: &str, spec: &serde_json::Value) -> Result<CalicoPool, CniObjectError> {
+    pub(crate) fn from_json(
+        name: &str,
+        spec: &serde_json::Value,
+    ) -> Result<CalicoPool, CniObjectError> {
         let spec: CalicoPoolSpec =
             serde_json::from_value(spec.clone()).map_err(|error| CniObjectError::Json {
                 kind: "Calico IPPool",

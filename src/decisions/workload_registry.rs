@@ -11,10 +11,10 @@ use ip_webhook_ipam::overlap::RangeIndex;
 
 /// Who a workload is, for messages and the registry.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct WorkloadId {
-    pub kind: String,
-    pub namespace: String,
-    pub name: String,
+pub(crate) struct WorkloadId {
+    pub(crate) kind: String,
+    pub(crate) namespace: String,
+    pub(crate) name: String,
 }
 
 impl std::fmt::Display for WorkloadId {
@@ -35,10 +35,10 @@ pub struct WorkloadRegistry {
 
 /// What the registry keeps of one workload: who it is, its app, its list.
 #[derive(Debug, Clone)]
-pub struct Listing {
-    pub id: WorkloadId,
-    pub app: String,
-    pub set: IpSet,
+pub(crate) struct Listing {
+    pub(crate) id: WorkloadId,
+    pub(crate) app: String,
+    pub(crate) set: IpSet,
 }
 
 #[derive(Default)]
@@ -61,7 +61,7 @@ impl WorkloadRegistry {
     }
 
     /// From now on the watches feed the registry (see `WorkloadRegistry::watched`).
-    pub fn set_watched(&self) {
+    pub(crate) fn set_watched(&self) {
         self.watched
             .store(true, std::sync::atomic::Ordering::SeqCst);
     }
@@ -81,7 +81,7 @@ impl WorkloadRegistry {
     }
 
     /// Replace every workload of `kind` with `listings` (a watch's (re)list).
-    pub fn replace_kind(&self, kind: &str, listings: Vec<Listing>) {
+    pub(crate) fn replace_kind(&self, kind: &str, listings: Vec<Listing>) {
         let mut state = self.lock();
         let stale: Vec<WorkloadId> = state
             .lists
@@ -103,7 +103,7 @@ impl WorkloadRegistry {
         }
     }
 
-    pub fn record(&self, id: WorkloadId, app_key: String, set: &IpSet) {
+    pub(crate) fn record(&self, id: WorkloadId, app_key: String, set: &IpSet) {
         let mut state = self.lock();
         if state.lists.get(&id) == Some(set) && state.apps.get(&id) == Some(&app_key) {
             return;
@@ -115,7 +115,7 @@ impl WorkloadRegistry {
         state.apps.insert(id, app_key);
     }
 
-    pub fn forget(&self, id: &WorkloadId) {
+    pub(crate) fn forget(&self, id: &WorkloadId) {
         let mut state = self.lock();
         state.index.remove(id);
         state.apps.remove(id);
@@ -125,12 +125,12 @@ impl WorkloadRegistry {
     }
 
     /// A count that changes whenever a workload's list, or the app that lists it, does.
-    pub fn generation(&self) -> u64 {
+    pub(crate) fn generation(&self) -> u64 {
         self.lock().generation
     }
 
     /// Every IP some admitted workload lists.
-    pub fn listed(&self) -> IpSet {
+    pub(crate) fn listed(&self) -> IpSet {
         let mut state = self.lock();
         let generation = state.generation;
         if let Some((made_at, listed)) = &state.listed
@@ -148,7 +148,7 @@ impl WorkloadRegistry {
 
     /// Every app (`namespace/app`) whose workloads list `ip`, sorted (the reconciler's
     /// adoption asks; an IP no workload lists costs one index lookup).
-    pub fn apps_listing(&self, ip: std::net::IpAddr) -> Vec<String> {
+    pub(crate) fn apps_listing(&self, ip: std::net::IpAddr) -> Vec<String> {
         let state = self.lock();
         if state
             .index

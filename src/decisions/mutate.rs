@@ -2,10 +2,11 @@
 
 use std::net::IpAddr;
 
-use crate::assess::{Answer, Denial, PodAsk, assess};
-use crate::events::Refused;
-use crate::secondary::{self, NetworkAsks, NetworkGrant};
-use crate::{Candidates, PodView, Webhook};
+use crate::decisions::assess::{Answer, Denial, PodAsk, assess};
+use crate::decisions::events::Refused;
+use crate::decisions::secondary::{self, NetworkAsks, NetworkGrant};
+use crate::decisions::{Candidates, PodView, Webhook};
+pub(crate) use crate::metrics::AllocationOutcome;
 use ip_webhook_admission::annotations::{
     ALLOCATED_IP_LABEL, CLAIM_TOKEN, STATUS, STATUS_MUTATED, carried_ips, static_ips,
 };
@@ -15,12 +16,11 @@ use ip_webhook_ipam::allocator::{AllocError, Allocation, AllocationRequest, Reas
 use ip_webhook_ipam::ipset::ip_label_value;
 use ip_webhook_ledger::claim::{self, PodIdentity, PodPresence, held_by, is_token, new_token};
 use ip_webhook_ledger::{Claim, Phase, PodRef, unix_now};
-pub use ip_webhook_metrics::AllocationOutcome;
 
 /// What `/mutate` decided for a Pod CREATE: the typed result that the response, the decision
 /// log line and `explain` are all made from.
 #[derive(Debug)]
-pub enum PodDecision {
+pub(crate) enum PodDecision {
     /// The pod asks for no fixed IP and carries none.
     Unrelated,
     /// Our own patch seen again (reinvocation): the pod's token holds every IP it carries.
@@ -43,7 +43,7 @@ pub enum PodDecision {
 
 impl PodDecision {
     /// `namespace/app`, once known.
-    pub fn app(&self) -> Option<&str> {
+    pub(crate) fn app(&self) -> Option<&str> {
         match self {
             PodDecision::Granted { app, .. } => Some(app),
             PodDecision::Denied { app, .. } => app.as_deref(),
@@ -52,7 +52,7 @@ impl PodDecision {
     }
 
     /// The IPs the pod holds after this decision.
-    pub fn ips(&self) -> &[IpAddr] {
+    pub(crate) fn ips(&self) -> &[IpAddr] {
         match self {
             PodDecision::AlreadyHeld(ips) => ips,
             PodDecision::Granted { allocation, .. } => &allocation.ips,
@@ -178,7 +178,7 @@ fn presence_off_cluster(claim: &Claim, now: u64) -> Option<PodPresence> {
 /// Decide a Pod CREATE: assess it, then grant (allocate or record its static IPs, on the
 /// primary interface and on each managed secondary network it asks of) or deny. Records the
 /// claims (unless dry run), counts the outcome and reports it to the event sink.
-pub async fn decide_create(
+pub(crate) async fn decide_create(
     webhook: &Webhook,
     incoming: &Incoming<'_>,
 ) -> Result<PodDecision, ReviewError> {

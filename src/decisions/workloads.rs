@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use crate::{PolicyRefusal, Webhook};
+use crate::decisions::{PolicyRefusal, Webhook};
 use ip_webhook_admission::annotations::{
     ALLOCATABLE_IPS, AnnotationError, IP_POOL, OVN_IP_POOL, parse_ovn_ip_pool,
 };
@@ -14,8 +14,8 @@ use ip_webhook_ipam::ipset::{Family, IpSet, IpSpecError, parse_ip_spec};
 use ip_webhook_ledger::Claim;
 
 pub(crate) use super::workload_kinds::is_workload;
-pub use super::workload_kinds::{KINDS, WORKLOAD_KINDS, workload_kind};
-pub use super::workload_registry::{Listing, WorkloadId, WorkloadRegistry};
+pub(crate) use super::workload_kinds::{KINDS, WORKLOAD_KINDS, workload_kind};
+pub(crate) use super::workload_registry::{Listing, WorkloadId, WorkloadRegistry};
 
 #[derive(Debug, Deserialize, Default)]
 struct Workload {
@@ -92,7 +92,7 @@ struct JobTemplate {
 
 /// The listing of a watched workload of `kind`, when its pod template lists fixed IPs (an
 /// `allocatable-ips` list or a Kube-OVN `ip_pool` list, not a pool) and no controller owns it (the owner's list counts).
-pub fn listing_of(
+pub(crate) fn listing_of(
     kind: &str,
     object: &kube::api::DynamicObject,
     app_label: &str,

@@ -5,21 +5,21 @@
 /// A workload kind whose pod template is checked, watched in-cluster and explained: where
 /// its resource is, where its pod template and pod count are, and how its pods are owned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WorkloadKind {
-    pub group: &'static str,
-    pub version: &'static str,
-    pub kind: &'static str,
+pub(crate) struct WorkloadKind {
+    pub(crate) group: &'static str,
+    pub(crate) version: &'static str,
+    pub(crate) kind: &'static str,
     /// The resource's plural (`deployments`).
-    pub plural: &'static str,
+    pub(crate) plural: &'static str,
     /// JSON pointer into `spec` to the pod template.
-    pub template: &'static str,
+    pub(crate) template: &'static str,
     /// JSON pointer into `spec` to the number of pods at once (1 when absent).
-    pub count: &'static str,
+    pub(crate) count: &'static str,
     /// The kind of the pods' controller: the ReplicaSet of a Deployment, the Job of a CronJob,
     /// else the workload itself.
-    pub pod_owner: &'static str,
+    pub(crate) pod_owner: &'static str,
     /// Pods named `NAME-ORDINAL` (a StatefulSet), not from `generateName`.
-    pub ordinal: bool,
+    pub(crate) ordinal: bool,
 }
 
 const fn kind(
@@ -41,7 +41,7 @@ const fn kind(
 }
 
 /// Every workload kind: the one list the webhook, the cluster's watches and `explain` read.
-pub const WORKLOAD_KINDS: [WorkloadKind; 6] = [
+pub(crate) const WORKLOAD_KINDS: [WorkloadKind; 6] = [
     kind("apps", "Deployment", "deployments", "ReplicaSet"),
     WorkloadKind {
         ordinal: true,
@@ -61,7 +61,7 @@ pub const WORKLOAD_KINDS: [WorkloadKind; 6] = [
 ];
 
 /// The workload kinds checked, as `(group, kind)`, from [`WORKLOAD_KINDS`].
-pub const KINDS: [(&str, &str); WORKLOAD_KINDS.len()] = {
+pub(crate) const KINDS: [(&str, &str); WORKLOAD_KINDS.len()] = {
     let mut kinds = [("", ""); WORKLOAD_KINDS.len()];
     let mut i = 0;
     while i < kinds.len() {
@@ -72,7 +72,7 @@ pub const KINDS: [(&str, &str); WORKLOAD_KINDS.len()] = {
 };
 
 /// The workload kind `kind` of API group `group`, if it is one.
-pub fn workload_kind(group: &str, kind: &str) -> Option<&'static WorkloadKind> {
+pub(crate) fn workload_kind(group: &str, kind: &str) -> Option<&'static WorkloadKind> {
     WORKLOAD_KINDS
         .iter()
         .find(|w| w.group == group && w.kind == kind)

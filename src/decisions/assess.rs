@@ -5,7 +5,8 @@
 use std::fmt;
 use std::net::IpAddr;
 
-use crate::{Candidates, PodView, Webhook};
+use crate::decisions::{Candidates, PodView, Webhook};
+use crate::metrics::AllocationOutcome;
 use ip_webhook_admission::Response;
 use ip_webhook_admission::annotations::{
     AnnotationError, CLAIM_TOKEN, OVN_IP_POOL, STATUS, STATUS_MUTATED, carried_with,
@@ -15,11 +16,10 @@ use ip_webhook_ipam::allocator::AllocError;
 use ip_webhook_ipam::ipset::IpSet;
 use ip_webhook_ipam::messages::Scope;
 use ip_webhook_ledger::claim::{PodIdentity, is_token};
-use ip_webhook_metrics::AllocationOutcome;
 
 /// Why a pod is refused. `Display` is the message the API server shows.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Denial {
+pub(crate) enum Denial {
     /// The review has no object to judge.
     MissingObject(&'static str),
     /// An IP annotation cannot be read.
@@ -77,8 +77,8 @@ impl From<AllocError> for Denial {
 
 /// An endpoint's answer, with what its decision log line names besides the response.
 #[derive(Debug)]
-pub struct Answer {
-    pub response: Response,
+pub(crate) struct Answer {
+    pub(crate) response: Response,
     /// `namespace/app`, when the review was about an app's pod.
     pub(crate) app: Option<String>,
     /// The IPs the decision concerns (granted, or carried by the pod validated).

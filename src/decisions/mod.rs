@@ -1,30 +1,29 @@
-#![forbid(unsafe_code)]
-#![warn(unreachable_pub)]
 //! The admission decisions: what `/mutate` and `/validate` answer, over the allocator, the
 //! pod's workload, its CNI networks and the IPClaim guard.
 //!
-//! The contract, for the server and the cluster tasks above it:
+//! The contract, for the server and the cluster tasks above it (the folders of this crate
+//! after this one) and for the tests:
 //!
 //! - [`Webhook::review`] takes an AdmissionReview's bytes for an
-//!   [`ip_webhook_metrics::Endpoint`] and returns the response review's bytes, or an
+//!   [`crate::metrics::Endpoint`] and returns the response review's bytes, or an
 //!   [`ip_webhook_admission::ReviewError`] for a body that is not a review (the server's 400).
 //!   Every response echoes the request's `uid`. A refusal is an answer (`allowed: false` with
 //!   a message naming what was wrong), never an error.
 //! - A granted `/mutate` has made its claims durable through the ledger before it answers; a
 //!   retry of the same request (same `uid`) gets the same IPs; no IP is granted to two pods.
 //! - One [`Webhook`] is shared by every connection. What the cluster learns reaches the
-//!   decisions through the registries it holds ([`workloads::WorkloadRegistry`],
-//!   [`cni_pools::NetworkRegistry`]), which the cluster's watches fill; the workload reviews
+//!   decisions through the registries it holds (the workload registry and the network
+//!   registry, this crate's own), which the cluster's watches fill; the workload reviews
 //!   also record or take out the listing of the workload they admit.
 //!
 //! ```
 //! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
 //! use std::sync::Arc;
 //! use base64::Engine;
-//! use ip_webhook_decisions::{Settings, Webhook};
+//! use ip_webhook::decisions::{Settings, Webhook};
 //! use ip_webhook_ipam::{allocator::Allocator, pools::PoolCatalog};
 //! use ip_webhook_ledger::MemoryLedger;
-//! use ip_webhook_metrics::{Endpoint, Metrics};
+//! use ip_webhook::metrics::{Endpoint, Metrics};
 //!
 //! let allocator = Allocator::new(Arc::new(MemoryLedger::new())).await.unwrap();
 //! let webhook = Webhook::new(
@@ -73,26 +72,27 @@
 pub(crate) mod assess;
 pub(crate) mod carried;
 pub mod claim_guard;
-pub mod cni_pools;
+pub(crate) mod cni_pools;
 pub(crate) mod dispatch;
-pub mod events;
-pub mod kubevirt;
+pub(crate) mod events;
+pub(crate) mod kubevirt;
 pub mod mutate;
-pub mod release_timer;
-pub mod secondary;
-pub mod validate;
+pub(crate) mod release_timer;
+pub(crate) mod secondary;
+pub(crate) mod validate;
 pub(crate) mod workload_kinds;
 pub(crate) mod workload_registry;
-pub mod workloads;
+pub(crate) mod workloads;
 
 use std::fmt;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use crate::cni_pools::NetworkRegistry;
-use crate::events::{EventSink, NoEvents};
-use crate::workloads::WorkloadRegistry;
+use crate::decisions::cni_pools::NetworkRegistry;
+use crate::decisions::events::{EventSink, NoEvents};
+use crate::decisions::workloads::WorkloadRegistry;
+pub(crate) use crate::metrics::Metrics;
 use ip_webhook_admission::annotations::{ALLOCATABLE_IPS, Cni, IP_POOL, PoolCheck};
 use ip_webhook_admission::{Incoming, Meta};
 use ip_webhook_ipam::allocator::Allocator;
@@ -101,7 +101,6 @@ use ip_webhook_ipam::messages::Scope;
 use ip_webhook_ipam::pools::PoolCatalog;
 use ip_webhook_ipam::spec_cache::SpecCache;
 use ip_webhook_ledger::{PodName, PodRef};
-pub use ip_webhook_metrics::Metrics;
 
 /// Behaviour switches from the command line.
 #[derive(Debug, Clone)]
@@ -122,9 +121,9 @@ pub struct Settings {
     /// Every ledger call of one admission ends by this long after the review arrived
     /// (`--admission-deadline`): below the webhook's `timeoutSeconds`, so a slow ledger gets
     /// a clear denial before the API server gives up.
-    pub admission_deadline: std::time::Duration,
+    pub(crate) admission_deadline: std::time::Duration,
     /// Which pods are KubeVirt launcher pods, and when a VM's IP is freed.
-    pub kubevirt: kubevirt::KubevirtSettings,
+    pub(crate) kubevirt: kubevirt::KubevirtSettings,
     /// How long a released StatefulSet pod's claim is kept for its name (`--sticky-grace`),
     /// in every ledger (`ip_webhook_ledger::claim::released`).
     pub sticky_grace: std::time::Duration,
@@ -149,22 +148,22 @@ impl Default for Settings {
 }
 
 pub struct Webhook {
-    pub settings: Settings,
+    pub(crate) settings: Settings,
     pub allocator: Arc<Allocator>,
     pub pools: Arc<ArcSwap<PoolCatalog>>,
     pub metrics: Arc<Metrics>,
     /// Which workload lists which IPs; shared with the cluster's workload watches.
     pub workloads: Arc<WorkloadRegistry>,
     /// The CNI's pools or subnets; shared with the cluster's CNI watches.
-    pub networks: Arc<NetworkRegistry>,
+    pub(crate) networks: Arc<NetworkRegistry>,
     /// Parsed `allocatable-ips` lists, so an app's pods do not re-parse the same list.
     specs: SpecCache,
     /// Told about every Pod CREATE decision (Kubernetes Events in-cluster; `explain`).
     pub(crate) events: Arc<dyn EventSink>,
-    /// Judges IPClaim edits and deletions ([`crate::claim_guard`]).
-    pub claim_guard: crate::claim_guard::ClaimGuard,
+    /// Judges IPClaim edits and deletions ([`crate::decisions::claim_guard`]).
+    pub(crate) claim_guard: crate::decisions::claim_guard::ClaimGuard,
     /// Asks the API server whether a claim's pod still exists (set when there is one).
-    pub pods: std::sync::OnceLock<Arc<dyn ip_webhook_ledger::pod_lookup::PodLookup>>,
+    pub(crate) pods: std::sync::OnceLock<Arc<dyn ip_webhook_ledger::pod_lookup::PodLookup>>,
     /// The allocators of the secondary networks IPs are given out on.
     pub secondary: secondary::SecondaryNetworks,
 }
@@ -172,7 +171,7 @@ pub struct Webhook {
 impl Webhook {
     /// Every interface IPs are given out on, with its allocator: the primary interface's
     /// first, then each secondary network's. Each lifecycle task runs over all of them.
-    pub fn interfaces(
+    pub(crate) fn interfaces(
         &self,
     ) -> impl Iterator<Item = (ip_webhook_ledger::network::Interface<'_>, &Arc<Allocator>)> {
         use ip_webhook_ledger::network::Interface;
@@ -207,13 +206,13 @@ impl Webhook {
     }
 
     /// Give IPs out on these secondary networks too, each from its own allocator.
-    pub fn with_secondary(mut self, secondary: secondary::SecondaryNetworks) -> Webhook {
+    pub(crate) fn with_secondary(mut self, secondary: secondary::SecondaryNetworks) -> Webhook {
         self.secondary = secondary;
         self
     }
 
     /// Send Pod CREATE outcomes to `events` instead of nowhere.
-    pub fn with_events(mut self, events: Arc<dyn EventSink>) -> Webhook {
+    pub(crate) fn with_events(mut self, events: Arc<dyn EventSink>) -> Webhook {
         self.events = events;
         self
     }

@@ -22,25 +22,25 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use ip_webhook_admission::{Incoming, Meta, OwnerRef};
 
 /// The label KubeVirt puts on every launcher pod, and its value there.
-pub const LAUNCHER_LABEL: (&str, &str) = ("kubevirt.io", "virt-launcher");
+pub(crate) const LAUNCHER_LABEL: (&str, &str) = ("kubevirt.io", "virt-launcher");
 /// The API group of VirtualMachines and VirtualMachineInstances.
-pub const GROUP: &str = "kubevirt.io";
+pub(crate) const GROUP: &str = "kubevirt.io";
 /// The label KubeVirt puts on a live migration's target launcher pod (its value: the
 /// migration's UID) (kubevirt/kubevirt `staging/src/kubevirt.io/api/core/v1/types.go`,
 /// `MigrationJobLabel`).
 pub(crate) const MIGRATION_LABEL: &str = "kubevirt.io/migrationJobUID";
 /// The user KubeVirt's controller creates launcher pods as, in its default install.
-pub const DEFAULT_CONTROLLER: &str = "system:serviceaccount:kubevirt:kubevirt-controller";
+pub(crate) const DEFAULT_CONTROLLER: &str = "system:serviceaccount:kubevirt:kubevirt-controller";
 
 /// How ip-webhook treats virtual machines.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KubevirtSettings {
+pub(crate) struct KubevirtSettings {
     /// The users (as the API server names them in `userInfo.username`) whose pods are taken
     /// for launcher pods (`--kubevirt-controller`). Empty: no pod is a VM's.
-    pub controllers: Vec<String>,
+    pub(crate) controllers: Vec<String>,
     /// Free a VM's IP once it is stopped (no VMI), not only once it is deleted
     /// (`--kubevirt-release-on-stop`).
-    pub release_on_stop: bool,
+    pub(crate) release_on_stop: bool,
 }
 
 impl Default for KubevirtSettings {
@@ -82,7 +82,7 @@ pub(crate) fn launcher_vm_of(meta: &Meta) -> Option<&str> {
 }
 
 /// `launcher_vm` of a pod's metadata as the API server returns it.
-pub fn launcher_vm_of_object(meta: &ObjectMeta) -> Option<&str> {
+pub(crate) fn launcher_vm_of_object(meta: &ObjectMeta) -> Option<&str> {
     launcher_vm(
         meta.labels.as_ref(),
         meta.owner_references.iter().flatten().map(|owner| {

@@ -3,7 +3,7 @@
 
 use std::net::IpAddr;
 
-use crate::assess::Denial;
+use crate::decisions::assess::Denial;
 use ip_webhook_ipam::allocator::Allocator;
 use ip_webhook_ipam::foreign::ForeignUse;
 use ip_webhook_ipam::messages::{conflict_message, foreign_message};

@@ -4,13 +4,13 @@
 
 use std::time::Instant;
 
-use crate::Webhook;
-use crate::assess::Answer;
-use crate::mutate;
-use crate::validate;
+use crate::decisions::Webhook;
+use crate::decisions::assess::Answer;
+use crate::decisions::mutate;
+use crate::decisions::validate;
+use crate::metrics::{Endpoint, Outcome};
 use ip_webhook_admission::{self as admission, ReviewError};
 use ip_webhook_ipam::ipset::push_ip;
-use ip_webhook_metrics::{Endpoint, Outcome};
 
 impl Webhook {
     /// Answer one AdmissionReview body. `Err` means the body was not a usable review (HTTP 400).
@@ -65,8 +65,11 @@ impl Webhook {
             granted,
         } = match endpoint {
             Endpoint::mutate => mutate::mutate(self, &incoming).await?,
-            Endpoint::validate if crate::claim_guard::handles(&incoming) => {
-                Answer::from(crate::claim_guard::review(&self.claim_guard, &incoming))
+            Endpoint::validate if crate::decisions::claim_guard::handles(&incoming) => {
+                Answer::from(crate::decisions::claim_guard::review(
+                    &self.claim_guard,
+                    &incoming,
+                ))
             }
             Endpoint::validate => validate::validate(self, &incoming).await?,
         };

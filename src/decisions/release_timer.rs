@@ -7,18 +7,18 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+pub(crate) use crate::metrics::Metrics;
 use ip_webhook_ipam::allocator::Allocator;
 use ip_webhook_ledger::claim::DueStep;
 use ip_webhook_ledger::pod_lookup::PodLookup;
 use ip_webhook_ledger::unix_now;
-pub use ip_webhook_metrics::Metrics;
 
 /// How often due claims are looked for.
-pub const PERIOD: Duration = Duration::from_secs(1);
+pub(crate) const PERIOD: Duration = Duration::from_secs(1);
 
 /// Run until the task is aborted. `pods`: `None` off-cluster without an API server, where
 /// the timer alone decides.
-pub async fn run(
+pub(crate) async fn run(
     allocator: Arc<Allocator>,
     pods: Option<Arc<dyn PodLookup>>,
     metrics: Arc<Metrics>,

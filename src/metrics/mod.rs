@@ -1,5 +1,3 @@
-#![forbid(unsafe_code)]
-#![warn(unreachable_pub)]
 //! Prometheus metrics, registered once and encoded on `GET /metrics`.
 //!
 //! The webhook's own metrics are named `ip_webhook_*`; the process metrics keep their usual
@@ -15,7 +13,7 @@
 
 mod capacity;
 mod process;
-pub mod watch_health;
+pub(crate) mod watch_health;
 
 #[cfg(test)]
 use capacity::app_utilization;
@@ -46,7 +44,7 @@ pub enum Endpoint {
 }
 
 impl Endpoint {
-    pub fn as_str(&self) -> &'static str {
+    pub(crate) fn as_str(&self) -> &'static str {
         match self {
             Endpoint::mutate => "mutate",
             Endpoint::validate => "validate",
@@ -56,7 +54,7 @@ impl Endpoint {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
 #[allow(non_camel_case_types)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     allowed,
     denied,
     /// 4xx: not a review, wrong content type, too large, too slow.
@@ -66,19 +64,19 @@ pub enum Outcome {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RequestLabels {
+pub(crate) struct RequestLabels {
     pub(crate) webhook: Endpoint,
     pub(crate) outcome: Outcome,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct WebhookLabels {
+pub(crate) struct WebhookLabels {
     pub(crate) webhook: Endpoint,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
 #[allow(non_camel_case_types)]
-pub enum AllocationOutcome {
+pub(crate) enum AllocationOutcome {
     allocated,
     dry_run,
     reused,
@@ -126,12 +124,12 @@ pub(crate) struct BuildLabels {
 }
 
 /// The commit the binary was built from (`build.rs`), or "unknown".
-pub const COMMIT: &str = env!("IP_WEBHOOK_GIT_COMMIT");
+pub(crate) const COMMIT: &str = env!("IP_WEBHOOK_GIT_COMMIT");
 
 /// `ip_webhook_cache_objects{kind}`: `pod`, `kube-ovn-ip`, `workload`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct CacheKindLabels {
-    pub kind: &'static str,
+pub(crate) struct CacheKindLabels {
+    pub(crate) kind: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -142,9 +140,9 @@ pub struct ResultLabels {
 /// One endpoint's series of the request families, resolved once: every admission updates
 /// them, and a family looks its labels up under a lock. (They are the families' own series,
 /// so they are exported from the start, at zero.)
-pub struct WebhookSeries {
-    pub in_flight: Gauge,
-    pub latency: Histogram,
+pub(crate) struct WebhookSeries {
+    pub(crate) in_flight: Gauge,
+    pub(crate) latency: Histogram,
     allowed: Counter,
     denied: Counter,
     bad_request: Counter,
@@ -180,7 +178,7 @@ impl WebhookSeries {
     }
 
     /// The count of requests answered with `outcome`.
-    pub fn requests(&self, outcome: Outcome) -> &Counter {
+    pub(crate) fn requests(&self, outcome: Outcome) -> &Counter {
         match outcome {
             Outcome::allowed => &self.allowed,
             Outcome::denied => &self.denied,
@@ -192,12 +190,12 @@ impl WebhookSeries {
 
 pub struct Metrics {
     pub(crate) registry: Registry,
-    pub requests: Family<RequestLabels, Counter>,
-    pub latency: Family<WebhookLabels, Histogram>,
-    pub in_flight: Family<WebhookLabels, Gauge>,
+    pub(crate) requests: Family<RequestLabels, Counter>,
+    pub(crate) latency: Family<WebhookLabels, Histogram>,
+    pub(crate) in_flight: Family<WebhookLabels, Gauge>,
     /// Each endpoint's series of the three families above, by [`Endpoint`] order.
     webhooks: [WebhookSeries; 2],
-    pub panics: Counter,
+    pub(crate) panics: Counter,
     pub(crate) allocations: Family<AllocationLabels, Counter>,
     /// Pods refused because every IP of their list or pool was held.
     pub(crate) exhausted_refusals: Family<ExhaustedLabels, Counter>,
@@ -209,16 +207,16 @@ pub struct Metrics {
     /// `metrics_apps_left_out`).
     pub(crate) app_series_overflow: Counter,
     /// TLS handshakes refused for the client certificate, by reason.
-    pub client_cert_refusals: Family<ReasonLabels, Counter>,
+    pub(crate) client_cert_refusals: Family<ReasonLabels, Counter>,
     /// Connections and requests refused by the connection and in-flight byte limits.
-    pub load_refusals: Family<ReasonLabels, Counter>,
+    pub(crate) load_refusals: Family<ReasonLabels, Counter>,
     /// Times the certificate files were read and compared (events and polls).
     pub tls_checks: Counter,
     pub releases: Counter,
     /// Admitted pod DELETEs whose pod still ran when its grace ended: the IP was kept.
-    pub releases_refused: Counter,
+    pub(crate) releases_refused: Counter,
     /// Claims of pods stuck Terminating on a lost node, released (the root crate's `cluster::node_loss`).
-    pub node_lost_releases: Counter,
+    pub(crate) node_lost_releases: Counter,
     /// Reservations no pod picked up, dropped by the reconciler.
     pub reservations_expired: Counter,
     /// Claims of pods that went without a release (missed DELETE), reclaimed by the reconciler;
@@ -226,25 +224,25 @@ pub struct Metrics {
     pub leaks_reclaimed: Counter,
     pub ledger: CommitCounters,
     /// IPs that two or more live pods carry, as the reconciler last saw (in-cluster).
-    pub duplicate_ips: Gauge,
+    pub(crate) duplicate_ips: Gauge,
     /// Claims the reconciler recorded for pods that held none, by reason (`token`: a pod our
     /// webhooks admitted whose record was lost; `app_list`: a pod running on an IP of its own
     /// app's list, started before ip-webhook was installed).
-    pub adoptions: Family<ReasonLabels, Counter>,
+    pub(crate) adoptions: Family<ReasonLabels, Counter>,
     /// Whether the ledger can serve (failures in a row, since when): `/readyz` reads it.
-    pub ledger_health: Arc<ip_webhook_ledger::health::LedgerHealth>,
+    pub(crate) ledger_health: Arc<ip_webhook_ledger::health::LedgerHealth>,
     /// Whether the in-cluster watches are live (`watch_health`).
-    pub watch_health: Arc<watch_health::WatchHealth>,
+    pub(crate) watch_health: Arc<watch_health::WatchHealth>,
     /// Time of each ledger call, by ledger and operation.
-    pub ledger_latency: Family<LedgerLabels, Histogram>,
+    pub(crate) ledger_latency: Family<LedgerLabels, Histogram>,
     pub tls_reloads: Family<ResultLabels, Counter>,
     /// notAfter of the certificate being served, unix seconds.
-    pub certificate_expiry: Gauge,
+    pub(crate) certificate_expiry: Gauge,
     /// 1 while this replica holds the reconciler's Lease, else 0; absent off-cluster (the
     /// Lease code sets it: `leader.get_or_create(&LeaseLabels { lease }).set(1)`).
     pub leader: Family<LeaseLabels, Gauge>,
     /// Objects held by the watch-fed indexes (in-cluster), by kind.
-    pub cache_objects: Family<CacheKindLabels, Gauge>,
+    pub(crate) cache_objects: Family<CacheKindLabels, Gauge>,
     capacity: Arc<OnceLock<CapacitySource>>,
     /// At most this many apps get per-app series (`--metrics-max-apps`).
     max_apps: Arc<AtomicUsize>,
@@ -254,7 +252,7 @@ pub struct Metrics {
 
 /// Why the reconciler records a claim for a pod (`ip_webhook_adoptions_total{reason}`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AdoptReason {
+pub(crate) enum AdoptReason {
     /// The pod carries a claim token our webhooks issued; its record was lost.
     Token,
     /// The pod runs on an IP (`status.podIPs`) that its own app's list holds (and no other
@@ -266,7 +264,7 @@ impl AdoptReason {
     pub(crate) const ALL: [AdoptReason; 2] = [AdoptReason::Token, AdoptReason::AppList];
 
     /// The metric label.
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             AdoptReason::Token => "token",
             AdoptReason::AppList => "app_list",
@@ -275,11 +273,11 @@ impl AdoptReason {
 }
 
 /// The default of `--metrics-max-apps`.
-pub const DEFAULT_MAX_APPS: usize = 10_000;
+pub(crate) const DEFAULT_MAX_APPS: usize = 10_000;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReasonLabels {
-    pub reason: &'static str,
+pub(crate) struct ReasonLabels {
+    pub(crate) reason: &'static str,
 }
 
 /// `ip_webhook_build_info`: the version and commit of the running binary.
@@ -374,7 +372,7 @@ impl Metrics {
     }
 
     /// The series an admission to `endpoint` updates.
-    pub fn webhook(&self, endpoint: &Endpoint) -> &WebhookSeries {
+    pub(crate) fn webhook(&self, endpoint: &Endpoint) -> &WebhookSeries {
         &self.webhooks[match endpoint {
             Endpoint::mutate => 0,
             Endpoint::validate => 1,
@@ -573,20 +571,24 @@ impl Metrics {
     }
 
     /// At most `max` apps get per-app series (`--metrics-max-apps`).
-    pub fn set_max_apps(&self, max: usize) {
+    pub(crate) fn set_max_apps(&self, max: usize) {
         self.max_apps.store(max, Ordering::Relaxed);
     }
 
     /// Compute the pool and app gauges from this allocator and catalog at each scrape
     /// (the first call wins: one webhook per registry).
-    pub fn watch_capacity(&self, allocator: Arc<Allocator>, pools: Arc<ArcSwap<PoolCatalog>>) {
+    pub(crate) fn watch_capacity(
+        &self,
+        allocator: Arc<Allocator>,
+        pools: Arc<ArcSwap<PoolCatalog>>,
+    ) {
         let _ = self.capacity.set(CapacitySource { allocator, pools });
     }
 
     /// Count a refusal for exhaustion. Its names come from the refused request, so they get
     /// a series only when the app already holds IPs (the names were admitted before) and
     /// fewer than `--metrics-max-apps` apps have one; otherwise one unlabelled counter.
-    pub fn exhausted(&self, namespace: &str, app: &str, pool: Option<&str>) {
+    pub(crate) fn exhausted(&self, namespace: &str, app: &str, pool: Option<&str>) {
         let labels = ExhaustedLabels {
             app_namespace: namespace.to_string(),
             app: app.to_string(),
@@ -620,7 +622,7 @@ impl Metrics {
         self.exhausted_refusals.get_or_create(&labels).inc();
     }
 
-    pub fn allocation(&self, outcome: AllocationOutcome) {
+    pub(crate) fn allocation(&self, outcome: AllocationOutcome) {
         self.allocations
             .get_or_create(&AllocationLabels { outcome })
             .inc();

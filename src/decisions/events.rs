@@ -4,25 +4,25 @@
 //! The calls are synchronous and made on the admission path: an implementation must return
 //! at once (queue the work, e.g. `tokio::spawn` or a channel), never wait on the network.
 
+pub(crate) use crate::metrics::AllocationOutcome;
 use ip_webhook_admission::OwnerRef;
 use ip_webhook_ledger::PodRef;
-pub use ip_webhook_metrics::AllocationOutcome;
 
 /// A pod that was refused its IPs.
 #[derive(Debug)]
-pub struct Refused<'a> {
-    pub pod: &'a PodRef,
+pub(crate) struct Refused<'a> {
+    pub(crate) pod: &'a PodRef,
     /// The pod's owner references (a ReplicaSet, StatefulSet, Job...), to put the Event on.
-    pub owners: &'a [OwnerRef],
+    pub(crate) owners: &'a [OwnerRef],
     /// `exhausted`, `conflict`, `refused` (bad annotation or pool rules) or `error` (ledger).
-    pub outcome: AllocationOutcome,
+    pub(crate) outcome: AllocationOutcome,
     /// The denial message the API server shows.
-    pub message: &'a str,
-    pub dry_run: bool,
+    pub(crate) message: &'a str,
+    pub(crate) dry_run: bool,
 }
 
 /// Receives admission refusals; the method defaults to doing nothing.
-pub trait EventSink: Send + Sync + 'static {
+pub(crate) trait EventSink: Send + Sync + 'static {
     fn refused(&self, _refused: &Refused<'_>) {}
 }
 

@@ -44,7 +44,7 @@ const SERVICE_ACCOUNT_TOKEN: &str = "/var/run/secrets/kubernetes.io/serviceaccou
 
 /// What the caches say about a claim's pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PodLife {
+pub(crate) enum PodLife {
     /// The pod exists: `namespace/name`.
     Runs(String),
     Gone,
@@ -53,20 +53,20 @@ pub enum PodLife {
 }
 
 /// Who knows which pods run, by UID.
-pub trait LivePods: Send + Sync {
+pub(crate) trait LivePods: Send + Sync {
     fn life(&self, uid: &str) -> PodLife;
 }
 
 /// The guard's state: the server's own user names and the pod caches.
 #[derive(Default)]
-pub struct ClaimGuard {
+pub(crate) struct ClaimGuard {
     trusted: RwLock<Vec<String>>,
     pods: OnceLock<Arc<dyn LivePods>>,
 }
 
 impl ClaimGuard {
     /// Admit every IPClaim write by `username` (the server's own service account).
-    pub fn trust(&self, username: &str) {
+    pub(crate) fn trust(&self, username: &str) {
         let username = username.trim();
         if username.is_empty() {
             return;
@@ -86,7 +86,7 @@ impl ClaimGuard {
     }
 
     /// Judge deletions from these caches (in-cluster; set once).
-    pub fn watch_pods(&self, pods: Arc<dyn LivePods>) {
+    pub(crate) fn watch_pods(&self, pods: Arc<dyn LivePods>) {
         let _ = self.pods.set(pods);
     }
 
@@ -115,7 +115,7 @@ pub(crate) fn username_in_token(token: &str) -> Option<String> {
 }
 
 /// The service account this process runs as, from its mounted token, if it runs in a pod.
-pub fn own_service_account() -> Option<String> {
+pub(crate) fn own_service_account() -> Option<String> {
     username_in_token(&std::fs::read_to_string(SERVICE_ACCOUNT_TOKEN).ok()?)
 }
 

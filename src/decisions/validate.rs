@@ -4,12 +4,12 @@
 
 use std::net::IpAddr;
 
-use crate::assess::{Answer, Denial, PodAsk, assess};
-use crate::carried::{self, Carried};
-use crate::cni_pools;
-use crate::secondary;
-use crate::workloads;
-use crate::{Candidates, PodView, Webhook};
+use crate::decisions::assess::{Answer, Denial, PodAsk, assess};
+use crate::decisions::carried::{self, Carried};
+use crate::decisions::cni_pools;
+use crate::decisions::secondary;
+use crate::decisions::workloads;
+use crate::decisions::{Candidates, PodView, Webhook};
 use ip_webhook_admission::annotations::{
     ALLOCATED_IP_LABEL, CLAIM_TOKEN, STATUS, STATUS_MUTATED, carried_ips, changed_mark,
 };
@@ -22,7 +22,10 @@ use ip_webhook_ledger::Claim;
 use ip_webhook_ledger::claim::{PodIdentity, is_token, new_token};
 use ip_webhook_ledger::crd::{self, FixedIPPool};
 
-pub async fn validate(webhook: &Webhook, incoming: &Incoming<'_>) -> Result<Answer, ReviewError> {
+pub(crate) async fn validate(
+    webhook: &Webhook,
+    incoming: &Incoming<'_>,
+) -> Result<Answer, ReviewError> {
     let request = &incoming.request;
     if request.sub_resource.is_some() {
         return Ok(Answer::from(incoming.respond()));
