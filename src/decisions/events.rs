@@ -4,7 +4,7 @@
 //! The calls are synchronous and made on the admission path: an implementation must return
 //! at once (queue the work, e.g. `tokio::spawn` or a channel), never wait on the network.
 
-pub(crate) use crate::metrics::AllocationOutcome;
+use crate::metrics::AllocationOutcome;
 use ip_webhook_admission::OwnerRef;
 use ip_webhook_ledger::PodRef;
 

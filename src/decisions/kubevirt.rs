@@ -81,7 +81,7 @@ pub(crate) fn launcher_vm_of(meta: &Meta) -> Option<&str> {
     )
 }
 
-/// `launcher_vm` of a pod's metadata as the API server returns it.
+/// [`launcher_vm`] of a pod's metadata as the API server returns it.
 pub(crate) fn launcher_vm_of_object(meta: &ObjectMeta) -> Option<&str> {
     launcher_vm(
         meta.labels.as_ref(),

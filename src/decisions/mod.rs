@@ -92,7 +92,7 @@ use arc_swap::ArcSwap;
 use crate::decisions::cni_pools::NetworkRegistry;
 use crate::decisions::events::{EventSink, NoEvents};
 use crate::decisions::workloads::WorkloadRegistry;
-pub(crate) use crate::metrics::Metrics;
+use crate::metrics::Metrics;
 use ip_webhook_admission::annotations::{ALLOCATABLE_IPS, Cni, IP_POOL, PoolCheck};
 use ip_webhook_admission::{Incoming, Meta};
 use ip_webhook_ipam::allocator::Allocator;

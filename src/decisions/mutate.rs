@@ -6,7 +6,7 @@ use crate::decisions::assess::{Answer, Denial, PodAsk, assess};
 use crate::decisions::events::Refused;
 use crate::decisions::secondary::{self, NetworkAsks, NetworkGrant};
 use crate::decisions::{Candidates, PodView, Webhook};
-pub(crate) use crate::metrics::AllocationOutcome;
+use crate::metrics::AllocationOutcome;
 use ip_webhook_admission::annotations::{
     ALLOCATED_IP_LABEL, CLAIM_TOKEN, STATUS, STATUS_MUTATED, carried_ips, static_ips,
 };

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-pub(crate) use crate::metrics::Metrics;
+use crate::metrics::Metrics;
 use ip_webhook_ipam::allocator::Allocator;
 use ip_webhook_ledger::claim::DueStep;
 use ip_webhook_ledger::pod_lookup::PodLookup;

@@ -60,7 +60,7 @@ impl WorkloadRegistry {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// From now on the watches feed the registry (see `WorkloadRegistry::watched`).
+    /// From now on the watches feed the registry (see [`WorkloadRegistry::watched`]).
     pub(crate) fn set_watched(&self) {
         self.watched
             .store(true, std::sync::atomic::Ordering::SeqCst);

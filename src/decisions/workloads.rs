@@ -13,8 +13,7 @@ use ip_webhook_admission::{Incoming, Meta, Operation, Response, ReviewError};
 use ip_webhook_ipam::ipset::{Family, IpSet, IpSpecError, parse_ip_spec};
 use ip_webhook_ledger::Claim;
 
-pub(crate) use super::workload_kinds::is_workload;
-pub(crate) use super::workload_kinds::{KINDS, WORKLOAD_KINDS, workload_kind};
+pub(crate) use super::workload_kinds::{KINDS, WORKLOAD_KINDS, is_workload, workload_kind};
 pub(crate) use super::workload_registry::{Listing, WorkloadId, WorkloadRegistry};
 
 #[derive(Debug, Deserialize, Default)]

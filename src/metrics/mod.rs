@@ -215,7 +215,7 @@ pub struct Metrics {
     pub releases: Counter,
     /// Admitted pod DELETEs whose pod still ran when its grace ended: the IP was kept.
     pub(crate) releases_refused: Counter,
-    /// Claims of pods stuck Terminating on a lost node, released (the root crate's `cluster::node_loss`).
+    /// Claims of pods stuck Terminating on a lost node, released (`crate::cluster::node_loss`).
     pub(crate) node_lost_releases: Counter,
     /// Reservations no pod picked up, dropped by the reconciler.
     pub reservations_expired: Counter,

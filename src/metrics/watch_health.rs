@@ -1,10 +1,10 @@
 //! Whether the watches the decisions read are live: `/readyz` answers 503 while one of them
-//! has kept failing for longer than `FAILING_FOR`. A replica whose pod watch has stopped
+//! has kept failing for longer than [`FAILING_FOR`]. A replica whose pod watch has stopped
 //! would not see a pod started outside ip-webhook on a listed IP, and would hand the IP out;
 //! so it stops taking admissions until the watch is back.
 //!
 //! A watch that reconnects delivers nothing until an object changes (bookmarks stay inside
-//! the watcher), so "back" is an event, or `QUIET` without an error: the watcher retries at
+//! the watcher), so "back" is an event, or [`QUIET`] without an error: the watcher retries at
 //! least that often while it fails.
 
 use std::collections::BTreeMap;

@@ -101,9 +101,9 @@ pub(crate) fn init(format: LogFormat, level: Option<&str>) -> LogGuard {
     guard
 }
 
-/// The text format: `2026-11-30T00:52:05.418119Z  INFO ip_webhook::decisions::dispatch: admission decision
-/// uid="…" latency_us=41 …`, the shape of tracing-subscriber's default without colours or span
-/// context (ip-webhook opens no spans).
+/// The text format: `2026-11-30T00:52:05.418119Z  INFO ip_webhook::decisions::dispatch:
+/// admission decision uid="…" latency_us=41 …`, the shape of tracing-subscriber's default
+/// without colours or span context (ip-webhook opens no spans).
 ///
 /// Every grant logs a line at INFO, so a line is built with plain `String` pushes into a
 /// buffer of the thread (not a `dyn fmt::Write` call per piece) and handed to the subscriber's
