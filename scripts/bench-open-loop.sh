@@ -191,6 +191,11 @@ median() {
   sort -n -k"$column,$column" "$1" | sed -n "$((($(wc -l <"$1") + 1) / 2))p" | cut -d' ' -f"$column"
 }
 
+# log_runs LABEL FIRST < LINES: one logged line per run of wrk_run's LINES, numbered from FIRST
+log_runs() {
+  awk -v c="$1" -v first="$2" '{ printf "  %-9s run %d: cpu %6.1f µs/req  %7.0f req/s  p99 %7.0f µs  max %8.0f µs  host steal %s %s %s %s\n", c, first + NR - 1, $1, $2, $3, $4, $6, $7, $8, $9 }' | tee -a "$runs" >&2
+}
+
 verdict() { # verdict TARGET FIGURE LIMIT PASS?
   local mark=FAIL
   [ "$4" = 1 ] && mark=PASS
@@ -242,7 +247,7 @@ floor_cpu=$(median "$work/decide-floor.txt")
 dry_cpu=$(median "$work/decide-dry.txt")
 validate_cpu=$(median "$work/decide-validate.txt")
 for cell in floor dry validate; do
-  awk -v c="$cell" '{ printf "  %-9s run %d: cpu %6.1f µs/req  %7.0f req/s  p99 %7.0f µs  max %8.0f µs  host steal %s %s %s %s\n", c, NR, $1, $2, $3, $4, $6, $7, $8, $9 }' "$work/decide-$cell.txt" | tee -a "$runs" >&2
+  log_runs "$cell" 1 <"$work/decide-$cell.txt"
 done
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 le() { awk -v a="$1" -v b="$2" 'BEGIN { print (a <= b) ? 1 : 0 }'; }
@@ -270,7 +275,7 @@ stop_server "$wide_pid"
 wide_floor_cpu=$(median "$work/wide-floor.txt")
 wide_dry_cpu=$(median "$work/wide-dry.txt")
 for cell in floor dry; do
-  awk -v c="wide $cell" '{ printf "  %-9s run %d: cpu %6.1f µs/req  %7.0f req/s  p99 %7.0f µs  max %8.0f µs  host steal %s %s %s %s\n", c, NR, $1, $2, $3, $4, $6, $7, $8, $9 }' "$work/wide-$cell.txt" | tee -a "$runs" >&2
+  log_runs "wide $cell" 1 <"$work/wide-$cell.txt"
 done
 verdict "1. dry-run /mutate CPU per request ÷ the floor's, plain HTTP/1.1 load (wrk -t2, $wide conn., unpinned, median of $d_runs)" \
   "$(ratio "$wide_dry_cpu" "$wide_floor_cpu")× ($wide_dry_cpu / $wide_floor_cpu µs)" "2.5×" "$(le "$(ratio "$wide_dry_cpu" "$wide_floor_cpu")" 2.5)"
@@ -316,7 +321,7 @@ for run in $(seq 1 "$s_runs"); do
   wrk_run "$sat_floor_pid" "$sat_floor_url" as-is 16 "$d_secs" "sat-floor-$run" "$work/sat-floor.txt"
   wrk_run "$sat_dry_pid" "$sat_dry_url" dry-run 16 "$d_secs" "sat-dry-$run" "$work/sat-dry.txt"
   for cell in sat-floor sat-dry; do
-    say "$(tail -1 "$work/$cell.txt" | awk -v c="$cell" -v r="$run" '{ printf "  %-9s run %d: cpu %6.1f µs/req  %7.0f req/s  host steal %s %s %s %s", c, r, $1, $2, $6, $7, $8, $9 }')"
+    tail -1 "$work/$cell.txt" | log_runs "$cell" "$run"
   done
 done
 stop_server "$sat_floor_pid"
