@@ -295,6 +295,12 @@ fn known_cases() -> Vec<Value> {
         r#"[{"name":"s","ips":["10.0.0.1/024"]}]"#,
         r#"[{"name":"s","ips":["010.0.0.1/24"]}]"#,
         r#"[{"name":"s","ips":[null]}]"#,
+        // a later list is decoded in place into the slice an earlier one filled
+        r#"[{"name":"s","ips":["fd00::2"],"IPS":[null,"10.50.0.4/24"]}]"#,
+        r#"[{"name":"s","ips":["fd00::1","fd00::2"],"ips":["fd00::3"],"ips":[null,null]}]"#,
+        r#"[{"name":"s","ips":["fd00::1"],"ips":[],"ips":[null]}]"#,
+        r#"[{"name":"s","ips":["fd00::1"],"ips":null,"ips":[null]}]"#,
+        r#"[{"name":"s","default-route":["10.0.0.1"],"default-route":[null]}]"#,
         r#"[{"name":"s","ips":[""]}]"#,
         r#"[{"name":"s","ips":[1]}]"#,
         r#"[{"name":5}]"#,

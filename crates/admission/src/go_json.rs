@@ -10,6 +10,8 @@
 //!   `k`; when several keys name one field, the last one's value is the field's;
 //! - a key that names no field is skipped, its value checked only as JSON;
 //! - `null` leaves a string or number field as it was, and empties a list, map or pointer;
+//!   a list is decoded in place into the slice a field already holds, so a `null` item keeps
+//!   what an earlier list of the field left at its index;
 //! - a value of the wrong type (a number for a string, `1.5` for an `int`) fails the whole
 //!   `Unmarshal` (Go stores what it can and returns the first such error; every caller here
 //!   refuses on it);

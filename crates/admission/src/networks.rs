@@ -734,6 +734,23 @@ mod tests {
         // `null` empties a list; an unknown field is skipped whatever it holds
         let read = one(r#"[{"name":"storage","ips":["10.50.0.3/24"],"IPs":null,"x":[1e999]}]"#);
         assert!(read.ips.is_empty());
+        // a later list is decoded in place: its `null` item keeps what the slice held there,
+        // until `[]` or `null` gives a new slice (Go's reader, as a generated case found)
+        let read = one(r#"[{"name":"s","ips":["fd00::2"],"IPS":[null,"10.50.0.4/24"]}]"#);
+        let held: Vec<_> = ["fd00::2", "10.50.0.4"]
+            .map(|ip| ip.parse().unwrap())
+            .into();
+        assert_eq!(read.ips, [(held[0], None), (held[1], Some(24))]);
+        let read = one(
+            r#"[{"name":"s","ips":["fd00::1","fd00::2"],"ips":["fd00::3"],"ips":[null,null]}]"#,
+        );
+        let held: Vec<_> = ["fd00::3", "fd00::2"].map(|ip| ip.parse().unwrap()).into();
+        assert_eq!(read.ips, [(held[0], None), (held[1], None)]);
+        for fresh in ["[]", "null"] {
+            let value = format!(r#"[{{"name":"s","ips":["fd00::1"],"ips":{fresh},"ips":[null]}}]"#);
+            let refused = parse_networks(&value, "default").unwrap_err().to_string();
+            assert!(refused.contains(r#""" is not an IP"#), "{value}: {refused}");
+        }
         // the interface, and the field of Multus before 3.2 when it is not given
         let read = one(r#"[{"name":"s","interfaceRequest":"eth9","Interface":""}]"#);
         assert_eq!(read.interface.as_deref(), Some("eth9"));

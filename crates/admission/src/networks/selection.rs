@@ -18,8 +18,11 @@ pub(crate) struct Selection<'a> {
     pub(crate) interface: Cow<'a, str>,
     /// `interfaceRequest`, the name before Multus 3.2
     pub(crate) deprecated_interface: Cow<'a, str>,
-    /// `ips`, as strings (`null` items are empty strings, as Go stores them)
+    /// `ips`, as strings (a `null` item is what Go leaves in its slice: see [`string_list`])
     pub(crate) ips: Vec<Cow<'a, str>>,
+    /// The backing array of Go's `ips` slice: every item an `ips` list put there, which a
+    /// `null` item of a later `ips` list at the same index keeps.
+    ips_written: Vec<Cow<'a, str>>,
     pub(crate) mac: Cow<'a, str>,
     pub(crate) infiniband_guid: Cow<'a, str>,
     /// `default-route`'s IPs (each `net.IP`'s text: empty, or what `net.ParseIP` takes)
@@ -119,17 +122,23 @@ fn read_field<'a>(
             return Ok(());
         }
         Field::Ips => {
-            selection.ips = string_list(reader, name, |_, _| Ok(()))?;
+            let count = string_list(reader, name, &mut selection.ips_written, |_, _| Ok(()))?;
+            selection.ips = selection.ips_written[..count].to_vec();
             selection.ips_members.push(selection.members.len());
             return Ok(());
         }
         Field::DefaultRoute => {
-            selection.default_route = string_list(reader, name, |reader, ip| {
+            // a `null` item sets a `net.IP` (a byte slice) to nil, whatever was there: no
+            // backing array to keep
+            let mut ips = Vec::new();
+            let count = string_list(reader, name, &mut ips, |reader, ip| {
                 match ip.is_empty() || crate::annotations::go_parse_ip(ip).is_some() {
                     true => Ok(()),
                     false => reader.error(format!("{name:?}: {ip:?} is not an IP address")),
                 }
             })?;
+            ips.truncate(count);
+            selection.default_route = ips;
             return Ok(());
         }
         Field::PortMappings => return port_mappings(reader, name),
@@ -142,27 +151,40 @@ fn read_field<'a>(
     Ok(())
 }
 
-/// A `[]string` (or `*[]net.IP`): `null` empties it; a `null` item is an empty string; each
-/// item passes `check`.
+/// Read a `[]string` (or `*[]net.IP`) into the slice whose backing array is `written`, as Go
+/// decodes a list into a slice it already holds (`decodeState.array` in `encoding/json/decode.go`):
+/// item `i` is decoded in place at index `i`, so a `null` item keeps the string an earlier list
+/// of the same field left there (empty past them); `null` or `[]` leaves a new, empty slice.
+/// Each item passes `check`. Gives the list's length; `written` holds at least that many.
 fn string_list<'a>(
     reader: &mut Reader<'a>,
     name: &str,
+    written: &mut Vec<Cow<'a, str>>,
     check: impl Fn(&Reader<'a>, &str) -> GoJson<()>,
-) -> GoJson<Vec<Cow<'a, str>>> {
-    let mut items = Vec::new();
+) -> GoJson<usize> {
+    let mut count = 0;
     match reader.peek()? {
         Kind::Null => {
             reader.null()?;
         }
         Kind::Array => reader.array(|reader| {
-            let item = reader.string_field(name)?.unwrap_or_default();
-            check(reader, &item)?;
-            items.push(item);
+            let item = reader.string_field(name)?;
+            if count == written.len() {
+                written.push(Cow::Borrowed(""));
+            }
+            if let Some(item) = item {
+                written[count] = item;
+            }
+            check(reader, &written[count])?;
+            count += 1;
             Ok(())
         })?,
         other => return reader.error(format!("{name:?} is {}, not a list", other.name())),
     }
-    Ok(items)
+    if count == 0 {
+        written.clear();
+    }
+    Ok(count)
 }
 
 /// `portMappings`: `null`, or a list of `null`s and objects of [`PORT_MAP_FIELDS`].
