@@ -744,6 +744,7 @@ async fn a_vmi_without_a_vm_is_freed_at_its_deletion_not_at_the_next_resync() {
 }
 
 /// [`launch`], then the stored pod validated as the API server would: its claim bound.
+#[cfg(feature = "etcd")]
 async fn launch_validated(
     server: &common::TestServer,
     cluster: &Cluster,

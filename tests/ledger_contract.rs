@@ -19,7 +19,6 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-#[cfg(feature = "etcd")]
 use std::time::Duration;
 
 use ip_webhook_ipam::allocator::{AllocError, AllocationRequest, Allocator};

@@ -44,6 +44,8 @@ const CONTROLLER: &str = "system:serviceaccount:kubevirt:kubevirt-controller";
 enum LedgerKind {
     Embedded,
     IpClaims,
+    /// its cells run only with the `etcd` feature
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
     Etcd,
 }
 

@@ -44,6 +44,8 @@ const FAST: &[&str] = &[
 /// Which ledger the replicas share.
 enum Ledger {
     IpClaims,
+    /// built only with the `etcd` feature
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
     Etcd(EtcdCluster),
 }
 
