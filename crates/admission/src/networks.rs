@@ -735,7 +735,7 @@ mod tests {
         let read = one(r#"[{"name":"storage","ips":["10.50.0.3/24"],"IPs":null,"x":[1e999]}]"#);
         assert!(read.ips.is_empty());
         // a later list is decoded in place: its `null` item keeps what the slice held there,
-        // until `[]` or `null` gives a new slice (Go's reader, as a generated case found)
+        // until `[]` or `null` gives a new slice (Go's `decodeState.array`)
         let read = one(r#"[{"name":"s","ips":["fd00::2"],"IPS":[null,"10.50.0.4/24"]}]"#);
         let held: Vec<_> = ["fd00::2", "10.50.0.4"]
             .map(|ip| ip.parse().unwrap())
