@@ -460,8 +460,8 @@ fn attachment_of(
             ));
         }
     }
-    let mut ips = Vec::with_capacity(element.ips.len());
-    for text in &element.ips {
+    let mut ips = Vec::with_capacity(element.ips().len());
+    for text in element.ips() {
         match parse_ip_request(text) {
             Some(ip) => ips.push(ip),
             None => return refuse(format!("ips: {text:?} is not an IP address or a CIDR")),

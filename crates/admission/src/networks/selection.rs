@@ -18,11 +18,11 @@ pub(crate) struct Selection<'a> {
     pub(crate) interface: Cow<'a, str>,
     /// `interfaceRequest`, the name before Multus 3.2
     pub(crate) deprecated_interface: Cow<'a, str>,
-    /// `ips`, as strings (a `null` item is what Go leaves in its slice: see [`string_list`])
-    pub(crate) ips: Vec<Cow<'a, str>>,
     /// The backing array of Go's `ips` slice: every item an `ips` list put there, which a
-    /// `null` item of a later `ips` list at the same index keeps.
+    /// `null` item of a later `ips` list at the same index keeps (see [`string_list`]).
     ips_written: Vec<Cow<'a, str>>,
+    /// How many of `ips_written` the last `ips` list holds.
+    ips_count: usize,
     pub(crate) mac: Cow<'a, str>,
     pub(crate) infiniband_guid: Cow<'a, str>,
     /// `default-route`'s IPs (each `net.IP`'s text: empty, or what `net.ParseIP` takes)
@@ -83,6 +83,13 @@ const PORT_MAP_FIELDS: [(&str, bool); 4] = [
 /// `BandwidthEntry`'s fields, all `int`.
 const BANDWIDTH_FIELDS: [&str; 4] = ["ingressRate", "ingressBurst", "egressRate", "egressBurst"];
 
+impl<'a> Selection<'a> {
+    /// `ips`, as strings (a `null` item is what Go left in its slice at that index).
+    pub(crate) fn ips(&self) -> &[Cow<'a, str>] {
+        &self.ips_written[..self.ips_count]
+    }
+}
+
 /// Read the element object at the cursor.
 pub(crate) fn read<'a>(reader: &mut Reader<'a>) -> GoJson<Selection<'a>> {
     let mut selection = Selection::default();
@@ -122,8 +129,8 @@ fn read_field<'a>(
             return Ok(());
         }
         Field::Ips => {
-            let count = string_list(reader, name, &mut selection.ips_written, |_, _| Ok(()))?;
-            selection.ips = selection.ips_written[..count].to_vec();
+            selection.ips_count =
+                string_list(reader, name, &mut selection.ips_written, |_, _| Ok(()))?;
             selection.ips_members.push(selection.members.len());
             return Ok(());
         }
@@ -131,13 +138,12 @@ fn read_field<'a>(
             // a `null` item sets a `net.IP` (a byte slice) to nil, whatever was there: no
             // backing array to keep
             let mut ips = Vec::new();
-            let count = string_list(reader, name, &mut ips, |reader, ip| {
+            string_list(reader, name, &mut ips, |reader, ip| {
                 match ip.is_empty() || crate::annotations::go_parse_ip(ip).is_some() {
                     true => Ok(()),
                     false => reader.error(format!("{name:?}: {ip:?} is not an IP address")),
                 }
             })?;
-            ips.truncate(count);
             selection.default_route = ips;
             return Ok(());
         }
@@ -155,7 +161,8 @@ fn read_field<'a>(
 /// decodes a list into a slice it already holds (`decodeState.array` in `encoding/json/decode.go`):
 /// item `i` is decoded in place at index `i`, so a `null` item keeps the string an earlier list
 /// of the same field left there (empty past them); `null` or `[]` leaves a new, empty slice.
-/// Each item passes `check`. Gives the list's length; `written` holds at least that many.
+/// Each item passes `check`. Gives the list's length; `written` holds at least that many (a
+/// fresh `written` exactly that many).
 fn string_list<'a>(
     reader: &mut Reader<'a>,
     name: &str,
