@@ -10,7 +10,7 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::foreign::{ForeignIps, ForeignUse};
-use crate::held::{DEFAULT_STICKY_GRACE, State, StickyGrace};
+use crate::held::{DEFAULT_STICKY_GRACE, State, StickyGrace, identity_keys};
 use crate::ipset::{Family, ip_key};
 use crate::messages::{conflict_message, foreign_message};
 use crate::request::new_claim;
@@ -276,8 +276,10 @@ impl Allocator {
     pub fn names_pod(&self, uid: &str) -> bool {
         let state = self.lock();
         let bound = state
-            .by_pod
-            .claims(uid, &state.claims, |c| c.pod.uid.as_deref() == Some(uid));
+            .by_key
+            .claims(claim::uid_key(uid), &state.claims, |c| {
+                c.pod.uid.as_deref() == Some(uid)
+            });
         !bound.is_empty()
     }
 
@@ -347,7 +349,7 @@ impl Allocator {
     /// What a retried admission (same request UID, same namespace) was given, dry run or not.
     fn same_request(&self, request: &AllocationRequest<'_>) -> Option<Allocation> {
         let state = self.lock();
-        let claims = state.by_request.claims(request.request_uid, &state.claims);
+        let claims = state.granted_to(request.request_uid);
         let same_pod = claims.iter().all(|c| {
             c.is_held() && c.pod.namespace == request.pod.namespace && c.pod.uid.is_none()
         });
@@ -516,8 +518,8 @@ impl Allocator {
     pub fn claims_of(&self, pod: &PodIdentity<'_>) -> Vec<Claim> {
         let state = self.lock();
         let mut found: Vec<Claim> = Vec::new();
-        for key in [pod.uid, pod.token].into_iter().flatten() {
-            for claim in state.by_pod.claims(key, &state.claims, |c| {
+        for key in identity_keys(pod) {
+            for claim in state.by_key.claims(key, &state.claims, |c| {
                 c.is_held() && held_by(c, pod) && !found.iter().any(|f| f.ip == c.ip)
             }) {
                 found.push(claim.clone());

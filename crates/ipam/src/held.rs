@@ -2,16 +2,14 @@
 //! (`RunSet`), the claims by IP, by request and by app, and the choice of a free IP.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::hash::BuildHasher;
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::sync::LazyLock;
 
 use super::foreign::{ForeignIps, ForeignUse};
 use super::ipset::{Family, ip_from_key, ip_key};
 use super::messages::{HOLDERS_NAMED, holder_list};
 use super::request::{AllocationRequest, Reason, new_claim};
-use ip_webhook_ledger::claim::{may_take_over, same_grant};
+use ip_webhook_ledger::claim::{self, PodIdentity, may_take_over, same_grant};
 use ip_webhook_ledger::ip_map::IpMap;
 use ip_webhook_ledger::{Claim, Phase, PodRef, Shared, Source, Text, unix_now};
 
@@ -144,19 +142,29 @@ impl LocalRelease {
     }
 }
 
-/// The keys [`State::by_pod`] files a claim under: its pod's UID and its token, and those of
-/// the migration sources a VM's claim remembers (non-empty).
-fn pod_keys(claim: &Claim) -> impl Iterator<Item = &str> {
+/// The keys [`State::by_key`] files a claim under: its request's UID, its pod's UID and its
+/// token, and the UIDs and tokens of the migration sources a VM's claim remembers (those not
+/// empty). A grant this process made has its request and its token under one key
+/// ([`claim::new_token`]); [`ByKey::add`] files its IP there once.
+fn claim_keys(claim: &Claim) -> impl Iterator<Item = u64> {
     let sources = claim.vm.as_ref().map(|vm| vm.sources()).unwrap_or_default();
-    [claim.pod.uid.as_deref(), Some(claim.token.as_str())]
+    let holders = [(claim.pod.uid.as_deref(), claim.token.as_str())]
         .into_iter()
-        .chain(
-            sources
-                .iter()
-                .flat_map(|s| [s.uid.as_deref(), Some(s.token.as_str())]),
-        )
-        .flatten()
-        .filter(|key| !key.is_empty())
+        .chain(sources.iter().map(|s| (s.uid.as_deref(), s.token.as_str())));
+    let request = Some(claim.request_uid.as_str())
+        .filter(|uid| !uid.is_empty())
+        .map(claim::uid_key);
+    request.into_iter().chain(holders.flat_map(|(uid, token)| {
+        let uid = uid.filter(|uid| !uid.is_empty()).map(claim::uid_key);
+        let token = Some(token).filter(|t| !t.is_empty()).map(claim::token_key);
+        uid.into_iter().chain(token)
+    }))
+}
+
+/// The keys a pod's claims are found under: its UID's and its token's ([`claim_keys`]).
+pub(super) fn identity_keys(pod: &PodIdentity<'_>) -> impl Iterator<Item = u64> {
+    let uid = pod.uid.map(claim::uid_key);
+    uid.into_iter().chain(pod.token.map(claim::token_key))
 }
 
 /// The name the history remembers a claim's IPs under, if its holder can come back: a
@@ -188,16 +196,12 @@ fn name_recurs(pod: &PodRef) -> bool {
     !(pod.name.len() == prefix.len() + 5 && pod.name.starts_with(prefix))
 }
 
-/// IPs by a string key of their claims (an admission request's UID, a pod's UID, a claim
-/// token), keyed by a hash of it: B-tree keys that compare in one instruction. Readers check
-/// each claim's own field, so two keys that share a hash cost a filter, never a wrong answer.
+/// IPs by the 64-bit keys of their claims' request UIDs, pod UIDs and tokens
+/// ([`claim::uid_key`], [`claim::token_key`]): B-tree keys that compare in one instruction.
+/// Readers check each claim's own fields, so two strings that share a key cost a filter, never
+/// a wrong answer.
 #[derive(Default)]
 pub(super) struct ByKey(BTreeMap<u64, Ips>);
-
-/// [`ByKey`]'s hash: foldhash, seeded once per process. A grant hashes its request UID twice
-/// (the retry lookup, the index) and its token once; SipHash took about five times the
-/// instructions of foldhash on a 36-byte UID.
-static KEY_HASHER: LazyLock<foldhash::fast::RandomState> = LazyLock::new(Default::default);
 
 /// The IPs under one key, in the order they were indexed. Almost every key has one IP (a
 /// dual-stack pod two), kept inline: a `Vec` per key was a heap allocation of about 80 bytes
@@ -210,7 +214,11 @@ pub(super) enum Ips {
 }
 
 impl Ips {
+    /// Add `ip` after the others, unless it is there already.
     fn push(&mut self, ip: IpAddr) {
+        if self.as_slice().contains(&ip) {
+            return;
+        }
         let mut ips = self.as_slice().to_vec();
         ips.push(ip);
         *self = Ips::Many(ips.into_boxed_slice());
@@ -244,13 +252,8 @@ impl Ips {
 }
 
 impl ByKey {
-    fn key(key: &str) -> u64 {
-        // one seed for the life of the process: the same string always hashes alike
-        KEY_HASHER.hash_one(key)
-    }
-
-    fn add(&mut self, key: &str, ip: IpAddr) {
-        match self.0.entry(Self::key(key)) {
+    fn add(&mut self, key: u64, ip: IpAddr) {
+        match self.0.entry(key) {
             std::collections::btree_map::Entry::Vacant(entry) => {
                 entry.insert(Ips::One(ip));
             }
@@ -258,8 +261,7 @@ impl ByKey {
         }
     }
 
-    fn remove(&mut self, key: &str, ip: IpAddr) {
-        let key = Self::key(key);
+    fn remove(&mut self, key: u64, ip: IpAddr) {
         if let Some(ips) = self.0.get_mut(&key)
             && !ips.remove(ip)
         {
@@ -270,36 +272,17 @@ impl ByKey {
     /// The claims under `key` that `owns` confirms, in the order they were indexed.
     pub(super) fn claims<'a>(
         &self,
-        key: &str,
+        key: u64,
         claims: &'a IpMap<Arc<Claim>>,
         owns: impl Fn(&Claim) -> bool,
     ) -> Vec<&'a Claim> {
-        self.0.get(&Self::key(key)).map_or_else(Vec::new, |ips| {
+        self.0.get(&key).map_or_else(Vec::new, |ips| {
             ips.as_slice()
                 .iter()
                 .filter_map(|ip| claims.get(ip).map(|claim| &**claim))
                 .filter(|claim| owns(claim))
                 .collect()
         })
-    }
-}
-
-/// The IPs granted to each admission request, by its UID.
-#[derive(Default)]
-pub(super) struct ByRequest(ByKey);
-
-impl ByRequest {
-    fn add(&mut self, uid: &str, ip: IpAddr) {
-        self.0.add(uid, ip);
-    }
-
-    fn remove(&mut self, uid: &str, ip: IpAddr) {
-        self.0.remove(uid, ip);
-    }
-
-    /// The claims granted to request `uid`, in the order they were granted.
-    pub(super) fn claims<'a>(&self, uid: &str, claims: &'a IpMap<Arc<Claim>>) -> Vec<&'a Claim> {
-        self.0.claims(uid, claims, |claim| claim.request_uid == uid)
     }
 }
 
@@ -347,10 +330,13 @@ pub(super) struct State {
     // "B-trees instead of hash maps"); a B-tree grows a node at a time.
     /// Shared with the embedded ledger, which keeps the same copy of each claim it records.
     pub(super) claims: IpMap<Arc<Claim>>,
-    pub(super) by_request: ByRequest,
-    /// Claims by their pod's UID and by their token: a DELETE finds what its pod holds by
-    /// who the pod is, not by the IPs it shows (which an update may have stripped).
-    pub(super) by_pod: ByKey,
+    /// Claims by their request's UID, their pod's UID and their token ([`claim_keys`]): a
+    /// retried admission finds what it was granted, and a DELETE what its pod holds by who
+    /// the pod is, not by the IPs it shows (which an update may have stripped). One map, not
+    /// one per kind of key: a grant files its request and token under one key, on a path
+    /// the retry lookup has just walked, where two maps cost a second descent on a cold cache
+    /// (docs/performance.md, "One index entry per grant").
+    pub(super) by_key: ByKey,
     /// `Terminating` claims by their release time on this process's clock
     /// ([`LocalRelease`]), so the release timer's pass costs what is due, not a scan of every
     /// claim under the lock each second.
@@ -366,6 +352,16 @@ pub(super) struct State {
 }
 
 impl State {
+    /// The claims granted to admission request `uid`, in the order they were granted.
+    pub(super) fn granted_to(&self, uid: &str) -> Vec<&Claim> {
+        if uid.is_empty() {
+            return Vec::new();
+        }
+        let key = claim::uid_key(uid);
+        self.by_key
+            .claims(key, &self.claims, |claim| claim.request_uid == uid)
+    }
+
     pub(super) fn is_held(&self, ip: &IpAddr) -> bool {
         let (family, value) = ip_key(ip);
         self.held.get(&family).is_some_and(|r| r.contains(value))
@@ -417,9 +413,8 @@ impl State {
     /// What `hold` indexes besides the claim by IP: its keys, its IP among the held runs, its
     /// release time, its app's count.
     fn index_rest(&mut self, claim: &Claim) {
-        self.by_request.add(&claim.request_uid, claim.ip);
-        for key in pod_keys(claim) {
-            self.by_pod.add(key, claim.ip);
+        for key in claim_keys(claim) {
+            self.by_key.add(key, claim.ip);
         }
         let (family, value) = ip_key(&claim.ip);
         self.held.entry(family).or_default().insert(value);
@@ -440,9 +435,8 @@ impl State {
     }
 
     pub(super) fn forget_indexes(&mut self, claim: &Claim) {
-        self.by_request.remove(&claim.request_uid, claim.ip);
-        for key in pod_keys(claim) {
-            self.by_pod.remove(key, claim.ip);
+        for key in claim_keys(claim) {
+            self.by_key.remove(key, claim.ip);
         }
         if let Some(local) = self.local_release.get(&claim.ip) {
             self.releasing.remove(&(local.due, claim.ip));
@@ -659,8 +653,7 @@ mod tests {
     /// Everything a claim is indexed under, to compare two indexes by.
     fn indexed(state: &State) -> String {
         let claims: Vec<_> = state.claims.values().map(|c| (c.ip, c.phase)).collect();
-        let by_request: Vec<_> = state.by_request.0.0.iter().collect();
-        let by_pod: Vec<_> = state.by_pod.0.iter().collect();
+        let by_key: Vec<_> = state.by_key.0.iter().collect();
         let local: Vec<_> = state
             .local_release
             .iter()
@@ -674,7 +667,7 @@ mod tests {
             .collect();
         runs.sort();
         format!(
-            "{claims:?} {by_request:?} {by_pod:?} {:?} {local:?} {runs:?} {}",
+            "{claims:?} {by_key:?} {:?} {local:?} {runs:?} {}",
             state.releasing,
             state.held_per_app.get("", "web")
         )
@@ -717,59 +710,114 @@ mod tests {
     }
 
     #[test]
-    fn requests_sharing_a_hash_keep_their_own_claims() {
-        let claims: IpMap<Arc<Claim>> = [
+    fn requests_sharing_a_key_keep_their_own_claims() {
+        let mut state = State::default();
+        for claim in [
             reserved("10.0.0.1", "uid-a"),
             reserved("10.0.0.2", "uid-b"),
             reserved("10.0.0.3", "uid-a"),
-        ]
-        .into_iter()
-        .map(|c| (c.ip, Arc::new(c)))
-        .collect();
-        let mut by_request = ByRequest::default();
+        ] {
+            state.claims.insert(claim.ip, Arc::new(claim));
+        }
         // a forced collision: every IP filed under uid-a's key
-        by_request.0.0.insert(
-            ByKey::key("uid-a"),
-            Ips::Many(claims.keys().copied().collect()),
-        );
-        let ips = |by_request: &ByRequest, uid| -> Vec<String> {
-            by_request
-                .claims(uid, &claims)
+        let key_a = claim::uid_key("uid-a");
+        state
+            .by_key
+            .0
+            .insert(key_a, Ips::Many(state.claims.keys().copied().collect()));
+        let ips = |state: &State, uid| -> Vec<String> {
+            state
+                .granted_to(uid)
                 .iter()
                 .map(|c| c.ip.to_string())
                 .collect()
         };
-        assert_eq!(ips(&by_request, "uid-a"), ["10.0.0.1", "10.0.0.3"]);
-        by_request.remove("uid-a", "10.0.0.1".parse().unwrap());
-        assert_eq!(ips(&by_request, "uid-a"), ["10.0.0.3"]);
+        assert_eq!(ips(&state, "uid-a"), ["10.0.0.1", "10.0.0.3"]);
+        state.by_key.remove(key_a, "10.0.0.1".parse().unwrap());
+        assert_eq!(ips(&state, "uid-a"), ["10.0.0.3"]);
         // uid-b's claim was filed under another key: found only once filed under its own
-        assert!(ips(&by_request, "uid-b").is_empty());
-        by_request.add("uid-b", "10.0.0.2".parse().unwrap());
-        assert_eq!(ips(&by_request, "uid-b"), ["10.0.0.2"]);
+        assert!(ips(&state, "uid-b").is_empty());
+        state
+            .by_key
+            .add(claim::uid_key("uid-b"), "10.0.0.2".parse().unwrap());
+        assert_eq!(ips(&state, "uid-b"), ["10.0.0.2"]);
+        assert!(ips(&state, "").is_empty(), "no request has an empty UID");
+    }
+
+    /// A grant this process made files its request and its token under one key; a claim
+    /// whose token another process issued, under two; either way `unhold` leaves no key.
+    #[test]
+    fn a_grant_files_its_request_and_token_under_one_key() {
+        let ours = |ip: &str, uid: &str| Claim {
+            token: claim::new_token(uid).into(),
+            ..reserved(ip, uid)
+        };
+        let mut state = State::default();
+        // dual-stack: two IPs of one request and one token
+        state.hold(ours("10.0.0.1", "uid-a"));
+        state.hold(ours("fd00::1", "uid-a"));
+        let key = claim::uid_key("uid-a");
+        assert_eq!(state.by_key.0.len(), 1);
+        assert_eq!(
+            state.by_key.0[&key].as_slice(),
+            [
+                "10.0.0.1".parse::<IpAddr>().unwrap(),
+                "fd00::1".parse().unwrap()
+            ],
+            "each IP once, in the order granted"
+        );
+        let token = state.claims.values().next().unwrap().token.clone();
+        let identity = PodIdentity {
+            namespace: "",
+            name: "",
+            uid: None,
+            token: Some(&token),
+        };
+        assert_eq!(identity_keys(&identity).collect::<Vec<_>>(), [key]);
+        let mut theirs = reserved("10.0.0.2", "uid-b");
+        theirs.token = "00000000000000010000000000000001".into();
+        theirs.pod.uid = Some("pod-b".into());
+        state.hold(theirs.clone());
+        assert_eq!(
+            state.by_key.0.len(),
+            4,
+            "uid-b, its pod's UID and its token"
+        );
+        for held in state
+            .claims
+            .values()
+            .map(|c| (**c).clone())
+            .collect::<Vec<_>>()
+        {
+            assert!(state.unhold(&held));
+        }
+        assert!(state.by_key.0.is_empty(), "{:?}", state.by_key.0);
     }
 
     #[test]
     fn a_key_keeps_its_ips_in_order_and_one_ip_inline() {
         let v6: IpAddr = "fd00::1".parse().unwrap();
         let v4: IpAddr = "10.0.0.1".parse().unwrap();
+        let pod = claim::uid_key("pod");
         let mut by_key = ByKey::default();
-        by_key.add("pod", v6);
-        assert_eq!(by_key.0.get(&ByKey::key("pod")), Some(&Ips::One(v6)));
-        by_key.add("pod", v4);
+        by_key.add(pod, v6);
+        assert_eq!(by_key.0.get(&pod), Some(&Ips::One(v6)));
+        by_key.add(pod, v4);
+        by_key.add(pod, v6);
         assert_eq!(
-            by_key.0[&ByKey::key("pod")].as_slice(),
+            by_key.0[&pod].as_slice(),
             [v6, v4],
-            "in the order indexed, not the order of the addresses"
+            "in the order indexed, not the order of the addresses, each IP once"
         );
-        by_key.remove("pod", v6);
-        assert_eq!(by_key.0.get(&ByKey::key("pod")), Some(&Ips::One(v4)));
-        by_key.remove("pod", v6);
+        by_key.remove(pod, v6);
+        assert_eq!(by_key.0.get(&pod), Some(&Ips::One(v4)));
+        by_key.remove(pod, v6);
         assert_eq!(
             by_key.0.len(),
             1,
             "removing an IP the key lacks changes nothing"
         );
-        by_key.remove("pod", v4);
+        by_key.remove(pod, v4);
         assert!(by_key.0.is_empty(), "a key with no IP left is dropped");
         // an enum no larger than the Vec it replaces, so the B-tree's nodes do not grow
         assert!(std::mem::size_of::<Ips>() <= std::mem::size_of::<Vec<IpAddr>>());

@@ -4,6 +4,7 @@
 use std::net::IpAddr;
 
 use crate::allocator::Allocator;
+use crate::held::identity_keys;
 use ip_webhook_ledger::claim::{self, DueStep, PodIdentity, PodPresence};
 use ip_webhook_ledger::pod_lookup::PodLookup;
 use ip_webhook_ledger::{Claim, LedgerError, Phase, unix_now};
@@ -154,8 +155,8 @@ impl Allocator {
     fn claims_carried_by(&self, pod: &PodIdentity<'_>) -> Vec<Claim> {
         let state = self.lock();
         let mut found: Vec<Claim> = Vec::new();
-        for key in [pod.uid, pod.token].into_iter().flatten() {
-            for claim in state.by_pod.claims(key, &state.claims, |c| {
+        for key in identity_keys(pod) {
+            for claim in state.by_key.claims(key, &state.claims, |c| {
                 c.is_held()
                     && c.pod.namespace == pod.namespace
                     && c.vm

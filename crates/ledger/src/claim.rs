@@ -46,8 +46,8 @@
 
 use std::fmt::Write;
 use std::hash::{BuildHasher, Hasher, RandomState};
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{LazyLock, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::holder::{Carrier, VmRef};
@@ -396,12 +396,15 @@ pub fn due_step(presence: &PodPresence) -> DueStep {
     }
 }
 
-/// A fresh claim token: 32 hex digits, unique per call and not to be guessed: two SipHash
-/// outputs (std's `RandomState`, keyed once per process from the OS's randomness) over the
-/// admission request's UID, a counter and the time. A token is the claim's identity until
-/// the pod's UID is known, so a pod that could guess another pod's pending token could pass
-/// for it; it is not a secret once written on the pod. (SipHash instead of a SHA-256 of the
-/// same inputs: a twentieth of the instructions, and keyed.)
+/// A fresh claim token: 32 hex digits, unique per call and not to be guessed. The first 16
+/// are the request UID's index key ([`uid_key`]), so that the allocator files a grant's
+/// request and its token under one key, on the one path its retry lookup has just walked
+/// ([`token_key`]); the last 16 are a SipHash (std's `RandomState`, keyed once per process
+/// from the OS's randomness) of the request UID, a counter and the time. A token is the
+/// claim's identity until the pod's UID is known, so a pod that could guess another pod's
+/// pending token could pass for it: the 64 keyed bits are what cannot be guessed. A token is
+/// not a secret once written on the pod. (SipHash instead of a SHA-256 of the same inputs: a
+/// twentieth of the instructions, and keyed.)
 pub fn new_token(request_uid: &str) -> String {
     static KEYS: OnceLock<RandomState> = OnceLock::new();
     static COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -411,19 +414,37 @@ pub fn new_token(request_uid: &str) -> String {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos())
         .unwrap_or(0);
-    let half = |lane: u8| {
-        let mut hasher = keys.build_hasher();
-        hasher.write_u8(lane);
-        hasher.write(request_uid.as_bytes());
-        hasher.write_u64(count);
-        hasher.write_u128(nanos);
-        hasher.finish()
-    };
+    let mut hasher = keys.build_hasher();
+    hasher.write(request_uid.as_bytes());
+    hasher.write_u64(count);
+    hasher.write_u128(nanos);
     let mut token = String::with_capacity(32);
-    for value in [half(0), half(1)] {
+    for value in [uid_key(request_uid), hasher.finish()] {
         write!(token, "{value:016x}").expect("writing to a String cannot fail");
     }
     token
+}
+
+/// The key the allocator indexes a claim under for an admission request's UID or a pod's
+/// UID: foldhash, seeded once per process (SipHash took about five times the instructions on
+/// a 36-byte UID). Keys are an index's, never an identity: readers check each claim's own
+/// fields, so two strings that share a key cost a filter, never a wrong answer.
+pub fn uid_key(uid: &str) -> u64 {
+    static HASHER: LazyLock<foldhash::fast::RandomState> = LazyLock::new(Default::default);
+    HASHER.hash_one(uid)
+}
+
+/// The key the allocator indexes a claim under for its token: the number a token's first 16
+/// hex digits write ([`new_token`]: its request's [`uid_key`] when this process issued it),
+/// the [`uid_key`] of anything else. Another process's tokens, and a token a pod wrote
+/// itself, land where their digits say; a pod choosing its digits can crowd one key, as it
+/// could by repeating one token, and slows only the lookups of that key.
+pub fn token_key(token: &str) -> u64 {
+    token
+        .get(..16)
+        .filter(|_| is_token(token))
+        .and_then(|digits| u64::from_str_radix(digits, 16).ok())
+        .unwrap_or_else(|| uid_key(token))
 }
 
 /// Whether `text` is shaped like a token we issue (so a pod cannot smuggle megabytes in it).
@@ -680,11 +701,27 @@ mod tests {
         }
         assert!(!is_token("x"));
         assert!(!is_token(&"g".repeat(32)));
-        // many calls for one request: all distinct, and the two halves are two hashes
+        // many calls for one request: all distinct, each keyed as its request is
         let many: std::collections::HashSet<String> =
             (0..10_000).map(|_| new_token("same-request")).collect();
         assert_eq!(many.len(), 10_000);
         assert!(many.iter().all(|t| is_token(t) && t[..16] != t[16..]));
+        assert!(many.iter().all(|t| token_key(t) == uid_key("same-request")));
+        assert_ne!(
+            token_key(&new_token("another-request")),
+            uid_key("same-request")
+        );
+    }
+
+    #[test]
+    fn a_token_is_keyed_by_its_digits_and_anything_else_by_its_hash() {
+        assert_eq!(token_key("00000000000000ff0123456789abcdef"), 0xff);
+        assert_eq!(token_key("00000000000000FF0123456789abcdef"), 0xff);
+        // not a token we issue: hashed, as a UID is
+        assert_eq!(token_key("t0"), uid_key("t0"));
+        assert_eq!(token_key(&"g".repeat(32)), uid_key(&"g".repeat(32)));
+        assert_eq!(uid_key("pod-uid"), uid_key("pod-uid"));
+        assert_ne!(uid_key("pod-uid"), uid_key("pod-uie"));
     }
 
     #[test]
