@@ -794,6 +794,28 @@ mod tests {
         assert!(state.by_key.0.is_empty(), "{:?}", state.by_key.0);
     }
 
+    /// Tokens whose digits were chosen (a pod's own, a tool's) never crowd one key: each
+    /// claim's IP is filed alone under its request's key and its token's.
+    #[test]
+    fn tokens_sharing_their_first_digits_do_not_share_a_key() {
+        let mut state = State::default();
+        for n in 0..1000u32 {
+            let ip = IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + n));
+            state.hold(Claim {
+                token: format!("{n:032x}").into(),
+                ..reserved(&ip.to_string(), &format!("uid-{n}"))
+            });
+        }
+        assert_eq!(state.by_key.0.len(), 2000);
+        assert!(
+            state
+                .by_key
+                .0
+                .values()
+                .all(|ips| matches!(ips, Ips::One(_)))
+        );
+    }
+
     #[test]
     fn a_key_keeps_its_ips_in_order_and_one_ip_inline() {
         let v6: IpAddr = "fd00::1".parse().unwrap();

@@ -46,9 +46,8 @@
 
 use std::fmt::Write;
 use std::hash::{BuildHasher, Hasher, RandomState};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{LazyLock, OnceLock};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::holder::{Carrier, VmRef};
 use super::{Claim, Phase, Text};
@@ -399,30 +398,33 @@ pub fn due_step(presence: &PodPresence) -> DueStep {
 /// A fresh claim token: 32 hex digits, unique per call and not to be guessed. The first 16
 /// are the request UID's index key ([`uid_key`]), so that the allocator files a grant's
 /// request and its token under one key, on the one path its retry lookup has just walked
-/// ([`token_key`]); the last 16 are a SipHash (std's `RandomState`, keyed once per process
-/// from the OS's randomness) of the request UID, a counter and the time. A token is the
-/// claim's identity until the pod's UID is known, so a pod that could guess another pod's
-/// pending token could pass for it: the 64 keyed bits are what cannot be guessed. A token is
-/// not a secret once written on the pod. (SipHash instead of a SHA-256 of the same inputs: a
-/// twentieth of the instructions, and keyed.)
+/// ([`token_key`]). The next 8 count the tokens this process has issued, and the last 8 are a
+/// check of the first 24 that only this process can make (a SipHash of them with std's
+/// `RandomState`, keyed once per process from the OS's randomness). A token is the claim's
+/// identity until the pod's UID is known, so a pod that could guess another pod's pending
+/// token could pass for it: that takes the keyed prefix of a request UID it does not see and
+/// the keyed check, one pod created per guess. A token is not a secret once written on the pod.
 pub fn new_token(request_uid: &str) -> String {
-    static KEYS: OnceLock<RandomState> = OnceLock::new();
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let keys = KEYS.get_or_init(RandomState::new);
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let prefix = uid_key(request_uid);
     let count = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    let mut hasher = keys.build_hasher();
-    hasher.write(request_uid.as_bytes());
-    hasher.write_u64(count);
-    hasher.write_u128(nanos);
     let mut token = String::with_capacity(32);
-    for value in [uid_key(request_uid), hasher.finish()] {
-        write!(token, "{value:016x}").expect("writing to a String cannot fail");
-    }
+    write!(
+        token,
+        "{prefix:016x}{count:08x}{:08x}",
+        token_check(prefix, count)
+    )
+    .expect("writing to a String cannot fail");
     token
+}
+
+/// The check a token this process issues ends with ([`new_token`]).
+fn token_check(prefix: u64, count: u32) -> u32 {
+    static KEYS: OnceLock<RandomState> = OnceLock::new();
+    let mut hasher = KEYS.get_or_init(RandomState::new).build_hasher();
+    hasher.write_u64(prefix);
+    hasher.write_u32(count);
+    hasher.finish() as u32
 }
 
 /// The key the allocator indexes a claim under for an admission request's UID or a pod's
@@ -434,17 +436,28 @@ pub fn uid_key(uid: &str) -> u64 {
     HASHER.hash_one(uid)
 }
 
-/// The key the allocator indexes a claim under for its token: the number a token's first 16
-/// hex digits write ([`new_token`]: its request's [`uid_key`] when this process issued it),
-/// the [`uid_key`] of anything else. Another process's tokens, and a token a pod wrote
-/// itself, land where their digits say; a pod choosing its digits can crowd one key, as it
-/// could by repeating one token, and slows only the lookups of that key.
+/// The key the allocator indexes a claim under for its token. A token this process issued
+/// (its check holds: [`new_token`]) is keyed by its first 16 digits, its request's
+/// [`uid_key`]; any other (another process's, one a pod wrote itself, a record's from before)
+/// by its own [`uid_key`]. Digits a pod chooses never pick a key: a thousand tokens that share
+/// their first digits land on a thousand keys, not on one.
 pub fn token_key(token: &str) -> u64 {
-    token
-        .get(..16)
-        .filter(|_| is_token(token))
-        .and_then(|digits| u64::from_str_radix(digits, 16).ok())
-        .unwrap_or_else(|| uid_key(token))
+    let digits = |range: std::ops::Range<usize>| {
+        token
+            .get(range)
+            .and_then(|digits| u64::from_str_radix(digits, 16).ok())
+    };
+    let issued_here = is_token(token)
+        && match (digits(0..16), digits(16..24), digits(24..32)) {
+            (Some(prefix), Some(count), Some(check)) => {
+                u64::from(token_check(prefix, count as u32)) == check
+            }
+            _ => false,
+        };
+    match issued_here {
+        true => digits(0..16).unwrap_or_default(),
+        false => uid_key(token),
+    }
 }
 
 /// Whether `text` is shaped like a token we issue (so a pod cannot smuggle megabytes in it).
@@ -714,13 +727,26 @@ mod tests {
     }
 
     #[test]
-    fn a_token_is_keyed_by_its_digits_and_anything_else_by_its_hash() {
-        assert_eq!(token_key("00000000000000ff0123456789abcdef"), 0xff);
-        assert_eq!(token_key("00000000000000FF0123456789abcdef"), 0xff);
-        // not a token we issue: hashed, as a UID is
+    fn only_a_token_this_process_issued_is_keyed_by_its_digits() {
+        let ours = new_token("uid-a");
+        assert_eq!(token_key(&ours), uid_key("uid-a"));
+        assert_eq!(token_key(&ours.to_uppercase()), uid_key("uid-a"));
+        // its check broken, or its digits chosen by hand: keyed by its hash, as a UID is
+        let mut forged = ours.clone();
+        let last = if forged.ends_with('0') { "1" } else { "0" };
+        forged.replace_range(31.., last);
+        assert_eq!(token_key(&forged), uid_key(&forged));
+        let chosen: Vec<u64> = (0..1000).map(|n| token_key(&format!("{n:032x}"))).collect();
+        assert_eq!(
+            chosen
+                .iter()
+                .collect::<std::collections::HashSet<_>>()
+                .len(),
+            1000,
+            "tokens sharing their first digits share no key"
+        );
         assert_eq!(token_key("t0"), uid_key("t0"));
         assert_eq!(token_key(&"g".repeat(32)), uid_key(&"g".repeat(32)));
-        assert_eq!(uid_key("pod-uid"), uid_key("pod-uid"));
         assert_ne!(uid_key("pod-uid"), uid_key("pod-uie"));
     }
 
