@@ -1,5 +1,6 @@
 //! What the allocator holds in memory: the held IPs of each family as maximal runs
-//! (`RunSet`), the claims by IP, by request and by app, and the choice of a free IP.
+//! (`RunSet`), the claims by IP, by key (request UID, pod UID, token) and by app, and the
+//! choice of a free IP.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;

@@ -447,17 +447,14 @@ pub fn token_key(token: &str) -> u64 {
             .get(range)
             .and_then(|digits| u64::from_str_radix(digits, 16).ok())
     };
-    let issued_here = is_token(token)
-        && match (digits(0..16), digits(16..24), digits(24..32)) {
-            (Some(prefix), Some(count), Some(check)) => {
-                u64::from(token_check(prefix, count as u32)) == check
-            }
-            _ => false,
-        };
-    match issued_here {
-        true => digits(0..16).unwrap_or_default(),
-        false => uid_key(token),
+    if is_token(token)
+        && let (Some(prefix), Some(count), Some(check)) =
+            (digits(0..16), digits(16..24), digits(24..32))
+        && u64::from(token_check(prefix, count as u32)) == check
+    {
+        return prefix;
     }
+    uid_key(token)
 }
 
 /// Whether `text` is shaped like a token we issue (so a pod cannot smuggle megabytes in it).
