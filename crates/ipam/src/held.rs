@@ -146,7 +146,7 @@ impl LocalRelease {
 /// The keys [`State::by_key`] files a claim under: its request's UID, its pod's UID and its
 /// token, and the UIDs and tokens of the migration sources a VM's claim remembers (those not
 /// empty). A grant this process made has its request and its token under one key
-/// ([`claim::new_token`]); [`ByKey::add`] files its IP there once.
+/// ([`claim::new_token`]): that key is yielded once, so filing the grant walks to it once.
 fn claim_keys(claim: &Claim) -> impl Iterator<Item = u64> {
     let sources = claim.vm.as_ref().map(|vm| vm.sources()).unwrap_or_default();
     let holders = [(claim.pod.uid.as_deref(), claim.token.as_str())]
@@ -155,11 +155,14 @@ fn claim_keys(claim: &Claim) -> impl Iterator<Item = u64> {
     let request = Some(claim.request_uid.as_str())
         .filter(|uid| !uid.is_empty())
         .map(claim::uid_key);
-    request.into_iter().chain(holders.flat_map(|(uid, token)| {
+    let others = holders.flat_map(|(uid, token)| {
         let uid = uid.filter(|uid| !uid.is_empty()).map(claim::uid_key);
         let token = Some(token).filter(|t| !t.is_empty()).map(claim::token_key);
         uid.into_iter().chain(token)
-    }))
+    });
+    request
+        .into_iter()
+        .chain(others.filter(move |key| Some(*key) != request))
 }
 
 /// The keys a pod's claims are found under: its UID's and its token's ([`claim_keys`]).
@@ -758,6 +761,11 @@ mod tests {
         state.hold(ours("10.0.0.1", "uid-a"));
         state.hold(ours("fd00::1", "uid-a"));
         let key = claim::uid_key("uid-a");
+        assert_eq!(
+            claim_keys(&ours("10.0.0.3", "uid-a")).collect::<Vec<_>>(),
+            [key],
+            "the request and its token are one key, yielded once"
+        );
         assert_eq!(state.by_key.0.len(), 1);
         assert_eq!(
             state.by_key.0[&key].as_slice(),

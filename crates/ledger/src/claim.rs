@@ -44,7 +44,6 @@
 //! assert!(!claim::released(&bound, 2).locks_ip());
 //! ```
 
-use std::fmt::Write;
 use std::hash::{BuildHasher, Hasher, RandomState};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{LazyLock, OnceLock};
@@ -408,14 +407,15 @@ pub fn new_token(request_uid: &str) -> String {
     static COUNTER: AtomicU32 = AtomicU32::new(0);
     let prefix = uid_key(request_uid);
     let count = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let mut token = String::with_capacity(32);
-    write!(
-        token,
-        "{prefix:016x}{count:08x}{:08x}",
-        token_check(prefix, count)
-    )
-    .expect("writing to a String cannot fail");
-    token
+    let mut bytes = [0u8; 16];
+    bytes[..8].copy_from_slice(&prefix.to_be_bytes());
+    bytes[8..12].copy_from_slice(&count.to_be_bytes());
+    bytes[12..].copy_from_slice(&token_check(prefix, count).to_be_bytes());
+    let mut digits = [0u8; 32];
+    hex::encode_to_slice(bytes, &mut digits).expect("32 digits for 16 bytes");
+    std::str::from_utf8(&digits)
+        .expect("hex digits are ASCII")
+        .to_owned()
 }
 
 /// The check a token this process issues ends with ([`new_token`]).
@@ -442,17 +442,14 @@ pub fn uid_key(uid: &str) -> u64 {
 /// by its own [`uid_key`]. Digits a pod chooses never pick a key: a thousand tokens that share
 /// their first digits land on a thousand keys, not on one.
 pub fn token_key(token: &str) -> u64 {
-    let digits = |range: std::ops::Range<usize>| {
-        token
-            .get(range)
-            .and_then(|digits| u64::from_str_radix(digits, 16).ok())
-    };
-    if is_token(token)
-        && let (Some(prefix), Some(count), Some(check)) =
-            (digits(0..16), digits(16..24), digits(24..32))
-        && u64::from(token_check(prefix, count as u32)) == check
-    {
-        return prefix;
+    let mut bytes = [0u8; 16];
+    if hex::decode_to_slice(token, &mut bytes).is_ok() {
+        let prefix = u64::from_be_bytes(bytes[..8].try_into().expect("8 bytes"));
+        let count = u32::from_be_bytes(bytes[8..12].try_into().expect("4 bytes"));
+        let check = u32::from_be_bytes(bytes[12..].try_into().expect("4 bytes"));
+        if token_check(prefix, count) == check {
+            return prefix;
+        }
     }
     uid_key(token)
 }
@@ -726,6 +723,7 @@ mod tests {
     #[test]
     fn only_a_token_this_process_issued_is_keyed_by_its_digits() {
         let ours = new_token("uid-a");
+        assert_eq!(ours[..16], format!("{:016x}", uid_key("uid-a")));
         assert_eq!(token_key(&ours), uid_key("uid-a"));
         assert_eq!(token_key(&ours.to_uppercase()), uid_key("uid-a"));
         // its check broken, or its digits chosen by hand: keyed by its hash, as a UID is
