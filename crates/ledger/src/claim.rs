@@ -741,6 +741,20 @@ mod tests {
             "tokens sharing their first digits share no key"
         );
         assert_eq!(token_key("t0"), uid_key("t0"));
+        // not 32 hex digits (longer, shorter, odd, 32 bytes of which some are not ASCII):
+        // hashed whole, even when our token is inside
+        for shaped_otherwise in [
+            format!("{ours}{ours}"),
+            ours[..30].to_string(),
+            ours[..31].to_string(),
+            format!("é{}", &ours[..30]),
+        ] {
+            assert_eq!(
+                token_key(&shaped_otherwise),
+                uid_key(&shaped_otherwise),
+                "{shaped_otherwise}"
+            );
+        }
         assert_eq!(token_key(&"g".repeat(32)), uid_key(&"g".repeat(32)));
         assert_ne!(uid_key("pod-uid"), uid_key("pod-uie"));
     }
