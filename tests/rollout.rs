@@ -271,7 +271,19 @@ async fn a_rollout_through_three_replicas_admits_every_pod_on_its_own_ip_and_bin
         total as f64 / created_in.as_secs_f64(),
         bound_in.as_secs_f64()
     );
-    let own = logged_latencies(&logs);
+    // a replica writes its log lines within its flush period (50 ms) of logging them: the
+    // last answers may not be in the files yet
+    let flushed = Instant::now() + Duration::from_secs(5);
+    let own = loop {
+        let own = logged_latencies(&logs);
+        let all_logged = ["mutate", "validate"]
+            .iter()
+            .all(|webhook| own.get(*webhook).map_or(0, Vec::len) >= total);
+        if all_logged || Instant::now() > flushed {
+            break own;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     for (webhook, seconds) in &own {
         println!(
             "{webhook}: {} answers; the webhook's own latency p50 {:.2} ms, p99 {:.2} ms, slowest {:.2} ms",
