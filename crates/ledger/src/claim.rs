@@ -407,12 +407,10 @@ pub fn new_token(request_uid: &str) -> String {
     static COUNTER: AtomicU32 = AtomicU32::new(0);
     let prefix = uid_key(request_uid);
     let count = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let mut bytes = [0u8; 16];
-    bytes[..8].copy_from_slice(&prefix.to_be_bytes());
-    bytes[8..12].copy_from_slice(&count.to_be_bytes());
-    bytes[12..].copy_from_slice(&token_check(prefix, count).to_be_bytes());
+    let token =
+        u128::from(prefix) << 64 | u128::from(count) << 32 | u128::from(token_check(prefix, count));
     let mut digits = [0u8; 32];
-    hex::encode_to_slice(bytes, &mut digits).expect("32 digits for 16 bytes");
+    hex::encode_to_slice(token.to_be_bytes(), &mut digits).expect("32 digits for 16 bytes");
     std::str::from_utf8(&digits)
         .expect("hex digits are ASCII")
         .to_owned()
@@ -444,9 +442,8 @@ pub fn uid_key(uid: &str) -> u64 {
 pub fn token_key(token: &str) -> u64 {
     let mut bytes = [0u8; 16];
     if hex::decode_to_slice(token, &mut bytes).is_ok() {
-        let prefix = u64::from_be_bytes(bytes[..8].try_into().expect("8 bytes"));
-        let count = u32::from_be_bytes(bytes[8..12].try_into().expect("4 bytes"));
-        let check = u32::from_be_bytes(bytes[12..].try_into().expect("4 bytes"));
+        let value = u128::from_be_bytes(bytes);
+        let (prefix, count, check) = ((value >> 64) as u64, (value >> 32) as u32, value as u32);
         if token_check(prefix, count) == check {
             return prefix;
         }
