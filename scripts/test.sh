@@ -21,7 +21,10 @@ step() {
 finish_step() {
   [ -z "$step_name" ] || echo "    $step_name: $((SECONDS - step_started)) s" >&2
 }
-trap 'finish_step; echo "==> the suite stopped at step $step_number ($step_name) after $((SECONDS - suite_started)) s" >&2' ERR
+# A build that stops on a full disk says so in cargo's error alone; the disk's state and
+# target/'s size, printed on any failure, tell that case from the others at a glance.
+trap 'finish_step; echo "==> the suite stopped at step $step_number ($step_name) after $((SECONDS - suite_started)) s" >&2
+  df -h . >&2; du -sh target 2>/dev/null >&2 || true' ERR
 
 step "test tools: apt packages (as root), Python tools, helm and kubectl into .tools/" \
   "15 s plus apt-get" "1 s"

@@ -25,7 +25,7 @@ fixture="$root/tests/fixtures/pod-create-v1.json" lua="$root/scripts/bench-load.
 taskset -c 0 "$bin" serve --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 \
   --state-dir "$work/state" >"$work/server.log" 2>&1 &
 server=$!
-trap 'kill $server 2>/dev/null || true' EXIT
+trap 'kill $server 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"' EXIT
 for _ in $(seq 1 200); do grep -q 'serving https://' "$work/server.log" && break; sleep 0.05; done
 addr=$(sed -n 's|.*serving https://\([0-9.:]*\).*|\1|p' "$work/server.log" | head -1)
 taskset -c 1 wrk -t1 -c16 -d3s -s "$lua" "https://$addr/mutate" -- "$fixture" durable "warm-$$" >/dev/null
