@@ -66,7 +66,6 @@ PATH="$install_root/bin:$PATH" .tools/kubectl ipw --help >/dev/null
 step "cargo test: every unit, integration and chart test, the benches once" \
   "16 min (10 to build)" "6 to 10 min"
 cargo test --workspace --all-targets --all-features --no-fail-fast
-finish_step
 step "cargo test --doc: the library crates' contracts, by example" "1 min" "20 s"
 cargo test --workspace --all-features --doc --no-fail-fast
 finish_step
