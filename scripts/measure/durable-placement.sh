@@ -7,7 +7,7 @@
 # Starts BINARY (an ip-webhook build) with a fresh embedded ledger on core 0, warms it with one
 # durable and one dry-run wrk run on core 1 (16 connections, the fixture and script of
 # scripts/bench-load.sh), then runs ROUNDS (default 6) rounds of SECONDS (default 3) each, and
-# in each round four pairs of runs against the same server, one after the other:
+# in each round three pairs of runs against the same server, one after the other:
 #   dry run and durable, each with and without an idle spinner: a busy loop under SCHED_IDLE
 #     on core 0, which runs only when the server's core would otherwise idle, so the vCPU never
 #     halts while the server waits for a commit (the spinner's CPU is not the server's);
