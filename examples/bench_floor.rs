@@ -18,15 +18,28 @@
 //!
 //! ```text
 //! bench_floor [ADDR] [--ca-out FILE] [--journal DIR | --journal-inline DIR] [--parse]
+//!             [--hold BYTES] [--remember BYTES [--remember-hashed]]
 //! ```
 //!
 //! `--ca-out` writes the CA certificate's PEM, for `bench_client`. `--parse` makes each answer
 //! also parse the body into a `serde_json::Value` (and drop it): about twice the CPU of
 //! ip-webhook's whole decision. With and without `--journal`, it shows whether a durable answer
-//! costs more when the requests themselves cost more.
+//! costs more when the requests themselves cost more. `--hold BYTES` makes each request
+//! write that many bytes of fresh heap before its commit's wait and read them after it, as a
+//! decision's parsed review and state are kept across the wait: whether what a request keeps
+//! alive while it waits costs more than its size. `--remember BYTES` makes each request keep,
+//! for the life of the process, what an allocator must to answer a retry: its `request.uid`
+//! looked up (a miss for a fresh one) and filed in a B-tree by its 64-bit hash, and a record of
+//! about BYTES bytes filed by a sequential IP (the UID and a token as strings, and padding up to
+//! BYTES; under 160, only the UID's hash and the IP, in one 64-byte allocation). 460 is what one
+//! ip-webhook claim takes in all. Under `--remember-hashed` the UIDs are filed in a hash map
+//! instead of the B-tree. With no rules and no line, it is the least that remembering who got
+//! what costs, for records of that size.
 
+use std::collections::{BTreeMap, HashMap, btree_map, hash_map};
 use std::convert::Infallible;
 use std::fs::File;
+use std::hash::BuildHasher;
 use std::net::SocketAddr;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -210,22 +223,131 @@ impl Drop for Seal<'_> {
     }
 }
 
+/// What each request does besides reading its body and answering.
+#[derive(Clone, Default)]
+struct Work {
+    parse: bool,
+    /// Bytes of fresh heap written before the commit's wait and read after it.
+    hold: usize,
+    remember: Option<Arc<Mutex<Remembered>>>,
+}
+
+/// `--remember`'s claims: by the hash of their request UID, and by IP.
+struct Remembered {
+    by_request: ByRequest,
+    by_ip: BTreeMap<u32, Arc<Record>>,
+    /// The bytes each record takes in all, about.
+    record_bytes: usize,
+}
+
+enum ByRequest {
+    Tree(BTreeMap<u64, u32>),
+    Hashed(HashMap<u64, u32, foldhash::fast::RandomState>),
+}
+
+/// One remembered request: its UID, a token and the rest of a claim's size (or, lean, its key
+/// and IP alone).
+#[allow(dead_code, reason = "kept, never read: only its memory is the point")]
+enum Record {
+    Lean {
+        key: u64,
+        ip: u32,
+    },
+    Full {
+        request_uid: Box<str>,
+        token: Box<str>,
+        rest: Box<[u8]>,
+    },
+}
+
+/// What a full record takes before its padding: the `Arc`'s counts and the enum, the UID's and
+/// the token's heap copies.
+const FULL_RECORD_BYTES: usize = 16 + 48 + 36 + 32;
+
+impl Remembered {
+    fn new(record_bytes: usize, hashed: bool) -> Remembered {
+        Remembered {
+            by_request: match hashed {
+                true => ByRequest::Hashed(HashMap::default()),
+                false => ByRequest::Tree(BTreeMap::new()),
+            },
+            by_ip: BTreeMap::new(),
+            record_bytes,
+        }
+    }
+
+    /// File the request whose review is `body`, unless its UID is filed already (a retry).
+    fn file(&mut self, body: &[u8]) {
+        let uid = request_uid(body).unwrap_or_default();
+        let key = foldhash::fast::FixedState::with_seed(7).hash_one(uid);
+        let ip = self.by_ip.len() as u32;
+        let fresh = match &mut self.by_request {
+            ByRequest::Tree(map) => match map.entry(key) {
+                btree_map::Entry::Vacant(entry) => {
+                    entry.insert(ip);
+                    true
+                }
+                btree_map::Entry::Occupied(_) => false,
+            },
+            ByRequest::Hashed(map) => match map.entry(key) {
+                hash_map::Entry::Vacant(entry) => {
+                    entry.insert(ip);
+                    true
+                }
+                hash_map::Entry::Occupied(_) => false,
+            },
+        };
+        if !fresh {
+            return;
+        }
+        let record = match self.record_bytes {
+            0..160 => Record::Lean { key, ip },
+            bytes => Record::Full {
+                request_uid: String::from_utf8_lossy(uid).into(),
+                token: format!("{key:016x}{ip:016x}").into(),
+                rest: vec![0x5a; bytes - FULL_RECORD_BYTES].into(),
+            },
+        };
+        self.by_ip.insert(ip, Arc::new(record));
+    }
+}
+
+/// The string value of the first `"uid"` key in `body`: the review's request UID.
+fn request_uid(body: &[u8]) -> Option<&[u8]> {
+    let after_key = memchr::memmem::find(body, b"\"uid\"")? + 5;
+    let open = after_key + memchr::memchr(b'"', &body[after_key..])? + 1;
+    let len = memchr::memchr(b'"', &body[open..])?;
+    Some(&body[open..open + len])
+}
+
 async fn answer(
     request: Request<Incoming>,
     journal: Option<Arc<GroupCommit>>,
-    parse: bool,
+    work: Work,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let read = Limited::new(request.into_body(), MAX_BODY_BYTES)
         .collect()
         .await
         .map(|body| body.to_bytes());
-    if parse && let Ok(body) = &read {
+    if work.parse
+        && let Ok(body) = &read
+    {
         std::hint::black_box(serde_json::from_slice::<serde_json::Value>(body).ok());
+    }
+    if let (Some(remember), Ok(body)) = (&work.remember, &read) {
+        remember.lock().expect("remembered claims").file(body);
     }
     if read.is_ok()
         && let Some(journal) = journal
     {
+        let held = std::hint::black_box(vec![0x5a_u8; work.hold]);
         journal.append().await;
+        // one read a cache line
+        std::hint::black_box(
+            held.iter()
+                .step_by(64)
+                .fold(0u8, |sum, b| sum.wrapping_add(*b)),
+        );
     }
     let response = match read {
         Ok(_) => Response::builder()
@@ -243,7 +365,8 @@ async fn main() -> anyhow::Result<()> {
     let mut listen: SocketAddr = "127.0.0.1:9443".parse()?;
     let mut ca_out = None;
     let mut journal = None;
-    let mut parse = false;
+    let mut work = Work::default();
+    let (mut remember, mut hashed) = (None, false);
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -253,10 +376,23 @@ async fn main() -> anyhow::Result<()> {
                 let inline = arg == "--journal-inline";
                 journal = Some(GroupCommit::start(Path::new(&dir), inline)?);
             }
-            "--parse" => parse = true,
+            "--parse" => work.parse = true,
+            "--hold" => {
+                let bytes = args.next().context("--hold needs a byte count")?;
+                work.hold = bytes.parse().with_context(|| format!("--hold {bytes:?}"))?;
+            }
+            "--remember" => {
+                let bytes = args.next().context("--remember needs a byte count")?;
+                let bytes = bytes
+                    .parse()
+                    .with_context(|| format!("--remember {bytes:?}"))?;
+                remember = Some(bytes);
+            }
+            "--remember-hashed" => hashed = true,
             addr => listen = addr.parse().with_context(|| format!("address {addr:?}"))?,
         }
     }
+    work.remember = remember.map(|bytes| Arc::new(Mutex::new(Remembered::new(bytes, hashed))));
     let certs = self_signed(&[])?;
     if let Some(path) = ca_out {
         std::fs::write(&path, &certs.ca_pem).with_context(|| format!("writing {path}"))?;
@@ -270,12 +406,12 @@ async fn main() -> anyhow::Result<()> {
         let (tcp, _) = listener.accept().await?;
         let _ = tcp.set_nodelay(true);
         let acceptor = acceptor.clone();
-        let journal = journal.clone();
+        let (journal, work) = (journal.clone(), work.clone());
         tokio::spawn(async move {
             let Ok(stream) = acceptor.accept(tcp).await else {
                 return;
             };
-            let service = service_fn(move |request| answer(request, journal.clone(), parse));
+            let service = service_fn(move |request| answer(request, journal.clone(), work.clone()));
             let _ = auto::Builder::new(TokioExecutor::new())
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
