@@ -340,14 +340,18 @@ async fn answer(
     if read.is_ok()
         && let Some(journal) = journal
     {
-        let held = std::hint::black_box(vec![0x5a_u8; work.hold]);
-        journal.append().await;
-        // one read a cache line
-        std::hint::black_box(
-            held.iter()
-                .step_by(64)
-                .fold(0u8, |sum, b| sum.wrapping_add(*b)),
-        );
+        if work.hold == 0 {
+            journal.append().await;
+        } else {
+            let held = std::hint::black_box(vec![0x5a_u8; work.hold]);
+            journal.append().await;
+            // one read a cache line
+            std::hint::black_box(
+                held.iter()
+                    .step_by(64)
+                    .fold(0u8, |sum, b| sum.wrapping_add(*b)),
+            );
+        }
     }
     let response = match read {
         Ok(_) => Response::builder()
