@@ -728,7 +728,7 @@ mod tests {
         state
             .by_key
             .0
-            .insert(key_a, Ips::Many(state.claims.keys().copied().collect()));
+            .insert(key_a, Ips::Many(state.claims.keys().collect()));
         let ips = |state: &State, uid| -> Vec<String> {
             state
                 .granted_to(uid)

@@ -435,7 +435,7 @@ mod tests {
         let (claims, live_bytes) = loaded.finish();
         let kept: Vec<(IpAddr, Phase, u64)> = claims
             .iter()
-            .map(|(ip, entry)| (*ip, entry.claim.phase, entry.size))
+            .map(|(ip, entry)| (ip, entry.claim.phase, entry.size))
             .collect();
         assert_eq!(
             kept,
