@@ -155,4 +155,52 @@ mod tests {
         assert_eq!(map.get(&ips[0]), None);
         assert_eq!(map.len(), ips.len() - 1);
     }
+
+    /// Against `BTreeMap<IpAddr, _>` as the model: the same answers and the same order after
+    /// a long run of inserts, replacements and removals over both families, with IPv4
+    /// addresses and their IPv4-mapped IPv6 forms side by side.
+    #[test]
+    fn answers_as_a_btreemap_by_ipaddr_does() {
+        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let pick = |n: u64| -> IpAddr {
+            let low = (n >> 8) as u32 % 64;
+            match n % 4 {
+                0 => IpAddr::V4(Ipv4Addr::from_bits(0x0a00_0000 + low)),
+                1 => IpAddr::V4(Ipv4Addr::from_bits(u32::MAX - low)),
+                2 => IpAddr::V6(Ipv4Addr::from_bits(0x0a00_0000 + low).to_ipv6_mapped()),
+                _ => IpAddr::V6(Ipv6Addr::from_bits(u128::MAX - u128::from(low))),
+            }
+        };
+        let mut map = IpMap::default();
+        let mut model = BTreeMap::new();
+        for step in 0..20_000u32 {
+            let n = next();
+            let ip = pick(n);
+            match (n >> 16) % 3 {
+                0 | 1 => assert_eq!(map.insert(ip, step), model.insert(ip, step), "{ip}"),
+                _ => assert_eq!(map.remove(&ip), model.remove(&ip), "{ip}"),
+            }
+            assert_eq!(map.get(&ip), model.get(&ip), "{ip}");
+            assert_eq!(map.len(), model.len());
+        }
+        assert!(map.len() > 100, "the run left {} entries", map.len());
+        let entries: Vec<(IpAddr, u32)> = map.iter().map(|(ip, v)| (ip, *v)).collect();
+        let expected: Vec<(IpAddr, u32)> = model.iter().map(|(ip, v)| (*ip, *v)).collect();
+        assert_eq!(entries, expected);
+        assert_eq!(
+            map.keys().collect::<Vec<_>>(),
+            model.keys().copied().collect::<Vec<_>>()
+        );
+        let rebuilt: IpMap<u32> = expected.iter().rev().copied().collect();
+        assert_eq!(
+            rebuilt.iter().map(|(ip, v)| (ip, *v)).collect::<Vec<_>>(),
+            expected
+        );
+    }
 }
