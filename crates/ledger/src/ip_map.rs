@@ -6,10 +6,10 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 /// A `BTreeMap<IpAddr, V>` (the same order: every IPv4 address before every IPv6 one, each
 /// family by value) in less memory and with cheaper comparisons. The allocator and the
 /// journal each keep one entry per held IP for the life of the process, and every byte a claim
-/// keeps costs CPU on later grants (docs/performance.md, "What remembering a claim costs"): an
-/// IPv4 address keyed as a `u32` makes a leaf of 11 entries 144 bytes where a 17-byte `IpAddr`
-/// key made it 288 (values of 8 bytes). `IpAddr`'s own `Ord` compares an IPv4 address octet by
-/// octet and an IPv6 one segment by segment; these keys compare as one integer each.
+/// keeps costs CPU on later grants (docs/performance.md, "What remembering a claim costs"):
+/// with 8-byte values, a leaf of 11 IPv4 entries keyed by `u32` takes 144 bytes, against 288
+/// with 17-byte `IpAddr` keys. `IpAddr`'s own `Ord` compares an IPv4 address octet by octet and
+/// an IPv6 one segment by segment; these keys compare as one integer each.
 pub struct IpMap<V> {
     v4: BTreeMap<u32, V>,
     v6: BTreeMap<u128, V>,
