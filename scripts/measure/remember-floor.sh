@@ -9,7 +9,8 @@
 # each, default 10; the durable mode of scripts/bench-load.lua: a fresh request UID each time):
 #   durable      --journal: a group-committed record per request and nothing else;
 #   lean-hashed  + --remember 0 --remember-hashed: each request UID's hash looked up and filed
-#                in a hash map, a 24-byte record filed by a sequential IP;
+#                in a hash map, and a record of the hash and an IP (one 64-byte allocation)
+#                filed by a sequential IP;
 #   lean-tree    + --remember 0: the same in a B-tree;
 #   record-160   + --remember 160: the UID and a token as strings, about 160 bytes in all;
 #   record-460   + --remember 460: the same padded to the ~460 bytes one ip-webhook claim takes;
