@@ -229,6 +229,153 @@ macro_rules! as_str {
 as_str!(Text);
 as_str!(Shared);
 
+/// A claim's token (`ip-webhook.io/claim`). Every token this process issues is 32 lower-case
+/// hex digits ([`crate::claim::new_token`]): kept as their 16 bytes, inside the claim, where a
+/// [`Text`] would keep 32 bytes more on the heap for every held IP. Any other string (an
+/// upper-case token a pod was given by hand, a record's from elsewhere, a test's) is kept as
+/// text, and none is empty but the empty one, so equal tokens have equal forms. Not a `str`:
+/// read it with [`Token::with_str`], print it, or compare it with a string.
+#[derive(Clone, Default, PartialEq, Eq, Hash)]
+pub struct Token(TokenForm);
+
+#[derive(Clone, Default, PartialEq, Eq, Hash)]
+enum TokenForm {
+    #[default]
+    Empty,
+    Digits([u8; 16]),
+    Text(Box<str>),
+}
+
+impl Token {
+    pub fn new(text: &str) -> Token {
+        if text.is_empty() {
+            return Token(TokenForm::Empty);
+        }
+        let mut bytes = [0u8; 16];
+        let lower_hex = text.len() == 32
+            && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+            && hex::decode_to_slice(text, &mut bytes).is_ok();
+        if lower_hex {
+            Token(TokenForm::Digits(bytes))
+        } else {
+            Token(TokenForm::Text(text.into()))
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        matches!(self.0, TokenForm::Empty)
+    }
+
+    /// The token as a `str`, for as long as `read` runs (no allocation).
+    pub fn with_str<R>(&self, read: impl FnOnce(&str) -> R) -> R {
+        match &self.0 {
+            TokenForm::Empty => read(""),
+            TokenForm::Text(text) => read(text),
+            TokenForm::Digits(bytes) => {
+                let mut digits = [0u8; 32];
+                hex::encode_to_slice(bytes, &mut digits).expect("32 digits for 16 bytes");
+                read(std::str::from_utf8(&digits).expect("hex digits are ASCII"))
+            }
+        }
+    }
+
+    /// The 16 bytes of a token of 32 lower-case hex digits.
+    pub(crate) fn digits(&self) -> Option<&[u8; 16]> {
+        match &self.0 {
+            TokenForm::Digits(bytes) => Some(bytes),
+            _ => None,
+        }
+    }
+}
+
+impl From<&str> for Token {
+    fn from(text: &str) -> Token {
+        Token::new(text)
+    }
+}
+
+impl From<String> for Token {
+    fn from(text: String) -> Token {
+        Token::new(&text)
+    }
+}
+
+impl From<&String> for Token {
+    fn from(text: &String) -> Token {
+        Token::new(text)
+    }
+}
+
+impl From<&Token> for String {
+    fn from(token: &Token) -> String {
+        token.to_string()
+    }
+}
+
+impl fmt::Display for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.with_str(|text| fmt::Display::fmt(text, f))
+    }
+}
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.with_str(|text| fmt::Debug::fmt(text, f))
+    }
+}
+
+impl PartialEq<str> for Token {
+    fn eq(&self, other: &str) -> bool {
+        match &self.0 {
+            TokenForm::Empty => other.is_empty(),
+            TokenForm::Text(text) => &**text == other,
+            TokenForm::Digits(_) => other.len() == 32 && *self == Token::new(other),
+        }
+    }
+}
+
+impl PartialEq<&str> for Token {
+    fn eq(&self, other: &&str) -> bool {
+        *self == **other
+    }
+}
+
+impl PartialEq<String> for Token {
+    fn eq(&self, other: &String) -> bool {
+        *self == **other
+    }
+}
+
+impl PartialEq<Token> for &str {
+    fn eq(&self, other: &Token) -> bool {
+        *other == **self
+    }
+}
+
+impl PartialEq<Token> for str {
+    fn eq(&self, other: &Token) -> bool {
+        *other == *self
+    }
+}
+
+impl PartialEq<Token> for String {
+    fn eq(&self, other: &Token) -> bool {
+        *other == **self
+    }
+}
+
+impl Serialize for Token {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.with_str(|text| serializer.serialize_str(text))
+    }
+}
+
+impl<'de> Deserialize<'de> for Token {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Token, D::Error> {
+        String::deserialize(deserializer).map(Token::from)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -270,5 +417,45 @@ mod tests {
         assert_eq!(back, Shared::from("default"));
         assert_eq!(std::mem::size_of::<Text>(), 16);
         assert_eq!(std::mem::size_of::<Option<Text>>(), 16);
+    }
+
+    #[test]
+    fn a_token_reads_compares_and_serializes_as_the_string_it_was_made_from() {
+        let ours = "0123456789abcdef0123456789abcdef";
+        let other = [
+            "",
+            "tok-a",
+            "0123456789ABCDEF0123456789abcdef",
+            "0123456789abcdef0123456789abcde",
+            "0123456789abcdef0123456789abcdef0",
+            "0123456789abcdeg0123456789abcdef",
+            "+123456789abcdef0123456789abcdef",
+        ];
+        assert!(Token::from(ours).digits().is_some());
+        for text in std::iter::once(ours).chain(other) {
+            let token = Token::from(text);
+            assert_eq!(token.to_string(), text);
+            assert_eq!(format!("{token:?}"), format!("{text:?}"));
+            assert_eq!(token.with_str(str::to_owned), text);
+            assert_eq!(token.is_empty(), text.is_empty());
+            assert_eq!(
+                serde_json::to_string(&token).unwrap(),
+                serde_json::to_string(text).unwrap()
+            );
+            let back: Token = serde_json::from_str(&serde_json::to_string(text).unwrap()).unwrap();
+            assert_eq!(back, token);
+            for compared in std::iter::once(ours).chain(other) {
+                assert_eq!(
+                    token == *compared,
+                    text == compared,
+                    "{text:?} {compared:?}"
+                );
+                let made = Token::from(compared);
+                assert_eq!(token == made, text == compared, "{text:?} {compared:?}");
+                assert_eq!(compared == token, text == compared);
+            }
+            assert_eq!(token.digits().is_some(), text == ours, "{text:?}");
+        }
+        assert_eq!(std::mem::size_of::<Token>(), 24);
     }
 }
