@@ -551,9 +551,7 @@ mod tests {
             updated_at: now,
             list_size: None,
             token: token.map(|t| TOKENS[t]).unwrap_or_default().into(),
-            release_at: (phase == Phase::Terminating)
-                .then(|| std::num::NonZeroU64::new(now.max(1)))
-                .flatten(),
+            release_at: (phase == Phase::Terminating).then_some(now),
             sticky,
             vm: vm.then(|| "vm".into()),
         });

@@ -89,7 +89,7 @@ impl RunSet {
 /// ([`ip_webhook_ledger::claim::released`]), the sticky grace after its release.
 fn release_time(claim: &Claim, sticky_grace: u64) -> Option<u64> {
     match claim.phase {
-        Phase::Terminating => claim.release_at.map(std::num::NonZeroU64::get),
+        Phase::Terminating => claim.release_at,
         Phase::Released if claim.sticky => Some(claim.updated_at.saturating_add(sticky_grace)),
         _ => None,
     }
@@ -149,20 +149,15 @@ impl LocalRelease {
 /// ([`claim::new_token`]): that key is yielded once, so filing the grant walks to it once.
 fn claim_keys(claim: &Claim) -> impl Iterator<Item = u64> {
     let sources = claim.vm.as_ref().map(|vm| vm.sources()).unwrap_or_default();
-    let holders = [(
-        claim.pod.uid.as_deref(),
-        claim::held_token_key(&claim.token),
-    )]
-    .into_iter()
-    .chain(sources.iter().map(|s| {
-        let token = Some(s.token.as_str()).filter(|t| !t.is_empty());
-        (s.uid.as_deref(), token.map(claim::token_key))
-    }));
+    let holders = [(claim.pod.uid.as_deref(), claim.token.as_str())]
+        .into_iter()
+        .chain(sources.iter().map(|s| (s.uid.as_deref(), s.token.as_str())));
     let request = Some(claim.request_uid.as_str())
         .filter(|uid| !uid.is_empty())
         .map(claim::uid_key);
     let others = holders.flat_map(|(uid, token)| {
         let uid = uid.filter(|uid| !uid.is_empty()).map(claim::uid_key);
+        let token = Some(token).filter(|t| !t.is_empty()).map(claim::token_key);
         uid.into_iter().chain(token)
     });
     request
@@ -686,7 +681,7 @@ mod tests {
     fn indexing_all_at_once_leaves_what_holding_each_in_turn_does() {
         let terminating = |ip: &str, uid: &str, token: &str| Claim {
             phase: Phase::Terminating,
-            release_at: std::num::NonZeroU64::new(100),
+            release_at: Some(100),
             updated_at: 0,
             token: token.into(),
             pod: PodRef {
@@ -780,7 +775,7 @@ mod tests {
             ],
             "each IP once, in the order granted"
         );
-        let token = state.claims.values().next().unwrap().token.to_string();
+        let token = state.claims.values().next().unwrap().token.clone();
         let identity = PodIdentity {
             namespace: "",
             name: "",

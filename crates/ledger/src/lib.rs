@@ -66,7 +66,7 @@ pub use open::{
     ApiServer, ClusterSource, EtcdOptions, KubeAccess, LedgerConfig, OpenError, OpenOptions,
     Opened, connect, existing_embedded, open,
 };
-pub use text::{Shared, Text, Token};
+pub use text::{Shared, Text};
 pub use timed::{LedgerLabels, TimedLedger};
 
 /// Lifecycle of a claim: `Reserved → Bound → Terminating → Released` (rules in [`claim`]).
@@ -171,16 +171,11 @@ pub struct Claim {
     pub list_size: Option<NonZeroU64>,
     /// The claim's identity, written on the pod as `ip-webhook.io/claim`: unique per admitted
     /// pod (its IPv4 and IPv6 claims share it). Empty in records written before it existed.
-    #[serde(default, skip_serializing_if = "Token::is_empty")]
-    pub token: Token,
-    /// `Terminating`: when (unix seconds) the IP may be released. Never zero: a record's 0
-    /// reads as 1, as long past (the niche keeps `Claim` in 168 bytes).
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        deserialize_with = "zero_is_long_past"
-    )]
-    pub release_at: Option<NonZeroU64>,
+    #[serde(default, skip_serializing_if = "str::is_empty")]
+    pub token: Text,
+    /// `Terminating`: when (unix seconds) the IP may be released.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release_at: Option<u64>,
     /// Kept for the same pod name after its pod went (a StatefulSet pod, in-cluster).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub sticky: bool,
@@ -191,19 +186,6 @@ pub struct Claim {
     /// is verified gone (`crate::webhook::kubevirt`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vm: Option<holder::VmRef>,
-}
-
-/// A time written as unix seconds, 0 read as 1: both long past.
-fn zero_is_long_past<'de, D: serde::Deserializer<'de>>(
-    deserializer: D,
-) -> Result<Option<NonZeroU64>, D::Error> {
-    let value: Option<u64> = serde::Deserialize::deserialize(deserializer)?;
-    Ok(value.map(long_past_if_zero))
-}
-
-/// Unix seconds as a release time: 0 as 1, both long past.
-pub(crate) fn long_past_if_zero(seconds: u64) -> NonZeroU64 {
-    NonZeroU64::new(seconds).unwrap_or(NonZeroU64::MIN)
 }
 
 /// A count written as a number, 0 read as absent.
@@ -290,7 +272,7 @@ pub(crate) fn unreadable_holder(ip: IpAddr, record: &str) -> Claim {
         created_at: 0,
         updated_at: 0,
         list_size: None,
-        token: Token::default(),
+        token: Text::default(),
         release_at: None,
         sticky: false,
         vm: None,
@@ -503,24 +485,6 @@ pub trait Ledger: Send + Sync + 'static {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A release time of 0 (a record written by hand, or by a tool) is as long past as 1.
-    #[test]
-    fn a_release_time_of_zero_reads_as_long_past() {
-        let mut claim =
-            serde_json::to_value(unreadable_holder("10.0.0.1".parse().unwrap(), "x")).unwrap();
-        claim["release_at"] = serde_json::json!(0);
-        let read: Claim = serde_json::from_value(claim.clone()).unwrap();
-        assert_eq!(read.release_at, Some(NonZeroU64::MIN));
-        claim["release_at"] = serde_json::json!(1_764_400_000u64);
-        let read: Claim = serde_json::from_value(claim.clone()).unwrap();
-        assert_eq!(read.release_at, NonZeroU64::new(1_764_400_000));
-        claim["release_at"] = serde_json::Value::Null;
-        let read: Claim = serde_json::from_value(claim).unwrap();
-        assert_eq!(read.release_at, None);
-        assert_eq!(long_past_if_zero(0), NonZeroU64::MIN);
-        assert_eq!(long_past_if_zero(7).get(), 7);
-    }
 
     #[test]
     fn a_list_size_of_zero_reads_as_absent() {
