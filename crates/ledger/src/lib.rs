@@ -501,11 +501,11 @@ mod tests {
     /// The allocator holds every claim for the life of the process, in an `Arc` (16 bytes
     /// more), in mimalloc's 192-byte class (a claim of `String`s, 264 bytes, took the 320-byte
     /// one). At most 168, not 176: the `mimalloc` crate asks for every block with its
-    /// alignment, and when the class's current page is full, mimalloc 3 serves a size that is
-    /// not a power of two by asking for the size plus the alignment less one. A 184-byte `Arc`
-    /// still asks within 192 bytes; a 192-byte one asks for 199 and lands in the 224-byte
-    /// class (mimalloc `src/alloc-aligned.c`). In a build with a 176-byte claim, every held
-    /// claim was in that class (docs/performance.md, "IP maps: a map per family").
+    /// alignment, and when the class's current page is full, mimalloc 3 serves a size whose
+    /// class is not a power of two by asking for the size plus the alignment less one. A
+    /// 184-byte `Arc` still asks within 192 bytes; a 192-byte one asks for 199 and lands in
+    /// the 224-byte class (mimalloc `src/alloc-aligned.c`). In a build with a 176-byte claim,
+    /// every held claim was in that class (docs/performance.md, "IP maps: a map per family").
     #[test]
     fn a_claim_fits_the_192_byte_class_in_its_arc() {
         assert!(
