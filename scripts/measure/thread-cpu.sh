@@ -62,6 +62,8 @@ run() {
   server=''
   local requests
   requests=$(awk '/requests in/ { print $1 }' "$work/wrk.txt")
+  [ "${requests:-0}" -gt 0 ] || { echo "$name: wrk made no requests:" >&2; cat "$work/wrk.txt" >&2; exit 1; }
+  grep -q 'Non-2xx' "$work/wrk.txt" && echo "warning: $name: $(grep 'Non-2xx' "$work/wrk.txt")" >&2
   join "$work/before" "$work/after" | awk -v n="$requests" -v t="$tick" -v cell="$name" '
     { usr = ($4 - $2) * 1e6 / t / n; sys = ($5 - $3) * 1e6 / t / n; all_usr += usr; all_sys += sys
       if (usr + sys > 0) printf "  %-14s %-16s user %6.2f  kernel %6.2f\n", cell, $1, usr, sys }
