@@ -12,7 +12,8 @@
 //!
 //! MODE is `as-is` (the fixture unchanged), `dry-run` (`request.dryRun` true) or `durable` (a
 //! fresh `request.uid` per request and a /10 allocatable list, as `scripts/bench-load.lua`
-//! does; RUN_ID goes into every uid, so runs against one server never repeat one). Prints one
+//! does; each uid is a UUID, as API servers send, made of a hash of RUN_ID, the connection and
+//! the sequence, so runs against one server do not repeat one). Prints one
 //! line: `requests=N rps=R p50_us=… p90_us=… p99_us=… p999_us=… max_us=… over_20ms=N
 //! max_at_unix_ms=T late_max_us=L non_200=N`.
 //!
@@ -24,6 +25,7 @@
 //! request waited between being due and being sent (for a free connection, or for this client
 //! itself: a figure near the max says the client or its core was the bottleneck).
 
+use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -80,12 +82,18 @@ impl Bodies {
         }
     }
 
+    /// A fresh request's body: its UID shaped as an API server's (a UUID), from a hash of
+    /// `run_id`, the connection and the sequence.
     fn body(&self, run_id: &str, connection: usize, sequence: u64) -> Bytes {
         match self {
             Bodies::Fixed(body) => body.clone(),
-            Bodies::FreshUid { prefix, suffix } => Bytes::from(format!(
-                "{prefix}bench-{run_id}-{connection:03}-{sequence:010}{suffix}"
-            )),
+            Bodies::FreshUid { prefix, suffix } => {
+                let run = foldhash::fast::FixedState::with_seed(0).hash_one(run_id);
+                let (run_high, run_mid, run_low) = (run >> 32, (run >> 16) & 0xffff, run & 0xffff);
+                Bytes::from(format!(
+                    "{prefix}{run_high:08x}-{run_mid:04x}-{run_low:04x}-{connection:04x}-{sequence:012x}{suffix}"
+                ))
+            }
         }
     }
 }

@@ -3,9 +3,10 @@
 -- MODE: as-is    the fixture unchanged (one precomputed request)
 --       dry-run  request.dryRun set to true (one precomputed request)
 --       durable  a fresh request.uid per request and a /10 allocatable list, so every
---                request is a new allocation that the ledger must make durable
+--                request is a new allocation that the ledger must make durable; each uid
+--                is a UUID, as API servers send, made of a hash of RUN_ID and a count
 
-local prefix, suffix, run_id
+local prefix, suffix, run_hash
 local counter = 0
 local headers = { ["Content-Type"] = "application/json" }
 
@@ -21,7 +22,14 @@ function init(args)
   local body = file:read("*a")
   file:close()
   local mode = args[2] or "as-is"
-  run_id = args[3] or "0"
+  -- two 32-bit hashes of the run id: runs against one server do not repeat a uid
+  local run_id = args[3] or "0"
+  local h1, h2 = 0, 0
+  for i = 1, #run_id do
+    h1 = (h1 * 31 + run_id:byte(i)) % 4294967296
+    h2 = (h2 * 37 + run_id:byte(i)) % 4294967296
+  end
+  run_hash = string.format("%08x-%04x-%04x", h1, math.floor(h2 / 65536), h2 % 65536)
   wrk.method = "POST"
   wrk.headers["Content-Type"] = "application/json"
   if mode == "dry-run" then
@@ -42,6 +50,7 @@ end
 
 function request()
   counter = counter + 1
-  local uid = string.format("bench-%s-%010d", run_id, counter)
+  local uid = string.format("%s-0000-%06x%06x", run_hash,
+                            math.floor(counter / 16777216), counter % 16777216)
   return wrk.format(nil, nil, headers, prefix .. uid .. suffix)
 end

@@ -158,8 +158,8 @@ async fn three_replicas_grant_each_ip_once_and_refuse_the_rest_clearly() {
     assert_eq!(held.len(), tally.granted.len(), "no claim leaked or lost");
     for (ip, uid) in &tally.granted {
         assert_eq!(
-            held.get(ip).map(|c| c.request_uid.as_str()),
-            Some(uid.as_str()),
+            held.get(ip).map(|c| c.request_uid.to_string()),
+            Some(uid.to_string()),
             "{ip}"
         );
     }
@@ -268,8 +268,8 @@ async fn killed_replica_and_stopped_etcd_member_lose_nothing_and_duplicate_nothi
     let held = ledger_claims(&cluster, prefix).await;
     for (ip, uid) in &tally.granted {
         assert_eq!(
-            held.get(ip).map(|c| c.request_uid.as_str()),
-            Some(uid.as_str()),
+            held.get(ip).map(|c| c.request_uid.to_string()),
+            Some(uid.to_string()),
             "{ip} was granted to {uid} but the ledger does not hold it for that request"
         );
     }

@@ -521,7 +521,10 @@ async fn zeroed_last_records_of_a_journal_are_refused_until_repaired() {
     let held: Vec<u32> = held(dir)
         .await
         .iter()
-        .map(|c| c.request_uid.trim_start_matches("uid-").parse().unwrap())
+        .map(|c| {
+            c.request_uid
+                .with_str(|uid| uid.trim_start_matches("uid-").parse().unwrap())
+        })
         .collect();
     assert_eq!(held.len(), 17, "{held:?}");
     assert!(held.iter().all(|i| (10..27).contains(i)), "{held:?}");

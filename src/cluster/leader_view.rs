@@ -551,7 +551,8 @@ mod tests {
             updated_at: now,
             list_size: None,
             token: token.map(|t| TOKENS[t]).unwrap_or_default().into(),
-            release_at: (phase == Phase::Terminating).then_some(now),
+            release_at: (phase == Phase::Terminating)
+                .then(|| ip_webhook_ledger::ReleaseAt::new(now)),
             sticky,
             vm: vm.then(|| "vm".into()),
         });

@@ -22,7 +22,7 @@ use tokio::sync::watch;
 
 use crate::metrics::Metrics;
 use ip_webhook_ipam::allocator::Allocator;
-use ip_webhook_ledger::{Claim, Phase, Text, claim};
+use ip_webhook_ledger::{Claim, HexId, Phase, Text, claim};
 
 use super::claiming_pod::{ClaimingPod, PodMap};
 use super::lifecycle::{self, Age, DropReason, Rules, Verdict};
@@ -40,10 +40,10 @@ pub(crate) struct Sweeper {
     started: tokio::time::Instant,
     /// Releases that failed with an error (a timeout, say) but may have been written: counted
     /// when a later sweep finds the claim released.
-    uncertain: HashSet<(IpAddr, Text)>,
+    uncertain: HashSet<(IpAddr, HexId)>,
     /// Since when (on [`Sweeper::started`]) this replica's copy has shown each reservation, by
     /// its request.
-    reserved: HashMap<IpAddr, (Text, u64)>,
+    reserved: HashMap<IpAddr, (HexId, u64)>,
 }
 
 /// How often the leader looks for the stored pods of reservations between sweeps.
@@ -51,11 +51,11 @@ pub(crate) const RESERVATIONS_EVERY: Duration = Duration::from_secs(1);
 
 /// A claim as it is (its grant, phase and pod), and its [`Age`].
 struct Sighting {
-    state: (Text, Phase, Option<Text>),
+    state: (HexId, Phase, Option<Text>),
     age: Age,
 }
 
-fn state_of(claim: &Claim) -> (Text, Phase, Option<Text>) {
+fn state_of(claim: &Claim) -> (HexId, Phase, Option<Text>) {
     (
         claim.request_uid.clone(),
         claim.phase,
@@ -196,7 +196,7 @@ impl Sweeper {
     /// looked at from the next pass on), by namespace; notes every claim's age and counts the
     /// uncertain releases of earlier passes the ledger shows done.
     fn due_by_namespace(&mut self, claims: Vec<Claim>, now: u64) -> BTreeMap<String, Vec<Claim>> {
-        let released: HashSet<(IpAddr, Text)> = claims
+        let released: HashSet<(IpAddr, HexId)> = claims
             .iter()
             .filter(|c| !c.locks_ip())
             .map(|c| (c.ip, c.request_uid.clone()))

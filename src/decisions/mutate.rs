@@ -168,7 +168,7 @@ async fn take_back_name(webhook: &Webhook, ask: &PodAsk<'_>, pod: &PodRef) -> Op
 /// name's to take over, a bound claim is not).
 fn presence_off_cluster(claim: &Claim, now: u64) -> Option<PodPresence> {
     match claim.phase {
-        Phase::Terminating if claim.release_at.is_some_and(|at| now < at) => {
+        Phase::Terminating if claim.release_at.is_some_and(|at| now < at.get()) => {
             Some(PodPresence::Terminating)
         }
         _ => None,

@@ -350,7 +350,7 @@ fn existing_outcome(webhook: &Webhook, replica: u64, claims: &[Claim]) -> Replic
             "already holds it ({:?} since {}; released at {} once the pod is gone)",
             c.phase,
             ip_webhook_ipam::usage::rfc3339(c.created_at),
-            ip_webhook_ipam::usage::rfc3339(at)
+            ip_webhook_ipam::usage::rfc3339(at.get())
         ),
         None => format!(
             "already holds it ({:?} since {})",

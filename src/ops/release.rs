@@ -64,7 +64,7 @@ impl FoundClaim {
 /// DELETE's grace: a claim made or bound at admission is a promise until its pod is stored,
 /// and may look podless for that long.
 pub(crate) fn settled(claim: &Claim, now: u64, settle: u64) -> bool {
-    if claim.phase == Phase::Terminating && claim.release_at.is_some_and(|at| at > now) {
+    if claim.phase == Phase::Terminating && claim.release_at.is_some_and(|at| at.get() > now) {
         return false; // its pod may be gone; the IP waits for release_at by design
     }
     claim

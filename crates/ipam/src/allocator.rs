@@ -681,7 +681,7 @@ mod tests {
         // take the second the test may cross)
         let start = unix_now();
         let terminating = |ip: &str, name: &str, at: u64| Claim {
-            release_at: Some(at),
+            release_at: Some(ip_webhook_ledger::ReleaseAt::new(at)),
             ..external(ip, name, &format!("r-{name}"), Phase::Terminating)
         };
         for claim in [
@@ -691,7 +691,7 @@ mod tests {
             terminating("10.0.0.4", "d", 90),
             // a release time on a claim that is not terminating is never due
             Claim {
-                release_at: Some(5),
+                release_at: Some(ip_webhook_ledger::ReleaseAt::new(5)),
                 ..external("10.0.0.5", "e", "r-e", Phase::Bound)
             },
         ] {
@@ -732,7 +732,7 @@ mod tests {
         let written = now - 600;
         allocator.apply_observed(ObservedChange::Held(Claim {
             updated_at: written,
-            release_at: Some(written + 30),
+            release_at: Some(ip_webhook_ledger::ReleaseAt::new(written + 30)),
             ..external("10.0.0.9", "db-0", "r-db", Phase::Terminating)
         }));
         assert!(allocator.due(now + 1).is_empty(), "not within the grace");
@@ -1007,7 +1007,7 @@ mod tests {
             assert_eq!(next.ips, first.ips, "{token}");
             assert_eq!(next.reasons, vec![Reason::PreviousHolder]);
             let holder = alloc.holder(&first.ips[0]).unwrap();
-            assert_eq!(holder.token.as_str(), token);
+            assert_eq!(holder.token, token);
             assert_eq!(holder.holder(), "vm default/db");
         }
         // the source's DELETE names a grant the claim no longer is: nothing changes

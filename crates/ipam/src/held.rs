@@ -12,7 +12,7 @@ use super::messages::{HOLDERS_NAMED, holder_list};
 use super::request::{AllocationRequest, Reason, new_claim};
 use ip_webhook_ledger::claim::{self, PodIdentity, may_take_over, same_grant};
 use ip_webhook_ledger::ip_map::IpMap;
-use ip_webhook_ledger::{Claim, Phase, PodRef, Shared, Source, Text, unix_now};
+use ip_webhook_ledger::{Claim, HexId, Phase, PodRef, Shared, Source, Text, unix_now};
 
 /// Held addresses of one family as maximal runs `start -> end` (inclusive).
 #[derive(Debug, Default, Clone)]
@@ -89,7 +89,7 @@ impl RunSet {
 /// ([`ip_webhook_ledger::claim::released`]), the sticky grace after its release.
 fn release_time(claim: &Claim, sticky_grace: u64) -> Option<u64> {
     match claim.phase {
-        Phase::Terminating => claim.release_at,
+        Phase::Terminating => claim.release_at.map(ip_webhook_ledger::ReleaseAt::get),
         Phase::Released if claim.sticky => Some(claim.updated_at.saturating_add(sticky_grace)),
         _ => None,
     }
@@ -117,7 +117,7 @@ impl Default for StickyGrace {
 /// its grace period.
 #[derive(Debug, Clone)]
 pub(super) struct LocalRelease {
-    request_uid: Text,
+    request_uid: HexId,
     /// The release time as the record carries it: a new DELETE writes a new one.
     written: u64,
     pub(super) due: u64,
@@ -149,15 +149,19 @@ impl LocalRelease {
 /// ([`claim::new_token`]): that key is yielded once, so filing the grant walks to it once.
 fn claim_keys(claim: &Claim) -> impl Iterator<Item = u64> {
     let sources = claim.vm.as_ref().map(|vm| vm.sources()).unwrap_or_default();
-    let holders = [(claim.pod.uid.as_deref(), claim.token.as_str())]
-        .into_iter()
-        .chain(sources.iter().map(|s| (s.uid.as_deref(), s.token.as_str())));
-    let request = Some(claim.request_uid.as_str())
-        .filter(|uid| !uid.is_empty())
-        .map(claim::uid_key);
+    let holders = [(
+        claim.pod.uid.as_deref(),
+        claim::held_token_key(&claim.token),
+    )]
+    .into_iter()
+    .chain(sources.iter().map(|s| {
+        let token = Some(s.token.as_str()).filter(|t| !t.is_empty());
+        (s.uid.as_deref(), token.map(claim::token_key))
+    }));
+    let request =
+        (!claim.request_uid.is_empty()).then(|| claim.request_uid.with_str(claim::uid_key));
     let others = holders.flat_map(|(uid, token)| {
         let uid = uid.filter(|uid| !uid.is_empty()).map(claim::uid_key);
-        let token = Some(token).filter(|t| !t.is_empty()).map(claim::token_key);
         uid.into_iter().chain(token)
     });
     request
@@ -681,7 +685,7 @@ mod tests {
     fn indexing_all_at_once_leaves_what_holding_each_in_turn_does() {
         let terminating = |ip: &str, uid: &str, token: &str| Claim {
             phase: Phase::Terminating,
-            release_at: Some(100),
+            release_at: Some(ip_webhook_ledger::ReleaseAt::new(100)),
             updated_at: 0,
             token: token.into(),
             pod: PodRef {
@@ -775,7 +779,7 @@ mod tests {
             ],
             "each IP once, in the order granted"
         );
-        let token = state.claims.values().next().unwrap().token.clone();
+        let token = state.claims.values().next().unwrap().token.to_string();
         let identity = PodIdentity {
             namespace: "",
             name: "",

@@ -167,7 +167,7 @@ fn holder(claim: &Claim) -> Holder {
         phase: claim.phase,
         source: claim.source,
         since: rfc3339(claim.created_at),
-        release_at: claim.release_at.map(rfc3339),
+        release_at: claim.release_at.map(|at| rfc3339(at.get())),
         pod_uid: claim.pod.uid.as_deref().map(String::from),
         token: claim.token.to_string(),
         request_uid: claim.request_uid.to_string(),

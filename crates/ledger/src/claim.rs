@@ -49,7 +49,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{LazyLock, OnceLock};
 
 use super::holder::{Carrier, VmRef};
-use super::{Claim, Phase, Text};
+use super::{Claim, HexId, Phase, Text};
 
 /// A pod as a review, a watch or a lookup shows it.
 #[derive(Debug, Clone, Copy, Default)]
@@ -81,7 +81,7 @@ pub fn held_by(claim: &Claim, pod: &PodIdentity<'_>) -> bool {
     }
     let name_fits = claim.pod.name.is_empty() || pod.name.is_empty() || claim.pod.name == pod.name;
     if !claim.token.is_empty() {
-        return pod.token == Some(claim.token.as_str()) && name_fits;
+        return pod.token.is_some_and(|token| claim.token == *token) && name_fits;
     }
     !claim.pod.name.is_empty() && claim.pod.name == pod.name
 }
@@ -154,7 +154,7 @@ pub fn migration_sources(existing: &Claim) -> Vec<Carrier> {
         let own = Carrier {
             name: existing.pod.name.clone(),
             uid: existing.pod.uid.clone(),
-            token: existing.token.clone(),
+            token: existing.token.to_string().into(),
         };
         sources.retain(|source| !source.is(own.uid.as_deref(), Some(&own.token)));
         sources.push(own);
@@ -331,7 +331,7 @@ pub fn terminating(claim: &Claim, pod: &PodIdentity<'_>, release_at: u64, now: u
     if next.pod.uid.is_none() {
         next.pod.uid = pod.uid.map(Text::from);
     }
-    next.release_at = Some(release_at);
+    next.release_at = Some(crate::ReleaseAt::new(release_at));
     next.updated_at = now;
     next
 }
@@ -441,14 +441,31 @@ pub fn uid_key(uid: &str) -> u64 {
 /// their first digits land on a thousand keys, not on one.
 pub fn token_key(token: &str) -> u64 {
     let mut bytes = [0u8; 16];
-    if hex::decode_to_slice(token, &mut bytes).is_ok() {
-        let value = u128::from_be_bytes(bytes);
-        let (prefix, count, check) = ((value >> 64) as u64, (value >> 32) as u32, value as u32);
-        if token_check(prefix, count) == check {
-            return prefix;
-        }
+    if hex::decode_to_slice(token, &mut bytes).is_ok()
+        && let Some(prefix) = issued_prefix(&bytes)
+    {
+        return prefix;
     }
     uid_key(token)
+}
+
+/// [`token_key`] of a claim's token; `None` for the empty one.
+pub fn held_token_key(token: &HexId) -> Option<u64> {
+    if token.is_empty() {
+        return None;
+    }
+    Some(match token.digits().and_then(issued_prefix) {
+        Some(prefix) => prefix,
+        None => token.with_str(token_key),
+    })
+}
+
+/// The request UID's key a token's 16 bytes begin with, if this process issued it (its check
+/// holds).
+fn issued_prefix(bytes: &[u8; 16]) -> Option<u64> {
+    let value = u128::from_be_bytes(*bytes);
+    let (prefix, count, check) = ((value >> 64) as u64, (value >> 32) as u32, value as u32);
+    (token_check(prefix, count) == check).then_some(prefix)
 }
 
 /// Whether `text` is shaped like a token we issue (so a pod cannot smuggle megabytes in it).
@@ -470,7 +487,7 @@ mod tests {
         };
         let terminating = Claim {
             phase: Phase::Terminating,
-            release_at: Some(10),
+            release_at: Some(crate::ReleaseAt::new(10)),
             ..bound.clone()
         };
         let kept = release_of(&terminating, &terminating, 11).expect("released");
@@ -511,7 +528,7 @@ mod tests {
         let next = terminating(&copy, &deleting, 40, 3);
         let written = step_of(&record, &copy, &next).expect("Bound → Terminating");
         assert_eq!(written.phase, Phase::Terminating);
-        assert_eq!(written.release_at, Some(40));
+        assert_eq!(written.release_at, Some(crate::ReleaseAt::new(40)));
         assert!(written.sticky, "the reconciler's sticky binding is kept");
         assert_eq!(written.pod.uid.as_deref(), Some("uid-db-0"));
         assert_eq!(written.pod.name, "db-0");
@@ -672,7 +689,7 @@ mod tests {
         assert!(may_step(&reserved, &reserved, &bound_claim));
         let pod = pod("web-x", Some("u1"), Some("t1"));
         let ending = terminating(&bound_claim, &pod, 40, 6);
-        assert_eq!(ending.release_at, Some(40));
+        assert_eq!(ending.release_at, Some(crate::ReleaseAt::new(40)));
         assert!(may_step(&bound_claim, &bound_claim, &ending));
         assert!(
             !may_step(&ending, &ending, &ending),

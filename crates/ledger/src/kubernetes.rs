@@ -141,10 +141,10 @@ fn network_resource(claim: &Claim, network: Option<&Network>) -> IPClaim {
             pod_name: claim.pod.name.as_str().into(),
             generate_name: claim.pod.generate_name.as_str().into(),
             pod_uid: claim.pod.uid.as_deref().map(Into::into),
-            request_uid: claim.request_uid.as_str().into(),
+            request_uid: claim.request_uid.to_string(),
             source: source_name(claim.source).to_string(),
             sticky: claim.sticky,
-            token: claim.token.as_str().into(),
+            token: claim.token.to_string(),
             list_size: claim.list_size.map(std::num::NonZeroU64::get),
             vm: claim.vm.as_deref().map(Into::into),
             migration_sources: migration_sources_spec(claim),
@@ -327,7 +327,11 @@ fn claim_of(resource: &IPClaim, ip: IpAddr) -> Result<Claim, LedgerError> {
         updated_at,
         list_size: spec.list_size.and_then(std::num::NonZeroU64::new),
         token: spec.token.as_str().into(),
-        release_at: status.release_at.as_deref().and_then(unix_seconds),
+        release_at: status
+            .release_at
+            .as_deref()
+            .and_then(unix_seconds)
+            .map(crate::ReleaseAt::new),
         sticky: spec.sticky,
         vm: spec.vm.as_deref().filter(|vm| !vm.is_empty()).map(|vm| {
             let sources = spec.migration_sources.iter().map(|source| Carrier {
@@ -629,7 +633,7 @@ impl Ledger for KubeLedger {
         let mut status = serde_json::to_value(status_now(&existing, next.phase))
             .map_err(|e| LedgerError::Storage(format!("encoding a status: {e}")))?;
         // null removes a release time a merge patch would otherwise keep
-        status["releaseAt"] = next.release_at.map(rfc3339).into();
+        status["releaseAt"] = next.release_at.map(|at| rfc3339(at.get())).into();
         let patch = serde_json::json!({
             "metadata": {"resourceVersion": resource_version},
             "status": status,

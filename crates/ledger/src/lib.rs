@@ -66,7 +66,7 @@ pub use open::{
     ApiServer, ClusterSource, EtcdOptions, KubeAccess, LedgerConfig, OpenError, OpenOptions,
     Opened, connect, existing_embedded, open,
 };
-pub use text::{Shared, Text};
+pub use text::{HexId, Shared, Text};
 pub use timed::{LedgerLabels, TimedLedger};
 
 /// Lifecycle of a claim: `Reserved → Bound → Terminating → Released` (rules in [`claim`]).
@@ -152,7 +152,7 @@ pub struct Claim {
     pub pool: Option<Shared>,
     pub pod: PodRef,
     /// The admission request that made the claim: a retried admission gets the same answer.
-    pub request_uid: Text,
+    pub request_uid: HexId,
     pub phase: Phase,
     pub source: Source,
     /// Unix seconds.
@@ -171,11 +171,11 @@ pub struct Claim {
     pub list_size: Option<NonZeroU64>,
     /// The claim's identity, written on the pod as `ip-webhook.io/claim`: unique per admitted
     /// pod (its IPv4 and IPv6 claims share it). Empty in records written before it existed.
-    #[serde(default, skip_serializing_if = "str::is_empty")]
-    pub token: Text,
-    /// `Terminating`: when (unix seconds) the IP may be released.
+    #[serde(default, skip_serializing_if = "HexId::is_empty")]
+    pub token: HexId,
+    /// `Terminating`: when the IP may be released.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub release_at: Option<u64>,
+    pub release_at: Option<ReleaseAt>,
     /// Kept for the same pod name after its pod went (a StatefulSet pod, in-cluster).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub sticky: bool,
@@ -186,6 +186,43 @@ pub struct Claim {
     /// is verified gone (`crate::webhook::kubevirt`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vm: Option<holder::VmRef>,
+}
+
+/// When (unix seconds) a `Terminating` claim's IP may be released, in the 4 bytes that keep
+/// [`Claim`] in 168 (with its two [`HexId`]s). Written and read as unix seconds: 0 is kept as
+/// 1 (both long past), and a time after 2106-02-07 (`u32::MAX`, which only a grace period of
+/// more than 80 years reaches) as that day, so the IP waits as it would have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ReleaseAt(std::num::NonZeroU32);
+
+impl ReleaseAt {
+    pub fn new(unix_seconds: u64) -> ReleaseAt {
+        let seconds = u32::try_from(unix_seconds).unwrap_or(u32::MAX);
+        ReleaseAt(std::num::NonZeroU32::new(seconds).unwrap_or(std::num::NonZeroU32::MIN))
+    }
+
+    /// Unix seconds.
+    pub fn get(self) -> u64 {
+        u64::from(self.0.get())
+    }
+}
+
+impl fmt::Display for ReleaseAt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.get(), f)
+    }
+}
+
+impl Serialize for ReleaseAt {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_u64(self.get())
+    }
+}
+
+impl<'de> Deserialize<'de> for ReleaseAt {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<ReleaseAt, D::Error> {
+        u64::deserialize(deserializer).map(ReleaseAt::new)
+    }
 }
 
 /// A count written as a number, 0 read as absent.
@@ -266,13 +303,13 @@ pub(crate) fn unreadable_holder(ip: IpAddr, record: &str) -> Claim {
             generate_name: Shared::default(),
             uid: None,
         },
-        request_uid: Text::default(),
+        request_uid: HexId::default(),
         phase: Phase::Bound,
         source: Source::Allocated,
         created_at: 0,
         updated_at: 0,
         list_size: None,
-        token: Text::default(),
+        token: HexId::default(),
         release_at: None,
         sticky: false,
         vm: None,
@@ -486,6 +523,38 @@ pub trait Ledger: Send + Sync + 'static {
 mod tests {
     use super::*;
 
+    /// A release time of 0 (a record written by hand, or by a tool) is as long past as 1; one
+    /// past what 4 bytes hold waits until the last second they do.
+    #[test]
+    fn release_times_read_as_written_zero_as_long_past_and_far_ones_as_far() {
+        let mut claim =
+            serde_json::to_value(unreadable_holder("10.0.0.1".parse().unwrap(), "x")).unwrap();
+        for (written, read_as) in [
+            (0, 1),
+            (1, 1),
+            (1_764_400_000u64, 1_764_400_000),
+            (u64::from(u32::MAX), u64::from(u32::MAX)),
+            (u64::from(u32::MAX) + 1, u64::from(u32::MAX)),
+            (u64::MAX, u64::from(u32::MAX)),
+        ] {
+            claim["release_at"] = serde_json::json!(written);
+            let read: Claim = serde_json::from_value(claim.clone()).unwrap();
+            assert_eq!(
+                read.release_at.map(ReleaseAt::get),
+                Some(read_as),
+                "{written}"
+            );
+            assert_eq!(
+                serde_json::to_value(&read).unwrap()["release_at"],
+                serde_json::json!(read_as)
+            );
+        }
+        claim["release_at"] = serde_json::Value::Null;
+        let read: Claim = serde_json::from_value(claim).unwrap();
+        assert_eq!(read.release_at, None);
+        assert_eq!(ReleaseAt::new(7).to_string(), "7");
+    }
+
     #[test]
     fn a_list_size_of_zero_reads_as_absent() {
         let mut claim =
@@ -505,7 +574,9 @@ mod tests {
     /// class is not a power of two by asking for the size plus the alignment less one. A
     /// 184-byte `Arc` still asks within 192 bytes; a 192-byte one asks for 199 and lands in
     /// the 224-byte class (mimalloc `src/alloc-aligned.c`). In a build with a 176-byte claim,
-    /// every held claim was in that class (docs/performance.md, "IP maps: a map per family").
+    /// every held claim was in that class (docs/performance.md, "A kept block asks for its
+    /// alignment"). Its request UID and token in 16 bytes each ([`HexId`]) fit by its release
+    /// time in 4 ([`ReleaseAt`]).
     #[test]
     fn a_claim_fits_the_192_byte_class_in_its_arc() {
         assert!(

@@ -95,7 +95,7 @@ fn encode_claim(buf: &mut Vec<u8>, claim: &Claim) {
     put_str(buf, &claim.pod.name);
     put_str(buf, &claim.pod.generate_name);
     put_opt(buf, claim.pod.uid.as_deref(), put_str);
-    put_str(buf, &claim.request_uid);
+    claim.request_uid.with_str(|uid| put_str(buf, uid));
     buf.push(match claim.phase {
         Phase::Reserved => 0,
         Phase::Bound => 1,
@@ -109,8 +109,8 @@ fn encode_claim(buf: &mut Vec<u8>, claim: &Claim) {
     put_u64(buf, claim.created_at);
     put_u64(buf, claim.updated_at);
     put_opt(buf, claim.list_size.map(std::num::NonZeroU64::get), put_u64);
-    put_str(buf, &claim.token);
-    put_opt(buf, claim.release_at, put_u64);
+    claim.token.with_str(|token| put_str(buf, token));
+    put_opt(buf, claim.release_at.map(crate::ReleaseAt::get), put_u64);
     // The flags byte: `sticky`, and one flag per optional field after it, each field present
     // only when its flag is set. A claim with none of them ends with this byte (0 or 1).
     let sources = claim.vm.as_ref().map(|vm| vm.sources()).unwrap_or_default();
@@ -194,7 +194,9 @@ fn decode_claim(payload: &[u8]) -> Result<Claim, RecordError> {
             .optional("listSize", |r| r.u64("listSize"))?
             .and_then(std::num::NonZeroU64::new),
         token: r.string("token")?,
-        release_at: r.optional("releaseAt", |r| r.u64("releaseAt"))?,
+        release_at: r
+            .optional("releaseAt", |r| r.u64("releaseAt"))?
+            .map(crate::ReleaseAt::new),
         sticky: false,
         vm: None,
     };
@@ -345,7 +347,7 @@ mod tests {
             updated_at: u64::MAX,
             list_size: std::num::NonZeroU64::new(1 << 40),
             token: "tok-1234567890abcdef".into(),
-            release_at: Some(0),
+            release_at: Some(crate::ReleaseAt::new(u64::MAX)),
             sticky: true,
             vm: Some(VmRef::named("db").with_sources(vec![
                 Carrier {

@@ -1,12 +1,15 @@
 //! The strings of a claim, in less memory than a `String` each: the allocator holds every
 //! claim for the life of the process, so each byte of a claim is paid once per held IP.
 //!
-//! [`Text`] is a string of one claim's own (a request UID, a token, a pod's name or UID): 16
-//! bytes where a `String` is 24, its heap copy exactly its length. [`Shared`] is a string that
-//! many claims carry alike (a namespace, an app, a pool, a ReplicaSet's `generateName`): every
-//! claim holds the one interned copy, through a thin pointer of 8 bytes (the `Arc` holds a
-//! `Box<str>`: the second indirection is paid once per distinct string, not per claim). Both read as `&str` (`Deref`), compare with `str`,
-//! `&str` and `String`, and serialize as plain strings.
+//! [`Text`] is a string of one claim's own (a pod's name or UID): 16 bytes where a `String`
+//! is 24, its heap copy exactly its length. [`Shared`] is a string that many claims carry alike
+//! (a namespace, an app, a pool, a ReplicaSet's `generateName`): every claim holds the one
+//! interned copy, through a thin pointer of 8 bytes (the `Arc` holds a `Box<str>`: the second
+//! indirection is paid once per distinct string, not per claim). Both read as `&str` (`Deref`),
+//! compare with `str`, `&str` and `String`, and serialize as plain strings. [`HexId`] is a
+//! claim's request UID or token: the 16 bytes a UUID or 32 hex digits spell, kept inside the
+//! claim with no heap copy; it compares and serializes as its string too, and is read through
+//! [`HexId::with_str`].
 
 use std::borrow::Borrow;
 use std::collections::HashSet;
@@ -229,6 +232,211 @@ macro_rules! as_str {
 as_str!(Text);
 as_str!(Shared);
 
+/// A claim's identifier of 16 bytes written in hex: its token (`ip-webhook.io/claim`, 32
+/// lower-case hex digits when this process issued it, [`crate::claim::new_token`]) or its
+/// admission's request UID (a UUID, `8-4-4-4-12` lower-case hex digits, as API servers make
+/// them). Either shape is kept as its 16 bytes inside the claim, where a [`Text`] would keep
+/// 32 or 48 bytes more on the heap for every held IP. Any other string (an upper-case token a
+/// pod was given by hand, a record's from elsewhere, a test's) is kept as text, and none is
+/// empty but the empty one, so equal strings have equal forms. Not a `str`: read it with
+/// [`HexId::with_str`], print it, or compare it with a string.
+#[derive(Clone, Default, PartialEq, Eq, Hash)]
+pub struct HexId(HexIdForm);
+
+#[derive(Clone, Default, PartialEq, Eq, Hash)]
+enum HexIdForm {
+    #[default]
+    Empty,
+    /// 32 lower-case hex digits.
+    Digits([u8; 16]),
+    /// A UUID's 36 characters: lower-case hex digits with dashes after the 8th, 12th, 16th
+    /// and 20th.
+    Uuid([u8; 16]),
+    Text(Box<str>),
+}
+
+/// Where a UUID's text has its dashes.
+const UUID_DASHES: [usize; 4] = [8, 13, 18, 23];
+
+fn lower_hex(text: &[u8]) -> bool {
+    text.iter().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+impl HexIdForm {
+    /// The 16 bytes of `text` when it has one of the two shapes, exactly (so that it writes
+    /// back as the same string).
+    fn packed(text: &str) -> Option<HexIdForm> {
+        let mut bytes = [0u8; 16];
+        match text.len() {
+            32 if lower_hex(text.as_bytes()) => {
+                hex::decode_to_slice(text, &mut bytes).ok()?;
+                Some(HexIdForm::Digits(bytes))
+            }
+            36 => {
+                let text = text.as_bytes();
+                let mut digits = [0u8; 32];
+                let mut from = 0;
+                for (group, dash) in UUID_DASHES.into_iter().chain([36]).enumerate() {
+                    if dash < 36 && text[dash] != b'-' {
+                        return None;
+                    }
+                    let part = &text[from..dash];
+                    let at = from - group;
+                    digits[at..at + part.len()].copy_from_slice(part);
+                    from = dash + 1;
+                }
+                if !lower_hex(&digits) {
+                    return None;
+                }
+                hex::decode_to_slice(digits, &mut bytes).ok()?;
+                Some(HexIdForm::Uuid(bytes))
+            }
+            _ => None,
+        }
+    }
+}
+
+impl HexId {
+    pub fn new(text: &str) -> HexId {
+        if text.is_empty() {
+            return HexId(HexIdForm::Empty);
+        }
+        HexId(HexIdForm::packed(text).unwrap_or_else(|| HexIdForm::Text(text.into())))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        matches!(self.0, HexIdForm::Empty)
+    }
+
+    /// The identifier as a `str`, for as long as `read` runs (no allocation).
+    pub fn with_str<R>(&self, read: impl FnOnce(&str) -> R) -> R {
+        match &self.0 {
+            HexIdForm::Empty => read(""),
+            HexIdForm::Text(text) => read(text),
+            HexIdForm::Digits(bytes) => {
+                let mut digits = [0u8; 32];
+                hex::encode_to_slice(bytes, &mut digits).expect("32 digits for 16 bytes");
+                read(std::str::from_utf8(&digits).expect("hex digits are ASCII"))
+            }
+            HexIdForm::Uuid(bytes) => {
+                let mut digits = [0u8; 32];
+                hex::encode_to_slice(bytes, &mut digits).expect("32 digits for 16 bytes");
+                let mut text = [b'-'; 36];
+                let mut from = 0;
+                for (group, dash) in UUID_DASHES.into_iter().chain([36]).enumerate() {
+                    let at = from - group;
+                    text[from..dash].copy_from_slice(&digits[at..at + dash - from]);
+                    from = dash + 1;
+                }
+                read(std::str::from_utf8(&text).expect("hex digits and dashes are ASCII"))
+            }
+        }
+    }
+
+    /// The 16 bytes of an identifier of 32 lower-case hex digits (a token this process may
+    /// have issued).
+    pub(crate) fn digits(&self) -> Option<&[u8; 16]> {
+        match &self.0 {
+            HexIdForm::Digits(bytes) => Some(bytes),
+            _ => None,
+        }
+    }
+}
+
+impl From<&str> for HexId {
+    fn from(text: &str) -> HexId {
+        HexId::new(text)
+    }
+}
+
+impl From<String> for HexId {
+    fn from(text: String) -> HexId {
+        HexId::new(&text)
+    }
+}
+
+impl From<&String> for HexId {
+    fn from(text: &String) -> HexId {
+        HexId::new(text)
+    }
+}
+
+impl From<&HexId> for String {
+    fn from(id: &HexId) -> String {
+        id.to_string()
+    }
+}
+
+impl From<HexId> for String {
+    fn from(id: HexId) -> String {
+        id.to_string()
+    }
+}
+
+impl fmt::Display for HexId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.with_str(|text| fmt::Display::fmt(text, f))
+    }
+}
+
+impl fmt::Debug for HexId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.with_str(|text| fmt::Debug::fmt(text, f))
+    }
+}
+
+impl PartialEq<str> for HexId {
+    fn eq(&self, other: &str) -> bool {
+        match &self.0 {
+            HexIdForm::Empty => other.is_empty(),
+            HexIdForm::Text(text) => &**text == other,
+            packed => HexIdForm::packed(other).as_ref() == Some(packed),
+        }
+    }
+}
+
+impl PartialEq<&str> for HexId {
+    fn eq(&self, other: &&str) -> bool {
+        *self == **other
+    }
+}
+
+impl PartialEq<String> for HexId {
+    fn eq(&self, other: &String) -> bool {
+        *self == **other
+    }
+}
+
+impl PartialEq<HexId> for &str {
+    fn eq(&self, other: &HexId) -> bool {
+        *other == **self
+    }
+}
+
+impl PartialEq<HexId> for str {
+    fn eq(&self, other: &HexId) -> bool {
+        *other == *self
+    }
+}
+
+impl PartialEq<HexId> for String {
+    fn eq(&self, other: &HexId) -> bool {
+        *other == **self
+    }
+}
+
+impl Serialize for HexId {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.with_str(|text| serializer.serialize_str(text))
+    }
+}
+
+impl<'de> Deserialize<'de> for HexId {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<HexId, D::Error> {
+        String::deserialize(deserializer).map(HexId::from)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -270,5 +478,98 @@ mod tests {
         assert_eq!(back, Shared::from("default"));
         assert_eq!(std::mem::size_of::<Text>(), 16);
         assert_eq!(std::mem::size_of::<Option<Text>>(), 16);
+    }
+
+    /// What is kept in 16 bytes, and what as text: each string reads, prints, compares and
+    /// serializes as itself whatever its form.
+    #[test]
+    fn an_id_reads_compares_and_serializes_as_the_string_it_was_made_from() {
+        let token = "0123456789abcdef0123456789abcdef";
+        // API servers' request UIDs (`uuid.NewUUID`: version 1; and a version 4)
+        let uuids = [
+            "705ab4f5-6393-11e8-b7cc-42010a800002",
+            "0f1e2d3c-4b5a-4978-8a6b-5c4d3e2f1a0b",
+            "00000000-0000-0000-0000-000000000000",
+        ];
+        let text = [
+            "",
+            "tok-a",
+            "r-db-2",
+            "0123456789ABCDEF0123456789abcdef",
+            "0123456789abcdef0123456789abcde",
+            "0123456789abcdef0123456789abcdef0",
+            "0123456789abcdeg0123456789abcdef",
+            "+123456789abcdef0123456789abcdef",
+            // 36 characters that are not a lower-case UUID
+            "705AB4F5-6393-11E8-B7CC-42010A800002",
+            "705ab4f5-6393-11e8-b7cc-42010a80000g",
+            "705ab4f5a6393-11e8-b7cc-42010a800002",
+            "705ab4f-56393-11e8-b7cc-42010a800002",
+            "705ab4f5-6393-11e8-b7cc-42010a80000-",
+            "705ab4f5-6393-11e8-b7cc-42010a8000+2",
+            "705ab4f5063930011e80b7cc042010a80000",
+            "{05ab4f5-6393-11e8-b7cc-42010a80000}",
+            // 36 bytes, not 36 characters
+            "705ab4f5-6393-11e8-b7cc-42010a8000é",
+        ];
+        let all = || std::iter::once(token).chain(uuids).chain(text);
+        for written in all() {
+            let id = HexId::from(written);
+            assert_eq!(id.to_string(), written);
+            assert_eq!(format!("{id:?}"), format!("{written:?}"));
+            assert_eq!(id.with_str(str::to_owned), written);
+            assert_eq!(id.is_empty(), written.is_empty());
+            assert_eq!(String::from(id.clone()), written);
+            assert_eq!(
+                serde_json::to_string(&id).unwrap(),
+                serde_json::to_string(written).unwrap()
+            );
+            let back: HexId =
+                serde_json::from_str(&serde_json::to_string(written).unwrap()).unwrap();
+            assert_eq!(back, id);
+            for compared in all() {
+                let same = written == compared;
+                assert_eq!(id == *compared, same, "{written:?} {compared:?}");
+                let made = HexId::from(compared);
+                assert_eq!(id == made, same, "{written:?} {compared:?}");
+                assert_eq!(compared == id, same);
+            }
+            assert_eq!(id.digits().is_some(), written == token, "{written:?}");
+            let packed = !matches!(id.0, HexIdForm::Text(_) | HexIdForm::Empty);
+            assert_eq!(
+                packed,
+                written == token || uuids.contains(&written),
+                "{written:?}"
+            );
+        }
+        assert_eq!(std::mem::size_of::<HexId>(), 24);
+    }
+
+    /// Each character of a UUID changed in turn: kept in 16 bytes exactly when the result is
+    /// still lower-case hex with its four dashes in place, and read back as written either way.
+    #[test]
+    fn a_uuid_changed_anywhere_packs_only_while_it_keeps_its_shape() {
+        let uuid = "705ab4f5-6393-11e8-b7cc-42010a800002";
+        let shaped = |text: &str| {
+            text.len() == 36
+                && text.char_indices().all(|(at, c)| match at {
+                    8 | 13 | 18 | 23 => c == '-',
+                    _ => matches!(c, '0'..='9' | 'a'..='f'),
+                })
+        };
+        for at in 0..uuid.len() {
+            for with in ['-', '0', '9', 'a', 'f', 'g', 'A', 'F', ' ', '"'] {
+                let mut text = uuid.to_string();
+                text.replace_range(at..at + 1, with.encode_utf8(&mut [0; 4]));
+                let id = HexId::from(text.as_str());
+                assert_eq!(id.to_string(), text);
+                assert_eq!(id, *text);
+                assert_eq!(
+                    matches!(id.0, HexIdForm::Uuid(_)),
+                    shaped(&text),
+                    "{text:?}"
+                );
+            }
+        }
     }
 }

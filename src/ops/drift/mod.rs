@@ -926,12 +926,12 @@ mod tests {
         // Terminating before its release_at: the IP waits by design.
         let waiting = Claim {
             phase: Phase::Terminating,
-            release_at: Some(NOW + 30),
+            release_at: Some(ip_webhook_ledger::ReleaseAt::new(NOW + 30)),
             ..gone.clone()
         };
         assert_eq!(run(std::slice::from_ref(&waiting), &[], &[]), []);
         let overdue = Claim {
-            release_at: Some(NOW - 30),
+            release_at: Some(ip_webhook_ledger::ReleaseAt::new(NOW - 30)),
             ..waiting
         };
         assert_eq!(run(&[overdue], &[], &[]).len(), 1);

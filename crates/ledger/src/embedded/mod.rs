@@ -42,7 +42,7 @@ use std::time::Instant;
 use async_trait::async_trait;
 use tokio::sync::oneshot;
 
-use super::{Claim, CreateOutcome, Ledger, LedgerError};
+use super::{Claim, CreateOutcome, HexId, Ledger, LedgerError};
 
 mod counters;
 #[cfg(test)]
@@ -169,7 +169,7 @@ impl EmbeddedLedger {
     /// Send `request` (for admission request `uid`) and wait for its answer.
     async fn ask<T>(
         &self,
-        uid: &str,
+        uid: &HexId,
         request: impl FnOnce(Answer<T>) -> Request,
     ) -> Result<T, LedgerError> {
         let (tx, rx) = oneshot::channel();
@@ -187,7 +187,7 @@ impl EmbeddedLedger {
             let us =
                 |from: Instant, to: Instant| to.saturating_duration_since(from).as_micros() as u64;
             tracing::warn!(
-                request_uid = uid,
+                request_uid = %uid,
                 total_us = us(asked, woken),
                 queue_us = us(asked, times.taken),
                 commit_us = us(times.taken, times.answered),
