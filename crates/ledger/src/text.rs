@@ -234,12 +234,14 @@ as_str!(Shared);
 
 /// A claim's identifier of 16 bytes written in hex: its token (`ip-webhook.io/claim`, 32
 /// lower-case hex digits when this process issued it, [`crate::claim::new_token`]) or its
-/// admission's request UID (a UUID, `8-4-4-4-12` lower-case hex digits, as API servers make
-/// them). Either shape is kept as its 16 bytes inside the claim, where a [`Text`] would keep
-/// 32 or 48 bytes more on the heap for every held IP. Any other string (an upper-case token a
-/// pod was given by hand, a record's from elsewhere, a test's) is kept as text, and none is
-/// empty but the empty one, so equal strings have equal forms. Not a `str`: read it with
-/// [`HexId::with_str`], print it, or compare it with a string.
+/// admission's request UID (a UUID, `8-4-4-4-12` lower-case hex digits: the API server makes a
+/// fresh `uuid.NewUUID()` for each webhook call, k8s.io/apiserver
+/// `pkg/admission/plugin/webhook/request/admissionreview.go`). Either shape is kept as its 16
+/// bytes inside the claim, where a [`Text`] would keep 32 or 48 bytes more on the heap for
+/// every held IP. Any other string (an upper-case token a pod was given by hand, a record's
+/// from elsewhere, a test's) is kept as text, and none is empty but the empty one, so equal
+/// strings have equal forms. Not a `str`: read it with [`HexId::with_str`], print it, or
+/// compare it with a string.
 #[derive(Clone, Default, PartialEq, Eq, Hash)]
 pub struct HexId(HexIdForm);
 
