@@ -20,7 +20,7 @@ use snapshot::{remove_before, write_snapshot};
 
 use super::{Records, Reply, Request, apply, load};
 use crate::ip_map::IpMap;
-use crate::record::{JOURNAL_START, Mark, encode_record};
+use crate::record::{JOURNAL_START, Mark, encode_record, record_size};
 use crate::{Claim, LedgerError};
 
 /// Compaction starts when the journals since the last snapshot exceed twice the live records
@@ -62,18 +62,19 @@ pub(super) const ROOM_LOW: u64 = 4 << 10;
 /// preempts no syscall on a `PREEMPT_NONE` kernel, and a 1 MiB write took milliseconds).
 static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
 
-struct Entry {
-    claim: Arc<Claim>,
-    /// Size of its record.
-    size: u64,
-}
-
 pub(super) struct Journal {
     dir: PathBuf,
-    /// A B-tree, like the allocator's maps: no all-at-once rehash on the writer thread.
-    claims: IpMap<Entry>,
-    /// Sum of the record sizes of `claims`.
+    /// A B-tree, like the allocator's maps: no all-at-once rehash on the writer thread. The
+    /// claims alone, not their record sizes: a replaced claim's size is found again by encoding
+    /// it ([`record_size`]), which keeps 16 bytes off each of this map's entries where an 8-byte
+    /// size would have padded them (docs/performance.md, "The journal's map without record
+    /// sizes").
+    claims: IpMap<Arc<Claim>>,
+    /// Sum of the record sizes of `claims`: what a snapshot of them takes, against which the
+    /// journals' growth is weighed ([`Journal::maybe_compact`]).
     live_bytes: u64,
+    /// Where [`record_size`] encodes a replaced claim.
+    sizing: Vec<u8>,
     file: File,
     /// Where the next record of `file` goes: the end of its records.
     end: u64,
@@ -110,17 +111,14 @@ pub(super) struct Journal {
 /// The records read on open, in file order, each with the size of its record.
 #[derive(Default)]
 struct Loaded {
-    records: Vec<(IpAddr, Entry)>,
+    /// Each record's IP beside it: the sort reads no claim.
+    records: Vec<(IpAddr, Arc<Claim>, u64)>,
 }
 
 impl Loaded {
     /// A record read in file order: a later record of an IP replaces the earlier one.
     fn install(&mut self, claim: Claim, size: u64) {
-        let entry = Entry {
-            claim: Arc::new(claim),
-            size,
-        };
-        self.records.push((entry.claim.ip, entry));
+        self.records.push((claim.ip, Arc::new(claim), size));
     }
 
     /// The last record of each IP, and the bytes of those. The map is built from the sorted
@@ -128,9 +126,9 @@ impl Loaded {
     /// snapshot is read) a B-tree keeps its nodes about half full, and rebuilding it later
     /// does not give the freed nodes' memory back (docs/performance.md, "Memory per held
     /// claim").
-    fn finish(mut self) -> (IpMap<Entry>, u64) {
+    fn finish(mut self) -> (IpMap<Arc<Claim>>, u64) {
         // stable: the records of one IP stay in file order
-        self.records.sort_by_key(|(ip, _)| *ip);
+        self.records.sort_by_key(|(ip, _, _)| *ip);
         self.records.dedup_by(|later, earlier| {
             // `dedup_by` keeps the first of a run of equal keys: keep the later record in it
             let same = later.0 == earlier.0;
@@ -139,8 +137,9 @@ impl Loaded {
             }
             same
         });
-        let live_bytes = self.records.iter().map(|(_, entry)| entry.size).sum();
-        (self.records.into_iter().collect(), live_bytes)
+        let live_bytes = self.records.iter().map(|(_, _, size)| size).sum();
+        let claims = self.records.into_iter().map(|(ip, claim, _)| (ip, claim));
+        (claims.collect(), live_bytes)
     }
 }
 
@@ -183,6 +182,7 @@ impl Journal {
             #[cfg(test)]
             space: None,
             buf: Vec::with_capacity(64 << 10),
+            sizing: Vec::new(),
             index: BatchIndex::default(),
             _lock: lock,
         })
@@ -239,9 +239,9 @@ impl Journal {
         self.end += len;
         self.journal_bytes += len;
         for (claim, size) in pending {
-            let ip = claim.ip;
-            if let Some(old) = self.claims.insert(ip, Entry { claim, size }) {
-                self.live_bytes -= old.size;
+            if let Some(old) = self.claims.insert(claim.ip, claim) {
+                let old_size = record_size(&old, &mut self.sizing);
+                self.live_bytes = self.live_bytes.saturating_sub(old_size);
             }
             self.live_bytes += size;
         }
@@ -295,7 +295,7 @@ impl Journal {
         generation: u64,
         closed: Result<File, LedgerError>,
     ) {
-        let claims: Vec<Arc<Claim>> = self.claims.values().map(|e| e.claim.clone()).collect();
+        let claims: Vec<Arc<Claim>> = self.claims.values().cloned().collect();
         let dir = self.dir.clone();
         let spawned = thread::Builder::new()
             .name("ledger-compact".into())
@@ -373,10 +373,7 @@ impl Journal {
 
     /// Every claim recorded (held or released): the copies the journal keeps.
     pub(super) fn load(&self) -> Vec<Arc<Claim>> {
-        self.claims
-            .values()
-            .map(|entry| entry.claim.clone())
-            .collect()
+        self.claims.values().cloned().collect()
     }
 
     pub(super) fn finish_compaction(&mut self) {
@@ -390,7 +387,7 @@ impl Journal {
 type BatchIndex = HashMap<IpAddr, usize, foldhash::fast::RandomState>;
 
 struct JournalBatch<'a> {
-    claims: &'a IpMap<Entry>,
+    claims: &'a IpMap<Arc<Claim>>,
     /// Writes of this batch in order (a later one of the same IP wins), with record sizes.
     pending: Vec<(Arc<Claim>, u64)>,
     /// The last write of each IP in `pending`.
@@ -403,7 +400,7 @@ impl Records for JournalBatch<'_> {
         if let Some(&at) = self.index.get(&ip) {
             return Ok(Some(self.pending[at].0.clone()));
         }
-        Ok(self.claims.get(&ip).map(|e| e.claim.clone()))
+        Ok(self.claims.get(&ip).cloned())
     }
 
     fn write(&mut self, claim: Arc<Claim>) -> Result<(), LedgerError> {
@@ -420,7 +417,7 @@ mod tests {
     use crate::{Phase, unreadable_holder};
 
     #[test]
-    fn the_last_record_of_each_ip_is_kept_with_its_size() {
+    fn the_last_record_of_each_ip_is_kept_and_counted_by_its_size() {
         let mut loaded = Loaded::default();
         let ip = |n: u8| IpAddr::from([10, 0, 0, n]);
         let record = |n: u8, phase: Phase| Claim {
@@ -433,18 +430,78 @@ mod tests {
         loaded.install(record(2, Phase::Terminating), 40);
         loaded.install(record(3, Phase::Reserved), 50);
         let (claims, live_bytes) = loaded.finish();
-        let kept: Vec<(IpAddr, Phase, u64)> = claims
-            .iter()
-            .map(|(ip, entry)| (ip, entry.claim.phase, entry.size))
-            .collect();
+        let kept: Vec<(IpAddr, Phase)> =
+            claims.iter().map(|(ip, claim)| (ip, claim.phase)).collect();
         assert_eq!(
             kept,
             [
-                (ip(1), Phase::Reserved, 20),
-                (ip(2), Phase::Terminating, 40),
-                (ip(3), Phase::Reserved, 50)
+                (ip(1), Phase::Reserved),
+                (ip(2), Phase::Terminating),
+                (ip(3), Phase::Reserved)
             ]
         );
-        assert_eq!(live_bytes, 110);
+        assert_eq!(live_bytes, 20 + 40 + 50);
+    }
+
+    /// `live_bytes` follows the commits as claims are replaced, each replaced claim's size found
+    /// again by encoding it: it equals what a fresh open sums from the records on disk.
+    #[test]
+    fn live_bytes_follow_replaced_claims_as_a_fresh_open_counts_them() {
+        use super::super::writer::Request;
+        use tokio::sync::oneshot;
+        let dir = tempfile::tempdir().unwrap();
+        let mut journal = Journal::open(dir.path()).unwrap();
+        let claim = |n: u8, phase: Phase, uid: &str| {
+            let ip = format!("10.0.0.{n}");
+            let claim = crate::test_claims::builder(&ip, "web", &format!("web-{n}"))
+                .request(&format!("r-{n}"))
+                .token(&format!("t-{n}"))
+                .phase(phase)
+                .build();
+            Claim {
+                pod: crate::PodRef {
+                    uid: (!uid.is_empty()).then(|| uid.into()),
+                    ..claim.pod.clone()
+                },
+                // a Terminating record carries its release time: each step's record is longer
+                release_at: (phase == Phase::Terminating).then(|| crate::ReleaseAt::new(1 << 31)),
+                ..claim
+            }
+        };
+        let mut batch: Vec<Request> = (1..=3)
+            .map(|n| {
+                Request::Create(
+                    Arc::new(claim(n, Phase::Reserved, "")),
+                    oneshot::channel().0,
+                )
+            })
+            .collect();
+        assert_eq!(journal.commit(&mut batch, &mut Vec::new()).unwrap(), 3);
+        let uid = "0c9d4b1e-6a3f-4c1e-9b8a-2f7d5e1c3a90";
+        for (from, from_uid, to) in [
+            (Phase::Reserved, "", Phase::Bound),
+            (Phase::Bound, uid, Phase::Terminating),
+        ] {
+            let mut batch: Vec<Request> = (1..=2)
+                .map(|n| {
+                    let pair = (claim(n, from, from_uid), claim(n, to, uid));
+                    Request::Transition(Box::new(pair), oneshot::channel().0)
+                })
+                .collect();
+            assert_eq!(journal.commit(&mut batch, &mut Vec::new()).unwrap(), 2);
+        }
+        let sizes: Vec<u64> = journal
+            .claims
+            .values()
+            .map(|claim| record_size(claim, &mut Vec::new()))
+            .collect();
+        assert!(sizes[0] > sizes[2], "the records did not grow: {sizes:?}");
+        assert_eq!(journal.live_bytes, sizes.iter().sum::<u64>());
+        let live_bytes = journal.live_bytes;
+        journal.close();
+        drop(journal);
+        let reopened = Journal::open(dir.path()).unwrap();
+        assert_eq!(reopened.live_bytes, live_bytes);
+        assert_eq!(reopened.claims.len(), 3);
     }
 }
