@@ -15,7 +15,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 /// slot's 8 bytes and an eighth of the run's B-tree entry, about 11 bytes, where a B-tree of
 /// single addresses took about 27 (a leaf of 11 entries is 144 bytes, and a B-tree filled in
 /// ascending order keeps 6 in each). A lone address pays for its whole run, 64 bytes and the
-/// entry, about 88 bytes (docs/performance.md, "IP maps: runs of eight addresses").
+/// entry, about 85 bytes (docs/performance.md, "Runs of eight addresses").
 /// `IpAddr`'s own `Ord` compares an IPv4 address octet by octet and an IPv6 one segment by
 /// segment; these keys compare as one integer each.
 pub struct IpMap<V> {

@@ -66,9 +66,8 @@ pub(super) struct Journal {
     dir: PathBuf,
     /// A B-tree, like the allocator's maps: no all-at-once rehash on the writer thread. The
     /// claims alone, not their record sizes: a replaced claim's size is found again by encoding
-    /// it ([`record_size`]), which keeps 16 bytes off each of this map's entries where an 8-byte
-    /// size would have padded them (docs/performance.md, "The journal's map without record
-    /// sizes").
+    /// it ([`record_size`]), so an entry is the claim's 8-byte pointer, not 16 bytes with its
+    /// size (docs/performance.md, "The journal's map without record sizes").
     claims: IpMap<Arc<Claim>>,
     /// Sum of the record sizes of `claims`: what a snapshot of them takes, against which the
     /// journals' growth is weighed ([`Journal::maybe_compact`]).
