@@ -212,9 +212,9 @@ fn name_recurs(pod: &PodRef) -> bool {
 /// A key is in one of two maps. Almost every key names one IPv4 address, kept as its 4 bytes in
 /// `v4`: a leaf of 11 entries there is 144 bytes, against 368 with the 24-byte [`Ips`], about 21
 /// bytes a key where it was 50 (docs/performance.md, "One IPv4 address a key in 4 bytes"). An
-/// IPv6 address, or more than one IP (a dual-stack pod), goes to `other`. A retry's lookup,
-/// which almost always finds nothing, reads both: `other` is empty in an IPv4-only cluster and
-/// `v4` in a dual-stack one.
+/// IPv6 address, or more than one IP (a dual-stack pod), goes to `other`, and a key left with
+/// one IPv4 address comes back to `v4`. A retry's lookup, which almost always finds nothing,
+/// reads both: `other` is empty in an IPv4-only cluster and `v4` in a dual-stack one.
 #[derive(Default)]
 pub(super) struct ByKey {
     v4: BTreeMap<u64, u32>,
@@ -298,10 +298,15 @@ impl ByKey {
             }
             return;
         }
-        if let Some(ips) = self.other.get_mut(&key)
-            && !ips.remove(ip)
-        {
+        let Some(ips) = self.other.get_mut(&key) else {
+            return;
+        };
+        if !ips.remove(ip) {
             self.other.remove(&key);
+        } else if let Ips::One(IpAddr::V4(left)) = *ips {
+            // back to one IPv4 address (a dual-stack pod's IPv6 claim gone): its 4 bytes again
+            self.other.remove(&key);
+            self.v4.insert(key, left.to_bits());
         }
     }
 
@@ -901,6 +906,11 @@ mod tests {
         );
         by_key.remove(pod, v6);
         assert_eq!(by_key.ips(pod), Ips::One(v4));
+        assert_eq!(
+            (by_key.v4.len(), by_key.other.len()),
+            (1, 0),
+            "back in 4 bytes"
+        );
         by_key.remove(pod, v6);
         assert_eq!(
             by_key.len(),
@@ -968,6 +978,13 @@ mod tests {
             assert!(
                 by_key.v4.keys().all(|k| !by_key.other.contains_key(k)),
                 "a key in both maps"
+            );
+            assert!(
+                by_key
+                    .other
+                    .values()
+                    .all(|ips| !matches!(ips, Ips::One(IpAddr::V4(_)))),
+                "one IPv4 address kept in the map for others"
             );
         }
         assert_eq!(by_key.entries(), model.into_iter().collect::<Vec<_>>());

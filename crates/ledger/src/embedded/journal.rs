@@ -70,7 +70,10 @@ pub(super) struct Journal {
     /// size (docs/performance.md, "The journal's map without record sizes").
     claims: IpMap<Arc<Claim>>,
     /// Sum of the record sizes of `claims`: what a snapshot of them takes, against which the
-    /// journals' growth is weighed ([`Journal::maybe_compact`]).
+    /// journals' growth is weighed ([`Journal::maybe_compact`]). A record this encoder did not
+    /// write (a length in more LEB128 bytes than it needs, which the decoder accepts) encodes
+    /// again shorter: replacing its claim leaves the sum high by the difference until the next
+    /// open, which can only delay a compaction.
     live_bytes: u64,
     /// Where [`record_size`] encodes a replaced claim.
     sizing: Vec<u8>,
