@@ -281,11 +281,11 @@ impl ByKey {
                 self.other.insert(key, Ips::One(ip));
             }
             (Entry::Occupied(entry), _) => {
-                let held = IpAddr::V4(std::net::Ipv4Addr::from_bits(*entry.get()));
-                if held != ip {
+                let mut ips = Ips::One(v4_ip(*entry.get()));
+                if ips.as_slice() != [ip] {
                     entry.remove();
-                    self.other
-                        .insert(key, Ips::Many(Box::new([held, ip]) as Box<[IpAddr]>));
+                    ips.push(ip);
+                    self.other.insert(key, ips);
                 }
             }
         }
@@ -293,7 +293,7 @@ impl ByKey {
 
     fn remove(&mut self, key: u64, ip: IpAddr) {
         if let Some(&held) = self.v4.get(&key) {
-            if ip == IpAddr::V4(std::net::Ipv4Addr::from_bits(held)) {
+            if ip == v4_ip(held) {
                 self.v4.remove(&key);
             }
             return;
@@ -310,17 +310,19 @@ impl ByKey {
         }
     }
 
+    /// `read` of the IPs under `key`, in the order they were indexed, whichever map holds
+    /// them; no list is copied.
+    fn with_ips<T>(&self, key: u64, read: impl FnOnce(&[IpAddr]) -> T) -> T {
+        match self.v4.get(&key) {
+            Some(&held) => read(&[v4_ip(held)]),
+            None => read(self.other.get(&key).map_or(&[], Ips::as_slice)),
+        }
+    }
+
     /// The IPs under `key`, in the order they were indexed.
     #[cfg(test)]
-    fn ips(&self, key: u64) -> Ips {
-        match self.v4.get(&key) {
-            Some(&v4) => Ips::One(IpAddr::V4(std::net::Ipv4Addr::from_bits(v4))),
-            None => self
-                .other
-                .get(&key)
-                .cloned()
-                .unwrap_or(Ips::Many(Box::default())),
-        }
+    fn ips(&self, key: u64) -> Vec<IpAddr> {
+        self.with_ips(key, <[IpAddr]>::to_vec)
     }
 
     /// The claims under `key` that `owns` confirms, in the order they were indexed.
@@ -330,18 +332,12 @@ impl ByKey {
         claims: &'a IpMap<Arc<Claim>>,
         owns: impl Fn(&Claim) -> bool,
     ) -> Vec<&'a Claim> {
-        let v4;
-        let ips: &[IpAddr] = match self.v4.get(&key) {
-            Some(&held) => {
-                v4 = IpAddr::V4(std::net::Ipv4Addr::from_bits(held));
-                std::slice::from_ref(&v4)
-            }
-            None => self.other.get(&key).map_or(&[], Ips::as_slice),
-        };
-        ips.iter()
-            .filter_map(|ip| claims.get(ip).map(|claim| &**claim))
-            .filter(|claim| owns(claim))
-            .collect()
+        self.with_ips(key, |ips| {
+            ips.iter()
+                .filter_map(|ip| claims.get(ip).map(|claim| &**claim))
+                .filter(|claim| owns(claim))
+                .collect()
+        })
     }
 
     /// How many keys name an IP.
@@ -357,11 +353,16 @@ impl ByKey {
             .v4
             .keys()
             .chain(self.other.keys())
-            .map(|&key| (key, self.ips(key).as_slice().to_vec()))
+            .map(|&key| (key, self.ips(key)))
             .collect();
         entries.sort();
         entries
     }
+}
+
+/// An IPv4 address from the 4 bytes [`ByKey`] keeps it in.
+fn v4_ip(bits: u32) -> IpAddr {
+    IpAddr::V4(std::net::Ipv4Addr::from_bits(bits))
 }
 
 /// How many IPs each app holds, by namespace then app: counting a claim in or out looks the
@@ -842,7 +843,7 @@ mod tests {
         );
         assert_eq!(state.by_key.len(), 1);
         assert_eq!(
-            state.by_key.ips(key).as_slice(),
+            state.by_key.ips(key),
             [
                 "10.0.0.1".parse::<IpAddr>().unwrap(),
                 "fd00::1".parse().unwrap()
@@ -900,12 +901,12 @@ mod tests {
         by_key.add(pod, v4);
         by_key.add(pod, v6);
         assert_eq!(
-            by_key.ips(pod).as_slice(),
+            by_key.ips(pod),
             [v6, v4],
             "in the order indexed, not the order of the addresses, each IP once"
         );
         by_key.remove(pod, v6);
-        assert_eq!(by_key.ips(pod), Ips::One(v4));
+        assert_eq!(by_key.ips(pod), [v4]);
         assert_eq!(
             (by_key.v4.len(), by_key.other.len()),
             (1, 0),
@@ -930,7 +931,7 @@ mod tests {
         );
         by_key.add(pod, v6);
         assert_eq!((by_key.v4.len(), by_key.other.len()), (0, 1));
-        assert_eq!(by_key.ips(pod).as_slice(), [v4, v6]);
+        assert_eq!(by_key.ips(pod), [v4, v6]);
         // an enum no larger than the Vec it replaced, so the B-tree's nodes do not grow
         assert!(std::mem::size_of::<Ips>() <= std::mem::size_of::<Vec<IpAddr>>());
     }
@@ -972,8 +973,8 @@ mod tests {
                 }
             }
             assert_eq!(
-                by_key.ips(key).as_slice(),
-                model.get(&key).map_or(&[][..], Vec::as_slice)
+                by_key.ips(key),
+                model.get(&key).cloned().unwrap_or_default()
             );
             assert!(
                 by_key.v4.keys().all(|k| !by_key.other.contains_key(k)),
