@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use super::by_key::ByKey;
 use super::foreign::{ForeignIps, ForeignUse};
 use super::ipset::{Family, ip_from_key, ip_key};
 use super::messages::{HOLDERS_NAMED, holder_list};
@@ -204,167 +205,6 @@ fn name_recurs(pod: &PodRef) -> bool {
     !(pod.name.len() == prefix.len() + 5 && pod.name.starts_with(prefix))
 }
 
-/// IPs by the 64-bit keys of their claims' request UIDs, pod UIDs and tokens
-/// ([`claim::uid_key`], [`claim::token_key`]): B-tree keys that compare in one instruction.
-/// Readers check each claim's own fields, so two strings that share a key cost a filter, never
-/// a wrong answer.
-///
-/// A key is in one of two maps. Almost every key names one IPv4 address, kept as its 4 bytes in
-/// `v4`: a leaf of 11 entries there is 144 bytes, against 368 with the 24-byte [`Ips`], about 21
-/// bytes a key where it was 50 (docs/performance.md, "One IPv4 address a key in 4 bytes"). An
-/// IPv6 address, or more than one IP (a dual-stack pod), goes to `other`, and a key left with
-/// one IPv4 address comes back to `v4`. A retry's lookup, which almost always finds nothing,
-/// reads both: `other` is empty in an IPv4-only cluster and `v4` in a dual-stack one.
-#[derive(Default)]
-pub(super) struct ByKey {
-    v4: BTreeMap<u64, u32>,
-    other: BTreeMap<u64, Ips>,
-}
-
-/// The IPs under one key of [`ByKey::other`], in the order they were indexed, one inline.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Ips {
-    One(IpAddr),
-    Many(Box<[IpAddr]>),
-}
-
-impl Ips {
-    /// Add `ip` after the others, unless it is there already.
-    fn push(&mut self, ip: IpAddr) {
-        if self.as_slice().contains(&ip) {
-            return;
-        }
-        let mut ips = self.as_slice().to_vec();
-        ips.push(ip);
-        *self = Ips::Many(ips.into_boxed_slice());
-    }
-
-    /// Drop `ip`; `false` when nothing is left.
-    fn remove(&mut self, ip: IpAddr) -> bool {
-        if !self.as_slice().contains(&ip) {
-            return true;
-        }
-        let left: Vec<IpAddr> = self
-            .as_slice()
-            .iter()
-            .copied()
-            .filter(|held| *held != ip)
-            .collect();
-        *self = match left.as_slice() {
-            [] => return false,
-            [one] => Ips::One(*one),
-            _ => Ips::Many(left.into_boxed_slice()),
-        };
-        true
-    }
-
-    pub(super) fn as_slice(&self) -> &[IpAddr] {
-        match self {
-            Ips::One(ip) => std::slice::from_ref(ip),
-            Ips::Many(ips) => ips,
-        }
-    }
-}
-
-impl ByKey {
-    fn add(&mut self, key: u64, ip: IpAddr) {
-        use std::collections::btree_map::Entry;
-        if let Some(ips) = self.other.get_mut(&key) {
-            ips.push(ip);
-            return;
-        }
-        match (self.v4.entry(key), ip) {
-            (Entry::Vacant(entry), IpAddr::V4(v4)) => {
-                entry.insert(v4.to_bits());
-            }
-            (Entry::Vacant(_), IpAddr::V6(_)) => {
-                self.other.insert(key, Ips::One(ip));
-            }
-            (Entry::Occupied(entry), _) => {
-                let mut ips = Ips::One(v4_ip(*entry.get()));
-                if ips.as_slice() != [ip] {
-                    entry.remove();
-                    ips.push(ip);
-                    self.other.insert(key, ips);
-                }
-            }
-        }
-    }
-
-    fn remove(&mut self, key: u64, ip: IpAddr) {
-        if let Some(&held) = self.v4.get(&key) {
-            if ip == v4_ip(held) {
-                self.v4.remove(&key);
-            }
-            return;
-        }
-        let Some(ips) = self.other.get_mut(&key) else {
-            return;
-        };
-        if !ips.remove(ip) {
-            self.other.remove(&key);
-        } else if let Ips::One(IpAddr::V4(left)) = *ips {
-            // back to one IPv4 address (a dual-stack pod's IPv6 claim gone): its 4 bytes again
-            self.other.remove(&key);
-            self.v4.insert(key, left.to_bits());
-        }
-    }
-
-    /// `read` of the IPs under `key`, in the order they were indexed, whichever map holds
-    /// them; no list is copied.
-    fn with_ips<T>(&self, key: u64, read: impl FnOnce(&[IpAddr]) -> T) -> T {
-        match self.v4.get(&key) {
-            Some(&held) => read(&[v4_ip(held)]),
-            None => read(self.other.get(&key).map_or(&[], Ips::as_slice)),
-        }
-    }
-
-    /// The IPs under `key`, in the order they were indexed.
-    #[cfg(test)]
-    fn ips(&self, key: u64) -> Vec<IpAddr> {
-        self.with_ips(key, <[IpAddr]>::to_vec)
-    }
-
-    /// The claims under `key` that `owns` confirms, in the order they were indexed.
-    pub(super) fn claims<'a>(
-        &self,
-        key: u64,
-        claims: &'a IpMap<Arc<Claim>>,
-        owns: impl Fn(&Claim) -> bool,
-    ) -> Vec<&'a Claim> {
-        self.with_ips(key, |ips| {
-            ips.iter()
-                .filter_map(|ip| claims.get(ip).map(|claim| &**claim))
-                .filter(|claim| owns(claim))
-                .collect()
-        })
-    }
-
-    /// How many keys name an IP.
-    #[cfg(test)]
-    fn len(&self) -> usize {
-        self.v4.len() + self.other.len()
-    }
-
-    /// Every key with its IPs, by key.
-    #[cfg(test)]
-    fn entries(&self) -> Vec<(u64, Vec<IpAddr>)> {
-        let mut entries: Vec<(u64, Vec<IpAddr>)> = self
-            .v4
-            .keys()
-            .chain(self.other.keys())
-            .map(|&key| (key, self.ips(key)))
-            .collect();
-        entries.sort();
-        entries
-    }
-}
-
-/// An IPv4 address from the 4 bytes [`ByKey`] keeps it in.
-fn v4_ip(bits: u32) -> IpAddr {
-    IpAddr::V4(std::net::Ipv4Addr::from_bits(bits))
-}
-
 /// How many IPs each app holds, by namespace then app: counting a claim in or out looks the
 /// app up by reference, without building an owned key on every admission.
 #[derive(Default)]
@@ -404,16 +244,17 @@ impl AppCounts {
 #[derive(Default)]
 pub(super) struct State {
     pub(super) held: FastMap<Family, RunSet>,
-    // The maps that grow with every claim are B-trees: a hash map doubles all at once, and at
+    // No map that grows with every claim is one hash map: it doubles all at once, and at
     // 229,376 claims that one rehash held every admission for 200 ms (docs/performance.md,
-    // "B-trees instead of hash maps"); a B-tree grows a node at a time.
+    // "B-trees instead of hash maps"). The maps by IP are B-trees, which grow a node at a
+    // time; the map by key is 256 hash tables, each doubling alone.
     /// Shared with the embedded ledger, which keeps the same copy of each claim it records.
     pub(super) claims: IpMap<Arc<Claim>>,
     /// Claims by their request's UID, their pod's UID and their token ([`claim_keys`]): a
     /// retried admission finds what it was granted, and a DELETE what its pod holds by who
     /// the pod is, not by the IPs it shows (which an update may have stripped). One map, not
-    /// one per kind of key: a grant files its request and token under one key, on a path
-    /// the retry lookup has just walked, where two maps cost a second descent on a cold cache
+    /// one per kind of key: a grant files its request and token under one key, where the
+    /// retry lookup has just looked, where two maps cost a second lookup on a cold cache
     /// (docs/performance.md, "One index entry per grant").
     pub(super) by_key: ByKey,
     /// `Terminating` claims by their release time on this process's clock
@@ -800,10 +641,9 @@ mod tests {
         }
         // a forced collision: every IP filed under uid-a's key
         let key_a = claim::uid_key("uid-a");
-        state
-            .by_key
-            .other
-            .insert(key_a, Ips::Many(state.claims.keys().collect()));
+        for ip in state.claims.keys().collect::<Vec<_>>() {
+            state.by_key.add(key_a, ip);
+        }
         let ips = |state: &State, uid| -> Vec<String> {
             state
                 .granted_to(uid)
@@ -887,107 +727,6 @@ mod tests {
             });
         }
         assert_eq!(state.by_key.len(), 2000);
-        assert_eq!(state.by_key.v4.len(), 2000, "each key one IPv4 address");
-    }
-
-    #[test]
-    fn a_key_keeps_its_ips_in_order_and_one_ip_inline() {
-        let v6: IpAddr = "fd00::1".parse().unwrap();
-        let v4: IpAddr = "10.0.0.1".parse().unwrap();
-        let pod = claim::uid_key("pod");
-        let mut by_key = ByKey::default();
-        by_key.add(pod, v6);
-        assert_eq!(by_key.other.get(&pod), Some(&Ips::One(v6)));
-        by_key.add(pod, v4);
-        by_key.add(pod, v6);
-        assert_eq!(
-            by_key.ips(pod),
-            [v6, v4],
-            "in the order indexed, not the order of the addresses, each IP once"
-        );
-        by_key.remove(pod, v6);
-        assert_eq!(by_key.ips(pod), [v4]);
-        assert_eq!(
-            (by_key.v4.len(), by_key.other.len()),
-            (1, 0),
-            "back in 4 bytes"
-        );
-        by_key.remove(pod, v6);
-        assert_eq!(
-            by_key.len(),
-            1,
-            "removing an IP the key lacks changes nothing"
-        );
-        by_key.remove(pod, v4);
-        assert_eq!(by_key.len(), 0, "a key with no IP left is dropped");
-        // one IPv4 address goes to the 4-byte map, and moves out when a second IP joins it
-        by_key.add(pod, v4);
-        assert_eq!((by_key.v4.len(), by_key.other.len()), (1, 0));
-        by_key.add(pod, v4);
-        assert_eq!(
-            (by_key.v4.len(), by_key.other.len()),
-            (1, 0),
-            "each IP once"
-        );
-        by_key.add(pod, v6);
-        assert_eq!((by_key.v4.len(), by_key.other.len()), (0, 1));
-        assert_eq!(by_key.ips(pod), [v4, v6]);
-        // an enum no larger than the Vec it replaced, so the B-tree's nodes do not grow
-        assert!(std::mem::size_of::<Ips>() <= std::mem::size_of::<Vec<IpAddr>>());
-    }
-
-    /// Against a map of keys to lists as the model: the same IPs in the same order under each
-    /// key after a long run of adds and removes of IPv4 and IPv6 addresses over a few keys.
-    #[test]
-    fn by_key_answers_as_a_map_of_lists_does() {
-        let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
-        let ips: Vec<IpAddr> = ["10.0.0.1", "10.0.0.2", "fd00::1", "fd00::2", "0.0.0.0"]
-            .iter()
-            .map(|ip| ip.parse().unwrap())
-            .collect();
-        let mut by_key = ByKey::default();
-        let mut model: BTreeMap<u64, Vec<IpAddr>> = BTreeMap::new();
-        for _ in 0..20_000 {
-            let n = next();
-            let key = n % 6;
-            let ip = ips[(n >> 8) as usize % ips.len()];
-            if (n >> 16) % 3 < 2 {
-                by_key.add(key, ip);
-                let list = model.entry(key).or_default();
-                if !list.contains(&ip) {
-                    list.push(ip);
-                }
-            } else {
-                by_key.remove(key, ip);
-                if let Some(list) = model.get_mut(&key) {
-                    list.retain(|held| *held != ip);
-                    if list.is_empty() {
-                        model.remove(&key);
-                    }
-                }
-            }
-            assert_eq!(
-                by_key.ips(key),
-                model.get(&key).cloned().unwrap_or_default()
-            );
-            assert!(
-                by_key.v4.keys().all(|k| !by_key.other.contains_key(k)),
-                "a key in both maps"
-            );
-            assert!(
-                by_key
-                    .other
-                    .values()
-                    .all(|ips| !matches!(ips, Ips::One(IpAddr::V4(_)))),
-                "one IPv4 address kept in the map for others"
-            );
-        }
-        assert_eq!(by_key.entries(), model.into_iter().collect::<Vec<_>>());
+        assert_eq!(state.by_key.v4_len(), 2000, "each key one IPv4 address");
     }
 }

@@ -29,6 +29,7 @@
 //! ```
 
 pub mod allocator;
+pub(crate) mod by_key;
 pub mod foreign;
 pub mod held;
 pub mod ipset;
