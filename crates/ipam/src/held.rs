@@ -253,8 +253,8 @@ pub(super) struct State {
     /// Claims by their request's UID, their pod's UID and their token ([`claim_keys`]): a
     /// retried admission finds what it was granted, and a DELETE what its pod holds by who
     /// the pod is, not by the IPs it shows (which an update may have stripped). One map, not
-    /// one per kind of key: a grant files its request and token under one key, where the
-    /// retry lookup has just looked, where two maps cost a second lookup on a cold cache
+    /// one per kind of key: a grant files its request and token under the one key its retry
+    /// lookup has just read; two maps would cost a second lookup on a cold cache
     /// (docs/performance.md, "One index entry per grant").
     pub(super) by_key: ByKey,
     /// `Terminating` claims by their release time on this process's clock

@@ -396,7 +396,7 @@ pub fn due_step(presence: &PodPresence) -> DueStep {
 
 /// A fresh claim token: 32 hex digits, unique per call and not to be guessed. The first 16
 /// are the request UID's index key ([`uid_key`]), so that the allocator files a grant's
-/// request and its token under one key, on the one path its retry lookup has just walked
+/// request and its token under one key, the one its retry lookup has just read
 /// ([`token_key`]). The next 8 count the tokens this process has issued, and the last 8 are a
 /// check of the first 24 that only this process can make (a SipHash of them with std's
 /// `RandomState`, keyed once per process from the OS's randomness). A token is the claim's
