@@ -569,14 +569,15 @@ mod tests {
 
     /// The allocator holds every claim for the life of the process, in an `Arc` (16 bytes
     /// more), in mimalloc's 192-byte class (a claim of `String`s, 264 bytes, took the 320-byte
-    /// one). At most 168, not 176: the `mimalloc` crate asks for every block with its
-    /// alignment, and when the class's current page is full, mimalloc 3 serves a size whose
-    /// class is not a power of two by asking for the size plus the alignment less one. A
-    /// 184-byte `Arc` still asks within 192 bytes; a 192-byte one asks for 199 and lands in
-    /// the 224-byte class (mimalloc `src/alloc-aligned.c`). In a build with a 176-byte claim,
-    /// every held claim was in that class (docs/performance.md, "A kept block asks for its
-    /// alignment"). Its request UID and token in 16 bytes each ([`HexId`]) fit by its release
-    /// time in 4 ([`ReleaseAt`]).
+    /// one). At most 168, not 176, so that it stays there under either version of mimalloc.
+    /// The `mimalloc` crate asks for every block with its alignment. mimalloc 2, which the
+    /// binaries link, serves such a block from its own class; mimalloc 3, the crate's default,
+    /// serves a size whose class is not a power of two by
+    /// asking for the size plus the alignment less one when the class's current page is full.
+    /// There a 184-byte `Arc` still asks within 192 bytes, and a 192-byte one asks for 199 and
+    /// lands in the 224-byte class (mimalloc `src/alloc-aligned.c`; docs/performance.md, "A
+    /// kept block asks for its alignment"). Its request UID and token in 16 bytes each
+    /// ([`HexId`]) fit by its release time in 4 ([`ReleaseAt`]).
     #[test]
     fn a_claim_fits_the_192_byte_class_in_its_arc() {
         assert!(
