@@ -129,7 +129,7 @@ impl V4ByKey {
 
 /// The IPs under one key of [`ByKey::other`], in the order they were indexed, one inline.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Ips {
+enum Ips {
     One(IpAddr),
     Many(Box<[IpAddr]>),
 }
@@ -164,7 +164,7 @@ impl Ips {
         true
     }
 
-    pub(super) fn as_slice(&self) -> &[IpAddr] {
+    fn as_slice(&self) -> &[IpAddr] {
         match self {
             Ips::One(ip) => std::slice::from_ref(ip),
             Ips::Many(ips) => ips,
