@@ -539,6 +539,78 @@ async fn a_client_that_dribbles_its_head_is_cut_off() {
     assert!(started.elapsed() < Duration::from_secs(5));
 }
 
+/// A review whose body arrives in several pieces (chunks written a while apart, so the server
+/// reads them as separate frames) is answered as one in one piece is, and two reviews sent in
+/// one write on one connection each get their own answer.
+#[tokio::test]
+async fn a_body_in_pieces_and_reviews_back_to_back_are_each_answered_whole() {
+    let server = TestServer::start(&[]).await;
+    let review = |uid: &str| {
+        let mut review = fixture();
+        review["request"]["uid"] = json!(uid);
+        review.to_string()
+    };
+    let tcp = tokio::net::TcpStream::connect(server.launched.running.https_addr)
+        .await
+        .unwrap();
+    let connector = tokio_rustls::TlsConnector::from(server.client.config.clone());
+    let mut tls = connector
+        .connect(
+            rustls::pki_types::ServerName::try_from("localhost").unwrap(),
+            tcp,
+        )
+        .await
+        .unwrap();
+
+    let chunked_body = review("in-pieces");
+    tls.write_all(b"POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+        .await
+        .unwrap();
+    for piece in chunked_body.as_bytes().chunks(chunked_body.len() / 3 + 1) {
+        tls.write_all(format!("{:x}\r\n", piece.len()).as_bytes())
+            .await
+            .unwrap();
+        tls.write_all(piece).await.unwrap();
+        tls.write_all(b"\r\n").await.unwrap();
+        tls.flush().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tls.write_all(b"0\r\n\r\n").await.unwrap();
+
+    let mut back_to_back = Vec::new();
+    for (uid, last) in [("first-of-two", false), ("second-of-two", true)] {
+        let body = review(uid);
+        let close = if last { "Connection: close\r\n" } else { "" };
+        back_to_back.extend(
+            format!(
+                "POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{close}\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        );
+    }
+    tls.write_all(&back_to_back).await.unwrap();
+    tls.flush().await.unwrap();
+
+    let mut answers = Vec::new();
+    use tokio::io::AsyncReadExt;
+    tokio::time::timeout(Duration::from_secs(10), tls.read_to_end(&mut answers))
+        .await
+        .expect("three answers within 10 s")
+        .unwrap();
+    let answers = String::from_utf8(answers).unwrap();
+    let mut uids = Vec::new();
+    for answer in answers.split("HTTP/1.1 ").skip(1) {
+        assert!(answer.starts_with("200 OK"), "{answer}");
+        let body: Value = serde_json::from_str(&answer[answer.find("\r\n\r\n").unwrap() + 4..])
+            .unwrap_or_else(|e| panic!("{e}: {answer}"));
+        assert_eq!(body["response"]["allowed"], true, "{body}");
+        assert!(body["response"]["patch"].is_string(), "{body}");
+        uids.push(body["response"]["uid"].as_str().unwrap().to_string());
+    }
+    assert_eq!(uids, ["in-pieces", "first-of-two", "second-of-two"]);
+}
+
 #[tokio::test]
 async fn admin_port_reports_health_readiness_and_metrics() {
     let server = TestServer::start(&[]).await;

@@ -39,30 +39,78 @@ pub(super) enum BodyError {
     Read(hyper::Error),
 }
 
-/// Read the body into one buffer, taking from the budget what the declared length did not
-/// reserve; never more than [`MAX_BODY_BYTES`].
+/// Read the body, taking from the budget what the declared length did not reserve; never more
+/// than [`MAX_BODY_BYTES`].
 pub(super) async fn read_body<'a>(
     mut body: Incoming,
     declared: Option<usize>,
     budget: &'a Semaphore,
     held: &mut Held<'a>,
 ) -> Result<Bytes, BodyError> {
-    let mut buffer = bytes::BytesMut::with_capacity(declared.unwrap_or(0));
+    let mut gathered = Gathered::default();
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(BodyError::Read)?;
         let Ok(data) = frame.into_data() else {
             continue; // trailers
         };
-        let total = buffer.len() + data.len();
+        let total = gathered.len() + data.len();
         if total > MAX_BODY_BYTES {
             return Err(BodyError::TooLarge(body));
         }
         if total > held.bytes && !held.take(budget, total - held.bytes) {
             return Err(BodyError::Busy(body));
         }
-        buffer.extend_from_slice(&data);
+        gathered.push(data, declared.unwrap_or(0).max(total));
     }
-    Ok(buffer.freeze())
+    Ok(gathered.into_bytes())
+}
+
+/// A body's bytes as its frames arrive. A body that comes in one frame (the usual review: an
+/// HTTP/1 body read whole, or one HTTP/2 DATA frame) is kept as that frame, a view of the
+/// connection's read buffer, with no copy: a copy put each body in a block of its own, one
+/// more 6 KB block written per request and cold again by the time a durable admission's
+/// commit has come back. The view holds the connection's read buffer (at most [`H1_MAX_BUF`]
+/// over HTTP/1, which the connection keeps anyway) until the decision drops the body. Later
+/// frames are joined with the first in a buffer of their own.
+enum Gathered {
+    Frame(Bytes),
+    Joined(bytes::BytesMut),
+}
+
+impl Default for Gathered {
+    fn default() -> Gathered {
+        Gathered::Frame(Bytes::new())
+    }
+}
+
+impl Gathered {
+    fn len(&self) -> usize {
+        match self {
+            Gathered::Frame(frame) => frame.len(),
+            Gathered::Joined(joined) => joined.len(),
+        }
+    }
+
+    /// Add `data`; `room` is the capacity a joined buffer starts with.
+    fn push(&mut self, data: Bytes, room: usize) {
+        match self {
+            Gathered::Frame(first) if first.is_empty() => *first = data,
+            Gathered::Frame(first) => {
+                let mut joined = bytes::BytesMut::with_capacity(room);
+                joined.extend_from_slice(first);
+                joined.extend_from_slice(&data);
+                *self = Gathered::Joined(joined);
+            }
+            Gathered::Joined(joined) => joined.extend_from_slice(&data),
+        }
+    }
+
+    fn into_bytes(self) -> Bytes {
+        match self {
+            Gathered::Frame(frame) => frame,
+            Gathered::Joined(joined) => joined.freeze(),
+        }
+    }
 }
 
 /// Read and drop the rest of a body answered early (at most twice the body limit, within
@@ -78,4 +126,34 @@ pub(super) async fn discard(mut body: Incoming, within: Duration) {
         }
     })
     .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_frame_is_kept_as_it_came_and_frames_are_joined_in_order() {
+        let frame = Bytes::from_static(b"{\"kind\":\"AdmissionReview\"}");
+        let mut one = Gathered::default();
+        one.push(frame.clone(), 0);
+        let kept = one.into_bytes();
+        assert_eq!(kept, frame);
+        assert_eq!(
+            kept.as_ptr(),
+            frame.as_ptr(),
+            "a body in one frame is not copied"
+        );
+
+        let mut several = Gathered::default();
+        for (i, part) in ["{\"a\":", "1", ",\"b\":2}"].into_iter().enumerate() {
+            several.push(Bytes::from_static(part.as_bytes()), 4);
+            assert_eq!(several.len(), [5, 6, 13][i]);
+        }
+        assert_eq!(
+            several.into_bytes(),
+            Bytes::from_static(b"{\"a\":1,\"b\":2}")
+        );
+        assert!(Gathered::default().into_bytes().is_empty());
+    }
 }
