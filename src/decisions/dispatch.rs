@@ -58,6 +58,17 @@ impl Webhook {
             );
             return Ok(incoming.respond().deny(refused.to_string()));
         }
+        // A pod's keys are checked at /mutate only, so the user sees each warning once. Read
+        // before deciding, while the review is in the cache: a durable grant waits for its
+        // commit, after which it is cold.
+        let warnings = match (&endpoint, incoming.request.kind.kind.as_str()) {
+            (Endpoint::mutate, "Pod")
+                if incoming.request.operation == admission::Operation::Create =>
+            {
+                unknown_key_warnings(&incoming)?
+            }
+            _ => Vec::new(),
+        };
         let Answer {
             response,
             app,
@@ -73,15 +84,9 @@ impl Webhook {
             }
             Endpoint::validate => validate::validate(self, &incoming).await?,
         };
-        let response = match (&endpoint, incoming.request.kind.kind.as_str()) {
-            // A pod's keys are checked at /mutate only, so the user sees each warning once.
-            (Endpoint::mutate, "Pod")
-                if incoming.request.operation == admission::Operation::Create =>
-            {
-                unknown_key_warnings(&incoming, response)?
-            }
-            _ => response,
-        };
+        let response = warnings
+            .into_iter()
+            .fold(response, admission::Response::warn);
         let answer = Answer {
             response,
             app,
@@ -152,17 +157,14 @@ fn log_decision(
     }
 }
 
-/// `response` with a warning for each `ip-webhook.io/` key of the pod that nothing reads.
-fn unknown_key_warnings(
-    incoming: &admission::Incoming<'_>,
-    mut response: admission::Response,
-) -> Result<admission::Response, ReviewError> {
-    if let Some(pod) = incoming.metadata(false)? {
-        let meta = &pod.metadata;
-        let marks = (meta.labels.as_ref(), meta.annotations.as_ref());
-        for warning in admission::annotations::unknown_key_warnings(marks, "metadata") {
-            response = response.warn(warning);
-        }
-    }
-    Ok(response)
+/// A warning for each `ip-webhook.io/` key of the pod that nothing reads.
+fn unknown_key_warnings(incoming: &admission::Incoming<'_>) -> Result<Vec<String>, ReviewError> {
+    let Some(pod) = incoming.metadata(false)? else {
+        return Ok(Vec::new());
+    };
+    let meta = &pod.metadata;
+    let marks = (meta.labels.as_ref(), meta.annotations.as_ref());
+    Ok(admission::annotations::unknown_key_warnings(
+        marks, "metadata",
+    ))
 }

@@ -498,6 +498,9 @@ async fn admission(
             return early(*response, body);
         }
     };
+    // Nothing below reads the head: freed now, while it is in the cache, not after a durable
+    // admission's commit wait, by when it is cold.
+    drop(parts);
     let mut held = Held::default();
     if let Some(len) = declared
         && !held.take(budget, len)
