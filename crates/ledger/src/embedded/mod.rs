@@ -154,16 +154,17 @@ impl EmbeddedLedger {
         })
     }
 
-    /// Queue `msg` for the writer. The request that opens a batch yields to the runtime once
-    /// before sealing it, so that the admissions the runtime has ready reach their ledger
-    /// call and join this batch (see the module docs).
-    async fn send(&self, msg: Msg) -> Result<(), LedgerError> {
-        if self.inbox.push(msg)? {
+    /// Queue `msg` for the writer; returns when it was queued. The request that opens a batch
+    /// yields to the runtime once before sealing it, so that the admissions the runtime has
+    /// ready reach their ledger call and join this batch (see the module docs).
+    async fn send(&self, msg: Msg) -> Result<Instant, LedgerError> {
+        let (opened, queued) = self.inbox.push(msg)?;
+        if opened {
             let seal = Seal(&self.inbox);
             tokio::task::yield_now().await;
             drop(seal);
         }
-        Ok(())
+        Ok(queued)
     }
 
     /// Send `request` (for admission request `uid`) and wait for its answer.
@@ -173,8 +174,7 @@ impl EmbeddedLedger {
         request: impl FnOnce(Answer<T>) -> Request,
     ) -> Result<T, LedgerError> {
         let (tx, rx) = oneshot::channel();
-        let asked = Instant::now();
-        self.send(Msg::Op(request(tx))).await?;
+        let asked = self.send(Msg::Op(request(tx))).await?;
         let (result, times) = rx
             .await
             .map_err(|_| LedgerError::Storage("ledger commit aborted".into()))?;

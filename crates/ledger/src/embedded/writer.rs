@@ -92,15 +92,17 @@ impl Inbox {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Queue `msg`; returns whether it opened the batch (then the caller must seal it).
-    pub(super) fn push(&self, msg: Msg) -> Result<bool, LedgerError> {
+    /// Queue `msg`; returns whether it opened the batch (then the caller must seal it) and when
+    /// it was queued.
+    pub(super) fn push(&self, msg: Msg) -> Result<(bool, Instant), LedgerError> {
         let mut state = self.lock();
         if state.closed {
             return Err(LedgerError::Closed);
         }
         let opened = state.batch.is_empty();
-        state.batch.push((msg, Instant::now()));
-        Ok(opened)
+        let queued = Instant::now();
+        state.batch.push((msg, queued));
+        Ok((opened, queued))
     }
 
     /// The batch is complete: let the writer take it (waking it if it waits).
