@@ -656,14 +656,85 @@ async fn h2_exchange(
     });
     let response = response.await.expect("an answer");
     let status = response.status().as_u16();
-    let mut body = response.into_body();
+    let bytes = h2_body(response.into_body()).await;
+    (status, bytes, sending.await.unwrap())
+}
+
+/// An HTTP/2 answer's whole body, its flow-control capacity given back as it arrives.
+async fn h2_body(mut body: h2::RecvStream) -> Bytes {
     let mut bytes = Vec::new();
     while let Some(chunk) = body.data().await {
         let chunk = chunk.expect("the answer's body arrives whole");
         let _ = body.flow_control().release_capacity(chunk.len());
         bytes.extend_from_slice(&chunk);
     }
-    (status, Bytes::from(bytes), sending.await.unwrap())
+    Bytes::from(bytes)
+}
+
+/// Reviews over HTTP/2 whose bodies come in different shapes of DATA frames are each answered
+/// as the same review in one piece: one frame that ends the stream, one frame then an empty one
+/// that ends it, three frames, and a body smaller than the size kept as its frame.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_reviews_in_any_shape_of_frames_are_answered_whole() {
+    use std::future::poll_fn;
+    let state = tempfile::tempdir().unwrap();
+    let dir = state.path().display().to_string();
+    let server = BinaryServer::start(&["--state-dir", &dir]);
+    let ca = std::fs::read(state.path().join("ca.crt")).unwrap();
+    let config = with_alpn(&common::client_config(&ca), &[b"h2"]);
+    let stream = tls(server.https_addr, config).await.unwrap();
+    let (client, connection) = h2::client::handshake(stream).await.unwrap();
+    tokio::spawn(connection);
+    let mut client = client.ready().await.unwrap();
+    let review = |uid: &str, compact: bool| {
+        let mut review: Value = serde_json::from_str(FIXTURE).unwrap();
+        review["request"]["uid"] = json!(uid);
+        review["request"]["dryRun"] = json!(true);
+        if compact {
+            // under 4 KiB: copied rather than kept as its frame
+            review["request"]["object"]["spec"] = json!({"containers": [{"name": "c"}]});
+        }
+        Bytes::from(review.to_string())
+    };
+    for (uid, compact, pieces, empty_end) in [
+        ("one-frame", false, 1, false),
+        ("then-an-empty-frame", false, 1, true),
+        ("three-frames", false, 3, false),
+        ("small", true, 1, false),
+    ] {
+        let body = review(uid, compact);
+        assert_eq!(body.len() < 4096, compact, "{uid}: {} bytes", body.len());
+        let request = http::Request::post(format!(
+            "https://localhost:{}/mutate",
+            server.https_addr.port()
+        ))
+        .header("content-type", "application/json")
+        .header("content-length", body.len())
+        .body(())
+        .unwrap();
+        let (response, mut send) = client.send_request(request, false).unwrap();
+        let size = body.len().div_ceil(pieces);
+        let chunks: Vec<Bytes> = body.chunks(size).map(Bytes::copy_from_slice).collect();
+        let count = chunks.len();
+        for (i, chunk) in chunks.into_iter().enumerate() {
+            send.reserve_capacity(chunk.len());
+            while poll_fn(|cx| send.poll_capacity(cx)).await.unwrap().unwrap() < chunk.len() {}
+            let last = i + 1 == count && !empty_end;
+            send.send_data(chunk, last).unwrap();
+            if !last {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        if empty_end {
+            send.send_data(Bytes::new(), true).unwrap();
+        }
+        let response = response.await.expect("an answer");
+        assert_eq!(response.status().as_u16(), 200, "{uid}");
+        let answer: Value = serde_json::from_slice(&h2_body(response.into_body()).await).unwrap();
+        assert_eq!(answer["response"]["uid"], uid, "{answer}");
+        assert_eq!(answer["response"]["allowed"], true, "{answer}");
+        assert!(answer["response"]["patch"].is_string(), "{uid}: {answer}");
+    }
 }
 
 /// The HTTP/2 finding as curl saw it (exit 92, "stream was not closed cleanly: CANCEL"): the

@@ -511,20 +511,25 @@ async fn transport_errors_get_a_status_and_a_message() {
     assert_eq!(server.admin_get("/readyz").await.0, 200);
 }
 
-#[tokio::test]
-async fn a_client_that_dribbles_its_head_is_cut_off() {
-    let server = TestServer::start_with(|c| read_timeout(c, Duration::from_secs(1))).await;
+/// A TLS connection to the server with nothing sent yet, for bytes no HTTP client would write.
+async fn raw_tls(server: &TestServer) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
     let tcp = tokio::net::TcpStream::connect(server.launched.running.https_addr)
         .await
         .unwrap();
     let connector = tokio_rustls::TlsConnector::from(server.client.config.clone());
-    let mut tls = connector
+    connector
         .connect(
             rustls::pki_types::ServerName::try_from("localhost").unwrap(),
             tcp,
         )
         .await
-        .unwrap();
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_client_that_dribbles_its_head_is_cut_off() {
+    let server = TestServer::start_with(|c| read_timeout(c, Duration::from_secs(1))).await;
+    let mut tls = raw_tls(&server).await;
     tls.write_all(b"POST /mutate HTTP/1.1\r\nHost: localhost\r\n")
         .await
         .unwrap();
@@ -550,17 +555,7 @@ async fn a_body_in_pieces_and_reviews_back_to_back_are_each_answered_whole() {
         review["request"]["uid"] = json!(uid);
         review.to_string()
     };
-    let tcp = tokio::net::TcpStream::connect(server.launched.running.https_addr)
-        .await
-        .unwrap();
-    let connector = tokio_rustls::TlsConnector::from(server.client.config.clone());
-    let mut tls = connector
-        .connect(
-            rustls::pki_types::ServerName::try_from("localhost").unwrap(),
-            tcp,
-        )
-        .await
-        .unwrap();
+    let mut tls = raw_tls(&server).await;
 
     let chunked_body = review("in-pieces");
     tls.write_all(b"POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")

@@ -65,13 +65,18 @@ pub(super) async fn read_body<'a>(
     Ok(gathered.into_bytes())
 }
 
-/// A body's bytes as its frames arrive. A body that comes in one frame (the usual review: an
-/// HTTP/1 body read whole, or one HTTP/2 DATA frame) is kept as that frame, a view of the
-/// connection's read buffer, with no copy: a copy put each body in a block of its own, one
-/// more 6 KB block written per request and cold again by the time a durable admission's
-/// commit has come back. The view holds the connection's read buffer (at most [`H1_MAX_BUF`]
-/// over HTTP/1, which the connection keeps anyway) until the decision drops the body. Later
-/// frames are joined with the first in a buffer of their own.
+/// The smallest body kept as the frame it came in ([`Gathered`]).
+const KEPT_FRAME_MIN: usize = H1_MAX_BUF / 16;
+
+/// A body's bytes as its frames arrive. A body that comes in one frame of at least
+/// [`KEPT_FRAME_MIN`] bytes (the usual review: an HTTP/1 body read whole, or one HTTP/2 DATA
+/// frame) is kept as that frame, a view of the connection's read buffer, with no copy: a copy
+/// put each body in a block of its own, one more 6 KB block written per request and cold
+/// again by the time a durable admission's commit has come back. The view holds the read
+/// buffer it points into until the decision drops the body: over HTTP/1 the connection's own
+/// (at most [`H1_MAX_BUF`]), over HTTP/2 the chunk the frame was read into. A smaller body is
+/// copied, so that a small body never holds a buffer many times its size past what the
+/// in-flight budget counts. Frames after the first are joined with it in a buffer of their own.
 enum Gathered {
     Frame(Bytes),
     Joined(bytes::BytesMut),
@@ -93,8 +98,13 @@ impl Gathered {
 
     /// Add `data`; `room` is the capacity a joined buffer starts with.
     fn push(&mut self, data: Bytes, room: usize) {
+        if data.is_empty() {
+            return; // an HTTP/2 client may end the stream with an empty DATA frame
+        }
         match self {
-            Gathered::Frame(first) if first.is_empty() => *first = data,
+            Gathered::Frame(first) if first.is_empty() && data.len() >= KEPT_FRAME_MIN => {
+                *first = data
+            }
             Gathered::Frame(first) => {
                 let mut joined = bytes::BytesMut::with_capacity(room);
                 joined.extend_from_slice(first);
@@ -134,21 +144,33 @@ mod tests {
 
     #[test]
     fn one_frame_is_kept_as_it_came_and_frames_are_joined_in_order() {
-        let frame = Bytes::from_static(b"{\"kind\":\"AdmissionReview\"}");
+        let review = Bytes::from(vec![b' '; KEPT_FRAME_MIN]);
         let mut one = Gathered::default();
-        one.push(frame.clone(), 0);
+        one.push(review.clone(), 0);
+        one.push(Bytes::new(), 0);
         let kept = one.into_bytes();
-        assert_eq!(kept, frame);
+        assert_eq!(kept, review);
         assert_eq!(
             kept.as_ptr(),
-            frame.as_ptr(),
+            review.as_ptr(),
             "a body in one frame is not copied"
         );
 
+        let small = Bytes::from_static(b"{\"kind\":\"AdmissionReview\"}");
+        let mut copied = Gathered::default();
+        copied.push(small.clone(), 0);
+        let copied = copied.into_bytes();
+        assert_eq!(copied, small);
+        assert_ne!(
+            copied.as_ptr(),
+            small.as_ptr(),
+            "a small body does not hold the buffer it was read into"
+        );
+
         let mut several = Gathered::default();
-        for (i, part) in ["{\"a\":", "1", ",\"b\":2}"].into_iter().enumerate() {
+        for (i, part) in ["{\"a\":", "1", "", ",\"b\":2}"].into_iter().enumerate() {
             several.push(Bytes::from_static(part.as_bytes()), 4);
-            assert_eq!(several.len(), [5, 6, 13][i]);
+            assert_eq!(several.len(), [5, 6, 6, 13][i]);
         }
         assert_eq!(
             several.into_bytes(),
