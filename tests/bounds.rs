@@ -673,7 +673,7 @@ async fn h2_body(mut body: h2::RecvStream) -> Bytes {
 
 /// Reviews over HTTP/2 whose bodies come in different shapes of DATA frames are each answered
 /// as the same review in one piece: one frame that ends the stream, one frame then an empty one
-/// that ends it, three frames, and a body smaller than the size kept as its frame.
+/// that ends it, three frames, and a body under 4 KiB (the size HTTP/1 keeps a frame from).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_reviews_in_any_shape_of_frames_are_answered_whole() {
     use std::future::poll_fn;
@@ -691,7 +691,7 @@ async fn http2_reviews_in_any_shape_of_frames_are_answered_whole() {
         review["request"]["uid"] = json!(uid);
         review["request"]["dryRun"] = json!(true);
         if compact {
-            // under 4 KiB: copied rather than kept as its frame
+            // under 4 KiB
             review["request"]["object"]["spec"] = json!({"containers": [{"name": "c"}]});
         }
         Bytes::from(review.to_string())

@@ -40,14 +40,19 @@ pub(super) enum BodyError {
 }
 
 /// Read the body, taking from the budget what the declared length did not reserve; never more
-/// than [`MAX_BODY_BYTES`].
+/// than [`MAX_BODY_BYTES`]. `keep_frame`: a body in one frame may be kept as that frame
+/// ([`Gathered`]; HTTP/1 only).
 pub(super) async fn read_body<'a>(
     mut body: Incoming,
     declared: Option<usize>,
+    keep_frame: bool,
     budget: &'a Semaphore,
     held: &mut Held<'a>,
 ) -> Result<Bytes, BodyError> {
-    let mut gathered = Gathered::default();
+    let mut gathered = match keep_frame {
+        true => Gathered::default(),
+        false => Gathered::Joined(bytes::BytesMut::with_capacity(declared.unwrap_or(0))),
+    };
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(BodyError::Read)?;
         let Ok(data) = frame.into_data() else {
@@ -68,14 +73,15 @@ pub(super) async fn read_body<'a>(
 /// The smallest body kept as the frame it came in ([`Gathered`]).
 const KEPT_FRAME_MIN: usize = H1_MAX_BUF / 16;
 
-/// A body's bytes as its frames arrive. A body that comes in one frame of at least
-/// [`KEPT_FRAME_MIN`] bytes (the usual review: an HTTP/1 body read whole, or one HTTP/2 DATA
-/// frame) is kept as that frame, a view of the connection's read buffer, with no copy: a copy
-/// put each body in a block of its own, one more 6 KB block written per request and cold
-/// again by the time a durable admission's commit has come back. The view holds the read
-/// buffer it points into until the decision drops the body: over HTTP/1 the connection's own
-/// (at most [`H1_MAX_BUF`]), over HTTP/2 the chunk the frame was read into. A smaller body is
-/// copied, so that a small body never holds a buffer many times its size past what the
+/// A body's bytes as its frames arrive. Over HTTP/1, a body that comes in one frame of at least
+/// [`KEPT_FRAME_MIN`] bytes (the usual review, read whole) is kept as that frame, a view of the
+/// connection's read buffer, with no copy: a copy put each body in a block of its own, one more
+/// 6 KB block written per request and cold again by the time a durable admission's commit has
+/// come back. The view holds the connection's read buffer (at most [`H1_MAX_BUF`], which the
+/// connection keeps anyway, one request at a time) until the decision drops the body; a
+/// smaller body is copied, so that it never holds a buffer more than 16 times its size. Over
+/// HTTP/2 every body is copied: a frame there is a view of a chunk of the connection's read
+/// buffer, and many streams' bodies kept as views could hold many such chunks beyond what the
 /// in-flight budget counts. Frames after the first are joined with it in a buffer of their own.
 enum Gathered {
     Frame(Bytes),

@@ -510,7 +510,7 @@ async fn admission(
     }
     let collected = tokio::time::timeout(
         limits.body_read,
-        read_body(body, declared, budget, &mut held),
+        read_body(body, declared, !h2, budget, &mut held),
     )
     .await;
     let unread = |error| {
