@@ -560,17 +560,24 @@ fn late_body(
     http_body_util::StreamBody::new(stream)
 }
 
+/// A server of the built binary on a fresh state dir (kept while the `TempDir` lives), and a
+/// client configuration that trusts it and offers only HTTP/2.
+fn h2_server() -> (tempfile::TempDir, BinaryServer, Arc<rustls::ClientConfig>) {
+    let state = tempfile::tempdir().unwrap();
+    let dir = state.path().display().to_string();
+    let server = BinaryServer::start(&["--state-dir", &dir]);
+    let ca = std::fs::read(state.path().join("ca.crt")).unwrap();
+    let config = with_alpn(&common::client_config(&ca), &[b"h2"]);
+    (state, server, config)
+}
+
 /// HTTP/2 through hyper's client: a 415 (6.6 KB text/plain body) and a 413 (declared 8 MiB)
 /// answered from the head, with the body sent at once or a little later, arrive whole. (hyper's
 /// client tolerates the reset that followed them before; the next test catches it.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_early_answers_arrive_whole() {
-    let state = tempfile::tempdir().unwrap();
-    let dir = state.path().display().to_string();
-    let server = BinaryServer::start(&["--state-dir", &dir]);
-    let ca = std::fs::read(state.path().join("ca.crt")).unwrap();
+    let (_state, server, config) = h2_server();
     let addr = server.https_addr;
-    let config = with_alpn(&common::client_config(&ca), &[b"h2"]);
     for attempt in 0..8 {
         let stream = tls(addr, config.clone()).await.unwrap();
         assert_eq!(stream.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
@@ -677,11 +684,7 @@ async fn h2_body(mut body: h2::RecvStream) -> Bytes {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_reviews_in_any_shape_of_frames_are_answered_whole() {
     use std::future::poll_fn;
-    let state = tempfile::tempdir().unwrap();
-    let dir = state.path().display().to_string();
-    let server = BinaryServer::start(&["--state-dir", &dir]);
-    let ca = std::fs::read(state.path().join("ca.crt")).unwrap();
-    let config = with_alpn(&common::client_config(&ca), &[b"h2"]);
+    let (_state, server, config) = h2_server();
     let stream = tls(server.https_addr, config).await.unwrap();
     let (client, connection) = h2::client::handshake(stream).await.unwrap();
     tokio::spawn(connection);
@@ -742,11 +745,7 @@ async fn http2_reviews_in_any_shape_of_frames_are_answered_whole() {
 /// Now it reads and drops the rest of the body, and the stream ends cleanly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_early_answers_end_the_stream_without_a_reset() {
-    let state = tempfile::tempdir().unwrap();
-    let dir = state.path().display().to_string();
-    let server = BinaryServer::start(&["--state-dir", &dir]);
-    let ca = std::fs::read(state.path().join("ca.crt")).unwrap();
-    let config = with_alpn(&common::client_config(&ca), &[b"h2"]);
+    let (_state, server, config) = h2_server();
     for (content_type, length, code) in [
         ("text/plain", 6600, 415),
         ("text/plain", 8 * MIB as usize, 415),
